@@ -1,0 +1,33 @@
+GO ?= go
+GOLANGCI_VERSION ?= v2.6.2
+
+.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test
+
+build:
+	$(GO) build -o bin/sluice ./cmd/sluice
+
+# The test command of the README and CI: installs what a fresh machine lacks,
+# then vets and runs every test with the race detector.
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+deps:
+	./scripts/ensure-deps.sh
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+
+lint:
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION) run ./...
+
+bench-smoke:
+	$(GO) test -run='^$$' -bench=. -benchtime=1x ./...
+
+verify: fmt-check test bench-smoke
+
+demo: build
+	./bin/sluice demo
+
+bench: build
+	$(GO) test -run='^$$' -bench=. -benchmem ./...

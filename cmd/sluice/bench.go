@@ -1,0 +1,5 @@
+package main
+
+import "context"
+
+func runBench(context.Context, env, []string) error { return errNotImplemented }

@@ -1,0 +1,5 @@
+package main
+
+import "context"
+
+func runGPUs(context.Context, env, []string) error { return errNotImplemented }

@@ -1,0 +1,17 @@
+package main
+
+import "context"
+
+// Subcommands whose issues have not landed yet. Each moves to its own file
+// when it is built.
+
+func runServe(context.Context, env, []string) error        { return errNotImplemented }
+func runDemo(context.Context, env, []string) error         { return errNotImplemented }
+func runConfig(context.Context, env, []string) error       { return errNotImplemented }
+func runKey(context.Context, env, []string) error          { return errNotImplemented }
+func runBudget(context.Context, env, []string) error       { return errNotImplemented }
+func runReservations(context.Context, env, []string) error { return errNotImplemented }
+func runTenant(context.Context, env, []string) error       { return errNotImplemented }
+func runDrain(context.Context, env, []string) error        { return errNotImplemented }
+func runReload(context.Context, env, []string) error       { return errNotImplemented }
+func runAudit(context.Context, env, []string) error        { return errNotImplemented }
