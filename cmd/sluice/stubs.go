@@ -7,8 +7,6 @@ import "context"
 
 func runServe(context.Context, env, []string) error        { return errNotImplemented }
 func runDemo(context.Context, env, []string) error         { return errNotImplemented }
-func runConfig(context.Context, env, []string) error       { return errNotImplemented }
-func runKey(context.Context, env, []string) error          { return errNotImplemented }
 func runBudget(context.Context, env, []string) error       { return errNotImplemented }
 func runReservations(context.Context, env, []string) error { return errNotImplemented }
 func runTenant(context.Context, env, []string) error       { return errNotImplemented }

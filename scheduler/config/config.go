@@ -1,0 +1,565 @@
+// Package config is Sluice's configuration file: the pinned YAML schema of
+// ARCHITECTURE.md §3.2 plus its documented extensions, with defaults, strict
+// unknown-key detection and validation that names every bad field by path.
+//
+// Load never half-applies: it returns a fully defaulted, validated *File or
+// every problem found, joined.
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// File is the whole configuration file.
+type File struct {
+	// Listen is the OpenAI-compatible API address. Default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// AdminListen serves the admin API and /metrics. Default 127.0.0.1:8081.
+	AdminListen string   `yaml:"admin_listen"`
+	Ledger      Ledger   `yaml:"ledger"`
+	Upstream    Upstream `yaml:"upstream"`
+	GPU         GPU      `yaml:"gpu"`
+	Server      Server   `yaml:"server"`
+	// Prices converts tokens to usd_micros per model; a model without a
+	// price costs 0 (and a usd_micros budget then never binds for it).
+	Prices  []Price  `yaml:"prices"`
+	Audit   Audit    `yaml:"audit"`
+	Global  Global   `yaml:"global"`
+	Tenants []Tenant `yaml:"tenants"`
+}
+
+// Ledger selects and tunes the budget ledger.
+type Ledger struct {
+	// Backend is memory (default, embedded) or redis.
+	Backend string `yaml:"backend"`
+	// Journal is the memory backend's durable journal; "" keeps the ledger
+	// in memory only, and a restart then forgets all spend.
+	Journal string `yaml:"journal"`
+	// Fsync is every_op (default) or group; FsyncInterval is the group
+	// commit interval (default 5ms).
+	Fsync         string        `yaml:"fsync"`
+	FsyncInterval time.Duration `yaml:"fsync_interval"`
+	Redis         Redis         `yaml:"redis"`
+	// LeaseTTL bounds how long a reservation survives without a heartbeat.
+	// Default 60s.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// IDKeyFile holds the secret that hashes tenant, key and workflow ids
+	// before they reach the store. Instances sharing a Redis must share it.
+	// Optional; default: $SLUICE_LEDGER_KEY, else a built-in key (logged).
+	IDKeyFile string `yaml:"id_key_file"`
+}
+
+// Redis addresses the shared ledger store.
+type Redis struct {
+	// Addrs: one address (standalone), several (Cluster), or Sentinels
+	// when MasterName is set. Default ["127.0.0.1:6379"].
+	Addrs      []string `yaml:"addrs"`
+	KeyPrefix  string   `yaml:"key_prefix"` // default "sluice"
+	MasterName string   `yaml:"master_name"`
+	// StoreTimeout bounds each ledger call. Default 250ms.
+	StoreTimeout time.Duration `yaml:"store_timeout"`
+	// PasswordEnv names the environment variable holding the password.
+	PasswordEnv string `yaml:"password_env"`
+}
+
+// Upstream lists the vLLM replicas.
+type Upstream struct {
+	Replicas []Replica `yaml:"replicas"`
+	// TokenCount is bytes (upper bound, default) or tokenize (exact).
+	TokenCount string `yaml:"token_count"`
+	// ScrapeInterval is how often /metrics and /health are read. Default 1s.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// DownAfter failed scrapes in a row mark a replica down. Default 3.
+	DownAfter int `yaml:"down_after"`
+}
+
+// Replica is one vLLM server.
+type Replica struct {
+	Name string `yaml:"name"`
+	URL  string `yaml:"url"`
+	// GPUs are the NVML UUIDs or indexes this replica runs on.
+	GPUs []string `yaml:"gpus"`
+	// CapacityTokens overrides the KV capacity read from vLLM's metrics.
+	// Optional; 0 = from vllm:cache_config_info.
+	CapacityTokens int64 `yaml:"capacity_tokens"`
+	// MaxNumSeqs mirrors vLLM's --max-num-seqs. Optional; default 256.
+	MaxNumSeqs int `yaml:"max_num_seqs"`
+	// MaxModelLen overrides the context length read from /v1/models.
+	MaxModelLen int64 `yaml:"max_model_len"`
+}
+
+// GPU tunes telemetry, sizing and GPU-ms attribution.
+type GPU struct {
+	// Telemetry is auto (NVML if the driver loads, else vLLM metrics),
+	// nvml, vllm or off. Default auto.
+	Telemetry string `yaml:"telemetry"`
+	// Interval between utilisation samples. Default 100ms.
+	Interval time.Duration `yaml:"interval"`
+	// DegradedFactor scales a degraded replica's capacity. Default 0.5.
+	DegradedFactor float64 `yaml:"degraded_factor"`
+	// MaxOvercommit caps the AIMD overcommit factor. Default 2.
+	MaxOvercommit float64 `yaml:"max_overcommit"`
+	// MsPerInputToken and MsPerOutputToken seed the GPU-ms estimate
+	// (a·input + b·output). Defaults 0.05 and 10.
+	MsPerInputToken  float64 `yaml:"ms_per_input_token"`
+	MsPerOutputToken float64 `yaml:"ms_per_output_token"`
+	// Margin multiplies the estimate for the hold. Default 1.2.
+	Margin float64 `yaml:"margin"`
+	// AbortFactor aborts a request whose GPU-ms passes factor × hold.
+	// Default 0 (off).
+	AbortFactor float64 `yaml:"abort_factor"`
+}
+
+// Server holds instance-wide limits.
+type Server struct {
+	// MaxBodyBytes refuses larger request bodies with 413. Default 4 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxWait caps every request's queue deadline. Default 60s.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// MaxDepth and MaxBytes bound all queues together. Defaults 4096, 256 MiB.
+	MaxDepth int   `yaml:"max_depth"`
+	MaxBytes int64 `yaml:"max_bytes"`
+	// DrainTimeout is how long in-flight requests may finish on SIGTERM.
+	// Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Headroom is the fraction of each replica reserved for tenants below
+	// their fair share. Default 0.1.
+	Headroom float64 `yaml:"headroom"`
+	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
+	// or gpu_ms. Defaults tokens, 1, 2.
+	Cost Cost `yaml:"cost"`
+	// TemplateAllowance is the per-message token allowance of the bytes
+	// counter. Default 8.
+	TemplateAllowance int64 `yaml:"template_allowance"`
+}
+
+// Cost configures fair-share costing.
+type Cost struct {
+	Unit string `yaml:"unit"`
+	WIn  int64  `yaml:"w_in"`
+	WOut int64  `yaml:"w_out"`
+}
+
+// Price is one model's token price in micro-USD per million tokens.
+type Price struct {
+	Model string `yaml:"model"`
+	// InputPerMTok and OutputPerMTok are micro-USD per million tokens
+	// (1 USD = 1,000,000).
+	InputPerMTok  int64 `yaml:"input_per_mtok"`
+	OutputPerMTok int64 `yaml:"output_per_mtok"`
+}
+
+// Audit configures the hash-chained audit trail.
+type Audit struct {
+	// Path of the JSON-lines audit file; "" disables the trail.
+	Path string `yaml:"path"`
+	// MaxBytes rotates the file past this size. Default 64 MiB.
+	MaxBytes int64 `yaml:"max_bytes"`
+}
+
+// Global holds fleet-wide budgets applied to every request.
+type Global struct {
+	Budgets []Budget `yaml:"budgets"`
+}
+
+// Tenant is one customer of the fleet.
+type Tenant struct {
+	Name string `yaml:"name"`
+	// APIKeys are "sha256:<hex>" hashes of the tenant's keys
+	// (`sluice key hash`); raw keys are refused.
+	APIKeys []string `yaml:"api_keys"`
+	// Weight is the fair-share weight. Default 1.
+	Weight int `yaml:"weight"`
+	// Priority is the band; lower runs first. Default 0.
+	Priority int `yaml:"priority"`
+	// Concurrency caps in-flight requests across instances. Default 8.
+	Concurrency int `yaml:"concurrency"`
+	// InflightTokens caps the tenant's in-flight token load. Optional; 0 = none.
+	InflightTokens int64 `yaml:"inflight_tokens"`
+	// MaxInputTokens per request. Default 8192.
+	MaxInputTokens int64 `yaml:"max_input_tokens"`
+	// MaxOutputTokens per request; injected when the client sends none.
+	// Default 1024.
+	MaxOutputTokens int64         `yaml:"max_output_tokens"`
+	Queue           TenantQueue   `yaml:"queue"`
+	Budgets         []Budget      `yaml:"budgets"`
+	Workflow        WorkflowLimit `yaml:"workflow_defaults"`
+	// OutageAllowance lets this tenant continue, counted in process, while
+	// the ledger is unreachable. Optional; zero = none.
+	OutageAllowance OutageAllowance `yaml:"outage_allowance"`
+}
+
+// TenantQueue bounds a tenant's queue.
+type TenantQueue struct {
+	// MaxDepth queued requests. Default 256.
+	MaxDepth int `yaml:"max_depth"`
+	// MaxBytes of queued bodies. Default 16 MiB.
+	MaxBytes int64 `yaml:"max_bytes"`
+	// MaxWait is the longest a request may queue. Default 10s.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// Order is fifo (default) or edf.
+	Order string `yaml:"order"`
+}
+
+// Budget is one windowed limit on a dimension.
+type Budget struct {
+	Dimension string        `yaml:"dimension"`
+	Limit     int64         `yaml:"limit"`
+	Window    time.Duration `yaml:"window"`
+	// Mode is block (default) or warn.
+	Mode string `yaml:"mode"`
+	// WarnRatio sets X-Budget-Warning once used/limit passes it. Default 0.8.
+	WarnRatio float64 `yaml:"warn_ratio"`
+}
+
+// WorkflowLimit is the default envelope of an X-Workflow-Id.
+type WorkflowLimit struct {
+	MaxCalls        int64         `yaml:"max_calls"`
+	MaxInputTokens  int64         `yaml:"max_input_tokens"`
+	MaxOutputTokens int64         `yaml:"max_output_tokens"`
+	MaxDuration     time.Duration `yaml:"max_duration"`
+	MaxUSDMicros    int64         `yaml:"max_usd_micros"`
+	MaxRetries      int64         `yaml:"max_retries"`
+	MaxToolCalls    int64         `yaml:"max_tool_calls"`
+}
+
+// OutageAllowance bounds what a tenant may use while the ledger is down.
+type OutageAllowance struct {
+	Requests int64 `yaml:"requests"`
+	Tokens   int64 `yaml:"tokens"`
+}
+
+// Dimensions are the budget dimensions of the pinned schema.
+var Dimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros"}
+
+// maxAmount is the ledger's largest amount (2^50).
+const maxAmount = int64(1) << 50
+
+// maxFileBytes bounds a config file.
+const maxFileBytes = 4 << 20
+
+// Load reads, parses, defaults and validates a config file.
+func Load(path string) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse parses, defaults and validates config bytes. Every problem is
+// reported, joined; unknown keys and wrong types name their field path.
+func Parse(b []byte) (*File, error) {
+	if len(b) > maxFileBytes {
+		return nil, fmt.Errorf("config is larger than %d bytes", maxFileBytes)
+	}
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, errEOF(err)) {
+			return nil, errors.New("config is empty")
+		}
+		return nil, fmt.Errorf("config is not valid YAML: %w", err)
+	}
+	if errs := checkShape(&root); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var f File
+	if err := root.Decode(&f); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	f.applyDefaults()
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+func errEOF(err error) error {
+	if err != nil && err.Error() == "EOF" {
+		return err
+	}
+	return errors.New("not EOF")
+}
+
+// HashKey returns the config form of a raw API key: "sha256:<hex>".
+func HashKey(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (f *File) applyDefaults() {
+	def(&f.Listen, "127.0.0.1:8080")
+	def(&f.AdminListen, "127.0.0.1:8081")
+	l := &f.Ledger
+	def(&l.Backend, "memory")
+	def(&l.Fsync, "every_op")
+	def(&l.FsyncInterval, 5*time.Millisecond)
+	def(&l.LeaseTTL, 60*time.Second)
+	if len(l.Redis.Addrs) == 0 {
+		l.Redis.Addrs = []string{"127.0.0.1:6379"}
+	}
+	def(&l.Redis.KeyPrefix, "sluice")
+	def(&l.Redis.StoreTimeout, 250*time.Millisecond)
+	u := &f.Upstream
+	def(&u.TokenCount, "bytes")
+	def(&u.ScrapeInterval, time.Second)
+	def(&u.DownAfter, 3)
+	for i := range u.Replicas {
+		def(&u.Replicas[i].MaxNumSeqs, 256)
+		if u.Replicas[i].Name == "" {
+			u.Replicas[i].Name = fmt.Sprintf("r%d", i)
+		}
+	}
+	g := &f.GPU
+	def(&g.Telemetry, "auto")
+	def(&g.Interval, 100*time.Millisecond)
+	def(&g.DegradedFactor, 0.5)
+	def(&g.MaxOvercommit, 2)
+	def(&g.MsPerInputToken, 0.05)
+	def(&g.MsPerOutputToken, 10)
+	def(&g.Margin, 1.2)
+	s := &f.Server
+	def(&s.MaxBodyBytes, 4<<20)
+	def(&s.MaxWait, 60*time.Second)
+	def(&s.MaxDepth, 4096)
+	def(&s.MaxBytes, 256<<20)
+	def(&s.DrainTimeout, 30*time.Second)
+	def(&s.Headroom, 0.1)
+	def(&s.Cost.Unit, "tokens")
+	def(&s.Cost.WIn, 1)
+	def(&s.Cost.WOut, 2)
+	def(&s.TemplateAllowance, 8)
+	def(&f.Audit.MaxBytes, 64<<20)
+	for i := range f.Global.Budgets {
+		f.Global.Budgets[i].applyDefaults()
+	}
+	for i := range f.Tenants {
+		t := &f.Tenants[i]
+		def(&t.Weight, 1)
+		def(&t.Concurrency, 8)
+		def(&t.MaxInputTokens, 8192)
+		def(&t.MaxOutputTokens, 1024)
+		def(&t.Queue.MaxDepth, 256)
+		def(&t.Queue.MaxBytes, 16<<20)
+		def(&t.Queue.MaxWait, 10*time.Second)
+		def(&t.Queue.Order, "fifo")
+		for j := range t.Budgets {
+			t.Budgets[j].applyDefaults()
+		}
+	}
+}
+
+func (b *Budget) applyDefaults() {
+	def(&b.Mode, "block")
+	def(&b.WarnRatio, 0.8)
+}
+
+// def sets *p to v when *p is the zero value.
+func def[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate checks a defaulted File and returns every problem, joined, each
+// naming its field path.
+func (f *File) Validate() error {
+	var v validator
+	v.nonEmpty("listen", f.Listen)
+	v.nonEmpty("admin_listen", f.AdminListen)
+	v.oneOf("ledger.backend", f.Ledger.Backend, "memory", "redis")
+	v.oneOf("ledger.fsync", f.Ledger.Fsync, "every_op", "group")
+	v.positiveDur("ledger.fsync_interval", f.Ledger.FsyncInterval)
+	v.positiveDur("ledger.lease_ttl", f.Ledger.LeaseTTL)
+	if f.Ledger.LeaseTTL > 0 && f.Ledger.LeaseTTL < 3*time.Second {
+		v.add("ledger.lease_ttl must be >= 3s (heartbeats run every lease_ttl/3, fencing needs 2s)")
+	}
+	if f.Ledger.Backend == "redis" {
+		for i, a := range f.Ledger.Redis.Addrs {
+			v.nonEmpty(fmt.Sprintf("ledger.redis.addrs[%d]", i), a)
+		}
+		v.positiveDur("ledger.redis.store_timeout", f.Ledger.Redis.StoreTimeout)
+		if strings.ContainsAny(f.Ledger.Redis.KeyPrefix, "{}") {
+			v.add("ledger.redis.key_prefix must not contain { or }")
+		}
+	}
+	if len(f.Upstream.Replicas) == 0 {
+		v.add("upstream.replicas must list at least one replica")
+	}
+	names := map[string]int{}
+	for i, r := range f.Upstream.Replicas {
+		p := fmt.Sprintf("upstream.replicas[%d]", i)
+		if j, dup := names[r.Name]; dup {
+			v.add("%s.name %q duplicates upstream.replicas[%d]", p, r.Name, j)
+		}
+		names[r.Name] = i
+		v.url(p+".url", r.URL)
+		v.nonNeg(p+".capacity_tokens", r.CapacityTokens)
+		v.nonNeg(p+".max_model_len", r.MaxModelLen)
+		if r.MaxNumSeqs < 1 {
+			v.add("%s.max_num_seqs must be >= 1", p)
+		}
+	}
+	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
+	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)
+	if f.Upstream.DownAfter < 1 {
+		v.add("upstream.down_after must be >= 1")
+	}
+	v.oneOf("gpu.telemetry", f.GPU.Telemetry, "auto", "nvml", "vllm", "off")
+	v.positiveDur("gpu.interval", f.GPU.Interval)
+	v.rangeF("gpu.degraded_factor", f.GPU.DegradedFactor, 0, 1)
+	if f.GPU.MaxOvercommit < 1 {
+		v.add("gpu.max_overcommit must be >= 1")
+	}
+	v.nonNegF("gpu.ms_per_input_token", f.GPU.MsPerInputToken)
+	v.nonNegF("gpu.ms_per_output_token", f.GPU.MsPerOutputToken)
+	if f.GPU.Margin < 1 {
+		v.add("gpu.margin must be >= 1")
+	}
+	v.nonNegF("gpu.abort_factor", f.GPU.AbortFactor)
+	if f.GPU.AbortFactor > 0 && f.GPU.AbortFactor < 1 {
+		v.add("gpu.abort_factor must be 0 (off) or >= 1")
+	}
+	s := f.Server
+	v.positive("server.max_body_bytes", s.MaxBodyBytes)
+	v.positiveDur("server.max_wait", s.MaxWait)
+	v.positive("server.max_depth", int64(s.MaxDepth))
+	v.positive("server.max_bytes", s.MaxBytes)
+	v.positiveDur("server.drain_timeout", s.DrainTimeout)
+	v.rangeF("server.headroom", s.Headroom, 0, 0.9)
+	v.oneOf("server.cost.unit", s.Cost.Unit, "tokens", "gpu_ms")
+	v.nonNeg("server.cost.w_in", s.Cost.WIn)
+	v.positive("server.cost.w_out", s.Cost.WOut)
+	v.nonNeg("server.template_allowance", s.TemplateAllowance)
+	models := map[string]int{}
+	for i, p := range f.Prices {
+		path := fmt.Sprintf("prices[%d]", i)
+		v.nonEmpty(path+".model", p.Model)
+		if j, dup := models[p.Model]; dup && p.Model != "" {
+			v.add("%s.model %q duplicates prices[%d]", path, p.Model, j)
+		}
+		models[p.Model] = i
+		v.nonNeg(path+".input_per_mtok", p.InputPerMTok)
+		v.nonNeg(path+".output_per_mtok", p.OutputPerMTok)
+	}
+	v.nonNeg("audit.max_bytes", f.Audit.MaxBytes)
+	validateBudgets(&v, "global.budgets", f.Global.Budgets)
+	if len(f.Tenants) == 0 {
+		v.add("tenants must list at least one tenant")
+	}
+	tenantIdx := map[string]int{}
+	keyIdx := map[string]string{}
+	for i, t := range f.Tenants {
+		p := fmt.Sprintf("tenants[%d]", i)
+		switch {
+		case t.Name == "":
+			v.add("%s.name must not be empty", p)
+		case t.Name == "_global" || strings.ContainsAny(t.Name, " \t\n\"{}"):
+			v.add("%s.name %q is reserved or has spaces, quotes or braces", p, t.Name)
+		}
+		if j, dup := tenantIdx[t.Name]; dup && t.Name != "" {
+			v.add("%s.name %q duplicates tenants[%d]", p, t.Name, j)
+		}
+		tenantIdx[t.Name] = i
+		if len(t.APIKeys) == 0 {
+			v.add("%s.api_keys must list at least one key hash", p)
+		}
+		for j, k := range t.APIKeys {
+			kp := fmt.Sprintf("%s.api_keys[%d]", p, j)
+			if !validKeyHash(k) {
+				v.add("%s must be \"sha256:<64 hex digits>\" (run 'sluice key hash'); raw keys are never stored", kp)
+				continue
+			}
+			k = strings.ToLower(k)
+			if other, dup := keyIdx[k]; dup {
+				v.add("%s duplicates %s", kp, other)
+			}
+			keyIdx[k] = kp
+		}
+		if t.Weight < 1 {
+			v.add("%s.weight must be >= 1", p)
+		}
+		if t.Priority < 0 || t.Priority > 15 {
+			v.add("%s.priority must be in 0..15", p)
+		}
+		if t.Concurrency < 1 {
+			v.add("%s.concurrency must be >= 1", p)
+		}
+		v.nonNeg(p+".inflight_tokens", t.InflightTokens)
+		v.positive(p+".max_input_tokens", t.MaxInputTokens)
+		v.positive(p+".max_output_tokens", t.MaxOutputTokens)
+		v.positive(p+".queue.max_depth", int64(t.Queue.MaxDepth))
+		v.positive(p+".queue.max_bytes", t.Queue.MaxBytes)
+		v.positiveDur(p+".queue.max_wait", t.Queue.MaxWait)
+		v.oneOf(p+".queue.order", t.Queue.Order, "fifo", "edf")
+		validateBudgets(&v, p+".budgets", t.Budgets)
+		w := t.Workflow
+		wp := p + ".workflow_defaults"
+		v.nonNeg(wp+".max_calls", w.MaxCalls)
+		v.nonNeg(wp+".max_input_tokens", w.MaxInputTokens)
+		v.nonNeg(wp+".max_output_tokens", w.MaxOutputTokens)
+		if w.MaxDuration < 0 {
+			v.add("%s.max_duration must be >= 0", wp)
+		}
+		v.nonNeg(wp+".max_usd_micros", w.MaxUSDMicros)
+		v.nonNeg(wp+".max_retries", w.MaxRetries)
+		v.nonNeg(wp+".max_tool_calls", w.MaxToolCalls)
+		v.nonNeg(p+".outage_allowance.requests", t.OutageAllowance.Requests)
+		v.nonNeg(p+".outage_allowance.tokens", t.OutageAllowance.Tokens)
+	}
+	return v.err()
+}
+
+func validateBudgets(v *validator, path string, bs []Budget) {
+	seen := map[string]int{}
+	for j, b := range bs {
+		p := fmt.Sprintf("%s[%d]", path, j)
+		v.oneOf(p+".dimension", b.Dimension, Dimensions...)
+		switch {
+		case b.Limit < 0:
+			v.add("%s.limit must be >= 0", p)
+		case b.Limit > maxAmount:
+			v.add("%s.limit must be <= 2^50", p)
+		}
+		switch {
+		case b.Window < time.Second:
+			v.add("%s.window must be >= 1s", p)
+		case b.Window > 31*24*time.Hour:
+			v.add("%s.window must be <= 744h (31 days)", p)
+		case b.Window%time.Second != 0:
+			v.add("%s.window must be whole seconds", p)
+		}
+		v.oneOf(p+".mode", b.Mode, "block", "warn")
+		v.rangeF(p+".warn_ratio", b.WarnRatio, 0, 1)
+		id := b.Dimension + "/" + b.Window.String()
+		if k, dup := seen[id]; dup {
+			v.add("%s duplicates %s[%d] (same dimension and window)", p, path, k)
+		}
+		seen[id] = j
+	}
+}
+
+func validKeyHash(k string) bool {
+	h, ok := strings.CutPrefix(k, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil
+}
+
+// BudgetID is the deterministic admin id of a budget: <tenant>:<dimension>:<window>.
+func BudgetID(tenant string, b Budget) string {
+	return tenant + ":" + b.Dimension + ":" + b.Window.String()
+}
