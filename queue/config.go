@@ -1,0 +1,176 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// NumBands is the number of priority bands. Band 0 is the highest; a
+// request's band is clamped to [tenant default, NumBands-1].
+const NumBands = 8
+
+// Defaults applied by [Config.withDefaults].
+const (
+	DefaultMaxWait     = 5 * time.Minute
+	DefaultIdleTTL     = 5 * time.Minute
+	DefaultParkBackoff = 100 * time.Millisecond
+	// MinRetryAfter and MaxRetryAfter clamp the Retry-After estimate of a
+	// [FullError].
+	MinRetryAfter = time.Second
+	MaxRetryAfter = 30 * time.Second
+	// rateWindow is the sliding window over which recent service rates are
+	// measured for Retry-After, in whole seconds.
+	rateWindowSeconds = 10
+	// rebaseAt is the band minimum counter above which a band's counters are
+	// shifted down, so float64 counters keep sub-unit precision.
+	rebaseAt = 1 << 40
+)
+
+// Order is the order of requests within one tenant's flow.
+type Order uint8
+
+const (
+	// OrderFIFO serves a tenant's requests in arrival order (the default).
+	OrderFIFO Order = iota
+	// OrderEDF serves the earliest deadline first; ties by arrival.
+	OrderEDF
+)
+
+// String returns "fifo" or "edf".
+func (o Order) String() string {
+	switch o {
+	case OrderFIFO:
+		return "fifo"
+	case OrderEDF:
+		return "edf"
+	default:
+		return fmt.Sprintf("order(%d)", uint8(o))
+	}
+}
+
+// ParseOrder parses "fifo" (or "") and "edf".
+func ParseOrder(s string) (Order, error) {
+	switch s {
+	case "", "fifo":
+		return OrderFIFO, nil
+	case "edf":
+		return OrderEDF, nil
+	default:
+		return 0, fmt.Errorf("order %q: want fifo or edf", s)
+	}
+}
+
+// TenantConfig is one tenant's queueing configuration.
+type TenantConfig struct {
+	// Name identifies the tenant. Required; unique.
+	Name string
+	// Weight is the tenant's fair-share weight. Optional; default 1; must be
+	// finite and > 0 when set.
+	Weight float64
+	// Band is the tenant's default (and highest allowed) priority band, 0 is
+	// highest. Optional; default 0; must be < NumBands.
+	Band int
+	// MaxDepth bounds the tenant's queued requests. Optional; 0 means no
+	// tenant bound (the global bound still applies).
+	MaxDepth int
+	// MaxBytes bounds the summed body bytes of the tenant's queued requests.
+	// Optional; 0 means no tenant bound.
+	MaxBytes int64
+	// MaxWait bounds the time a request may wait queued. Optional; 0 means
+	// only the server's [Config.MaxWait] applies.
+	MaxWait time.Duration
+	// Order is the order within the tenant: FIFO (default) or EDF.
+	Order Order
+}
+
+// Config is the reloadable configuration of a [Queue]. Apply a new one at
+// runtime with [Queue.Prepare] or [Queue.Reconfigure].
+type Config struct {
+	// Tenants lists the tenants that may enqueue. Removing a tenant refuses
+	// its new requests but keeps serving the ones already queued.
+	Tenants []TenantConfig
+	// MaxDepth bounds the queued requests of all tenants together. Optional;
+	// 0 means no global bound.
+	MaxDepth int
+	// MaxBytes bounds the summed body bytes of all queued requests. Optional;
+	// 0 means no global bound.
+	MaxBytes int64
+	// MaxWait is the server's maximum queue wait; every entry's deadline is
+	// at most Arrival+MaxWait. Optional; default 5m.
+	MaxWait time.Duration
+	// IdleTTL: a flow that had no queued request for this long re-enters at
+	// the band minimum, losing any deficit. Optional; default 5m; negative
+	// keeps deficits forever.
+	IdleTTL time.Duration
+	// ParkBackoff is how long a parked tenant (at its in-flight cap, or after
+	// [Queue.Requeue]) stays parked when no [Queue.Unpark] comes. Optional;
+	// default 100ms; negative means only Unpark rejoins.
+	ParkBackoff time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxWait == 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.IdleTTL == 0 {
+		c.IdleTTL = DefaultIdleTTL
+	}
+	if c.ParkBackoff == 0 {
+		c.ParkBackoff = DefaultParkBackoff
+	}
+	ts := make([]TenantConfig, len(c.Tenants))
+	for i, t := range c.Tenants {
+		if t.Weight == 0 {
+			t.Weight = 1
+		}
+		ts[i] = t
+	}
+	c.Tenants = ts
+	return c
+}
+
+// Validate reports every problem of c, naming the field path.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxDepth < 0 {
+		errs = append(errs, errors.New("max_depth must be >= 0"))
+	}
+	if c.MaxBytes < 0 {
+		errs = append(errs, errors.New("max_bytes must be >= 0"))
+	}
+	if c.MaxWait < 0 {
+		errs = append(errs, errors.New("max_wait must be >= 0"))
+	}
+	seen := make(map[string]int, len(c.Tenants))
+	for i, t := range c.Tenants {
+		p := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			errs = append(errs, fmt.Errorf("%s.name is required", p))
+		} else if j, dup := seen[t.Name]; dup {
+			errs = append(errs, fmt.Errorf("%s.name %q duplicates tenants[%d]", p, t.Name, j))
+		} else {
+			seen[t.Name] = i
+		}
+		if math.IsNaN(t.Weight) || math.IsInf(t.Weight, 0) || t.Weight < 0 {
+			errs = append(errs, fmt.Errorf("%s.weight must be finite and > 0", p))
+		}
+		if t.Band < 0 || t.Band >= NumBands {
+			errs = append(errs, fmt.Errorf("%s.priority must be in [0, %d]", p, NumBands-1))
+		}
+		if t.MaxDepth < 0 {
+			errs = append(errs, fmt.Errorf("%s.queue.max_depth must be >= 0", p))
+		}
+		if t.MaxBytes < 0 {
+			errs = append(errs, fmt.Errorf("%s.queue.max_bytes must be >= 0", p))
+		}
+		if t.MaxWait < 0 {
+			errs = append(errs, fmt.Errorf("%s.queue.max_wait must be >= 0", p))
+		}
+		if t.Order > OrderEDF {
+			errs = append(errs, fmt.Errorf("%s.queue.order must be fifo or edf", p))
+		}
+	}
+	return errors.Join(errs...)
+}

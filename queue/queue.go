@@ -1,0 +1,735 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Clock tells the time. Time must advance like the runtime's clock (or the
+// fake clock of testing/synctest) for [Queue.Run]; a manual clock can drive
+// the queue through [Queue.Tick] instead.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Deps are the fixed collaborators of a [Queue].
+type Deps[T any] struct {
+	// Clock defaults to the real clock when nil.
+	Clock Clock
+	// OnExpire receives every entry whose deadline passed while queued,
+	// exactly once, after the entry has left the queue (Cancel on it then
+	// reports false). It is called synchronously with the queue's mutex
+	// held, from [Queue.Tick] (so from [Queue.Run]'s goroutine) or from
+	// [Queue.Next] when dispatch meets an expired head. It must not block
+	// and must not call back into the Queue: hand the item off (for example
+	// a non-blocking send on the waiter's own channel) and answer 504
+	// elsewhere. Nothing is buffered, so there is no overload drop; a slow
+	// callback only delays the queue. Optional; nil drops expired entries.
+	OnExpire func(Item[T])
+}
+
+// Request is what [Queue.Enqueue] queues.
+type Request[T any] struct {
+	// Tenant names a configured tenant.
+	Tenant string
+	// Band is the requested priority band; it is raised to the tenant's
+	// default band (a request may lower its priority, never raise it) and
+	// clamped to NumBands-1.
+	Band int
+	// Cost is the predicted cost in cost units, charged at dispatch.
+	Cost int64
+	// BodyBytes is the size of the held request body.
+	BodyBytes int64
+	// Arrival is when the request arrived; zero means now.
+	Arrival time.Time
+	// Deadline is the client's own deadline (from X-Request-Timeout); zero
+	// means none. The effective deadline is the earliest of it,
+	// Arrival+tenant MaxWait and Arrival+server MaxWait.
+	Deadline time.Time
+	// Payload is handed back untouched with the [Item].
+	Payload T
+}
+
+// Item is a queued, dispatched, expired or candidate request.
+type Item[T any] struct {
+	Handle    Handle[T]
+	Tenant    string
+	Band      int
+	Cost      int64
+	BodyBytes int64
+	Arrival   time.Time
+	// Deadline is the effective deadline.
+	Deadline time.Time
+	Payload  T
+}
+
+// Handle names one queued entry for [Queue.Cancel], [Queue.Requeue] and
+// [Queue.Release]. It stays valid until the entry leaves the Queue's
+// ownership (cancelled, expired or released); a stale handle is refused.
+// The zero Handle is never valid.
+type Handle[T any] struct {
+	n   *node[T]
+	gen uint64
+}
+
+// Verdict is a dispatch predicate's answer about a candidate.
+type Verdict uint8
+
+const (
+	// Dispatch hands the candidate out.
+	Dispatch Verdict = iota
+	// Park skips the candidate's tenant (for example at its in-flight cap):
+	// it leaves the pick without losing its place and rejoins, lifted, on
+	// [Queue.Unpark] or after [Config.ParkBackoff].
+	Park
+	// Block stops dispatch and returns nothing (no replica has room for the
+	// chosen request; smaller requests of others are not tried instead).
+	Block
+)
+
+const (
+	stateFree uint8 = iota
+	stateQueued
+	stateDispatched
+)
+
+type node[T any] struct {
+	gen   uint64
+	state uint8
+	band  uint8
+	f     *flow[T]
+	fidx  int // position in f.entries
+	didx  int // position in Queue.deadlines
+	seq   uint64
+	dl    int64 // effective deadline, Unix nanoseconds
+	cost  int64
+	bytes int64
+	arr   time.Time
+	dlt   time.Time
+	pay   T
+}
+
+// flow is one (tenant, band) pair.
+type flow[T any] struct {
+	t       *tenant[T]
+	band    uint8
+	v       float64 // virtual counter, cost units per unit weight
+	eseq    uint64  // when it last became eligible, for ties
+	hidx    int     // position in its band's heap, -1 when not eligible
+	last    int64   // last time it had or lost a queued entry, Unix ns
+	charged int64
+	entries dheap[*node[T]]
+}
+
+type tenant[T any] struct {
+	cfg      TenantConfig
+	flows    [NumBands]*flow[T]
+	depth    int
+	bytes    int64
+	cost     int64 // queued predicted cost
+	pending  int   // dispatched, neither released nor requeued
+	parked   bool
+	until    int64 // park backoff end, Unix ns
+	pidx     int   // position in Queue.parks, -1 when none
+	removed  bool
+	dropped  bool
+	rate     rateRing
+	charged  int64
+	counters TenantStats
+}
+
+type band[T any] struct {
+	heap  dheap[*flow[T]]
+	lastV float64
+}
+
+// Queue holds per-tenant bounded queues in priority bands, dispatches them
+// by weighted virtual token counters and expires them at their deadlines.
+// See the package documentation for the model. All methods are safe for
+// concurrent use; they serialize on one mutex.
+type Queue[T any] struct {
+	clock    Clock
+	onExpire func(Item[T])
+	ready    chan struct{}
+	rearm    chan struct{}
+
+	// mu guards everything below: the configuration, tenants and flows,
+	// band heaps, the deadline and park heaps, the node pool, the global
+	// counters and the sequence numbers.
+	mu        sync.Mutex
+	cfg       Config
+	tenants   map[string]*tenant[T]
+	bands     [NumBands]band[T]
+	deadlines dheap[*node[T]]
+	parks     dheap[*tenant[T]]
+	free      []*node[T]
+	depth     int
+	bytes     int64
+	cost      int64
+	seq       uint64
+	eseq      uint64
+	rate      rateRing
+}
+
+// New validates cfg and returns an empty Queue. Start [Queue.Run] (once) to
+// get active expiry, or drive it with [Queue.Tick].
+func New[T any](cfg Config, deps Deps[T]) (*Queue[T], error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("queue config: %w", err)
+	}
+	q := &Queue[T]{
+		clock:    deps.Clock,
+		onExpire: deps.OnExpire,
+		ready:    make(chan struct{}, 1),
+		rearm:    make(chan struct{}, 1),
+		tenants:  make(map[string]*tenant[T], len(cfg.Tenants)),
+	}
+	if q.clock == nil {
+		q.clock = realClock{}
+	}
+	for i := range q.bands {
+		q.bands[i].heap = dheap[*flow[T]]{d: 4, less: flowLess[T], setIdx: flowSetIdx[T]}
+	}
+	q.deadlines = dheap[*node[T]]{d: 4, less: deadlineLess[T], setIdx: nodeSetDidx[T]}
+	q.parks = dheap[*tenant[T]]{d: 2, less: parkLess[T], setIdx: tenantSetPidx[T]}
+	q.applyLocked(cfg.withDefaults())
+	return q, nil
+}
+
+func flowLess[T any](a, b *flow[T]) bool {
+	if a.v != b.v {
+		return a.v < b.v
+	}
+	return a.eseq < b.eseq
+}
+func flowSetIdx[T any](f *flow[T], i int) { f.hidx = i }
+func entryLess[T any](a, b *node[T]) bool {
+	if a.f.t.cfg.Order == OrderEDF && a.dl != b.dl {
+		return a.dl < b.dl
+	}
+	return a.seq < b.seq
+}
+func nodeSetFidx[T any](n *node[T], i int) { n.fidx = i }
+func deadlineLess[T any](a, b *node[T]) bool {
+	if a.dl != b.dl {
+		return a.dl < b.dl
+	}
+	return a.seq < b.seq
+}
+func nodeSetDidx[T any](n *node[T], i int)     { n.didx = i }
+func parkLess[T any](a, b *tenant[T]) bool     { return a.until < b.until }
+func tenantSetPidx[T any](t *tenant[T], i int) { t.pidx = i }
+
+// Ready returns a channel (capacity 1) that receives a value whenever
+// something may have become dispatchable: an enqueue to an unparked
+// tenant, an unpark, a requeue or a reconfiguration. A dispatch loop calls
+// [Queue.Next] until it returns false, then waits on Ready (and on its own
+// "room freed" signal). Wake-ups may be spurious; none is lost.
+func (q *Queue[T]) Ready() <-chan struct{} { return q.ready }
+
+func (q *Queue[T]) signalReady() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (q *Queue[T]) signalRearm() {
+	select {
+	case q.rearm <- struct{}{}:
+	default:
+	}
+}
+
+// Enqueue queues r, or refuses it at once: a [*FullError] wrapping [ErrFull]
+// when a bound is reached (the newest arrival is refused, queued ones keep
+// their place), [ErrUnknownTenant] or [ErrInvalidRequest]. The returned
+// Item carries the Handle and the effective band and deadline. Enqueue does
+// not allocate in steady state.
+func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
+	if r.Cost < 0 || r.BodyBytes < 0 {
+		return Item[T]{}, fmt.Errorf("enqueue tenant %q: %w", r.Tenant, ErrInvalidRequest)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.clock.Now()
+	nowN := now.UnixNano()
+	t := q.tenants[r.Tenant]
+	if t == nil || t.removed {
+		return Item[T]{}, fmt.Errorf("enqueue tenant %q: %w", r.Tenant, ErrUnknownTenant)
+	}
+	if b := q.boundLocked(t, r.BodyBytes); b != 0 {
+		t.counters.Rejected++
+		return Item[T]{}, &FullError{Tenant: t.cfg.Name, Bound: b, RetryAfter: q.retryAfterLocked(t, b, nowN)}
+	}
+	bi := r.Band
+	if bi < t.cfg.Band {
+		bi = t.cfg.Band
+	}
+	if bi >= NumBands {
+		bi = NumBands - 1
+	}
+	arr := r.Arrival
+	if arr.IsZero() {
+		arr = now
+	}
+	dl := arr.Add(q.cfg.MaxWait)
+	if t.cfg.MaxWait > 0 {
+		if d := arr.Add(t.cfg.MaxWait); d.Before(dl) {
+			dl = d
+		}
+	}
+	if !r.Deadline.IsZero() && r.Deadline.Before(dl) {
+		dl = r.Deadline
+	}
+
+	n := q.allocLocked()
+	q.seq++
+	n.state = stateQueued
+	n.band = uint8(bi)
+	n.seq = q.seq
+	n.dl = dl.UnixNano()
+	n.cost = r.Cost
+	n.bytes = r.BodyBytes
+	n.arr = arr
+	n.dlt = dl
+	n.pay = r.Payload
+	f := q.flowLocked(t, bi)
+	n.f = f
+	q.insertLocked(n, nowN, true)
+	t.counters.Enqueued++
+	return q.itemOf(n), nil
+}
+
+func (q *Queue[T]) boundLocked(t *tenant[T], bytes int64) Bound {
+	switch {
+	case t.cfg.MaxDepth > 0 && t.depth+1 > t.cfg.MaxDepth:
+		return BoundTenantDepth
+	case t.cfg.MaxBytes > 0 && t.bytes+bytes > t.cfg.MaxBytes:
+		return BoundTenantBytes
+	case q.cfg.MaxDepth > 0 && q.depth+1 > q.cfg.MaxDepth:
+		return BoundGlobalDepth
+	case q.cfg.MaxBytes > 0 && q.bytes+bytes > q.cfg.MaxBytes:
+		return BoundGlobalBytes
+	}
+	return 0
+}
+
+func (q *Queue[T]) retryAfterLocked(t *tenant[T], b Bound, nowN int64) time.Duration {
+	queued, served := t.cost, t.rate.recent(nowN)
+	if b.Global() {
+		queued, served = q.cost, q.rate.recent(nowN)
+	} else if served == 0 {
+		served = q.rate.recent(nowN) // not served lately: at best the instance's rate
+	}
+	d := MinRetryAfter
+	if served > 0 {
+		d = time.Duration(float64(queued) / float64(served) * float64(rateWindowSeconds*time.Second))
+	}
+	return min(max(d, MinRetryAfter), MaxRetryAfter)
+}
+
+func (q *Queue[T]) allocLocked() *node[T] {
+	if k := len(q.free); k > 0 {
+		n := q.free[k-1]
+		q.free[k-1] = nil
+		q.free = q.free[:k-1]
+		return n
+	}
+	return &node[T]{fidx: -1, didx: -1}
+}
+
+func (q *Queue[T]) freeLocked(n *node[T]) {
+	var zero T
+	n.gen++
+	n.state = stateFree
+	n.f = nil
+	n.pay = zero
+	q.free = append(q.free, n)
+}
+
+func (q *Queue[T]) flowLocked(t *tenant[T], b int) *flow[T] {
+	f := t.flows[b]
+	if f == nil {
+		f = &flow[T]{t: t, band: uint8(b), hidx: -1}
+		f.entries = dheap[*node[T]]{d: 2, less: entryLess[T], setIdx: nodeSetFidx[T]}
+		t.flows[b] = f
+	}
+	return f
+}
+
+// insertLocked puts a queued node into its flow and the deadline heap and
+// makes the flow eligible when it had no backlog. fresh marks a new arrival
+// (as opposed to a requeue), which may reset an idle flow's counter.
+func (q *Queue[T]) insertLocked(n *node[T], nowN int64, fresh bool) {
+	f := n.f
+	t := f.t
+	wasEmpty := f.entries.len() == 0
+	f.entries.push(n)
+	q.deadlines.push(n)
+	if n.didx == 0 {
+		q.signalRearm()
+	}
+	t.depth++
+	t.bytes += n.bytes
+	t.cost += n.cost
+	q.depth++
+	q.bytes += n.bytes
+	q.cost += n.cost
+	if wasEmpty && !t.parked {
+		q.joinLocked(f, nowN, fresh)
+	}
+	f.last = nowN
+	if !t.parked {
+		q.signalReady()
+	}
+}
+
+// joinLocked makes a backlogged flow eligible with the lift rule.
+func (q *Queue[T]) joinLocked(f *flow[T], nowN int64, fresh bool) {
+	bd := &q.bands[f.band]
+	lift := bd.lastV
+	if bd.heap.len() > 0 {
+		lift = bd.heap.top().v
+	}
+	if fresh && q.cfg.IdleTTL > 0 && f.entries.len() == 1 && nowN-f.last > int64(q.cfg.IdleTTL) {
+		f.v = lift // idle past the TTL: the flow re-enters fresh, deficit dropped
+	} else if f.v < lift {
+		f.v = lift
+	}
+	q.eseq++
+	f.eseq = q.eseq
+	bd.heap.push(f)
+}
+
+// unlinkLocked removes a queued node from its flow and the deadline heap
+// and updates the counters; the flow leaves its band heap once empty.
+func (q *Queue[T]) unlinkLocked(n *node[T], nowN int64) {
+	f := n.f
+	t := f.t
+	f.entries.remove(n.fidx)
+	q.deadlines.remove(n.didx)
+	t.depth--
+	t.bytes -= n.bytes
+	t.cost -= n.cost
+	q.depth--
+	q.bytes -= n.bytes
+	q.cost -= n.cost
+	if f.entries.len() == 0 {
+		f.last = nowN
+		if f.hidx >= 0 {
+			q.bands[f.band].heap.remove(f.hidx)
+		}
+	}
+}
+
+func (q *Queue[T]) itemOf(n *node[T]) Item[T] {
+	return Item[T]{
+		Handle:    Handle[T]{n: n, gen: n.gen},
+		Tenant:    n.f.t.cfg.Name,
+		Band:      int(n.band),
+		Cost:      n.cost,
+		BodyBytes: n.bytes,
+		Arrival:   n.arr,
+		Deadline:  n.dlt,
+		Payload:   n.pay,
+	}
+}
+
+// maybeDropLocked forgets a removed tenant once nothing refers to it.
+func (q *Queue[T]) maybeDropLocked(t *tenant[T]) {
+	if !t.removed || t.dropped || t.depth > 0 || t.pending > 0 {
+		return
+	}
+	if t.pidx >= 0 {
+		q.parks.remove(t.pidx)
+	}
+	t.dropped = true
+	if q.tenants[t.cfg.Name] == t {
+		delete(q.tenants, t.cfg.Name)
+	}
+}
+
+// Cancel removes a queued entry at once (its client left) and reports
+// whether the caller won it: true means the entry was queued and is now
+// gone, never charged; false means dispatch, expiry or an earlier Cancel
+// owns it (or the handle is stale). Exactly one of dispatch, expiry and
+// cancel ever owns an entry.
+func (q *Queue[T]) Cancel(h Handle[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := h.n
+	if n == nil || n.gen != h.gen || n.state != stateQueued {
+		return false
+	}
+	t := n.f.t
+	q.unlinkLocked(n, q.clock.Now().UnixNano())
+	t.counters.Cancelled++
+	q.freeLocked(n)
+	q.maybeDropLocked(t)
+	return true
+}
+
+// Next picks the next request: the highest band with an eligible flow, the
+// flow with the smallest counter there (ties: eligible first), and its head
+// (FIFO or EDF). Expired heads met on the way are expired (reported through
+// OnExpire), so an entry is never handed out at or after its deadline. pred
+// sees each candidate, with the mutex held (it must be quick and must not
+// call the Queue), and answers [Dispatch], [Park] or [Block]. A parked
+// tenant leaves the pick, so Next consults each tenant at most once per
+// call and never spins.
+//
+// On Dispatch the entry's predicted cost is charged to its flow and Next
+// returns it with true; the caller then owns it and must call exactly one
+// of [Queue.Release] (it went out) or [Queue.Requeue] (it could not take a
+// slot). Next returns false when nothing is eligible or pred blocked.
+func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.clock.Now()
+	nowN := now.UnixNano()
+	for b := range q.bands {
+		bd := &q.bands[b]
+		for bd.heap.len() > 0 {
+			f := bd.heap.top()
+			n := f.entries.top()
+			if n.dl <= nowN {
+				q.expireLocked(n, nowN)
+				continue
+			}
+			it := q.itemOf(n)
+			switch pred(it) {
+			case Dispatch:
+				q.dispatchLocked(n, nowN)
+				return it, true
+			case Park:
+				q.parkLocked(f.t, nowN)
+			default:
+				return Item[T]{}, false
+			}
+		}
+	}
+	return Item[T]{}, false
+}
+
+func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {
+	f := n.f
+	t := f.t
+	bd := &q.bands[f.band]
+	q.unlinkLocked(n, nowN)
+	n.state = stateDispatched
+	t.pending++
+	bd.lastV = f.v
+	f.v += float64(n.cost) / t.cfg.Weight
+	f.charged += n.cost
+	t.charged += n.cost
+	if f.hidx >= 0 {
+		bd.heap.fix(f.hidx)
+	}
+	t.counters.Dispatched++
+	t.rate.add(nowN, n.cost)
+	q.rate.add(nowN, n.cost)
+	if bd.heap.len() > 0 && bd.heap.top().v > rebaseAt {
+		q.rebaseLocked(int(f.band), bd.heap.top().v)
+	}
+}
+
+// rebaseLocked shifts every counter of band b down by base, which keeps
+// their order and differences.
+func (q *Queue[T]) rebaseLocked(b int, base float64) {
+	for _, t := range q.tenants {
+		if f := t.flows[b]; f != nil {
+			f.v -= base
+		}
+	}
+	q.bands[b].lastV -= base
+}
+
+func (q *Queue[T]) expireLocked(n *node[T], nowN int64) {
+	t := n.f.t
+	q.unlinkLocked(n, nowN)
+	t.counters.Expired++
+	it := q.itemOf(n)
+	q.freeLocked(n)
+	q.maybeDropLocked(t)
+	if q.onExpire != nil {
+		q.onExpire(it)
+	}
+}
+
+func (q *Queue[T]) parkLocked(t *tenant[T], nowN int64) {
+	if t.parked {
+		return
+	}
+	t.parked = true
+	t.counters.Parks++
+	for _, f := range t.flows {
+		if f != nil && f.hidx >= 0 {
+			q.bands[f.band].heap.remove(f.hidx)
+		}
+	}
+	if q.cfg.ParkBackoff > 0 {
+		t.until = nowN + int64(q.cfg.ParkBackoff)
+		q.parks.push(t)
+		if t.pidx == 0 {
+			q.signalRearm()
+		}
+	}
+}
+
+func (q *Queue[T]) unparkLocked(t *tenant[T], nowN int64) {
+	if !t.parked {
+		return
+	}
+	t.parked = false
+	if t.pidx >= 0 {
+		q.parks.remove(t.pidx)
+	}
+	for _, f := range t.flows {
+		if f != nil && f.entries.len() > 0 {
+			q.joinLocked(f, nowN, false)
+		}
+	}
+	q.signalReady()
+}
+
+// Unpark lets a parked tenant compete again (call it after a local
+// completion frees one of its slots). Its flows rejoin with the lift rule:
+// time spent parked earns no credit. Unknown or unparked tenants are
+// ignored.
+func (q *Queue[T]) Unpark(tenant string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t := q.tenants[tenant]; t != nil {
+		q.unparkLocked(t, q.clock.Now().UnixNano())
+	}
+}
+
+// Release ends the Queue's interest in a dispatched entry (it went out);
+// its Handle becomes stale. It reports false for a handle that is not a
+// dispatched entry.
+func (q *Queue[T]) Release(h Handle[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := h.n
+	if n == nil || n.gen != h.gen || n.state != stateDispatched {
+		return false
+	}
+	t := n.f.t
+	t.pending--
+	q.freeLocked(n)
+	q.maybeDropLocked(t)
+	return true
+}
+
+// Requeue puts a dispatched entry back at its tenant's head (its place by
+// arrival, or by deadline under EDF), undoes its charge, and parks the
+// tenant (until [Queue.Unpark] or the park backoff). Use it when the slot
+// could not be taken after [Queue.Next]. Bounds are not re-checked: the
+// entry held its place before. The Handle stays the same, so Cancel still
+// works. An entry whose deadline passed meanwhile is expired by the next
+// Tick or Next. It reports false for a handle that is not dispatched.
+func (q *Queue[T]) Requeue(h Handle[T]) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := h.n
+	if n == nil || n.gen != h.gen || n.state != stateDispatched {
+		return false
+	}
+	f := n.f
+	t := f.t
+	nowN := q.clock.Now().UnixNano()
+	t.pending--
+	f.v -= float64(n.cost) / t.cfg.Weight
+	f.charged -= n.cost
+	t.charged -= n.cost
+	if f.hidx >= 0 {
+		q.bands[f.band].heap.fix(f.hidx)
+	}
+	t.counters.Dispatched--
+	t.counters.Requeued++
+	n.state = stateQueued
+	q.parkLocked(t, nowN)
+	q.insertLocked(n, nowN, false)
+	q.signalReady()
+	return true
+}
+
+// Reconcile adjusts a flow's counter at completion by (actual − predicted)
+// weighted: a request that used less is refunded, one that used more is
+// charged the difference. Aborted requests pass what they consumed. It
+// reports false when the tenant is gone (removed and drained).
+func (q *Queue[T]) Reconcile(tenant string, band int, predicted, actual int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t := q.tenants[tenant]
+	if t == nil || band < 0 || band >= NumBands || t.flows[band] == nil {
+		return false
+	}
+	f := t.flows[band]
+	d := actual - predicted
+	f.v += float64(d) / t.cfg.Weight
+	f.charged += d
+	t.charged += d
+	if f.hidx >= 0 {
+		q.bands[f.band].heap.fix(f.hidx)
+	}
+	return true
+}
+
+// Tick expires every entry whose deadline is at or before the clock's now
+// (reporting each through OnExpire), ends due park backoffs, and returns
+// the next time something falls due (ok false when nothing is pending).
+// [Queue.Run] calls it; tests with a manual clock call it directly.
+func (q *Queue[T]) Tick() (next time.Time, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	nowN := q.clock.Now().UnixNano()
+	for q.deadlines.len() > 0 && q.deadlines.top().dl <= nowN {
+		q.expireLocked(q.deadlines.top(), nowN)
+	}
+	for q.parks.len() > 0 && q.parks.top().until <= nowN {
+		q.unparkLocked(q.parks.top(), nowN)
+	}
+	var nextN int64
+	if q.deadlines.len() > 0 {
+		nextN, ok = q.deadlines.top().dl, true
+	}
+	if q.parks.len() > 0 {
+		if u := q.parks.top().until; !ok || u < nextN {
+			nextN, ok = u, true
+		}
+	}
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.Unix(0, nextN), true
+}
+
+// Run drives expiry and park backoffs with one runtime timer armed at the
+// earliest due time, re-armed whenever an earlier one appears. It returns
+// nil when ctx is cancelled. Call it once, from the program's errgroup.
+func (q *Queue[T]) Run(ctx context.Context) error {
+	tm := time.NewTimer(time.Hour)
+	defer tm.Stop()
+	for {
+		next, ok := q.Tick()
+		if ok {
+			tm.Reset(next.Sub(q.clock.Now()))
+		} else {
+			tm.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tm.C:
+		case <-q.rearm:
+		}
+	}
+}
