@@ -1,0 +1,220 @@
+//go:build linux
+
+package connwatch
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
+)
+
+// startWatcher runs a Watcher for the test's lifetime.
+func startWatcher(t *testing.T) *Watcher {
+	t.Helper()
+	w, err := New()
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, w.Close())
+	})
+	return w
+}
+
+// pair returns a connected (server side, client side) TCP pair on loopback.
+func pair(t *testing.T) (srv, cli net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	cli, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	srv, err = ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close(); cli.Close() })
+	return srv, cli
+}
+
+// fired waits for a close notification; the bound is a hang guard, not a
+// timing assertion (latency is a benchmark).
+func fired(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(5 * time.Second):
+		return false
+	}
+}
+
+func TestPeerCloseFires(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	tests := []struct {
+		name  string
+		close func(c net.Conn)
+	}{
+		{"close", func(c net.Conn) { c.Close() }},
+		{"half-close", func(c net.Conn) { c.(*net.TCPConn).CloseWrite() }},
+		{"reset", func(c net.Conn) { c.(*net.TCPConn).SetLinger(0); c.Close() }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, cli := pair(t)
+			ch := make(chan struct{}, 2)
+			stop, err := w.Watch(srv, func() { ch <- struct{}{} })
+			require.NoError(t, err)
+			defer stop()
+			tc.close(cli)
+			require.True(t, fired(ch), "no close event")
+			assert.Equal(t, 0, w.Watching())
+		})
+	}
+}
+
+func TestDataIsNotADisconnect(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	srv, cli := pair(t)
+	ch := make(chan struct{}, 1)
+	stop, err := w.Watch(srv, func() { ch <- struct{}{} })
+	require.NoError(t, err)
+	defer stop()
+	// A pipelined next request arrives: must not count as a close.
+	_, err = cli.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	n, err := srv.Read(buf) // the bytes are still readable by the server
+	require.NoError(t, err)
+	assert.Positive(t, n)
+	// Now watch a second, closed connection as a barrier: once its event has
+	// been delivered, the earlier data event (if any) would have been too.
+	srv2, cli2 := pair(t)
+	ch2 := make(chan struct{}, 1)
+	stop2, err := w.Watch(srv2, func() { ch2 <- struct{}{} })
+	require.NoError(t, err)
+	defer stop2()
+	cli2.Close()
+	require.True(t, fired(ch2))
+	select {
+	case <-ch:
+		t.Fatal("data was reported as a disconnect")
+	default:
+	}
+	assert.Equal(t, 1, w.Watching())
+}
+
+func TestStopBeforeCloseNeverFires(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	srv, cli := pair(t)
+	ch := make(chan struct{}, 1)
+	stop, err := w.Watch(srv, func() { ch <- struct{}{} })
+	require.NoError(t, err)
+	stop()
+	stop() // idempotent
+	cli.Close()
+	// Barrier as above.
+	srv2, cli2 := pair(t)
+	ch2 := make(chan struct{}, 1)
+	stop2, err := w.Watch(srv2, func() { ch2 <- struct{}{} })
+	require.NoError(t, err)
+	defer stop2()
+	cli2.Close()
+	require.True(t, fired(ch2))
+	assert.Empty(t, ch)
+}
+
+func TestManyRegistrations(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	var wg sync.WaitGroup
+	for range 8 {
+		srv, _ := pair(t) // one in-flight request per connection, as in HTTP/1.1
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1250 {
+				stop, err := w.Watch(srv, func() {})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				stop()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 0, w.Watching())
+}
+
+func TestUnsupportedConn(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	_, err := w.Watch(a, func() {})
+	assert.ErrorIs(t, err, ErrUnsupported)
+}
+
+// TestFasthttpClientDisconnect is the reason the package exists: a fasthttp
+// handler learns that its client hung up while the handler is still busy.
+func TestFasthttpClientDisconnect(t *testing.T) {
+	t.Parallel()
+	w := startWatcher(t)
+	cancelled := make(chan struct{})
+	entered := make(chan struct{})
+	srv := &fasthttp.Server{Handler: func(rc *fasthttp.RequestCtx) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stop, err := w.Watch(rc.Conn(), cancel)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer stop()
+		close(entered)
+		<-ctx.Done() // the handler would be waiting on the queue or upstream
+		close(cancelled)
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+	defer srv.Shutdown()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	_, err = c.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"))
+	require.NoError(t, err)
+	<-entered
+	c.Close()
+	require.True(t, fired(cancelled), "handler never saw the disconnect")
+}
+
+func BenchmarkWatchStop(b *testing.B) {
+	w, err := New()
+	require.NoError(b, err)
+	defer w.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	cli, _ := net.Dial("tcp", ln.Addr().String())
+	defer cli.Close()
+	srv, _ := ln.Accept()
+	defer srv.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		stop, err := w.Watch(srv, func() {})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stop()
+	}
+}
