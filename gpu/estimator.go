@@ -1,0 +1,88 @@
+package gpu
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// estScale normalises token counts so the RLS covariance stays well
+// conditioned: features are thousands of tokens.
+const estScale = 1000
+
+// Estimator learns gpu_ms ≈ a·input_tokens + b·output_tokens for one replica
+// by recursive least squares with forgetting, seeded with (a, b) and clamped
+// to a, b ≥ 0 (SCHEDULING §8). Observe is serialised by a mutex; reads
+// ([Estimator.Coefficients], [Estimator.Estimate]) are lock-free. Safe for
+// concurrent use.
+type Estimator struct {
+	lambda float64 // immutable forgetting factor
+
+	mu    sync.Mutex    // guards theta and p
+	theta [2]float64    // coefficients on features scaled by 1/estScale
+	p     [2][2]float64 // covariance
+
+	coef atomic.Pointer[[2]float64] // published (a, b) in GPU-ms per token
+}
+
+// NewEstimator returns an estimator seeded with a and b (GPU-ms per input
+// and output token) and forgetting factor lambda in (0, 1].
+func NewEstimator(a, b, lambda float64) *Estimator {
+	e := &Estimator{lambda: lambda}
+	e.theta = [2]float64{max(a, 0) * estScale, max(b, 0) * estScale}
+	// A moderate prior: the seed counts for about as much as a few requests.
+	e.p = [2][2]float64{{10, 0}, {0, 10}}
+	e.publishLocked()
+	return e
+}
+
+func (e *Estimator) publishLocked() {
+	c := [2]float64{e.theta[0] / estScale, e.theta[1] / estScale}
+	e.coef.Store(&c)
+}
+
+// Observe feeds one completed request's actual GPU-ms. Requests with no
+// tokens, or non-finite or negative GPU-ms, are ignored.
+func (e *Estimator) Observe(input, output int64, gpuMs float64) {
+	if input < 0 || output < 0 || input+output == 0 || !(gpuMs >= 0) || math.IsInf(gpuMs, 0) {
+		return
+	}
+	x := [2]float64{float64(input) / estScale, float64(output) / estScale}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// px = P·x; k = px / (λ + xᵀ·P·x)
+	px := [2]float64{e.p[0][0]*x[0] + e.p[0][1]*x[1], e.p[1][0]*x[0] + e.p[1][1]*x[1]}
+	den := e.lambda + x[0]*px[0] + x[1]*px[1]
+	k := [2]float64{px[0] / den, px[1] / den}
+	errv := gpuMs - (e.theta[0]*x[0] + e.theta[1]*x[1])
+	e.theta[0] = max(e.theta[0]+k[0]*errv, 0)
+	e.theta[1] = max(e.theta[1]+k[1]*errv, 0)
+	// P = (P − k·(P·x)ᵀ) / λ, kept symmetric.
+	for i := range 2 {
+		for j := range 2 {
+			e.p[i][j] = (e.p[i][j] - k[i]*px[j]) / e.lambda
+		}
+	}
+	sym := (e.p[0][1] + e.p[1][0]) / 2
+	e.p[0][1], e.p[1][0] = sym, sym
+	// Keep the covariance bounded when a direction gets no excitation for
+	// long (forgetting would otherwise blow it up).
+	for i := range 2 {
+		if e.p[i][i] > 1e6 {
+			e.p[i][i] = 1e6
+		}
+	}
+	e.publishLocked()
+}
+
+// Coefficients returns the current (a, b) in GPU-ms per token.
+func (e *Estimator) Coefficients() (a, b float64) {
+	c := e.coef.Load()
+	return c[0], c[1]
+}
+
+// Estimate returns a·input + b·output in GPU-ms.
+func (e *Estimator) Estimate(input, output int64) float64 {
+	a, b := e.Coefficients()
+	return a*float64(input) + b*float64(output)
+}

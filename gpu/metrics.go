@@ -1,0 +1,113 @@
+package gpu
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the series the [Monitor] maintains. Build with [NewMetrics];
+// a nil *Metrics records nothing.
+type Metrics struct {
+	gpuUtil      *prometheus.GaugeVec
+	gpuMem       *prometheus.GaugeVec
+	gpuTemp      *prometheus.GaugeVec
+	gpuPower     *prometheus.GaugeVec
+	gpuXID       *prometheus.CounterVec
+	stale        prometheus.Gauge
+	age          prometheus.Gauge
+	repStale     *prometheus.GaugeVec
+	repState     *prometheus.GaugeVec
+	capacity     *prometheus.GaugeVec
+	overcommit   *prometheus.GaugeVec
+	busy         *prometheus.CounterVec
+	unattributed *prometheus.CounterVec
+}
+
+// NewMetrics registers the GPU series on reg:
+//
+//	sluice_gpu_utilization_ratio{gpu}              busy fraction 0–1 (gpu = UUID)
+//	sluice_gpu_memory_used_bytes{gpu}
+//	sluice_gpu_temperature_celsius{gpu}
+//	sluice_gpu_power_watts{gpu}
+//	sluice_gpu_xid_errors_total{gpu,xid}
+//	sluice_gpu_telemetry_stale                     1 while the last good GPU sample is older than stale_after
+//	sluice_gpu_telemetry_age_seconds               age of the last good GPU sample
+//	sluice_replica_telemetry_stale{replica}        1 while the replica's last good scrape is older than stale_after
+//	sluice_replica_health_state{replica}           0 healthy, 1 degraded, 2 draining, 3 down
+//	sluice_replica_capacity_tokens{replica}        K_r (0 when draining or down)
+//	sluice_replica_overcommit_ratio{replica}       AIMD factor in [1, max_overcommit]
+//	sluice_replica_gpu_busy_seconds_total{replica} ∫u·g dt (GPU-seconds)
+//	sluice_replica_gpu_unattributed_seconds_total{replica} busy GPU-seconds with no local running request
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	gv := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	m := &Metrics{
+		gpuUtil:  gv("sluice_gpu_utilization_ratio", "GPU busy fraction (0-1) from the telemetry source.", "gpu"),
+		gpuMem:   gv("sluice_gpu_memory_used_bytes", "GPU memory in use.", "gpu"),
+		gpuTemp:  gv("sluice_gpu_temperature_celsius", "GPU core temperature.", "gpu"),
+		gpuPower: gv("sluice_gpu_power_watts", "GPU board power draw.", "gpu"),
+		gpuXID:   cv("sluice_gpu_xid_errors_total", "Critical XID events seen per GPU and code.", "gpu", "xid"),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_stale",
+			Help: "1 while the last good GPU telemetry sample is older than gpu.stale_after."}),
+		age: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_age_seconds",
+			Help: "Age of the last good GPU telemetry sample."}),
+		repStale:     gv("sluice_replica_telemetry_stale", "1 while the replica's last good scrape is older than gpu.stale_after.", "replica"),
+		repState:     gv("sluice_replica_health_state", "Replica health: 0 healthy, 1 degraded, 2 draining, 3 down.", "replica"),
+		capacity:     gv("sluice_replica_capacity_tokens", "Replica token capacity K_r used by the dispatch gate.", "replica"),
+		overcommit:   gv("sluice_replica_overcommit_ratio", "AIMD overcommit factor of the replica's capacity.", "replica"),
+		busy:         cv("sluice_replica_gpu_busy_seconds_total", "Busy GPU time (utilisation x GPUs x time) of the replica.", "replica"),
+		unattributed: cv("sluice_replica_gpu_unattributed_seconds_total", "Busy GPU time with no local running request.", "replica"),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.gpuUtil, m.gpuMem, m.gpuTemp, m.gpuPower, m.gpuXID, m.stale, m.age,
+		m.repStale, m.repState, m.capacity, m.overcommit, m.busy, m.unattributed} {
+		errs = append(errs, reg.Register(c))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// AttributionMetrics are the per-tenant GPU-ms series the scheduler
+// updates at settlement. Safe for concurrent use.
+type AttributionMetrics struct {
+	gpuMs   *prometheus.CounterVec
+	overrun *prometheus.CounterVec
+}
+
+// NewAttributionMetrics registers sluice_tenant_gpu_ms_total{tenant} and
+// sluice_gpu_ms_overrun_total{tenant} on reg.
+func NewAttributionMetrics(reg prometheus.Registerer) (*AttributionMetrics, error) {
+	a := &AttributionMetrics{
+		gpuMs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_tenant_gpu_ms_total",
+			Help: "GPU-milliseconds attributed to the tenant's requests by the virtual GPU clock."}, []string{"tenant"}),
+		overrun: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gpu_ms_overrun_total",
+			Help: "GPU-milliseconds used beyond the request's hold."}, []string{"tenant"}),
+	}
+	if reg != nil {
+		if err := errors.Join(reg.Register(a.gpuMs), reg.Register(a.overrun)); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// Settle records one finished request's GPU-ms and overrun for tenant.
+func (a *AttributionMetrics) Settle(tenant string, gpuMs, overrunMs int64) {
+	if a == nil {
+		return
+	}
+	a.gpuMs.WithLabelValues(tenant).Add(float64(max(gpuMs, 0)))
+	if overrunMs > 0 {
+		a.overrun.WithLabelValues(tenant).Add(float64(overrunMs))
+	}
+}
