@@ -1,0 +1,55 @@
+// Package sim is a vLLM simulator: an OpenAI-compatible HTTP server backed
+// by a simulated continuous-batching engine, shaped like vLLM's (see
+// design/VLLM.md part 3). It stands in for vLLM in tests, the demo and
+// GPU-less benchmarks.
+//
+// # Model
+//
+// A [Replica] is one simulated vLLM server: an [http.Handler] plus one engine
+// goroutine started by [Replica.Run]. HTTP handlers parse and validate a
+// request (vLLM's 400/404 come before queueing), then hand one sequence per
+// choice (n per prompt) to the engine and wait for its tokens.
+//
+// The engine steps a batch, like vLLM's scheduler:
+//   - at most MaxNumSeqs sequences run; the rest wait (FCFS, or priority
+//     then arrival under SchedulingPolicy "priority");
+//   - a running sequence holds KV blocks for prompt + generated tokens; a
+//     waiting one is admitted only if its prompt (plus what it had generated
+//     before a preemption) fits; when a step is short of KV the newest (or
+//     worst-priority) running sequence is preempted: its KV is freed and it
+//     goes back to the front of the queue, to be recomputed;
+//   - a step lasts DecodeStep + DecodeStepPerSeq × decoding sequences +
+//     prompt tokens prefilled in the step / PrefillTPS. A newly admitted
+//     sequence gets its first token at the end of its prefill step, then one
+//     token per step.
+//
+// Aborts: an HTTP handler sees its client go through the request context
+// (net/http notices a closed connection without a write, as uvicorn does for
+// vLLM). The sequence is then dropped at the end of the current step at the
+// latest, which frees its slot and KV; it produces no further token.
+//
+// # Invariants
+//
+//   - Every token the engine generates is counted once in
+//     vllm:generation_tokens_total and in Stats.GenerationTokens; a finished
+//     request's usage.completion_tokens equals the tokens generated for it.
+//   - /tokenize's count equals usage.prompt_tokens for the same input: both
+//     use the simulator's tokenizer (split on whitespace, cut words into
+//     pieces of at most 4 bytes), and output is made of one-token words.
+//   - sim_gpu_busy_seconds_total is the sum of step durations (simulated
+//     time); idle time, when no sequence runs, is excluded.
+//
+// # Determinism
+//
+// Output lengths, texts and per-request faults come from a random stream
+// keyed by Config.Seed, Config.ReplicaIndex and the request id (X-Request-Id,
+// else a hash of the body), so they do not depend on arrival order. Step
+// faults (spikes, stalls) come from the engine's own seeded stream. Timings
+// are exact only under a fake clock (testing/synctest, or Config.Clock).
+//
+// # Concurrency
+//
+// A Replica is safe for concurrent use. The engine goroutine owns the batch;
+// handlers talk to it through a mutex-guarded inbox and per-request atomics
+// and a size-1 notification channel. No goroutine outlives Run or Serve.
+package sim

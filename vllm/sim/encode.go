@@ -1,0 +1,160 @@
+package sim
+
+import (
+	"strconv"
+	"unicode/utf8"
+)
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string; invalid UTF-8 becomes U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+func appendInt(b []byte, v int) []byte { return strconv.AppendInt(b, int64(v), 10) }
+
+// appendUsage appends vLLM's usage object.
+func appendUsage(b []byte, prompt, completion int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = appendInt(b, prompt)
+	b = append(b, `,"total_tokens":`...)
+	b = appendInt(b, prompt+completion)
+	b = append(b, `,"completion_tokens":`...)
+	b = appendInt(b, completion)
+	b = append(b, `,"prompt_tokens_details":null}`...)
+	return b
+}
+
+// chunkEncoder builds one response's SSE chunks by appending to a reused
+// buffer. Not safe for concurrent use.
+type chunkEncoder struct {
+	kind   kind
+	prefix []byte // {"id":...,"object":...,"created":...,"model":...,"choices":[
+	buf    []byte
+}
+
+func newChunkEncoder(k kind, id string, created int64, model string) *chunkEncoder {
+	var p []byte
+	p = append(p, `{"id":`...)
+	obj := "chat.completion.chunk"
+	if k == kindChat {
+		p = appendJSONString(p, "chatcmpl-"+id)
+	} else {
+		p = appendJSONString(p, "cmpl-"+id)
+		obj = "text_completion"
+	}
+	p = append(p, `,"object":"`...)
+	p = append(p, obj...)
+	p = append(p, `","created":`...)
+	p = strconv.AppendInt(p, created, 10)
+	p = append(p, `,"model":`...)
+	p = appendJSONString(p, model)
+	p = append(p, `,"choices":[`...)
+	return &chunkEncoder{kind: k, prefix: p, buf: make([]byte, 0, 512)}
+}
+
+// roleChunk appends the chat role chunk of a choice.
+func (c *chunkEncoder) roleChunk(index int, usage bool, prompt int) {
+	b := append(c.buf, "data: "...)
+	b = append(b, c.prefix...)
+	b = append(b, `{"index":`...)
+	b = appendInt(b, index)
+	b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	if usage {
+		b = append(b, `,"usage":`...)
+		b = appendUsage(b, prompt, 0)
+	}
+	c.buf = append(b, "}\n\n"...)
+}
+
+// tokenChunk appends a content chunk carrying tokens [from, to) of a
+// sequence; finish is "" while it runs. With usage, it carries the
+// choice's cumulative usage (continuous_usage_stats).
+func (c *chunkEncoder) tokenChunk(index int, key uint64, from, to int, finish string, usage bool, prompt int) {
+	b := append(c.buf, "data: "...)
+	b = append(b, c.prefix...)
+	b = append(b, `{"index":`...)
+	b = appendInt(b, index)
+	if c.kind == kindChat {
+		b = append(b, `,"delta":{"content":"`...)
+	} else {
+		b = append(b, `,"text":"`...)
+	}
+	b = appendOutputText(b, key, from, to)
+	if c.kind == kindChat {
+		b = append(b, `"},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `","logprobs":null,"finish_reason":`...)
+	}
+	if finish == "" {
+		b = append(b, `null,"stop_reason":null}]`...)
+	} else {
+		b = append(b, '"')
+		b = append(b, finish...)
+		b = append(b, `","stop_reason":null}]`...)
+	}
+	switch {
+	case usage:
+		b = append(b, `,"usage":`...)
+		b = appendUsage(b, prompt, to)
+	case c.kind == kindCompletion:
+		b = append(b, `,"usage":null`...)
+	}
+	c.buf = append(b, "}\n\n"...)
+}
+
+// usageChunk appends the final choices: [] chunk of include_usage.
+func (c *chunkEncoder) usageChunk(prompt, completion int) {
+	b := append(c.buf, "data: "...)
+	b = append(b, c.prefix...)
+	b = append(b, `],"usage":`...)
+	b = appendUsage(b, prompt, completion)
+	c.buf = append(b, "}\n\n"...)
+}
+
+// errorEvent appends a mid-stream error event.
+func (c *chunkEncoder) errorEvent(e *apiError) {
+	b := append(c.buf, "data: "...)
+	b = appendErrorJSON(b, e)
+	c.buf = append(b, "\n\n"...)
+}
+
+func (c *chunkEncoder) done() { c.buf = append(c.buf, "data: [DONE]\n\n"...) }

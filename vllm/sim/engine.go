@@ -1,0 +1,441 @@
+package sim
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sequence states published to handlers.
+const (
+	stActive   int32 = iota // waiting or running
+	stFinished              // reached its target; out is final
+	stAborted               // dropped after a cancel
+	stError                 // the engine died
+)
+
+// seq is one choice of one prompt: vLLM's child request.
+type seq struct {
+	req    *request
+	choice int    // index in the response's choices
+	prompt int    // prompt tokens
+	target int    // tokens to generate
+	key    uint64 // output text key
+	atCap  bool   // target == the request's cap: finish_reason "length"
+	order  uint64 // arrival order, set by the engine
+
+	// Owned by the engine goroutine.
+	gen       int  // tokens generated
+	blocks    int  // KV blocks held
+	prefilled bool // has produced its first token since (re)admission
+	started   bool // has produced a token at all
+
+	// Published to the handler: out is stored before state.
+	out   atomic.Int32
+	state atomic.Int32
+}
+
+// request groups the sequences of one HTTP request.
+type request struct {
+	seqs     []*seq
+	priority int
+	arrived  time.Time
+	notify   chan struct{} // size 1: the engine has news for the handler
+	cancel   atomic.Bool   // set by the handler: drop this request
+
+	counted bool // engine-owned: counted in sim_aborted_requests_total
+}
+
+func newRequest(priority int, arrived time.Time) *request {
+	return &request{priority: priority, arrived: arrived, notify: make(chan struct{}, 1)}
+}
+
+func (r *request) wake() {
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+// engine is the continuous-batching step loop of one replica.
+type engine struct {
+	cfg         *Config
+	clk         Clock
+	m           *metrics
+	st          *counters
+	totalBlocks int
+
+	wake chan struct{} // size 1: inbox or cancels changed
+	dead atomic.Bool
+
+	mu    sync.Mutex // guards inbox and inboxTokens
+	inbox []*seq
+	// inboxTokens is the prompt tokens in inbox, for queue limits.
+	inboxTokens int
+
+	// Owned by the engine goroutine.
+	waiting    []*seq
+	running    []*seq
+	freeBlocks int
+	nextOrder  uint64
+	stepRand   uint64 // per-step fault stream
+	// waitingTokens is published for MaxNumQueuedTokens checks.
+	waitingTokens atomic.Int64
+}
+
+func newEngine(cfg *Config, m *metrics, st *counters) *engine {
+	blocks := cfg.KVTokens / cfg.BlockSize
+	return &engine{
+		cfg: cfg, clk: cfg.Clock, m: m, st: st,
+		totalBlocks: blocks, freeBlocks: blocks,
+		wake:     make(chan struct{}, 1),
+		stepRand: mix(uint64(cfg.Seed)) ^ mix(uint64(cfg.ReplicaIndex)+0x5eed),
+	}
+}
+
+func (e *engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit queues a request's sequences, or refuses it with vLLM's 503 when
+// a queue limit is set and reached, or a 500 once the engine is dead.
+func (e *engine) submit(r *request) *apiError {
+	if e.dead.Load() {
+		return newAPIError(http.StatusInternalServerError, "", "The engine is dead.")
+	}
+	tokens := 0
+	for _, s := range r.seqs {
+		tokens += s.prompt
+	}
+	e.mu.Lock()
+	if lim := e.cfg.MaxNumQueuedReqs; lim > 0 && int(e.st.waiting.Load())+len(e.inbox)+len(r.seqs) > lim {
+		e.mu.Unlock()
+		return newAPIError(http.StatusServiceUnavailable, "", "The waiting queue is full (max_num_queued_reqs=%d).", lim)
+	}
+	if lim := e.cfg.MaxNumQueuedTokens; lim > 0 && int(e.waitingTokens.Load())+e.inboxTokens+tokens > lim {
+		e.mu.Unlock()
+		return newAPIError(http.StatusServiceUnavailable, "", "The waiting queue is full (max_num_queued_tokens=%d).", lim)
+	}
+	e.inbox = append(e.inbox, r.seqs...)
+	e.inboxTokens += tokens
+	e.mu.Unlock()
+	e.signal()
+	return nil
+}
+
+func (e *engine) blocksFor(tokens int) int { return (tokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize }
+
+// roll returns the next per-step random number in [0, 1).
+func (e *engine) roll() float64 {
+	e.stepRand++
+	return unitFloat(mix(e.stepRand))
+}
+
+func unitFloat(x uint64) float64 { return float64(x>>11) / (1 << 53) }
+
+// run is the step loop; it returns when ctx ends.
+func (e *engine) run(ctx context.Context) error {
+	start := e.clk.Now()
+	var deadC <-chan time.Time
+	if d := e.cfg.Faults.DeadAfter; d > 0 {
+		deadC = e.clk.After(d)
+	}
+	var lastEnd time.Time
+	contiguous := false
+	for {
+		if deadC != nil && e.clk.Now().Sub(start) >= e.cfg.Faults.DeadAfter {
+			e.die()
+			deadC = nil
+		}
+		e.drainInbox()
+		e.reapCancelled()
+		if e.dead.Load() {
+			e.failAll()
+		}
+		if len(e.running) == 0 && len(e.waiting) == 0 {
+			e.publishGauges()
+			contiguous = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.wake:
+			case <-deadC:
+			}
+			continue
+		}
+		if f := e.cfg.Faults; f.StallRate > 0 && e.roll() < f.StallRate {
+			contiguous = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.clk.After(f.Stall):
+			}
+			continue
+		}
+		prefill, decoding := e.schedule()
+		e.publishGauges()
+		if len(e.running) == 0 {
+			// Nothing fits (cannot happen with a valid config); wait for news.
+			contiguous = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.wake:
+			}
+			continue
+		}
+		dur := e.cfg.DecodeStep + time.Duration(decoding)*e.cfg.DecodeStepPerSeq +
+			time.Duration(float64(prefill)/e.cfg.PrefillTPS*float64(time.Second))
+		if f := e.cfg.Faults; f.SpikeRate > 0 && e.roll() < f.SpikeRate {
+			dur += f.Spike
+		}
+		now := e.clk.Now()
+		stepStart := now
+		if contiguous && now.Sub(lastEnd) < dur {
+			// Keep the step cadence exact: the engine's own work between
+			// steps is not simulated GPU time.
+			stepStart = lastEnd
+		}
+		end := stepStart.Add(dur)
+		if wait := end.Sub(now); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.clk.After(wait):
+			}
+		}
+		lastEnd, contiguous = end, true
+		e.finishStep(dur, end)
+	}
+}
+
+func (e *engine) drainInbox() {
+	e.mu.Lock()
+	in := e.inbox
+	e.inbox = nil
+	e.inboxTokens = 0
+	e.mu.Unlock()
+	for _, s := range in {
+		s.order = e.nextOrder
+		e.nextOrder++
+		e.enqueue(s, false)
+	}
+}
+
+// enqueue adds s to the waiting queue: at the back (FCFS) or by priority
+// then arrival; a preempted sequence goes back to the front (FCFS).
+func (e *engine) enqueue(s *seq, front bool) {
+	if e.cfg.SchedulingPolicy == PolicyPriority {
+		i, _ := slices.BinarySearchFunc(e.waiting, s, func(a, b *seq) int {
+			if a.req.priority != b.req.priority {
+				return a.req.priority - b.req.priority
+			}
+			switch {
+			case a.order < b.order:
+				return -1
+			case a.order > b.order:
+				return 1
+			}
+			return 0
+		})
+		e.waiting = slices.Insert(e.waiting, i, s)
+	} else if front {
+		e.waiting = slices.Insert(e.waiting, 0, s)
+	} else {
+		e.waiting = append(e.waiting, s)
+	}
+	e.waitingTokens.Add(int64(s.prompt))
+}
+
+// reapCancelled drops cancelled sequences, waiting or running.
+func (e *engine) reapCancelled() {
+	e.waiting = slices.DeleteFunc(e.waiting, func(s *seq) bool {
+		if !s.req.cancel.Load() {
+			return false
+		}
+		e.waitingTokens.Add(-int64(s.prompt))
+		e.abortSeq(s)
+		return true
+	})
+	e.running = slices.DeleteFunc(e.running, func(s *seq) bool {
+		if !s.req.cancel.Load() {
+			return false
+		}
+		e.abortSeq(s)
+		return true
+	})
+}
+
+// abortSeq frees s (which the caller removes from its list) and counts it.
+func (e *engine) abortSeq(s *seq) {
+	e.freeBlocks += s.blocks
+	s.blocks = 0
+	s.state.Store(stAborted)
+	e.m.success(reasonAbort)
+	e.st.abortedSeqs.Add(1)
+	if !s.req.counted {
+		s.req.counted = true
+		e.m.aborted.Inc()
+		e.st.aborted.Add(1)
+	}
+	s.req.wake()
+}
+
+func (e *engine) die() {
+	e.dead.Store(true)
+}
+
+func (e *engine) failAll() {
+	for _, s := range e.waiting {
+		s.state.Store(stError)
+		e.m.success(reasonError)
+		s.req.wake()
+	}
+	for _, s := range e.running {
+		e.freeBlocks += s.blocks
+		s.blocks = 0
+		s.state.Store(stError)
+		e.m.success(reasonError)
+		s.req.wake()
+	}
+	e.waiting, e.running = e.waiting[:0], e.running[:0]
+	e.waitingTokens.Store(0)
+}
+
+// schedule makes room for the running sequences' next token, preempting
+// when KV is short, then admits waiting sequences. It returns the prompt
+// tokens to prefill and the number of decoding sequences in this step.
+func (e *engine) schedule() (prefill, decoding int) {
+	preempted := false
+	for len(e.running) > 0 {
+		need := 0
+		for _, s := range e.running {
+			need += e.blocksFor(s.prompt+s.gen+1) - s.blocks
+		}
+		if need <= e.freeBlocks {
+			break
+		}
+		e.preempt(e.victim())
+		preempted = true
+	}
+	for _, s := range e.running {
+		nb := e.blocksFor(s.prompt + s.gen + 1)
+		e.freeBlocks -= nb - s.blocks
+		s.blocks = nb
+		decoding++
+	}
+	if preempted {
+		// As vLLM: no new admissions in a step that had to preempt.
+		return 0, decoding
+	}
+	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		s := e.waiting[0]
+		nb := e.blocksFor(s.prompt + s.gen + 1)
+		if nb > e.freeBlocks {
+			break
+		}
+		e.waiting = e.waiting[1:]
+		e.waitingTokens.Add(-int64(s.prompt))
+		e.freeBlocks -= nb
+		s.blocks = nb
+		s.prefilled = false
+		e.running = append(e.running, s)
+		prefill += s.prompt + s.gen
+		e.m.promptTokens.Add(float64(s.prompt + s.gen))
+		e.m.prefixQueries.Add(float64(s.prompt + s.gen))
+		e.st.promptTokens.Add(int64(s.prompt + s.gen))
+	}
+	if len(e.waiting) == 0 {
+		e.waiting = nil // let the backing array go
+	}
+	return prefill, decoding
+}
+
+// victim returns the index in running of the sequence to preempt: the
+// newest (FCFS) or the worst priority, then newest (priority).
+func (e *engine) victim() int {
+	v := len(e.running) - 1
+	if e.cfg.SchedulingPolicy == PolicyPriority {
+		for i, s := range e.running {
+			w := e.running[v]
+			if s.req.priority > w.req.priority || (s.req.priority == w.req.priority && s.order > w.order) {
+				v = i
+			}
+		}
+	}
+	return v
+}
+
+func (e *engine) preempt(i int) {
+	s := e.running[i]
+	e.running = slices.Delete(e.running, i, i+1)
+	e.freeBlocks += s.blocks
+	s.blocks = 0
+	s.prefilled = false
+	e.enqueue(s, true)
+	e.m.preemptions.Inc()
+	e.st.preemptions.Add(1)
+}
+
+// finishStep gives each running sequence its token, unless it was
+// cancelled during the step, and retires finished ones.
+func (e *engine) finishStep(dur time.Duration, end time.Time) {
+	produced := 0
+	keep := e.running[:0]
+	for _, s := range e.running {
+		r := s.req
+		if r.cancel.Load() {
+			e.abortSeq(s)
+			continue
+		}
+		s.gen++
+		produced++
+		if !s.started {
+			s.started = true
+			e.m.ttft.Observe(end.Sub(r.arrived).Seconds())
+		} else if s.prefilled {
+			e.m.itl.Observe(dur.Seconds())
+		}
+		s.prefilled = true
+		s.out.Store(int32(s.gen))
+		if s.gen >= s.target {
+			e.freeBlocks += s.blocks
+			s.blocks = 0
+			s.state.Store(stFinished)
+			if s.atCap {
+				e.m.success(reasonLength)
+			} else {
+				e.m.success(reasonStop)
+			}
+			e.m.e2e.Observe(end.Sub(r.arrived).Seconds())
+			e.st.finishedSeqs.Add(1)
+		} else {
+			keep = append(keep, s)
+		}
+		r.wake()
+	}
+	clear(e.running[len(keep):])
+	e.running = keep
+	e.m.genTokens.Add(float64(produced))
+	e.st.genTokens.Add(int64(produced))
+	e.st.steps.Add(1)
+	e.st.busy.Add(int64(dur))
+	e.m.busy.Add(dur.Seconds())
+	e.m.util.add(end, dur)
+}
+
+func (e *engine) publishGauges() {
+	waiting := len(e.waiting)
+	e.st.running.Store(int64(len(e.running)))
+	e.st.waiting.Store(int64(waiting))
+	e.st.kvUsedBlocks.Store(int64(e.totalBlocks - e.freeBlocks))
+	e.m.running.Set(float64(len(e.running)))
+	e.m.waiting.Set(float64(waiting))
+	e.m.kvUsage.Set(float64(e.totalBlocks-e.freeBlocks) / float64(e.totalBlocks))
+}
