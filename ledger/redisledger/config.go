@@ -1,0 +1,140 @@
+package redisledger
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Config configures the Redis ledger. The zero value of every optional field
+// selects its default.
+type Config struct {
+	// Addrs are the Redis addresses (host:port) for Open. One address without
+	// MasterName is a standalone server; several are a Cluster; with
+	// MasterName they are Sentinels. Required for Open, ignored by New.
+	Addrs []string
+	// MasterName is the Sentinel master name. Optional; "" means no Sentinel.
+	MasterName string
+	// Username and Password authenticate to Redis. Optional.
+	Username, Password string
+	// KeyPrefix starts every key. Optional; default "sluice". Must not contain
+	// '{' or '}'.
+	KeyPrefix string
+	// StoreTimeout bounds every store call, retries included. Optional;
+	// default 250ms. Open also uses it as the dial, read and write timeout.
+	StoreTimeout time.Duration
+	// LeaseTTL is the lease of a Reserve with LeaseTTL 0. Optional; default 60s.
+	LeaseTTL time.Duration
+	// MaxLeaseTTL bounds Reserve and Extend TTLs and is the store-loss fence.
+	// Optional; default 2·LeaseTTL.
+	MaxLeaseTTL time.Duration
+	// TombstoneRetention is how long terminal records answer replays.
+	// Optional; default 1h; must be ≥ 2·MaxLeaseTTL.
+	TombstoneRetention time.Duration
+	// Tenants are reclaimed by Run. Optional; empty means Run only waits.
+	Tenants []ledger.ScopeKey
+	// ReclaimInterval is Run's period. Optional; default 1s.
+	ReclaimInterval time.Duration
+	// ReclaimBatch is the most ids one Reclaim call handles in Run. Optional;
+	// default 256.
+	ReclaimBatch int
+	// OnUsage receives one event per applied Settle and Resolve (and per
+	// automatic charge of an UNRESOLVED hold, and per Settle on a CHARGED
+	// record), synchronously, before the call returns. Optional; it must not
+	// block and must be safe for concurrent use.
+	OnUsage func(ledger.UsageEvent)
+	// Registerer receives the ledger's metrics. Optional; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() {
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = "sluice"
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 250 * time.Millisecond
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 60 * time.Second
+	}
+	if c.MaxLeaseTTL == 0 {
+		c.MaxLeaseTTL = 2 * c.LeaseTTL
+	}
+	if c.TombstoneRetention == 0 {
+		c.TombstoneRetention = time.Hour
+		if m := 2 * c.MaxLeaseTTL; m > c.TombstoneRetention {
+			c.TombstoneRetention = m
+		}
+	}
+	if c.ReclaimInterval == 0 {
+		c.ReclaimInterval = time.Second
+	}
+	if c.ReclaimBatch == 0 {
+		c.ReclaimBatch = 256
+	}
+}
+
+// Validate reports every problem of a defaulted Config, naming the field.
+func (c *Config) Validate() error {
+	var errs []error
+	for i := range len(c.KeyPrefix) {
+		if b := c.KeyPrefix[i]; b == '{' || b == '}' {
+			errs = append(errs, errors.New("ledger.redis.key_prefix must not contain '{' or '}'"))
+			break
+		}
+	}
+	if c.StoreTimeout < 0 {
+		errs = append(errs, fmt.Errorf("ledger.redis.store_timeout %s must be > 0", c.StoreTimeout))
+	}
+	if c.LeaseTTL < time.Millisecond {
+		errs = append(errs, fmt.Errorf("ledger.lease_ttl %s must be ≥ 1ms", c.LeaseTTL))
+	}
+	if c.MaxLeaseTTL < c.LeaseTTL {
+		errs = append(errs, fmt.Errorf("ledger.max_lease_ttl %s must be ≥ lease_ttl %s", c.MaxLeaseTTL, c.LeaseTTL))
+	}
+	if c.TombstoneRetention < 2*c.MaxLeaseTTL {
+		errs = append(errs, fmt.Errorf("ledger.tombstone_retention %s must be ≥ 2·max_lease_ttl", c.TombstoneRetention))
+	}
+	if c.ReclaimInterval < 0 {
+		errs = append(errs, fmt.Errorf("ledger.reclaim_interval %s must be ≥ 0", c.ReclaimInterval))
+	}
+	if c.ReclaimBatch < 0 {
+		errs = append(errs, fmt.Errorf("ledger.reclaim_batch %d must be ≥ 0", c.ReclaimBatch))
+	}
+	for i, t := range c.Tenants {
+		if t.IsZero() {
+			errs = append(errs, fmt.Errorf("ledger.tenants[%d] is the zero key", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// metrics of the Redis ledger.
+type metrics struct {
+	storeErrors *prometheus.CounterVec // by class: unavailable, ambiguous, recovering
+	corrupt     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ledger_redis_store_errors_total",
+			Help: "Redis ledger calls that failed with a store error, by class.",
+		}, []string{"class"}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_ledger_corrupt_total",
+			Help: "Ledger operations refused because stored state violates an invariant (alert).",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register redis ledger metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,175 @@
+package redisledger
+
+import (
+	"encoding/base64"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Key layout (LEDGER.md §6); T is the tenant ScopeKey in base64url, the
+// hash tag that puts every key of a tenant in one Cluster slot:
+//
+//	<prefix>:{T}:m        HASH  hwm, epoch, fence_until, pv
+//	<prefix>:{T}:L        ZSET  RESERVED/DISPATCHED ids by lease expiry (ms)
+//	<prefix>:{T}:U        ZSET  UNRESOLVED ids by chargeable-at (ms)
+//	<prefix>:{T}:q:<id>   HASH  one record
+//	<prefix>:{T}:s:<S>    HASH  per scope: r:<d>, n, o:<d>, c:<d>:<W>, w:<d>:<W>, lim
+const (
+	idxMeta = iota
+	idxLeases
+	idxUnresolved
+	idxRecord
+	numFixedKeys
+)
+
+func encID(id ledger.RequestID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
+
+// tenantBase returns "<prefix>:{T}:".
+func (l *Ledger) tenantBase(t ledger.ScopeKey) string {
+	return l.prefix + ":{" + t.String() + "}:"
+}
+
+// fixedKeys returns the four keys every write script takes, with room for
+// nScopes scope keys appended.
+func (l *Ledger) fixedKeys(ref ledger.Ref, id string, nScopes int) []string {
+	base := l.tenantBase(ref.Tenant)
+	keys := make([]string, numFixedKeys, numFixedKeys+nScopes)
+	keys[idxMeta] = base + "m"
+	keys[idxLeases] = base + "L"
+	keys[idxUnresolved] = base + "U"
+	keys[idxRecord] = base + "q:" + id
+	return keys
+}
+
+// scopeKeysFromSpec appends the scope keys named by a record's spec.
+func scopeKeysFromSpec(keys []string, base, spec string) ([]string, bool) {
+	if spec == "" {
+		return keys, true
+	}
+	for part := range strings.SplitSeq(spec, ";") {
+		slash := strings.IndexByte(part, '/')
+		if slash < 2 {
+			return keys, false
+		}
+		keys = append(keys, base+"s:"+part[1:slash])
+	}
+	return keys, true
+}
+
+func kindDigit(k ledger.Kind) byte { return '0' + byte(k) }
+
+// buildSpec encodes the scopes and limits of a Reserve as
+// "<kind><S>/<d>:<W s>:<max>:<b|w>,...;...".
+func buildSpec(scopes []ledger.Scope) string {
+	var b strings.Builder
+	b.Grow(64 * len(scopes))
+	for i := range scopes {
+		s := &scopes[i]
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteByte(kindDigit(s.Kind))
+		b.WriteString(s.Key.String())
+		b.WriteByte('/')
+		for j, lim := range s.Limits {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(int(lim.Dim)))
+			b.WriteByte(':')
+			b.WriteString(strconv.FormatInt(int64(lim.Window/time.Second), 10))
+			b.WriteByte(':')
+			b.WriteString(strconv.FormatInt(lim.Max, 10))
+			if lim.Mode == ledger.Warn {
+				b.WriteString(":w")
+			} else {
+				b.WriteString(":b")
+			}
+		}
+	}
+	return b.String()
+}
+
+// specScope is one scope of a parsed spec.
+type specScope struct {
+	kind   ledger.Kind
+	key    ledger.ScopeKey
+	limits []ledger.Limit
+}
+
+// parseSpec parses one spec part or a whole spec (as stored in records and in
+// a scope's "lim" field).
+func parseSpec(spec string) ([]specScope, bool) {
+	var out []specScope
+	if spec == "" {
+		return nil, true
+	}
+	for part := range strings.SplitSeq(spec, ";") {
+		slash := strings.IndexByte(part, '/')
+		if slash < 2 || part[0] < '1' || part[0] > '4' {
+			return nil, false
+		}
+		k, err := ledger.ParseScopeKey(part[1:slash])
+		if err != nil {
+			return nil, false
+		}
+		sc := specScope{kind: ledger.Kind(part[0] - '0'), key: k}
+		if rest := part[slash+1:]; rest != "" {
+			for l := range strings.SplitSeq(rest, ",") {
+				f := strings.Split(l, ":")
+				if len(f) != 4 {
+					return nil, false
+				}
+				d, e1 := strconv.ParseUint(f[0], 10, 8)
+				w, e2 := strconv.ParseInt(f[1], 10, 64)
+				mx, e3 := strconv.ParseInt(f[2], 10, 64)
+				if e1 != nil || e2 != nil || e3 != nil || d >= uint64(ledger.NumDims) || (f[3] != "b" && f[3] != "w") {
+					return nil, false
+				}
+				lim := ledger.Limit{Dim: ledger.Dim(d), Window: time.Duration(w) * time.Second, Max: mx}
+				if f[3] == "w" {
+					lim.Mode = ledger.Warn
+				}
+				sc.limits = append(sc.limits, lim)
+			}
+		}
+		out = append(out, sc)
+	}
+	return out, true
+}
+
+// amountsCSV encodes amounts as "a0,a1,...".
+func amountsCSV(a *ledger.Amounts) string {
+	var buf [ledger.NumDims * 17]byte
+	b := buf[:0]
+	for i, v := range a {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return string(b)
+}
+
+func parseAmountsCSV(s string) (ledger.Amounts, bool) {
+	var a ledger.Amounts
+	if s == "" {
+		return a, true
+	}
+	i := 0
+	for f := range strings.SplitSeq(s, ",") {
+		if i >= len(a) {
+			return a, false
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil || v < 0 {
+			return a, false
+		}
+		a[i] = v
+		i++
+	}
+	return a, true
+}

@@ -1,0 +1,38 @@
+-- dispatch (MarkDispatched): ARGV 6 owner.
+local now = ledger_now()
+if not now then return {'CORRUPT', '', 'hwm'} end
+local epoch, fenced = epoch_check(now)
+if fenced then return {'RECOVERING', epoch} end
+local rec, why = load_record(now)
+if rec == nil then return {'CORRUPT', epoch, why} end
+if not rec then return {'NOTFOUND', epoch} end
+local scopes, serr = parse_spec(rec.sp)
+if not scopes then
+  if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
+  return {'CORRUPT', epoch, serr}
+end
+if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
+if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
+if rec.st == S_DISPATCHED then return {'OK', epoch, rec.le, 1} end
+if rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'unresolved'} end
+if now >= rec.le then return {'LEASELOST', epoch, 'expired'} end
+local any = false
+for si, sc in ipairs(scopes) do
+  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+  if sc.slot then
+    any = true
+    if sc.slot.mode == 'b' and sc.n + 1 > sc.slot.max then
+      return {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, sc.n, 0, 1, 0, now}
+    end
+  end
+end
+local sl = 0
+if any then
+  sl = 1
+  for _, sc in ipairs(scopes) do
+    if sc.slot then redis.call('HINCRBY', sc.key, 'n', 1) end
+  end
+end
+redis.call('HSET', KEYS[4], 'st', S_DISPATCHED, 'sl', sl)
+touch(now)
+return {'OK', epoch, rec.le, 0}

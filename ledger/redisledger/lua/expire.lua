@@ -1,0 +1,46 @@
+-- expire (Reclaim of one due lease): RESERVED -> EXPIRED, DISPATCHED -> UNRESOLVED.
+local now = ledger_now()
+if not now then return {'CORRUPT', '', 'hwm'} end
+local epoch, fenced = epoch_check(now)
+if fenced then return {'RECOVERING', epoch} end
+local rec, why = load_record(now)
+if rec == nil then return {'CORRUPT', epoch, why} end
+if not rec then
+  -- A lease entry without a record is corruption (I7); a stale entry of a
+  -- record that was already resolved is not (it is removed when finalized).
+  if redis.call('ZSCORE', KEYS[2], ARGV[4]) then return {'CORRUPT', epoch, 'lease without record'} end
+  return {'NOTDUE', epoch}
+end
+local scopes, serr = parse_spec(rec.sp)
+if not scopes then
+  if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
+  return {'CORRUPT', epoch, serr}
+end
+if (rec.st ~= S_RESERVED and rec.st ~= S_DISPATCHED) or now < rec.le then return {'NOTDUE', epoch} end
+for _, sc in ipairs(scopes) do
+  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+end
+if rec.st == S_RESERVED then
+  if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
+  do_release(scopes, rec.h, false)
+  redis.call('HSET', KEYS[4], 'ls', rec.st)
+  finalize(now, S_EXPIRED)
+  touch(now)
+  return {'OK', epoch, S_EXPIRED}
+end
+-- DISPATCHED: free the slot only; consumable holds stay.
+local slot = rec.sl == 1
+for _, sc in ipairs(scopes) do
+  if slot and sc.slot and sc.n < 1 then return {'CORRUPT', epoch, 'negative'} end
+end
+if slot then
+  for _, sc in ipairs(scopes) do
+    if sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
+  end
+end
+local ra = resolve_at(now, rec.wi)
+redis.call('HSET', KEYS[4], 'st', S_UNRESOLVED, 'sl', 0, 'ra', ra)
+redis.call('ZREM', KEYS[2], ARGV[4])
+redis.call('ZADD', KEYS[3], ra, ARGV[4])
+touch(now)
+return {'OK', epoch, S_UNRESOLVED}

@@ -1,0 +1,240 @@
+-- Shared prelude of every Sluice ledger script (concatenated after the
+-- shebang line by scripts.go). KEYS: 1 meta (m), 2 lease zset (L),
+-- 3 unresolved zset (U), 4 record (q:<id>), 5.. scope hashes in spec order.
+-- Common ARGV: 1 cached epoch ("" = none), 2 candidate epoch, 3 MaxLeaseTTL ms,
+-- 4 request id, 5 tombstone retention ms. Replies are arrays whose first
+-- element is a status word; scripts never raise errors on purpose, and every
+-- check happens before the first write (Redis scripts have no rollback).
+local MAXC = 9007199254740991 -- 2^53-1, the largest counter
+local MAXA = 1125899906842624 -- 2^50, the largest amount or limit
+-- States, numbered like ledger.State.
+local S_RESERVED, S_DISPATCHED, S_SETTLED, S_RELEASED = 1, 2, 3, 4
+local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
+local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
+
+-- cint parses a stored counter: missing is 0, anything but 0..2^53-1 written
+-- as plain digits is nil (corrupt).
+local function cint(v)
+  if not v then return 0 end
+  if type(v) ~= 'string' or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n > MAXC then return nil end
+  return n
+end
+
+local function ledger_now()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local h = redis.call('HGET', KEYS[1], 'hwm')
+  if h then
+    local hv = cint(h)
+    if hv == nil then return nil end
+    if hv > now then now = hv end
+  end
+  return now
+end
+
+-- epoch_check adopts, creates or fences the tenant's epoch (LEDGER.md §6).
+-- It returns the stored epoch and whether the caller must back off.
+local function epoch_check(now)
+  local cached, cand = ARGV[1], ARGV[2]
+  local stored = redis.call('HGET', KEYS[1], 'epoch')
+  if not stored then
+    redis.call('HSET', KEYS[1], 'epoch', cand)
+    if cached ~= '' then
+      redis.call('HSET', KEYS[1], 'fence_until', now + tonumber(ARGV[3]), 'hwm', now)
+      return cand, true
+    end
+    return cand, false
+  end
+  if cached ~= '' and cached ~= stored then return stored, true end
+  return stored, false
+end
+
+-- parse_csv parses n comma-separated amounts in 0..2^50, indexed from 0.
+local function parse_amounts(s)
+  local a, n = {}, 0
+  for f in string.gmatch(s, '[^,]+') do
+    local v = cint(f)
+    if v == nil or v > MAXA then return nil end
+    a[n] = v
+    n = n + 1
+  end
+  a.n = n
+  return a
+end
+
+-- parse_spec parses "<kind><key>/d:W:max:mode,...;..." (kind one digit,
+-- W seconds, 0 for slots; mode b(lock) or w(arn)) and checks that KEYS[4+i]
+-- ends with ":s:<key>" of scope i.
+-- Returns scopes or nil and a reason ('spec' or 'keys').
+local function parse_spec(spec)
+  local scopes = {}
+  if spec == nil or spec == '' then
+    if #KEYS ~= 4 then return nil, 'keys' end
+    return scopes
+  end
+  for part in string.gmatch(spec, '[^;]+') do
+    local name, lims = string.match(part, '^([^/]+)/(.*)$')
+    if not name then return nil, 'spec' end
+    local sc = {name = name, spec = part, lims = {}, dims = {}, dlist = {}}
+    for l in string.gmatch(lims, '[^,]+') do
+      local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
+      if not d then return nil, 'spec' end
+      local lim = {d = tonumber(d), w = tonumber(w), max = tonumber(mx), mode = mode}
+      if lim.max > MAXA then return nil, 'spec' end
+      if lim.w == 0 then
+        sc.slot = lim
+      else
+        table.insert(sc.lims, lim)
+        if not sc.dims[lim.d] then
+          sc.dims[lim.d] = true
+          table.insert(sc.dlist, lim.d)
+        end
+      end
+    end
+    table.insert(scopes, sc)
+  end
+  if #KEYS ~= 4 + #scopes then return nil, 'keys' end
+  for i, sc in ipairs(scopes) do
+    local k = KEYS[4 + i]
+    local suf = ':s:' .. string.sub(sc.name, 2)
+    if #k <= #suf or string.sub(k, -#suf) ~= suf then return nil, 'keys' end
+    sc.key = k
+  end
+  return scopes
+end
+
+-- load_scope reads and validates every counter a spec touches: r:<d>, n,
+-- c:<d>:<W> and w:<d>:<W>. Returns false on corruption.
+local function load_scope(sc)
+  local f = {'n'}
+  for _, d in ipairs(sc.dlist) do table.insert(f, 'r:' .. d) table.insert(f, 'o:' .. d) end
+  for _, l in ipairs(sc.lims) do
+    table.insert(f, 'c:' .. l.d .. ':' .. l.w)
+    table.insert(f, 'w:' .. l.d .. ':' .. l.w)
+  end
+  table.insert(f, 'lim')
+  local v = redis.call('HMGET', sc.key, unpack(f))
+  sc.seen = v[#f]
+  local n = cint(v[1])
+  if n == nil then return false end
+  sc.n = n
+  sc.r, sc.o = {}, {}
+  local i = 2
+  for _, d in ipairs(sc.dlist) do
+    local r, o = cint(v[i]), cint(v[i + 1])
+    if r == nil or o == nil then return false end
+    sc.r[d], sc.o[d] = r, o
+    i = i + 2
+  end
+  for _, l in ipairs(sc.lims) do
+    local c, w = cint(v[i]), cint(v[i + 1])
+    if c == nil or w == nil then return false end
+    l.c, l.widx = c, w
+    i = i + 2
+  end
+  return true
+end
+
+-- window_of returns the current window index of W seconds at now ms.
+local function window_of(now, w) return math.floor(now / (w * 1000)) end
+
+-- parse_wi parses a record's admission windows "W:idx,...".
+local function parse_wi(s)
+  local t = {}
+  if not s then return t end
+  for w, idx in string.gmatch(s, '(%d+):(%d+)') do t[tonumber(w)] = tonumber(idx) end
+  return t
+end
+
+-- record reads the record fields scripts need, validated; nil, reason on corruption.
+local function load_record(now)
+  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at')
+  if not v[1] then return false end
+  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14]}
+  rec.st = cint(v[1])
+  if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
+  rec.le, rec.te, rec.sl, rec.ra = cint(v[4]), cint(v[5]), cint(v[9]), cint(v[12])
+  if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
+  if v[5] and now >= rec.te then return false end -- tombstone past retention
+  rec.h = parse_amounts(v[6] or '')
+  if rec.h == nil then return nil, 'held' end
+  if v[10] then
+    rec.a = parse_amounts(v[10])
+    if rec.a == nil then return nil, 'actual' end
+  end
+  rec.wi = parse_wi(v[8])
+  return rec
+end
+
+-- check_release validates that r:<d> -= h[d] (and n -= 1 when slot) stays >= 0.
+local function check_release(scopes, h, slot)
+  for _, sc in ipairs(scopes) do
+    for _, d in ipairs(sc.dlist) do
+      if sc.r[d] < (h[d] or 0) then return false end
+    end
+    if slot and sc.slot and sc.n < 1 then return false end
+  end
+  return true
+end
+
+local function do_release(scopes, h, slot)
+  for _, sc in ipairs(scopes) do
+    for _, d in ipairs(sc.dlist) do
+      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, 'r:' .. d, -h[d]) end
+    end
+    if slot and sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
+  end
+end
+
+-- plan_charge decides which still-current admission windows receive a.
+-- Returns the list of {sc, l} or nil on corruption.
+local function plan_charge(now, scopes, wi, a)
+  local plan = {}
+  for _, sc in ipairs(scopes) do
+    for _, l in ipairs(sc.lims) do
+      local amt = a[l.d] or 0
+      local adm = wi[l.w]
+      if amt > 0 then
+        if adm == nil then return nil end
+        if l.widx < adm then return nil end
+        if l.widx == adm and window_of(now, l.w) == adm then
+          if l.c + amt > MAXC then return nil end
+          table.insert(plan, {sc = sc, l = l, amt = amt})
+        end
+      end
+    end
+  end
+  return plan
+end
+
+local function do_charge(plan)
+  for _, p in ipairs(plan) do
+    redis.call('HINCRBY', p.sc.key, 'c:' .. p.l.d .. ':' .. p.l.w, p.amt)
+  end
+end
+
+-- finalize makes the record a tombstone in ledger time and real time.
+local function finalize(now, st)
+  local ret = tonumber(ARGV[5])
+  redis.call('HSET', KEYS[4], 'st', st, 'te', now + ret)
+  redis.call('PEXPIRE', KEYS[4], ret)
+  redis.call('ZREM', KEYS[2], ARGV[4])
+  redis.call('ZREM', KEYS[3], ARGV[4])
+end
+
+local function touch(now)
+  redis.call('HSET', KEYS[1], 'hwm', now)
+end
+
+-- resolve_at is when an UNRESOLVED record may be charged: the end of the first
+-- of its admission windows to close (now if it has none).
+local function resolve_at(now, wi)
+  local t = nil
+  for w, idx in pairs(wi) do
+    local e = (idx + 1) * w * 1000
+    if t == nil or e < t then t = e end
+  end
+  return t or now
+end

@@ -1,0 +1,35 @@
+-- resolve: UNRESOLVED -> CHARGED at the held amount. ARGV 6: "1" admin
+-- (unconditional), "0" Reclaim (only once the first admission window closed).
+local now = ledger_now()
+if not now then return {'CORRUPT', '', 'hwm'} end
+local epoch, fenced = epoch_check(now)
+if fenced then return {'RECOVERING', epoch} end
+local rec, why = load_record(now)
+if rec == nil then return {'CORRUPT', epoch, why} end
+if not rec then
+  if redis.call('ZSCORE', KEYS[3], ARGV[4]) then return {'CORRUPT', epoch, 'entry without record'} end
+  return {'NOTFOUND', epoch}
+end
+local scopes, serr = parse_spec(rec.sp)
+if not scopes then
+  if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
+  return {'CORRUPT', epoch, serr}
+end
+if rec.st == S_CHARGED then return {'REPLAY', epoch, rec.h_s or ''} end
+if rec.st ~= S_UNRESOLVED then
+  if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
+  return {'NOTDUE', epoch, rec.st}
+end
+if ARGV[6] ~= '1' and now < rec.ra then return {'NOTDUE', epoch, rec.st} end
+for _, sc in ipairs(scopes) do
+  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+end
+if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
+local plan = plan_charge(now, scopes, rec.wi, rec.h)
+if plan == nil then return {'CORRUPT', epoch, 'charge'} end
+do_release(scopes, rec.h, false)
+do_charge(plan)
+redis.call('HSET', KEYS[4], 'a', rec.h_s or '', 'src', 'held', 'ls', rec.st)
+finalize(now, S_CHARGED)
+touch(now)
+return {'OK', epoch, rec.h_s or '', rec.at or '0', now}

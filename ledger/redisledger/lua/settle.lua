@@ -1,0 +1,53 @@
+-- settle: ARGV 6 actual csv, 7 source.
+local now = ledger_now()
+if not now then return {'CORRUPT', '', 'hwm'} end
+local epoch, fenced = epoch_check(now)
+if fenced then return {'RECOVERING', epoch} end
+local rec, why = load_record(now)
+if rec == nil then return {'CORRUPT', epoch, why} end
+if not rec then return {'NOTFOUND', epoch} end
+local scopes, serr = parse_spec(rec.sp)
+if not scopes then
+  if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
+  return {'CORRUPT', epoch, serr}
+end
+local a = parse_amounts(ARGV[6])
+if a == nil then return {'INVALID', epoch, 'actual'} end
+if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
+  if rec.a_s == ARGV[6] then return {'REPLAY', epoch, rec.st, rec.ls or '', rec.h_s or '', rec.src or ''} end
+  return {'CONFLICT', epoch}
+end
+if rec.st == S_CHARGED then return {'FINAL', epoch, rec.st} end
+for _, sc in ipairs(scopes) do
+  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+end
+local release = rec.st == S_RESERVED or rec.st == S_DISPATCHED or rec.st == S_UNRESOLVED
+local slot = (rec.st == S_DISPATCHED or rec.st == S_RESERVED) and rec.sl == 1
+if release and not check_release(scopes, rec.h, slot) then return {'CORRUPT', epoch, 'negative'} end
+local plan = plan_charge(now, scopes, rec.wi, a)
+if plan == nil then return {'CORRUPT', epoch, 'charge'} end
+local over = {}
+if release then
+  for _, sc in ipairs(scopes) do
+    for _, d in ipairs(sc.dlist) do
+      local x = (a[d] or 0) - (rec.h[d] or 0)
+      if x > 0 then
+        if sc.o[d] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
+        table.insert(over, {sc = sc, d = d, x = x})
+      end
+    end
+  end
+end
+-- Apply.
+local st = S_SETTLED
+if release then
+  do_release(scopes, rec.h, slot)
+  for _, o in ipairs(over) do redis.call('HINCRBY', o.sc.key, 'o:' .. o.d, o.x) end
+else
+  st = S_SETTLED_LATE
+end
+do_charge(plan)
+redis.call('HSET', KEYS[4], 'a', ARGV[6], 'src', ARGV[7], 'ls', rec.st)
+finalize(now, st)
+touch(now)
+return {'OK', epoch, st, rec.st, rec.h_s or '', rec.at or '0', now}

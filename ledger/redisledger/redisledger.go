@@ -1,0 +1,876 @@
+package redisledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Ledger is the Redis backend of the budget ledger: every operation is one
+// Lua script run atomically on the tenant's keys. It has the method set of
+// [ledger.Ledger] and is safe for concurrent use by many goroutines and many
+// processes sharing one Redis.
+type Ledger struct {
+	c      redis.UniversalClient
+	owned  bool // Close closes c
+	cfg    Config
+	prefix string
+	s      *scripts
+	m      *metrics
+
+	epochSeed string       // random per process; candidate epochs are seed-counter
+	epochSeq  atomic.Int64 // candidate counter
+	epochs    sync.Map     // ledger.ScopeKey → string: cached epoch per tenant
+
+	mu    sync.Mutex                     // guards specs
+	specs map[ledger.RequestID]specEntry // scope spec of records reserved here
+}
+
+type specEntry struct {
+	spec string
+}
+
+const maxSpecCache = 1 << 16
+
+// New returns a Ledger on an existing client. The client should have
+// ContextTimeoutEnabled set and read/write timeouts ≤ StoreTimeout (as Open
+// does); New does not close it.
+func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
+	if client == nil {
+		return nil, errors.New("redisledger: nil client")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := loadScripts()
+	if err != nil {
+		return nil, fmt.Errorf("load ledger scripts: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	return &Ledger{
+		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
+		epochSeed: hex.EncodeToString(seed[:]),
+		specs:     make(map[ledger.RequestID]specEntry),
+	}, nil
+}
+
+// Open builds a client from cfg (standalone, Sentinel or Cluster, see
+// [Config.Addrs]) with ContextTimeoutEnabled, dial/read/write timeouts of
+// StoreTimeout and go-redis' default retries, and returns a Ledger that
+// closes it on Close. It does not contact Redis.
+func Open(cfg Config) (*Ledger, error) {
+	cfg.setDefaults()
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("ledger.redis.addrs must name at least one address")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                 cfg.Addrs,
+		MasterName:            cfg.MasterName,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		DialTimeout:           cfg.StoreTimeout,
+		ReadTimeout:           cfg.StoreTimeout,
+		WriteTimeout:          cfg.StoreTimeout,
+		ContextTimeoutEnabled: true,
+	})
+	l, err := New(c, cfg)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	l.owned = true
+	return l, nil
+}
+
+// Close closes the client if Open created it.
+func (l *Ledger) Close() error {
+	if l.owned {
+		return l.c.Close()
+	}
+	return nil
+}
+
+// Ping checks that the store answers within StoreTimeout (for readiness).
+func (l *Ledger) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	if err := l.c.Ping(ctx).Err(); err != nil {
+		return l.storeErr(err)
+	}
+	return nil
+}
+
+// ---- store plumbing --------------------------------------------------------
+
+// reply is a script's array reply; the first element is a status word.
+type reply []any
+
+func (r reply) status() string { return r.str(0) }
+
+func (r reply) str(i int) string {
+	if i >= len(r) {
+		return ""
+	}
+	switch v := r[i].(type) {
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	}
+	return ""
+}
+
+func (r reply) int(i int) (int64, bool) {
+	if i >= len(r) {
+		return 0, false
+	}
+	switch v := r[i].(type) {
+	case int64:
+		return v, true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// run runs a write script (EVALSHA, EVAL on NOSCRIPT; never pipelined) within
+// StoreTimeout and classifies failures.
+func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []string, args ...any) (reply, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	var cmd *redis.Cmd
+	if ro {
+		cmd = s.RunRO(ctx, l.c, keys, args...)
+	} else {
+		cmd = s.Run(ctx, l.c, keys, args...)
+	}
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, l.storeErr(err)
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) == 0 {
+		return nil, l.corrupt("unexpected script reply")
+	}
+	return reply(arr), nil
+}
+
+// storeErr classifies a go-redis error: one raised before the command could
+// have reached Redis (dial failure, pool exhaustion, a refusal Redis sends
+// before running anything) is ErrUnavailable; anything else (timeouts, broken
+// connections after a write) is ErrAmbiguous.
+//
+// # Design rationale
+//
+// go-redis reports only the last attempt's error. A call whose first attempt
+// timed out after sending and whose retry then failed to dial is reported
+// as a dial failure; the StoreTimeout deadline covers the retries, so in
+// practice the retry after a timeout ends with the context deadline and is
+// classified ambiguous.
+func (l *Ledger) storeErr(err error) error {
+	class := ledger.ErrAmbiguous
+	var opErr *net.OpError
+	var rerr redis.Error
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial",
+		errors.Is(err, syscall.ECONNREFUSED),
+		strings.Contains(err.Error(), "connection pool timeout"),
+		errors.Is(err, redis.ErrClosed):
+		class = ledger.ErrUnavailable
+	case errors.As(err, &rerr):
+		msg := rerr.Error()
+		for _, p := range []string{"OOM ", "BUSY ", "LOADING ", "READONLY ", "MASTERDOWN ", "CLUSTERDOWN ",
+			"TRYAGAIN ", "NOREPLICAS ", "NOSCRIPT ", "CROSSSLOT ", "MOVED ", "ASK ", "NOPERM ", "NOAUTH ", "WRONGPASS "} {
+			if strings.HasPrefix(msg, p) {
+				class = ledger.ErrUnavailable
+				break
+			}
+		}
+	}
+	if class == ledger.ErrUnavailable {
+		l.m.storeErrors.WithLabelValues("unavailable").Inc()
+	} else {
+		l.m.storeErrors.WithLabelValues("ambiguous").Inc()
+	}
+	return fmt.Errorf("redis ledger: %w: %w", class, err)
+}
+
+func (l *Ledger) corrupt(what string) error {
+	l.m.corrupt.Inc()
+	return fmt.Errorf("redis ledger: %s: %w", what, ledger.ErrCorrupt)
+}
+
+// epochArgs returns the cached epoch ("" if none) and a fresh candidate.
+func (l *Ledger) epochArgs(t ledger.ScopeKey) (cached, cand string) {
+	if v, ok := l.epochs.Load(t); ok {
+		cached = v.(string)
+	}
+	return cached, l.epochSeed + strconv.FormatInt(l.epochSeq.Add(1), 36)
+}
+
+// noteEpoch caches the epoch a script reported.
+func (l *Ledger) noteEpoch(t ledger.ScopeKey, cached string, r reply) {
+	if e := r.str(1); e != "" && e != cached {
+		l.epochs.Store(t, e)
+	}
+}
+
+// common returns the shared ARGV prefix: cached epoch, candidate, MaxLeaseTTL
+// ms, id, tombstone retention ms.
+func (l *Ledger) common(t ledger.ScopeKey, id string) (args []any, cached string) {
+	cached, cand := l.epochArgs(t)
+	return []any{cached, cand, l.cfg.MaxLeaseTTL.Milliseconds(), id, l.cfg.TombstoneRetention.Milliseconds()}, cached
+}
+
+// statusErr maps the status words every script shares to errors; it returns
+// nil for any other word.
+func (l *Ledger) statusErr(r reply) error {
+	switch r.status() {
+	case "RECOVERING":
+		l.m.storeErrors.WithLabelValues("recovering").Inc()
+		return fmt.Errorf("redis ledger: tenant epoch changed, fencing old leases: %w", ledger.ErrRecovering)
+	case "CORRUPT":
+		return l.corrupt("stored state: " + r.str(2))
+	case "INVALID":
+		return fmt.Errorf("redis ledger: %s: %w", r.str(2), ledger.ErrInvalid)
+	case "POLICY":
+		return fmt.Errorf("redis ledger: %s: %w", r.str(2), ledger.ErrPolicy)
+	case "CONFLICT":
+		return ledger.ErrConflict
+	case "FINAL":
+		return ledger.ErrAlreadyFinal
+	case "NOTFOUND":
+		return ledger.ErrNotFound
+	case "DISPATCHED":
+		return ledger.ErrDispatched
+	case "LEASELOST":
+		return fmt.Errorf("redis ledger: %s: %w", r.str(2), ledger.ErrLeaseLost)
+	}
+	return nil
+}
+
+// ---- spec cache --------------------------------------------------------------
+
+func (l *Ledger) cacheSpec(id ledger.RequestID, spec string) {
+	l.mu.Lock()
+	if len(l.specs) < maxSpecCache {
+		l.specs[id] = specEntry{spec: spec}
+	}
+	l.mu.Unlock()
+}
+
+func (l *Ledger) cachedSpec(id ledger.RequestID) (string, bool) {
+	l.mu.Lock()
+	e, ok := l.specs[id]
+	l.mu.Unlock()
+	return e.spec, ok
+}
+
+func (l *Ledger) forgetSpec(id ledger.RequestID) {
+	l.mu.Lock()
+	delete(l.specs, id)
+	l.mu.Unlock()
+}
+
+// runRecord runs a script that acts on an existing record. It passes the
+// record's scope keys from the local cache; when the script reports that the
+// keys differ from the record's ("KEYS" with the stored spec), it retries
+// once with the stored spec. It returns the reply and the spec used.
+func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...any) (reply, string, error) {
+	id := encID(ref.ID)
+	spec, _ := l.cachedSpec(ref.ID)
+	for attempt := 0; ; attempt++ {
+		keys := l.fixedKeys(ref, id, 3)
+		keys, ok := scopeKeysFromSpec(keys, l.tenantBase(ref.Tenant), spec)
+		if !ok {
+			return nil, spec, l.corrupt("record scope spec")
+		}
+		args, cached := l.common(ref.Tenant, id)
+		args = append(args, extra...)
+		r, err := l.run(ctx, s, false, keys, args...)
+		if err != nil {
+			return nil, spec, err
+		}
+		l.noteEpoch(ref.Tenant, cached, r)
+		if r.status() != "KEYS" {
+			return r, spec, nil
+		}
+		if attempt > 0 {
+			return nil, spec, l.corrupt("record keys keep changing")
+		}
+		spec = r.str(2)
+	}
+}
+
+// ---- operations ---------------------------------------------------------------
+
+// Reserve admits req all-or-nothing on every block-mode limit of its scopes,
+// or returns a [*ledger.DeniedError]; it is idempotent by req.Ref.ID.
+func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error) {
+	if err := req.Validate(l.cfg.MaxLeaseTTL); err != nil {
+		return ledger.Grant{}, err
+	}
+	if req.PolicyVersion > uint64(ledger.MaxCounter) {
+		return ledger.Grant{}, fmt.Errorf("policy version %d too large: %w", req.PolicyVersion, ledger.ErrPolicy)
+	}
+	ttl := req.LeaseTTL
+	if ttl == 0 {
+		ttl = l.cfg.LeaseTTL
+	}
+	id := encID(req.Ref.ID)
+	spec := buildSpec(req.Scopes)
+	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
+	base := l.tenantBase(req.Ref.Tenant)
+	for i := range req.Scopes {
+		keys = append(keys, base+"s:"+req.Scopes[i].Key.String())
+	}
+	dispatch := "0"
+	if req.Dispatch {
+		dispatch = "1"
+	}
+	args, cached := l.common(req.Ref.Tenant, id)
+	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
+		strconv.FormatUint(req.Digest(), 16), ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec)
+	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	l.noteEpoch(req.Ref.Tenant, cached, r)
+	switch r.status() {
+	case "OK":
+		g, err := l.grantFrom(req, r)
+		if err == nil {
+			l.cacheSpec(req.Ref.ID, spec)
+		}
+		return g, err
+	case "REPLAY":
+		owner, ok1 := parseOwner(r.str(2))
+		le, ok2 := r.int(3)
+		st, ok3 := r.int(4)
+		if !ok1 || !ok2 || !ok3 {
+			return ledger.Grant{}, l.corrupt("replay reply")
+		}
+		l.cacheSpec(req.Ref.ID, spec)
+		return ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
+			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}, nil
+	case "DENIED":
+		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
+	}
+	if err := l.statusErr(r); err != nil {
+		return ledger.Grant{}, err
+	}
+	return ledger.Grant{}, l.corrupt("unknown reserve reply " + r.status())
+}
+
+func kindsOf(scopes []ledger.Scope) []ledger.Kind {
+	k := make([]ledger.Kind, len(scopes))
+	for i := range scopes {
+		k[i] = scopes[i].Kind
+	}
+	return k
+}
+
+func parseOwner(s string) (ledger.Owner, bool) {
+	var o ledger.Owner
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(o) {
+		return o, false
+	}
+	copy(o[:], b)
+	return o, true
+}
+
+// grantFrom decodes an OK reserve reply.
+func (l *Ledger) grantFrom(req ledger.ReserveRequest, r reply) (ledger.Grant, error) {
+	le, ok := r.int(2)
+	if !ok {
+		return ledger.Grant{}, l.corrupt("reserve reply")
+	}
+	g := ledger.Grant{Ref: req.Ref, Owner: req.Owner, State: ledger.Reserved, LeaseExpiry: time.UnixMilli(le).UTC()}
+	if req.Dispatch {
+		g.State = ledger.Dispatched
+	}
+	i := 4
+	for d := range ledger.NumDims {
+		tr, _ := r.int(i)
+		mx, _ := r.int(i + 1)
+		rem, _ := r.int(i + 2)
+		w, _ := r.int(i + 3)
+		rs, _ := r.int(i + 4)
+		if tr == 1 {
+			room := ledger.Room{Tracked: true, Limit: mx, Remaining: rem, Window: time.Duration(w) * time.Second}
+			if w > 0 {
+				room.ResetsAt = time.UnixMilli(rs).UTC()
+			}
+			g.Headroom[d] = room
+		}
+		i += 5
+	}
+	nw, _ := r.int(i)
+	i++
+	for range nw {
+		si, _ := r.int(i)
+		d, _ := r.int(i + 1)
+		w, _ := r.int(i + 2)
+		mx, _ := r.int(i + 3)
+		used, _ := r.int(i + 4)
+		rs, _ := r.int(i + 5)
+		i += 6
+		wr := ledger.Warning{Dim: ledger.Dim(d), Window: time.Duration(w) * time.Second, Limit: mx, Used: used}
+		if si >= 1 && int(si) <= len(req.Scopes) {
+			wr.Scope = req.Scopes[si-1].Kind
+		}
+		if w > 0 {
+			wr.ResetsAt = time.UnixMilli(rs).UTC()
+		}
+		g.Warnings = append(g.Warnings, wr)
+	}
+	return g, nil
+}
+
+// denied decodes a DENIED reply: scope index, dim, W, max, committed,
+// reserved, requested, resets at, now.
+func (l *Ledger) denied(r reply, kinds []ledger.Kind) error {
+	var v [9]int64
+	for i := range v {
+		x, ok := r.int(2 + i)
+		if !ok {
+			return l.corrupt("denied reply")
+		}
+		v[i] = x
+	}
+	e := &ledger.DeniedError{Dim: ledger.Dim(v[1]), Window: time.Duration(v[2]) * time.Second,
+		Limit: v[3], Committed: v[4], Reserved: v[5], Requested: v[6]}
+	if si := int(v[0]); si >= 1 && si <= len(kinds) {
+		e.Scope = kinds[si-1]
+	}
+	if v[2] > 0 {
+		e.ResetsAt = time.UnixMilli(v[7]).UTC()
+		e.RetryAfter = time.Duration(v[7]-v[8]) * time.Millisecond
+	}
+	return e
+}
+
+// MarkDispatched takes the request's slots (RESERVED → DISPATCHED). A full
+// slot limit returns a [*ledger.DeniedError] on Slots and leaves the record
+// RESERVED. Repeating it for a DISPATCHED record of the same owner succeeds.
+func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	if ref.ID.IsZero() || ref.Tenant.IsZero() {
+		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
+	}
+	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	if err != nil {
+		return err
+	}
+	switch r.status() {
+	case "OK":
+		return nil
+	case "DENIED":
+		sc, _ := parseSpec(spec)
+		kinds := make([]ledger.Kind, len(sc))
+		for i := range sc {
+			kinds[i] = sc[i].kind
+		}
+		return l.denied(r, kinds)
+	}
+	if err := l.statusErr(r); err != nil {
+		return err
+	}
+	return l.corrupt("unknown dispatch reply " + r.status())
+}
+
+// Extend sets the lease of a RESERVED or DISPATCHED record of owner to
+// now + ttl (never shortening it) and returns the new expiry, or
+// ErrLeaseLost when the lease ran out, the record is UNRESOLVED or terminal,
+// another owner holds it, or the tenant's epoch changed (store loss).
+func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (time.Time, error) {
+	if ref.ID.IsZero() || ref.Tenant.IsZero() {
+		return time.Time{}, fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
+	}
+	if ttl <= 0 || ttl > l.cfg.MaxLeaseTTL {
+		return time.Time{}, fmt.Errorf("lease ttl %s outside (0, %s]: %w", ttl, l.cfg.MaxLeaseTTL, ledger.ErrInvalid)
+	}
+	id := encID(ref.ID)
+	keys := l.fixedKeys(ref, id, 0)
+	args, cached := l.common(ref.Tenant, id)
+	args = append(args, owner.String(), ttl.Milliseconds())
+	r, err := l.run(ctx, l.s.extend, false, keys, args...)
+	if err != nil {
+		return time.Time{}, err
+	}
+	l.noteEpoch(ref.Tenant, cached, r)
+	if r.status() == "OK" {
+		le, ok := r.int(2)
+		if !ok {
+			return time.Time{}, l.corrupt("extend reply")
+		}
+		return time.UnixMilli(le).UTC(), nil
+	}
+	if err := l.statusErr(r); err != nil {
+		return time.Time{}, err
+	}
+	return time.Time{}, l.corrupt("unknown extend reply " + r.status())
+}
+
+// Settle charges actual once (the first Settle wins; the same actual again is
+// Replayed, another is ErrConflict) and frees the record's holds and slot.
+func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error) {
+	if ref.ID.IsZero() || ref.Tenant.IsZero() {
+		return ledger.Settlement{}, fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
+	}
+	if err := actual.Validate(); err != nil {
+		return ledger.Settlement{}, err
+	}
+	if !src.Valid() {
+		return ledger.Settlement{}, fmt.Errorf("source %d: %w", src, ledger.ErrInvalid)
+	}
+	csv := amountsCSV(&actual)
+	r, spec, err := l.runRecord(ctx, l.s.settle, ref, csv, src.String())
+	if err != nil {
+		return ledger.Settlement{}, err
+	}
+	switch r.status() {
+	case "OK":
+		// {'OK', epoch, st, prev, held, at, now}
+		st, ok1 := r.int(2)
+		prev, ok2 := r.int(3)
+		held, ok3 := parseAmountsCSV(r.str(4))
+		at, _ := r.int(5)
+		now, _ := r.int(6)
+		if !ok1 || !ok2 || !ok3 {
+			return ledger.Settlement{}, l.corrupt("settle reply")
+		}
+		l.forgetSpec(ref.ID)
+		s := settlementOf(ledger.State(st), ledger.State(prev), held, actual, false)
+		l.emit(ref, spec, held, actual, s.Charged, s.State, s.Late, src, at, now)
+		return s, nil
+	case "REPLAY":
+		// {'REPLAY', epoch, st, prev, held, src}
+		st, _ := r.int(2)
+		prev, _ := r.int(3)
+		held, ok := parseAmountsCSV(r.str(4))
+		if !ok {
+			return ledger.Settlement{}, l.corrupt("settle replay reply")
+		}
+		return settlementOf(ledger.State(st), ledger.State(prev), held, actual, true), nil
+	case "FINAL":
+		l.forgetSpec(ref.ID)
+		// The actual still goes to the usage log.
+		l.emit(ref, spec, ledger.Amounts{}, actual, ledger.Amounts{}, ledger.Charged, true, src, 0, 0)
+		return ledger.Settlement{}, ledger.ErrAlreadyFinal
+	case "NOTFOUND":
+		l.forgetSpec(ref.ID)
+	}
+	if err := l.statusErr(r); err != nil {
+		return ledger.Settlement{}, err
+	}
+	return ledger.Settlement{}, l.corrupt("unknown settle reply " + r.status())
+}
+
+func settlementOf(st, prev ledger.State, held, actual ledger.Amounts, replayed bool) ledger.Settlement {
+	s := ledger.Settlement{State: st, Charged: actual, Replayed: replayed}
+	s.Late = prev == ledger.Unresolved || prev == ledger.Released || prev == ledger.Expired
+	if st == ledger.Settled {
+		for d := range actual {
+			if x := actual[d] - held[d]; x > 0 && ledger.Dim(d) != ledger.Slots {
+				s.Overrun[d] = x
+			}
+		}
+	}
+	return s
+}
+
+// emit sends a usage event to Config.OnUsage.
+func (l *Ledger) emit(ref ledger.Ref, spec string, held, actual, charged ledger.Amounts, st ledger.State, late bool, src ledger.Source, at, now int64) {
+	if l.cfg.OnUsage == nil {
+		return
+	}
+	ev := ledger.UsageEvent{Ref: ref, Held: held, Actual: actual, Charged: charged, Source: src, State: st, Late: late}
+	if sc, ok := parseSpec(spec); ok {
+		for i := range sc {
+			if i < ledger.MaxScopes {
+				ev.Scopes[i] = ledger.ScopeRef{Kind: sc[i].kind, Key: sc[i].key}
+				ev.NScopes++
+			}
+		}
+	}
+	if at > 0 {
+		ev.AdmittedAt = time.UnixMilli(at).UTC()
+	}
+	if now > 0 {
+		ev.At = time.UnixMilli(now).UTC()
+	}
+	l.cfg.OnUsage(ev)
+}
+
+// Release frees a RESERVED record's holds (RELEASED). After dispatch it is
+// ErrDispatched; on an unknown id it writes a RELEASED tombstone so that a
+// late Reserve gets ErrAlreadyFinal; releasing a RELEASED record succeeds.
+func (l *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	if ref.ID.IsZero() || ref.Tenant.IsZero() {
+		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
+	}
+	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	if err != nil {
+		return err
+	}
+	if r.status() == "OK" {
+		l.forgetSpec(ref.ID)
+		return nil
+	}
+	if err := l.statusErr(r); err != nil {
+		return err
+	}
+	return l.corrupt("unknown release reply " + r.status())
+}
+
+// Resolve (admin) charges an UNRESOLVED record at its held amount (CHARGED).
+// Resolving a CHARGED record again is Replayed.
+func (l *Ledger) Resolve(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error) {
+	return l.resolve(ctx, ref, true)
+}
+
+func (l *Ledger) resolve(ctx context.Context, ref ledger.Ref, admin bool) (ledger.Settlement, error) {
+	if ref.ID.IsZero() || ref.Tenant.IsZero() {
+		return ledger.Settlement{}, fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
+	}
+	force := "0"
+	if admin {
+		force = "1"
+	}
+	r, spec, err := l.runRecord(ctx, l.s.resolve, ref, force)
+	if err != nil {
+		return ledger.Settlement{}, err
+	}
+	switch r.status() {
+	case "OK":
+		held, ok := parseAmountsCSV(r.str(2))
+		if !ok {
+			return ledger.Settlement{}, l.corrupt("resolve reply")
+		}
+		at, _ := r.int(3)
+		now, _ := r.int(4)
+		l.forgetSpec(ref.ID)
+		s := ledger.Settlement{State: ledger.Charged, Charged: held, Late: true}
+		l.emit(ref, spec, held, held, held, ledger.Charged, true, ledger.SourceResolved, at, now)
+		return s, nil
+	case "REPLAY":
+		held, _ := parseAmountsCSV(r.str(2))
+		return ledger.Settlement{State: ledger.Charged, Charged: held, Late: true, Replayed: true}, nil
+	case "NOTDUE":
+		st, _ := r.int(2)
+		return ledger.Settlement{}, fmt.Errorf("resolve a %s record: %w", ledger.State(st), errNotDue)
+	}
+	if err := l.statusErr(r); err != nil {
+		return ledger.Settlement{}, err
+	}
+	return ledger.Settlement{}, l.corrupt("unknown resolve reply " + r.status())
+}
+
+// errNotDue is returned by resolve for a record that is not UNRESOLVED (or,
+// for Reclaim, whose admission window is still open).
+var errNotDue = fmt.Errorf("record is not unresolved: %w", ledger.ErrConflict)
+
+// Reclaim expires due leases of one tenant (RESERVED → EXPIRED, DISPATCHED →
+// UNRESOLVED) and charges UNRESOLVED records whose first admission window has
+// closed, at most max ids of each kind per call. Each id is its own script,
+// which rechecks due-ness, so Reclaim may lag but never acts early.
+func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, max int) (ledger.ReclaimStats, error) {
+	var st ledger.ReclaimStats
+	if tenant.IsZero() {
+		return st, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
+	}
+	if max <= 0 {
+		max = l.cfg.ReclaimBatch
+	}
+	base := l.tenantBase(tenant)
+	r, err := l.run(ctx, l.s.scan, true, []string{base + "m", base + "L", base + "U"}, max)
+	if err != nil {
+		return st, err
+	}
+	if r.status() != "OK" || len(r) < 4 {
+		return st, l.corrupt("reclaim scan")
+	}
+	due, _ := r[2].([]any)
+	unres, _ := r[3].([]any)
+	st.More = len(due) >= max || len(unres) >= max
+	for _, x := range due {
+		ref, ok := refOf(tenant, x)
+		if !ok {
+			return st, l.corrupt("lease entry id")
+		}
+		rr, _, err := l.runRecord(ctx, l.s.expire, ref)
+		if err != nil {
+			return st, err
+		}
+		switch rr.status() {
+		case "OK":
+			s, _ := rr.int(2)
+			if ledger.State(s) == ledger.Expired {
+				st.Expired++
+				l.forgetSpec(ref.ID)
+			} else {
+				st.Unresolved++
+			}
+		case "NOTDUE":
+		default:
+			if err := l.statusErr(rr); err != nil {
+				return st, err
+			}
+			return st, l.corrupt("unknown expire reply " + rr.status())
+		}
+	}
+	for _, x := range unres {
+		ref, ok := refOf(tenant, x)
+		if !ok {
+			return st, l.corrupt("unresolved entry id")
+		}
+		_, err := l.resolve(ctx, ref, false)
+		switch {
+		case err == nil:
+			st.Charged++
+		case errors.Is(err, errNotDue), errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
+		default:
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+func refOf(tenant ledger.ScopeKey, x any) (ledger.Ref, bool) {
+	s, ok := x.(string)
+	if !ok {
+		return ledger.Ref{}, false
+	}
+	k, err := ledger.ParseScopeKey(s) // same encoding as ids
+	if err != nil {
+		return ledger.Ref{}, false
+	}
+	return ledger.Ref{Tenant: tenant, ID: ledger.RequestID(k)}, true
+}
+
+// Snapshot reads one scope's counters in the current windows (read-only).
+func (l *Ledger) Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (ledger.Usage, error) {
+	if tenant.IsZero() || scope.IsZero() {
+		return ledger.Usage{}, fmt.Errorf("zero tenant or scope: %w", ledger.ErrInvalid)
+	}
+	base := l.tenantBase(tenant)
+	r, err := l.run(ctx, l.s.snapshot, true, []string{base + "m", base + "U", base + "s:" + scope.String()})
+	if err != nil {
+		return ledger.Usage{}, err
+	}
+	if r.status() != "OK" || len(r) < 5 {
+		return ledger.Usage{}, l.corrupt("snapshot reply")
+	}
+	now, ok1 := r.int(1)
+	pv, ok2 := r.int(2)
+	nU, ok3 := r.int(3)
+	flat, ok4 := r[4].([]any)
+	if !ok1 || !ok2 || !ok3 || !ok4 || len(flat)%2 != 0 {
+		return ledger.Usage{}, l.corrupt("snapshot reply")
+	}
+	return l.usageOf(now, pv, nU, flat)
+}
+
+func (l *Ledger) usageOf(now, pv, nU int64, flat []any) (ledger.Usage, error) {
+	u := ledger.Usage{Now: time.UnixMilli(now).UTC(), PolicyVersion: uint64(pv)}
+	fields := make(map[string]int64, len(flat)/2)
+	var lim string
+	for i := 0; i < len(flat); i += 2 {
+		k, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		if k == "lim" {
+			lim = v
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > ledger.MaxCounter {
+			return ledger.Usage{}, l.corrupt("scope field " + k)
+		}
+		fields[k] = n
+	}
+	for d := range ledger.NumDims {
+		u.Reserved[d] = fields["r:"+strconv.Itoa(int(d))]
+	}
+	u.SlotsInUse = fields["n"]
+	if lim == "" {
+		return u, nil
+	}
+	sc, ok := parseSpec(lim)
+	if !ok || len(sc) != 1 {
+		return ledger.Usage{}, l.corrupt("scope limits")
+	}
+	u.Scope = sc[0].kind
+	if u.Scope == ledger.KindTenant {
+		u.Unresolved = int(nU)
+	}
+	for _, lm := range sc[0].limits {
+		lu := ledger.LimitUsage{Limit: lm}
+		if lm.Dim == ledger.Slots || lm.Window == 0 {
+			lu.Reserved = u.SlotsInUse
+		} else {
+			dw := strconv.Itoa(int(lm.Dim)) + ":" + strconv.FormatInt(int64(lm.Window/time.Second), 10)
+			idx := ledger.WindowIndex(u.Now, lm.Window)
+			if fields["w:"+dw] == idx {
+				lu.Committed = fields["c:"+dw]
+			}
+			lu.Reserved = u.Reserved[lm.Dim]
+			lu.ResetsAt = ledger.WindowResetsAt(idx, lm.Window)
+		}
+		lu.Remaining = max(lm.Max-lu.Committed-lu.Reserved, 0)
+		u.Limits = append(u.Limits, lu)
+	}
+	return u, nil
+}
+
+// Run reclaims every tenant of Config.Tenants each ReclaimInterval until ctx
+// ends, then returns nil. Store errors are counted and retried next tick.
+// Call it once, inside the process's errgroup.
+func (l *Ledger) Run(ctx context.Context) error {
+	if len(l.cfg.Tenants) == 0 || l.cfg.ReclaimInterval <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(l.cfg.ReclaimInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for _, tenant := range l.cfg.Tenants {
+			for range 64 { // bounded drain per tick
+				st, err := l.Reclaim(ctx, tenant, l.cfg.ReclaimBatch)
+				if err != nil || !st.More {
+					break
+				}
+			}
+		}
+	}
+}

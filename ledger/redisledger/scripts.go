@@ -1,0 +1,59 @@
+package redisledger
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lua/*.lua
+var luaFS embed.FS
+
+// scripts are the ledger's Lua scripts, each the shebang line, the shared
+// prelude and its body. Writers have no flags, so an out-of-memory Redis
+// refuses them up front; readers are flagged no-writes for EVALSHA_RO.
+type scripts struct {
+	reserve, dispatch, extend, settle, release, expire, resolve *redis.Script
+	scan, snapshot                                              *redis.Script
+}
+
+func loadScripts() (*scripts, error) {
+	prelude, err := luaFS.ReadFile("lua/prelude.lua")
+	if err != nil {
+		return nil, err
+	}
+	mk := func(name string, readOnly bool) (*redis.Script, error) {
+		body, err := luaFS.ReadFile("lua/" + name + ".lua")
+		if err != nil {
+			return nil, err
+		}
+		var b strings.Builder
+		if readOnly {
+			b.WriteString("#!lua flags=no-writes\n")
+		} else {
+			b.WriteString("#!lua\n")
+		}
+		b.Write(prelude)
+		b.WriteString("\n")
+		b.Write(body)
+		return redis.NewScript(b.String()), nil
+	}
+	s := &scripts{}
+	for _, x := range []struct {
+		dst  **redis.Script
+		name string
+		ro   bool
+	}{
+		{&s.reserve, "reserve", false}, {&s.dispatch, "dispatch", false}, {&s.extend, "extend", false},
+		{&s.settle, "settle", false}, {&s.release, "release", false}, {&s.expire, "expire", false},
+		{&s.resolve, "resolve", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
+	} {
+		sc, err := mk(x.name, x.ro)
+		if err != nil {
+			return nil, err
+		}
+		*x.dst = sc
+	}
+	return s, nil
+}
