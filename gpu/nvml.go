@@ -262,4 +262,3 @@ func (n *NVML) readFast(dv *nvmlDev) GPUStat {
 	}
 	return s
 }
-

@@ -16,7 +16,7 @@ import (
 type VLLM struct {
 	now func() time.Time
 
-	mu   sync.Mutex          // guards reps
+	mu   sync.Mutex         // guards reps
 	reps map[string]vllmRep // replica name → latest observation
 }
 
