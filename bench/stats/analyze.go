@@ -57,7 +57,7 @@ type Summary struct {
 	TTFT, TPOT, ITL, E2EL Dist
 	TTFTContentDiffers    int
 	TokensApprox          int
-	PromptOff             int            // usage prompt_tokens > 2 % off intended
+	PromptOff             int                       // usage prompt_tokens > 2 % off intended
 	Outcomes              map[string]map[string]int // outcome → reason ("" none) → count
 	UnknownCodes          map[string]int
 }
@@ -247,7 +247,7 @@ func peaks(recs []*loadgen.Record) (float64, int) {
 		minStart = min(minStart, r.Sent)
 		maxEnd = max(maxEnd, r.Done)
 	}
-	n := int(math.Ceil((maxEnd-minStart).Seconds())) + 1
+	n := int(math.Ceil((maxEnd - minStart).Seconds())) + 1
 	tokens := make([]float64, n)
 	conc := make([]int, n)
 	bucket := func(t time.Duration) int { return int((t - minStart).Seconds()) }
