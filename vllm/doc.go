@@ -1,0 +1,56 @@
+// Package vllm is everything Sluice knows about vLLM: request parsing and
+// rewriting, the upstream streaming client, usage tracking, response shaping
+// for clients, /tokenize and /v1/models, and /metrics scraping. The facts it
+// relies on are in docs VLLM.md Part 1; Part 2 is its contract.
+//
+// # Request path
+//
+// [Parse] reads only what admission needs from a /v1/chat/completions or
+// /v1/completions body (model, stream, stream_options, n, the output cap,
+// ignore_eos, min_tokens, priority, and the prompt or messages and tools for
+// input counting) and keeps the body. Input tokens are counted in bytes mode
+// at parse time (an upper bound for byte-level BPE, exact for token-id
+// prompts; see [CountOptions]); [Client.Tokenize] gives exact counts.
+// [Request.Plan] derives the output cap: min(client value or vLLM's default,
+// tenant cap, budget cap), × n per prompt for the reservation.
+// [Request.Rewrite] produces the upstream body: every member byte for byte,
+// except stream, stream_options and the cap fields, which are replaced so
+// that vLLM always streams with include_usage and continuous_usage_stats and
+// enforces the approved cap.
+//
+// # Response path
+//
+// [Client.Stream] opens the upstream stream over HTTP/1.1; cancelling its
+// context closes the connection, which vLLM takes as an abort. [Stream.Next]
+// yields each SSE event with its raw bytes and parsed usage, and
+// [Stream.Usage] always holds the best known usage: the final usage chunk if
+// one arrived, else prompt + Σ over choices of the last cumulative
+// completion_tokens. Nothing vLLM generated after the last chunk read is
+// reported: settle with an allowance per choice (at least one stream
+// interval of tokens), or the prompt tokens if no usage arrived.
+// [ShapeChunk] strips the usage the streaming client did not ask for;
+// [Assembler] rebuilds vLLM's non-streamed body for other clients.
+//
+// # Errors
+//
+// Errors are classified by status, type and param, never by message:
+// [*UpstreamError] for vLLM errors (non-200, or an SSE error event with
+// InStream set), [ErrNotSent] when no byte reached the replica (safe to retry
+// elsewhere), [ErrStreamCut] when the stream ended before [DONE] (502),
+// [ErrInvalidRequest] / [*InvalidRequestError] for bad client bodies (400,
+// naming the field), [ErrContextLength] for an exact prompt + cap over the
+// context.
+//
+// # Scraping
+//
+// [ParseMetrics] reads the §1.7 metrics tolerantly (unknown series ignored, a
+// missing metric unknown rather than zero, variants accepted, filtered by
+// model_name, summed over engine). [Poller] runs the scrape loop and
+// publishes immutable [Replica] snapshots through an atomic pointer.
+//
+// # Bounds
+//
+// One SSE event is at most Config.MaxEventBytes; metrics lines over 64 KiB
+// are skipped; JSON nesting deeper than 512 is malformed; per-choice usage
+// tracking is bounded to 16384 choices. Parsers never panic (fuzzed).
+package vllm

@@ -1,0 +1,302 @@
+package vllm
+
+import (
+	"bytes"
+	"strconv"
+)
+
+// Value is a metric reading that may be unknown. A metric missing from a
+// scrape is unknown, never zero.
+type Value struct {
+	V  float64
+	OK bool
+}
+
+func (v *Value) add(x float64) {
+	v.V += x
+	v.OK = true
+}
+
+// Metrics is what Sluice reads from one replica's /metrics for one model
+// (VLLM.md §1.7; SCHEDULING.md §7). Series are filtered by model_name (series
+// without the label are accepted) and summed over the engine label.
+type Metrics struct {
+	// Running and Waiting are vllm:num_requests_running / _waiting.
+	Running, Waiting Value
+	// KVUsage is vllm:kv_cache_usage_perc (0–1), or the deprecated
+	// vllm:gpu_cache_usage_perc when the former is absent; the mean over
+	// engines.
+	KVUsage Value
+	// PreemptionsTotal is vllm:num_preemptions_total.
+	PreemptionsTotal Value
+	// PromptTokensTotal and GenerationTokensTotal are vllm:prompt_tokens_total
+	// and vllm:generation_tokens_total.
+	PromptTokensTotal, GenerationTokensTotal Value
+	// SuccessTotal sums vllm:request_success_total over finish reasons;
+	// AbortsTotal is its finished_reason (or finish_reason) = "abort" series.
+	SuccessTotal, AbortsTotal Value
+	// KVCapacityTokens is Σ over engines of num_gpu_blocks × block_size from
+	// vllm:cache_config_info.
+	KVCapacityTokens Value
+	// NumGPUBlocks and BlockSize are vllm:cache_config_info's labels (blocks
+	// summed over engines; the block size of the last engine seen).
+	NumGPUBlocks, BlockSize Value
+	// GPUUtilization is the simulator's sim_gpu_utilization_ratio.
+	GPUUtilization Value
+	// GPUBusySecondsTotal is the simulator's sim_gpu_busy_seconds_total.
+	GPUBusySecondsTotal Value
+	// SimAbortedTotal is the simulator's sim_aborted_requests_total.
+	SimAbortedTotal Value
+}
+
+// counters lists the monotonic readings, for restart detection.
+func (m *Metrics) counters() [7]Value {
+	return [7]Value{m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
+		m.SuccessTotal, m.AbortsTotal, m.GPUBusySecondsTotal, m.SimAbortedTotal}
+}
+
+// CounterDropped reports whether any counter known in both prev and m went
+// down: the replica restarted between the two scrapes.
+func (m *Metrics) CounterDropped(prev *Metrics) bool {
+	a, b := prev.counters(), m.counters()
+	for i := range a {
+		if a[i].OK && b[i].OK && b[i].V < a[i].V {
+			return true
+		}
+	}
+	return false
+}
+
+// maxMetricsLine bounds one exposition line; longer lines are skipped.
+const maxMetricsLine = 64 << 10
+
+const maxLabels = 32
+
+type label struct{ name, value []byte }
+
+// ParseMetrics parses Prometheus text exposition tolerantly: unknown metrics,
+// comments and malformed lines are skipped; only the series Sluice uses are
+// read. model filters on the model_name label ("" accepts all).
+func ParseMetrics(text []byte, model string) Metrics {
+	var m Metrics
+	var kvNew, kvOld Value
+	var kvNewN, kvOldN int
+	var labels [maxLabels]label
+	for len(text) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(text, '\n'); i >= 0 {
+			line, text = text[:i], text[i+1:]
+		} else {
+			line, text = text, nil
+		}
+		if len(line) == 0 || len(line) > maxMetricsLine || line[0] == '#' {
+			continue
+		}
+		name, rest := splitName(line)
+		kind := metricKind(name)
+		if kind == mNone {
+			continue
+		}
+		ls, rest, ok := parseLabels(rest, labels[:0])
+		if !ok {
+			continue
+		}
+		v, ok := parseSampleValue(rest)
+		if !ok {
+			continue
+		}
+		if model != "" {
+			if mn, has := labelValue(ls, "model_name"); has && string(mn) != model {
+				continue
+			}
+		}
+		switch kind {
+		case mRunning:
+			m.Running.add(v)
+		case mWaiting:
+			m.Waiting.add(v)
+		case mKVUsage:
+			kvNew.add(v)
+			kvNewN++
+		case mGPUCacheUsage:
+			kvOld.add(v)
+			kvOldN++
+		case mPreemptions:
+			m.PreemptionsTotal.add(v)
+		case mPromptTokens:
+			m.PromptTokensTotal.add(v)
+		case mGenTokens:
+			m.GenerationTokensTotal.add(v)
+		case mSuccess:
+			m.SuccessTotal.add(v)
+			r, has := labelValue(ls, "finished_reason")
+			if !has {
+				r, has = labelValue(ls, "finish_reason")
+			}
+			if has && string(r) == "abort" {
+				m.AbortsTotal.add(v)
+			} else if !m.AbortsTotal.OK && has {
+				m.AbortsTotal.OK = true // reasons are reported; abort count is 0 so far
+			}
+		case mCacheConfig:
+			blocks, ok1 := labelValue(ls, "num_gpu_blocks")
+			size, ok2 := labelValue(ls, "block_size")
+			if !ok1 || !ok2 {
+				continue
+			}
+			nb, err1 := strconv.ParseFloat(string(blocks), 64)
+			bs, err2 := strconv.ParseFloat(string(size), 64)
+			if err1 != nil || err2 != nil || nb < 0 || bs < 0 {
+				continue
+			}
+			m.NumGPUBlocks.add(nb)
+			m.BlockSize = Value{V: bs, OK: true}
+			m.KVCapacityTokens.add(nb * bs)
+		case mSimUtil:
+			m.GPUUtilization.add(v)
+		case mSimBusy:
+			m.GPUBusySecondsTotal.add(v)
+		case mSimAborted:
+			m.SimAbortedTotal.add(v)
+		}
+	}
+	switch {
+	case kvNewN > 0:
+		m.KVUsage = Value{V: kvNew.V / float64(kvNewN), OK: true}
+	case kvOldN > 0:
+		m.KVUsage = Value{V: kvOld.V / float64(kvOldN), OK: true}
+	}
+	return m
+}
+
+type mKind uint8
+
+const (
+	mNone mKind = iota
+	mRunning
+	mWaiting
+	mKVUsage
+	mGPUCacheUsage
+	mPreemptions
+	mPromptTokens
+	mGenTokens
+	mSuccess
+	mCacheConfig
+	mSimUtil
+	mSimBusy
+	mSimAborted
+)
+
+func metricKind(name []byte) mKind {
+	switch string(name) {
+	case "vllm:num_requests_running":
+		return mRunning
+	case "vllm:num_requests_waiting":
+		return mWaiting
+	case "vllm:kv_cache_usage_perc":
+		return mKVUsage
+	case "vllm:gpu_cache_usage_perc":
+		return mGPUCacheUsage
+	case "vllm:num_preemptions_total", "vllm:num_preemptions":
+		return mPreemptions
+	case "vllm:prompt_tokens_total", "vllm:prompt_tokens":
+		return mPromptTokens
+	case "vllm:generation_tokens_total", "vllm:generation_tokens":
+		return mGenTokens
+	case "vllm:request_success_total", "vllm:request_success":
+		return mSuccess
+	case "vllm:cache_config_info":
+		return mCacheConfig
+	case "sim_gpu_utilization_ratio":
+		return mSimUtil
+	case "sim_gpu_busy_seconds_total":
+		return mSimBusy
+	case "sim_aborted_requests_total":
+		return mSimAborted
+	}
+	return mNone
+}
+
+func splitName(line []byte) (name, rest []byte) {
+	for i, c := range line {
+		if c == '{' || c == ' ' || c == '\t' {
+			return line[:i], line[i:]
+		}
+	}
+	return line, nil
+}
+
+// parseLabels parses an optional {a="b",…} block. Label values keep their
+// escapes (\\, \", \n); the labels Sluice compares never contain them.
+func parseLabels(b []byte, ls []label) ([]label, []byte, bool) {
+	if len(b) == 0 || b[0] != '{' {
+		return ls, b, true
+	}
+	i := 1
+	for {
+		for i < len(b) && (b[i] == ' ' || b[i] == ',') {
+			i++
+		}
+		if i >= len(b) {
+			return nil, nil, false
+		}
+		if b[i] == '}' {
+			return ls, b[i+1:], true
+		}
+		ns := i
+		for i < len(b) && b[i] != '=' && b[i] != '}' && b[i] != ',' {
+			i++
+		}
+		if i >= len(b) || b[i] != '=' {
+			return nil, nil, false
+		}
+		name := bytes.TrimSpace(b[ns:i])
+		i++
+		for i < len(b) && b[i] == ' ' {
+			i++
+		}
+		if i >= len(b) || b[i] != '"' {
+			return nil, nil, false
+		}
+		i++
+		vs := i
+		for i < len(b) && b[i] != '"' {
+			if b[i] == '\\' {
+				i++
+			}
+			i++
+		}
+		if i >= len(b) {
+			return nil, nil, false
+		}
+		if len(ls) < cap(ls) {
+			ls = append(ls, label{name: name, value: b[vs:i]})
+		}
+		i++
+	}
+}
+
+func labelValue(ls []label, name string) ([]byte, bool) {
+	for _, l := range ls {
+		if string(l.name) == name {
+			return l.value, true
+		}
+	}
+	return nil, false
+}
+
+func parseSampleValue(b []byte) (float64, bool) {
+	b = bytes.TrimLeft(b, " \t")
+	if i := bytes.IndexAny(b, " \t"); i >= 0 {
+		b = b[:i] // drop the timestamp
+	}
+	b = bytes.TrimRight(b, "\r")
+	if len(b) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || v != v { // NaN is unknown
+		return 0, false
+	}
+	return v, true
+}

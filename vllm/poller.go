@@ -1,0 +1,264 @@
+package vllm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+)
+
+// Target is one replica to poll.
+type Target struct {
+	// Name is the replica's configured name (metrics label).
+	Name string
+	// URL is the replica's base URL, e.g. http://127.0.0.1:8100.
+	URL string
+	// Model filters metrics by model_name. Optional; "" accepts all.
+	Model string
+}
+
+// PollerConfig configures a [Poller].
+type PollerConfig struct {
+	// Replicas are polled in this order; Snapshot keeps it.
+	Replicas []Target
+	// Interval between polls. Optional; default 1s.
+	Interval time.Duration
+	// Timeout bounds one replica's /metrics plus /health. Optional; default
+	// the interval.
+	Timeout time.Duration
+	// DownAfter is the number of consecutive failed polls (scrape or
+	// health) after which a replica is down. Optional; default 3.
+	DownAfter int
+	// Concurrency bounds replicas polled at once. Optional; default 16.
+	Concurrency int
+	// Now is the clock. Optional; default time.Now.
+	Now func() time.Time
+}
+
+// Validate names every problem.
+func (c PollerConfig) Validate() error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, t := range c.Replicas {
+		if t.Name == "" {
+			errs = append(errs, fmt.Errorf("upstream.replicas[%d].name is required", i))
+		} else if seen[t.Name] {
+			errs = append(errs, fmt.Errorf("upstream.replicas[%d].name %q is duplicated", i, t.Name))
+		}
+		seen[t.Name] = true
+		if !strings.HasPrefix(t.URL, "http://") && !strings.HasPrefix(t.URL, "https://") {
+			errs = append(errs, fmt.Errorf("upstream.replicas[%d].url must start with http:// or https://", i))
+		}
+	}
+	if c.Interval < 0 {
+		errs = append(errs, errors.New("upstream.scrape_interval must be >= 0"))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, errors.New("upstream.scrape_timeout must be >= 0"))
+	}
+	if c.DownAfter < 0 {
+		errs = append(errs, errors.New("upstream.down_after must be >= 0"))
+	}
+	if c.Concurrency < 0 {
+		errs = append(errs, errors.New("upstream.scrape_concurrency must be >= 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// Replica is an immutable snapshot of one replica's state. Never modify a
+// Replica obtained from a Poller.
+type Replica struct {
+	Name, URL, Model string
+	// Metrics from the last successful scrape (all unknown before one).
+	Metrics Metrics
+	// Healthy reports that the last /health answered 200.
+	Healthy bool
+	// Up is false once DownAfter polls in a row failed (and before the
+	// first successful poll).
+	Up bool
+	// Failures counts consecutive failed polls.
+	Failures int
+	// ScrapedAt is when Metrics were read (zero if never): staleness is
+	// now − ScrapedAt.
+	ScrapedAt time.Time
+	// CheckedAt is the time of the last poll.
+	CheckedAt time.Time
+	// Restarted reports that a counter dropped at the last scrape; Restarts
+	// counts such drops since the poller started.
+	Restarted bool
+	Restarts  int
+	// LastError describes the last failure ("" after a good poll).
+	LastError string
+}
+
+// Poller scrapes every replica's /metrics and /health on an interval and
+// publishes immutable snapshots. Snapshot and Get never lock and are safe
+// for concurrent use; Run must be called once.
+type Poller struct {
+	cfg    PollerConfig
+	client *Client
+	index  map[string]int
+	snap   atomic.Pointer[[]*Replica]
+
+	errs *prometheus.CounterVec
+	up   *prometheus.GaugeVec
+}
+
+// NewPoller builds a Poller. reg may be nil (no metrics registered).
+func NewPoller(cfg PollerConfig, client *Client, reg prometheus.Registerer) (*Poller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = cfg.Interval
+	}
+	if cfg.DownAfter == 0 {
+		cfg.DownAfter = 3
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if client == nil {
+		client = NewClient(Config{})
+	}
+	p := &Poller{
+		cfg:    cfg,
+		client: client,
+		index:  make(map[string]int, len(cfg.Replicas)),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_vllm_poll_errors_total",
+			Help: "Failed replica polls, by replica and what failed (metrics, health).",
+		}, []string{"replica", "kind"}),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_vllm_replica_up",
+			Help: "1 while the replica is up (fewer than down_after failed polls in a row).",
+		}, []string{"replica"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{p.errs, p.up} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register poller metrics: %w", err)
+			}
+		}
+	}
+	rs := make([]*Replica, len(cfg.Replicas))
+	for i, t := range cfg.Replicas {
+		p.index[t.Name] = i
+		rs[i] = &Replica{Name: t.Name, URL: t.URL, Model: t.Model}
+	}
+	p.snap.Store(&rs)
+	return p, nil
+}
+
+// Snapshot returns the latest snapshots, in configuration order. The slice
+// and its elements are immutable and shared: do not modify them.
+func (p *Poller) Snapshot() []*Replica { return *p.snap.Load() }
+
+// Get returns the latest snapshot of the named replica.
+func (p *Poller) Get(name string) (*Replica, bool) {
+	i, ok := p.index[name]
+	if !ok {
+		return nil, false
+	}
+	return (*p.snap.Load())[i], true
+}
+
+// Run polls at once and then every Interval until ctx is cancelled; it
+// returns nil then. Call it exactly once.
+func (p *Poller) Run(ctx context.Context) error {
+	t := time.NewTicker(p.cfg.Interval)
+	defer t.Stop()
+	for {
+		p.PollOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// PollOnce polls every replica once and publishes the new snapshots. Run
+// calls it; tests and a startup readiness check may call it directly (not
+// concurrently with itself).
+func (p *Poller) PollOnce(ctx context.Context) {
+	prev := *p.snap.Load()
+	next := make([]*Replica, len(prev))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(p.cfg.Concurrency)
+	for i, r := range prev {
+		g.Go(func() error {
+			next[i] = p.pollReplica(gctx, r)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	p.snap.Store(&next)
+}
+
+func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	r := *prev
+	r.CheckedAt = p.cfg.Now()
+	r.Restarted = false
+	base := strings.TrimSuffix(r.URL, "/")
+
+	var failed []string
+	status, body, err := p.client.get(ctx, base+"/metrics")
+	switch {
+	case err != nil:
+		failed = append(failed, "metrics: "+err.Error())
+		p.errs.WithLabelValues(r.Name, "metrics").Inc()
+	case status != http.StatusOK:
+		failed = append(failed, fmt.Sprintf("metrics: status %d", status))
+		p.errs.WithLabelValues(r.Name, "metrics").Inc()
+	default:
+		m := ParseMetrics(body, r.Model)
+		if !prev.ScrapedAt.IsZero() && m.CounterDropped(&prev.Metrics) {
+			r.Restarted = true
+			r.Restarts++
+		}
+		r.Metrics = m
+		r.ScrapedAt = p.cfg.Now()
+	}
+	hs, _, err := p.client.get(ctx, base+"/health")
+	r.Healthy = err == nil && hs == http.StatusOK
+	if !r.Healthy {
+		if err != nil {
+			failed = append(failed, "health: "+err.Error())
+		} else {
+			failed = append(failed, fmt.Sprintf("health: status %d", hs))
+		}
+		p.errs.WithLabelValues(r.Name, "health").Inc()
+	}
+	if len(failed) == 0 {
+		r.Failures = 0
+		r.LastError = ""
+		r.Up = true
+	} else {
+		r.Failures++
+		r.LastError = strings.Join(failed, "; ")
+		if r.Failures >= p.cfg.DownAfter {
+			r.Up = false
+		}
+	}
+	if r.Up {
+		p.up.WithLabelValues(r.Name).Set(1)
+	} else {
+		p.up.WithLabelValues(r.Name).Set(0)
+	}
+	return &r
+}

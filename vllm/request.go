@@ -1,0 +1,812 @@
+package vllm
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+)
+
+// Endpoint is one of the two generation routes Sluice schedules.
+type Endpoint uint8
+
+// The generation endpoints.
+const (
+	EndpointChat        Endpoint = iota + 1 // POST /v1/chat/completions
+	EndpointCompletions                     // POST /v1/completions
+)
+
+// Path returns the endpoint's URL path.
+func (e Endpoint) Path() string {
+	switch e {
+	case EndpointChat:
+		return "/v1/chat/completions"
+	case EndpointCompletions:
+		return "/v1/completions"
+	}
+	return ""
+}
+
+// EndpointForPath maps a URL path to its Endpoint.
+func EndpointForPath(path string) (Endpoint, bool) {
+	switch path {
+	case "/v1/chat/completions":
+		return EndpointChat, true
+	case "/v1/completions":
+		return EndpointCompletions, true
+	}
+	return 0, false
+}
+
+// ErrInvalidRequest is matched (errors.Is) by every *InvalidRequestError.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// ErrContextLength means an exactly counted prompt plus the requested output
+// does not fit the model's context (vLLM would answer 400, param input_tokens).
+// It is never returned for an upper-bound (bytes mode) count.
+var ErrContextLength = errors.New("context length exceeded")
+
+// ErrNoCap means no output cap could be derived: the client sent none, the
+// model's context length is unknown and the scheduler passed no limit.
+var ErrNoCap = errors.New("no output cap")
+
+// InvalidRequestError reports a malformed body or a field of the wrong type.
+// Param names the offending field (e.g. "messages[2].content"), "" for the
+// body as a whole. The message never echoes body content.
+type InvalidRequestError struct {
+	Param  string
+	Reason string
+}
+
+func (e *InvalidRequestError) Error() string {
+	if e.Param == "" {
+		return "invalid request: " + e.Reason
+	}
+	return fmt.Sprintf("invalid request: %s: %s", e.Param, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidRequest) true.
+func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
+func invalid(param, reason string) error { return &InvalidRequestError{Param: param, Reason: reason} }
+
+// Template allowances of the bytes counting mode, in tokens. See [CountOptions].
+const (
+	DefaultTemplateTokensPerMessage = 8
+	DefaultTemplateTokensPerRequest = 64
+	DefaultSpecialTokensPerPrompt   = 4
+)
+
+// CountOptions tunes the bytes counting mode.
+//
+// # Design rationale
+//
+// Byte-level BPE tokenizers never produce more tokens than the UTF-8 bytes
+// they encode, so the bytes of everything the chat template renders bound the
+// prompt's token count. The template's own text (role headers, special
+// tokens, a default system prompt such as Llama 3.1's dates, tool-use
+// instructions, the generation prompt) is not in the body, so it is covered by
+// fixed allowances. Text values are counted decoded (JSON escapes undone);
+// role and name strings are counted too. Tool definitions and tool calls are
+// counted as their JSON re-indented with four spaces per level, which bounds
+// templates that render them with tojson / tojson(indent=4). Image, audio and
+// video parts are not bounded (Request.HasMedia reports them).
+type CountOptions struct {
+	// TemplateTokensPerMessage covers one message's role header and
+	// separators. Optional; default 8; negative means 0.
+	TemplateTokensPerMessage int
+	// TemplateTokensPerRequest covers BOS, a default system prompt, tool
+	// instructions and the generation prompt of a chat request. Optional;
+	// default 64; negative means 0.
+	TemplateTokensPerRequest int
+	// SpecialTokensPerPrompt covers special tokens (BOS/EOS) that
+	// add_special_tokens adds to a completions text prompt. Optional;
+	// default 4; negative means 0.
+	SpecialTokensPerPrompt int
+}
+
+func (o CountOptions) withDefaults() CountOptions {
+	def := func(v, d int) int {
+		switch {
+		case v == 0:
+			return d
+		case v < 0:
+			return 0
+		}
+		return v
+	}
+	o.TemplateTokensPerMessage = def(o.TemplateTokensPerMessage, DefaultTemplateTokensPerMessage)
+	o.TemplateTokensPerRequest = def(o.TemplateTokensPerRequest, DefaultTemplateTokensPerRequest)
+	o.SpecialTokensPerPrompt = def(o.SpecialTokensPerPrompt, DefaultSpecialTokensPerPrompt)
+	return o
+}
+
+type span struct{ start, end int }
+
+func (s span) ok() bool { return s.end > s.start }
+
+// Request is a parsed generation request. It keeps the original body; the
+// body must not be modified while the Request is in use. A Request is
+// immutable after Parse (except through WithExactInput, which returns a copy)
+// and safe for concurrent reads.
+type Request struct {
+	Endpoint Endpoint
+	// Model is the "model" field ("" when absent: vLLM's default model).
+	Model string
+	// Stream is the client's "stream" (default false).
+	Stream bool
+	// HasStreamOptions reports a non-null "stream_options" object.
+	HasStreamOptions bool
+	// IncludeUsage is the client's effective include_usage: true once
+	// stream_options is present unless set false (VLLM.md §1.2).
+	IncludeUsage bool
+	// ContinuousUsage is the client's effective continuous_usage_stats:
+	// set and include_usage in effect (vLLM needs both).
+	ContinuousUsage bool
+	// N is the number of choices per prompt (default 1).
+	N int
+	// MaxTokens is the client's output cap: chat max_completion_tokens, else
+	// max_tokens; completions max_tokens. 0 when the client sent none.
+	MaxTokens int
+	// IgnoreEOS is the client's "ignore_eos".
+	IgnoreEOS bool
+	// MinTokens is the client's "min_tokens".
+	MinTokens int
+	// Priority is the client's vLLM "priority" (default 0, lower first).
+	Priority int
+	// InputTokens holds one input token count per prompt: one entry for chat
+	// and for a single completions prompt, one per element of a list
+	// prompt. Upper bounds unless InputExact.
+	InputTokens []int
+	// InputExact reports exact counts (token-id prompts, or set by
+	// WithExactInput from /tokenize).
+	InputExact bool
+	// HasMedia reports image/audio/video content parts, which the bytes
+	// count does not bound.
+	HasMedia bool
+
+	body []byte
+	// spans of raw values, for /tokenize
+	messages, tools, chatTemplate, chatTemplateKwargs           span
+	addGenerationPrompt, continueFinalMessage, addSpecialTokens span
+	prompt                                                      span
+	// textPrompts holds the spans of completions string prompts.
+	textPrompts []span
+}
+
+// Body returns the original body (not a copy).
+func (r *Request) Body() []byte { return r.body }
+
+// TotalInputTokens sums InputTokens.
+func (r *Request) TotalInputTokens() int {
+	t := 0
+	for _, n := range r.InputTokens {
+		t += n
+	}
+	return t
+}
+
+// Prompts returns the number of prompts (1 for chat).
+func (r *Request) Prompts() int { return max(1, len(r.InputTokens)) }
+
+// WithExactInput returns a copy of r whose InputTokens are the exact counts
+// given (one per prompt, e.g. from [Client.Tokenize]).
+func (r *Request) WithExactInput(perPrompt []int) (*Request, error) {
+	if len(perPrompt) != r.Prompts() {
+		return nil, fmt.Errorf("exact input: %d counts for %d prompts", len(perPrompt), r.Prompts())
+	}
+	c := *r
+	c.InputTokens = append([]int(nil), perPrompt...)
+	c.InputExact = true
+	return &c, nil
+}
+
+// maxRequestInts bounds integers taken from the body.
+const maxCount = 1 << 30
+
+// Parse parses a generation request body for endpoint e. Only the fields
+// Sluice needs are decoded; Rewrite keeps all others byte for byte. Errors
+// are *InvalidRequestError (errors.Is ErrInvalidRequest) naming the field.
+func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
+	if e != EndpointChat && e != EndpointCompletions {
+		return nil, fmt.Errorf("parse: unknown endpoint %d", e)
+	}
+	if !json.Valid(body) {
+		return nil, invalid("", "body is not valid JSON")
+	}
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil, invalid("", "body must be a JSON object")
+	}
+	opts = opts.withDefaults()
+	r := &Request{Endpoint: e, N: 1, body: body}
+	var (
+		maxTokens, maxCompletion   span
+		stream, streamOpts, nSpan  span
+		model, ignoreEOS, priority span
+		minTokens                  span
+	)
+	err := eachMember(body, i, func(m member) bool {
+		v := span{m.valStart, m.valEnd}
+		switch {
+		case m.keyIs(body, "model"):
+			model = v
+		case m.keyIs(body, "stream"):
+			stream = v
+		case m.keyIs(body, "stream_options"):
+			streamOpts = v
+		case m.keyIs(body, "n"):
+			nSpan = v
+		case m.keyIs(body, "max_tokens"):
+			maxTokens = v
+		case m.keyIs(body, "max_completion_tokens"):
+			maxCompletion = v
+		case m.keyIs(body, "ignore_eos"):
+			ignoreEOS = v
+		case m.keyIs(body, "min_tokens"):
+			minTokens = v
+		case m.keyIs(body, "priority"):
+			priority = v
+		case m.keyIs(body, "messages"):
+			r.messages = v
+		case m.keyIs(body, "tools"):
+			r.tools = v
+		case m.keyIs(body, "prompt"):
+			r.prompt = v
+		case m.keyIs(body, "chat_template"):
+			r.chatTemplate = v
+		case m.keyIs(body, "chat_template_kwargs"):
+			r.chatTemplateKwargs = v
+		case m.keyIs(body, "add_generation_prompt"):
+			r.addGenerationPrompt = v
+		case m.keyIs(body, "continue_final_message"):
+			r.continueFinalMessage = v
+		case m.keyIs(body, "add_special_tokens"):
+			r.addSpecialTokens = v
+		}
+		return true
+	})
+	if err != nil {
+		return nil, invalid("", "body is not a JSON object")
+	}
+	if model.ok() && !isNull(body, model) {
+		if body[model.start] != '"' {
+			return nil, invalid("model", "must be a string")
+		}
+		s, err := unquoteJSON(body[model.start:model.end])
+		if err != nil {
+			return nil, invalid("model", "must be a string")
+		}
+		r.Model = s
+	}
+	if r.Stream, err = optBool(body, stream, "stream", false); err != nil {
+		return nil, err
+	}
+	if r.IgnoreEOS, err = optBool(body, ignoreEOS, "ignore_eos", false); err != nil {
+		return nil, err
+	}
+	if streamOpts.ok() && !isNull(body, streamOpts) {
+		if body[streamOpts.start] != '{' {
+			return nil, invalid("stream_options", "must be an object")
+		}
+		r.HasStreamOptions = true
+		var inc, cont span
+		_ = eachMember(body, streamOpts.start, func(m member) bool {
+			switch {
+			case m.keyIs(body, "include_usage"):
+				inc = span{m.valStart, m.valEnd}
+			case m.keyIs(body, "continuous_usage_stats"):
+				cont = span{m.valStart, m.valEnd}
+			}
+			return true
+		})
+		if r.IncludeUsage, err = optBool(body, inc, "stream_options.include_usage", true); err != nil {
+			return nil, err
+		}
+		if r.ContinuousUsage, err = optBool(body, cont, "stream_options.continuous_usage_stats", false); err != nil {
+			return nil, err
+		}
+		r.ContinuousUsage = r.ContinuousUsage && r.IncludeUsage
+	}
+	if n, set, err := optInt(body, nSpan, "n"); err != nil {
+		return nil, err
+	} else if set {
+		if n < 1 {
+			return nil, invalid("n", "must be at least 1")
+		}
+		r.N = n
+	}
+	capSpan, capName := maxTokens, "max_tokens"
+	if e == EndpointChat && maxCompletion.ok() && !isNull(body, maxCompletion) {
+		capSpan, capName = maxCompletion, "max_completion_tokens"
+	}
+	if v, set, err := optInt(body, capSpan, capName); err != nil {
+		return nil, err
+	} else if set {
+		if v < 1 {
+			return nil, invalid(capName, "must be at least 1")
+		}
+		r.MaxTokens = v
+	}
+	if e == EndpointChat && capName == "max_completion_tokens" {
+		// max_tokens is still checked for its type, as vLLM would.
+		if _, _, err := optInt(body, maxTokens, "max_tokens"); err != nil {
+			return nil, err
+		}
+	}
+	if v, _, err := optInt(body, minTokens, "min_tokens"); err != nil {
+		return nil, err
+	} else if v < 0 {
+		return nil, invalid("min_tokens", "must be at least 0")
+	} else {
+		r.MinTokens = v
+	}
+	if v, _, err := optSignedInt(body, priority, "priority"); err != nil {
+		return nil, err
+	} else {
+		r.Priority = v
+	}
+	switch e {
+	case EndpointChat:
+		if r.prompt.ok() {
+			// vLLM ignores unknown fields; so do we.
+			r.prompt = span{}
+		}
+		if err := r.countChat(opts); err != nil {
+			return nil, err
+		}
+	case EndpointCompletions:
+		if err := r.countCompletions(opts); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func isNull(b []byte, s span) bool { return bytes.Equal(b[s.start:s.end], []byte("null")) }
+
+func optBool(b []byte, s span, name string, def bool) (bool, error) {
+	if !s.ok() || isNull(b, s) {
+		return def, nil
+	}
+	switch string(b[s.start:s.end]) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, invalid(name, "must be a boolean")
+}
+
+func optSignedInt(b []byte, s span, name string) (int, bool, error) {
+	if !s.ok() || isNull(b, s) {
+		return 0, false, nil
+	}
+	v, ok := parseInt(b[s.start:s.end])
+	if !ok {
+		// vLLM (pydantic) accepts integral floats such as 5.0.
+		f, err := strconv.ParseFloat(string(b[s.start:s.end]), 64)
+		if err != nil || f != float64(int64(f)) {
+			return 0, false, invalid(name, "must be an integer")
+		}
+		v = int64(f)
+	}
+	if v > maxCount || v < -maxCount {
+		return 0, false, invalid(name, "is out of range")
+	}
+	return int(v), true, nil
+}
+
+func optInt(b []byte, s span, name string) (int, bool, error) {
+	v, set, err := optSignedInt(b, s, name)
+	return v, set, err
+}
+
+// bufPool holds scratch buffers for json.Indent when measuring tools.
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// indentedLen returns the length of v re-indented with four spaces per level.
+func indentedLen(v []byte) int {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	n := len(v)
+	if err := json.Indent(buf, v, "", "    "); err == nil {
+		n = max(n, buf.Len())
+	}
+	if buf.Cap() <= 1<<20 {
+		bufPool.Put(buf)
+	}
+	return n
+}
+
+func (r *Request) countChat(o CountOptions) error {
+	b := r.body
+	if !r.messages.ok() || isNull(b, r.messages) {
+		return invalid("messages", "is required")
+	}
+	if b[r.messages.start] != '[' {
+		return invalid("messages", "must be an array")
+	}
+	total := o.TemplateTokensPerRequest
+	idx := 0
+	var ferr error
+	_ = eachElement(b, r.messages.start, func(start, end int) bool {
+		n, err := r.countMessage(idx, span{start, end})
+		if err != nil {
+			ferr = err
+			return false
+		}
+		total += n + o.TemplateTokensPerMessage
+		idx++
+		return true
+	})
+	if ferr != nil {
+		return ferr
+	}
+	if idx == 0 {
+		return invalid("messages", "must not be empty")
+	}
+	if r.tools.ok() && !isNull(b, r.tools) {
+		if b[r.tools.start] != '[' {
+			return invalid("tools", "must be an array")
+		}
+		ti := 0
+		_ = eachElement(b, r.tools.start, func(start, _ int) bool {
+			if b[start] != '{' {
+				ferr = invalid(fmt.Sprintf("tools[%d]", ti), "must be an object")
+				return false
+			}
+			ti++
+			return true
+		})
+		if ferr != nil {
+			return ferr
+		}
+		total += indentedLen(b[r.tools.start:r.tools.end])
+	}
+	r.InputTokens = []int{total}
+	return nil
+}
+
+// countMessage bounds one message's rendered bytes (without the allowance).
+func (r *Request) countMessage(idx int, s span) (int, error) {
+	b := r.body
+	if b[s.start] != '{' {
+		return 0, invalid(fmt.Sprintf("messages[%d]", idx), "must be an object")
+	}
+	n := 0
+	var ferr error
+	_ = eachMember(b, s.start, func(m member) bool {
+		v := b[m.valStart:m.valEnd]
+		switch {
+		case m.keyIs(b, "content"):
+			c, err := r.countContent(idx, span{m.valStart, m.valEnd})
+			if err != nil {
+				ferr = err
+				return false
+			}
+			n += c
+		case v[0] == '"':
+			l, err := stringLen(v)
+			if err != nil {
+				ferr = invalid(fmt.Sprintf("messages[%d]", idx), "bad string")
+				return false
+			}
+			n += l
+		case v[0] == '{' || v[0] == '[':
+			// tool_calls and other structured fields are rendered as JSON.
+			n += indentedLen(v)
+		default:
+			n += len(v)
+		}
+		return true
+	})
+	return n, ferr
+}
+
+func (r *Request) countContent(idx int, s span) (int, error) {
+	b := r.body
+	v := b[s.start:s.end]
+	param := fmt.Sprintf("messages[%d].content", idx)
+	switch v[0] {
+	case '"':
+		l, err := stringLen(v)
+		if err != nil {
+			return 0, invalid(param, "bad string")
+		}
+		return l, nil
+	case 'n':
+		return 0, nil
+	case '[':
+	default:
+		return 0, invalid(param, "must be a string, an array of content parts or null")
+	}
+	n := 0
+	pi := 0
+	var ferr error
+	_ = eachElement(b, s.start, func(start, end int) bool {
+		pp := fmt.Sprintf("%s[%d]", param, pi)
+		pi++
+		if b[start] != '{' {
+			ferr = invalid(pp, "must be an object")
+			return false
+		}
+		var typ, text span
+		_ = eachMember(b, start, func(m member) bool {
+			switch {
+			case m.keyIs(b, "type"):
+				typ = span{m.valStart, m.valEnd}
+			case m.keyIs(b, "text"):
+				text = span{m.valStart, m.valEnd}
+			}
+			return true
+		})
+		t := ""
+		if typ.ok() && b[typ.start] == '"' {
+			t, _ = unquoteJSON(b[typ.start:typ.end])
+		}
+		switch {
+		case t == "text" || t == "input_text" || (t == "" && text.ok()):
+			if !text.ok() || b[text.start] != '"' {
+				ferr = invalid(pp+".text", "must be a string")
+				return false
+			}
+			l, err := stringLen(b[text.start:text.end])
+			if err != nil {
+				ferr = invalid(pp+".text", "bad string")
+				return false
+			}
+			n += l
+		case t == "":
+			ferr = invalid(pp+".type", "is required")
+			return false
+		default:
+			r.HasMedia = true
+		}
+		return true
+	})
+	return n, ferr
+}
+
+func (r *Request) countCompletions(o CountOptions) error {
+	b := r.body
+	if !r.prompt.ok() || isNull(b, r.prompt) {
+		return invalid("prompt", "is required")
+	}
+	v := b[r.prompt.start:r.prompt.end]
+	switch v[0] {
+	case '"':
+		l, err := stringLen(v)
+		if err != nil {
+			return invalid("prompt", "bad string")
+		}
+		r.InputTokens = []int{l + o.SpecialTokensPerPrompt}
+		r.textPrompts = []span{r.prompt}
+		return nil
+	case '[':
+	default:
+		return invalid("prompt", "must be a string, an array of strings or of token ids")
+	}
+	// Array: of ints (one token prompt), of strings, or of int arrays.
+	var (
+		kind  byte // 'i' ints, 's' strings, 'a' arrays
+		count int
+		ferr  error
+	)
+	idx := 0
+	_ = eachElement(b, r.prompt.start, func(start, end int) bool {
+		e := b[start:end]
+		var k byte
+		switch {
+		case e[0] == '"':
+			k = 's'
+		case e[0] == '[':
+			k = 'a'
+		case e[0] == '-' || (e[0] >= '0' && e[0] <= '9'):
+			k = 'i'
+		default:
+			ferr = invalid(fmt.Sprintf("prompt[%d]", idx), "must be a string, a token id or an array of token ids")
+			return false
+		}
+		if kind == 0 {
+			kind = k
+		} else if kind != k {
+			ferr = invalid(fmt.Sprintf("prompt[%d]", idx), "mixes element types")
+			return false
+		}
+		switch k {
+		case 's':
+			l, err := stringLen(e)
+			if err != nil {
+				ferr = invalid(fmt.Sprintf("prompt[%d]", idx), "bad string")
+				return false
+			}
+			r.InputTokens = append(r.InputTokens, l+o.SpecialTokensPerPrompt)
+			r.textPrompts = append(r.textPrompts, span{start, end})
+		case 'i':
+			if _, ok := parseInt(e); !ok {
+				ferr = invalid(fmt.Sprintf("prompt[%d]", idx), "must be an integer token id")
+				return false
+			}
+			count++
+		case 'a':
+			ids := 0
+			_ = eachElement(b, start, func(s2, e2 int) bool {
+				if _, ok := parseInt(b[s2:e2]); !ok {
+					ferr = invalid(fmt.Sprintf("prompt[%d][%d]", idx, ids), "must be an integer token id")
+					return false
+				}
+				ids++
+				return true
+			})
+			if ferr != nil {
+				return false
+			}
+			if ids == 0 {
+				ferr = invalid(fmt.Sprintf("prompt[%d]", idx), "must not be empty")
+				return false
+			}
+			r.InputTokens = append(r.InputTokens, ids)
+		}
+		idx++
+		return true
+	})
+	if ferr != nil {
+		return ferr
+	}
+	if idx == 0 {
+		return invalid("prompt", "must not be empty")
+	}
+	switch kind {
+	case 'i':
+		r.InputTokens = []int{count}
+		r.InputExact = true
+	case 'a':
+		r.InputExact = true
+	}
+	return nil
+}
+
+// Limits are the caps the scheduler applies on top of the client's.
+type Limits struct {
+	// MaxModelLen is the model's context length in tokens (from /v1/models
+	// or /tokenize). 0 means unknown.
+	MaxModelLen int
+	// TenantMaxOutput is the tenant's per-request output cap. 0 means none.
+	TenantMaxOutput int
+	// BudgetMaxOutput is the largest per-choice output the budget allows.
+	// 0 means no budget limit (refuse exhausted budgets before calling Plan).
+	BudgetMaxOutput int
+}
+
+// Plan is the output side of admission for one request.
+type Plan struct {
+	// Cap is the per-choice output cap written upstream (max_tokens).
+	Cap int
+	// Choices is N × prompts: the number of sequences vLLM will run.
+	Choices int
+	// InputTokens is the total input over all prompts.
+	InputTokens int
+	// OutputTokens is the output reservation, Cap × Choices.
+	OutputTokens int
+}
+
+// Plan computes the approved output cap and reservation (VLLM.md Part 2):
+// min(client value or vLLM's default, tenant cap, budget cap). vLLM's default
+// is 16 for completions and the remaining context max_model_len − prompt for
+// chat. With exact input counts, a client cap that cannot fit the context is
+// ErrContextLength (vLLM's 400); a cap Sluice injected is clamped to the
+// remaining context instead. With upper-bound counts no request is refused
+// here: the chat default uses the bound (never below 1 token).
+func (r *Request) Plan(l Limits) (Plan, error) {
+	maxIn := 0
+	for _, n := range r.InputTokens {
+		maxIn = max(maxIn, n)
+	}
+	p := Plan{Choices: r.N * r.Prompts(), InputTokens: r.TotalInputTokens()}
+	if r.InputExact && l.MaxModelLen > 0 && maxIn >= l.MaxModelLen {
+		return p, fmt.Errorf("prompt of %d tokens, model context %d: %w", maxIn, l.MaxModelLen, ErrContextLength)
+	}
+	remaining := 0 // 0: unknown
+	if l.MaxModelLen > 0 {
+		remaining = max(1, l.MaxModelLen-maxIn)
+	}
+	c := r.MaxTokens
+	clientSet := c > 0
+	if !clientSet {
+		switch r.Endpoint {
+		case EndpointCompletions:
+			c = 16
+		default:
+			c = remaining
+		}
+	}
+	for _, lim := range []int{l.TenantMaxOutput, l.BudgetMaxOutput} {
+		if lim > 0 && (c == 0 || lim < c) {
+			c = lim
+		}
+	}
+	if c == 0 {
+		return p, fmt.Errorf("plan: %w", ErrNoCap)
+	}
+	if remaining > 0 && c > remaining {
+		if clientSet && r.InputExact && c == r.MaxTokens {
+			return p, fmt.Errorf("prompt of %d tokens plus %d output tokens, model context %d: %w",
+				maxIn, c, l.MaxModelLen, ErrContextLength)
+		}
+		if !clientSet || c != r.MaxTokens {
+			c = remaining
+		}
+	}
+	p.Cap = c
+	p.OutputTokens = c * p.Choices
+	return p, nil
+}
+
+// rewriteKeys are the members Rewrite replaces.
+func (r *Request) rewriteKey(m member) bool {
+	b := r.body
+	switch {
+	case m.keyIs(b, "stream"), m.keyIs(b, "stream_options"), m.keyIs(b, "max_tokens"):
+		return true
+	case r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
+		return true
+	}
+	return false
+}
+
+// Rewrite appends to dst the upstream body for output cap capTokens: every
+// member of the client's body is kept byte for byte except stream,
+// stream_options and the cap fields, which are replaced by
+// "stream":true, "stream_options":{"include_usage":true,"continuous_usage_stats":true}
+// and the cap in max_completion_tokens and max_tokens (chat) or max_tokens
+// (completions), appended before the closing brace.
+func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
+	b := r.body
+	start := skipSpace(b, 0)
+	first := true
+	prevEnd := -1 // valEnd of the previous member
+	prevKept := false
+	lastEnd := start + 1
+	dst = append(dst, b[:start+1]...)
+	_ = eachMember(b, start, func(m member) bool {
+		drop := r.rewriteKey(m)
+		if !drop {
+			switch {
+			case first && prevEnd < 0:
+				dst = append(dst, b[lastEnd:m.keyStart]...)
+			case first:
+			case prevKept:
+				dst = append(dst, b[prevEnd:m.keyStart]...)
+			default:
+				dst = append(dst, ',')
+			}
+			dst = append(dst, b[m.keyStart:m.valEnd]...)
+			first = false
+		}
+		prevKept = !drop
+		prevEnd = m.valEnd
+		return true
+	})
+	tail := lastEnd
+	if prevEnd >= 0 {
+		tail = prevEnd
+	}
+	closing := skipSpace(b, tail)
+	if prevKept {
+		dst = append(dst, b[tail:closing]...)
+	}
+	if !first {
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
+	if r.Endpoint == EndpointChat {
+		dst = append(dst, `,"max_completion_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	}
+	dst = append(dst, `,"max_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	return append(dst, b[closing:]...)
+}

@@ -1,0 +1,377 @@
+package vllm
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ChunkUsage is one chunk's "usage" object.
+type ChunkUsage struct {
+	PromptTokens     int
+	CompletionTokens int
+	TotalTokens      int
+	// CachedTokens is prompt_tokens_details.cached_tokens (0 when absent).
+	CachedTokens int
+}
+
+// Event is one SSE event of an upstream stream. Its byte slices alias the
+// Stream's buffers and are valid only until the next call to Next.
+type Event struct {
+	// Raw is the event exactly as received, with its terminating blank line:
+	// what a streaming client gets when the event is passed through.
+	Raw []byte
+	// Data is the event's data (data lines joined by "\n").
+	Data []byte
+	// Done reports "data: [DONE]".
+	Done bool
+	// Final reports the "choices": [] chunk carrying the final usage.
+	Final bool
+	// HasUsage reports a non-null "usage" object in the chunk.
+	HasUsage bool
+	// Usage is the chunk's usage when HasUsage. With continuous usage stats
+	// its CompletionTokens is cumulative for choice Choice.
+	Usage ChunkUsage
+	// Choice is the index of the chunk's first choice, -1 when it has none.
+	Choice int
+	// Err is set for an SSE error event ({"error": …} or {"object":"error"}).
+	Err *UpstreamError
+}
+
+// Usage is what a stream has reported so far.
+type Usage struct {
+	PromptTokens int
+	// CompletionTokens is the final usage's value when Final, else the sum
+	// over choices of the last cumulative completion_tokens seen.
+	CompletionTokens int
+	CachedTokens     int
+	// Final reports that the final usage chunk arrived: the numbers are
+	// vLLM's own totals.
+	Final bool
+	// Known reports that at least one usage object arrived.
+	Known bool
+	// Choices is the number of distinct choices that reported usage.
+	Choices int
+}
+
+// TotalTokens is PromptTokens + CompletionTokens.
+func (u Usage) TotalTokens() int { return u.PromptTokens + u.CompletionTokens }
+
+// maxChoices bounds per-choice tracking (n × prompts).
+const maxChoices = 1 << 14
+
+// Stream reads an upstream SSE response. It is not safe for concurrent use;
+// one goroutine calls Next until it returns an error (io.EOF after [DONE]),
+// then Close. Cancelling the context the stream was opened with closes the
+// upstream connection (vLLM's abort signal) and makes Next return the
+// context's error. Usage may be read after any Next.
+type Stream struct {
+	replica  string
+	body     io.ReadCloser
+	br       *bufio.Reader
+	maxEvent int
+
+	buf  []byte // the current event's raw bytes
+	data []byte // joined data when an event has several data lines
+
+	done   bool
+	err    error
+	chunks int
+
+	sawUsage  bool
+	prompt    int
+	cached    int
+	perChoice []int
+	seen      []bool
+	nSeen     int
+	final     ChunkUsage
+	hasFinal  bool
+}
+
+// NewStream reads SSE from body, attributing errors to replica. maxEventBytes
+// ≤ 0 means the default (1 MiB). It is exported for fakes in other packages'
+// tests; the scheduler gets its streams from [Client.Stream].
+func NewStream(body io.ReadCloser, replica string, maxEventBytes int) *Stream {
+	if maxEventBytes <= 0 {
+		maxEventBytes = defaultMaxEventBytes
+	}
+	return &Stream{
+		replica:  replica,
+		body:     body,
+		br:       bufio.NewReaderSize(body, 16<<10),
+		maxEvent: maxEventBytes,
+	}
+}
+
+// Replica returns the replica base URL the stream comes from.
+func (s *Stream) Replica() string { return s.replica }
+
+// Next returns the next event. It returns io.EOF after [DONE], an error
+// wrapping ErrStreamCut if the stream ended without [DONE], the context's
+// error after cancellation, or ErrEventTooLarge. Errors are sticky.
+func (s *Stream) Next() (Event, error) {
+	if s.err != nil {
+		return Event{}, s.err
+	}
+	if s.done {
+		s.err = io.EOF
+		return Event{}, io.EOF
+	}
+	ev, err := s.readEvent()
+	if err != nil {
+		s.err = err
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+func (s *Stream) readEvent() (Event, error) {
+	s.buf = s.buf[:0]
+	for {
+		dataStart, dataEnd, nData := -1, -1, 0
+		s.data = s.data[:0]
+		for {
+			line, err := s.br.ReadSlice('\n')
+			if len(s.buf)+len(line) > s.maxEvent {
+				return Event{}, fmt.Errorf("upstream %s: %w", s.replica, ErrEventTooLarge)
+			}
+			lineStart := len(s.buf)
+			s.buf = append(s.buf, line...)
+			if errors.Is(err, bufio.ErrBufferFull) {
+				// Keep reading the same line.
+				for errors.Is(err, bufio.ErrBufferFull) {
+					line, err = s.br.ReadSlice('\n')
+					if len(s.buf)+len(line) > s.maxEvent {
+						return Event{}, fmt.Errorf("upstream %s: %w", s.replica, ErrEventTooLarge)
+					}
+					s.buf = append(s.buf, line...)
+				}
+			}
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					return Event{}, fmt.Errorf("upstream %s: %w: %w", s.replica, ErrStreamCut, io.ErrUnexpectedEOF)
+				}
+				return Event{}, fmt.Errorf("upstream %s: read stream: %w", s.replica, err)
+			}
+			l := s.buf[lineStart:]
+			l = bytes.TrimSuffix(l, []byte("\n"))
+			l = bytes.TrimSuffix(l, []byte("\r"))
+			if len(l) == 0 {
+				break // end of event
+			}
+			if !bytes.HasPrefix(l, []byte("data:")) {
+				continue // comment, event:, id:, retry:
+			}
+			pre := 5
+			if len(l) > 5 && l[5] == ' ' {
+				pre = 6
+			}
+			v := l[pre:]
+			vs := lineStart + pre
+			nData++
+			switch nData {
+			case 1:
+				dataStart, dataEnd = vs, vs+len(v)
+			case 2:
+				s.data = append(s.data, s.buf[dataStart:dataEnd]...)
+				fallthrough
+			default:
+				s.data = append(s.data, '\n')
+				s.data = append(s.data, v...)
+			}
+		}
+		if nData == 0 {
+			s.buf = s.buf[:0]
+			continue // blank or comment-only event
+		}
+		data := s.data
+		if nData == 1 {
+			data = s.buf[dataStart:dataEnd]
+		}
+		ev := Event{Raw: s.buf, Data: data, Choice: -1}
+		if bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+			ev.Done = true
+			s.done = true
+			return ev, nil
+		}
+		s.chunks++
+		parseChunk(data, &ev, s.replica)
+		s.track(&ev)
+		return ev, nil
+	}
+}
+
+// parseChunk extracts choices/usage/error from one chunk without allocating
+// (except for error events). Malformed JSON leaves the event empty.
+func parseChunk(data []byte, ev *Event, replica string) {
+	ev.Choice = -1
+	emptyChoices := false
+	usage := -1
+	isErr := false
+	_ = eachMember(data, 0, func(m member) bool {
+		switch {
+		case m.keyIs(data, "choices"):
+			if data[m.valStart] != '[' {
+				return true
+			}
+			first := true
+			_ = eachElement(data, m.valStart, func(start, _ int) bool {
+				first = false
+				if data[start] == '{' {
+					_ = eachMember(data, start, func(cm member) bool {
+						if cm.keyIs(data, "index") {
+							if n, ok := parseInt(data[cm.valStart:cm.valEnd]); ok && n >= 0 && n < maxCount {
+								ev.Choice = int(n)
+							}
+							return false
+						}
+						return true
+					})
+				}
+				return false
+			})
+			emptyChoices = first
+		case m.keyIs(data, "usage"):
+			if data[m.valStart] == '{' {
+				usage = m.valStart
+			}
+		case m.keyIs(data, "error"):
+			if data[m.valStart] == '{' {
+				isErr = true
+			}
+		case m.keyIs(data, "object"):
+			if string(data[m.valStart:m.valEnd]) == `"error"` {
+				isErr = true
+			}
+		}
+		return true
+	})
+	if isErr {
+		e := &UpstreamError{Replica: replica, InStream: true, Body: bytes.Clone(data)}
+		parseErrorBody(data, e)
+		e.Status = codeStatus(e.Code, 500)
+		ev.Err = e
+		return
+	}
+	if usage >= 0 {
+		ev.HasUsage = parseUsage(data, usage, &ev.Usage)
+	}
+	ev.Final = emptyChoices && ev.HasUsage
+}
+
+func parseUsage(b []byte, at int, u *ChunkUsage) bool {
+	ok := false
+	_ = eachMember(b, at, func(m member) bool {
+		v := b[m.valStart:m.valEnd]
+		switch {
+		case m.keyIs(b, "prompt_tokens"):
+			n, good := parseInt(v)
+			if good && n >= 0 && n < maxCount {
+				u.PromptTokens = int(n)
+				ok = true
+			}
+		case m.keyIs(b, "completion_tokens"):
+			n, good := parseInt(v)
+			if good && n >= 0 && n < maxCount {
+				u.CompletionTokens = int(n)
+				ok = true
+			}
+		case m.keyIs(b, "total_tokens"):
+			if n, good := parseInt(v); good && n >= 0 && n < maxCount {
+				u.TotalTokens = int(n)
+			}
+		case m.keyIs(b, "prompt_tokens_details"):
+			if v[0] == '{' {
+				_ = eachMember(b, m.valStart, func(dm member) bool {
+					if dm.keyIs(b, "cached_tokens") {
+						if n, good := parseInt(b[dm.valStart:dm.valEnd]); good && n >= 0 && n < maxCount {
+							u.CachedTokens = int(n)
+						}
+						return false
+					}
+					return true
+				})
+			}
+		}
+		return true
+	})
+	return ok
+}
+
+func (s *Stream) track(ev *Event) {
+	if !ev.HasUsage {
+		return
+	}
+	s.sawUsage = true
+	if ev.Final {
+		s.final, s.hasFinal = ev.Usage, true
+		return
+	}
+	s.prompt = ev.Usage.PromptTokens
+	if ev.Usage.CachedTokens > 0 {
+		s.cached = ev.Usage.CachedTokens
+	}
+	c := ev.Choice
+	if c < 0 {
+		c = 0
+	}
+	if c >= maxChoices {
+		return
+	}
+	if c >= len(s.perChoice) {
+		s.perChoice = append(s.perChoice, make([]int, c+1-len(s.perChoice))...)
+		s.seen = append(s.seen, make([]bool, c+1-len(s.seen))...)
+	}
+	if !s.seen[c] {
+		s.seen[c] = true
+		s.nSeen++
+	}
+	// Cumulative per choice: keep the largest (values never shrink).
+	s.perChoice[c] = max(s.perChoice[c], ev.Usage.CompletionTokens)
+}
+
+// Usage returns the usage reported so far: the final usage chunk when it
+// arrived, else the last cumulative usage (prompt + Σ per-choice last
+// completion_tokens). A stream cancelled before any usage reports Known false.
+func (s *Stream) Usage() Usage {
+	if s.hasFinal {
+		return Usage{
+			PromptTokens:     s.final.PromptTokens,
+			CompletionTokens: s.final.CompletionTokens,
+			CachedTokens:     s.final.CachedTokens,
+			Final:            true,
+			Known:            true,
+			Choices:          s.nSeen,
+		}
+	}
+	u := Usage{PromptTokens: s.prompt, CachedTokens: s.cached, Known: s.sawUsage, Choices: s.nSeen}
+	for _, n := range s.perChoice {
+		u.CompletionTokens += n
+	}
+	return u
+}
+
+// Done reports whether [DONE] arrived.
+func (s *Stream) Done() bool { return s.done }
+
+// Close releases the stream. After [DONE] the connection is drained and kept
+// for reuse; otherwise it is closed, which vLLM takes as an abort. Close is
+// idempotent.
+func (s *Stream) Close() error {
+	if s.body == nil {
+		return nil
+	}
+	if s.done {
+		_, _ = io.CopyN(io.Discard, s.br, 4<<10)
+	}
+	err := s.body.Close()
+	s.body = nil
+	if s.err == nil {
+		s.err = errClosed
+	}
+	return err
+}
+
+var errClosed = errors.New("stream closed")
