@@ -426,7 +426,6 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 	e.st.genTokens.Add(int64(produced))
 	e.st.steps.Add(1)
 	e.st.busy.Add(int64(dur))
-	e.m.busy.Add(dur.Seconds())
 	e.m.util.add(end, dur)
 }
 

@@ -40,11 +40,10 @@ type metrics struct {
 	successByReason           map[string]prometheus.Counter
 	ttft, itl, e2e            prometheus.Observer
 	aborted                   prometheus.Counter
-	busy                      prometheus.Counter
 	util                      *utilTracker
 }
 
-func newMetrics(cfg *Config, reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(cfg *Config, reg prometheus.Registerer, busyNanos func() int64) (*metrics, error) {
 	labels := prometheus.Labels{"model_name": cfg.Model, "engine": "0"}
 	reasonLabel := "finished_reason"
 	kvName := "vllm:kv_cache_usage_perc"
@@ -77,7 +76,6 @@ func newMetrics(cfg *Config, reg prometheus.Registerer) (*metrics, error) {
 			Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: labels,
 		}, []string{reasonLabel}),
 		aborted: counter("sim_aborted_requests_total", "Requests the simulator aborted after their client went away."),
-		busy:    counter("sim_gpu_busy_seconds_total", "Simulated GPU time with a non-empty batch (sum of step durations)."),
 		util:    &utilTracker{clk: cfg.Clock, start: cfg.Clock.Now()},
 	}
 	ttft := hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets)
@@ -99,9 +97,12 @@ func newMetrics(cfg *Config, reg prometheus.Registerer) (*metrics, error) {
 	util := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sim_gpu_utilization_ratio", Help: "Fraction of the last 10s the simulated GPU was busy.", ConstLabels: labels,
 	}, m.util.ratio)
+	busy := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sim_gpu_busy_seconds_total", Help: "Simulated GPU time with a non-empty batch (sum of step durations).", ConstLabels: labels,
+	}, func() float64 { return time.Duration(busyNanos()).Seconds() })
 	for _, c := range []prometheus.Collector{
 		m.running, m.waiting, m.kvUsage, m.promptTokens, m.genTokens, m.preemptions,
-		m.prefixQueries, m.prefixHits, m.successVec, ttft, itl, e2e, info, m.aborted, m.busy, util,
+		m.prefixQueries, m.prefixHits, m.successVec, ttft, itl, e2e, info, m.aborted, busy, util,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

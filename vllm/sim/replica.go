@@ -90,7 +90,7 @@ func New(cfg Config) (*Replica, error) {
 		created: cfg.Clock.Now().Unix(),
 		done:    make(chan struct{}),
 	}
-	m, err := newMetrics(&r.cfg, r.reg)
+	m, err := newMetrics(&r.cfg, r.reg, r.st.busy.Load)
 	if err != nil {
 		return nil, err
 	}
