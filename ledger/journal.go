@@ -1,0 +1,468 @@
+package ledger
+
+import (
+	"bytes"
+	"container/heap"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Journal format. Each entry is
+//
+//	u32 length of body | u32 CRC-32C of body | body
+//
+// and body is u8 op, i64 ledger time (ms), [16] tenant ScopeKey, then the
+// op's integers and hashed ids (little endian). No raw id is ever written.
+// Replay re-executes every entry at its ledger time; the state machine is
+// deterministic, so the rebuilt state is the acknowledged one.
+const (
+	opOpen    uint8 = 1 // start-up: retention; RESERVED → EXPIRED, DISPATCHED → UNRESOLVED
+	opReserve uint8 = 2
+	opMark    uint8 = 3
+	opExtend  uint8 = 4
+	opSettle  uint8 = 5
+	opRelease uint8 = 6
+	opReclaim uint8 = 7
+	opResolve uint8 = 8
+	opAdjust  uint8 = 9
+
+	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// entry is one applied transition (and the in-memory argument bundle of the
+// *Locked operations).
+type entry struct {
+	op     uint8
+	time   int64 // ledger time, ms
+	ref    Ref
+	owner  Owner
+	req    *ReserveRequest
+	ttl    int64 // lease ttl ms (Reserve, Extend); window ms (Adjust)
+	actual Amounts
+	src    Source
+	max    int64 // Reclaim max; Adjust delta; Open retention ms
+	scope  ScopeKey
+	dim    Dim
+}
+
+func (e *entry) encode(b []byte) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
+	b = append(b, e.op)
+	b = binary.LittleEndian.AppendUint64(b, uint64(e.time))
+	b = append(b, e.ref.Tenant[:]...)
+	i64 := func(v int64) { b = binary.LittleEndian.AppendUint64(b, uint64(v)) }
+	switch e.op {
+	case opOpen, opReclaim:
+		i64(e.max)
+	case opReserve:
+		r := e.req
+		b = append(b, r.Ref.ID[:]...)
+		b = append(b, r.Owner[:]...)
+		i64(e.ttl)
+		d := byte(0)
+		if r.Dispatch {
+			d = 1
+		}
+		b = append(b, d)
+		b = binary.LittleEndian.AppendUint64(b, r.PolicyVersion)
+		for _, v := range r.Held {
+			i64(v)
+		}
+		b = append(b, byte(len(r.Scopes)))
+		for _, s := range r.Scopes {
+			b = append(b, byte(s.Kind))
+			b = append(b, s.Key[:]...)
+			b = binary.LittleEndian.AppendUint16(b, uint16(len(s.Limits)))
+			for _, l := range s.Limits {
+				b = append(b, byte(l.Dim), byte(l.Mode))
+				i64(l.Window.Milliseconds())
+				i64(l.Max)
+			}
+		}
+	case opMark, opRelease:
+		b = append(b, e.ref.ID[:]...)
+		b = append(b, e.owner[:]...)
+	case opExtend:
+		b = append(b, e.ref.ID[:]...)
+		b = append(b, e.owner[:]...)
+		i64(e.ttl)
+	case opSettle:
+		b = append(b, e.ref.ID[:]...)
+		for _, v := range e.actual {
+			i64(v)
+		}
+		b = append(b, byte(e.src))
+	case opResolve:
+		b = append(b, e.ref.ID[:]...)
+	case opAdjust:
+		b = append(b, e.scope[:]...)
+		b = append(b, byte(e.dim))
+		i64(e.ttl)
+		i64(e.max)
+	}
+	body := b[start+8:]
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(body)))
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(body, castagnoli))
+	return b
+}
+
+var errShort = errors.New("entry too short")
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err != nil || len(r.b) < n {
+		r.err = errShort
+		return make([]byte, n)
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+func (r *reader) u8() uint8   { return r.take(1)[0] }
+func (r *reader) i64() int64  { return int64(binary.LittleEndian.Uint64(r.take(8))) }
+func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.take(2)) }
+func (r *reader) id16(dst []byte) {
+	copy(dst, r.take(16))
+}
+
+func decodeEntry(body []byte) (entry, error) {
+	r := &reader{b: body}
+	var e entry
+	e.op = r.u8()
+	e.time = r.i64()
+	r.id16(e.ref.Tenant[:])
+	switch e.op {
+	case opOpen, opReclaim:
+		e.max = r.i64()
+	case opReserve:
+		q := &ReserveRequest{}
+		q.Ref.Tenant = e.ref.Tenant
+		r.id16(q.Ref.ID[:])
+		r.id16(q.Owner[:])
+		e.ttl = r.i64()
+		q.LeaseTTL = time.Duration(e.ttl) * time.Millisecond
+		q.Dispatch = r.u8() == 1
+		q.PolicyVersion = uint64(r.i64())
+		for d := range q.Held {
+			q.Held[d] = r.i64()
+		}
+		ns := int(r.u8())
+		if ns > MaxScopes {
+			return e, fmt.Errorf("reserve entry with %d scopes", ns)
+		}
+		q.Scopes = make([]Scope, ns)
+		for i := range q.Scopes {
+			s := &q.Scopes[i]
+			s.Kind = Kind(r.u8())
+			r.id16(s.Key[:])
+			nl := int(r.u16())
+			if nl > len(r.b) {
+				return e, errShort
+			}
+			s.Limits = make([]Limit, nl)
+			for j := range s.Limits {
+				l := &s.Limits[j]
+				l.Dim, l.Mode = Dim(r.u8()), Mode(r.u8())
+				l.Window = time.Duration(r.i64()) * time.Millisecond
+				l.Max = r.i64()
+			}
+		}
+		e.ref.ID = q.Ref.ID
+		e.req = q
+	case opMark, opRelease:
+		r.id16(e.ref.ID[:])
+		r.id16(e.owner[:])
+	case opExtend:
+		r.id16(e.ref.ID[:])
+		r.id16(e.owner[:])
+		e.ttl = r.i64()
+	case opSettle:
+		r.id16(e.ref.ID[:])
+		for d := range e.actual {
+			e.actual[d] = r.i64()
+		}
+		e.src = Source(r.u8())
+	case opResolve:
+		r.id16(e.ref.ID[:])
+	case opAdjust:
+		r.id16(e.scope[:])
+		e.dim = Dim(r.u8())
+		e.ttl = r.i64()
+		e.max = r.i64()
+	default:
+		return e, fmt.Errorf("unknown op %d", e.op)
+	}
+	if r.err != nil {
+		return e, r.err
+	}
+	if len(r.b) != 0 {
+		return e, fmt.Errorf("%d trailing bytes", len(r.b))
+	}
+	return e, nil
+}
+
+// journal is the append-only log. Appends happen under the tenant's lock (so
+// each tenant's entries are in apply order); waitDurable makes a caller wait
+// until an fsync covers its entry, with one leader syncing for everyone
+// waiting (group commit).
+type journal struct {
+	f         *os.File
+	interval  time.Duration
+	truncated int64 // bytes of torn tail dropped at open
+
+	mu       sync.Mutex // guards the fields below
+	cond     *sync.Cond
+	buf      []byte // appended, not yet written
+	spare    []byte
+	appended uint64 // entries appended
+	durable  uint64 // entries fsynced
+	syncing  bool
+	lastSync time.Time
+	err      error
+}
+
+// openJournal reads and validates path, truncates a torn tail and returns the
+// decoded entries and the journal opened for appending.
+func openJournal(path string, interval time.Duration) (*journal, []entry, error) {
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("read journal %s: %w: %w", path, ErrUnavailable, err)
+	}
+	entries, good, err := parseJournal(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("journal %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open journal %s: %w: %w", path, ErrUnavailable, err)
+	}
+	j := &journal{f: f, interval: interval, truncated: int64(len(data) - good)}
+	j.cond = sync.NewCond(&j.mu)
+	if j.truncated > 0 {
+		if err := f.Truncate(int64(good)); err != nil {
+			_ = f.Close()
+			return nil, nil, fmt.Errorf("truncate torn tail of %s: %w: %w", path, ErrUnavailable, err)
+		}
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return nil, nil, fmt.Errorf("sync %s: %w: %w", path, ErrUnavailable, err)
+		}
+	}
+	if _, err := f.Seek(int64(good), io.SeekStart); err != nil {
+		_ = f.Close()
+		return nil, nil, fmt.Errorf("seek %s: %w: %w", path, ErrUnavailable, err)
+	}
+	return j, entries, nil
+}
+
+// parseJournal returns the entries and the length of the valid prefix. A
+// torn last entry ends the prefix; a bad entry followed by more data is
+// ErrCorrupt.
+func parseJournal(data []byte) ([]entry, int, error) {
+	var out []entry
+	off := 0
+	for off < len(data) {
+		rest := data[off:]
+		if len(rest) < 8 {
+			return out, off, nil // torn header
+		}
+		n := int(binary.LittleEndian.Uint32(rest))
+		if n == 0 || n > maxEntry {
+			if allZero(rest) {
+				return out, off, nil // preallocated or zero-filled tail
+			}
+			return nil, 0, fmt.Errorf("offset %d: entry length %d: %w", off, n, ErrCorrupt)
+		}
+		if 8+n > len(rest) {
+			return out, off, nil // torn body
+		}
+		body := rest[8 : 8+n]
+		if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(rest[4:]) {
+			if 8+n == len(rest) {
+				return out, off, nil // torn last entry
+			}
+			return nil, 0, fmt.Errorf("offset %d: checksum mismatch: %w", off, ErrCorrupt)
+		}
+		e, err := decodeEntry(body)
+		if err != nil {
+			return nil, 0, fmt.Errorf("offset %d: %w: %w", off, ErrCorrupt, err)
+		}
+		out = append(out, e)
+		off += 8 + n
+	}
+	return out, off, nil
+}
+
+func allZero(b []byte) bool { return len(bytes.TrimLeft(b, "\x00")) == 0 }
+
+// append adds e to the write buffer and returns its sequence number.
+func (j *journal) append(e *entry) uint64 {
+	j.mu.Lock()
+	j.buf = e.encode(j.buf)
+	j.appended++
+	seq := j.appended
+	j.mu.Unlock()
+	return seq
+}
+
+// waitDurable returns once entry seq is fsynced, or the journal's error.
+func (j *journal) waitDurable(seq uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.durable < seq {
+		if j.err != nil {
+			return j.err
+		}
+		if j.syncing {
+			j.cond.Wait()
+			continue
+		}
+		j.syncing = true
+		if j.interval > 0 {
+			if wait := j.interval - time.Since(j.lastSync); wait > 0 {
+				j.mu.Unlock()
+				time.Sleep(wait) // group commit: gather more entries
+				j.mu.Lock()
+			}
+		}
+		buf, target := j.buf, j.appended
+		j.buf = j.spare[:0]
+		j.mu.Unlock()
+		_, err := j.f.Write(buf)
+		if err == nil {
+			err = j.f.Sync()
+		}
+		j.mu.Lock()
+		j.spare = buf[:0]
+		j.syncing = false
+		j.lastSync = time.Now()
+		if err != nil {
+			j.err = fmt.Errorf("journal write: %w", err)
+		} else {
+			j.durable = target
+		}
+		j.cond.Broadcast()
+	}
+	return nil
+}
+
+func (j *journal) close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.syncing {
+		j.cond.Wait()
+	}
+	var err error
+	if len(j.buf) > 0 && j.err == nil {
+		if _, err = j.f.Write(j.buf); err == nil {
+			err = j.f.Sync()
+		}
+		j.buf = j.buf[:0]
+	}
+	if j.err == nil {
+		j.err = errors.New("journal closed")
+	}
+	return errors.Join(err, j.f.Close())
+}
+
+// apply re-executes one journal entry during replay.
+func (m *Memory) apply(e *entry) error {
+	if e.op == opOpen {
+		return m.applyOpen(e)
+	}
+	t := m.tenant(e.ref.Tenant, true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.time = t.now(e.time)
+	var err error
+	switch e.op {
+	case opReserve:
+		if err = e.req.Validate(0); err == nil {
+			_, _, err = m.reserveLocked(t, e)
+		}
+	case opMark:
+		_, err = m.markLocked(t, e)
+	case opExtend:
+		_, _, err = m.extendLocked(t, e)
+	case opSettle:
+		var ev UsageEvent
+		_, _, _, err = m.settleLocked(t, e, &ev)
+	case opRelease:
+		_, err = m.releaseLocked(t, e)
+	case opReclaim:
+		var evs []UsageEvent
+		_, _, err = m.reclaimLocked(t, e, &evs)
+	case opResolve:
+		var ev UsageEvent
+		_, _, err = m.resolveLocked(t, e, &ev)
+	case opAdjust:
+		_, err = m.adjustLocked(t, e)
+	default:
+		err = fmt.Errorf("unknown op %d", e.op)
+	}
+	return err
+}
+
+// applyOpen is the start-up transition: it sets the tombstone retention and
+// turns every RESERVED record EXPIRED and every DISPATCHED one UNRESOLVED, in
+// request-id order so replay is deterministic.
+func (m *Memory) applyOpen(e *entry) error {
+	m.retention = e.max
+	m.mu.RLock()
+	ts := make([]*tenantState, 0, len(m.tenants))
+	for _, t := range m.tenants {
+		ts = append(ts, t)
+	}
+	m.mu.RUnlock()
+	for _, t := range ts {
+		if err := m.openTenant(t, e.time); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Memory) openTenant(t *tenantState, clock int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.leases) == 0 {
+		return nil
+	}
+	now := t.now(clock)
+	open := slices.Clone(t.leases)
+	slices.SortFunc(open, func(a, b *record) int { return bytes.Compare(a.id[:], b.id[:]) })
+	for _, rec := range open {
+		if err := m.reclaimCheck(t, rec); err != nil {
+			return fmt.Errorf("tenant %s: %w: %w", t.key, ErrCorrupt, err)
+		}
+	}
+	t.seq++
+	t.hwm = now
+	for _, rec := range open {
+		t.unlink(rec)
+		if rec.state == Reserved {
+			t.releaseHold(rec)
+			rec.state = Expired
+			t.entomb(rec, now, m.retention)
+			continue
+		}
+		t.freeSlot(rec)
+		rec.state = Unresolved
+		heap.Push(&t.unres, rec)
+	}
+	return nil
+}
