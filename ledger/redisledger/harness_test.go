@@ -2,8 +2,6 @@ package redisledger_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -231,7 +229,13 @@ func (p *delayProxy) Close() {
 	p.wg.Wait()
 }
 
-var errSkip = errors.New("skip")
+type quietLogger struct{}
 
-var _ = fmt.Sprintf
-var _ = errSkip
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// TestMain silences go-redis' connection logging (the outage tests provoke
+// thousands of dial failures on purpose).
+func TestMain(m *testing.M) {
+	redis.SetLogger(quietLogger{})
+	os.Exit(m.Run())
+}

@@ -111,6 +111,19 @@ func (l *Ledger) Close() error {
 	return nil
 }
 
+// LoadScripts loads every script into the server's script cache (on every
+// shard of a Cluster), so the first calls need no EVAL fallback. Optional:
+// calls fall back to EVAL on NOSCRIPT anyway.
+func (l *Ledger) LoadScripts(ctx context.Context) error {
+	for _, s := range []*redis.Script{l.s.reserve, l.s.dispatch, l.s.extend, l.s.settle, l.s.release,
+		l.s.expire, l.s.resolve, l.s.scan, l.s.snapshot} {
+		if err := s.Load(ctx, l.c).Err(); err != nil {
+			return fmt.Errorf("load ledger script: %w", l.storeErr(err))
+		}
+	}
+	return nil
+}
+
 // Ping checks that the store answers within StoreTimeout (for readiness).
 func (l *Ledger) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
@@ -736,6 +749,16 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, max int) (
 				l.forgetSpec(ref.ID)
 			} else {
 				st.Unresolved++
+				// Chargeable at once when its first admission window has closed.
+				ra, _ := rr.int(3)
+				now, _ := rr.int(4)
+				if ra <= now {
+					if _, err := l.resolve(ctx, ref, false); err == nil {
+						st.Charged++
+					} else if !errors.Is(err, errNotDue) {
+						return st, err
+					}
+				}
 			}
 		case "NOTDUE":
 		default:

@@ -43,4 +43,4 @@ redis.call('HSET', KEYS[4], 'st', S_UNRESOLVED, 'sl', 0, 'ra', ra)
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ra, ARGV[4])
 touch(now)
-return {'OK', epoch, S_UNRESOLVED}
+return {'OK', epoch, S_UNRESOLVED, ra, now}
