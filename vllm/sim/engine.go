@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"slices"
@@ -233,16 +234,10 @@ func (e *engine) drainInbox() {
 func (e *engine) enqueue(s *seq, front bool) {
 	if e.cfg.SchedulingPolicy == PolicyPriority {
 		i, _ := slices.BinarySearchFunc(e.waiting, s, func(a, b *seq) int {
-			if a.req.priority != b.req.priority {
-				return a.req.priority - b.req.priority
+			if c := cmp.Compare(a.req.priority, b.req.priority); c != 0 {
+				return c
 			}
-			switch {
-			case a.order < b.order:
-				return -1
-			case a.order > b.order:
-				return 1
-			}
-			return 0
+			return cmp.Compare(a.order, b.order)
 		})
 		e.waiting = slices.Insert(e.waiting, i, s)
 	} else if front {

@@ -170,6 +170,13 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 		r.cancel(req)
 		return false
 	}
+	if len(enc.buf) == 0 {
+		// vLLM sends the 200 headers right after validation, before prefill.
+		if err := rc.Flush(); err != nil && r.cfg.OnDisconnect != OnDisconnectIgnore {
+			r.cancel(req)
+			return
+		}
+	}
 	if !flush() {
 		return
 	}

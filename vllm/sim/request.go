@@ -62,6 +62,10 @@ func appendErrorJSON(b []byte, e *apiError) []byte {
 	return b
 }
 
+// maxSeqsPerRequest bounds n × prompts, so that one body cannot make the
+// simulator allocate without bound (vLLM has no such limit).
+const maxSeqsPerRequest = 4096
+
 type kind int
 
 const (
@@ -317,6 +321,9 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 	if g.n < 1 {
 		return nil, badRequest("n", "n must be at least 1, got %d.", g.n)
 	}
+	if g.n > maxSeqsPerRequest {
+		return nil, badRequest("n", "n must be at most %d in the simulator, got %d.", maxSeqsPerRequest, g.n)
+	}
 	if g.priority != 0 && cfg.SchedulingPolicy != PolicyPriority {
 		return nil, badRequest("priority", "Priority scheduling is not enabled.")
 	}
@@ -344,6 +351,9 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 			return nil, e
 		}
 		g.prompts = p
+	}
+	if len(g.prompts)*g.n > maxSeqsPerRequest {
+		return nil, badRequest("n", "n × prompts must be at most %d in the simulator, got %d.", maxSeqsPerRequest, len(g.prompts)*g.n)
 	}
 	maxPrompt := 0
 	for _, p := range g.prompts {
