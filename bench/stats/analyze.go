@@ -380,7 +380,7 @@ func Analyze(sched *workload.Schedule, run *loadgen.Result, o Options) *Result {
 		v := Summarize(sched.Tenants, victims, dur, ps)
 		res.Victims = &v
 	}
-	lagPs := append(slices.Clone(ps), 50, 99)
+	lagPs := append(slices.Clone(ps), 50, 99, 100)
 	res.Schedule = ScheduleStats{SendLag: NewDist(lag, lagPs), NewConns: run.NewConns}
 	res.Schedule.OfferedRate, res.Schedule.SentRate = rates(measured)
 
