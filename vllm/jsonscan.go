@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"errors"
 	"unicode/utf8"
 )
@@ -31,17 +32,22 @@ func skipString(b []byte, i int) (int, bool, error) {
 	if i >= len(b) || b[i] != '"' {
 		return 0, false, errScan
 	}
-	esc := false
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			esc = true
-			j++
-		case '"':
-			return j + 1, esc, nil
+	j := i + 1
+	for {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false, errScan
 		}
+		q := j + k
+		n := 0 // backslashes right before the quote
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, bytes.IndexByte(b[i+1:q], '\\') >= 0, nil
+		}
+		j = q + 1
 	}
-	return 0, false, errScan
 }
 
 // skipValue returns the index just past the JSON value starting at b[i]

@@ -509,28 +509,29 @@ func (r *Request) countMessage(idx int, s span) (int, error) {
 func (r *Request) countContent(idx int, s span) (int, error) {
 	b := r.body
 	v := b[s.start:s.end]
-	param := fmt.Sprintf("messages[%d].content", idx)
+	param := func() string { return fmt.Sprintf("messages[%d].content", idx) }
 	switch v[0] {
 	case '"':
 		l, err := stringLen(v)
 		if err != nil {
-			return 0, invalid(param, "bad string")
+			return 0, invalid(param(), "bad string")
 		}
 		return l, nil
 	case 'n':
 		return 0, nil
 	case '[':
 	default:
-		return 0, invalid(param, "must be a string, an array of content parts or null")
+		return 0, invalid(param(), "must be a string, an array of content parts or null")
 	}
 	n := 0
 	pi := 0
 	var ferr error
 	_ = eachElement(b, s.start, func(start, end int) bool {
-		pp := fmt.Sprintf("%s[%d]", param, pi)
+		part := pi
+		pp := func() string { return fmt.Sprintf("%s[%d]", param(), part) }
 		pi++
 		if b[start] != '{' {
-			ferr = invalid(pp, "must be an object")
+			ferr = invalid(pp(), "must be an object")
 			return false
 		}
 		var typ, text span
@@ -550,17 +551,17 @@ func (r *Request) countContent(idx int, s span) (int, error) {
 		switch {
 		case t == "text" || t == "input_text" || (t == "" && text.ok()):
 			if !text.ok() || b[text.start] != '"' {
-				ferr = invalid(pp+".text", "must be a string")
+				ferr = invalid(pp()+".text", "must be a string")
 				return false
 			}
 			l, err := stringLen(b[text.start:text.end])
 			if err != nil {
-				ferr = invalid(pp+".text", "bad string")
+				ferr = invalid(pp()+".text", "bad string")
 				return false
 			}
 			n += l
 		case t == "":
-			ferr = invalid(pp+".type", "is required")
+			ferr = invalid(pp()+".type", "is required")
 			return false
 		default:
 			r.HasMedia = true
