@@ -61,6 +61,11 @@ func (r *request) wake() {
 	}
 }
 
+// maxCatchUp bounds how far behind its schedule the engine may run and
+// still catch up (steps then follow without waiting); beyond it, as after
+// a stall of the host, the schedule restarts from now.
+const maxCatchUp = 50 * time.Millisecond
+
 // engine is the continuous-batching step loop of one replica.
 type engine struct {
 	cfg         *Config
@@ -198,9 +203,10 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		now := e.clk.Now()
 		stepStart := now
-		if contiguous && now.Sub(lastEnd) < dur {
+		if contiguous && now.Sub(lastEnd) < maxCatchUp+dur {
 			// Keep the step cadence exact: the engine's own work between
-			// steps is not simulated GPU time.
+			// steps, and a late wake-up of this goroutine, is not simulated
+			// GPU time; a late engine catches up with shorter waits.
 			stepStart = lastEnd
 		}
 		end := stepStart.Add(dur)
