@@ -173,10 +173,19 @@ func (c *Clock) Totals(now time.Time) ClockTotals {
 	return t
 }
 
-// GPUMs converts GPU-ns to whole GPU-ms, rounding up (the ledger's unit).
+// GPUMs converts GPU-ns to whole GPU-ms (the ledger's unit), rounding to
+// nearest, half up.
+//
+// # Design rationale
+//
+// Rounding up would bias short requests (a 0.2 ms request would settle as
+// 1 ms) and break the fleet-wide Σ GPU-ms ≈ busy GPU time check; nearest
+// rounding errs by at most 0.5 ms per request with zero mean. The exact
+// figure stays available in GPU-ns (and in sluice_tenant_gpu_ms_total,
+// which [AttributionMetrics.Settle] feeds unrounded).
 func GPUMs(gpuNs int64) int64 {
 	if gpuNs <= 0 {
 		return 0
 	}
-	return (gpuNs + 999_999) / 1_000_000
+	return (gpuNs + 500_000) / 1_000_000
 }

@@ -28,7 +28,9 @@ func TestClockProcessorSharing(t *testing.T) {
 	c.SetUtilization(at(5*time.Second), 1) // idle but busy: unattributed from 4 s... u was 0.5 over 4–5 s
 	got := c.Totals(at(6 * time.Second))
 	assert.Equal(t, ClockTotals{BusyGPUNs: 4e9 + 1e9 + 2e9, UnattributedGPUNs: 1e9 + 2e9}, got)
-	assert.Equal(t, int64(4), GPUMs(3_000_001))
+	assert.Equal(t, int64(3), GPUMs(3_499_999))
+	assert.Equal(t, int64(4), GPUMs(3_500_000))
+	assert.Equal(t, int64(0), GPUMs(499_999))
 	assert.Equal(t, int64(0), GPUMs(-5))
 }
 

@@ -101,12 +101,13 @@ func NewAttributionMetrics(reg prometheus.Registerer) (*AttributionMetrics, erro
 	return a, nil
 }
 
-// Settle records one finished request's GPU-ms and overrun for tenant.
-func (a *AttributionMetrics) Settle(tenant string, gpuMs, overrunMs int64) {
+// Settle records one finished request's GPU time (GPU-ns from
+// [Clock.End], exported unrounded in ms) and its overrun in GPU-ms.
+func (a *AttributionMetrics) Settle(tenant string, gpuNs, overrunMs int64) {
 	if a == nil {
 		return
 	}
-	a.gpuMs.WithLabelValues(tenant).Add(float64(max(gpuMs, 0)))
+	a.gpuMs.WithLabelValues(tenant).Add(float64(max(gpuNs, 0)) / 1e6)
 	if overrunMs > 0 {
 		a.overrun.WithLabelValues(tenant).Add(float64(overrunMs))
 	}

@@ -494,3 +494,36 @@ func (c *countingSource) n() int {
 	defer c.mu.Unlock()
 	return c.polls
 }
+
+func TestVLLMSourceOrdersByReplicaAndKeepsLastOnFailure(t *testing.T) {
+	t.Parallel()
+	v := NewVLLM(func() time.Time { return t0 })
+	v.ObserveReplica("b", 1, ReplicaMetrics{OK: true, HasSimGPUUtilization: true, SimGPUUtilization: 0.25})
+	v.ObserveReplica("a", 2, ReplicaMetrics{OK: true, Running: 2})
+	v.ObserveReplica("b", 1, ReplicaMetrics{OK: false})
+	s, err := v.Poll(context.Background())
+	require.NoError(t, err)
+	require.Len(t, s.GPUs, 3)
+	assert.Equal(t, []string{"vllm:a/0", "vllm:a/1", "vllm:b/0"}, []string{s.GPUs[0].UUID, s.GPUs[1].UUID, s.GPUs[2].UUID})
+	assert.InDelta(t, -1.0, s.GPUs[0].Utilization, 0, "no sim ratio: unknown")
+	assert.InDelta(t, 0.25, s.GPUs[2].Utilization, 0, "failed scrape keeps the last value")
+	assert.Equal(t, "vllm", s.Source)
+	assert.Equal(t, t0, s.At)
+}
+
+func TestAttributionMetricsSettle(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	a, err := NewAttributionMetrics(reg)
+	require.NoError(t, err)
+	a.Settle("acme", 1_250_000, 0)
+	a.Settle("acme", 2_000_000, 3)
+	a.Settle("beta", -1, 0)
+	assert.InDelta(t, 3.25, value(t, a.gpuMs.WithLabelValues("acme")), 1e-12)
+	assert.InDelta(t, 3.0, value(t, a.overrun.WithLabelValues("acme")), 0)
+	assert.InDelta(t, 0.0, value(t, a.gpuMs.WithLabelValues("beta")), 0)
+	_, err = NewAttributionMetrics(reg)
+	require.Error(t, err, "registering twice is refused")
+	var nilA *AttributionMetrics
+	nilA.Settle("x", 1, 1) // a nil *AttributionMetrics records nothing
+}

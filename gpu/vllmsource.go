@@ -3,6 +3,8 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -44,12 +46,13 @@ func (v *VLLM) ObserveReplica(name string, gpus int, m ReplicaMetrics) {
 	v.mu.Unlock()
 }
 
-// Poll returns the pseudo-GPU entries, replicas in no particular order.
+// Poll returns the pseudo-GPU entries, ordered by replica name.
 func (v *VLLM) Poll(context.Context) (Sample, error) {
 	s := Sample{Source: string(ModeVLLM), At: v.now()}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for name, r := range v.reps {
+	for _, name := range slices.Sorted(maps.Keys(v.reps)) {
+		r := v.reps[name]
 		for i := range r.gpus {
 			s.GPUs = append(s.GPUs, GPUStat{
 				Index: -1, UUID: fmt.Sprintf("vllm:%s/%d", name, i), Name: "vllm-derived",
