@@ -118,6 +118,7 @@ type delayProxy struct {
 	ln     net.Listener
 	target string
 	delay  time.Duration
+	every  int // delay every Nth reply chunk of a connection; ≤ 1 delays all
 
 	wg    sync.WaitGroup
 	mu    sync.Mutex // guards conns
@@ -125,10 +126,16 @@ type delayProxy struct {
 }
 
 func startDelayProxy(t testing.TB, target string, delay time.Duration) *delayProxy {
+	return startDelayProxyEvery(t, target, delay, 1)
+}
+
+// startDelayProxyEvery delays only every Nth reply chunk per connection, so a
+// retry on a fresh connection gets a prompt reply.
+func startDelayProxyEvery(t testing.TB, target string, delay time.Duration, every int) *delayProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &delayProxy{ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
+	p := &delayProxy{ln: ln, target: target, delay: delay, every: every, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.acceptLoop()
 	t.Cleanup(p.Close)
@@ -181,11 +188,14 @@ func (p *delayProxy) acceptLoop() {
 }
 
 type chunk struct {
-	at   time.Time
-	data []byte
+	at    time.Time
+	data  []byte
+	delay bool
 }
 
-// delayedCopy reads from src and writes each chunk to dst delay after it was read.
+// delayedCopy reads from src and writes each chunk to dst delay after it was
+// read. The first chunk of a connection (the HELLO handshake reply) is never
+// delayed, so connections can be established.
 func (p *delayProxy) delayedCopy(dst, src net.Conn) {
 	ch := make(chan chunk, 1024)
 	var wg sync.WaitGroup
@@ -193,7 +203,7 @@ func (p *delayProxy) delayedCopy(dst, src net.Conn) {
 	go func() {
 		defer wg.Done()
 		for c := range ch {
-			if d := time.Until(c.at.Add(p.delay)); d > 0 {
+			if d := time.Until(c.at.Add(p.delay)); c.delay && d > 0 {
 				time.Sleep(d) // the delay is the point of this proxy
 			}
 			if _, err := dst.Write(c.data); err != nil {
@@ -204,10 +214,10 @@ func (p *delayProxy) delayedCopy(dst, src net.Conn) {
 		}
 	}()
 	buf := make([]byte, 64<<10)
-	for {
+	for i := 1; ; i++ {
 		n, err := src.Read(buf)
 		if n > 0 {
-			ch <- chunk{at: time.Now(), data: append([]byte(nil), buf[:n]...)}
+			ch <- chunk{at: time.Now(), data: append([]byte(nil), buf[:n]...), delay: i > 1 && (p.every <= 1 || i%p.every == 0)}
 		}
 		if err != nil {
 			break

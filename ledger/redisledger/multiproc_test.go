@@ -107,9 +107,20 @@ func TestChildProcess(t *testing.T) {
 	addr := os.Getenv("SLUICE_REDIS")
 	rc := redis.NewClient(&redis.Options{Addr: os.Getenv("SLUICE_REDIS_DIRECT")})
 	defer rc.Close()
-	l, err := redisledger.Open(redisledger.Config{Addrs: []string{addr}, LeaseTTL: 30 * time.Second})
-	require.NoError(t, err)
-	defer l.Close()
+	var l *redisledger.Ledger
+	if rt, err := time.ParseDuration(os.Getenv("SLUICE_READ_TIMEOUT")); err == nil {
+		// Behind the delaying proxy: short read timeouts, default retries.
+		c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: rt, WriteTimeout: rt, ContextTimeoutEnabled: true,
+			Protocol: 2, DisableIdentity: true}) // no handshake replies, so the proxy counts command replies only
+		defer c.Close()
+		l, err = redisledger.New(c, redisledger.Config{LeaseTTL: 30 * time.Second, StoreTimeout: 20 * time.Second})
+		require.NoError(t, err)
+	} else {
+		var err error
+		l, err = redisledger.Open(redisledger.Config{Addrs: []string{addr}, LeaseTTL: 30 * time.Second, StoreTimeout: 5 * time.Second})
+		require.NoError(t, err)
+		defer l.Close()
+	}
 	owner := ledger.NewOwner()
 	switch os.Getenv("SLUICE_CHILD_MODE") {
 	case "t1":
@@ -127,12 +138,21 @@ func TestChildProcess(t *testing.T) {
 					defer wg.Done()
 					req := reserveReq(sc, held(t1Amount), owner)
 					<-start
-					_, err := l.Reserve(ctx, req)
+					g, err := l.Reserve(ctx, req)
+					// An unknown outcome is resolved by replaying the same id,
+					// as the outbox does (LEDGER.md §4).
+					for i := 0; i < 20 && errors.Is(err, ledger.ErrAmbiguous); i++ {
+						rc.HIncrBy(ctx, "test:res:"+run, "ambiguous", 1)
+						g, err = l.Reserve(ctx, req)
+					}
 					var de *ledger.DeniedError
 					field := "other"
 					switch {
 					case err == nil:
 						field = "granted"
+						if g.Replayed { // a go-redis retry re-ran the script after a lost reply
+							rc.HIncrBy(ctx, "test:res:"+run, "replayed", 1)
+						}
 						rc.RPush(ctx, "test:ids:"+name, hex.EncodeToString(req.Ref.ID[:])+owner.String())
 					case errors.As(err, &de) && de.Dim == ledger.Tokens && de.Limit == t1Limit:
 						field = "denied"
@@ -217,20 +237,23 @@ func TestT1ConcurrencyExactness(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		rounds int
-		delay  time.Duration // reply-delaying proxy in front of Redis; 0 = direct
+		delay  time.Duration // every 3rd reply chunk of a connection delayed past the 500ms read timeout (generous: 2 shared cores under -race); 0 = direct
 	}{
 		{name: "direct", rounds: 10},
-		{name: "delaying_proxy", rounds: 3, delay: 20 * time.Millisecond},
+		{name: "delaying_proxy", rounds: 3, delay: 1500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startRedis(t)
 			addr := srv.Addr()
+			env := []string{}
 			if tc.delay > 0 {
-				addr = startDelayProxy(t, srv.Addr(), tc.delay).Addr()
+				addr = startDelayProxyEvery(t, srv.Addr(), tc.delay, 3).Addr()
+				env = append(env, "SLUICE_READ_TIMEOUT=500ms")
 			}
 			rc := srv.Client(t)
 			ctx := context.Background()
 			l := newLedger(t, srv.Addr(), nil)
+			require.NoError(t, l.LoadScripts(ctx)) // children behind the proxy never see NOSCRIPT
 
 			// The sampler reads Snapshot every 1 ms and must never see c + r > limit.
 			var violations, samples atomic.Int64
@@ -262,8 +285,10 @@ func TestT1ConcurrencyExactness(t *testing.T) {
 				}
 			}()
 
-			wait := spawn(t, t1Procs, "SLUICE_CHILD_MODE=t1", "SLUICE_REDIS="+addr, "SLUICE_REDIS_DIRECT="+srv.Addr(),
+			env = append(env, "SLUICE_CHILD_MODE=t1", "SLUICE_REDIS="+addr, "SLUICE_REDIS_DIRECT="+srv.Addr(),
 				"SLUICE_ROUNDS="+strconv.Itoa(tc.rounds), "SLUICE_RUN="+tc.name)
+			wait := spawn(t, t1Procs, env...)
+
 			for r := range tc.rounds {
 				round.Store(int64(r))
 				name := fmt.Sprintf("%s:%d", tc.name, r)
@@ -313,6 +338,12 @@ func TestT1ConcurrencyExactness(t *testing.T) {
 			wait()
 			stop()
 			sw.Wait()
+			if tc.delay > 0 {
+				replayed := hgetInt(t, rc, "test:res:"+tc.name, "replayed")
+				t.Logf("%d grants came from a retried script run; %d calls were ambiguous and replayed by id",
+					replayed, hgetInt(t, rc, "test:res:"+tc.name, "ambiguous"))
+				assert.Positive(t, replayed, "some replies were lost and the retried script answered Replayed")
+			}
 			assert.Equal(t, int64(0), violations.Load(), "sampler saw c + r > limit (of %d samples)", samples.Load())
 		})
 	}
