@@ -36,6 +36,8 @@ type Event struct {
 	Usage ChunkUsage
 	// Choice is the index of the chunk's first choice, -1 when it has none.
 	Choice int
+	// Finished reports a non-null finish_reason on the chunk's first choice.
+	Finished bool
 	// Err is set for an SSE error event ({"error": …} or {"object":"error"}).
 	Err *UpstreamError
 }
@@ -85,6 +87,7 @@ type Stream struct {
 	cached    int
 	perChoice []int
 	seen      []bool
+	finished  []bool
 	nSeen     int
 	final     ChunkUsage
 	hasFinal  bool
@@ -221,11 +224,13 @@ func parseChunk(data []byte, ev *Event, replica string) {
 				first = false
 				if data[start] == '{' {
 					_ = eachMember(data, start, func(cm member) bool {
-						if cm.keyIs(data, "index") {
+						switch {
+						case cm.keyIs(data, "index"):
 							if n, ok := parseInt(data[cm.valStart:cm.valEnd]); ok && n >= 0 && n < maxCount {
 								ev.Choice = int(n)
 							}
-							return false
+						case cm.keyIs(data, "finish_reason"):
+							ev.Finished = data[cm.valStart] == '"'
 						}
 						return true
 					})
@@ -301,6 +306,10 @@ func parseUsage(b []byte, at int, u *ChunkUsage) bool {
 }
 
 func (s *Stream) track(ev *Event) {
+	if ev.Finished && ev.Choice >= 0 && ev.Choice < maxChoices {
+		s.grow(ev.Choice)
+		s.finished[ev.Choice] = true
+	}
 	if !ev.HasUsage {
 		return
 	}
@@ -320,16 +329,63 @@ func (s *Stream) track(ev *Event) {
 	if c >= maxChoices {
 		return
 	}
-	if c >= len(s.perChoice) {
-		s.perChoice = append(s.perChoice, make([]int, c+1-len(s.perChoice))...)
-		s.seen = append(s.seen, make([]bool, c+1-len(s.seen))...)
-	}
+	s.grow(c)
 	if !s.seen[c] {
 		s.seen[c] = true
 		s.nSeen++
 	}
 	// Cumulative per choice: keep the largest (values never shrink).
 	s.perChoice[c] = max(s.perChoice[c], ev.Usage.CompletionTokens)
+}
+
+func (s *Stream) grow(c int) {
+	if c < len(s.perChoice) {
+		return
+	}
+	n := c + 1 - len(s.perChoice)
+	s.perChoice = append(s.perChoice, make([]int, n)...)
+	s.seen = append(s.seen, make([]bool, n)...)
+	s.finished = append(s.finished, make([]bool, n)...)
+}
+
+// Settle returns the usage to charge for a stream that ended early (client
+// disconnect, deadline, cut): the final usage when it arrived; else, for
+// each of the request's choices (N × prompts) not yet finished, its last
+// cumulative completion_tokens plus allowancePerChoice tokens vLLM may have
+// generated after the last chunk read, capped at capPerChoice; finished
+// choices count as reported. promptTokens is used when no usage arrived at
+// all (prefill may have run): pass the admission input count.
+//
+// # Design rationale
+//
+// vLLM reports nothing for an aborted request (VLLM.md §1.4), so the charge
+// is an estimate: at least one stream interval of tokens per running choice
+// is the smallest allowance that covers tokens produced between the last
+// chunk and the abort.
+func (s *Stream) Settle(choices, allowancePerChoice, capPerChoice, promptTokens int) Usage {
+	u := s.Usage()
+	if u.Final {
+		return u
+	}
+	if !u.Known {
+		u.PromptTokens = promptTokens
+	}
+	u.CompletionTokens = 0
+	for c := range max(choices, len(s.perChoice)) {
+		n := 0
+		done := false
+		if c < len(s.perChoice) {
+			n, done = s.perChoice[c], s.finished[c]
+		}
+		if !done {
+			n += allowancePerChoice
+			if capPerChoice > 0 {
+				n = min(n, capPerChoice)
+			}
+		}
+		u.CompletionTokens += n
+	}
+	return u
 }
 
 // Usage returns the usage reported so far: the final usage chunk when it

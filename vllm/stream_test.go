@@ -175,3 +175,45 @@ func TestStreamCloseIsIdempotent(t *testing.T) {
 	_, err = s.Next()
 	assert.True(t, errors.Is(err, io.EOF) || errors.Is(err, errClosed))
 }
+
+func TestStreamSettle(t *testing.T) {
+	t.Parallel()
+	const c0 = `data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":{"prompt_tokens":10,"completion_tokens":4}}` + "\n\n"
+	const c1done = `data: {"choices":[{"index":1,"delta":{"content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":6}}` + "\n\n"
+	const final = `data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9}}` + "\n\n"
+	tests := []struct {
+		name                    string
+		in                      string
+		choices, allow, cap, pt int
+		want                    Usage
+	}{
+		{
+			name: "no chunk: prompt from admission, allowance per choice",
+			in:   "", choices: 2, allow: 3, cap: 100, pt: 55,
+			want: Usage{PromptTokens: 55, CompletionTokens: 6},
+		},
+		{
+			name: "running choice gets allowance, finished one does not, unseen one gets allowance",
+			in:   c0 + c1done, choices: 3, allow: 2, cap: 100, pt: 55,
+			want: Usage{PromptTokens: 10, CompletionTokens: (4 + 2) + 6 + 2, Known: true, Choices: 2},
+		},
+		{
+			name: "allowance capped",
+			in:   c0, choices: 1, allow: 10, cap: 5, pt: 55,
+			want: Usage{PromptTokens: 10, CompletionTokens: 5, Known: true, Choices: 1},
+		},
+		{
+			name: "final usage wins",
+			in:   c0 + c1done + final, choices: 2, allow: 10, cap: 50, pt: 55,
+			want: Usage{PromptTokens: 10, CompletionTokens: 9, Final: true, Known: true, Choices: 2},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s := streamOf(tt.in)
+			_, _ = drain(t, s)
+			assert.Equal(t, tt.want, s.Settle(tt.choices, tt.allow, tt.cap, tt.pt))
+		})
+	}
+}
