@@ -1,0 +1,28 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/node"
+)
+
+// runServe implements `sluice serve --config FILE`.
+func runServe(ctx context.Context, e env, args []string) error {
+	fs := newFlags("serve")
+	path := fs.String("config", os.Getenv("SLUICE_CONFIG"), "config file (default $SLUICE_CONFIG)")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *path == "" {
+		return usagef("--config FILE (or SLUICE_CONFIG) is required")
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return usageError{err}
+	}
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return node.Run(ctx, cfg, node.Options{ConfigPath: *path, Log: log, AdminToken: os.Getenv("SLUICE_ADMIN_TOKEN")})
+}

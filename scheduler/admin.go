@@ -1,0 +1,212 @@
+package scheduler
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+)
+
+// AdminHooks are the process-level actions the admin API can trigger.
+type AdminHooks struct {
+	// Reload re-reads and applies the config file.
+	Reload func() error
+	// Drain starts a graceful shutdown.
+	Drain func()
+}
+
+// Admin serves /metrics and the admin API on the admin listener. Every
+// /admin/ call needs "Authorization: Bearer $SLUICE_ADMIN_TOKEN"; with no
+// token configured the admin API is disabled (403) and only /metrics,
+// /healthz and /readyz answer.
+type Admin struct {
+	s       *Server
+	token   []byte
+	hooks   AdminHooks
+	metrics fasthttp.RequestHandler
+	routes  map[string]fasthttp.RequestHandler
+}
+
+// NewAdmin builds the admin handler.
+func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) *Admin {
+	a := &Admin{s: s, token: []byte(token), hooks: hooks,
+		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{}))}
+	a.routes = map[string]fasthttp.RequestHandler{
+		"POST /admin/drain":   a.drain,
+		"POST /admin/reload":  a.reload,
+		"GET /admin/replicas": a.replicas,
+		"GET /admin/tenants":  a.tenants,
+	}
+	return a
+}
+
+// HTTPServer returns the admin listener's fasthttp.Server.
+func (a *Admin) HTTPServer() *fasthttp.Server {
+	return &fasthttp.Server{Handler: a.Handle, Name: "sluice-admin", ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+}
+
+// Route adds an admin route ("METHOD /admin/path"); later issues extend the
+// API through it.
+func (a *Admin) Route(pattern string, h fasthttp.RequestHandler) { a.routes[pattern] = h }
+
+// Handle routes admin-listener requests.
+func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
+	path := string(rc.Path())
+	switch path {
+	case "/metrics":
+		a.metrics(rc)
+		return
+	case "/healthz":
+		rc.SetBodyString("ok\n")
+		return
+	case "/readyz":
+		ok, why := a.s.Ready()
+		if !ok {
+			rc.SetStatusCode(503)
+		}
+		rc.SetBodyString(why + "\n")
+		return
+	}
+	if !strings.HasPrefix(path, "/admin/") {
+		a.fail(rc, http.StatusNotFound, "not_found", "no such endpoint")
+		return
+	}
+	if len(a.token) == 0 {
+		a.fail(rc, http.StatusForbidden, "admin_disabled", "the admin API is disabled: set SLUICE_ADMIN_TOKEN")
+		return
+	}
+	got, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
+		a.fail(rc, http.StatusUnauthorized, "invalid_admin_token", "missing or wrong admin token")
+		return
+	}
+	h, found := a.routes[string(rc.Method())+" "+path]
+	if !found {
+		h = a.prefixRoute(string(rc.Method()), path)
+	}
+	if h == nil {
+		a.fail(rc, http.StatusNotFound, "not_found", "no such admin endpoint")
+		return
+	}
+	h(rc)
+}
+
+// prefixRoute finds a route registered as "METHOD /admin/x/" for paths
+// with an id below it.
+func (a *Admin) prefixRoute(method, path string) fasthttp.RequestHandler {
+	var best string
+	for p := range a.routes {
+		m, rest, _ := strings.Cut(p, " ")
+		if m == method && strings.HasSuffix(rest, "/") && strings.HasPrefix(path, rest) && len(rest) > len(best) {
+			best = rest
+		}
+	}
+	if best == "" {
+		return nil
+	}
+	return a.routes[method+" "+best]
+}
+
+func (a *Admin) fail(rc *fasthttp.RequestCtx, status int, code, msg string) {
+	a.s.adminError(rc, status, code, msg)
+}
+
+// adminError writes an admin error in the pinned shape.
+func (s *Server) adminError(rc *fasthttp.RequestCtx, status int, code, msg string) {
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	b, _ := json.Marshal(errorBody(&apiError{Status: status, Code: code, Type: "admin_error", Message: msg}))
+	rc.SetBody(b)
+}
+
+// WriteJSON writes v as a 200 JSON response.
+func WriteJSON(rc *fasthttp.RequestCtx, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		rc.SetStatusCode(500)
+		return
+	}
+	rc.SetContentType("application/json")
+	rc.SetBody(append(b, '\n'))
+}
+
+func (a *Admin) drain(rc *fasthttp.RequestCtx) {
+	a.s.StartDrain()
+	if a.hooks.Drain != nil {
+		a.hooks.Drain()
+	}
+	WriteJSON(rc, map[string]string{"status": "draining"})
+}
+
+func (a *Admin) reload(rc *fasthttp.RequestCtx) {
+	if a.hooks.Reload == nil {
+		a.fail(rc, http.StatusNotImplemented, "not_supported", "reload is not wired")
+		return
+	}
+	if err := a.hooks.Reload(); err != nil {
+		a.fail(rc, http.StatusBadRequest, "invalid_config", oneLine(err))
+		return
+	}
+	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version})
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
+
+// ReplicaStatus is one row of GET /admin/replicas.
+type ReplicaStatus struct {
+	Name           string  `json:"name"`
+	URL            string  `json:"url"`
+	State          string  `json:"state"`
+	Reason         string  `json:"reason,omitempty"`
+	CapacityTokens int64   `json:"capacity_tokens"`
+	InflightTokens int64   `json:"inflight_tokens"`
+	Inflight       int64   `json:"inflight_requests"`
+	Overcommit     float64 `json:"overcommit"`
+	Running        int64   `json:"vllm_running"`
+	Waiting        int64   `json:"vllm_waiting"`
+}
+
+func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
+	snap := a.s.gpu.Snapshot()
+	out := []ReplicaStatus{}
+	for _, r := range a.s.reps.reps {
+		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown"}
+		if v, ok := snap.Replica(r.name); ok {
+			st.State, st.Reason, st.CapacityTokens, st.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
+		}
+		if o := r.obs.Load(); o != nil {
+			st.Running, st.Waiting = o.running, o.waiting
+		}
+		out = append(out, st)
+	}
+	WriteJSON(rc, out)
+}
+
+// TenantStatus is one row of GET /admin/tenants.
+type TenantStatus struct {
+	Name        string `json:"name"`
+	Weight      int    `json:"weight"`
+	Priority    int    `json:"priority"`
+	Concurrency int    `json:"concurrency"`
+	Inflight    int64  `json:"inflight_requests"`
+	Queued      int    `json:"queued"`
+	Charged     int64  `json:"charged_cost"`
+}
+
+func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
+	out := []TenantStatus{}
+	for _, t := range a.s.pol.Load().order {
+		ts := TenantStatus{Name: t.name, Weight: t.cfg.Weight, Priority: t.cfg.Priority, Concurrency: t.cfg.Concurrency, Inflight: t.rt.inflight.Load()}
+		if qs, ok := a.s.q.Stats(t.name); ok {
+			ts.Queued, ts.Charged = qs.Depth, qs.Charged
+		}
+		out = append(out, ts)
+	}
+	WriteJSON(rc, out)
+}

@@ -1,0 +1,497 @@
+package scheduler
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Edge is the fasthttp adapter of the client-facing API. It is the only
+// code that sees *fasthttp.RequestCtx; everything below it gets a
+// context.Context that the edge cancels when the client leaves.
+type Edge struct {
+	s     *Server
+	watch *connwatch.Watcher
+	base  context.Context
+}
+
+// NewEdge returns the client API handler. base is the parent of every
+// request context (the server's lifetime); watch may be nil (then only a
+// failed write notices a disconnect).
+func NewEdge(base context.Context, s *Server, watch *connwatch.Watcher) *Edge {
+	return &Edge{s: s, watch: watch, base: base}
+}
+
+// HTTPServer returns a fasthttp.Server for the edge with the configured
+// body limit.
+func (e *Edge) HTTPServer() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                      e.Handle,
+		Name:                         "sluice",
+		MaxRequestBodySize:           int(e.s.Policy().Server.MaxBodyBytes),
+		ErrorHandler:                 e.fasthttpError,
+		IdleTimeout:                  2 * time.Minute,
+		ReadTimeout:                  2 * time.Minute,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+		StreamRequestBody:            false,
+		DisablePreParseMultipartForm: true,
+	}
+}
+
+// fasthttpError answers errors fasthttp hits before the handler runs.
+func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		e.writeError(rc, "", fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, ErrTooLarge))
+		rc.SetConnectionClose()
+		return
+	}
+	e.writeError(rc, "", invalidf("", "malformed HTTP request"))
+	rc.SetConnectionClose()
+}
+
+// Handle routes client API requests.
+func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
+	path := string(rc.Path())
+	switch {
+	case path == "/healthz":
+		rc.SetContentType("text/plain")
+		rc.SetBodyString("ok\n")
+	case path == "/readyz":
+		ok, why := e.s.Ready()
+		rc.SetContentType("text/plain")
+		if !ok {
+			rc.SetStatusCode(503)
+		}
+		rc.SetBodyString(why + "\n")
+	case path == "/v1/chat/completions" || path == "/v1/completions":
+		if !rc.IsPost() {
+			e.methodNotAllowed(rc)
+			return
+		}
+		ep, _ := vllm.EndpointForPath(path)
+		e.generate(rc, ep)
+	case path == "/v1/models":
+		if !rc.IsGet() {
+			e.methodNotAllowed(rc)
+			return
+		}
+		e.models(rc)
+	default:
+		e.writeError(rc, "", fmt.Errorf("no route %s: %w", path, ErrNotFound))
+	}
+}
+
+func (e *Edge) methodNotAllowed(rc *fasthttp.RequestCtx) {
+	e.writeError(rc, "", invalidf("", "method %s not allowed on %s", rc.Method(), rc.Path()))
+	rc.SetStatusCode(405)
+}
+
+// requestID is the client's X-Request-Id when sane, else a new random one.
+func requestID(rc *fasthttp.RequestCtx) string {
+	if id := rc.Request.Header.Peek("X-Request-Id"); len(id) > 0 && len(id) <= 128 && printable(id) {
+		return string(id)
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "sluice-" + hex.EncodeToString(b[:])
+}
+
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c <= ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseAdmission reads the request headers that shape admission.
+func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (admission, error) {
+	a := admission{ep: ep, reqID: reqID, body: bytes.Clone(rc.PostBody())}
+	h := &rc.Request.Header
+	for _, name := range []string{"X-Request-Timeout", "X-Stainless-Timeout"} {
+		v := h.Peek(name)
+		if len(v) == 0 {
+			continue
+		}
+		sec, err := strconv.ParseFloat(string(v), 64)
+		if err != nil || sec <= 0 || sec > 86400 || sec != sec {
+			return a, invalidf(name, "%s must be a positive number of seconds (got %q)", name, v)
+		}
+		a.timeout = time.Duration(sec * float64(time.Second))
+		break
+	}
+	if v := h.Peek("X-Priority"); len(v) > 0 {
+		p, err := strconv.Atoi(string(v))
+		if err != nil || p < 0 || p > 15 {
+			return a, invalidf("X-Priority", "X-Priority must be an integer band 0..15 (got %q)", v)
+		}
+		a.band, a.bandSet = p, true
+	}
+	if v := h.Peek("Idempotency-Key"); len(v) > 0 {
+		if len(v) > 256 {
+			return a, invalidf("Idempotency-Key", "Idempotency-Key is longer than 256 bytes")
+		}
+		a.idemKey = string(v)
+	}
+	if v := h.Peek("X-Workflow-Id"); len(v) > 0 {
+		if len(v) > 256 || !printable(v) {
+			return a, invalidf("X-Workflow-Id", "X-Workflow-Id must be 1..256 printable characters")
+		}
+		a.workflow = string(v)
+	}
+	if v := h.Peek("X-Stainless-Retry-Count"); len(v) > 0 && string(v) != "0" {
+		a.retry = true
+	}
+	return a, nil
+}
+
+// generate serves one chat or completions request end to end.
+func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
+	s := e.s
+	reqID := requestID(rc)
+	rc.Response.Header.Set("X-Request-Id", reqID)
+	if s.draining.Load() {
+		e.reject(rc, "", ErrDraining)
+		return
+	}
+	pol := s.pol.Load()
+	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	if err != nil {
+		e.reject(rc, "", err)
+		return
+	}
+	a, err := parseAdmission(rc, ep, reqID)
+	if err != nil {
+		e.reject(rc, t.name, err)
+		return
+	}
+	// The client context: cancelled when the peer closes its connection.
+	cctx, gone := context.WithCancelCause(e.base)
+	stopWatch := func() {}
+	if e.watch != nil {
+		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(ErrClientGone) }); err == nil {
+			stopWatch = stop
+		}
+	}
+	streaming := false
+	defer func() {
+		if !streaming {
+			stopWatch()
+			gone(nil)
+		}
+	}()
+
+	c, err := s.admit(cctx, t, pol, a)
+	if err != nil {
+		e.reject(rc, t.name, err)
+		return
+	}
+	defer func() {
+		if !streaming {
+			c.end()
+		}
+	}()
+	err = s.await(c)
+	if err != nil {
+		e.outcome(rc, c, err)
+		return
+	}
+	if err := s.execute(c); err != nil {
+		s.finish(c, err)
+		e.outcome(rc, c, err)
+		return
+	}
+	e.successHeaders(rc, c)
+	if !c.req.Stream {
+		body, err := s.drainStream(c)
+		s.finish(c, err)
+		if err != nil {
+			e.outcome(rc, c, err)
+			return
+		}
+		s.m.TTFT.WithLabelValues(t.name).Observe(s.now().Sub(c.arrival).Seconds())
+		s.m.Requests.WithLabelValues(t.name, "ok").Inc()
+		rc.SetContentType("application/json")
+		rc.SetBody(body)
+		return
+	}
+	streaming = true
+	rc.SetContentType("text/event-stream")
+	rc.Response.Header.Set("Cache-Control", "no-cache")
+	rc.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer gone(nil)
+		defer stopWatch()
+		defer c.end()
+		e.pump(c, w)
+	})
+}
+
+// end releases the call's context resources; the call must be settled or
+// released already.
+func (c *call) end() {
+	c.cancel(nil)
+	if c.stopDeadline != nil {
+		c.stopDeadline()
+	}
+}
+
+// pump passes the upstream stream to a streaming client chunk by chunk,
+// flushing each, then settles. A failed write is a client disconnect.
+func (e *Edge) pump(c *call, w *bufio.Writer) {
+	s := e.s
+	var buf []byte
+	first := true
+	for {
+		ev, err := c.stream.Next()
+		if errors.Is(err, io.EOF) {
+			s.finish(c, nil)
+			s.m.Requests.WithLabelValues(c.t.name, "ok").Inc()
+			return
+		}
+		if err != nil {
+			cause := context.Cause(c.ctx)
+			if cause == nil {
+				cause = err
+			}
+			s.finish(c, cause)
+			if !errors.Is(cause, ErrClientGone) {
+				ae := statusFor(cause)
+				if errors.Is(err, vllm.ErrStreamCut) || ae.Status < 500 {
+					ae = statusFor(ErrUpstreamFailed)
+				}
+				if errors.Is(cause, ErrDeadline) {
+					ae = statusFor(ErrDeadline)
+				}
+				_, _ = w.Write(sseError(ae))
+				_ = w.Flush()
+			}
+			e.countOutcome(c.t.name, cause)
+			return
+		}
+		var ok bool
+		buf, ok = vllm.ShapeChunk(buf[:0], ev, c.req)
+		if !ok {
+			continue
+		}
+		if first && !ev.Done {
+			first = false
+			s.m.TTFT.WithLabelValues(c.t.name).Observe(s.now().Sub(c.arrival).Seconds())
+		}
+		if _, err := w.Write(buf); err == nil {
+			err = w.Flush()
+			if err == nil {
+				continue
+			}
+		}
+		c.cancel(ErrClientGone)
+		s.finish(c, ErrClientGone)
+		e.countOutcome(c.t.name, ErrClientGone)
+		return
+	}
+}
+
+// sseError renders a mid-stream refusal as vLLM does: an error event, then
+// [DONE].
+func sseError(ae *apiError) []byte {
+	b, _ := json.Marshal(errorBody(ae))
+	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
+}
+
+// outcome answers a call that ended in err.
+func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
+	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
+		e.countOutcome(c.t.name, ErrClientGone)
+		rc.SetConnectionClose()
+		return
+	}
+	if c.rep != nil && c.sent {
+		e.successHeaders(rc, c) // Server-Timing and budget headers still apply
+	}
+	var ue *vllm.UpstreamError
+	if errors.As(err, &ue) && len(ue.Body) > 0 && (ue.Status == 400 || ue.Status == 404) && !ue.InStream {
+		// vLLM's own refusal passes through unchanged.
+		e.countOutcome(c.t.name, err)
+		rc.SetStatusCode(ue.Status)
+		rc.SetContentType("application/json")
+		rc.SetBody(ue.Body)
+		return
+	}
+	e.reject(rc, c.t.name, err)
+}
+
+func (e *Edge) countOutcome(tenant string, err error) {
+	outcome := "error"
+	switch {
+	case err == nil:
+		outcome = "ok"
+	case errors.Is(err, ErrClientGone):
+		outcome = "cancelled"
+	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
+		outcome = "expired"
+	default:
+		outcome = "upstream_error"
+	}
+	e.s.m.Requests.WithLabelValues(tenant, outcome).Inc()
+}
+
+// reject writes err in the pinned error shape and counts it.
+func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
+	ae := e.writeError(rc, tenant, err)
+	label := tenant
+	if label == "" {
+		label = "_unauthenticated"
+	}
+	switch ae.Status {
+	case 499:
+		e.s.m.Requests.WithLabelValues(label, "cancelled").Inc()
+	case 504:
+		e.s.m.Requests.WithLabelValues(label, "expired").Inc()
+		e.s.m.Rejections.WithLabelValues(label, ae.Code).Inc()
+	case 502:
+		e.s.m.Requests.WithLabelValues(label, "upstream_error").Inc()
+	default:
+		e.s.m.Requests.WithLabelValues(label, "rejected").Inc()
+		e.s.m.Rejections.WithLabelValues(label, ae.Code).Inc()
+	}
+}
+
+type errorJSON struct {
+	Error struct {
+		Message string         `json:"message"`
+		Type    string         `json:"type"`
+		Code    string         `json:"code"`
+		Param   *string        `json:"param"`
+		Details map[string]any `json:"details,omitempty"`
+	} `json:"error"`
+}
+
+func errorBody(ae *apiError) errorJSON {
+	var b errorJSON
+	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Details = ae.Message, ae.Type, ae.Code, ae.Details
+	if ae.Param != "" {
+		p := ae.Param
+		b.Error.Param = &p
+	}
+	return b
+}
+
+// writeError writes the response for err and returns its classification.
+func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *apiError {
+	ae := statusFor(err)
+	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
+		e.s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
+	}
+	rc.SetStatusCode(ae.Status)
+	if ae.RetryAfter > 0 {
+		rc.Response.Header.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
+		rc.Response.Header.Set("retry-after-ms", strconv.FormatInt(max(1, ae.RetryAfter.Milliseconds()), 10))
+	}
+	if ae.NoRetry {
+		rc.Response.Header.Set("x-should-retry", "false")
+	}
+	rc.SetContentType("application/json")
+	b, _ := json.Marshal(errorBody(ae))
+	rc.SetBody(b)
+	return ae
+}
+
+// successHeaders sets the budget and timing headers of ARCHITECTURE §3.3.
+func (e *Edge) successHeaders(rc *fasthttp.RequestCtx, c *call) {
+	h := &rc.Response.Header
+	now := e.s.now()
+	for _, d := range []struct {
+		dim  ledger.Dim
+		name string
+	}{{ledger.Tokens, "tokens"}, {ledger.Requests, "requests"}} {
+		room := c.grant.Headroom[d.dim]
+		if !room.Tracked {
+			continue
+		}
+		h.Set("x-ratelimit-limit-"+d.name, strconv.FormatInt(room.Limit, 10))
+		h.Set("x-ratelimit-remaining-"+d.name, strconv.FormatInt(room.Remaining, 10))
+		h.Set("x-ratelimit-reset-"+d.name, room.ResetsAt.Sub(now).Round(time.Millisecond).String())
+	}
+	if warn(c) {
+		h.Set("X-Budget-Warning", "soft_threshold")
+	}
+	var st strings.Builder
+	fmt.Fprintf(&st, "queue;dur=%.3f", msBetween(c.arrival, c.dispatchAt))
+	if !c.firstByte.IsZero() {
+		fmt.Fprintf(&st, ", upstream;dur=%.3f", msBetween(c.dispatchAt, c.firstByte))
+	}
+	h.Set("Server-Timing", st.String())
+}
+
+func msBetween(a, b time.Time) float64 {
+	if a.IsZero() || b.IsZero() {
+		return 0
+	}
+	return float64(b.Sub(a).Microseconds()) / 1000
+}
+
+// warn reports whether a warn-mode budget is past its limit or a block-mode
+// budget past its warning ratio after this grant.
+func warn(c *call) bool {
+	if len(c.grant.Warnings) > 0 {
+		return true
+	}
+	for d, ratio := range c.t.warn {
+		room := c.grant.Headroom[d]
+		if room.Tracked && room.Limit > 0 && float64(room.Limit-room.Remaining) >= ratio*float64(room.Limit) {
+			return true
+		}
+	}
+	return false
+}
+
+// models answers GET /v1/models with the union of the replicas' models.
+func (e *Edge) models(rc *fasthttp.RequestCtx) {
+	if _, err := e.s.pol.Load().authenticate(rc.Request.Header.Peek("Authorization")); err != nil {
+		e.reject(rc, "", err)
+		return
+	}
+	type model struct {
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int64  `json:"max_model_len,omitempty"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	seen := map[string]bool{}
+	for _, r := range e.s.reps.reps {
+		o := r.obs.Load()
+		if o == nil {
+			continue
+		}
+		for _, m := range o.models {
+			if !seen[m] {
+				seen[m] = true
+				out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "vllm", MaxModelLen: r.maxModelLen.Load()})
+			}
+		}
+	}
+	b, _ := json.Marshal(out)
+	rc.SetContentType("application/json")
+	rc.SetBody(b)
+}

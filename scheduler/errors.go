@@ -1,0 +1,149 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Sentinel errors of the admission pipeline. statusFor maps them (and the
+// errors of queue, ledger and vllm) to HTTP responses.
+var (
+	ErrUnauthorized   = errors.New("missing or unknown API key")
+	ErrTooLarge       = errors.New("request body too large")
+	ErrBadRequest     = errors.New("invalid request")
+	ErrUnknownModel   = errors.New("unknown model")
+	ErrContextLength  = errors.New("context length exceeded")
+	ErrNoReplica      = errors.New("no healthy replica")
+	ErrDraining       = errors.New("server is draining")
+	ErrClientGone     = errors.New("client disconnected")
+	ErrDeadline       = errors.New("deadline exceeded")
+	ErrNotFound       = errors.New("not found")
+	ErrInProgress     = errors.New("a request with this Idempotency-Key is in flight or unresolved")
+	ErrAlreadyDone    = errors.New("a request with this Idempotency-Key already completed")
+	ErrUpstreamFailed = errors.New("upstream replica failed")
+)
+
+// badRequest wraps ErrBadRequest with a message and the offending param.
+type badRequest struct {
+	msg   string
+	param string
+}
+
+func (e *badRequest) Error() string        { return e.msg }
+func (e *badRequest) Is(target error) bool { return target == ErrBadRequest }
+
+func invalidf(param, format string, a ...any) error {
+	return &badRequest{msg: fmt.Sprintf(format, a...), param: param}
+}
+
+// apiError is one refusal in the pinned error shape (ARCHITECTURE.md §3.3).
+type apiError struct {
+	Status  int
+	Code    string
+	Type    string
+	Message string
+	Param   string
+	Details map[string]any
+	// RetryAfter sets Retry-After and retry-after-ms when > 0.
+	RetryAfter time.Duration
+	// NoRetry sets x-should-retry: false (a closed budget window).
+	NoRetry bool
+	// Raw, when set, is sent as the body verbatim (upstream 400/404
+	// pass-through).
+	Raw []byte
+}
+
+// statusFor is the one place that maps an outcome to an HTTP status and
+// error code (HOUSE-STYLE §4).
+func statusFor(err error) *apiError {
+	var (
+		denied *ledger.DeniedError
+		full   *queue.FullError
+		br     *badRequest
+		ue     *vllm.UpstreamError
+		ir     *vllm.InvalidRequestError
+	)
+	switch {
+	case errors.Is(err, ErrDraining):
+		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+	case errors.Is(err, ErrUnauthorized):
+		return &apiError{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
+	case errors.Is(err, ErrTooLarge):
+		return &apiError{Status: 413, Code: "request_too_large", Type: "invalid_request_error", Message: err.Error()}
+	case errors.As(err, &br):
+		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
+	case errors.As(err, &ir):
+		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
+	case errors.Is(err, ErrUnknownModel):
+		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: err.Error(), Param: "model"}
+	case errors.Is(err, ErrContextLength), errors.Is(err, vllm.ErrContextLength):
+		return &apiError{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
+	case errors.As(err, &full):
+		return &apiError{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
+			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
+	case errors.As(err, &denied):
+		return deniedError(denied)
+	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline), errors.Is(err, context.DeadlineExceeded):
+		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
+	case errors.Is(err, ledger.ErrUnavailable), errors.Is(err, ledger.ErrAmbiguous), errors.Is(err, ledger.ErrRecovering):
+		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
+	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
+		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
+	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),
+		errors.Is(err, ledger.ErrConflict), errors.Is(err, ledger.ErrAlreadyFinal):
+		return &apiError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
+	case errors.Is(err, ErrNoReplica):
+		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
+	case errors.Is(err, ErrNotFound):
+		return &apiError{Status: 404, Code: "not_found", Type: "invalid_request_error", Message: err.Error()}
+	case errors.As(err, &ue) && (ue.Status == 400 || ue.Status == 404) && !ue.InStream:
+		code := "invalid_request"
+		if ue.ContextLength() {
+			code = "context_length_exceeded"
+		}
+		return &apiError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param}
+	case errors.Is(err, ErrClientGone):
+		return &apiError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+	}
+	return &apiError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+}
+
+func deniedError(d *ledger.DeniedError) *apiError {
+	code := "tenant_budget_exceeded"
+	scope := d.Scope.String()
+	if d.Scope == ledger.KindWorkflow {
+		code = "workflow_budget_exceeded"
+	}
+	det := map[string]any{
+		"scope":     scope,
+		"dimension": d.Dim.String(),
+		"window":    ledger.FormatWindow(d.Window),
+		"limit":     d.Limit,
+		"committed": d.Committed,
+		"reserved":  d.Reserved,
+		"requested": d.Requested,
+	}
+	if !d.ResetsAt.IsZero() {
+		det["resets_at"] = d.ResetsAt.UTC().Format(time.RFC3339)
+	}
+	return &apiError{
+		Status: 429, Code: code, Type: "rate_limit_error",
+		Message:    fmt.Sprintf("%s budget exceeded: %s per %s", scope, d.Dim, ledger.FormatWindow(d.Window)),
+		Details:    det,
+		RetryAfter: max(d.RetryAfter, time.Second),
+		NoRetry:    true,
+	}
+}
+
+// retryAfterSeconds renders ceil(d) in whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(1, int64(math.Ceil(d.Seconds()))), 10)
+}

@@ -1,0 +1,77 @@
+package scheduler
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the server's Prometheus series (ARCHITECTURE.md §3.4 plus
+// extensions). Replica capacity and health, GPU utilisation and memory and
+// per-tenant GPU-ms are exported by package gpu on the same registry.
+// Tenant labels come from config (bounded); API keys never appear in labels.
+type Metrics struct {
+	Requests         *prometheus.CounterVec   // tenant, outcome
+	Rejections       *prometheus.CounterVec   // tenant, reason
+	QueueDepth       *prometheus.GaugeVec     // tenant
+	QueueWait        *prometheus.HistogramVec // tenant
+	Inflight         *prometheus.GaugeVec     // tenant
+	LedgerReserved   *prometheus.GaugeVec     // tenant, dimension
+	LedgerCommitted  *prometheus.GaugeVec     // tenant, dimension
+	LedgerUnresolved *prometheus.GaugeVec     // tenant
+	LedgerErrors     *prometheus.CounterVec   // op, kind
+	UpstreamAborts   *prometheus.CounterVec   // replica, cause
+	ReplicaInflight  *prometheus.GaugeVec     // replica
+	UpstreamLatency  *prometheus.HistogramVec // replica
+	TTFT             *prometheus.HistogramVec // tenant
+	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
+	ExpiredDispatch  prometheus.Counter
+	Ready            prometheus.Gauge
+}
+
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// NewMetrics creates the series and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requests_total",
+			Help: "Requests by final outcome (ok, rejected, expired, cancelled, upstream_error)."}, []string{"tenant", "outcome"}),
+		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rejections_total",
+			Help: "Refused requests by error code."}, []string{"tenant", "reason"}),
+		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_queue_depth",
+			Help: "Requests waiting in the tenant's queue."}, []string{"tenant"}),
+		QueueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_queue_wait_seconds",
+			Help: "Time from arrival to dispatch.", Buckets: latencyBuckets}, []string{"tenant"}),
+		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_inflight_requests",
+			Help: "Requests dispatched upstream and not yet settled."}, []string{"tenant"}),
+		LedgerReserved: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_ledger_reserved",
+			Help: "In-flight holds per budget dimension."}, []string{"tenant", "dimension"}),
+		LedgerCommitted: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_ledger_committed",
+			Help: "Committed usage in the current window of the tenant's tightest budget per dimension."}, []string{"tenant", "dimension"}),
+		LedgerUnresolved: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_ledger_unresolved",
+			Help: "Reservations whose outcome is unknown (kept held until resolved)."}, []string{"tenant"}),
+		LedgerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_ledger_errors_total",
+			Help: "Ledger calls that failed, by operation and kind (unavailable, corrupt, ...)."}, []string{"op", "kind"}),
+		UpstreamAborts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_upstream_aborts_total",
+			Help: "Upstream requests aborted by closing the connection."}, []string{"replica", "cause"}),
+		ReplicaInflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_inflight_tokens",
+			Help: "Input plus allowed output tokens of requests running on the replica."}, []string{"replica"}),
+		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
+			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
+			Help: "Time from arrival to the first token sent to the client.", Buckets: latencyBuckets}, []string{"tenant"}),
+		BudgetUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_budget_used_ratio",
+			Help: "(committed + reserved) / limit of each tenant budget."}, []string{"tenant", "dimension", "window"}),
+		ExpiredDispatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_expired_dispatch_total",
+			Help: "Requests dispatched after their deadline; must stay 0."}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
+			Help: "1 while /readyz passes."}),
+	}
+	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
+		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
+		m.ReplicaInflight, m.UpstreamLatency, m.TTFT,
+		m.BudgetUsed, m.ExpiredDispatch, m.Ready} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,222 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+// Keys of the test tenants; the config stores only their hashes.
+const (
+	keyAcme  = "sk-acme-test-key"
+	keyBeta  = "sk-beta-test-key"
+	keyAdmin = "admin-token-for-tests"
+)
+
+// simReplica is one in-process simulated vLLM replica on loopback.
+type simReplica struct {
+	*sim.Replica
+	url string
+}
+
+func startSim(t *testing.T, cfg sim.Config) *simReplica {
+	t.Helper()
+	r, err := sim.New(cfg)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &simReplica{Replica: r, url: "http://" + ln.Addr().String()}
+}
+
+// node is a Sluice server running in process.
+type node struct {
+	api, admin string
+	reg        *prometheus.Registry
+	stop       func() error
+}
+
+// nodeConfig renders a config for replicas with tenant overrides appended
+// to tenant acme (YAML lines indented by 4 spaces).
+func nodeConfig(t *testing.T, reps []*simReplica, acmeExtra, extraTop string) *config.File {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
+	for i, r := range reps {
+		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", i, r.url)
+	}
+	b.WriteString("gpu: {telemetry: off}\nserver: {drain_timeout: 5s}\n")
+	b.WriteString(extraTop)
+	fmt.Fprintf(&b, "tenants:\n  - name: acme\n    api_keys: [%q]\n%s", config.HashKey(keyAcme), acmeExtra)
+	fmt.Fprintf(&b, "  - name: beta\n    api_keys: [%q]\n", config.HashKey(keyBeta))
+	cfg, err := config.Parse([]byte(b.String()))
+	require.NoError(t, err, b.String())
+	return cfg
+}
+
+func startNode(t *testing.T, cfg *config.File) *node {
+	t.Helper()
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	n := &node{api: "http://" + apiLn.Addr().String(), admin: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: keyAdmin, Registry: n.reg})
+	}()
+	stopped := false
+	n.stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		return <-done
+	}
+	t.Cleanup(func() { require.NoError(t, n.stop()) })
+	// Ready once a replica has been scraped and sized.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(n.api + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 && n.gauge(t, "sluice_replica_capacity_tokens", nil) > 0 {
+				return n
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node not ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a readiness endpoint, not synchronising a race
+	}
+}
+
+// post sends a generation request with the given key and headers.
+func (n *node) post(t *testing.T, path, key, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, n.api+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return b
+}
+
+// errorCode extracts error.code from a Sluice error body.
+func errorCode(t *testing.T, body []byte) (code string, details map[string]any) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Code    any            `json:"code"`
+			Details map[string]any `json:"details"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(body, &e), string(body))
+	return fmt.Sprint(e.Error.Code), e.Error.Details
+}
+
+// metricValue sums the samples of name whose labels include want.
+func (n *node) metric(t *testing.T, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := n.reg.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !labelsMatch(m, want) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func (n *node) gauge(t *testing.T, name string, want map[string]string) float64 {
+	return n.metric(t, name, want)
+}
+
+func labelsMatch(m *dto.Metric, want map[string]string) bool {
+	for k, v := range want {
+		found := false
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == k && lp.GetValue() == v {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// eventually polls cond (state owned by other processes' goroutines)
+// until it holds or the bound passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sseEvents splits an SSE body into its data payloads.
+func sseEvents(body []byte) []string {
+	var out []string
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}

@@ -1,0 +1,255 @@
+// Package node wires one Sluice server from a config: ledger, vLLM client
+// and poller, GPU monitor, scheduler, connection watcher and the two
+// listeners. `sluice serve`, `sluice demo` and the end-to-end tests run it.
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
+	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Options are the process-level inputs of serve.
+type Options struct {
+	ConfigPath string       // for reloads; "" disables them
+	Log        *slog.Logger // nil discards
+	AdminToken string
+	// Registry, when set, collects the metrics (tests read it).
+	Registry *prometheus.Registry
+	// apiLn and adminLn, when set, replace listening on the configured
+	// addresses (demo and tests use ephemeral ports).
+	APIListener, AdminListener net.Listener
+	// Ready, when set, is called once both listeners accept.
+	Ready func(api, admin string)
+}
+
+// serve runs a Sluice server until ctx ends, then drains and returns.
+func Run(ctx context.Context, cfg *config.File, o Options) error {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	keyer, err := ledger.NewKeyer(idKey(cfg, log))
+	if err != nil {
+		return err
+	}
+	led, err := openLedger(cfg, keyer, reg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := led.Close(); err != nil {
+			log.Error("closing the ledger", "err", err)
+		}
+	}()
+
+	client := vllm.NewClient(vllm.Config{})
+	targets := make([]vllm.Target, 0, len(cfg.Upstream.Replicas))
+	gpuReps := make([]gpu.Replica, 0, len(cfg.Upstream.Replicas))
+	for _, r := range cfg.Upstream.Replicas {
+		targets = append(targets, vllm.Target{Name: r.Name, URL: r.URL})
+		gpuReps = append(gpuReps, gpu.Replica{Name: r.Name, GPUs: r.GPUs, CapacityTokens: r.CapacityTokens})
+	}
+	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
+		DownAfter: cfg.Upstream.DownAfter}, client, reg)
+	if err != nil {
+		return err
+	}
+	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, nil)
+	if err != nil {
+		return err
+	}
+	gm, err := gpu.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	attr, err := gpu.NewAttributionMetrics(reg)
+	if err != nil {
+		return err
+	}
+	mon, err := gpu.NewMonitor(gpu.Config{
+		Telemetry: mode, PollInterval: cfg.GPU.Interval, DownAfter: cfg.Upstream.DownAfter,
+		DegradedFactor: cfg.GPU.DegradedFactor, MaxOvercommit: cfg.GPU.MaxOvercommit,
+		GPUMsPerInputToken: cfg.GPU.MsPerInputToken, GPUMsPerOutputToken: cfg.GPU.MsPerOutputToken,
+		GPUMsMargin: cfg.GPU.Margin, GPUMsAbortFactor: cfg.GPU.AbortFactor,
+		StaleAfter: max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
+		Replicas:   gpuReps,
+	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, SharedReplicas: cfg.Ledger.Backend == "redis"})
+	if err != nil {
+		return err
+	}
+
+	srv, err := scheduler.New(cfg, scheduler.Deps{
+		Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	watch, err := connwatch.New()
+	if err != nil {
+		return err
+	}
+	defer watch.Close()
+
+	apiLn, adminLn := o.APIListener, o.AdminListener
+	if apiLn == nil {
+		if apiLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		}
+	}
+	if adminLn == nil {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			apiLn.Close()
+			return fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+		}
+	}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	reload := func() error {
+		if o.ConfigPath == "" {
+			return errors.New("no config file to reload")
+		}
+		next, err := config.Load(o.ConfigPath)
+		if err != nil {
+			return err
+		}
+		return srv.Reload(next)
+	}
+	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
+	api := edge.HTTPServer()
+	admin := scheduler.NewAdmin(srv, o.AdminToken, reg, scheduler.AdminHooks{Reload: reload, Drain: stopRun})
+	adminSrv := admin.HTTPServer()
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	// Background loops run until the server has drained.
+	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBg()
+	var bgGroup errgroup.Group
+	bgGroup.Go(func() error { return watch.Run(bg) })
+	bgGroup.Go(func() error { return poller.Run(bg) })
+	bgGroup.Go(func() error { return mon.Run(bg) })
+	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
+	bgGroup.Go(func() error { return led.Run(bg) })
+
+	// srv.Run drains once runCtx ends (signal, admin drain, or a listener
+	// failing); then the listeners close.
+	g, gctx := errgroup.WithContext(runCtx)
+	drained := make(chan struct{})
+	g.Go(func() error { defer close(drained); return srv.Run(gctx) })
+	g.Go(func() error { return api.Serve(apiLn) })
+	g.Go(func() error { return adminSrv.Serve(adminLn) })
+	g.Go(func() error {
+		<-drained
+		return errors.Join(api.Shutdown(), adminSrv.Shutdown())
+	})
+	g.Go(func() error {
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-hup:
+				if err := reload(); err != nil {
+					log.Error("reload refused; keeping the running config", "err", strings.ReplaceAll(err.Error(), "\n", "; "))
+				}
+			}
+		}
+	})
+	log.Info("sluice serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"ledger", cfg.Ledger.Backend, "replicas", len(cfg.Upstream.Replicas), "tenants", len(cfg.Tenants))
+	if o.Ready != nil {
+		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
+	}
+	err = g.Wait()
+	stopBg()
+	_ = bgGroup.Wait()
+	log.Info("sluice stopped")
+	return err
+}
+
+// idKey returns the secret used to hash ids before they reach the ledger.
+func idKey(cfg *config.File, log *slog.Logger) []byte {
+	if cfg.Ledger.IDKeyFile != "" {
+		if b, err := os.ReadFile(cfg.Ledger.IDKeyFile); err == nil && len(strings.TrimSpace(string(b))) >= 16 {
+			return []byte(strings.TrimSpace(string(b)))
+		}
+		log.Warn("ledger.id_key_file unreadable or shorter than 16 bytes; falling back")
+	}
+	if k := os.Getenv("SLUICE_LEDGER_KEY"); len(k) >= 16 {
+		return []byte(k)
+	}
+	if cfg.Ledger.Backend == "redis" || cfg.Ledger.Journal != "" {
+		log.Warn("ledger ids are hashed with the built-in key; set SLUICE_LEDGER_KEY or ledger.id_key_file")
+	}
+	sum := sha256.Sum256([]byte("sluice built-in ledger id key v1"))
+	return sum[:]
+}
+
+// closableLedger is a ledger the process owns.
+type closableLedger interface {
+	scheduler.Ledger
+	Run(ctx context.Context) error
+	io.Closer
+}
+
+func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer, log *slog.Logger) (closableLedger, error) {
+	switch cfg.Ledger.Backend {
+	case "redis":
+		r := cfg.Ledger.Redis
+		tenants := make([]ledger.ScopeKey, 0, len(cfg.Tenants))
+		for _, t := range cfg.Tenants {
+			tenants = append(tenants, keyer.Key(ledger.KindTenant, t.Name))
+		}
+		rc := redisledger.Config{Addrs: r.Addrs, MasterName: r.MasterName, KeyPrefix: r.KeyPrefix,
+			StoreTimeout: r.StoreTimeout, LeaseTTL: cfg.Ledger.LeaseTTL, Tenants: tenants, Registerer: reg}
+		if r.PasswordEnv != "" {
+			rc.Password = os.Getenv(r.PasswordEnv)
+		}
+		l, err := redisledger.Open(rc)
+		if err != nil {
+			return nil, fmt.Errorf("redis ledger: %w", err)
+		}
+		return l, nil
+	default:
+		fsync := ledger.EveryOp
+		if cfg.Ledger.Fsync == "group" {
+			fsync = ledger.Group(cfg.Ledger.FsyncInterval)
+		}
+		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: cfg.Ledger.Journal, Fsync: fsync,
+			LeaseTTL: cfg.Ledger.LeaseTTL, Logger: log, Registerer: reg})
+		if err != nil {
+			return nil, fmt.Errorf("embedded ledger: %w", err)
+		}
+		return m, nil
+	}
+}

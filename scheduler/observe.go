@@ -1,0 +1,87 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// ReplicaSource publishes the latest scrape of each replica (vllm.Poller).
+type ReplicaSource interface {
+	Get(name string) (*vllm.Replica, bool)
+}
+
+// ModelLister lists a replica's served models (vllm.Client).
+type ModelLister interface {
+	Models(ctx context.Context, baseURL string) ([]vllm.Model, error)
+}
+
+// Observe feeds one round of replica scrapes into the GPU monitor (health,
+// capacity, GPU clocks) and the dispatch gate, and wakes the dispatch loop
+// since room may have changed. ObserveLoop calls it every interval.
+func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
+	now := s.now()
+	for _, r := range s.reps.reps {
+		snap, ok := src.Get(r.name)
+		if !ok {
+			continue
+		}
+		m := snap.Metrics
+		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
+		if !snap.Up || !snap.Healthy {
+			if obs.Reason == "" {
+				obs.Reason = "replica /health failing"
+			}
+		}
+		obs.NumGPUBlocks, obs.BlockSize = int64(m.NumGPUBlocks.V), int64(m.BlockSize.V)
+		obs.KVUsage = m.KVUsage.V
+		obs.Waiting, obs.Running = int64(m.Waiting.V), int64(m.Running.V)
+		obs.Preemptions = m.PreemptionsTotal.V
+		obs.SimGPUUtilization, obs.HasSimGPUUtilization = m.GPUUtilization.V, m.GPUUtilization.OK
+		_ = s.gpu.ObserveReplica(r.name, obs)
+		if r.clock != nil && m.GPUUtilization.OK {
+			r.clock.SetUtilization(now, m.GPUUtilization.V)
+		}
+		prev := r.obs.Load()
+		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
+		if prev != nil {
+			o.models = prev.models
+		}
+		if obs.OK && models != nil && (prev == nil || len(prev.models) == 0) {
+			mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if ms, err := models.Models(mctx, r.url); err == nil {
+				o.models = make([]string, 0, len(ms))
+				for _, md := range ms {
+					o.models = append(o.models, md.ID)
+					if md.MaxModelLen > 0 && r.maxModelLen.Load() == 0 {
+						r.maxModelLen.Store(int64(md.MaxModelLen))
+					}
+				}
+			}
+			cancel()
+		}
+		r.obs.Store(o)
+		s.exportReplica(r)
+	}
+	s.signal(s.wake)
+}
+
+func (s *Server) exportReplica(r *replica) {
+	s.m.ReplicaInflight.WithLabelValues(r.name).Set(float64(r.load.Load()))
+}
+
+// ObserveLoop calls Observe every interval until ctx ends.
+func (s *Server) ObserveLoop(ctx context.Context, src ReplicaSource, models ModelLister, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		s.Observe(ctx, src, models)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,367 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Ledger is what the scheduler needs from a budget ledger (both
+// ledger.Memory and the Redis backend provide it).
+type Ledger interface {
+	Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error)
+	MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error
+	Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (time.Time, error)
+	Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error)
+	Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error
+	Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (ledger.Usage, error)
+}
+
+// Upstream is what the scheduler needs from the vLLM client.
+type Upstream interface {
+	Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*vllm.Stream, error)
+	Tokenize(ctx context.Context, baseURL, model string, r *vllm.Request) ([]int, int, error)
+}
+
+// Deps are the scheduler's collaborators. Ledger and Upstream are required.
+type Deps struct {
+	Ledger   Ledger
+	Upstream Upstream
+	// Keyer hashes tenant, key and workflow ids for the ledger. Required.
+	Keyer *ledger.Keyer
+	// GPU sizes replicas and keeps their GPU-ms clocks. Required.
+	GPU *gpu.Monitor
+	// Attribution records per-tenant GPU-ms. Optional.
+	Attribution *gpu.AttributionMetrics
+	// Registerer receives the metrics. Optional; nil means a private registry.
+	Registerer prometheus.Registerer
+	// Logger. Optional; nil discards.
+	Logger *slog.Logger
+	// Now is the clock. Optional; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server is the admission pipeline and its dispatch loop. Create it with
+// [New], run it with [Server.Run]; the fasthttp edge calls into it.
+type Server struct {
+	led    Ledger
+	up     Upstream
+	keyer  *ledger.Keyer
+	gpu    *gpu.Monitor
+	attr   *gpu.AttributionMetrics
+	m      *Metrics
+	log    *slog.Logger
+	now    func() time.Time
+	owner  ledger.Owner
+	q      *queue.Queue[*call]
+	reps   *replicaSet
+	byName map[string]*replica
+
+	pol      atomic.Pointer[policy]
+	polMu    sync.Mutex // serializes reloads; guards runtimes
+	runtimes map[string]*tenantRuntime
+
+	draining atomic.Bool
+	wake     chan struct{} // size 1: room freed, dispatch may proceed
+	outboxC  chan struct{} // size 1: outbox has work
+
+	mu      sync.Mutex // guards running, queued, outbox
+	running map[*call]struct{}
+	queued  map[*call]struct{}
+	outbox  []settleRetry
+	idle    *sync.Cond // signalled when running and queued both empty
+
+	ledgerErrs atomic.Int64 // consecutive ledger store errors, for /readyz
+}
+
+// New builds a Server from a validated config.
+func New(cfg *config.File, deps Deps) (*Server, error) {
+	if deps.Ledger == nil || deps.Upstream == nil || deps.Keyer == nil || deps.GPU == nil {
+		return nil, errors.New("scheduler: Ledger, Upstream, Keyer and GPU are required")
+	}
+	reg := deps.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler metrics: %w", err)
+	}
+	s := &Server{
+		led:      deps.Ledger,
+		up:       deps.Upstream,
+		keyer:    deps.Keyer,
+		gpu:      deps.GPU,
+		attr:     deps.Attribution,
+		m:        m,
+		log:      deps.Logger,
+		now:      deps.Now,
+		owner:    ledger.NewOwner(),
+		byName:   map[string]*replica{},
+		runtimes: map[string]*tenantRuntime{},
+		wake:     make(chan struct{}, 1),
+		outboxC:  make(chan struct{}, 1),
+		running:  map[*call]struct{}{},
+		queued:   map[*call]struct{}{},
+	}
+	s.idle = sync.NewCond(&s.mu)
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	pol, err := buildPolicy(cfg, 1, s.keyer, s.runtimes)
+	if err != nil {
+		return nil, err
+	}
+	s.pol.Store(pol)
+	q, err := queue.New(queueConfig(cfg), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler queue: %w", err)
+	}
+	s.q = q
+	s.reps = &replicaSet{capacity: s.capacityOf, headroom: cfg.Server.Headroom}
+	for _, rc := range cfg.Upstream.Replicas {
+		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name)}
+		r.maxModelLen.Store(rc.MaxModelLen)
+		s.reps.reps = append(s.reps.reps, r)
+		s.byName[rc.Name] = r
+	}
+	m.Ready.Set(0)
+	return s, nil
+}
+
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }
+
+func queueConfig(cfg *config.File) queue.Config {
+	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait}
+	for _, t := range cfg.Tenants {
+		order := queue.OrderFIFO
+		if t.Queue.Order == "edf" {
+			order = queue.OrderEDF
+		}
+		qc.Tenants = append(qc.Tenants, queue.TenantConfig{
+			Name: t.Name, Weight: float64(t.Weight), Band: t.Priority,
+			MaxDepth: t.Queue.MaxDepth, MaxBytes: t.Queue.MaxBytes, MaxWait: t.Queue.MaxWait, Order: order,
+		})
+	}
+	return qc
+}
+
+func (s *Server) capacityOf(name string) (k, base int64, st gpu.State) {
+	v, ok := s.gpu.Snapshot().Replica(name)
+	if !ok {
+		return 0, 0, gpu.StateDown
+	}
+	return v.CapacityTokens, v.BaseTokens, v.State
+}
+
+// Reload validates nothing itself (the caller loaded cfg through
+// config.Load) and swaps the policy and queue configuration atomically.
+// Queued and running requests keep the limits they were admitted under.
+func (s *Server) Reload(cfg *config.File) error {
+	s.polMu.Lock()
+	defer s.polMu.Unlock()
+	old := s.pol.Load()
+	pol, err := buildPolicy(cfg, old.version+1, s.keyer, s.runtimes)
+	if err != nil {
+		return err
+	}
+	commit, err := s.q.Prepare(queueConfig(cfg))
+	if err != nil {
+		return fmt.Errorf("reload queue: %w", err)
+	}
+	commit()
+	s.pol.Store(pol)
+	s.reps.mu.Lock()
+	s.reps.headroom = cfg.Server.Headroom
+	s.reps.mu.Unlock()
+	s.log.Info("config reloaded", "version", pol.version, "tenants", len(pol.order))
+	return nil
+}
+
+// Policy returns the current config.
+func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
+
+// Metrics returns the server's metrics.
+func (s *Server) Metrics() *Metrics { return s.m }
+
+// Ready reports whether the server can admit: not draining, the ledger
+// answering, a replica up.
+func (s *Server) Ready() (bool, string) {
+	switch {
+	case s.draining.Load():
+		return false, "draining"
+	case s.ledgerErrs.Load() >= 3:
+		return false, "ledger unavailable"
+	case !s.reps.anyUp():
+		return false, "no healthy replica"
+	}
+	return true, "ok"
+}
+
+// StartDrain makes new requests fail with 503 draining and /readyz fail.
+func (s *Server) StartDrain() {
+	if !s.draining.Swap(true) {
+		s.m.Ready.Set(0)
+		s.log.Info("draining: refusing new requests")
+	}
+}
+
+// Run drives the queue's expiry, the dispatch loop, lease heartbeats and the
+// settlement outbox until ctx ends, then drains: running requests get up to
+// drain timeout to finish, the rest are aborted and settled.
+func (s *Server) Run(ctx context.Context) error {
+	inner, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var wg sync.WaitGroup
+	loops := []func(context.Context){
+		func(c context.Context) { _ = s.q.Run(c) },
+		s.dispatchLoop,
+		s.heartbeatLoop,
+		s.outboxLoop,
+		s.readyLoop,
+	}
+	for _, f := range loops {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(inner) }()
+	}
+	<-ctx.Done()
+	s.StartDrain()
+	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
+	cancel()
+	wg.Wait()
+	s.flushOutbox()
+	return nil
+}
+
+// drain waits for queued and running requests up to timeout, then aborts
+// whatever is left (cause shutdown) and waits for it to settle.
+func (s *Server) drain(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.mu.Lock()
+		for len(s.running) > 0 || len(s.queued) > 0 {
+			s.idle.Wait()
+		}
+		s.mu.Unlock()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	s.mu.Lock()
+	n := len(s.running) + len(s.queued)
+	for c := range s.running {
+		c.cancel(ErrDraining)
+	}
+	for c := range s.queued {
+		c.cancel(ErrDraining)
+	}
+	s.mu.Unlock()
+	s.log.Warn("drain timeout: aborting remaining requests", "requests", n)
+	<-done
+}
+
+func (s *Server) readyLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if ok, _ := s.Ready(); ok {
+			s.m.Ready.Set(1)
+		} else {
+			s.m.Ready.Set(0)
+		}
+		s.exportLedger(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// ledgerCtx bounds a ledger call that must finish even when the client left.
+func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+}
+
+// noteLedger records a ledger call's error class for metrics and /readyz.
+func (s *Server) noteLedger(op string, err error) {
+	switch {
+	case err == nil, errors.Is(err, ledger.ErrDenied):
+		s.ledgerErrs.Store(0)
+		return
+	case ledger.IsStoreError(err):
+		s.ledgerErrs.Add(1)
+		s.m.LedgerErrors.WithLabelValues(op, "unavailable").Inc()
+	case errors.Is(err, ledger.ErrCorrupt):
+		s.m.LedgerErrors.WithLabelValues(op, "corrupt").Inc()
+		s.log.Error("ledger corrupt state", "op", op, "err", err)
+	default:
+		s.m.LedgerErrors.WithLabelValues(op, "other").Inc()
+	}
+}
+
+// exportLedger publishes each tenant's ledger counters as metrics (a
+// read-only Snapshot per tenant per second).
+func (s *Server) exportLedger(ctx context.Context) {
+	for _, t := range s.pol.Load().order {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		u, err := s.led.Snapshot(sctx, t.key, t.key)
+		cancel()
+		if err != nil {
+			s.noteLedger("snapshot", err)
+			continue
+		}
+		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+			s.m.LedgerReserved.WithLabelValues(t.name, d.String()).Set(float64(u.Reserved[d]))
+		}
+		s.m.LedgerReserved.WithLabelValues(t.name, "slots").Set(float64(u.SlotsInUse))
+		s.m.LedgerUnresolved.WithLabelValues(t.name).Set(float64(u.Unresolved))
+		var committed [ledger.NumDims]int64
+		for _, l := range u.Limits {
+			d := l.Limit.Dim
+			if d == ledger.Slots {
+				continue
+			}
+			committed[d] = max(committed[d], l.Committed)
+			if l.Limit.Max > 0 {
+				s.m.BudgetUsed.WithLabelValues(t.name, d.String(), ledger.FormatWindow(l.Limit.Window)).
+					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
+			}
+		}
+		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+			s.m.LedgerCommitted.WithLabelValues(t.name, d.String()).Set(float64(committed[d]))
+		}
+		if qs, ok := s.q.Stats(t.name); ok {
+			s.m.QueueDepth.WithLabelValues(t.name).Set(float64(qs.Depth))
+		}
+	}
+}
