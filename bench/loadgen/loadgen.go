@@ -279,36 +279,34 @@ func cmpErr(a, b error) error {
 // Body builds the request body for q (exported for tests and A/B byte checks).
 func Body(backend, model string, q *workload.Request, salt uint64, ignoreEOS bool) []byte {
 	ids := workload.PromptTokens(q.PromptSeed, salt, q.InputLen)
-	var b bytes.Buffer
-	b.WriteString(`{"model":`)
+	b := make([]byte, 0, 128+len(model)+6*len(ids))
+	b = append(b, `{"model":`...)
 	mj, _ := json.Marshal(model)
-	b.Write(mj)
+	b = append(b, mj...)
+	sep := byte(',')
 	if backend == "openai-chat" {
-		b.WriteString(`,"messages":[{"role":"user","content":"`)
-		for i, id := range ids {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(strconv.Itoa(id))
-		}
-		b.WriteString(`"}],"max_completion_tokens":`)
+		b = append(b, `,"messages":[{"role":"user","content":"`...)
+		sep = ' '
 	} else {
-		b.WriteString(`,"prompt":[`)
-		for i, id := range ids {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(strconv.Itoa(id))
+		b = append(b, `,"prompt":[`...)
+	}
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, sep)
 		}
-		b.WriteString(`],"max_tokens":`)
+		b = strconv.AppendInt(b, int64(id), 10)
 	}
-	b.WriteString(strconv.Itoa(q.OutputLen))
-	b.WriteString(`,"stream":true,"stream_options":{"include_usage":true}`)
+	if backend == "openai-chat" {
+		b = append(b, `"}],"max_completion_tokens":`...)
+	} else {
+		b = append(b, `],"max_tokens":`...)
+	}
+	b = strconv.AppendInt(b, int64(q.OutputLen), 10)
+	b = append(b, `,"stream":true,"stream_options":{"include_usage":true}`...)
 	if ignoreEOS {
-		b.WriteString(`,"ignore_eos":true`)
+		b = append(b, `,"ignore_eos":true`...)
 	}
-	b.WriteByte('}')
-	return b.Bytes()
+	return append(b, '}')
 }
 
 // FormatTimeout renders X-Request-Timeout: deadline − lag in decimal
