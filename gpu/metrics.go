@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -14,14 +15,25 @@ type Metrics struct {
 	gpuTemp      *prometheus.GaugeVec
 	gpuPower     *prometheus.GaugeVec
 	gpuXID       *prometheus.CounterVec
-	stale        prometheus.Gauge
-	age          prometheus.Gauge
+	stale        prometheus.GaugeFunc
+	age          prometheus.GaugeFunc
 	repStale     *prometheus.GaugeVec
 	repState     *prometheus.GaugeVec
 	capacity     *prometheus.GaugeVec
 	overcommit   *prometheus.GaugeVec
 	busy         *prometheus.CounterVec
 	unattributed *prometheus.CounterVec
+
+	// telemetry reports (age seconds, stale) at scrape time, so that a
+	// stalled poll loop still shows as a growing age. Set by NewMonitor.
+	telemetry atomic.Pointer[func() (float64, bool)]
+}
+
+func (m *Metrics) telemetryNow() (float64, bool) {
+	if f := m.telemetry.Load(); f != nil {
+		return (*f)()
+	}
+	return 0, false
 }
 
 // NewMetrics registers the GPU series on reg:
@@ -32,7 +44,8 @@ type Metrics struct {
 //	sluice_gpu_power_watts{gpu}
 //	sluice_gpu_xid_errors_total{gpu,xid}
 //	sluice_gpu_telemetry_stale                     1 while the last good GPU sample is older than stale_after
-//	sluice_gpu_telemetry_age_seconds               age of the last good GPU sample
+//	sluice_gpu_telemetry_age_seconds               age of the last good GPU sample (computed when scraped,
+//	                                               so it grows even if the poll loop itself is stuck)
 //	sluice_replica_telemetry_stale{replica}        1 while the replica's last good scrape is older than stale_after
 //	sluice_replica_health_state{replica}           0 healthy, 1 degraded, 2 draining, 3 down
 //	sluice_replica_capacity_tokens{replica}        K_r (0 when draining or down)
@@ -47,15 +60,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
 	m := &Metrics{
-		gpuUtil:  gv("sluice_gpu_utilization_ratio", "GPU busy fraction (0-1) from the telemetry source.", "gpu"),
-		gpuMem:   gv("sluice_gpu_memory_used_bytes", "GPU memory in use.", "gpu"),
-		gpuTemp:  gv("sluice_gpu_temperature_celsius", "GPU core temperature.", "gpu"),
-		gpuPower: gv("sluice_gpu_power_watts", "GPU board power draw.", "gpu"),
-		gpuXID:   cv("sluice_gpu_xid_errors_total", "Critical XID events seen per GPU and code.", "gpu", "xid"),
-		stale: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_stale",
-			Help: "1 while the last good GPU telemetry sample is older than gpu.stale_after."}),
-		age: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_age_seconds",
-			Help: "Age of the last good GPU telemetry sample."}),
+		gpuUtil:      gv("sluice_gpu_utilization_ratio", "GPU busy fraction (0-1) from the telemetry source.", "gpu"),
+		gpuMem:       gv("sluice_gpu_memory_used_bytes", "GPU memory in use.", "gpu"),
+		gpuTemp:      gv("sluice_gpu_temperature_celsius", "GPU core temperature.", "gpu"),
+		gpuPower:     gv("sluice_gpu_power_watts", "GPU board power draw.", "gpu"),
+		gpuXID:       cv("sluice_gpu_xid_errors_total", "Critical XID events seen per GPU and code.", "gpu", "xid"),
 		repStale:     gv("sluice_replica_telemetry_stale", "1 while the replica's last good scrape is older than gpu.stale_after.", "replica"),
 		repState:     gv("sluice_replica_health_state", "Replica health: 0 healthy, 1 degraded, 2 draining, 3 down.", "replica"),
 		capacity:     gv("sluice_replica_capacity_tokens", "Replica token capacity K_r used by the dispatch gate.", "replica"),
@@ -63,6 +72,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		busy:         cv("sluice_replica_gpu_busy_seconds_total", "Busy GPU time (utilisation x GPUs x time) of the replica.", "replica"),
 		unattributed: cv("sluice_replica_gpu_unattributed_seconds_total", "Busy GPU time with no local running request.", "replica"),
 	}
+	m.stale = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_stale",
+		Help: "1 while the last good GPU telemetry sample is older than gpu.stale_after."},
+		func() float64 { _, st := m.telemetryNow(); return b2f(st) })
+	m.age = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_gpu_telemetry_age_seconds",
+		Help: "Age of the last good GPU telemetry sample, computed at scrape time."},
+		func() float64 { a, _ := m.telemetryNow(); return a })
 	if reg == nil {
 		return m, nil
 	}

@@ -148,7 +148,8 @@ type Monitor struct {
 	reps   []*replica          // immutable after New
 	byName map[string]*replica // immutable after New
 
-	snap atomic.Pointer[Snapshot]
+	snap       atomic.Pointer[Snapshot]
+	lastGoodNs atomic.Int64 // lastGoodAt as Unix ns, for the metrics' lock-free read
 
 	mu         sync.Mutex // guards the fields below and replica's guarded fields
 	last       Sample
@@ -181,6 +182,14 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 		lastGoodAt: now, prevByUUID: map[string]GPUStat{},
 	}
 	m.obsSrc, _ = deps.Source.(replicaObserver)
+	m.lastGoodNs.Store(now.UnixNano())
+	if m.met != nil {
+		f := func() (float64, bool) {
+			age := m.now().Sub(time.Unix(0, m.lastGoodNs.Load()))
+			return age.Seconds(), age > m.cfg.StaleAfter
+		}
+		m.met.telemetry.Store(&f)
+	}
 	for _, rc := range cfg.Replicas {
 		a, b := rc.GPUMsPerInputToken, rc.GPUMsPerOutputToken
 		if a == 0 {
@@ -237,6 +246,7 @@ func (m *Monitor) step(ctx context.Context) {
 			m.prevByUUID[g.UUID] = g
 		}
 		m.last, m.lastGoodAt = s, now
+		m.lastGoodNs.Store(now.UnixNano())
 	} else if ctx.Err() == nil && !m.pollFailed {
 		m.pollFailed = true
 		m.log.Warn("gpu telemetry poll failed", "err", err)
@@ -254,8 +264,6 @@ func (m *Monitor) step(ctx context.Context) {
 		m.evaluateLocked(r, now, fresh)
 	}
 	if m.met != nil {
-		m.met.age.Set(now.Sub(m.lastGoodAt).Seconds())
-		m.met.stale.Set(b2f(stale))
 		if fresh {
 			for _, g := range s.GPUs {
 				if g.Utilization >= 0 {

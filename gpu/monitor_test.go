@@ -276,6 +276,9 @@ func TestMonitorStaleTelemetryIsVisibleAndDegrades(t *testing.T) {
 	assert.True(t, mon.Snapshot().TelemetryStale)
 	assert.InDelta(t, 1.0, value(t, met.stale), 0)
 	assert.InDelta(t, 1.1, value(t, met.age), 1e-9)
+	clk.advance(5 * time.Second) // no poll at all: a stuck loop still shows
+	assert.InDelta(t, 6.1, value(t, met.age), 1e-9)
+	clk.advance(-5 * time.Second)
 	k, st, why := mon.Capacity("r0")
 	assert.Equal(t, int64(50), k)
 	assert.Equal(t, StateDegraded, st)
