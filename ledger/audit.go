@@ -138,6 +138,21 @@ func (rec *record) hasScope(s *scopeState) bool {
 	return false
 }
 
+// AuditTenant is [Memory.Audit] for one tenant (nil for an unknown tenant).
+func (m *Memory) AuditTenant(tenant ScopeKey) error {
+	t := m.tenant(tenant, false)
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	errs := m.auditLocked(t)
+	t.mu.Unlock()
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: audit: %w", ErrCorrupt, errors.Join(errs...))
+}
+
 // Dump renders everything the ledger stores for a tenant (hwm, policy
 // version, every scope's counters and every record) as deterministic text,
 // so tests can assert that a refused call changed nothing. Lease heap order is

@@ -501,7 +501,7 @@ type LimitUsage struct {
 type Usage struct {
 	Now           time.Time    // ledger time of the snapshot
 	Scope         Kind         // 0 when unknown
-	Reserved      Amounts      // r per dimension (in-flight holds)
+	Reserved      Amounts      // r per dimension (in-flight holds); the Slots entry is 0
 	SlotsInUse    int64        // n
 	Limits        []LimitUsage // the scope's limits as last seen by Reserve
 	PolicyVersion uint64       // the tenant's newest policy version

@@ -598,7 +598,7 @@ func (m *Memory) Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 		ttl = m.cfg.LeaseTTL
 	}
 	t := m.tenant(req.Ref.Tenant, true)
-	e := entry{op: opReserve, req: &req, ttl: ttl.Milliseconds()}
+	e := entry{op: opReserve, ref: req.Ref, req: &req, ttl: ttl.Milliseconds()}
 	t.mu.Lock()
 	e.time = t.now(m.clock().UnixMilli())
 	g, seq, err := m.reserveLocked(t, &e)
@@ -1407,7 +1407,6 @@ func (m *Memory) Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, e
 		return u, nil
 	}
 	u.Scope, u.Reserved, u.SlotsInUse = s.kind, s.r, s.n
-	u.Reserved[Slots] = s.n
 	u.Limits = make([]LimitUsage, 0, len(s.limits))
 	for _, l := range s.limits {
 		lu := LimitUsage{Limit: l}
