@@ -200,24 +200,6 @@ func TestStreamUsageShapes(t *testing.T) {
 	}
 }
 
-func TestStreamRoleChunkAndInterval(t *testing.T) {
-	cfg := fastConfig()
-	cfg.StreamInterval = 4
-	_, url := startReplica(t, cfg)
-	_, b := post(t, url+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"x"}],"max_tokens":10,"ignore_eos":true,"stream":true,"stream_options":{"continuous_usage_stats":true}}`)
-	ev := sseEvents(t, b)
-	first := decodeChunk(t, ev[0])
-	require.NotNil(t, first.Choices[0].Delta)
-	assert.Equal(t, "assistant", first.Choices[0].Delta.Role)
-	assert.Equal(t, 0, first.Usage.CompletionTokens)
-	var cum []int
-	for _, e := range ev[1 : len(ev)-2] {
-		cum = append(cum, decodeChunk(t, e).Usage.CompletionTokens)
-	}
-	// first token at once, then packs of 4, then the rest with the finish.
-	assert.Equal(t, []int{1, 5, 9, 10}, cum)
-}
-
 func TestErrors(t *testing.T) {
 	cfg := fastConfig()
 	cfg.MaxModelLen = 100

@@ -88,6 +88,7 @@ type engine struct {
 	freeBlocks int
 	nextOrder  uint64
 	stepRand   uint64 // per-step fault stream
+	wakeBuf    []*request
 	// waitingTokens is published for MaxNumQueuedTokens checks.
 	waitingTokens atomic.Int64
 }
@@ -385,9 +386,12 @@ func (e *engine) preempt(i int) {
 }
 
 // finishStep gives each running sequence its token, unless it was
-// cancelled during the step, and retires finished ones.
+// cancelled during the step, and retires finished ones. Counters are
+// updated before any handler is woken, so a response never runs ahead of
+// Stats.
 func (e *engine) finishStep(dur time.Duration, end time.Time) {
 	produced := 0
+	wake := e.wakeBuf[:0]
 	keep := e.running[:0]
 	for _, s := range e.running {
 		r := s.req
@@ -419,7 +423,9 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 		} else {
 			keep = append(keep, s)
 		}
-		r.wake()
+		if len(wake) == 0 || wake[len(wake)-1] != r {
+			wake = append(wake, r)
+		}
 	}
 	clear(e.running[len(keep):])
 	e.running = keep
@@ -428,6 +434,12 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 	e.st.steps.Add(1)
 	e.st.busy.Add(int64(dur))
 	e.m.util.add(end, dur)
+	e.publishGauges()
+	for _, r := range wake {
+		r.wake()
+	}
+	clear(wake)
+	e.wakeBuf = wake[:0]
 }
 
 func (e *engine) publishGauges() {

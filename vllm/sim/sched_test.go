@@ -130,3 +130,26 @@ func TestStepFaults(t *testing.T) {
 		})
 	})
 }
+
+func TestStreamRoleChunkAndInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.StreamInterval = 4
+		b := newBubble(t, cfg)
+		rec := b.do(t.Context(), "/v1/chat/completions",
+			`{"model":"sim-model","messages":[{"role":"user","content":"x"}],"max_tokens":10,"ignore_eos":true,"stream":true,"stream_options":{"continuous_usage_stats":true}}`, "si")
+		waitCompleted(b, 1)
+		ev := sseEvents(t, rec.body)
+		first := decodeChunk(t, ev[0])
+		require.NotNil(t, first.Choices[0].Delta)
+		assert.Equal(t, "assistant", first.Choices[0].Delta.Role)
+		assert.Equal(t, 0, first.Usage.CompletionTokens)
+		var cum []int
+		for _, e := range ev[1 : len(ev)-2] {
+			cum = append(cum, decodeChunk(t, e).Usage.CompletionTokens)
+		}
+		// first token at once, then packs of 4, then the rest with the finish.
+		assert.Equal(t, []int{1, 5, 9, 10}, cum)
+		b.stop()
+	})
+}
