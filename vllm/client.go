@@ -152,8 +152,10 @@ func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
 // been sent and must not be retried silently.
 func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*Stream, error) {
 	replica := baseURL
+	ctx, cancel := context.WithCancel(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("upstream %s: build request: %w: %w", replica, ErrNotSent, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -166,15 +168,20 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		cancel()
 		if !gotConn.Load() {
 			return nil, fmt.Errorf("upstream %s: %w: %w", replica, ErrNotSent, err)
 		}
 		return nil, fmt.Errorf("upstream %s: %w", replica, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, c.errorFrom(resp, replica)
+		err := c.errorFrom(resp, replica)
+		cancel()
+		return nil, err
 	}
-	return NewStream(resp.Body, replica, c.cfg.MaxEventBytes), nil
+	s := NewStream(resp.Body, replica, c.cfg.MaxEventBytes)
+	s.cancel = cancel
+	return s, nil
 }
 
 // errorFrom reads a non-200 response into an *UpstreamError and closes it.

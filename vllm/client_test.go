@@ -236,3 +236,31 @@ func TestConfigValidate(t *testing.T) {
 	assert.Contains(t, err.Error(), "upstream.dial_timeout must be >= 0")
 	require.NoError(t, Config{}.Validate())
 }
+
+func TestCloseAfterDoneDoesNotHangOnOpenBody(t *testing.T) {
+	t.Parallel()
+	sawClose := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never ends the response
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			close(sawClose)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	s, err := NewClient(Config{}).Stream(t.Context(), srv.URL, "/v1/completions", []byte(`{}`), "")
+	require.NoError(t, err)
+	ev, err := s.Next()
+	require.NoError(t, err)
+	require.True(t, ev.Done)
+	require.NoError(t, s.Close())
+	select {
+	case <-sawClose:
+	case <-time.After(10 * time.Second):
+		t.Fatal("connection left open after Close")
+	}
+}

@@ -238,3 +238,24 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, replica, kind string
 	t.Fatalf("series %s{replica=%q,kind=%q} not found", name, replica, kind)
 	return 0
 }
+
+func TestReplicaFresh(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	tests := []struct {
+		name string
+		r    Replica
+		want bool
+	}{
+		{"fresh", Replica{Up: true, ScrapedAt: now.Add(-2 * time.Second)}, true},
+		{"stale", Replica{Up: true, ScrapedAt: now.Add(-4 * time.Second)}, false},
+		{"down", Replica{Up: false, ScrapedAt: now}, false},
+		{"never scraped", Replica{Up: true}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			assert.Equal(t, tt.want, tt.r.Fresh(now, 3*time.Second))
+		})
+	}
+}

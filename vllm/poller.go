@@ -97,6 +97,12 @@ type Replica struct {
 	LastError string
 }
 
+// Fresh reports whether the replica is up and its metrics are at most maxAge
+// old at now. Use it before trusting Metrics for dispatch.
+func (r *Replica) Fresh(now time.Time, maxAge time.Duration) bool {
+	return r.Up && !r.ScrapedAt.IsZero() && now.Sub(r.ScrapedAt) <= maxAge
+}
+
 // Poller scrapes every replica's /metrics and /health on an interval and
 // publishes immutable snapshots. Snapshot and Get never lock and are safe
 // for concurrent use; Run must be called once.

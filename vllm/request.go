@@ -746,10 +746,20 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 	return p, nil
 }
 
-// rewriteKeys are the members Rewrite replaces.
-func (r *Request) rewriteKey(m member) bool {
+// RewriteOptions adjusts [Request.RewriteWith].
+type RewriteOptions struct {
+	// DropPriority removes the client's "priority" member, for replicas not
+	// started with --scheduling-policy priority (where a non-zero priority
+	// is an error).
+	DropPriority bool
+}
+
+// rewriteKey reports the members Rewrite replaces or drops.
+func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	b := r.body
 	switch {
+	case o.DropPriority && m.keyIs(b, "priority"):
+		return true
 	case m.keyIs(b, "stream"), m.keyIs(b, "stream_options"), m.keyIs(b, "max_tokens"):
 		return true
 	case r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
@@ -765,6 +775,11 @@ func (r *Request) rewriteKey(m member) bool {
 // and the cap in max_completion_tokens and max_tokens (chat) or max_tokens
 // (completions), appended before the closing brace.
 func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
+	return r.RewriteWith(dst, capTokens, RewriteOptions{})
+}
+
+// RewriteWith is Rewrite with options.
+func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byte {
 	b := r.body
 	start := skipSpace(b, 0)
 	first := true
@@ -773,7 +788,7 @@ func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
 	lastEnd := start + 1
 	dst = append(dst, b[:start+1]...)
 	_ = eachMember(b, start, func(m member) bool {
-		drop := r.rewriteKey(m)
+		drop := r.rewriteKey(m, o)
 		if !drop {
 			switch {
 			case first && prevEnd < 0:

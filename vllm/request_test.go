@@ -332,3 +332,12 @@ func TestWithExactInputCountMismatch(t *testing.T) {
 	assert.Equal(t, []int{3, 4}, r2.InputTokens)
 	assert.Equal(t, []int{5, 5}, r.InputTokens, "the original is unchanged")
 }
+
+func TestRewriteDropPriority(t *testing.T) {
+	t.Parallel()
+	r := mustParse(t, EndpointCompletions, `{"prompt":"x","priority":3,"seed":1}`)
+	got := r.RewriteWith(nil, 16, RewriteOptions{DropPriority: true})
+	assert.Equal(t, `{"prompt":"x","seed":1,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
+	got = r.Rewrite(nil, 16)
+	assert.Equal(t, `{"prompt":"x","priority":3,"seed":1,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
+}

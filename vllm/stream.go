@@ -3,9 +3,11 @@ package vllm
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // ChunkUsage is one chunk's "usage" object.
@@ -66,12 +68,13 @@ const maxChoices = 1 << 14
 
 // Stream reads an upstream SSE response. It is not safe for concurrent use;
 // one goroutine calls Next until it returns an error (io.EOF after [DONE]),
-// then Close. Cancelling the context the stream was opened with closes the
+// then Close, which must be called (it releases the request's context). Cancelling the context the stream was opened with closes the
 // upstream connection (vLLM's abort signal) and makes Next return the
 // context's error. Usage may be read after any Next.
 type Stream struct {
 	replica  string
 	body     io.ReadCloser
+	cancel   context.CancelFunc // ends the request's own context; nil for NewStream
 	br       *bufio.Reader
 	maxEvent int
 
@@ -412,17 +415,31 @@ func (s *Stream) Usage() Usage {
 // Done reports whether [DONE] arrived.
 func (s *Stream) Done() bool { return s.done }
 
-// Close releases the stream. After [DONE] the connection is drained and kept
-// for reuse; otherwise it is closed, which vLLM takes as an abort. Close is
-// idempotent.
+// drainTimeout bounds how long Close waits for the end of a response after
+// [DONE] before giving up on reusing the connection.
+const drainTimeout = 100 * time.Millisecond
+
+// Close releases the stream. After [DONE] the end of the response is read
+// (for at most 100ms) so that the connection can be reused; otherwise the
+// connection is closed, which vLLM takes as an abort. Close is idempotent.
 func (s *Stream) Close() error {
 	if s.body == nil {
 		return nil
 	}
 	if s.done {
+		var t *time.Timer
+		if s.cancel != nil {
+			t = time.AfterFunc(drainTimeout, s.cancel)
+		}
 		_, _ = io.CopyN(io.Discard, s.br, 4<<10)
+		if t != nil {
+			t.Stop()
+		}
 	}
 	err := s.body.Close()
+	if s.cancel != nil {
+		s.cancel()
+	}
 	s.body = nil
 	if s.err == nil {
 		s.err = errClosed
