@@ -76,7 +76,8 @@ type Config struct {
 	Model string
 	// MaxNumSeqs bounds the running batch (sequences). Default 64.
 	MaxNumSeqs int
-	// MaxModelLen bounds prompt + output tokens per sequence. Default 4096.
+	// MaxModelLen bounds prompt + output tokens per sequence. Default 4096,
+	// or the KV cache size (whole blocks) when that is smaller.
 	MaxModelLen int
 	// KVTokens is the KV cache size in tokens, rounded down to whole
 	// blocks. Must hold one MaxModelLen sequence. Default 65536.
@@ -150,14 +151,19 @@ func (c Config) withDefaults() Config {
 	if c.MaxNumSeqs == 0 {
 		c.MaxNumSeqs = d.MaxNumSeqs
 	}
-	if c.MaxModelLen == 0 {
-		c.MaxModelLen = d.MaxModelLen
-	}
 	if c.KVTokens == 0 {
 		c.KVTokens = d.KVTokens
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = d.BlockSize
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = d.MaxModelLen
+		if c.BlockSize > 0 && c.KVTokens > 0 {
+			// A small KV cache lowers the default, so that it still holds
+			// one whole sequence.
+			c.MaxModelLen = min(c.MaxModelLen, c.KVTokens/c.BlockSize*c.BlockSize)
+		}
 	}
 	if c.PrefillTPS == 0 {
 		c.PrefillTPS = d.PrefillTPS
