@@ -530,3 +530,20 @@ func TestAttributionMetricsSettle(t *testing.T) {
 	var nilA *AttributionMetrics
 	nilA.Settle("x", 1, 1) // a nil *AttributionMetrics records nothing
 }
+
+func TestMonitorHalvedKVGivesHalfCapacityAndDrainGivesZero(t *testing.T) {
+	t.Parallel()
+	mon, err := NewMonitor(Config{MaxOvercommit: 1, Replicas: []Replica{{Name: "r"}}}, Deps{})
+	require.NoError(t, err)
+	require.NoError(t, mon.ObserveReplica("r", ReplicaMetrics{OK: true, NumGPUBlocks: 4096, BlockSize: 16}))
+	k1, _, _ := mon.Capacity("r")
+	require.NoError(t, mon.ObserveReplica("r", ReplicaMetrics{OK: true, NumGPUBlocks: 2048, BlockSize: 16}))
+	k2, _, _ := mon.Capacity("r")
+	assert.Equal(t, int64(65536), k1)
+	assert.Equal(t, k1/2, k2, "half the KV, half the capacity")
+	require.NoError(t, mon.Drain("r", "test"))
+	k3, st, why := mon.Capacity("r")
+	assert.Equal(t, int64(0), k3)
+	assert.Equal(t, StateDraining, st)
+	assert.Equal(t, "operator drain: test", why)
+}
