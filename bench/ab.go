@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -32,12 +33,50 @@ type ABOptions struct {
 	IdleTimeout time.Duration
 	// SkipIdleWait skips polling /metrics (replicas without metrics).
 	SkipIdleWait bool
+	// ReplicaMaxNumSeqs is the replicas' --max-num-seqs, for the warning
+	// when A's peak in flight is far above it (A then measures vLLM's
+	// queue). 0: unknown, no check.
+	ReplicaMaxNumSeqs int
 }
 
 // ABResult holds every run and the B/A ratios over pairs.
 type ABResult struct {
-	A, B   []report.Doc
-	Ratios []report.Ratio
+	A, B     []report.Doc
+	Ratios   []report.Ratio
+	Warnings []string
+}
+
+// abWarnings compares A and B beyond the ratios: chunks per token over 10 %
+// apart (a hop buffers SSE) and A's peak in flight far above the replicas'
+// max-num-seqs.
+func abWarnings(r *ABResult, replicas, maxSeqs int) []string {
+	cpt := func(ds []report.Doc) float64 {
+		var c, n float64
+		for _, d := range ds {
+			x, _ := d.F("total_chunks")
+			y, _ := d.F("total_output_tokens")
+			c, n = c+x, n+y
+		}
+		if n == 0 {
+			return 0
+		}
+		return c / n
+	}
+	var w []string
+	a, b := cpt(r.A), cpt(r.B)
+	if a > 0 && b > 0 && math.Abs(b-a)/a > 0.1 {
+		w = append(w, fmt.Sprintf("chunks per token differ: A %.3f, B %.3f (a hop buffers or re-chunks SSE)", a, b))
+	}
+	if maxSeqs > 0 && replicas > 0 {
+		for i, d := range r.A {
+			peak, _ := d.F("max_concurrent_requests")
+			if peak/float64(replicas) > 1.5*float64(maxSeqs) {
+				w = append(w, fmt.Sprintf("A run %d: peak %.0f in flight over %d replicas is far above max-num-seqs %d: A measures vLLM's queue",
+					i, peak, replicas, maxSeqs))
+			}
+		}
+	}
+	return w
 }
 
 // AB runs the A/B comparison. Before each run it salts the prompts (same
@@ -114,8 +153,12 @@ func AB(ctx context.Context, o ABOptions) (*ABResult, error) {
 			}
 		}
 	}
+	out.Warnings = abWarnings(out, len(o.A), o.ReplicaMaxNumSeqs)
 	var rb strings.Builder
 	report.WriteRatios(&rb, out.A, out.B)
+	for _, w := range out.Warnings {
+		fmt.Fprintf(&rb, "WARNING: %s\n", w)
+	}
 	fmt.Fprintf(o.Stdout, "\n%s", rb.String())
 	pairs := make([][2]report.Doc, 0, len(out.A))
 	for i := range min(len(out.A), len(out.B)) {

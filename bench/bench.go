@@ -111,7 +111,9 @@ type Options struct {
 	Salt     uint64
 	// IDPrefix starts every X-Request-Id.
 	IDPrefix string
-	// Preconnect opens this many connections per target before t0.
+	// Preconnect opens this many connections per target before t0 with
+	// GET /v1/models, so the run starts on warm connections. Default 16;
+	// negative disables.
 	Preconnect int
 
 	// SimReplicas > 0 starts that many in-process simulated vLLM replicas
@@ -181,6 +183,9 @@ func (o *Options) defaults() {
 	}
 	if o.Label == "" {
 		o.Label = o.Backend
+	}
+	if o.Preconnect == 0 {
+		o.Preconnect = 16
 	}
 }
 

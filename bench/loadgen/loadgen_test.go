@@ -285,3 +285,23 @@ func TestDispatcherOpenLoop(t *testing.T) {
 		}
 	})
 }
+
+// TestProgressLine: the live line reports offered, sent, in flight, done
+// and the interval's TTFT percentiles, on fake time.
+func TestProgressLine(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeSSE{ttft: 50 * time.Millisecond, chunks: []string{c1}, t0: time.Now()}
+		var reqs []workload.Request
+		for i := range 5 {
+			reqs = append(reqs, workload.Request{At: time.Duration(i) * 20 * time.Millisecond})
+		}
+		var buf strings.Builder
+		_, err := Run(t.Context(), oneTenant("t", 0, reqs...), Config{Targets: []string{"http://fake"}, Model: "m",
+			Client: &http.Client{Transport: f}, Progress: &buf, ProgressEvery: 40 * time.Millisecond})
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		require.Len(t, lines, 3, "ticks at 40, 80 and 120 ms; the run ends at 130 ms")
+		assert.Contains(t, lines[2], "offered 5/5 sent 5 in flight 1 done 4 rejected 0 | TTFT p50 50 ms p99 50 ms")
+	})
+}

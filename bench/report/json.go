@@ -81,6 +81,7 @@ func SummaryFields(s *stats.Summary) Doc {
 		"late":                    s.Late,
 		"total_input_tokens":      s.TotalInputTokens,
 		"total_output_tokens":     s.TotalOutputTokens,
+		"total_chunks":            s.TotalChunks,
 		"request_throughput":      s.RequestThroughput,
 		"request_goodput":         s.RequestGoodput,
 		"output_throughput":       s.OutputThroughput,

@@ -45,6 +45,7 @@ type Summary struct {
 	Late                  int
 	TotalInputTokens      int
 	TotalOutputTokens     int
+	TotalChunks           int // content events of completed requests
 	RequestThroughput     float64
 	RequestGoodput        float64
 	OutputThroughput      float64
@@ -196,6 +197,7 @@ func Summarize(plans []workload.Plan, recs []*loadgen.Record, duration float64, 
 		}
 		s.TotalInputTokens += r.InTokens
 		s.TotalOutputTokens += r.OutTokens
+		s.TotalChunks += r.Chunks
 		ttft = append(ttft, ms(r.TTFT()))
 		e2el = append(e2el, ms(r.E2EL()))
 		sumE2EL += r.E2EL().Seconds()

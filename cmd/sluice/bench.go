@@ -78,7 +78,7 @@ func newBenchFlags(name string) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&o.Baseline, "baseline", "", "saved result without the aggressor (isolation)")
 	fs.Var(&b.exc, "exclude-tenant", "leave this tenant out (repeat or comma-separate)")
 	fs.StringVar(&o.IDPrefix, "request-id-prefix", "bench-", "X-Request-Id prefix")
-	fs.IntVar(&o.Preconnect, "preconnect", 0, "connections to open per target before t0")
+	fs.IntVar(&o.Preconnect, "preconnect", 16, "connections to open per target before t0 (negative: none)")
 	fs.IntVar(&o.SimReplicas, "sim-replicas", 0, "start N in-process simulated vLLM replicas and target them")
 	fs.IntVar(&b.simSeqs, "sim-max-num-seqs", 0, "simulator max-num-seqs (default 64)")
 	fs.IntVar(&b.simKV, "sim-kv-tokens", 0, "simulator KV tokens (default 65536)")
@@ -178,6 +178,7 @@ func runBench(ctx context.Context, e env, args []string) error {
 		fs.DurationVar(&ab.Settle, "settle", 30*time.Second, "wait after the replicas are idle")
 		fs.DurationVar(&ab.IdleTimeout, "idle-timeout", 5*time.Minute, "bound on waiting for idle replicas")
 		fs.BoolVar(&ab.SkipIdleWait, "skip-idle-wait", false, "do not poll the replicas' /metrics")
+		fs.IntVar(&ab.ReplicaMaxNumSeqs, "max-num-seqs", 0, "the replicas' max-num-seqs (warns when A queues inside vLLM)")
 		if err := parseFlags(fs, rest, 0); err != nil {
 			return err
 		}
