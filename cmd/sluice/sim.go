@@ -28,6 +28,7 @@ func runSim(ctx context.Context, e env, args []string) error {
 	fs.Float64Var(&cfg.PrefillTPS, "prefill-tps", d.PrefillTPS, "prefill speed, prompt tokens per second")
 	fs.DurationVar(&cfg.DecodeStep, "decode-step", d.DecodeStep, "base step duration")
 	fs.DurationVar(&cfg.DecodeStepPerSeq, "decode-step-per-seq", d.DecodeStepPerSeq, "step duration added per decoding sequence")
+	fs.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget per step, chunked prefill (0: none)")
 	fs.IntVar(&cfg.StreamInterval, "stream-interval", d.StreamInterval, "tokens per streamed chunk")
 	fs.IntVar(&cfg.OutputLenMax, "output-len-max", d.OutputLenMax, "upper bound of natural (EOS) output lengths")
 	fs.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority")

@@ -91,6 +91,12 @@ type Config struct {
 	DecodeStep time.Duration
 	// DecodeStepPerSeq is added to a step per decoding sequence. Default 0.
 	DecodeStepPerSeq time.Duration
+	// MaxNumBatchedTokens is the token budget of a step (vLLM's
+	// --max-num-batched-tokens with chunked prefill): each decoding sequence
+	// takes one token, prompts are prefilled in chunks of what remains, and
+	// a sequence's first token comes at the end of the step that completes
+	// its prefill. 0 (default): no budget, a prompt is prefilled in one step.
+	MaxNumBatchedTokens int
 	// StreamInterval packs up to this many tokens per streamed chunk
 	// (vLLM's --stream-interval); the first token and the last are always
 	// sent at once. Default 1.
@@ -231,6 +237,9 @@ func (c Config) Validate() error {
 	}
 	if c.DecodeStepPerSeq < 0 {
 		bad("decode_step_per_seq must be >= 0, got %s", c.DecodeStepPerSeq)
+	}
+	if c.MaxNumBatchedTokens < 0 || (c.MaxNumBatchedTokens > 0 && c.MaxNumBatchedTokens < c.MaxNumSeqs) {
+		bad("max_num_batched_tokens must be 0 (no budget) or >= max_num_seqs (%d), got %d", c.MaxNumSeqs, c.MaxNumBatchedTokens)
 	}
 	if c.StreamInterval < 0 {
 		bad("stream_interval must be > 0, got %d", c.StreamInterval)

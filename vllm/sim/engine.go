@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -32,6 +33,8 @@ type seq struct {
 	gen       int  // tokens generated
 	blocks    int  // KV blocks held
 	prefilled bool // has produced its first token since (re)admission
+	computed  int  // prompt (+ recomputed) tokens prefilled since admission
+	chunk     int  // tokens prefilled in the current step
 	started   bool // has produced a token at all
 
 	// Published to the handler: out is stored before state.
@@ -313,7 +316,13 @@ func (e *engine) failAll() {
 // schedule makes room for the running sequences' next token, preempting
 // when KV is short, then admits waiting sequences. It returns the prompt
 // tokens to prefill and the number of decoding sequences in this step.
+// With MaxNumBatchedTokens, decodes take one token of the step's budget
+// each and prefills are chunked into what remains (chunked prefill).
 func (e *engine) schedule() (prefill, decoding int) {
+	budget := e.cfg.MaxNumBatchedTokens
+	if budget == 0 {
+		budget = math.MaxInt
+	}
 	preempted := false
 	for len(e.running) > 0 {
 		need := 0
@@ -330,13 +339,20 @@ func (e *engine) schedule() (prefill, decoding int) {
 		nb := e.blocksFor(s.prompt + s.gen + 1)
 		e.freeBlocks -= nb - s.blocks
 		s.blocks = nb
-		decoding++
+		if s.prefilled {
+			decoding++
+			budget--
+		}
 	}
-	if preempted {
-		// As vLLM: no new admissions in a step that had to preempt.
-		return 0, decoding
+	for _, s := range e.running {
+		if !s.prefilled {
+			s.chunk = max(0, min(s.prompt+s.gen-s.computed, budget))
+			budget -= s.chunk
+			prefill += s.chunk
+		}
 	}
-	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+	for !preempted && budget > 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		// As vLLM, no new admissions in a step that had to preempt.
 		s := e.waiting[0]
 		nb := e.blocksFor(s.prompt + s.gen + 1)
 		if nb > e.freeBlocks {
@@ -347,15 +363,18 @@ func (e *engine) schedule() (prefill, decoding int) {
 		e.freeBlocks -= nb
 		s.blocks = nb
 		s.prefilled = false
+		s.computed = 0
+		s.chunk = min(s.prompt+s.gen, budget)
+		budget -= s.chunk
+		prefill += s.chunk
 		e.running = append(e.running, s)
-		prefill += s.prompt + s.gen
-		e.m.promptTokens.Add(float64(s.prompt + s.gen))
-		e.m.prefixQueries.Add(float64(s.prompt + s.gen))
-		e.st.promptTokens.Add(int64(s.prompt + s.gen))
 	}
 	if len(e.waiting) == 0 {
 		e.waiting = nil // let the backing array go
 	}
+	e.m.promptTokens.Add(float64(prefill))
+	e.m.prefixQueries.Add(float64(prefill))
+	e.st.promptTokens.Add(int64(prefill))
 	return prefill, decoding
 }
 
@@ -380,6 +399,7 @@ func (e *engine) preempt(i int) {
 	e.freeBlocks += s.blocks
 	s.blocks = 0
 	s.prefilled = false
+	s.computed, s.chunk = 0, 0
 	e.enqueue(s, true)
 	e.m.preemptions.Inc()
 	e.st.preemptions.Add(1)
@@ -398,6 +418,14 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 		if r.cancel.Load() {
 			e.abortSeq(s)
 			continue
+		}
+		if !s.prefilled {
+			s.computed += s.chunk
+			s.chunk = 0
+			if s.computed < s.prompt+s.gen {
+				keep = append(keep, s) // prefill continues next step
+				continue
+			}
 		}
 		s.gen++
 		produced++

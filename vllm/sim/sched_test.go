@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -150,6 +151,48 @@ func TestStreamRoleChunkAndInterval(t *testing.T) {
 		}
 		// first token at once, then packs of 4, then the rest with the finish.
 		assert.Equal(t, []int{1, 5, 9, 10}, cum)
+		b.stop()
+	})
+}
+
+func TestChunkedPrefill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.PrefillTPS = 10000
+		cfg.DecodeStep = 10 * time.Millisecond
+		cfg.DecodeStepPerSeq = time.Millisecond
+		cfg.MaxNumBatchedTokens = 256
+		b := newIdleBubble(t, cfg)
+		start := time.Now()
+		long := b.do(t.Context(), "/v1/completions",
+			`{"model":"sim-model","prompt":`+tokenIDPrompt(1000)+`,"max_tokens":3,"ignore_eos":true,"stream":true}`, "long")
+		synctest.Wait()
+		b.start()
+		waitCompleted(b, 1)
+		ev := tokenEvents(t, long)
+		require.Len(t, ev, 3)
+		// chunks of 256, 256, 256, 232: four steps of 10ms plus 1000/10000 s.
+		assert.Equal(t, 140*time.Millisecond, ev[0].Sub(start))
+		assert.Equal(t, int64(1000), b.r.Stats().PromptTokens)
+
+		// A decode shares the budget: one token for it, 255 for the prompt.
+		ctx, cancel := context.WithCancel(t.Context())
+		dec := b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":"a","max_tokens":50,"ignore_eos":true,"stream":true}`, "dec")
+		time.Sleep(20 * time.Millisecond)
+		synctest.Wait()
+		n0 := len(tokenEvents(t, dec))
+		gen0 := b.r.Stats().GenerationTokens
+		aborted := b.do(ctx, "/v1/completions",
+			`{"model":"sim-model","prompt":`+tokenIDPrompt(2000)+`,"max_tokens":3,"ignore_eos":true,"stream":true}`, "ab")
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		cancel() // during a chunk step of the long prefill
+		time.Sleep(60 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, int64(1), b.r.Stats().Aborted, "dropped at the end of the chunk step")
+		assert.Empty(t, tokenEvents(t, aborted))
+		assert.Greater(t, len(tokenEvents(t, dec)), n0, "decodes go on during a chunked prefill")
+		assert.Greater(t, b.r.Stats().GenerationTokens, gen0)
 		b.stop()
 	})
 }
