@@ -517,8 +517,11 @@ func (s *Server) finish(c *call, err error) {
 	c.settled = true
 	now := s.now()
 	if c.stream != nil {
-		c.usage = c.stream.Usage()
+		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
 		_ = c.stream.Close()
+	} else if c.sent {
+		// Sent, but no stream: prefill may have run.
+		c.usage = vllm.Usage{PromptTokens: c.plan.InputTokens}
 	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
@@ -535,10 +538,11 @@ func (s *Server) finish(c *call, err error) {
 	if c.abortCause != "" {
 		s.m.UpstreamAborts.WithLabelValues(c.rep.name, c.abortCause).Inc()
 	}
-	var gpuMs int64
+	var gpuNs int64
 	if c.rep.clock != nil {
-		gpuMs = gpu.GPUMs(c.rep.clock.End(now, c.ticket))
+		gpuNs = c.rep.clock.End(now, c.ticket)
 	}
+	gpuMs := gpu.GPUMs(gpuNs)
 	actual, src := s.actual(c, gpuMs)
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
@@ -547,7 +551,7 @@ func (s *Server) finish(c *call, err error) {
 	c.t.rt.inflight.Add(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
 	s.m.Inflight.WithLabelValues(c.t.name).Dec()
-	s.attr.Settle(c.t.name, gpuMs, max(0, gpuMs-c.held[ledger.GPUMs]))
+	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}
@@ -556,30 +560,24 @@ func (s *Server) finish(c *call, err error) {
 	s.signal(s.wake)
 }
 
-// actual derives the amounts to settle from the usage vLLM reported.
-// Aborted streams carry the last cumulative usage plus an allowance of one
-// token per choice for what was generated after the last chunk read (never
-// more than the hold); with no usage at all, the prompt is charged when the
-// request may have reached the replica (prefill may have run).
+// abortAllowance is the tokens per unfinished choice charged for what vLLM
+// may have generated between the last chunk read and the abort: one stream
+// interval at vLLM's default --stream-interval of 1 (VLLM.md, left to the
+// implementer).
+const abortAllowance = 1
+
+// actual derives the amounts to settle from the usage vLLM reported (or the
+// stream's early-end estimate, see vllm.Stream.Settle).
 func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
 	if !c.sent {
 		return a, ledger.SourceNotSent
 	}
-	u := c.usage
 	src := ledger.SourceFinal
-	in := int64(u.PromptTokens)
-	out := int64(u.CompletionTokens)
-	switch {
-	case u.Final:
-	case u.Known:
+	if !c.usage.Final {
 		src = ledger.SourcePartial
-		out = min(out+int64(c.plan.Choices), c.held[ledger.OutputTokens])
-	default:
-		src = ledger.SourcePartial
-		in = c.held[ledger.InputTokens]
-		out = 0
 	}
+	in, out := int64(c.usage.PromptTokens), int64(c.usage.CompletionTokens)
 	a[ledger.Requests] = 1
 	a[ledger.InputTokens] = in
 	a[ledger.OutputTokens] = out

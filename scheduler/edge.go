@@ -57,6 +57,7 @@ func (e *Edge) HTTPServer() *fasthttp.Server {
 
 // fasthttpError answers errors fasthttp hits before the handler runs.
 func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
+	rc.Response.Header.Set("X-Request-Id", requestID(rc))
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		e.writeError(rc, "", fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, ErrTooLarge))
 		rc.SetConnectionClose()
@@ -69,6 +70,7 @@ func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
 // Handle routes client API requests.
 func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
+	rc.Response.Header.Set("X-Request-Id", requestID(rc))
 	switch {
 	case path == "/healthz":
 		rc.SetContentType("text/plain")
@@ -166,8 +168,7 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (ad
 // generate serves one chat or completions request end to end.
 func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
 	s := e.s
-	reqID := requestID(rc)
-	rc.Response.Header.Set("X-Request-Id", reqID)
+	reqID := string(rc.Response.Header.Peek("X-Request-Id"))
 	if s.draining.Load() {
 		e.reject(rc, "", ErrDraining)
 		return

@@ -63,7 +63,10 @@ func nodeConfig(t *testing.T, reps []*simReplica, acmeExtra, extraTop string) *c
 	for i, r := range reps {
 		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", i, r.url)
 	}
-	b.WriteString("gpu: {telemetry: off}\nserver: {drain_timeout: 5s}\n")
+	b.WriteString("gpu: {telemetry: off}\n")
+	if !strings.Contains(extraTop, "server:") {
+		b.WriteString("server: {drain_timeout: 5s}\n")
+	}
 	b.WriteString(extraTop)
 	fmt.Fprintf(&b, "tenants:\n  - name: acme\n    api_keys: [%q]\n%s", config.HashKey(keyAcme), acmeExtra)
 	fmt.Fprintf(&b, "  - name: beta\n    api_keys: [%q]\n", config.HashKey(keyBeta))
