@@ -638,9 +638,11 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	// zero counters.
 	var denied *DeniedError
 	var slotDenied *DeniedError
+	var ss [MaxScopes]*scopeState // looked up once
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
 		s := t.scopes[sc.Key]
+		ss[i] = s
 		if s != nil {
 			if err := checkScope(s); err != nil {
 				return Grant{}, 0, m.corrupt(t, req.Ref, err)
@@ -686,7 +688,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 		return Grant{}, 0, slotDenied
 	}
 	for i := range req.Scopes {
-		if s := t.scopes[req.Scopes[i].Key]; s != nil {
+		if s := ss[i]; s != nil {
 			for d := Dim(0); d < Slots; d++ {
 				if s.r[d]+req.Held[d] > MaxCounter {
 					return Grant{}, 0, m.corrupt(t, req.Ref, fmt.Errorf("reserved %s would pass 2^53-1", d))
@@ -707,10 +709,11 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	rec.held[Slots] = 0
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
-		s := t.scopes[sc.Key]
+		s := ss[i]
 		if s == nil {
 			s = &scopeState{kind: sc.Kind}
 			t.scopes[sc.Key] = s
+			ss[i] = s
 		}
 		if !limitsEqual(s.limits, sc.Limits) {
 			s.limits = append(s.limits[:0:0], sc.Limits...)
@@ -748,7 +751,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	heap.Push(&t.leases, rec)
 	m.purge(t, now, inlinePurge)
 	g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC()}
-	m.headroom(t, req, now, &g)
+	m.headroomOf(&ss, req, now, &g)
 	return g, seq, nil
 }
 
@@ -766,9 +769,18 @@ func limitsEqual(a, b []Limit) bool {
 
 // headroom fills g.Headroom and g.Warnings from the current counters.
 func (m *Memory) headroom(t *tenantState, req *ReserveRequest, now int64, g *Grant) {
+	var ss [MaxScopes]*scopeState
+	for i := range req.Scopes {
+		ss[i] = t.scopes[req.Scopes[i].Key]
+	}
+	m.headroomOf(&ss, req, now, g)
+}
+
+// headroomOf is headroom with the request's scope states already looked up.
+func (m *Memory) headroomOf(ss *[MaxScopes]*scopeState, req *ReserveRequest, now int64, g *Grant) {
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
-		s := t.scopes[sc.Key]
+		s := ss[i]
 		for _, l := range sc.Limits {
 			var used int64
 			var resets time.Time
