@@ -9,11 +9,31 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/sluicehq/sluice/bench/loadgen"
 )
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
 
 func color(i int) string { return palette[i%len(palette)] }
+
+// outcomeColors give each outcome a hue; reasons within it get shades.
+var outcomeColors = map[string][]string{
+	"success":          {"#2ca02c"},
+	"late":             {"#bcbd22"},
+	"rejected":         {"#d62728", "#ff7f7f", "#a00000", "#ff4040"},
+	"expired":          {"#9467bd", "#c5b0d5"},
+	"client_timeout":   {"#17becf", "#9edae5"},
+	"error":            {"#7f7f7f", "#444444", "#b0b0b0", "#000000"},
+	"cancelled_at_end": {"#8c564b"},
+}
+
+func outcomeColor(outcome string, n int) string {
+	if cs, ok := outcomeColors[outcome]; ok {
+		return cs[n%len(cs)]
+	}
+	return color(n)
+}
 
 const (
 	svgW, svgH          = 760, 260
@@ -46,13 +66,17 @@ func (b *svgBuf) axes(xmax, ymax float64, xlabel, ylabel string) {
 }
 
 func (b *svgBuf) legend(i int, name string, dashed bool) {
+	b.legendColor(i, name, color(i), dashed)
+}
+
+func (b *svgBuf) legendColor(i int, name, col string, dashed bool) {
 	y := padT + 14*i
 	dash := ""
 	if dashed {
 		dash = ` stroke-dasharray="4 3"`
 	}
 	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/><text x="%d" y="%d" font-size="11">%s</text>`,
-		padL+plotW+10, y, padL+plotW+28, y, color(i), dash, padL+plotW+32, y+4, html.EscapeString(name))
+		padL+plotW+10, y, padL+plotW+28, y, col, dash, padL+plotW+32, y+4, html.EscapeString(name))
 }
 
 func tick(v float64) string {
@@ -197,8 +221,9 @@ func OutcomeChart(d Doc) string {
 	var b svgBuf
 	b.open("Outcomes per tenant", h)
 	ts := d.M("tenants")
-	keys := map[string]int{}
+	keys := map[string]string{} // key → colour
 	var order []string
+	perOutcome := map[string]int{}
 	maxN := 1.0
 	type seg struct {
 		key string
@@ -209,7 +234,7 @@ func OutcomeChart(d Doc) string {
 		t := Doc(asMap(ts[n]))
 		o := t.M("outcomes")
 		sum := 0.0
-		for _, oc := range sortedKeys(o) {
+		for _, oc := range outcomeOrder(o) {
 			rs := asMap(o[oc])
 			for _, r := range sortedKeys(rs) {
 				c, _ := rs[r].(float64)
@@ -221,7 +246,8 @@ func OutcomeChart(d Doc) string {
 					k += "/" + r
 				}
 				if _, ok := keys[k]; !ok {
-					keys[k] = len(order)
+					keys[k] = outcomeColor(oc, perOutcome[oc])
+					perOutcome[oc]++
 					order = append(order, k)
 				}
 				bars[i] = append(bars[i], seg{k, c})
@@ -237,15 +263,26 @@ func OutcomeChart(d Doc) string {
 		for _, s := range bars[i] {
 			w := float64(plotW) * s.n / maxN
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s %s: %g</title></rect>`,
-				x, y, w, outcomeBarH, color(keys[s.key]), html.EscapeString(n), html.EscapeString(s.key), s.n)
+				x, y, w, outcomeBarH, keys[s.key], html.EscapeString(n), html.EscapeString(s.key), s.n)
 			x += w
 		}
 	}
 	for i, k := range order {
-		b.legend(i, k, false)
+		b.legendColor(i, k, keys[k], false)
 	}
 	b.WriteString("</svg>")
 	return b.String()
+}
+
+// outcomeOrder lists the outcomes present in report order (success first).
+func outcomeOrder(o Doc) []string {
+	var out []string
+	for _, name := range loadgen.Outcomes {
+		if _, ok := o[string(name)]; ok {
+			out = append(out, string(name))
+		}
+	}
+	return out
 }
 
 func asMap(v any) map[string]any {

@@ -65,7 +65,7 @@ func WriteText(w io.Writer, d Doc, metrics []string) {
 	line(w, "Request goodput (req/s):", f(d, "request_goodput"))
 	line(w, "Output token throughput (tok/s):", f(d, "output_throughput"))
 	line(w, "Peak output token throughput (tok/s):", f(d, "max_output_tokens_per_s"))
-	line(w, "Peak concurrent requests:", f(d, "max_concurrent_requests"))
+	line(w, "Peak concurrent requests:", int(f(d, "max_concurrent_requests")))
 	line(w, "Total Token throughput (tok/s):", f(d, "total_token_throughput"))
 	titles := map[string][2]string{
 		"ttft": {"Time to First Token", "TTFT"},
