@@ -386,3 +386,15 @@ func TestFaults(t *testing.T) {
 		assert.Equal(t, 503, resp.StatusCode, "%s", b)
 	})
 }
+
+func TestStartupDelay(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Faults.StartupDelay = 100 * time.Millisecond
+	start := time.Now()
+	_, url := startReplica(t, cfg)
+	h, err := http.Get(url + "/health")
+	require.NoError(t, err)
+	h.Body.Close()
+	assert.Equal(t, http.StatusOK, h.StatusCode)
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "served only after the delay")
+}

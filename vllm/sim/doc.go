@@ -47,6 +47,30 @@
 // faults (spikes, stalls) come from the engine's own seeded stream. Timings
 // are exact only under a fake clock (testing/synctest, or Config.Clock).
 //
+// # Usage
+//
+// In a test, a replica on a loopback port takes three lines:
+//
+//	r, err := sim.New(sim.DefaultConfig())
+//	ln, err := net.Listen("tcp", "127.0.0.1:0")
+//	go func() { done <- r.Serve(ctx, ln) }() // returns nil once ctx ends
+//
+// then [Replica.Stats] reads its counters (requests received, running,
+// waiting, aborted, tokens, preemptions, busy time). Inside a
+// testing/synctest bubble, call [Replica.Run] and drive [Replica.Handler]
+// directly (a goroutine blocked on a real socket is not durably blocked).
+//
+// # Design rationale
+//
+// Each replica owns a Prometheus registry instead of taking a Registerer:
+// its /metrics must show exactly what one vLLM server shows, and several
+// replicas in one process would collide on names and labels in a shared
+// one. [Replica.Gatherer] exposes it.
+//
+// The engine keeps steps on absolute deadlines (a step starts when the
+// previous one was due to end, up to 50ms behind), so the engine's own
+// work and goroutine wake-up delays do not stretch simulated GPU time.
+//
 // # Concurrency
 //
 // A Replica is safe for concurrent use. The engine goroutine owns the batch;
