@@ -31,6 +31,39 @@
 // DISPATCHED → SETTLED without a slot. Terminal records stay as tombstones for
 // TombstoneRetention.
 //
+// # Decisions the conformance suite pins (both backends)
+//
+// LEDGER.md leaves these open; ledgertest's model enforces them:
+//   - Operations act on the record's state, not on the clock: a lease past
+//     its expiry that Reclaim has not processed yet is still live, so Extend,
+//     MarkDispatched and Settle on it succeed (Reclaim may lag, never acts
+//     early, and rechecks due-ness, so a racing Extend wins or loses whole).
+//   - One Reclaim call moves a due DISPATCHED record to UNRESOLVED and, if
+//     its first admission window has already closed, on to CHARGED.
+//   - The first admission window of a record is the earliest-closing window
+//     over every windowed limit (block or warn) of its scopes; a record with
+//     no windowed limit is never charged automatically.
+//   - Settle on a RESERVED record (never dispatched) is SETTLED: hold freed,
+//     actual charged, no slot touched.
+//   - Release: RESERVED by its owner frees the hold; another owner is
+//     ErrLeaseLost; RELEASED, EXPIRED or SETTLED_LATE is a no-op (nil);
+//     DISPATCHED, UNRESOLVED, SETTLED or CHARGED is ErrDispatched; an unknown
+//     id writes a RELEASED tombstone without scopes.
+//   - MarkDispatched: the owner's replay on DISPATCHED is nil; another owner,
+//     EXPIRED or UNRESOLVED is ErrLeaseLost; other terminal states
+//     ErrAlreadyFinal. Warn-mode slot limits count n but never deny.
+//   - Resolve on RESERVED or DISPATCHED is ErrConflict; on CHARGED it is
+//     Replayed; on other terminal states ErrAlreadyFinal.
+//   - Reserve checks the id first (replay, ErrConflict, ErrAlreadyFinal), then
+//     the policy version, then admission. A denial names the failing budget
+//     limit that resets last (ties: the first in request order); slots only
+//     when no budget limit fails. Headroom picks the smallest remaining per
+//     dimension (ties: the later reset). Warnings list warn-mode limits with
+//     c + r > max after the grant, in request order.
+//   - Counters c exist per (scope, dim, window) from the first applied
+//     Reserve that names the limit; a charge reaches every such counter of the
+//     record's scopes whose current window is the admission window.
+//
 // # Invariants
 //
 // I1 admission safety, I2 all-or-nothing, I3 idempotency by request id, I4
