@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -91,10 +90,12 @@ func statusFor(err error) *apiError {
 			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
 	case errors.As(err, &denied):
 		return deniedError(denied)
-	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline), errors.Is(err, context.DeadlineExceeded):
-		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
-	case errors.Is(err, ledger.ErrUnavailable), errors.Is(err, ledger.ErrAmbiguous), errors.Is(err, ledger.ErrRecovering):
+	case ledger.IsStoreError(err):
+		// Before the deadline case: a store timeout is an unknown ledger
+		// outcome, not the client's deadline.
 		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
+	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
+		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
 		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),

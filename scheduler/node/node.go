@@ -77,8 +77,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) error {
 		targets = append(targets, vllm.Target{Name: r.Name, URL: r.URL})
 		gpuReps = append(gpuReps, gpu.Replica{Name: r.Name, GPUs: r.GPUs, CapacityTokens: r.CapacityTokens})
 	}
+	// A scrape may take longer than the interval on a loaded node; only a
+	// replica that stays silent for a second is a failed poll.
 	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
-		DownAfter: cfg.Upstream.DownAfter}, client, reg)
+		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter}, client, reg)
 	if err != nil {
 		return err
 	}

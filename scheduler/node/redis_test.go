@@ -62,5 +62,5 @@ func (r *redisServer) stop() {
 }
 
 func redisTop(r *redisServer) string {
-	return fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%q], store_timeout: 200ms}}\n", r.addr)
+	return fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%q], store_timeout: 1s}}\n", r.addr)
 }
