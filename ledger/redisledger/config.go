@@ -116,6 +116,7 @@ func (c *Config) Validate() error {
 type metrics struct {
 	storeErrors *prometheus.CounterVec // by class: unavailable, ambiguous, recovering
 	corrupt     prometheus.Counter
+	orphans     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -128,9 +129,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_ledger_corrupt_total",
 			Help: "Ledger operations refused because stored state violates an invariant (alert).",
 		}),
+		orphans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_ledger_orphan_settles_total",
+			Help: "Settles that found no record (never reserved, or its tombstone aged out).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt} {
+		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt, m.orphans} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register redis ledger metrics: %w", err)
 			}

@@ -216,7 +216,7 @@ func TestT10StorePaused(t *testing.T) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
 	ctx := context.Background()
-	l := newLedger(t, srv.Addr(), nil)
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.StoreTimeout = 250 * time.Millisecond })
 	sc := tenantScope("t10", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000})
 	owner := ledger.NewOwner()
 	warm := reserveReq([]ledger.Scope{sc}, held(1), owner)

@@ -36,6 +36,12 @@ type Ledger struct {
 
 	mu    sync.Mutex                     // guards specs
 	specs map[ledger.RequestID]specEntry // scope spec of records reserved here
+
+	orphans atomic.Int64 // Settles that found no record
+
+	// floor, when set (tests only, see export_test.go), pins ledger time:
+	// scripts use max(TIME, hwm, floor).
+	floor func() int64
 }
 
 type specEntry struct {
@@ -176,6 +182,11 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	defer cancel()
+	var fl int64
+	if l.floor != nil {
+		fl = l.floor()
+	}
+	args = append(args, fl)
 	var cmd *redis.Cmd
 	if ro {
 		cmd = s.RunRO(ctx, l.c, keys, args...)
@@ -389,8 +400,10 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 			return ledger.Grant{}, l.corrupt("replay reply")
 		}
 		l.cacheSpec(req.Ref.ID, spec)
-		return ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
-			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}, nil
+		g := ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
+			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}
+		decodeRoom(&g, req.Scopes, r, 6)
+		return g, nil
 	case "DENIED":
 		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
 	}
@@ -428,7 +441,13 @@ func (l *Ledger) grantFrom(req ledger.ReserveRequest, r reply) (ledger.Grant, er
 	if req.Dispatch {
 		g.State = ledger.Dispatched
 	}
-	i := 4
+	decodeRoom(&g, req.Scopes, r, 4)
+	return g, nil
+}
+
+// decodeRoom decodes append_room's layout starting at r[i].
+func decodeRoom(g *ledger.Grant, scopes []ledger.Scope, r reply, i int) {
+	req := struct{ Scopes []ledger.Scope }{scopes}
 	for d := range ledger.NumDims {
 		tr, _ := r.int(i)
 		mx, _ := r.int(i + 1)
@@ -463,7 +482,6 @@ func (l *Ledger) grantFrom(req ledger.ReserveRequest, r reply) (ledger.Grant, er
 		}
 		g.Warnings = append(g.Warnings, wr)
 	}
-	return g, nil
 }
 
 // denied decodes a DENIED reply: scope index, dim, W, max, committed,
@@ -598,6 +616,8 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		return ledger.Settlement{}, ledger.ErrAlreadyFinal
 	case "NOTFOUND":
 		l.forgetSpec(ref.ID)
+		l.orphans.Add(1)
+		l.m.orphans.Inc()
 	}
 	if err := l.statusErr(r); err != nil {
 		return ledger.Settlement{}, err
@@ -608,7 +628,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 func settlementOf(st, prev ledger.State, held, actual ledger.Amounts, replayed bool) ledger.Settlement {
 	s := ledger.Settlement{State: st, Charged: actual, Replayed: replayed}
 	s.Late = prev == ledger.Unresolved || prev == ledger.Released || prev == ledger.Expired
-	if st == ledger.Settled {
+	if st == ledger.Settled || st == ledger.SettledLate {
 		for d := range actual {
 			if x := actual[d] - held[d]; x > 0 && ledger.Dim(d) != ledger.Slots {
 				s.Overrun[d] = x
@@ -817,10 +837,18 @@ func (l *Ledger) Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (l
 	if !ok1 || !ok2 || !ok3 || !ok4 || len(flat)%2 != 0 {
 		return ledger.Usage{}, l.corrupt("snapshot reply")
 	}
-	return l.usageOf(now, pv, nU, flat)
+	u, err := l.usageOf(now, pv, flat)
+	if err == nil && scope == tenant {
+		u.Unresolved = int(nU)
+	}
+	return u, err
 }
 
-func (l *Ledger) usageOf(now, pv, nU int64, flat []any) (ledger.Usage, error) {
+// Orphans returns how many Settles found no record (never reserved, or its
+// tombstone aged out) since this Ledger was created.
+func (l *Ledger) Orphans() int64 { return l.orphans.Load() }
+
+func (l *Ledger) usageOf(now, pv int64, flat []any) (ledger.Usage, error) {
 	u := ledger.Usage{Now: time.UnixMilli(now).UTC(), PolicyVersion: uint64(pv)}
 	fields := make(map[string]int64, len(flat)/2)
 	var lim string
@@ -849,9 +877,6 @@ func (l *Ledger) usageOf(now, pv, nU int64, flat []any) (ledger.Usage, error) {
 		return ledger.Usage{}, l.corrupt("scope limits")
 	}
 	u.Scope = sc[0].kind
-	if u.Scope == ledger.KindTenant {
-		u.Unresolved = int(nU)
-	}
 	for _, lm := range sc[0].limits {
 		lu := ledger.LimitUsage{Limit: lm}
 		if lm.Dim == ledger.Slots || lm.Window == 0 {

@@ -11,18 +11,20 @@ if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
+if rec.st == S_DISPATCHED then
+  if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
+  return {'OK', epoch, rec.le, 1}
+end
+if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'state'} end
+if rec.st ~= S_RESERVED then return {'FINAL', epoch, rec.st} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
-if rec.st == S_DISPATCHED then return {'OK', epoch, rec.le, 1} end
-if rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'unresolved'} end
-if now >= rec.le then return {'LEASELOST', epoch, 'expired'} end
 local any = false
 for si, sc in ipairs(scopes) do
   if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
   if sc.slot then
     any = true
     if sc.slot.mode == 'b' and sc.n + 1 > sc.slot.max then
-      return {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, sc.n, 0, 1, 0, now}
+      return {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, 0, sc.n, 1, 0, now}
     end
   end
 end

@@ -38,7 +38,7 @@ if slot then
     if sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
   end
 end
-local ra = resolve_at(now, rec.wi)
+local ra = resolve_at(rec.wi)
 redis.call('HSET', KEYS[4], 'st', S_UNRESOLVED, 'sl', 0, 'ra', ra)
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ra, ARGV[4])

@@ -22,9 +22,14 @@ local function cint(v)
   return n
 end
 
+-- The last ARGV of every script is a clock floor in ms: 0 in production; the
+-- conformance tests pin ledger time with it.
+local FLOOR = tonumber(ARGV[#ARGV]) or 0
+
 local function ledger_now()
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if FLOOR > now then now = FLOOR end
   local h = redis.call('HGET', KEYS[1], 'hwm')
   if h then
     local hv = cint(h)
@@ -70,14 +75,15 @@ end
 -- Returns scopes or nil and a reason ('spec' or 'keys').
 local function parse_spec(spec)
   local scopes = {}
-  if spec == nil or spec == '' then
+  if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
     return scopes
   end
   for part in string.gmatch(spec, '[^;]+') do
     local name, lims = string.match(part, '^([^/]+)/(.*)$')
     if not name then return nil, 'spec' end
-    local sc = {name = name, spec = part, lims = {}, dims = {}, dlist = {}}
+    -- r is kept for every windowed dimension (0..5), limited or not.
+    local sc = {name = name, spec = part, lims = {}, dlist = {0, 1, 2, 3, 4, 5}}
     for l in string.gmatch(lims, '[^,]+') do
       local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
       if not d then return nil, 'spec' end
@@ -87,10 +93,6 @@ local function parse_spec(spec)
         sc.slot = lim
       else
         table.insert(sc.lims, lim)
-        if not sc.dims[lim.d] then
-          sc.dims[lim.d] = true
-          table.insert(sc.dlist, lim.d)
-        end
       end
     end
     table.insert(scopes, sc)
@@ -230,11 +232,75 @@ end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first
 -- of its admission windows to close (now if it has none).
-local function resolve_at(now, wi)
-  local t = nil
+local function resolve_at(wi)
+  local t = MAXC -- no window: never charged automatically
   for w, idx in pairs(wi) do
     local e = (idx + 1) * w * 1000
-    if t == nil or e < t then t = e end
+    if e < t then t = e end
   end
-  return t or now
+  return t
+end
+
+-- assess validates every counter of scopes and evaluates admission of h (with
+-- a slot when dispatch). It returns nil, reason on corruption, else a table:
+-- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
+-- warns, widx[W] = current window index.
+local function assess(now, scopes, h, dispatch, epoch)
+  local a = {room = {}, warns = {}, widx = {}}
+  local function note(d, max, rem, w, resets)
+    if rem < 0 then rem = 0 end
+    local r = a.room[d]
+    if r == nil or rem < r[3] or (rem == r[3] and resets > r[5]) then a.room[d] = {1, max, rem, w, resets} end
+  end
+  for si, sc in ipairs(scopes) do
+    if not load_scope(sc) then return nil, 'scope' end
+    for _, d in ipairs(sc.dlist) do
+      if sc.r[d] + (h[d] or 0) > MAXC then return nil, 'overflow' end
+    end
+    for _, l in ipairs(sc.lims) do
+      local idx = window_of(now, l.w)
+      if l.widx > idx then return nil, 'window' end
+      a.widx[l.w] = idx
+      l.cur = l.c
+      if l.widx < idx then l.cur = 0 end
+      local hd = h[l.d] or 0
+      local resets = (idx + 1) * l.w * 1000
+      local used = l.cur + sc.r[l.d] + hd
+      if l.mode == 'b' then
+        if used > l.max and (a.deny == nil or resets > a.deny[10]) then
+          a.deny = {'DENIED', epoch, si, l.d, l.w, l.max, l.cur, sc.r[l.d], hd, resets, now}
+        end
+        note(l.d, l.max, l.max - used, l.w, resets)
+      elseif used > l.max then
+        table.insert(a.warns, {si, l.d, l.w, l.max, used, resets})
+      end
+    end
+    if sc.slot then
+      local used = sc.n
+      if dispatch then used = used + 1 end
+      if sc.slot.mode == 'b' then
+        if used > sc.slot.max and a.dslot == nil then
+          a.dslot = {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, 0, sc.n, 1, 0, now}
+        end
+        note(sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
+      elseif used > sc.slot.max then
+        table.insert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
+      end
+    end
+  end
+  return a
+end
+
+-- append_room appends 7 x (tracked, max, remaining, W, resetsAt), the number
+-- of warnings and 6 fields per warning to out.
+local function append_room(out, a)
+  for d = 0, 6 do
+    local r = a.room[d] or {0, 0, 0, 0, 0}
+    for i = 1, 5 do table.insert(out, r[i]) end
+  end
+  table.insert(out, #a.warns)
+  for _, w in ipairs(a.warns) do
+    for i = 1, 6 do table.insert(out, w[i]) end
+  end
+  return out
 end

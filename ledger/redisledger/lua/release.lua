@@ -18,9 +18,8 @@ if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-if rec.st == S_RELEASED then return {'OK', epoch, 1} end
-if rec.st == S_DISPATCHED or rec.st == S_UNRESOLVED then return {'DISPATCHED', epoch} end
-if rec.st ~= S_RESERVED then return {'FINAL', epoch, rec.st} end
+if rec.st == S_RELEASED or rec.st == S_EXPIRED or rec.st == S_SETTLED_LATE then return {'OK', epoch, 1} end
+if rec.st ~= S_RESERVED then return {'DISPATCHED', epoch} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
 for _, sc in ipairs(scopes) do
   if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
