@@ -165,7 +165,7 @@ func (m *Memory) Dump(tenant ScopeKey) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "hwm=%d pv=%d corrupt=%v\n", t.hwm, t.pv, t.corrupt != nil)
+	fmt.Fprintf(&b, "hwm=%d pv=%d\n", t.hwm, t.pv)
 	keys := make([]ScopeKey, 0, len(t.scopes))
 	for k := range t.scopes {
 		keys = append(keys, k)

@@ -326,7 +326,6 @@ type tenantState struct {
 	hwm     int64  // ledger-time high-water mark (ms), raised by every write
 	seq     uint64 // applied operations
 	pv      uint64 // newest policy version
-	corrupt error  // non-nil: refuse every write with ErrCorrupt
 	scopes  map[ScopeKey]*scopeState
 	records map[RequestID]*record
 	leases  leaseHeap // RESERVED and DISPATCHED by leaseExp
@@ -613,9 +612,6 @@ func (m *Memory) Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 }
 
 func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) {
-	if t.corrupt != nil {
-		return Grant{}, 0, m.corrupt(t, e.req.Ref, t.corrupt)
-	}
 	req, now := e.req, e.time
 	if rec := t.records[req.Ref.ID]; rec != nil {
 		if err := checkRecord(rec); err != nil {
@@ -835,9 +831,6 @@ func (m *Memory) MarkDispatched(ctx context.Context, ref Ref, owner Owner) error
 }
 
 func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
-	if t.corrupt != nil {
-		return 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	rec := t.records[e.ref.ID]
 	if rec == nil {
 		return 0, fmt.Errorf("dispatch %s: %w", e.ref.ID, ErrNotFound)
@@ -901,9 +894,6 @@ func (m *Memory) Extend(ctx context.Context, ref Ref, owner Owner, ttl time.Dura
 }
 
 func (m *Memory) extendLocked(t *tenantState, e *entry) (int64, uint64, error) {
-	if t.corrupt != nil {
-		return 0, 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	rec := t.records[e.ref.ID]
 	if rec == nil {
 		return 0, 0, fmt.Errorf("extend %s: %w", e.ref.ID, ErrNotFound)
@@ -992,9 +982,6 @@ func overrun(a, h *Amounts) Amounts {
 }
 
 func (m *Memory) settleLocked(t *tenantState, e *entry, ev *UsageEvent) (Settlement, uint64, bool, error) {
-	if t.corrupt != nil {
-		return Settlement{}, 0, false, m.corrupt(t, e.ref, t.corrupt)
-	}
 	rec := t.records[e.ref.ID]
 	if rec == nil {
 		return Settlement{}, 0, false, fmt.Errorf("settle %s: %w", e.ref.ID, ErrNotFound)
@@ -1103,9 +1090,6 @@ func (m *Memory) Release(ctx context.Context, ref Ref, owner Owner) error {
 }
 
 func (m *Memory) releaseLocked(t *tenantState, e *entry) (uint64, error) {
-	if t.corrupt != nil {
-		return 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	now := e.time
 	rec := t.records[e.ref.ID]
 	if rec == nil {
@@ -1173,9 +1157,6 @@ func (m *Memory) Resolve(ctx context.Context, ref Ref) (Settlement, error) {
 }
 
 func (m *Memory) resolveLocked(t *tenantState, e *entry, ev *UsageEvent) (Settlement, uint64, error) {
-	if t.corrupt != nil {
-		return Settlement{}, 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	rec := t.records[e.ref.ID]
 	if rec == nil {
 		return Settlement{}, 0, fmt.Errorf("resolve %s: %w", e.ref.ID, ErrNotFound)
@@ -1257,10 +1238,11 @@ func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, max int) (Reclaim
 }
 
 func (m *Memory) reclaimLocked(t *tenantState, e *entry, evs *[]UsageEvent) (ReclaimStats, uint64, error) {
-	if t.corrupt != nil {
-		return ReclaimStats{}, 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	now, max := e.time, int(e.max)
+	if (len(t.leases) == 0 || t.leases[0].leaseExp > now) && (len(t.unres) == 0 || t.unres[0].resolveAt > now) &&
+		(t.thead >= len(t.tombs) || t.tombs[t.thead].purgeAt > now) {
+		return ReclaimStats{}, 0, nil // nothing due: O(1)
+	}
 	// Validate everything this call would touch before the first write (I7).
 	due := 0
 	for _, rec := range t.leases {
@@ -1367,9 +1349,6 @@ func (m *Memory) Adjust(ctx context.Context, tenant, scope ScopeKey, dim Dim, wi
 }
 
 func (m *Memory) adjustLocked(t *tenantState, e *entry) (uint64, error) {
-	if t.corrupt != nil {
-		return 0, m.corrupt(t, e.ref, t.corrupt)
-	}
 	s := t.scopes[e.scope]
 	if s == nil || e.ttl <= 0 {
 		return 0, fmt.Errorf("adjust: unknown scope: %w", ErrNotFound)

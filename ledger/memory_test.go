@@ -84,3 +84,5 @@ func memoryFactory(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
 func TestMemoryConformance(t *testing.T) {
 	ledgertest.Run(t, memoryFactory)
 }
+
+var _ ledger.Ledger = (*ledger.Memory)(nil)
