@@ -1,107 +1,115 @@
 package queue
 
-// dheap is an indexed d-ary min-heap. Every element records its own position
-// through setIdx (-1 once removed), so remove and fix are O(d·log_d n).
-// The function fields must be set before use; they are plain functions, so
-// calls do not allocate.
-type dheap[E any] struct {
-	s      []E
-	d      int
-	less   func(a, b E) bool
-	setIdx func(e E, i int)
+import "cmp"
+
+// hitem is one heap slot: the key is stored inline (k, then s to break
+// ties), so sifting compares without touching the element.
+type hitem[K cmp.Ordered, P any] struct {
+	k K
+	s uint64
+	p P
 }
 
-func (h *dheap[E]) len() int { return len(h.s) }
+func (a *hitem[K, P]) less(b *hitem[K, P]) bool {
+	return a.k < b.k || (a.k == b.k && a.s < b.s)
+}
 
-func (h *dheap[E]) top() E { return h.s[0] }
+// dheap is an indexed 4-ary min-heap. Every element records its own
+// position through setIdx (-1 once removed), so remove and fix are
+// O(log n). setIdx must be a plain function, so calls do not allocate.
+type dheap[K cmp.Ordered, P any] struct {
+	s      []hitem[K, P]
+	setIdx func(p P, i int)
+}
 
-func (h *dheap[E]) push(e E) {
-	h.s = append(h.s, e)
-	i := len(h.s) - 1
-	h.setIdx(e, i)
-	h.up(i)
+func (h *dheap[K, P]) len() int { return len(h.s) }
+
+func (h *dheap[K, P]) top() *hitem[K, P] { return &h.s[0] }
+
+func (h *dheap[K, P]) push(k K, s uint64, p P) {
+	h.s = append(h.s, hitem[K, P]{k: k, s: s, p: p})
+	h.up(len(h.s) - 1)
 }
 
 // remove deletes the element at position i and returns it.
-func (h *dheap[E]) remove(i int) E {
-	var zero E
+func (h *dheap[K, P]) remove(i int) P {
 	n := len(h.s) - 1
-	e := h.s[i]
+	p := h.s[i].p
 	if i != n {
 		h.s[i] = h.s[n]
-		h.setIdx(h.s[i], i)
 	}
-	h.s[n] = zero
+	h.s[n] = hitem[K, P]{}
 	h.s = h.s[:n]
 	if i != n {
 		if !h.down(i) {
 			h.up(i)
 		}
 	}
-	h.setIdx(e, -1)
-	return e
+	h.setIdx(p, -1)
+	return p
 }
 
-// fix restores the heap after the key of the element at i changed.
-func (h *dheap[E]) fix(i int) {
+// setKey changes the key of the element at i and restores the heap.
+func (h *dheap[K, P]) setKey(i int, k K) {
+	h.s[i].k = k
 	if !h.down(i) {
 		h.up(i)
 	}
 }
 
 // init re-heapifies after many keys changed (for example a new order).
-func (h *dheap[E]) init() {
+func (h *dheap[K, P]) init() {
 	for i := range h.s {
-		h.setIdx(h.s[i], i)
+		h.setIdx(h.s[i].p, i)
 	}
-	for i := (len(h.s) - 2) / h.d; i >= 0; i-- {
+	if len(h.s) < 2 {
+		return
+	}
+	for i := (len(h.s) - 2) / 4; i >= 0; i-- {
 		h.down(i)
 	}
 }
 
-func (h *dheap[E]) up(i int) {
+func (h *dheap[K, P]) up(i int) {
 	e := h.s[i]
 	for i > 0 {
-		p := (i - 1) / h.d
-		if !h.less(e, h.s[p]) {
+		p := (i - 1) >> 2
+		if !e.less(&h.s[p]) {
 			break
 		}
 		h.s[i] = h.s[p]
-		h.setIdx(h.s[i], i)
+		h.setIdx(h.s[i].p, i)
 		i = p
 	}
 	h.s[i] = e
-	h.setIdx(e, i)
+	h.setIdx(e.p, i)
 }
 
 // down sifts the element at i down and reports whether it moved.
-func (h *dheap[E]) down(i0 int) bool {
+func (h *dheap[K, P]) down(i0 int) bool {
 	n := len(h.s)
 	i := i0
 	e := h.s[i]
 	for {
-		c := h.d*i + 1
+		c := i<<2 + 1
 		if c >= n {
 			break
 		}
 		best := c
-		end := c + h.d
-		if end > n {
-			end = n
-		}
+		end := min(c+4, n)
 		for j := c + 1; j < end; j++ {
-			if h.less(h.s[j], h.s[best]) {
+			if h.s[j].less(&h.s[best]) {
 				best = j
 			}
 		}
-		if !h.less(h.s[best], e) {
+		if !h.s[best].less(&e) {
 			break
 		}
 		h.s[i] = h.s[best]
-		h.setIdx(h.s[i], i)
+		h.setIdx(h.s[i].p, i)
 		i = best
 	}
 	h.s[i] = e
-	h.setIdx(e, i)
+	h.setIdx(e.p, i)
 	return i > i0
 }

@@ -82,15 +82,18 @@ func checkInvariants[T any](t *testing.T, q *Queue[T]) {
 				continue
 			}
 			td += f.entries.len()
-			for i, n := range f.entries.s {
+			for i, e := range f.entries.s {
+				n := e.p
 				require.Equal(t, i, n.fidx)
+				require.Equal(t, entryKey(n), e.k)
 				require.Equal(t, stateQueued, n.state)
 				tb += n.bytes
 			}
 			eligible := f.entries.len() > 0 && !tn.parked
 			require.Equal(t, eligible, f.hidx >= 0, "tenant %s band %d eligibility", tn.cfg.Name, b)
 			if f.hidx >= 0 {
-				require.Same(t, f, q.bands[b].heap.s[f.hidx])
+				require.Same(t, f, q.bands[b].heap.s[f.hidx].p)
+				require.Equal(t, f.v, q.bands[b].heap.s[f.hidx].k) //nolint:testifylint // exact copy
 			}
 		}
 		require.Equal(t, tn.depth, td, "tenant %s depth", tn.cfg.Name)
@@ -101,4 +104,8 @@ func checkInvariants[T any](t *testing.T, q *Queue[T]) {
 	require.Equal(t, q.depth, depth)
 	require.Equal(t, q.bytes, bytes)
 	require.Equal(t, q.depth, q.deadlines.len())
+	for i, e := range q.deadlines.s {
+		require.Equal(t, i, e.p.didx)
+		require.Equal(t, e.p.dl, e.k)
+	}
 }

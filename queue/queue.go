@@ -124,7 +124,7 @@ type flow[T any] struct {
 	hidx    int     // position in its band's heap, -1 when not eligible
 	last    int64   // last time it had or lost a queued entry, Unix ns
 	charged int64
-	entries dheap[*node[T]]
+	entries dheap[int64, *node[T]] // key: deadline under EDF, else 0; then seq
 }
 
 type tenant[T any] struct {
@@ -145,7 +145,7 @@ type tenant[T any] struct {
 }
 
 type band[T any] struct {
-	heap  dheap[*flow[T]]
+	heap  dheap[float64, *flow[T]] // key: v, then eseq
 	lastV float64
 }
 
@@ -166,8 +166,8 @@ type Queue[T any] struct {
 	cfg       Config
 	tenants   map[string]*tenant[T]
 	bands     [NumBands]band[T]
-	deadlines dheap[*node[T]]
-	parks     dheap[*tenant[T]]
+	deadlines dheap[int64, *node[T]]   // key: deadline, then seq
+	parks     dheap[int64, *tenant[T]] // key: park end
 	free      []*node[T]
 	depth     int
 	bytes     int64
@@ -194,36 +194,27 @@ func New[T any](cfg Config, deps Deps[T]) (*Queue[T], error) {
 		q.clock = realClock{}
 	}
 	for i := range q.bands {
-		q.bands[i].heap = dheap[*flow[T]]{d: 4, less: flowLess[T], setIdx: flowSetIdx[T]}
+		q.bands[i].heap = dheap[float64, *flow[T]]{setIdx: flowSetIdx[T]}
 	}
-	q.deadlines = dheap[*node[T]]{d: 4, less: deadlineLess[T], setIdx: nodeSetDidx[T]}
-	q.parks = dheap[*tenant[T]]{d: 2, less: parkLess[T], setIdx: tenantSetPidx[T]}
+	q.deadlines = dheap[int64, *node[T]]{setIdx: nodeSetDidx[T]}
+	q.parks = dheap[int64, *tenant[T]]{setIdx: tenantSetPidx[T]}
 	q.applyLocked(cfg.withDefaults())
 	return q, nil
 }
 
-func flowLess[T any](a, b *flow[T]) bool {
-	if a.v != b.v {
-		return a.v < b.v
-	}
-	return a.eseq < b.eseq
-}
 func flowSetIdx[T any](f *flow[T], i int) { f.hidx = i }
-func entryLess[T any](a, b *node[T]) bool {
-	if a.f.t.cfg.Order == OrderEDF && a.dl != b.dl {
-		return a.dl < b.dl
+
+// entryKey is a node's primary key in its flow: the deadline under EDF,
+// else 0 (so arrival order decides).
+func entryKey[T any](n *node[T]) int64 {
+	if n.f.t.cfg.Order == OrderEDF {
+		return n.dl
 	}
-	return a.seq < b.seq
+	return 0
 }
-func nodeSetFidx[T any](n *node[T], i int) { n.fidx = i }
-func deadlineLess[T any](a, b *node[T]) bool {
-	if a.dl != b.dl {
-		return a.dl < b.dl
-	}
-	return a.seq < b.seq
-}
+
+func nodeSetFidx[T any](n *node[T], i int)     { n.fidx = i }
 func nodeSetDidx[T any](n *node[T], i int)     { n.didx = i }
-func parkLess[T any](a, b *tenant[T]) bool     { return a.until < b.until }
 func tenantSetPidx[T any](t *tenant[T], i int) { t.pidx = i }
 
 // Ready returns a channel (capacity 1) that receives a value whenever
@@ -358,7 +349,7 @@ func (q *Queue[T]) flowLocked(t *tenant[T], b int) *flow[T] {
 	f := t.flows[b]
 	if f == nil {
 		f = &flow[T]{t: t, band: uint8(b), hidx: -1}
-		f.entries = dheap[*node[T]]{d: 2, less: entryLess[T], setIdx: nodeSetFidx[T]}
+		f.entries = dheap[int64, *node[T]]{setIdx: nodeSetFidx[T]}
 		t.flows[b] = f
 	}
 	return f
@@ -371,8 +362,8 @@ func (q *Queue[T]) insertLocked(n *node[T], nowN int64, fresh bool) {
 	f := n.f
 	t := f.t
 	wasEmpty := f.entries.len() == 0
-	f.entries.push(n)
-	q.deadlines.push(n)
+	f.entries.push(entryKey(n), n.seq, n)
+	q.deadlines.push(n.dl, n.seq, n)
 	if n.didx == 0 {
 		q.signalRearm()
 	}
@@ -396,7 +387,7 @@ func (q *Queue[T]) joinLocked(f *flow[T], nowN int64, fresh bool) {
 	bd := &q.bands[f.band]
 	lift := bd.lastV
 	if bd.heap.len() > 0 {
-		lift = bd.heap.top().v
+		lift = bd.heap.top().k
 	}
 	if fresh && q.cfg.IdleTTL > 0 && f.entries.len() == 1 && nowN-f.last > int64(q.cfg.IdleTTL) {
 		f.v = lift // idle past the TTL: the flow re-enters fresh, deficit dropped
@@ -405,7 +396,7 @@ func (q *Queue[T]) joinLocked(f *flow[T], nowN int64, fresh bool) {
 	}
 	q.eseq++
 	f.eseq = q.eseq
-	bd.heap.push(f)
+	bd.heap.push(f.v, f.eseq, f)
 }
 
 // unlinkLocked removes a queued node from its flow and the deadline heap
@@ -497,8 +488,8 @@ func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
 	for b := range q.bands {
 		bd := &q.bands[b]
 		for bd.heap.len() > 0 {
-			f := bd.heap.top()
-			n := f.entries.top()
+			f := bd.heap.top().p
+			n := f.entries.top().p
 			if n.dl <= nowN {
 				q.expireLocked(n, nowN)
 				continue
@@ -530,13 +521,13 @@ func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {
 	f.charged += n.cost
 	t.charged += n.cost
 	if f.hidx >= 0 {
-		bd.heap.fix(f.hidx)
+		bd.heap.setKey(f.hidx, f.v)
 	}
 	t.counters.Dispatched++
 	t.rate.add(nowN, n.cost)
 	q.rate.add(nowN, n.cost)
-	if bd.heap.len() > 0 && bd.heap.top().v > rebaseAt {
-		q.rebaseLocked(int(f.band), bd.heap.top().v)
+	if bd.heap.len() > 0 && bd.heap.top().k > rebaseAt {
+		q.rebaseLocked(int(f.band), bd.heap.top().k)
 	}
 }
 
@@ -547,6 +538,10 @@ func (q *Queue[T]) rebaseLocked(b int, base float64) {
 		if f := t.flows[b]; f != nil {
 			f.v -= base
 		}
+	}
+	h := &q.bands[b].heap
+	for i := range h.s {
+		h.s[i].k -= base
 	}
 	q.bands[b].lastV -= base
 }
@@ -576,7 +571,7 @@ func (q *Queue[T]) parkLocked(t *tenant[T], nowN int64) {
 	}
 	if q.cfg.ParkBackoff > 0 {
 		t.until = nowN + int64(q.cfg.ParkBackoff)
-		q.parks.push(t)
+		q.parks.push(t.until, 0, t)
 		if t.pidx == 0 {
 			q.signalRearm()
 		}
@@ -650,7 +645,7 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 	f.charged -= n.cost
 	t.charged -= n.cost
 	if f.hidx >= 0 {
-		q.bands[f.band].heap.fix(f.hidx)
+		q.bands[f.band].heap.setKey(f.hidx, f.v)
 	}
 	t.counters.Dispatched--
 	t.counters.Requeued++
@@ -678,7 +673,7 @@ func (q *Queue[T]) Reconcile(tenant string, band int, predicted, actual int64) b
 	f.charged += d
 	t.charged += d
 	if f.hidx >= 0 {
-		q.bands[f.band].heap.fix(f.hidx)
+		q.bands[f.band].heap.setKey(f.hidx, f.v)
 	}
 	return true
 }
@@ -691,18 +686,18 @@ func (q *Queue[T]) Tick() (next time.Time, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	nowN := q.clock.Now().UnixNano()
-	for q.deadlines.len() > 0 && q.deadlines.top().dl <= nowN {
-		q.expireLocked(q.deadlines.top(), nowN)
+	for q.deadlines.len() > 0 && q.deadlines.top().k <= nowN {
+		q.expireLocked(q.deadlines.top().p, nowN)
 	}
-	for q.parks.len() > 0 && q.parks.top().until <= nowN {
-		q.unparkLocked(q.parks.top(), nowN)
+	for q.parks.len() > 0 && q.parks.top().k <= nowN {
+		q.unparkLocked(q.parks.top().p, nowN)
 	}
 	var nextN int64
 	if q.deadlines.len() > 0 {
-		nextN, ok = q.deadlines.top().dl, true
+		nextN, ok = q.deadlines.top().k, true
 	}
 	if q.parks.len() > 0 {
-		if u := q.parks.top().until; !ok || u < nextN {
+		if u := q.parks.top().k; !ok || u < nextN {
 			nextN, ok = u, true
 		}
 	}

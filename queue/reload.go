@@ -58,6 +58,9 @@ func (q *Queue[T]) applyLocked(c Config) {
 		if reorder {
 			for _, f := range t.flows {
 				if f != nil {
+					for i := range f.entries.s {
+						f.entries.s[i].k = entryKey(f.entries.s[i].p)
+					}
 					f.entries.init()
 				}
 			}

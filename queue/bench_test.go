@@ -1,0 +1,212 @@
+package queue
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type benchPayload struct{ id int }
+
+func benchQueue(tb testing.TB, tenantsN, perTenant int) (*Queue[*benchPayload], []string, []int64) {
+	tb.Helper()
+	cfg := Config{MaxWait: 24 * time.Hour, Tenants: make([]TenantConfig, tenantsN)}
+	names := make([]string, tenantsN)
+	for i := range tenantsN {
+		names[i] = fmt.Sprintf("tenant-%06d", i)
+		cfg.Tenants[i] = TenantConfig{Name: names[i], Weight: float64(1 + i%4)}
+	}
+	q, err := New[*benchPayload](cfg, Deps[*benchPayload]{})
+	require.NoError(tb, err)
+	r := rand.New(rand.NewPCG(1, 1))
+	costs := make([]int64, 4096)
+	for i := range costs {
+		costs[i] = 10 + r.Int64N(4000)
+	}
+	p := &benchPayload{}
+	for i := range perTenant * tenantsN {
+		_, err := q.Enqueue(Request[*benchPayload]{Tenant: names[i%tenantsN], Cost: costs[i%len(costs)], BodyBytes: 512, Payload: p})
+		require.NoError(tb, err)
+	}
+	return q, names, costs
+}
+
+func dispatchAll(Item[*benchPayload]) Verdict { return Dispatch }
+
+// BenchmarkPick measures one steady-state decision: Next (pick band, tenant
+// and head; charge) + Release + Enqueue of a replacement for the same
+// tenant, with every tenant backlogged. 0 allocs/op is the goal.
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{10, 1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("tenants=%d", n), func(b *testing.B) {
+			q, _, costs := benchQueue(b, n, 2)
+			p := &benchPayload{}
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				it, ok := q.Next(dispatchAll)
+				if !ok {
+					b.Fatal("nothing to dispatch")
+				}
+				q.Release(it.Handle)
+				i++
+				if _, err := q.Enqueue(Request[*benchPayload]{Tenant: it.Tenant, Cost: costs[i&4095], BodyBytes: 512, Payload: p}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPickLatency samples the latency of every Next call (the tenant
+// selection decision) and reports its p50, p99 and p99.9 in ns.
+func BenchmarkPickLatency(b *testing.B) {
+	for _, n := range []int{10, 1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("tenants=%d", n), func(b *testing.B) {
+			q, _, costs := benchQueue(b, n, 2)
+			p := &benchPayload{}
+			samples := make([]int64, 0, 1<<20)
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				t0 := time.Now()
+				it, ok := q.Next(dispatchAll)
+				d := time.Since(t0)
+				if !ok {
+					b.Fatal("nothing to dispatch")
+				}
+				if len(samples) < cap(samples) {
+					samples = append(samples, int64(d))
+				}
+				q.Release(it.Handle)
+				i++
+				if _, err := q.Enqueue(Request[*benchPayload]{Tenant: it.Tenant, Cost: costs[i&4095], BodyBytes: 512, Payload: p}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			slices.Sort(samples)
+			pct := func(f float64) float64 { return float64(samples[int(f*float64(len(samples)-1))]) }
+			b.ReportMetric(pct(0.50), "p50-ns")
+			b.ReportMetric(pct(0.99), "p99-ns")
+			b.ReportMetric(pct(0.999), "p99.9-ns")
+		})
+	}
+}
+
+// BenchmarkEnqueueCancel measures an arrival refused nothing and cancelled
+// at once (client gone) with 10,000 tenants backlogged.
+func BenchmarkEnqueueCancel(b *testing.B) {
+	q, names, _ := benchQueue(b, 10_000, 2)
+	p := &benchPayload{}
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		i++
+		it, err := q.Enqueue(Request[*benchPayload]{Tenant: names[i%len(names)], Cost: 100, BodyBytes: 512, Payload: p})
+		if err != nil {
+			b.Fatal(err)
+		}
+		q.Cancel(it.Handle)
+	}
+}
+
+// BenchmarkParallelEnqueueDispatch has every goroutine enqueue and dispatch
+// through the one mutex, as admission handlers and the dispatch loop do.
+func BenchmarkParallelEnqueueDispatch(b *testing.B) {
+	q, names, _ := benchQueue(b, 1_000, 2)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		p := &benchPayload{}
+		i := 0
+		for pb.Next() {
+			i++
+			if _, err := q.Enqueue(Request[*benchPayload]{Tenant: names[i%len(names)], Cost: 100, BodyBytes: 512, Payload: p}); err != nil {
+				b.Error(err)
+				return
+			}
+			if it, ok := q.Next(dispatchAll); ok {
+				q.Release(it.Handle)
+			}
+		}
+	})
+}
+
+// BenchmarkFullReject measures the refusal path (429 queue_full).
+func BenchmarkFullReject(b *testing.B) {
+	q, err := New[*benchPayload](Config{Tenants: []TenantConfig{{Name: "a", MaxDepth: 1}}}, Deps[*benchPayload]{})
+	require.NoError(b, err)
+	_, err = q.Enqueue(Request[*benchPayload]{Tenant: "a"})
+	require.NoError(b, err)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := q.Enqueue(Request[*benchPayload]{Tenant: "a"}); err == nil {
+			b.Fatal("not refused")
+		}
+	}
+}
+
+// heapPerEntry returns the heap bytes per queued entry (bodies excluded,
+// one shared payload pointer) for entries spread over tenantsN tenants.
+func heapPerEntry(tb testing.TB, tenantsN, entries int) float64 {
+	tb.Helper()
+	q, names, _ := benchQueue(tb, tenantsN, 0)
+	p := &benchPayload{}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range entries {
+		if _, err := q.Enqueue(Request[*benchPayload]{Tenant: names[i%tenantsN], Cost: 100, BodyBytes: 512, Payload: p}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(q)
+	return float64(after.HeapAlloc-before.HeapAlloc) / float64(entries)
+}
+
+// BenchmarkMemoryPerEntry reports heap bytes per queued entry.
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	for b.Loop() {
+		b.ReportMetric(heapPerEntry(b, 1_000, 100_000), "B/entry")
+	}
+}
+
+// TestMemoryPerEntry: a queued entry costs at most 1 KiB besides its body.
+func TestMemoryPerEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates ~30 MB")
+	}
+	got := heapPerEntry(t, 1_000, 100_000)
+	t.Logf("%.0f B per queued entry", got)
+	assert.LessOrEqual(t, got, 1024.0)
+}
+
+// TestSteadyStateAllocsZero: enqueue + dispatch + release allocate nothing
+// once the pools are warm.
+func TestSteadyStateAllocsZero(t *testing.T) {
+	q, _, costs := benchQueue(t, 1_000, 2)
+	p := &benchPayload{}
+	i := 0
+	step := func() {
+		it, ok := q.Next(dispatchAll)
+		if !ok {
+			t.Fatal("nothing to dispatch")
+		}
+		q.Release(it.Handle)
+		i++
+		if _, err := q.Enqueue(Request[*benchPayload]{Tenant: it.Tenant, Cost: costs[i&4095], BodyBytes: 512, Payload: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10_000 {
+		step()
+	}
+	assert.Zero(t, testing.AllocsPerRun(10_000, step))
+}
