@@ -386,6 +386,11 @@ func (r *runner) do(ctx context.Context, q *workload.Request, i int) (rec Record
 		return rec
 	}
 	r.readStream(ctx, resp.Body, cancel, q, &rec)
+	if rec.Outcome.OK() {
+		// Read the chunked terminator after [DONE] so the connection goes
+		// back to the pool instead of being closed.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	}
 	return rec
 }
 

@@ -305,3 +305,25 @@ func TestProgressLine(t *testing.T) {
 		assert.Contains(t, lines[2], "offered 5/5 sent 5 in flight 1 done 4 rejected 0 | TTFT p50 50 ms p99 50 ms")
 	})
 }
+
+// TestConnectionsReused is the regression test for closing the body right
+// after [DONE]: the chunked terminator was left unread, so every request
+// opened a new connection.
+func TestConnectionsReused(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		sse(w, c1, usage, "[DONE]")
+		time.Sleep(10 * time.Millisecond) // the chunked terminator follows [DONE] later, as from vLLM
+	}))
+	defer srv.Close()
+	var reqs []workload.Request
+	for i := range 10 {
+		reqs = append(reqs, workload.Request{At: time.Duration(i) * 2 * time.Millisecond})
+	}
+	res, err := Run(t.Context(), oneTenant("t", 0, reqs...), Config{Targets: []string{srv.URL}, Model: "m", MaxConcurrency: 1, Preconnect: 1})
+	require.NoError(t, err)
+	for _, r := range res.Records {
+		require.Equal(t, Success, r.Outcome)
+	}
+	assert.Equal(t, int64(0), res.NewConns, "one pre-opened connection serves all ten sequential requests")
+}
