@@ -42,6 +42,10 @@ func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) 
 		"POST /admin/reload":  a.reload,
 		"GET /admin/replicas": a.replicas,
 		"GET /admin/tenants":  a.tenants,
+		// POST /admin/replicas/{name}/drain?reason=… drains a replica (it
+		// finishes what it runs and gets nothing new); DELETE undrains.
+		"POST /admin/replicas/":   a.drainReplica,
+		"DELETE /admin/replicas/": a.drainReplica,
 	}
 	return a
 }
@@ -186,6 +190,29 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 		out = append(out, st)
 	}
 	WriteJSON(rc, out)
+}
+
+func (a *Admin) drainReplica(rc *fasthttp.RequestCtx) {
+	rest := strings.TrimPrefix(string(rc.Path()), "/admin/replicas/")
+	name, ok := strings.CutSuffix(rest, "/drain")
+	if !ok || name == "" || strings.Contains(name, "/") {
+		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/replicas/{name}/drain")
+		return
+	}
+	reason := ""
+	if rc.IsPost() {
+		reason = string(rc.QueryArgs().Peek("reason"))
+		if reason == "" {
+			reason = "operator"
+		}
+	}
+	if err := a.s.gpu.Drain(name, reason); err != nil {
+		a.fail(rc, http.StatusNotFound, "not_found", err.Error())
+		return
+	}
+	a.s.log.Info("replica drain changed by admin", "replica", name, "drained", reason != "", "reason", reason)
+	a.s.signal(a.s.wake)
+	WriteJSON(rc, map[string]any{"replica": name, "drained": reason != ""})
 }
 
 // TenantStatus is one row of GET /admin/tenants.

@@ -22,7 +22,6 @@ type ModelLister interface {
 // capacity, GPU clocks) and the dispatch gate, and wakes the dispatch loop
 // since room may have changed. ObserveLoop calls it every interval.
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
-	now := s.now()
 	for _, r := range s.reps.reps {
 		snap, ok := src.Get(r.name)
 		if !ok {
@@ -39,11 +38,13 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		obs.KVUsage = m.KVUsage.V
 		obs.Waiting, obs.Running = int64(m.Waiting.V), int64(m.Running.V)
 		obs.Preemptions = m.PreemptionsTotal.V
-		obs.SimGPUUtilization, obs.HasSimGPUUtilization = m.GPUUtilization.V, m.GPUUtilization.OK
-		_ = s.gpu.ObserveReplica(r.name, obs)
-		if r.clock != nil && m.GPUUtilization.OK {
-			r.clock.SetUtilization(now, m.GPUUtilization.V)
+		// The simulator's utilisation stands in for NVML only when telemetry
+		// comes from vLLM metrics; otherwise a replica is busy while it runs
+		// requests (exact for vLLM's back-to-back decode steps).
+		if s.gpu.Config().Telemetry == gpu.ModeVLLM {
+			obs.SimGPUUtilization, obs.HasSimGPUUtilization = m.GPUUtilization.V, m.GPUUtilization.OK
 		}
+		_ = s.gpu.ObserveReplica(r.name, obs)
 		prev := r.obs.Load()
 		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
 		if prev != nil {

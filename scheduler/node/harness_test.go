@@ -49,7 +49,7 @@ func startSim(t *testing.T, cfg sim.Config) *simReplica {
 
 // node is a Sluice server running in process.
 type node struct {
-	api, admin string
+	api, adminURL string
 	reg        *prometheus.Registry
 	stop       func() error
 }
@@ -81,7 +81,7 @@ func startNode(t *testing.T, cfg *config.File) *node {
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	n := &node{api: "http://" + apiLn.Addr().String(), admin: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
+	n := &node{api: "http://" + apiLn.Addr().String(), adminURL: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

@@ -20,7 +20,7 @@ import (
 // scraped it, from the admin API.
 func (n *node) replicaRunning(t *testing.T) int64 {
 	t.Helper()
-	req, _ := http.NewRequest("GET", n.admin+"/admin/replicas", nil)
+	req, _ := http.NewRequest("GET", n.adminURL+"/admin/replicas", nil)
 	req.Header.Set("Authorization", "Bearer "+keyAdmin)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestDrain(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode)
 	readChunks(t, resp.Body, 1)
 
-	req, _ := http.NewRequest("POST", n.admin+"/admin/drain", nil)
+	req, _ := http.NewRequest("POST", n.adminURL+"/admin/drain", nil)
 	req.Header.Set("Authorization", "Bearer "+keyAdmin)
 	dr, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)

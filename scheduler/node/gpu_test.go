@@ -1,0 +1,142 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+// TestGPUMsConservation: under a two-tenant load, the GPU-ms attributed to
+// requests add up to the simulated GPU's busy time, and a tenant with twice
+// the work gets twice the GPU-ms.
+func TestGPUMsConservation(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.DecodeStep = 4 * time.Millisecond
+	rep := startSim(t, sc)
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    concurrency: 4\n", ""))
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":60,"ignore_eos":true}`
+	var wg sync.WaitGroup
+	for worker := range 3 { // acme runs two workers, beta one: 2:1 work
+		key := keyAcme
+		if worker == 2 {
+			key = keyBeta
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 8 {
+				resp := n.post(t, "/v1/completions", key, body)
+				readAll(t, resp)
+				if resp.StatusCode != 200 {
+					t.Errorf("status %d", resp.StatusCode)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "replica idle", func() bool { return rep.Stats().Running == 0 })
+	acme := n.metric(t, "sluice_tenant_gpu_ms_total", map[string]string{"tenant": "acme"})
+	beta := n.metric(t, "sluice_tenant_gpu_ms_total", map[string]string{"tenant": "beta"})
+	busyMs := float64(rep.Stats().BusyTime) / float64(time.Millisecond)
+	require.Positive(t, busyMs)
+	t.Logf("attributed acme %.1f + beta %.1f = %.1f GPU-ms; simulator busy %.1f ms", acme, beta, acme+beta, busyMs)
+	assert.InEpsilon(t, busyMs, acme+beta, 0.01, "Σ per-request GPU-ms vs busy time")
+	assert.InEpsilon(t, 2.0, acme/beta, 0.05, fmt.Sprintf("acme/beta = %.3f", acme/beta))
+}
+
+// TestGPUMsBudgetEnforced: a gpu_ms budget refuses with 429 naming gpu_ms.
+func TestGPUMsBudgetEnforced(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: gpu_ms, limit: 1000, window: 1h}]\n", ""))
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":60,"ignore_eos":true}`
+	for i := 0; ; i++ {
+		require.Less(t, i, 50, "the gpu_ms budget never refused")
+		resp := n.post(t, "/v1/completions", keyAcme, body)
+		b := readAll(t, resp)
+		if resp.StatusCode == 200 {
+			continue
+		}
+		require.Equal(t, 429, resp.StatusCode, string(b))
+		code, det := errorCode(t, b)
+		assert.Equal(t, "tenant_budget_exceeded", code)
+		assert.Equal(t, "gpu_ms", det["dimension"])
+		assert.EqualValues(t, 1000, det["limit"])
+		assert.Positive(t, det["committed"])
+		return
+	}
+}
+
+// replicaRows reads /admin/replicas.
+func (n *node) replicaRows(t *testing.T) map[string]map[string]any {
+	t.Helper()
+	req, _ := http.NewRequest("GET", n.adminURL+"/admin/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+keyAdmin)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal(readAll(t, resp), &rows))
+	out := map[string]map[string]any{}
+	for _, r := range rows {
+		out[r["name"].(string)] = r
+	}
+	return out
+}
+
+func (n *node) admin(t *testing.T, method, path string) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, n.adminURL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+keyAdmin)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	readAll(t, resp)
+	return resp.StatusCode
+}
+
+// TestHalvedKVGetsHalfTheLoad: a replica with half the KV capacity carries
+// half the in-flight tokens; a drained replica gets nothing new while its
+// running request finishes.
+func TestHalvedKVGetsHalfTheLoad(t *testing.T) {
+	big := slowSim()
+	small := slowSim()
+	small.KVTokens = big.KVTokens / 2
+	r0, r1 := startSim(t, big), startSim(t, small)
+	cfg := nodeConfig(t, []*simReplica{r0, r1}, "    concurrency: 64\n", "")
+	cfg.GPU.MaxOvercommit = 1
+	n := startNode(t, cfg)
+	eventually(t, "both sized", func() bool {
+		rows := n.replicaRows(t)
+		return rows["r0"]["capacity_tokens"].(float64) == 65536 && rows["r1"]["capacity_tokens"].(float64) == 32768
+	})
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":1000,"ignore_eos":true,"stream":true}`
+	var resps []*http.Response
+	for range 12 {
+		resp := n.post(t, "/v1/completions", keyAcme, body)
+		require.Equal(t, 200, resp.StatusCode)
+		resps = append(resps, resp)
+	}
+	rows := n.replicaRows(t)
+	assert.Equal(t, 8*1008.0, rows["r0"]["inflight_tokens"], "r0")
+	assert.Equal(t, 4*1008.0, rows["r1"]["inflight_tokens"], "r1: half the capacity, half the load")
+
+	// Drain r1: its four requests keep running, new work goes to r0 only.
+	require.Equal(t, 200, n.admin(t, "POST", "/admin/replicas/r1/drain?reason=test"))
+	before := r1.Stats().Received
+	for range 2 {
+		resp := n.post(t, "/v1/completions", keyAcme, body)
+		require.Equal(t, 200, resp.StatusCode)
+		resps = append(resps, resp)
+	}
+	assert.Equal(t, before, r1.Stats().Received, "a draining replica gets nothing new")
+	assert.Equal(t, int64(4), r1.Stats().Running, "and keeps running what it has")
+	for _, r := range resps {
+		r.Body.Close()
+	}
+}
