@@ -92,6 +92,7 @@ type engine struct {
 	nextOrder  uint64
 	stepRand   uint64 // per-step fault stream
 	wakeBuf    []*request
+	pubBuf     []*seq
 	// waitingTokens is published for MaxNumQueuedTokens checks.
 	waitingTokens atomic.Int64
 }
@@ -412,6 +413,7 @@ func (e *engine) preempt(i int) {
 func (e *engine) finishStep(dur time.Duration, end time.Time) {
 	produced := 0
 	wake := e.wakeBuf[:0]
+	pub := e.pubBuf[:0]
 	keep := e.running[:0]
 	for _, s := range e.running {
 		r := s.req
@@ -436,11 +438,10 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 			e.m.itl.Observe(dur.Seconds())
 		}
 		s.prefilled = true
-		s.out.Store(int32(s.gen))
+		pub = append(pub, s)
 		if s.gen >= s.target {
 			e.freeBlocks += s.blocks
 			s.blocks = 0
-			s.state.Store(stFinished)
 			if s.atCap {
 				e.m.success(reasonLength)
 			} else {
@@ -463,11 +464,18 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 	e.st.busy.Add(int64(dur))
 	e.m.util.add(end, dur)
 	e.publishGauges()
+	for _, s := range pub {
+		s.out.Store(int32(s.gen))
+		if s.gen >= s.target {
+			s.state.Store(stFinished)
+		}
+	}
 	for _, r := range wake {
 		r.wake()
 	}
 	clear(wake)
-	e.wakeBuf = wake[:0]
+	clear(pub)
+	e.wakeBuf, e.pubBuf = wake[:0], pub[:0]
 }
 
 func (e *engine) publishGauges() {
