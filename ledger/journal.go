@@ -32,6 +32,10 @@ const (
 	opReclaim uint8 = 7
 	opResolve uint8 = 8
 	opAdjust  uint8 = 9
+	// Snapshot entries (written by compaction at start-up; see compact.go).
+	opSnapTenant uint8 = 10
+	opSnapScope  uint8 = 11
+	opSnapRecord uint8 = 12
 
 	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
 )
@@ -52,6 +56,7 @@ type entry struct {
 	max    int64 // Reclaim max; Adjust delta; Open retention ms
 	scope  ScopeKey
 	dim    Dim
+	raw    []byte // snapshot payload
 }
 
 func (e *entry) encode(b []byte) []byte {
@@ -109,6 +114,8 @@ func (e *entry) encode(b []byte) []byte {
 		b = append(b, byte(e.dim))
 		i64(e.ttl)
 		i64(e.max)
+	case opSnapTenant, opSnapScope, opSnapRecord:
+		b = append(b, e.raw...)
 	}
 	body := b[start+8:]
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(body)))
@@ -203,6 +210,9 @@ func decodeEntry(body []byte) (entry, error) {
 		e.dim = Dim(r.u8())
 		e.ttl = r.i64()
 		e.max = r.i64()
+	case opSnapTenant, opSnapScope, opSnapRecord:
+		e.raw = r.b
+		r.b = nil
 	default:
 		return e, fmt.Errorf("unknown op %d", e.op)
 	}
@@ -381,8 +391,11 @@ func (j *journal) close() error {
 
 // apply re-executes one journal entry during replay.
 func (m *Memory) apply(e *entry) error {
-	if e.op == opOpen {
+	switch e.op {
+	case opOpen:
 		return m.applyOpen(e)
+	case opSnapTenant, opSnapScope, opSnapRecord:
+		return m.applySnapshot(e)
 	}
 	t := m.tenant(e.ref.Tenant, true)
 	t.mu.Lock()

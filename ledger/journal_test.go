@@ -225,8 +225,6 @@ func TestJournalTornTailTruncated(t *testing.T) {
 			t.Parallel()
 			path := filepath.Join(t.TempDir(), "j")
 			writeJournal(t, path, 5)
-			good, err := os.Stat(path)
-			require.NoError(t, err)
 			f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 			require.NoError(t, err)
 			_, err = f.Write(tc.tail)
@@ -237,13 +235,66 @@ func TestJournalTornTailTruncated(t *testing.T) {
 			u, err := m.Snapshot(t.Context(), jTenant, jTenant)
 			require.NoError(t, err)
 			assert.Equal(t, int64(1+3+5), u.Reserved[ledger.Tokens], "the dispatched holds 0, 2, 4 survive")
+			dump := m.Dump(jTenant)
 			require.NoError(t, m.Close())
-			st, err := os.Stat(path)
-			require.NoError(t, err)
-			const openEntry = 8 + 1 + 8 + 16 + 8
-			assert.Equal(t, good.Size()+openEntry, st.Size(), "tail truncated, then the restart entry appended")
+			again, err := ledger.NewMemory(ledger.MemoryConfig{Clock: func() time.Time { return jT0 }, Journal: path, Logger: quiet})
+			require.NoError(t, err, "the compacted journal has no tail left")
+			assert.Equal(t, dump, again.Dump(jTenant))
+			require.NoError(t, again.Close())
 		})
 	}
+}
+
+// TestJournalCompaction: every start rewrites the journal as a snapshot, so
+// its size follows the state, not the history, and replays to the same state.
+func TestJournalCompaction(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "j")
+	clock := &fakeClock{now: jT0}
+	cfg := ledger.MemoryConfig{Clock: clock.Now, Journal: path, Logger: quiet}
+	m, err := ledger.NewMemory(cfg)
+	require.NoError(t, err)
+	ctx := t.Context()
+	for i := range 300 {
+		_, err := m.Reserve(ctx, jReq(i))
+		require.NoError(t, err)
+		if i%3 != 2 {
+			_, err = m.Settle(ctx, jReq(i).Ref, jActual(i), ledger.SourceFinal)
+			require.NoError(t, err)
+		}
+		clock.Advance(10 * time.Millisecond)
+	}
+	require.NoError(t, m.Adjust(ctx, jTenant, jTenant, ledger.Tokens, 24*time.Hour, -1))
+	before, err := os.Stat(path)
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	sizes := []int64{}
+	var dumps []string
+	for range 3 {
+		m, err = ledger.NewMemory(cfg)
+		require.NoError(t, err)
+		require.NoError(t, m.Audit())
+		dumps = append(dumps, m.Dump(jTenant))
+		require.NoError(t, m.Close())
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		sizes = append(sizes, st.Size())
+	}
+	assert.Positive(t, before.Size())
+	assert.Equal(t, sizes[1], sizes[2], "restarts without new operations keep the size")
+	assert.Equal(t, dumps[1], dumps[2], "a compacted journal replays to the same state")
+	clock.Advance(2 * time.Hour) // past TombstoneRetention: tombstones go, the journal shrinks
+	m, err = ledger.NewMemory(cfg)
+	require.NoError(t, err)
+	_, err = m.Reclaim(ctx, jTenant, 0)
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	m, err = ledger.NewMemory(cfg)
+	require.NoError(t, err)
+	defer m.Close()
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Less(t, st.Size(), sizes[2]/4)
 }
 
 func TestJournalCorruptionRefusesStart(t *testing.T) {

@@ -199,21 +199,20 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		}
 	}
 	m.replaying = false
-	m.jnl = j
-	// Restart: RESERVED → EXPIRED, DISPATCHED → UNRESOLVED, journaled so a
-	// later replay reproduces it.
+	// Restart: RESERVED → EXPIRED, DISPATCHED → UNRESOLVED; then compact the
+	// journal into this open entry plus a snapshot of the resulting state.
 	now := m.clock().UnixMilli()
 	e := entry{op: opOpen, time: now, max: c.TombstoneRetention.Milliseconds()}
-	seq := j.append(&e)
 	if err := m.applyOpen(&e); err != nil {
 		_ = j.close()
 		return nil, err
 	}
-	if err := j.waitDurable(seq); err != nil {
-		_ = j.close()
-		return nil, fmt.Errorf("journal %s: %w: %w", c.Journal, ErrUnavailable, err)
+	truncated := j.truncated
+	if j, err = m.compact(j, c.Journal, &e); err != nil {
+		return nil, fmt.Errorf("compact journal %s: %w: %w", c.Journal, ErrUnavailable, err)
 	}
-	log.Info("ledger: journal replayed", "path", c.Journal, "entries", len(entries), "truncated_bytes", j.truncated)
+	m.jnl = j
+	log.Info("ledger: journal replayed and compacted", "path", c.Journal, "entries", len(entries), "truncated_bytes", truncated)
 	return m, nil
 }
 

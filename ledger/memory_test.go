@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -47,8 +48,7 @@ func memoryFactory(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
 		Logger:             quiet,
 	}
 	if cfg.Durable {
-		mc.Journal = filepath.Join(t.TempDir(), "ledger.journal")
-		mc.Fsync = ledger.Group(time.Millisecond)
+		mc.Journal = filepath.Join(fastTempDir(t), "ledger.journal")
 	}
 	m, err := ledger.NewMemory(mc)
 	require.NoError(t, err)
@@ -79,6 +79,17 @@ func memoryFactory(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
 		}
 	}
 	return b
+}
+
+// fastTempDir is a temporary directory on tmpfs when there is one, so the
+// model test's thousands of fsyncs stay cheap; T15 uses the real disk.
+func fastTempDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("/dev/shm", "ledgertest")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 func TestMemoryConformance(t *testing.T) {

@@ -33,9 +33,9 @@ func testModelRestart(t *testing.T, f Factory) {
 	if b.Restart == nil {
 		t.Skip("backend does not support Restart")
 	}
-	n := b.ModelSequences / 20
-	if n < 50 {
-		n = 50
+	n := b.ModelSequences / 50
+	if n < 200 {
+		n = 200
 	}
 	runModel(t, b, n, true)
 }
@@ -567,7 +567,11 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 		var op func() string
 		eq := true
 		var got, want func() string
-		switch r := rng.IntN(100); {
+		r := rng.IntN(100)
+		if restarts && rng.IntN(12) == 0 {
+			r = 100 // Restart
+		}
+		switch {
 		case r < 30:
 			req := newReq(id)
 			op = func() string {
@@ -623,7 +627,7 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 			ws, werr := m.resolve(id)
 			eq = errEq(err, werr) && s == ws
 			got, want = func() string { return fmt.Sprintf("%+v %s", s, describe(err)) }, func() string { return fmt.Sprintf("%+v %s", ws, describe(werr)) }
-		case r < 99 || !restarts:
+		case r < 100:
 			// CrashOwner: the owner stops calling; its leases run out. The
 			// ledger sees nothing, so there is nothing to compare.
 			op = func() string { return "CrashOwner" }

@@ -1,0 +1,246 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// Compaction. At every start, after replay and the restart transition, the
+// journal is rewritten as one opOpen entry followed by a snapshot of the
+// whole state (one entry per tenant, per scope and per record, heaps and the
+// tombstone FIFO in their exact order, so later replays stay deterministic),
+// written to a temporary file, fsynced and renamed over the journal. A crash
+// before the rename leaves the old journal, which replays to the same state.
+
+// appendSnapshot encodes the state of every tenant.
+func (m *Memory) appendSnapshot(b []byte) []byte {
+	m.mu.RLock()
+	ts := make([]*tenantState, 0, len(m.tenants))
+	for _, t := range m.tenants {
+		ts = append(ts, t)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(ts, func(a, b *tenantState) int { return bytes.Compare(a.key[:], b.key[:]) })
+	var raw []byte
+	i64 := func(v int64) { raw = binary.LittleEndian.AppendUint64(raw, uint64(v)) }
+	for _, t := range ts {
+		t.mu.Lock()
+		raw = raw[:0]
+		i64(int64(t.seq))
+		i64(int64(t.pv))
+		b = (&entry{op: opSnapTenant, time: t.hwm, ref: Ref{Tenant: t.key}, raw: raw}).encode(b)
+		keys := make([]ScopeKey, 0, len(t.scopes))
+		for k := range t.scopes {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, func(a, b ScopeKey) int { return bytes.Compare(a[:], b[:]) })
+		for _, k := range keys {
+			s := t.scopes[k]
+			raw = append(raw[:0], k[:]...)
+			raw = append(raw, byte(s.kind))
+			for _, v := range s.r {
+				i64(v)
+			}
+			i64(s.n)
+			raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.limits)))
+			for _, l := range s.limits {
+				raw = append(raw, byte(l.Dim), byte(l.Mode))
+				i64(l.Window.Milliseconds())
+				i64(l.Max)
+			}
+			raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.counters)))
+			for _, c := range s.counters {
+				raw = append(raw, byte(c.dim))
+				i64(c.wms)
+				i64(c.idx)
+				i64(c.c)
+				i64(int64(c.since))
+				i64(c.purged)
+				i64(c.adjust)
+			}
+			b = (&entry{op: opSnapScope, time: t.hwm, ref: Ref{Tenant: t.key}, raw: raw}).encode(b)
+		}
+		lists := [3][]*record{t.leases, t.unres, t.tombs[t.thead:]}
+		for list, recs := range lists {
+			for _, rec := range recs {
+				raw = append(raw[:0], byte(list))
+				raw = append(raw, rec.id[:]...)
+				raw = append(raw, byte(rec.state))
+				raw = append(raw, rec.owner[:]...)
+				i64(int64(rec.digest))
+				for _, v := range []int64{rec.leaseExp, rec.admitAt, rec.resolveAt, rec.purgeAt, int64(rec.chargedSeq), rec.chargedAt} {
+					i64(v)
+				}
+				for _, a := range []*Amounts{&rec.held, &rec.actual, &rec.charged} {
+					for _, v := range a {
+						i64(v)
+					}
+				}
+				late := byte(0)
+				if rec.late {
+					late = 1
+				}
+				raw = append(raw, byte(rec.source), late, byte(rec.nscopes))
+				for i := 0; i < rec.nscopes; i++ {
+					raw = append(raw, rec.refs[i].Key[:]...)
+					raw = append(raw, byte(rec.refs[i].Kind))
+					i64(rec.slotMax[i])
+					warn := byte(0)
+					if rec.slotWarn[i] {
+						warn = 1
+					}
+					raw = append(raw, warn)
+				}
+				b = (&entry{op: opSnapRecord, time: t.hwm, ref: Ref{Tenant: t.key}, raw: raw}).encode(b)
+			}
+		}
+		t.mu.Unlock()
+	}
+	return b
+}
+
+// applySnapshot restores one snapshot entry during replay.
+func (m *Memory) applySnapshot(e *entry) error {
+	r := &reader{b: e.raw}
+	t := m.tenant(e.ref.Tenant, true)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch e.op {
+	case opSnapTenant:
+		t.hwm = max(t.hwm, e.time)
+		t.seq = uint64(r.i64())
+		t.pv = uint64(r.i64())
+	case opSnapScope:
+		var k ScopeKey
+		r.id16(k[:])
+		s := &scopeState{kind: Kind(r.u8())}
+		for d := range s.r {
+			s.r[d] = r.i64()
+		}
+		s.n = r.i64()
+		nl := int(r.u16())
+		if nl > len(r.b) {
+			return errShort
+		}
+		for range nl {
+			l := Limit{Dim: Dim(r.u8()), Mode: Mode(r.u8())}
+			l.Window = msDuration(r.i64())
+			l.Max = r.i64()
+			s.limits = append(s.limits, l)
+		}
+		nc := int(r.u16())
+		if nc > len(r.b) {
+			return errShort
+		}
+		for range nc {
+			c := counter{dim: Dim(r.u8())}
+			c.wms, c.idx, c.c = r.i64(), r.i64(), r.i64()
+			c.since = uint64(r.i64())
+			c.purged, c.adjust = r.i64(), r.i64()
+			if c.wms <= 0 {
+				return fmt.Errorf("counter window %d ms", c.wms)
+			}
+			s.counters = append(s.counters, c)
+		}
+		if t.scopes[k] != nil {
+			return errors.New("scope restored twice")
+		}
+		t.scopes[k] = s
+	case opSnapRecord:
+		list := r.u8()
+		rec := &record{heapIdx: -1}
+		r.id16(rec.id[:])
+		rec.state = State(r.u8())
+		r.id16(rec.owner[:])
+		rec.digest = uint64(r.i64())
+		rec.leaseExp, rec.admitAt, rec.resolveAt, rec.purgeAt = r.i64(), r.i64(), r.i64(), r.i64()
+		rec.chargedSeq = uint64(r.i64())
+		rec.chargedAt = r.i64()
+		for _, a := range []*Amounts{&rec.held, &rec.actual, &rec.charged} {
+			for d := range a {
+				a[d] = r.i64()
+			}
+		}
+		rec.source, rec.late, rec.nscopes = Source(r.u8()), r.u8() == 1, int(r.u8())
+		if rec.nscopes > MaxScopes {
+			return fmt.Errorf("record with %d scopes", rec.nscopes)
+		}
+		for i := 0; i < rec.nscopes; i++ {
+			r.id16(rec.refs[i].Key[:])
+			rec.refs[i].Kind = Kind(r.u8())
+			rec.slotMax[i] = r.i64()
+			rec.slotWarn[i] = r.u8() == 1
+			if rec.scopes[i] = t.scopes[rec.refs[i].Key]; rec.scopes[i] == nil && r.err == nil {
+				return errors.New("record names a scope that was not restored")
+			}
+		}
+		if r.err != nil {
+			return r.err
+		}
+		if t.records[rec.id] != nil {
+			return errors.New("record restored twice")
+		}
+		switch list {
+		case 0:
+			rec.heapIdx = len(t.leases)
+			t.leases = append(t.leases, rec)
+		case 1:
+			rec.heapIdx = len(t.unres)
+			t.unres = append(t.unres, rec)
+		case 2:
+			t.tombs = append(t.tombs, rec)
+		default:
+			return fmt.Errorf("record list %d", list)
+		}
+		t.records[rec.id] = rec
+	}
+	if r.err != nil {
+		return r.err
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%d trailing bytes in snapshot entry", len(r.b))
+	}
+	return nil
+}
+
+// compact rewrites the journal as open + a snapshot of the current state and
+// returns the journal reopened for appending.
+func (m *Memory) compact(old *journal, path string, open *entry) (*journal, error) {
+	b := open.encode(nil)
+	b = m.appendSnapshot(b)
+	tmp := path + ".compact"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if _, err = f.Write(b); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	if err := old.close(); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	j, _, err := openJournal(path, old.interval)
+	return j, err
+}
+
+func msDuration(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
