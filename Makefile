@@ -14,6 +14,7 @@ test: deps
 
 deps:
 	./scripts/ensure-deps.sh
+	./scripts/npm-deps.sh
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi

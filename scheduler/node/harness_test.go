@@ -50,8 +50,8 @@ func startSim(t *testing.T, cfg sim.Config) *simReplica {
 // node is a Sluice server running in process.
 type node struct {
 	api, adminURL string
-	reg        *prometheus.Registry
-	stop       func() error
+	reg           *prometheus.Registry
+	stop          func() error
 }
 
 // nodeConfig renders a config for replicas with tenant overrides appended
