@@ -409,12 +409,21 @@ func (r *runner) failed(ctx context.Context, rec *Record, err error) {
 	}
 }
 
+// nonEmpty records whether a JSON string value is non-empty without
+// allocating it.
+type nonEmpty bool
+
+func (n *nonEmpty) UnmarshalJSON(b []byte) error {
+	*n = len(b) > 2 && b[0] == '"'
+	return nil
+}
+
 type chunk struct {
 	Choices []struct {
-		Text  string `json:"text"`
+		Text  nonEmpty `json:"text"`
 		Delta struct {
-			Content          string `json:"content"`
-			ReasoningContent string `json:"reasoning_content"`
+			Content          nonEmpty `json:"content"`
+			ReasoningContent nonEmpty `json:"reasoning_content"`
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
@@ -520,7 +529,7 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, cancel context.
 			rec.Done = ev.At
 			rec.Chunks++
 			ch := c.Choices[0]
-			if rec.FirstContent < 0 && (ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "") {
+			if rec.FirstContent < 0 && bool(ch.Text || ch.Delta.Content || ch.Delta.ReasoningContent) {
 				rec.FirstContent = ev.At
 			}
 			if q.CancelAfter > 0 && rec.Chunks >= q.CancelAfter {

@@ -17,6 +17,7 @@ var ErrLineTooLong = errors.New("sse line over 1 MiB")
 
 // Event is one server-sent event: its data lines joined by "\n", stamped
 // when its first line arrived. Comment-only events have Keepalive set.
+// Data is only valid until the next call to [SSEReader.Next].
 type Event struct {
 	Data      []byte
 	At        time.Duration
@@ -27,14 +28,15 @@ type Event struct {
 // joins multiple data lines, treats ":" lines as keepalives and ignores other
 // fields. Not safe for concurrent use.
 type SSEReader struct {
-	br  *bufio.Reader
-	now func() time.Duration
-	buf []byte
+	br   *bufio.Reader
+	now  func() time.Duration
+	buf  []byte
+	data []byte // reused for Event.Data
 }
 
 // NewSSEReader reads events from r, stamping them with now.
 func NewSSEReader(r io.Reader, now func() time.Duration) *SSEReader {
-	return &SSEReader{br: bufio.NewReaderSize(r, 64<<10), now: now}
+	return &SSEReader{br: bufio.NewReaderSize(r, 4<<10), now: now}
 }
 
 func (s *SSEReader) line() ([]byte, error) {
@@ -59,7 +61,8 @@ func (s *SSEReader) line() ([]byte, error) {
 // (after a final event without a trailing blank line, if any); other errors
 // are the transport's.
 func (s *SSEReader) Next() (Event, error) {
-	var ev Event
+	ev := Event{Data: s.data[:0]}
+	defer func() { s.data = ev.Data[:0] }()
 	started, hasData := false, false
 	for {
 		l, err := s.line()
