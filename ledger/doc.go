@@ -77,6 +77,11 @@
 // forgets all committed usage and in-flight holds. With a journal every applied
 // transition is appended (length, CRC-32C, ledger time, hashed ids, integers)
 // and fsynced before the call returns; on start the journal is replayed, a
-// torn tail is truncated, DISPATCHED records come back UNRESOLVED and RESERVED
-// ones EXPIRED.
+// torn tail is truncated, corruption before it refuses start (ErrCorrupt),
+// DISPATCHED records come back UNRESOLVED and RESERVED ones EXPIRED, and the
+// journal is compacted into a snapshot of that state (written to a temporary
+// file, fsynced, renamed). A failed journal write makes that call
+// ErrAmbiguous and every later call ErrUnavailable until restart (fail
+// closed). Compaction happens only at start, so a long-running process's
+// journal grows with its history until the next restart.
 package ledger

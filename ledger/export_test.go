@@ -35,3 +35,7 @@ func (m *Memory) CorruptForTest(kind int, ref Ref, scope ScopeKey) error {
 	}
 	return nil
 }
+
+// BreakJournalForTest closes the journal's file underneath the ledger, so the
+// next write fails.
+func (m *Memory) BreakJournalForTest() { _ = m.jnl.f.Close() }

@@ -331,3 +331,27 @@ func TestJournalHasNoRawIDs(t *testing.T) {
 		assert.NotContains(t, string(raw), s)
 	}
 }
+
+// TestJournalFailureFailsClosed: a failed journal write is an unknown
+// outcome for that call and refuses every later call (I9).
+func TestJournalFailureFailsClosed(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "j")
+	m, err := ledger.NewMemory(ledger.MemoryConfig{Clock: func() time.Time { return jT0 }, Journal: path, Logger: quiet})
+	require.NoError(t, err)
+	ctx := t.Context()
+	_, err = m.Reserve(ctx, jReq(0))
+	require.NoError(t, err)
+	m.BreakJournalForTest()
+	_, err = m.Reserve(ctx, jReq(1))
+	assert.ErrorIs(t, err, ledger.ErrAmbiguous)
+	_, err = m.Settle(ctx, jReq(0).Ref, jActual(0), ledger.SourceFinal)
+	assert.ErrorIs(t, err, ledger.ErrUnavailable)
+	assert.True(t, ledger.IsStoreError(err))
+	again, err := ledger.NewMemory(ledger.MemoryConfig{Clock: func() time.Time { return jT0 }, Journal: path, Logger: quiet})
+	require.NoError(t, err)
+	defer again.Close()
+	u, err := again.Snapshot(ctx, jTenant, jTenant)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), u.Reserved[ledger.Tokens], "only the acknowledged Reserve survived")
+}
