@@ -51,10 +51,12 @@ type Faults struct {
 	// Spike is the extra duration of a spiked step. Default 0.
 	Spike time.Duration
 	// DropRate is the chance that a streamed response's connection is cut
-	// mid-stream (no usage, no [DONE]); the request is aborted. Default 0.
+	// mid-stream, after 1 to 8 chunks drawn per request (no usage, no
+	// [DONE]); the request is aborted. Default 0.
 	DropRate float64
 	// StreamErrorRate is the chance that a streamed response ends mid-stream
-	// with an SSE error event, then [DONE]. Default 0.
+	// (after 1 to 8 chunks) with an SSE error event, then [DONE]; the request
+	// is aborted. Default 0.
 	StreamErrorRate float64
 	// StartupDelay delays serving (Serve) by this long. Default 0.
 	StartupDelay time.Duration
