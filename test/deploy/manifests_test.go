@@ -745,6 +745,44 @@ func TestServiceMonitors(t *testing.T) {
 	}
 }
 
+// TestPodMonitors checks that a PodMonitor selects pods with the named port.
+func TestPodMonitors(t *testing.T) {
+	mon := loadLayout(t, deployPath(t, "kubernetes", "monitoring"))
+	node := loadLayout(t, deployPath(t, "kubernetes", "node"))
+	pms := mon.byKind("PodMonitor")
+	require.NotEmpty(t, pms)
+	for _, d := range pms {
+		var pm struct {
+			Spec struct {
+				Selector struct {
+					MatchLabels map[string]string `yaml:"matchLabels"`
+				} `yaml:"selector"`
+				Endpoints []struct {
+					Port string `yaml:"port"`
+					Path string `yaml:"path"`
+				} `yaml:"podMetricsEndpoints"`
+			} `yaml:"spec"`
+		}
+		require.NoError(t, d.node.Decode(&pm))
+		require.Len(t, pm.Spec.Endpoints, 1)
+		assert.Equal(t, "/metrics", pm.Spec.Endpoints[0].Path)
+		n := 0
+		for _, w := range workloads(t, node) {
+			if !selects(pm.Spec.Selector.MatchLabels, w.Spec.Template.Metadata.Labels) {
+				continue
+			}
+			n++
+			found := false
+			for _, c := range w.Spec.Template.Spec.Containers {
+				_, ok := portOf(c, pm.Spec.Endpoints[0].Port)
+				found = found || (ok && isVLLM(c))
+			}
+			assert.True(t, found, "PodMonitor %s: no vLLM container port %q in %s", d.Metadata.Name, pm.Spec.Endpoints[0].Port, w.Metadata.Name)
+		}
+		assert.Equal(t, 1, n, "PodMonitor %s selects the node layout's pods", d.Metadata.Name)
+	}
+}
+
 func TestTenantQuota(t *testing.T) {
 	l := loadLayout(t, deployPath(t, "kubernetes", "tenant-quota"))
 	require.Len(t, l.byKind("ResourceQuota"), 1)
