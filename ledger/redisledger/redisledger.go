@@ -447,7 +447,6 @@ func (l *Ledger) grantFrom(req ledger.ReserveRequest, r reply) (ledger.Grant, er
 
 // decodeRoom decodes append_room's layout starting at r[i].
 func decodeRoom(g *ledger.Grant, scopes []ledger.Scope, r reply, i int) {
-	req := struct{ Scopes []ledger.Scope }{scopes}
 	for d := range ledger.NumDims {
 		tr, _ := r.int(i)
 		mx, _ := r.int(i + 1)
@@ -474,8 +473,8 @@ func decodeRoom(g *ledger.Grant, scopes []ledger.Scope, r reply, i int) {
 		rs, _ := r.int(i + 5)
 		i += 6
 		wr := ledger.Warning{Dim: ledger.Dim(d), Window: time.Duration(w) * time.Second, Limit: mx, Used: used}
-		if si >= 1 && int(si) <= len(req.Scopes) {
-			wr.Scope = req.Scopes[si-1].Kind
+		if si >= 1 && int(si) <= len(scopes) {
+			wr.Scope = scopes[si-1].Kind
 		}
 		if w > 0 {
 			wr.ResetsAt = time.UnixMilli(rs).UTC()

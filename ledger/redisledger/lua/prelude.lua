@@ -26,13 +26,17 @@ end
 -- conformance tests pin ledger time with it.
 local FLOOR = tonumber(ARGV[#ARGV]) or 0
 
+-- META holds the tenant meta hash fields read once by ledger_now.
+local META = {}
+
 local function ledger_now()
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if FLOOR > now then now = FLOOR end
-  local h = redis.call('HGET', KEYS[1], 'hwm')
-  if h then
-    local hv = cint(h)
+  local m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
+  META.epoch, META.fence_s, META.pv_s = m[2], m[3], m[4]
+  if m[1] then
+    local hv = cint(m[1])
     if hv == nil then return nil end
     if hv > now then now = hv end
   end
@@ -43,11 +47,12 @@ end
 -- It returns the stored epoch and whether the caller must back off.
 local function epoch_check(now)
   local cached, cand = ARGV[1], ARGV[2]
-  local stored = redis.call('HGET', KEYS[1], 'epoch')
+  local stored = META.epoch
   if not stored then
     redis.call('HSET', KEYS[1], 'epoch', cand)
     if cached ~= '' then
       redis.call('HSET', KEYS[1], 'fence_until', now + tonumber(ARGV[3]), 'hwm', now)
+      META.fence_s = tostring(now + tonumber(ARGV[3]))
       return cand, true
     end
     return cand, false
@@ -109,32 +114,47 @@ end
 
 -- load_scope reads and validates every counter a spec touches: r:<d>, n,
 -- c:<d>:<W> and w:<d>:<W>. Returns false on corruption.
-local function load_scope(sc)
-  local f = {'n'}
-  for _, d in ipairs(sc.dlist) do table.insert(f, 'r:' .. d) table.insert(f, 'o:' .. d) end
+local RF = {[0] = 'r:0', 'r:1', 'r:2', 'r:3', 'r:4', 'r:5'}
+local OF = {[0] = 'o:0', 'o:1', 'o:2', 'o:3', 'o:4', 'o:5'}
+
+-- load_scope reads and validates the counters a spec touches: n, r:<d>,
+-- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
+-- corruption.
+local function load_scope(sc, overrun)
+  local f = {'n', 'lim', 'r:0', 'r:1', 'r:2', 'r:3', 'r:4', 'r:5'}
   for _, l in ipairs(sc.lims) do
-    table.insert(f, 'c:' .. l.d .. ':' .. l.w)
-    table.insert(f, 'w:' .. l.d .. ':' .. l.w)
+    l.cf = 'c:' .. l.d .. ':' .. l.w
+    l.wf = 'w:' .. l.d .. ':' .. l.w
+    f[#f + 1] = l.cf
+    f[#f + 1] = l.wf
   end
-  table.insert(f, 'lim')
+  if overrun then
+    for d = 0, 5 do f[#f + 1] = OF[d] end
+  end
   local v = redis.call('HMGET', sc.key, unpack(f))
-  sc.seen = v[#f]
+  sc.seen = v[2]
   local n = cint(v[1])
   if n == nil then return false end
   sc.n = n
   sc.r, sc.o = {}, {}
-  local i = 2
-  for _, d in ipairs(sc.dlist) do
-    local r, o = cint(v[i]), cint(v[i + 1])
-    if r == nil or o == nil then return false end
-    sc.r[d], sc.o[d] = r, o
-    i = i + 2
+  for d = 0, 5 do
+    local r = cint(v[3 + d])
+    if r == nil then return false end
+    sc.r[d] = r
   end
+  local i = 9
   for _, l in ipairs(sc.lims) do
     local c, w = cint(v[i]), cint(v[i + 1])
     if c == nil or w == nil then return false end
     l.c, l.widx = c, w
     i = i + 2
+  end
+  if overrun then
+    for d = 0, 5 do
+      local o = cint(v[i + d])
+      if o == nil then return false end
+      sc.o[d] = o
+    end
   end
   return true
 end
@@ -159,7 +179,7 @@ local function load_record(now)
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
   rec.le, rec.te, rec.sl, rec.ra = cint(v[4]), cint(v[5]), cint(v[9]), cint(v[12])
   if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
-  if v[5] and now >= rec.te then return false end -- tombstone past retention
+  if v[5] and now >= rec.te then return false, 'aged' end -- tombstone past retention
   rec.h = parse_amounts(v[6] or '')
   if rec.h == nil then return nil, 'held' end
   if v[10] then
@@ -184,7 +204,7 @@ end
 local function do_release(scopes, h, slot)
   for _, sc in ipairs(scopes) do
     for _, d in ipairs(sc.dlist) do
-      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, 'r:' .. d, -h[d]) end
+      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], -h[d]) end
     end
     if slot and sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
   end
@@ -213,7 +233,7 @@ end
 
 local function do_charge(plan)
   for _, p in ipairs(plan) do
-    redis.call('HINCRBY', p.sc.key, 'c:' .. p.l.d .. ':' .. p.l.w, p.amt)
+    redis.call('HINCRBY', p.sc.key, p.l.cf, p.amt)
   end
 end
 

@@ -24,8 +24,7 @@ if rec then
   return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now}, a)
 end
 
-local fu = redis.call('HMGET', KEYS[1], 'fence_until', 'pv')
-local fence, pv = cint(fu[1]), cint(fu[2])
+local fence, pv = cint(META.fence_s), cint(META.pv_s)
 if fence == nil or pv == nil then return {'CORRUPT', epoch, 'meta'} end
 if now < fence then return {'RECOVERING', epoch} end
 local cpv = cint(ARGV[6])
@@ -48,11 +47,11 @@ for _, sc in ipairs(scopes) do
   for _, l in ipairs(sc.lims) do
     local idx = a.widx[l.w]
     if l.widx < idx then
-      redis.call('HSET', sc.key, 'w:' .. l.d .. ':' .. l.w, idx, 'c:' .. l.d .. ':' .. l.w, 0)
+      redis.call('HSET', sc.key, l.wf, idx, l.cf, 0)
     end
   end
   for _, d in ipairs(sc.dlist) do
-    if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, 'r:' .. d, h[d]) end
+    if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], h[d]) end
   end
   if dispatch and sc.slot then
     redis.call('HINCRBY', sc.key, 'n', 1)
@@ -65,7 +64,7 @@ for w, idx in pairs(a.widx) do table.insert(wi, w .. ':' .. idx) end
 table.sort(wi)
 local st = S_RESERVED
 if dispatch then st = S_DISPATCHED end
-redis.call('DEL', KEYS[4])
+if why == 'aged' then redis.call('DEL', KEYS[4]) end
 redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h', ARGV[11],
   'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
 redis.call('ZADD', KEYS[2], le, ARGV[4])

@@ -19,7 +19,7 @@ if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
 end
 if rec.st == S_CHARGED then return {'FINAL', epoch, rec.st} end
 for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+  if not load_scope(sc, true) then return {'CORRUPT', epoch, 'scope'} end
 end
 local release = rec.st == S_RESERVED or rec.st == S_DISPATCHED or rec.st == S_UNRESOLVED
 local slot = (rec.st == S_DISPATCHED or rec.st == S_RESERVED) and rec.sl == 1
@@ -42,7 +42,7 @@ end
 local st = S_SETTLED
 if release then
   do_release(scopes, rec.h, slot)
-  for _, o in ipairs(over) do redis.call('HINCRBY', o.sc.key, 'o:' .. o.d, o.x) end
+  for _, o in ipairs(over) do redis.call('HINCRBY', o.sc.key, OF[o.d], o.x) end
 else
   st = S_SETTLED_LATE
 end

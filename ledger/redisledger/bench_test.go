@@ -1,0 +1,146 @@
+package redisledger_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
+)
+
+// benchSetup starts a redis-server and a Ledger with production defaults
+// (StoreTimeout 250ms, default pool) and returns request templates over 16
+// tenants, each with a tenant and an api_key scope.
+func benchSetup(b *testing.B) (*redisledger.Ledger, [][]ledger.Scope) {
+	b.Helper()
+	return benchSetupT(b, startRedis(b).Addr())
+}
+
+func benchSetupT(b testing.TB, addr string) (*redisledger.Ledger, [][]ledger.Scope) {
+	l := newLedger(b, addr, func(c *redisledger.Config) { c.StoreTimeout = 250 * time.Millisecond })
+	if err := l.LoadScripts(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	scopes := make([][]ledger.Scope, 16)
+	for i := range scopes {
+		scopes[i] = []ledger.Scope{
+			{Kind: ledger.KindTenant, Key: testKeyer.Key(ledger.KindTenant, "bench-"+string(rune('a'+i))), Limits: []ledger.Limit{
+				{Dim: ledger.Tokens, Window: time.Hour, Max: ledger.MaxAmount},
+				{Dim: ledger.Requests, Window: time.Minute, Max: ledger.MaxAmount},
+				{Dim: ledger.Slots, Max: 1 << 20}}},
+			{Kind: ledger.KindAPIKey, Key: testKeyer.Key(ledger.KindAPIKey, "bench-key-"+string(rune('a'+i))), Limits: []ledger.Limit{
+				{Dim: ledger.Tokens, Window: 24 * time.Hour, Max: ledger.MaxAmount}}},
+		}
+	}
+	return l, scopes
+}
+
+// pair runs one Reserve(Dispatch) + Settle and returns the Reserve latency.
+func pair(ctx context.Context, l *redisledger.Ledger, sc []ledger.Scope, owner ledger.Owner) (time.Duration, error) {
+	req := ledger.ReserveRequest{Ref: ledger.Ref{Tenant: sc[0].Key, ID: ledger.NewRequestID()}, Owner: owner,
+		Scopes: sc, Held: held(512), Dispatch: true}
+	start := time.Now()
+	if _, err := l.Reserve(ctx, req); err != nil {
+		return 0, err
+	}
+	lat := time.Since(start)
+	_, err := l.Settle(ctx, req.Ref, held(300), ledger.SourceFinal)
+	return lat, err
+}
+
+// BenchmarkReserveSettle64 measures closed-loop throughput of Reserve
+// (Dispatch) + Settle pairs with 64 concurrent callers. Target: ≥ 20,000
+// pairs/s on a 2-core machine (LEDGER.md §8).
+func BenchmarkReserveSettle64(b *testing.B) {
+	l, scopes := benchSetup(b)
+	ctx := context.Background()
+	owner := ledger.NewOwner()
+	var next atomic.Int64
+	var failed atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 64/runtimeProcs()))
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		sc := scopes[int(next.Add(1))%len(scopes)]
+		for pb.Next() {
+			if _, err := pair(ctx, l, sc, owner); err != nil {
+				failed.Add(1)
+			}
+		}
+	})
+	el := time.Since(start)
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
+}
+
+// BenchmarkReserveOpenLoop drives Reserve + Settle pairs at a fixed rate
+// (1,000, 2,500 and 5,000 pairs/s), open loop (each pair is scheduled at start + i/rate whether or not
+// earlier ones finished, and latency counts from the scheduled time, so
+// queueing is not hidden), and reports Reserve p50/p99. Target: p99 ≤ 2 ms.
+func BenchmarkReserveOpenLoop(b *testing.B) {
+	for _, rate := range []int{1000, 2500, 5000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { benchOpenLoop(b, rate) })
+	}
+}
+
+func benchOpenLoop(b *testing.B, rate int) {
+	l, scopes := benchSetup(b)
+	ctx := context.Background()
+	owner := ledger.NewOwner()
+	hist := hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)
+	var mu sync.Mutex // guards hist
+	var failed atomic.Int64
+	work := make(chan time.Time)
+	var wg sync.WaitGroup
+	for w := range 256 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := scopes[w%len(scopes)]
+			for due := range work {
+				req := ledger.ReserveRequest{Ref: ledger.Ref{Tenant: sc[0].Key, ID: ledger.NewRequestID()}, Owner: owner,
+					Scopes: sc, Held: held(512), Dispatch: true}
+				_, err := l.Reserve(ctx, req)
+				lat := time.Since(due)
+				if err == nil {
+					_, err = l.Settle(ctx, req.Ref, held(300), ledger.SourceFinal)
+				}
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				mu.Lock()
+				_ = hist.RecordValue(lat.Microseconds())
+				mu.Unlock()
+			}
+		}()
+	}
+	b.ReportAllocs()
+	start := time.Now()
+	i := 0
+	for b.Loop() {
+		due := start.Add(time.Duration(i) * time.Second / time.Duration(rate))
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d) // the generator's fixed schedule
+		}
+		work <- due
+		i++
+	}
+	close(work)
+	wg.Wait()
+	// Failures (StoreTimeout exceeded when the machine cannot keep up) are
+	// reported, not fatal, so an overloaded run still records its figures.
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(hist.ValueAtQuantile(50)), "p50-µs")
+	b.ReportMetric(float64(hist.ValueAtQuantile(99)), "p99-µs")
+	b.ReportMetric(float64(hist.Max()), "max-µs")
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
