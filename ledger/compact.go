@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,8 +19,8 @@ import (
 // written to a temporary file, fsynced and renamed over the journal. A crash
 // before the rename leaves the old journal, which replays to the same state.
 
-// appendSnapshot encodes the state of every tenant.
-func (m *Memory) appendSnapshot(b []byte) []byte {
+// sortedTenants returns every tenant in key order.
+func (m *Memory) sortedTenants() []*tenantState {
 	m.mu.RLock()
 	ts := make([]*tenantState, 0, len(m.tenants))
 	for _, t := range m.tenants {
@@ -27,10 +28,18 @@ func (m *Memory) appendSnapshot(b []byte) []byte {
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(ts, func(a, b *tenantState) int { return bytes.Compare(a.key[:], b.key[:]) })
+	return ts
+}
+
+// appendSnapshot encodes the state of every tenant in ts; with lock it takes
+// each tenant's lock, otherwise the caller holds them all.
+func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 	var raw []byte
 	i64 := func(v int64) { raw = binary.LittleEndian.AppendUint64(raw, uint64(v)) }
 	for _, t := range ts {
-		t.mu.Lock()
+		if lock {
+			t.mu.Lock()
+		}
 		raw = raw[:0]
 		i64(int64(t.seq))
 		i64(int64(t.pv))
@@ -100,7 +109,9 @@ func (m *Memory) appendSnapshot(b []byte) []byte {
 				b = (&entry{op: opSnapRecord, time: t.hwm, ref: Ref{Tenant: t.key}, raw: raw}).encode(b)
 			}
 		}
-		t.mu.Unlock()
+		if lock {
+			t.mu.Unlock()
+		}
 	}
 	return b
 }
@@ -209,38 +220,123 @@ func (m *Memory) applySnapshot(e *entry) error {
 	return nil
 }
 
-// compact rewrites the journal as open + a snapshot of the current state and
-// returns the journal reopened for appending.
+// compact rewrites the journal at start-up as open + a snapshot of the
+// current state and returns the journal reopened for appending.
 func (m *Memory) compact(old *journal, path string, open *entry) (*journal, error) {
 	b := open.encode(nil)
-	b = m.appendSnapshot(b)
-	tmp := path + ".compact"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if _, err = f.Write(b); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
+	b = m.appendSnapshot(b, m.sortedTenants(), true)
+	if err := replaceFile(path, b); err != nil {
+		_ = old.close()
 		return nil, err
 	}
 	if err := old.close(); err != nil {
 		return nil, err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return nil, err
+	j, _, err := openJournal(path, old.interval)
+	return j, err
+}
+
+// replaceFile atomically replaces path with data (temporary file, fsync,
+// rename, directory fsync).
+func replaceFile(path string, data []byte) error {
+	tmp := path + ".compact"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
 	}
 	if d, err := os.Open(filepath.Dir(path)); err == nil {
 		_ = d.Sync()
 		_ = d.Close()
 	}
-	j, _, err := openJournal(path, old.interval)
-	return j, err
+	return nil
+}
+
+// Compact rewrites the journal as a snapshot of the current state while the
+// ledger runs. It stops every tenant for the duration (one sequential write
+// and fsync of the state), and Run calls it once the journal passes
+// MemoryConfig.CompactBytes. A failure fails the ledger closed (every later
+// call ErrUnavailable) because pending entries may be lost. Safe for
+// concurrent use; a no-op without a journal.
+func (m *Memory) Compact(ctx context.Context) error {
+	if m.jnl == nil {
+		return nil
+	}
+	if err := m.ready(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock() // no new tenants while every tenant is stopped
+	defer m.mu.Unlock()
+	ts := make([]*tenantState, 0, len(m.tenants))
+	for _, t := range m.tenants {
+		ts = append(ts, t)
+	}
+	slices.SortFunc(ts, func(a, b *tenantState) int { return bytes.Compare(a.key[:], b.key[:]) })
+	for _, t := range ts {
+		t.mu.Lock()
+	}
+	defer func() {
+		for _, t := range ts {
+			t.mu.Unlock()
+		}
+	}()
+	// Every applied entry is now in the state; take the journal from any
+	// in-progress fsync and drop the buffered entries, which the snapshot covers.
+	j := m.jnl
+	j.mu.Lock()
+	for j.syncing {
+		j.cond.Wait()
+	}
+	if j.err != nil {
+		err := j.err
+		j.mu.Unlock()
+		return fmt.Errorf("compact: %w: %w", ErrUnavailable, err)
+	}
+	j.syncing = true
+	target := j.appended
+	j.buf = j.buf[:0]
+	j.mu.Unlock()
+
+	b := (&entry{op: opRetention, time: m.clock().UnixMilli(), max: m.retention}).encode(nil)
+	b = m.appendSnapshot(b, ts, false)
+	err := replaceFile(j.path, b)
+	var f *os.File
+	if err == nil {
+		f, err = os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0o600)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.syncing = false
+	j.cond.Broadcast()
+	if err != nil {
+		jerr := fmt.Errorf("journal compaction: %w", err)
+		j.err = jerr
+		m.failed.CompareAndSwap(nil, &jerr)
+		return fmt.Errorf("compact %s: %w: %w", j.path, ErrUnavailable, err)
+	}
+	_ = j.f.Close()
+	j.f = f
+	j.durable = target
+	j.size = int64(len(b))
+	return nil
+}
+
+func (j *journal) sizeNow() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.size
 }
 
 func msDuration(v int64) time.Duration { return time.Duration(v) * time.Millisecond }

@@ -36,6 +36,7 @@ const (
 	opSnapTenant uint8 = 10
 	opSnapScope  uint8 = 11
 	opSnapRecord uint8 = 12
+	opRetention  uint8 = 13 // tombstone retention (head of an online compaction)
 
 	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
 )
@@ -67,7 +68,7 @@ func (e *entry) encode(b []byte) []byte {
 	b = append(b, e.ref.Tenant[:]...)
 	i64 := func(v int64) { b = binary.LittleEndian.AppendUint64(b, uint64(v)) }
 	switch e.op {
-	case opOpen, opReclaim:
+	case opOpen, opReclaim, opRetention:
 		i64(e.max)
 	case opReserve:
 		r := e.req
@@ -153,7 +154,7 @@ func decodeEntry(body []byte) (entry, error) {
 	e.time = r.i64()
 	r.id16(e.ref.Tenant[:])
 	switch e.op {
-	case opOpen, opReclaim:
+	case opOpen, opReclaim, opRetention:
 		e.max = r.i64()
 	case opReserve:
 		q := &ReserveRequest{}
@@ -233,6 +234,7 @@ type journal struct {
 	f         *os.File
 	interval  time.Duration
 	truncated int64 // bytes of torn tail dropped at open
+	path      string
 
 	mu       sync.Mutex // guards the fields below
 	cond     *sync.Cond
@@ -243,6 +245,7 @@ type journal struct {
 	syncing  bool
 	lastSync time.Time
 	err      error
+	size     int64 // bytes in the file
 }
 
 // openJournal reads and validates path, truncates a torn tail and returns the
@@ -260,7 +263,7 @@ func openJournal(path string, interval time.Duration) (*journal, []entry, error)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open journal %s: %w: %w", path, ErrUnavailable, err)
 	}
-	j := &journal{f: f, interval: interval, truncated: int64(len(data) - good)}
+	j := &journal{f: f, interval: interval, truncated: int64(len(data) - good), path: path, size: int64(good)}
 	j.cond = sync.NewCond(&j.mu)
 	if j.truncated > 0 {
 		if err := f.Truncate(int64(good)); err != nil {
@@ -364,6 +367,7 @@ func (j *journal) waitDurable(seq uint64) error {
 			j.err = fmt.Errorf("journal write: %w", err)
 		} else {
 			j.durable = target
+			j.size += int64(len(buf))
 		}
 		j.cond.Broadcast()
 	}
@@ -394,6 +398,9 @@ func (m *Memory) apply(e *entry) error {
 	switch e.op {
 	case opOpen:
 		return m.applyOpen(e)
+	case opRetention:
+		m.retention = e.max
+		return nil
 	case opSnapTenant, opSnapScope, opSnapRecord:
 		return m.applySnapshot(e)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -355,3 +356,57 @@ func TestJournalFailureFailsClosed(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), u.Reserved[ledger.Tokens], "only the acknowledged Reserve survived")
 }
+
+// TestJournalOnlineCompaction: Compact while calls are in flight loses no
+// acknowledged operation.
+func TestJournalOnlineCompaction(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(fastTempDirT(t), "j")
+	clock := &fakeClock{now: jT0}
+	cfg := ledger.MemoryConfig{Clock: clock.Now, Journal: path, Logger: quiet}
+	m, err := ledger.NewMemory(cfg)
+	require.NoError(t, err)
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := g; i < 400; i += 4 {
+				if _, err := m.Reserve(ctx, jReq(i)); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%3 == 0 {
+					if _, err := m.Settle(ctx, jReq(i).Ref, jActual(i), ledger.SourceFinal); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	for range 5 {
+		require.NoError(t, m.Compact(ctx))
+	}
+	wg.Wait()
+	require.NoError(t, m.Compact(ctx))
+	_, err = m.Reserve(ctx, jReq(1000))
+	require.NoError(t, err)
+	want := committed(m, ledger.Tokens, 24*time.Hour)
+	require.NoError(t, m.Close())
+	again, err := ledger.NewMemory(cfg)
+	require.NoError(t, err)
+	defer again.Close()
+	assert.Equal(t, want, committed(again, ledger.Tokens, 24*time.Hour))
+	for i := range 400 {
+		err := again.MarkDispatched(ctx, jReq(i).Ref, ledger.Owner{0xff})
+		if i%3 == 0 {
+			assert.ErrorIs(t, err, ledger.ErrAlreadyFinal, "request %d", i)
+		} else {
+			assert.ErrorIs(t, err, ledger.ErrLeaseLost, "request %d", i)
+		}
+	}
+	assert.ErrorIs(t, again.MarkDispatched(ctx, jReq(1000).Ref, ledger.Owner{0xff}), ledger.ErrLeaseLost, "the entry after the compaction")
+	require.NoError(t, again.Audit())
+}
+
+func fastTempDirT(t *testing.T) string { return fastTempDir(t) }

@@ -31,7 +31,7 @@ func Group(interval time.Duration) Fsync { return Fsync{Interval: interval} }
 // Alert is reported through MemoryConfig.OnAlert for conditions an operator
 // must see: corrupt state and protocol violations.
 type Alert struct {
-	Reason string // "corrupt" or "settled_late"
+	Reason string // "corrupt", "settled_late" or "journal" (online compaction failed)
 	Ref    Ref
 	Err    error // for "corrupt"
 }
@@ -60,6 +60,10 @@ type MemoryConfig struct {
 	ReclaimInterval time.Duration
 	// ReclaimBatch is the max passed to Reclaim by Run. Optional; default 1024.
 	ReclaimBatch int
+	// CompactBytes makes Run compact the journal (see [Memory.Compact]) once
+	// it is larger than this many bytes. Optional; default 64 MiB; negative
+	// disables online compaction (the journal is still compacted at start).
+	CompactBytes int64
 	// OnUsage receives every usage event (Settle, Resolve, automatic charge),
 	// after the call's locks are released and after its journal fsync. It must
 	// not call back into the ledger synchronously. Optional.
@@ -93,6 +97,9 @@ func (c *MemoryConfig) withDefaults() (MemoryConfig, error) {
 	}
 	if out.ReclaimBatch == 0 {
 		out.ReclaimBatch = 1024
+	}
+	if out.CompactBytes == 0 {
+		out.CompactBytes = 64 << 20
 	}
 	var errs []error
 	if out.LeaseTTL < time.Millisecond {
@@ -249,6 +256,11 @@ func (m *Memory) Run(ctx context.Context) error {
 				if err != nil || !st.More || ctx.Err() != nil {
 					break
 				}
+			}
+		}
+		if m.jnl != nil && m.cfg.CompactBytes > 0 && m.jnl.sizeNow() > m.cfg.CompactBytes {
+			if err := m.Compact(ctx); err != nil && m.cfg.OnAlert != nil {
+				m.cfg.OnAlert(Alert{Reason: "journal", Err: err})
 			}
 		}
 	}

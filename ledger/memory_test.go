@@ -66,7 +66,14 @@ func memoryFactory(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
 		Orphans: func() int { return int(orphans.Load()) },
 	}
 	if cfg.Durable {
+		restarts := 0
 		b.Restart = func() (ledger.Ledger, error) {
+			restarts++
+			if restarts%2 == 0 { // every other restart also replays an online compaction
+				if err := cur.Compact(t.Context()); err != nil {
+					return nil, err
+				}
+			}
 			if err := cur.Close(); err != nil {
 				return nil, err
 			}
