@@ -82,6 +82,7 @@
 // journal is compacted into a snapshot of that state (written to a temporary
 // file, fsynced, renamed). A failed journal write makes that call
 // ErrAmbiguous and every later call ErrUnavailable until restart (fail
-// closed). Compaction happens only at start, so a long-running process's
-// journal grows with its history until the next restart.
+// closed). Run also compacts online once the journal passes CompactBytes
+// ([Memory.Compact] stops every tenant for one sequential write and fsync of
+// the state).
 package ledger
