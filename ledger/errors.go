@@ -90,3 +90,32 @@ func FormatWindow(w time.Duration) string {
 		return fmt.Sprintf("%ds", w/time.Second)
 	}
 }
+
+// DeniedDetails is the `details` object of a 429 (LEDGER.md §4). It names the
+// scope kind, never an id or hash.
+type DeniedDetails struct {
+	Scope     string `json:"scope"`
+	Dimension string `json:"dimension"`
+	Window    string `json:"window"`
+	Limit     int64  `json:"limit"`
+	Committed int64  `json:"committed"`
+	Reserved  int64  `json:"reserved"`
+	Requested int64  `json:"requested"`
+	ResetsAt  string `json:"resets_at,omitempty"` // RFC 3339 UTC; empty for slots
+}
+
+// Details returns the 429 details object for e.
+func (e *DeniedError) Details() DeniedDetails {
+	d := DeniedDetails{Scope: e.Scope.String(), Dimension: e.Dim.String(), Window: FormatWindow(e.Window),
+		Limit: e.Limit, Committed: e.Committed, Reserved: e.Reserved, Requested: e.Requested}
+	if !e.ResetsAt.IsZero() {
+		d.ResetsAt = e.ResetsAt.UTC().Format(time.RFC3339)
+	}
+	return d
+}
+
+// RetryAfterMillis returns RetryAfter rounded up to whole milliseconds (for
+// retry-after-ms); Retry-After is this divided by 1000, rounded up.
+func (e *DeniedError) RetryAfterMillis() int64 {
+	return int64((e.RetryAfter + time.Millisecond - 1) / time.Millisecond)
+}

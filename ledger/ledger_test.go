@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -111,6 +112,12 @@ func TestDeniedError(t *testing.T) {
 	assert.ErrorIs(t, err, ErrDenied)
 	assert.False(t, errors.Is(err, ErrPolicy))
 	assert.Equal(t, "ledger: workflow budget exceeded: tokens per 1h: committed 480000 + reserved 15000 + requested 8000 > limit 500000; resets at 2026-11-25T14:00:00Z (retry after 1m30s)", e.Error())
+	b, err := json.Marshal(e.Details())
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"scope":"workflow","dimension":"tokens","window":"1h","limit":500000,"committed":480000,"reserved":15000,"requested":8000,"resets_at":"2026-11-25T14:00:00Z"}`, string(b))
+	assert.Equal(t, int64(90000), e.RetryAfterMillis())
+	e.RetryAfter = 1500*time.Microsecond + 1
+	assert.Equal(t, int64(2), e.RetryAfterMillis())
 	s := &DeniedError{Scope: KindTenant, Dim: Slots, Limit: 5, Reserved: 5, Requested: 1}
 	assert.Equal(t, "ledger: tenant concurrency limit reached: 5 of 5 slots in use", s.Error())
 }
