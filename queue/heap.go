@@ -14,7 +14,13 @@ func (a *hitem[K, P]) less(b *hitem[K, P]) bool {
 	return a.k < b.k || (a.k == b.k && a.s < b.s)
 }
 
-// dheap is an indexed 4-ary min-heap. Every element records its own
+// Heap arity: 2^heapShift children per node.
+const (
+	heapShift = 2
+	heapArity = 1 << heapShift
+)
+
+// dheap is an indexed d-ary min-heap (d = heapArity). Every element records its own
 // position through setIdx (-1 once removed), so remove and fix are
 // O(log n). setIdx must be a plain function, so calls do not allocate.
 type dheap[K cmp.Ordered, P any] struct {
@@ -65,7 +71,7 @@ func (h *dheap[K, P]) init() {
 	if len(h.s) < 2 {
 		return
 	}
-	for i := (len(h.s) - 2) / 4; i >= 0; i-- {
+	for i := (len(h.s) - 2) >> heapShift; i >= 0; i-- {
 		h.down(i)
 	}
 }
@@ -73,7 +79,7 @@ func (h *dheap[K, P]) init() {
 func (h *dheap[K, P]) up(i int) {
 	e := h.s[i]
 	for i > 0 {
-		p := (i - 1) >> 2
+		p := (i - 1) >> heapShift
 		if !e.less(&h.s[p]) {
 			break
 		}
@@ -91,12 +97,12 @@ func (h *dheap[K, P]) down(i0 int) bool {
 	i := i0
 	e := h.s[i]
 	for {
-		c := i<<2 + 1
+		c := i<<heapShift + 1
 		if c >= n {
 			break
 		}
 		best := c
-		end := min(c+4, n)
+		end := min(c+heapArity, n)
 		for j := c + 1; j < end; j++ {
 			if h.s[j].less(&h.s[best]) {
 				best = j

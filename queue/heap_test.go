@@ -31,7 +31,7 @@ func TestHeapAgainstModel(t *testing.T) {
 			if h.s[i].p.idx != i {
 				require.Failf(t, "index", "element at %d records %d", i, h.s[i].p.idx)
 			}
-			if i > 0 && h.s[i].less(&h.s[(i-1)/4]) {
+			if i > 0 && h.s[i].less(&h.s[(i-1)>>heapShift]) {
 				require.Failf(t, "heap property", "at %d", i)
 			}
 		}
