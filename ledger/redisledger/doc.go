@@ -1,0 +1,76 @@
+// Package redisledger is the Redis backend of the Sluice budget ledger
+// (LEDGER.md §6): several front ends share tenants' budgets and slots through
+// one Redis (standalone, Sentinel or Cluster). It runs the same state machine
+// as ledger.Memory and passes the same conformance suite (ledger/ledgertest).
+//
+// # One script per operation
+//
+// Every operation is one Lua script (reserve, dispatch, extend, settle,
+// release, expire, resolve; scan and snapshot are read-only and run with
+// EVALSHA_RO). Scripts run atomically but Redis has no rollback, so each one
+// first reads and validates everything it will touch (integers, ranges,
+// states, epoch, policy version, and that KEYS match the record's scopes)
+// and only then writes, with HINCRBY for counters. Stored damage is refused
+// as ledger.ErrCorrupt with nothing written, never clamped. Scripts start
+// with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
+// before they run. go-redis runs them with EVALSHA and falls back to EVAL on
+// NOSCRIPT; they are never pipelined.
+//
+// # Keys
+//
+// Every key of a tenant starts with "<prefix>:{T}:" where T is the tenant's
+// ScopeKey in base64url, so all keys of one call share a Cluster slot; every
+// key is passed in KEYS and no script builds a name. The store only ever sees
+// HMAC'd scope keys and random request ids, never a raw tenant, API key or
+// workflow id.
+//
+//	m        HASH  hwm, epoch, fence_until, pv
+//	L        ZSET  RESERVED/DISPATCHED request ids by lease expiry (ms)
+//	U        ZSET  UNRESOLVED ids by the end of their first admission window
+//	q:<id>   HASH  the record: st, o(wner), dg (digest), le (lease), h (held),
+//	               sp (scopes and limits), wi (admission window per W), sl
+//	               (slot taken), a (actual), src, at (admitted), te (tombstone
+//	               end), ra (chargeable at), ls (state before the terminal one)
+//	s:<S>    HASH  per scope: r:<d> (holds, every dimension), n (slots),
+//	               c:<d>:<W> with w:<d>:<W> (committed and its window index),
+//	               o:<d> (overrun), lim (the scope's limits as last reserved)
+//
+// Calls that act on an existing record (MarkDispatched, Settle, Release,
+// Reclaim, Resolve) need its scope keys: the Ledger remembers the scopes of
+// records it reserved, and otherwise the script answers with the stored
+// scopes and the call is retried once with the right KEYS.
+//
+// # Time
+//
+// Ledger time is Redis TIME in ms raised to the tenant's high-water mark
+// (hwm), which every write persists, so it never goes back across failovers.
+// Windows are tumbling and aligned to the Unix epoch; holds live in the
+// unwindowed r, and usage is charged to the admission window only while it is
+// still current. Terminal records stay as tombstones until TombstoneRetention
+// of ledger time has passed (and Redis drops them by PEXPIRE in real time).
+//
+// # Failures
+//
+// Every call is bounded by StoreTimeout (default 250 ms), retries included.
+// An error raised before a command could reach Redis (dial failure, pool
+// exhaustion, a refusal like OOM, BUSY, LOADING or READONLY) is
+// ledger.ErrUnavailable; anything else (timeouts, a broken connection) is
+// ledger.ErrAmbiguous: the script may have run, possibly several times under
+// go-redis retries, which is harmless because every script checks the
+// request id first. Callers resolve ambiguity by replaying the same id.
+//
+// Store loss is detected with a random per-tenant epoch that front ends cache
+// and send: a missing or different stored epoch fences the tenant's Reserves
+// (ledger.ErrRecovering) until MaxLeaseTTL has passed, and Extends of old
+// leases fail (ledger.ErrLeaseLost), so owners abort upstream (I10). A
+// process without a cached epoch adopts the stored one.
+//
+// # Design rationale
+//
+// Lua scripts rather than Redis Functions: go-redis handles NOSCRIPT
+// transparently, there is no FUNCTION LOAD step to version, and a failover
+// that empties the script cache only costs one EVAL per script. The read-only
+// Reclaim scan lists due ids; each id is then expired or charged by its own
+// script that rechecks due-ness, so a racing Extend or Settle wins or loses
+// atomically and Reclaim never acts early.
+package redisledger
