@@ -1,10 +1,12 @@
 package queue
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,4 +211,58 @@ func TestSteadyStateAllocsZero(t *testing.T) {
 		step()
 	}
 	assert.Zero(t, testing.AllocsPerRun(10_000, step))
+}
+
+// BenchmarkExpiryLateness measures, on the real clock with Run's runtime
+// timer, how late expired entries are reported: each iteration queues
+// `entries` entries with deadlines spread over 200 ms and waits until all
+// have expired, with the timer alone and with a 1 ms ExpirySpin. It reports the p50, p99, p99.9 and maximum of (report time
+// − deadline) over all iterations.
+func BenchmarkExpiryLateness(b *testing.B) {
+	for _, bc := range []struct {
+		n    int
+		spin time.Duration
+	}{{10_000, 0}, {10_000, time.Millisecond}, {100_000, 0}, {100_000, time.Millisecond}} {
+		n := bc.n
+		b.Run(fmt.Sprintf("entries=%d/spin=%v", n, bc.spin), func(b *testing.B) {
+			cfg := Config{MaxWait: time.Hour, ExpirySpin: bc.spin}
+			for i := range 100 {
+				cfg.Tenants = append(cfg.Tenants, TenantConfig{Name: fmt.Sprintf("t%d", i)})
+			}
+			var all []int64
+			r := rand.New(rand.NewPCG(4, 4))
+			for b.Loop() {
+				lat := make([]int64, 0, n)
+				done := make(chan struct{})
+				q, err := New[int](cfg, Deps[int]{OnExpire: func(it Item[int]) {
+					lat = append(lat, int64(time.Since(it.Deadline)))
+					if len(lat) == n {
+						close(done)
+					}
+				}})
+				require.NoError(b, err)
+				// Deadlines start after the enqueues are surely done.
+				start := time.Now().Add(50*time.Millisecond + time.Duration(n)*3*time.Microsecond)
+				for i := range n {
+					d := start.Add(time.Duration(r.Int64N(int64(200 * time.Millisecond))))
+					if _, err := q.Enqueue(Request[int]{Tenant: cfg.Tenants[i%100].Name, Deadline: d, Payload: i}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				ctx, cancel := context.WithCancel(b.Context())
+				var wg sync.WaitGroup
+				wg.Go(func() { _ = q.Run(ctx) })
+				<-done
+				cancel()
+				wg.Wait()
+				all = append(all, lat...)
+			}
+			slices.Sort(all)
+			pct := func(f float64) float64 { return float64(all[int(f*float64(len(all)-1))]) / 1e3 }
+			b.ReportMetric(pct(0.5), "p50-µs")
+			b.ReportMetric(pct(0.99), "p99-µs")
+			b.ReportMetric(pct(0.999), "p99.9-µs")
+			b.ReportMetric(float64(all[len(all)-1])/1e3, "max-µs")
+		})
+	}
 }

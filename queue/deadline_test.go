@@ -268,3 +268,44 @@ func TestExactlyOneOwnerUnderConcurrency(t *testing.T) {
 		checkInvariants(t, q)
 	})
 }
+
+// TestRunExpirySpinRealClock runs Run on the real clock with ExpirySpin: every
+// entry is reported exactly once, never before its deadline, and Run stops
+// on cancel. (No upper bound on lateness here: that is measured by
+// BenchmarkExpiryLateness, not asserted in a timed unit test.)
+func TestRunExpirySpinRealClock(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	var (
+		mu    sync.Mutex
+		seen  = map[int]int{}
+		early []int
+	)
+	done := make(chan struct{})
+	q, err := New[int](Config{ExpirySpin: time.Millisecond, Tenants: tenants("a")}, Deps[int]{OnExpire: func(it Item[int]) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Now().Before(it.Deadline) {
+			early = append(early, it.Payload)
+		}
+		seen[it.Payload]++
+		if len(seen) == n {
+			close(done)
+		}
+	}})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.NoError(t, q.Run(ctx)) })
+	now := time.Now()
+	for i := range n {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Payload: i, Deadline: now.Add(time.Duration(n-i) * 50 * time.Microsecond)})
+	}
+	<-done
+	cancel()
+	wg.Wait()
+	assert.Empty(t, early, "expired before the deadline")
+	for i := range n {
+		assert.Equal(t, 1, seen[i], "entry %d", i)
+	}
+}

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -709,17 +710,26 @@ func (q *Queue[T]) Tick() (next time.Time, ok bool) {
 }
 
 // Run drives expiry and park backoffs with one runtime timer armed at the
-// earliest due time, re-armed whenever an earlier one appears. It returns
-// nil when ctx is cancelled. Call it once, from the program's errgroup.
+// earliest due time, re-armed whenever an earlier one appears (and, with
+// [Config.ExpirySpin], a short poll before each due time). It returns nil
+// when ctx is cancelled. Call it once, from the program's errgroup.
 func (q *Queue[T]) Run(ctx context.Context) error {
 	tm := time.NewTimer(time.Hour)
 	defer tm.Stop()
 	for {
 		next, ok := q.Tick()
-		if ok {
-			tm.Reset(next.Sub(q.clock.Now()))
-		} else {
+		if !ok {
 			tm.Stop()
+		} else {
+			d := next.Sub(q.clock.Now())
+			if spin := q.expirySpin(); spin > 0 && d <= spin {
+				if q.spinUntil(ctx, next) {
+					return nil
+				}
+				continue
+			} else {
+				tm.Reset(d - spin)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -728,4 +738,26 @@ func (q *Queue[T]) Run(ctx context.Context) error {
 		case <-q.rearm:
 		}
 	}
+}
+
+func (q *Queue[T]) expirySpin() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.cfg.ExpirySpin
+}
+
+// spinUntil yields until the clock reaches due, an earlier due time is
+// signalled, or ctx ends (reported as true).
+func (q *Queue[T]) spinUntil(ctx context.Context, due time.Time) bool {
+	for q.clock.Now().Before(due) {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-q.rearm:
+			return false
+		default:
+		}
+		runtime.Gosched()
+	}
+	return false
 }

@@ -23,8 +23,9 @@ func TestConfigValidate(t *testing.T) {
 		{
 			name: "every problem named",
 			cfg: Config{
-				MaxDepth: -1,
-				MaxBytes: -1,
+				MaxDepth:   -1,
+				MaxBytes:   -1,
+				ExpirySpin: -1,
 				Tenants: []TenantConfig{
 					{Name: "a", Weight: -1, Band: NumBands},
 					{Name: "a", MaxDepth: -1, MaxBytes: -2, MaxWait: -time.Second, Order: 7},
@@ -34,6 +35,7 @@ func TestConfigValidate(t *testing.T) {
 			want: []string{
 				"max_depth must be >= 0",
 				"max_bytes must be >= 0",
+				"expiry_spin must be in [0, 10ms]",
 				"tenants[0].weight",
 				"tenants[0].priority",
 				`tenants[1].name "a" duplicates tenants[0]`,
