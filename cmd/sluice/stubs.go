@@ -10,4 +10,3 @@ func runReservations(context.Context, env, []string) error { return errNotImplem
 func runTenant(context.Context, env, []string) error       { return errNotImplemented }
 func runDrain(context.Context, env, []string) error        { return errNotImplemented }
 func runReload(context.Context, env, []string) error       { return errNotImplemented }
-func runAudit(context.Context, env, []string) error        { return errNotImplemented }
