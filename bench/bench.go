@@ -427,7 +427,38 @@ func execute(ctx context.Context, o *Options, sched *workload.Schedule, targets 
 	if derr != nil {
 		return nil, derr
 	}
+	if o.SaveDetailed {
+		addDetailed(doc, sched, raw)
+	}
 	return &Result{Doc: doc, Analysis: an, Schedule: sched, Raw: raw}, err
+}
+
+// addDetailed adds vLLM's --save-detailed arrays, one entry per measured
+// request in schedule order: input_lens, output_lens (0 unless success),
+// ttfts and itls in seconds, errors ("" on success, else outcome/reason)
+// and generated_texts (always "": Sluice does not keep text).
+func addDetailed(doc report.Doc, sched *workload.Schedule, raw *loadgen.Result) {
+	var in, out []any
+	var ttfts, itls, errs, texts []any
+	for i := range raw.Records {
+		r := &raw.Records[i]
+		if r.Intended < sched.Warmup {
+			continue
+		}
+		in = append(in, r.InTokens)
+		texts = append(texts, "")
+		if !r.Outcome.OK() {
+			out, ttfts, itls = append(out, 0), append(ttfts, 0.0), append(itls, []any{})
+			errs = append(errs, strings.TrimSuffix(string(r.Outcome)+"/"+r.Reason, "/"))
+			continue
+		}
+		gaps := make([]any, len(r.ITL))
+		for j, g := range r.ITL {
+			gaps[j] = g.Seconds()
+		}
+		out, ttfts, itls, errs = append(out, r.OutTokens), append(ttfts, r.TTFT().Seconds()), append(itls, gaps), append(errs, "")
+	}
+	doc["input_lens"], doc["output_lens"], doc["ttfts"], doc["itls"], doc["errors"], doc["generated_texts"] = in, out, ttfts, itls, errs, texts
 }
 
 // configFor records the run's configuration with API keys masked.

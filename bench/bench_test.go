@@ -50,7 +50,7 @@ func TestRunAgainstSimulator(t *testing.T) {
 	res, err := Run(t.Context(), Options{
 		Workload: writeWorkload(t, twoTenants), SimReplicas: 2, SimConfig: sim.Config{Model: "sim-model"},
 		SaveResult: true, ResultDir: dir, ResultFilename: "r.json", HTML: filepath.Join(dir, "r.html"),
-		CSV: filepath.Join(dir, "r.csv"), SaveRequests: filepath.Join(dir, "r.jsonl"), Stdout: &out, Now: fixedNow,
+		CSV: filepath.Join(dir, "r.csv"), SaveRequests: filepath.Join(dir, "r.jsonl"), Stdout: &out, Now: fixedNow, SaveDetailed: true,
 		Metadata: map[string]string{"queue_depth": "0"},
 	})
 	require.NoError(t, err)
@@ -73,6 +73,10 @@ func TestRunAgainstSimulator(t *testing.T) {
 	html, err := os.ReadFile(filepath.Join(dir, "r.html"))
 	require.NoError(t, err)
 	assert.Equal(t, 3, strings.Count(string(html), "<svg "))
+	itls, _ := saved["itls"].([]any)
+	require.Len(t, itls, 36, "--save-detailed: vLLM's per-request arrays")
+	first, _ := itls[0].([]any)
+	assert.True(t, len(first) >= 1 && len(first) <= 7, "8 tokens in 2–8 chunks: 1–7 gaps, got %d", len(first))
 	jl, err := os.ReadFile(filepath.Join(dir, "r.jsonl"))
 	require.NoError(t, err)
 	assert.Equal(t, 36, strings.Count(string(jl), "\n"))
