@@ -8,6 +8,7 @@ type hitem[K cmp.Ordered, P any] struct {
 	k K
 	s uint64
 	p P
+	x int32 // the element's slot in a dense position index, if the heap uses one
 }
 
 func (a *hitem[K, P]) less(b *hitem[K, P]) bool {
@@ -20,27 +21,29 @@ const (
 	heapArity = 1 << heapShift
 )
 
-// dheap is an indexed d-ary min-heap (d = heapArity). Every element records its own
-// position through setIdx (-1 once removed), so remove and fix are
-// O(log n). setIdx must be a plain function, so calls do not allocate.
+// dheap is an indexed d-ary min-heap (d = heapArity). Every element's
+// position is recorded through setIdx (-1 once removed), so remove and
+// setKey are O(log n). setIdx gets the element and its dense index x; a heap
+// whose elements are scattered in memory records positions in a dense
+// array indexed by x, so sifting does not touch the elements at all.
 type dheap[K cmp.Ordered, P any] struct {
 	s      []hitem[K, P]
-	setIdx func(p P, i int)
+	setIdx func(p P, x int32, i int)
 }
 
 func (h *dheap[K, P]) len() int { return len(h.s) }
 
 func (h *dheap[K, P]) top() *hitem[K, P] { return &h.s[0] }
 
-func (h *dheap[K, P]) push(k K, s uint64, p P) {
-	h.s = append(h.s, hitem[K, P]{k: k, s: s, p: p})
+func (h *dheap[K, P]) push(k K, s uint64, p P, x int32) {
+	h.s = append(h.s, hitem[K, P]{k: k, s: s, p: p, x: x})
 	h.up(len(h.s) - 1)
 }
 
 // remove deletes the element at position i and returns it.
 func (h *dheap[K, P]) remove(i int) P {
 	n := len(h.s) - 1
-	p := h.s[i].p
+	p, x := h.s[i].p, h.s[i].x
 	if i != n {
 		h.s[i] = h.s[n]
 	}
@@ -51,7 +54,7 @@ func (h *dheap[K, P]) remove(i int) P {
 			h.up(i)
 		}
 	}
-	h.setIdx(p, -1)
+	h.setIdx(p, x, -1)
 	return p
 }
 
@@ -66,7 +69,7 @@ func (h *dheap[K, P]) setKey(i int, k K) {
 // init re-heapifies after many keys changed (for example a new order).
 func (h *dheap[K, P]) init() {
 	for i := range h.s {
-		h.setIdx(h.s[i].p, i)
+		h.setIdx(h.s[i].p, h.s[i].x, i)
 	}
 	if len(h.s) < 2 {
 		return
@@ -84,11 +87,11 @@ func (h *dheap[K, P]) up(i int) {
 			break
 		}
 		h.s[i] = h.s[p]
-		h.setIdx(h.s[i].p, i)
+		h.setIdx(h.s[i].p, h.s[i].x, i)
 		i = p
 	}
 	h.s[i] = e
-	h.setIdx(e.p, i)
+	h.setIdx(e.p, e.x, i)
 }
 
 // down sifts the element at i down and reports whether it moved.
@@ -112,10 +115,10 @@ func (h *dheap[K, P]) down(i0 int) bool {
 			break
 		}
 		h.s[i] = h.s[best]
-		h.setIdx(h.s[i].p, i)
+		h.setIdx(h.s[i].p, h.s[i].x, i)
 		i = best
 	}
 	h.s[i] = e
-	h.setIdx(e.p, i)
+	h.setIdx(e.p, e.x, i)
 	return i > i0
 }

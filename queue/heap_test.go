@@ -19,7 +19,11 @@ type hnode struct {
 func TestHeapAgainstModel(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(9, 9))
-	h := dheap[int64, *hnode]{setIdx: func(n *hnode, i int) { n.idx = i }}
+	var pos []int32 // dense index, as the band and deadline heaps keep
+	h := dheap[int64, *hnode]{setIdx: func(n *hnode, x int32, i int) {
+		n.idx = i
+		pos[x] = int32(i)
+	}}
 	h.init() // empty is fine
 	live := map[*hnode]bool{}
 	var seq uint64
@@ -28,7 +32,7 @@ func TestHeapAgainstModel(t *testing.T) {
 			require.Failf(t, "size", "heap has %d, model %d", len(h.s), len(live))
 		}
 		for i := range h.s {
-			if h.s[i].p.idx != i {
+			if h.s[i].p.idx != i || int(pos[h.s[i].x]) != i || int(h.s[i].x) != h.s[i].p.id {
 				require.Failf(t, "index", "element at %d records %d", i, h.s[i].p.idx)
 			}
 			if i > 0 && h.s[i].less(&h.s[(i-1)>>heapShift]) {
@@ -36,17 +40,19 @@ func TestHeapAgainstModel(t *testing.T) {
 			}
 		}
 	}
-	for step := range 5_000 {
+	for range 5_000 {
 		switch k := r.IntN(10); {
 		case k < 5:
 			seq++
-			n := &hnode{id: step}
-			h.push(r.Int64N(100), seq, n)
+			n := &hnode{id: len(pos)}
+			pos = append(pos, -1)
+			h.push(r.Int64N(100), seq, n, int32(n.id))
 			live[n] = true
 		case k < 7 && h.len() > 0:
 			i := r.IntN(h.len())
 			n := h.remove(i)
 			require.Equal(t, -1, n.idx)
+			require.Equal(t, int32(-1), pos[n.id])
 			delete(live, n)
 		case k < 9 && h.len() > 0:
 			h.setKey(r.IntN(h.len()), r.Int64N(100))

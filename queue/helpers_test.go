@@ -90,10 +90,12 @@ func checkInvariants[T any](t *testing.T, q *Queue[T]) {
 				tb += n.bytes
 			}
 			eligible := f.entries.len() > 0 && !tn.parked
-			require.Equal(t, eligible, f.hidx >= 0, "tenant %s band %d eligibility", tn.cfg.Name, b)
-			if f.hidx >= 0 {
-				require.Same(t, f, q.bands[b].heap.s[f.hidx].p)
-				require.Equal(t, f.v, q.bands[b].heap.s[f.hidx].k) //nolint:testifylint // exact copy
+			hidx := int(q.fpos[f.id])
+			require.Equal(t, eligible, hidx >= 0, "tenant %s band %d eligibility", tn.cfg.Name, b)
+			if hidx >= 0 {
+				require.Same(t, f, q.bands[b].heap.s[hidx].p)
+				require.Equal(t, f.id, q.bands[b].heap.s[hidx].x)
+				require.Equal(t, f.v, q.bands[b].heap.s[hidx].k) //nolint:testifylint // exact copy
 			}
 		}
 		require.Equal(t, tn.depth, td, "tenant %s depth", tn.cfg.Name)
@@ -105,7 +107,8 @@ func checkInvariants[T any](t *testing.T, q *Queue[T]) {
 	require.Equal(t, q.bytes, bytes)
 	require.Equal(t, q.depth, q.deadlines.len())
 	for i, e := range q.deadlines.s {
-		require.Equal(t, i, e.p.didx)
+		require.Equal(t, int32(i), q.dpos[e.p.id])
+		require.Equal(t, e.p.id, e.x)
 		require.Equal(t, e.p.dl, e.k)
 	}
 }

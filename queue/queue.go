@@ -105,8 +105,8 @@ type node[T any] struct {
 	state uint8
 	band  uint8
 	f     *flow[T]
-	fidx  int // position in f.entries
-	didx  int // position in Queue.deadlines
+	fidx  int   // position in f.entries
+	id    int32 // slot in Queue.dpos
 	seq   uint64
 	dl    int64 // effective deadline, Unix nanoseconds
 	cost  int64
@@ -119,7 +119,7 @@ type node[T any] struct {
 // flow is one (tenant, band) pair. The fields a pick touches come first,
 // within one cache line.
 type flow[T any] struct {
-	hidx    int                    // position in its band's heap, -1 when not eligible
+	id      int32                  // slot in Queue.fpos
 	entries dheap[int64, *node[T]] // key: deadline under EDF, else 0; then seq
 	v       float64                // virtual counter, cost units per unit weight
 	t       *tenant[T]
@@ -171,6 +171,8 @@ type Queue[T any] struct {
 	deadlines dheap[int64, *node[T]]   // key: deadline, then seq
 	parks     dheap[int64, *tenant[T]] // key: park end
 	free      []*node[T]
+	fpos      []int32 // band-heap position of each flow by flow.id, -1 when not eligible
+	dpos      []int32 // deadline-heap position of each node by node.id, -1 when not queued
 	depth     int
 	bytes     int64
 	cost      int64
@@ -196,15 +198,13 @@ func New[T any](cfg Config, deps Deps[T]) (*Queue[T], error) {
 		q.clock = realClock{}
 	}
 	for i := range q.bands {
-		q.bands[i].heap = dheap[float64, *flow[T]]{setIdx: flowSetIdx[T]}
+		q.bands[i].heap = dheap[float64, *flow[T]]{setIdx: func(_ *flow[T], x int32, i int) { q.fpos[x] = int32(i) }}
 	}
-	q.deadlines = dheap[int64, *node[T]]{setIdx: nodeSetDidx[T]}
+	q.deadlines = dheap[int64, *node[T]]{setIdx: func(_ *node[T], x int32, i int) { q.dpos[x] = int32(i) }}
 	q.parks = dheap[int64, *tenant[T]]{setIdx: tenantSetPidx[T]}
 	q.applyLocked(cfg.withDefaults())
 	return q, nil
 }
-
-func flowSetIdx[T any](f *flow[T], i int) { f.hidx = i }
 
 // entryKey is a node's primary key in its flow: the deadline under EDF,
 // else 0 (so arrival order decides).
@@ -215,9 +215,8 @@ func entryKey[T any](n *node[T]) int64 {
 	return 0
 }
 
-func nodeSetFidx[T any](n *node[T], i int)     { n.fidx = i }
-func nodeSetDidx[T any](n *node[T], i int)     { n.didx = i }
-func tenantSetPidx[T any](t *tenant[T], i int) { t.pidx = i }
+func nodeSetFidx[T any](n *node[T], _ int32, i int)     { n.fidx = i }
+func tenantSetPidx[T any](t *tenant[T], _ int32, i int) { t.pidx = i }
 
 // Ready returns a channel (capacity 1) that receives a value whenever
 // something may have become dispatchable: an enqueue to an unparked
@@ -335,7 +334,9 @@ func (q *Queue[T]) allocLocked() *node[T] {
 		q.free = q.free[:k-1]
 		return n
 	}
-	return &node[T]{fidx: -1, didx: -1}
+	n := &node[T]{fidx: -1, id: int32(len(q.dpos))}
+	q.dpos = append(q.dpos, -1)
+	return n
 }
 
 func (q *Queue[T]) freeLocked(n *node[T]) {
@@ -350,7 +351,8 @@ func (q *Queue[T]) freeLocked(n *node[T]) {
 func (q *Queue[T]) flowLocked(t *tenant[T], b int) *flow[T] {
 	f := t.flows[b]
 	if f == nil {
-		f = &flow[T]{t: t, band: uint8(b), hidx: -1}
+		f = &flow[T]{t: t, band: uint8(b), id: int32(len(q.fpos))}
+		q.fpos = append(q.fpos, -1)
 		f.entries = dheap[int64, *node[T]]{setIdx: nodeSetFidx[T]}
 		t.flows[b] = f
 	}
@@ -364,9 +366,9 @@ func (q *Queue[T]) insertLocked(n *node[T], nowN int64, fresh bool) {
 	f := n.f
 	t := f.t
 	wasEmpty := f.entries.len() == 0
-	f.entries.push(entryKey(n), n.seq, n)
-	q.deadlines.push(n.dl, n.seq, n)
-	if n.didx == 0 {
+	f.entries.push(entryKey(n), n.seq, n, 0)
+	q.deadlines.push(n.dl, n.seq, n, n.id)
+	if q.dpos[n.id] == 0 {
 		q.signalRearm()
 	}
 	t.depth++
@@ -398,7 +400,7 @@ func (q *Queue[T]) joinLocked(f *flow[T], nowN int64, fresh bool) {
 	}
 	q.eseq++
 	f.eseq = q.eseq
-	bd.heap.push(f.v, f.eseq, f)
+	bd.heap.push(f.v, f.eseq, f, f.id)
 }
 
 // unlinkLocked removes a queued node from its flow and the deadline heap
@@ -407,7 +409,7 @@ func (q *Queue[T]) unlinkLocked(n *node[T], nowN int64) {
 	f := n.f
 	t := f.t
 	f.entries.remove(n.fidx)
-	q.deadlines.remove(n.didx)
+	q.deadlines.remove(int(q.dpos[n.id]))
 	t.depth--
 	t.bytes -= n.bytes
 	t.cost -= n.cost
@@ -416,8 +418,8 @@ func (q *Queue[T]) unlinkLocked(n *node[T], nowN int64) {
 	q.cost -= n.cost
 	if f.entries.len() == 0 {
 		f.last = nowN
-		if f.hidx >= 0 {
-			q.bands[f.band].heap.remove(f.hidx)
+		if q.fpos[f.id] >= 0 {
+			q.bands[f.band].heap.remove(int(q.fpos[f.id]))
 		}
 	}
 }
@@ -522,8 +524,8 @@ func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {
 	f.v += float64(n.cost) / t.cfg.Weight
 	f.charged += n.cost
 	t.charged += n.cost
-	if f.hidx >= 0 {
-		bd.heap.setKey(f.hidx, f.v)
+	if q.fpos[f.id] >= 0 {
+		bd.heap.setKey(int(q.fpos[f.id]), f.v)
 	}
 	t.counters.Dispatched++
 	t.rate.add(nowN, n.cost)
@@ -567,13 +569,13 @@ func (q *Queue[T]) parkLocked(t *tenant[T], nowN int64) {
 	t.parked = true
 	t.counters.Parks++
 	for _, f := range t.flows {
-		if f != nil && f.hidx >= 0 {
-			q.bands[f.band].heap.remove(f.hidx)
+		if f != nil && q.fpos[f.id] >= 0 {
+			q.bands[f.band].heap.remove(int(q.fpos[f.id]))
 		}
 	}
 	if q.cfg.ParkBackoff > 0 {
 		t.until = nowN + int64(q.cfg.ParkBackoff)
-		q.parks.push(t.until, 0, t)
+		q.parks.push(t.until, 0, t, 0)
 		if t.pidx == 0 {
 			q.signalRearm()
 		}
@@ -646,8 +648,8 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 	f.v -= float64(n.cost) / t.cfg.Weight
 	f.charged -= n.cost
 	t.charged -= n.cost
-	if f.hidx >= 0 {
-		q.bands[f.band].heap.setKey(f.hidx, f.v)
+	if q.fpos[f.id] >= 0 {
+		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
 	}
 	t.counters.Dispatched--
 	t.counters.Requeued++
@@ -674,8 +676,8 @@ func (q *Queue[T]) Reconcile(tenant string, band int, predicted, actual int64) b
 	f.v += float64(d) / t.cfg.Weight
 	f.charged += d
 	t.charged += d
-	if f.hidx >= 0 {
-		q.bands[f.band].heap.setKey(f.hidx, f.v)
+	if q.fpos[f.id] >= 0 {
+		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
 	}
 	return true
 }
