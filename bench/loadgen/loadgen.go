@@ -357,6 +357,9 @@ func (r *runner) do(ctx context.Context, q *workload.Request, i int) (rec Record
 	if p.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.APIKey)
 	}
+	if p.HasPriority {
+		req.Header.Set("X-Priority", strconv.Itoa(p.Priority))
+	}
 	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
 		if !ci.Reused {
 			r.newConns.Add(1)

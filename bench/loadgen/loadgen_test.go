@@ -156,6 +156,7 @@ func TestWireContract(t *testing.T) {
 	}))
 	defer srv.Close()
 	sc := oneTenant("chat-a", 2500*time.Millisecond, workload.Request{InputLen: 3, OutputLen: 7, PromptSeed: 9})
+	sc.Tenants[0].Priority, sc.Tenants[0].HasPriority = 2, true
 	res, err := Run(t.Context(), sc, Config{Targets: []string{srv.URL}, Model: "llama", IgnoreEOS: true, IDPrefix: "x-", Run: 2})
 	require.NoError(t, err)
 	require.Len(t, got, 1)
@@ -163,6 +164,7 @@ func TestWireContract(t *testing.T) {
 	assert.Equal(t, "/v1/completions", got[0].URL.Path)
 	assert.Equal(t, "Bearer sk-chat-a", h.Get("Authorization"))
 	assert.Equal(t, "x-chat-a-0-r2", h.Get("X-Request-Id"))
+	assert.Equal(t, "2", h.Get("X-Priority"))
 	ids := workload.PromptTokens(9, 0, 3)
 	want := fmt.Sprintf(`{"model":"llama","prompt":[%d,%d,%d],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"ignore_eos":true}`, ids[0], ids[1], ids[2])
 	assert.Equal(t, want, bodies[0])

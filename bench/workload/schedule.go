@@ -33,24 +33,25 @@ type Options struct {
 
 // Plan is one tenant with every default resolved.
 type Plan struct {
-	Index      int
-	Name       string
-	APIKey     string
-	Role       string // victim | aggressor
-	Weight     float64
-	Priority   int
-	Rate       float64 // peak rps; +Inf = all at t0
-	Burstiness float64 // gamma shape; +Inf = constant interval
-	NumPrompts int
-	Input      Length
-	Output     Length
-	Pattern    Pattern
-	RampFrom   float64 // rps, for ramp
-	RampTo     float64
-	Deadline   time.Duration // 0 = none
-	SLO        SLO
-	Cancel     *Cancel
-	Cost       Cost
+	Index       int
+	Name        string
+	APIKey      string
+	Role        string // victim | aggressor
+	Weight      float64
+	Priority    int // sent as X-Priority when HasPriority (0 is highest)
+	HasPriority bool
+	Rate        float64 // peak rps; +Inf = all at t0
+	Burstiness  float64 // gamma shape; +Inf = constant interval
+	NumPrompts  int
+	Input       Length
+	Output      Length
+	Pattern     Pattern
+	RampFrom    float64 // rps, for ramp
+	RampTo      float64
+	Deadline    time.Duration // 0 = none
+	SLO         SLO
+	Cancel      *Cancel
+	Cost        Cost
 }
 
 // Request is one planned request. Times are offsets from t0.
@@ -231,7 +232,7 @@ func (s *Spec) Plans(o Options) ([]Plan, error) {
 			p.Weight = *t.Weight
 		}
 		if t.Priority != nil {
-			p.Priority = *t.Priority
+			p.Priority, p.HasPriority = *t.Priority, true
 		}
 		if t.NumPrompts != nil {
 			p.NumPrompts = *t.NumPrompts

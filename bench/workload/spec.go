@@ -382,6 +382,9 @@ func (s *Spec) Validate() error {
 		} else if !(t.Rate.Value > 0) {
 			bad("rate must be > 0")
 		}
+		if t.Priority != nil && *t.Priority < 0 {
+			bad("priority must be >= 0 (0 is the highest band)")
+		}
 		if t.NumPrompts != nil && *t.NumPrompts < 1 {
 			bad("num_prompts must be >= 1")
 		}
