@@ -47,6 +47,7 @@ func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) 
 		"POST /admin/replicas/":   a.drainReplica,
 		"DELETE /admin/replicas/": a.drainReplica,
 	}
+	a.registerOps()
 	return a
 }
 
@@ -224,6 +225,7 @@ type TenantStatus struct {
 	Inflight    int64  `json:"inflight_requests"`
 	Queued      int    `json:"queued"`
 	Charged     int64  `json:"charged_cost"`
+	Clamp       *Clamp `json:"clamp"`
 }
 
 func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
@@ -232,6 +234,9 @@ func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
 		ts := TenantStatus{Name: t.name, Weight: t.cfg.Weight, Priority: t.cfg.Priority, Concurrency: t.cfg.Concurrency, Inflight: t.rt.inflight.Load()}
 		if qs, ok := a.s.q.Stats(t.name); ok {
 			ts.Queued, ts.Charged = qs.Depth, qs.Charged
+		}
+		if c, ok := a.s.pol.Load().clampOf(t.name, a.s.now()); ok {
+			ts.Clamp = &c
 		}
 		out = append(out, ts)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -79,6 +80,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	if req.Model != "" && !s.reps.knowsModel(req.Model) {
 		return nil, fmt.Errorf("model %q: %w", req.Model, ErrUnknownModel)
+	}
+	if cl, ok := pol.clampOf(t.name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
+		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
 	}
 	if !s.reps.anyUp() {
 		return nil, ErrNoReplica
@@ -422,6 +426,9 @@ func (s *Server) dispatchLoop(ctx context.Context) {
 func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
+	if cur := s.pol.Load().tenants[t.name]; cur != nil {
+		t = cur // clamps and reloads apply from the next dispatch
+	}
 	if t.rt.inflight.Load() >= int64(t.cfg.Concurrency) {
 		return queue.Park
 	}

@@ -28,6 +28,7 @@ var (
 	ErrInProgress     = errors.New("a request with this Idempotency-Key is in flight or unresolved")
 	ErrAlreadyDone    = errors.New("a request with this Idempotency-Key already completed")
 	ErrUpstreamFailed = errors.New("upstream replica failed")
+	ErrClamped        = errors.New("tenant is clamped")
 )
 
 // badRequest wraps ErrBadRequest with a message and the offending param.
@@ -101,6 +102,8 @@ func statusFor(err error) *apiError {
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),
 		errors.Is(err, ledger.ErrConflict), errors.Is(err, ledger.ErrAlreadyFinal):
 		return &apiError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
+	case errors.Is(err, ErrClamped):
+		return &apiError{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ErrNoReplica):
 		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
 	case errors.Is(err, ErrNotFound):

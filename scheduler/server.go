@@ -27,6 +27,7 @@ type Ledger interface {
 	Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error)
 	Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error
 	Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (ledger.Usage, error)
+	Resolve(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error)
 }
 
 // Upstream is what the scheduler needs from the vLLM client.
@@ -70,8 +71,9 @@ type Server struct {
 	byName map[string]*replica
 
 	pol      atomic.Pointer[policy]
-	polMu    sync.Mutex // serializes reloads; guards runtimes
+	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
+	admin    adminState
 
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
@@ -123,12 +125,17 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	pol, err := buildPolicy(cfg, 1, s.keyer, s.runtimes)
+	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+		return nil, err
+	}
+	eff := effectiveConfig(cfg, &s.admin, s.now())
+	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
 		return nil, err
 	}
+	pol.file, pol.clamps = cfg, s.admin.Clamps
 	s.pol.Store(pol)
-	q, err := queue.New(queueConfig(cfg), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
+	q, err := queue.New(queueConfig(eff), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
 	if err != nil {
 		return nil, fmt.Errorf("scheduler queue: %w", err)
 	}
@@ -171,27 +178,16 @@ func (s *Server) capacityOf(name string) (k, base int64, st gpu.State) {
 	return v.CapacityTokens, v.BaseTokens, v.State
 }
 
-// Reload validates nothing itself (the caller loaded cfg through
-// config.Load) and swaps the policy and queue configuration atomically.
-// Queued and running requests keep the limits they were admitted under.
+// Reload applies a new config file (already loaded and validated by
+// config.Load) together with the admin state, atomically. Queued and
+// running requests keep the limits they were admitted under.
 func (s *Server) Reload(cfg *config.File) error {
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	old := s.pol.Load()
-	pol, err := buildPolicy(cfg, old.version+1, s.keyer, s.runtimes)
-	if err != nil {
+	if err := s.rebuildLocked(cfg); err != nil {
 		return err
 	}
-	commit, err := s.q.Prepare(queueConfig(cfg))
-	if err != nil {
-		return fmt.Errorf("reload queue: %w", err)
-	}
-	commit()
-	s.pol.Store(pol)
-	s.reps.mu.Lock()
-	s.reps.headroom = cfg.Server.Headroom
-	s.reps.mu.Unlock()
-	s.log.Info("config reloaded", "version", pol.version, "tenants", len(pol.order))
+	s.log.Info("config reloaded", "version", s.pol.Load().version, "tenants", len(cfg.Tenants))
 	return nil
 }
 
@@ -292,6 +288,7 @@ func (s *Server) readyLoop(ctx context.Context) {
 			s.m.Ready.Set(0)
 		}
 		s.exportLedger(ctx)
+		s.expireClamps()
 		select {
 		case <-ctx.Done():
 			return

@@ -19,7 +19,9 @@ import (
 // keep the policy they were admitted under.
 type policy struct {
 	version  uint64
-	cfg      *config.File
+	cfg      *config.File // effective: the file plus admin overrides and clamps
+	file     *config.File // as loaded from disk
+	clamps   map[string]Clamp
 	tenants  map[string]*tenant
 	order    []*tenant // config order
 	byKey    map[[32]byte]*tenant

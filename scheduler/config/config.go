@@ -33,6 +33,7 @@ type File struct {
 	// price costs 0 (and a usd_micros budget then never binds for it).
 	Prices  []Price  `yaml:"prices"`
 	Audit   Audit    `yaml:"audit"`
+	Admin   Admin    `yaml:"admin"`
 	Global  Global   `yaml:"global"`
 	Tenants []Tenant `yaml:"tenants"`
 }
@@ -164,6 +165,14 @@ type Audit struct {
 	Path string `yaml:"path"`
 	// MaxBytes rotates the file past this size. Default 64 MiB.
 	MaxBytes int64 `yaml:"max_bytes"`
+}
+
+// Admin configures the admin API's own state.
+type Admin struct {
+	// StateFile keeps budgets set and clamps applied through the admin API
+	// across restarts (JSON, written atomically). Optional; "" keeps them
+	// in memory only, and a restart returns to the config file's budgets.
+	StateFile string `yaml:"state_file"`
 }
 
 // Global holds fleet-wide budgets applied to every request.
