@@ -155,8 +155,11 @@ func TestConcurrentMixedVerifies(t *testing.T) {
 	t.Parallel()
 	const total, workers = 10_000, 8
 	path := filepath.Join(t.TempDir(), "audit.log")
-	l, err := audit.Open(audit.Config{Path: path, MaxBytes: 512 << 10})
+	l, err := audit.Open(audit.Config{Path: path, MaxBytes: 512 << 10, FlushInterval: time.Millisecond})
 	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	runErr := make(chan error, 1)
+	go func() { runErr <- l.Run(ctx) }() // flushes race with the appends and rotations
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -166,6 +169,8 @@ func TestConcurrentMixedVerifies(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	cancel()
+	require.NoError(t, <-runErr)
 	_, head := l.Head()
 	require.NoError(t, l.Close())
 
