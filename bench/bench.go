@@ -47,8 +47,11 @@ type Options struct {
 	Backend string
 	// Model: default the first id of /v1/models.
 	Model string
-	// DatasetName: "random" (default; forces ignore_eos).
+	// DatasetName: "random" (default; forces ignore_eos) or "custom"
+	// (JSONL at DatasetPath: {prompt|prompt_ids, output_len, tenant?}).
 	DatasetName string
+	// DatasetPath is the custom dataset file.
+	DatasetPath string
 	// NumPrompts per tenant when no duration is set. Default 1000.
 	NumPrompts int
 	// RandomInputLen, RandomOutputLen: defaults 1024 and 128.
@@ -227,8 +230,11 @@ func (o *Options) flagDefaults() (workload.Tenant, error) {
 // with the flags as defaults, or one tenant "default" from the flags.
 func (o *Options) Spec() (*workload.Spec, error) {
 	o.defaults()
-	if o.DatasetName != "random" {
-		return nil, usage("--dataset-name %q is not supported yet (random)", o.DatasetName)
+	switch {
+	case o.DatasetName == "custom" && o.DatasetPath == "":
+		return nil, usage("--dataset-name custom needs --dataset-path")
+	case o.DatasetName != "random" && o.DatasetName != "custom":
+		return nil, usage("--dataset-name %q is not supported (random, custom)", o.DatasetName)
 	}
 	fd, err := o.flagDefaults()
 	if err != nil {
@@ -300,8 +306,14 @@ func BuildSchedule(o Options) (*workload.Schedule, error) {
 	if err != nil {
 		return nil, err
 	}
+	var data []workload.Entry
+	if o.DatasetName == "custom" {
+		if data, err = workload.LoadDataset(o.DatasetPath); err != nil {
+			return nil, usage("--dataset-path: %v", err)
+		}
+	}
 	sc, err := workload.Build(s, workload.Options{Capacity: o.Capacity, NumPrompts: o.NumPrompts, Duration: o.Duration,
-		RateScale: o.RateScale, Exclude: o.ExcludeTenant})
+		RateScale: o.RateScale, Exclude: o.ExcludeTenant, Dataset: data})
 	if err != nil {
 		return nil, usage("workload: %v", err)
 	}

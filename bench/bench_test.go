@@ -181,6 +181,7 @@ func TestOptionErrors(t *testing.T) {
 		{"needs capacity", Options{Workload: "flood", BaseURL: "http://x"}, "needs --capacity"},
 		{"bad goodput", Options{Goodput: map[string]float64{"ttfb": 1}, BaseURL: "http://x"}, "unknown metric"},
 		{"dataset", Options{DatasetName: "sharegpt", BaseURL: "http://x"}, "not supported"},
+		{"custom needs path", Options{DatasetName: "custom", BaseURL: "http://x"}, "needs --dataset-path"},
 		{"no target", Options{NumPrompts: 1}, "--base-url is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -58,7 +58,7 @@ func BenchmarkBody(b *testing.B) {
 	q := &workload.Request{InputLen: 1024, OutputLen: 128, PromptSeed: 7}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = Body("openai", "model", q, 1, true)
+		_ = Body("openai", "model", nil, q, 1, true)
 	}
 }
 

@@ -276,29 +276,51 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-// Body builds the request body for q (exported for tests and A/B byte checks).
-func Body(backend, model string, q *workload.Request, salt uint64, ignoreEOS bool) []byte {
-	ids := workload.PromptTokens(q.PromptSeed, salt, q.InputLen)
-	b := make([]byte, 0, 128+len(model)+6*len(ids))
+// Body builds the request body for q (exported for tests and A/B byte
+// checks). Random prompts are token ids chosen by (q.PromptSeed, salt);
+// custom-dataset entries are sent as written.
+func Body(backend, model string, sc *workload.Schedule, q *workload.Request, salt uint64, ignoreEOS bool) []byte {
+	var ids []int
+	text := ""
+	if q.Entry > 0 && sc != nil && q.Entry <= len(sc.Dataset) {
+		e := &sc.Dataset[q.Entry-1]
+		ids, text = e.PromptIDs, e.Prompt
+	} else {
+		ids = workload.PromptTokens(q.PromptSeed, salt, q.InputLen)
+	}
+	chat := backend == "openai-chat"
+	b := make([]byte, 0, 128+len(model)+6*len(ids)+len(text))
 	b = append(b, `{"model":`...)
 	mj, _ := json.Marshal(model)
 	b = append(b, mj...)
-	sep := byte(',')
-	if backend == "openai-chat" {
+	switch {
+	case text != "" && chat:
+		tj, _ := json.Marshal(text)
+		b = append(b, `,"messages":[{"role":"user","content":`...)
+		b = append(b, tj...)
+		b = append(b, `}],"max_completion_tokens":`...)
+	case text != "":
+		tj, _ := json.Marshal(text)
+		b = append(b, `,"prompt":`...)
+		b = append(b, tj...)
+		b = append(b, `,"max_tokens":`...)
+	case chat:
 		b = append(b, `,"messages":[{"role":"user","content":"`...)
-		sep = ' '
-	} else {
-		b = append(b, `,"prompt":[`...)
-	}
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, sep)
+		for i, id := range ids {
+			if i > 0 {
+				b = append(b, ' ')
+			}
+			b = strconv.AppendInt(b, int64(id), 10)
 		}
-		b = strconv.AppendInt(b, int64(id), 10)
-	}
-	if backend == "openai-chat" {
 		b = append(b, `"}],"max_completion_tokens":`...)
-	} else {
+	default:
+		b = append(b, `,"prompt":[`...)
+		for i, id := range ids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(id), 10)
+		}
 		b = append(b, `],"max_tokens":`...)
 	}
 	b = strconv.AppendInt(b, int64(q.OutputLen), 10)
@@ -345,7 +367,7 @@ func (r *runner) do(ctx context.Context, q *workload.Request, i int) (rec Record
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	target := r.cfg.Targets[i%len(r.cfg.Targets)]
-	body := Body(r.cfg.Backend, r.cfg.Model, q, r.cfg.Salt, r.cfg.IgnoreEOS)
+	body := Body(r.cfg.Backend, r.cfg.Model, r.sched, q, r.cfg.Salt, r.cfg.IgnoreEOS)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(target, "/")+r.cfg.Endpoint, bytes.NewReader(body))
 	if err != nil {
 		rec.Outcome, rec.Reason = Error, "bad_request"

@@ -329,3 +329,25 @@ func TestConnectionsReused(t *testing.T) {
 	}
 	assert.Equal(t, int64(0), res.NewConns, "one pre-opened connection serves all ten sequential requests")
 }
+
+func TestBodyDataset(t *testing.T) {
+	t.Parallel()
+	sc := &workload.Schedule{Dataset: []workload.Entry{{Prompt: "say \"hi\"", OutputLen: 3}, {PromptIDs: []int{5, 6}, OutputLen: 2}}}
+	for _, tc := range []struct {
+		name    string
+		backend string
+		entry   int
+		want    string
+	}{
+		{"text completions", "openai", 1, `{"model":"m","prompt":"say \"hi\"","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`},
+		{"text chat", "openai-chat", 1, `{"model":"m","messages":[{"role":"user","content":"say \"hi\""}],"max_completion_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`},
+		{"ids completions", "openai", 2, `{"model":"m","prompt":[5,6],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`},
+		{"ids chat", "openai-chat", 2, `{"model":"m","messages":[{"role":"user","content":"5 6"}],"max_completion_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			q := &workload.Request{Entry: tc.entry, OutputLen: sc.Dataset[tc.entry-1].OutputLen}
+			assert.Equal(t, tc.want, string(Body(tc.backend, "m", sc, q, 9, false)))
+		})
+	}
+}

@@ -29,6 +29,10 @@ type Options struct {
 	// Exclude lists tenants left out (isolation baselines). The others'
 	// schedules are unchanged.
 	Exclude []string
+	// Dataset, when set, supplies prompts and output lengths (custom
+	// dataset): each request draws an entry of its tenant (or an untagged
+	// one) from its tenant's stream.
+	Dataset []Entry
 }
 
 // Plan is one tenant with every default resolved.
@@ -63,6 +67,7 @@ type Request struct {
 	OutputLen   int
 	PromptSeed  uint64 // with a run salt, selects the prompt's token ids
 	CancelAfter int    // drop the stream after this many chunks; 0 = never
+	Entry       int    // 1-based index into Schedule.Dataset; 0 = random prompt
 }
 
 // Schedule is the whole open-loop plan, fixed before t0. It is immutable
@@ -73,6 +78,7 @@ type Schedule struct {
 	Warmup   time.Duration
 	Tenants  []Plan
 	Requests []Request // sorted by At, then tenant, then N
+	Dataset  []Entry   // custom dataset, if any
 }
 
 // OfferedRate returns the mean offered rps of tenant i over the schedule
@@ -308,12 +314,21 @@ func Build(s *Spec, o Options) (*Schedule, error) {
 	if o.Duration > 0 {
 		dur = o.Duration
 	}
-	sc := &Schedule{Seed: s.Seed, Duration: dur, Warmup: s.Warmup.D(), Tenants: plans}
+	sc := &Schedule{Seed: s.Seed, Duration: dur, Warmup: s.Warmup.D(), Tenants: plans, Dataset: o.Dataset}
 	for i := range plans {
 		if slices.Contains(o.Exclude, plans[i].Name) {
 			continue
 		}
-		sc.Requests = append(sc.Requests, tenantRequests(s.Seed, &plans[i], dur)...)
+		var pool []int
+		for j, e := range o.Dataset {
+			if e.Tenant == "" || e.Tenant == plans[i].Name {
+				pool = append(pool, j)
+			}
+		}
+		if len(o.Dataset) > 0 && len(pool) == 0 {
+			return nil, fmt.Errorf("dataset has no entry for tenant %q", plans[i].Name)
+		}
+		sc.Requests = append(sc.Requests, tenantRequests(s.Seed, &plans[i], dur, o.Dataset, pool)...)
 	}
 	slices.SortStableFunc(sc.Requests, func(a, b Request) int {
 		switch {
@@ -360,7 +375,7 @@ func (p *Plan) acceptProb(t, dur time.Duration) float64 {
 // tenantRequests draws one tenant's requests. Every candidate arrival
 // consumes the same draws (gap, thinning, lengths, prompt, cancel) whether
 // or not it is kept, so the stream stays aligned.
-func tenantRequests(seed uint64, p *Plan, dur time.Duration) []Request {
+func tenantRequests(seed uint64, p *Plan, dur time.Duration, data []Entry, pool []int) []Request {
 	s1, s2 := TenantSeed(seed, p.Name)
 	r := rand.New(rand.NewPCG(s1, s2))
 	var out []Request
@@ -384,6 +399,10 @@ func tenantRequests(seed uint64, p *Plan, dur time.Duration) []Request {
 		u := r.Float64()
 		req := Request{Tenant: p.Index, N: len(out), At: at, InputLen: p.Input.Draw(r), OutputLen: p.Output.Draw(r),
 			PromptSeed: r.Uint64()}
+		if len(pool) > 0 {
+			j := pool[r.IntN(len(pool))]
+			req.Entry, req.InputLen, req.OutputLen = j+1, data[j].InputLen(), data[j].OutputLen
+		}
 		if p.Cancel != nil {
 			cu := r.Float64()
 			n := p.Cancel.AfterChunks.Draw(r)

@@ -261,3 +261,38 @@ func TestLengthDraws(t *testing.T) {
 	assert.Equal(t, PromptTokens(5, 1, 16), PromptTokens(5, 1, 16))
 	assert.NotEqual(t, PromptTokens(5, 1, 16), PromptTokens(5, 2, 16), "salt changes content")
 }
+
+func TestDataset(t *testing.T) {
+	t.Parallel()
+	d, err := ParseDataset([]byte(`{"prompt":"hello there world","output_len":5}
+{"prompt_ids":[1,2,3],"output_len":2,"tenant":"b"}
+
+{"prompt":"x","prompt_ids":[1],"output_len":1}
+{"prompt":"y","output_len":0}
+{"prompt":"z","output_len":1,"extra":true}
+`))
+	require.Error(t, err)
+	for _, want := range []string{"line 4: exactly one of prompt and prompt_ids", "line 5: output_len must be >= 1", `line 6: json: unknown field "extra"`} {
+		assert.Contains(t, err.Error(), want)
+	}
+	require.Len(t, d, 2)
+	assert.Equal(t, 5, d[0].InputLen(), "17 bytes ≈ 5 tokens")
+	assert.Equal(t, 3, d[1].InputLen())
+	n := 50
+	s := &Spec{Seed: 1, Defaults: Tenant{Input: &Length{Dist: "fixed", Value: 8}, Output: &Length{Dist: "fixed", Value: 4}, NumPrompts: &n},
+		Tenants: []Tenant{{Name: "a", Rate: &Rate{Value: 10}}, {Name: "b", Rate: &Rate{Value: 10}}}}
+	sc, err := Build(s, Options{Dataset: d})
+	require.NoError(t, err)
+	for _, r := range sc.Requests {
+		require.Positive(t, r.Entry)
+		e := sc.Dataset[r.Entry-1]
+		assert.True(t, e.Tenant == "" || e.Tenant == sc.Tenants[r.Tenant].Name)
+		assert.Equal(t, e.OutputLen, r.OutputLen)
+		assert.Equal(t, e.InputLen(), r.InputLen)
+		if sc.Tenants[r.Tenant].Name == "a" {
+			assert.Equal(t, 1, r.Entry, "tenant a only sees the untagged entry")
+		}
+	}
+	_, err = Build(s, Options{Dataset: d[1:]})
+	assert.ErrorContains(t, err, `dataset has no entry for tenant "a"`)
+}
