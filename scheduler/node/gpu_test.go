@@ -21,18 +21,21 @@ func TestGPUMsConservation(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.DecodeStep = 4 * time.Millisecond
 	rep := startSim(t, sc)
-	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    concurrency: 4\n", ""))
-	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":60,"ignore_eos":true}`
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    concurrency: 8\n", ""))
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":100,"ignore_eos":true}`
 	var wg sync.WaitGroup
-	for worker := range 3 { // acme runs two workers, beta one: 2:1 work
+	// acme runs four workers, beta two: 2:1 work. Enough workers that the
+	// replica is never idle while one of them is between requests: the
+	// clock counts a replica busy while Sluice has work on it.
+	for worker := range 6 {
 		key := keyAcme
-		if worker == 2 {
+		if worker >= 4 {
 			key = keyBeta
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range 8 {
+			for range 5 {
 				resp := n.post(t, "/v1/completions", key, body)
 				readAll(t, resp)
 				if resp.StatusCode != 200 {

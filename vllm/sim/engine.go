@@ -208,11 +208,17 @@ func (e *engine) run(ctx context.Context) error {
 		}
 		now := e.clk.Now()
 		stepStart := now
+		busy := dur
 		if contiguous && now.Sub(lastEnd) < maxCatchUp+dur {
 			// Keep the step cadence exact: the engine's own work between
 			// steps, and a late wake-up of this goroutine, is not simulated
 			// GPU time; a late engine catches up with shorter waits.
 			stepStart = lastEnd
+		} else if contiguous {
+			// Too late to catch up (an overloaded host): the batch was not
+			// empty meanwhile, so the lost time is still busy time, as a
+			// GPU's busy counter would see it.
+			busy += now.Sub(lastEnd)
 		}
 		end := stepStart.Add(dur)
 		if wait := end.Sub(now); wait > 0 {
@@ -223,7 +229,7 @@ func (e *engine) run(ctx context.Context) error {
 			}
 		}
 		lastEnd, contiguous = end, true
-		e.finishStep(dur, end)
+		e.finishStep(busy, end)
 	}
 }
 
