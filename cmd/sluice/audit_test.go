@@ -60,7 +60,7 @@ func TestAuditVerifyCLI(t *testing.T) {
 		{name: "partial", args: []string{"audit", "verify", "-partial", files[1], files[2]}, code: 0, outHas: "ok: "},
 		{name: "strict start", args: []string{"audit", "verify", files[1]}, code: 1, errHas: files[1] + ":1: chain does not start at seq 1"},
 		{name: "swapped lines", args: []string{"audit", "verify", bad}, code: 1,
-			errHas: bad + ":5: sequence broken: seq 6 after seq 4"},
+			errHas: bad + ":5: sequence broken: seq 6 after seq 4 (" + bad + ":4), want 5: 1 line(s) missing or out of order (4 good lines before it)\n"},
 		{name: "missing file", args: []string{"audit", "verify", filepath.Join(dir, "nope.log")}, code: 1, errHas: "nope.log: file does not exist\n"},
 	}
 	for _, tc := range tests {

@@ -44,7 +44,8 @@ func Verify(paths ...string) (Report, error) { return VerifyOptions{}.Verify(pat
 // The first problem is returned as a [*LineError] naming the file and
 // line: for an altered line the line itself (judged by whether the line
 // after it still chains onto it), for a deleted or reordered line the first
-// line out of sequence. Report covers the lines before the problem.
+// line out of sequence. On error, Report's Lines and LastSeq cover the good
+// lines before that line, and LastHash is empty.
 func (o VerifyOptions) Verify(paths ...string) (Report, error) {
 	if len(paths) == 0 {
 		return Report{}, ErrNoFiles
@@ -93,7 +94,12 @@ func (o VerifyOptions) Verify(paths ...string) (Report, error) {
 				return rep, seqError(cur, prevLn, seq, prevSeq)
 			}
 			if prevField != prevSum {
-				return rep, hashError(src, cur, prevLn, prevField, prevSum, sum)
+				le := hashError(src, cur, prevLn, prevField, prevSum, sum)
+				if le.File == prevLn.file && le.Line == prevLn.n { // the previous line is the culprit
+					rep.Lines--
+					rep.LastSeq = prevSeq - 1
+				}
+				return rep, le
 			}
 		}
 		have, prevSeq, prevSum, prevLn = true, seq, sum, cur
@@ -125,7 +131,7 @@ func seqError(cur, prev srcLine, seq, prevSeq uint64) error {
 // hashError blames the previous line when the next line still chains onto
 // cur (so cur is intact and its prev records what the previous line used to
 // be), and cur otherwise.
-func hashError(src *lineSrc, cur, prev srcLine, prevField, prevSum, sum [sha256.Size]byte) error {
+func hashError(src *lineSrc, cur, prev srcLine, prevField, prevSum, sum [sha256.Size]byte) *LineError {
 	if nxt, ok, err := src.peek(); err == nil && ok && !nxt.torn {
 		if _, np, err := parseHeader(nxt.b); err == nil && np == sum {
 			return &LineError{File: prev.file, Line: prev.n, Err: ErrHash,

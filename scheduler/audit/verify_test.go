@@ -98,6 +98,9 @@ func TestVerifyFindsTampering(t *testing.T) {
 			assert.Equal(t, path, le.File)
 			assert.Equal(t, tc.line, le.Line, "%v", err)
 			assert.Contains(t, err.Error(), fmt.Sprintf("%s:%d: ", path, tc.line))
+			assert.Equal(t, tc.line-1, rep.Lines, "good lines before the culprit")
+			assert.Equal(t, uint64(tc.line-1), rep.LastSeq)
+			assert.Empty(t, rep.LastHash)
 		})
 	}
 }
