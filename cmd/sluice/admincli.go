@@ -497,7 +497,7 @@ func runReservationsList(ctx context.Context, e env, args []string) error {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tTENANT\tSTATE\tHELD\tLEASE EXPIRY\tADMITTED AT")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Tenant, r.State, formatAmounts(r.Held), dash(r.LeaseExpiry), dash(r.AdmittedAt))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Tenant, r.State, formatAmounts(r.Held), shortTime(r.LeaseExpiry), shortTime(r.AdmittedAt))
 		}
 		return tw.Flush()
 	})
@@ -599,14 +599,17 @@ func parseAmounts(s string) (map[string]int64, error) {
 	return out, nil
 }
 
-// formatAmounts prints amounts as "dim=N,dim=N" in dimension order.
+// formatAmounts prints the non-zero amounts as "dim=N,dim=N" in dimension
+// order, or "-" when there are none.
 func formatAmounts(m map[string]int64) string {
-	if len(m) == 0 {
-		return "-"
-	}
 	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+	for k, v := range m {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return "-"
 	}
 	slices.SortFunc(keys, func(a, b string) int {
 		ia, ib := slices.Index(budgetDimensions, a), slices.Index(budgetDimensions, b)
@@ -626,6 +629,16 @@ func formatAmounts(m map[string]int64) string {
 		parts[i] = k + "=" + strconv.FormatInt(m[k], 10)
 	}
 	return strings.Join(parts, ",")
+}
+
+// shortTime prints an RFC 3339 time to the second, in UTC; anything else
+// as is, and "" as "-".
+func shortTime(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return dash(s)
+	}
+	return t.UTC().Truncate(time.Second).Format(time.RFC3339)
 }
 
 func dash(s string) string {
@@ -663,7 +676,7 @@ func runTenant(ctx context.Context, e env, args []string) error {
 func runTenantClamp(ctx context.Context, e env, args []string) error {
 	fs := newFlags("tenant clamp")
 	o := addAdminFlags(fs)
-	conc := fs.Int64("concurrency", 0, "at most this many requests in flight (>= 0; 0 admits none)")
+	conc := fs.Int64("concurrency", 0, "at most this many requests in flight (>= 1)")
 	weight := fs.Int64("weight", 0, "fair-share weight while clamped (>= 1)")
 	maxOut := fs.Int64("max-output-tokens", 0, "cap on max_tokens per request (>= 1)")
 	models := fs.String("models", "", "only these models, comma-separated")
@@ -685,8 +698,10 @@ func runTenantClamp(ctx context.Context, e env, args []string) error {
 		ExpiresIn       string   `json:"expires_in"`
 	}{}
 	if flagSet(fs, "concurrency") {
-		if *conc < 0 {
-			return usagef("--concurrency must be >= 0, got %d", *conc)
+		// The server reads 0 as "not clamped", so 0 is refused here rather
+		// than silently restricting nothing.
+		if *conc < 1 {
+			return usagef("--concurrency must be >= 1, got %d", *conc)
 		}
 		body.Concurrency = conc
 	}
@@ -738,7 +753,7 @@ func runTenantClamp(ctx context.Context, e env, args []string) error {
 			models = strings.Join(r.Models, ",")
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Tenant, optInt(r.Concurrency), optInt(r.Weight),
-			optInt(r.MaxOutputTokens), models, dash(r.ExpiresAt), dash(r.Source), oneLine(r.Reason))
+			optInt(r.MaxOutputTokens), models, shortTime(r.ExpiresAt), dash(r.Source), oneLine(r.Reason))
 		return tw.Flush()
 	})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/node"
 )
 
 // The admin-client tests set $SLUICE_ADMIN_TOKEN with t.Setenv, so they run
@@ -186,11 +190,11 @@ func TestAdminCLICalls(t *testing.T) {
 		{
 			name:   "reservations resolve zero",
 			args:   []string{"reservations", "resolve", "r-3", "--tenant", "acme", "--charge", "zero", "--reason", "never ran"},
-			reply:  `{"id":"r-3","state":"charged","charged":{}}`,
+			reply:  `{"id":"r-3","state":"settled","charged":{"requests":0,"tokens":0}}`,
 			method: "POST", uri: "/admin/reservations/r-3/resolve",
 			body: `{"tenant":"acme","charge":"zero","reason":"never ran"}`,
 			stdout: "ID   STATE    CHARGED\n" +
-				"r-3  charged  -\n",
+				"r-3  settled  -\n",
 		},
 		{
 			name: "tenant clamp",
@@ -203,13 +207,13 @@ func TestAdminCLICalls(t *testing.T) {
 				"acme    2            -       512                llama-8b,qwen-7b  2026-11-29T20:00:00Z  admin   runaway agent\n",
 		},
 		{
-			name:   "tenant clamp concurrency zero and weight, flags first",
-			args:   []string{"tenant", "clamp", "--concurrency", "0", "--weight", "1", "--reason", "pause", "--for", "1h", "a b"},
-			reply:  `{"tenant":"a b","concurrency":0,"weight":1,"max_output_tokens":null,"models":null,"reason":"pause","expires_at":"2026-11-29T21:00:00Z","source":"admin"}`,
+			name:   "tenant clamp weight only, flags first",
+			args:   []string{"tenant", "clamp", "--weight", "1", "--reason", "pause", "--for", "1h", "a b"},
+			reply:  `{"tenant":"a b","weight":1,"reason":"pause","expires_at":"2026-11-29T21:00:00Z","source":"admin"}`,
 			method: "POST", uri: "/admin/tenants/a%20b/clamp",
-			body: `{"concurrency":0,"weight":1,"reason":"pause","expires_in":"1h"}`,
+			body: `{"weight":1,"reason":"pause","expires_in":"1h"}`,
 			stdout: "TENANT  CONCURRENCY  WEIGHT  MAX OUTPUT TOKENS  MODELS  EXPIRES AT            SOURCE  REASON\n" +
-				"a b     0            1       -                  -       2026-11-29T21:00:00Z  admin   pause\n",
+				"a b     -            1       -                  -       2026-11-29T21:00:00Z  admin   pause\n",
 		},
 		{
 			name:   "tenant unclamp",
@@ -321,7 +325,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "resolve blank reason", args: with(resolve, "--charge", "zero", "--reason", "  "), errOut: "sluice reservations: --reason is required\n"},
 		{name: "clamp no name", args: []string{"tenant", "clamp", "--weight", "1", "--reason", "x", "--for", "1m"}, errOut: "sluice tenant: usage: sluice tenant clamp NAME [--concurrency N] [--weight N] [--max-output-tokens N] [--models a,b] --reason TEXT --for 30m\n"},
 		{name: "clamp nothing", args: with(clamp, "--reason", "x", "--for", "1m"), errOut: "sluice tenant: nothing to clamp: give --concurrency, --weight, --max-output-tokens or --models\n"},
-		{name: "clamp negative concurrency", args: with(clamp, "--concurrency", "-1", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --concurrency must be >= 0, got -1\n"},
+		{name: "clamp zero concurrency", args: with(clamp, "--concurrency", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --concurrency must be >= 1, got 0\n"},
 		{name: "clamp zero weight", args: with(clamp, "--weight", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --weight must be >= 1, got 0\n"},
 		{name: "clamp zero max output", args: with(clamp, "--max-output-tokens", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --max-output-tokens must be >= 1, got 0\n"},
 		{name: "clamp empty models", args: with(clamp, "--models", " , ", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --models must name at least one model\n"},
@@ -510,5 +514,81 @@ func TestParseInterleaved(t *testing.T) {
 			assert.Equal(t, tc.x, *x)
 			assert.Equal(t, tc.b, *b)
 		})
+	}
+}
+
+// TestAdminCLIAgainstServer drives the clients against a real Sluice node
+// (embedded ledger, one replica that never answers: the admin API does not
+// need it).
+func TestAdminCLIAgainstServer(t *testing.T) {
+	setAdminEnv(t, testAdminToken)
+	cfg, err := config.Parse([]byte("upstream:\n  replicas:\n    - {name: r0, url: \"http://127.0.0.1:1\"}\n" +
+		"gpu: {telemetry: off}\nserver: {drain_timeout: 1s}\ntenants:\n" +
+		"  - {name: acme, api_keys: [\"" + config.HashKey("sk-acme-test") + "\"]}\n"))
+	require.NoError(t, err)
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	admin := "http://" + adminLn.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- node.Run(ctx, cfg, node.Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: testAdminToken,
+			Ready: func(string, string) { close(ready) }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("node stopped: %v", err)
+	}
+	t.Setenv(adminURLEnv, admin)
+
+	t.Setenv(adminTokenEnv, "wrong-token")
+	code, _, errOut := runCLI(t, "", "reload")
+	assert.Equal(t, 1, code)
+	assert.Equal(t, "sluice reload: missing or wrong admin token\n", errOut)
+	t.Setenv(adminTokenEnv, testAdminToken)
+
+	const budgetTable = "ID                  TENANT  DIMENSION  LIMIT  WINDOW  MODE   SOURCE\n" +
+		"acme:tokens:1h0m0s  acme    tokens     5000   1h0m0s  block  admin\n"
+	steps := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string // a regexp for "clamp", whose expiry moves
+		stderr string
+	}{
+		{name: "set", args: []string{"budget", "set", "--tenant", "acme", "--dimension", "tokens", "--limit", "5000", "--window", "1h"}, stdout: budgetTable},
+		{name: "list", args: []string{"budget", "list", "--tenant", "acme"}, stdout: budgetTable},
+		{name: "rm", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, stdout: "deleted acme:tokens:1h0m0s\n"},
+		{name: "list after rm", args: []string{"budget", "list", "--tenant", "acme"}, stdout: "no budgets\n"},
+		{name: "rm again", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, code: 1,
+			stderr: `sluice budget: budget "acme:tokens:1h0m0s": not found` + "\n"},
+		{name: "set unknown tenant", args: []string{"budget", "set", "--tenant", "nobody", "--dimension", "tokens", "--limit", "1", "--window", "1h"}, code: 1,
+			stderr: `sluice budget: unknown tenant "nobody" (param: tenant)` + "\n"},
+		{name: "clamp", args: []string{"tenant", "clamp", "acme", "--max-output-tokens", "3", "--models", "m1", "--reason", "suspicious", "--for", "1h"},
+			stdout: `^TENANT  CONCURRENCY  WEIGHT  MAX OUTPUT TOKENS  MODELS  EXPIRES AT            SOURCE  REASON\n` +
+				`acme    -            -       3                  m1      \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  admin   suspicious\n$`},
+		{name: "unclamp", args: []string{"tenant", "unclamp", "acme"}, stdout: "unclamped acme\n"},
+		{name: "unclamp again", args: []string{"tenant", "unclamp", "acme"}, code: 1, stderr: "sluice tenant: tenant acme has no clamp\n"},
+		{name: "resolve bad id", args: []string{"reservations", "resolve", "r-1", "--tenant", "acme", "--charge", "held", "--reason", "x"}, code: 1,
+			stderr: "sluice reservations: must be a 32-hex-digit ledger request id (param: id)\n"},
+		{name: "drain", args: []string{"drain"}, stdout: "draining\n"},
+	}
+	for _, st := range steps {
+		code, out, errOut := runCLI(t, "", st.args...)
+		assert.Equal(t, st.code, code, "%s: %s", st.name, errOut)
+		if st.name == "clamp" {
+			assert.Regexp(t, st.stdout, out, st.name)
+		} else {
+			assert.Equal(t, st.stdout, out, st.name)
+		}
+		assert.Equal(t, st.stderr, errOut, st.name)
 	}
 }
