@@ -20,7 +20,8 @@
 //     max_wait, arrival + server max_wait).
 //   - A flow is eligible when it has queued entries and its tenant is not
 //     parked. Each band keeps a 4-ary min-heap of its eligible flows keyed by
-//     (v, eligibility sequence).
+//     (v, eligibility sequence); keys sit inline in the heap slots and heap
+//     positions in a dense array, so sifting touches no flow.
 //   - [Queue.Next] scans bands from 0 and, within the first band with an
 //     eligible flow, takes the heap's minimum flow and its head. The
 //     predicate answers Dispatch (charge v += cost/w and hand it out), Park
@@ -48,8 +49,11 @@
 //     head instead of offering it. [Queue.Tick] (driven by [Queue.Run] with
 //     one runtime timer armed at the earliest deadline or park end) removes
 //     and reports every expired entry at its deadline; on the fake clock of
-//     testing/synctest that is with zero lateness, on a real clock the
-//     runtime timer's latency (well under 1 ms on an idle CPU).
+//     testing/synctest that is with zero lateness. On a real clock the timer
+//     alone can be up to about 1 ms late, because Go's netpoller on Linux
+//     sleeps in whole milliseconds; [Config.ExpirySpin] (1ms) wakes early and
+//     polls the last stretch, keeping lateness in microseconds
+//     (BenchmarkExpiryLateness).
 //   - Expiry is delivered synchronously to Deps.OnExpire with the mutex held,
 //     exactly once per entry; it must not block or call the Queue. There is
 //     no buffer, so there is no overload drop.

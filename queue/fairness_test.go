@@ -104,7 +104,11 @@ func TestFairnessBoundTwoTenants(t *testing.T) {
 					require.True(t, q.Release(it.Handle))
 					running = append(running, inflight{it.Tenant, it.Band, it.Cost, used[int64(it.Payload)]})
 					delete(used, int64(it.Payload))
-					enqueue(map[string]int{"a": 0, "b": 1}[it.Tenant])
+					if it.Tenant == "a" {
+						enqueue(0)
+					} else {
+						enqueue(1)
+					}
 					n++
 				} else if len(running) > 0 {
 					k := r.IntN(len(running))
