@@ -434,7 +434,7 @@ func execute(ctx context.Context, o *Options, sched *workload.Schedule, targets 
 		return nil, isoErr
 	}
 	doc, derr := report.Build(an, report.Meta{Label: o.Label, Backend: o.Backend, Endpoint: o.Endpoint,
-		BaseURL: strings.Join(targets, ","), ModelID: o.Model, RequestRate: o.RequestRate, Burstiness: o.Burstiness,
+		BaseURL: strings.Join(targets, ","), ModelID: o.Model, RequestRate: requestRate(o, sched), Burstiness: o.Burstiness,
 		MaxConcurrency: o.MaxConcurrency, Date: o.Now(), Metadata: o.Metadata, Config: configFor(o, sched), Isolation: iso})
 	if derr != nil {
 		return nil, derr
@@ -443,6 +443,28 @@ func execute(ctx context.Context, o *Options, sched *workload.Schedule, targets 
 		addDetailed(doc, sched, raw)
 	}
 	return &Result{Doc: doc, Analysis: an, Schedule: sched, Raw: raw}, err
+}
+
+// requestRate is the flag as given, or for a workload the total planned
+// rate of the tenants that sent ("inf" if any sends at t0).
+func requestRate(o *Options, sched *workload.Schedule) string {
+	if o.Workload == "" {
+		return o.RequestRate
+	}
+	sent := map[int]bool{}
+	for _, r := range sched.Requests {
+		sent[r.Tenant] = true
+	}
+	total := 0.0
+	for i, p := range sched.Tenants {
+		if sent[i] {
+			total += p.Rate
+		}
+	}
+	if math.IsInf(total, 1) {
+		return "inf"
+	}
+	return strconv.FormatFloat(total, 'f', -1, 64)
 }
 
 // addDetailed adds vLLM's --save-detailed arrays, one entry per measured

@@ -60,6 +60,7 @@ func TestRunAgainstSimulator(t *testing.T) {
 	assert.InDelta(t, 36.0*16, f(d, "total_input_tokens"), 0, "usage prompt tokens = ids sent")
 	assert.InDelta(t, 36.0*8, f(d, "total_output_tokens"), 0, "ignore_eos: exact output length")
 	assert.Equal(t, "sim-model", d["model_id"], "model discovered from /v1/models")
+	assert.Equal(t, "600", d["request_rate"], "a workload's total planned rate")
 	assert.InDelta(t, 12.0, f(d, "tenants", "chat-a", "completed"), 0)
 	assert.Contains(t, out.String(), "Serving Benchmark Result")
 	assert.Contains(t, out.String(), "flood*")
