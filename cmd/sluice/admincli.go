@@ -177,8 +177,8 @@ func replyError(status int, data []byte) error {
 		return e
 	}
 	snippet := oneLine(string(data))
-	if len(snippet) > 200 {
-		snippet = snippet[:200] + "…"
+	if r := []rune(snippet); len(r) > 200 {
+		snippet = string(r[:200]) + "…"
 	}
 	if snippet == "" {
 		return &adminAPIError{Status: status, Message: fmt.Sprintf("HTTP %d from the admin API", status)}
