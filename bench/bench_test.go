@@ -77,7 +77,9 @@ func TestRunAgainstSimulator(t *testing.T) {
 	itls, _ := saved["itls"].([]any)
 	require.Len(t, itls, 36, "--save-detailed: vLLM's per-request arrays")
 	first, _ := itls[0].([]any)
-	assert.True(t, len(first) >= 1 && len(first) <= 7, "8 tokens in 2–8 chunks: 1–7 gaps, got %d", len(first))
+	// The simulator packs tokens that are due together into one chunk when
+	// its writer lags (as vLLM's output processor does): 1–8 chunks.
+	assert.LessOrEqual(t, len(first), 7, "8 tokens: at most 7 gaps")
 	jl, err := os.ReadFile(filepath.Join(dir, "r.jsonl"))
 	require.NoError(t, err)
 	assert.Equal(t, 36, strings.Count(string(jl), "\n"))
