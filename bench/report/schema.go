@@ -163,7 +163,12 @@ func validate(root, s map[string]any, v any, path string, errs *[]error) {
 			validate(root, ps, obj[k], sub, errs)
 		}
 		for pat, ps := range pats {
-			if regexp.MustCompile(pat).MatchString(k) {
+			re, err := regexp.Compile(pat)
+			if err != nil {
+				fail("bad pattern %q: %v", pat, err)
+				continue
+			}
+			if re.MatchString(k) {
 				matched = true
 				validate(root, ps.(map[string]any), obj[k], sub, errs)
 			}
