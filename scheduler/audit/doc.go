@@ -22,7 +22,10 @@
 //
 // # Invariants
 //
-//  1. Lines are written whole, in seq order, by one [Log] per chain.
+//  1. Lines are written whole, in seq order, by one [Log] per chain. On
+//     Unix, Open takes an exclusive flock on <path>.lock, so a second Log
+//     on the same path (another process, or a reload that forgot to Close)
+//     fails with [ErrLocked] instead of interleaving two chains.
 //  2. A chain never restarts silently: [Open] resumes from the last line of
 //     the current file (or of the newest rotated file when the current one
 //     is empty or missing) and refuses to open when that tail is torn or

@@ -14,6 +14,9 @@ var (
 	// ErrForbiddenField is returned by Append when a Fields key looks like
 	// a credential (api_key, authorization, …).
 	ErrForbiddenField = errors.New("audit field name looks like a credential")
+	// ErrLocked is returned by Open when another Log (in this or another
+	// process) holds the same path.
+	ErrLocked = errors.New("audit file is in use by another log")
 	// ErrCorruptTail is returned by Open when the existing file's last
 	// lines are torn or corrupt; the chain is not silently restarted.
 	ErrCorruptTail = errors.New("audit file tail is corrupt")

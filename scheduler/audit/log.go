@@ -73,6 +73,7 @@ type Log struct {
 	// taking mu; under mu it only stamps seq/ts/prev, hashes and buffers.
 	mu      sync.Mutex
 	f       *os.File
+	lock    *os.File          // holds the flock on <Path>.lock; nil where unsupported
 	buf     []byte            // encoded lines not yet written to f
 	size    int64             // bytes already written to f
 	seq     uint64            // seq of the last appended line; 0 before the first
@@ -87,6 +88,9 @@ type Log struct {
 // empty or missing, from the newest rotated file. It refuses to open, with
 // an error wrapping [ErrCorruptTail] and a [*LineError] naming file and
 // line, when that tail is torn or does not chain onto the line before it.
+// On Unix it holds an exclusive flock on <Path>.lock until Close, so a
+// second Log on the same path fails with [ErrLocked] instead of
+// interleaving two chains.
 func Open(cfg Config) (*Log, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -100,6 +104,22 @@ func Open(cfg Config) (*Log, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	lock, err := lockFile(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	l, err := open(cfg)
+	if err != nil {
+		if lock != nil {
+			lock.Close()
+		}
+		return nil, err
+	}
+	l.lock = lock
+	return l, nil
+}
+
+func open(cfg Config) (*Log, error) {
 	rot, err := rotated(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -157,7 +177,7 @@ func (l *Log) Append(rec Record) error {
 		err = l.appendLocked(body)
 		l.mu.Unlock()
 	} else {
-		err = fmt.Errorf("audit %s: %w", rec.Kind, err)
+		err = fmt.Errorf("audit %q record: %w", rec.Kind, err)
 	}
 	if cap(body) <= 64<<10 {
 		*bp = body
@@ -327,7 +347,11 @@ func (l *Log) Close() error {
 	}
 	l.closed = true
 	err := l.flushLocked()
-	return errors.Join(err, l.f.Close())
+	err = errors.Join(err, l.f.Close())
+	if l.lock != nil {
+		err = errors.Join(err, l.lock.Close())
+	}
+	return err
 }
 
 // Head returns the seq and hex SHA-256 of the last appended line (0 and

@@ -392,3 +392,23 @@ func TestRunFlushesEveryInterval(t *testing.T) {
 		assert.Equal(t, 2, rep.Lines)
 	})
 }
+
+func TestSecondOpenIsRefused(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	l, err := audit.Open(audit.Config{Path: path})
+	require.NoError(t, err)
+	_, err = audit.Open(audit.Config{Path: path})
+	require.ErrorIs(t, err, audit.ErrLocked)
+	assert.ErrorContains(t, err, path)
+	require.NoError(t, l.Append(audit.Record{Kind: audit.KindReload}))
+	require.NoError(t, l.Close())
+
+	l, err = audit.Open(audit.Config{Path: path})
+	require.NoError(t, err, "the lock goes with Close")
+	require.NoError(t, l.Append(audit.Record{Kind: audit.KindReload}))
+	require.NoError(t, l.Close())
+	rep, err := audit.Verify(path)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Lines)
+}
