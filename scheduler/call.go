@@ -37,6 +37,7 @@ type call struct {
 	arrival  time.Time
 	deadline time.Time // the client's overall deadline; zero when none
 	handle   queue.Handle[*call]
+	wf       *workflow // nil without X-Workflow-Id
 
 	// Delivered by the dispatch loop (exactly one of them per queued spell).
 	dispatched chan *replica // size 1
@@ -105,6 +106,20 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	if a.bandSet && a.band > c.band {
 		c.band = a.band // a request may lower its priority, never raise it
+	}
+	if a.workflow != "" {
+		wf, ok := s.wfs.getOrCreate(t.name, a.workflow, t.cfg.Workflow, arrival)
+		if !ok {
+			return nil, invalidf("X-Workflow-Id", "unknown workflow %q and the tenant has no workflow_defaults", a.workflow)
+		}
+		left, err := wf.admitCall(arrival, a.retry)
+		if err != nil {
+			return nil, err
+		}
+		if left > 0 && (a.timeout <= 0 || left < a.timeout) {
+			a.timeout = left // the call may not outlive its envelope
+		}
+		c.wf = wf
 	}
 	if a.timeout > 0 {
 		c.deadline = arrival.Add(a.timeout)
@@ -179,7 +194,8 @@ func (s *Server) reserve(c *call, a admission) error {
 			LeaseTTL:      c.pol.leaseTTL,
 			PolicyVersion: c.pol.version,
 		}
-		if ws, ok := s.workflowScope(c, a.workflow); ok {
+		if c.wf != nil {
+			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.name+"\x00"+c.wf.id))
 			rr.Scopes = append(rr.Scopes, ws)
 		}
 		ctx, cancel := s.ledgerCtx(c.ctx)
@@ -197,7 +213,8 @@ func (s *Server) reserve(c *call, a admission) error {
 			return ErrAlreadyDone
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return fmt.Errorf("Idempotency-Key reused with a different request: %w", ErrInProgress)
-		case attempt == 0 && errors.As(err, &d) && c.req.MaxTokens == 0 && lowerCap(c, d):
+		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
+			// Send what the budgets still allow rather than refuse.
 			continue
 		}
 		return err
@@ -242,30 +259,6 @@ func (s *Server) sizeHolds(c *call) {
 	} else {
 		c.cost = cost.WIn*in + cost.WOut*out
 	}
-}
-
-// workflowScope builds the X-Workflow-Id envelope from the tenant's
-// workflow_defaults (lifetime limits, held in the longest window).
-func (s *Server) workflowScope(c *call, id string) (ledger.Scope, bool) {
-	w := c.t.cfg.Workflow
-	if id == "" {
-		return ledger.Scope{}, false
-	}
-	const life = 31 * 24 * time.Hour
-	var lim []ledger.Limit
-	add := func(d ledger.Dim, v int64) {
-		if v > 0 {
-			lim = append(lim, ledger.Limit{Dim: d, Window: life, Max: v})
-		}
-	}
-	add(ledger.Requests, w.MaxCalls)
-	add(ledger.InputTokens, w.MaxInputTokens)
-	add(ledger.OutputTokens, w.MaxOutputTokens)
-	add(ledger.USDMicros, w.MaxUSDMicros)
-	if len(lim) == 0 {
-		return ledger.Scope{}, false
-	}
-	return ledger.Scope{Kind: ledger.KindWorkflow, Key: s.keyer.Key(ledger.KindWorkflow, c.t.name+"\x00"+id), Limits: lim}, true
 }
 
 // release frees a never-dispatched call's holds. A store error leaves the
@@ -645,19 +638,20 @@ func (s *Server) outboxLoop(ctx context.Context) {
 		case <-t.C:
 		case <-s.outboxC:
 		}
-		s.flushOutbox()
+		s.flushOutbox(ctx)
 	}
 }
 
-func (s *Server) flushOutbox() {
+// flushOutbox retries every pending settlement once, bounded per call.
+func (s *Server) flushOutbox(ctx context.Context) {
 	s.mu.Lock()
 	pending := s.outbox
 	s.outbox = nil
 	s.mu.Unlock()
 	var keep []settleRetry
 	for _, c := range pending {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := s.led.Settle(ctx, c.ref, c.actual, c.src)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := s.led.Settle(sctx, c.ref, c.actual, c.src)
 		cancel()
 		s.noteLedger("settle", err)
 		if err != nil && ledger.IsStoreError(err) {

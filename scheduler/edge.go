@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -89,6 +90,8 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 		}
 		ep, _ := vllm.EndpointForPath(path)
 		e.generate(rc, ep)
+	case path == "/v1/workflows" || strings.HasPrefix(path, "/v1/workflows/"):
+		e.workflowAPI(rc, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/workflows"), "/"))
 	case path == "/v1/models":
 		if !rc.IsGet() {
 			e.methodNotAllowed(rc)
@@ -228,6 +231,9 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
 			e.outcome(rc, c, err)
 			return
 		}
+		if c.wf != nil {
+			c.wf.countToolCalls(toolCallsIn(body))
+		}
 		s.m.TTFT.WithLabelValues(t.name).Observe(s.now().Sub(c.arrival).Seconds())
 		s.m.Requests.WithLabelValues(t.name, "ok").Inc()
 		rc.SetContentType("application/json")
@@ -286,6 +292,9 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 			}
 			e.countOutcome(c.t.name, cause)
 			return
+		}
+		if c.wf != nil {
+			c.wf.countToolCalls(toolCallsIn(ev.Data))
 		}
 		var ok bool
 		buf, ok = vllm.ShapeChunk(buf[:0], ev, c.req)
@@ -493,6 +502,120 @@ func (e *Edge) models(rc *fasthttp.RequestCtx) {
 		}
 	}
 	b, _ := json.Marshal(out)
+	rc.SetContentType("application/json")
+	rc.SetBody(b)
+}
+
+// workflowAPI serves POST /v1/workflows (create an envelope with explicit
+// limits, capped by the tenant's workflow_defaults) and GET
+// /v1/workflows/{id} (limits, used, remaining), with the tenant's own key.
+func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
+	s := e.s
+	pol := s.pol.Load()
+	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	if err != nil {
+		e.reject(rc, "", err)
+		return
+	}
+	switch {
+	case id == "" && rc.IsPost():
+		var in struct {
+			MaxCalls        int64  `json:"max_calls"`
+			MaxInputTokens  int64  `json:"max_input_tokens"`
+			MaxOutputTokens int64  `json:"max_output_tokens"`
+			MaxDuration     string `json:"max_duration"`
+			MaxUSDMicros    int64  `json:"max_usd_micros"`
+			MaxRetries      int64  `json:"max_retries"`
+			MaxToolCalls    int64  `json:"max_tool_calls"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(rc.PostBody()))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&in); err != nil {
+			e.reject(rc, t.name, invalidf("", "workflow body: %v", err))
+			return
+		}
+		lim := config.WorkflowLimit{MaxCalls: in.MaxCalls, MaxInputTokens: in.MaxInputTokens, MaxOutputTokens: in.MaxOutputTokens,
+			MaxUSDMicros: in.MaxUSDMicros, MaxRetries: in.MaxRetries, MaxToolCalls: in.MaxToolCalls}
+		if in.MaxDuration != "" {
+			d, err := time.ParseDuration(in.MaxDuration)
+			if err != nil || d <= 0 {
+				e.reject(rc, t.name, invalidf("max_duration", "max_duration must be a positive duration such as 10m"))
+				return
+			}
+			lim.MaxDuration = d
+		}
+		for name, v := range map[string]int64{"max_calls": lim.MaxCalls, "max_input_tokens": lim.MaxInputTokens,
+			"max_output_tokens": lim.MaxOutputTokens, "max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries,
+			"max_tool_calls": lim.MaxToolCalls} {
+			if v < 0 {
+				e.reject(rc, t.name, invalidf(name, "%s must be >= 0", name))
+				return
+			}
+		}
+		if in.MaxOutputTokens == 0 && t.cfg.Workflow.MaxOutputTokens == 0 {
+			e.reject(rc, t.name, invalidf("max_output_tokens", "max_output_tokens must be > 0"))
+			return
+		}
+		wf := s.wfs.create(t.name, capWorkflowLimits(lim, t.cfg.Workflow), s.now())
+		rc.SetStatusCode(201)
+		e.writeWorkflow(rc, t, wf)
+	case id != "" && rc.IsGet():
+		wf := s.wfs.get(t.name, id)
+		if wf == nil {
+			e.reject(rc, t.name, fmt.Errorf("workflow %q: %w", id, ErrNotFound))
+			return
+		}
+		e.writeWorkflow(rc, t, wf)
+	default:
+		e.methodNotAllowed(rc)
+	}
+}
+
+// writeWorkflow renders an envelope with its ledger usage.
+func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *tenant, wf *workflow) {
+	s := e.s
+	ctx, cancel := context.WithTimeout(e.base, 2*time.Second)
+	defer cancel()
+	u, err := s.led.Snapshot(ctx, t.key, s.keyer.Key(ledger.KindWorkflow, t.name+"\x00"+wf.id))
+	if err != nil {
+		e.reject(rc, t.name, err)
+		return
+	}
+	used := map[string]int64{
+		"calls": u.Reserved[ledger.Requests], "input_tokens": u.Reserved[ledger.InputTokens],
+		"output_tokens": u.Reserved[ledger.OutputTokens], "usd_micros": u.Reserved[ledger.USDMicros],
+	}
+	for _, l := range u.Limits {
+		switch l.Limit.Dim {
+		case ledger.Requests:
+			used["calls"] += l.Committed
+		case ledger.InputTokens:
+			used["input_tokens"] += l.Committed
+		case ledger.OutputTokens:
+			used["output_tokens"] += l.Committed
+		case ledger.USDMicros:
+			used["usd_micros"] += l.Committed
+		}
+	}
+	wf.mu.Lock()
+	used["retries"], used["tool_calls"] = wf.retries, wf.toolCalls
+	wf.mu.Unlock()
+	lim := wf.limits
+	limits := map[string]any{"max_calls": lim.MaxCalls, "max_input_tokens": lim.MaxInputTokens, "max_output_tokens": lim.MaxOutputTokens,
+		"max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries, "max_tool_calls": lim.MaxToolCalls,
+		"max_duration": lim.MaxDuration.String()}
+	remaining := map[string]any{}
+	for k, l := range map[string]int64{"calls": lim.MaxCalls, "input_tokens": lim.MaxInputTokens, "output_tokens": lim.MaxOutputTokens,
+		"usd_micros": lim.MaxUSDMicros, "retries": lim.MaxRetries, "tool_calls": lim.MaxToolCalls} {
+		if l > 0 {
+			remaining[k] = max(0, l-used[k])
+		}
+	}
+	if lim.MaxDuration > 0 {
+		remaining["duration"] = max(0, lim.MaxDuration-s.now().Sub(wf.created)).Round(time.Millisecond).String()
+	}
+	b, _ := json.Marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
+		"limits": limits, "used": used, "remaining": remaining})
 	rc.SetContentType("application/json")
 	rc.SetBody(b)
 }

@@ -70,6 +70,7 @@ func statusFor(err error) *apiError {
 		br     *badRequest
 		ue     *vllm.UpstreamError
 		ir     *vllm.InvalidRequestError
+		wfe    *workflowError
 	)
 	switch {
 	case errors.Is(err, ErrDraining):
@@ -91,6 +92,9 @@ func statusFor(err error) *apiError {
 			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
 	case errors.As(err, &denied):
 		return deniedError(denied)
+	case errors.As(err, &wfe):
+		return &apiError{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: wfe.Error(), NoRetry: true,
+			Details: map[string]any{"scope": "workflow", "dimension": wfe.dim, "limit": wfe.limit, "used": wfe.used}}
 	case ledger.IsStoreError(err):
 		// Before the deadline case: a store timeout is an unknown ledger
 		// outcome, not the client's deadline.

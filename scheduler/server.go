@@ -74,6 +74,7 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
+	wfs      workflows
 
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
@@ -117,6 +118,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		outboxC:  make(chan struct{}, 1),
 		running:  map[*call]struct{}{},
 		queued:   map[*call]struct{}{},
+		wfs:      workflows{m: map[string]*workflow{}},
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
@@ -242,7 +244,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
 	cancel()
 	wg.Wait()
-	s.flushOutbox()
+	s.flushOutbox(context.WithoutCancel(ctx))
 	return nil
 }
 

@@ -223,3 +223,18 @@ func sseEvents(body []byte) []string {
 	}
 	return out
 }
+
+// get fetches a path of the client API with a key.
+func (n *node) get(t *testing.T, path, key string) (string, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, n.api+path, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	return string(readAll(t, resp)), nil
+}
