@@ -482,3 +482,36 @@ func TestReadySignals(t *testing.T) {
 	assert.False(t, ok)
 	assert.False(t, drain())
 }
+
+// TestRebaseKeepsDifferences: when a band's minimum counter passes the
+// rebase threshold, every counter of the band shifts down by the same
+// amount, keeping order and differences (and other bands untouched).
+func TestRebaseKeepsDifferences(t *testing.T) {
+	t.Parallel()
+	clk := newManualClock()
+	q := newTestQueue(t, Config{Tenants: []TenantConfig{{Name: "a"}, {Name: "b"}, {Name: "c", Band: 1}}}, clk)
+	for range 3 {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 10})
+		mustEnqueue(t, q, Request[int]{Tenant: "b", Cost: 10})
+		mustEnqueue(t, q, Request[int]{Tenant: "c", Cost: 10})
+	}
+	next(t, q, always) // a: 10
+	next(t, q, always) // b: 10
+	// Push both far up (as after a very long run), b 500 above a.
+	require.True(t, q.Reconcile("a", 0, 0, rebaseAt))
+	require.True(t, q.Reconcile("b", 0, 0, rebaseAt+500))
+	va, _ := q.Counter("a", 0)
+	require.Greater(t, va, float64(rebaseAt))
+	it := next(t, q, always) // a is the minimum: dispatch, then rebase
+	assert.Equal(t, "a", it.Tenant)
+	va, _ = q.Counter("a", 0)
+	vb, _ := q.Counter("b", 0)
+	vc, _ := q.Counter("c", 1)
+	assert.Less(t, vb, float64(rebaseAt), "rebased")
+	assert.InDelta(t, 490.0, vb-va, 0, "difference kept")
+	assert.InDelta(t, 0.0, vc, 0, "other band untouched")
+	checkInvariants(t, q)
+	// Order still right: a (lower) goes first, and a newly backlogged flow
+	// joins at the rebased minimum.
+	assert.Equal(t, "a", next(t, q, always).Tenant)
+}
