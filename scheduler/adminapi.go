@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -287,6 +288,8 @@ func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
 		return
 	}
 	a.s.log.Warn("reservation resolved by admin", "tenant", in.Tenant, "id", idHex, "charge", in.Charge, "reason", in.Reason)
+	a.s.record(audit.Record{Kind: audit.KindResolve, Tenant: in.Tenant, RequestID: idHex, Source: "operator", State: st.State.String(),
+		Reason: in.Charge + ": " + in.Reason, TokensCharged: st.Charged[ledger.Tokens], GPUMs: st.Charged[ledger.GPUMs], USDMicros: st.Charged[ledger.USDMicros]})
 	charged := map[string]int64{}
 	for d := ledger.Dim(0); d < ledger.Slots; d++ {
 		charged[d.String()] = st.Charged[d]

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -244,6 +245,7 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	if err := s.persistLocked(); err != nil {
 		return BudgetRow{}, err
 	}
+	s.record(audit.Record{Kind: audit.KindBudgetSet, Tenant: tenant, Reason: fmt.Sprintf("%s = %d per %s (%s)", id, b.Limit, b.Window, b.Mode)})
 	return BudgetRow{ID: id, Tenant: tenant, Dimension: b.Dimension, Limit: b.Limit, Window: b.Window.String(), Mode: b.Mode, Source: "admin"}, nil
 }
 
@@ -271,6 +273,7 @@ func (s *Server) RemoveBudget(id string) error {
 		}
 		return err
 	}
+	s.record(audit.Record{Kind: audit.KindBudgetRm, Tenant: found.Tenant, Reason: id})
 	return s.persistLocked()
 }
 
@@ -316,6 +319,8 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 		return c, err
 	}
 	s.log.Warn("tenant clamped", "tenant", c.Tenant, "reason", c.Reason, "until", c.ExpiresAt, "source", c.Source)
+	s.record(audit.Record{Kind: audit.KindClamp, Tenant: c.Tenant, Source: c.Source, Reason: c.Reason,
+		Code: fmt.Sprintf("concurrency=%d weight=%d max_output_tokens=%d models=%v until=%s", c.Concurrency, c.Weight, c.MaxOutputTokens, c.Models, c.ExpiresAt.UTC().Format(time.RFC3339))})
 	return c, s.persistLocked()
 }
 
@@ -331,6 +336,7 @@ func (s *Server) Unclamp(tenant string) (bool, error) {
 		return true, err
 	}
 	s.log.Info("tenant unclamped", "tenant", tenant)
+	s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: tenant, Source: "admin", Reason: "lifted by operator"})
 	return true, s.persistLocked()
 }
 
@@ -346,6 +352,7 @@ func (s *Server) expireClamps() {
 			delete(s.admin.Clamps, name)
 			changed = true
 			s.log.Info("tenant clamp expired", "tenant", name, "reason", c.Reason)
+			s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: name, Source: c.Source, Reason: "expired: " + c.Reason})
 		}
 	}
 	if changed {

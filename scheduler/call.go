@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -156,6 +157,8 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c.handle = it.Handle
+	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
+		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	return c, nil
 }
 
@@ -267,6 +270,11 @@ func (s *Server) release(c *call) {
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	defer cancel()
 	err := s.led.Release(ctx, c.ref, s.owner)
+	reason := "released"
+	if cause := context.Cause(c.ctx); cause != nil {
+		reason = cause.Error()
+	}
+	s.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
 	s.noteLedger("release", err)
 	if err != nil && !errors.Is(err, ledger.ErrAlreadyFinal) {
 		s.log.Warn("ledger release failed; the lease will expire it", "request_id", c.reqID, "err", err)
@@ -600,8 +608,17 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 // backstop if the process dies first.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	ctx, cancel := s.ledgerCtx(c.ctx)
-	_, err := s.led.Settle(ctx, c.ref, actual, src)
+	st, err := s.led.Settle(ctx, c.ref, actual, src)
 	cancel()
+	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.name, RequestID: c.reqID, Source: src.String(),
+		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
+		Reason: c.abortCause}
+	if err == nil {
+		rec.State = st.State.String()
+	} else {
+		rec.Code = "settle_failed"
+	}
+	s.record(rec)
 	s.noteLedger("settle", err)
 	if err != nil && ledger.IsStoreError(err) {
 		s.queueOutbox(c, actual, src)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
@@ -365,6 +366,10 @@ func (e *Edge) countOutcome(tenant string, err error) {
 // reject writes err in the pinned error shape and counts it.
 func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
 	ae := e.writeError(rc, tenant, err)
+	if ae.Status != 499 {
+		e.s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: string(rc.Response.Header.Peek("X-Request-Id")),
+			Code: ae.Code, Reason: ae.Message})
+	}
 	label := tenant
 	if label == "" {
 		label = "_unauthenticated"

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -48,10 +49,18 @@ type Deps struct {
 	Attribution *gpu.AttributionMetrics
 	// Registerer receives the metrics. Optional; nil means a private registry.
 	Registerer prometheus.Registerer
+	// Audit receives every admission decision, settlement and admin change.
+	// Optional; nil keeps no trail.
+	Audit Auditor
 	// Logger. Optional; nil discards.
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
 	Now func() time.Time
+}
+
+// Auditor is the audit trail (scheduler/audit.Log).
+type Auditor interface {
+	Append(rec audit.Record) error
 }
 
 // Server is the admission pipeline and its dispatch loop. Create it with
@@ -62,6 +71,7 @@ type Server struct {
 	keyer  *ledger.Keyer
 	gpu    *gpu.Monitor
 	attr   *gpu.AttributionMetrics
+	trail  Auditor
 	m      *Metrics
 	log    *slog.Logger
 	now    func() time.Time
@@ -108,6 +118,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		keyer:    deps.Keyer,
 		gpu:      deps.GPU,
 		attr:     deps.Attribution,
+		trail:    deps.Audit,
 		m:        m,
 		log:      deps.Logger,
 		now:      deps.Now,
@@ -190,6 +201,7 @@ func (s *Server) Reload(cfg *config.File) error {
 		return err
 	}
 	s.log.Info("config reloaded", "version", s.pol.Load().version, "tenants", len(cfg.Tenants))
+	s.record(audit.Record{Kind: audit.KindReload, Reason: fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().version, len(cfg.Tenants))})
 	return nil
 }
 
@@ -218,6 +230,7 @@ func (s *Server) StartDrain() {
 	if !s.draining.Swap(true) {
 		s.m.Ready.Set(0)
 		s.log.Info("draining: refusing new requests")
+		s.record(audit.Record{Kind: audit.KindDrain, Reason: "drain started"})
 	}
 }
 
@@ -362,5 +375,16 @@ func (s *Server) exportLedger(ctx context.Context) {
 		if qs, ok := s.q.Stats(t.name); ok {
 			s.m.QueueDepth.WithLabelValues(t.name).Set(float64(qs.Depth))
 		}
+	}
+}
+
+// record appends to the audit trail; a failing trail is logged (the trail's
+// own Run reports write failures to the process).
+func (s *Server) record(rec audit.Record) {
+	if s.trail == nil {
+		return
+	}
+	if err := s.trail.Append(rec); err != nil {
+		s.log.Error("audit trail append failed", "kind", rec.Kind, "err", err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/ledger/redisledger"
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
@@ -108,9 +109,20 @@ func Run(ctx context.Context, cfg *config.File, o Options) error {
 		return err
 	}
 
-	srv, err := scheduler.New(cfg, scheduler.Deps{
-		Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log,
-	})
+	var trail *audit.Log
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log}
+	if cfg.Audit.Path != "" {
+		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
+			return fmt.Errorf("audit trail: %w", err)
+		}
+		defer func() {
+			if err := trail.Close(); err != nil {
+				log.Error("closing the audit trail", "err", err)
+			}
+		}()
+		deps.Audit = trail
+	}
+	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err
 	}
@@ -163,6 +175,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) error {
 	bgGroup.Go(func() error { return mon.Run(bg) })
 	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
 	bgGroup.Go(func() error { return led.Run(bg) })
+	if trail != nil {
+		bgGroup.Go(func() error { return trail.Run(bg) })
+	}
 
 	// srv.Run drains once runCtx ends (signal, admin drain, or a listener
 	// failing); then the listeners close.
