@@ -296,6 +296,16 @@ func TestT11CorruptState(t *testing.T) {
 			},
 		},
 		{
+			name: "non_canonical_integer",
+			corrupt: func(tenant ledger.ScopeKey, _ ledger.Ref) {
+				rc.HSet(ctx, "sluice:{"+tenant.String()+"}:s:"+tenant.String(), "n", "01") // HINCRBY would refuse it mid-script
+			},
+			op: func(ref ledger.Ref, _ []ledger.Scope) error {
+				_, err := l.Settle(ctx, ref, held(3), ledger.SourceFinal)
+				return err
+			},
+		},
+		{
 			name: "unknown_state",
 			corrupt: func(tenant ledger.ScopeKey, ref ledger.Ref) {
 				var k ledger.ScopeKey = ledger.ScopeKey(ref.ID)

@@ -13,10 +13,12 @@ local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
 local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
 
 -- cint parses a stored counter: missing is 0, anything but 0..2^53-1 written
--- as plain digits is nil (corrupt).
+-- canonically (no sign, no leading zero, as HINCRBY writes and requires) is
+-- nil (corrupt), so no later HINCRBY can fail half-way through a script.
 local function cint(v)
   if not v then return 0 end
-  if type(v) ~= 'string' or #v > 16 or not string.find(v, '^%d+$') then return nil end
+  if v == '0' then return 0 end
+  if type(v) ~= 'string' or #v > 16 or not string.find(v, '^[1-9]%d*$') then return nil end
   local n = tonumber(v)
   if n > MAXC then return nil end
   return n
