@@ -218,6 +218,7 @@ func (d *Detector) Lifted(tenant string) {
 	t.advanceLocked(now)
 	t.quietUntil = now.Add(t.r.cfg.Cooldown).UnixNano()
 	t.taintUntil = min(t.taintUntil, now.Unix())
+	t.frozenOK = false
 }
 
 func (d *Detector) get(name string) *tenant {
@@ -300,6 +301,11 @@ type tenant struct {
 	firstK     int64 // the window the tenant was first seen in
 	quietUntil int64 // Unix ns: no decision before
 	taintUntil int64 // Unix s: windows starting before are tainted
+	// frozen is the baseline (tokens, usd, gpu per second) when the last
+	// decision fired; it stands in while the baseline is unknown because
+	// the clamp's windows are left out. Lifted clears it.
+	frozen   [3]float64
+	frozenOK bool
 }
 
 // resetLocked (re)starts the tenant's history at now under r.
@@ -415,23 +421,25 @@ func (t *tenant) addLocked(ev Event) {
 	t.win.add(&e)
 }
 
-// baselineKnownLocked: one full baseline of history, at least half of it
-// untainted.
-func (t *tenant) baselineKnownLocked() bool {
-	return t.lastK-t.r.b-1 > t.firstK && 2*t.baseN >= t.r.b && t.baseN > 0
+// baselineLocked returns the baseline rates (tokens, usd, gpu per second)
+// and whether there is one: measured (one full baseline of history, at
+// least half of it untainted), or else frozen at the last decision.
+func (t *tenant) baselineLocked() ([3]float64, bool) {
+	if t.lastK-t.r.b-1 > t.firstK && 2*t.baseN >= t.r.b && t.baseN > 0 {
+		d := float64(t.baseN) * float64(t.r.w)
+		return [3]float64{float64(t.base.tokens) / d, float64(t.base.usd) / d, float64(t.base.gpu) / d}, true
+	}
+	return t.frozen, t.frozenOK
 }
 
 // rateLocked compares a window sum against factor × the reference (the
 // baseline rate or the floor, whichever is larger). It returns the window
 // rate, the reference and whether the reference is the baseline.
-func (t *tenant) rateLocked(winSum, baseSum int64, floor, factor float64, known bool) (rate, ref float64, isBase, fire bool) {
-	w := float64(t.r.w)
-	rate = float64(winSum) / w
+func (t *tenant) rateLocked(winSum int64, base, floor, factor float64, known bool) (rate, ref float64, isBase, fire bool) {
+	rate = float64(winSum) / float64(t.r.w)
 	ref = floor
-	if known {
-		if b := float64(baseSum) / (float64(t.baseN) * w); b >= floor && b > 0 {
-			ref, isBase = b, true
-		}
+	if known && base >= floor && base > 0 {
+		ref, isBase = base, true
 	}
 	return rate, ref, isBase, ref > 0 && rate > factor*ref
 }
@@ -441,17 +449,17 @@ func (t *tenant) evaluateLocked(now time.Time) (Decision, bool) {
 	if !t.r.enabled || now.UnixNano() < t.quietUntil {
 		return Decision{}, false
 	}
-	known := t.baselineKnownLocked()
+	base, known := t.baselineLocked()
 	if f := cfg.SpendRateFactor; f > 0 {
-		if rate, ref, isBase, fire := t.rateLocked(t.win.tokens, t.base.tokens, cfg.MinRate.TokensPerSecond, f, known); fire {
+		if rate, ref, isBase, fire := t.rateLocked(t.win.tokens, base[0], cfg.MinRate.TokensPerSecond, f, known); fire {
 			return t.fireLocked(now, DetectorSpendRate, rateReason("tokens", rate, ref, isBase, cfg.Window))
 		}
-		if rate, ref, isBase, fire := t.rateLocked(t.win.usd, t.base.usd, cfg.MinRate.USDMicrosPerSecond, f, known); fire {
+		if rate, ref, isBase, fire := t.rateLocked(t.win.usd, base[1], cfg.MinRate.USDMicrosPerSecond, f, known); fire {
 			return t.fireLocked(now, DetectorSpendRate, rateReason("usd_micros", rate, ref, isBase, cfg.Window))
 		}
 	}
 	if f := cfg.GPUMsRateFactor; f > 0 {
-		if rate, ref, isBase, fire := t.rateLocked(t.win.gpu, t.base.gpu, cfg.MinRate.GPUMsPerSecond, f, known); fire {
+		if rate, ref, isBase, fire := t.rateLocked(t.win.gpu, base[2], cfg.MinRate.GPUMsPerSecond, f, known); fire {
 			return t.fireLocked(now, DetectorGPUMsRate, rateReason("gpu_ms", rate, ref, isBase, cfg.Window))
 		}
 	}
@@ -481,6 +489,9 @@ func (t *tenant) fireLocked(now time.Time, detector, reason string) (Decision, b
 	cl := t.r.cfg.Clamp
 	if cl.Models != nil {
 		cl.Models = append([]string(nil), cl.Models...)
+	}
+	if base, ok := t.baselineLocked(); ok {
+		t.frozen, t.frozenOK = base, true
 	}
 	until := now.Add(cl.Duration)
 	t.quietUntil = until.UnixNano()
