@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"crypto/subtle"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"time"
@@ -126,13 +125,13 @@ func (a *Admin) fail(rc *fasthttp.RequestCtx, status int, code, msg string) {
 func (s *Server) adminError(rc *fasthttp.RequestCtx, status int, code, msg string) {
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
-	b, _ := json.Marshal(errorBody(&apiError{Status: status, Code: code, Type: "admin_error", Message: msg}))
+	b, _ := marshal(errorBody(&apiError{Status: status, Code: code, Type: "admin_error", Message: msg}))
 	rc.SetBody(b)
 }
 
 // WriteJSON writes v as a 200 JSON response.
 func WriteJSON(rc *fasthttp.RequestCtx, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		rc.SetStatusCode(500)
 		return

@@ -40,7 +40,7 @@ func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
 	case errors.As(err, &ai):
 		rc.SetStatusCode(http.StatusBadRequest)
 		rc.SetContentType("application/json")
-		b, _ := json.Marshal(errorBody(&apiError{Code: "invalid_request", Type: "admin_error", Message: ai.msg, Param: ai.param}))
+		b, _ := marshal(errorBody(&apiError{Code: "invalid_request", Type: "admin_error", Message: ai.msg, Param: ai.param}))
 		rc.SetBody(b)
 	case errors.Is(err, ErrNotFound), errors.Is(err, ledger.ErrNotFound):
 		a.fail(rc, http.StatusNotFound, "not_found", oneLine(err))

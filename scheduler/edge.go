@@ -322,7 +322,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 // sseError renders a mid-stream refusal as vLLM does: an error event, then
 // [DONE].
 func sseError(ae *apiError) []byte {
-	b, _ := json.Marshal(errorBody(ae))
+	b, _ := marshal(errorBody(ae))
 	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
 }
 
@@ -423,7 +423,7 @@ func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *ap
 		rc.Response.Header.Set("x-should-retry", "false")
 	}
 	rc.SetContentType("application/json")
-	b, _ := json.Marshal(errorBody(ae))
+	b, _ := marshal(errorBody(ae))
 	rc.SetBody(b)
 	return ae
 }
@@ -506,7 +506,7 @@ func (e *Edge) models(rc *fasthttp.RequestCtx) {
 			}
 		}
 	}
-	b, _ := json.Marshal(out)
+	b, _ := marshal(out)
 	rc.SetContentType("application/json")
 	rc.SetBody(b)
 }
@@ -619,7 +619,7 @@ func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *tenant, wf *workflow) {
 	if lim.MaxDuration > 0 {
 		remaining["duration"] = max(0, lim.MaxDuration-s.now().Sub(wf.created)).Round(time.Millisecond).String()
 	}
-	b, _ := json.Marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
+	b, _ := marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
 		"limits": limits, "used": used, "remaining": remaining})
 	rc.SetContentType("application/json")
 	rc.SetBody(b)

@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -154,4 +156,16 @@ func deniedError(d *ledger.DeniedError) *apiError {
 // retryAfterSeconds renders ceil(d) in whole seconds, at least 1.
 func retryAfterSeconds(d time.Duration) string {
 	return strconv.FormatInt(max(1, int64(math.Ceil(d.Seconds()))), 10)
+}
+
+// marshal encodes v as JSON without HTML escaping, so messages such as
+// "weight must be >= 1" read as written.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

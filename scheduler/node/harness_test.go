@@ -77,6 +77,12 @@ func nodeConfig(t *testing.T, reps []*simReplica, acmeExtra, extraTop string) *c
 
 func startNode(t *testing.T, cfg *config.File) *node {
 	t.Helper()
+	return startNodeWith(t, cfg, "")
+}
+
+// startNodeWith runs a node whose reloads read configPath.
+func startNodeWith(t *testing.T, cfg *config.File, configPath string) *node {
+	t.Helper()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -85,7 +91,7 @@ func startNode(t *testing.T, cfg *config.File) *node {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, cfg, Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: keyAdmin, Registry: n.reg})
+		done <- Run(ctx, cfg, Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: keyAdmin, Registry: n.reg, ConfigPath: configPath})
 	}()
 	stopped := false
 	n.stop = func() error {
