@@ -129,21 +129,23 @@ type flow[T any] struct {
 	charged int64
 }
 
+// tenant is one configured tenant. The fields dispatch touches come first.
 type tenant[T any] struct {
-	cfg      TenantConfig
-	flows    [NumBands]*flow[T]
-	depth    int
-	bytes    int64
-	cost     int64 // queued predicted cost
-	pending  int   // dispatched, neither released nor requeued
-	parked   bool
-	until    int64 // park backoff end, Unix ns
-	pidx     int   // position in Queue.parks, -1 when none
-	removed  bool
-	dropped  bool
-	rate     rateRing
-	charged  int64
-	counters TenantStats
+	cfg        TenantConfig
+	depth      int
+	bytes      int64
+	cost       int64 // queued predicted cost
+	pending    int   // dispatched, neither released nor requeued
+	charged    int64
+	dispatched uint64
+	rate       rateRing
+	flows      [NumBands]*flow[T]
+	parked     bool
+	removed    bool
+	dropped    bool
+	until      int64 // park backoff end, Unix ns
+	pidx       int   // position in Queue.parks, -1 when none
+	counters   TenantStats
 }
 
 type band[T any] struct {
@@ -527,7 +529,7 @@ func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {
 	if q.fpos[f.id] >= 0 {
 		bd.heap.setKey(int(q.fpos[f.id]), f.v)
 	}
-	t.counters.Dispatched++
+	t.dispatched++
 	t.rate.add(nowN, n.cost)
 	q.rate.add(nowN, n.cost)
 	if bd.heap.len() > 0 && bd.heap.top().k > rebaseAt {
@@ -651,7 +653,7 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 	if q.fpos[f.id] >= 0 {
 		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
 	}
-	t.counters.Dispatched--
+	t.dispatched--
 	t.counters.Requeued++
 	n.state = stateQueued
 	q.parkLocked(t, nowN)

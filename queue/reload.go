@@ -109,6 +109,7 @@ func (t *tenant[T]) stats() TenantStats {
 	s.QueuedCost = t.cost
 	s.Charged = t.charged
 	s.Pending = t.pending
+	s.Dispatched = t.dispatched
 	s.Parked = t.parked
 	s.Removed = t.removed
 	return s

@@ -3,9 +3,9 @@ package queue
 // rateRing sums dispatched cost over the last rateWindowSeconds whole
 // seconds, for the Retry-After estimate.
 type rateRing struct {
-	buckets [rateWindowSeconds]int64
 	sec     int64 // Unix second of the newest bucket
 	sum     int64
+	buckets [rateWindowSeconds]int64
 }
 
 func bucketOf(sec int64) int64 {
