@@ -306,6 +306,18 @@ func TestT11CorruptState(t *testing.T) {
 			},
 		},
 		{
+			name: "scope_key_of_wrong_type",
+			corrupt: func(tenant ledger.ScopeKey, _ ledger.Ref) {
+				k := "sluice:{" + tenant.String() + "}:s:" + tenant.String()
+				rc.Del(ctx, k)
+				rc.Set(ctx, k, "x", 0)
+			},
+			op: func(_ ledger.Ref, sc []ledger.Scope) error {
+				_, err := l.Reserve(ctx, reserveReq(sc, held(1), owner))
+				return err
+			},
+		},
+		{
 			name: "unknown_state",
 			corrupt: func(tenant ledger.ScopeKey, ref ledger.Ref) {
 				var k ledger.ScopeKey = ledger.ScopeKey(ref.ID)

@@ -226,6 +226,10 @@ func (l *Ledger) storeErr(err error) error {
 		strings.Contains(err.Error(), "connection pool timeout"),
 		errors.Is(err, redis.ErrClosed):
 		class = ledger.ErrUnavailable
+	case errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE "):
+		// One of the tenant's keys holds another type: stored damage. Scripts
+		// read every key before their first write, so nothing was written.
+		return l.corrupt("key of the wrong type: " + rerr.Error())
 	case errors.As(err, &rerr):
 		msg := rerr.Error()
 		for _, p := range []string{"OOM ", "BUSY ", "LOADING ", "READONLY ", "MASTERDOWN ", "CLUSTERDOWN ",
