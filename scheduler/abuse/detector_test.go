@@ -312,10 +312,15 @@ func TestLiftedStartsCooldown(t *testing.T) {
 	c := newClock()
 	cfg := rateConfig()
 	cfg.Cooldown = 2 * time.Minute
+	cfg.Clamp.Duration = time.Hour
 	d := newDetector(t, cfg, c)
 	require.Empty(t, feed(d, c, "a", 200, 15*time.Minute))
 	require.Len(t, feed(d, c, "a", 4000, 15*time.Second), 1)
-	require.Empty(t, feed(d, c, "a", 4000, time.Minute))
+	// Long enough under the clamp that the whole baseline range is
+	// clamped time: only the baseline frozen at the decision is left.
+	require.Empty(t, feed(d, c, "a", 4000, 15*time.Minute))
+	_, known := d.tenants["a"].baselineLocked()
+	require.True(t, known, "frozen baseline stands in")
 	d.Lifted("a")
 	lift := c.Now()
 	// The operator accepted the new level: no decision during the
