@@ -169,7 +169,10 @@ type clockFunc func() time.Time
 func (f clockFunc) Now() time.Time { return f() }
 
 func queueConfig(cfg *config.File) queue.Config {
-	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait}
+	// ExpirySpin: Linux timers sleep in whole milliseconds; waking 1ms early
+	// and polling keeps expiry within the 1ms the design promises.
+	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait,
+		ExpirySpin: time.Millisecond}
 	for _, t := range cfg.Tenants {
 		order := queue.OrderFIFO
 		if t.Queue.Order == "edf" {

@@ -90,8 +90,13 @@ type Decision struct {
 // abuse continues after that, it fires again. [Detector.Clamped] extends
 // the silence for a clamp set or extended by an operator, and
 // [Detector.Lifted] replaces it with Config.Cooldown from the lift, so an
-// operator's unclamp is respected. Buckets overlapping the firing window
-// or any clamp are left out of the baseline.
+// operator's unclamp is respected. Windows overlapping the firing window
+// or any clamp are left out of the baseline; while that leaves too little
+// of it, the baseline measured when the detector last fired stands in
+// (frozen), so a tenant that keeps abusing after its clamp expires is
+// judged against its old normal and clamped again, not against its own
+// clamped traffic. Lifted drops the frozen baseline: the operator accepted
+// the new level, which the baseline then learns.
 type Detector struct {
 	now func() time.Time
 	def *rules // immutable
@@ -199,6 +204,9 @@ func (d *Detector) Check(tenant string) (Decision, bool) {
 func (d *Detector) Clamped(tenant string, until time.Time) {
 	t := d.get(tenant)
 	now := d.now()
+	if !until.After(now) {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.advanceLocked(now)

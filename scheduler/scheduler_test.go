@@ -1,0 +1,209 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Consumer-side compliance checks (HOUSE-STYLE §2).
+var (
+	_ Ledger   = (*ledger.Memory)(nil)
+	_ Upstream = (*vllm.Client)(nil)
+)
+
+func TestStatusFor(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		err     error
+		status  int
+		code    string
+		retry   bool
+		noRetry bool
+	}{
+		{"unauthorized", ErrUnauthorized, 401, "invalid_api_key", false, false},
+		{"too large", ErrTooLarge, 413, "request_too_large", false, false},
+		{"bad header", invalidf("X-Request-Timeout", "bad"), 400, "invalid_request", false, false},
+		{"bad body", &vllm.InvalidRequestError{Param: "messages", Reason: "x"}, 400, "invalid_request", false, false},
+		{"unknown model", fmt.Errorf("m: %w", ErrUnknownModel), 400, "invalid_request", false, false},
+		{"context length", vllm.ErrContextLength, 400, "context_length_exceeded", false, false},
+		{"queue full", &queue.FullError{Tenant: "a", Bound: queue.BoundTenantDepth, RetryAfter: 3 * time.Second}, 429, "queue_full", true, false},
+		{"budget", &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Tokens, Window: time.Hour, RetryAfter: time.Minute}, 429, "tenant_budget_exceeded", true, true},
+		{"workflow budget", &ledger.DeniedError{Scope: ledger.KindWorkflow, Dim: ledger.Requests, Window: workflowLife}, 429, "workflow_budget_exceeded", true, true},
+		{"workflow local", &workflowError{dim: "retries", limit: 1, used: 1}, 429, "workflow_budget_exceeded", false, true},
+		{"queue deadline", queue.ErrExpired, 504, "deadline_exceeded", false, false},
+		{"client deadline", ErrDeadline, 504, "deadline_exceeded", false, false},
+		{"store timeout is not a deadline", fmt.Errorf("%w: %w", ledger.ErrAmbiguous, context.DeadlineExceeded), 503, "ledger_unavailable", true, false},
+		{"store down", ledger.ErrUnavailable, 503, "ledger_unavailable", true, false},
+		{"store recovering", ledger.ErrRecovering, 503, "ledger_unavailable", true, false},
+		{"corrupt", ledger.ErrCorrupt, 500, "ledger_error", false, false},
+		{"policy", ledger.ErrPolicy, 500, "ledger_error", false, false},
+		{"no replica", ErrNoReplica, 503, "no_healthy_replica", true, false},
+		{"draining", ErrDraining, 503, "draining", true, false},
+		{"idempotent in flight", ErrInProgress, 409, "idempotency_conflict", false, true},
+		{"clamped", ErrClamped, 403, "tenant_clamped", false, true},
+		{"upstream 500", &vllm.UpstreamError{Status: 500}, 502, "upstream_error", false, false},
+		{"upstream 400 passes", &vllm.UpstreamError{Status: 400, Param: "input_tokens"}, 400, "context_length_exceeded", false, false},
+		{"stream cut", vllm.ErrStreamCut, 502, "upstream_error", false, false},
+		{"client gone", ErrClientGone, 499, "client_cancelled", false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ae := statusFor(tc.err)
+			assert.Equal(t, tc.status, ae.Status)
+			assert.Equal(t, tc.code, ae.Code)
+			assert.Equal(t, tc.retry, ae.RetryAfter > 0, "Retry-After")
+			assert.Equal(t, tc.noRetry, ae.NoRetry, "x-should-retry: false")
+		})
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "1", retryAfterSeconds(10*time.Millisecond))
+	assert.Equal(t, "2", retryAfterSeconds(1001*time.Millisecond))
+	assert.Equal(t, "3600", retryAfterSeconds(time.Hour))
+}
+
+// fixedCapacity sizes every replica the same.
+func fixedCapacity(k map[string]int64) capacityFunc {
+	return func(name string) (int64, int64, gpu.State) {
+		if v, ok := k[name]; ok {
+			return v, v, gpu.StateHealthy
+		}
+		return 0, 0, gpu.StateDown
+	}
+}
+
+func TestReplicaChoice(t *testing.T) {
+	t.Parallel()
+	r0 := &replica{name: "r0", maxSeqs: 4}
+	r1 := &replica{name: "r1", maxSeqs: 4}
+	set := &replicaSet{reps: []*replica{r0, r1}, capacity: fixedCapacity(map[string]int64{"r0": 1000, "r1": 500}), headroom: 0.1}
+
+	// Least normalized load: r0 twice as big gets two for r1's one.
+	for range 3 {
+		require.NotNil(t, set.choose(100, true, nil))
+	}
+	assert.Equal(t, int64(200), r0.load.Load())
+	assert.Equal(t, int64(100), r1.load.Load())
+
+	// vLLM's own running count counts when larger (ghosts).
+	r1.obs.Store(&replicaObs{ok: true, running: 4})
+	assert.NotEqual(t, r1, set.choose(10, true, nil))
+	r1.obs.Store(nil)
+
+	// Headroom: only light tenants may use the last 10%.
+	assert.Nil(t, set.choose(750, false, nil), "210+750 > 0.9·1000 and 100+750 > 500")
+	assert.True(t, set.fits(750, true), "a light tenant may use the headroom")
+	assert.Equal(t, int64(210), r0.load.Load(), "fits reserves nothing")
+	assert.Nil(t, set.choose(2000, true, nil), "fits nowhere")
+
+	// Draining or down replicas get nothing.
+	set.capacity = func(name string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
+	assert.Nil(t, set.choose(1, true, nil))
+	assert.False(t, set.anyUp())
+}
+
+func TestLowerCap(t *testing.T) {
+	t.Parallel()
+	c := &call{plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 10, OutputTokens: 80}}
+	assert.True(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.OutputTokens, Limit: 100, Committed: 80}))
+	assert.Equal(t, 20, c.plan.Cap)
+	assert.Equal(t, 20, c.plan.OutputTokens)
+
+	c = &call{plan: vllm.Plan{Cap: 80, Choices: 2, InputTokens: 10, OutputTokens: 160}}
+	assert.True(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Tokens, Limit: 100, Committed: 30}), "(100-30-10)/2 per choice")
+	assert.Equal(t, 30, c.plan.Cap)
+
+	c = &call{plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 10}}
+	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Tokens, Limit: 100, Committed: 95}), "nothing left")
+	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Requests, Limit: 1, Committed: 1}), "not a token budget")
+}
+
+func TestEffectiveConfig(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	file := &config.File{Tenants: []config.Tenant{{Name: "a", Weight: 4, Concurrency: 8, MaxOutputTokens: 1024,
+		Budgets: []config.Budget{{Dimension: "tokens", Limit: 10, Window: time.Hour}, {Dimension: "requests", Limit: 5, Window: time.Hour}}}}}
+	st := &adminState{
+		Budgets: map[string]BudgetOverride{
+			"a:tokens:1h0m0s":   {Tenant: "a", Budget: config.Budget{Dimension: "tokens", Limit: 99, Window: time.Hour}},
+			"a:requests:1h0m0s": {Tenant: "a", Removed: true},
+			"a:gpu_ms:24h0m0s":  {Tenant: "a", Budget: config.Budget{Dimension: "gpu_ms", Limit: 7, Window: 24 * time.Hour}},
+		},
+		Clamps: map[string]Clamp{"a": {Concurrency: 2, Weight: 1, MaxOutputTokens: 16, ExpiresAt: now.Add(time.Minute)}},
+	}
+	eff := effectiveConfig(file, st, now)
+	ta := eff.Tenants[0]
+	require.Len(t, ta.Budgets, 2)
+	assert.Equal(t, int64(99), ta.Budgets[0].Limit)
+	assert.Equal(t, "gpu_ms", ta.Budgets[1].Dimension)
+	assert.Equal(t, 2, ta.Concurrency)
+	assert.Equal(t, 1, ta.Weight)
+	assert.Equal(t, int64(16), ta.MaxOutputTokens)
+	assert.Len(t, file.Tenants[0].Budgets, 2, "the file config is not modified")
+	assert.Equal(t, 8, file.Tenants[0].Concurrency)
+
+	expired := effectiveConfig(file, st, now.Add(time.Hour))
+	assert.Equal(t, 8, expired.Tenants[0].Concurrency, "an expired clamp no longer applies")
+}
+
+func TestWorkflowLocalLimits(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(0, 0)
+	wf := &workflow{limits: config.WorkflowLimit{MaxRetries: 1, MaxToolCalls: 2, MaxDuration: 10 * time.Second}, created: now}
+	left, err := wf.admitCall(now.Add(time.Second), true)
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Second-time.Second-completionHeadroom, left)
+	_, err = wf.admitCall(now.Add(time.Second), true)
+	var we *workflowError
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, "retries", we.dim)
+	wf.countToolCalls(toolCallsIn([]byte(`{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f"}},{"index":1,"id":"c2","type":"function"}]}`)))
+	_, err = wf.admitCall(now.Add(time.Second), false)
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, "tool_calls", we.dim)
+	assert.Zero(t, toolCallsIn([]byte(`{"choices":[{"delta":{"content":"\"type\":\"function\""}}]}`)), "no tool_calls member")
+
+	short := &workflow{limits: config.WorkflowLimit{MaxDuration: 2 * time.Second}, created: now}
+	_, err = short.admitCall(now.Add(1200*time.Millisecond), false)
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, "duration", we.dim, "less than a useful attempt left")
+}
+
+func TestCapWorkflowLimits(t *testing.T) {
+	t.Parallel()
+	max := config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 1000, MaxDuration: time.Hour}
+	got := capWorkflowLimits(config.WorkflowLimit{MaxCalls: 50, MaxOutputTokens: 100, MaxRetries: 3}, max)
+	assert.Equal(t, config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 100, MaxRetries: 3, MaxDuration: time.Hour}, got)
+}
+
+func TestAuthenticate(t *testing.T) {
+	t.Parallel()
+	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: []string{config.HashKey("sk-a")}, Concurrency: 1}}}
+	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
+	require.NoError(t, err)
+	tn, err := pol.authenticate([]byte("Bearer sk-a"))
+	require.NoError(t, err)
+	assert.Equal(t, "a", tn.name)
+	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
+		_, err := pol.authenticate([]byte(h))
+		assert.True(t, errors.Is(err, ErrUnauthorized), "%q", h)
+	}
+}
