@@ -373,6 +373,14 @@ func TestClampedByOperatorSuppresses(t *testing.T) {
 	dec, ok := d.Observe("a", Event{Kind: Denied})
 	require.True(t, ok)
 	assert.Equal(t, until, dec.At)
+
+	// A clamp already over changes nothing.
+	d.Clamped("b", c.Now())
+	for range 4 {
+		d.Observe("b", Event{Kind: Denied})
+	}
+	_, ok = d.Observe("b", Event{Kind: Denied})
+	assert.True(t, ok)
 }
 
 func TestCheckWithoutEvent(t *testing.T) {

@@ -35,7 +35,7 @@
 //
 // With factor F and a tenant jumping from its baseline to M× it, the
 // window's mean passes F× baseline after W·(F−1)/(M−1) of the new rate:
-// within the window W whenever M > F (20× against the default-like F = 10
+// within the window W whenever M > F (20× against F = 10
 // is caught after 0.47·W, 14s of a 30s window). Rates are "above" (>);
 // counts and shares are "at least" (>=).
 //
