@@ -29,7 +29,10 @@
 // the first partial window, windows overlapping a firing window, windows
 // under a clamp). A tenant has no baseline until it has been seen for one
 // full baseline and at least half of it is usable; until then the floor
-// alone is the reference, and with no floor it is not rate-checked.
+// alone is the reference, and with no floor it is not rate-checked. When
+// clamps leave too little of the baseline usable, the baseline measured at
+// the last decision stands in until an operator lifts the clamp
+// ([Detector.Lifted]).
 //
 // # Detection time
 //
