@@ -525,6 +525,20 @@ type UsageEvent struct {
 	At         time.Time // ledger time of the transition
 }
 
+// ReservationInfo describes one open reservation record, for the admin API
+// (GET /admin/reservations?state=…). Times are ledger time.
+type ReservationInfo struct {
+	Ref         Ref
+	State       State     // RESERVED, DISPATCHED or UNRESOLVED
+	Held        Amounts   // the hold (Slots entry 0)
+	LeaseExpiry time.Time // the lease (for UNRESOLVED: the lease that ran out)
+	AdmittedAt  time.Time // the admission window of any W is floor(AdmittedAt/W)
+	Owner       Owner     // the front end that reserved it
+}
+
+// DefaultListMax is the max List uses when called with max ≤ 0.
+const DefaultListMax = 1000
+
 // Ledger is the full method set both backends implement (LEDGER.md §2). The
 // scheduler declares its own smaller interface; ledgertest uses this one.
 // Every method is safe for concurrent use and never panics.
@@ -537,6 +551,11 @@ type Ledger interface {
 	Reclaim(ctx context.Context, tenant ScopeKey, max int) (ReclaimStats, error)
 	Resolve(ctx context.Context, ref Ref) (Settlement, error)
 	Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, error)
+	// List returns up to max (≤ 0: DefaultListMax) open records of tenant in
+	// state (RESERVED, DISPATCHED or UNRESOLVED; anything else is ErrInvalid),
+	// ordered by lease expiry (UNRESOLVED: by when they become chargeable),
+	// ties by the id's base64url form. It never writes.
+	List(ctx context.Context, tenant ScopeKey, state State, max int) ([]ReservationInfo, error)
 }
 
 // WindowIndex returns floor(t / w) in milliseconds since the Unix epoch.

@@ -1,12 +1,15 @@
 package ledger
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1439,4 +1442,65 @@ func (m *Memory) Committed(tenant, scope ScopeKey, dim Dim, window time.Duration
 		return 0
 	}
 	return s.committed(dim, window.Milliseconds(), t.now(m.clock().UnixMilli()))
+}
+
+// List implements [Ledger.List]: a read-only copy of up to max open records
+// of one state, ordered by lease expiry (UNRESOLVED: by chargeable-at), ties
+// by the id's base64url form (the order of the Redis backend's ZSETs). It
+// holds the tenant's lock while it copies, so the answer is one consistent
+// cut, and costs O(open records of the tenant · log).
+func (m *Memory) List(ctx context.Context, tenant ScopeKey, state State, max int) ([]ReservationInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if !state.Open() {
+		return nil, fmt.Errorf("list state %s: only reserved, dispatched or unresolved: %w", state, ErrInvalid)
+	}
+	if max <= 0 {
+		max = DefaultListMax
+	}
+	t := m.tenant(tenant, false)
+	if t == nil {
+		return nil, nil
+	}
+	type item struct {
+		key int64
+		id  string
+		rec ReservationInfo
+	}
+	var items []item
+	t.mu.Lock()
+	var src []*record
+	if state == Unresolved {
+		src = t.unres
+	} else {
+		src = t.leases
+	}
+	for _, rec := range src {
+		if rec.state != state {
+			continue
+		}
+		key := rec.leaseExp
+		if state == Unresolved {
+			key = rec.resolveAt
+		}
+		items = append(items, item{key: key, id: ScopeKey(rec.id).String(), rec: ReservationInfo{
+			Ref: Ref{Tenant: tenant, ID: rec.id}, State: rec.state, Held: rec.held,
+			LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), AdmittedAt: time.UnixMilli(rec.admitAt).UTC(), Owner: rec.owner}})
+	}
+	t.mu.Unlock()
+	slices.SortFunc(items, func(a, b item) int {
+		if c := cmp.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	if len(items) > max {
+		items = items[:max]
+	}
+	out := make([]ReservationInfo, len(items))
+	for i := range items {
+		out[i] = items[i].rec
+	}
+	return out, nil
 }

@@ -108,6 +108,7 @@ func Run(t *testing.T, f Factory) {
 		{"T16_ModelBasedWithRestart", testModelRestart},
 		{"T19_LeakRegressions", testLeaks},
 		{"StateMachine", testStateMachine},
+		{"List", testList},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

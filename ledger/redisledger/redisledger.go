@@ -925,3 +925,92 @@ func (l *Ledger) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// List returns up to max (≤ 0: ledger.DefaultListMax) open records of tenant
+// in state, ordered like the ZSET that indexes them: RESERVED and DISPATCHED
+// by lease expiry (L), UNRESOLVED by chargeable-at (U), ties by id. It never
+// writes and runs no script: ZRANGE pages of the index, each followed by one
+// pipelined HMGET per id (plain reads, never EVALSHA, so pipelining is safe).
+//
+// # Design rationale
+//
+// A script could read the records atomically, but only by building key names
+// inside Lua, which the key rules forbid (every key in KEYS). The price of
+// plain reads is that the answer is not one atomic cut: a record that changes
+// state between the ZRANGE and its HMGET is judged by the state read last
+// (and skipped if it no longer matches), and an id whose record is gone
+// (purged or damaged) is skipped. Reclaim, not List, reports corruption.
+func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, max int) ([]ledger.ReservationInfo, error) {
+	if tenant.IsZero() {
+		return nil, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
+	}
+	if !state.Open() {
+		return nil, fmt.Errorf("list state %s: only reserved, dispatched or unresolved: %w", state, ledger.ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	if max <= 0 {
+		max = ledger.DefaultListMax
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	base := l.tenantBase(tenant)
+	index := base + "L"
+	if state == ledger.Unresolved {
+		index = base + "U"
+	}
+	const page = 256
+	want := strconv.Itoa(int(state))
+	var out []ledger.ReservationInfo
+	for start := int64(0); len(out) < max; start += page {
+		ids, err := l.c.ZRange(ctx, index, start, start+page-1).Result()
+		if err != nil {
+			return nil, l.storeErr(err)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		cmds := make([]*redis.SliceCmd, len(ids))
+		_, err = l.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.HMGet(ctx, base+"q:"+id, "st", "o", "le", "h", "at")
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, l.storeErr(err)
+		}
+		for i, c := range cmds {
+			v := c.Val()
+			if len(v) != 5 {
+				continue
+			}
+			if st, _ := v[0].(string); st != want {
+				continue
+			}
+			ref, ok := refOf(tenant, ids[i])
+			os, _ := v[1].(string)
+			owner, ok2 := parseOwner(os)
+			les, _ := v[2].(string)
+			le, e1 := strconv.ParseInt(les, 10, 64)
+			hs, _ := v[3].(string)
+			held, ok3 := parseAmountsCSV(hs)
+			ats, _ := v[4].(string)
+			at, e2 := strconv.ParseInt(ats, 10, 64)
+			if !ok || !ok2 || !ok3 || e1 != nil || e2 != nil {
+				return nil, l.corrupt("record of list entry " + ids[i])
+			}
+			held[ledger.Slots] = 0
+			out = append(out, ledger.ReservationInfo{Ref: ref, State: state, Held: held,
+				LeaseExpiry: time.UnixMilli(le).UTC(), AdmittedAt: time.UnixMilli(at).UTC(), Owner: owner})
+			if len(out) == max {
+				break
+			}
+		}
+		if len(ids) < page {
+			break
+		}
+	}
+	return out, nil
+}
