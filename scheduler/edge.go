@@ -242,6 +242,9 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
 		return
 	}
 	streaming = true
+	// Send the 200 headers at once, as vLLM does right after validation:
+	// the first chunk may be a long prefill away.
+	rc.Response.ImmediateHeaderFlush = true
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
 	rc.SetBodyStreamWriter(func(w *bufio.Writer) {
@@ -267,6 +270,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 	s := e.s
 	var buf []byte
 	first := true
+
 	for {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
