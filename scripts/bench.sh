@@ -201,7 +201,6 @@ write_sluice_config() {
 			v=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
 			echo "  - name: $t"
 			echo "    api_keys: [\"$(printf '%s\n' "${!v}" | "$SLUICE" key hash)\"]"
-			echo "    queue: {max_depth: 1024, max_wait: 30s}"
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"
@@ -289,6 +288,9 @@ declare -A PKGS=([simulator]=./vllm/sim [ledger]=./ledger [ledger-redis]=./ledge
 	[vllm client]=./vllm [gpu]=./gpu [connwatch]=./scheduler/connwatch [audit]=./scheduler/audit
 	[bench]="./bench/stats ./bench/workload ./bench/loadgen")
 SECTIONS=(simulator ledger ledger-redis queue "vllm client" gpu connwatch audit bench)
+declare -A TITLE=([simulator]="Simulator (vllm/sim)" [ledger]="Ledger (embedded)" [ledger-redis]="Ledger on Redis (ledger/redisledger)"
+	[queue]="Queue" [vllm client]="vLLM client (vllm)" [gpu]="GPU (gpu)" [connwatch]="Connection watch (scheduler/connwatch)"
+	[audit]="Audit (scheduler/audit)" [bench]="Load generator (bench)")
 
 doc_for() { # doc_for SECTION: the docs/benchmarks file, if any
 	local d=${DOC[$1]} f
@@ -431,7 +433,7 @@ cpu_us() { # median over rounds of proxy CPU µs per request
 # at the presets' 512/128 tokens.
 CAP=${BENCH_CAPACITY:-12.5}
 SIMARGS=(--max-num-seqs 32 --decode-step 20ms)
-SCEN=(--duration "${SCEN_S}s" --warmup-duration 2s --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/res")
+SCEN=(--duration "${SCEN_S}s" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/res")
 SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
 # scen LABEL TARGET ARGS...: one `sluice bench run`; the JSON lands in res/LABEL.json.
@@ -454,18 +456,18 @@ start_sims 1 "${SIMARGS[@]}"
 start_sluice 1
 start_haproxy 1 32
 for t in direct haproxy sluice; do
-	scen "flood-alone-$t" "$t" --workload flood --exclude-tenant flood
-	scen "flood-$t" "$t" --workload flood
+	scen "flood-alone-$t" "$t" --workload flood --warmup-duration 2s --exclude-tenant flood
+	scen "flood-$t" "$t" --workload flood --warmup-duration 2s
 done
 for x in 1 2 3; do
 	c=$(awk -v c="$CAP" -v x="$x" 'BEGIN { printf "%.3f", c * x / 3 }') # three tenants at "1x" each
 	for t in direct sluice; do
 		SCAP=$c
-		scen "overload-${x}x-$t" "$t" --workload overload
+		scen "overload-${x}x-$t" "$t" --workload overload --warmup-duration 2s
 	done
 done
 SCAP=$CAP
-scen "disconnect-storm-sluice" sluice --workload disconnect-storm
+scen "disconnect-storm-sluice" sluice --workload disconnect-storm --warmup-duration 2s
 sleep 1 # let the last aborts settle before reading the gauges
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
 RESERVED=$(echo "$metrics" | awk '/^sluice_ledger_reserved[{ ]/ { s += $NF } END { print s + 0 }')
@@ -490,7 +492,11 @@ v() { # v LABEL TENANT FIELD: one number from a saved result, 1 decimal
 victim_p99() { # worst victim p99 TTFT in ms
 	jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.p99_ttft_ms] | max | . * 10 | round / 10'
 }
-rejected() { jget "$1" ".tenants[\"$2\"].outcomes.rejected | to_entries | map(\"\(.key):\(.value)\") | join(\" \")"; }
+rejected() { # "reason:n …" or "-"
+	local r
+	r=$(jget "$1" ".tenants[\"$2\"].outcomes.rejected | to_entries | map(\"\(.key):\(.value)\") | join(\" \")")
+	echo "${r:--}"
+}
 total() { jget "$1" "[.tenants[] | .outcomes.$2 | to_entries[] | .value] | add // 0"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b != "n/a") printf "%.2f", b / a; else print "n/a" }'; }
 
@@ -512,7 +518,7 @@ EOF
 	i=0
 	for s in "${SECTIONS[@]}"; do
 		i=$((i + 1))
-		echo "## $i. ${s^}"
+		echo "## $i. ${TITLE[$s]}"
 		echo
 		f=$(doc_for "$s")
 		if [ -n "$f" ]; then
@@ -583,7 +589,7 @@ $SIDE_N requests from 16 concurrent kept-alive clients, reading the proxy's
 \`/proc/<pid>/stat\` utime+stime (all threads; nginx: master + workers) before and after.
 HAProxy 2.x: \`balance leastconn\`, \`server … maxconn 64\`, \`timeout queue 30s\`, \`nbthread 2\`,
 \`http-reuse always\`. nginx: \`proxy_pass\` to an upstream with \`keepalive 64\`, 2 workers.
-Sluice: \`sluice serve\`, default settings (1 s scrape interval), tenants without budgets. \`direct\` targets replica 0 only.
+Sluice: \`sluice serve\`, default settings (1 s scrape interval, default queue limits), tenants without budgets. \`direct\` targets replica 0 only.
 The load generator is a small Go program the script writes (\`loadloop\`, stdlib net/http).
 CPU ticks are 1/$CLK_TCK s, i.e. ±$((1000000 / CLK_TCK / SIDE_N)) µs per request of quantisation.
 
@@ -602,6 +608,13 @@ EOF
 	SR=$(ratio "$HAPCPU" "$(cpu_us sluice)")
 	echo
 	echo "**Sluice CPU per request = ${SR}× HAProxy's** (goal ≤ 1.3×: $(awk -v r="$SR" 'BEGIN{print (r != "n/a" && r <= 1.3) ? "met" : "MISSED"}')). Added latency at light load (p50) vs direct: HAProxy $(awk -v a="$(col "$WORK/light.txt" haproxy 4)" -v b="$(col "$WORK/light.txt" direct 4)" 'BEGIN{print a-b}') µs, Sluice $(awk -v a="$(col "$WORK/light.txt" sluice 4)" -v b="$(col "$WORK/light.txt" direct 4)" 'BEGIN{print a-b}') µs."
+	simcpu() { awk -v t="$1" -v hz="$CLK_TCK" '$1 == t && NF >= 8 && $2 > 0 { printf "%.1f\n", $8 * 1e6 / hz / $2 }' "$WORK/heavy.txt" | median; }
+	echo
+	echo "Simulator CPU per request in the same rounds: direct $(simcpu direct) µs, via HAProxy $(simcpu haproxy) µs, via Sluice $(simcpu sluice) µs."
+	echo "Part of Sluice's cost is by design (scheduler/doc.go step 6): every request goes upstream with \`stream\` and"
+	echo "continuous usage forced on, and a non-streamed client gets a body re-assembled from the chunks"
+	echo "(\`vllm.Assembler\`, encoding/json per chunk), so both Sluice and the replica handle a stream here where the"
+	echo "proxies pass one small JSON body through."
 	[ -n "$NGINX_NOTE" ] && echo && echo "$NGINX_NOTE"
 	echo
 	echo "Raw rounds (target ok failed p50_us p99_us rps [proxy_ticks sim_ticks]):"
@@ -615,7 +628,7 @@ EOF
 
 One \`sluice sim\` replica (\`--max-num-seqs 32 --decode-step 20ms\`, capacity taken as
 **$CAP rps** at the presets' 512/128 tokens). **Presets shortened** to ${SCEN_S}s of arrivals (the first 2 s
-of them a warm-up, not measured; 10 s drain) to fit \`make bench\` in ~10 minutes: the presets' own durations
+of them a warm-up, not measured, except budget-burst whose burst is at t0; 10 s drain) to fit \`make bench\` in ~10 minutes: the presets' own durations
 (120–300 s) give steadier tails; rerun one with its preset duration by dropping \`--duration\`.
 HAProxy here: \`maxconn 32\` (= max-num-seqs), \`timeout queue 30s\`.
 
