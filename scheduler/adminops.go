@@ -103,6 +103,7 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	if err := eff.Validate(); err != nil {
 		return err
 	}
+	s.configureAbuse(eff)
 	old := s.pol.Load()
 	pol, err := buildPolicy(eff, old.version+1, s.keyer, s.runtimes)
 	if err != nil {
@@ -318,6 +319,9 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 		}
 		return c, err
 	}
+	if c.Source != "auto" {
+		s.abuse.Clamped(c.Tenant, c.ExpiresAt)
+	}
 	s.log.Warn("tenant clamped", "tenant", c.Tenant, "reason", c.Reason, "until", c.ExpiresAt, "source", c.Source)
 	s.record(audit.Record{Kind: audit.KindClamp, Tenant: c.Tenant, Source: c.Source, Reason: c.Reason,
 		Code: fmt.Sprintf("concurrency=%d weight=%d max_output_tokens=%d models=%v until=%s", c.Concurrency, c.Weight, c.MaxOutputTokens, c.Models, c.ExpiresAt.UTC().Format(time.RFC3339))})
@@ -335,6 +339,7 @@ func (s *Server) Unclamp(tenant string) (bool, error) {
 	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
 		return true, err
 	}
+	s.abuse.Lifted(tenant)
 	s.log.Info("tenant unclamped", "tenant", tenant)
 	s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: tenant, Source: "admin", Reason: "lifted by operator"})
 	return true, s.persistLocked()

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -157,6 +158,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c.handle = it.Handle
+	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	return c, nil
@@ -219,6 +221,8 @@ func (s *Server) reserve(c *call, a admission) error {
 		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
 			// Send what the budgets still allow rather than refuse.
 			continue
+		case errors.As(err, &d):
+			s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
 		}
 		return err
 	}
@@ -560,6 +564,13 @@ func (s *Server) finish(c *call, err error) {
 	c.t.rt.inflightTokens.Add(-c.size)
 	s.m.Inflight.WithLabelValues(c.t.name).Dec()
 	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
+	if c.sent {
+		kind := abuse.Settled
+		if c.abortCause == "client_disconnect" {
+			kind = abuse.Disconnected
+		}
+		s.observeAbuse(c.t.name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
+	}
 	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}

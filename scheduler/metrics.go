@@ -23,6 +23,7 @@ type Metrics struct {
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
+	AbuseClamps      *prometheus.CounterVec   // tenant, detector
 	ExpiredDispatch  prometheus.Counter
 	Ready            prometheus.Gauge
 }
@@ -60,6 +61,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Time from arrival to the first token sent to the client.", Buckets: latencyBuckets}, []string{"tenant"}),
 		BudgetUsed: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_budget_used_ratio",
 			Help: "(committed + reserved) / limit of each tenant budget."}, []string{"tenant", "dimension", "window"}),
+		AbuseClamps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_abuse_clamps_total",
+			Help: "Automatic clamps applied by the abuse detectors."}, []string{"tenant", "detector"}),
 		ExpiredDispatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_expired_dispatch_total",
 			Help: "Requests dispatched after their deadline; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
@@ -68,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.ExpiredDispatch, m.Ready} {
+		m.BudgetUsed, m.AbuseClamps, m.ExpiredDispatch, m.Ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
@@ -85,6 +86,7 @@ type Server struct {
 	runtimes map[string]*tenantRuntime
 	admin    adminState
 	wfs      workflows
+	abuse    *abuse.Detector
 
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
@@ -153,6 +155,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("scheduler queue: %w", err)
 	}
 	s.q = q
+	if s.abuse, err = abuse.New(abuse.Config{}, s.now); err != nil {
+		return nil, err
+	}
+	s.configureAbuse(eff)
 	s.reps = &replicaSet{capacity: s.capacityOf, headroom: cfg.Server.Headroom}
 	for _, rc := range cfg.Upstream.Replicas {
 		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name)}
@@ -389,5 +395,31 @@ func (s *Server) record(rec audit.Record) {
 	}
 	if err := s.trail.Append(rec); err != nil {
 		s.log.Error("audit trail append failed", "kind", rec.Kind, "err", err)
+	}
+}
+
+// configureAbuse gives each tenant its abuse detectors (zero config: off).
+func (s *Server) configureAbuse(cfg *config.File) {
+	for _, t := range cfg.Tenants {
+		if err := s.abuse.Configure(t.Name, t.Abuse); err != nil {
+			s.log.Error("abuse detector config refused", "tenant", t.Name, "err", err)
+		}
+	}
+}
+
+// observeAbuse feeds one event to the tenant's detectors and applies the
+// automatic clamp they decide on (outside every lock of the hot path).
+func (s *Server) observeAbuse(tenant string, ev abuse.Event) {
+	d, ok := s.abuse.Observe(tenant, ev)
+	if !ok {
+		return
+	}
+	s.m.AbuseClamps.WithLabelValues(tenant, d.Detector).Inc()
+	_, err := s.SetClamp(Clamp{Tenant: d.Tenant, Concurrency: d.Clamp.Concurrency, Weight: d.Clamp.Weight,
+		MaxOutputTokens: d.Clamp.MaxOutputTokens, Models: d.Clamp.Models, Reason: d.Detector + ": " + d.Reason,
+		ExpiresAt: d.ExpiresAt, Source: "auto"})
+	if err != nil {
+		s.log.Error("automatic clamp not applied", "tenant", tenant, "detector", d.Detector, "err", err)
+		s.abuse.Lifted(tenant)
 	}
 }

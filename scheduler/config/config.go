@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/scheduler/abuse"
 )
 
 // File is the whole configuration file.
@@ -202,6 +204,9 @@ type Tenant struct {
 	Queue           TenantQueue   `yaml:"queue"`
 	Budgets         []Budget      `yaml:"budgets"`
 	Workflow        WorkflowLimit `yaml:"workflow_defaults"`
+	// Abuse configures automatic clamps for this tenant. Optional; all
+	// zero (the default) detects nothing.
+	Abuse abuse.Config `yaml:"abuse"`
 	// OutageAllowance lets this tenant continue, counted in process, while
 	// the ledger is unreachable. Optional; zero = none.
 	OutageAllowance OutageAllowance `yaml:"outage_allowance"`
@@ -524,6 +529,13 @@ func (f *File) Validate() error {
 		v.nonNeg(wp+".max_usd_micros", w.MaxUSDMicros)
 		v.nonNeg(wp+".max_retries", w.MaxRetries)
 		v.nonNeg(wp+".max_tool_calls", w.MaxToolCalls)
+		if t.Abuse.Enabled() {
+			ab := t.Abuse
+			ab.ApplyDefaults()
+			if err := ab.Validate(p + ".abuse"); err != nil {
+				v.errs = append(v.errs, err)
+			}
+		}
 		v.nonNeg(p+".outage_allowance.requests", t.OutageAllowance.Requests)
 		v.nonNeg(p+".outage_allowance.tokens", t.OutageAllowance.Tokens)
 	}
