@@ -19,7 +19,7 @@ import (
 // ReservationLister is the optional ledger capability behind
 // GET /admin/reservations (see [Admin.listReservations]).
 type ReservationLister interface {
-	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, max int) ([]ledger.Ref, error)
+	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.Ref, error)
 }
 
 func (a *Admin) registerOps() {
@@ -35,7 +35,7 @@ func (a *Admin) registerOps() {
 
 // inputError answers a bad admin request: 400 with the field path.
 func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
-	var ai *adminInput
+	var ai *adminInputError
 	switch {
 	case errors.As(err, &ai):
 		rc.SetStatusCode(http.StatusBadRequest)

@@ -45,16 +45,16 @@ type adminState struct {
 // ErrAdminInput marks a bad admin request (400 with a field path).
 var ErrAdminInput = errors.New("invalid admin input")
 
-// adminInput is an admin input error naming its field.
-type adminInput struct {
+// adminInputError is an admin input error naming its field.
+type adminInputError struct {
 	param, msg string
 }
 
-func (e *adminInput) Error() string        { return e.param + ": " + e.msg }
-func (e *adminInput) Is(target error) bool { return target == ErrAdminInput }
+func (e *adminInputError) Error() string        { return e.param + ": " + e.msg }
+func (e *adminInputError) Is(target error) bool { return target == ErrAdminInput }
 
 func inputErr(param, format string, a ...any) error {
-	return &adminInput{param: param, msg: fmt.Sprintf(format, a...)}
+	return &adminInputError{param: param, msg: fmt.Sprintf(format, a...)}
 }
 
 // effectiveConfig applies the admin state to the file config: budget
@@ -172,11 +172,11 @@ func (s *Server) persistLocked() error {
 	serr := tmp.Sync()
 	cerr := tmp.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
-		os.Remove(tmp.Name())
+		_ = os.Remove(tmp.Name())
 		return fmt.Errorf("admin state: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
+		_ = os.Remove(tmp.Name())
 		return fmt.Errorf("admin state: %w", err)
 	}
 	return nil
@@ -241,7 +241,7 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 		} else {
 			delete(s.admin.Budgets, id)
 		}
-		return BudgetRow{}, &adminInput{param: "budget", msg: oneLine(err)}
+		return BudgetRow{}, &adminInputError{param: "budget", msg: oneLine(err)}
 	}
 	if err := s.persistLocked(); err != nil {
 		return BudgetRow{}, err

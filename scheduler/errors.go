@@ -33,17 +33,17 @@ var (
 	ErrClamped        = errors.New("tenant is clamped")
 )
 
-// badRequest wraps ErrBadRequest with a message and the offending param.
-type badRequest struct {
+// badRequestError wraps ErrBadRequest with a message and the offending param.
+type badRequestError struct {
 	msg   string
 	param string
 }
 
-func (e *badRequest) Error() string        { return e.msg }
-func (e *badRequest) Is(target error) bool { return target == ErrBadRequest }
+func (e *badRequestError) Error() string        { return e.msg }
+func (e *badRequestError) Is(target error) bool { return target == ErrBadRequest }
 
 func invalidf(param, format string, a ...any) error {
-	return &badRequest{msg: fmt.Sprintf(format, a...), param: param}
+	return &badRequestError{msg: fmt.Sprintf(format, a...), param: param}
 }
 
 // apiError is one refusal in the pinned error shape (ARCHITECTURE.md §3.3).
@@ -69,7 +69,7 @@ func statusFor(err error) *apiError {
 	var (
 		denied *ledger.DeniedError
 		full   *queue.FullError
-		br     *badRequest
+		br     *badRequestError
 		ue     *vllm.UpstreamError
 		ir     *vllm.InvalidRequestError
 		wfe    *workflowError

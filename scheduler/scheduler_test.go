@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -113,7 +112,7 @@ func TestReplicaChoice(t *testing.T) {
 	assert.Nil(t, set.choose(2000, true, nil), "fits nowhere")
 
 	// Draining or down replicas get nothing.
-	set.capacity = func(name string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
+	set.capacity = func(string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
 	assert.Nil(t, set.choose(1, true, nil))
 	assert.False(t, set.anyUp())
 }
@@ -187,8 +186,8 @@ func TestWorkflowLocalLimits(t *testing.T) {
 
 func TestCapWorkflowLimits(t *testing.T) {
 	t.Parallel()
-	max := config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 1000, MaxDuration: time.Hour}
-	got := capWorkflowLimits(config.WorkflowLimit{MaxCalls: 50, MaxOutputTokens: 100, MaxRetries: 3}, max)
+	ceiling := config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 1000, MaxDuration: time.Hour}
+	got := capWorkflowLimits(config.WorkflowLimit{MaxCalls: 50, MaxOutputTokens: 100, MaxRetries: 3}, ceiling)
 	assert.Equal(t, config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 100, MaxRetries: 3, MaxDuration: time.Hour}, got)
 }
 
@@ -204,6 +203,6 @@ func TestAuthenticate(t *testing.T) {
 	assert.Equal(t, "a", tn.name)
 	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
 		_, err := pol.authenticate([]byte(h))
-		assert.True(t, errors.Is(err, ErrUnauthorized), "%q", h)
+		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
 	}
 }

@@ -178,7 +178,7 @@ func toolCallsIn(b []byte) int64 {
 
 // capWorkflowLimits caps requested envelope limits by the tenant's
 // workflow_defaults (a zero default leaves that limit as requested).
-func capWorkflowLimits(in, max config.WorkflowLimit) config.WorkflowLimit {
+func capWorkflowLimits(in, ceiling config.WorkflowLimit) config.WorkflowLimit {
 	c := func(v, m int64) int64 {
 		if m > 0 && (v <= 0 || v > m) {
 			return m
@@ -186,13 +186,13 @@ func capWorkflowLimits(in, max config.WorkflowLimit) config.WorkflowLimit {
 		return v
 	}
 	out := config.WorkflowLimit{
-		MaxCalls: c(in.MaxCalls, max.MaxCalls), MaxInputTokens: c(in.MaxInputTokens, max.MaxInputTokens),
-		MaxOutputTokens: c(in.MaxOutputTokens, max.MaxOutputTokens), MaxUSDMicros: c(in.MaxUSDMicros, max.MaxUSDMicros),
-		MaxRetries: c(in.MaxRetries, max.MaxRetries), MaxToolCalls: c(in.MaxToolCalls, max.MaxToolCalls),
+		MaxCalls: c(in.MaxCalls, ceiling.MaxCalls), MaxInputTokens: c(in.MaxInputTokens, ceiling.MaxInputTokens),
+		MaxOutputTokens: c(in.MaxOutputTokens, ceiling.MaxOutputTokens), MaxUSDMicros: c(in.MaxUSDMicros, ceiling.MaxUSDMicros),
+		MaxRetries: c(in.MaxRetries, ceiling.MaxRetries), MaxToolCalls: c(in.MaxToolCalls, ceiling.MaxToolCalls),
 		MaxDuration: in.MaxDuration,
 	}
-	if max.MaxDuration > 0 && (out.MaxDuration <= 0 || out.MaxDuration > max.MaxDuration) {
-		out.MaxDuration = max.MaxDuration
+	if ceiling.MaxDuration > 0 && (out.MaxDuration <= 0 || out.MaxDuration > ceiling.MaxDuration) {
+		out.MaxDuration = ceiling.MaxDuration
 	}
 	return out
 }
