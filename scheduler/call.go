@@ -158,6 +158,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c.handle = it.Handle
+	t.rt.queued.Add(1)
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -218,6 +219,10 @@ func (s *Server) reserve(c *call, a admission) error {
 			return ErrAlreadyDone
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return fmt.Errorf("Idempotency-Key reused with a different request: %w", ErrInProgress)
+		case errors.Is(err, ledger.ErrAmbiguous):
+			// The hold may exist: end it by id once the store answers (a
+			// replay of the same id is idempotent; unknown ids are no-ops).
+			s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
 		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
 			// Send what the budgets still allow rather than refuse.
 			continue
@@ -280,8 +285,15 @@ func (s *Server) release(c *call) {
 	}
 	s.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
 	s.noteLedger("release", err)
-	if err != nil && !errors.Is(err, ledger.ErrAlreadyFinal) {
-		s.log.Warn("ledger release failed; the lease will expire it", "request_id", c.reqID, "err", err)
+	switch {
+	case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
+	case errors.Is(err, ledger.ErrDispatched), ledger.IsStoreError(err):
+		// An ambiguous MarkDispatched may have applied, or the store is
+		// down: end the record with a zero NotSent settlement, retried by
+		// the outbox until definite (LEDGER §4).
+		s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
+	default:
+		s.log.Warn("ledger release refused; the lease will expire it", "request_id", c.reqID, "err", err)
 	}
 }
 
@@ -307,6 +319,7 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 // await blocks until the call is dispatched to a replica with a ledger
 // slot, expires, or its client leaves. On any error the call holds nothing.
 func (s *Server) await(c *call) error {
+	defer c.t.rt.queued.Add(-1) // counted from a successful admit
 	for {
 		var rep *replica
 		select {
@@ -458,7 +471,7 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 func (s *Server) belowFairShare(c *call) bool {
 	var total, weights int64
 	for _, t := range c.pol.order {
-		if n := t.rt.inflightTokens.Load(); n > 0 || t == c.t {
+		if n := t.rt.inflightTokens.Load(); n > 0 || t.rt.queued.Load() > 0 || t == c.t {
 			total += n
 			weights += int64(t.cfg.Weight)
 		}
@@ -466,8 +479,10 @@ func (s *Server) belowFairShare(c *call) bool {
 	if total == 0 || weights == 0 {
 		return true
 	}
+	// At or below its share: a tenant alone uses the whole replica, so the
+	// gate stays work-conserving.
 	share := float64(c.t.rt.inflightTokens.Load()) / float64(total)
-	return share < float64(c.t.cfg.Weight)/float64(weights)
+	return share <= float64(c.t.cfg.Weight)/float64(weights)
 }
 
 // execute sends the call upstream: on the chosen replica, or on another
@@ -488,8 +503,10 @@ func (s *Server) execute(c *call) error {
 		}
 		var ue *vllm.UpstreamError
 		retry := errors.Is(err, vllm.ErrNotSent) || (errors.As(err, &ue) && ue.Retryable())
-		if !errors.Is(err, vllm.ErrNotSent) {
-			c.sent = true // the replica may have seen it
+		if !errors.Is(err, vllm.ErrNotSent) && !errors.As(err, &ue) {
+			// The replica may have started it. A non-200 answer, by
+			// contrast, is vLLM refusing before it queued anything.
+			c.sent = true
 		}
 		if !retry || c.ctx.Err() != nil {
 			return err

@@ -44,6 +44,7 @@ type tenant struct {
 // tenantRuntime is a tenant's live counters, kept across reloads.
 type tenantRuntime struct {
 	inflight       atomic.Int64 // dispatched, not yet settled (this instance)
+	queued         atomic.Int64 // waiting in this instance's queue
 	inflightTokens atomic.Int64
 }
 

@@ -38,9 +38,9 @@ func TestWriteErrorIsSticky(t *testing.T) {
 	require.NoError(t, l.f.Close()) // the next write fails
 	err = l.Flush()
 	require.Error(t, err)
-	assert.ErrorContains(t, err, "audit: write "+path)
-	assert.ErrorIs(t, l.Append(Record{Kind: KindAdmit}), err, "Append returns the sticky error")
-	assert.ErrorIs(t, l.Run(t.Context()), err, "Run returns the sticky error")
+	require.ErrorContains(t, err, "audit: write "+path)
+	require.ErrorIs(t, l.Append(Record{Kind: KindAdmit}), err, "Append returns the sticky error")
+	require.ErrorIs(t, l.Run(t.Context()), err, "Run returns the sticky error")
 	assert.Error(t, l.Close())
 }
 

@@ -19,11 +19,11 @@ func lockFile(path string) (*os.File, error) {
 		return nil, fmt.Errorf("audit: lock: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
+		cerr := f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("audit: %s: %w", path, ErrLocked)
+			return nil, errors.Join(fmt.Errorf("audit: %s: %w", path, ErrLocked), cerr)
 		}
-		return nil, fmt.Errorf("audit: lock %s: %w", name, err)
+		return nil, errors.Join(fmt.Errorf("audit: lock %s: %w", name, err), cerr)
 	}
 	return f, nil
 }

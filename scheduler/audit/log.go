@@ -111,7 +111,7 @@ func Open(cfg Config) (*Log, error) {
 	l, err := open(cfg)
 	if err != nil {
 		if lock != nil {
-			lock.Close()
+			err = errors.Join(err, lock.Close())
 		}
 		return nil, err
 	}
@@ -154,8 +154,7 @@ func open(cfg Config) (*Log, error) {
 	}
 	st, err := f.Stat()
 	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("audit: open: %w", err)
+		return nil, errors.Join(fmt.Errorf("audit: open: %w", err), f.Close())
 	}
 	l.f, l.size = f, st.Size()
 	return l, nil
@@ -194,7 +193,8 @@ func (l *Log) appendLocked(body []byte) error {
 		return l.err
 	}
 	start := len(l.buf)
-	b := append(l.buf, `{"seq":`...)
+	b := l.buf
+	b = append(b, `{"seq":`...)
 	b = strconv.AppendUint(b, l.seq+1, 10)
 	b = append(b, `,"ts":"`...)
 	b = l.cfg.Now().UTC().AppendFormat(b, tsLayout)
@@ -423,7 +423,7 @@ func readTail(path string) (uint64, [sha256.Size]byte, error) {
 	if err != nil {
 		return 0, zero, fmt.Errorf("audit: resume: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing cannot lose data
 	st, err := f.Stat()
 	if err != nil {
 		return 0, zero, fmt.Errorf("audit: resume: %w", err)

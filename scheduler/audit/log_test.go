@@ -131,12 +131,12 @@ func TestAppendRejects(t *testing.T) {
 		})
 	}
 	bad := l.Append(audit.Record{Kind: audit.KindAdmit, Fields: map[string]any{"ch": make(chan int)}})
-	assert.ErrorContains(t, bad, "encode fields")
+	require.ErrorContains(t, bad, "encode fields")
 	seq, _ := l.Head()
 	assert.Equal(t, uint64(1), seq, "rejected records leave the chain alone")
 	require.NoError(t, l.Close())
-	assert.ErrorIs(t, l.Append(audit.Record{Kind: audit.KindAdmit}), audit.ErrClosed)
-	assert.NoError(t, l.Close(), "second Close")
+	require.ErrorIs(t, l.Append(audit.Record{Kind: audit.KindAdmit}), audit.ErrClosed)
+	require.NoError(t, l.Close(), "second Close")
 	assert.Len(t, readLines(t, path), 1)
 }
 
@@ -144,8 +144,8 @@ func TestOpenValidates(t *testing.T) {
 	t.Parallel()
 	_, err := audit.Open(audit.Config{MaxBytes: -1, FlushInterval: -time.Second})
 	require.Error(t, err)
-	assert.ErrorContains(t, err, "audit.path must be set")
-	assert.ErrorContains(t, err, "audit.max_bytes must be >= 0")
+	require.ErrorContains(t, err, "audit.path must be set")
+	require.ErrorContains(t, err, "audit.max_bytes must be >= 0")
 	assert.ErrorContains(t, err, "audit.flush_interval must be >= 0")
 }
 
@@ -252,7 +252,7 @@ func TestRotationKeepsChain(t *testing.T) {
 	_, err = audit.Verify(path)
 	var le *audit.LineError
 	require.ErrorAs(t, err, &le)
-	assert.ErrorIs(t, err, audit.ErrSeq)
+	require.ErrorIs(t, err, audit.ErrSeq)
 	assert.Equal(t, files[2], le.File)
 	assert.Equal(t, 1, le.Line)
 	assert.Contains(t, err.Error(), "a file missing between "+files[0]+" and "+files[2])
@@ -400,7 +400,7 @@ func TestSecondOpenIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = audit.Open(audit.Config{Path: path})
 	require.ErrorIs(t, err, audit.ErrLocked)
-	assert.ErrorContains(t, err, path)
+	require.ErrorContains(t, err, path)
 	require.NoError(t, l.Append(audit.Record{Kind: audit.KindReload}))
 	require.NoError(t, l.Close())
 

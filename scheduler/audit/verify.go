@@ -270,8 +270,11 @@ func (s *lineSrc) read() (srcLine, bool, error) {
 		if err != nil && !errors.Is(err, io.EOF) {
 			return srcLine{}, false, fmt.Errorf("audit: read %s: %w", s.files[s.fi], err)
 		}
-		s.f.Close()
+		cerr := s.f.Close()
 		s.f = nil
+		if cerr != nil {
+			return srcLine{}, false, fmt.Errorf("audit: close %s: %w", s.files[s.fi], cerr)
+		}
 		s.fi++
 	}
 	return srcLine{}, false, nil
@@ -279,7 +282,7 @@ func (s *lineSrc) read() (srcLine, bool, error) {
 
 func (s *lineSrc) close() {
 	if s.f != nil {
-		s.f.Close()
+		_ = s.f.Close() // opened read-only: closing cannot lose data
 		s.f = nil
 	}
 }

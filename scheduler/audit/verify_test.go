@@ -151,7 +151,7 @@ func TestVerifyFilesGivenOutOfOrder(t *testing.T) {
 	_, err = audit.Verify(files...)
 	var le *audit.LineError
 	require.ErrorAs(t, err, &le)
-	assert.ErrorIs(t, err, audit.ErrSeq)
+	require.ErrorIs(t, err, audit.ErrSeq)
 	assert.Equal(t, files[1], le.File)
 	assert.Equal(t, 1, le.Line)
 }

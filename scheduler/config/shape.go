@@ -49,8 +49,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // explicit null keeps the default
 	}
-	switch {
-	case t == durationType:
+	if t == durationType {
 		if n.Kind != yaml.ScalarNode {
 			bad("a duration such as 10s")
 			return

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrUnsupported: the connection exposes no file descriptor (TLS wrappers,
+// ErrUnsupported is returned when the connection exposes no file descriptor (TLS wrappers,
 // in-memory pipes). Callers fall back to write-failure detection.
 var ErrUnsupported = errors.New("connwatch: connection has no watchable fd")
 
@@ -41,15 +41,12 @@ func New() (*Watcher, error) {
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		unix.Close(epfd)
-		return nil, fmt.Errorf("connwatch: eventfd: %w", err)
+		return nil, errors.Join(fmt.Errorf("connwatch: eventfd: %w", err), unix.Close(epfd))
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN}
 	setID(&ev, 0) // generation 0 is the wake fd
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wake)
-		return nil, fmt.Errorf("connwatch: epoll_ctl wake: %w", err)
+		return nil, errors.Join(fmt.Errorf("connwatch: epoll_ctl wake: %w", err), unix.Close(epfd), unix.Close(wake))
 	}
 	return &Watcher{epfd: epfd, wakefd: wake, regs: make(map[uint64]reg)}, nil
 }

@@ -45,8 +45,8 @@ type Options struct {
 	Ready func(api, admin string)
 }
 
-// serve runs a Sluice server until ctx ends, then drains and returns.
-func Run(ctx context.Context, cfg *config.File, o Options) error {
+// Run runs a Sluice server until ctx ends, then drains and returns.
+func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -130,7 +130,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer watch.Close()
+	defer func() { err = errors.Join(err, watch.Close()) }()
 
 	apiLn, adminLn := o.APIListener, o.AdminListener
 	if apiLn == nil {
@@ -140,8 +140,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) error {
 	}
 	if adminLn == nil {
 		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			apiLn.Close()
-			return fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+			return errors.Join(fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err), apiLn.Close())
 		}
 	}
 
