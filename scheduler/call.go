@@ -703,7 +703,9 @@ func (s *Server) flushOutbox(ctx context.Context) {
 			keep = append(keep, c)
 			continue
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrAlreadyFinal) {
+			// NotFound: an ambiguous Reserve that never applied. AlreadyFinal:
+			// ended meanwhile (lease expiry). Anything else needs a look.
 			s.log.Error("outbox settle refused", "request_id", c.reqID, "err", err)
 		}
 	}
