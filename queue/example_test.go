@@ -18,7 +18,7 @@ func Example() {
 	}, queue.Deps[string]{
 		// Called with the queue's mutex held: hand off only (e.g. a
 		// non-blocking send to the request's waiter, which answers 504).
-		OnExpire: func(it queue.Item[string]) {},
+		OnExpire: func(queue.Item[string]) {},
 	})
 	if err != nil {
 		fmt.Println(err)

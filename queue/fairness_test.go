@@ -98,7 +98,8 @@ func TestFairnessBoundTwoTenants(t *testing.T) {
 			bound := 2 * (float64(tc.cmax) + h) // (C_a+H_a)/w_a + (C_b+H_b)/w_b
 			maxD, minD := 0.0, 0.0
 			for n := 0; n < decisions; {
-				if len(running) < slots && r.IntN(3) != 0 {
+				switch {
+				case len(running) < slots && r.IntN(3) != 0:
 					it, ok := q.Next(room)
 					require.True(t, ok)
 					require.True(t, q.Release(it.Handle))
@@ -110,13 +111,13 @@ func TestFairnessBoundTwoTenants(t *testing.T) {
 						enqueue(1)
 					}
 					n++
-				} else if len(running) > 0 {
+				case len(running) > 0:
 					k := r.IntN(len(running))
 					f := running[k]
 					running[k] = running[len(running)-1]
 					running = running[:len(running)-1]
 					require.True(t, q.Reconcile(f.tenant, f.band, f.predicted, f.used))
-				} else {
+				default:
 					continue
 				}
 				sa, _ := q.Stats("a")

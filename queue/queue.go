@@ -726,14 +726,14 @@ func (q *Queue[T]) Run(ctx context.Context) error {
 			tm.Stop()
 		} else {
 			d := next.Sub(q.clock.Now())
-			if spin := q.expirySpin(); spin > 0 && d <= spin {
+			spin := q.expirySpin()
+			if spin > 0 && d <= spin {
 				if q.spinUntil(ctx, next) {
 					return nil
 				}
 				continue
-			} else {
-				tm.Reset(d - spin)
 			}
+			tm.Reset(d - spin)
 		}
 		select {
 		case <-ctx.Done():

@@ -97,11 +97,11 @@ func TestEnqueueRefusals(t *testing.T) {
 	clk := newManualClock()
 	q := newTestQueue(t, Config{Tenants: tenants("a")}, clk)
 	_, err := q.Enqueue(Request[int]{Tenant: "nobody"})
-	assert.ErrorIs(t, err, ErrUnknownTenant)
+	require.ErrorIs(t, err, ErrUnknownTenant)
 	_, err = q.Enqueue(Request[int]{Tenant: "a", Cost: -1})
-	assert.ErrorIs(t, err, ErrInvalidRequest)
+	require.ErrorIs(t, err, ErrInvalidRequest)
 	_, err = q.Enqueue(Request[int]{Tenant: "a", BodyBytes: -1})
-	assert.ErrorIs(t, err, ErrInvalidRequest)
+	require.ErrorIs(t, err, ErrInvalidRequest)
 	d, b := q.Len()
 	assert.Equal(t, 0, d)
 	assert.Equal(t, int64(0), b)
@@ -136,6 +136,7 @@ func TestEnqueueEffectiveBandAndDeadline(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // the queue has no bound and the clock stands still: cases are independent
 			it := mustEnqueue(t, q, tc.req)
 			assert.Equal(t, tc.band, it.Band)
 			assert.True(t, tc.deadline.Equal(it.Deadline), "deadline got %v want %v", it.Deadline, tc.deadline)
@@ -412,9 +413,9 @@ func TestReconfigureKeepsEntries(t *testing.T) {
 	err := q.Reconfigure(Config{MaxDepth: 2, Tenants: []TenantConfig{{Name: "a", Weight: 3, Order: OrderEDF}, {Name: "c"}}})
 	require.NoError(t, err)
 	_, err = q.Enqueue(Request[int]{Tenant: "b"})
-	assert.ErrorIs(t, err, ErrUnknownTenant, "removed tenant refuses new requests")
+	require.ErrorIs(t, err, ErrUnknownTenant, "removed tenant refuses new requests")
 	_, err = q.Enqueue(Request[int]{Tenant: "c"})
-	assert.ErrorIs(t, err, ErrFull, "lowered global bound applies to arrivals")
+	require.ErrorIs(t, err, ErrFull, "lowered global bound applies to arrivals")
 	d, _ := q.Len()
 	assert.Equal(t, 6, d, "nothing lost")
 
