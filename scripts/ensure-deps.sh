@@ -13,8 +13,9 @@ if [ ${#need[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-# Debian starts the packaged services; the tests start their own on loopback.
-if command -v systemctl >/dev/null 2>&1; then
-  systemctl stop redis-server prometheus haproxy >/dev/null 2>&1 || true
+  # Debian starts the packaged services; the tests start their own on
+  # loopback ports, so stop these (systemd, or sysvinit in containers).
+  for svc in redis-server prometheus haproxy; do
+    $sudo systemctl stop "$svc" >/dev/null 2>&1 || $sudo service "$svc" stop >/dev/null 2>&1 || true
+  done
 fi
