@@ -36,6 +36,44 @@ func (m *Memory) sortedTenants() []*tenantState {
 func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 	var raw []byte
 	i64 := func(v int64) { raw = binary.LittleEndian.AppendUint64(raw, uint64(v)) }
+	appendScope := func(k ScopeKey, s *scopeState) {
+		raw = append(raw[:0], k[:]...)
+		raw = append(raw, byte(s.kind))
+		for _, v := range s.r {
+			i64(v)
+		}
+		i64(s.n)
+		raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.limits)))
+		for _, l := range s.limits {
+			raw = append(raw, byte(l.Dim), byte(l.Mode))
+			i64(l.Window.Milliseconds())
+			i64(l.Max)
+		}
+		raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.counters)))
+		for _, c := range s.counters {
+			raw = append(raw, byte(c.dim))
+			i64(c.wms)
+			i64(c.idx)
+			i64(c.c)
+			i64(int64(c.since))
+			i64(c.purged)
+			i64(c.adjust)
+		}
+	}
+	// The global partition first (records point at its scopes), as scope
+	// entries of the zero tenant. Lock order: tenants (held by the caller
+	// when lock is false), then global.
+	m.glob.mu.Lock()
+	gkeys := make([]ScopeKey, 0, len(m.glob.scopes))
+	for k := range m.glob.scopes {
+		gkeys = append(gkeys, k)
+	}
+	slices.SortFunc(gkeys, func(a, b ScopeKey) int { return bytes.Compare(a[:], b[:]) })
+	for _, k := range gkeys {
+		appendScope(k, m.glob.scopes[k])
+		b = (&entry{op: opSnapScope, time: m.glob.hwm, raw: raw}).encode(b)
+	}
+	m.glob.mu.Unlock()
 	for _, t := range ts {
 		if lock {
 			t.mu.Lock()
@@ -50,29 +88,7 @@ func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 		}
 		slices.SortFunc(keys, func(a, b ScopeKey) int { return bytes.Compare(a[:], b[:]) })
 		for _, k := range keys {
-			s := t.scopes[k]
-			raw = append(raw[:0], k[:]...)
-			raw = append(raw, byte(s.kind))
-			for _, v := range s.r {
-				i64(v)
-			}
-			i64(s.n)
-			raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.limits)))
-			for _, l := range s.limits {
-				raw = append(raw, byte(l.Dim), byte(l.Mode))
-				i64(l.Window.Milliseconds())
-				i64(l.Max)
-			}
-			raw = binary.LittleEndian.AppendUint16(raw, uint16(len(s.counters)))
-			for _, c := range s.counters {
-				raw = append(raw, byte(c.dim))
-				i64(c.wms)
-				i64(c.idx)
-				i64(c.c)
-				i64(int64(c.since))
-				i64(c.purged)
-				i64(c.adjust)
-			}
+			appendScope(k, t.scopes[k])
 			b = (&entry{op: opSnapScope, time: t.hwm, ref: Ref{Tenant: t.key}, raw: raw}).encode(b)
 		}
 		lists := [3][]*record{t.leases, t.unres, t.tombs[t.thead:]}
@@ -119,6 +135,9 @@ func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 // applySnapshot restores one snapshot entry during replay.
 func (m *Memory) applySnapshot(e *entry) error {
 	r := &reader{b: e.raw}
+	if e.op == opSnapScope && e.ref.Tenant.IsZero() {
+		return m.applyGlobalScope(e, r)
+	}
 	t := m.tenant(e.ref.Tenant, true)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -128,36 +147,9 @@ func (m *Memory) applySnapshot(e *entry) error {
 		t.seq = uint64(r.i64())
 		t.pv = uint64(r.i64())
 	case opSnapScope:
-		var k ScopeKey
-		r.id16(k[:])
-		s := &scopeState{kind: Kind(r.u8())}
-		for d := range s.r {
-			s.r[d] = r.i64()
-		}
-		s.n = r.i64()
-		nl := int(r.u16())
-		if nl > len(r.b) {
-			return errShort
-		}
-		for range nl {
-			l := Limit{Dim: Dim(r.u8()), Mode: Mode(r.u8())}
-			l.Window = msDuration(r.i64())
-			l.Max = r.i64()
-			s.limits = append(s.limits, l)
-		}
-		nc := int(r.u16())
-		if nc > len(r.b) {
-			return errShort
-		}
-		for range nc {
-			c := counter{dim: Dim(r.u8())}
-			c.wms, c.idx, c.c = r.i64(), r.i64(), r.i64()
-			c.since = uint64(r.i64())
-			c.purged, c.adjust = r.i64(), r.i64()
-			if c.wms <= 0 {
-				return fmt.Errorf("counter window %d ms", c.wms)
-			}
-			s.counters = append(s.counters, c)
+		k, s, err := readScope(r)
+		if err != nil {
+			return err
 		}
 		if t.scopes[k] != nil {
 			return errors.New("scope restored twice")
@@ -187,7 +179,13 @@ func (m *Memory) applySnapshot(e *entry) error {
 			rec.refs[i].Kind = Kind(r.u8())
 			rec.slotMax[i] = r.i64()
 			rec.slotWarn[i] = r.u8() == 1
-			if rec.scopes[i] = t.scopes[rec.refs[i].Key]; rec.scopes[i] == nil && r.err == nil {
+			if rec.refs[i].Kind == KindGlobal {
+				rec.global, t.hasGlobal = true, true
+				rec.scopes[i] = m.glob.scopes[rec.refs[i].Key]
+			} else {
+				rec.scopes[i] = t.scopes[rec.refs[i].Key]
+			}
+			if rec.scopes[i] == nil && r.err == nil {
 				return errors.New("record names a scope that was not restored")
 			}
 		}
@@ -217,6 +215,64 @@ func (m *Memory) applySnapshot(e *entry) error {
 	if len(r.b) != 0 {
 		return fmt.Errorf("%d trailing bytes in snapshot entry", len(r.b))
 	}
+	return nil
+}
+
+// readScope decodes one snapshot scope entry.
+func readScope(r *reader) (ScopeKey, *scopeState, error) {
+	var k ScopeKey
+	r.id16(k[:])
+	s := &scopeState{kind: Kind(r.u8())}
+	for d := range s.r {
+		s.r[d] = r.i64()
+	}
+	s.n = r.i64()
+	nl := int(r.u16())
+	if nl > len(r.b) {
+		return k, nil, errShort
+	}
+	for range nl {
+		l := Limit{Dim: Dim(r.u8()), Mode: Mode(r.u8())}
+		l.Window = msDuration(r.i64())
+		l.Max = r.i64()
+		s.limits = append(s.limits, l)
+	}
+	nc := int(r.u16())
+	if nc > len(r.b) {
+		return k, nil, errShort
+	}
+	for range nc {
+		c := counter{dim: Dim(r.u8())}
+		c.wms, c.idx, c.c = r.i64(), r.i64(), r.i64()
+		c.since = uint64(r.i64())
+		c.purged, c.adjust = r.i64(), r.i64()
+		if c.wms <= 0 {
+			return k, nil, fmt.Errorf("counter window %d ms", c.wms)
+		}
+		s.counters = append(s.counters, c)
+	}
+	return k, s, r.err
+}
+
+// applyGlobalScope restores one scope of the global partition.
+func (m *Memory) applyGlobalScope(e *entry, r *reader) error {
+	k, s, err := readScope(r)
+	if err != nil {
+		return err
+	}
+	if s.kind != KindGlobal {
+		return errors.New("non-global scope in the global partition")
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%d trailing bytes in snapshot entry", len(r.b))
+	}
+	m.glob.mu.Lock()
+	defer m.glob.mu.Unlock()
+	if m.glob.scopes[k] != nil {
+		return errors.New("global scope restored twice")
+	}
+	m.glob.scopes[k] = s
+	m.glob.hwm = max(m.glob.hwm, e.time)
 	return nil
 }
 

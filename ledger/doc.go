@@ -64,6 +64,40 @@
 //     Reserve that names the limit; a charge reaches every such counter of the
 //     record's scopes whose current window is the admission window.
 //
+// # Global (fleet-wide) budgets
+//
+// A ReserveRequest may carry one KindGlobal scope (conventionally
+// [Keyer.GlobalKey]) with the same budget limits as a tenant (no slots
+// limit). It is applied on top of the tenant, api_key and workflow budgets:
+// a request is admitted only if every block-mode limit, global included, has
+// room, and a global denial is a [*DeniedError] with Scope KindGlobal
+// (String "global"). The record keeps the global hold in r of the global
+// scope until it resolves, exactly like its other scopes, and every Settle,
+// Release, Reclaim and Resolve resolves it exactly once. Snapshot(ctx, G, G)
+// reads the global scope G; [Memory.AuditTenant] of G (and Audit) checks that
+// its r equals the holds of every tenant's open records that carry it.
+//
+// Memory keeps the global scopes in one global partition shared by every
+// tenant (Memory.glob) and does it atomically: an operation on a record
+// with a global hold, a Reserve naming a global scope, and a Reclaim of a
+// tenant that ever carried one lock the tenant and then the global
+// partition (lock order: tenant, then global; Compact and Audit lock every
+// tenant in key order, then global), and run at max(tenant time, global
+// hwm) so global windows never go back. Global limits carry no policy
+// version. The journal replays global holds through the tenants' entries,
+// and a compaction snapshot writes the global scopes first (as scope
+// entries of the zero tenant). Charges of purged tombstones are not tracked
+// for global counters, so the audit recomputes global r but not global c.
+// The Redis backend does it in two steps (reserve the global hold, then the
+// tenant holds; drop the global hold when the tenant step refuses); see
+// redisledger's global.go for its false-denial window.
+//
+// # List
+//
+// List(ctx, tenant, state, max) returns the open records of one state
+// (RESERVED, DISPATCHED or UNRESOLVED) for GET /admin/reservations, ordered
+// by lease expiry (UNRESOLVED: by when they become chargeable), read-only.
+//
 // # Invariants
 //
 // I1 admission safety, I2 all-or-nothing, I3 idempotency by request id, I4

@@ -56,7 +56,7 @@ const (
 	// MaxWindow is the longest window, 31 days.
 	MaxWindow = 31 * 24 * time.Hour
 	// MaxScopes is the most scopes one request may touch: tenant, api_key,
-	// workflow, and room for a later fleet-wide global scope.
+	// workflow, and the fleet-wide global scope.
 	MaxScopes = 4
 )
 
@@ -134,8 +134,9 @@ func (o Owner) String() string { return hex.EncodeToString(o[:]) }
 // Kind is a scope kind. The zero value is invalid.
 type Kind uint8
 
-// Scope kinds. KindGlobal is reserved for fleet-wide budgets (a later issue);
-// backends answer ErrPolicy for it until then.
+// Scope kinds. KindGlobal is a fleet-wide budget applied on top of the
+// tenant, api_key and workflow budgets of every request that names it; its
+// key is conventionally Keyer.Key(KindGlobal, "") (see [Keyer.GlobalKey]).
 const (
 	KindTenant   Kind = 1
 	KindAPIKey   Kind = 2
@@ -187,6 +188,10 @@ func (k *Keyer) Key(kind Kind, id string) ScopeKey {
 	copy(sk[:], m.Sum(nil))
 	return sk
 }
+
+// GlobalKey returns the conventional key of the fleet-wide global scope,
+// Key(KindGlobal, "").
+func (k *Keyer) GlobalKey() ScopeKey { return k.Key(KindGlobal, "") }
 
 // IdempotentID returns the RequestID for a client Idempotency-Key within a
 // tenant: HMAC-SHA256(IDKey, "idem"‖0‖tenant‖key)[:16], so a retry on any
@@ -280,7 +285,10 @@ type ReserveRequest struct {
 	Ref   Ref
 	Owner Owner
 	// Scopes: exactly one KindTenant scope whose Key is Ref.Tenant, plus at
-	// most one KindAPIKey and one KindWorkflow scope.
+	// most one KindAPIKey, one KindWorkflow and one KindGlobal scope (the
+	// fleet-wide budget; no slots limit, ErrPolicy otherwise). The request
+	// is admitted only if every block-mode limit of every scope has room.
+	// Snapshot(ctx, G, G) reads a global scope G.
 	Scopes []Scope
 	// Held is what the request may consume (validated like [Amounts.Validate]).
 	Held Amounts
@@ -322,7 +330,11 @@ func (r *ReserveRequest) Validate(maxLeaseTTL time.Duration) error {
 			}
 		case KindAPIKey, KindWorkflow:
 		case KindGlobal:
-			return fmt.Errorf("global scopes are not supported yet: %w", ErrPolicy)
+			for _, l := range s.Limits {
+				if l.Dim == Slots {
+					return fmt.Errorf("global scope with a slots limit: %w", ErrPolicy)
+				}
+			}
 		default:
 			return fmt.Errorf("scopes[%d] kind %d: %w", i, s.Kind, ErrInvalid)
 		}
@@ -351,6 +363,16 @@ func (r *ReserveRequest) Validate(maxLeaseTTL time.Duration) error {
 		return fmt.Errorf("no tenant scope: %w", ErrInvalid)
 	}
 	return nil
+}
+
+// hasGlobal reports whether r carries a KindGlobal scope.
+func (r *ReserveRequest) hasGlobal() bool {
+	for i := range r.Scopes {
+		if r.Scopes[i].Kind == KindGlobal {
+			return true
+		}
+	}
+	return false
 }
 
 // Digest is the payload digest that decides whether a Reserve with a known id

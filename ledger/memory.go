@@ -145,6 +145,60 @@ type Memory struct {
 
 	mu      sync.RWMutex // guards tenants
 	tenants map[ScopeKey]*tenantState
+
+	// glob is the fleet-wide partition (KindGlobal scopes), shared by every
+	// tenant. Lock order: a tenant's mu, then glob.mu (several tenants only
+	// in key order, as Compact and Audit do).
+	glob globalState
+}
+
+// globalState holds the KindGlobal scopes. Records stay in their tenant's
+// partition and point at these scope states; every access to them holds mu.
+type globalState struct {
+	mu     sync.Mutex
+	hwm    int64 // ledger-time high-water mark of global writes (ms)
+	scopes map[ScopeKey]*scopeState
+}
+
+// lockGlobal locks the global partition when the record id of t carries a
+// global hold; it returns nil otherwise. The caller holds t.mu.
+func (m *Memory) lockGlobal(t *tenantState, id RequestID) *globalState {
+	if rec := t.records[id]; rec == nil || !rec.global {
+		return nil
+	}
+	m.glob.mu.Lock()
+	return &m.glob
+}
+
+// nowLocked is the ledger time of an operation on t (and g when locked):
+// global counters need one clock that never goes back, so an operation
+// that touches them runs at max(tenant time, global hwm).
+func (m *Memory) nowLocked(t *tenantState, g *globalState) int64 {
+	now := t.now(m.clock().UnixMilli())
+	if g != nil && g.hwm > now {
+		now = g.hwm
+	}
+	return now
+}
+
+// unlockGlobal raises the global hwm to now and unlocks g (nil: no-op).
+func (m *Memory) unlockGlobal(g *globalState, now int64) {
+	if g == nil {
+		return
+	}
+	if now > g.hwm {
+		g.hwm = now
+	}
+	g.mu.Unlock()
+}
+
+// scopeOf returns the state of a request scope (nil if never seen): global
+// scopes live in the global partition, the others in t.
+func (m *Memory) scopeOf(t *tenantState, sc *Scope) *scopeState {
+	if sc.Kind == KindGlobal {
+		return m.glob.scopes[sc.Key]
+	}
+	return t.scopes[sc.Key]
 }
 
 type memMetrics struct {
@@ -183,7 +237,7 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{cfg: c, clock: c.Clock, met: met, tenants: make(map[ScopeKey]*tenantState),
+	m := &Memory{cfg: c, clock: c.Clock, met: met, tenants: make(map[ScopeKey]*tenantState), glob: globalState{scopes: make(map[ScopeKey]*scopeState)},
 		retention: c.TombstoneRetention.Milliseconds()}
 	if m.clock == nil {
 		m.clock = time.Now
@@ -329,7 +383,8 @@ type record struct {
 	refs       [MaxScopes]ScopeRef
 	slotMax    [MaxScopes]int64 // -1: no slots limit in this scope
 	slotWarn   [MaxScopes]bool
-	heapIdx    int // index in leases or unres; -1 when in neither
+	heapIdx    int  // index in leases or unres; -1 when in neither
+	global     bool // one of scopes is a KindGlobal scope (in Memory.glob)
 }
 
 type tenantState struct {
@@ -346,6 +401,9 @@ type tenantState struct {
 	unres   unresHeap // UNRESOLVED by resolveAt
 	tombs   []*record // terminal records by purgeAt (FIFO from thead)
 	thead   int
+	// hasGlobal: some record of this tenant has carried a global hold, so
+	// Reclaim must lock the global partition (sticky).
+	hasGlobal bool
 }
 
 func (t *tenantState) now(clock int64) int64 {
@@ -570,6 +628,9 @@ func (m *Memory) purge(t *tenantState, now int64, max int) int {
 		n++
 		if rec.chargedSeq != 0 {
 			for i := 0; i < rec.nscopes; i++ {
+				if rec.refs[i].Kind == KindGlobal {
+					continue // not audited per tenant; the caller may not hold the global lock
+				}
 				s := rec.scopes[i]
 				for k := range s.counters {
 					c := &s.counters[k]
@@ -613,8 +674,14 @@ func (m *Memory) Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 	t := m.tenant(req.Ref.Tenant, true)
 	e := entry{op: opReserve, ref: req.Ref, req: &req, ttl: ttl.Milliseconds()}
 	t.mu.Lock()
-	e.time = t.now(m.clock().UnixMilli())
+	var gl *globalState
+	if req.hasGlobal() {
+		gl = &m.glob
+		gl.mu.Lock() // lock order: tenant, then global
+	}
+	e.time = m.nowLocked(t, gl)
 	g, seq, err := m.reserveLocked(t, &e)
+	m.unlockGlobal(gl, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return Grant{}, err
@@ -651,7 +718,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	var ss [MaxScopes]*scopeState // looked up once
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
-		s := t.scopes[sc.Key]
+		s := m.scopeOf(t, sc)
 		ss[i] = s
 		if s != nil {
 			if err := checkScope(s); err != nil {
@@ -722,8 +789,15 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 		s := ss[i]
 		if s == nil {
 			s = &scopeState{kind: sc.Kind}
-			t.scopes[sc.Key] = s
+			if sc.Kind == KindGlobal {
+				m.glob.scopes[sc.Key] = s
+				rec.global, t.hasGlobal = true, true
+			} else {
+				t.scopes[sc.Key] = s
+			}
 			ss[i] = s
+		} else if sc.Kind == KindGlobal {
+			rec.global, t.hasGlobal = true, true
 		}
 		if !limitsEqual(s.limits, sc.Limits) {
 			s.limits = append(s.limits[:0:0], sc.Limits...)
@@ -781,7 +855,7 @@ func limitsEqual(a, b []Limit) bool {
 func (m *Memory) headroom(t *tenantState, req *ReserveRequest, now int64, g *Grant) {
 	var ss [MaxScopes]*scopeState
 	for i := range req.Scopes {
-		ss[i] = t.scopes[req.Scopes[i].Key]
+		ss[i] = m.scopeOf(t, &req.Scopes[i])
 	}
 	m.headroomOf(&ss, req, now, g)
 }
@@ -835,8 +909,10 @@ func (m *Memory) MarkDispatched(ctx context.Context, ref Ref, owner Owner) error
 		return err
 	}
 	t := m.lockTenant(ref)
-	e := entry{op: opMark, ref: ref, owner: owner, time: t.now(m.clock().UnixMilli())}
+	g := m.lockGlobal(t, ref.ID)
+	e := entry{op: opMark, ref: ref, owner: owner, time: m.nowLocked(t, g)}
 	seq, err := m.markLocked(t, &e)
+	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return err
@@ -895,8 +971,10 @@ func (m *Memory) Extend(ctx context.Context, ref Ref, owner Owner, ttl time.Dura
 		return time.Time{}, fmt.Errorf("extend ttl %s outside 1ms..%s: %w", ttl, m.cfg.MaxLeaseTTL, ErrInvalid)
 	}
 	t := m.lockTenant(ref)
-	e := entry{op: opExtend, ref: ref, owner: owner, ttl: ttl.Milliseconds(), time: t.now(m.clock().UnixMilli())}
+	g := m.lockGlobal(t, ref.ID)
+	e := entry{op: opExtend, ref: ref, owner: owner, ttl: ttl.Milliseconds(), time: m.nowLocked(t, g)}
 	exp, seq, err := m.extendLocked(t, &e)
+	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return time.Time{}, err
@@ -952,9 +1030,11 @@ func (m *Memory) Settle(ctx context.Context, ref Ref, actual Amounts, src Source
 	}
 	actual[Slots] = 0
 	t := m.lockTenant(ref)
-	e := entry{op: opSettle, ref: ref, actual: actual, src: src, time: t.now(m.clock().UnixMilli())}
+	g := m.lockGlobal(t, ref.ID)
+	e := entry{op: opSettle, ref: ref, actual: actual, src: src, time: m.nowLocked(t, g)}
 	var ev UsageEvent
 	st, seq, emit, err := m.settleLocked(t, &e, &ev)
+	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
 	if errors.Is(err, ErrNotFound) {
 		m.met.orphans.Inc()
@@ -1094,8 +1174,10 @@ func (m *Memory) Release(ctx context.Context, ref Ref, owner Owner) error {
 		return fmt.Errorf("zero request id: %w", ErrInvalid)
 	}
 	t := m.lockTenant(ref)
-	e := entry{op: opRelease, ref: ref, owner: owner, time: t.now(m.clock().UnixMilli())}
+	g := m.lockGlobal(t, ref.ID)
+	e := entry{op: opRelease, ref: ref, owner: owner, time: m.nowLocked(t, g)}
 	seq, err := m.releaseLocked(t, &e)
+	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return err
@@ -1154,9 +1236,11 @@ func (m *Memory) Resolve(ctx context.Context, ref Ref) (Settlement, error) {
 		return Settlement{}, err
 	}
 	t := m.lockTenant(ref)
-	e := entry{op: opResolve, ref: ref, time: t.now(m.clock().UnixMilli())}
+	g := m.lockGlobal(t, ref.ID)
+	e := entry{op: opResolve, ref: ref, time: m.nowLocked(t, g)}
 	var ev UsageEvent
 	st, seq, err := m.resolveLocked(t, &e, &ev)
+	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return Settlement{}, err
@@ -1233,9 +1317,15 @@ func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, max int) (Reclaim
 		return ReclaimStats{}, nil
 	}
 	t.mu.Lock()
-	e := entry{op: opReclaim, ref: Ref{Tenant: tenant}, max: int64(max), time: t.now(m.clock().UnixMilli())}
+	var gl *globalState
+	if t.hasGlobal {
+		gl = &m.glob
+		gl.mu.Lock()
+	}
+	e := entry{op: opReclaim, ref: Ref{Tenant: tenant}, max: int64(max), time: m.nowLocked(t, gl)}
 	var evs []UsageEvent
 	st, seq, err := m.reclaimLocked(t, &e, &evs)
+	m.unlockGlobal(gl, e.time)
 	t.mu.Unlock()
 	if err != nil {
 		return ReclaimStats{}, err
@@ -1396,6 +1486,18 @@ func (m *Memory) Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, e
 	if err := ctx.Err(); err != nil {
 		return Usage{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	if scope == tenant {
+		// Snapshot(G, G) of a global scope key G reads the global partition.
+		m.glob.mu.Lock()
+		if s := m.glob.scopes[scope]; s != nil {
+			now := max(m.clock().UnixMilli(), m.glob.hwm)
+			u := Usage{Now: time.UnixMilli(now).UTC()}
+			fillUsage(&u, s, now)
+			m.glob.mu.Unlock()
+			return u, nil
+		}
+		m.glob.mu.Unlock()
+	}
 	t := m.tenant(tenant, false)
 	if t == nil {
 		return Usage{Now: m.clock().Truncate(time.Millisecond).UTC()}, nil
@@ -1411,6 +1513,12 @@ func (m *Memory) Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, e
 	if s == nil {
 		return u, nil
 	}
+	fillUsage(&u, s, now)
+	return u, nil
+}
+
+// fillUsage fills u from one scope's state at now.
+func fillUsage(u *Usage, s *scopeState, now int64) {
 	u.Scope, u.Reserved, u.SlotsInUse = s.kind, s.r, s.n
 	u.Limits = make([]LimitUsage, 0, len(s.limits))
 	for _, l := range s.limits {
@@ -1425,7 +1533,6 @@ func (m *Memory) Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, e
 		lu.Remaining = max(l.Max-lu.Committed-lu.Reserved, 0)
 		u.Limits = append(u.Limits, lu)
 	}
-	return u, nil
 }
 
 // Committed returns c of (scope, dim, window) in the current window: a

@@ -1,6 +1,8 @@
 package ledgertest
 
 import (
+	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,4 +90,253 @@ func testList(t *testing.T, f Factory) {
 		assert.Equal(t, before, b.Dump(tenant), "List writes nothing")
 	}
 	auditClean(t, b, tenant)
+}
+
+func globalScope(key ledger.ScopeKey, limits ...ledger.Limit) ledger.Scope {
+	return ledger.Scope{Kind: ledger.KindGlobal, Key: key, Limits: limits}
+}
+
+// globalReq is a request of tenant (ample tenant budget unless limits are
+// given) against the global scope g.
+func globalReq(tenant, g ledger.ScopeKey, h ledger.Amounts, dispatch bool, glim ledger.Limit, limits ...ledger.Limit) ledger.ReserveRequest {
+	if len(limits) == 0 {
+		limits = []ledger.Limit{lim(ledger.Tokens, time.Hour, 1_000_000)}
+	}
+	req := simpleReq(tenant, h, dispatch, limits...)
+	req.Scopes = append(req.Scopes, globalScope(g, glim))
+	return req
+}
+
+// frontEnds returns the backend's ledger and its peers.
+func frontEnds(b *Backend) []ledger.Ledger { return append([]ledger.Ledger{b.Ledger}, b.Peers...) }
+
+// testGlobal: fleet-wide budgets (issue 10) on top of tenant budgets.
+func testGlobal(t *testing.T, f Factory) {
+	b := f(t, DefaultConfig())
+	ctx := t.Context()
+	const w = time.Hour
+	alignToWindow(b, w, time.Second)
+	fes := frontEnds(b)
+	globalUsage := func(t *testing.T, g ledger.ScopeKey) ledger.Usage {
+		t.Helper()
+		return usage(t, b, g, g)
+	}
+
+	t.Run("exact admission across tenants and front ends", func(t *testing.T) {
+		g := newKey(4)
+		glim := lim(ledger.Tokens, w, 1000)
+		const tenants, per = 20, 10
+		reqs := make([]ledger.ReserveRequest, 0, tenants*per)
+		tks := make([]ledger.ScopeKey, tenants)
+		for i := range tks {
+			tks[i] = newKey(1)
+			for range per {
+				reqs = append(reqs, globalReq(tks[i], g, tokens(4, 3), false, glim))
+			}
+		}
+		errs := make([]error, len(reqs))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range reqs {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = fes[i%len(fes)].Reserve(ctx, reqs[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		var granted []ledger.ReserveRequest
+		denied, other := 0, 0
+		for i, err := range errs {
+			if err == nil {
+				granted = append(granted, reqs[i])
+				continue
+			}
+			if d, ok := isDenied(err); ok && d.Scope == ledger.KindGlobal && d.Dim == ledger.Tokens && d.Limit == 1000 && d.Requested == 7 {
+				assert.Equal(t, "global", d.Scope.String())
+				denied++
+				continue
+			}
+			other++
+			t.Errorf("request %d: %s", i, describe(err))
+		}
+		assert.Equal(t, 142, len(granted), "floor(1000/7) grants")
+		assert.Equal(t, 58, denied, "every other request denied on the global budget")
+		assert.Equal(t, 0, other)
+		gu := globalUsage(t, g)
+		assert.Equal(t, int64(994), gu.Reserved[ledger.Tokens], "global r")
+		assert.Equal(t, ledger.KindGlobal, gu.Scope)
+		// Half settle (actual 3 ≤ h), half release.
+		var settledSum int64
+		for i, req := range granted {
+			fe := fes[i%len(fes)]
+			if i%2 == 0 {
+				require.NoError(t, fe.MarkDispatched(ctx, req.Ref, req.Owner))
+				_, err := fe.Settle(ctx, req.Ref, tokens(2, 1), ledger.SourceFinal)
+				require.NoError(t, err)
+				settledSum += 3
+			} else {
+				require.NoError(t, fe.Release(ctx, req.Ref, req.Owner))
+			}
+		}
+		gu = globalUsage(t, g)
+		assert.Equal(t, ledger.Amounts{}, gu.Reserved, "global r back to zero")
+		assert.Equal(t, settledSum, committed(gu, ledger.Tokens, w), "global c == Σ actual")
+		for _, tk := range tks {
+			u := usage(t, b, tk, tk)
+			assert.Equal(t, ledger.Amounts{}, u.Reserved)
+			auditClean(t, b, tk)
+		}
+		auditClean(t, b, g)
+	})
+
+	t.Run("zero false denials with heterogeneous amounts", func(t *testing.T) {
+		g := newKey(4)
+		const max = 50_000
+		glim := lim(ledger.Tokens, w, max)
+		rng := rand.New(rand.NewPCG(10, 10))
+		var reqs []ledger.ReserveRequest
+		for range 16 {
+			tk := newKey(1)
+			for range 8 {
+				in := 1 + rng.Int64N(600)
+				reqs = append(reqs, globalReq(tk, g, tokens(in, 1+rng.Int64N(400)), false, glim))
+			}
+		}
+		errs := make([]error, len(reqs))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range reqs {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = fes[i%len(fes)].Reserve(ctx, reqs[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		var sum int64
+		for i, err := range errs {
+			if err == nil {
+				sum += reqs[i].Held[ledger.Tokens]
+			}
+		}
+		require.LessOrEqual(t, sum, int64(max), "never over-admit")
+		assert.Equal(t, sum, globalUsage(t, g).Reserved[ledger.Tokens], "global r == Σ granted")
+		denials, falseDenials := 0, 0
+		for i, err := range errs {
+			if err == nil {
+				continue
+			}
+			d, ok := isDenied(err)
+			require.Truef(t, ok && d.Scope == ledger.KindGlobal, "request %d: %s", i, describe(err))
+			denials++
+			if max-sum >= reqs[i].Held[ledger.Tokens] {
+				falseDenials++
+			}
+		}
+		assert.Positive(t, denials, "the global budget was short")
+		assert.Equal(t, 0, falseDenials, "a global denial with room left at the end is false")
+		auditClean(t, b, g)
+	})
+
+	t.Run("a tenant denial leaves no global hold", func(t *testing.T) {
+		g := newKey(4)
+		glim := lim(ledger.Tokens, w, 1000)
+		small, other := newKey(1), newKey(1)
+		first := globalReq(small, g, tokens(4, 3), false, glim, lim(ledger.Tokens, w, 10))
+		_, err := b.Ledger.Reserve(ctx, first)
+		require.NoError(t, err)
+		second := globalReq(small, g, tokens(4, 3), false, glim, lim(ledger.Tokens, w, 10))
+		_, err = b.Ledger.Reserve(ctx, second)
+		d, ok := isDenied(err)
+		require.Truef(t, ok, "got %s", describe(err))
+		assert.Equal(t, ledger.KindTenant, d.Scope)
+		slotFull := globalReq(small, g, tokens(1, 0), true, glim, lim(ledger.Tokens, w, 1000), slots(0))
+		_, err = b.Ledger.Reserve(ctx, slotFull)
+		d, ok = isDenied(err)
+		require.Truef(t, ok, "got %s", describe(err))
+		assert.Equal(t, ledger.Slots, d.Dim)
+		assert.Equal(t, int64(7), globalUsage(t, g).Reserved[ledger.Tokens], "only the granted hold")
+		_, err = b.Ledger.Reserve(ctx, globalReq(other, g, tokens(993, 0), false, glim))
+		require.NoError(t, err, "no leftover hold causes a false denial")
+		_, err = b.Ledger.Reserve(ctx, globalReq(newKey(1), g, tokens(1, 0), false, glim))
+		d, ok = isDenied(err)
+		require.Truef(t, ok, "got %s", describe(err))
+		assert.Equal(t, ledger.DeniedError{Scope: ledger.KindGlobal, Dim: ledger.Tokens, Window: w, Limit: 1000,
+			Reserved: 1000, Requested: 1, ResetsAt: d.ResetsAt, RetryAfter: d.RetryAfter}, *d)
+		assert.Equal(t, ledger.WindowResetsAt(ledger.WindowIndex(b.Now(), w), w).UnixMilli(), d.ResetsAt.UnixMilli())
+		// A retry of the tenant-denied id is evaluated afresh (a denial creates no state).
+		require.NoError(t, b.Ledger.Release(ctx, first.Ref, first.Owner))
+		_, err = b.Ledger.Reserve(ctx, second)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1000), globalUsage(t, g).Reserved[ledger.Tokens])
+		auditClean(t, b, g)
+	})
+
+	t.Run("every resolution reaches the global hold once", func(t *testing.T) {
+		g := newKey(4)
+		glim := lim(ledger.Tokens, w, 100_000)
+		tk := newKey(1)
+		reclaim := func() {
+			t.Helper()
+			_, err := b.Ledger.Reclaim(ctx, tk, 100)
+			require.NoError(t, err)
+			_, err = b.Ledger.Reclaim(ctx, g, 100)
+			require.NoError(t, err)
+		}
+		// Dispatch, extend, settle; a replayed settle changes nothing.
+		a := globalReq(tk, g, tokens(10, 10), false, glim)
+		gr, err := b.Ledger.Reserve(ctx, a)
+		require.NoError(t, err)
+		assert.Equal(t, int64(100_000-20), gr.Headroom[ledger.Tokens].Remaining, "the global room is the tightest")
+		require.NoError(t, b.Ledger.MarkDispatched(ctx, a.Ref, a.Owner))
+		_, err = b.Ledger.Extend(ctx, a.Ref, a.Owner, 90*time.Second)
+		require.NoError(t, err)
+		_, err = b.Ledger.Settle(ctx, a.Ref, tokens(5, 3), ledger.SourceFinal)
+		require.NoError(t, err)
+		s, err := b.Ledger.Settle(ctx, a.Ref, tokens(5, 3), ledger.SourceFinal)
+		require.NoError(t, err)
+		assert.True(t, s.Replayed)
+		// Released before dispatch.
+		rel := globalReq(tk, g, tokens(7, 0), false, glim)
+		_, err = b.Ledger.Reserve(ctx, rel)
+		require.NoError(t, err)
+		require.NoError(t, b.Ledger.Release(ctx, rel.Ref, rel.Owner))
+		// Expired before dispatch; dispatched then lost (UNRESOLVED), then resolved.
+		exp := globalReq(tk, g, tokens(30, 0), false, glim)
+		exp.LeaseTTL = time.Second
+		_, err = b.Ledger.Reserve(ctx, exp)
+		require.NoError(t, err)
+		lost := globalReq(tk, g, tokens(40, 2), true, glim)
+		lost.LeaseTTL = time.Second
+		_, err = b.Ledger.Reserve(ctx, lost)
+		require.NoError(t, err)
+		assert.Equal(t, int64(72), globalUsage(t, g).Reserved[ledger.Tokens])
+		b.Advance(2 * time.Second)
+		reclaim()
+		assert.Equal(t, int64(42), globalUsage(t, g).Reserved[ledger.Tokens], "expired hold freed, unresolved one kept")
+		s, err = b.Ledger.Resolve(ctx, lost.Ref)
+		require.NoError(t, err)
+		assert.Equal(t, ledger.Charged, s.State)
+		reclaim()
+		_, err = b.Ledger.Resolve(ctx, lost.Ref)
+		require.NoError(t, err, "replayed resolve")
+		gu := globalUsage(t, g)
+		assert.Equal(t, ledger.Amounts{}, gu.Reserved, "global r back to zero")
+		assert.Equal(t, int64(8+42), committed(gu, ledger.Tokens, w), "global c: one settle and one charge at the hold")
+		assert.Equal(t, int64(8+42), committed(usage(t, b, tk, tk), ledger.Tokens, time.Hour), "tenant c agrees")
+		auditClean(t, b, tk)
+		auditClean(t, b, g)
+	})
+
+	t.Run("policy", func(t *testing.T) {
+		g := newKey(4)
+		req := globalReq(newKey(1), g, tokens(1, 0), false, slots(3))
+		_, err := b.Ledger.Reserve(ctx, req)
+		assert.ErrorIs(t, err, ledger.ErrPolicy, "no slots limit on a global scope")
+		req = globalReq(newKey(1), g, tokens(1, 0), false, lim(ledger.Tokens, w, 10))
+		req.Scopes = append(req.Scopes, globalScope(newKey(4), lim(ledger.Tokens, w, 10)))
+		_, err = b.Ledger.Reserve(ctx, req)
+		assert.ErrorIs(t, err, ledger.ErrInvalid, "two global scopes")
+	})
 }

@@ -76,6 +76,10 @@ type Backend struct {
 	Corrupt func(kind Corruption, ref ledger.Ref, scope ledger.ScopeKey) error
 	// Orphans returns how many Settles found no record so far. Optional.
 	Orphans func() int
+	// Peers are more front ends on the same store (Redis: another Ledger
+	// with its own client and pool), used by the concurrency tests of global
+	// budgets. Optional.
+	Peers []ledger.Ledger
 	// ModelSequences is how many T16 sequences to run. Optional; default 10,000.
 	ModelSequences int
 }
@@ -109,6 +113,7 @@ func Run(t *testing.T, f Factory) {
 		{"T19_LeakRegressions", testLeaks},
 		{"StateMachine", testStateMachine},
 		{"List", testList},
+		{"Global", testGlobal},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

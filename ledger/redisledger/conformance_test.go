@@ -34,6 +34,12 @@ func TestConformance(t *testing.T) {
 		var now atomic.Int64
 		now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
 		redisledger.SetTimeFloor(l, now.Load)
+		// A second front end with its own client and pool on the same store.
+		peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
+			c.LeaseTTL, c.MaxLeaseTTL, c.TombstoneRetention = cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.TombstoneRetention
+			c.StoreTimeout = 10 * time.Second
+		})
+		redisledger.SetTimeFloor(peer, now.Load)
 		return &ledgertest.Backend{
 			Ledger:  l,
 			Now:     func() time.Time { return time.UnixMilli(now.Load()) },
@@ -62,6 +68,7 @@ func TestConformance(t *testing.T) {
 				return fmt.Errorf("unknown corruption %d", kind)
 			},
 			Orphans:        func() int { return int(l.Orphans()) },
+			Peers:          []ledger.Ledger{peer},
 			ModelSequences: 1000,
 		}
 	})

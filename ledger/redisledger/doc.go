@@ -30,7 +30,8 @@
 //	q:<id>   HASH  the record: st, o(wner), dg (digest), le (lease), h (held),
 //	               sp (scopes and limits), wi (admission window per W), sl
 //	               (slot taken), a (actual), src, at (admitted), te (tombstone
-//	               end), ra (chargeable at), ls (state before the terminal one)
+//	               end), ra (chargeable at), ls (state before the terminal one),
+//	               g (the global hold "G.gid", if any)
 //	s:<S>    HASH  per scope: r:<d> (holds, every dimension), n (slots),
 //	               c:<d>:<W> with w:<d>:<W> (committed and its window index),
 //	               o:<d> (overrun), lim (the scope's limits as last reserved)
@@ -64,6 +65,17 @@
 // (ledger.ErrRecovering) until MaxLeaseTTL has passed, and Extends of old
 // leases fail (ledger.ErrLeaseLost), so owners abort upstream (I10). A
 // process without a cached epoch adopts the stored one.
+//
+// # Global budgets and List
+//
+// A KindGlobal scope G has its own partition "<prefix>:{G}:…" with the same
+// layout as a tenant's; a Reserve naming it reserves a per-attempt hold there
+// first, then the tenant holds, and every later operation on the tenant
+// record resolves the global hold by id inside the same method (global.go
+// documents the steps and the window in which a request may be falsely
+// denied). Records of such requests store the hold as field g. List reads
+// L or U with ZRANGE and the records with pipelined HMGETs (plain reads, no
+// script, so not one atomic cut).
 //
 // # Design rationale
 //

@@ -39,6 +39,10 @@ type Ledger struct {
 
 	orphans atomic.Int64 // Settles that found no record
 
+	// globals are the global partitions this process reserved in; Run
+	// reclaims them with Config.Tenants.
+	globals sync.Map // ledger.ScopeKey → struct{}
+
 	// floor, when set (tests only, see export_test.go), pins ledger time:
 	// scripts use max(TIME, hwm, floor).
 	floor func() int64
@@ -371,6 +375,36 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		ttl = l.cfg.LeaseTTL
 	}
 	id := encID(req.Ref.ID)
+	digest := strconv.FormatUint(req.Digest(), 16)
+	// Step 1 (global budgets only): the global hold, in its own partition.
+	var gh *globalHold
+	treq := req // the tenant partition's part of the request
+	if gi := globalIndex(req.Scopes); gi >= 0 {
+		var err error
+		if gh, err = l.reserveGlobal(ctx, &req, gi, ttl, digest); err != nil {
+			return ledger.Grant{}, err
+		}
+		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
+	}
+	// Step 2: the tenant holds. Any definite failure drops the global hold.
+	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh)
+	if gh != nil {
+		switch {
+		case err == nil && (!g.Replayed || gh.stored == gh.enc):
+			mergeHeadroom(&g, &gh.grant)
+		case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
+			// A replay carries its own (earlier) global hold, and a refusal
+			// wrote nothing: ours must go. An ambiguous outcome keeps it (the
+			// tenant record may carry it); its lease is the backstop.
+			l.dropGlobal(ctx, gh)
+		}
+	}
+	return g, err
+}
+
+// reserveTenant runs the reserve script on the tenant partition; gh, when
+// not nil, is the global hold the record will carry.
+func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold) (ledger.Grant, error) {
 	spec := buildSpec(req.Scopes)
 	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
 	base := l.tenantBase(req.Ref.Tenant)
@@ -381,9 +415,13 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	if req.Dispatch {
 		dispatch = "1"
 	}
+	hold := ""
+	if gh != nil {
+		hold = gh.enc
+	}
 	args, cached := l.common(req.Ref.Tenant, id)
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
-		strconv.FormatUint(req.Digest(), 16), ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec)
+		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold)
 	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
 	if err != nil {
 		return ledger.Grant{}, err
@@ -391,7 +429,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	l.noteEpoch(req.Ref.Tenant, cached, r)
 	switch r.status() {
 	case "OK":
-		g, err := l.grantFrom(req, r)
+		g, err := l.grantFrom(*req, r)
 		if err == nil {
 			l.cacheSpec(req.Ref.ID, spec)
 		}
@@ -403,10 +441,13 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		if !ok1 || !ok2 || !ok3 {
 			return ledger.Grant{}, l.corrupt("replay reply")
 		}
+		if gh != nil {
+			gh.stored = r.str(6)
+		}
 		l.cacheSpec(req.Ref.ID, spec)
 		g := ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
 			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}
-		decodeRoom(&g, req.Scopes, r, 6)
+		decodeRoom(&g, req.Scopes, r, 7)
 		return g, nil
 	case "DENIED":
 		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
@@ -523,7 +564,7 @@ func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledge
 	}
 	switch r.status() {
 	case "OK":
-		return nil
+		return l.followGlobal(ctx, r.str(4), func(g ledger.Ref) error { return l.globalDispatch(ctx, g, owner) })
 	case "DENIED":
 		sc, _ := parseSpec(spec)
 		kinds := make([]ledger.Kind, len(sc))
@@ -549,19 +590,21 @@ func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner,
 	if ttl <= 0 || ttl > l.cfg.MaxLeaseTTL {
 		return time.Time{}, fmt.Errorf("lease ttl %s outside (0, %s]: %w", ttl, l.cfg.MaxLeaseTTL, ledger.ErrInvalid)
 	}
-	id := encID(ref.ID)
-	keys := l.fixedKeys(ref, id, 0)
-	args, cached := l.common(ref.Tenant, id)
-	args = append(args, owner.String(), ttl.Milliseconds())
-	r, err := l.run(ctx, l.s.extend, false, keys, args...)
+	r, err := l.extend(ctx, ref, owner, ttl)
 	if err != nil {
 		return time.Time{}, err
 	}
-	l.noteEpoch(ref.Tenant, cached, r)
 	if r.status() == "OK" {
 		le, ok := r.int(2)
 		if !ok {
 			return time.Time{}, l.corrupt("extend reply")
+		}
+		err := l.followGlobal(ctx, r.str(3), func(g ledger.Ref) error {
+			_, err := l.extend(ctx, g, owner, ttl)
+			return err
+		})
+		if err != nil {
+			return time.Time{}, err
 		}
 		return time.UnixMilli(le).UTC(), nil
 	}
@@ -569,6 +612,20 @@ func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner,
 		return time.Time{}, err
 	}
 	return time.Time{}, l.corrupt("unknown extend reply " + r.status())
+}
+
+// extend runs the extend script and returns its reply (errors: store only).
+func (l *Ledger) extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (reply, error) {
+	id := encID(ref.ID)
+	keys := l.fixedKeys(ref, id, 0)
+	args, cached := l.common(ref.Tenant, id)
+	args = append(args, owner.String(), ttl.Milliseconds())
+	r, err := l.run(ctx, l.s.extend, false, keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	l.noteEpoch(ref.Tenant, cached, r)
+	return r, nil
 }
 
 // Settle charges actual once (the first Settle wins; the same actual again is
@@ -602,6 +659,9 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		l.forgetSpec(ref.ID)
 		s := settlementOf(ledger.State(st), ledger.State(prev), held, actual, false)
 		l.emit(ref, spec, held, actual, s.Charged, s.State, s.Late, src, at, now)
+		if err := l.followGlobal(ctx, r.str(7), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+			return ledger.Settlement{}, err
+		}
 		return s, nil
 	case "REPLAY":
 		// {'REPLAY', epoch, st, prev, held, src}
@@ -610,6 +670,9 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		held, ok := parseAmountsCSV(r.str(4))
 		if !ok {
 			return ledger.Settlement{}, l.corrupt("settle replay reply")
+		}
+		if err := l.followGlobal(ctx, r.str(6), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+			return ledger.Settlement{}, err
 		}
 		return settlementOf(ledger.State(st), ledger.State(prev), held, actual, true), nil
 	case "FINAL":
@@ -677,7 +740,7 @@ func (l *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner
 	}
 	if r.status() == "OK" {
 		l.forgetSpec(ref.ID)
-		return nil
+		return l.followGlobal(ctx, r.str(3), func(g ledger.Ref) error { return l.globalRelease(ctx, g, owner) })
 	}
 	if err := l.statusErr(r); err != nil {
 		return err
@@ -714,9 +777,19 @@ func (l *Ledger) resolve(ctx context.Context, ref ledger.Ref, admin bool) (ledge
 		l.forgetSpec(ref.ID)
 		s := ledger.Settlement{State: ledger.Charged, Charged: held, Late: true}
 		l.emit(ref, spec, held, held, held, ledger.Charged, true, ledger.SourceResolved, at, now)
+		if err := l.followGlobal(ctx, r.str(5), func(g ledger.Ref) error {
+			return l.globalSettle(ctx, g, held, ledger.SourceResolved)
+		}); err != nil {
+			return ledger.Settlement{}, err
+		}
 		return s, nil
 	case "REPLAY":
 		held, _ := parseAmountsCSV(r.str(2))
+		if err := l.followGlobal(ctx, r.str(3), func(g ledger.Ref) error {
+			return l.globalSettle(ctx, g, held, ledger.SourceResolved)
+		}); err != nil {
+			return ledger.Settlement{}, err
+		}
 		return ledger.Settlement{State: ledger.Charged, Charged: held, Late: true, Replayed: true}, nil
 	case "NOTDUE":
 		st, _ := r.int(2)
@@ -770,6 +843,8 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, max int) (
 			if ledger.State(s) == ledger.Expired {
 				st.Expired++
 				l.forgetSpec(ref.ID)
+				// Best effort: the global hold's own lease is the backstop.
+				_ = l.followGlobal(ctx, rr.str(5), func(g ledger.Ref) error { return l.globalExpire(ctx, g) })
 			} else {
 				st.Unresolved++
 				// Chargeable at once when its first admission window has closed.
@@ -899,11 +974,12 @@ func (l *Ledger) usageOf(now, pv int64, flat []any) (ledger.Usage, error) {
 	return u, nil
 }
 
-// Run reclaims every tenant of Config.Tenants each ReclaimInterval until ctx
+// Run reclaims every tenant of Config.Tenants, and every global partition
+// this process has reserved in, each ReclaimInterval until ctx
 // ends, then returns nil. Store errors are counted and retried next tick.
 // Call it once, inside the process's errgroup.
 func (l *Ledger) Run(ctx context.Context) error {
-	if len(l.cfg.Tenants) == 0 || l.cfg.ReclaimInterval <= 0 {
+	if l.cfg.ReclaimInterval <= 0 {
 		<-ctx.Done()
 		return nil
 	}
@@ -915,7 +991,12 @@ func (l *Ledger) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		for _, tenant := range l.cfg.Tenants {
+		parts := append([]ledger.ScopeKey(nil), l.cfg.Tenants...)
+		l.globals.Range(func(k, _ any) bool {
+			parts = append(parts, k.(ledger.ScopeKey))
+			return true
+		})
+		for _, tenant := range parts {
 			for range 64 { // bounded drain per tick
 				st, err := l.Reclaim(ctx, tenant, l.cfg.ReclaimBatch)
 				if err != nil || !st.More {

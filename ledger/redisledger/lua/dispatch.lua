@@ -13,7 +13,7 @@ if not scopes then
 end
 if rec.st == S_DISPATCHED then
   if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
-  return {'OK', epoch, rec.le, 1}
+  return {'OK', epoch, rec.le, 1, rec.g}
 end
 if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'state'} end
 if rec.st ~= S_RESERVED then return {'FINAL', epoch, rec.st} end
@@ -37,4 +37,4 @@ if any then
 end
 redis.call('HSET', KEYS[4], 'st', S_DISPATCHED, 'sl', sl)
 touch(now)
-return {'OK', epoch, rec.le, 0}
+return {'OK', epoch, rec.le, 0, rec.g}

@@ -26,7 +26,7 @@ if rec.st == S_RESERVED then
   redis.call('HSET', KEYS[4], 'ls', rec.st)
   finalize(now, S_EXPIRED)
   touch(now)
-  return {'OK', epoch, S_EXPIRED}
+  return {'OK', epoch, S_EXPIRED, 0, 0, rec.g}
 end
 -- DISPATCHED: free the slot only; consumable holds stay.
 local slot = rec.sl == 1
@@ -43,4 +43,4 @@ redis.call('HSET', KEYS[4], 'st', S_UNRESOLVED, 'sl', 0, 'ra', ra)
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ra, ARGV[4])
 touch(now)
-return {'OK', epoch, S_UNRESOLVED, ra, now}
+return {'OK', epoch, S_UNRESOLVED, ra, now, rec.g}

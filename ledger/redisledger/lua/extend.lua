@@ -16,4 +16,4 @@ local le = now + ttl
 redis.call('HSET', KEYS[4], 'le', le)
 redis.call('ZADD', KEYS[2], le, ARGV[4])
 touch(now)
-return {'OK', epoch, le}
+return {'OK', epoch, le, rec.g}

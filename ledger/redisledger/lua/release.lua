@@ -11,14 +11,14 @@ if not rec then
   redis.call('HSET', KEYS[4], 'o', ARGV[6], 'h', '', 'ls', 0)
   finalize(now, S_RELEASED)
   touch(now)
-  return {'OK', epoch, 0}
+  return {'OK', epoch, 0, ''}
 end
 local scopes, serr = parse_spec(rec.sp)
 if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-if rec.st == S_RELEASED or rec.st == S_EXPIRED or rec.st == S_SETTLED_LATE then return {'OK', epoch, 1} end
+if rec.st == S_RELEASED or rec.st == S_EXPIRED or rec.st == S_SETTLED_LATE then return {'OK', epoch, 1, rec.g} end
 if rec.st ~= S_RESERVED then return {'DISPATCHED', epoch} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
 for _, sc in ipairs(scopes) do
@@ -29,4 +29,4 @@ do_release(scopes, rec.h, false)
 redis.call('HSET', KEYS[4], 'ls', rec.st)
 finalize(now, S_RELEASED)
 touch(now)
-return {'OK', epoch, 0}
+return {'OK', epoch, 0, rec.g}

@@ -1,7 +1,8 @@
 -- reserve: ARGV 6 policy version, 7 owner, 8 digest, 9 lease ttl ms,
--- 10 dispatch (0|1), 11 held csv, 12 spec.
+-- 10 dispatch (0|1), 11 held csv, 12 spec, 13 global hold ('' none: the
+-- global partition and id of the request's global hold, see redisledger.go).
 -- OK:     {'OK', epoch, leaseExpiry, now, room...}
--- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, room...}
+-- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, room...}
 -- where room is append_room's layout (headroom after the call).
 local now = ledger_now()
 if not now then return {'CORRUPT', '', 'hwm'} end
@@ -21,7 +22,7 @@ if rec then
   if rec.dg ~= ARGV[8] then return {'CONFLICT', epoch} end
   local a, aerr = assess(now, scopes, {}, false, epoch)
   if not a then return {'CORRUPT', epoch, aerr} end
-  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now}, a)
+  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g}, a)
 end
 
 local fence, pv = cint(META.fence_s), cint(META.pv_s)
@@ -67,6 +68,7 @@ if dispatch then st = S_DISPATCHED end
 if why == 'aged' then redis.call('DEL', KEYS[4]) end
 redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h', ARGV[11],
   'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
+if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
 redis.call('ZADD', KEYS[2], le, ARGV[4])
 if cpv > pv then
   redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)

@@ -15,7 +15,7 @@ if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-if rec.st == S_CHARGED then return {'REPLAY', epoch, rec.h_s or ''} end
+if rec.st == S_CHARGED then return {'REPLAY', epoch, rec.h_s or '', rec.g} end
 if rec.st ~= S_UNRESOLVED then
   if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
   return {'NOTDUE', epoch, rec.st}
@@ -32,4 +32,4 @@ do_charge(plan)
 redis.call('HSET', KEYS[4], 'a', rec.h_s or '', 'src', 'held', 'ls', rec.st)
 finalize(now, S_CHARGED)
 touch(now)
-return {'OK', epoch, rec.h_s or '', rec.at or '0', now}
+return {'OK', epoch, rec.h_s or '', rec.at or '0', now, rec.g}

@@ -14,7 +14,7 @@ end
 local a = parse_amounts(ARGV[6])
 if a == nil then return {'INVALID', epoch, 'actual'} end
 if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
-  if rec.a_s == ARGV[6] then return {'REPLAY', epoch, rec.st, rec.ls or '', rec.h_s or '', rec.src or ''} end
+  if rec.a_s == ARGV[6] then return {'REPLAY', epoch, rec.st, rec.ls or '', rec.h_s or '', rec.src or '', rec.g} end
   return {'CONFLICT', epoch}
 end
 if rec.st == S_CHARGED then return {'FINAL', epoch, rec.st} end
@@ -50,4 +50,4 @@ do_charge(plan)
 redis.call('HSET', KEYS[4], 'a', ARGV[6], 'src', ARGV[7], 'ls', rec.st)
 finalize(now, st)
 touch(now)
-return {'OK', epoch, st, rec.st, rec.h_s or '', rec.at or '0', now}
+return {'OK', epoch, st, rec.st, rec.h_s or '', rec.at or '0', now, rec.g}

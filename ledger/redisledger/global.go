@@ -1,0 +1,207 @@
+package redisledger
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Global (fleet-wide) budgets. A KindGlobal scope G lives in its own
+// partition "<prefix>:{G}:…", laid out exactly like a tenant's (m, L, U,
+// q:<id>, s:G), because its counters cannot share a Cluster slot with every
+// tenant. A Reserve with a global scope is two scripts:
+//
+//  1. reserve in the global partition, under a fresh random id gid per
+//     attempt ("global hold"), with the request's owner, held amounts, lease
+//     and Dispatch flag and the global scope's limits. A denial here is a
+//     *ledger.DeniedError with Scope KindGlobal and nothing is written.
+//  2. reserve in the tenant partition as before; the tenant record stores
+//     "G.gid" in its field g. If this step refuses (denial, conflict, final,
+//     policy, corrupt, recovering, or a store error that is certainly not
+//     applied), or answers a replay whose record carries another attempt's
+//     hold, the global hold is dropped at once (settled at zero, not sent).
+//     An ambiguous store error keeps it, because the tenant record may
+//     carry it.
+//
+// Every later operation on the tenant record gets g back from its script and
+// then acts on the global hold by id, idempotently, inside the same Go
+// method: MarkDispatched → dispatch, Extend → extend, Settle → settle with
+// the same actual (a replayed tenant Settle re-runs it, so the outbox retry
+// of a Settle whose global step failed completes it), Release → release,
+// Resolve and the automatic charge → settle at the hold (SourceResolved),
+// Reclaim's EXPIRED → expire. A failed global step fails the call (the
+// caller retries by id) except in Reclaim, where the global hold's own lease
+// is the backstop. Global partitions run the same state machine, so a hold
+// nobody resolves — a crash between the two steps, or an ambiguous tenant
+// step whose tenant record was never written — is reclaimed like any other:
+// RESERVED → EXPIRED when its lease runs out (Run reclaims every global
+// partition this process has reserved in), DISPATCHED → UNRESOLVED →
+// CHARGED at the hold once its admission window closes. Every resolution of
+// the global hold is the global record's own exactly-once transition, so
+// the global c rises at most once per request.
+//
+// # False denials
+//
+// Between step 1 and the release of a hold whose tenant step refused (one
+// round trip), or until the lease of an orphaned hold runs out (LeaseTTL,
+// only after a crash or an ambiguous store error), the global budget counts
+// a hold that will never be used, and a concurrent Reserve may be denied on
+// the global budget although it would fit. When no tenant, api_key or
+// workflow budget denies and the store answers, there is no such window and
+// false global denials are zero (ledgertest's global tests count them).
+// Memory takes both partitions' locks (tenant, then global) and has no
+// window at all.
+//
+// Global limits carry no policy version (tenants' versions differ); each
+// Reserve overwrites the scope's stored limits with its own. A global scope
+// may not have a slots limit (ledger.ErrPolicy).
+
+// globalHold is one attempt's hold in a global partition.
+type globalHold struct {
+	ref    ledger.Ref   // Tenant: the global key G; ID: gid
+	enc    string       // "G.gid", stored in the tenant record's field g
+	owner  ledger.Owner // the Reserve's owner
+	grant  ledger.Grant // the global step's grant (headroom and warnings)
+	stored string       // g of the tenant record a replay found
+}
+
+func globalIndex(scopes []ledger.Scope) int {
+	for i := range scopes {
+		if scopes[i].Kind == ledger.KindGlobal {
+			return i
+		}
+	}
+	return -1
+}
+
+func encodeHold(ref ledger.Ref) string { return ref.Tenant.String() + "." + encID(ref.ID) }
+
+// parseHold parses a record's field g ("" means no global hold).
+func parseHold(s string) (ledger.Ref, bool) {
+	gk, id, ok := strings.Cut(s, ".")
+	if !ok {
+		return ledger.Ref{}, false
+	}
+	k, err1 := ledger.ParseScopeKey(gk)
+	i, err2 := ledger.ParseScopeKey(id)
+	if err1 != nil || err2 != nil {
+		return ledger.Ref{}, false
+	}
+	return ledger.Ref{Tenant: k, ID: ledger.RequestID(i)}, true
+}
+
+// reserveGlobal is step 1: a fresh hold in the global partition of
+// req.Scopes[gi].
+func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, gi int, ttl time.Duration, digest string) (*globalHold, error) {
+	gk := req.Scopes[gi].Key
+	ref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
+	l.globals.LoadOrStore(gk, struct{}{})
+	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
+		Dispatch: req.Dispatch}
+	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}, nil
+}
+
+// dropGlobal releases a hold that no tenant record carries. Failures are
+// left to the hold's lease (the false-denial window of the package docs).
+func (l *Ledger) dropGlobal(ctx context.Context, gh *globalHold) {
+	// Settle at zero (not sent) frees a RESERVED or DISPATCHED (Dispatch)
+	// hold alike, charging nothing.
+	if err := l.globalSettle(ctx, gh.ref, ledger.Amounts{}, ledger.SourceNotSent); err != nil {
+		l.m.storeErrors.WithLabelValues("global_release").Inc()
+	}
+}
+
+// followGlobal runs fn on the global hold named by a tenant record's field g
+// (nothing when g is empty).
+func (l *Ledger) followGlobal(ctx context.Context, g string, fn func(ledger.Ref) error) error {
+	if g == "" {
+		return nil
+	}
+	ref, ok := parseHold(g)
+	if !ok {
+		return l.corrupt("record's global hold")
+	}
+	if err := fn(ref); err != nil {
+		return fmt.Errorf("global hold: %w", err)
+	}
+	return nil
+}
+
+func (l *Ledger) globalDispatch(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	r, _, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	if err != nil {
+		return err
+	}
+	if r.status() == "OK" {
+		return nil
+	}
+	return l.globalStatus(r)
+}
+
+func (l *Ledger) globalSettle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) error {
+	r, _, err := l.runRecord(ctx, l.s.settle, ref, amountsCSV(&actual), src.String())
+	if err != nil {
+		return err
+	}
+	switch r.status() {
+	case "OK", "REPLAY", "FINAL", "NOTFOUND":
+		// FINAL: the hold was already charged at its amount by its own
+		// Reclaim; NOTFOUND: its tombstone aged out. Either way it resolved once.
+		l.forgetSpec(ref.ID)
+		return nil
+	}
+	return l.globalStatus(r)
+}
+
+func (l *Ledger) globalRelease(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	if err != nil {
+		return err
+	}
+	if r.status() == "OK" {
+		l.forgetSpec(ref.ID)
+		return nil
+	}
+	return l.globalStatus(r)
+}
+
+func (l *Ledger) globalExpire(ctx context.Context, ref ledger.Ref) error {
+	r, _, err := l.runRecord(ctx, l.s.expire, ref)
+	if err != nil {
+		return err
+	}
+	switch r.status() {
+	case "OK", "NOTDUE":
+		return nil
+	}
+	return l.globalStatus(r)
+}
+
+func (l *Ledger) globalStatus(r reply) error {
+	if err := l.statusErr(r); err != nil {
+		return err
+	}
+	return l.corrupt("unknown global reply " + r.status())
+}
+
+// mergeHeadroom folds the global step's headroom and warnings into g: per
+// dimension the smaller remaining room (ties: the later reset).
+func mergeHeadroom(g, global *ledger.Grant) {
+	for d := range g.Headroom {
+		gr, tr := global.Headroom[d], g.Headroom[d]
+		if !gr.Tracked {
+			continue
+		}
+		if !tr.Tracked || gr.Remaining < tr.Remaining || (gr.Remaining == tr.Remaining && gr.ResetsAt.After(tr.ResetsAt)) {
+			g.Headroom[d] = gr
+		}
+	}
+	g.Warnings = append(g.Warnings, global.Warnings...)
+}
