@@ -119,7 +119,7 @@ func TestClientUpstreamErrors(t *testing.T) {
 			assert.Equal(t, want, *ue)
 			assert.Equal(t, tt.retryable, ue.Retryable())
 			assert.Equal(t, tt.ctxLen, ue.ContextLength())
-			assert.NotErrorIs(t, err, ErrNotSent)
+			require.NotErrorIs(t, err, ErrNotSent)
 			assert.NotContains(t, ue.Error(), "maximum context", "messages are never part of the error string")
 		})
 	}
@@ -198,7 +198,7 @@ func TestCancelClosesUpstreamConnection(t *testing.T) {
 	}
 	_, err = s.Next()
 	require.ErrorIs(t, err, context.Canceled)
-	assert.NotErrorIs(t, err, ErrStreamCut)
+	require.NotErrorIs(t, err, ErrStreamCut)
 	assert.Equal(t, Usage{PromptTokens: 7, CompletionTokens: 5, Known: true, Choices: 2}, s.Usage(),
 		"last cumulative usage: prompt + Σ per-choice completion")
 	require.NoError(t, s.Close())

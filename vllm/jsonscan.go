@@ -63,17 +63,17 @@ func skipValueDepth(b []byte, i, depth int) (int, error) {
 	if depth > maxDepth {
 		return 0, errScan
 	}
-	switch c := b[i]; {
-	case c == '"':
+	switch c := b[i]; c {
+	case '"':
 		end, _, err := skipString(b, i)
 		return end, err
-	case c == '{' || c == '[':
-		close := byte('}')
+	case '{', '[':
+		closer := byte('}')
 		if c == '[' {
-			close = ']'
+			closer = ']'
 		}
 		i = skipSpace(b, i+1)
-		if i < len(b) && b[i] == close {
+		if i < len(b) && b[i] == closer {
 			return i + 1, nil
 		}
 		for {
@@ -96,7 +96,7 @@ func skipValueDepth(b []byte, i, depth int) (int, error) {
 			if i >= len(b) {
 				return 0, errScan
 			}
-			if b[i] == close {
+			if b[i] == closer {
 				return i + 1, nil
 			}
 			if b[i] != ',' {

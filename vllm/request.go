@@ -336,18 +336,19 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			return nil, err
 		}
 	}
-	if v, _, err := optInt(body, minTokens, "min_tokens"); err != nil {
+	minTok, _, err := optInt(body, minTokens, "min_tokens")
+	if err != nil {
 		return nil, err
-	} else if v < 0 {
+	}
+	if minTok < 0 {
 		return nil, invalid("min_tokens", "must be at least 0")
-	} else {
-		r.MinTokens = v
 	}
-	if v, _, err := optSignedInt(body, priority, "priority"); err != nil {
+	r.MinTokens = minTok
+	prio, _, err := optSignedInt(body, priority, "priority")
+	if err != nil {
 		return nil, err
-	} else {
-		r.Priority = v
 	}
+	r.Priority = prio
 	switch e {
 	case EndpointChat:
 		if r.prompt.ok() {
@@ -526,7 +527,7 @@ func (r *Request) countContent(idx int, s span) (int, error) {
 	n := 0
 	pi := 0
 	var ferr error
-	_ = eachElement(b, s.start, func(start, end int) bool {
+	_ = eachElement(b, s.start, func(start, _ int) bool {
 		part := pi
 		pp := func() string { return fmt.Sprintf("%s[%d]", param(), part) }
 		pi++

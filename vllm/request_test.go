@@ -2,7 +2,6 @@ package vllm
 
 import (
 	"encoding/json"
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -154,7 +153,7 @@ func TestParseErrors(t *testing.T) {
 			require.Error(t, err)
 			require.ErrorIs(t, err, ErrInvalidRequest)
 			var ie *InvalidRequestError
-			require.True(t, errors.As(err, &ie))
+			require.ErrorAs(t, err, &ie)
 			assert.Equal(t, tt.wantParam, ie.Param, "err: %v", err)
 		})
 	}

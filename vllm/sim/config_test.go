@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -39,16 +38,16 @@ func TestConfigValidate(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.ErrorContains(t, err, tt.wantErr)
-			assert.True(t, errors.Is(err, ErrConfig))
+			require.ErrorContains(t, err, tt.wantErr)
+			require.ErrorIs(t, err, ErrConfig)
 			assert.Error(t, nerr)
 		})
 	}
 	t.Run("all problems at once", func(t *testing.T) {
 		c := Config{MaxNumSeqs: -1, SchedulingPolicy: "x", OnDisconnect: "y"}
 		err := c.Validate()
-		assert.ErrorContains(t, err, "max_num_seqs")
-		assert.ErrorContains(t, err, "scheduling_policy")
+		require.ErrorContains(t, err, "max_num_seqs")
+		require.ErrorContains(t, err, "scheduling_policy")
 		assert.ErrorContains(t, err, "on_disconnect")
 	})
 }

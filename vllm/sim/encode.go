@@ -93,7 +93,8 @@ func newChunkEncoder(k kind, id string, created int64, model string) *chunkEncod
 
 // roleChunk appends the chat role chunk of a choice.
 func (c *chunkEncoder) roleChunk(index int, usage bool, prompt int) {
-	b := append(c.buf, "data: "...)
+	b := c.buf
+	b = append(b, "data: "...)
 	b = append(b, c.prefix...)
 	b = append(b, `{"index":`...)
 	b = appendInt(b, index)
@@ -102,14 +103,16 @@ func (c *chunkEncoder) roleChunk(index int, usage bool, prompt int) {
 		b = append(b, `,"usage":`...)
 		b = appendUsage(b, prompt, 0)
 	}
-	c.buf = append(b, "}\n\n"...)
+	b = append(b, "}\n\n"...)
+	c.buf = b
 }
 
 // tokenChunk appends a content chunk carrying tokens [from, to) of a
 // sequence; finish is "" while it runs. With usage, it carries the
 // choice's cumulative usage (continuous_usage_stats).
 func (c *chunkEncoder) tokenChunk(index int, key uint64, from, to int, finish string, usage bool, prompt int) {
-	b := append(c.buf, "data: "...)
+	b := c.buf
+	b = append(b, "data: "...)
 	b = append(b, c.prefix...)
 	b = append(b, `{"index":`...)
 	b = appendInt(b, index)
@@ -138,23 +141,28 @@ func (c *chunkEncoder) tokenChunk(index int, key uint64, from, to int, finish st
 	case c.kind == kindCompletion:
 		b = append(b, `,"usage":null`...)
 	}
-	c.buf = append(b, "}\n\n"...)
+	b = append(b, "}\n\n"...)
+	c.buf = b
 }
 
 // usageChunk appends the final choices: [] chunk of include_usage.
 func (c *chunkEncoder) usageChunk(prompt, completion int) {
-	b := append(c.buf, "data: "...)
+	b := c.buf
+	b = append(b, "data: "...)
 	b = append(b, c.prefix...)
 	b = append(b, `],"usage":`...)
 	b = appendUsage(b, prompt, completion)
-	c.buf = append(b, "}\n\n"...)
+	b = append(b, "}\n\n"...)
+	c.buf = b
 }
 
 // errorEvent appends a mid-stream error event.
 func (c *chunkEncoder) errorEvent(e *apiError) {
-	b := append(c.buf, "data: "...)
+	b := c.buf
+	b = append(b, "data: "...)
 	b = appendErrorJSON(b, e)
-	c.buf = append(b, "\n\n"...)
+	b = append(b, "\n\n"...)
+	c.buf = b
 }
 
 func (c *chunkEncoder) done() { c.buf = append(c.buf, "data: [DONE]\n\n"...) }

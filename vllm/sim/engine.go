@@ -249,7 +249,8 @@ func (e *engine) drainInbox() {
 // enqueue adds s to the waiting queue: at the back (FCFS) or by priority
 // then arrival; a preempted sequence goes back to the front (FCFS).
 func (e *engine) enqueue(s *seq, front bool) {
-	if e.cfg.SchedulingPolicy == PolicyPriority {
+	switch {
+	case e.cfg.SchedulingPolicy == PolicyPriority:
 		i, _ := slices.BinarySearchFunc(e.waiting, s, func(a, b *seq) int {
 			if c := cmp.Compare(a.req.priority, b.req.priority); c != 0 {
 				return c
@@ -257,9 +258,9 @@ func (e *engine) enqueue(s *seq, front bool) {
 			return cmp.Compare(a.order, b.order)
 		})
 		e.waiting = slices.Insert(e.waiting, i, s)
-	} else if front {
+	case front:
 		e.waiting = slices.Insert(e.waiting, 0, s)
-	} else {
+	default:
 		e.waiting = append(e.waiting, s)
 	}
 	e.waitingTokens.Add(int64(s.prompt))

@@ -41,7 +41,13 @@ func fastConfig() Config {
 	return c
 }
 
-func post(t *testing.T, url, body string, hdr ...string) (*http.Response, []byte) {
+// reply is what post keeps of a response whose body it has read and closed.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+}
+
+func post(t *testing.T, url, body string, hdr ...string) (reply, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
@@ -54,7 +60,7 @@ func post(t *testing.T, url, body string, hdr ...string) (*http.Response, []byte
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp, b
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header}, b
 }
 
 // sseEvents splits an SSE body into its data payloads.

@@ -99,16 +99,16 @@ func TestMetricsNamesAndLabels(t *testing.T) {
 	info := labelsOf(mf["vllm:cache_config_info"].GetMetric()[0])
 	assert.Equal(t, "16", info["block_size"])
 	assert.Equal(t, "512", info["num_gpu_blocks"])
-	assert.Equal(t, 7.0, mf.value(t, "vllm:generation_tokens_total"))
-	assert.Equal(t, float64(r.Stats().PromptTokens), mf.value(t, "vllm:prompt_tokens_total"))
+	assert.InDelta(t, 7.0, mf.value(t, "vllm:generation_tokens_total"), 1e-9)
+	assert.InDelta(t, float64(r.Stats().PromptTokens), mf.value(t, "vllm:prompt_tokens_total"), 1e-9)
 	var length float64
 	for _, m := range mf["vllm:request_success_total"].GetMetric() {
 		if labelsOf(m)["finished_reason"] == "length" {
 			length = m.GetCounter().GetValue()
 		}
 	}
-	assert.Equal(t, 1.0, length)
-	assert.Equal(t, r.Stats().BusyTime.Seconds(), mf.value(t, "sim_gpu_busy_seconds_total"))
+	assert.InDelta(t, 1.0, length, 1e-9)
+	assert.InDelta(t, r.Stats().BusyTime.Seconds(), mf.value(t, "sim_gpu_busy_seconds_total"), 1e-9)
 }
 
 func TestMetricsCompat(t *testing.T) {

@@ -190,8 +190,8 @@ func TestMaxNumSeqsQueues(t *testing.T) {
 		assert.Equal(t, int64(4), st.Running)
 		assert.Equal(t, int64(4), st.Waiting)
 		m := scrapeGatherer(t, b.r)
-		assert.Equal(t, 4.0, m.value(t, "vllm:num_requests_running"))
-		assert.Equal(t, 4.0, m.value(t, "vllm:num_requests_waiting"))
+		assert.InDelta(t, 4.0, m.value(t, "vllm:num_requests_running"), 1e-9)
+		assert.InDelta(t, 4.0, m.value(t, "vllm:num_requests_waiting"), 1e-9)
 		for b.r.Stats().Completed < 8 {
 			time.Sleep(time.Millisecond)
 			synctest.Wait()
@@ -227,7 +227,7 @@ func TestKVExhaustionPreempts(t *testing.T) {
 		assert.Equal(t, int64(80), st.GenerationTokens, "preemption never loses or repeats tokens")
 		assert.Greater(t, st.PromptTokens, int64(32), "recomputation prefills again")
 		m := scrapeGatherer(t, b.r)
-		assert.Equal(t, float64(st.Preemptions), m.value(t, "vllm:num_preemptions_total"))
+		assert.InDelta(t, float64(st.Preemptions), m.value(t, "vllm:num_preemptions_total"), 1e-9)
 		for _, rec := range recs {
 			assert.Contains(t, string(rec.body), `"completion_tokens":40,`)
 		}
