@@ -191,7 +191,7 @@ func TestOptionErrors(t *testing.T) {
 			t.Parallel()
 			_, err := Run(context.Background(), tc.o)
 			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrUsage)
+			require.ErrorIs(t, err, ErrUsage)
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}

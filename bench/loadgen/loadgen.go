@@ -1,3 +1,6 @@
+// Package loadgen sends a workload schedule at an OpenAI-compatible
+// endpoint: the dispatcher (one goroutine per request), the HTTP/1.1
+// client, the SSE reader and outcome classification.
 package loadgen
 
 import (
@@ -224,7 +227,7 @@ func (r *runner) unsent(q *workload.Request, i int) Record {
 	return rec
 }
 
-func (r *runner) newRecord(q *workload.Request, i int) Record {
+func (r *runner) newRecord(q *workload.Request, _ int) Record {
 	p := &r.sched.Tenants[q.Tenant]
 	return Record{ID: fmt.Sprintf("%s%s-%d-r%d", r.cfg.IDPrefix, p.Name, q.N, r.cfg.Run), Tenant: q.Tenant, N: q.N,
 		Intended: q.At, Sent: -1, First: -1, FirstContent: -1, Done: -1, InTokens: q.InputLen, InIntended: q.InputLen,

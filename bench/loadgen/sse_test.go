@@ -55,7 +55,7 @@ func TestSSEFixtures(t *testing.T) {
 			t.Parallel()
 			for _, r := range []io.Reader{strings.NewReader(tc.in), iotest.OneByteReader(strings.NewReader(tc.in))} {
 				got, err := readAll(t, r)
-				assert.ErrorIs(t, err, io.EOF)
+				require.ErrorIs(t, err, io.EOF)
 				assert.Equal(t, tc.want, got)
 			}
 		})
@@ -78,10 +78,10 @@ func TestSSELineTooLong(t *testing.T) {
 	t.Parallel()
 	in := "data: " + strings.Repeat("x", MaxLine+10) + "\n\n"
 	_, err := readAll(t, strings.NewReader(in))
-	assert.ErrorIs(t, err, ErrLineTooLong)
+	require.ErrorIs(t, err, ErrLineTooLong)
 	big := "data: " + strings.Repeat("y", 200_000) + "\n\n"
 	got, err := readAll(t, strings.NewReader(big))
-	assert.ErrorIs(t, err, io.EOF)
+	require.ErrorIs(t, err, io.EOF)
 	require.Len(t, got, 1)
 	assert.Len(t, got[0], 200_000)
 }

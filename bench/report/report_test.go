@@ -210,7 +210,9 @@ func TestMarkdownRow(t *testing.T) {
 	t.Parallel()
 	_, _, d := fixture(t)
 	row := MarkdownRow("flood B", d)
-	assert.Equal(t, strings.Count(MarkdownHeader[:strings.Index(MarkdownHeader, "\n")], "|"), strings.Count(row, "|"))
+	header, _, found := strings.Cut(MarkdownHeader, "\n")
+	require.True(t, found, "MarkdownHeader has a separator line")
+	assert.Equal(t, strings.Count(header, "|"), strings.Count(row, "|"))
 	assert.Contains(t, row, "| flood B |")
 	assert.Contains(t, row, "queue_full:2")
 }

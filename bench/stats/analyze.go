@@ -453,23 +453,23 @@ func rates(recs []*loadgen.Record) (offered, sent float64) {
 		return 0, 0
 	}
 	iMin, iMax := recs[0].Intended, recs[0].Intended
-	var sMin, sMax time.Duration = -1, -1
+	var sFirst, sLast time.Duration = -1, -1
 	n := 0
 	for _, r := range recs {
 		iMin, iMax = min(iMin, r.Intended), max(iMax, r.Intended)
 		if r.Sent >= 0 {
 			n++
-			if sMin < 0 || r.Sent < sMin {
-				sMin = r.Sent
+			if sFirst < 0 || r.Sent < sFirst {
+				sFirst = r.Sent
 			}
-			sMax = max(sMax, r.Sent)
+			sLast = max(sLast, r.Sent)
 		}
 	}
 	if iMax > iMin {
 		offered = float64(len(recs)-1) / (iMax - iMin).Seconds()
 	}
-	if n > 1 && sMax > sMin {
-		sent = float64(n-1) / (sMax - sMin).Seconds()
+	if n > 1 && sLast > sFirst {
+		sent = float64(n-1) / (sLast - sFirst).Seconds()
 	}
 	return offered, sent
 }

@@ -41,10 +41,10 @@ func PWord(p float64) string {
 // the value at rank p/100·(n−1), interpolated. Empty input gives 0.
 func Percentile(sorted []float64, p float64) float64 {
 	n := len(sorted)
-	switch {
-	case n == 0:
+	switch n {
+	case 0:
 		return 0
-	case n == 1:
+	case 1:
 		return sorted[0]
 	}
 	rank := p / 100 * float64(n-1)

@@ -140,7 +140,7 @@ func TestWaterFill(t *testing.T) {
 			t.Parallel()
 			got, l := WaterFill(tc.d, tc.w, tc.c)
 			assert.InDeltaSlice(t, tc.want, got, 1e-9)
-			assert.Equal(t, tc.lambda, l)
+			assert.InDelta(t, tc.lambda, l, 1e-9)
 		})
 	}
 }

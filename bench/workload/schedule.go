@@ -178,7 +178,7 @@ func (l *Length) load() error {
 	if err != nil {
 		return fmt.Errorf("empirical lengths: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only: closing cannot lose data
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		s := strings.TrimSpace(sc.Text())
@@ -357,7 +357,7 @@ func (p *Plan) acceptProb(t, dur time.Duration) float64 {
 	switch p.Pattern.Type {
 	case "on_off":
 		cycle := p.Pattern.On + p.Pattern.Off
-		pos := (time.Duration(t) + p.Pattern.Phase.D()) % cycle.D()
+		pos := (t + p.Pattern.Phase.D()) % cycle.D()
 		if pos < p.Pattern.On.D() {
 			return 1
 		}

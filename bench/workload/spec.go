@@ -1,3 +1,5 @@
+// Package workload reads and validates workload files and builds the
+// seeded, per-tenant request schedule that loadgen sends.
 package workload
 
 import (

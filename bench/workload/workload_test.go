@@ -258,7 +258,8 @@ func TestLengthDraws(t *testing.T) {
 		v := c.Draw(r)
 		require.True(t, v >= 3 && v <= 20, "clipped: %d", v)
 	}
-	assert.Equal(t, PromptTokens(5, 1, 16), PromptTokens(5, 1, 16))
+	first := PromptTokens(5, 1, 16)
+	assert.Equal(t, first, PromptTokens(5, 1, 16), "same seed and salt, same content")
 	assert.NotEqual(t, PromptTokens(5, 1, 16), PromptTokens(5, 2, 16), "salt changes content")
 }
 
