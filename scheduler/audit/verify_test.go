@@ -15,10 +15,10 @@ import (
 
 func TestVerifyFindsTampering(t *testing.T) {
 	t.Parallel()
-	replace := func(i int, old, new string) func([][]byte) [][]byte {
+	replace := func(i int, old, repl string) func([][]byte) [][]byte {
 		return func(ls [][]byte) [][]byte {
 			require.True(t, bytes.Contains(ls[i], []byte(old)), "line %d has %q: %s", i+1, old, ls[i])
-			ls[i] = bytes.Replace(ls[i], []byte(old), []byte(new), 1)
+			ls[i] = bytes.Replace(ls[i], []byte(old), []byte(repl), 1)
 			return ls
 		}
 	}

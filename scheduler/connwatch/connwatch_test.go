@@ -55,8 +55,9 @@ func fired(ch <-chan struct{}) bool {
 	}
 }
 
+// Not parallel: its subtests share one watcher and each checks that it is
+// left watching nothing.
 func TestPeerCloseFires(t *testing.T) {
-	t.Parallel()
 	w := startWatcher(t)
 	tests := []struct {
 		name  string
