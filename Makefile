@@ -30,5 +30,7 @@ verify: fmt-check test bench-smoke
 demo: build
 	./bin/sluice demo
 
+# Side-by-side benchmarks (direct, HAProxy, nginx, Sluice) and the Go
+# benchmarks; rewrites BENCHMARKS.md. About ten minutes.
 bench: build
-	$(GO) test -run='^$$' -bench=. -benchmem ./...
+	./scripts/bench.sh

@@ -196,12 +196,17 @@ write_sluice_config() {
 		echo "server: {drain_timeout: 5s}"
 		echo "upstream:"
 		echo "  replicas:"
-		for i in $(seq 0 $((n - 1))); do echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\"}"; done
+		for i in $(seq 0 $((n - 1))); do echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\", max_num_seqs: ${SIM_SEQS:-64}}"; done
 		echo "tenants:"
 		for t in $TENANTS; do
 			v=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
 			echo "  - name: $t"
 			echo "    api_keys: [\"$(printf '%s\n' "${!v}" | "$SLUICE" key hash)\"]"
+			# The pinned default of 8 in-flight requests per tenant would
+			# queue the presets' victims in Sluice by design; cap tenants at
+			# the replicas' batch size instead, as an operator sizing for
+			# these loads would.
+			echo "    concurrency: ${SIM_SEQS:-64}"
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"
@@ -433,7 +438,8 @@ cpu_us() { # median over rounds of proxy CPU µs per request
 # One replica, 32 sequences, 20 ms steps: capacity ≈ 32 / (128 × 20 ms) ≈ 12.5 rps
 # at the presets' 512/128 tokens.
 CAP=${BENCH_CAPACITY:-12.5}
-SIMARGS=(--max-num-seqs 32 --decode-step 20ms)
+SIM_SEQS=32 # also the Sluice config's replica max_num_seqs and tenant concurrency
+SIMARGS=(--max-num-seqs "$SIM_SEQS" --decode-step 20ms)
 SCEN=(--duration "${SCEN_S}s" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/res")
 SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
