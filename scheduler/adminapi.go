@@ -19,7 +19,7 @@ import (
 // ReservationLister is the optional ledger capability behind
 // GET /admin/reservations (see [Admin.listReservations]).
 type ReservationLister interface {
-	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.Ref, error)
+	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.ReservationInfo, error)
 }
 
 func (a *Admin) registerOps() {
@@ -317,9 +317,12 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 		return
 	}
 	type row struct {
-		ID     string `json:"id"`
-		Tenant string `json:"tenant"`
-		State  string `json:"state"`
+		ID          string           `json:"id"`
+		Tenant      string           `json:"tenant"`
+		State       string           `json:"state"`
+		Held        map[string]int64 `json:"held"`
+		LeaseExpiry string           `json:"lease_expiry"`
+		AdmittedAt  string           `json:"admitted_at"`
 	}
 	out := []row{}
 	for _, t := range a.s.pol.Load().order {
@@ -334,7 +337,14 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 			return
 		}
 		for _, r := range refs {
-			out = append(out, row{ID: r.ID.String(), Tenant: t.name, State: state.String()})
+			held := map[string]int64{}
+			for d := ledger.Dim(0); d < ledger.Slots; d++ {
+				if r.Held[d] != 0 {
+					held[d.String()] = r.Held[d]
+				}
+			}
+			out = append(out, row{ID: r.Ref.ID.String(), Tenant: t.name, State: r.State.String(), Held: held,
+				LeaseExpiry: r.LeaseExpiry.UTC().Format(time.RFC3339), AdmittedAt: r.AdmittedAt.UTC().Format(time.RFC3339)})
 		}
 	}
 	WriteJSON(rc, out)

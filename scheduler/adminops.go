@@ -62,23 +62,10 @@ func inputErr(param, format string, a ...any) error {
 // weight and output caps. The result is what the policy is built from.
 func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.File {
 	cfg := *file
+	cfg.Global.Budgets = applyOverrides(GlobalTenant, file.Global.Budgets, st)
 	cfg.Tenants = make([]config.Tenant, len(file.Tenants))
 	for i, t := range file.Tenants {
-		t.Budgets = slices.Clone(t.Budgets)
-		for id, o := range st.Budgets {
-			if o.Tenant != t.Name {
-				continue
-			}
-			j := slices.IndexFunc(t.Budgets, func(b config.Budget) bool { return config.BudgetID(t.Name, b) == id })
-			switch {
-			case o.Removed && j >= 0:
-				t.Budgets = slices.Delete(t.Budgets, j, j+1)
-			case !o.Removed && j >= 0:
-				t.Budgets[j] = o.Budget
-			case !o.Removed:
-				t.Budgets = append(t.Budgets, o.Budget)
-			}
-		}
+		t.Budgets = applyOverrides(t.Name, t.Budgets, st)
 		if c, ok := st.Clamps[t.Name]; ok && now.Before(c.ExpiresAt) {
 			if c.Concurrency > 0 && c.Concurrency < t.Concurrency {
 				t.Concurrency = c.Concurrency
@@ -93,6 +80,37 @@ func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.F
 		cfg.Tenants[i] = t
 	}
 	return &cfg
+}
+
+// GlobalTenant is the name under which fleet-wide budgets appear in the
+// admin API and in metrics' tenant label.
+const GlobalTenant = "_global"
+
+// applyOverrides applies the admin budget overrides of one tenant (or of
+// GlobalTenant) to a copy of its file budgets.
+func applyOverrides(tenant string, file []config.Budget, st *adminState) []config.Budget {
+	out := slices.Clone(file)
+	ids := make([]string, 0, len(st.Budgets))
+	for id := range st.Budgets {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // deterministic order of appended budgets
+	for _, id := range ids {
+		o := st.Budgets[id]
+		if o.Tenant != tenant {
+			continue
+		}
+		j := slices.IndexFunc(out, func(b config.Budget) bool { return config.BudgetID(tenant, b) == id })
+		switch {
+		case o.Removed && j >= 0:
+			out = slices.Delete(out, j, j+1)
+		case !o.Removed && j >= 0:
+			out[j] = o.Budget
+		case !o.Removed:
+			out = append(out, o.Budget)
+		}
+	}
+	return out
 }
 
 // rebuildLocked builds and commits a policy from the file config plus the
@@ -197,6 +215,19 @@ type BudgetRow struct {
 func (s *Server) Budgets(tenant string) []BudgetRow {
 	pol := s.pol.Load()
 	rows := []BudgetRow{}
+	if tenant == "" || tenant == GlobalTenant {
+		for _, b := range pol.cfg.Global.Budgets {
+			id := config.BudgetID(GlobalTenant, b)
+			src := "config"
+			s.polMu.Lock()
+			if _, ok := s.admin.Budgets[id]; ok {
+				src = "admin"
+			}
+			s.polMu.Unlock()
+			rows = append(rows, BudgetRow{ID: id, Tenant: GlobalTenant, Dimension: b.Dimension, Limit: b.Limit,
+				Window: b.Window.String(), Mode: b.Mode, Source: src})
+		}
+	}
 	for _, t := range pol.order {
 		if tenant != "" && t.name != tenant {
 			continue
@@ -229,7 +260,7 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
 	file := s.pol.Load().file
-	if !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == tenant }) {
+	if tenant != GlobalTenant && !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == tenant }) {
 		return BudgetRow{}, inputErr("tenant", "unknown tenant %q", tenant)
 	}
 	id := config.BudgetID(tenant, b)
@@ -280,6 +311,9 @@ func (s *Server) RemoveBudget(id string) error {
 
 func (s *Server) budgetsLocked() []BudgetRow {
 	var rows []BudgetRow
+	for _, b := range s.pol.Load().cfg.Global.Budgets {
+		rows = append(rows, BudgetRow{ID: config.BudgetID(GlobalTenant, b), Tenant: GlobalTenant})
+	}
 	for _, t := range s.pol.Load().order {
 		for _, b := range t.cfg.Budgets {
 			rows = append(rows, BudgetRow{ID: config.BudgetID(t.name, b), Tenant: t.name})

@@ -40,6 +40,11 @@ type call struct {
 	deadline time.Time // the client's overall deadline; zero when none
 	handle   queue.Handle[*call]
 	wf       *workflow // nil without X-Workflow-Id
+	// extraScopes are the workflow and global scopes of the Reserve.
+	extraScopes []ledger.Scope
+	// outage: admitted on the tenant's outage allowance, without a ledger
+	// record; settled later with a ledger Charge.
+	outage bool
 
 	// Delivered by the dispatch loop (exactly one of them per queued spell).
 	dispatched chan *replica // size 1
@@ -200,10 +205,15 @@ func (s *Server) reserve(c *call, a admission) error {
 			LeaseTTL:      c.pol.leaseTTL,
 			PolicyVersion: c.pol.version,
 		}
+		c.extraScopes = c.extraScopes[:0]
 		if c.wf != nil {
 			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.name+"\x00"+c.wf.id))
-			rr.Scopes = append(rr.Scopes, ws)
+			c.extraScopes = append(c.extraScopes, ws)
 		}
+		if len(c.pol.global) > 0 {
+			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: s.keyer.GlobalKey(), Limits: c.pol.global})
+		}
+		rr.Scopes = append(rr.Scopes, c.extraScopes...)
 		ctx, cancel := s.ledgerCtx(c.ctx)
 		g, err := s.led.Reserve(ctx, rr)
 		cancel()
@@ -219,10 +229,16 @@ func (s *Server) reserve(c *call, a admission) error {
 			return ErrAlreadyDone
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return fmt.Errorf("Idempotency-Key reused with a different request: %w", ErrInProgress)
-		case errors.Is(err, ledger.ErrAmbiguous):
-			// The hold may exist: end it by id once the store answers (a
-			// replay of the same id is idempotent; unknown ids are no-ops).
-			s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
+		case ledger.IsStoreError(err):
+			if errors.Is(err, ledger.ErrAmbiguous) {
+				// The hold may exist: end it by id once the store answers
+				// (a replay of the same id is idempotent; unknown ids are
+				// no-ops).
+				s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
+			}
+			if s.admitOutage(c, err) {
+				return nil
+			}
 		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
 			// Send what the budgets still allow rather than refuse.
 			continue
@@ -276,6 +292,10 @@ func (s *Server) sizeHolds(c *call) {
 // release frees a never-dispatched call's holds. A store error leaves the
 // hold to lease expiry (the backstop), never to a second dispatch.
 func (s *Server) release(c *call) {
+	if c.outage {
+		s.outage.refund(c.t.name, c.held[ledger.Tokens])
+		return
+	}
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	defer cancel()
 	err := s.led.Release(ctx, c.ref, s.owner)
@@ -411,6 +431,9 @@ func minTime(a, b time.Time) time.Time {
 }
 
 func (s *Server) markDispatched(c *call) error {
+	if c.outage {
+		return nil // no ledger record; the local concurrency cap applied
+	}
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	defer cancel()
 	err := s.led.MarkDispatched(ctx, c.ref, s.owner)
@@ -635,6 +658,14 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 // retries with the same id (Settle is idempotent), and the lease is the
 // backstop if the process dies first.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
+	if c.outage {
+		if src != ledger.SourceNotSent {
+			s.oweOutage(c, actual)
+		} else {
+			s.outage.refund(c.t.name, c.held[ledger.Tokens])
+		}
+		return
+	}
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	st, err := s.led.Settle(ctx, c.ref, actual, src)
 	cancel()
@@ -684,6 +715,7 @@ func (s *Server) outboxLoop(ctx context.Context) {
 		case <-s.outboxC:
 		}
 		s.flushOutbox(ctx)
+		s.chargeOutages(ctx)
 	}
 }
 
@@ -733,7 +765,9 @@ func (s *Server) heartbeatLoop(ctx context.Context) {
 		s.mu.Lock()
 		calls := make([]*call, 0, len(s.running))
 		for c := range s.running {
-			calls = append(calls, c)
+			if !c.outage { // no ledger record to extend
+				calls = append(calls, c)
+			}
 		}
 		s.mu.Unlock()
 		for _, c := range calls {

@@ -24,6 +24,7 @@ type Metrics struct {
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
 	AbuseClamps      *prometheus.CounterVec   // tenant, detector
+	OutageAdmissions *prometheus.CounterVec   // tenant
 	ExpiredDispatch  prometheus.Counter
 	Ready            prometheus.Gauge
 }
@@ -63,6 +64,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "(committed + reserved) / limit of each tenant budget."}, []string{"tenant", "dimension", "window"}),
 		AbuseClamps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_abuse_clamps_total",
 			Help: "Automatic clamps applied by the abuse detectors."}, []string{"tenant", "detector"}),
+		OutageAdmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outage_admissions_total",
+			Help: "Requests admitted on a tenant's outage allowance while the ledger was unreachable."}, []string{"tenant"}),
 		ExpiredDispatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_expired_dispatch_total",
 			Help: "Requests dispatched after their deadline; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
@@ -71,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.ExpiredDispatch, m.Ready} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.ExpiredDispatch, m.Ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -206,3 +206,8 @@ func TestAuthenticate(t *testing.T) {
 		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
 	}
 }
+
+var (
+	_ ReservationLister = (*ledger.Memory)(nil)
+	_ Charger           = (*ledger.Memory)(nil)
+)

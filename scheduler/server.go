@@ -86,6 +86,7 @@ type Server struct {
 	runtimes map[string]*tenantRuntime
 	admin    adminState
 	wfs      workflows
+	outage   outages
 	abuse    *abuse.Detector
 
 	draining atomic.Bool
@@ -267,6 +268,7 @@ func (s *Server) Run(ctx context.Context) error {
 	cancel()
 	wg.Wait()
 	s.flushOutbox(context.WithoutCancel(ctx))
+	s.chargeOutages(context.WithoutCancel(ctx))
 	return nil
 }
 
@@ -337,7 +339,9 @@ func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.Cancel
 func (s *Server) noteLedger(op string, err error) {
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrDenied):
-		s.ledgerErrs.Store(0)
+		if s.ledgerErrs.Swap(0) > 0 && s.outage.recovered() {
+			s.log.Info("ledger reachable again: outage allowances reset; owed usage is being charged")
+		}
 		return
 	case ledger.IsStoreError(err):
 		s.ledgerErrs.Add(1)
@@ -353,7 +357,19 @@ func (s *Server) noteLedger(op string, err error) {
 // exportLedger publishes each tenant's ledger counters as metrics (a
 // read-only Snapshot per tenant per second).
 func (s *Server) exportLedger(ctx context.Context) {
-	for _, t := range s.pol.Load().order {
+	pol := s.pol.Load()
+	type scope struct {
+		name string
+		key  ledger.ScopeKey
+	}
+	scopes := make([]scope, 0, len(pol.order)+1)
+	for _, t := range pol.order {
+		scopes = append(scopes, scope{t.name, t.key})
+	}
+	if len(pol.global) > 0 {
+		scopes = append(scopes, scope{GlobalTenant, s.keyer.GlobalKey()})
+	}
+	for _, t := range scopes {
 		sctx, cancel := context.WithTimeout(ctx, time.Second)
 		u, err := s.led.Snapshot(sctx, t.key, t.key)
 		cancel()

@@ -22,6 +22,7 @@ type policy struct {
 	cfg      *config.File // effective: the file plus admin overrides and clamps
 	file     *config.File // as loaded from disk
 	clamps   map[string]Clamp
+	global   []ledger.Limit // fleet-wide budgets, on every request
 	tenants  map[string]*tenant
 	order    []*tenant // config order
 	byKey    map[[32]byte]*tenant
@@ -63,6 +64,13 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 	for _, pr := range cfg.Prices {
 		p.prices[pr.Model] = pr
 	}
+	for _, b := range cfg.Global.Budgets {
+		l, err := limitOf(b)
+		if err != nil {
+			return nil, fmt.Errorf("global: %w", err)
+		}
+		p.global = append(p.global, l)
+	}
 	for _, tc := range cfg.Tenants {
 		rt := runtimes[tc.Name]
 		if rt == nil {
@@ -71,17 +79,13 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 		}
 		t := &tenant{name: tc.Name, cfg: tc, key: keyer.Key(ledger.KindTenant, tc.Name), rt: rt, warn: map[ledger.Dim]float64{}}
 		for _, b := range tc.Budgets {
-			d, err := ledger.ParseDim(b.Dimension)
+			l, err := limitOf(b)
 			if err != nil {
 				return nil, fmt.Errorf("tenant %q: %w", tc.Name, err)
 			}
-			mode := ledger.Block
-			if b.Mode == "warn" {
-				mode = ledger.Warn
-			}
-			t.limits = append(t.limits, ledger.Limit{Dim: d, Window: b.Window, Max: b.Limit, Mode: mode})
-			if w, ok := t.warn[d]; !ok || b.WarnRatio < w {
-				t.warn[d] = b.WarnRatio
+			t.limits = append(t.limits, l)
+			if w, ok := t.warn[l.Dim]; !ok || b.WarnRatio < w {
+				t.warn[l.Dim] = b.WarnRatio
 			}
 		}
 		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
@@ -152,4 +156,17 @@ func gpuMsHold(est func(in, out int64) int64, in, out int64) int64 {
 		return 0
 	}
 	return v
+}
+
+// limitOf converts a config budget to a ledger limit.
+func limitOf(b config.Budget) (ledger.Limit, error) {
+	d, err := ledger.ParseDim(b.Dimension)
+	if err != nil {
+		return ledger.Limit{}, err
+	}
+	mode := ledger.Block
+	if b.Mode == "warn" {
+		mode = ledger.Warn
+	}
+	return ledger.Limit{Dim: d, Window: b.Window, Max: b.Limit, Mode: mode}, nil
 }

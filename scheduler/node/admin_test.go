@@ -91,7 +91,7 @@ func TestAdminBudgetsAndUsage(t *testing.T) {
 	assert.Equal(t, "requests", det["dimension"])
 
 	// Usage shows it; the state file persists it.
-	code, m, raw = n.adminDo(t, "GET", "/admin/tenants/acme/usage", "")
+	code, _, raw = n.adminDo(t, "GET", "/admin/tenants/acme/usage", "")
 	require.Equal(t, 200, code, string(raw))
 	assert.Contains(t, string(raw), `"dimension":"requests","window":"1h","limit":1,"mode":"block","committed":1`)
 	persisted, err := os.ReadFile(state)
@@ -143,9 +143,8 @@ func TestAdminClamp(t *testing.T) {
 
 	code, _, _ = n.adminDo(t, "DELETE", "/admin/tenants/acme/clamp", "")
 	require.Equal(t, 200, code)
-	resp = n.post(t, "/v1/completions", keyAcme, `{"model":"sim-model","prompt":"x","max_tokens":50,"ignore_eos":true}`)
-	body = readAll(t, resp)
-	require.NoError(t, json.Unmarshal(body, &out))
+	unclamped := n.call(t, "/v1/completions", keyAcme, `{"model":"sim-model","prompt":"x","max_tokens":50,"ignore_eos":true}`)
+	require.NoError(t, json.Unmarshal(unclamped.Body, &out))
 	assert.Equal(t, 50, out.Usage.CompletionTokens, "unclamped")
 	code, _, _ = n.adminDo(t, "DELETE", "/admin/tenants/acme/clamp", "")
 	assert.Equal(t, 404, code)

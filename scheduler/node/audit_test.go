@@ -23,11 +23,9 @@ func TestAuditTrail(t *testing.T) {
 	cfg.Audit.Path = path
 	n := startNode(t, cfg)
 	for range 4 { // 3 admitted and settled, 1 denied
-		resp := n.post(t, "/v1/chat/completions", keyAcme, chatBody)
-		readAll(t, resp)
+		n.call(t, "/v1/chat/completions", keyAcme, chatBody)
 	}
-	resp := n.post(t, "/v1/chat/completions", "sk-not-a-key", chatBody)
-	readAll(t, resp)
+	n.call(t, "/v1/chat/completions", "sk-not-a-key", chatBody)
 	code, _, raw := n.adminDo(t, "POST", "/admin/tenants/beta/clamp", `{"concurrency":1,"reason":"audit test","expires_in":"1h"}`)
 	require.Equal(t, 200, code, string(raw))
 	require.NoError(t, n.stop())

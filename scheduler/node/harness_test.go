@@ -137,6 +137,43 @@ func (n *node) post(t *testing.T, path, key, body string, hdr ...string) *http.R
 	return resp
 }
 
+// reply is a response read in full; its body is closed.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+}
+
+// call posts like post and reads the whole answer. It reports failures with
+// t.Errorf only, so it may run on any goroutine; StatusCode is then 0.
+func (n *node) call(t *testing.T, path, key, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, n.api+path, strings.NewReader(body))
+	if err != nil {
+		t.Errorf("new request: %v", err)
+		return reply{}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("POST %s: %v", path, err)
+		return reply{}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("read %s: %v", path, err)
+		return reply{}
+	}
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
 func readAll(t *testing.T, resp *http.Response) []byte {
 	t.Helper()
 	defer resp.Body.Close()
@@ -155,6 +192,23 @@ func errorCode(t *testing.T, body []byte) (code string, details map[string]any) 
 		} `json:"error"`
 	}
 	require.NoError(t, json.Unmarshal(body, &e), string(body))
+	return fmt.Sprint(e.Error.Code), e.Error.Details
+}
+
+// errorCodeOf is errorCode for goroutines other than the test's: it
+// reports a body that is not JSON with t.Errorf.
+func errorCodeOf(t *testing.T, body []byte) (code string, details map[string]any) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Code    any            `json:"code"`
+			Details map[string]any `json:"details"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Errorf("error body: %v: %s", err, body)
+		return "", nil
+	}
 	return fmt.Sprint(e.Error.Code), e.Error.Details
 }
 

@@ -40,13 +40,13 @@ func TestBudgetBurstTwoInstancesSharedRedis(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			resp := n.post(t, "/v1/completions", keyAcme, body)
-			rb := readAll(t, resp)
+			resp := n.call(t, "/v1/completions", keyAcme, body)
+			rb := resp.Body
 			switch resp.StatusCode {
 			case 200:
 				ok.Add(1)
 			case 429:
-				code, det := errorCode(t, rb)
+				code, det := errorCodeOf(t, rb)
 				if code == "tenant_budget_exceeded" && det["dimension"] == "tokens" && resp.Header.Get("Retry-After") != "" {
 					denied.Add(1)
 					return

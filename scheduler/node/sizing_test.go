@@ -87,9 +87,8 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp := n.post(t, "/v1/completions", keyAcme, `{"model":"sim-model","prompt":"real work","max_tokens":5,"ignore_eos":true}`,
+			resp := n.call(t, "/v1/completions", keyAcme, `{"model":"sim-model","prompt":"real work","max_tokens":5,"ignore_eos":true}`,
 				"X-Request-Timeout", "20")
-			readAll(t, resp)
 			if resp.StatusCode == 200 {
 				ok.Add(1)
 			}

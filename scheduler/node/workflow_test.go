@@ -124,13 +124,12 @@ func TestWorkflowConcurrentCallsNeverExceedEnvelope(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			resp := n.post(t, "/v1/chat/completions", keyAcme, chatBody, "X-Workflow-Id", id)
-			b := readAll(t, resp)
+			resp := n.call(t, "/v1/chat/completions", keyAcme, chatBody, "X-Workflow-Id", id)
 			switch resp.StatusCode {
 			case 200:
 				ok.Add(1)
 			case 429:
-				if code, _ := errorCode(t, b); code == "workflow_budget_exceeded" {
+				if code, _ := errorCodeOf(t, resp.Body); code == "workflow_budget_exceeded" {
 					refused.Add(1)
 				}
 			}
