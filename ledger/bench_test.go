@@ -167,3 +167,73 @@ func rusage() syscall.Rusage {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &r)
 	return r
 }
+
+// benchGlobalReq is benchReq(1) plus a fleet-wide global scope.
+func benchGlobalReq() ledger.ReserveRequest {
+	r := benchReq(1)
+	r.Scopes = append(r.Scopes, ledger.Scope{Kind: ledger.KindGlobal, Key: ledger.ScopeKey{0x7e, 4},
+		Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: ledger.MaxAmount}}})
+	return r
+}
+
+// BenchmarkMemoryReserveSettleGlobal: a tenant scope plus a global scope
+// (two locks per call); the hot-path goal stays 0 allocs/op.
+func BenchmarkMemoryReserveSettleGlobal(b *testing.B) {
+	m := benchMemory(b, "", ledger.EveryOp)
+	var seq atomic.Uint64
+	req := benchGlobalReq()
+	for i := 0; i < 5000; i++ {
+		binary.LittleEndian.PutUint64(req.Ref.ID[:], seq.Add(1))
+		_, _ = m.Reserve(b.Context(), req)
+		_, _ = m.Settle(b.Context(), req.Ref, benchActual, ledger.SourceFinal)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	ru := rusage()
+	runPairs(b, m, req, &seq)
+	cpuPerOp(b, ru)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+}
+
+// BenchmarkMemoryReserveSettleGlobalParallel: 64 tenants sharing one global
+// scope (the global lock is the shared point).
+func BenchmarkMemoryReserveSettleGlobalParallel(b *testing.B) {
+	m := benchMemory(b, "", ledger.EveryOp)
+	var seq, tenants atomic.Uint64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := benchGlobalReq()
+		k := ledger.ScopeKey{0x7f, byte(tenants.Add(1) % 64)}
+		req.Ref.Tenant, req.Scopes[0].Key = k, k
+		ctx := b.Context()
+		for pb.Next() {
+			binary.LittleEndian.PutUint64(req.Ref.ID[:], seq.Add(1))
+			if _, err := m.Reserve(ctx, req); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := m.Settle(ctx, req.Ref, benchActual, ledger.SourceFinal); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkMemoryCharge: one outage Charge per iteration (no target).
+func BenchmarkMemoryCharge(b *testing.B) {
+	m := benchMemory(b, "", ledger.EveryOp)
+	req := benchReq(1)
+	c := ledger.ChargeRequest{Ref: req.Ref, Scopes: req.Scopes, Amounts: benchActual}
+	var seq uint64
+	ctx := b.Context()
+	b.ReportAllocs()
+	for b.Loop() {
+		seq++
+		binary.LittleEndian.PutUint64(c.Ref.ID[:], seq)
+		c.At = jT0.Add(time.Duration(seq) * time.Millisecond)
+		if _, err := m.Charge(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -98,6 +98,23 @@
 // (RESERVED, DISPATCHED or UNRESOLVED) for GET /admin/reservations, ordered
 // by lease expiry (UNRESOLVED: by when they become chargeable), read-only.
 //
+// # Charge (outage allowance)
+//
+// Charge commits usage that ran without a reservation (admitted while the
+// ledger was unreachable), exactly once by Ref.ID, as committed usage of the
+// window in which it was used: the record is a SETTLED tombstone with no hold
+// and source outage, admitted at At (an At after ledger time counts as
+// ledger time), so it reaches every counter of its scopes whose current
+// window contains At, and nothing when that window has closed (the usage then
+// lives in the record and the usage event only, like any late charge). It is
+// never denied; Settlement.OverLimit reports a limit left with c + r > max.
+// A replay with the same scopes and amounts is Replayed, a different payload
+// or an id that names a reservation is ErrConflict; replays are recognised
+// for TombstoneRetention, like every record. Memory journals it (opCharge,
+// encoded like a Reserve) and audits it like any settlement; a global scope
+// is charged in the same atomic step (Memory) or first, under the same id,
+// in its own partition (Redis).
+//
 // # Invariants
 //
 // I1 admission safety, I2 all-or-nothing, I3 idempotency by request id, I4

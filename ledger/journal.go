@@ -37,6 +37,7 @@ const (
 	opSnapScope  uint8 = 11
 	opSnapRecord uint8 = 12
 	opRetention  uint8 = 13 // tombstone retention (head of an online compaction)
+	opCharge     uint8 = 14 // Charge: encoded like opReserve (ttl holds At in ms, Held the amounts)
 
 	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
 )
@@ -70,7 +71,7 @@ func (e *entry) encode(b []byte) []byte {
 	switch e.op {
 	case opOpen, opReclaim, opRetention:
 		i64(e.max)
-	case opReserve:
+	case opReserve, opCharge:
 		r := e.req
 		b = append(b, r.Ref.ID[:]...)
 		b = append(b, r.Owner[:]...)
@@ -156,7 +157,7 @@ func decodeEntry(body []byte) (entry, error) {
 	switch e.op {
 	case opOpen, opReclaim, opRetention:
 		e.max = r.i64()
-	case opReserve:
+	case opReserve, opCharge:
 		q := &ReserveRequest{}
 		q.Ref.Tenant = e.ref.Tenant
 		r.id16(q.Ref.ID[:])
@@ -414,6 +415,9 @@ func (m *Memory) apply(e *entry) error {
 		if err = e.req.Validate(0); err == nil {
 			_, _, err = m.reserveLocked(t, e)
 		}
+	case opCharge:
+		var ev UsageEvent
+		_, _, err = m.chargeLocked(t, e, &ev)
 	case opMark:
 		_, err = m.markLocked(t, e)
 	case opExtend:

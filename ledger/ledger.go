@@ -465,19 +465,21 @@ const (
 	SourceHeld                       // no evidence: charged at the held amount
 	SourceNotSent                    // never sent upstream (actual is zero)
 	SourceResolved                   // admin Resolve or automatic charge of an UNRESOLVED hold
+	SourceOutage                     // Charge: usage admitted while the ledger was unreachable
 )
 
-var sourceNames = [...]string{"", "final", "partial", "held", "not_sent", "resolved"}
+var sourceNames = [...]string{"", "final", "partial", "held", "not_sent", "resolved", "outage"}
 
 // String returns the source's lowercase name.
 func (s Source) String() string {
-	if s >= SourceFinal && s <= SourceResolved {
+	if s >= SourceFinal && s <= SourceOutage {
 		return sourceNames[s]
 	}
 	return fmt.Sprintf("source(%d)", uint8(s))
 }
 
-// Valid reports whether s is a known source.
+// Valid reports whether s is a source Settle accepts (SourceOutage is
+// Charge's alone).
 func (s Source) Valid() bool { return s >= SourceFinal && s <= SourceResolved }
 
 // Grant is the result of an admitted (or replayed) Reserve.
@@ -498,6 +500,53 @@ type Settlement struct {
 	Overrun  Amounts // max(0, actual − held) per dimension
 	Late     bool    // the record had been UNRESOLVED, RELEASED or EXPIRED
 	Replayed bool    // the same settlement was applied before; nothing changed
+	// OverLimit (Charge only, not on a replay): after the charge some limit
+	// of its scopes, block or warn, has c + r > max. Reported, never
+	// refused; Snapshot shows which.
+	OverLimit bool
+}
+
+// ChargeRequest is the input of Charge: usage admitted while the ledger was
+// unreachable (the outage allowance), settled into the ledger afterwards.
+type ChargeRequest struct {
+	// Ref names the charge; Ref.ID makes it idempotent (use the original
+	// request's id).
+	Ref Ref
+	// Scopes are the request's scopes with their limits, shaped like a
+	// Reserve's (exactly one tenant scope whose Key is Ref.Tenant, at most
+	// one api_key, workflow and global scope). A scope the ledger has not
+	// seen is created with these limits; the limits never deny.
+	Scopes []Scope
+	// Amounts is the usage (validated like [Amounts.Validate]; Slots ignored).
+	Amounts Amounts
+	// At is when the usage happened. The charge lands in the windows
+	// containing At that are still current at ledger time; a closed window
+	// gets nothing (the usage lives in the record and the usage log only,
+	// like any late charge). An At after ledger time counts as ledger time.
+	At time.Time
+}
+
+// Validate checks the request's shape: ErrInvalid for ids, amounts, At and
+// scope structure; ErrPolicy for limits.
+func (c *ChargeRequest) Validate() error {
+	if c.At.IsZero() || c.At.UnixMilli() <= 0 {
+		return fmt.Errorf("charge without a usage time: %w", ErrInvalid)
+	}
+	r := c.asReserve()
+	return r.Validate(0)
+}
+
+// Digest is the payload digest deciding replay (same) or ErrConflict: the
+// scopes and the amounts, as [ReserveRequest.Digest] (At is not part of it).
+func (c *ChargeRequest) Digest() uint64 {
+	r := c.asReserve()
+	return r.Digest()
+}
+
+func (c *ChargeRequest) asReserve() ReserveRequest {
+	r := ReserveRequest{Ref: c.Ref, Owner: Owner{1}, Scopes: c.Scopes, Held: c.Amounts}
+	r.Held[Slots] = 0
+	return r
 }
 
 // ReclaimStats counts what one Reclaim call did.
@@ -578,6 +627,14 @@ type Ledger interface {
 	// ordered by lease expiry (UNRESOLVED: by when they become chargeable),
 	// ties by the id's base64url form. It never writes.
 	List(ctx context.Context, tenant ScopeKey, state State, max int) ([]ReservationInfo, error)
+	// Charge commits usage that happened without a reservation (admitted
+	// while the ledger was unreachable), exactly once by Ref.ID: never
+	// denied, charged to the still-current windows containing At, emitted as
+	// a usage event (SourceOutage). A replay with the same scopes and
+	// amounts returns Replayed; a different payload, or an id that names a
+	// reservation, is ErrConflict. Like every record it answers replays
+	// for TombstoneRetention.
+	Charge(ctx context.Context, req ChargeRequest) (Settlement, error)
 }
 
 // WindowIndex returns floor(t / w) in milliseconds since the Unix epoch.

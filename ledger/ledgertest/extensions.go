@@ -340,3 +340,203 @@ func testGlobal(t *testing.T, f Factory) {
 		assert.ErrorIs(t, err, ledger.ErrInvalid, "two global scopes")
 	})
 }
+
+func chargeReq(tenant ledger.ScopeKey, a ledger.Amounts, at time.Time, limits ...ledger.Limit) ledger.ChargeRequest {
+	return ledger.ChargeRequest{Ref: ledger.Ref{Tenant: tenant, ID: ledger.NewRequestID()},
+		Scopes: []ledger.Scope{tenantScope(tenant, limits...)}, Amounts: a, At: at}
+}
+
+// testCharge: usage admitted during a ledger outage is committed exactly
+// once, in the window it was used in if that window is still current, and
+// never denied.
+func testCharge(t *testing.T, f Factory) {
+	b := f(t, DefaultConfig())
+	ctx := t.Context()
+	const day = 24 * time.Hour
+	// 02:10 UTC: the 1h window began 10 min ago, the 24h window 2h10m ago.
+	alignToWindow(b, day, 2*time.Hour+10*time.Minute)
+	limits := []ledger.Limit{lim(ledger.Tokens, time.Hour, 1000), lim(ledger.Tokens, day, 100_000)}
+	fes := frontEnds(b)
+
+	t.Run("exactly once under concurrent replay", func(t *testing.T) {
+		tenant := newKey(1)
+		req := chargeReq(tenant, tokens(30, 12), b.Now().Add(-time.Minute), limits...)
+		const n = 40
+		res := make([]ledger.Settlement, n)
+		errs := make([]error, n)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				res[i], errs[i] = fes[i%len(fes)].Charge(ctx, req)
+			})
+		}
+		close(start)
+		wg.Wait()
+		fresh := 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			assert.Equal(t, req.Amounts, res[i].Charged)
+			assert.Equal(t, ledger.Settled, res[i].State)
+			if !res[i].Replayed {
+				fresh++
+			}
+		}
+		assert.Equal(t, 1, fresh, "one charge applied, the rest replayed")
+		u := usage(t, b, tenant, tenant)
+		assert.Equal(t, int64(42), committed(u, ledger.Tokens, time.Hour))
+		assert.Equal(t, int64(42), committed(u, ledger.Tokens, day))
+		assert.Equal(t, ledger.Amounts{}, u.Reserved, "a charge holds nothing")
+		var before string
+		if b.Dump != nil {
+			before = b.Dump(tenant)
+		}
+		changed := req
+		changed.Amounts = tokens(30, 13)
+		_, err := b.Ledger.Charge(ctx, changed)
+		assert.ErrorIs(t, err, ledger.ErrConflict, "same id, different amount")
+		if b.Dump != nil {
+			assert.Equal(t, before, b.Dump(tenant), "a conflicting charge changes nothing")
+		}
+		s, err := b.Ledger.Settle(ctx, req.Ref, req.Amounts, ledger.SourceFinal)
+		require.NoError(t, err)
+		assert.True(t, s.Replayed, "a Settle with the same actual is a replay")
+		_, err = b.Ledger.Reserve(ctx, simpleReq(tenant, tokens(1, 0), false, limits...))
+		require.NoError(t, err)
+		auditClean(t, b, tenant)
+	})
+
+	t.Run("window placement", func(t *testing.T) {
+		now := b.Now()
+		tests := []struct {
+			name         string
+			at           time.Time
+			hour, dayWin int64
+		}{
+			{"current hour and day", now.Add(-5 * time.Minute), 8, 8},
+			{"closed hour, current day", now.Add(-20 * time.Minute), 0, 8},
+			{"closed day", now.Add(-3 * time.Hour), 0, 0},
+			{"future counts as now", now.Add(time.Hour), 8, 8},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				tenant := newKey(1)
+				s, err := b.Ledger.Charge(ctx, chargeReq(tenant, tokens(5, 3), tc.at, limits...))
+				require.NoError(t, err)
+				assert.Equal(t, ledger.Settlement{State: ledger.Settled, Charged: tokens(5, 3)}, s,
+					"charged (to the usage log at least) even when its window has closed")
+				u := usage(t, b, tenant, tenant)
+				assert.Equal(t, tc.hour, committed(u, ledger.Tokens, time.Hour))
+				assert.Equal(t, tc.dayWin, committed(u, ledger.Tokens, day))
+				auditClean(t, b, tenant)
+			})
+		}
+	})
+
+	t.Run("never denied, reported, and conserves holds", func(t *testing.T) {
+		tenant := newKey(1)
+		hold := simpleReq(tenant, tokens(100, 0), false, limits...)
+		_, err := b.Ledger.Reserve(ctx, hold)
+		require.NoError(t, err)
+		s, err := b.Ledger.Charge(ctx, chargeReq(tenant, tokens(850, 0), b.Now(), limits...))
+		require.NoError(t, err)
+		assert.False(t, s.OverLimit, "950 of 1000")
+		s, err = b.Ledger.Charge(ctx, chargeReq(tenant, tokens(100, 0), b.Now(), limits...))
+		require.NoError(t, err, "a charge is never denied")
+		assert.True(t, s.OverLimit, "c + r = 1050 > 1000 is reported")
+		u := usage(t, b, tenant, tenant)
+		assert.Equal(t, int64(950), committed(u, ledger.Tokens, time.Hour))
+		assert.Equal(t, int64(100), u.Reserved[ledger.Tokens], "the hold is untouched")
+		_, err = b.Ledger.Reserve(ctx, simpleReq(tenant, tokens(1, 0), false, limits...))
+		_, denied := isDenied(err)
+		assert.True(t, denied, "the overdrawn budget denies new work, got %s", describe(err))
+		require.NoError(t, b.Ledger.Release(ctx, hold.Ref, hold.Owner))
+		u = usage(t, b, tenant, tenant)
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+		assert.Equal(t, int64(950), committed(u, ledger.Tokens, time.Hour))
+		auditClean(t, b, tenant)
+	})
+
+	t.Run("global scope", func(t *testing.T) {
+		tenant, g := newKey(1), newKey(4)
+		req := chargeReq(tenant, tokens(6, 1), b.Now(), limits...)
+		req.Scopes = append(req.Scopes, globalScope(g, lim(ledger.Tokens, time.Hour, 5)))
+		s, err := b.Ledger.Charge(ctx, req)
+		require.NoError(t, err)
+		assert.True(t, s.OverLimit, "7 > global 5")
+		s, err = b.Ledger.Charge(ctx, req)
+		require.NoError(t, err)
+		assert.True(t, s.Replayed)
+		assert.Equal(t, int64(7), committed(usage(t, b, g, g), ledger.Tokens, time.Hour), "global c once")
+		assert.Equal(t, int64(7), committed(usage(t, b, tenant, tenant), ledger.Tokens, time.Hour))
+		auditClean(t, b, g)
+	})
+
+	t.Run("refusals", func(t *testing.T) {
+		tenant := newKey(1)
+		r := simpleReq(tenant, tokens(1, 0), false, limits...)
+		_, err := b.Ledger.Reserve(ctx, r)
+		require.NoError(t, err)
+		c := chargeReq(tenant, tokens(1, 0), b.Now(), limits...)
+		c.Ref = r.Ref
+		_, err = b.Ledger.Charge(ctx, c)
+		assert.ErrorIs(t, err, ledger.ErrConflict, "the id names a reservation")
+		c = chargeReq(tenant, tokens(1, 0), time.Time{}, limits...)
+		_, err = b.Ledger.Charge(ctx, c)
+		assert.ErrorIs(t, err, ledger.ErrInvalid, "no usage time")
+		c = chargeReq(tenant, tokens(1, 0), b.Now(), limits...)
+		c.Scopes[0].Key = newKey(1)
+		_, err = b.Ledger.Charge(ctx, c)
+		assert.ErrorIs(t, err, ledger.ErrInvalid, "tenant scope must be Ref.Tenant")
+		c = chargeReq(tenant, ledger.Amounts{ledger.Tokens: 5}, b.Now(), limits...)
+		_, err = b.Ledger.Charge(ctx, c)
+		assert.ErrorIs(t, err, ledger.ErrInvalid, "tokens != input + output")
+	})
+}
+
+// testExtensionsRestart: global holds and charges survive a crash and
+// restart (Memory: journal replay and compaction snapshots).
+func testExtensionsRestart(t *testing.T, f Factory) {
+	cfg := DefaultConfig()
+	cfg.Durable = true
+	b := f(t, cfg)
+	if b.Restart == nil {
+		t.Skip("backend has no Restart")
+	}
+	ctx := t.Context()
+	const w = time.Hour
+	alignToWindow(b, w, time.Second)
+	tenant, g := newKey(1), newKey(4)
+	glim := lim(ledger.Tokens, w, 1000)
+	run := globalReq(tenant, g, tokens(15, 5), true, glim)
+	_, err := b.Ledger.Reserve(ctx, run)
+	require.NoError(t, err)
+	idle := globalReq(tenant, g, tokens(5, 0), false, glim)
+	_, err = b.Ledger.Reserve(ctx, idle)
+	require.NoError(t, err)
+	ch := chargeReq(tenant, tokens(4, 3), b.Now(), lim(ledger.Tokens, w, 1_000_000))
+	ch.Scopes = append(ch.Scopes, globalScope(g, glim))
+	_, err = b.Ledger.Charge(ctx, ch)
+	require.NoError(t, err)
+	for i := range 3 {
+		l, err := b.Restart()
+		require.NoError(t, err, "restart %d", i)
+		b.Ledger = l
+		gu := usage(t, b, g, g)
+		assert.Equal(t, int64(20), gu.Reserved[ledger.Tokens], "restart %d: the dispatched hold is UNRESOLVED and kept, the reserved one EXPIRED", i)
+		assert.Equal(t, int64(7), committed(gu, ledger.Tokens, w), "restart %d: global c", i)
+		assert.Equal(t, int64(7), committed(usage(t, b, tenant, tenant), ledger.Tokens, w))
+		s, err := b.Ledger.Charge(ctx, ch)
+		require.NoError(t, err)
+		assert.True(t, s.Replayed, "restart %d: the charge answers replays", i)
+		auditClean(t, b, tenant)
+		auditClean(t, b, g)
+	}
+	_, err = b.Ledger.Settle(ctx, run.Ref, tokens(10, 2), ledger.SourcePartial)
+	require.NoError(t, err)
+	gu := usage(t, b, g, g)
+	assert.Equal(t, ledger.Amounts{}, gu.Reserved)
+	assert.Equal(t, int64(19), committed(gu, ledger.Tokens, w))
+	auditClean(t, b, g)
+}

@@ -114,6 +114,8 @@ func Run(t *testing.T, f Factory) {
 		{"StateMachine", testStateMachine},
 		{"List", testList},
 		{"Global", testGlobal},
+		{"Charge", testCharge},
+		{"ExtensionsRestart", testExtensionsRestart},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

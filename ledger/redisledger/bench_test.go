@@ -80,6 +80,35 @@ func BenchmarkReserveSettle64(b *testing.B) {
 	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
 }
 
+// BenchmarkReserveSettle64Global is BenchmarkReserveSettle64 with a global
+// scope on every request: each Reserve and Settle is two scripts (global
+// partition, then tenant partition), so expect about half the pairs/s.
+func BenchmarkReserveSettle64Global(b *testing.B) {
+	l, scopes := benchSetup(b)
+	g := ledger.Scope{Kind: ledger.KindGlobal, Key: testKeyer.Key(ledger.KindGlobal, ""), Limits: []ledger.Limit{
+		{Dim: ledger.Tokens, Window: time.Hour, Max: ledger.MaxAmount}}}
+	for i := range scopes {
+		scopes[i] = append(scopes[i], g)
+	}
+	ctx := context.Background()
+	owner := ledger.NewOwner()
+	var next, failed atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 64/runtimeProcs()))
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		sc := scopes[int(next.Add(1))%len(scopes)]
+		for pb.Next() {
+			if _, err := pair(ctx, l, sc, owner); err != nil {
+				failed.Add(1)
+			}
+		}
+	})
+	el := time.Since(start)
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
+}
+
 // BenchmarkReserveOpenLoop drives Reserve + Settle pairs at a fixed rate
 // (1,000, 2,500 and 5,000 pairs/s), open loop (each pair is scheduled at start + i/rate whether or not
 // earlier ones finished, and latency counts from the scheduled time, so

@@ -3,6 +3,7 @@ package redisledger
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -204,4 +205,83 @@ func mergeHeadroom(g, global *ledger.Grant) {
 		}
 	}
 	g.Warnings = append(g.Warnings, global.Warnings...)
+}
+
+// Charge commits usage admitted while the ledger was unreachable (see
+// [ledger.Ledger.Charge]) with the charge script: never denied, idempotent
+// by id, a SETTLED tombstone (source outage) admitted at At. A global scope
+// is charged first in its own partition under the same id, then the tenant
+// partition; both steps are idempotent, so a failure between them is
+// completed by the caller's retry with the same id (never charged twice).
+func (l *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.Settlement, error) {
+	if err := req.Validate(); err != nil {
+		return ledger.Settlement{}, err
+	}
+	a := req.Amounts
+	a[ledger.Slots] = 0
+	digest := strconv.FormatUint(req.Digest(), 16)
+	at := req.At.UnixMilli()
+	scopes := req.Scopes
+	over := false
+	if gi := globalIndex(scopes); gi >= 0 {
+		l.globals.LoadOrStore(scopes[gi].Key, struct{}{})
+		gref := ledger.Ref{Tenant: scopes[gi].Key, ID: req.Ref.ID}
+		st, err := l.charge(ctx, gref, scopes[gi:gi+1], &a, at, digest)
+		if err != nil {
+			return ledger.Settlement{}, fmt.Errorf("global charge: %w", err)
+		}
+		over = st.OverLimit
+		scopes = append(append(make([]ledger.Scope, 0, len(scopes)-1), scopes[:gi]...), scopes[gi+1:]...)
+	}
+	st, err := l.charge(ctx, req.Ref, scopes, &a, at, digest)
+	if err != nil {
+		return ledger.Settlement{}, err
+	}
+	if !st.Replayed {
+		st.OverLimit = st.OverLimit || over
+		l.emit(req.Ref, buildSpec(req.Scopes), ledger.Amounts{}, a, a, ledger.Settled, false, ledger.SourceOutage,
+			st.at, st.now)
+	}
+	return st.Settlement, nil
+}
+
+type chargeResult struct {
+	ledger.Settlement
+	at, now int64
+}
+
+func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Scope, a *ledger.Amounts, at int64, digest string) (chargeResult, error) {
+	id := encID(ref.ID)
+	keys := l.fixedKeys(ref, id, len(scopes))
+	base := l.tenantBase(ref.Tenant)
+	for i := range scopes {
+		keys = append(keys, base+"s:"+scopes[i].Key.String())
+	}
+	args, cached := l.common(ref.Tenant, id)
+	args = append(args, amountsCSV(a), buildSpec(scopes), at, digest)
+	r, err := l.run(ctx, l.s.charge, false, keys, args...)
+	if err != nil {
+		return chargeResult{}, err
+	}
+	l.noteEpoch(ref.Tenant, cached, r)
+	switch r.status() {
+	case "OK":
+		now, ok1 := r.int(2)
+		at, ok2 := r.int(3)
+		over, ok3 := r.int(4)
+		if !ok1 || !ok2 || !ok3 {
+			return chargeResult{}, l.corrupt("charge reply")
+		}
+		return chargeResult{Settlement: ledger.Settlement{State: ledger.Settled, Charged: *a, OverLimit: over == 1}, at: at, now: now}, nil
+	case "REPLAY":
+		prev, ok := parseAmountsCSV(r.str(2))
+		if !ok {
+			return chargeResult{}, l.corrupt("charge replay reply")
+		}
+		return chargeResult{Settlement: ledger.Settlement{State: ledger.Settled, Charged: prev, Replayed: true}}, nil
+	}
+	if err := l.statusErr(r); err != nil {
+		return chargeResult{}, err
+	}
+	return chargeResult{}, l.corrupt("unknown charge reply " + r.status())
 }

@@ -14,8 +14,8 @@ var luaFS embed.FS
 // prelude and its body. Writers have no flags, so an out-of-memory Redis
 // refuses them up front; readers are flagged no-writes for EVALSHA_RO.
 type scripts struct {
-	reserve, dispatch, extend, settle, release, expire, resolve *redis.Script
-	scan, snapshot                                              *redis.Script
+	reserve, dispatch, extend, settle, release, expire, resolve, charge *redis.Script
+	scan, snapshot                                                      *redis.Script
 }
 
 func loadScripts() (*scripts, error) {
@@ -47,7 +47,7 @@ func loadScripts() (*scripts, error) {
 	}{
 		{&s.reserve, "reserve", false}, {&s.dispatch, "dispatch", false}, {&s.extend, "extend", false},
 		{&s.settle, "settle", false}, {&s.release, "release", false}, {&s.expire, "expire", false},
-		{&s.resolve, "resolve", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
+		{&s.resolve, "resolve", false}, {&s.charge, "charge", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
 	} {
 		sc, err := mk(x.name, x.ro)
 		if err != nil {
