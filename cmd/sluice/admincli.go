@@ -216,9 +216,9 @@ func decodeInto(data []byte, v any) error {
 // parseInterleaved parses flags that may come before or after positional
 // arguments (`budget rm ID --json`, `tenant clamp NAME --reason x`), which
 // Go's flag package alone stops at. Everything after "--" is positional.
-// It returns the positional arguments; more than max (max >= 0) is a usage
+// It returns the positional arguments; more than maxPos (maxPos >= 0) is a usage
 // error.
-func parseInterleaved(e env, fs *flag.FlagSet, args []string, max int) ([]string, error) {
+func parseInterleaved(e env, fs *flag.FlagSet, args []string, maxPos int) ([]string, error) {
 	var pos []string
 	for {
 		if err := parseFlags(fs, args, -1); err != nil {
@@ -240,8 +240,8 @@ func parseInterleaved(e env, fs *flag.FlagSet, args []string, max int) ([]string
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
-	if max >= 0 && len(pos) > max {
-		return nil, usagef("unexpected argument %q", pos[max])
+	if maxPos >= 0 && len(pos) > maxPos {
+		return nil, usagef("unexpected argument %q", pos[maxPos])
 	}
 	return pos, nil
 }

@@ -465,7 +465,7 @@ func TestAdminCLITimeout(t *testing.T) {
 	old := adminTimeout
 	adminTimeout = 50 * time.Millisecond
 	t.Cleanup(func() { adminTimeout = old })
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done() // never answers; returns once the client gives up
 	}))
 	t.Cleanup(srv.Close)

@@ -115,17 +115,17 @@ func newFlags(name string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args and refuses stray positional arguments beyond max
-// (max < 0: any number).
-func parseFlags(fs *flag.FlagSet, args []string, max int) error {
+// parseFlags parses args and refuses stray positional arguments beyond maxPos
+// (maxPos < 0: any number).
+func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usageError{err}
 	}
-	if max >= 0 && fs.NArg() > max {
-		return usagef("unexpected argument %q", fs.Arg(max))
+	if maxPos >= 0 && fs.NArg() > maxPos {
+		return usagef("unexpected argument %q", fs.Arg(maxPos))
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // best-effort cleanup of the demo's temp dir
 
 	// Two replicas of a small GPU: 16 sequences, 16k tokens of KV each.
 	var urls []string

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -34,7 +33,7 @@ func TestRunSimFlagErrors(t *testing.T) {
 			var out, errb strings.Builder
 			err := runSim(t.Context(), env{stdout: &out, stderr: &errb}, tt.args)
 			var ue usageError
-			require.True(t, errors.As(err, &ue), "want a usage error, got %v", err)
+			require.ErrorAs(t, err, &ue, "want a usage error, got %v", err)
 			assert.Contains(t, err.Error(), tt.want)
 			assert.Equal(t, 2, run(t.Context(), append([]string{"sim"}, tt.args...), nil, io.Discard, io.Discard))
 		})

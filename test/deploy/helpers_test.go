@@ -48,7 +48,7 @@ var (
 	buildOnce sync.Once
 	buildBin  string
 	buildCmd  string
-	buildErr  error
+	errBuild  error
 	buildOut  []byte
 )
 
@@ -62,8 +62,8 @@ var (
 // -X main.version variable exists through `sluice version`.
 func sluiceBin(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() { buildBin, buildCmd, buildOut, buildErr = build(repoRoot(t)) })
-	require.NoError(t, buildErr, "%s:\n%s", buildCmd, buildOut)
+	buildOnce.Do(func() { buildBin, buildCmd, buildOut, errBuild = build(repoRoot(t)) })
+	require.NoError(t, errBuild, "%s:\n%s", buildCmd, buildOut)
 	return buildBin
 }
 

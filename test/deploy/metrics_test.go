@@ -374,6 +374,7 @@ func compareNames(used []string, conditional map[string]bool, fams map[string]st
 }
 
 func TestCompareNames(t *testing.T) {
+	t.Parallel()
 	fams := map[string]string{"sluice_a_total": "counter", "sluice_wait_seconds": "histogram", "sluice_extra": "gauge", "go_goroutines": "gauge"}
 	tests := []struct {
 		name             string

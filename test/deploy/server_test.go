@@ -130,7 +130,7 @@ tenants:
 `, api, admin, filepath.Join(dir, "sluice.journal"), sim, config.HashKey("key-alpha"), config.HashKey("key-beta"))
 }
 
-func chat(t *testing.T, ctx context.Context, api int, key, content string, stream bool, maxTokens int) *http.Response {
+func chat(ctx context.Context, t *testing.T, api int, key, content string, stream bool, maxTokens int) *http.Response {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%t}`,
 		simModel, content, maxTokens, stream)
@@ -195,18 +195,18 @@ func TestMetricsMatchRunningServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t.Run("traffic", func(t *testing.T) {
-		resp := chat(t, ctx, api, "key-alpha", "hello there", false, 8)
+		resp := chat(ctx, t, api, "key-alpha", "hello there", false, 8)
 		assert.Equal(t, http.StatusOK, resp.StatusCode, drain(resp))
-		resp = chat(t, ctx, api, "key-beta", "hello stream", true, 8)
+		resp = chat(ctx, t, api, "key-beta", "hello stream", true, 8)
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 		assert.Contains(t, drain(resp), "[DONE]")
-		resp = chat(t, ctx, api, "key-alpha", strings.Repeat("word ", 2000), false, 8)
+		resp = chat(ctx, t, api, "key-alpha", strings.Repeat("word ", 2000), false, 8)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "over max_input_tokens: %s", drain(resp))
-		resp = chat(t, ctx, api, "no-such-key", "hi", false, 8)
+		resp = chat(ctx, t, api, "no-such-key", "hi", false, 8)
 		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, drain(resp))
 		// A client that leaves mid-stream: Sluice aborts upstream.
 		dctx, dcancel := context.WithCancel(ctx)
-		resp = chat(t, dctx, api, "key-beta", "a long answer please", true, 2000)
+		resp = chat(dctx, t, api, "key-beta", "a long answer please", true, 2000)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		_, err := bufio.NewReader(resp.Body).ReadString('\n')
 		require.NoError(t, err)

@@ -84,7 +84,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	// and cancelled calls, and limited's first call; the 429 never does.
 	assert.Equal(t, int64(4), s.Received, "generation requests at the simulator")
 	assert.Equal(t, int64(3), s.Completed, "completed generations at the simulator")
-	assert.Equal(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "client_disconnect"}))
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "client_disconnect"}), 1e-9)
 
 	// Every hold is released and usage was settled (the ledger gauges are
 	// exported once a second).
@@ -92,7 +92,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		return n.metric(t, "sluice_ledger_reserved", map[string]string{"dimension": "tokens"}) == 0 &&
 			n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "tokens"}) > 0
 	})
-	assert.Equal(t, 0.0, n.metric(t, "sluice_inflight_requests", nil))
+	assert.InDelta(t, 0.0, n.metric(t, "sluice_inflight_requests", nil), 1e-9)
 
 	// The SDK (maxRetries 2) sent the refused call once: the limited tenant
 	// made exactly two requests, one served and one refused.
@@ -114,7 +114,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := n.metric(t, tc.metric, tc.labels)
-			assert.Equal(t, tc.want, got, "%s %v", tc.metric, tc.labels)
+			assert.InDelta(t, tc.want, got, 1e-9, "%s %v", tc.metric, tc.labels)
 		})
 	}
 }
