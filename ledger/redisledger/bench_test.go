@@ -93,6 +93,7 @@ func BenchmarkReserveSettle64Global(b *testing.B) {
 	ctx := context.Background()
 	owner := ledger.NewOwner()
 	var next, failed atomic.Int64
+	var firstErr atomic.Pointer[error]
 	b.ReportAllocs()
 	b.SetParallelism(max(1, 64/runtimeProcs()))
 	start := time.Now()
@@ -101,10 +102,14 @@ func BenchmarkReserveSettle64Global(b *testing.B) {
 		for pb.Next() {
 			if _, err := pair(ctx, l, sc, owner); err != nil {
 				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
 			}
 		}
 	})
 	el := time.Since(start)
+	if p := firstErr.Load(); p != nil {
+		b.Logf("first failure: %v", *p)
+	}
 	b.ReportMetric(float64(failed.Load()), "failed")
 	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
 }
