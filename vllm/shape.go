@@ -91,6 +91,8 @@ type Assembler struct {
 	prompt    int
 	perChoice map[int]int
 	chunks    int
+	// scratch is reused by Add; its Choices' backing array survives.
+	scratch asmChunk
 }
 
 // NewAssembler returns an Assembler for endpoint e.
@@ -129,33 +131,44 @@ type asmUsage struct {
 	PromptTokensDetails json.RawMessage `json:"prompt_tokens_details"`
 }
 
+// asmChunk is the part of a chunk the Assembler reads. decodeChunkFast
+// fills it for the common case; anything unusual goes through
+// encoding/json with the same types, so both paths agree.
 type asmChunk struct {
-	ID      string `json:"id"`
-	Created int64  `json:"created"`
-	Model   string `json:"model"`
-	Choices []struct {
-		Index int `json:"index"`
-		Delta *struct {
-			Role             *string `json:"role"`
-			Content          *string `json:"content"`
-			ReasoningContent *string `json:"reasoning_content"`
-			Reasoning        *string `json:"reasoning"`
-			ToolCalls        []struct {
-				Index    int     `json:"index"`
-				ID       *string `json:"id"`
-				Type     *string `json:"type"`
-				Function *struct {
-					Name      *string `json:"name"`
-					Arguments *string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-		Text         *string         `json:"text"`
-		Logprobs     json.RawMessage `json:"logprobs"`
-		FinishReason json.RawMessage `json:"finish_reason"`
-		StopReason   json.RawMessage `json:"stop_reason"`
-	} `json:"choices"`
-	Usage *asmUsage `json:"usage"`
+	ID      string        `json:"id"`
+	Created int64         `json:"created"`
+	Model   string        `json:"model"`
+	Choices []asmChoiceIn `json:"choices"`
+	Usage   *asmUsage     `json:"usage"`
+}
+
+type asmChoiceIn struct {
+	Index        int             `json:"index"`
+	Delta        *asmDelta       `json:"delta"`
+	Text         *string         `json:"text"`
+	Logprobs     json.RawMessage `json:"logprobs"`
+	FinishReason json.RawMessage `json:"finish_reason"`
+	StopReason   json.RawMessage `json:"stop_reason"`
+}
+
+type asmDelta struct {
+	Role             *string         `json:"role"`
+	Content          *string         `json:"content"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
+	ToolCalls        []asmToolCallIn `json:"tool_calls"`
+}
+
+type asmToolCallIn struct {
+	Index    int          `json:"index"`
+	ID       *string      `json:"id"`
+	Type     *string      `json:"type"`
+	Function *asmFunction `json:"function"`
+}
+
+type asmFunction struct {
+	Name      *string `json:"name"`
+	Arguments *string `json:"arguments"`
 }
 
 // maxAsmChoices bounds the choices an Assembler tracks.
@@ -182,9 +195,13 @@ func (a *Assembler) Add(ev Event) error {
 		a.done = true
 		return nil
 	}
-	var ch asmChunk
-	if err := json.Unmarshal(ev.Data, &ch); err != nil {
-		return fmt.Errorf("assemble: decode chunk: %w", err)
+	a.scratch = asmChunk{Choices: a.scratch.Choices[:0]}
+	ch := &a.scratch
+	if !decodeChunkFast(ev.Data, ch) {
+		*ch = asmChunk{}
+		if err := json.Unmarshal(ev.Data, ch); err != nil {
+			return fmt.Errorf("assemble: decode chunk: %w", err)
+		}
 	}
 	if a.chunks == 0 || a.id == "" {
 		a.id, a.created, a.model = ch.ID, ch.Created, ch.Model
