@@ -353,10 +353,10 @@ func validValue(b []byte, i, depth int) (int, bool) {
 	if i >= len(b) || depth > maxDepth {
 		return 0, false
 	}
-	switch c := b[i]; {
-	case c == '"':
+	switch c := b[i]; c {
+	case '"':
 		return validString(b, i)
-	case c == '{' || c == '[':
+	case '{', '[':
 		obj := c == '{'
 		closer := byte(']')
 		if obj {
@@ -393,11 +393,11 @@ func validValue(b []byte, i, depth int) (int, bool) {
 			}
 			i = skipSpace(b, i+1)
 		}
-	case c == 't':
+	case 't':
 		return validLit(b, i, "true")
-	case c == 'f':
+	case 'f':
 		return validLit(b, i, "false")
-	case c == 'n':
+	case 'n':
 		return validLit(b, i, "null")
 	default:
 		return validNumber(b, i)
