@@ -235,8 +235,9 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsIn(body))
 		}
-		s.m.TTFT.WithLabelValues(t.name).Observe(s.now().Sub(c.arrival).Seconds())
-		s.m.Requests.WithLabelValues(t.name, "ok").Inc()
+		ts := t.series(s.m)
+		ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
+		ts.requestsOK.Inc()
 		rc.SetContentType("application/json")
 		rc.SetBody(body)
 		return
@@ -275,7 +276,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
 			s.finish(c, nil)
-			s.m.Requests.WithLabelValues(c.t.name, "ok").Inc()
+			c.t.series(s.m).requestsOK.Inc()
 			return
 		}
 		if err != nil {
@@ -308,7 +309,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 		}
 		if first && !ev.Done {
 			first = false
-			s.m.TTFT.WithLabelValues(c.t.name).Observe(s.now().Sub(c.arrival).Seconds())
+			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
 		if _, err := w.Write(buf); err == nil {
 			err = w.Flush()
@@ -436,27 +437,39 @@ func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *ap
 func (e *Edge) successHeaders(rc *fasthttp.RequestCtx, c *call) {
 	h := &rc.Response.Header
 	now := e.s.now()
-	for _, d := range []struct {
-		dim  ledger.Dim
-		name string
-	}{{ledger.Tokens, "tokens"}, {ledger.Requests, "requests"}} {
+	var num [24]byte
+	for _, d := range rateLimitHeaders {
 		room := c.grant.Headroom[d.dim]
 		if !room.Tracked {
 			continue
 		}
-		h.Set("x-ratelimit-limit-"+d.name, strconv.FormatInt(room.Limit, 10))
-		h.Set("x-ratelimit-remaining-"+d.name, strconv.FormatInt(room.Remaining, 10))
-		h.Set("x-ratelimit-reset-"+d.name, room.ResetsAt.Sub(now).Round(time.Millisecond).String())
+		h.SetBytesV(d.limit, strconv.AppendInt(num[:0], room.Limit, 10))
+		h.SetBytesV(d.remaining, strconv.AppendInt(num[:0], room.Remaining, 10))
+		h.Set(d.reset, room.ResetsAt.Sub(now).Round(time.Millisecond).String())
 	}
 	if warn(c) {
 		h.Set("X-Budget-Warning", "soft_threshold")
 	}
-	var st strings.Builder
-	fmt.Fprintf(&st, "queue;dur=%.3f", msBetween(c.arrival, c.dispatchAt))
+	// "queue;dur=%.3f[, upstream;dur=%.3f]" without fmt: AppendFloat 'f' 3
+	// is what %.3f prints.
+	var st [64]byte
+	b := append(st[:0], "queue;dur="...)
+	b = strconv.AppendFloat(b, msBetween(c.arrival, c.dispatchAt), 'f', 3, 64)
 	if !c.firstByte.IsZero() {
-		fmt.Fprintf(&st, ", upstream;dur=%.3f", msBetween(c.dispatchAt, c.firstByte))
+		b = append(b, ", upstream;dur="...)
+		b = strconv.AppendFloat(b, msBetween(c.dispatchAt, c.firstByte), 'f', 3, 64)
 	}
-	h.Set("Server-Timing", st.String())
+	h.SetBytesV("Server-Timing", b)
+}
+
+// rateLimitHeaders are the budget headers of ARCHITECTURE §3.3, names
+// built once.
+var rateLimitHeaders = []struct {
+	dim                     ledger.Dim
+	limit, remaining, reset string
+}{
+	{ledger.Tokens, "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"},
+	{ledger.Requests, "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"},
 }
 
 func msBetween(a, b time.Time) float64 {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
@@ -47,6 +49,36 @@ type tenantRuntime struct {
 	inflight       atomic.Int64 // dispatched, not yet settled (this instance)
 	queued         atomic.Int64 // waiting in this instance's queue
 	inflightTokens atomic.Int64
+	series         atomic.Pointer[tenantSeries]
+}
+
+// tenantSeries holds a tenant's per-request metric children, resolved once
+// (label hashing and the vector's map lookup cost on every request
+// otherwise). Children are never deleted from the vectors, so a cached one
+// stays the exported one.
+type tenantSeries struct {
+	m          *Metrics
+	requestsOK prometheus.Counter
+	ttft       prometheus.Observer
+	inflight   prometheus.Gauge
+	queueWait  prometheus.Observer
+}
+
+// series returns t's cached metric children on m, resolving them on first
+// use (and again should the server's Metrics ever change).
+func (t *tenant) series(m *Metrics) *tenantSeries {
+	if ts := t.rt.series.Load(); ts != nil && ts.m == m {
+		return ts
+	}
+	ts := &tenantSeries{
+		m:          m,
+		requestsOK: m.Requests.WithLabelValues(t.name, "ok"),
+		ttft:       m.TTFT.WithLabelValues(t.name),
+		inflight:   m.Inflight.WithLabelValues(t.name),
+		queueWait:  m.QueueWait.WithLabelValues(t.name),
+	}
+	t.rt.series.Store(ts)
+	return ts
 }
 
 // buildPolicy turns a validated config into a policy. runtimes carries the
