@@ -112,8 +112,8 @@
 // or an id that names a reservation is ErrConflict; replays are recognised
 // for TombstoneRetention, like every record. Memory journals it (opCharge,
 // encoded like a Reserve) and audits it like any settlement; a global scope
-// is charged in the same atomic step (Memory) or first, under the same id,
-// in its own partition (Redis).
+// is charged in the same atomic step (Memory) or, after the tenant
+// partition, under the same id in its own partition (Redis).
 //
 // # Invariants
 //

@@ -170,6 +170,17 @@ func (m *Memory) lockGlobal(t *tenantState, id RequestID) *globalState {
 	return &m.glob
 }
 
+// lockGlobalReq locks the global partition when req names a global scope or
+// its id names a record with a global hold (a replay or conflict reads it).
+// The caller holds t.mu.
+func (m *Memory) lockGlobalReq(t *tenantState, req *ReserveRequest) *globalState {
+	if !req.hasGlobal() {
+		return m.lockGlobal(t, req.Ref.ID)
+	}
+	m.glob.mu.Lock() // lock order: tenant, then global
+	return &m.glob
+}
+
 // nowLocked is the ledger time of an operation on t (and g when locked):
 // global counters need one clock that never goes back, so an operation
 // that touches them runs at max(tenant time, global hwm).
@@ -674,11 +685,7 @@ func (m *Memory) Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 	t := m.tenant(req.Ref.Tenant, true)
 	e := entry{op: opReserve, ref: req.Ref, req: &req, ttl: ttl.Milliseconds()}
 	t.mu.Lock()
-	var gl *globalState
-	if req.hasGlobal() {
-		gl = &m.glob
-		gl.mu.Lock() // lock order: tenant, then global
-	}
+	gl := m.lockGlobalReq(t, &req)
 	e.time = m.nowLocked(t, gl)
 	g, seq, err := m.reserveLocked(t, &e)
 	m.unlockGlobal(gl, e.time)
@@ -1628,11 +1635,7 @@ func (m *Memory) Charge(ctx context.Context, req ChargeRequest) (Settlement, err
 	t := m.tenant(req.Ref.Tenant, true)
 	e := entry{op: opCharge, ref: req.Ref, req: &r}
 	t.mu.Lock()
-	var gl *globalState
-	if r.hasGlobal() {
-		gl = &m.glob
-		gl.mu.Lock() // lock order: tenant, then global
-	}
+	gl := m.lockGlobalReq(t, &r)
 	e.time = m.nowLocked(t, gl)
 	e.ttl = min(req.At.UnixMilli(), e.time)
 	var ev UsageEvent

@@ -94,6 +94,19 @@ func parseHold(s string) (ledger.Ref, bool) {
 	return ledger.Ref{Tenant: k, ID: ledger.RequestID(i)}, true
 }
 
+// specWithHold appends the global scope of a record's hold g to its spec,
+// so usage events name every scope of the request (as Memory's do).
+func specWithHold(spec, g string) string {
+	if g == "" {
+		return spec
+	}
+	ref, ok := parseHold(g)
+	if !ok {
+		return spec
+	}
+	return spec + ";" + string(kindDigit(ledger.KindGlobal)) + ref.Tenant.String() + "/"
+}
+
 // reserveGlobal is step 1: a fresh hold in the global partition of
 // req.Scopes[gi].
 func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, gi int, ttl time.Duration, digest string) (*globalHold, error) {
@@ -209,9 +222,9 @@ func mergeHeadroom(g, global *ledger.Grant) {
 
 // Charge commits usage admitted while the ledger was unreachable (see
 // [ledger.Ledger.Charge]) with the charge script: never denied, idempotent
-// by id, a SETTLED tombstone (source outage) admitted at At. A global scope
-// is charged first in its own partition under the same id, then the tenant
-// partition; both steps are idempotent, so a failure between them is
+// by id, a SETTLED tombstone (source outage) admitted at At. With a global
+// scope the tenant partition is charged first, then the global partition
+// under the same id; both steps are idempotent, so a failure between them is
 // completed by the caller's retry with the same id (never charged twice).
 func (l *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.Settlement, error) {
 	if err := req.Validate(); err != nil {
@@ -221,16 +234,13 @@ func (l *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.S
 	a[ledger.Slots] = 0
 	digest := strconv.FormatUint(req.Digest(), 16)
 	at := req.At.UnixMilli()
+	// Tenant partition first: a refusal there (conflict, policy) leaves the
+	// global budget untouched; the global step follows every applied or
+	// replayed tenant charge, so a retry after a failed global step completes
+	// it, and the global record's id makes it count once.
 	scopes := req.Scopes
-	over := false
-	if gi := globalIndex(scopes); gi >= 0 {
-		l.globals.LoadOrStore(scopes[gi].Key, struct{}{})
-		gref := ledger.Ref{Tenant: scopes[gi].Key, ID: req.Ref.ID}
-		st, err := l.charge(ctx, gref, scopes[gi:gi+1], &a, at, digest)
-		if err != nil {
-			return ledger.Settlement{}, fmt.Errorf("global charge: %w", err)
-		}
-		over = st.OverLimit
+	gi := globalIndex(scopes)
+	if gi >= 0 {
 		scopes = append(append(make([]ledger.Scope, 0, len(scopes)-1), scopes[:gi]...), scopes[gi+1:]...)
 	}
 	st, err := l.charge(ctx, req.Ref, scopes, &a, at, digest)
@@ -238,9 +248,20 @@ func (l *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.S
 		return ledger.Settlement{}, err
 	}
 	if !st.Replayed {
-		st.OverLimit = st.OverLimit || over
 		l.emit(req.Ref, buildSpec(req.Scopes), ledger.Amounts{}, a, a, ledger.Settled, false, ledger.SourceOutage,
 			st.at, st.now)
+	}
+	if gi >= 0 {
+		l.globals.LoadOrStore(req.Scopes[gi].Key, struct{}{})
+		gref := ledger.Ref{Tenant: req.Scopes[gi].Key, ID: req.Ref.ID}
+		gst, err := l.charge(ctx, gref, req.Scopes[gi:gi+1], &a, at, digest)
+		if err != nil {
+			return ledger.Settlement{}, fmt.Errorf("global charge: %w", err)
+		}
+		st.OverLimit = st.OverLimit || gst.OverLimit
+	}
+	if st.Replayed {
+		st.OverLimit = false
 	}
 	return st.Settlement, nil
 }

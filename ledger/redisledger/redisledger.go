@@ -658,7 +658,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		}
 		l.forgetSpec(ref.ID)
 		s := settlementOf(ledger.State(st), ledger.State(prev), held, actual, false)
-		l.emit(ref, spec, held, actual, s.Charged, s.State, s.Late, src, at, now)
+		l.emit(ref, specWithHold(spec, r.str(7)), held, actual, s.Charged, s.State, s.Late, src, at, now)
 		if err := l.followGlobal(ctx, r.str(7), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
 			return ledger.Settlement{}, err
 		}
@@ -776,7 +776,7 @@ func (l *Ledger) resolve(ctx context.Context, ref ledger.Ref, admin bool) (ledge
 		now, _ := r.int(4)
 		l.forgetSpec(ref.ID)
 		s := ledger.Settlement{State: ledger.Charged, Charged: held, Late: true}
-		l.emit(ref, spec, held, held, held, ledger.Charged, true, ledger.SourceResolved, at, now)
+		l.emit(ref, specWithHold(spec, r.str(5)), held, held, held, ledger.Charged, true, ledger.SourceResolved, at, now)
 		if err := l.followGlobal(ctx, r.str(5), func(g ledger.Ref) error {
 			return l.globalSettle(ctx, g, held, ledger.SourceResolved)
 		}); err != nil {

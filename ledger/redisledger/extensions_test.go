@@ -1,0 +1,93 @@
+package redisledger_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
+)
+
+// TestGlobalOrphanHoldIsReclaimed: a global hold whose tenant record never
+// came to be (a crash between the two steps, simulated by deleting the
+// tenant's keys) is not leaked: its lease runs out and Reclaim of the global
+// partition (which Run does for every global partition it has used) frees it.
+func TestGlobalOrphanHoldIsReclaimed(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	var now atomic.Int64
+	now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
+	l := newLedger(t, srv.Addr(), nil)
+	redisledger.SetTimeFloor(l, now.Load)
+	ctx := t.Context()
+	g := testKeyer.GlobalKey()
+	sc := []ledger.Scope{tenantScope("orphan", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
+		{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 100}}}}
+	req := reserveReq(sc, held(60), ledger.NewOwner())
+	req.LeaseTTL = time.Second
+	_, err := l.Reserve(ctx, req)
+	require.NoError(t, err)
+	keys, err := rc.Keys(ctx, "sluice:{"+sc[0].Key.String()+"}:*").Result()
+	require.NoError(t, err)
+	require.NoError(t, rc.Del(ctx, keys...).Err())
+	_, err = l.Reserve(ctx, reserveReq(sc, held(60), ledger.NewOwner()))
+	var de *ledger.DeniedError
+	require.ErrorAs(t, err, &de, "the orphan still counts until its lease runs out")
+	assert.Equal(t, ledger.KindGlobal, de.Scope)
+	now.Add(1500)
+	st, err := l.Reclaim(ctx, g, 10)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Expired)
+	u, err := l.Snapshot(ctx, g, g)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.Amounts{}, u.Reserved, "the orphaned global hold is freed")
+	other := []ledger.Scope{tenantScope("orphan-2", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}), sc[1]}
+	_, err = l.Reserve(ctx, reserveReq(other, held(60), ledger.NewOwner()))
+	require.NoError(t, err, "(the deleted tenant itself is fenced as a store loss)")
+}
+
+// TestUsageEventsOfExtensions: a Charge emits one usage event (source
+// outage, admitted at At), a replay none; the Settle event of a request with
+// a global scope names that scope (as Memory's do).
+func TestUsageEventsOfExtensions(t *testing.T) {
+	srv := startRedis(t)
+	var mu sync.Mutex
+	var evs []ledger.UsageEvent
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
+		c.OnUsage = func(ev ledger.UsageEvent) { mu.Lock(); evs = append(evs, ev); mu.Unlock() }
+	})
+	ctx := t.Context()
+	g := testKeyer.GlobalKey()
+	gs := ledger.Scope{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}
+	ts := tenantScope("events", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000})
+	at := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	c := ledger.ChargeRequest{Ref: ledger.Ref{Tenant: ts.Key, ID: ledger.NewRequestID()}, Scopes: []ledger.Scope{ts, gs},
+		Amounts: held(9), At: at}
+	_, err := l.Charge(ctx, c)
+	require.NoError(t, err)
+	s, err := l.Charge(ctx, c)
+	require.NoError(t, err)
+	require.True(t, s.Replayed)
+	req := reserveReq([]ledger.Scope{ts, gs}, held(20), ledger.NewOwner())
+	_, err = l.Reserve(ctx, req)
+	require.NoError(t, err)
+	_, err = l.Settle(ctx, req.Ref, held(5), ledger.SourceFinal)
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+	ev := evs[0]
+	assert.Equal(t, ledger.SourceOutage, ev.Source)
+	assert.Equal(t, held(9), ev.Charged)
+	assert.Equal(t, at.UnixMilli(), ev.AdmittedAt.UnixMilli())
+	assert.Equal(t, 2, ev.NScopes)
+	assert.Equal(t, 2, evs[1].NScopes)
+	assert.Equal(t, ledger.ScopeRef{Kind: ledger.KindGlobal, Key: g}, evs[1].Scopes[1])
+	u, err := l.Snapshot(ctx, g, g)
+	require.NoError(t, err)
+	require.Len(t, u.Limits, 1)
+	assert.Equal(t, int64(14), u.Limits[0].Committed, "charge 9 + settle 5, each once")
+}
