@@ -57,7 +57,12 @@ func TestMemoryGlobalLockOrder(t *testing.T) {
 		t time.Time
 	}{t: jT0}
 	m, err := ledger.NewMemory(ledger.MemoryConfig{Logger: quiet, Journal: t.TempDir() + "/j", Fsync: ledger.Group(time.Millisecond),
-		Clock: func() time.Time { clock.Lock(); defer clock.Unlock(); clock.t = clock.t.Add(time.Millisecond); return clock.t }})
+		Clock: func() time.Time {
+			clock.Lock()
+			defer clock.Unlock()
+			clock.t = clock.t.Add(time.Millisecond)
+			return clock.t
+		}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	ctx := t.Context()
@@ -70,7 +75,7 @@ func TestMemoryGlobalLockOrder(t *testing.T) {
 			for i := range 150 {
 				req := ledger.ReserveRequest{Ref: ledger.Ref{Tenant: tenant, ID: ledger.NewRequestID()}, Owner: jOwner,
 					Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: tenant, Limits: glim}, {Kind: ledger.KindGlobal, Key: g, Limits: glim}},
-					Held: ledger.Amounts{ledger.Tokens: 3, ledger.InputTokens: 3}, LeaseTTL: 5 * time.Millisecond}
+					Held:   ledger.Amounts{ledger.Tokens: 3, ledger.InputTokens: 3}, LeaseTTL: 5 * time.Millisecond}
 				if _, err := m.Reserve(ctx, req); err != nil {
 					t.Error(err)
 					return
