@@ -153,19 +153,23 @@ func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
 func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*Stream, error) {
 	replica := baseURL
 	ctx, cancel := context.WithCancel(ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(body))
+	// The trace goes into the context before the request is built: no
+	// req.WithContext copy per request.
+	var gotConn atomic.Bool
+	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost,
+		strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("upstream %s: build request: %w: %w", replica, ErrNotSent, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	if requestID != "" {
-		req.Header.Set("X-Request-Id", requestID)
+	req.Header = http.Header{
+		"Content-Type": {"application/json"},
+		"Accept":       {"text/event-stream"},
 	}
-	var gotConn atomic.Bool
-	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) }}
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	if requestID != "" {
+		req.Header["X-Request-Id"] = []string{requestID}
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		cancel()
