@@ -63,7 +63,8 @@ func memoryFactory(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
 		Corrupt: func(kind ledgertest.Corruption, ref ledger.Ref, scope ledger.ScopeKey) error {
 			return cur.CorruptForTest(int(kind), ref, scope)
 		},
-		Orphans: func() int { return int(orphans.Load()) },
+		Orphans:      func() int { return int(orphans.Load()) },
+		AtomicGlobal: true,
 	}
 	if cfg.Durable {
 		restarts := 0

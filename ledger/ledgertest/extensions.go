@@ -273,6 +273,129 @@ func testGlobal(t *testing.T, f Factory) {
 		auditClean(t, b, g)
 	})
 
+	t.Run("the id decides before a full global budget", func(t *testing.T) {
+		g := newKey(4)
+		glim := lim(ledger.Tokens, w, 100)
+		tk := newKey(1)
+		full := globalReq(tk, g, tokens(100, 0), false, glim)
+		first, err := b.Ledger.Reserve(ctx, full)
+		require.NoError(t, err)
+		for _, fe := range fes {
+			again, err := fe.Reserve(ctx, full)
+			require.NoError(t, err, "a replay replays although the global budget is full")
+			assert.True(t, again.Replayed)
+			assert.Equal(t, first.LeaseExpiry.UnixMilli(), again.LeaseExpiry.UnixMilli())
+		}
+		changed := full
+		changed.Held = tokens(99, 0)
+		_, err = b.Ledger.Reserve(ctx, changed)
+		assert.ErrorIs(t, err, ledger.ErrConflict)
+		require.NoError(t, b.Ledger.Release(ctx, full.Ref, full.Owner))
+		filler := globalReq(newKey(1), g, tokens(100, 0), false, glim)
+		_, err = b.Ledger.Reserve(ctx, filler)
+		require.NoError(t, err)
+		_, err = b.Ledger.Reserve(ctx, full)
+		assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
+		assert.Equal(t, int64(100), globalUsage(t, g).Reserved[ledger.Tokens])
+		auditClean(t, b, g)
+	})
+
+	t.Run("T2-style: tenant, api_key and global limits overlap", func(t *testing.T) {
+		g := newKey(4)
+		const gmax = 40_000
+		glim := lim(ledger.Tokens, w, gmax)
+		rng := rand.New(rand.NewPCG(11, 11))
+		type limitRef struct {
+			key ledger.ScopeKey
+			max int64
+		}
+		var reqs []ledger.ReserveRequest
+		var needs [][]limitRef
+		for range 8 {
+			tk := newKey(1)
+			tmax := 3000 + rng.Int64N(6000)
+			for k := range 2 {
+				ak := newKey(2)
+				amax := 2000 + rng.Int64N(3000)
+				for range 5 + k {
+					h := tokens(1+rng.Int64N(700), 1+rng.Int64N(300))
+					req := globalReq(tk, g, h, false, glim, lim(ledger.Tokens, w, tmax))
+					req.Scopes = append(req.Scopes, ledger.Scope{Kind: ledger.KindAPIKey, Key: ak, Limits: []ledger.Limit{lim(ledger.Tokens, w, amax)}})
+					reqs = append(reqs, req)
+					needs = append(needs, []limitRef{{tk, tmax}, {ak, amax}, {g, gmax}})
+				}
+			}
+		}
+		errs := make([]error, len(reqs))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range reqs {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = fes[i%len(fes)].Reserve(ctx, reqs[i])
+			})
+		}
+		close(start)
+		wg.Wait()
+		granted := map[ledger.ScopeKey]int64{}
+		for i, err := range errs {
+			if err == nil {
+				for _, n := range needs[i] {
+					granted[n.key] += reqs[i].Held[ledger.Tokens]
+				}
+			}
+		}
+		maxOf := map[ledger.ScopeKey]int64{}
+		for _, ns := range needs {
+			for _, n := range ns {
+				maxOf[n.key] = n.max
+			}
+		}
+		for key, max := range maxOf {
+			require.LessOrEqual(t, granted[key], max, "never over-admit")
+			tenant := key
+			if key != g {
+				tenant = reqs[0].Ref.Tenant
+				for i := range reqs {
+					for _, n := range needs[i] {
+						if n.key == key {
+							tenant = reqs[i].Ref.Tenant
+						}
+					}
+				}
+			}
+			assert.Equal(t, granted[key], usage(t, b, tenant, key).Reserved[ledger.Tokens], "r == Σ granted")
+		}
+		falseTenant, falseGlobal, denials := 0, 0, 0
+		for i, err := range errs {
+			if err == nil {
+				continue
+			}
+			d, ok := isDenied(err)
+			require.Truef(t, ok, "request %d: %s", i, describe(err))
+			denials++
+			fits := true
+			for _, n := range needs[i] {
+				fits = fits && n.max-granted[n.key] >= reqs[i].Held[ledger.Tokens]
+			}
+			if fits {
+				if d.Scope == ledger.KindGlobal {
+					falseGlobal++
+				} else {
+					falseTenant++
+				}
+			}
+		}
+		assert.Positive(t, denials)
+		assert.Equal(t, 0, falseTenant, "a tenant or api_key denial with room left at the end is false")
+		if b.AtomicGlobal {
+			assert.Equal(t, 0, falseGlobal, "atomic global admission never denies falsely")
+		} else {
+			t.Logf("global denials that would have fit at the end: %d of %d denials (two-step window)", falseGlobal, denials)
+		}
+		auditClean(t, b, g)
+	})
+
 	t.Run("every resolution reaches the global hold once", func(t *testing.T) {
 		g := newKey(4)
 		glim := lim(ledger.Tokens, w, 100_000)

@@ -80,6 +80,10 @@ type Backend struct {
 	// with its own client and pool), used by the concurrency tests of global
 	// budgets. Optional.
 	Peers []ledger.Ledger
+	// AtomicGlobal says global admission is atomic with the other scopes
+	// (Memory), so the suite demands zero false global denials even when
+	// other budgets deny; otherwise (Redis' two steps) it only reports them.
+	AtomicGlobal bool
 	// ModelSequences is how many T16 sequences to run. Optional; default 10,000.
 	ModelSequences int
 }

@@ -13,12 +13,21 @@ import (
 // Global (fleet-wide) budgets. A KindGlobal scope G lives in its own
 // partition "<prefix>:{G}:…", laid out exactly like a tenant's (m, L, U,
 // q:<id>, s:G), because its counters cannot share a Cluster slot with every
-// tenant. A Reserve with a global scope is two scripts:
+// tenant. A Reserve with a global scope is two writing scripts after a
+// read-only check:
 //
+//  0. the tenant partition's reserve script in check mode: it answers as a
+//     reserve would (replay, conflict, final, policy, denial) but writes
+//     nothing and says CHECKED where it would admit. Anything but CHECKED
+//     is the answer, so a request the tenant side refuses, and every
+//     replay, never takes a global hold.
 //  1. reserve in the global partition, under a fresh random id gid per
 //     attempt ("global hold"), with the request's owner, held amounts, lease
 //     and Dispatch flag and the global scope's limits. A denial here is a
-//     *ledger.DeniedError with Scope KindGlobal and nothing is written.
+//     *ledger.DeniedError with Scope KindGlobal and nothing is written —
+//     unless the tenant partition already has a record with this id: the
+//     reserve script then runs in replay-only mode, so a replay, conflict
+//     or final record answers first, as in Memory.
 //  2. reserve in the tenant partition as before; the tenant record stores
 //     "G.gid" in its field g. If this step refuses (denial, conflict, final,
 //     policy, corrupt, recovering, or a store error that is certainly not
@@ -50,9 +59,12 @@ import (
 // round trip), or until the lease of an orphaned hold runs out (LeaseTTL,
 // only after a crash or an ambiguous store error), the global budget counts
 // a hold that will never be used, and a concurrent Reserve may be denied on
-// the global budget although it would fit. When no tenant, api_key or
-// workflow budget denies and the store answers, there is no such window and
-// false global denials are zero (ledgertest's global tests count them).
+// the global budget although it would fit. Step 0 narrows the first case to
+// requests whose tenant budget ran out between the check and step 2. When no
+// tenant, api_key or workflow budget denies and the store answers, there is
+// no window and false global denials are zero; ledgertest's global tests
+// assert that and, for a T2-style round where tenant and api_key budgets
+// also deny, report the count (Memory: always 0).
 // Memory takes both partitions' locks (tenant, then global) and has no
 // window at all.
 //
@@ -115,7 +127,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	l.globals.LoadOrStore(gk, struct{}{})
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
-	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil)
+	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil, modeReserve)
 	if err != nil {
 		return nil, err
 	}

@@ -380,14 +380,28 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	var gh *globalHold
 	treq := req // the tenant partition's part of the request
 	if gi := globalIndex(req.Scopes); gi >= 0 {
+		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
+		// Step 0: check the tenant side without writing, so a request the
+		// tenant would refuse (or a replay) never takes a global hold.
+		if g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
+			return g, err
+		}
 		var err error
 		if gh, err = l.reserveGlobal(ctx, &req, gi, ttl, digest); err != nil {
-			return ledger.Grant{}, err
+			if !errors.Is(err, ledger.ErrDenied) {
+				return ledger.Grant{}, err
+			}
+			// The id decides first (as in Memory): a replay, a conflict or
+			// a final record answers even when the global budget is full.
+			g, terr := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeReplayOnly)
+			if errors.Is(terr, errNoRecord) {
+				return ledger.Grant{}, err
+			}
+			return g, terr
 		}
-		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
-	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh)
+	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh, modeReserve)
 	if gh != nil {
 		switch {
 		case err == nil && (!g.Replayed || gh.stored == gh.enc):
@@ -402,9 +416,21 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	return g, err
 }
 
-// reserveTenant runs the reserve script on the tenant partition; gh, when
+// Modes of the reserve script (ARGV 14).
+const (
+	modeReserve    = "0"
+	modeReplayOnly = "1" // answer from an existing record, else errNoRecord; no writes
+	modeCheck      = "2" // answer like a reserve but errChecked instead of admitting; no writes
+)
+
+var (
+	errNoRecord = errors.New("redis ledger: no record")
+	errChecked  = errors.New("redis ledger: would admit")
+)
+
+// reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
-func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold) (ledger.Grant, error) {
+func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
 	spec := buildSpec(req.Scopes)
 	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
 	base := l.tenantBase(req.Ref.Tenant)
@@ -421,7 +447,7 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 	}
 	args, cached := l.common(req.Ref.Tenant, id)
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
-		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold)
+		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode)
 	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
 	if err != nil {
 		return ledger.Grant{}, err
@@ -451,6 +477,10 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 		return g, nil
 	case "DENIED":
 		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
+	case "NOREC":
+		return ledger.Grant{}, errNoRecord
+	case "CHECKED":
+		return ledger.Grant{}, errChecked
 	}
 	if err := l.statusErr(r); err != nil {
 		return ledger.Grant{}, err

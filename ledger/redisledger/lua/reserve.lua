@@ -1,6 +1,10 @@
 -- reserve: ARGV 6 policy version, 7 owner, 8 digest, 9 lease ttl ms,
 -- 10 dispatch (0|1), 11 held csv, 12 spec, 13 global hold ('' none: the
--- global partition and id of the request's global hold, see redisledger.go).
+-- global partition and id of the request's global hold, see global.go),
+-- 14 mode: '0' reserve; '1' replay only (answer from an existing record,
+-- else NOREC, writing nothing; used after a global denial, so a replay
+-- still replays); '2' check only (answer as a reserve would, but CHECKED
+-- instead of admitting, writing nothing; used before a global hold).
 -- OK:     {'OK', epoch, leaseExpiry, now, room...}
 -- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, room...}
 -- where room is append_room's layout (headroom after the call).
@@ -24,6 +28,7 @@ if rec then
   if not a then return {'CORRUPT', epoch, aerr} end
   return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g}, a)
 end
+if ARGV[14] == '1' then return {'NOREC', epoch} end
 
 local fence, pv = cint(META.fence_s), cint(META.pv_s)
 if fence == nil or pv == nil then return {'CORRUPT', epoch, 'meta'} end
@@ -40,6 +45,7 @@ local a, aerr = assess(now, scopes, h, dispatch, epoch)
 if not a then return {'CORRUPT', epoch, aerr} end
 if a.deny then return a.deny end
 if a.dslot then return a.dslot end
+if ARGV[14] == '2' then return {'CHECKED', epoch} end
 
 -- Apply.
 local le = now + ttl
