@@ -60,7 +60,10 @@ import (
 // only after a crash or an ambiguous store error), the global budget counts
 // a hold that will never be used, and a concurrent Reserve may be denied on
 // the global budget although it would fit. Step 0 narrows the first case to
-// requests whose tenant budget ran out between the check and step 2. When no
+// requests whose tenant budget ran out between the check and step 2, and a
+// global denial that only in-flight holds cause (c + h ≤ max) is retried
+// once after the replay-only consult (one round trip later, when such holds
+// are usually gone). When no
 // tenant, api_key or workflow budget denies and the store answers, there is
 // no window and false global denials are zero; ledgertest's global tests
 // assert that and, for a T2-style round where tenant and api_key budgets

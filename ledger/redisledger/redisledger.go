@@ -394,10 +394,19 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 			// The id decides first (as in Memory): a replay, a conflict or
 			// a final record answers even when the global budget is full.
 			g, terr := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeReplayOnly)
-			if errors.Is(terr, errNoRecord) {
+			if !errors.Is(terr, errNoRecord) {
+				return g, terr
+			}
+			// A denial that only in-flight holds cause may be one of the
+			// short-lived holds of requests their tenant step refuses (see
+			// global.go); that consult took a round trip, so try once more.
+			var d *ledger.DeniedError
+			if !errors.As(err, &d) || d.Committed+d.Requested > d.Limit {
 				return ledger.Grant{}, err
 			}
-			return g, terr
+			if gh, err = l.reserveGlobal(ctx, &req, gi, ttl, digest); err != nil {
+				return ledger.Grant{}, err
+			}
 		}
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
