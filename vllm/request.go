@@ -213,7 +213,9 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 	if e != EndpointChat && e != EndpointCompletions {
 		return nil, fmt.Errorf("parse: unknown endpoint %d", e)
 	}
-	if !json.Valid(body) {
+	// validJSON is the allocation-free check; it only gives up (false) on
+	// invalid or very deep input, which json.Valid then decides.
+	if !validJSON(body) && !json.Valid(body) {
 		return nil, invalid("", "body is not valid JSON")
 	}
 	i := skipSpace(body, 0)
