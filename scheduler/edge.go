@@ -72,7 +72,8 @@ func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
 // Handle routes client API requests.
 func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
-	rc.Response.Header.Set("X-Request-Id", requestID(rc))
+	reqID := requestID(rc)
+	rc.Response.Header.Set("X-Request-Id", reqID)
 	switch {
 	case path == "/healthz":
 		rc.SetContentType("text/plain")
@@ -90,7 +91,7 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 			return
 		}
 		ep, _ := vllm.EndpointForPath(path)
-		e.generate(rc, ep)
+		e.generate(rc, ep, reqID)
 	case path == "/v1/workflows" || strings.HasPrefix(path, "/v1/workflows/"):
 		e.workflowAPI(rc, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/workflows"), "/"))
 	case path == "/v1/models":
@@ -170,9 +171,8 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (ad
 }
 
 // generate serves one chat or completions request end to end.
-func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint) {
+func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 	s := e.s
-	reqID := string(rc.Response.Header.Peek("X-Request-Id"))
 	if s.draining.Load() {
 		e.reject(rc, "", ErrDraining)
 		return

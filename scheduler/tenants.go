@@ -42,6 +42,8 @@ type tenant struct {
 	limits []ledger.Limit // budgets + slots, as sent with every Reserve
 	warn   map[ledger.Dim]float64
 	rt     *tenantRuntime
+	// keyHashes are the decoded SHA-256 of cfg.APIKeys, for authenticate.
+	keyHashes [][32]byte
 }
 
 // tenantRuntime is a tenant's live counters, kept across reloads.
@@ -129,6 +131,7 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 				return nil, fmt.Errorf("tenant %q: bad key hash", tc.Name)
 			}
 			p.byKey[h] = t
+			t.keyHashes = append(t.keyHashes, h)
 		}
 	}
 	return p, nil
@@ -148,10 +151,8 @@ func (p *policy) authenticate(authz []byte) (*tenant, error) {
 	}
 	// The map lookup already matched; the constant-time compare keeps the
 	// check honest should the lookup ever become prefix-based.
-	for _, k := range t.cfg.APIKeys {
-		var want [32]byte
-		_, _ = hex.Decode(want[:], []byte(strings.ToLower(strings.TrimPrefix(k, "sha256:"))))
-		if subtle.ConstantTimeCompare(want[:], h[:]) == 1 {
+	for i := range t.keyHashes {
+		if subtle.ConstantTimeCompare(t.keyHashes[i][:], h[:]) == 1 {
 			return t, nil
 		}
 	}
