@@ -22,7 +22,8 @@ import (
 // the largest CPU cost of a small non-streamed request. Retained raw values
 // (finish_reason, stop_reason, prompt_tokens_details) are copied, since
 // data aliases the Stream's buffer.
-func decodeChunkFast(data []byte, ch *asmChunk) bool {
+func decodeChunkFast(data []byte, ch *asmChunk, ar *asmArena) bool {
+	ar.reset()
 	if !validJSON(data) {
 		return false
 	}
@@ -40,9 +41,9 @@ func decodeChunkFast(data []byte, ch *asmChunk) bool {
 		case 2:
 			ok = setString(v, &ch.Model)
 		case 3:
-			ok = decodeChoices(data, m.valStart, v, ch)
+			ok = decodeChoices(data, m.valStart, v, ch, ar)
 		case 4:
-			ok = decodeUsage(data, m.valStart, v, ch)
+			ok = decodeUsage(data, m.valStart, v, ch, ar)
 		}
 		return ok
 	}) != nil {
@@ -121,7 +122,7 @@ func setString(v []byte, dst *string) bool {
 	return ok
 }
 
-func setStringPtr(v []byte, dst **string) bool {
+func setStringPtr(v []byte, dst **string, ar *asmArena) bool {
 	if isNullValue(v) {
 		*dst = nil
 		return true
@@ -130,8 +131,34 @@ func setStringPtr(v []byte, dst **string) bool {
 	if !ok {
 		return false
 	}
-	*dst = &s
+	*dst = ar.str(s)
 	return true
+}
+
+// asmArena holds what decodeChunkFast points into, reused chunk after
+// chunk: nothing outlives one Assembler.Add (strings are copied out, the
+// usage by value). A slice that grows leaves earlier pointers on its old
+// array, which stays valid.
+type asmArena struct {
+	strs   []string
+	deltas []asmDelta
+	usage  asmUsage
+}
+
+func (ar *asmArena) reset() {
+	clear(ar.strs)
+	ar.strs = ar.strs[:0]
+	ar.deltas = ar.deltas[:0]
+}
+
+func (ar *asmArena) str(s string) *string {
+	ar.strs = append(ar.strs, s)
+	return &ar.strs[len(ar.strs)-1]
+}
+
+func (ar *asmArena) delta() *asmDelta {
+	ar.deltas = append(ar.deltas, asmDelta{})
+	return &ar.deltas[len(ar.deltas)-1]
 }
 
 func setInt64(v []byte, dst *int64) bool {
@@ -155,7 +182,7 @@ func setInt(v []byte, dst *int) bool {
 	return true
 }
 
-func decodeUsage(data []byte, at int, v []byte, ch *asmChunk) bool {
+func decodeUsage(data []byte, at int, v []byte, ch *asmChunk, ar *asmArena) bool {
 	if isNullValue(v) {
 		ch.Usage = nil
 		return true
@@ -163,7 +190,8 @@ func decodeUsage(data []byte, at int, v []byte, ch *asmChunk) bool {
 	if v[0] != '{' {
 		return false
 	}
-	u := &asmUsage{}
+	ar.usage = asmUsage{}
+	u := &ar.usage
 	var seen uint8
 	ok := true
 	err := eachMember(data, at, func(m member) bool {
@@ -187,7 +215,7 @@ func decodeUsage(data []byte, at int, v []byte, ch *asmChunk) bool {
 	return ok
 }
 
-func decodeChoices(data []byte, at int, v []byte, ch *asmChunk) bool {
+func decodeChoices(data []byte, at int, v []byte, ch *asmChunk, ar *asmArena) bool {
 	if isNullValue(v) {
 		ch.Choices = nil
 		return true
@@ -211,9 +239,9 @@ func decodeChoices(data []byte, at int, v []byte, ch *asmChunk) bool {
 			case 0:
 				ok = setInt(mv, &c.Index)
 			case 1:
-				ok = decodeDelta(data, m.valStart, mv, &c)
+				ok = decodeDelta(data, m.valStart, mv, &c, ar)
 			case 2:
-				ok = setStringPtr(mv, &c.Text)
+				ok = setStringPtr(mv, &c.Text, ar)
 			case 3:
 				c.Logprobs = mv // read at once by addLogprobs, which copies
 			case 4:
@@ -235,7 +263,7 @@ func decodeChoices(data []byte, at int, v []byte, ch *asmChunk) bool {
 	return ok
 }
 
-func decodeDelta(data []byte, at int, v []byte, c *asmChoiceIn) bool {
+func decodeDelta(data []byte, at int, v []byte, c *asmChoiceIn, ar *asmArena) bool {
 	if isNullValue(v) {
 		c.Delta = nil
 		return true
@@ -243,7 +271,7 @@ func decodeDelta(data []byte, at int, v []byte, c *asmChoiceIn) bool {
 	if v[0] != '{' {
 		return false
 	}
-	d := &asmDelta{}
+	d := ar.delta()
 	var seen uint8
 	ok := true
 	err := eachMember(data, at, func(m member) bool {
@@ -252,15 +280,15 @@ func decodeDelta(data []byte, at int, v []byte, c *asmChoiceIn) bool {
 		case -1:
 			ok = false
 		case 0:
-			ok = setStringPtr(mv, &d.Role)
+			ok = setStringPtr(mv, &d.Role, ar)
 		case 1:
-			ok = setStringPtr(mv, &d.Content)
+			ok = setStringPtr(mv, &d.Content, ar)
 		case 2:
-			ok = setStringPtr(mv, &d.ReasoningContent)
+			ok = setStringPtr(mv, &d.ReasoningContent, ar)
 		case 3:
-			ok = setStringPtr(mv, &d.Reasoning)
+			ok = setStringPtr(mv, &d.Reasoning, ar)
 		case 4:
-			ok = decodeToolCalls(data, m.valStart, mv, d)
+			ok = decodeToolCalls(data, m.valStart, mv, d, ar)
 		}
 		return ok
 	})
@@ -269,7 +297,7 @@ func decodeDelta(data []byte, at int, v []byte, c *asmChoiceIn) bool {
 	return ok
 }
 
-func decodeToolCalls(data []byte, at int, v []byte, d *asmDelta) bool {
+func decodeToolCalls(data []byte, at int, v []byte, d *asmDelta, ar *asmArena) bool {
 	if isNullValue(v) {
 		d.ToolCalls = nil
 		return true
@@ -293,11 +321,11 @@ func decodeToolCalls(data []byte, at int, v []byte, d *asmDelta) bool {
 			case 0:
 				ok = setInt(mv, &tc.Index)
 			case 1:
-				ok = setStringPtr(mv, &tc.ID)
+				ok = setStringPtr(mv, &tc.ID, ar)
 			case 2:
-				ok = setStringPtr(mv, &tc.Type)
+				ok = setStringPtr(mv, &tc.Type, ar)
 			case 3:
-				ok = decodeFunction(data, m.valStart, mv, &tc)
+				ok = decodeFunction(data, m.valStart, mv, &tc, ar)
 			}
 			return ok
 		}) != nil {
@@ -313,7 +341,7 @@ func decodeToolCalls(data []byte, at int, v []byte, d *asmDelta) bool {
 	return ok
 }
 
-func decodeFunction(data []byte, at int, v []byte, tc *asmToolCallIn) bool {
+func decodeFunction(data []byte, at int, v []byte, tc *asmToolCallIn, ar *asmArena) bool {
 	if isNullValue(v) {
 		tc.Function = nil
 		return true
@@ -330,9 +358,9 @@ func decodeFunction(data []byte, at int, v []byte, tc *asmToolCallIn) bool {
 		case -1:
 			ok = false
 		case 0:
-			ok = setStringPtr(mv, &f.Name)
+			ok = setStringPtr(mv, &f.Name, ar)
 		case 1:
-			ok = setStringPtr(mv, &f.Arguments)
+			ok = setStringPtr(mv, &f.Arguments, ar)
 		}
 		return ok
 	})

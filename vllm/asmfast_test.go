@@ -18,7 +18,7 @@ import (
 func checkFastMatchesJSON(t testing.TB, data []byte) bool {
 	t.Helper()
 	var fast, slow asmChunk
-	ok := decodeChunkFast(data, &fast)
+	ok := decodeChunkFast(data, &fast, &asmArena{})
 	err := json.Unmarshal(data, &slow)
 	if !ok {
 		return false

@@ -93,6 +93,7 @@ type Assembler struct {
 	chunks    int
 	// scratch is reused by Add; its Choices' backing array survives.
 	scratch asmChunk
+	arena   asmArena
 }
 
 // NewAssembler returns an Assembler for endpoint e.
@@ -197,7 +198,7 @@ func (a *Assembler) Add(ev Event) error {
 	}
 	a.scratch = asmChunk{Choices: a.scratch.Choices[:0]}
 	ch := &a.scratch
-	if !decodeChunkFast(ev.Data, ch) {
+	if !decodeChunkFast(ev.Data, ch, &a.arena) {
 		*ch = asmChunk{}
 		if err := json.Unmarshal(ev.Data, ch); err != nil {
 			return fmt.Errorf("assemble: decode chunk: %w", err)
