@@ -141,7 +141,7 @@ func TestT15JournalKill9(t *testing.T) {
 					wantC += jActual(i)[ledger.Tokens]
 					continue
 				}
-				if i%2 == 0 && !(i == lastR && i%3 == 0) {
+				if i%2 == 0 && (i != lastR || i%3 != 0) {
 					wantR += jReq(i).Held[ledger.Tokens]
 					open++
 				}
@@ -152,8 +152,8 @@ func TestT15JournalKill9(t *testing.T) {
 			}
 			gotC := committed(m, ledger.Tokens, 24*time.Hour)
 			gotR := u.Reserved[ledger.Tokens]
-			switch {
-			case inflight == lastR: // settle(lastR) in flight; lastR is even iff dispatched
+			switch inflight {
+			case lastR: // settle(lastR) in flight; lastR is even iff dispatched
 				held := int64(0)
 				if lastR%2 == 0 {
 					held = jReq(lastR).Held[ledger.Tokens]
@@ -178,11 +178,11 @@ func TestT15JournalKill9(t *testing.T) {
 				err := m.MarkDispatched(ctx, jReq(i).Ref, ledger.Owner{0xff})
 				switch {
 				case settled[i]:
-					assert.ErrorIs(t, err, ledger.ErrAlreadyFinal, "request %d settled", i)
+					require.ErrorIs(t, err, ledger.ErrAlreadyFinal, "request %d settled", i)
 				case i == lastR && inflight == lastR:
 					// its settle may have landed
 				default:
-					assert.ErrorIs(t, err, ledger.ErrLeaseLost, "request %d is EXPIRED or UNRESOLVED", i)
+					require.ErrorIs(t, err, ledger.ErrLeaseLost, "request %d is EXPIRED or UNRESOLVED", i)
 				}
 				if settled[i] {
 					s, err := m.Settle(ctx, jReq(i).Ref, jActual(i), ledger.SourceFinal)
@@ -345,9 +345,9 @@ func TestJournalFailureFailsClosed(t *testing.T) {
 	require.NoError(t, err)
 	m.BreakJournalForTest()
 	_, err = m.Reserve(ctx, jReq(1))
-	assert.ErrorIs(t, err, ledger.ErrAmbiguous)
+	require.ErrorIs(t, err, ledger.ErrAmbiguous)
 	_, err = m.Settle(ctx, jReq(0).Ref, jActual(0), ledger.SourceFinal)
-	assert.ErrorIs(t, err, ledger.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	assert.True(t, ledger.IsStoreError(err))
 	again, err := ledger.NewMemory(ledger.MemoryConfig{Clock: func() time.Time { return jT0 }, Journal: path, Logger: quiet})
 	require.NoError(t, err)
@@ -400,12 +400,12 @@ func TestJournalOnlineCompaction(t *testing.T) {
 	for i := range 400 {
 		err := again.MarkDispatched(ctx, jReq(i).Ref, ledger.Owner{0xff})
 		if i%3 == 0 {
-			assert.ErrorIs(t, err, ledger.ErrAlreadyFinal, "request %d", i)
+			require.ErrorIs(t, err, ledger.ErrAlreadyFinal, "request %d", i)
 		} else {
-			assert.ErrorIs(t, err, ledger.ErrLeaseLost, "request %d", i)
+			require.ErrorIs(t, err, ledger.ErrLeaseLost, "request %d", i)
 		}
 	}
-	assert.ErrorIs(t, again.MarkDispatched(ctx, jReq(1000).Ref, ledger.Owner{0xff}), ledger.ErrLeaseLost, "the entry after the compaction")
+	require.ErrorIs(t, again.MarkDispatched(ctx, jReq(1000).Ref, ledger.Owner{0xff}), ledger.ErrLeaseLost, "the entry after the compaction")
 	require.NoError(t, again.Audit())
 }
 

@@ -619,14 +619,14 @@ type Ledger interface {
 	Extend(ctx context.Context, ref Ref, owner Owner, ttl time.Duration) (leaseExpiry time.Time, err error)
 	Settle(ctx context.Context, ref Ref, actual Amounts, src Source) (Settlement, error)
 	Release(ctx context.Context, ref Ref, owner Owner) error
-	Reclaim(ctx context.Context, tenant ScopeKey, max int) (ReclaimStats, error)
+	Reclaim(ctx context.Context, tenant ScopeKey, limit int) (ReclaimStats, error)
 	Resolve(ctx context.Context, ref Ref) (Settlement, error)
 	Snapshot(ctx context.Context, tenant, scope ScopeKey) (Usage, error)
 	// List returns up to max (≤ 0: DefaultListMax) open records of tenant in
 	// state (RESERVED, DISPATCHED or UNRESOLVED; anything else is ErrInvalid),
 	// ordered by lease expiry (UNRESOLVED: by when they become chargeable),
 	// ties by the id's base64url form. It never writes.
-	List(ctx context.Context, tenant ScopeKey, state State, max int) ([]ReservationInfo, error)
+	List(ctx context.Context, tenant ScopeKey, state State, limit int) ([]ReservationInfo, error)
 	// Charge commits usage that happened without a reservation (admitted
 	// while the ledger was unreachable), exactly once by Ref.ID: never
 	// denied, charged to the still-current windows containing At, emitted as

@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -109,8 +108,8 @@ func TestDeniedError(t *testing.T) {
 	e := &DeniedError{Scope: KindWorkflow, Dim: Tokens, Window: time.Hour, Limit: 500000, Committed: 480000,
 		Reserved: 15000, Requested: 8000, ResetsAt: time.Date(2026, 11, 25, 14, 0, 0, 0, time.UTC), RetryAfter: 90 * time.Second}
 	var err error = e
-	assert.ErrorIs(t, err, ErrDenied)
-	assert.False(t, errors.Is(err, ErrPolicy))
+	require.ErrorIs(t, err, ErrDenied)
+	require.NotErrorIs(t, err, ErrPolicy)
 	assert.Equal(t, "ledger: workflow budget exceeded: tokens per 1h: committed 480000 + reserved 15000 + requested 8000 > limit 500000; resets at 2026-11-25T14:00:00Z (retry after 1m30s)", e.Error())
 	b, err := json.Marshal(e.Details())
 	require.NoError(t, err)

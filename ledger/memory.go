@@ -630,9 +630,9 @@ func (t *tenantState) entomb(rec *record, now, retention int64) {
 }
 
 // purge drops up to max due tombstones; it returns how many.
-func (m *Memory) purge(t *tenantState, now int64, max int) int {
+func (m *Memory) purge(t *tenantState, now int64, limit int) int {
 	n := 0
-	for n < max && t.thead < len(t.tombs) && t.tombs[t.thead].purgeAt <= now {
+	for n < limit && t.thead < len(t.tombs) && t.tombs[t.thead].purgeAt <= now {
 		rec := t.tombs[t.thead]
 		t.tombs[t.thead] = nil
 		t.thead++
@@ -1312,12 +1312,12 @@ func (m *Memory) chargeHeld(t *tenantState, rec *record, now int64, ev *UsageEve
 // means 1024) of due leases (RESERVED → EXPIRED, DISPATCHED → UNRESOLVED),
 // UNRESOLVED records whose first admission window has closed (→ CHARGED),
 // and tombstones past TombstoneRetention. It never acts early.
-func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, max int) (ReclaimStats, error) {
+func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, limit int) (ReclaimStats, error) {
 	if err := m.ready(ctx); err != nil {
 		return ReclaimStats{}, err
 	}
-	if max <= 0 {
-		max = 1024
+	if limit <= 0 {
+		limit = 1024
 	}
 	t := m.tenant(tenant, false)
 	if t == nil {
@@ -1329,7 +1329,7 @@ func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, max int) (Reclaim
 		gl = &m.glob
 		gl.mu.Lock()
 	}
-	e := entry{op: opReclaim, ref: Ref{Tenant: tenant}, max: int64(max), time: m.nowLocked(t, gl)}
+	e := entry{op: opReclaim, ref: Ref{Tenant: tenant}, max: int64(limit), time: m.nowLocked(t, gl)}
 	var evs []UsageEvent
 	st, seq, err := m.reclaimLocked(t, &e, &evs)
 	m.unlockGlobal(gl, e.time)
@@ -1349,7 +1349,7 @@ func (m *Memory) Reclaim(ctx context.Context, tenant ScopeKey, max int) (Reclaim
 }
 
 func (m *Memory) reclaimLocked(t *tenantState, e *entry, evs *[]UsageEvent) (ReclaimStats, uint64, error) {
-	now, max := e.time, int(e.max)
+	now, limit := e.time, int(e.max)
 	if (len(t.leases) == 0 || t.leases[0].leaseExp > now) && (len(t.unres) == 0 || t.unres[0].resolveAt > now) &&
 		(t.thead >= len(t.tombs) || t.tombs[t.thead].purgeAt > now) {
 		return ReclaimStats{}, 0, nil // nothing due: O(1)
@@ -1384,7 +1384,7 @@ func (m *Memory) reclaimLocked(t *tenantState, e *entry, evs *[]UsageEvent) (Rec
 	var st ReclaimStats
 	retention := m.retention
 	for len(t.leases) > 0 && t.leases[0].leaseExp <= now {
-		if st.Expired+st.Unresolved >= max {
+		if st.Expired+st.Unresolved >= limit {
 			st.More = true
 			break
 		}
@@ -1402,7 +1402,7 @@ func (m *Memory) reclaimLocked(t *tenantState, e *entry, evs *[]UsageEvent) (Rec
 		st.Unresolved++
 	}
 	for len(t.unres) > 0 && t.unres[0].resolveAt <= now {
-		if st.Expired+st.Unresolved+st.Charged >= max {
+		if st.Expired+st.Unresolved+st.Charged >= limit {
 			st.More = true
 			break
 		}
@@ -1413,7 +1413,7 @@ func (m *Memory) reclaimLocked(t *tenantState, e *entry, evs *[]UsageEvent) (Rec
 		}
 		st.Charged++
 	}
-	if left := max - st.Expired - st.Unresolved - st.Charged; left > 0 {
+	if left := limit - st.Expired - st.Unresolved - st.Charged; left > 0 {
 		st.Purged = m.purge(t, now, left)
 	}
 	if t.thead < len(t.tombs) && t.tombs[t.thead].purgeAt <= now {
@@ -1563,15 +1563,15 @@ func (m *Memory) Committed(tenant, scope ScopeKey, dim Dim, window time.Duration
 // by the id's base64url form (the order of the Redis backend's ZSETs). It
 // holds the tenant's lock while it copies, so the answer is one consistent
 // cut, and costs O(open records of the tenant · log).
-func (m *Memory) List(ctx context.Context, tenant ScopeKey, state State, max int) ([]ReservationInfo, error) {
+func (m *Memory) List(ctx context.Context, tenant ScopeKey, state State, limit int) ([]ReservationInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !state.Open() {
 		return nil, fmt.Errorf("list state %s: only reserved, dispatched or unresolved: %w", state, ErrInvalid)
 	}
-	if max <= 0 {
-		max = DefaultListMax
+	if limit <= 0 {
+		limit = DefaultListMax
 	}
 	t := m.tenant(tenant, false)
 	if t == nil {
@@ -1609,8 +1609,8 @@ func (m *Memory) List(ctx context.Context, tenant ScopeKey, state State, max int
 		}
 		return strings.Compare(a.id, b.id)
 	})
-	if len(items) > max {
-		items = items[:max]
+	if len(items) > limit {
+		items = items[:limit]
 	}
 	out := make([]ReservationInfo, len(items))
 	for i := range items {

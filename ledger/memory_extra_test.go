@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -146,13 +145,13 @@ func TestMemoryAdjust(t *testing.T) {
 	for _, tc := range tests {
 		err := m.Adjust(ctx, jTenant, jTenant, ledger.Tokens, 24*time.Hour, tc.delta)
 		if tc.want != nil {
-			assert.ErrorIs(t, err, tc.want, tc.name)
+			require.ErrorIs(t, err, tc.want, tc.name)
 		} else {
-			assert.NoError(t, err, tc.name)
+			require.NoError(t, err, tc.name)
 		}
 		assert.Equal(t, tc.c, m.Committed(jTenant, jTenant, ledger.Tokens, 24*time.Hour), tc.name)
 	}
-	assert.ErrorIs(t, m.Adjust(ctx, jTenant, jTenant, ledger.Tokens, time.Hour, 1), ledger.ErrNotFound)
+	require.ErrorIs(t, m.Adjust(ctx, jTenant, jTenant, ledger.Tokens, time.Hour, 1), ledger.ErrNotFound)
 	require.NoError(t, m.Audit(), "adjustments are accounted for")
 }
 
@@ -183,7 +182,7 @@ func TestMemoryCanceledContextIsUnavailable(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	_, err = m.Reserve(ctx, jReq(0))
-	assert.ErrorIs(t, err, ledger.ErrUnavailable)
+	require.ErrorIs(t, err, ledger.ErrUnavailable)
 	assert.True(t, ledger.IsStoreError(err))
-	assert.True(t, errors.Is(err, context.Canceled))
+	assert.ErrorIs(t, err, context.Canceled)
 }

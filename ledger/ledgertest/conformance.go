@@ -1,7 +1,6 @@
 package ledgertest
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -102,7 +101,7 @@ func testHeterogeneous(t *testing.T, f Factory) {
 				falseDenials++
 			}
 			err := b.Ledger.MarkDispatched(ctx, c.req.Ref, c.req.Owner)
-			assert.ErrorIsf(t, err, ledger.ErrNotFound, "a denied id leaves no record")
+			require.ErrorIsf(t, err, ledger.ErrNotFound, "a denied id leaves no record")
 		}
 		assert.Zerof(t, falseDenials, "round %d: false denials", round)
 		auditClean(t, b, tenant)
@@ -151,7 +150,7 @@ func testDuplicateReserve(t *testing.T, f Factory) {
 	changed := req
 	changed.Held = tokens(5, 3)
 	_, err := b.Ledger.Reserve(ctx, changed)
-	assert.ErrorIs(t, err, ledger.ErrConflict)
+	require.ErrorIs(t, err, ledger.ErrConflict)
 	if b.Dump != nil {
 		assert.Equal(t, before, b.Dump(tenant), "a conflicting replay changes nothing")
 	}
@@ -196,7 +195,7 @@ func testDuplicateSettle(t *testing.T, f Factory) {
 	assert.Equal(t, int64(0), u.Reserved[ledger.Tokens], "r -= h once")
 	assert.Equal(t, int64(0), u.SlotsInUse)
 	_, err = b.Ledger.Settle(ctx, req.Ref, tokens(50, 21), ledger.SourceFinal)
-	assert.ErrorIs(t, err, ledger.ErrConflict)
+	require.ErrorIs(t, err, ledger.ErrConflict)
 	assert.Equal(t, int64(70), committed(usage(t, b, tenant, tenant), ledger.Tokens, time.Hour), "c unchanged by the conflict")
 	auditClean(t, b, tenant)
 }
@@ -286,7 +285,7 @@ func testSettleAfterTTL(t *testing.T, f Factory) {
 	assert.Equal(t, int64(600), u.Reserved[ledger.Tokens], "r unchanged")
 	assert.Equal(t, 1, u.Unresolved)
 	_, err = b.Ledger.Extend(ctx, req.Ref, req.Owner, time.Minute)
-	assert.ErrorIs(t, err, ledger.ErrLeaseLost)
+	require.ErrorIs(t, err, ledger.ErrLeaseLost)
 	_, err = b.Ledger.Reserve(ctx, simpleReq(tenant, tokens(401, 0), false, limits...))
 	d, ok := isDenied(err)
 	require.Truef(t, ok, "a Reserve needing the held headroom is denied, got %v", err)
@@ -310,7 +309,7 @@ func testSettleAfterTTL(t *testing.T, f Factory) {
 	}
 	before := usage(t, b, tenant, tenant)
 	_, err = b.Ledger.Settle(ctx, req.Ref, a, ledger.SourcePartial)
-	assert.ErrorIs(t, err, ledger.ErrNotFound, "tombstone aged out")
+	require.ErrorIs(t, err, ledger.ErrNotFound, "tombstone aged out")
 	assert.Equal(t, before, usage(t, b, tenant, tenant), "counters unchanged")
 	if b.Orphans != nil {
 		assert.Equal(t, orphans+1, b.Orphans(), "one orphan event")
@@ -359,7 +358,7 @@ func testCorrupt(t *testing.T, f Factory) {
 				before = b.Dump(tenant)
 			}
 			err = tc.call(b, req)
-			assert.ErrorIs(t, err, ledger.ErrCorrupt)
+			require.ErrorIs(t, err, ledger.ErrCorrupt)
 			if b.Dump != nil {
 				assert.Equal(t, before, b.Dump(tenant), "nothing written, nothing clamped")
 			}
@@ -406,7 +405,7 @@ func testMalformedPolicy(t *testing.T, f Factory) {
 			r.PolicyVersion = 5
 			tc.mutate(&r)
 			_, err := b.Ledger.Reserve(ctx, r)
-			assert.ErrorIs(t, err, tc.want)
+			require.ErrorIs(t, err, tc.want)
 			if b.Dump != nil {
 				assert.Equal(t, before, b.Dump(tenant), "no writes")
 			}
@@ -554,7 +553,7 @@ func testStateMachine(t *testing.T, f Factory) {
 		req := simpleReq(tenant, tokens(1, 1), false, limits...)
 		require.NoError(t, b.Ledger.Release(ctx, req.Ref, req.Owner))
 		_, err := b.Ledger.Reserve(ctx, req)
-		assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
+		require.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		assert.NoError(t, b.Ledger.Release(ctx, req.Ref, req.Owner), "a replayed Release is fine")
 	})
 	t.Run("slot full denies MarkDispatched and keeps RESERVED", func(t *testing.T) {
@@ -573,7 +572,7 @@ func testStateMachine(t *testing.T, f Factory) {
 		require.NoError(t, err)
 		require.NoError(t, b.Ledger.MarkDispatched(ctx, second.Ref, second.Owner))
 		require.NoError(t, b.Ledger.MarkDispatched(ctx, second.Ref, second.Owner), "replay")
-		assert.ErrorIs(t, b.Ledger.MarkDispatched(ctx, second.Ref, ledger.Owner{2}), ledger.ErrLeaseLost)
+		require.ErrorIs(t, b.Ledger.MarkDispatched(ctx, second.Ref, ledger.Owner{2}), ledger.ErrLeaseLost)
 		_, err = b.Ledger.Reserve(ctx, simpleReq(tenant, tokens(1, 1), true, limits...))
 		d, ok = isDenied(err)
 		require.Truef(t, ok, "Dispatch=true on a full slot limit is denied, got %v", err)
@@ -589,13 +588,13 @@ func testStateMachine(t *testing.T, f Factory) {
 		require.NoError(t, err)
 		assert.Equal(t, b.Now().Add(90*time.Second).UnixMilli(), exp.UnixMilli())
 		_, err = b.Ledger.Extend(ctx, req.Ref, req.Owner, time.Hour)
-		assert.ErrorIs(t, err, ledger.ErrInvalid, "over MaxLeaseTTL")
+		require.ErrorIs(t, err, ledger.ErrInvalid, "over MaxLeaseTTL")
 		_, err = b.Ledger.Extend(ctx, req.Ref, ledger.Owner{9}, time.Second)
-		assert.ErrorIs(t, err, ledger.ErrLeaseLost, "another owner")
-		assert.ErrorIs(t, b.Ledger.Release(ctx, req.Ref, ledger.Owner{9}), ledger.ErrLeaseLost)
+		require.ErrorIs(t, err, ledger.ErrLeaseLost, "another owner")
+		require.ErrorIs(t, b.Ledger.Release(ctx, req.Ref, ledger.Owner{9}), ledger.ErrLeaseLost)
 		require.NoError(t, b.Ledger.Release(ctx, req.Ref, req.Owner))
 		_, err = b.Ledger.Extend(ctx, req.Ref, req.Owner, time.Second)
-		assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
+		require.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		s, err := b.Ledger.Settle(ctx, req.Ref, tokens(1, 0), ledger.SourceFinal)
 		require.NoError(t, err)
 		assert.Equal(t, ledger.Settlement{State: ledger.SettledLate, Charged: tokens(1, 0), Late: true}, s, "a protocol violation, charged only")
@@ -610,7 +609,7 @@ func testStateMachine(t *testing.T, f Factory) {
 		_, err := b.Ledger.Reserve(ctx, req)
 		require.NoError(t, err)
 		_, err = b.Ledger.Resolve(ctx, req.Ref)
-		assert.ErrorIs(t, err, ledger.ErrConflict, "not unresolved yet")
+		require.ErrorIs(t, err, ledger.ErrConflict, "not unresolved yet")
 		b.Advance(time.Second)
 		_, err = b.Ledger.Reclaim(ctx, tenant, 10)
 		require.NoError(t, err)
@@ -621,9 +620,9 @@ func testStateMachine(t *testing.T, f Factory) {
 		require.NoError(t, err)
 		assert.True(t, s.Replayed)
 		_, err = b.Ledger.Settle(ctx, req.Ref, tokens(1, 1), ledger.SourceFinal)
-		assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
+		require.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		_, err = b.Ledger.Resolve(ctx, ledger.Ref{Tenant: tenant, ID: ledger.NewRequestID()})
-		assert.ErrorIs(t, err, ledger.ErrNotFound)
+		require.ErrorIs(t, err, ledger.ErrNotFound)
 		auditClean(t, b, tenant)
 	})
 	t.Run("headroom and warnings", func(t *testing.T) {
@@ -643,11 +642,11 @@ func testStateMachine(t *testing.T, f Factory) {
 	})
 	t.Run("not found", func(t *testing.T) {
 		ref := ledger.Ref{Tenant: newKey(1), ID: ledger.NewRequestID()}
-		assert.ErrorIs(t, b.Ledger.MarkDispatched(ctx, ref, ledger.Owner{1}), ledger.ErrNotFound)
+		require.ErrorIs(t, b.Ledger.MarkDispatched(ctx, ref, ledger.Owner{1}), ledger.ErrNotFound)
 		_, err := b.Ledger.Extend(ctx, ref, ledger.Owner{1}, time.Second)
-		assert.ErrorIs(t, err, ledger.ErrNotFound)
+		require.ErrorIs(t, err, ledger.ErrNotFound)
 		_, err = b.Ledger.Settle(ctx, ref, tokens(1, 1), ledger.SourceFinal)
+		require.ErrorIs(t, err, ledger.ErrNotFound)
 		assert.ErrorIs(t, err, ledger.ErrNotFound)
-		assert.True(t, errors.Is(err, ledger.ErrNotFound))
 	})
 }

@@ -81,7 +81,7 @@ func testList(t *testing.T, f Factory) {
 	}
 	for _, st := range []ledger.State{ledger.Settled, ledger.Released, ledger.Charged, 0, 99} {
 		_, err := b.Ledger.List(ctx, tenant, st, 10)
-		assert.ErrorIs(t, err, ledger.ErrInvalid, "state %s", st)
+		require.ErrorIs(t, err, ledger.ErrInvalid, "state %s", st)
 	}
 	got, err := b.Ledger.List(ctx, newKey(1), ledger.Reserved, 10)
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func testGlobal(t *testing.T, f Factory) {
 			other++
 			t.Errorf("request %d: %s", i, describe(err))
 		}
-		assert.Equal(t, 142, len(granted), "floor(1000/7) grants")
+		assert.Len(t, granted, 142, "floor(1000/7) grants")
 		assert.Equal(t, 58, denied, "every other request denied on the global budget")
 		assert.Equal(t, 0, other)
 		gu := globalUsage(t, g)
@@ -192,8 +192,8 @@ func testGlobal(t *testing.T, f Factory) {
 
 	t.Run("zero false denials with heterogeneous amounts", func(t *testing.T) {
 		g := newKey(4)
-		const max = 50_000
-		glim := lim(ledger.Tokens, w, max)
+		const limit = 50_000
+		glim := lim(ledger.Tokens, w, limit)
 		rng := rand.New(rand.NewPCG(10, 10))
 		var reqs []ledger.ReserveRequest
 		for range 16 {
@@ -220,7 +220,7 @@ func testGlobal(t *testing.T, f Factory) {
 				sum += reqs[i].Held[ledger.Tokens]
 			}
 		}
-		require.LessOrEqual(t, sum, int64(max), "never over-admit")
+		require.LessOrEqual(t, sum, int64(limit), "never over-admit")
 		assert.Equal(t, sum, globalUsage(t, g).Reserved[ledger.Tokens], "global r == Σ granted")
 		denials, falseDenials := 0, 0
 		for i, err := range errs {
@@ -230,7 +230,7 @@ func testGlobal(t *testing.T, f Factory) {
 			d, ok := isDenied(err)
 			require.Truef(t, ok && d.Scope == ledger.KindGlobal, "request %d: %s", i, describe(err))
 			denials++
-			if max-sum >= reqs[i].Held[ledger.Tokens] {
+			if limit-sum >= reqs[i].Held[ledger.Tokens] {
 				falseDenials++
 			}
 		}
@@ -289,13 +289,13 @@ func testGlobal(t *testing.T, f Factory) {
 		changed := full
 		changed.Held = tokens(99, 0)
 		_, err = b.Ledger.Reserve(ctx, changed)
-		assert.ErrorIs(t, err, ledger.ErrConflict)
+		require.ErrorIs(t, err, ledger.ErrConflict)
 		require.NoError(t, b.Ledger.Release(ctx, full.Ref, full.Owner))
 		filler := globalReq(newKey(1), g, tokens(100, 0), false, glim)
 		_, err = b.Ledger.Reserve(ctx, filler)
 		require.NoError(t, err)
 		_, err = b.Ledger.Reserve(ctx, full)
-		assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
+		require.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		assert.Equal(t, int64(100), globalUsage(t, g).Reserved[ledger.Tokens])
 		auditClean(t, b, g)
 	})
@@ -306,8 +306,8 @@ func testGlobal(t *testing.T, f Factory) {
 		glim := lim(ledger.Tokens, w, gmax)
 		rng := rand.New(rand.NewPCG(11, 11))
 		type limitRef struct {
-			key ledger.ScopeKey
-			max int64
+			key   ledger.ScopeKey
+			limit int64
 		}
 		var reqs []ledger.ReserveRequest
 		var needs [][]limitRef
@@ -348,11 +348,11 @@ func testGlobal(t *testing.T, f Factory) {
 		maxOf := map[ledger.ScopeKey]int64{}
 		for _, ns := range needs {
 			for _, n := range ns {
-				maxOf[n.key] = n.max
+				maxOf[n.key] = n.limit
 			}
 		}
-		for key, max := range maxOf {
-			require.LessOrEqual(t, granted[key], max, "never over-admit")
+		for key, limit := range maxOf {
+			require.LessOrEqual(t, granted[key], limit, "never over-admit")
 			tenant := key
 			if key != g {
 				tenant = reqs[0].Ref.Tenant
@@ -376,7 +376,7 @@ func testGlobal(t *testing.T, f Factory) {
 			denials++
 			fits := true
 			for _, n := range needs[i] {
-				fits = fits && n.max-granted[n.key] >= reqs[i].Held[ledger.Tokens]
+				fits = fits && n.limit-granted[n.key] >= reqs[i].Held[ledger.Tokens]
 			}
 			if fits {
 				if d.Scope == ledger.KindGlobal {
@@ -456,7 +456,7 @@ func testGlobal(t *testing.T, f Factory) {
 		g := newKey(4)
 		req := globalReq(newKey(1), g, tokens(1, 0), false, slots(3))
 		_, err := b.Ledger.Reserve(ctx, req)
-		assert.ErrorIs(t, err, ledger.ErrPolicy, "no slots limit on a global scope")
+		require.ErrorIs(t, err, ledger.ErrPolicy, "no slots limit on a global scope")
 		req = globalReq(newKey(1), g, tokens(1, 0), false, lim(ledger.Tokens, w, 10))
 		req.Scopes = append(req.Scopes, globalScope(newKey(4), lim(ledger.Tokens, w, 10)))
 		_, err = b.Ledger.Reserve(ctx, req)
@@ -518,7 +518,7 @@ func testCharge(t *testing.T, f Factory) {
 		changed := req
 		changed.Amounts = tokens(30, 13)
 		_, err := b.Ledger.Charge(ctx, changed)
-		assert.ErrorIs(t, err, ledger.ErrConflict, "same id, different amount")
+		require.ErrorIs(t, err, ledger.ErrConflict, "same id, different amount")
 		if b.Dump != nil {
 			assert.Equal(t, before, b.Dump(tenant), "a conflicting charge changes nothing")
 		}
@@ -604,14 +604,14 @@ func testCharge(t *testing.T, f Factory) {
 		c := chargeReq(tenant, tokens(1, 0), b.Now(), limits...)
 		c.Ref = r.Ref
 		_, err = b.Ledger.Charge(ctx, c)
-		assert.ErrorIs(t, err, ledger.ErrConflict, "the id names a reservation")
+		require.ErrorIs(t, err, ledger.ErrConflict, "the id names a reservation")
 		c = chargeReq(tenant, tokens(1, 0), time.Time{}, limits...)
 		_, err = b.Ledger.Charge(ctx, c)
-		assert.ErrorIs(t, err, ledger.ErrInvalid, "no usage time")
+		require.ErrorIs(t, err, ledger.ErrInvalid, "no usage time")
 		c = chargeReq(tenant, tokens(1, 0), b.Now(), limits...)
 		c.Scopes[0].Key = newKey(1)
 		_, err = b.Ledger.Charge(ctx, c)
-		assert.ErrorIs(t, err, ledger.ErrInvalid, "tenant scope must be Ref.Tenant")
+		require.ErrorIs(t, err, ledger.ErrInvalid, "tenant scope must be Ref.Tenant")
 		c = chargeReq(tenant, ledger.Amounts{ledger.Tokens: 5}, b.Now(), limits...)
 		_, err = b.Ledger.Charge(ctx, c)
 		assert.ErrorIs(t, err, ledger.ErrInvalid, "tokens != input + output")

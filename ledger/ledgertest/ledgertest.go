@@ -152,11 +152,11 @@ func tenantScope(key ledger.ScopeKey, limits ...ledger.Limit) ledger.Scope {
 	return ledger.Scope{Kind: ledger.KindTenant, Key: key, Limits: limits}
 }
 
-func lim(d ledger.Dim, w time.Duration, max int64) ledger.Limit {
-	return ledger.Limit{Dim: d, Window: w, Max: max}
+func lim(d ledger.Dim, w time.Duration, limit int64) ledger.Limit {
+	return ledger.Limit{Dim: d, Window: w, Max: limit}
 }
 
-func slots(max int64) ledger.Limit { return ledger.Limit{Dim: ledger.Slots, Max: max} }
+func slots(limit int64) ledger.Limit { return ledger.Limit{Dim: ledger.Slots, Max: limit} }
 
 // usage snapshots a scope or fails the test.
 func usage(t *testing.T, b *Backend, tenant, scope ledger.ScopeKey) ledger.Usage {

@@ -149,7 +149,7 @@ func (l *Ledger) dropGlobal(ctx context.Context, gh *globalHold) {
 
 // followGlobal runs fn on the global hold named by a tenant record's field g
 // (nothing when g is empty).
-func (l *Ledger) followGlobal(ctx context.Context, g string, fn func(ledger.Ref) error) error {
+func (l *Ledger) followGlobal(_ context.Context, g string, fn func(ledger.Ref) error) error {
 	if g == "" {
 		return nil
 	}

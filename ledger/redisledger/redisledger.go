@@ -848,16 +848,16 @@ var errNotDue = fmt.Errorf("record is not unresolved: %w", ledger.ErrConflict)
 // UNRESOLVED) and charges UNRESOLVED records whose first admission window has
 // closed, at most max ids of each kind per call. Each id is its own script,
 // which rechecks due-ness, so Reclaim may lag but never acts early.
-func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, max int) (ledger.ReclaimStats, error) {
+func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, limit int) (ledger.ReclaimStats, error) {
 	var st ledger.ReclaimStats
 	if tenant.IsZero() {
 		return st, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
 	}
-	if max <= 0 {
-		max = l.cfg.ReclaimBatch
+	if limit <= 0 {
+		limit = l.cfg.ReclaimBatch
 	}
 	base := l.tenantBase(tenant)
-	r, err := l.run(ctx, l.s.scan, true, []string{base + "m", base + "L", base + "U"}, max)
+	r, err := l.run(ctx, l.s.scan, true, []string{base + "m", base + "L", base + "U"}, limit)
 	if err != nil {
 		return st, err
 	}
@@ -866,7 +866,7 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, max int) (
 	}
 	due, _ := r[2].([]any)
 	unres, _ := r[3].([]any)
-	st.More = len(due) >= max || len(unres) >= max
+	st.More = len(due) >= limit || len(unres) >= limit
 	for _, x := range due {
 		ref, ok := refOf(tenant, x)
 		if !ok {
@@ -1060,7 +1060,7 @@ func (l *Ledger) Run(ctx context.Context) error {
 // state between the ZRANGE and its HMGET is judged by the state read last
 // (and skipped if it no longer matches), and an id whose record is gone
 // (purged or damaged) is skipped. Reclaim, not List, reports corruption.
-func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, max int) ([]ledger.ReservationInfo, error) {
+func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.ReservationInfo, error) {
 	if tenant.IsZero() {
 		return nil, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
 	}
@@ -1070,8 +1070,8 @@ func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 	}
-	if max <= 0 {
-		max = ledger.DefaultListMax
+	if limit <= 0 {
+		limit = ledger.DefaultListMax
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	defer cancel()
@@ -1083,7 +1083,7 @@ func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.
 	const page = 256
 	want := strconv.Itoa(int(state))
 	var out []ledger.ReservationInfo
-	for start := int64(0); len(out) < max; start += page {
+	for start := int64(0); len(out) < limit; start += page {
 		ids, err := l.c.ZRange(ctx, index, start, start+page-1).Result()
 		if err != nil {
 			return nil, l.storeErr(err)
@@ -1124,7 +1124,7 @@ func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.
 			held[ledger.Slots] = 0
 			out = append(out, ledger.ReservationInfo{Ref: ref, State: state, Held: held,
 				LeaseExpiry: time.UnixMilli(le).UTC(), AdmittedAt: time.UnixMilli(at).UTC(), Owner: owner})
-			if len(out) == max {
+			if len(out) == limit {
 				break
 			}
 		}
