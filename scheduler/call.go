@@ -391,8 +391,9 @@ func (s *Server) await(c *call) error {
 		c.dispatchAt = s.now()
 		c.t.rt.inflight.Add(1)
 		c.t.rt.inflightTokens.Add(c.size)
-		s.m.Inflight.WithLabelValues(c.t.name).Inc()
-		s.m.QueueWait.WithLabelValues(c.t.name).Observe(c.dispatchAt.Sub(c.arrival).Seconds())
+		ts := c.t.series(s.m)
+		ts.inflight.Inc()
+		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
 		c.lastGood = s.now()
 		s.mu.Lock()
 		delete(s.queued, c)
@@ -602,7 +603,7 @@ func (s *Server) finish(c *call, err error) {
 	s.reps.release(c.rep, c.size)
 	c.t.rt.inflight.Add(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
-	s.m.Inflight.WithLabelValues(c.t.name).Dec()
+	c.t.series(s.m).inflight.Dec()
 	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
