@@ -445,9 +445,22 @@ SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
 # scen LABEL TARGET ARGS...: one `sluice bench run`; the JSON lands in res/LABEL.json.
 SCEN_LOG=()
+# wait_sim_idle: the previous scenario's leftovers (a direct flood leaves a
+# backlog inside vLLM) must not load the next one; Sluice would rightly see
+# the replica busy and hold its own requests back.
+wait_sim_idle() {
+	local i m
+	for i in $(seq 1 120); do
+		m=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { s += $NF } END { print s + 0 }')
+		[ "${m:-1}" = 0 ] && return 0
+		sleep 0.5
+	done
+	log "warning: the simulator did not go idle ($m requests left)"
+}
 scen() {
 	local label=$1 target=$2
 	shift 2
+	wait_sim_idle
 	log "scenario $label ($target)"
 	if "$SLUICE" bench run --base-url "$(url_of "$target")" "${SCEN[@]}" --capacity "$SCAP" --result-filename "$label.json" "$@" \
 		>"$WORK/res/$label.txt" 2>&1; then
