@@ -613,7 +613,7 @@ $SIDE_N requests from 16 concurrent kept-alive clients, reading the proxy's
 \`/proc/<pid>/stat\` utime+stime (all threads; nginx: master + workers) before and after.
 HAProxy 2.x: \`balance leastconn\`, \`server … maxconn 64\`, \`timeout queue 30s\`, \`nbthread 2\`,
 \`http-reuse always\`. nginx: \`proxy_pass\` to an upstream with \`keepalive 64\`, 2 workers.
-Sluice: \`sluice serve\`, 1 s scrape interval; every tenant capped at the replicas' batch size (`concurrency` = `max_num_seqs`) with `queue: {max_depth: 64, max_wait: 1500ms}` (tuned to the presets' 2 s TTFT SLO); tenants without budgets except `burst`. \`direct\` targets replica 0 only.
+Sluice: \`sluice serve\`, 1 s scrape interval; every tenant capped at the replicas' batch size (\`concurrency\` = \`max_num_seqs\`) with \`queue: {max_depth: 64, max_wait: 1500ms}\` (tuned to the presets' 2 s TTFT SLO); tenants without budgets except \`burst\`. \`direct\` targets replica 0 only.
 The load generator is a small Go program the script writes (\`loadloop\`, stdlib net/http).
 CPU ticks are 1/$CLK_TCK s, i.e. ±$((1000000 / CLK_TCK / SIDE_N)) µs per request of quantisation.
 
