@@ -93,12 +93,16 @@ func (s *replicaSet) pick(size int64, light bool, exclude *replica, reserve bool
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
-		if st >= gpu.StateDraining || k <= 0 || seqs >= r.maxSeqs {
-			continue
-		}
+		// The headroom applies to batch slots as well as tokens: a flood
+		// of short requests runs out of sequences long before KV.
+		maxSeqs := r.maxSeqs
 		limit := float64(k)
 		if !light {
 			limit *= 1 - s.headroom
+			maxSeqs = max(1, int64(float64(r.maxSeqs)*(1-s.headroom)))
+		}
+		if st >= gpu.StateDraining || k <= 0 || seqs >= maxSeqs {
+			continue
 		}
 		if float64(load+size) > limit {
 			continue

@@ -111,6 +111,16 @@ func TestReplicaChoice(t *testing.T) {
 	assert.Equal(t, int64(210), r0.load.Load(), "fits reserves nothing")
 	assert.Nil(t, set.choose(2000, true, nil), "fits nowhere")
 
+	// Batch slots: a heavy tenant may not take the last 10% of sequences.
+	r2 := &replica{name: "r2", maxSeqs: 10}
+	seqSet := &replicaSet{reps: []*replica{r2}, capacity: fixedCapacity(map[string]int64{"r2": 1 << 20}), headroom: 0.1}
+	for range 9 {
+		require.NotNil(t, seqSet.choose(1, false, nil))
+	}
+	assert.Nil(t, seqSet.choose(1, false, nil), "the 10th sequence is headroom")
+	assert.NotNil(t, seqSet.choose(1, true, nil), "a light tenant may take it")
+	assert.Nil(t, seqSet.choose(1, true, nil), "and then the batch is full")
+
 	// Draining or down replicas get nothing.
 	set.capacity = func(string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
 	assert.Nil(t, set.choose(1, true, nil))
