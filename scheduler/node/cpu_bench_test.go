@@ -28,15 +28,15 @@ func BenchmarkCPUPerRequest(b *testing.B) {
 	const clients, perClient = 16, 25
 	cfg := sim.DefaultConfig()
 	cfg.DecodeStep = time.Millisecond
-	_, simURL := startBenchSim(b, cfg, nil)
-	n := startBenchNode(b, []string{simURL}, "")
+	rep := startSim(b, cfg)
+	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "", ""))
 	c := benchClient()
 	body := []byte(smallCompletion)
 	for range 50 {
-		postOnce(b, c, simURL, body)
+		postOnce(b, c, rep.url, body)
 		postOnce(b, c, n.api, body)
 	}
-	for _, tc := range []struct{ name, url string }{{"direct", simURL}, {"sluice", n.api}} {
+	for _, tc := range []struct{ name, url string }{{"direct", rep.url}, {"sluice", n.api}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			var cpu time.Duration

@@ -34,16 +34,35 @@ type simReplica struct {
 	url string
 }
 
-func startSim(t *testing.T, cfg sim.Config) *simReplica {
-	t.Helper()
+func startSim(tb testing.TB, cfg sim.Config) *simReplica {
+	tb.Helper()
+	return startSimWrapped(tb, cfg, nil)
+}
+
+// startSimWrapped serves a replica whose HTTP handler wrap (when set)
+// wraps, e.g. to timestamp upstream aborts.
+func startSimWrapped(tb testing.TB, cfg sim.Config, wrap func(http.Handler) http.Handler) *simReplica {
+	tb.Helper()
 	r, err := sim.New(cfg)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	require.NoError(tb, err)
+	h := r.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
+	engine := make(chan error, 1)
+	served := make(chan error, 1)
+	go func() { engine <- r.Run(ctx) }()
+	go func() { served <- srv.Serve(ln) }()
+	tb.Cleanup(func() {
+		cancel()
+		_ = srv.Close()
+		<-served
+		<-engine
+	})
 	return &simReplica{Replica: r, url: "http://" + ln.Addr().String()}
 }
 
@@ -56,7 +75,7 @@ type node struct {
 
 // nodeConfig renders a config for replicas with tenant overrides appended
 // to tenant acme (YAML lines indented by 4 spaces).
-func nodeConfig(t *testing.T, reps []*simReplica, acmeExtra, extraTop string) *config.File {
+func nodeConfig(t testing.TB, reps []*simReplica, acmeExtra, extraTop string) *config.File {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
@@ -75,13 +94,13 @@ func nodeConfig(t *testing.T, reps []*simReplica, acmeExtra, extraTop string) *c
 	return cfg
 }
 
-func startNode(t *testing.T, cfg *config.File) *node {
+func startNode(t testing.TB, cfg *config.File) *node {
 	t.Helper()
 	return startNodeWith(t, cfg, "")
 }
 
 // startNodeWith runs a node whose reloads read configPath.
-func startNodeWith(t *testing.T, cfg *config.File, configPath string) *node {
+func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 	t.Helper()
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -213,7 +232,7 @@ func errorCodeOf(t *testing.T, body []byte) (code string, details map[string]any
 }
 
 // metricValue sums the samples of name whose labels include want.
-func (n *node) metric(t *testing.T, name string, want map[string]string) float64 {
+func (n *node) metric(t testing.TB, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := n.reg.Gather()
 	require.NoError(t, err)
@@ -239,7 +258,7 @@ func (n *node) metric(t *testing.T, name string, want map[string]string) float64
 	return sum
 }
 
-func (n *node) gauge(t *testing.T, name string, want map[string]string) float64 {
+func (n *node) gauge(t testing.TB, name string, want map[string]string) float64 {
 	return n.metric(t, name, want)
 }
 
@@ -260,7 +279,7 @@ func labelsMatch(m *dto.Metric, want map[string]string) bool {
 
 // eventually polls cond (state owned by other processes' goroutines)
 // until it holds or the bound passes.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

@@ -6,8 +6,8 @@ package node
 // requests, so percentiles are meaningful at -benchtime=1x (make verify).
 // ns/op is the time of one batch; read the custom metrics.
 //
-// The harness helpers of harness_test.go take *testing.T; these take
-// testing.TB and mirror them (benchNode, startBenchSim, startBenchNode).
+// They use the harness of harness_test.go (startSim, startNode, metric,
+// eventually), which takes testing.TB.
 
 import (
 	"bytes"
@@ -22,10 +22,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
@@ -40,106 +38,6 @@ const (
 
 // smallCompletion is a small non-streamed completion: 4 tokens out.
 const smallCompletion = `{"model":"sim-model","prompt":"hello there","max_tokens":4,"ignore_eos":true}`
-
-// startBenchSim serves a simulated replica on loopback; wrap, when set,
-// wraps its HTTP handler.
-func startBenchSim(tb testing.TB, cfg sim.Config, wrap func(http.Handler) http.Handler) (*sim.Replica, string) {
-	tb.Helper()
-	r, err := sim.New(cfg)
-	require.NoError(tb, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	h := r.Handler()
-	if wrap != nil {
-		h = wrap(h)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	ctx, cancel := context.WithCancel(context.Background())
-	engine := make(chan error, 1)
-	served := make(chan error, 1)
-	go func() { engine <- r.Run(ctx) }()
-	go func() { served <- srv.Serve(ln) }()
-	tb.Cleanup(func() {
-		cancel()
-		_ = srv.Close()
-		<-served
-		<-engine
-	})
-	return r, "http://" + ln.Addr().String()
-}
-
-// benchNode is a Sluice server running in process for a benchmark.
-type benchNode struct {
-	api string
-	reg *prometheus.Registry
-}
-
-// startBenchNode runs node.Run on ephemeral ports with tenant acme (extra
-// YAML lines, indented by 4 spaces) and waits until a replica is sized.
-func startBenchNode(tb testing.TB, urls []string, acmeExtra string) *benchNode {
-	tb.Helper()
-	var b strings.Builder
-	b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
-	for i, u := range urls {
-		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", i, u)
-	}
-	b.WriteString("gpu: {telemetry: off}\nserver: {drain_timeout: 5s}\n")
-	fmt.Fprintf(&b, "tenants:\n  - name: acme\n    api_keys: [%q]\n%s", config.HashKey(keyAcme), acmeExtra)
-	cfg, err := config.Parse([]byte(b.String()))
-	require.NoError(tb, err, b.String())
-
-	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	n := &benchNode{api: "http://" + apiLn.Addr().String(), reg: prometheus.NewRegistry()}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, cfg, Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: keyAdmin, Registry: n.reg})
-	}()
-	tb.Cleanup(func() { cancel(); require.NoError(tb, <-done) })
-	waitFor(tb, "node ready", func() bool {
-		resp, err := http.Get(n.api + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200 && n.metric(tb, "sluice_replica_capacity_tokens", nil) > 0
-	})
-	return n
-}
-
-// metric sums the samples of a gauge or counter whose labels include want.
-func (n *benchNode) metric(tb testing.TB, name string, want map[string]string) float64 {
-	tb.Helper()
-	mfs, err := n.reg.Gather()
-	require.NoError(tb, err)
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelsMatch(m, want) {
-				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
-// waitFor polls cond (state owned by servers' goroutines) for up to 10 s.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling servers' state, not synchronising a race
-	}
-}
 
 // pctUS is the nearest-rank percentile p (0..100) of ds in microseconds.
 func pctUS(ds []time.Duration, p float64) float64 {
@@ -189,16 +87,16 @@ func postOnce(tb testing.TB, c *http.Client, url string, body []byte) time.Durat
 func BenchmarkOverhead(b *testing.B) {
 	cfg := sim.DefaultConfig()
 	cfg.DecodeStep = 100 * time.Microsecond
-	_, simURL := startBenchSim(b, cfg, nil)
-	n := startBenchNode(b, []string{simURL}, "")
+	rep := startSim(b, cfg)
+	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "", ""))
 	c := benchClient()
 	body := []byte(smallCompletion)
 	for range 50 { // warm connections and pools on both paths
-		postOnce(b, c, simURL, body)
+		postOnce(b, c, rep.url, body)
 		postOnce(b, c, n.api, body)
 	}
 
-	for _, tc := range []struct{ name, url string }{{"direct", simURL}, {"sluice", n.api}} {
+	for _, tc := range []struct{ name, url string }{{"direct", rep.url}, {"sluice", n.api}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			lat := make([]time.Duration, 0, overheadBatch*8)
@@ -216,7 +114,7 @@ func BenchmarkOverhead(b *testing.B) {
 		via := make([]time.Duration, 0, overheadBatch*8)
 		for b.Loop() {
 			for range overheadBatch {
-				direct = append(direct, postOnce(b, c, simURL, body))
+				direct = append(direct, postOnce(b, c, rep.url, body))
 				via = append(via, postOnce(b, c, n.api, body))
 			}
 		}
@@ -293,11 +191,11 @@ func BenchmarkDisconnectToUpstreamClose(b *testing.B) {
 	const stream = `{"model":"sim-model","prompt":"tell me a long story","max_tokens":500,"ignore_eos":true,"stream":true}`
 	clock := &abortClock{ended: make(chan time.Time, 1)}
 	cfg := sim.DefaultConfig()
-	rep, simURL := startBenchSim(b, cfg, clock.wrap)
-	n := startBenchNode(b, []string{simURL}, "")
+	rep := startSimWrapped(b, cfg, clock.wrap)
+	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "", ""))
 	c := benchClient()
 
-	for _, tc := range []struct{ name, url string }{{"direct", simURL}, {"sluice", n.api}} {
+	for _, tc := range []struct{ name, url string }{{"direct", rep.url}, {"sluice", n.api}} {
 		b.Run(tc.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, disconnectBatch*8)
 			for b.Loop() {
@@ -305,7 +203,7 @@ func BenchmarkDisconnectToUpstreamClose(b *testing.B) {
 					lat = append(lat, hangUpOnce(b, c, tc.url, clock, stream))
 				}
 			}
-			waitFor(b, "simulator idle", func() bool { return rep.Stats().Running == 0 })
+			eventually(b, "simulator idle", func() bool { return rep.Stats().Running == 0 })
 			b.ReportMetric(pctUS(lat, 50), "p50-µs")
 			b.ReportMetric(pctUS(lat, 99), "p99-µs")
 		})
@@ -346,8 +244,8 @@ func BenchmarkQueuedRequestMemory(b *testing.B) {
 	cfg := sim.DefaultConfig()
 	cfg.DecodeStep = 15 * time.Millisecond // the holder runs for minutes
 	cfg.OutputLenMax = 20000
-	_, simURL := startBenchSim(b, cfg, nil)
-	n := startBenchNode(b, []string{simURL}, "    concurrency: 1\n    queue: {max_depth: 1000, max_wait: 60s}\n")
+	rep := startSim(b, cfg)
+	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "    concurrency: 1\n    queue: {max_depth: 1000, max_wait: 60s}\n", ""))
 	addr := strings.TrimPrefix(n.api, "http://")
 
 	// The prompt is padded to a fixed total body size of 1 KiB.
@@ -360,7 +258,7 @@ func BenchmarkQueuedRequestMemory(b *testing.B) {
 	holder := rawQueued(b, addr, []byte(`{"model":"sim-model","prompt":"hold","max_tokens":10000,"ignore_eos":true,"stream":true}`))
 	defer holder.Close()
 	inflight := map[string]string{"tenant": "acme"}
-	waitFor(b, "holder dispatched", func() bool { return n.metric(b, "sluice_inflight_requests", inflight) == 1 })
+	eventually(b, "holder dispatched", func() bool { return n.metric(b, "sluice_inflight_requests", inflight) == 1 })
 
 	var perReq, stackPerReq []float64
 	conns := make([]net.Conn, 0, queuedBatch)
@@ -369,7 +267,7 @@ func BenchmarkQueuedRequestMemory(b *testing.B) {
 		for range queuedBatch {
 			conns = append(conns, rawQueued(b, addr, body))
 		}
-		waitFor(b, "requests queued", func() bool { return n.metric(b, "sluice_queue_depth", inflight) == queuedBatch })
+		eventually(b, "requests queued", func() bool { return n.metric(b, "sluice_queue_depth", inflight) == queuedBatch })
 		heap1, stack1 := heapInUse()
 		perReq = append(perReq, (float64(heap1)-float64(heap0))/queuedBatch)
 		stackPerReq = append(stackPerReq, (float64(stack1)-float64(stack0))/queuedBatch)
@@ -377,7 +275,7 @@ func BenchmarkQueuedRequestMemory(b *testing.B) {
 			c.Close()
 		}
 		conns = conns[:0]
-		waitFor(b, "queue empty", func() bool { return n.metric(b, "sluice_queue_depth", inflight) == 0 })
+		eventually(b, "queue empty", func() bool { return n.metric(b, "sluice_queue_depth", inflight) == 0 })
 	}
 	slices.Sort(perReq)
 	slices.Sort(stackPerReq)
