@@ -210,11 +210,16 @@ write_sluice_config() {
 			# scenario tenants hold at most a third of the batch each, so one
 			# tenant cannot take every sequence (the in-flight cap is what
 			# isolation rests on, SCHEDULING §5-6).
-			if [ "$t" = solo ]; then echo "    concurrency: 64"; else echo "    concurrency: $(( ${SIM_SEQS:-64} / 3 ))"; fi
 			# Queue tuned to the presets' SLO (TTFT ≤ 2 s): a request that
 			# cannot start within 1.5 s is refused (504) rather than served
 			# late, so overload sheds excess instead of missing every SLO.
-			echo "    queue: {max_depth: 64, max_wait: 1500ms}"
+			# The budget-burst tenant fires everything at t0 and has no SLO:
+			# its admitted requests may wait for the batch.
+			case $t in
+			solo) printf '    concurrency: 64\n    queue: {max_depth: 64, max_wait: 1500ms}\n' ;;
+			burst) printf '    concurrency: %d\n    queue: {max_depth: 256, max_wait: 60s}\n' "${SIM_SEQS:-64}" ;;
+			*) printf '    concurrency: %d\n    queue: {max_depth: 64, max_wait: 1500ms}\n' $(( ${SIM_SEQS:-64} / 3 )) ;;
+			esac
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"
@@ -617,7 +622,7 @@ $SIDE_N requests from 16 concurrent kept-alive clients, reading the proxy's
 \`/proc/<pid>/stat\` utime+stime (all threads; nginx: master + workers) before and after.
 HAProxy 2.x: \`balance leastconn\`, \`server … maxconn 64\`, \`timeout queue 30s\`, \`nbthread 2\`,
 \`http-reuse always\`. nginx: \`proxy_pass\` to an upstream with \`keepalive 64\`, 2 workers.
-Sluice: \`sluice serve\`, 1 s scrape interval; scenario tenants capped at a third of the batch (\`concurrency\` = \`max_num_seqs\` / 3; the overhead tenant at 64) with \`queue: {max_depth: 64, max_wait: 1500ms}\` (tuned to the presets' 2 s TTFT SLO); tenants without budgets except \`burst\`. \`direct\` targets replica 0 only.
+Sluice: \`sluice serve\`, 1 s scrape interval; scenario tenants capped at a third of the batch (\`concurrency\` = \`max_num_seqs\` / 3; the overhead tenant at 64) with \`queue: {max_depth: 64, max_wait: 1500ms}\` (tuned to the presets' 2 s TTFT SLO); tenants without budgets except \`burst\` (capped at the whole batch, 60 s queue wait: it fires everything at t0 and has no SLO). \`direct\` targets replica 0 only.
 The load generator is a small Go program the script writes (\`loadloop\`, stdlib net/http).
 CPU ticks are 1/$CLK_TCK s, i.e. ±$((1000000 / CLK_TCK / SIDE_N)) µs per request of quantisation.
 
