@@ -728,6 +728,15 @@ EOF
 Not covered: \`saturation\` (a sweep; \`sluice bench sweep --workload saturation\`) and \`overhead\`
 (5 min A/B; \`sluice bench ab --workload overhead\`) are left out for time; the GPU-ms checks need a GPU.
 EOF
+	# Every other figures file (later issues' packages) is merged too, so no
+	# measured figure lives outside this report.
+	for f in docs/benchmarks/*.md; do
+		case $(basename "$f" .md) in sim | ledger | ledger-redis | queue | vllm | gpu | connwatch | audit | bench | deploy) continue ;; esac
+		echo
+		echo "## More figures: \`$f\`"
+		echo
+		awk '/^```/ { fence = !fence } !fence && /^#/ { sub(/^#+/, "&##") } { print }' "$f"
+	done
 } >"$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 log "done: $OUT ($(($(date +%s) - T0)) s)"
