@@ -11,7 +11,11 @@
 //     cap is min(client, tenant, budget) and written into the upstream body,
 //     and the deadline is min(tenant max_wait, X-Request-Timeout, server max).
 //  3. Reserve: one all-or-nothing ledger Reserve of requests, input, output,
-//     tokens, GPU-ms and usd_micros under the tenant (and workflow) scopes.
+//     tokens, GPU-ms and usd_micros under the tenant scope, plus the
+//     workflow envelope (X-Workflow-Id) and the fleet-wide global scope when
+//     configured. A token budget that cannot fit the cap lowers the cap to
+//     what it still allows. While the ledger cannot answer, a tenant with an
+//     outage allowance is admitted without it and charged later (outage.go).
 //  4. Enqueue: the tenant's bounded queue (package queue); a full queue is
 //     429 queue_full at once and the hold is released.
 //  5. Dispatch: the queue picks by band, weighted virtual counters and FIFO;
@@ -47,6 +51,11 @@
 //     settlements are retried by the outbox with the same id, and running
 //     calls extend their lease every lease_ttl/3 and abort upstream when the
 //     lease is lost or cannot be extended in time (LEDGER I10).
+//
+// Operators change budgets and clamps through the admin API (adminops.go);
+// each change builds a new policy version on top of the config file, so
+// queued and running requests keep the limits they were admitted under.
+// Automatic clamps (package abuse) use the same path.
 //
 // statusFor is the one place that maps outcomes to HTTP statuses and the
 // pinned error codes of ARCHITECTURE.md §3.3.
