@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/ledger/redisledger"
@@ -59,8 +62,10 @@ func pair(ctx context.Context, l *redisledger.Ledger, sc []ledger.Scope, owner l
 // (Dispatch) + Settle pairs with 64 concurrent callers. Target: ≥ 20,000
 // pairs/s on a 2-core machine (LEDGER.md §8).
 func BenchmarkReserveSettle64(b *testing.B) {
-	l, scopes := benchSetup(b)
+	srv := startRedis(b)
+	l, scopes := benchSetupT(b, srv.Addr())
 	ctx := context.Background()
+	cpu0 := serverCPU(b, srv.Addr())
 	owner := ledger.NewOwner()
 	var next atomic.Int64
 	var failed atomic.Int64
@@ -76,8 +81,35 @@ func BenchmarkReserveSettle64(b *testing.B) {
 		}
 	})
 	el := time.Since(start)
+	cpu := serverCPU(b, srv.Addr()) - cpu0
 	b.ReportMetric(float64(failed.Load()), "failed")
 	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
+	b.ReportMetric(cpu.Seconds()*1e6/float64(b.N), "srv-µs/pair")
+}
+
+// serverCPU returns redis-server's CPU time so far (used_cpu_user +
+// used_cpu_sys of INFO cpu): server CPU per pair is far steadier than wall
+// time on a shared machine.
+func serverCPU(b testing.TB, addr string) time.Duration {
+	b.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // BenchmarkReserveSettle64Global is BenchmarkReserveSettle64 with a global

@@ -529,15 +529,18 @@ func (l *Ledger) grantFrom(req ledger.ReserveRequest, r reply) (ledger.Grant, er
 	return g, nil
 }
 
-// decodeRoom decodes append_room's layout starting at r[i].
+// decodeRoom decodes append_room's layout starting at r[i]: the number of
+// tracked dimensions, then (dimension, max, remaining, W, resetsAt) for each.
 func decodeRoom(g *ledger.Grant, scopes []ledger.Scope, r reply, i int) {
-	for d := range ledger.NumDims {
-		tr, _ := r.int(i)
+	k, _ := r.int(i)
+	i++
+	for range k {
+		d, _ := r.int(i)
 		mx, _ := r.int(i + 1)
 		rem, _ := r.int(i + 2)
 		w, _ := r.int(i + 3)
 		rs, _ := r.int(i + 4)
-		if tr == 1 {
+		if d >= 0 && d < int64(ledger.NumDims) {
 			room := ledger.Room{Tracked: true, Limit: mx, Remaining: rem, Window: time.Duration(w) * time.Second}
 			if w > 0 {
 				room.ResetsAt = time.UnixMilli(rs).UTC()

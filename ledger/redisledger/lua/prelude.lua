@@ -313,16 +313,29 @@ local function assess(now, scopes, h, dispatch, epoch)
   return a
 end
 
--- append_room appends 7 x (tracked, max, remaining, W, resetsAt), the number
--- of warnings and 6 fields per warning to out.
+-- append_room appends the number k of tracked dimensions, k x (dimension,
+-- max, remaining, W, resetsAt) in dimension order, the number of warnings and
+-- 6 fields per warning to out. Untracked dimensions are left out: every reply
+-- element costs server CPU to encode, and most requests track 2 or 3 of 7.
 local function append_room(out, a)
+  local n = #out + 1
+  local cnt, k = n, 0
+  out[cnt] = 0
   for d = 0, 6 do
-    local r = a.room[d] or {0, 0, 0, 0, 0}
-    for i = 1, 5 do table.insert(out, r[i]) end
+    local r = a.room[d]
+    if r then
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = d, r[2], r[3], r[4], r[5]
+      n = n + 5
+      k = k + 1
+    end
   end
-  table.insert(out, #a.warns)
-  for _, w in ipairs(a.warns) do
-    for i = 1, 6 do table.insert(out, w[i]) end
+  out[cnt] = k
+  local warns = a.warns
+  n = n + 1
+  out[n] = #warns
+  for _, w in ipairs(warns) do
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = w[1], w[2], w[3], w[4], w[5], w[6]
+    n = n + 6
   end
   return out
 end
