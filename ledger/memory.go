@@ -1249,6 +1249,13 @@ func (m *Memory) Resolve(ctx context.Context, ref Ref) (Settlement, error) {
 	st, seq, err := m.resolveLocked(t, &e, &ev)
 	m.unlockGlobal(g, e.time)
 	t.mu.Unlock()
+	return m.acknowledge(st, seq, err, &ev)
+}
+
+// acknowledge finishes an applied Resolve or Charge (locks released): it
+// waits for the journal entry seq, then emits the usage event unless the
+// call was a replay.
+func (m *Memory) acknowledge(st Settlement, seq uint64, err error, ev *UsageEvent) (Settlement, error) {
 	if err != nil {
 		return Settlement{}, err
 	}
@@ -1256,7 +1263,7 @@ func (m *Memory) Resolve(ctx context.Context, ref Ref) (Settlement, error) {
 		return Settlement{}, err
 	}
 	if !st.Replayed && m.cfg.OnUsage != nil {
-		m.cfg.OnUsage(ev)
+		m.cfg.OnUsage(*ev)
 	}
 	return st, nil
 }
@@ -1642,16 +1649,7 @@ func (m *Memory) Charge(ctx context.Context, req ChargeRequest) (Settlement, err
 	st, seq, err := m.chargeLocked(t, &e, &ev)
 	m.unlockGlobal(gl, e.time)
 	t.mu.Unlock()
-	if err != nil {
-		return Settlement{}, err
-	}
-	if err := m.finish(seq); err != nil {
-		return Settlement{}, err
-	}
-	if !st.Replayed && m.cfg.OnUsage != nil {
-		m.cfg.OnUsage(ev)
-	}
-	return st, nil
+	return m.acknowledge(st, seq, err, &ev)
 }
 
 func (m *Memory) chargeLocked(t *tenantState, e *entry, ev *UsageEvent) (Settlement, uint64, error) {
