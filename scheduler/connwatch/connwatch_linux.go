@@ -54,7 +54,7 @@ func New() (*Watcher, error) {
 // Watch calls onClose once, from the Run goroutine, when conn's peer closes
 // or half-closes it or it errors. onClose must be quick and must not call
 // stop. stop unregisters; it is idempotent, safe to race with the event, and
-// must be called before conn is closed (see the package doc).
+// safe after conn was closed (the watcher owns a duplicate descriptor).
 func (w *Watcher) Watch(conn net.Conn, onClose func()) (stop func(), err error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -69,12 +69,21 @@ func (w *Watcher) Watch(conn net.Conn, onClose func()) (stop func(), err error) 
 	id := w.next
 	var ctlErr error
 	cerr := raw.Control(func(fd uintptr) {
+		// Watch a duplicate we own: the server may close (and the kernel
+		// reuse) the original fd before stop runs, e.g. when a streaming
+		// client leaves while its writer goroutine still waits upstream.
+		dup, err := unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			ctlErr = err
+			return
+		}
 		ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLONESHOT}
 		setID(&ev, id)
-		ctlErr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
-		if ctlErr == nil {
-			w.regs[id] = reg{fd: int(fd), onClose: onClose}
+		if ctlErr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, dup, &ev); ctlErr != nil {
+			_ = unix.Close(dup)
+			return
 		}
+		w.regs[id] = reg{fd: dup, onClose: onClose}
 	})
 	w.mu.Unlock()
 	if cerr != nil || ctlErr != nil {
@@ -88,11 +97,17 @@ func (w *Watcher) stop(id uint64) {
 	r, ok := w.regs[id]
 	if ok {
 		delete(w.regs, id)
-		// The fd is still open (stop precedes close), so this removes our
-		// registration and nothing else.
-		_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, r.fd, nil)
+		w.forgetLocked(r)
 	}
 	w.mu.Unlock()
+}
+
+// forgetLocked drops a registration's epoll entry and closes its duplicate
+// descriptor (w.mu held). The duplicate is ours alone, so neither call can
+// touch another connection.
+func (w *Watcher) forgetLocked(r reg) {
+	_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, r.fd, nil)
+	_ = unix.Close(r.fd)
 }
 
 // Watching returns the number of live registrations.
@@ -132,7 +147,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			r, ok := w.regs[id]
 			if ok {
 				delete(w.regs, id)
-				_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, r.fd, nil)
+				w.forgetLocked(r)
 			}
 			w.mu.Unlock()
 			if ok {
@@ -142,8 +157,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 }
 
-// Close releases the epoll and wake descriptors. Call after Run returned.
+// Close releases the epoll and wake descriptors and any registration left.
+// Call after Run returned.
 func (w *Watcher) Close() error {
+	w.mu.Lock()
+	for id, r := range w.regs {
+		delete(w.regs, id)
+		w.forgetLocked(r)
+	}
+	w.mu.Unlock()
 	return errors.Join(unix.Close(w.epfd), unix.Close(w.wakefd))
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,4 +219,46 @@ func BenchmarkWatchStop(b *testing.B) {
 		}
 		stop()
 	}
+}
+
+// TestStopAfterCloseDoesNotTouchReusedFd: a registration stopped after its
+// connection was closed (a streaming writer outliving fasthttp's close)
+// must not unregister the new connection that got the same fd number.
+func TestStopAfterCloseDoesNotTouchReusedFd(t *testing.T) {
+	w := startWatcher(t)
+	srv1, _ := pair(t)
+	stop1, err := w.Watch(srv1, func() {})
+	require.NoError(t, err)
+	old := fdOf(t, srv1)
+
+	// The next accepted connection gets the lowest free number: srv1's,
+	// once it is closed between Dial and Accept.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	cli2, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer cli2.Close()
+	require.NoError(t, srv1.Close())
+	srv2, err := ln.Accept()
+	require.NoError(t, err)
+	defer srv2.Close()
+	require.Equal(t, old, fdOf(t, srv2), "the kernel reused the fd number")
+
+	ch := make(chan struct{}, 1)
+	stop2, err := w.Watch(srv2, func() { ch <- struct{}{} })
+	require.NoError(t, err)
+	defer stop2()
+	stop1() // late stop of the old registration
+	require.NoError(t, cli2.Close())
+	assert.True(t, fired(ch), "the new connection's watch must survive the old one's stop")
+}
+
+func fdOf(t *testing.T, c net.Conn) int {
+	t.Helper()
+	raw, err := c.(syscall.Conn).SyscallConn()
+	require.NoError(t, err)
+	var fd int
+	require.NoError(t, raw.Control(func(f uintptr) { fd = int(f) }))
+	return fd
 }

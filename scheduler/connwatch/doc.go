@@ -10,12 +10,13 @@
 //
 // # Design rationale
 //
-// The fd is not dup'ed, so closing the connection removes it from the epoll
-// set by itself. The hazard is fd reuse: if a registration outlived its
-// connection, EPOLL_CTL_DEL could hit an unrelated connection that got the
-// same number. Callers must therefore call stop before the connection is
-// closed (a fasthttp handler does so before it returns; fasthttp closes or
-// reuses the connection only after). Each registration carries a 64-bit
-// generation in the event data, so a late event for a stopped registration
-// finds nothing and is ignored.
+// Each registration watches a duplicate of the connection's descriptor that
+// the watcher owns (F_DUPFD_CLOEXEC). The server may close the original, and
+// the kernel hand its number to a new connection, before stop runs: a
+// streaming response's writer goroutine can still be waiting upstream when
+// fasthttp gives up on a vanished client. Deleting or closing the duplicate
+// can never touch another connection. Each registration also carries a
+// 64-bit generation in the event data, so a late event for a stopped
+// registration finds nothing and is ignored. The duplicate holds the socket
+// open until stop, which the caller runs as soon as the request ends.
 package connwatch
