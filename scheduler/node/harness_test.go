@@ -128,7 +128,7 @@ func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 		resp, err := http.Get(n.api + "/readyz")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 && n.gauge(t, "sluice_replica_capacity_tokens", nil) > 0 {
+			if resp.StatusCode == 200 && n.metric(t, "sluice_replica_capacity_tokens", nil) > 0 {
 				return n
 			}
 		}
@@ -258,9 +258,6 @@ func (n *node) metric(t testing.TB, name string, want map[string]string) float64
 	return sum
 }
 
-func (n *node) gauge(t testing.TB, name string, want map[string]string) float64 {
-	return n.metric(t, name, want)
-}
 
 func labelsMatch(m *dto.Metric, want map[string]string) bool {
 	for k, v := range want {
