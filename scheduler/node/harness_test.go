@@ -258,7 +258,6 @@ func (n *node) metric(t testing.TB, name string, want map[string]string) float64
 	return sum
 }
 
-
 func labelsMatch(m *dto.Metric, want map[string]string) bool {
 	for k, v := range want {
 		found := false
