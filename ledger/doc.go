@@ -1,6 +1,6 @@
 // Package ledger reserves, holds and settles per-tenant budgets (tokens,
 // GPU-ms, spend, requests) and concurrency slots for Sluice. It is the
-// contract of /work/shared/design/LEDGER.md: this package defines the shared
+// contract of docs/LEDGER.md: this package defines the shared
 // types, the [Ledger] method set, the sentinel errors and the embedded
 // [Memory] backend; ledger/redisledger implements the same state machine on
 // Redis, and ledger/ledgertest is the one conformance suite both pass.
