@@ -13,8 +13,8 @@ var (
 	// ErrInvalid: a malformed call (amount out of range, tokens != input+output,
 	// missing tenant scope, bad lease TTL). Nothing was written.
 	ErrInvalid = errors.New("ledger: invalid request")
-	// ErrPolicy: a malformed or stale policy (bad limit, bad window, scope without
-	// limits, PolicyVersion older than the tenant's newest). Nothing was written.
+	// ErrPolicy: a malformed policy (bad limit, bad window, scope without
+	// limits, PolicyVersion above MaxCounter). Nothing was written.
 	ErrPolicy = errors.New("ledger: invalid policy")
 	// ErrConflict: the request id exists with a different payload (Reserve) or a
 	// different actual (Settle). Nothing was written.

@@ -297,7 +297,9 @@ type ReserveRequest struct {
 	LeaseTTL time.Duration
 	// Dispatch also takes the slots and creates the record DISPATCHED.
 	Dispatch bool
-	// PolicyVersion of Scopes' limits; older than the tenant's newest is ErrPolicy.
+	// PolicyVersion of Scopes' limits: recorded for audit (Usage.PolicyVersion),
+	// never compared, so any value is accepted (see the package doc, "Policy
+	// versions"). At most MaxCounter.
 	PolicyVersion uint64
 }
 
@@ -575,7 +577,7 @@ type Usage struct {
 	Reserved      Amounts      // r per dimension (in-flight holds); the Slots entry is 0
 	SlotsInUse    int64        // n
 	Limits        []LimitUsage // the scope's limits as last seen by Reserve
-	PolicyVersion uint64       // the tenant's newest policy version
+	PolicyVersion uint64       // policy version of the tenant's last admitted Reserve (audit only)
 	Unresolved    int          // tenant scope only: UNRESOLVED records of the tenant
 }
 

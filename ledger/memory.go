@@ -405,7 +405,7 @@ type tenantState struct {
 	mu      sync.Mutex
 	hwm     int64  // ledger-time high-water mark (ms), raised by every write
 	seq     uint64 // applied operations
-	pv      uint64 // newest policy version
+	pv      uint64 // policy version of the last admitted Reserve (audit only)
 	scopes  map[ScopeKey]*scopeState
 	records map[RequestID]*record
 	leases  leaseHeap // RESERVED and DISPATCHED by leaseExp
@@ -715,9 +715,6 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 		m.headroom(t, req, now, &g)
 		return g, 0, nil
 	}
-	if req.PolicyVersion < t.pv {
-		return Grant{}, 0, fmt.Errorf("policy version %d older than %d: %w", req.PolicyVersion, t.pv, ErrPolicy)
-	}
 	// Admission (no writes yet). Existing scope states only; a new scope has
 	// zero counters.
 	var denied *DeniedError
@@ -784,9 +781,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	// Apply.
 	t.seq++
 	t.hwm = now
-	if req.PolicyVersion > t.pv {
-		t.pv = req.PolicyVersion
-	}
+	t.pv = req.PolicyVersion // recorded for audit, never compared (see doc.go)
 	rec := m.pool.Get().(*record)
 	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), leaseExp: now + e.ttl, admitAt: now,
 		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1}

@@ -111,6 +111,7 @@ func Run(t *testing.T, f Factory) {
 		{"T7_SettleAfterTTL", testSettleAfterTTL},
 		{"T11_CorruptState", testCorrupt},
 		{"T12_MalformedPolicy", testMalformedPolicy},
+		{"PolicyVersionUnordered", testPolicyVersionUnordered},
 		{"T13_WindowRollover", testWindowRollover},
 		{"T16_ModelBased", testModel},
 		{"T16_ModelBasedWithRestart", testModelRestart},

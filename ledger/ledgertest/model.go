@@ -214,9 +214,6 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 		m.headroom(&req, &g)
 		return g, nil
 	}
-	if req.PolicyVersion < m.pv {
-		return ledger.Grant{}, ledger.ErrPolicy
-	}
 	var denied, slotDenied *ledger.DeniedError
 	for _, sc := range req.Scopes {
 		s := m.scopes[m.scopeIdx(sc.Key)]
@@ -247,9 +244,7 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 	if slotDenied != nil {
 		return ledger.Grant{}, slotDenied
 	}
-	if req.PolicyVersion > m.pv {
-		m.pv = req.PolicyVersion
-	}
+	m.pv = req.PolicyVersion
 	rec := &mRec{state: ledger.Reserved, owner: req.Owner, digest: req.Digest(), leaseExp: m.now + ttl.Milliseconds(),
 		admitAt: m.now, resolveAt: 1<<63 - 1, held: req.Held, req: req}
 	for _, sc := range req.Scopes {

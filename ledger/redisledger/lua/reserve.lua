@@ -30,12 +30,13 @@ if rec then
 end
 if ARGV[14] == '1' then return {'NOREC', epoch} end
 
-local fence, pv = cint(META.fence_s), cint(META.pv_s)
-if fence == nil or pv == nil then return {'CORRUPT', epoch, 'meta'} end
+local fence = cint(META.fence_s)
+if fence == nil then return {'CORRUPT', epoch, 'meta'} end
 if now < fence then return {'RECOVERING', epoch} end
+-- The policy version is recorded for audit only, never compared: limits
+-- travel with every Reserve (ledger/doc.go, "Policy versions").
 local cpv = cint(ARGV[6])
 if cpv == nil then return {'POLICY', epoch, 'version'} end
-if cpv < pv then return {'POLICY', epoch, 'stale policy version'} end
 local dispatch = ARGV[10] == '1'
 local ttl = cint(ARGV[9])
 if ttl == nil or ttl <= 0 then return {'INVALID', epoch, 'ttl'} end
@@ -76,7 +77,7 @@ redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h'
   'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
 if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
 redis.call('ZADD', KEYS[2], le, ARGV[4])
-if cpv > pv then
+if META.pv_s ~= ARGV[6] then
   redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)
 else
   touch(now)
