@@ -42,6 +42,22 @@ var (
 	ErrDenied = errors.New("ledger: budget denied")
 )
 
+// FinalError is what Reserve returns for an id whose record is terminal (or
+// a tombstone): errors.Is(err, ErrAlreadyFinal) holds, and State says how
+// it ended, so a caller can tell a first attempt that never ran (RELEASED,
+// EXPIRED) from one that was charged (SETTLED, CHARGED, SETTLED_LATE).
+type FinalError struct {
+	State State
+}
+
+// Error implements error.
+func (e *FinalError) Error() string {
+	return "ledger: request already final (" + e.State.String() + ")"
+}
+
+// Is makes errors.Is(err, ErrAlreadyFinal) true.
+func (e *FinalError) Is(target error) bool { return target == ErrAlreadyFinal }
+
 // DeniedError reports the block-mode limit that refused a Reserve (or the slot
 // limit that refused a dispatch). When several limits fail, it names the
 // budget limit that resets last; budget limits outrank slots. Times are ledger

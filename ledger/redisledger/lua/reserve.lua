@@ -5,8 +5,9 @@
 -- else NOREC, writing nothing; used after a global denial, so a replay
 -- still replays); '2' check only (answer as a reserve would, but CHECKED
 -- instead of admitting, writing nothing; used before a global hold).
+-- 15 attempt nonce ('0' none), stored as field na.
 -- OK:     {'OK', epoch, leaseExpiry, now, room...}
--- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, room...}
+-- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, same attempt (0|1), room...}
 -- where room is append_room's layout (headroom after the call).
 local now = ledger_now()
 if not now then return {'CORRUPT', '', 'hwm'} end
@@ -26,7 +27,9 @@ if rec then
   if rec.dg ~= ARGV[8] then return {'CONFLICT', epoch} end
   local a, aerr = assess(now, scopes, {}, false, epoch)
   if not a then return {'CORRUPT', epoch, aerr} end
-  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g}, a)
+  local same = 0
+  if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
+  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
 end
 if ARGV[14] == '1' then return {'NOREC', epoch} end
 
@@ -76,6 +79,7 @@ if why == 'aged' then redis.call('DEL', KEYS[4]) end
 redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h', ARGV[11],
   'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
 if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
+if ARGV[15] ~= '0' then redis.call('HSET', KEYS[4], 'na', ARGV[15]) end
 redis.call('ZADD', KEYS[2], le, ARGV[4])
 if META.pv_s ~= ARGV[6] then
   redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)
