@@ -33,6 +33,7 @@ var (
 	flagSeed    = flag.Uint64("chaos.seed", 0, "replay this one seed")
 	flagTraffic = flag.Duration("chaos.traffic", 3*time.Second, "traffic phase of each run")
 	flagRace    = flag.Bool("chaos.race", false, "build sluice with the race detector")
+	flagBin     = flag.String("chaos.bin", "", "run this sluice binary instead of building one (e.g. an older commit's)")
 )
 
 const (
@@ -46,6 +47,10 @@ const (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if len(seeds()) == 0 {
+		os.Exit(m.Run())
+	}
+	if *flagBin != "" {
+		sluiceBin = *flagBin
 		os.Exit(m.Run())
 	}
 	dir, err := os.MkdirTemp("", "sluice-chaos-")
