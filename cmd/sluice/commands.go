@@ -179,7 +179,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		sub, ok := c.subs[args[0]]
 		if !ok {
 			fmt.Fprintf(stderr, "sluice: unknown command %q\n", joinPath(append(path, args[0])))
-			printGroupHelp(stderr, path, c)
+			if len(path) == 0 {
+				fmt.Fprintln(stderr, "Run 'sluice help' for the list of commands.")
+			} else {
+				printGroupHelp(stderr, path, c)
+			}
 			return 2
 		}
 		path = append(path, args[0])
