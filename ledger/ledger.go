@@ -297,7 +297,19 @@ type ReserveRequest struct {
 	LeaseTTL time.Duration
 	// Dispatch also takes the slots and creates the record DISPATCHED.
 	Dispatch bool
-	// PolicyVersion of Scopes' limits; older than the tenant's newest is ErrPolicy.
+	// Attempt is a per-attempt nonce: the caller draws a fresh random value
+	// for every Reserve attempt and repeats it only when retrying that same
+	// attempt (an ambiguous outcome, a reply lost after the store applied it,
+	// which go-redis retries on its own). A Reserve that finds its id with
+	// the same payload and the same non-zero Attempt answers the original
+	// grant as a success (Replayed false); a different Attempt (a concurrent
+	// duplicate or an Idempotency-Key retry) answers Replayed with the
+	// record's State. 0 means none: every repeat is Replayed. Not part of
+	// the digest.
+	Attempt uint64
+	// PolicyVersion of Scopes' limits: recorded for audit (Usage.PolicyVersion),
+	// never compared, so any value is accepted (see the package doc, "Policy
+	// versions"). At most MaxCounter.
 	PolicyVersion uint64
 }
 
@@ -488,7 +500,7 @@ type Grant struct {
 	Owner       Owner     // the owner of the original Reserve (differs from the caller's on a replay by another instance)
 	State       State     // RESERVED or DISPATCHED (UNRESOLVED on a late replay)
 	LeaseExpiry time.Time // ledger time
-	Replayed    bool      // the id existed with the same payload; nothing changed
+	Replayed    bool      // the id existed with the same payload and another Attempt; nothing changed
 	Headroom    Headroom  // tightest remaining per dimension, after this grant
 	Warnings    []Warning // warn-mode limits past their max; nil when none
 }
@@ -575,7 +587,7 @@ type Usage struct {
 	Reserved      Amounts      // r per dimension (in-flight holds); the Slots entry is 0
 	SlotsInUse    int64        // n
 	Limits        []LimitUsage // the scope's limits as last seen by Reserve
-	PolicyVersion uint64       // the tenant's newest policy version
+	PolicyVersion uint64       // policy version of the tenant's last admitted Reserve (audit only)
 	Unresolved    int          // tenant scope only: UNRESOLVED records of the tenant
 }
 

@@ -377,8 +377,9 @@ type record struct {
 	state    State
 	owner    Owner
 	digest   uint64
-	leaseExp int64 // ms
-	admitAt  int64 // ms; admission window of W is floor(admitAt/W)
+	attempt  uint64 // ReserveRequest.Attempt of the Reserve that created it (0: none)
+	leaseExp int64  // ms
+	admitAt  int64  // ms; admission window of W is floor(admitAt/W)
 	// resolveAt is when the first admission window closes (UNRESOLVED → CHARGED).
 	resolveAt  int64
 	purgeAt    int64
@@ -405,7 +406,7 @@ type tenantState struct {
 	mu      sync.Mutex
 	hwm     int64  // ledger-time high-water mark (ms), raised by every write
 	seq     uint64 // applied operations
-	pv      uint64 // newest policy version
+	pv      uint64 // policy version of the last admitted Reserve (audit only)
 	scopes  map[ScopeKey]*scopeState
 	records map[RequestID]*record
 	leases  leaseHeap // RESERVED and DISPATCHED by leaseExp
@@ -706,17 +707,17 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 			return Grant{}, 0, m.corrupt(t, req.Ref, err)
 		}
 		if !rec.state.Open() {
-			return Grant{}, 0, fmt.Errorf("reserve %s: state %s: %w", req.Ref.ID, rec.state, ErrAlreadyFinal)
+			return Grant{}, 0, &FinalError{State: rec.state}
 		}
 		if rec.digest != req.Digest() {
 			return Grant{}, 0, fmt.Errorf("reserve %s: different payload: %w", req.Ref.ID, ErrConflict)
 		}
-		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: true}
+		// The same attempt again is the caller's own retry after a lost
+		// reply: it gets its grant back as a success.
+		sameAttempt := req.Attempt != 0 && rec.attempt == req.Attempt
+		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: !sameAttempt}
 		m.headroom(t, req, now, &g)
 		return g, 0, nil
-	}
-	if req.PolicyVersion < t.pv {
-		return Grant{}, 0, fmt.Errorf("policy version %d older than %d: %w", req.PolicyVersion, t.pv, ErrPolicy)
 	}
 	// Admission (no writes yet). Existing scope states only; a new scope has
 	// zero counters.
@@ -784,11 +785,9 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	// Apply.
 	t.seq++
 	t.hwm = now
-	if req.PolicyVersion > t.pv {
-		t.pv = req.PolicyVersion
-	}
+	t.pv = req.PolicyVersion // recorded for audit, never compared (see doc.go)
 	rec := m.pool.Get().(*record)
-	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), leaseExp: now + e.ttl, admitAt: now,
+	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), attempt: req.Attempt, leaseExp: now + e.ttl, admitAt: now,
 		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1}
 	rec.held[Slots] = 0
 	for i := range req.Scopes {

@@ -37,7 +37,7 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 	s := newTestServer(t, testConfig(t, "", ""), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = s.dispatchLoop(ctx) }()
+	go s.dispatchLoop(ctx)
 
 	_, err := serve(s, ctx, admission{body: chatBody("")})
 	require.NoError(t, err, "no 409 without an Idempotency-Key")
@@ -58,7 +58,7 @@ func TestBug13_3_QueuedHoldRenewed(t *testing.T) {
 		s := newTestServer(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() { _ = s.dispatchLoop(ctx) }()
+		go s.dispatchLoop(ctx)
 		go func() { _ = s.heartbeatLoop(ctx) }()
 		go func() { _ = s.q.Run(ctx) }()
 		reclaim := func() {
@@ -102,7 +102,7 @@ func TestBug13_10_FenceBeforeLapse(t *testing.T) {
 		s := newTestServer(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() { _ = s.dispatchLoop(ctx) }()
+		go s.dispatchLoop(ctx)
 		go func() { _ = s.heartbeatLoop(ctx) }()
 
 		led.set(func() {
@@ -251,7 +251,7 @@ func TestSlotDenialRequeues(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() { _ = s.dispatchLoop(ctx) }()
+		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		var denials int
 		led.dispatch = func(context.Context, ledger.Ref) (error, bool) {
@@ -287,7 +287,7 @@ func TestCancelWhileQueued(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() { _ = s.dispatchLoop(ctx) }()
+		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		first := make(chan error, 1)
 		go func() { _, err := serve(s, ctx, admission{body: chatBody("")}); first <- err }()

@@ -303,7 +303,7 @@ func (s *Server) Run(ctx context.Context) error {
 		run  func(context.Context) error
 	}{
 		{"queue", s.q.Run},
-		{"dispatch", s.dispatchLoop},
+		{"dispatch", func(ctx context.Context) error { s.dispatchLoop(ctx); return nil }},
 		{"heartbeat", s.heartbeatLoop},
 		{"outbox", s.outboxLoop},
 		{"ready", s.readyLoop},

@@ -86,6 +86,7 @@ type mRec struct {
 	late                         bool
 	scopes                       []int
 	req                          ledger.ReserveRequest
+	attempt                      uint64
 }
 
 type model struct {
@@ -205,17 +206,15 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 	}
 	if rec := m.recs[req.Ref.ID]; rec != nil {
 		if !isOpen(rec.state) {
-			return ledger.Grant{}, ledger.ErrAlreadyFinal
+			return ledger.Grant{}, &ledger.FinalError{State: rec.state}
 		}
 		if rec.digest != req.Digest() {
 			return ledger.Grant{}, ledger.ErrConflict
 		}
-		g := ledger.Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp), Replayed: true}
+		same := req.Attempt != 0 && rec.attempt == req.Attempt
+		g := ledger.Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp), Replayed: !same}
 		m.headroom(&req, &g)
 		return g, nil
-	}
-	if req.PolicyVersion < m.pv {
-		return ledger.Grant{}, ledger.ErrPolicy
 	}
 	var denied, slotDenied *ledger.DeniedError
 	for _, sc := range req.Scopes {
@@ -247,11 +246,9 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 	if slotDenied != nil {
 		return ledger.Grant{}, slotDenied
 	}
-	if req.PolicyVersion > m.pv {
-		m.pv = req.PolicyVersion
-	}
+	m.pv = req.PolicyVersion
 	rec := &mRec{state: ledger.Reserved, owner: req.Owner, digest: req.Digest(), leaseExp: m.now + ttl.Milliseconds(),
-		admitAt: m.now, resolveAt: 1<<63 - 1, held: req.Held, req: req}
+		admitAt: m.now, resolveAt: 1<<63 - 1, held: req.Held, req: req, attempt: req.Attempt}
 	for _, sc := range req.Scopes {
 		i := m.scopeIdx(sc.Key)
 		rec.scopes = append(rec.scopes, i)
@@ -520,10 +517,13 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 			r := rec.req
 			r.Owner = owners[rng.IntN(2)]
 			r.Dispatch = rng.IntN(2) == 0
+			if rng.IntN(2) == 0 { // another attempt; else the same one retried
+				r.Attempt = uint64(rng.IntN(3))
+			}
 			return r
 		}
 		req := ledger.ReserveRequest{Ref: ledger.Ref{Tenant: tenant, ID: id}, Owner: owners[rng.IntN(2)], Held: randAmounts(),
-			Dispatch: rng.IntN(3) == 0, PolicyVersion: m.pv}
+			Dispatch: rng.IntN(3) == 0, PolicyVersion: m.pv, Attempt: uint64(rng.IntN(3))}
 		if rng.IntN(40) == 0 && m.pv > 0 {
 			req.PolicyVersion = m.pv - 1
 		} else if rng.IntN(20) == 0 {

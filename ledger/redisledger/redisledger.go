@@ -456,7 +456,8 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 	}
 	args, cached := l.common(req.Ref.Tenant, id)
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
-		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode)
+		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
+		strconv.FormatUint(req.Attempt, 10))
 	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
 	if err != nil {
 		return ledger.Grant{}, err
@@ -480,10 +481,16 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 			gh.stored = r.str(6)
 		}
 		l.cacheSpec(req.Ref.ID, spec)
+		// The same attempt is the caller's own retry after a lost reply
+		// (go-redis retries EVALSHA on a broken connection): a success.
+		same := r.str(7) == "1"
 		g := ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
-			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}
-		decodeRoom(&g, req.Scopes, r, 7)
+			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: !same}
+		decodeRoom(&g, req.Scopes, r, 8)
 		return g, nil
+	case "FINAL":
+		st, _ := r.int(2)
+		return ledger.Grant{}, &ledger.FinalError{State: ledger.State(st)}
 	case "DENIED":
 		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
 	case "NOREC":

@@ -174,9 +174,9 @@ end
 
 -- record reads the record fields scripts need, validated; nil, reason on corruption.
 local function load_record(now)
-  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g')
+  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
   if not v[1] then return false end
-  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14], g = v[15] or ''}
+  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14], g = v[15] or '', na = v[16]}
   rec.st = cint(v[1])
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
   rec.le, rec.te, rec.sl, rec.ra = cint(v[4]), cint(v[5]), cint(v[9]), cint(v[12])
