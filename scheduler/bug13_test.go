@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -30,7 +31,7 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 			return ledger.Grant{}, err, true
 		}
 		g, err := led.Memory.Reserve(ctx, req) // the retry after the lost reply
-		require.True(t, g.Replayed)
+		require.False(t, g.Replayed, "same attempt nonce: the original grant")
 		return g, err, true
 	}
 	up := &fakeUpstream{out: 3}
@@ -45,6 +46,34 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 	u := tenantUsage(t, s, led.Memory)
 	assert.Equal(t, ledger.Amounts{}, u.Reserved, "nothing stranded")
 	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "settled once")
+
+	// The same lost reply under an Idempotency-Key is still this attempt.
+	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k1"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), up.runs.Load())
+}
+
+// TestBug13_2_DuplicateIsInFlight: another attempt holding the key's id (a
+// concurrent duplicate) is 409 with details.state in_flight; it never runs.
+func TestBug13_2_DuplicateIsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		first := make(chan error, 1)
+		go func() { _, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		synctest.Wait()
+		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		ae := statusFor(err)
+		assert.Equal(t, 409, ae.Status)
+		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details)
+		close(up.gate)
+		require.NoError(t, <-first)
+		assert.Equal(t, int64(1), up.runs.Load())
+	})
 }
 
 // TestBug13_3_QueuedHoldRenewed: a request queued longer than lease_ttl
@@ -337,4 +366,148 @@ func TestDrainTimeoutAborts(t *testing.T) {
 		assert.Equal(t, int64(3), committed(u, ledger.Requests, time.Hour), "three aborted calls charged")
 		_ = queue.ErrExpired
 	})
+}
+
+// TestIdempotencyRetryAfterNeverRanRuns: a first attempt that never ran
+// (its client left while it queued) does not block the key: the retry runs,
+// once.
+func TestIdempotencyRetryAfterNeverRanRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2}
+		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// No dispatch loop yet: the first attempt stays queued.
+		cctx, leave := context.WithCancelCause(ctx)
+		first := make(chan error, 1)
+		go func() { _, err := serve(s, cctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		synctest.Wait()
+		leave(ErrClientGone)
+		assert.ErrorIs(t, <-first, ErrClientGone)
+		go s.dispatchLoop(ctx)
+		body, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		require.NoError(t, err, "a retry after a first attempt that never ran may run")
+		assert.NotEmpty(t, body)
+		assert.Equal(t, int64(1), up.runs.Load())
+		u := tenantUsage(t, s, led.Memory)
+		assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+	})
+}
+
+// TestIdempotencyCompletedReturnsOriginal: a retry of a completed
+// non-streamed request gets the original body and never runs again.
+func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
+	led := newFakeLedger(t)
+	up := &fakeUpstream{out: 3}
+	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	pol := s.pol.Load()
+	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "a"})
+	require.NoError(t, err)
+	require.NoError(t, s.await(c))
+	require.NoError(t, s.execute(c))
+	body, err := s.drainStream(c)
+	require.NoError(t, err)
+	s.finish(c, nil)
+	s.rememberResponse(c, body)
+	c.end()
+
+	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+	var replay *cachedResponse
+	require.ErrorAs(t, err, &replay)
+	assert.Equal(t, body, replay.body)
+	assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
+
+	// Another instance (or after eviction): 409 completed, still no run.
+	s.idem = idemCache{}
+	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+	ae := statusFor(err)
+	assert.Equal(t, 409, ae.Status)
+	assert.Equal(t, map[string]any{"state": "completed"}, ae.Details)
+	assert.Equal(t, int64(1), up.runs.Load())
+}
+
+// outageLedger fails every Reserve as unreachable while down is set.
+func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
+	led := newFakeLedger(t)
+	var down atomic.Bool
+	led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
+		if down.Load() {
+			return ledger.Grant{}, ledger.ErrUnavailable, true
+		}
+		return ledger.Grant{}, nil, false
+	}
+	return led, &down
+}
+
+const outageTenant = "    outage_allowance: {requests: 10, tokens: 100000}\n    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n"
+
+// TestBug13_4_OutageKeepsIdempotentID: retries of one Idempotency-Key
+// during a ledger outage and after it never execute again; the usage is
+// charged once, under the key's id.
+func TestBug13_4_OutageKeepsIdempotentID(t *testing.T) {
+	led, down := outageLedger(t)
+	up := &fakeUpstream{out: 3}
+	s := newTestServer(t, testConfig(t, "", outageTenant), led, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	down.Store(true)
+	a := admission{body: chatBody(""), idemKey: "k"}
+	_, err := serve(s, ctx, a)
+	require.NoError(t, err, "admitted on the outage allowance")
+	for range 3 {
+		_, err = serve(s, ctx, a)
+		assert.Equal(t, 409, statusFor(err).Status, "a retry during the outage does not run: %v", err)
+	}
+	down.Store(false)
+	_, err = serve(s, ctx, a)
+	assert.Equal(t, 409, statusFor(err).Status, "recovered, charge still owed: %v", err)
+	s.chargeOutages(ctx)
+	assert.Equal(t, 1, led.n("charge"))
+	_, err = serve(s, ctx, a)
+	assert.Equal(t, 409, statusFor(err).Status, "after the charge the ledger knows the id: %v", err)
+	assert.Equal(t, int64(1), up.runs.Load(), "one Idempotency-Key ran once")
+	u := tenantUsage(t, s, led.Memory)
+	assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour), "charged once at its usage")
+	assert.Equal(t, ledger.Amounts{}, u.Reserved)
+}
+
+// TestBug13_6_OutageUsagePersisted: outage usage not yet charged survives
+// a restart and is billed exactly once; a call still running at the crash
+// is billed at its hold.
+func TestBug13_6_OutageUsagePersisted(t *testing.T) {
+	dir := t.TempDir()
+	led, down := outageLedger(t)
+	up := &fakeUpstream{out: 3}
+	top := fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json")
+	cfg := testConfig(t, top, outageTenant)
+	s1 := newTestServer(t, cfg, led, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s1.dispatchLoop(ctx)
+	down.Store(true)
+	_, err := serve(s1, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	// A second call admitted and "running" when the process dies.
+	pol := s1.pol.Load()
+	c, err := s1.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "crash"})
+	require.NoError(t, err)
+	require.True(t, c.outage)
+	held := c.held[ledger.Tokens]
+
+	// Restart: a new process reads the owed charges.
+	down.Store(false)
+	s2 := newTestServer(t, cfg, led, up)
+	s2.chargeOutages(ctx)
+	s2.chargeOutages(ctx)
+	s3 := newTestServer(t, cfg, led, up)
+	s3.chargeOutages(ctx)
+	assert.Equal(t, 2, led.n("charge"), "each owed charge sent once, then dropped")
+	u := tenantUsage(t, s2, led.Memory)
+	assert.Equal(t, int64(5+3)+held, committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -30,6 +31,7 @@ type call struct {
 	req      *vllm.Request
 	plan     vllm.Plan
 	reqID    string
+	idemKey  string // the client's Idempotency-Key; "" none
 	ref      ledger.Ref
 	held     ledger.Amounts
 	grant    ledger.Grant
@@ -141,18 +143,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
-	if a.idemKey != "" {
-		c.ref.ID = s.keyer.IdempotentID(t.key, a.idemKey)
-	}
-	if owed, running := s.outage.owes(c.ref.ID); owed {
-		// Admitted under an outage allowance and not charged yet: the id
-		// is taken until the charge lands (issue 13 item 4).
-		c.cancel(nil)
-		if running {
-			return nil, ErrInProgress
-		}
-		return nil, ErrAlreadyDone
-	}
+	c.idemKey = a.idemKey
 	if err := s.reserve(c, a); err != nil {
 		c.cancel(err)
 		return nil, err
@@ -209,15 +200,33 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 // the cap is lowered once to what the budget allows. On success the call's
 // lease is tracked until its record ends.
 func (s *Server) reserve(c *call, a admission) error {
-	for attempt := 0; ; attempt++ {
+	gen := 0
+	for lowered := false; ; {
+		if a.idemKey != "" {
+			c.ref.ID = s.idemID(c.t.key, a.idemKey, gen)
+			if owed, running := s.outage.owes(c.ref.ID); owed {
+				// Admitted under an outage allowance and not charged yet:
+				// the id is taken until the charge lands (issue 13 item 4).
+				if running {
+					return idemStateErr(ledger.Dispatched)
+				}
+				return s.completed(c.ref.ID)
+			}
+		}
 		if err := s.sizeHolds(c); err != nil {
 			return err
 		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,
-			Scopes:        []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}},
-			LeaseTTL:      c.pol.leaseTTL,
+			Scopes:   []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}},
+			LeaseTTL: c.pol.leaseTTL,
+			// A label for audit lines only: the ledger never orders policy
+			// versions (limits travel with each Reserve).
 			PolicyVersion: c.pol.version,
+			// A fresh nonce per attempt tells the store client's own retry
+			// of this Reserve (lost reply: Replayed false) from another
+			// attempt holding the id (Replayed true).
+			Attempt: rand.Uint64() | 1,
 		}
 		c.extraScopes = c.extraScopes[:0]
 		if c.wf != nil {
@@ -233,23 +242,30 @@ func (s *Server) reserve(c *call, a admission) error {
 		g, err := s.led.Reserve(ctx, rr)
 		cancel()
 		s.noteLedger("reserve", err)
-		var d *ledger.DeniedError
+		var (
+			d  *ledger.DeniedError
+			fe *ledger.FinalError
+		)
 		switch {
-		case err == nil && g.Replayed && a.idemKey == "":
-			// A random id only this call knows: the replay is this very
-			// Reserve, retried by the store client after its reply was
-			// lost (issue 13 item 2). The hold is ours.
-			fallthrough
-		case err == nil && !g.Replayed:
+		case err == nil && (!g.Replayed || a.idemKey == ""):
+			// Replayed false with our nonce is this very Reserve, retried
+			// by the store client after its reply was lost (issue 13 item
+			// 2); a random id is never another attempt's.
 			c.grant = g
 			s.leases.track(c, sent, c.pol.leaseTTL)
 			return nil
 		case err == nil:
-			return ErrInProgress
+			return idemStateErr(g.State)
+		case a.idemKey != "" && errors.As(err, &fe) && (fe.State == ledger.Released || fe.State == ledger.Expired):
+			// The attempt holding this generation never ran: this one may.
+			if gen++; gen >= maxIdemGenerations {
+				return idemExhaustedErr()
+			}
+			continue
 		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return ErrAlreadyDone
+			return s.completed(c.ref.ID)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
-			return fmt.Errorf("Idempotency-Key reused with a different request: %w", ErrInProgress)
+			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
 		case ledger.IsStoreError(err):
 			if s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
@@ -260,8 +276,9 @@ func (s *Server) reserve(c *call, a admission) error {
 				// The hold may exist: end it by id once the store answers.
 				s.queueRelease(c)
 			}
-		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
+		case !lowered && errors.As(err, &d) && lowerCap(c, d):
 			// Send what the budgets still allow rather than refuse.
+			lowered = true
 			continue
 		case errors.As(err, &d):
 			s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})

@@ -204,6 +204,15 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	}()
 
 	c, err := s.admit(cctx, t, pol, a)
+	var replay *cachedResponse
+	if errors.As(err, &replay) {
+		// A retry of a completed Idempotency-Key: its original response.
+		rc.Response.Header.Set("Idempotent-Replayed", "true")
+		rc.SetContentType("application/json")
+		rc.SetBody(replay.body)
+		s.m.count(t.name, outcomeOK, nil)
+		return
+	}
 	if err != nil {
 		e.reject(rc, t.name, err)
 		return
@@ -234,6 +243,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsIn(body))
 		}
+		s.rememberResponse(c, body)
 		ts := t.series(s.m)
 		ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		ts.requestsOK.Inc()

@@ -74,6 +74,7 @@ func statusFor(err error) *apiError {
 		ir     *vllm.InvalidRequestError
 		wfe    *workflowError
 		se     *streamError
+		ie     *idemError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -109,6 +110,9 @@ func statusFor(err error) *apiError {
 		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
 	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
 		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
+	case errors.As(err, &ie):
+		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: ie.msg, NoRetry: true,
+			Details: map[string]any{"state": ie.state}}
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
 		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),

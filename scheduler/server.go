@@ -102,6 +102,7 @@ type Server struct {
 	// The settler's parts: each owns its own lock.
 	leases leases // every held record's lease, Reserve to terminal state
 	outbox outbox // endings the store has not acknowledged
+	idem   idemCache // completed idempotent responses (idem.go)
 
 	mu      sync.Mutex // guards running, queued
 	running map[*call]struct{}
