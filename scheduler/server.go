@@ -100,8 +100,8 @@ type Server struct {
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
 	// The settler's parts: each owns its own lock.
-	leases leases // every held record's lease, Reserve to terminal state
-	outbox outbox // endings the store has not acknowledged
+	leases leases    // every held record's lease, Reserve to terminal state
+	outbox outbox    // endings the store has not acknowledged
 	idem   idemCache // completed idempotent responses (idem.go)
 
 	mu      sync.Mutex // guards running, queued
