@@ -289,8 +289,12 @@ func newFlags(name string) *flag.FlagSet {
 
 // parseFlags parses args and refuses stray positional arguments beyond maxPos
 // (maxPos < 0: any number). -h or --help anywhere before a "--" asks for
-// help, also after positional arguments.
+// help, also after positional arguments. The flag package prints nothing
+// here, whatever Usage or output a caller set: the dispatcher is the one
+// place that prints help and errors.
 func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return helpError{fs}
