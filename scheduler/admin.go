@@ -47,6 +47,7 @@ func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) 
 		"DELETE /admin/replicas/": a.drainReplica,
 	}
 	a.registerOps()
+	a.registerKeys()
 	return a
 }
 

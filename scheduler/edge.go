@@ -178,7 +178,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		return
 	}
 	pol := s.pol.Load()
-	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	t, key, err := pol.authenticateKey(rc.Request.Header.Peek("Authorization"), s.now())
 	if err != nil {
 		e.reject(rc, "", err)
 		return
@@ -188,6 +188,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		e.reject(rc, t.name, err)
 		return
 	}
+	a.key = key
 	// The client context: cancelled when the peer closes its connection.
 	cctx, gone := context.WithCancelCause(e.base)
 	stopWatch := func() {}
@@ -450,6 +451,7 @@ func (e *Edge) successHeaders(rc *fasthttp.RequestCtx, c *call) {
 	if warn(c) {
 		h.Set("X-Budget-Warning", "soft_threshold")
 	}
+	outputCapHeader(h, c)
 	// "queue;dur=%.3f[, upstream;dur=%.3f]" without fmt: AppendFloat 'f' 3
 	// is what %.3f prints.
 	var st [64]byte

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -57,6 +58,9 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
 	Now func() time.Time
+	// Keys is the shared store of API keys created at run time. Optional;
+	// nil keeps them in memory (lost on restart, seen by this instance only).
+	Keys statestore.Store
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -85,6 +89,9 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
+	keys     statestore.Store
+	rtKeys   keysState // run-time keys applied (revision keysRev); guarded by polMu
+	keysRev  uint64
 	wfs      workflows
 	outage   outages
 	abuse    *abuse.Detector
@@ -133,6 +140,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		running:  map[*call]struct{}{},
 		queued:   map[*call]struct{}{},
 		wfs:      workflows{m: map[string]*workflow{}},
+		keys:     deps.Keys,
+	}
+	if s.keys == nil {
+		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
