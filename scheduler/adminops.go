@@ -117,7 +117,7 @@ func applyOverrides(tenant string, file []config.Budget, st *adminState) []confi
 // admin state (s.polMu held). Queued and running requests keep the policy
 // they were admitted under.
 func (s *Server) rebuildLocked(file *config.File) error {
-	eff := s.withRuntimeKeys(effectiveConfig(file, &s.admin, s.now()))
+	eff := effectiveConfig(file, &s.admin, s.now())
 	if err := eff.Validate(); err != nil {
 		return err
 	}

@@ -178,7 +178,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		return
 	}
 	pol := s.pol.Load()
-	t, key, err := pol.authenticateKey(rc.Request.Header.Peek("Authorization"), s.now())
+	t, key, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return
@@ -498,7 +498,7 @@ func warn(c *call) bool {
 
 // models answers GET /v1/models with the union of the replicas' models.
 func (e *Edge) models(rc *fasthttp.RequestCtx) {
-	if _, err := e.s.pol.Load().authenticate(rc.Request.Header.Peek("Authorization")); err != nil {
+	if _, _, err := e.s.authenticate(e.s.pol.Load(), rc.Request.Header.Peek("Authorization")); err != nil {
 		e.reject(rc, "", err)
 		return
 	}
@@ -536,7 +536,7 @@ func (e *Edge) models(rc *fasthttp.RequestCtx) {
 func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 	s := e.s
 	pol := s.pol.Load()
-	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	t, _, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return

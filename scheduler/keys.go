@@ -18,7 +18,7 @@ type apiKey struct {
 	hash      [32]byte
 	name      string // configured name; "" when none
 	label     string // name, else a short hash prefix
-	t         *tenant
+	tenant    string
 	scope     ledger.Scope // KindAPIKey; Limits empty when the key has none
 	slots     int64        // key concurrency; 0 = none of its own
 	expiresAt time.Time    // zero: never
@@ -42,9 +42,9 @@ func (k *apiKey) metricLabel() string {
 
 // buildKey turns a config key into a policy key. The ledger scope key is
 // the Keyer of the key's hash, never of the key.
-func buildKey(t *tenant, kc config.APIKey, keyer *ledger.Keyer) (*apiKey, error) {
+func buildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *tenantRuntime) (*apiKey, error) {
 	norm := strings.ToLower(kc.Hash)
-	k := &apiKey{name: kc.Name, label: kc.Label(), t: t, slots: int64(kc.Concurrency), expiresAt: kc.ExpiresAt, runtime: kc.Runtime}
+	k := &apiKey{name: kc.Name, label: kc.Label(), tenant: tenant, slots: int64(kc.Concurrency), expiresAt: kc.ExpiresAt, runtime: kc.Runtime}
 	if _, err := hex.Decode(k.hash[:], []byte(strings.TrimPrefix(norm, "sha256:"))); err != nil {
 		return nil, fmt.Errorf("bad key hash")
 	}
@@ -59,12 +59,16 @@ func buildKey(t *tenant, kc config.APIKey, keyer *ledger.Keyer) (*apiKey, error)
 	if k.slots > 0 {
 		k.scope.Limits = append(k.scope.Limits, ledger.Limit{Dim: ledger.Slots, Max: k.slots})
 	}
-	if k.rt = t.rt.keys[k.hash]; k.rt == nil {
+	if trt == nil {
 		k.rt = &keyRuntime{}
-		if t.rt.keys == nil {
-			t.rt.keys = map[[32]byte]*keyRuntime{}
+		return k, nil
+	}
+	if k.rt = trt.keys[k.hash]; k.rt == nil {
+		k.rt = &keyRuntime{}
+		if trt.keys == nil {
+			trt.keys = map[[32]byte]*keyRuntime{}
 		}
-		t.rt.keys[k.hash] = k.rt
+		trt.keys[k.hash] = k.rt
 	}
 	return k, nil
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/audit"
@@ -21,11 +20,12 @@ import (
 // Keys at run time (README "API keys at run time"): POST /admin/keys
 // creates a key, returns it once and stores only its hash in the shared
 // state store (Redis with the Redis ledger, a file next to the journal
-// with the embedded one); every instance polls the document and rebuilds
-// its policy when the revision changes, so a new or revoked key takes
+// with the embedded one); every instance polls the document and swaps in
+// a new key snapshot when the revision changes, so a new or revoked key takes
 // effect fleet-wide within one poll interval, and at once on the instance
-// that made the change. Requests already admitted keep the policy they
-// were admitted under and finish.
+// that made the change. Authentication reads the key snapshot once, so a
+// revoked key is refused from the next request; requests already admitted
+// finish.
 
 // keysDoc is the state-store document holding the run-time keys.
 const keysDoc = "api-keys"
@@ -210,9 +210,10 @@ func (s *Server) ListKeys(tenant string) []KeyRow {
 				Source: "config", Budgets: keyBudgets(k.Budgets), Concurrency: k.Concurrency})
 		}
 	}
-	s.polMu.Lock()
-	stored := slices.Clone(s.rtKeys.Keys)
-	s.polMu.Unlock()
+	var stored []storedKey
+	if idx := s.rtKeys.Load(); idx != nil {
+		stored = idx.keys
+	}
 	for _, k := range stored {
 		if tenant == "" || k.Tenant == tenant {
 			rows = append(rows, s.storedRow(k, pol.tenants[k.Tenant] != nil))
@@ -315,65 +316,56 @@ func (s *Server) WatchKeys(ctx context.Context) error {
 	return err
 }
 
-// applyKeys installs a revision of the keys document and rebuilds the
-// policy; an older revision than the one applied is ignored.
+// keyIndex is an immutable snapshot of the run-time keys at one revision
+// of the keys document.
+type keyIndex struct {
+	rev   uint64
+	keys  []storedKey
+	byKey map[[32]byte]*apiKey
+}
+
+// authenticate maps a bearer token to its tenant and key under pol, with
+// the run-time keys in force now.
+func (s *Server) authenticate(pol *policy, authz []byte) (*tenant, *apiKey, error) {
+	return pol.authenticate(authz, s.now(), s.rtKeys.Load())
+}
+
+// applyKeys installs a revision of the keys document; an older revision
+// than the one applied is ignored. The policy is not rebuilt: a run-time
+// key names its tenant, resolved at each authentication, and its limits
+// travel in its own api_key scope.
 func (s *Server) applyKeys(d statestore.Doc) {
 	st, err := decodeKeys(d.Data)
 	if err != nil {
 		s.log.Error("ignoring the keys document", "rev", d.Rev, "err", err)
 		return
 	}
-	s.polMu.Lock()
-	defer s.polMu.Unlock()
-	if d.Rev < s.keysRev || (d.Rev == s.keysRev && d.Rev != 0) {
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
+	old := s.rtKeys.Load()
+	if old != nil && d.Rev <= old.rev {
 		return
 	}
-	s.rtKeys, s.keysRev = st, d.Rev
-	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
-		s.log.Error("rebuilding the policy with the run-time keys", "err", oneLine(err))
-	}
-}
-
-// withRuntimeKeys adds the run-time keys (s.polMu held) to the tenants of
-// an effective config. Keys of tenants no longer configured, or whose hash
-// or name the file already uses, are skipped: they can never make the
-// policy invalid.
-func (s *Server) withRuntimeKeys(eff *config.File) *config.File {
-	if len(s.rtKeys.Keys) == 0 {
-		return eff
-	}
-	idx := map[string]int{}
-	hashes := map[string]bool{}
-	for i, t := range eff.Tenants {
-		idx[t.Name] = i
-		for _, k := range t.APIKeys {
-			hashes[strings.ToLower(k.Hash)] = true
-		}
-	}
-	tenants := slices.Clone(eff.Tenants)
-	cloned := map[int]bool{}
-	for _, sk := range s.rtKeys.Keys {
-		i, ok := idx[sk.Tenant]
-		h := strings.ToLower(sk.Hash)
-		if !ok || hashes[h] {
-			continue
-		}
+	idx := &keyIndex{rev: d.Rev, keys: st.Keys, byKey: make(map[[32]byte]*apiKey, len(st.Keys))}
+	for _, sk := range st.Keys {
 		ck, err := sk.config()
 		if err == nil {
 			err = config.ValidateKey("key", ck)
 		}
-		if err != nil || (ck.Name != "" && slices.ContainsFunc(tenants[i].APIKeys, func(k config.APIKey) bool { return k.Name == ck.Name })) {
-			s.log.Warn("skipping a run-time key", "tenant", sk.Tenant, "key_id", sk.ID, "err", err)
+		var k *apiKey
+		if err == nil {
+			k, err = buildKey(sk.Tenant, ck, s.keyer, nil)
+		}
+		if err != nil {
+			s.log.Warn("skipping a run-time key", "tenant", sk.Tenant, "key_id", sk.ID, "err", oneLine(err))
 			continue
 		}
-		if !cloned[i] {
-			tenants[i].APIKeys = slices.Clone(tenants[i].APIKeys)
-			cloned[i] = true
+		if old != nil {
+			if prev := old.byKey[k.hash]; prev != nil {
+				k.rt = prev.rt // in-flight counts survive the swap
+			}
 		}
-		tenants[i].APIKeys = append(tenants[i].APIKeys, ck)
-		hashes[h] = true
+		idx.byKey[k.hash] = k
 	}
-	out := *eff
-	out.Tenants = tenants
-	return &out
+	s.rtKeys.Store(idx)
 }

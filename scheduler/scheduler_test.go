@@ -192,11 +192,11 @@ func TestAuthenticate(t *testing.T) {
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: config.Keys(config.HashKey("sk-a")), Concurrency: 1}}}
 	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
 	require.NoError(t, err)
-	tn, err := pol.authenticate([]byte("Bearer sk-a"))
+	tn, _, err := pol.authenticate([]byte("Bearer sk-a"), time.Now(), nil)
 	require.NoError(t, err)
 	assert.Equal(t, "a", tn.name)
 	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
-		_, err := pol.authenticate([]byte(h))
+		_, _, err := pol.authenticate([]byte(h), time.Now(), nil)
 		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
 	}
 }

@@ -90,8 +90,8 @@ type Server struct {
 	runtimes map[string]*tenantRuntime
 	admin    adminState
 	keys     statestore.Store
-	rtKeys   keysState // run-time keys applied (revision keysRev); guarded by polMu
-	keysRev  uint64
+	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu   sync.Mutex               // orders applyKeys
 	wfs      workflows
 	outage   outages
 	abuse    *abuse.Detector

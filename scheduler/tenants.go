@@ -128,7 +128,7 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
 		for i, kc := range tc.APIKeys {
-			k, err := buildKey(t, kc, keyer)
+			k, err := buildKey(tc.Name, kc, keyer, rt)
 			if err != nil {
 				return nil, fmt.Errorf("tenants[%q].api_keys[%d]: %w", tc.Name, i, err)
 			}
@@ -139,22 +139,20 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 	return p, nil
 }
 
-// authenticate maps a bearer token to its tenant.
-func (p *policy) authenticate(authz []byte) (*tenant, error) {
-	t, _, err := p.authenticateKey(authz, time.Now())
-	return t, err
-}
-
-// authenticateKey maps a bearer token to its tenant and key. The raw key
-// is hashed at once and never stored or logged. An expired run-time key
-// is unknown from its expiry on.
-func (p *policy) authenticateKey(authz []byte, now time.Time) (*tenant, *apiKey, error) {
+// authenticate maps a bearer token to its tenant and key: a key of the
+// config file (p.byKey) or one created at run time (rt, may be nil). The
+// raw key is hashed at once and never stored or logged. A key whose
+// tenant is not configured, or past its expiry, is unknown.
+func (p *policy) authenticate(authz []byte, now time.Time, rt *keyIndex) (*tenant, *apiKey, error) {
 	tok, ok := strings.CutPrefix(string(authz), "Bearer ")
 	if !ok || tok == "" {
 		return nil, nil, ErrUnauthorized
 	}
 	h := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 	k := p.byKey[h]
+	if k == nil && rt != nil {
+		k = rt.byKey[h]
+	}
 	// The map lookup already matched; the constant-time compare keeps the
 	// check honest should the lookup ever become prefix-based.
 	if k == nil || subtle.ConstantTimeCompare(k.hash[:], h[:]) != 1 {
@@ -163,7 +161,11 @@ func (p *policy) authenticateKey(authz []byte, now time.Time) (*tenant, *apiKey,
 	if !k.expiresAt.IsZero() && !now.Before(k.expiresAt) {
 		return nil, nil, ErrUnauthorized
 	}
-	return k.t, k, nil
+	t := p.tenants[k.tenant]
+	if t == nil {
+		return nil, nil, ErrUnauthorized
+	}
+	return t, k, nil
 }
 
 // priceMicros is the usd_micros of in/out tokens of model, rounded up.

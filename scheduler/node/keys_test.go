@@ -3,6 +3,7 @@ package node
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -280,4 +281,125 @@ func TestKeyConcurrencyCap(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond) // sampling a gauge, not synchronising
 	}
+}
+
+// TestRuntimeKeyFleetWide: a key created through the admin API of instance
+// A of a Redis fleet works on instance B within a second; after revocation
+// both answer 401. The audit trail records both changes, never the key.
+func TestRuntimeKeyFleetWide(t *testing.T) {
+	rds := startRedis(t)
+	rep := startSim(t, sim.DefaultConfig())
+	top := fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%q], store_timeout: 5s}}\n", rds.addr)
+	auditPath := t.TempDir() + "/audit.jsonl"
+	cfgA := nodeConfig(t, []*simReplica{rep}, "", top+fmt.Sprintf("audit: {path: %q}\n", auditPath))
+	a := startNode(t, cfgA)
+	b := startNode(t, nodeConfig(t, []*simReplica{rep}, "", top))
+
+	code, m, raw := a.adminDo(t, "POST", "/admin/keys", `{"tenant":"acme","name":"alice","expires_in":"720h",`+
+		`"budgets":[{"dimension":"tokens","limit":1000,"window":"24h"}],"concurrency":2}`)
+	require.Equal(t, 201, code, string(raw))
+	key, _ := m["key"].(string)
+	id, _ := m["id"].(string)
+	require.True(t, strings.HasPrefix(key, "sk-sluice-"), "the key is returned once: %s", raw)
+	require.NotEmpty(t, id)
+	assert.Equal(t, "alice", m["name"])
+	assert.Equal(t, "admin", m["source"])
+
+	// At once on A, within a second on B.
+	r := a.call(t, "/v1/completions", key, body20)
+	require.Equal(t, 200, r.StatusCode, string(r.Body))
+	created := time.Now()
+	eventually(t, "the new key works on instance B", func() bool {
+		return b.call(t, "/v1/completions", key, body20).StatusCode == 200
+	})
+	assert.Less(t, time.Since(created), time.Second, "seen by B within a second")
+
+	// Listed without the secret on both instances.
+	for _, n := range []*node{a, b} {
+		code, _, raw = n.adminDo(t, "GET", "/admin/keys?tenant=acme", "")
+		require.Equal(t, 200, code)
+		assert.Contains(t, string(raw), `"name":"alice"`)
+		assert.Contains(t, string(raw), `"source":"config"`, "config keys are listed too")
+		assert.NotContains(t, string(raw), key)
+		assert.NotContains(t, string(raw), config.HashKey(key), "not even the full hash")
+	}
+
+	// The key's own budget applies (1000 tokens; 40 used).
+	r = b.call(t, "/v1/completions", key, `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8,9,10],"max_tokens":990}`)
+	require.Equal(t, 429, r.StatusCode, string(r.Body))
+	_, det := errorCode(t, r.Body)
+	assert.Equal(t, "api_key", det["scope"])
+	assert.Equal(t, "alice", det["key"])
+	assert.Equal(t, float64(950), det["fits_output_tokens"])
+
+	code, _, raw = a.adminDo(t, "DELETE", "/admin/keys/"+id, "")
+	require.Equal(t, 200, code, string(raw))
+	r = a.call(t, "/v1/completions", key, body20)
+	assert.Equal(t, 401, r.StatusCode, "revocation applies at once on A: %s", r.Body)
+	revoked := time.Now()
+	eventually(t, "the revoked key refused on instance B", func() bool {
+		return b.call(t, "/v1/completions", key, body20).StatusCode == 401
+	})
+	assert.Less(t, time.Since(revoked), time.Second, "B refuses within a second")
+	code, _, _ = a.adminDo(t, "DELETE", "/admin/keys/"+id, "")
+	assert.Equal(t, 404, code, "a second revoke finds nothing")
+	// The tenant's config key is unaffected.
+	assert.Equal(t, 200, b.call(t, "/v1/completions", keyAcme, body20).StatusCode)
+
+	require.NoError(t, a.stop())
+	trail, err := os.ReadFile(auditPath)
+	require.NoError(t, err)
+	assert.Contains(t, string(trail), `"kind":"key_create"`)
+	assert.Contains(t, string(trail), `"kind":"key_revoke"`)
+	assert.Contains(t, string(trail), id)
+	assert.NotContains(t, string(trail), key, "the audit trail never holds the key")
+}
+
+// TestRuntimeKeyPersistsNextToJournal: with the embedded ledger the keys
+// survive a restart in the journal's directory.
+func TestRuntimeKeyPersistsNextToJournal(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	dir := t.TempDir()
+	top := fmt.Sprintf("ledger: {journal: %q}\n", dir+"/ledger.journal")
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "", top))
+	code, m, raw := n.adminDo(t, "POST", "/admin/keys", `{"tenant":"beta"}`)
+	require.Equal(t, 201, code, string(raw))
+	key := m["key"].(string)
+	require.Equal(t, 200, n.call(t, "/v1/completions", key, body20).StatusCode)
+	require.NoError(t, n.stop())
+
+	doc, err := os.ReadFile(dir + "/api-keys.json")
+	require.NoError(t, err)
+	assert.NotContains(t, string(doc), key, "only the hash is stored")
+	assert.Contains(t, string(doc), config.HashKey(key))
+
+	n = startNode(t, nodeConfig(t, []*simReplica{rep}, "", top))
+	r := n.call(t, "/v1/completions", key, body20)
+	assert.Equal(t, 200, r.StatusCode, "the key survives the restart: %s", r.Body)
+	r = n.call(t, "/v1/completions", keyAcme, body20)
+	assert.Equal(t, 200, r.StatusCode, "config key after restart: %s", r.Body)
+}
+
+func TestRuntimeKeyBadInput(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	n := startNode(t, keysConfig(t, []*simReplica{rep}, "", "", "", ""))
+	for _, tc := range []struct{ body, param string }{
+		{`{}`, "tenant"},
+		{`{"tenant":"nope"}`, "tenant"},
+		{`{"tenant":"acme","name":"ci-bot"}`, "name"},
+		{`{"tenant":"acme","name":"a b"}`, "key"},
+		{`{"tenant":"acme","expires_in":"-1h"}`, "expires_in"},
+		{`{"tenant":"acme","budgets":[{"dimension":"tokens","limit":1,"window":"soon"}]}`, "budgets[0].window"},
+		{`{"tenant":"acme","budgets":[{"dimension":"wat","limit":1,"window":"1h"}]}`, "key"},
+		{`{"tenant":"acme","extra":1}`, "body"},
+	} {
+		code, m, raw := n.adminDo(t, "POST", "/admin/keys", tc.body)
+		assert.Equal(t, 400, code, "%s: %s", tc.body, raw)
+		e, _ := m["error"].(map[string]any)
+		assert.Equal(t, tc.param, e["param"], "%s: %s", tc.body, raw)
+	}
+	code, _, _ := n.adminDo(t, "POST", "/admin/keys", `{"tenant":"acme"}`, "wrong-token")
+	assert.Equal(t, 401, code)
+	code, _, _ = n.adminDo(t, "DELETE", "/admin/keys/key_000000000000", "")
+	assert.Equal(t, 404, code)
 }
