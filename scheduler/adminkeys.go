@@ -12,7 +12,7 @@ import (
 
 // registerKeys adds the run-time key endpoints:
 //
-//	POST   /admin/keys        create; answers the key once (201)
+//	POST   /admin/keys        create; answers the key once
 //	GET    /admin/keys        list (?tenant=); never a secret
 //	DELETE /admin/keys/{id}   revoke
 func (a *Admin) registerKeys() {
@@ -38,9 +38,9 @@ func (a *Admin) createKey(rc *fasthttp.RequestCtx) {
 		a.keyError(rc, err)
 		return
 	}
-	rc.Response.Header.Set("Cache-Control", "no-store") // the only copy of the key
+	// 200 like every admin write; no-store: this is the only copy of the key.
+	rc.Response.Header.Set("Cache-Control", "no-store")
 	WriteJSON(rc, k)
-	rc.SetStatusCode(http.StatusCreated)
 }
 
 func (a *Admin) listKeys(rc *fasthttp.RequestCtx) {

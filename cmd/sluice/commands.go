@@ -47,7 +47,7 @@ func commands() map[string]command {
 		"bench":        {"load generator: run|ab|compare|sweep", runBench},
 		"demo":         {"simulated replicas + server + a short multi-tenant bench", runDemo},
 		"config":       {"config check FILE", runConfig},
-		"key":          {"key hash: read an API key on stdin, print sha256:<hex>", runKey},
+		"key":          {"key hash|create|list|revoke: hash a key (stdin), or manage run-time keys", runKeyCmd},
 		"gpus":         {"list the node's GPUs (NVML)", runGPUs},
 		"budget":       {"admin: budget set|list|rm", runBudget},
 		"reservations": {"admin: reservations list|resolve", runReservations},
