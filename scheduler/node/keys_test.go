@@ -139,7 +139,7 @@ func TestKeyBurstAdmitsExactly(t *testing.T) {
 			}
 			cfg := func() *config.File {
 				return keysConfig(t, []*simReplica{rep}, ", budgets: [{dimension: tokens, limit: 2859, window: 1h}]", "",
-					"    concurrency: 64\n", top)
+					"    concurrency: 16\n", top)
 			}
 			nodes := []*node{startNode(t, cfg())}
 			if backend == "redis" {
@@ -202,7 +202,7 @@ func TestBurstOfTwentyTokenRequestsAdmits142(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := startSim(t, sim.DefaultConfig())
 			n := startNode(t, keysConfig(t, []*simReplica{rep}, "", "",
-				"    concurrency: 64\n    budgets: [{dimension: tokens, limit: 2859, window: 1h}]\n", ""))
+				"    concurrency: 16\n    budgets: [{dimension: tokens, limit: 2859, window: 1h}]\n", ""))
 			ok, denied, dets := burst(t, []*node{n}, keyAcme, tc.body, 200)
 			assert.Equal(t, int64(142), ok)
 			assert.Equal(t, int64(58), denied)
