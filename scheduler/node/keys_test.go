@@ -405,3 +405,34 @@ func TestRuntimeKeyBadInput(t *testing.T) {
 	code, _, _ = n.adminDo(t, "DELETE", "/admin/keys/key_000000000000", "")
 	assert.Equal(t, 404, code)
 }
+
+// TestRevokedKeyLetsAdmittedRequestsFinish: revocation refuses new
+// requests at once; a request admitted before it runs to completion.
+func TestRevokedKeyLetsAdmittedRequestsFinish(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.DecodeStep = 20 * time.Millisecond
+	rep := startSim(t, cfg)
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "", ""))
+	code, m, raw := n.adminDo(t, "POST", "/admin/keys", `{"tenant":"acme","name":"temp"}`)
+	require.Equal(t, 200, code, string(raw))
+	key, id := m["key"].(string), m["id"].(string)
+
+	done := make(chan reply, 1)
+	go func() {
+		done <- n.call(t, "/v1/completions", key, `{"model":"sim-model","prompt":[1,2],"max_tokens":40,"ignore_eos":true}`)
+	}()
+	eventually(t, "the request runs upstream", func() bool { return rep.Stats().Running == 1 })
+	code, _, raw = n.adminDo(t, "DELETE", "/admin/keys/"+id, "")
+	require.Equal(t, 200, code, string(raw))
+	assert.Equal(t, 401, n.call(t, "/v1/completions", key, body20).StatusCode, "a new request with the revoked key")
+
+	r := <-done
+	require.Equal(t, 200, r.StatusCode, "the admitted request finishes: %s", r.Body)
+	var out struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	require.NoError(t, json.Unmarshal(r.Body, &out))
+	assert.Equal(t, 40, out.Usage.CompletionTokens, "in full")
+}
