@@ -102,6 +102,7 @@ type StatusReport struct {
 	GPUSource     string            `json:"gpu_source"`
 	Tenants       []TenantReport    `json:"tenants"`
 	Replicas      []ReplicaReport   `json:"replicas"`
+	Keys          []KeyReport       `json:"keys"`             // keys with budgets or a concurrency of their own
 	Errors        map[string]string `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
 }
 
@@ -119,6 +120,18 @@ type TenantReport struct {
 	AutoClamps     int64            `json:"auto_clamps"`
 	Clamp          *Clamp           `json:"clamp"`
 	Budgets        []UsageRow       `json:"budgets"`
+}
+
+// KeyReport is one API key with limits of its own: its label (name or
+// short hash, never the key), in flight on this instance and budget use.
+type KeyReport struct {
+	Tenant      string     `json:"tenant"`
+	Label       string     `json:"label"`
+	Source      string     `json:"source"` // config | admin
+	Concurrency int64      `json:"concurrency,omitempty"`
+	Inflight    int64      `json:"inflight"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	Budgets     []UsageRow `json:"budgets"`
 }
 
 // ReplicaReport is one replica's row of the status page.
@@ -174,6 +187,7 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 		}
 		r.Tenants = append(r.Tenants, tr)
 	}
+	r.Keys = a.keyReports(ctx, pol, &r)
 	for _, rep := range s.reps.reps {
 		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: rep.url, InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
 		if v, ok := snap.Replica(rep.name); ok {
@@ -260,4 +274,48 @@ func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// keyReports lists the keys that have limits of their own, config keys
+// first, with their ledger use.
+func (a *Admin) keyReports(ctx context.Context, pol *policy, r *StatusReport) []KeyReport {
+	keys := []*apiKey{}
+	for _, t := range pol.order {
+		keys = append(keys, t.keys...)
+	}
+	if idx := a.s.rtKeys.Load(); idx != nil {
+		var rt []*apiKey
+		for _, k := range idx.byKey {
+			if pol.tenants[k.tenant] != nil {
+				rt = append(rt, k)
+			}
+		}
+		sort.Slice(rt, func(i, j int) bool { return rt[i].tenant+rt[i].label < rt[j].tenant+rt[j].label })
+		keys = append(keys, rt...)
+	}
+	out := []KeyReport{}
+	for _, k := range keys {
+		if len(k.scope.Limits) == 0 {
+			continue
+		}
+		kr := KeyReport{Tenant: k.tenant, Label: k.label, Source: "config", Concurrency: k.slots, Inflight: k.rt.inflight.Load(), Budgets: []UsageRow{}}
+		if k.runtime {
+			kr.Source = "admin"
+		}
+		if !k.expiresAt.IsZero() {
+			e := k.expiresAt.UTC()
+			kr.ExpiresAt = &e
+		}
+		t := pol.tenants[k.tenant]
+		u, err := a.s.led.Snapshot(ctx, t.key, k.scope.Key)
+		if err != nil {
+			if r.Errors == nil {
+				r.Errors = map[string]string{}
+			}
+			r.Errors["key budgets "+k.tenant+"/"+k.label] = oneLine(err)
+		}
+		kr.Budgets = budgetRows(k.scope.Limits, u)
+		out = append(out, kr)
+	}
+	return out
 }

@@ -80,6 +80,10 @@ func TestStatusJSON(t *testing.T) {
 	for range 2 {
 		require.Equal(t, 200, n.call(t, "/v1/chat/completions", keyAcme, chatBody).StatusCode)
 	}
+	code, m, raw := n.adminDo(t, "POST", "/admin/keys", `{"tenant":"beta","name":"nightly","budgets":[{"dimension":"tokens","limit":5000,"window":"24h"}]}`)
+	require.Equal(t, 200, code, string(raw))
+	key := m["key"].(string)
+	require.Equal(t, 200, n.call(t, "/v1/completions", key, body20).StatusCode)
 	require.Equal(t, 401, n.call(t, "/v1/chat/completions", "sk-wrong", chatBody).StatusCode)
 	req, _ := http.NewRequest(http.MethodGet, n.adminURL+"/status.json", nil)
 	req.Header.Set("Authorization", "Bearer "+statusToken)
@@ -96,6 +100,15 @@ func TestStatusJSON(t *testing.T) {
 				Committed int64  `json:"committed"`
 			} `json:"budgets"`
 		} `json:"tenants"`
+		Keys []struct {
+			Tenant  string `json:"tenant"`
+			Label   string `json:"label"`
+			Source  string `json:"source"`
+			Budgets []struct {
+				Limit     int64 `json:"limit"`
+				Committed int64 `json:"committed"`
+			} `json:"budgets"`
+		} `json:"keys"`
 		Replicas []struct {
 			Name           string `json:"name"`
 			State          string `json:"state"`
@@ -111,6 +124,13 @@ func TestStatusJSON(t *testing.T) {
 	require.Len(t, st.Tenants[0].Budgets, 1)
 	assert.Equal(t, int64(100000), st.Tenants[0].Budgets[0].Limit)
 	assert.Positive(t, st.Tenants[0].Budgets[0].Committed)
+	require.Len(t, st.Keys, 1, "only keys with limits of their own")
+	assert.Equal(t, "beta", st.Keys[0].Tenant)
+	assert.Equal(t, "nightly", st.Keys[0].Label)
+	assert.Equal(t, "admin", st.Keys[0].Source)
+	require.Len(t, st.Keys[0].Budgets, 1)
+	assert.Equal(t, int64(5000), st.Keys[0].Budgets[0].Limit)
+	assert.Equal(t, int64(20), st.Keys[0].Budgets[0].Committed, "the key's one 20-token call")
 	require.Len(t, st.Replicas, 1)
 	assert.Equal(t, "healthy", st.Replicas[0].State)
 	assert.Positive(t, st.Replicas[0].CapacityTokens)
