@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -62,6 +63,9 @@ type Deps struct {
 	// ledger opened. Optional; default 2 × the start-up ledger.lease_ttl
 	// (both backends' default). A reload may not raise lease_ttl past it.
 	MaxLeaseTTL time.Duration
+	// Keys is the shared store of API keys created at run time. Optional;
+	// nil keeps them in memory (lost on restart, seen by this instance only).
+	Keys statestore.Store
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -90,6 +94,9 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
+	keys     statestore.Store
+	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu   sync.Mutex               // orders applyKeys
 	wfs      workflows
 	outage   outages
 	abuse    *abuse.Detector
@@ -146,6 +153,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
+		keys:       deps.Keys,
+	}
+	if s.keys == nil {
+		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {

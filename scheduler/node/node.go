@@ -109,8 +109,18 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		return err
 	}
 
+	state, closeState, err := openStateStore(cfg)
+	if err != nil {
+		return fmt.Errorf("state store: %w", err)
+	}
+	defer func() {
+		if err := closeState(); err != nil {
+			log.Error("closing the state store", "err", err)
+		}
+	}()
+
 	var trail *audit.Log
-	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log}
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
 	if cfg.Audit.Path != "" {
 		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)
@@ -144,6 +154,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		}
 	}
 
+	if err := srv.SyncKeys(ctx); err != nil {
+		log.Warn("run-time API keys not loaded yet; retrying in the background", "err", err)
+	}
+
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	reload := func() error {
@@ -174,6 +188,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	bgGroup.Go(func() error { return mon.Run(bg) })
 	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
 	bgGroup.Go(func() error { return led.Run(bg) })
+	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
 	if trail != nil {
 		bgGroup.Go(func() error { return trail.Run(bg) })
 	}
