@@ -13,8 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
 // Regression tests of issue 13, named after the item they pin. Each fails
@@ -510,4 +513,89 @@ func TestBug13_6_OutageUsagePersisted(t *testing.T) {
 	assert.Equal(t, 2, led.n("charge"), "each owed charge sent once, then dropped")
 	u := tenantUsage(t, s2, led.Memory)
 	assert.Equal(t, int64(5+3)+held, committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
+}
+
+// TestBug13_1_RestartAfterAdminChange: clamp and unclamp (policy version
+// 3 on this process), restart on the same journal (version 1 again): the
+// tenant is served, and the committed usage is kept.
+func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *ledger.Memory {
+		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: dir + "/journal", LeaseTTL: 60 * time.Second})
+		require.NoError(t, err)
+		return m
+	}
+	cfg := testConfig(t, "", "    budgets:\n      - {dimension: tokens, limit: 1000000, window: 24h}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	m1 := open()
+	s1 := newTestServer(t, cfg, &fakeLedger{Memory: m1, calls: map[string]int{}}, &fakeUpstream{out: 3})
+	go s1.dispatchLoop(ctx)
+	_, err := s1.SetClamp(Clamp{Tenant: "acme", Concurrency: 1, Reason: "test", ExpiresAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	_, err = s1.Unclamp("acme")
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), s1.pol.Load().version)
+	_, err = serve(s1, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	require.NoError(t, m1.Close())
+
+	m2 := open()
+	defer m2.Close()
+	s2 := newTestServer(t, cfg, &fakeLedger{Memory: m2, calls: map[string]int{}}, &fakeUpstream{out: 3})
+	go s2.dispatchLoop(ctx)
+	require.Equal(t, uint64(1), s2.pol.Load().version)
+	_, err = serve(s2, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "served after the restart, not 500 ledger_error")
+	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
+}
+
+// TestBug13_10_AdminSharedFleetWide: a budget set and a clamp applied
+// through instance A are enforced by instance B (shared state store), and
+// B's unclamp is seen by A.
+func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
+	store, err := statestore.OpenFile(t.TempDir())
+	require.NoError(t, err)
+	led := newFakeLedger(t)
+	cfg := testConfig(t, "", "    concurrency: 8\n")
+	mk := func() *Server {
+		keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
+		require.NoError(t, err)
+		mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
+		require.NoError(t, err)
+		s, err := New(cfg, Deps{Ledger: led, Upstream: &fakeUpstream{out: 3}, Keyer: keyer, GPU: mon, State: store})
+		require.NoError(t, err)
+		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+		return s
+	}
+	a, b := mk(), mk()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.dispatchLoop(ctx)
+	go b.dispatchLoop(ctx)
+	poll := func(s *Server) {
+		d, err := store.Get(ctx, adminDoc)
+		require.NoError(t, err)
+		s.applySharedAdmin(d)
+	}
+
+	_, err = a.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 1, Window: time.Hour})
+	require.NoError(t, err)
+	_, err = a.SetClamp(Clamp{Tenant: "acme", Concurrency: 2, Reason: "suspicious", ExpiresAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	poll(b)
+	assert.Equal(t, 2, b.pol.Load().tenants["acme"].cfg.Concurrency, "A's clamp applies on B")
+
+	_, err = serve(b, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	_, err = serve(b, ctx, admission{body: chatBody("")})
+	assert.Equal(t, 429, statusFor(err).Status, "A's budget of 1 request is enforced by B: %v", err)
+
+	had, err := b.Unclamp("acme")
+	require.NoError(t, err)
+	assert.True(t, had)
+	poll(a)
+	assert.Equal(t, 8, a.pol.Load().tenants["acme"].cfg.Concurrency, "B's unclamp is seen by A")
+	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
 }

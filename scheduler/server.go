@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -58,6 +59,11 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
 	Now func() time.Time
+	// State is the fleet-shared store of the admin state (budgets and
+	// clamps set through the admin API): Redis in the Redis layout, files
+	// next to the journal in the embedded one. Optional; nil keeps the
+	// admin state per instance (admin.state_file).
+	State statestore.Store
 	// MaxLeaseTTL is the ledger's bound on every lease, fixed when the
 	// ledger opened. Optional; default 2 × the start-up ledger.lease_ttl
 	// (both backends' default). A reload may not raise lease_ttl past it.
@@ -90,6 +96,8 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
+	adminRev uint64           // revision of admin in state (0: none yet)
+	state    statestore.Store // shared admin state; nil: this instance's own
 	wfs      workflows
 	outage   outages
 	abuse    *abuse.Detector
@@ -163,6 +171,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+		return nil, err
+	}
+	s.state = deps.State
+	if err := s.loadSharedAdmin(); err != nil {
 		return nil, err
 	}
 	if err := s.outage.load(outageFile(cfg)); err != nil {
@@ -309,6 +321,7 @@ func (s *Server) Run(ctx context.Context) error {
 		{"outbox", s.outboxLoop},
 		{"ready", s.readyLoop},
 		{"clamps", s.clampLoop},
+		{"admin", s.adminLoop},
 	}
 	for _, l := range loops {
 		g.Go(func() error {
