@@ -15,8 +15,11 @@ import (
 // Dim is a budget dimension. All amounts are int64 integer units.
 type Dim uint8
 
-// The dimensions. Six are windowed budgets; Slots is a concurrency gauge
-// without a window.
+// The dimensions. Every one but Slots is a windowed budget; Slots is a
+// concurrency gauge without a window. The numbers are stored (journal,
+// Redis fields and specs), so a new dimension is appended, never inserted:
+// loop over range NumDims and skip what [Dim.Windowed] excludes rather than
+// stopping at Slots.
 const (
 	Requests     Dim = iota // requests
 	InputTokens             // input_tokens
@@ -25,10 +28,15 @@ const (
 	GPUMs                   // gpu_ms
 	USDMicros               // usd_micros (1 USD = 1,000,000)
 	Slots                   // slots (concurrency gauge, W = 0)
+	GPUJoules               // gpu_joules: GPU energy in integer millijoules
 	NumDims                 // number of dimensions
 )
 
-var dimNames = [NumDims]string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "slots"}
+var dimNames = [NumDims]string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "slots", "gpu_joules"}
+
+// Windowed reports whether d is a windowed budget dimension (every valid
+// dimension but Slots).
+func (d Dim) Windowed() bool { return d < NumDims && d != Slots }
 
 // String returns the config/metric name of d ("tokens", "gpu_ms", ...).
 func (d Dim) String() string {
@@ -410,6 +418,16 @@ func (r *ReserveRequest) Digest() uint64 {
 		v := uint64(r.Held[d])
 		for s := 0; s < 64; s += 8 {
 			h = (h ^ (v >> s & 0xff)) * prime
+		}
+	}
+	// Dimensions appended after Slots count only when non-zero, with their
+	// number, so digests stored before they existed still match.
+	for d := Slots + 1; d < NumDims; d++ {
+		if v := uint64(r.Held[d]); v != 0 {
+			h = (h ^ uint64(d)) * prime
+			for s := 0; s < 64; s += 8 {
+				h = (h ^ (v >> s & 0xff)) * prime
+			}
 		}
 	}
 	return h

@@ -533,7 +533,10 @@ func checkScope(s *scopeState) error {
 	if s.n < 0 || s.n > MaxCounter {
 		return fmt.Errorf("slots in use %d out of range", s.n)
 	}
-	for d := Dim(0); d < Slots; d++ {
+	for d := range NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		if s.r[d] < 0 || s.r[d] > MaxCounter {
 			return fmt.Errorf("reserved %s %d out of range", d, s.r[d])
 		}
@@ -562,7 +565,10 @@ func checkRecord(rec *record) error {
 func checkRelease(rec *record, slot bool) error {
 	for i := 0; i < rec.nscopes; i++ {
 		s := rec.scopes[i]
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			if s.r[d] < rec.held[d] {
 				return fmt.Errorf("reserved %s %d below hold %d", d, s.r[d], rec.held[d])
 			}
@@ -589,7 +595,10 @@ func checkCharge(rec *record, a *Amounts) error {
 func (t *tenantState) releaseHold(rec *record) {
 	for i := 0; i < rec.nscopes; i++ {
 		s := rec.scopes[i]
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] -= rec.held[d]
 		}
 	}
@@ -774,7 +783,10 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	}
 	for i := range req.Scopes {
 		if s := ss[i]; s != nil {
-			for d := Dim(0); d < Slots; d++ {
+			for d := range NumDims {
+				if !d.Windowed() {
+					continue
+				}
 				if s.r[d]+req.Held[d] > MaxCounter {
 					return Grant{}, 0, m.corrupt(t, req.Ref, fmt.Errorf("reserved %s would pass 2^53-1", d))
 				}
@@ -824,7 +836,10 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 				rec.resolveAt = end
 			}
 		}
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] += rec.held[d]
 		}
 	}
@@ -1073,7 +1088,10 @@ func fillEvent(ev *UsageEvent, ref Ref, rec *record, actual, charged *Amounts, s
 
 func overrun(a, h *Amounts) Amounts {
 	var o Amounts
-	for d := Dim(0); d < Slots; d++ {
+	for d := range NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		if a[d] > h[d] {
 			o[d] = a[d] - h[d]
 		}

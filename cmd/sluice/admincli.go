@@ -53,7 +53,7 @@ func addAdminFlags(fs *flag.FlagSet) *adminOpts {
 	if v := strings.TrimSpace(os.Getenv(adminURLEnv)); v != "" {
 		def = v
 	}
-	fs.StringVar(&o.url, "admin", def, "admin API base URL (or $"+adminURLEnv+")")
+	fs.StringVar(&o.url, "admin", def, "admin API base URL (or $"+adminURLEnv+"); the token is read from $"+adminTokenEnv)
 	fs.BoolVar(&o.asJSON, "json", false, "print the server's JSON instead of a table")
 	return o
 }

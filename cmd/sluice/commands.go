@@ -124,23 +124,23 @@ type flagError struct {
 
 func (f flagError) Unwrap() error { return f.usageError }
 
-// helpRequested answers -h/--help; it carries the command's FlagSet so the
+// helpError answers -h/--help; it carries the command's FlagSet so the
 // dispatcher can print its flags.
-type helpRequested struct{ fs *flag.FlagSet }
+type helpError struct{ fs *flag.FlagSet }
 
-func (helpRequested) Error() string { return flag.ErrHelp.Error() }
-func (helpRequested) Unwrap() error { return flag.ErrHelp }
+func (helpError) Error() string     { return flag.ErrHelp.Error() }
+func (helpError) Unwrap() error     { return flag.ErrHelp }
 func isHelpArg(a string) bool       { return a == "-h" || a == "-help" || a == "--help" }
 func isHelpWord(a string) bool      { return isHelpArg(a) || a == "help" }
 func oneLine(s string) string       { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
 func joinPath(path []string) string { return strings.Join(path, " ") }
 
-// cutArgs splits args at the first sep.
-func cutArgs(args []string, sep string) (before, after []string, found bool) {
-	if i := slices.Index(args, sep); i >= 0 {
-		return args[:i], args[i+1:], true
+// beforeDashDash returns args up to a "--", after which all are positional.
+func beforeDashDash(args []string) []string {
+	if i := slices.Index(args, "--"); i >= 0 {
+		return args[:i]
 	}
-	return args, nil, false
+	return args
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -179,7 +179,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		sub, ok := c.subs[args[0]]
 		if !ok {
 			fmt.Fprintf(stderr, "sluice: unknown command %q\n", joinPath(append(path, args[0])))
-			printGroupHelp(stderr, path, c)
+			if len(path) == 0 {
+				fmt.Fprintln(stderr, "Run 'sluice help' for the list of commands.")
+			} else {
+				printGroupHelp(stderr, path, c)
+			}
 			return 2
 		}
 		path = append(path, args[0])
@@ -187,7 +191,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	err := c.run(ctx, e, args)
 	var (
-		help helpRequested
+		help helpError
 		fe   flagError
 		ue   usageError
 	)
@@ -289,15 +293,14 @@ func newFlags(name string) *flag.FlagSet {
 func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return helpRequested{fs}
+			return helpError{fs}
 		}
 		return flagError{usageError{err}, fs}
 	}
 	rest := fs.Args()
 	if used := len(args) - len(rest); used == 0 || args[used-1] != "--" {
-		before, _, _ := cutArgs(rest, "--")
-		if slices.ContainsFunc(before, isHelpArg) {
-			return helpRequested{fs}
+		if slices.ContainsFunc(beforeDashDash(rest), isHelpArg) {
+			return helpError{fs}
 		}
 	}
 	if maxPos >= 0 && len(rest) > maxPos {

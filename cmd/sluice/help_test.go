@@ -95,7 +95,7 @@ func TestEveryCommandHasHelp(t *testing.T) {
 			// The command parses its flags through parseFlags, which hands
 			// back the FlagSet: the test's own list of registered flags.
 			err := c.run(context.Background(), env{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}, []string{"-h"})
-			var help helpRequested
+			var help helpError
 			require.ErrorAs(t, err, &help, "sluice %s -h must ask for help, got %v", name, err)
 			var flags []string
 			help.fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f.Name) })

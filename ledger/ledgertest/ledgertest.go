@@ -113,6 +113,7 @@ func Run(t *testing.T, f Factory) {
 		{"T12_MalformedPolicy", testMalformedPolicy},
 		{"PolicyVersionUnordered", testPolicyVersionUnordered},
 		{"SameAttempt", testSameAttempt},
+		{"GPUJoules", testGPUJoules},
 		{"T13_WindowRollover", testWindowRollover},
 		{"T16_ModelBased", testModel},
 		{"T16_ModelBasedWithRestart", testModelRestart},

@@ -154,7 +154,10 @@ func (m *model) charge(rec *mRec, a ledger.Amounts) {
 
 func (m *model) release(rec *mRec) {
 	for _, i := range rec.scopes {
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			m.scopes[i].r[d] -= rec.held[d]
 		}
 	}
@@ -262,7 +265,10 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 				rec.resolveAt = end
 			}
 		}
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] += req.Held[d]
 		}
 	}
@@ -330,7 +336,10 @@ func (m *model) extend(id ledger.RequestID, owner ledger.Owner, ttl time.Duratio
 
 func overrunOf(a, h ledger.Amounts) ledger.Amounts {
 	var o ledger.Amounts
-	for d := ledger.Dim(0); d < ledger.Slots; d++ {
+	for d := range ledger.NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		o[d] = max(a[d]-h[d], 0)
 	}
 	return o
@@ -459,6 +468,7 @@ func randLimits(rng *rand.Rand, kind ledger.Kind) []ledger.Limit {
 			{Dim: ledger.Tokens, Window: 10 * time.Second, Max: 100 + rng.Int64N(300)},
 			{Dim: ledger.Requests, Window: time.Minute, Max: 3 + rng.Int64N(8)},
 			{Dim: ledger.GPUMs, Window: time.Minute, Max: 100 + rng.Int64N(200), Mode: mode()},
+			{Dim: ledger.GPUJoules, Window: 10 * time.Second, Max: 400 + rng.Int64N(800), Mode: mode()},
 			{Dim: ledger.Slots, Max: 1 + rng.Int64N(3)},
 		}
 	case ledger.KindAPIKey:
@@ -510,6 +520,7 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 		a := tokens(in, out)
 		a[ledger.GPUMs] = rng.Int64N(100)
 		a[ledger.USDMicros] = rng.Int64N(3)
+		a[ledger.GPUJoules] = rng.Int64N(300)
 		return a
 	}
 	newReq := func(id ledger.RequestID) ledger.ReserveRequest {
@@ -720,8 +731,8 @@ func (m *model) compare(t *testing.T, b *Backend) string {
 		if err != nil {
 			return fmt.Sprintf("snapshot: %v", err)
 		}
-		var r ledger.Amounts
-		copy(r[:ledger.Slots], u.Reserved[:ledger.Slots])
+		r := u.Reserved
+		r[ledger.Slots] = 0
 		if r != s.r || u.SlotsInUse != s.n {
 			return fmt.Sprintf("%s scope: r=%v n=%d, model r=%v n=%d", s.ref.Kind, r, u.SlotsInUse, s.r, s.n)
 		}

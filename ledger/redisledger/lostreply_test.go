@@ -135,6 +135,12 @@ func TestLostReplyIsNotADuplicate(t *testing.T) {
 				g0, err = direct.Snapshot(ctx, gkey, gkey)
 				require.NoError(t, err)
 			}
+			// Warm up: the first Reserve of a partition also registers it
+			// (one SADD reply the proxy would count).
+			warm := reserveReq(sc, held(1), owner)
+			_, err = lossy.Reserve(ctx, warm)
+			require.NoError(t, err)
+			require.NoError(t, lossy.Release(ctx, warm.Ref, owner))
 			req := reserveReq(sc, held(100), owner)
 			req.Attempt = 0x1234_5678_9abc_def0
 			calls := commandCalls(t, rc, "evalsha")

@@ -300,8 +300,22 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 			p.events = append(p.events, event{at: at(0.1, 0.7), kind: evStall, d: time.Duration(400+rng.IntN(800)) * time.Millisecond})
 		}
 	}
-	// Traffic: Poisson arrivals at about 30 attempts/s.
 	id := 0
+	if rng.IntN(2) == 0 {
+		// Two long generations fill beta's two slots; the next two beta
+		// requests wait in the queue longer than the lease.
+		t0 := at(0.05, 0.3)
+		for k := range 4 {
+			id++
+			o := &opSpec{id: id, tenant: "beta", chat: true, stream: k%2 == 0, n: 1, words: 8, maxTokens: 4}
+			if k < 2 {
+				o.slow = leaseTTL + 300*time.Millisecond
+			}
+			p.ops[id] = o
+			p.events = append(p.events, event{at: t0 + time.Duration(k)*20*time.Millisecond, kind: evAttempt, op: o})
+		}
+	}
+	// Traffic: Poisson arrivals at about 30 attempts/s.
 	for t := time.Duration(0); ; {
 		t += time.Duration(rng.ExpFloat64() / 30 * float64(time.Second))
 		if t >= traffic {
@@ -685,6 +699,8 @@ func (w *world) check() []string {
 			add("%s: transport error without a disconnect or a kill: %s", id, r.transport)
 		case r.status >= 500 && r.status != 502 && r.status != 503 && r.status != 504:
 			add("%s: status %d code %q", id, r.status, r.code)
+		case r.status == http.StatusBadGateway && !w.replicaFaulted(o.id):
+			add("%s: 502 %q but no replica failed it", id, r.code)
 		case r.status == http.StatusConflict && o.idem == "":
 			add("%s: 409 %q without an Idempotency-Key", id, r.code)
 		case r.status != 0 && r.status != http.StatusOK && !pinned[r.code]:
@@ -737,6 +753,21 @@ func (w *world) check() []string {
 			spans[o.tenant] = append(spans[o.tenant], span{ex.arrival, ex.end})
 		}
 	}
+	// Sluice may abandon a running request only for a cause: the client
+	// left or its deadline passed, its instance died, or the ledger could
+	// not renew the lease (a store fault). Anything else aborted work the
+	// client was still waiting for.
+	storeFaults := slices.ContainsFunc(w.p.events, func(e event) bool { return e.kind == evReplyLoss || e.kind == evStall })
+	for _, ex := range execs {
+		o := w.p.ops[ex.op]
+		if o == nil || !ex.gone || o.timeout > 0 || storeFaults {
+			continue
+		}
+		if !slices.ContainsFunc(byOp[o.id], func(r *result) bool { return r.cancelled || r.killed }) {
+			add("op %d: Sluice abandoned it at the replica after %v with no client disconnect, deadline, kill or store fault",
+				o.id, time.Since(ex.arrival).Round(time.Millisecond))
+		}
+	}
 	for id, n := range perOp {
 		if n > 1 {
 			o := w.p.ops[id]
@@ -755,6 +786,19 @@ func (w *world) check() []string {
 
 	v = append(v, w.checkLedger(byOp, execs, perOp)...)
 	return v
+}
+
+// replicaFaulted reports whether a replica failed op: an error status, an
+// error event, or a stream cut before its end that its client did not cut.
+func (w *world) replicaFaulted(op int) bool {
+	w.log.mu.Lock()
+	defer w.log.mu.Unlock()
+	for _, ex := range w.log.execs {
+		if ex.op == op && (ex.status >= 400 || ex.errEvent || (!ex.completed && !ex.gone)) {
+			return true
+		}
+	}
+	return false
 }
 
 // deadlineSlack is how late after a client's deadline a replica may see

@@ -395,7 +395,8 @@ type instance struct {
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited chan struct{}
-	gen    int // incremented on every start
+	gen    int         // incremented on every start
+	ready  atomic.Bool // answering since its last start
 }
 
 func (in *instance) start(t testing.TB) {
@@ -418,6 +419,7 @@ func (in *instance) start(t testing.TB) {
 	go func() { _ = cmd.Wait(); _ = f.Close(); close(exited) }()
 	in.cmd, in.exited = cmd, exited
 	in.gen++
+	in.ready.Store(false)
 	in.mu.Unlock()
 	ok := eventually(20*time.Second, func() bool {
 		select {
@@ -440,6 +442,7 @@ func (in *instance) start(t testing.TB) {
 	if !ok {
 		t.Fatalf("%s not ready; log:\n%s", in.name, tail(in.logPath, 40))
 	}
+	in.ready.Store(true)
 }
 
 // kill sends SIGKILL and waits for the process to end.
@@ -450,6 +453,7 @@ func (in *instance) kill() {
 	if cmd == nil {
 		return
 	}
+	in.ready.Store(false)
 	_ = cmd.Process.Kill()
 	<-exited
 }
@@ -477,8 +481,12 @@ func (in *instance) stop(t testing.TB) {
 	}
 }
 
-// isDown reports whether the process has exited (killed, not yet restarted).
+// isDown reports whether the process is not serving: killed, or restarted
+// and not ready yet.
 func (in *instance) isDown() bool {
+	if !in.ready.Load() {
+		return true
+	}
 	in.mu.Lock()
 	exited := in.exited
 	in.mu.Unlock()
