@@ -23,7 +23,7 @@ import (
 type call struct {
 	ctx          context.Context
 	cancel       context.CancelCauseFunc
-	phase        phase // see lifecycle.go; owned by the request goroutine
+	phase        phase              // see lifecycle.go; owned by the request goroutine
 	stopDeadline context.CancelFunc // nil without a client deadline
 
 	pol      *policy

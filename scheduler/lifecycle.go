@@ -65,7 +65,9 @@ var transitions = func() (t [numPhases][numPhases]bool) {
 // logged, and the operation it guards is skipped (never run twice).
 type errTransition struct{ from, to phase }
 
-func (e errTransition) Error() string { return "call lifecycle: no transition " + e.from.String() + " → " + e.to.String() }
+func (e errTransition) Error() string {
+	return "call lifecycle: no transition " + e.from.String() + " → " + e.to.String()
+}
 
 // to moves c to next if the lifecycle has that edge. The phase is owned by
 // the call's request goroutine (the edge handler, then its stream writer):
