@@ -122,6 +122,12 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		}()
 		deps.Audit = trail
 	}
+	adminState, closeAdminState, err := openAdminState(cfg)
+	if err != nil {
+		return fmt.Errorf("admin state store: %w", err)
+	}
+	defer func() { err = errors.Join(err, closeAdminState()) }()
+	deps.State = adminState
 	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err
