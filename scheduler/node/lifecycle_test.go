@@ -56,7 +56,9 @@ func TestBug13_1_RestartWithJournalAfterAdminChange(t *testing.T) {
 	dir := t.TempDir()
 	rep := startSim(t, sim.DefaultConfig())
 	top := fmt.Sprintf("ledger: {journal: %q}\nadmin: {state_file: %q}\n", dir+"/journal", dir+"/admin.json")
-	cfg := func() *config.File { return nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: requests, limit: 100, window: 24h}]\n", top) }
+	cfg := func() *config.File {
+		return nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: requests, limit: 100, window: 24h}]\n", top)
+	}
 	n := startNode(t, cfg())
 	code, _, raw := n.adminDo(t, "POST", "/admin/tenants/acme/clamp", `{"concurrency":1,"reason":"test","expires_in":"1h"}`)
 	require.Equal(t, 200, code, string(raw))
