@@ -143,6 +143,9 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	}
 	commit()
 	s.pol.Store(pol)
+	if pol.leaseTTL < old.leaseTTL {
+		s.leases.rearm() // the heartbeat period follows a shorter lease_ttl now
+	}
 	s.reps.mu.Lock()
 	s.reps.headroom = eff.Server.Headroom
 	s.reps.mu.Unlock()

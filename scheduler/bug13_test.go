@@ -599,3 +599,41 @@ func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
 	assert.Equal(t, 8, a.pol.Load().tenants["acme"].cfg.Concurrency, "B's unclamp is seen by A")
 	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
 }
+
+// TestBug13_10_LeaseTTLReload: a reload that shortens ledger.lease_ttl
+// applies to the heartbeat period at once: a call admitted after it, with
+// the new 3s lease, keeps its hold while it waits 30s.
+func TestBug13_10_LeaseTTLReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
+		cfg := testConfig(t, "server: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")
+		s := newTestServer(t, cfg, led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		go func() { _ = s.heartbeatLoop(ctx) }()
+		synctest.Wait()
+		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")))
+		require.Equal(t, 3*time.Second, s.pol.Load().leaseTTL)
+
+		errs := make(chan error, 2)
+		for i := range 2 {
+			go func() { _, err := serve(s, ctx, admission{body: chatBody(""), reqID: fmt.Sprint(i)}); errs <- err }()
+			synctest.Wait()
+		}
+		for range 30 {
+			time.Sleep(time.Second)
+			_, err := led.Memory.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			require.NoError(t, err)
+		}
+		assert.Equal(t, int64(2), tenantUsage(t, s, led.Memory).Reserved[ledger.Requests], "both 3s leases renewed for 30s")
+		close(up.gate)
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+
+		// A reload past the ledger's lease bound (2 × the start-up 60s) is refused.
+		err := s.Reload(testConfig(t, "ledger: {lease_ttl: 121s}\n", ""))
+		assert.ErrorContains(t, err, "lease bound")
+	})
+}

@@ -99,7 +99,6 @@ type Server struct {
 	adminRev uint64           // revision of admin in state (0: none yet)
 	state    statestore.Store // shared admin state; nil: this instance's own
 	wfs      workflows
-	outage   outages
 	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
@@ -107,10 +106,7 @@ type Server struct {
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
-	// The settler's parts: each owns its own lock.
-	leases leases    // every held record's lease, Reserve to terminal state
-	outbox outbox    // endings the store has not acknowledged
-	idem   idemCache // completed idempotent responses (idem.go)
+	settler // leases, outbox, outage charges, idempotent responses
 
 	mu      sync.Mutex // guards running, queued
 	running map[*call]struct{}
@@ -120,6 +116,17 @@ type Server struct {
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
+}
+
+// settler owns what a call leaves behind it: its lease from Reserve to its
+// terminal transition, the endings the store has not acknowledged, the
+// usage owed from outage admissions, and completed idempotent responses.
+// Each part has its own lock; none is held across a ledger call.
+type settler struct {
+	leases leases    // lease.go
+	outbox outbox    // outbox.go
+	outage outages   // outage.go
+	idem   idemCache // idem.go
 }
 
 // New builds a Server from a validated config.
@@ -150,7 +157,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		runtimes:   map[string]*tenantRuntime{},
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
-		outbox:     outbox{kick: make(chan struct{}, 1)},
+		settler:    settler{outbox: outbox{kick: make(chan struct{}, 1)}},
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
@@ -163,6 +170,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.now = time.Now
 	}
 	s.leases.now = s.now
+	s.leases.kick = make(chan struct{}, 1)
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
