@@ -637,3 +637,68 @@ func TestBug13_10_LeaseTTLReload(t *testing.T) {
 		assert.ErrorContains(t, err, "lease bound")
 	})
 }
+
+// TestCancelRacesDispatch: the client leaves just as the dispatch loop
+// picked its call (the queue entry is no longer cancellable): the call
+// gives back the replica room and the queue slot, releases its hold, and
+// never runs.
+func TestCancelRacesDispatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 1}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		cctx, leave := context.WithCancelCause(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := serve(s, cctx, admission{body: chatBody("")}); done <- err }()
+		synctest.Wait()
+		// The dispatch loop's step, without delivering yet.
+		it, ok := s.q.Next(s.admissible)
+		require.True(t, ok)
+		rep := it.Payload.rep
+		require.Positive(t, rep.load.Load(), "room reserved for it")
+		leave(ErrClientGone)
+		synctest.Wait() // await lost the cancel race and waits for the hand-off
+		it.Payload.dispatched <- rep
+		assert.ErrorIs(t, <-done, ErrClientGone)
+		assert.Zero(t, rep.load.Load(), "replica room given back")
+		assert.Zero(t, up.runs.Load(), "never ran")
+		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")
+		assert.Equal(t, 1, led.n("release"))
+		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+		st, ok := s.q.Stats("acme")
+		require.True(t, ok)
+		assert.Zero(t, st.Depth)
+	})
+}
+
+// TestOutboxRetriesSettle: a settlement the store could not take is
+// retried by the outbox, with the same id, until it lands: charged once.
+func TestOutboxRetriesSettle(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 3})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	var fail atomic.Int64
+	fail.Store(3)
+	led.set(func() {
+		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+			if fail.Add(-1) >= 0 {
+				return ledger.Settlement{}, ledger.ErrUnavailable, true
+			}
+			return ledger.Settlement{}, nil, false
+		}
+	})
+	_, err := serve(s, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "the client's answer does not wait for the ledger")
+	require.Equal(t, 1, s.outbox.len())
+	s.flushOutbox(ctx)
+	s.flushOutbox(ctx)
+	assert.Equal(t, 1, s.outbox.len(), "still failing: kept")
+	s.flushOutbox(ctx)
+	assert.Equal(t, 0, s.outbox.len())
+	assert.Equal(t, 4, led.n("settle"))
+	u := tenantUsage(t, s, led.Memory)
+	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "charged once")
+	assert.Equal(t, ledger.Amounts{}, u.Reserved)
+}
