@@ -23,6 +23,7 @@ import (
 type call struct {
 	ctx          context.Context
 	cancel       context.CancelCauseFunc
+	phase        phase              // see lifecycle.go; owned by the request goroutine
 	stopDeadline context.CancelFunc // nil without a client deadline
 
 	pol      *policy
@@ -61,7 +62,6 @@ type call struct {
 	ticket     gpu.Ticket
 	dispatchAt time.Time
 	firstByte  time.Time
-	settled    bool
 	stream     *vllm.Stream
 	sent       bool // a request may have reached the replica
 	usage      vllm.Usage
@@ -170,6 +170,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c.handle = it.Handle
+	_ = c.to(phaseQueued)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
@@ -261,6 +262,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			// by the store client after its reply was lost (issue 13 item
 			// 2); a random id is never another attempt's.
 			c.grant = g
+			_ = c.to(phaseReserved)
 			s.leases.track(c, sent, c.pol.leaseTTL)
 			return nil
 		case err == nil:
@@ -279,6 +281,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			if s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
 				// ambiguous Reserve applied (outage.go).
+				_ = c.to(phaseReserved)
 				return nil
 			}
 			if errors.Is(err, ledger.ErrAmbiguous) {
@@ -384,11 +387,18 @@ func mulAmount(a, b int64) (int64, bool) {
 // ending to the outbox (Release by id until definite), never to a second
 // dispatch.
 func (s *Server) release(c *call) {
+	if c.phase != phaseReserved && c.phase != phaseQueued {
+		s.log.Error("release skipped", "request_id", c.reqID, "err", errTransition{c.phase, phaseReleased})
+		return
+	}
 	if c.outage {
 		s.outageNotRun(c)
+		_ = c.to(phaseReleased)
 		return
 	}
 	s.leases.untrack(c)
+	ended := phaseReleased
+	defer func() { _ = c.to(ended) }()
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	defer cancel()
 	err := s.led.Release(ctx, c.ref, s.owner)
@@ -404,10 +414,13 @@ func (s *Server) release(c *call) {
 		// An ambiguous MarkDispatched applied: end the record with a zero
 		// NotSent settlement (LEDGER §4).
 		s.queueSettle(c, ledger.Amounts{}, ledger.SourceNotSent)
+		ended = phaseUnresolved
 	case ledger.IsStoreError(err):
 		s.queueRelease(c)
+		ended = phaseUnresolved
 	default:
 		s.log.Warn("ledger release refused; the lease will expire it", "request_id", c.reqID, "err", err)
+		ended = phaseUnresolved
 	}
 }
 
@@ -483,6 +496,7 @@ func (s *Server) await(c *call) error {
 		}
 		c.rep = rep
 		c.dispatchAt = s.now()
+		_ = c.to(phaseDispatched)
 		c.t.rt.inflight.Add(1)
 		c.keyInflight(1)
 		c.t.rt.inflightTokens.Add(c.size)
@@ -546,6 +560,7 @@ func (s *Server) execute(c *call) error {
 		tried[c.rep] = true
 		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
 		if err == nil {
+			_ = c.to(phaseStreaming)
 			c.sent = true
 			c.stream = st
 			c.firstByte = s.now()
@@ -591,10 +606,12 @@ func (s *Server) moveClock(c *call, next *replica) {
 // reconciles fair share, frees room and slots, and records metrics. err is
 // the call's outcome (nil on success).
 func (s *Server) finish(c *call, err error) {
-	if c.settled {
+	if c.phase != phaseDispatched && c.phase != phaseStreaming {
+		if !c.phase.terminal() {
+			s.log.Error("finish skipped", "request_id", c.reqID, "err", errTransition{c.phase, phaseSettled})
+		}
 		return
 	}
-	c.settled = true
 	now := s.now()
 	if c.stream != nil {
 		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
@@ -690,12 +707,16 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	if c.outage {
 		if src != ledger.SourceNotSent {
 			s.oweOutage(c, actual, src)
+			_ = c.to(phaseUnresolved) // the owed charge ends it
 		} else {
 			s.outageNotRun(c)
+			_ = c.to(phaseSettled)
 		}
 		return
 	}
 	s.leases.untrack(c)
+	ended := phaseSettled
+	defer func() { _ = c.to(ended) }()
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	st, err := s.led.Settle(ctx, c.ref, actual, src)
 	cancel()
@@ -711,6 +732,7 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.noteLedger("settle", err)
 	if err != nil && ledger.IsStoreError(err) {
 		s.queueSettle(c, actual, src)
+		ended = phaseUnresolved
 		return
 	}
 	if err != nil {

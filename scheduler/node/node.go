@@ -132,6 +132,11 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		}()
 		deps.Audit = trail
 	}
+	if cfg.Ledger.Backend == "redis" || cfg.Ledger.Journal != "" {
+		// Admin changes share the keys' store: the fleet's in Redis, the
+		// node's next to the journal. Without either, admin.state_file.
+		deps.State = state
+	}
 	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err
