@@ -82,8 +82,11 @@ type Clock struct {
 	closedA  uint64 // all at closedAt
 	pending  Use    // amounts of samples that ended at or before closedAt
 	exact    bool   // no busy signal: busy = g while any request runs
+	// The settle-time rate of the open interval: recent intervals' amounts
+	// over their shares, exponentially weighted (rateDecay per interval).
 	haveRate bool
-	rate     [2]float64 // GPU-ns and µJ per share unit in the last interval with work
+	rateQ    [2]float64 // weighted Σ GPU-ns and µJ
+	rateA    float64    // weighted Σ share units
 
 	tot ClockTotals
 }
@@ -185,14 +188,21 @@ func (c *Clock) End(now time.Time, t Ticket) Use {
 	return r.att.plus(c.tailLocked(r.s1 - r.s0))
 }
 
+// rateDecay weights closed intervals for the settle-time rate: each older
+// interval counts 0.8 of the next, so about the last five dominate. A ratio
+// of sums, not a mean of ratios, so that a short interval whose sample
+// caught a neighbour's work does not swing it.
+const rateDecay = 0.8
+
 // tailLocked estimates the use of share units of the open interval at the
-// last completed interval's rates (before any: busy on every GPU, no
-// energy). Caller holds mu.
+// recent intervals' rate (before any interval with work: busy on every
+// GPU, no energy). Caller holds mu.
 func (c *Clock) tailLocked(units uint64) Use {
 	if !c.haveRate {
 		return Use{GPUNs: int64(units * c.gpus / shareScale)}
 	}
-	return Use{GPUNs: int64(math.Round(float64(units) * c.rate[0])), EnergyUJ: int64(math.Round(float64(units) * c.rate[1]))}
+	f := float64(units) / c.rateA
+	return Use{GPUNs: int64(math.Round(f * c.rateQ[0])), EnergyUJ: int64(math.Round(f * c.rateQ[1]))}
 }
 
 // Close ends the sample interval at at with the busy GPU time and energy
@@ -276,8 +286,9 @@ func (c *Clock) closeLocked(at time.Time, q Use) {
 		c.sink(tenant, u)
 	}
 	if all > 0 {
-		busyRate := float64(q.GPUNs) / float64(all)
-		c.rate = [2]float64{min(busyRate, float64(c.gpus)/shareScale), float64(q.EnergyUJ) / float64(all)}
+		c.rateQ[0] = c.rateQ[0]*rateDecay + float64(q.GPUNs)
+		c.rateQ[1] = c.rateQ[1]*rateDecay + float64(q.EnergyUJ)
+		c.rateA = c.rateA*rateDecay + float64(all)
 		c.haveRate = true
 	}
 	c.tot.BusyGPUNs += q.GPUNs

@@ -45,8 +45,10 @@ func TestClockSplitsIntervalByRunningShare(t *testing.T) {
 	// 1–2 s was fully busy (1e9 GPU-ns, 600 J): acme's share 0.25, beta's 0.75.
 	c.Close(at(2*time.Second), Use{GPUNs: 1e9, EnergyUJ: 600e6})
 	assert.Equal(t, tally{"acme": {6.25e8, 375e6}, "beta": {8.75e8, 525e6}}, tl)
-	assert.Equal(t, Use{GPUNs: 8.75e8 + 5e8, EnergyUJ: 525e6 + 300e6}, c.End(at(2500*time.Millisecond), b),
-		"beta: exact through 2 s, then 0.5 s alone at 1 GPU-ns/ns and 600 W")
+	// beta: exact through 2 s, then 0.5 s alone at the intervals' weighted
+	// rate: (0.8·0.5e9 + 1e9) / (0.8 + 1) s = 0.778 GPU-ns/ns, and
+	// (0.8·300 + 600) J / 1.8 s = 466.7 W.
+	assert.Equal(t, Use{GPUNs: 8.75e8 + 388_888_889, EnergyUJ: 525e6 + 233_333_333}, c.End(at(2500*time.Millisecond), b))
 	assert.Equal(t, ClockTotals{BusyGPUNs: 1.5e9, EnergyUJ: 900e6}, c.Totals(), "nothing unattributed")
 }
 
@@ -134,7 +136,7 @@ func TestClockConservationProperty(t *testing.T) {
 		var running []Ticket
 		var metered Use
 		var workNs time.Duration // running time since the last close
-		live := 0          // requests that ran in the open interval
+		live := 0                // requests that ran in the open interval
 		steps := rapid.IntRange(1, 300).Draw(rt, "steps")
 		for range steps {
 			switch rapid.IntRange(0, 3).Draw(rt, "op") {

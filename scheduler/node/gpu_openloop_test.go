@@ -1,0 +1,149 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+// meteredConfig is nodeConfig with vLLM-metrics telemetry (the simulator's
+// busy and energy counters meter the replica) and a large gpu_ms budget on
+// both tenants, so that the ledger's committed GPU-ms can be read back.
+func meteredConfig(t *testing.T, rep *simReplica) *config.File {
+	t.Helper()
+	budget := "    budgets: [{dimension: gpu_ms, limit: 1000000000000, window: 24h}]\n"
+	var b strings.Builder
+	fmt.Fprintf(&b, "upstream:\n  scrape_interval: 50ms\n  replicas:\n    - {name: r0, url: %q}\n", rep.url)
+	b.WriteString("gpu: {telemetry: vllm}\nserver: {drain_timeout: 5s}\n")
+	fmt.Fprintf(&b, "tenants:\n  - name: acme\n    api_keys: [%q]\n    concurrency: 64\n%s", config.HashKey(keyAcme), budget)
+	fmt.Fprintf(&b, "  - name: beta\n    api_keys: [%q]\n    concurrency: 64\n%s", config.HashKey(keyBeta), budget)
+	cfg, err := config.Parse([]byte(b.String()))
+	require.NoError(t, err, b.String())
+	return cfg
+}
+
+// committedGPUMs reads a tenant's committed gpu_ms from the admin API.
+func (n *node) committedGPUMs(t *testing.T, tenant string) int64 {
+	t.Helper()
+	req, _ := http.NewRequest("GET", n.adminURL+"/admin/tenants/"+tenant+"/usage", nil)
+	req.Header.Set("Authorization", "Bearer "+keyAdmin)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var u struct {
+		Limits []struct {
+			Dimension string `json:"dimension"`
+			Committed int64  `json:"committed"`
+		} `json:"limits"`
+	}
+	require.NoError(t, json.Unmarshal(readAll(t, resp), &u))
+	for _, l := range u.Limits {
+		if l.Dimension == "gpu_ms" {
+			return l.Committed
+		}
+	}
+	t.Fatalf("no gpu_ms limit for %s", tenant)
+	return 0
+}
+
+// TestGPUMsConservationOpenLoop: two tenants send open-loop Poisson traffic
+// of mixed sizes, acme twice beta's work, at about 30, 60 and 90 % replica
+// utilisation. Σ per-tenant GPU-ms is within 1 % of the simulator's busy
+// time, acme gets 2× beta's GPU-ms within 5 %, and the same holds for
+// energy: attributed + unattributed joules are the simulator's energy, the
+// unattributed part being intervals without work (idle is never charged).
+func TestGPUMsConservationOpenLoop(t *testing.T) {
+	const step = 2 * time.Millisecond
+	sizes := []int{5, 10, 20}
+	// A request of k tokens takes about (k+1) steps; the batch is empty with
+	// probability e^(−λ·E[S]) when steps do not slow with batch size.
+	meanS := 0.0
+	for _, k := range sizes {
+		meanS += float64(k+1) * step.Seconds() / float64(len(sizes))
+	}
+	for _, target := range []float64{0.3, 0.6, 0.9} {
+		t.Run(fmt.Sprintf("util%.0f", target*100), func(t *testing.T) {
+			sc := sim.DefaultConfig()
+			sc.DecodeStep = step
+			sc.MaxNumSeqs = 32
+			rep := startSim(t, sc)
+			n := startNode(t, meteredConfig(t, rep))
+			// The counters' baseline: a scrape reached the meter.
+			eventually(t, "first metered scrape", func() bool {
+				return n.metric(t, "sluice_replica_gpu_energy_joules_total", map[string]string{"replica": "r0"}) > 0
+			})
+			e0, busy0 := rep.EnergyJoules(), rep.Stats().BusyTime
+			lambda := -math.Log(1-target) / meanS
+			rng := rand.New(rand.NewPCG(uint64(target*100), 15))
+			const arrivals = 9 * 16 // acme, acme, beta repeating; sizes cycling per tenant
+			start := time.Now()
+			var wg sync.WaitGroup
+			next := start
+			for i := range arrivals {
+				next = next.Add(time.Duration(rng.ExpFloat64() / lambda * float64(time.Second)))
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d) // the open-loop arrival process itself, not a synchronisation
+				}
+				key, k := keyAcme, sizes[(i/3)%3]
+				if i%3 == 2 {
+					key, k = keyBeta, sizes[(i/3)%3]
+				}
+				body := fmt.Sprintf(`{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":%d,"ignore_eos":true}`, k)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if r := n.call(t, "/v1/completions", key, body); r.StatusCode != 200 {
+						t.Errorf("status %d: %s", r.StatusCode, r.Body)
+					}
+				}()
+			}
+			wg.Wait()
+			wall := time.Since(start)
+			eventually(t, "replica idle", func() bool { return rep.Stats().Running == 0 })
+			busy := rep.Stats().BusyTime - busy0
+			// The meter has closed the last interval once Sluice's busy total
+			// reaches the simulator's counter.
+			eventually(t, "meter caught up", func() bool {
+				got := n.metric(t, "sluice_replica_gpu_busy_seconds_total", map[string]string{"replica": "r0"})
+				return math.Abs(got-rep.Stats().BusyTime.Seconds()) < 1e-6
+			})
+			energy := rep.EnergyJoules() - e0
+			tenant := func(name, dim string) float64 {
+				return n.metric(t, "sluice_tenant_gpu_"+dim+"_total", map[string]string{"tenant": name})
+			}
+			acme, beta := tenant("acme", "ms"), tenant("beta", "ms")
+			acmeJ, betaJ := tenant("acme", "joules"), tenant("beta", "joules")
+			unattJ := n.metric(t, "sluice_replica_gpu_unattributed_joules_total", map[string]string{"replica": "r0"})
+			meterJ := n.metric(t, "sluice_replica_gpu_energy_joules_total", map[string]string{"replica": "r0"})
+			busyMs := float64(busy) / float64(time.Millisecond)
+			var ledgerMs int64
+			eventually(t, "settled", func() bool {
+				ledgerMs = n.committedGPUMs(t, "acme") + n.committedGPUMs(t, "beta")
+				return ledgerMs > 0
+			})
+			t.Logf("utilisation %.2f (target %.2f) over %s: acme %.1f + beta %.1f = %.1f GPU-ms (ratio %.3f); simulator busy %.1f ms; ledger %d GPU-ms",
+				busyMs/float64(wall.Milliseconds()), target, wall.Round(time.Millisecond), acme, beta, acme+beta, acme/beta, busyMs, ledgerMs)
+			t.Logf("energy: acme %.1f + beta %.1f J (ratio %.3f) + unattributed %.1f J = %.1f J metered; simulator %.1f J since the first scrape",
+				acmeJ, betaJ, acmeJ/betaJ, unattJ, acmeJ+betaJ+unattJ, energy)
+			assert.InEpsilon(t, busyMs, acme+beta, 0.01, "Σ tenant GPU-ms vs the simulator's busy time")
+			assert.InEpsilon(t, 2.0, acme/beta, 0.05, "acme/beta GPU-ms")
+			assert.InEpsilon(t, busyMs, float64(ledgerMs), 0.02, "Σ settled GPU-ms (settled at the last interval's rate)")
+			assert.InDelta(t, meterJ, acmeJ+betaJ+unattJ, 1e-6*meterJ, "attributed + unattributed = metered")
+			assert.InEpsilon(t, energy, meterJ, 0.01, "metered vs the simulator's energy")
+			assert.InEpsilon(t, 2.0, acmeJ/betaJ, 0.05, "acme/beta joules")
+			// Every busy joule is attributed: dynamic energy is in the tenants'.
+			assert.GreaterOrEqual(t, acmeJ+betaJ, 0.99*630*busy.Seconds(), "busy energy attributed")
+		})
+	}
+}
