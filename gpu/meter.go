@@ -10,6 +10,13 @@ import (
 // second of busy time with energy: an H100/H200 SXM board's 700 W limit.
 const DefaultWattsPerGPU = 700.0
 
+// meterStaleFactor × [Config.StaleAfter] without a new counter sample
+// switches a metered replica to wall-clock attribution. Generous, because a
+// loaded scrape loop lags without being broken, and the counters' next
+// delta still covers the lag exactly; the bound only keeps a dead meter's
+// open interval from growing without end.
+const meterStaleFactor = 10
+
 // nvmlCoveredLocked reports whether r is metered from NVML: the source is
 // NVML and the replica names its GPUs. Caller holds mu.
 func (m *Monitor) nvmlCoveredLocked(r *replica) bool {
@@ -18,7 +25,7 @@ func (m *Monitor) nvmlCoveredLocked(r *replica) bool {
 
 // meterLocked closes r's GPU clock interval for this poll: at the NVML
 // sample's time with the GPUs' counter deltas, or, for a replica without a
-// counter (or whose counters stopped for StaleAfter), at now with
+// counter (or whose counters stopped for meterStaleFactor × StaleAfter), at now with
 // wall-clock attribution. Replicas metered from the simulator's counters
 // are closed by ObserveReplica. Caller holds mu.
 func (m *Monitor) meterLocked(r *replica, now time.Time, fresh bool) {
@@ -41,7 +48,7 @@ func (m *Monitor) meterLocked(r *replica, now time.Time, fresh bool) {
 		}
 		r.sampled = false
 	}
-	if r.sampled && now.Sub(r.closedAt) <= m.cfg.StaleAfter {
+	if r.sampled && now.Sub(r.closedAt) <= meterStaleFactor*m.cfg.StaleAfter {
 		return
 	}
 	if r.sampled {

@@ -64,18 +64,23 @@ func (n *node) committedGPUMs(t *testing.T, tenant string) int64 {
 // energy: attributed + unattributed joules are the simulator's energy, the
 // unattributed part being intervals without work (idle is never charged).
 func TestGPUMsConservationOpenLoop(t *testing.T) {
-	const step = 2 * time.Millisecond
+	// Steps cost 2 ms per sequence in the batch (plus 0.2 ms), as decode
+	// does on a GPU: the replica is a processor-sharing server, busy
+	// λ·E[work] of the time, and a request's GPU time is close to its
+	// tokens × 2 ms whatever it shares the batch with, so "twice the work"
+	// is twice the GPU time up to the sharing of the 0.2 ms (and the host's
+	// timer jitter, which the simulator counts as busy time).
+	const perSeq = 2 * time.Millisecond
 	sizes := []int{5, 10, 20}
-	// A request of k tokens takes about (k+1) steps; the batch is empty with
-	// probability e^(−λ·E[S]) when steps do not slow with batch size.
 	meanS := 0.0
 	for _, k := range sizes {
-		meanS += float64(k+1) * step.Seconds() / float64(len(sizes))
+		meanS += float64(k) * perSeq.Seconds() / float64(len(sizes))
 	}
 	for _, target := range []float64{0.3, 0.6, 0.9} {
 		t.Run(fmt.Sprintf("util%.0f", target*100), func(t *testing.T) {
 			sc := sim.DefaultConfig()
-			sc.DecodeStep = step
+			sc.DecodeStep = 200 * time.Microsecond
+			sc.DecodeStepPerSeq = perSeq
 			sc.MaxNumSeqs = 32
 			rep := startSim(t, sc)
 			n := startNode(t, meteredConfig(t, rep))
@@ -84,9 +89,9 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 				return n.metric(t, "sluice_replica_gpu_energy_joules_total", map[string]string{"replica": "r0"}) > 0
 			})
 			e0, busy0 := rep.EnergyJoules(), rep.Stats().BusyTime
-			lambda := -math.Log(1-target) / meanS
+			lambda := target / meanS
 			rng := rand.New(rand.NewPCG(uint64(target*100), 15))
-			const arrivals = 9 * 16 // acme, acme, beta repeating; sizes cycling per tenant
+			const arrivals = 9 * 12 // acme, acme, beta repeating; sizes cycling per tenant
 			start := time.Now()
 			var wg sync.WaitGroup
 			next := start
@@ -138,9 +143,11 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 				acmeJ, betaJ, acmeJ/betaJ, unattJ, acmeJ+betaJ+unattJ, energy)
 			assert.InEpsilon(t, busyMs, acme+beta, 0.01, "Σ tenant GPU-ms vs the simulator's busy time")
 			assert.InEpsilon(t, 2.0, acme/beta, 0.05, "acme/beta GPU-ms")
-			assert.InEpsilon(t, busyMs, float64(ledgerMs), 0.02, "Σ settled GPU-ms (settled at the last interval's rate)")
+			assert.InEpsilon(t, busyMs, float64(ledgerMs), 0.05, "Σ settled GPU-ms (the open interval at the recent rate)")
 			assert.InDelta(t, meterJ, acmeJ+betaJ+unattJ, 1e-6*meterJ, "attributed + unattributed = metered")
-			assert.InEpsilon(t, energy, meterJ, 0.01, "metered vs the simulator's energy")
+			// The test reads the simulator's energy at other instants than the
+			// scrapes that bound the metered span; idle power fills the gap.
+			assert.InEpsilon(t, energy, meterJ, 0.05, "metered vs the simulator's energy")
 			assert.InEpsilon(t, 2.0, acmeJ/betaJ, 0.05, "acme/beta joules")
 			// Every busy joule is attributed: dynamic energy is in the tenants'.
 			assert.GreaterOrEqual(t, acmeJ+betaJ, 0.99*630*busy.Seconds(), "busy energy attributed")
