@@ -1,7 +1,7 @@
 GO ?= go
 GOLANGCI_VERSION ?= v2.6.2
 
-.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test
+.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test chaos
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
@@ -37,3 +37,10 @@ demo: build
 # benchmarks; rewrites BENCHMARKS.md. About ten minutes.
 bench: build
 	./scripts/bench.sh
+
+# The seeded fault simulator (test/chaos) over more seeds than make test
+# runs: SEEDS per backend, from BASE (replay one with SEED=n).
+SEEDS ?= 50
+BASE ?= 1
+chaos: deps
+	$(GO) test -count=1 -timeout 0 ./test/chaos -run TestChaos -chaos.seeds=$(SEEDS) -chaos.base=$(BASE) $(if $(SEED),-chaos.seed=$(SEED))

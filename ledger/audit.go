@@ -74,7 +74,10 @@ func (m *Memory) auditLocked(t *tenantState) []error {
 				continue
 			}
 			if rec.state.Open() {
-				for d := Dim(0); d < Slots; d++ {
+				for d := range NumDims {
+					if !d.Windowed() {
+						continue
+					}
 					w.r[d] += rec.held[d]
 				}
 			}
@@ -98,7 +101,10 @@ func (m *Memory) auditLocked(t *tenantState) []error {
 	}
 	for key, s := range t.scopes {
 		w := wants[s]
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			if s.r[d] != w.r[d] {
 				bad("scope %s %s: r = %d, open holds sum to %d", key, d, s.r[d], w.r[d])
 			}
@@ -244,14 +250,20 @@ func (m *Memory) auditGlobal() []error {
 					errs = append(errs, fmt.Errorf("tenant %s record %s points at an unknown global scope", t.key, id))
 					continue
 				}
-				for d := Dim(0); d < Slots; d++ {
+				for d := range NumDims {
+					if !d.Windowed() {
+						continue
+					}
 					w[d] += rec.held[d]
 				}
 			}
 		}
 	}
 	for key, s := range m.glob.scopes {
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			if s.r[d] != want[s][d] {
 				errs = append(errs, fmt.Errorf("global scope %s %s: r = %d, open holds sum to %d", key, d, s.r[d], want[s][d]))
 			}

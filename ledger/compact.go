@@ -99,6 +99,7 @@ func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 				raw = append(raw, byte(rec.state))
 				raw = append(raw, rec.owner[:]...)
 				i64(int64(rec.digest))
+				i64(int64(rec.attempt))
 				for _, v := range []int64{rec.leaseExp, rec.admitAt, rec.resolveAt, rec.purgeAt, int64(rec.chargedSeq), rec.chargedAt} {
 					i64(v)
 				}
@@ -134,7 +135,7 @@ func (m *Memory) appendSnapshot(b []byte, ts []*tenantState, lock bool) []byte {
 
 // applySnapshot restores one snapshot entry during replay.
 func (m *Memory) applySnapshot(e *entry) error {
-	r := &reader{b: e.raw}
+	r := &reader{b: e.raw, dims: e.dims}
 	if e.op == opSnapScope && e.ref.Tenant.IsZero() {
 		return m.applyGlobalScope(e, r)
 	}
@@ -162,13 +163,14 @@ func (m *Memory) applySnapshot(e *entry) error {
 		rec.state = State(r.u8())
 		r.id16(rec.owner[:])
 		rec.digest = uint64(r.i64())
+		if !e.v1 {
+			rec.attempt = uint64(r.i64())
+		}
 		rec.leaseExp, rec.admitAt, rec.resolveAt, rec.purgeAt = r.i64(), r.i64(), r.i64(), r.i64()
 		rec.chargedSeq = uint64(r.i64())
 		rec.chargedAt = r.i64()
 		for _, a := range []*Amounts{&rec.held, &rec.actual, &rec.charged} {
-			for d := range a {
-				a[d] = r.i64()
-			}
+			r.amounts(a)
 		}
 		rec.source, rec.late, rec.nscopes = Source(r.u8()), r.u8() == 1, int(r.u8())
 		if rec.nscopes > MaxScopes {
@@ -223,9 +225,7 @@ func readScope(r *reader) (ScopeKey, *scopeState, error) {
 	var k ScopeKey
 	r.id16(k[:])
 	s := &scopeState{kind: Kind(r.u8())}
-	for d := range s.r {
-		s.r[d] = r.i64()
-	}
+	r.amounts(&s.r)
 	s.n = r.i64()
 	nl := int(r.u16())
 	if nl > len(r.b) {

@@ -1,6 +1,6 @@
 // Package ledger reserves, holds and settles per-tenant budgets (tokens,
 // GPU-ms, spend, requests) and concurrency slots for Sluice. It is the
-// contract of /work/shared/design/LEDGER.md: this package defines the shared
+// contract of docs/LEDGER.md: this package defines the shared
 // types, the [Ledger] method set, the sentinel errors and the embedded
 // [Memory] backend; ledger/redisledger implements the same state machine on
 // Redis, and ledger/ledgertest is the one conformance suite both pass.
@@ -55,7 +55,7 @@
 //   - Resolve on RESERVED or DISPATCHED is ErrConflict; on CHARGED it is
 //     Replayed; on other terminal states ErrAlreadyFinal.
 //   - Reserve checks the id first (replay, ErrConflict, ErrAlreadyFinal), then
-//     the policy version, then admission. A denial names the failing budget
+//     admission. A denial names the failing budget
 //     limit that resets last (ties: the first in request order); slots only
 //     when no budget limit fails. Headroom picks the smallest remaining per
 //     dimension (ties: the later reset). Warnings list warn-mode limits with
@@ -63,6 +63,17 @@
 //   - Counters c exist per (scope, dim, window) from the first applied
 //     Reserve that names the limit; a charge reaches every such counter of the
 //     record's scopes whose current window is the admission window.
+//
+// # Policy versions
+//
+// ReserveRequest.PolicyVersion is recorded (Usage.PolicyVersion shows the
+// version of the tenant's last admitted Reserve) and never compared. Limits
+// travel with every Reserve and are applied to that Reserve only; they are
+// never stored as the scope's policy, so refusing an older version would
+// protect nothing. It would break things instead: the version is a
+// per-process counter that restarts at 1 after a restart, and two
+// instances sharing a Redis count independently, so an ordering turns one
+// instance's admin change into refusals on every other instance.
 //
 // # Global (fleet-wide) budgets
 //

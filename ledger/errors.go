@@ -13,8 +13,8 @@ var (
 	// ErrInvalid: a malformed call (amount out of range, tokens != input+output,
 	// missing tenant scope, bad lease TTL). Nothing was written.
 	ErrInvalid = errors.New("ledger: invalid request")
-	// ErrPolicy: a malformed or stale policy (bad limit, bad window, scope without
-	// limits, PolicyVersion older than the tenant's newest). Nothing was written.
+	// ErrPolicy: a malformed policy (bad limit, bad window, scope without
+	// limits, PolicyVersion above MaxCounter). Nothing was written.
 	ErrPolicy = errors.New("ledger: invalid policy")
 	// ErrConflict: the request id exists with a different payload (Reserve) or a
 	// different actual (Settle). Nothing was written.
@@ -41,6 +41,22 @@ var (
 	// need the class.
 	ErrDenied = errors.New("ledger: budget denied")
 )
+
+// FinalError is what Reserve returns for an id whose record is terminal (or
+// a tombstone): errors.Is(err, ErrAlreadyFinal) holds, and State says how
+// it ended, so a caller can tell a first attempt that never ran (RELEASED,
+// EXPIRED) from one that was charged (SETTLED, CHARGED, SETTLED_LATE).
+type FinalError struct {
+	State State
+}
+
+// Error implements error.
+func (e *FinalError) Error() string {
+	return "ledger: request already final (" + e.State.String() + ")"
+}
+
+// Is makes errors.Is(err, ErrAlreadyFinal) true.
+func (e *FinalError) Is(target error) bool { return target == ErrAlreadyFinal }
 
 // DeniedError reports the block-mode limit that refused a Reserve (or the slot
 // limit that refused a dispatch). When several limits fail, it names the

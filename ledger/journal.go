@@ -22,6 +22,14 @@ import (
 // op's integers and hashed ids (little endian). No raw id is ever written.
 // Replay re-executes every entry at its ledger time; the state machine is
 // deterministic, so the rebuilt state is the acknowledged one.
+//
+// Format 2 (every entry written now) sets opV2 in the op byte and follows
+// the tenant with u8 the number of dimensions of every Amounts in the entry,
+// so a journal written before a dimension was added still replays (missing
+// dimensions read as 0); Reserve and Charge entries (and snapshot records)
+// also carry the per-attempt nonce after the policy version (after the
+// digest). Format 1 entries (no flag) have legacyDims dimensions and no
+// nonce. An entry with more dimensions than this build knows is refused.
 const (
 	opOpen    uint8 = 1 // start-up: retention; RESERVED → EXPIRED, DISPATCHED → UNRESOLVED
 	opReserve uint8 = 2
@@ -40,6 +48,9 @@ const (
 	opCharge     uint8 = 14 // Charge: encoded like opReserve (ttl holds At in ms, Held the amounts)
 
 	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
+
+	opV2       uint8 = 0x80 // format 2 flag in the op byte
+	legacyDims       = 7    // dimensions of a format 1 entry (before gpu_joules)
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -59,14 +70,17 @@ type entry struct {
 	scope  ScopeKey
 	dim    Dim
 	raw    []byte // snapshot payload
+	v1     bool   // decoded from a format 1 entry (snapshot payloads: no nonce)
+	dims   int    // dimensions of the entry's Amounts (decode only)
 }
 
 func (e *entry) encode(b []byte) []byte {
 	start := len(b)
 	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
-	b = append(b, e.op)
+	b = append(b, e.op|opV2)
 	b = binary.LittleEndian.AppendUint64(b, uint64(e.time))
 	b = append(b, e.ref.Tenant[:]...)
+	b = append(b, byte(NumDims))
 	i64 := func(v int64) { b = binary.LittleEndian.AppendUint64(b, uint64(v)) }
 	switch e.op {
 	case opOpen, opReclaim, opRetention:
@@ -82,6 +96,7 @@ func (e *entry) encode(b []byte) []byte {
 		}
 		b = append(b, d)
 		b = binary.LittleEndian.AppendUint64(b, r.PolicyVersion)
+		b = binary.LittleEndian.AppendUint64(b, r.Attempt)
 		for _, v := range r.Held {
 			i64(v)
 		}
@@ -128,8 +143,9 @@ func (e *entry) encode(b []byte) []byte {
 var errShort = errors.New("entry too short")
 
 type reader struct {
-	b   []byte
-	err error
+	b    []byte
+	err  error
+	dims int // dimensions per Amounts in this entry
 }
 
 func (r *reader) take(n int) []byte {
@@ -148,12 +164,29 @@ func (r *reader) id16(dst []byte) {
 	copy(dst, r.take(16))
 }
 
+// amounts reads r.dims values into a; dimensions the entry predates stay 0.
+func (r *reader) amounts(a *Amounts) {
+	for d := range r.dims {
+		a[d] = r.i64()
+	}
+}
+
 func decodeEntry(body []byte) (entry, error) {
 	r := &reader{b: body}
 	var e entry
 	e.op = r.u8()
 	e.time = r.i64()
 	r.id16(e.ref.Tenant[:])
+	if e.op&opV2 != 0 {
+		e.op &^= opV2
+		r.dims = int(r.u8())
+		if r.err == nil && (r.dims < legacyDims || r.dims > int(NumDims)) {
+			return e, fmt.Errorf("entry with %d dimensions, this build knows %d", r.dims, NumDims)
+		}
+	} else {
+		e.v1, r.dims = true, legacyDims
+	}
+	e.dims = r.dims
 	switch e.op {
 	case opOpen, opReclaim, opRetention:
 		e.max = r.i64()
@@ -166,9 +199,10 @@ func decodeEntry(body []byte) (entry, error) {
 		q.LeaseTTL = time.Duration(e.ttl) * time.Millisecond
 		q.Dispatch = r.u8() == 1
 		q.PolicyVersion = uint64(r.i64())
-		for d := range q.Held {
-			q.Held[d] = r.i64()
+		if !e.v1 {
+			q.Attempt = uint64(r.i64())
 		}
+		r.amounts(&q.Held)
 		ns := int(r.u8())
 		if ns > MaxScopes {
 			return e, fmt.Errorf("reserve entry with %d scopes", ns)
@@ -201,9 +235,7 @@ func decodeEntry(body []byte) (entry, error) {
 		e.ttl = r.i64()
 	case opSettle:
 		r.id16(e.ref.ID[:])
-		for d := range e.actual {
-			e.actual[d] = r.i64()
-		}
+		r.amounts(&e.actual)
 		e.src = Source(r.u8())
 	case opResolve:
 		r.id16(e.ref.ID[:])

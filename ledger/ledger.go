@@ -15,8 +15,11 @@ import (
 // Dim is a budget dimension. All amounts are int64 integer units.
 type Dim uint8
 
-// The dimensions. Six are windowed budgets; Slots is a concurrency gauge
-// without a window.
+// The dimensions. Every one but Slots is a windowed budget; Slots is a
+// concurrency gauge without a window. The numbers are stored (journal,
+// Redis fields and specs), so a new dimension is appended, never inserted:
+// loop over range NumDims and skip what [Dim.Windowed] excludes rather than
+// stopping at Slots.
 const (
 	Requests     Dim = iota // requests
 	InputTokens             // input_tokens
@@ -25,10 +28,15 @@ const (
 	GPUMs                   // gpu_ms
 	USDMicros               // usd_micros (1 USD = 1,000,000)
 	Slots                   // slots (concurrency gauge, W = 0)
+	GPUJoules               // gpu_joules: GPU energy in integer millijoules
 	NumDims                 // number of dimensions
 )
 
-var dimNames = [NumDims]string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "slots"}
+var dimNames = [NumDims]string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "slots", "gpu_joules"}
+
+// Windowed reports whether d is a windowed budget dimension (every valid
+// dimension but Slots).
+func (d Dim) Windowed() bool { return d < NumDims && d != Slots }
 
 // String returns the config/metric name of d ("tokens", "gpu_ms", ...).
 func (d Dim) String() string {
@@ -297,7 +305,19 @@ type ReserveRequest struct {
 	LeaseTTL time.Duration
 	// Dispatch also takes the slots and creates the record DISPATCHED.
 	Dispatch bool
-	// PolicyVersion of Scopes' limits; older than the tenant's newest is ErrPolicy.
+	// Attempt is a per-attempt nonce: the caller draws a fresh random value
+	// for every Reserve attempt and repeats it only when retrying that same
+	// attempt (an ambiguous outcome, a reply lost after the store applied it,
+	// which go-redis retries on its own). A Reserve that finds its id with
+	// the same payload and the same non-zero Attempt answers the original
+	// grant as a success (Replayed false); a different Attempt (a concurrent
+	// duplicate or an Idempotency-Key retry) answers Replayed with the
+	// record's State. 0 means none: every repeat is Replayed. Not part of
+	// the digest.
+	Attempt uint64
+	// PolicyVersion of Scopes' limits: recorded for audit (Usage.PolicyVersion),
+	// never compared, so any value is accepted (see the package doc, "Policy
+	// versions"). At most MaxCounter.
 	PolicyVersion uint64
 }
 
@@ -400,6 +420,16 @@ func (r *ReserveRequest) Digest() uint64 {
 			h = (h ^ (v >> s & 0xff)) * prime
 		}
 	}
+	// Dimensions appended after Slots count only when non-zero, with their
+	// number, so digests stored before they existed still match.
+	for d := Slots + 1; d < NumDims; d++ {
+		if v := uint64(r.Held[d]); v != 0 {
+			h = (h ^ uint64(d)) * prime
+			for s := 0; s < 64; s += 8 {
+				h = (h ^ (v >> s & 0xff)) * prime
+			}
+		}
+	}
 	return h
 }
 
@@ -488,7 +518,7 @@ type Grant struct {
 	Owner       Owner     // the owner of the original Reserve (differs from the caller's on a replay by another instance)
 	State       State     // RESERVED or DISPATCHED (UNRESOLVED on a late replay)
 	LeaseExpiry time.Time // ledger time
-	Replayed    bool      // the id existed with the same payload; nothing changed
+	Replayed    bool      // the id existed with the same payload and another Attempt; nothing changed
 	Headroom    Headroom  // tightest remaining per dimension, after this grant
 	Warnings    []Warning // warn-mode limits past their max; nil when none
 }
@@ -575,7 +605,7 @@ type Usage struct {
 	Reserved      Amounts      // r per dimension (in-flight holds); the Slots entry is 0
 	SlotsInUse    int64        // n
 	Limits        []LimitUsage // the scope's limits as last seen by Reserve
-	PolicyVersion uint64       // the tenant's newest policy version
+	PolicyVersion uint64       // policy version of the tenant's last admitted Reserve (audit only)
 	Unresolved    int          // tenant scope only: UNRESOLVED records of the tenant
 }
 

@@ -153,3 +153,31 @@ func TestDimNames(t *testing.T) {
 	_, err := ParseDim("bogus")
 	assert.ErrorIs(t, err, ErrPolicy)
 }
+
+// TestGPUJoulesDimension: gpu_joules is a windowed dimension with a stable
+// number after slots, and digests of requests without it are unchanged
+// (0x8764e78a761ab629 is what 6099134, before the dimension, computed).
+func TestGPUJoulesDimension(t *testing.T) {
+	t.Parallel()
+	d, err := ParseDim("gpu_joules")
+	require.NoError(t, err)
+	assert.Equal(t, GPUJoules, d)
+	assert.Equal(t, "gpu_joules", GPUJoules.String())
+	assert.Equal(t, Dim(7), GPUJoules, "dimension numbers are stored: appended, never renumbered")
+	assert.True(t, GPUJoules.Windowed())
+	assert.False(t, Slots.Windowed())
+	assert.NoError(t, Limit{Dim: GPUJoules, Window: time.Hour, Max: 1 << 40}.Validate())
+	assert.ErrorIs(t, Limit{Dim: GPUJoules, Max: 1}.Validate(), ErrPolicy, "windowed: needs a window")
+
+	r := ReserveRequest{Ref: Ref{Tenant: ScopeKey{1}, ID: RequestID{2}},
+		Scopes: []Scope{{Kind: KindTenant, Key: ScopeKey{1}}, {Kind: KindAPIKey, Key: ScopeKey{3}}},
+		Held:   Amounts{1, 10, 20, 30, 400, 5, 0}}
+	assert.Equal(t, uint64(0x8764e78a761ab629), r.Digest(), "digest without gpu_joules is the old one")
+	j := r
+	j.Held[GPUJoules] = 12
+	assert.NotEqual(t, r.Digest(), j.Digest())
+	j.Held[Slots] = 1
+	j2 := j
+	j2.Held[Slots] = 0
+	assert.Equal(t, j.Digest(), j2.Digest(), "slots are not part of the digest")
+}

@@ -377,8 +377,9 @@ type record struct {
 	state    State
 	owner    Owner
 	digest   uint64
-	leaseExp int64 // ms
-	admitAt  int64 // ms; admission window of W is floor(admitAt/W)
+	attempt  uint64 // ReserveRequest.Attempt of the Reserve that created it (0: none)
+	leaseExp int64  // ms
+	admitAt  int64  // ms; admission window of W is floor(admitAt/W)
 	// resolveAt is when the first admission window closes (UNRESOLVED → CHARGED).
 	resolveAt  int64
 	purgeAt    int64
@@ -405,7 +406,7 @@ type tenantState struct {
 	mu      sync.Mutex
 	hwm     int64  // ledger-time high-water mark (ms), raised by every write
 	seq     uint64 // applied operations
-	pv      uint64 // newest policy version
+	pv      uint64 // policy version of the last admitted Reserve (audit only)
 	scopes  map[ScopeKey]*scopeState
 	records map[RequestID]*record
 	leases  leaseHeap // RESERVED and DISPATCHED by leaseExp
@@ -532,7 +533,10 @@ func checkScope(s *scopeState) error {
 	if s.n < 0 || s.n > MaxCounter {
 		return fmt.Errorf("slots in use %d out of range", s.n)
 	}
-	for d := Dim(0); d < Slots; d++ {
+	for d := range NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		if s.r[d] < 0 || s.r[d] > MaxCounter {
 			return fmt.Errorf("reserved %s %d out of range", d, s.r[d])
 		}
@@ -561,7 +565,10 @@ func checkRecord(rec *record) error {
 func checkRelease(rec *record, slot bool) error {
 	for i := 0; i < rec.nscopes; i++ {
 		s := rec.scopes[i]
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			if s.r[d] < rec.held[d] {
 				return fmt.Errorf("reserved %s %d below hold %d", d, s.r[d], rec.held[d])
 			}
@@ -588,7 +595,10 @@ func checkCharge(rec *record, a *Amounts) error {
 func (t *tenantState) releaseHold(rec *record) {
 	for i := 0; i < rec.nscopes; i++ {
 		s := rec.scopes[i]
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] -= rec.held[d]
 		}
 	}
@@ -706,17 +716,17 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 			return Grant{}, 0, m.corrupt(t, req.Ref, err)
 		}
 		if !rec.state.Open() {
-			return Grant{}, 0, fmt.Errorf("reserve %s: state %s: %w", req.Ref.ID, rec.state, ErrAlreadyFinal)
+			return Grant{}, 0, &FinalError{State: rec.state}
 		}
 		if rec.digest != req.Digest() {
 			return Grant{}, 0, fmt.Errorf("reserve %s: different payload: %w", req.Ref.ID, ErrConflict)
 		}
-		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: true}
+		// The same attempt again is the caller's own retry after a lost
+		// reply: it gets its grant back as a success.
+		sameAttempt := req.Attempt != 0 && rec.attempt == req.Attempt
+		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: !sameAttempt}
 		m.headroom(t, req, now, &g)
 		return g, 0, nil
-	}
-	if req.PolicyVersion < t.pv {
-		return Grant{}, 0, fmt.Errorf("policy version %d older than %d: %w", req.PolicyVersion, t.pv, ErrPolicy)
 	}
 	// Admission (no writes yet). Existing scope states only; a new scope has
 	// zero counters.
@@ -773,7 +783,10 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	}
 	for i := range req.Scopes {
 		if s := ss[i]; s != nil {
-			for d := Dim(0); d < Slots; d++ {
+			for d := range NumDims {
+				if !d.Windowed() {
+					continue
+				}
 				if s.r[d]+req.Held[d] > MaxCounter {
 					return Grant{}, 0, m.corrupt(t, req.Ref, fmt.Errorf("reserved %s would pass 2^53-1", d))
 				}
@@ -784,11 +797,9 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	// Apply.
 	t.seq++
 	t.hwm = now
-	if req.PolicyVersion > t.pv {
-		t.pv = req.PolicyVersion
-	}
+	t.pv = req.PolicyVersion // recorded for audit, never compared (see doc.go)
 	rec := m.pool.Get().(*record)
-	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), leaseExp: now + e.ttl, admitAt: now,
+	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), attempt: req.Attempt, leaseExp: now + e.ttl, admitAt: now,
 		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1}
 	rec.held[Slots] = 0
 	for i := range req.Scopes {
@@ -825,7 +836,10 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 				rec.resolveAt = end
 			}
 		}
-		for d := Dim(0); d < Slots; d++ {
+		for d := range NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] += rec.held[d]
 		}
 	}
@@ -1074,7 +1088,10 @@ func fillEvent(ev *UsageEvent, ref Ref, rec *record, actual, charged *Amounts, s
 
 func overrun(a, h *Amounts) Amounts {
 	var o Amounts
-	for d := Dim(0); d < Slots; d++ {
+	for d := range NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		if a[d] > h[d] {
 			o[d] = a[d] - h[d]
 		}

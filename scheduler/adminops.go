@@ -182,20 +182,29 @@ func (s *Server) persistLocked() error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-admin-*")
-	if err != nil {
+	if err := writeFileAtomic(path, b); err != nil {
 		return fmt.Errorf("admin state: %w", err)
+	}
+	return nil
+}
+
+// writeFileAtomic replaces path with b: a synced temporary file renamed
+// over it, so a crash leaves the old or the new content, never a torn one.
+func writeFileAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-*")
+	if err != nil {
+		return err
 	}
 	_, werr := tmp.Write(b)
 	serr := tmp.Sync()
 	cerr := tmp.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
 		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("admin state: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("admin state: %w", err)
+		return err
 	}
 	return nil
 }

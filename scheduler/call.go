@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -30,6 +31,7 @@ type call struct {
 	req      *vllm.Request
 	plan     vllm.Plan
 	reqID    string
+	idemKey  string // the client's Idempotency-Key; "" none
 	ref      ledger.Ref
 	held     ledger.Amounts
 	grant    ledger.Grant
@@ -55,7 +57,6 @@ type call struct {
 	ticket     gpu.Ticket
 	dispatchAt time.Time
 	firstByte  time.Time
-	lastGood   time.Time // last successful ledger Extend send time (fencing)
 	settled    bool
 	stream     *vllm.Stream
 	sent       bool // a request may have reached the replica
@@ -85,6 +86,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance)})
 	if err != nil {
 		return nil, err
+	}
+	if req.N > maxChoices {
+		return nil, invalidf("n", "n must be at most %d (got %d)", maxChoices, req.N)
 	}
 	if req.Model != "" && !s.reps.knowsModel(req.Model) {
 		return nil, fmt.Errorf("model %q: %w", req.Model, ErrUnknownModel)
@@ -139,9 +143,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.ctx, c.cancel = context.WithCancelCause(ctx)
 	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
-	if a.idemKey != "" {
-		c.ref.ID = s.keyer.IdempotentID(t.key, a.idemKey)
-	}
+	c.idemKey = a.idemKey
 	if err := s.reserve(c, a); err != nil {
 		c.cancel(err)
 		return nil, err
@@ -195,15 +197,36 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 
 // reserve sizes the holds and reserves them in the ledger. When a block
 // budget on tokens cannot fit the full output cap but can fit a smaller one,
-// the cap is lowered once to what the budget allows.
+// the cap is lowered once to what the budget allows. On success the call's
+// lease is tracked until its record ends.
 func (s *Server) reserve(c *call, a admission) error {
-	for attempt := 0; ; attempt++ {
-		s.sizeHolds(c)
+	gen := 0
+	for lowered := false; ; {
+		if a.idemKey != "" {
+			c.ref.ID = s.idemID(c.t.key, a.idemKey, gen)
+			if owed, running := s.outage.owes(c.ref.ID); owed {
+				// Admitted under an outage allowance and not charged yet:
+				// the id is taken until the charge lands (issue 13 item 4).
+				if running {
+					return idemStateErr(ledger.Dispatched)
+				}
+				return s.completed(c.ref.ID)
+			}
+		}
+		if err := s.sizeHolds(c); err != nil {
+			return err
+		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,
-			Scopes:        []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}},
-			LeaseTTL:      c.pol.leaseTTL,
+			Scopes:   []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}},
+			LeaseTTL: c.pol.leaseTTL,
+			// A label for audit lines only: the ledger never orders policy
+			// versions (limits travel with each Reserve).
 			PolicyVersion: c.pol.version,
+			// A fresh nonce per attempt tells the store client's own retry
+			// of this Reserve (lost reply: Replayed false) from another
+			// attempt holding the id (Replayed true).
+			Attempt: rand.Uint64() | 1,
 		}
 		c.extraScopes = c.extraScopes[:0]
 		if c.wf != nil {
@@ -215,32 +238,47 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		rr.Scopes = append(rr.Scopes, c.extraScopes...)
 		ctx, cancel := s.ledgerCtx(c.ctx)
+		sent := s.now()
 		g, err := s.led.Reserve(ctx, rr)
 		cancel()
 		s.noteLedger("reserve", err)
-		var d *ledger.DeniedError
+		var (
+			d  *ledger.DeniedError
+			fe *ledger.FinalError
+		)
 		switch {
-		case err == nil && g.Replayed:
-			return ErrInProgress
-		case err == nil:
+		case err == nil && (!g.Replayed || a.idemKey == ""):
+			// Replayed false with our nonce is this very Reserve, retried
+			// by the store client after its reply was lost (issue 13 item
+			// 2); a random id is never another attempt's.
 			c.grant = g
+			s.leases.track(c, sent, c.pol.leaseTTL)
 			return nil
-		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return ErrAlreadyDone
-		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
-			return fmt.Errorf("Idempotency-Key reused with a different request: %w", ErrInProgress)
-		case ledger.IsStoreError(err):
-			if errors.Is(err, ledger.ErrAmbiguous) {
-				// The hold may exist: end it by id once the store answers
-				// (a replay of the same id is idempotent; unknown ids are
-				// no-ops).
-				s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
+		case err == nil:
+			return idemStateErr(g.State)
+		case a.idemKey != "" && errors.As(err, &fe) && (fe.State == ledger.Released || fe.State == ledger.Expired):
+			// The attempt holding this generation never ran: this one may.
+			if gen++; gen >= maxIdemGenerations {
+				return idemExhaustedErr()
 			}
+			continue
+		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
+			return s.completed(c.ref.ID)
+		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
+			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
+		case ledger.IsStoreError(err):
 			if s.admitOutage(c, err) {
+				// The outage charge ends the id, whether or not an
+				// ambiguous Reserve applied (outage.go).
 				return nil
 			}
-		case attempt == 0 && errors.As(err, &d) && lowerCap(c, d):
+			if errors.Is(err, ledger.ErrAmbiguous) {
+				// The hold may exist: end it by id once the store answers.
+				s.queueRelease(c)
+			}
+		case !lowered && errors.As(err, &d) && lowerCap(c, d):
 			// Send what the budgets still allow rather than refuse.
+			lowered = true
 			continue
 		case errors.As(err, &d):
 			s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
@@ -268,34 +306,75 @@ func lowerCap(c *call, d *ledger.DeniedError) bool {
 	return true
 }
 
+// maxChoices bounds n, as the OpenAI API does ("n": 1..128), so a
+// client-controlled multiplier cannot take a hold out of the ledger's range.
+const maxChoices = 128
+
 // sizeHolds derives the ledger holds, queue cost and replica size from the
-// plan.
-func (s *Server) sizeHolds(c *call) {
-	in, out := int64(c.plan.InputTokens), int64(c.plan.OutputTokens)
+// plan. Every product is overflow-checked: a hold outside the ledger's
+// range is the client's 400, naming the parameter that made it so, never a
+// ledger_error.
+func (s *Server) sizeHolds(c *call) error {
+	in := int64(c.plan.InputTokens)
+	out, ok := mulAmount(int64(c.plan.Cap), int64(c.plan.Choices))
+	if !ok || in > ledger.MaxAmount-out {
+		param := "max_tokens"
+		if c.req.N > 1 {
+			param = "n"
+		}
+		return invalidf(param, "the output cap times the number of choices (%d × %d) plus the input is more than a request may hold", c.plan.Cap, c.plan.Choices)
+	}
 	var h ledger.Amounts
 	h[ledger.Requests] = 1
 	h[ledger.InputTokens] = in
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
 	h[ledger.GPUMs] = s.gpu.Hold(in, out)
-	h[ledger.USDMicros] = c.pol.priceMicros(c.req.Model, in, out)
+	usd, ok := c.pol.priceMicrosChecked(c.req.Model, in, out)
+	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
+		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
+	}
+	h[ledger.USDMicros] = usd
 	c.held = h
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		c.cost = max(1, h[ledger.GPUMs])
 	} else {
-		c.cost = cost.WIn*in + cost.WOut*out
+		wi, ok1 := mulAmount(cost.WIn, in)
+		wo, ok2 := mulAmount(cost.WOut, out)
+		if !ok1 || !ok2 || wi > ledger.MaxAmount-wo {
+			return invalidf("max_tokens", "the request's fair-share cost is out of range; lower max_tokens")
+		}
+		c.cost = wi + wo
 	}
+	return nil
 }
 
-// release frees a never-dispatched call's holds. A store error leaves the
-// hold to lease expiry (the backstop), never to a second dispatch.
+// mulAmount multiplies two non-negative amounts, reporting false when the
+// product is outside 0..ledger.MaxAmount.
+func mulAmount(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	if a == 0 || b == 0 {
+		return 0, true
+	}
+	if a > ledger.MaxAmount/b {
+		return 0, false
+	}
+	return a * b, true
+}
+
+// release frees a never-dispatched call's holds. A store error hands the
+// ending to the outbox (Release by id until definite), never to a second
+// dispatch.
 func (s *Server) release(c *call) {
 	if c.outage {
-		s.outage.refund(c.t.name, c.held[ledger.Tokens])
+		s.outageNotRun(c)
 		return
 	}
+	s.leases.untrack(c)
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	defer cancel()
 	err := s.led.Release(ctx, c.ref, s.owner)
@@ -307,11 +386,12 @@ func (s *Server) release(c *call) {
 	s.noteLedger("release", err)
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
-	case errors.Is(err, ledger.ErrDispatched), ledger.IsStoreError(err):
-		// An ambiguous MarkDispatched may have applied, or the store is
-		// down: end the record with a zero NotSent settlement, retried by
-		// the outbox until definite (LEDGER §4).
-		s.queueOutbox(c, ledger.Amounts{}, ledger.SourceNotSent)
+	case errors.Is(err, ledger.ErrDispatched):
+		// An ambiguous MarkDispatched applied: end the record with a zero
+		// NotSent settlement (LEDGER §4).
+		s.queueSettle(c, ledger.Amounts{}, ledger.SourceNotSent)
+	case ledger.IsStoreError(err):
+		s.queueRelease(c)
 	default:
 		s.log.Warn("ledger release refused; the lease will expire it", "request_id", c.reqID, "err", err)
 	}
@@ -394,7 +474,6 @@ func (s *Server) await(c *call) error {
 		ts := c.t.series(s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
-		c.lastGood = s.now()
 		s.mu.Lock()
 		delete(s.queued, c)
 		s.running[c] = struct{}{}
@@ -441,73 +520,6 @@ func (s *Server) markDispatched(c *call) error {
 	err := s.led.MarkDispatched(ctx, c.ref, s.owner)
 	s.noteLedger("dispatch", err)
 	return err
-}
-
-// dispatchLoop hands queued calls to replicas with room. It never spins:
-// it waits for new work (queue Ready) or freed room (wake).
-func (s *Server) dispatchLoop(ctx context.Context) {
-	for {
-		for {
-			it, ok := s.q.Next(s.admissible)
-			if !ok {
-				break
-			}
-			it.Payload.dispatched <- it.Payload.rep
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.q.Ready():
-		case <-s.wake:
-		}
-	}
-}
-
-// admissible is the queue's dispatch predicate (queue mutex held): the
-// tenant must be under its local in-flight cap, and a replica must have
-// room, which it reserves.
-func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
-	c := it.Payload
-	t := c.t
-	if cur := s.pol.Load().tenants[t.name]; cur != nil {
-		t = cur // clamps and reloads apply from the next dispatch
-	}
-	if t.rt.inflight.Load() >= int64(t.cfg.Concurrency) {
-		return queue.Park
-	}
-	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
-		return queue.Park
-	}
-	rep := s.reps.choose(c.size, s.belowFairShare(c), nil)
-	if rep == nil {
-		if s.reps.fits(c.size, true) {
-			// It would fit only in the light-tenant headroom: skip this
-			// tenant so that tenants below their share can use it.
-			return queue.Park
-		}
-		return queue.Block
-	}
-	c.rep = rep
-	return queue.Dispatch
-}
-
-// belowFairShare reports whether the tenant's in-flight token share is below
-// its weighted share among tenants with work in flight (SCHEDULING §6).
-func (s *Server) belowFairShare(c *call) bool {
-	var total, weights int64
-	for _, t := range c.pol.order {
-		if n := t.rt.inflightTokens.Load(); n > 0 || t.rt.queued.Load() > 0 || t == c.t {
-			total += n
-			weights += int64(t.cfg.Weight)
-		}
-	}
-	if total == 0 || weights == 0 {
-		return true
-	}
-	// At or below its share: a tenant alone uses the whole replica, so the
-	// gate stays work-conserving.
-	share := float64(c.t.rt.inflightTokens.Load()) / float64(total)
-	return share <= float64(c.t.cfg.Weight)/float64(weights)
 }
 
 // execute sends the call upstream: on the chosen replica, or on another
@@ -662,12 +674,13 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	if c.outage {
 		if src != ledger.SourceNotSent {
-			s.oweOutage(c, actual)
+			s.oweOutage(c, actual, src)
 		} else {
-			s.outage.refund(c.t.name, c.held[ledger.Tokens])
+			s.outageNotRun(c)
 		}
 		return
 	}
+	s.leases.untrack(c)
 	ctx, cancel := s.ledgerCtx(c.ctx)
 	st, err := s.led.Settle(ctx, c.ref, actual, src)
 	cancel()
@@ -682,111 +695,11 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.record(rec)
 	s.noteLedger("settle", err)
 	if err != nil && ledger.IsStoreError(err) {
-		s.queueOutbox(c, actual, src)
+		s.queueSettle(c, actual, src)
 		return
 	}
 	if err != nil {
 		s.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
-	}
-}
-
-// settleRetry is one outbox entry.
-type settleRetry struct {
-	ref    ledger.Ref
-	actual ledger.Amounts
-	src    ledger.Source
-	reqID  string
-}
-
-func (s *Server) queueOutbox(c *call, actual ledger.Amounts, src ledger.Source) {
-	s.mu.Lock()
-	s.outbox = append(s.outbox, settleRetry{ref: c.ref, actual: actual, src: src, reqID: c.reqID})
-	s.mu.Unlock()
-	s.signal(s.outboxC)
-}
-
-// outboxLoop retries failed settlements every second until they land.
-func (s *Server) outboxLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.outboxC:
-		}
-		s.flushOutbox(ctx)
-		s.chargeOutages(ctx)
-	}
-}
-
-// flushOutbox retries every pending settlement once, bounded per call.
-func (s *Server) flushOutbox(ctx context.Context) {
-	s.mu.Lock()
-	pending := s.outbox
-	s.outbox = nil
-	s.mu.Unlock()
-	var keep []settleRetry
-	for _, c := range pending {
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := s.led.Settle(sctx, c.ref, c.actual, c.src)
-		cancel()
-		s.noteLedger("settle", err)
-		if err != nil && ledger.IsStoreError(err) {
-			keep = append(keep, c)
-			continue
-		}
-		if err != nil && !errors.Is(err, ledger.ErrNotFound) && !errors.Is(err, ledger.ErrAlreadyFinal) {
-			// NotFound: an ambiguous Reserve that never applied. AlreadyFinal:
-			// ended meanwhile (lease expiry). Anything else needs a look.
-			s.log.Error("outbox settle refused", "request_id", c.reqID, "err", err)
-		}
-	}
-	if len(keep) > 0 {
-		s.mu.Lock()
-		s.outbox = append(s.outbox, keep...)
-		s.mu.Unlock()
-	}
-}
-
-// heartbeatLoop extends the leases of running calls every lease_ttl/3 and
-// fences (aborts upstream) a call whose lease is lost or could not be
-// extended in time (invariant I10).
-func (s *Server) heartbeatLoop(ctx context.Context) {
-	ttl := s.pol.Load().leaseTTL
-	t := time.NewTicker(ttl / 3)
-	defer t.Stop()
-	const fenceMargin = 2 * time.Second
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.mu.Lock()
-		calls := make([]*call, 0, len(s.running))
-		for c := range s.running {
-			if !c.outage { // no ledger record to extend
-				calls = append(calls, c)
-			}
-		}
-		s.mu.Unlock()
-		for _, c := range calls {
-			sent := s.now()
-			ectx, cancel := context.WithTimeout(ctx, time.Second)
-			_, err := s.led.Extend(ectx, c.ref, s.owner, c.pol.leaseTTL)
-			cancel()
-			s.noteLedger("extend", err)
-			switch {
-			case err == nil:
-				c.lastGood = sent
-			case errors.Is(err, ledger.ErrLeaseLost):
-				c.cancel(ledger.ErrLeaseLost)
-			case s.now().After(c.lastGood.Add(c.pol.leaseTTL - fenceMargin)):
-				c.cancel(ledger.ErrLeaseLost)
-			}
-		}
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
@@ -205,6 +204,15 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	}()
 
 	c, err := s.admit(cctx, t, pol, a)
+	var replay *cachedResponse
+	if errors.As(err, &replay) {
+		// A retry of a completed Idempotency-Key: its original response.
+		rc.Response.Header.Set("Idempotent-Replayed", "true")
+		rc.SetContentType("application/json")
+		rc.SetBody(replay.body)
+		s.m.count(t.name, outcomeOK, nil)
+		return
+	}
 	if err != nil {
 		e.reject(rc, t.name, err)
 		return
@@ -235,6 +243,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsIn(body))
 		}
+		s.rememberResponse(c, body)
 		ts := t.series(s.m)
 		ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		ts.requestsOK.Inc()
@@ -285,18 +294,13 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 				cause = err
 			}
 			s.finish(c, cause)
+			se := &streamError{cause: cause}
 			if !errors.Is(cause, ErrClientGone) {
-				ae := statusFor(cause)
-				if errors.Is(err, vllm.ErrStreamCut) || ae.Status < 500 {
-					ae = statusFor(ErrUpstreamFailed)
-				}
-				if errors.Is(cause, ErrDeadline) {
-					ae = statusFor(ErrDeadline)
-				}
-				_, _ = w.Write(sseError(ae))
+				_, _ = w.Write(sseError(statusFor(se)))
 				_ = w.Flush()
 			}
-			e.countOutcome(c.t.name, cause)
+			o, _ := outcomeFor(se)
+			s.m.count(c.t.name, o, nil)
 			return
 		}
 		if c.wf != nil {
@@ -319,7 +323,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 		}
 		c.cancel(ErrClientGone)
 		s.finish(c, ErrClientGone)
-		e.countOutcome(c.t.name, ErrClientGone)
+		s.m.count(c.t.name, outcomeCancelled, nil)
 		return
 	}
 }
@@ -334,44 +338,20 @@ func sseError(ae *apiError) []byte {
 // outcome answers a call that ended in err.
 func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
 	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
-		e.countOutcome(c.t.name, ErrClientGone)
+		e.s.m.count(c.t.name, outcomeCancelled, nil)
 		rc.SetConnectionClose()
 		return
 	}
 	if c.rep != nil && c.sent {
 		e.successHeaders(rc, c) // Server-Timing and budget headers still apply
 	}
-	var ue *vllm.UpstreamError
-	if errors.As(err, &ue) && len(ue.Body) > 0 && (ue.Status == 400 || ue.Status == 404) && !ue.InStream {
-		// vLLM's own refusal passes through unchanged.
-		e.countOutcome(c.t.name, err)
-		rc.SetStatusCode(ue.Status)
-		rc.SetContentType("application/json")
-		rc.SetBody(ue.Body)
-		return
-	}
 	e.reject(rc, c.t.name, err)
 }
 
-func (e *Edge) countOutcome(tenant string, err error) {
-	outcome := "error"
-	switch {
-	case err == nil:
-		outcome = "ok"
-	case errors.Is(err, ErrClientGone):
-		outcome = "cancelled"
-	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
-		outcome = "expired"
-	default:
-		outcome = "upstream_error"
-	}
-	e.s.m.Requests.WithLabelValues(tenant, outcome).Inc()
-}
-
-// reject writes err in the pinned error shape and counts it.
+// reject writes err in the pinned error shape, audits and counts it.
 func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
 	ae := e.writeError(rc, tenant, err)
-	if ae.Status != 499 {
+	if ae.Status != 499 && ae.Raw == nil {
 		e.s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: string(rc.Response.Header.Peek("X-Request-Id")),
 			Code: ae.Code, Reason: ae.Message})
 	}
@@ -379,18 +359,12 @@ func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
 	if label == "" {
 		label = "_unauthenticated"
 	}
-	switch ae.Status {
-	case 499:
-		e.s.m.Requests.WithLabelValues(label, "cancelled").Inc()
-	case 504:
-		e.s.m.Requests.WithLabelValues(label, "expired").Inc()
-		e.s.m.Rejections.WithLabelValues(label, ae.Code).Inc()
-	case 502:
-		e.s.m.Requests.WithLabelValues(label, "upstream_error").Inc()
-	default:
-		e.s.m.Requests.WithLabelValues(label, "rejected").Inc()
-		e.s.m.Rejections.WithLabelValues(label, ae.Code).Inc()
+	o, _ := outcomeFor(err)
+	if ae.Raw != nil {
+		// vLLM's refusal passed through: not Sluice's rejection.
+		o = outcomeUpstreamError
 	}
+	e.s.m.count(label, o, ae)
 }
 
 type errorJSON struct {
@@ -420,6 +394,11 @@ func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *ap
 		e.s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
 	}
 	rc.SetStatusCode(ae.Status)
+	if ae.Raw != nil {
+		rc.SetContentType("application/json")
+		rc.SetBody(ae.Raw)
+		return ae
+	}
 	if ae.RetryAfter > 0 {
 		rc.Response.Header.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
 		rc.Response.Header.Set("retry-after-ms", strconv.FormatInt(max(1, ae.RetryAfter.Milliseconds()), 10))

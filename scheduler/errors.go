@@ -73,8 +73,12 @@ func statusFor(err error) *apiError {
 		ue     *vllm.UpstreamError
 		ir     *vllm.InvalidRequestError
 		wfe    *workflowError
+		se     *streamError
+		ie     *idemError
 	)
 	switch {
+	case errors.As(err, &se):
+		return streamStatus(se)
 	case errors.Is(err, ErrDraining):
 		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
 	case errors.Is(err, ErrUnauthorized):
@@ -97,12 +101,18 @@ func statusFor(err error) *apiError {
 	case errors.As(err, &wfe):
 		return &apiError{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: wfe.Error(), NoRetry: true,
 			Details: map[string]any{"scope": "workflow", "dimension": wfe.dim, "limit": wfe.limit, "used": wfe.used}}
+	case errors.Is(err, ledger.ErrLeaseLost):
+		// Before dispatch (the fence fired while queued) nothing ran.
+		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger could not keep the request's reservation alive; nothing was sent upstream", RetryAfter: time.Second}
 	case ledger.IsStoreError(err):
 		// Before the deadline case: a store timeout is an unknown ledger
 		// outcome, not the client's deadline.
 		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
 	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
 		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
+	case errors.As(err, &ie):
+		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: ie.msg, NoRetry: true,
+			Details: map[string]any{"state": ie.state}}
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
 		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),
@@ -119,8 +129,30 @@ func statusFor(err error) *apiError {
 		if ue.ContextLength() {
 			code = "context_length_exceeded"
 		}
-		return &apiError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param}
+		// vLLM's own refusal passes through unchanged when it has a body.
+		return &apiError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param, Raw: ue.Body}
 	case errors.Is(err, ErrClientGone):
+		return &apiError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+	}
+	return &apiError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+}
+
+// streamError is a failure after the 200 headers went out: the client gets
+// it as an SSE error event, so it is never a refusal (4xx) even when its
+// cause would be one.
+type streamError struct{ cause error }
+
+func (e *streamError) Error() string { return "mid-stream: " + e.cause.Error() }
+func (e *streamError) Unwrap() error { return e.cause }
+
+func streamStatus(se *streamError) *apiError {
+	if errors.Is(se.cause, ErrDeadline) || errors.Is(se.cause, queue.ErrExpired) {
+		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed while it was being served"}
+	}
+	if errors.Is(se.cause, ErrDraining) {
+		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+	}
+	if errors.Is(se.cause, ErrClientGone) {
 		return &apiError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
 	}
 	return &apiError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}

@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -80,4 +82,47 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// outcome is a request's final outcome, the label of sluice_requests_total.
+type outcome uint8
+
+const (
+	outcomeOK outcome = iota
+	outcomeRejected
+	outcomeExpired
+	outcomeCancelled
+	outcomeUpstreamError
+)
+
+var outcomeNames = [...]string{"ok", "rejected", "expired", "cancelled", "upstream_error"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// outcomeFor classifies an error (nil: ok) through statusFor, the one
+// error→status map, so metrics and responses cannot disagree. A failure
+// after the 200 headers is never a rejection.
+func outcomeFor(err error) (outcome, *apiError) {
+	if err == nil {
+		return outcomeOK, nil
+	}
+	ae := statusFor(err)
+	var se *streamError
+	switch {
+	case ae.Status == 499:
+		return outcomeCancelled, ae
+	case ae.Status == 504:
+		return outcomeExpired, ae
+	case ae.Status == 502, errors.As(err, &se):
+		return outcomeUpstreamError, ae
+	}
+	return outcomeRejected, ae
+}
+
+// count records one request's outcome; refusals also count by code.
+func (m *Metrics) count(tenant string, o outcome, ae *apiError) {
+	m.Requests.WithLabelValues(tenant, o.String()).Inc()
+	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
+		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()
+	}
 }

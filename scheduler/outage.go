@@ -2,13 +2,16 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 // The outage allowance (issue 10): by default a ledger outage stops
@@ -19,6 +22,18 @@ import (
 // into the ledger once it answers again, into the window in which they ran,
 // exactly once (ledger Charge is idempotent by id). They take no ledger
 // slot; the tenant's local concurrency cap still applies.
+//
+// An outage-admitted call keeps its ledger id, the idempotent one when the
+// client sent an Idempotency-Key: a retry while the charge is owed is
+// answered from the owed entry (never executed again), and one after the
+// charge finds the charged record (issue 13 item 4). When the failed
+// Reserve was ambiguous and did apply, the id names a reservation; the
+// charge then settles that reservation instead (Charge answers ErrConflict).
+//
+// Owed charges are persisted (outageFile) from admission on, so a restart
+// still bills them exactly once: a call that was still running when the
+// process died is charged at its hold, the honest charge without usage
+// evidence (issue 13 item 6).
 
 // Charger is the ledger capability that settles outage usage afterwards.
 type Charger interface {
@@ -32,9 +47,15 @@ type outageUse struct {
 
 // outageCharge is one outage-admitted request waiting to be charged.
 type outageCharge struct {
-	req    ledger.ChargeRequest
-	tenant string
-	reqID  string
+	Req    ledger.ChargeRequest `json:"req"`
+	Tenant string               `json:"tenant"`
+	ReqID  string               `json:"request_id"`
+	Source ledger.Source        `json:"source"` // of the Settle fallback
+	// Running: admitted, usage not known yet. Charged at its hold if the
+	// process restarts before it settles.
+	Running bool `json:"running"`
+	// Ambiguous: the failed Reserve may have applied under this id.
+	Ambiguous bool `json:"ambiguous,omitempty"`
 }
 
 // outages tracks allowances and the charges owed to the ledger.
@@ -44,7 +65,66 @@ type outages struct {
 	outage   map[string]outageUse // this outage, by tenant
 	hour     map[string]outageUse // this clock hour, by tenant
 	hourIdx  int64
-	pending  []outageCharge
+	owed     map[ledger.RequestID]*outageCharge
+	path     string // where owed is persisted; "" keeps it in memory only
+}
+
+// outageFile is where owed outage charges are persisted: next to the admin
+// state file, else next to the memory ledger's journal; "" (memory only)
+// when neither is configured.
+func outageFile(cfg *config.File) string {
+	switch {
+	case cfg.Admin.StateFile != "":
+		return cfg.Admin.StateFile + ".outage.json"
+	case cfg.Ledger.Journal != "":
+		return cfg.Ledger.Journal + ".outage.json"
+	}
+	return ""
+}
+
+// load reads the owed charges a previous process left. Every entry is
+// chargeable now: a call still running then is charged at its hold.
+func (o *outages) load(path string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.path, o.owed = path, map[ledger.RequestID]*outageCharge{}
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("outage charges: %w", err)
+	}
+	var list []*outageCharge
+	if err := json.Unmarshal(b, &list); err != nil {
+		return fmt.Errorf("outage charges %s are corrupt: %w", path, err)
+	}
+	for _, ch := range list {
+		if ch.Running {
+			ch.Running, ch.Source = false, ledger.SourceHeld
+		}
+		o.owed[ch.Req.Ref.ID] = ch
+	}
+	return nil
+}
+
+// persistLocked writes the owed charges atomically (o.mu held).
+func (o *outages) persistLocked() error {
+	if o.path == "" {
+		return nil
+	}
+	list := make([]*outageCharge, 0, len(o.owed))
+	for _, ch := range o.owed {
+		list = append(list, ch)
+	}
+	b, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(o.path, b)
 }
 
 // admit takes one request of tokens from the tenant's allowance, if both the
@@ -98,10 +178,51 @@ func (o *outages) recovered() bool {
 	return was
 }
 
-func (o *outages) owe(ch outageCharge) {
+// owes reports whether id is an outage-admitted call not yet charged, and
+// whether it is still running.
+func (o *outages) owes(id ledger.RequestID) (owed, running bool) {
 	o.mu.Lock()
-	o.pending = append(o.pending, ch)
-	o.mu.Unlock()
+	defer o.mu.Unlock()
+	ch, ok := o.owed[id]
+	if !ok {
+		return false, false
+	}
+	return true, ch.Running
+}
+
+// put records (or updates) an owed charge and persists.
+func (o *outages) put(ch *outageCharge) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.owed == nil {
+		o.owed = map[ledger.RequestID]*outageCharge{}
+	}
+	o.owed[ch.Req.Ref.ID] = ch
+	return o.persistLocked()
+}
+
+// drop removes an owed charge and persists.
+func (o *outages) drop(id ledger.RequestID) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.owed[id]; !ok {
+		return nil
+	}
+	delete(o.owed, id)
+	return o.persistLocked()
+}
+
+// chargeable returns the owed charges whose usage is known.
+func (o *outages) chargeable() []outageCharge {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []outageCharge
+	for _, ch := range o.owed {
+		if !ch.Running {
+			out = append(out, *ch)
+		}
+	}
+	return out
 }
 
 // admitOutage lets c run on its tenant's allowance while the ledger is
@@ -112,8 +233,21 @@ func (s *Server) admitOutage(c *call, cause error) bool {
 		return false
 	}
 	al := c.t.cfg.OutageAllowance
+	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
+	scopes = append(scopes, c.extraScopes...)
+	held := c.held
+	held[ledger.Slots] = 0
+	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
+		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
+		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: held, At: c.arrival}}
+	if err := s.outage.put(ch); err != nil {
+		// Unpersisted, a restart would lose the charge: refuse instead.
+		s.outage.refund(c.t.name, c.held[ledger.Tokens])
+		_ = s.outage.drop(c.ref.ID)
+		s.log.Error("outage admission refused: owed charges cannot be persisted", "tenant", c.t.name, "err", err)
+		return false
+	}
 	c.outage = true
-	c.ref.ID = ledger.NewRequestID() // its own id: an ambiguous Reserve is ended separately
 	s.m.OutageAdmissions.WithLabelValues(c.t.name).Inc()
 	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.name,
 		"used_requests", used.requests, "allowance_requests", al.Requests, "err", cause)
@@ -122,48 +256,79 @@ func (s *Server) admitOutage(c *call, cause error) bool {
 	return true
 }
 
-// oweOutage records an outage-admitted call's usage for a later Charge.
-func (s *Server) oweOutage(c *call, actual ledger.Amounts) {
+// oweOutage records an outage-admitted call's usage for the later Charge.
+func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
 	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
 	scopes = append(scopes, c.extraScopes...)
-	s.outage.owe(outageCharge{tenant: c.t.name, reqID: c.reqID,
-		req: ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: actual, At: c.arrival}})
+	actual[ledger.Slots] = 0
+	owed, _ := s.outage.owes(c.ref.ID)
+	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Source: src,
+		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: actual, At: c.arrival}}
+	if owed {
+		s.outage.mu.Lock()
+		ch.Ambiguous = s.outage.owed[c.ref.ID].Ambiguous
+		s.outage.mu.Unlock()
+	}
+	if err := s.outage.put(ch); err != nil {
+		s.log.Error("owed outage charge not persisted; a restart before it is charged bills the hold", "request_id", c.reqID, "err", err)
+	}
+	s.outbox.kickNow()
+}
+
+// outageNotRun ends an outage-admitted call that never ran: the allowance
+// is refunded and nothing is owed (an ambiguous Reserve that may have
+// applied is released by id).
+func (s *Server) outageNotRun(c *call) {
+	s.outage.refund(c.t.name, c.held[ledger.Tokens])
+	s.outage.mu.Lock()
+	ch := s.outage.owed[c.ref.ID]
+	s.outage.mu.Unlock()
+	if ch != nil && ch.Ambiguous {
+		s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, reqID: c.reqID})
+	}
+	if err := s.outage.drop(c.ref.ID); err != nil {
+		s.log.Error("outage charges not persisted", "err", err)
+	}
 }
 
 // chargeOutages settles owed outage usage once the ledger answers; it runs
 // with the outbox.
 func (s *Server) chargeOutages(ctx context.Context) {
-	ch, ok := s.led.(Charger)
-	s.outage.mu.Lock()
-	pending := s.outage.pending
-	s.outage.pending = nil
-	s.outage.mu.Unlock()
+	pending := s.outage.chargeable()
 	if len(pending) == 0 {
 		return
 	}
-	var keep []outageCharge
+	ch, ok := s.led.(Charger)
 	for _, p := range pending {
 		if !ok {
-			s.log.Error("this ledger cannot charge outage usage; it is lost", "tenant", p.tenant, "request_id", p.reqID)
+			s.log.Error("this ledger cannot charge outage usage; it is lost", "tenant", p.Tenant, "request_id", p.ReqID)
+			_ = s.outage.drop(p.Req.Ref.ID)
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := ch.Charge(cctx, p.req)
+		_, err := ch.Charge(cctx, p.Req)
+		if errors.Is(err, ledger.ErrConflict) {
+			// The id names a reservation (an ambiguous Reserve applied):
+			// settle that record with the usage instead.
+			src := p.Source
+			if !src.Valid() {
+				src = ledger.SourceHeld
+			}
+			_, err = s.led.Settle(cctx, p.Req.Ref, p.Req.Amounts, src)
+		}
 		cancel()
 		s.noteLedger("charge", err)
 		switch {
 		case err == nil || errors.Is(err, ledger.ErrAlreadyFinal):
-			s.record(audit.Record{Kind: "outage_charge", Tenant: p.tenant, RequestID: p.reqID,
-				TokensCharged: p.req.Amounts[ledger.Tokens], GPUMs: p.req.Amounts[ledger.GPUMs], USDMicros: p.req.Amounts[ledger.USDMicros]})
+			s.record(audit.Record{Kind: "outage_charge", Tenant: p.Tenant, RequestID: p.ReqID,
+				TokensCharged: p.Req.Amounts[ledger.Tokens], GPUMs: p.Req.Amounts[ledger.GPUMs], USDMicros: p.Req.Amounts[ledger.USDMicros]})
 		case ledger.IsStoreError(err):
-			keep = append(keep, p)
+			continue
 		default:
-			s.log.Error("ledger refused an outage charge", "tenant", p.tenant, "request_id", p.reqID, "err", err)
+			s.log.Error("ledger refused an outage charge", "tenant", p.Tenant, "request_id", p.ReqID, "err", err)
 		}
-	}
-	if len(keep) > 0 {
-		s.outage.mu.Lock()
-		s.outage.pending = append(keep, s.outage.pending...)
-		s.outage.mu.Unlock()
+		if err := s.outage.drop(p.Req.Ref.ID); err != nil {
+			s.log.Error("outage charges not persisted", "err", err)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
@@ -57,6 +58,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
 	Now func() time.Time
+	// MaxLeaseTTL is the ledger's bound on every lease, fixed when the
+	// ledger opened. Optional; default 2 × the start-up ledger.lease_ttl
+	// (both backends' default). A reload may not raise lease_ttl past it.
+	MaxLeaseTTL time.Duration
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -88,18 +93,25 @@ type Server struct {
 	wfs      workflows
 	outage   outages
 	abuse    *abuse.Detector
+	// autoClamps carries the detectors' decisions to clampLoop.
+	autoClamps chan abuse.Decision
 
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
-	outboxC  chan struct{} // size 1: outbox has work
 
-	mu      sync.Mutex // guards running, queued, outbox
+	// The settler's parts: each owns its own lock.
+	leases leases    // every held record's lease, Reserve to terminal state
+	outbox outbox    // endings the store has not acknowledged
+	idem   idemCache // completed idempotent responses (idem.go)
+
+	mu      sync.Mutex // guards running, queued
 	running map[*call]struct{}
 	queued  map[*call]struct{}
-	outbox  []settleRetry
 	idle    *sync.Cond // signalled when running and queued both empty
 
-	ledgerErrs atomic.Int64 // consecutive ledger store errors, for /readyz
+	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
+	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
+	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 }
 
 // New builds a Server from a validated config.
@@ -116,23 +128,24 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	s := &Server{
-		led:      deps.Ledger,
-		up:       deps.Upstream,
-		keyer:    deps.Keyer,
-		gpu:      deps.GPU,
-		attr:     deps.Attribution,
-		trail:    deps.Audit,
-		m:        m,
-		log:      deps.Logger,
-		now:      deps.Now,
-		owner:    ledger.NewOwner(),
-		byName:   map[string]*replica{},
-		runtimes: map[string]*tenantRuntime{},
-		wake:     make(chan struct{}, 1),
-		outboxC:  make(chan struct{}, 1),
-		running:  map[*call]struct{}{},
-		queued:   map[*call]struct{}{},
-		wfs:      workflows{m: map[string]*workflow{}},
+		led:        deps.Ledger,
+		up:         deps.Upstream,
+		keyer:      deps.Keyer,
+		gpu:        deps.GPU,
+		attr:       deps.Attribution,
+		trail:      deps.Audit,
+		m:          m,
+		log:        deps.Logger,
+		now:        deps.Now,
+		owner:      ledger.NewOwner(),
+		byName:     map[string]*replica{},
+		runtimes:   map[string]*tenantRuntime{},
+		wake:       make(chan struct{}, 1),
+		autoClamps: make(chan abuse.Decision, 64),
+		outbox:     outbox{kick: make(chan struct{}, 1)},
+		running:    map[*call]struct{}{},
+		queued:     map[*call]struct{}{},
+		wfs:        workflows{m: map[string]*workflow{}},
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
@@ -141,7 +154,18 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.leases.now = s.now
+	s.maxLease = deps.MaxLeaseTTL
+	if s.maxLease == 0 {
+		s.maxLease = 2 * cfg.Ledger.LeaseTTL
+	}
+	if err := s.checkLeaseConfig(cfg); err != nil {
+		return nil, err
+	}
 	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+		return nil, err
+	}
+	if err := s.outage.load(outageFile(cfg)); err != nil {
 		return nil, err
 	}
 	eff := effectiveConfig(cfg, &s.admin, s.now())
@@ -175,11 +199,15 @@ type clockFunc func() time.Time
 
 func (f clockFunc) Now() time.Time { return f() }
 
+// queueExpirySpin is the queue's expiry poll. Unit tests under synctest
+// set it to 0: a polling goroutine never lets a bubble go idle.
+var queueExpirySpin = time.Millisecond
+
 func queueConfig(cfg *config.File) queue.Config {
 	// ExpirySpin: Linux timers sleep in whole milliseconds; waking 1ms early
 	// and polling keeps expiry within the 1ms the design promises.
 	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait,
-		ExpirySpin: time.Millisecond}
+		ExpirySpin: queueExpirySpin}
 	for _, t := range cfg.Tenants {
 		order := queue.OrderFIFO
 		if t.Queue.Order == "edf" {
@@ -205,6 +233,9 @@ func (s *Server) capacityOf(name string) (k, base int64, st gpu.State) {
 // config.Load) together with the admin state, atomically. Queued and
 // running requests keep the limits they were admitted under.
 func (s *Server) Reload(cfg *config.File) error {
+	if err := s.checkLeaseConfig(cfg); err != nil {
+		return err
+	}
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
 	if err := s.rebuildLocked(cfg); err != nil {
@@ -215,18 +246,33 @@ func (s *Server) Reload(cfg *config.File) error {
 	return nil
 }
 
+// checkLeaseConfig checks ledger.lease_ttl against the ledger: it refuses
+// leases past the bound it opened with (every Reserve would then be a 500),
+// so neither start-up nor a reload may pass it. queue.max_wait needs no
+// bound against lease_ttl: queued calls' leases are renewed like running
+// ones (lease.go), and the heartbeat period follows a reloaded lease_ttl.
+func (s *Server) checkLeaseConfig(cfg *config.File) error {
+	if ttl := cfg.Ledger.LeaseTTL; ttl > s.maxLease {
+		return fmt.Errorf("ledger.lease_ttl %s is more than the ledger's lease bound %s, fixed when it opened; restart to raise it", ttl, s.maxLease)
+	}
+	return nil
+}
+
 // Policy returns the current config.
 func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
 
 // Metrics returns the server's metrics.
 func (s *Server) Metrics() *Metrics { return s.m }
 
-// Ready reports whether the server can admit: not draining, the ledger
-// answering, a replica up, GPU telemetry readable.
+// Ready reports whether the server can admit: not draining, no
+// background loop failed, the ledger answering, a replica up, GPU
+// telemetry readable.
 func (s *Server) Ready() (bool, string) {
 	switch {
 	case s.draining.Load():
 		return false, "draining"
+	case s.loopErr.Load() != nil:
+		return false, "background loop failed: " + (*s.loopErr.Load()).Error()
 	case s.ledgerErrs.Load() >= 3:
 		return false, "ledger unavailable"
 	case !s.reps.anyUp():
@@ -247,32 +293,48 @@ func (s *Server) StartDrain() {
 	}
 }
 
-// Run drives the queue's expiry, the dispatch loop, lease heartbeats and the
-// settlement outbox until ctx ends, then drains: running requests get up to
-// drain timeout to finish, the rest are aborted and settled.
+// Run drives the queue's expiry, the dispatch loop, lease heartbeats, the
+// settlement outbox and the admin-state refresh in one errgroup until ctx
+// ends, then drains: running requests get up to drain timeout to finish,
+// the rest are aborted and settled. A loop that fails is logged and fails
+// /readyz (the others keep running: calls in flight still need their
+// leases and settlements).
 func (s *Server) Run(ctx context.Context) error {
 	inner, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	var wg sync.WaitGroup
-	loops := []func(context.Context){
-		func(c context.Context) { _ = s.q.Run(c) },
-		s.dispatchLoop,
-		s.heartbeatLoop,
-		s.outboxLoop,
-		s.readyLoop,
+	var g errgroup.Group
+	loops := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"queue", s.q.Run},
+		{"dispatch", func(ctx context.Context) error { s.dispatchLoop(ctx); return nil }},
+		{"heartbeat", s.heartbeatLoop},
+		{"outbox", s.outboxLoop},
+		{"ready", s.readyLoop},
+		{"clamps", s.clampLoop},
 	}
-	for _, f := range loops {
-		wg.Add(1)
-		go func() { defer wg.Done(); f(inner) }()
+	for _, l := range loops {
+		g.Go(func() error {
+			err := l.run(inner)
+			if err != nil && inner.Err() == nil {
+				err = fmt.Errorf("%s loop: %w", l.name, err)
+				s.loopErr.CompareAndSwap(nil, &err)
+				s.m.Ready.Set(0)
+				s.log.Error("scheduler loop failed", "loop", l.name, "err", err)
+				return err
+			}
+			return nil
+		})
 	}
 	<-ctx.Done()
 	s.StartDrain()
 	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
 	cancel()
-	wg.Wait()
+	err := g.Wait()
 	s.flushOutbox(context.WithoutCancel(ctx))
 	s.chargeOutages(context.WithoutCancel(ctx))
-	return nil
+	return err
 }
 
 // drain waits for queued and running requests up to timeout, then aborts
@@ -307,7 +369,7 @@ func (s *Server) drain(timeout time.Duration) {
 	<-done
 }
 
-func (s *Server) readyLoop(ctx context.Context) {
+func (s *Server) readyLoop(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -317,10 +379,9 @@ func (s *Server) readyLoop(ctx context.Context) {
 			s.m.Ready.Set(0)
 		}
 		s.exportLedger(ctx)
-		s.expireClamps()
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}
@@ -392,7 +453,7 @@ func (s *Server) exportLedger(ctx context.Context) {
 				continue
 			}
 			committed[d] = max(committed[d], l.Committed)
-			if l.Limit.Max > 0 {
+			if l.Limit.Max > 0 && l.Limit != resolutionLimit {
 				s.m.BudgetUsed.WithLabelValues(t.name, d.String(), ledger.FormatWindow(l.Limit.Window)).
 					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
 			}
@@ -426,19 +487,45 @@ func (s *Server) configureAbuse(cfg *config.File) {
 	}
 }
 
-// observeAbuse feeds one event to the tenant's detectors and applies the
-// automatic clamp they decide on (outside every lock of the hot path).
+// observeAbuse feeds one event to the tenant's detectors; a clamp they
+// decide on is applied by clampLoop, off the request goroutine (a clamp
+// rebuilds the policy and writes the admin state).
 func (s *Server) observeAbuse(tenant string, ev abuse.Event) {
 	d, ok := s.abuse.Observe(tenant, ev)
 	if !ok {
 		return
 	}
-	s.m.AbuseClamps.WithLabelValues(tenant, d.Detector).Inc()
+	select {
+	case s.autoClamps <- d:
+	default:
+		s.log.Error("automatic clamp dropped: too many pending", "tenant", tenant, "detector", d.Detector)
+		s.abuse.Lifted(tenant)
+	}
+}
+
+// clampLoop applies automatic clamps and expires clamps on time.
+func (s *Server) clampLoop(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d := <-s.autoClamps:
+			s.applyAutoClamp(d)
+		case <-t.C:
+			s.expireClamps()
+		}
+	}
+}
+
+func (s *Server) applyAutoClamp(d abuse.Decision) {
+	s.m.AbuseClamps.WithLabelValues(d.Tenant, d.Detector).Inc()
 	_, err := s.SetClamp(Clamp{Tenant: d.Tenant, Concurrency: d.Clamp.Concurrency, Weight: d.Clamp.Weight,
 		MaxOutputTokens: d.Clamp.MaxOutputTokens, Models: d.Clamp.Models, Reason: d.Detector + ": " + d.Reason,
 		ExpiresAt: d.ExpiresAt, Source: "auto"})
 	if err != nil {
-		s.log.Error("automatic clamp not applied", "tenant", tenant, "detector", d.Detector, "err", err)
-		s.abuse.Lifted(tenant)
+		s.log.Error("automatic clamp not applied", "tenant", d.Tenant, "detector", d.Detector, "err", err)
+		s.abuse.Lifted(d.Tenant)
 	}
 }

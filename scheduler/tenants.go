@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -122,6 +123,9 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 				t.warn[l.Dim] = b.WarnRatio
 			}
 		}
+		if !slices.ContainsFunc(t.limits, func(l ledger.Limit) bool { return l.Window > 0 }) {
+			t.limits = append(t.limits, resolutionLimit)
+		}
 		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
@@ -136,6 +140,12 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 	}
 	return p, nil
 }
+
+// resolutionLimit gives a tenant without a windowed budget one window that
+// never binds: the ledger charges an UNRESOLVED record at its hold when its
+// first admission window closes, and without any window it never would
+// (issue 13 item 10). Warn mode at the ledger's maximum never warns either.
+var resolutionLimit = ledger.Limit{Dim: ledger.Requests, Window: time.Hour, Max: ledger.MaxAmount, Mode: ledger.Warn}
 
 // authenticate maps a bearer token to its tenant. The raw key is hashed at
 // once and never stored or logged.
@@ -159,16 +169,34 @@ func (p *policy) authenticate(authz []byte) (*tenant, error) {
 	return nil, ErrUnauthorized
 }
 
-// priceMicros is the usd_micros of in/out tokens of model, rounded up.
+// priceMicros is the usd_micros of in/out tokens of model, rounded up
+// (saturating at ledger.MaxAmount; holds are checked with
+// priceMicrosChecked first).
 func (p *policy) priceMicros(model string, in, out int64) int64 {
+	v, ok := p.priceMicrosChecked(model, in, out)
+	if !ok {
+		return ledger.MaxAmount
+	}
+	return v
+}
+
+// priceMicrosChecked is priceMicros with overflow checks on prices ×
+// tokens; false when the price is outside the ledger's range.
+func (p *policy) priceMicrosChecked(model string, in, out int64) (int64, bool) {
 	pr, ok := p.prices[model]
 	if !ok {
 		pr, ok = p.prices["*"]
 	}
 	if !ok {
-		return 0
+		return 0, true
 	}
-	return ceilDiv(in*pr.InputPerMTok+out*pr.OutputPerMTok, 1_000_000)
+	const lim = math.MaxInt64 / 2
+	if in < 0 || out < 0 || pr.InputPerMTok < 0 || pr.OutputPerMTok < 0 ||
+		(pr.InputPerMTok > 0 && in > lim/pr.InputPerMTok) || (pr.OutputPerMTok > 0 && out > lim/pr.OutputPerMTok) {
+		return 0, false
+	}
+	v := ceilDiv(in*pr.InputPerMTok+out*pr.OutputPerMTok, 1_000_000)
+	return v, v <= ledger.MaxAmount
 }
 
 func ceilDiv(a, b int64) int64 {

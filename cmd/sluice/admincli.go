@@ -53,7 +53,7 @@ func addAdminFlags(fs *flag.FlagSet) *adminOpts {
 	if v := strings.TrimSpace(os.Getenv(adminURLEnv)); v != "" {
 		def = v
 	}
-	fs.StringVar(&o.url, "admin", def, "admin API base URL (or $"+adminURLEnv+")")
+	fs.StringVar(&o.url, "admin", def, "admin API base URL (or $"+adminURLEnv+"); the token is read from $"+adminTokenEnv)
 	fs.BoolVar(&o.asJSON, "json", false, "print the server's JSON instead of a table")
 	return o
 }
@@ -218,15 +218,10 @@ func decodeInto(data []byte, v any) error {
 // Go's flag package alone stops at. Everything after "--" is positional.
 // It returns the positional arguments; more than maxPos (maxPos >= 0) is a usage
 // error.
-func parseInterleaved(e env, fs *flag.FlagSet, args []string, maxPos int) ([]string, error) {
+func parseInterleaved(fs *flag.FlagSet, args []string, maxPos int) ([]string, error) {
 	var pos []string
 	for {
 		if err := parseFlags(fs, args, -1); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				fs.SetOutput(e.stderr)
-				fmt.Fprintf(e.stderr, "usage: %s [flags]\n", fs.Name())
-				fs.PrintDefaults()
-			}
 			return nil, err
 		}
 		rest := fs.Args()
@@ -241,7 +236,7 @@ func parseInterleaved(e env, fs *flag.FlagSet, args []string, maxPos int) ([]str
 		args = rest[1:]
 	}
 	if maxPos >= 0 && len(pos) > maxPos {
-		return nil, usagef("unexpected argument %q", pos[maxPos])
+		return nil, flagError{usageError{fmt.Errorf("unexpected argument %q", pos[maxPos])}, fs}
 	}
 	return pos, nil
 }
@@ -277,28 +272,6 @@ func oneOf(flagName, v string, allowed []string) error {
 	return nil
 }
 
-// subcommand picks the sub-subcommand (`budget set` …) from args.
-func subcommand(e env, name string, args []string, subs map[string]func(context.Context, env, []string) error) (func(context.Context, env, []string) error, []string, error) {
-	keys := make([]string, 0, len(subs))
-	for k := range subs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	usage := usagef("usage: sluice %s %s [flags]", name, strings.Join(keys, "|"))
-	if len(args) == 0 {
-		return nil, nil, usage
-	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(e.stderr, "usage: sluice %s %s [flags] (-h after one for its flags)\n", name, strings.Join(keys, "|"))
-		return nil, nil, flag.ErrHelp
-	}
-	f, ok := subs[args[0]]
-	if !ok {
-		return nil, nil, usagef("unknown subcommand %q; usage: sluice %s %s [flags]", args[0], name, strings.Join(keys, "|"))
-	}
-	return f, args[1:], nil
-}
-
 // ---- budget ----
 
 // budgetRow is one row of GET /admin/budgets.
@@ -312,17 +285,6 @@ type budgetRow struct {
 	Source    string `json:"source"`
 }
 
-// runBudget implements `sluice budget set|list|rm`.
-func runBudget(ctx context.Context, e env, args []string) error {
-	f, rest, err := subcommand(e, "budget", args, map[string]func(context.Context, env, []string) error{
-		"set": runBudgetSet, "list": runBudgetList, "rm": runBudgetRm,
-	})
-	if err != nil {
-		return err
-	}
-	return f(ctx, e, rest)
-}
-
 func runBudgetSet(ctx context.Context, e env, args []string) error {
 	fs := newFlags("budget set")
 	o := addAdminFlags(fs)
@@ -331,7 +293,7 @@ func runBudgetSet(ctx context.Context, e env, args []string) error {
 	limit := fs.Int64("limit", 0, "limit per window, >= 0 (required)")
 	window := fs.String("window", "", "window, a positive duration like 1h (required)")
 	mode := fs.String("mode", "block", "block (deny over the limit) or warn")
-	if _, err := parseInterleaved(e, fs, args, 0); err != nil {
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
 	if *tenant == "" {
@@ -379,7 +341,7 @@ func runBudgetList(ctx context.Context, e env, args []string) error {
 	fs := newFlags("budget list")
 	o := addAdminFlags(fs)
 	tenant := fs.String("tenant", "", "only this tenant's budgets")
-	if _, err := parseInterleaved(e, fs, args, 0); err != nil {
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
 	c, err := o.client()
@@ -415,7 +377,7 @@ func writeBudgets(w io.Writer, rows []budgetRow) error {
 func runBudgetRm(ctx context.Context, e env, args []string) error {
 	fs := newFlags("budget rm")
 	o := addAdminFlags(fs)
-	pos, err := parseInterleaved(e, fs, args, 1)
+	pos, err := parseInterleaved(fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -450,23 +412,12 @@ type reservationRow struct {
 	AdmittedAt  string           `json:"admitted_at"`
 }
 
-// runReservations implements `sluice reservations list|resolve`.
-func runReservations(ctx context.Context, e env, args []string) error {
-	f, rest, err := subcommand(e, "reservations", args, map[string]func(context.Context, env, []string) error{
-		"list": runReservationsList, "resolve": runReservationsResolve,
-	})
-	if err != nil {
-		return err
-	}
-	return f(ctx, e, rest)
-}
-
 func runReservationsList(ctx context.Context, e env, args []string) error {
 	fs := newFlags("reservations list")
 	o := addAdminFlags(fs)
 	state := fs.String("state", "", "only this state: "+strings.Join(reservationStates, "|"))
 	tenant := fs.String("tenant", "", "only this tenant's reservations")
-	if _, err := parseInterleaved(e, fs, args, 0); err != nil {
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
 	if *state != "" {
@@ -510,7 +461,7 @@ func runReservationsResolve(ctx context.Context, e env, args []string) error {
 	charge := fs.String("charge", "", "what to charge: held|actual|zero (required)")
 	actual := fs.String("actual", "", "with --charge actual: the usage, dim=N,... (e.g. tokens=1200,gpu_ms=350)")
 	reason := fs.String("reason", "", "why, for the audit log (required)")
-	pos, err := parseInterleaved(e, fs, args, 1)
+	pos, err := parseInterleaved(fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -662,17 +613,6 @@ type clampRow struct {
 	Source          string   `json:"source"`
 }
 
-// runTenant implements `sluice tenant clamp|unclamp`.
-func runTenant(ctx context.Context, e env, args []string) error {
-	f, rest, err := subcommand(e, "tenant", args, map[string]func(context.Context, env, []string) error{
-		"clamp": runTenantClamp, "unclamp": runTenantUnclamp,
-	})
-	if err != nil {
-		return err
-	}
-	return f(ctx, e, rest)
-}
-
 func runTenantClamp(ctx context.Context, e env, args []string) error {
 	fs := newFlags("tenant clamp")
 	o := addAdminFlags(fs)
@@ -682,7 +622,7 @@ func runTenantClamp(ctx context.Context, e env, args []string) error {
 	models := fs.String("models", "", "only these models, comma-separated")
 	reason := fs.String("reason", "", "why, for the audit log (required)")
 	dur := fs.String("for", "", "how long the clamp lasts, a positive duration like 30m (required)")
-	pos, err := parseInterleaved(e, fs, args, 1)
+	pos, err := parseInterleaved(fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -768,7 +708,7 @@ func optInt(p *int64) string {
 func runTenantUnclamp(ctx context.Context, e env, args []string) error {
 	fs := newFlags("tenant unclamp")
 	o := addAdminFlags(fs)
-	pos, err := parseInterleaved(e, fs, args, 1)
+	pos, err := parseInterleaved(fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -803,7 +743,7 @@ func runTenantUnclamp(ctx context.Context, e env, args []string) error {
 func runDrain(ctx context.Context, e env, args []string) error {
 	fs := newFlags("drain")
 	o := addAdminFlags(fs)
-	if _, err := parseInterleaved(e, fs, args, 0); err != nil {
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
 	c, err := o.client()
@@ -826,7 +766,7 @@ func runDrain(ctx context.Context, e env, args []string) error {
 func runReload(ctx context.Context, e env, args []string) error {
 	fs := newFlags("reload")
 	o := addAdminFlags(fs)
-	if _, err := parseInterleaved(e, fs, args, 0); err != nil {
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
 	c, err := o.client()

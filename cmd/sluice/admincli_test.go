@@ -293,48 +293,47 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 	tests := []struct {
 		name   string
 		args   []string
-		errOut string
+		errOut string // the first line
+		usage  bool   // a flag error: the usage follows
 	}{
-		{name: "budget no sub", args: []string{"budget"}, errOut: "sluice budget: usage: sluice budget list|rm|set [flags]\n"},
-		{name: "budget unknown sub", args: []string{"budget", "add"}, errOut: `sluice budget: unknown subcommand "add"; usage: sluice budget list|rm|set [flags]` + "\n"},
-		{name: "set no tenant", args: []string{"budget", "set", "--admin", f.srv.URL, "--dimension", "tokens", "--limit", "1", "--window", "1h"}, errOut: "sluice budget: --tenant is required\n"},
-		{name: "set no dimension", args: with(set, "--limit", "1", "--window", "1h"), errOut: "sluice budget: --dimension is required (requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros)\n"},
-		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget: --dimension must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "cpu"` + "\n"},
-		{name: "set no limit", args: with(set, "--dimension", "tokens", "--window", "1h"), errOut: "sluice budget: --limit is required\n"},
-		{name: "set negative limit", args: with(set, "--dimension", "tokens", "--limit", "-1", "--window", "1h"), errOut: "sluice budget: --limit must be >= 0, got -1\n"},
-		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget: invalid value "1.5" for flag -limit: parse error` + "\n"},
-		{name: "set no window", args: with(set, "--dimension", "tokens", "--limit", "1"), errOut: "sluice budget: --window is required (a duration like 30m or 1h)\n"},
-		{name: "set zero window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "0s"), errOut: `sluice budget: --window must be a positive duration like 30m or 1h, got "0s"` + "\n"},
-		{name: "set bad window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1d"), errOut: `sluice budget: --window must be a positive duration like 30m or 1h, got "1d"` + "\n"},
-		{name: "set bad mode", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "--mode", "soft"), errOut: `sluice budget: --mode must be one of block|warn, got "soft"` + "\n"},
-		{name: "set stray arg", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "extra"), errOut: `sluice budget: unexpected argument "extra"` + "\n"},
-		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)\n"},
-		{name: "rm two ids", args: []string{"budget", "rm", "a", "b"}, errOut: `sluice budget: unexpected argument "b"` + "\n"},
-		{name: "list bad state", args: []string{"reservations", "list", "--state", "settled"}, errOut: `sluice reservations: --state must be one of unresolved|dispatched|reserved, got "settled"` + "\n"},
-		{name: "resolve no id", args: []string{"reservations", "resolve", "--tenant", "acme", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations: usage: sluice reservations resolve ID --tenant T --charge held|actual|zero [--actual dim=N,...] --reason TEXT\n"},
-		{name: "resolve no tenant", args: []string{"reservations", "resolve", "r-1", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations: --tenant is required\n"},
-		{name: "resolve no charge", args: with(resolve, "--reason", "x"), errOut: "sluice reservations: --charge is required (held|actual|zero)\n"},
-		{name: "resolve bad charge", args: with(resolve, "--charge", "half", "--reason", "x"), errOut: `sluice reservations: --charge must be one of held|actual|zero, got "half"` + "\n"},
-		{name: "resolve actual missing", args: with(resolve, "--charge", "actual", "--reason", "x"), errOut: "sluice reservations: --charge actual needs --actual dim=N,...\n"},
-		{name: "resolve actual with held", args: with(resolve, "--charge", "held", "--actual", "tokens=1", "--reason", "x"), errOut: "sluice reservations: --actual is only allowed with --charge actual\n"},
-		{name: "resolve actual bad pair", args: with(resolve, "--charge", "actual", "--actual", "tokens", "--reason", "x"), errOut: `sluice reservations: --actual: "tokens" is not dim=N` + "\n"},
-		{name: "resolve actual bad dim", args: with(resolve, "--charge", "actual", "--actual", "watts=3", "--reason", "x"), errOut: `sluice reservations: --actual must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "watts"` + "\n"},
-		{name: "resolve actual negative", args: with(resolve, "--charge", "actual", "--actual", "tokens=-5", "--reason", "x"), errOut: `sluice reservations: --actual: tokens must be an integer >= 0, got "-5"` + "\n"},
-		{name: "resolve actual twice", args: with(resolve, "--charge", "actual", "--actual", "tokens=1,tokens=2", "--reason", "x"), errOut: "sluice reservations: --actual: tokens given twice\n"},
-		{name: "resolve no reason", args: with(resolve, "--charge", "zero"), errOut: "sluice reservations: --reason is required\n"},
-		{name: "resolve blank reason", args: with(resolve, "--charge", "zero", "--reason", "  "), errOut: "sluice reservations: --reason is required\n"},
-		{name: "clamp no name", args: []string{"tenant", "clamp", "--weight", "1", "--reason", "x", "--for", "1m"}, errOut: "sluice tenant: usage: sluice tenant clamp NAME [--concurrency N] [--weight N] [--max-output-tokens N] [--models a,b] --reason TEXT --for 30m\n"},
-		{name: "clamp nothing", args: with(clamp, "--reason", "x", "--for", "1m"), errOut: "sluice tenant: nothing to clamp: give --concurrency, --weight, --max-output-tokens or --models\n"},
-		{name: "clamp zero concurrency", args: with(clamp, "--concurrency", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --concurrency must be >= 1, got 0\n"},
-		{name: "clamp zero weight", args: with(clamp, "--weight", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --weight must be >= 1, got 0\n"},
-		{name: "clamp zero max output", args: with(clamp, "--max-output-tokens", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --max-output-tokens must be >= 1, got 0\n"},
-		{name: "clamp empty models", args: with(clamp, "--models", " , ", "--reason", "x", "--for", "1m"), errOut: "sluice tenant: --models must name at least one model\n"},
-		{name: "clamp no reason", args: with(clamp, "--weight", "1", "--for", "1m"), errOut: "sluice tenant: --reason is required\n"},
-		{name: "clamp no for", args: with(clamp, "--weight", "1", "--reason", "x"), errOut: "sluice tenant: --for is required (a duration like 30m or 1h)\n"},
-		{name: "clamp negative for", args: with(clamp, "--weight", "1", "--reason", "x", "--for", "-5m"), errOut: `sluice tenant: --for must be a positive duration like 30m or 1h, got "-5m"` + "\n"},
-		{name: "unclamp no name", args: []string{"tenant", "unclamp"}, errOut: "sluice tenant: usage: sluice tenant unclamp NAME\n"},
-		{name: "drain stray arg", args: []string{"drain", "now"}, errOut: `sluice drain: unexpected argument "now"` + "\n"},
-		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: flag provided but not defined: -force\n"},
+		{name: "set no tenant", args: []string{"budget", "set", "--admin", f.srv.URL, "--dimension", "tokens", "--limit", "1", "--window", "1h"}, errOut: "sluice budget set: --tenant is required\n"},
+		{name: "set no dimension", args: with(set, "--limit", "1", "--window", "1h"), errOut: "sluice budget set: --dimension is required (requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros)\n"},
+		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget set: --dimension must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "cpu"` + "\n"},
+		{name: "set no limit", args: with(set, "--dimension", "tokens", "--window", "1h"), errOut: "sluice budget set: --limit is required\n"},
+		{name: "set negative limit", args: with(set, "--dimension", "tokens", "--limit", "-1", "--window", "1h"), errOut: "sluice budget set: --limit must be >= 0, got -1\n"},
+		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag -limit: parse error` + "\n", usage: true},
+		{name: "set no window", args: with(set, "--dimension", "tokens", "--limit", "1"), errOut: "sluice budget set: --window is required (a duration like 30m or 1h)\n"},
+		{name: "set zero window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "0s"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "0s"` + "\n"},
+		{name: "set bad window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1d"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "1d"` + "\n"},
+		{name: "set bad mode", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "--mode", "soft"), errOut: `sluice budget set: --mode must be one of block|warn, got "soft"` + "\n"},
+		{name: "set stray arg", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "extra"), errOut: `sluice budget set: unexpected argument "extra"` + "\n", usage: true},
+		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget rm: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)\n"},
+		{name: "rm two ids", args: []string{"budget", "rm", "a", "b"}, errOut: `sluice budget rm: unexpected argument "b"` + "\n", usage: true},
+		{name: "list bad state", args: []string{"reservations", "list", "--state", "settled"}, errOut: `sluice reservations list: --state must be one of unresolved|dispatched|reserved, got "settled"` + "\n"},
+		{name: "resolve no id", args: []string{"reservations", "resolve", "--tenant", "acme", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations resolve: usage: sluice reservations resolve ID --tenant T --charge held|actual|zero [--actual dim=N,...] --reason TEXT\n"},
+		{name: "resolve no tenant", args: []string{"reservations", "resolve", "r-1", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations resolve: --tenant is required\n"},
+		{name: "resolve no charge", args: with(resolve, "--reason", "x"), errOut: "sluice reservations resolve: --charge is required (held|actual|zero)\n"},
+		{name: "resolve bad charge", args: with(resolve, "--charge", "half", "--reason", "x"), errOut: `sluice reservations resolve: --charge must be one of held|actual|zero, got "half"` + "\n"},
+		{name: "resolve actual missing", args: with(resolve, "--charge", "actual", "--reason", "x"), errOut: "sluice reservations resolve: --charge actual needs --actual dim=N,...\n"},
+		{name: "resolve actual with held", args: with(resolve, "--charge", "held", "--actual", "tokens=1", "--reason", "x"), errOut: "sluice reservations resolve: --actual is only allowed with --charge actual\n"},
+		{name: "resolve actual bad pair", args: with(resolve, "--charge", "actual", "--actual", "tokens", "--reason", "x"), errOut: `sluice reservations resolve: --actual: "tokens" is not dim=N` + "\n"},
+		{name: "resolve actual bad dim", args: with(resolve, "--charge", "actual", "--actual", "watts=3", "--reason", "x"), errOut: `sluice reservations resolve: --actual must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "watts"` + "\n"},
+		{name: "resolve actual negative", args: with(resolve, "--charge", "actual", "--actual", "tokens=-5", "--reason", "x"), errOut: `sluice reservations resolve: --actual: tokens must be an integer >= 0, got "-5"` + "\n"},
+		{name: "resolve actual twice", args: with(resolve, "--charge", "actual", "--actual", "tokens=1,tokens=2", "--reason", "x"), errOut: "sluice reservations resolve: --actual: tokens given twice\n"},
+		{name: "resolve no reason", args: with(resolve, "--charge", "zero"), errOut: "sluice reservations resolve: --reason is required\n"},
+		{name: "resolve blank reason", args: with(resolve, "--charge", "zero", "--reason", "  "), errOut: "sluice reservations resolve: --reason is required\n"},
+		{name: "clamp no name", args: []string{"tenant", "clamp", "--weight", "1", "--reason", "x", "--for", "1m"}, errOut: "sluice tenant clamp: usage: sluice tenant clamp NAME [--concurrency N] [--weight N] [--max-output-tokens N] [--models a,b] --reason TEXT --for 30m\n"},
+		{name: "clamp nothing", args: with(clamp, "--reason", "x", "--for", "1m"), errOut: "sluice tenant clamp: nothing to clamp: give --concurrency, --weight, --max-output-tokens or --models\n"},
+		{name: "clamp zero concurrency", args: with(clamp, "--concurrency", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant clamp: --concurrency must be >= 1, got 0\n"},
+		{name: "clamp zero weight", args: with(clamp, "--weight", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant clamp: --weight must be >= 1, got 0\n"},
+		{name: "clamp zero max output", args: with(clamp, "--max-output-tokens", "0", "--reason", "x", "--for", "1m"), errOut: "sluice tenant clamp: --max-output-tokens must be >= 1, got 0\n"},
+		{name: "clamp empty models", args: with(clamp, "--models", " , ", "--reason", "x", "--for", "1m"), errOut: "sluice tenant clamp: --models must name at least one model\n"},
+		{name: "clamp no reason", args: with(clamp, "--weight", "1", "--for", "1m"), errOut: "sluice tenant clamp: --reason is required\n"},
+		{name: "clamp no for", args: with(clamp, "--weight", "1", "--reason", "x"), errOut: "sluice tenant clamp: --for is required (a duration like 30m or 1h)\n"},
+		{name: "clamp negative for", args: with(clamp, "--weight", "1", "--reason", "x", "--for", "-5m"), errOut: `sluice tenant clamp: --for must be a positive duration like 30m or 1h, got "-5m"` + "\n"},
+		{name: "unclamp no name", args: []string{"tenant", "unclamp"}, errOut: "sluice tenant unclamp: usage: sluice tenant unclamp NAME\n"},
+		{name: "drain stray arg", args: []string{"drain", "now"}, errOut: `sluice drain: unexpected argument "now"` + "\n", usage: true},
+		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: flag provided but not defined: -force\n", usage: true},
 		{name: "bad admin url", args: []string{"drain", "--admin", "127.0.0.1:8081"}, errOut: `sluice drain: --admin must be an http(s) URL like http://127.0.0.1:8081, got "127.0.0.1:8081"` + "\n"},
 	}
 	for _, tc := range tests {
@@ -342,7 +341,14 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 			code, out, errOut := runCLI(t, "", tc.args...)
 			assert.Equal(t, 2, code)
 			assert.Empty(t, out)
-			assert.Equal(t, tc.errOut, errOut)
+			first, rest, _ := strings.Cut(errOut, "\n")
+			assert.Equal(t, tc.errOut, first+"\n")
+			if tc.usage {
+				cmd, _, _ := strings.Cut(first, ":")
+				assert.True(t, strings.HasPrefix(rest, "usage: "+cmd+" "), "usage after the error: %q", errOut)
+			} else {
+				assert.Empty(t, rest, "one line")
+			}
 		})
 	}
 	assert.Empty(t, f.requests(), "no call for a usage error")
@@ -350,32 +356,48 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 
 func TestAdminCLIHelp(t *testing.T) {
 	setAdminEnv(t, testAdminToken)
-	code, out, errOut := runCLI(t, "", "budget", "help")
-	assert.Equal(t, 0, code)
+	for _, args := range [][]string{{"budget", "help"}, {"budget", "-h"}, {"help", "budget"}} {
+		code, out, errOut := runCLI(t, "", args...)
+		assert.Equal(t, 0, code, "%v", args)
+		assert.Empty(t, errOut, "%v", args)
+		assert.True(t, strings.HasPrefix(out, "usage: sluice budget list|rm|set [flags]\n"), "%v: %s", args, out)
+		for _, sub := range []string{"\n  budget set ", "\n  budget list ", "\n  budget rm "} {
+			assert.Contains(t, out, sub, "%v", args)
+		}
+	}
+	code, out, errOut := runCLI(t, "", "budget")
+	assert.Equal(t, 2, code)
 	assert.Empty(t, out)
-	assert.Equal(t, "usage: sluice budget list|rm|set [flags] (-h after one for its flags)\n", errOut)
+	assert.True(t, strings.HasPrefix(errOut, "sluice budget: missing command\nusage: sluice budget list|rm|set [flags]\n"), errOut)
+	code, out, errOut = runCLI(t, "", "budget", "add")
+	assert.Equal(t, 2, code)
+	assert.Empty(t, out)
+	assert.True(t, strings.HasPrefix(errOut, "sluice: unknown command \"budget add\"\nusage: sluice budget list|rm|set [flags]\n"), errOut)
 
-	code, _, errOut = runCLI(t, "", "tenant", "clamp", "-h")
-	assert.Equal(t, 0, code)
-	assert.True(t, strings.HasPrefix(errOut, "usage: sluice tenant clamp [flags]\n"), errOut)
-	assert.Contains(t, errOut, "-for string")
-	assert.NotContains(t, errOut, "\n  -token", "the token is never a flag")
-	assert.NotContains(t, errOut, "-admin-token", "the token is never a flag")
+	for _, args := range [][]string{{"tenant", "clamp", "-h"}, {"tenant", "clamp", "acme", "--help"}, {"help", "tenant", "clamp"}} {
+		code, out, errOut = runCLI(t, "", args...)
+		assert.Equal(t, 0, code, "%v", args)
+		assert.Empty(t, errOut, "%v", args)
+		assert.True(t, strings.HasPrefix(out, "usage: sluice tenant clamp NAME "), "%v: %s", args, out)
+		assert.Contains(t, out, "-for string")
+		assert.NotContains(t, out, "\n  -token", "the token is never a flag")
+		assert.NotContains(t, out, "-admin-token", "the token is never a flag")
+	}
 }
 
 func TestAdminCLIMissingToken(t *testing.T) {
 	setAdminEnv(t, "")
 	f := newFakeAdmin(t, http.StatusOK, `{"status":"draining"}`)
-	for _, args := range [][]string{
-		{"drain", "--admin", f.srv.URL},
-		{"budget", "list", "--admin", f.srv.URL},
-		{"tenant", "unclamp", "acme", "--admin", f.srv.URL},
+	for cmd, args := range map[string][]string{
+		"drain":          {"drain", "--admin", f.srv.URL},
+		"budget list":    {"budget", "list", "--admin", f.srv.URL},
+		"tenant unclamp": {"tenant", "unclamp", "acme", "--admin", f.srv.URL},
 	} {
-		t.Run(args[0], func(t *testing.T) {
+		t.Run(cmd, func(t *testing.T) {
 			code, out, errOut := runCLI(t, "", args...)
 			assert.Equal(t, 2, code)
 			assert.Empty(t, out)
-			assert.Equal(t, "sluice "+args[0]+": SLUICE_ADMIN_TOKEN is not set: export the server's admin token to use the admin API\n", errOut)
+			assert.Equal(t, "sluice "+cmd+": SLUICE_ADMIN_TOKEN is not set: export the server's admin token to use the admin API\n", errOut)
 		})
 	}
 	assert.Empty(t, f.requests())
@@ -395,7 +417,7 @@ func TestAdminCLIServerErrors(t *testing.T) {
 			args:   []string{"budget", "set", "--tenant", "acme", "--dimension", "tokens", "--limit", "5", "--window", "1h"},
 			status: 400,
 			reply:  `{"error":{"message":"window must be a multiple of 1m","type":"admin_error","code":"invalid_request","param":"window","details":null}}`,
-			errOut: "sluice budget: window must be a multiple of 1m (param: window)\n",
+			errOut: "sluice budget set: window must be a multiple of 1m (param: window)\n",
 		},
 		{
 			name:   "wrong token",
@@ -409,7 +431,7 @@ func TestAdminCLIServerErrors(t *testing.T) {
 			args:   []string{"budget", "rm", "acme:tokens:1h0m0s"},
 			status: 404,
 			reply:  `{"error":{"message":"no budget acme:tokens:1h0m0s","type":"admin_error","code":"not_found"}}`,
-			errOut: "sluice budget: no budget acme:tokens:1h0m0s\n",
+			errOut: "sluice budget rm: no budget acme:tokens:1h0m0s\n",
 		},
 		{
 			name:   "invalid config on several lines",
@@ -423,14 +445,14 @@ func TestAdminCLIServerErrors(t *testing.T) {
 			args:   []string{"reservations", "list", "--json"},
 			status: 502,
 			reply:  "<html>bad gateway</html>\n",
-			errOut: "sluice reservations: HTTP 502 from the admin API: <html>bad gateway</html>\n",
+			errOut: "sluice reservations list: HTTP 502 from the admin API: <html>bad gateway</html>\n",
 		},
 		{
 			name:   "200 but not JSON",
 			args:   []string{"budget", "list"},
 			status: 200,
 			reply:  "ok",
-			errOut: "sluice budget: admin API sent an unexpected reply: invalid character 'o' looking for beginning of value\n",
+			errOut: "sluice budget list: admin API sent an unexpected reply: invalid character 'o' looking for beginning of value\n",
 		},
 	}
 	for _, tc := range tests {
@@ -508,7 +530,7 @@ func TestParseInterleaved(t *testing.T) {
 			fs := newFlags("t")
 			x := fs.String("x", "", "")
 			b := fs.Bool("b", false, "")
-			pos, err := parseInterleaved(env{stderr: io.Discard}, fs, tc.args, -1)
+			pos, err := parseInterleaved(fs, tc.args, -1)
 			require.NoError(t, err)
 			assert.Equal(t, tc.pos, pos)
 			assert.Equal(t, tc.x, *x)
@@ -569,16 +591,16 @@ func TestAdminCLIAgainstServer(t *testing.T) {
 		{name: "rm", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, stdout: "deleted acme:tokens:1h0m0s\n"},
 		{name: "list after rm", args: []string{"budget", "list", "--tenant", "acme"}, stdout: "no budgets\n"},
 		{name: "rm again", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, code: 1,
-			stderr: `sluice budget: budget "acme:tokens:1h0m0s": not found` + "\n"},
+			stderr: `sluice budget rm: budget "acme:tokens:1h0m0s": not found` + "\n"},
 		{name: "set unknown tenant", args: []string{"budget", "set", "--tenant", "nobody", "--dimension", "tokens", "--limit", "1", "--window", "1h"}, code: 1,
-			stderr: `sluice budget: unknown tenant "nobody" (param: tenant)` + "\n"},
+			stderr: `sluice budget set: unknown tenant "nobody" (param: tenant)` + "\n"},
 		{name: "clamp", args: []string{"tenant", "clamp", "acme", "--max-output-tokens", "3", "--models", "m1", "--reason", "suspicious", "--for", "1h"},
 			stdout: `^TENANT  CONCURRENCY  WEIGHT  MAX OUTPUT TOKENS  MODELS  EXPIRES AT            SOURCE  REASON\n` +
 				`acme    -            -       3                  m1      \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  admin   suspicious\n$`},
 		{name: "unclamp", args: []string{"tenant", "unclamp", "acme"}, stdout: "unclamped acme\n"},
-		{name: "unclamp again", args: []string{"tenant", "unclamp", "acme"}, code: 1, stderr: "sluice tenant: tenant acme has no clamp\n"},
+		{name: "unclamp again", args: []string{"tenant", "unclamp", "acme"}, code: 1, stderr: "sluice tenant unclamp: tenant acme has no clamp\n"},
 		{name: "resolve bad id", args: []string{"reservations", "resolve", "r-1", "--tenant", "acme", "--charge", "held", "--reason", "x"}, code: 1,
-			stderr: "sluice reservations: must be a 32-hex-digit ledger request id (param: id)\n"},
+			stderr: "sluice reservations resolve: must be a 32-hex-digit ledger request id (param: id)\n"},
 		{name: "drain", args: []string{"drain"}, stdout: "draining\n"},
 	}
 	for _, st := range steps {

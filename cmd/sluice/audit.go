@@ -16,12 +16,9 @@ const auditUsage = "usage: sluice audit verify [-partial] FILE..."
 // the current log; its rotated siblings (FILE.1, FILE.2, …) are found and
 // checked first.
 func runAudit(_ context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "verify" {
-		return usagef(auditUsage)
-	}
 	fs := newFlags("audit verify")
 	partial := fs.Bool("partial", false, "accept a chain whose oldest files were deleted (first line need not be seq 1)")
-	if err := parseFlags(fs, args[1:], -1); err != nil {
+	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {

@@ -60,7 +60,7 @@ func newBenchFlags(name string) (*flag.FlagSet, *benchFlags) {
 	fs.Var(&b.goodput, "goodput", "SLOs in ms: ttft:500,tpot:50,e2el:9000")
 	fs.Var(&b.pctMetrics, "percentile-metrics", "ttft,tpot,itl,e2el")
 	fs.Var(&b.pcts, "metric-percentiles", "percentiles (default 99)")
-	fs.BoolVar(&o.SaveResult, "save-result", false, "save the JSON result")
+	fs.Var(saveResultFlag{&o.SaveResult}, "save-result", "save the JSON result (a switch: the file is --result-dir/--result-filename)")
 	fs.StringVar(&o.ResultDir, "result-dir", "", "directory for --save-result")
 	fs.StringVar(&o.ResultFilename, "result-filename", "", "file name for --save-result")
 	fs.Var(&b.meta, "metadata", "KEY=VALUE (repeat or comma-separate)")
@@ -150,88 +150,120 @@ func benchErr(err error) error {
 	return err
 }
 
-// runBench dispatches `sluice bench run|ab|compare|sweep`.
-func runBench(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 {
-		return usagef("bench needs a subcommand: run|ab|compare|sweep")
+// saveResultFlag is vLLM's --save-result switch. A value given to it
+// (`--save-result=out.json`) gets a hint instead of a bare parse error.
+type saveResultFlag struct{ on *bool }
+
+func (f saveResultFlag) IsBoolFlag() bool { return true }
+
+func (f saveResultFlag) String() string {
+	if f.on == nil {
+		return "false"
 	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "run":
-		fs, b := newBenchFlags("run")
-		if err := parseFlags(fs, rest, 0); err != nil {
-			return err
-		}
-		o, err := b.finish(e)
-		if err != nil {
-			return err
-		}
-		_, err = bench.Run(ctx, o)
-		return benchErr(err)
-	case "ab":
-		fs, b := newBenchFlags("ab")
-		var ab bench.ABOptions
-		var a listFlag
-		fs.Var(&a, "a", "replica base URLs (A, round-robin)")
-		fs.StringVar(&ab.B, "b", "", "Sluice base URL (B)")
-		fs.StringVar(&ab.Order, "order", "ABBA", "ABBA | AB")
-		fs.IntVar(&ab.Repeat, "repeat", 1, "A/B pairs")
-		fs.DurationVar(&ab.Settle, "settle", 30*time.Second, "wait after the replicas are idle")
-		fs.DurationVar(&ab.IdleTimeout, "idle-timeout", 5*time.Minute, "bound on waiting for idle replicas")
-		fs.BoolVar(&ab.SkipIdleWait, "skip-idle-wait", false, "do not poll the replicas' /metrics")
-		fs.IntVar(&ab.ReplicaMaxNumSeqs, "max-num-seqs", 0, "the replicas' max-num-seqs (warns when A queues inside vLLM)")
-		if err := parseFlags(fs, rest, 0); err != nil {
-			return err
-		}
-		o, err := b.finish(e)
-		if err != nil {
-			return err
-		}
-		ab.Options, ab.A = o, a
-		_, err = bench.AB(ctx, ab)
-		return benchErr(err)
-	case "sweep":
-		fs, b := newBenchFlags("sweep")
-		var rates listFlag
-		fs.Var(&rates, "rates", "total request rates, e.g. 2,4,8,16")
-		if err := parseFlags(fs, rest, 0); err != nil {
-			return err
-		}
-		o, err := b.finish(e)
-		if err != nil {
-			return err
-		}
-		so := bench.SweepOptions{Options: o}
-		for _, r := range rates {
-			v, err := strconv.ParseFloat(r, 64)
-			if err != nil || v <= 0 {
-				return usagef("--rates: bad rate %q", r)
-			}
-			so.Rates = append(so.Rates, v)
-		}
-		_, err = bench.Sweep(ctx, so)
-		return benchErr(err)
-	case "compare":
-		fs := newFlags("bench compare")
-		if err := parseFlags(fs, rest, 2); err != nil {
-			return err
-		}
-		if fs.NArg() != 2 {
-			return usagef("compare needs two result files: A.json B.json")
-		}
-		a, err := report.Load(fs.Arg(0))
-		if err != nil {
-			return usagef("%v", err)
-		}
-		b, err := report.Load(fs.Arg(1))
-		if err != nil {
-			return usagef("%v", err)
-		}
-		bench.Compare(e.stdout, a, b)
-		return nil
-	case "-h", "--help", "help":
-		fmt.Fprintln(e.stderr, "usage: sluice bench run|ab|compare|sweep [flags] (see BENCH.md)")
-		return flag.ErrHelp
+	return strconv.FormatBool(*f.on)
+}
+
+func (f saveResultFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return errors.New(saveResultHint)
 	}
-	return usagef("unknown bench subcommand %q (run|ab|compare|sweep)", sub)
+	*f.on = v
+	return nil
+}
+
+const saveResultHint = "--save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME"
+
+// parseBench parses a run, ab or sweep command line; a file name after
+// --save-result gets the hint.
+func parseBench(fs *flag.FlagSet, b *benchFlags, args []string) error {
+	err := parseFlags(fs, args, 0)
+	if err != nil && b.o.SaveResult && fs.NArg() > 0 {
+		var fe flagError
+		if errors.As(err, &fe) {
+			fe.err = fmt.Errorf("unexpected argument %q: %s", fs.Arg(0), saveResultHint)
+			return fe
+		}
+	}
+	return err
+}
+
+func runBenchRun(ctx context.Context, e env, args []string) error {
+	fs, b := newBenchFlags("run")
+	if err := parseBench(fs, b, args); err != nil {
+		return err
+	}
+	o, err := b.finish(e)
+	if err != nil {
+		return err
+	}
+	_, err = bench.Run(ctx, o)
+	return benchErr(err)
+}
+
+func runBenchAB(ctx context.Context, e env, args []string) error {
+	fs, b := newBenchFlags("ab")
+	var ab bench.ABOptions
+	var a listFlag
+	fs.Var(&a, "a", "replica base URLs (A, round-robin; repeat or comma-separate)")
+	fs.StringVar(&ab.B, "b", "", "Sluice base URL (B)")
+	fs.StringVar(&ab.Order, "order", "ABBA", "ABBA | AB")
+	fs.IntVar(&ab.Repeat, "repeat", 1, "A/B pairs")
+	fs.DurationVar(&ab.Settle, "settle", 30*time.Second, "wait after the replicas are idle")
+	fs.DurationVar(&ab.IdleTimeout, "idle-timeout", 5*time.Minute, "bound on waiting for idle replicas")
+	fs.BoolVar(&ab.SkipIdleWait, "skip-idle-wait", false, "do not poll the replicas' /metrics")
+	fs.IntVar(&ab.ReplicaMaxNumSeqs, "max-num-seqs", 0, "the replicas' max-num-seqs (warns when A queues inside vLLM)")
+	if err := parseBench(fs, b, args); err != nil {
+		return err
+	}
+	o, err := b.finish(e)
+	if err != nil {
+		return err
+	}
+	ab.Options, ab.A = o, a
+	_, err = bench.AB(ctx, ab)
+	return benchErr(err)
+}
+
+func runBenchSweep(ctx context.Context, e env, args []string) error {
+	fs, b := newBenchFlags("sweep")
+	var rates listFlag
+	fs.Var(&rates, "rates", "total request rates, e.g. 2,4,8,16")
+	if err := parseBench(fs, b, args); err != nil {
+		return err
+	}
+	o, err := b.finish(e)
+	if err != nil {
+		return err
+	}
+	so := bench.SweepOptions{Options: o}
+	for _, r := range rates {
+		v, err := strconv.ParseFloat(r, 64)
+		if err != nil || v <= 0 {
+			return usagef("--rates: bad rate %q", r)
+		}
+		so.Rates = append(so.Rates, v)
+	}
+	_, err = bench.Sweep(ctx, so)
+	return benchErr(err)
+}
+
+func runBenchCompare(_ context.Context, e env, args []string) error {
+	fs := newFlags("bench compare")
+	if err := parseFlags(fs, args, 2); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return usagef("compare needs two result files: A.json B.json")
+	}
+	a, err := report.Load(fs.Arg(0))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	b, err := report.Load(fs.Arg(1))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	bench.Compare(e.stdout, a, b)
+	return nil
 }

@@ -16,29 +16,40 @@ import (
 func TestBenchUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name string
-		args []string
-		want string
+		name  string
+		args  []string
+		want  string // in the first line
+		usage bool   // the usage follows the error line
 	}{
-		{"no subcommand", []string{"bench"}, "bench needs a subcommand"},
-		{"unknown subcommand", []string{"bench", "frob"}, `unknown bench subcommand "frob"`},
-		{"bad flag", []string{"bench", "run", "--nope"}, "flag provided but not defined: -nope"},
-		{"stray arg", []string{"bench", "run", "extra"}, `unexpected argument "extra"`},
-		{"bad goodput", []string{"bench", "run", "--goodput", "ttft"}, "--goodput: want metric:ms"},
-		{"bad metric", []string{"bench", "run", "--percentile-metrics", "ttft,xyz"}, `unknown metric "xyz"`},
-		{"bad rate", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--request-rate", "fast"}, "--request-rate"},
-		{"no target", []string{"bench", "run"}, "--base-url is required"},
-		{"preset needs capacity", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--workload", "flood"}, "needs --capacity"},
-		{"ab needs targets", []string{"bench", "ab", "--workload", "overhead", "--capacity", "4"}, "ab needs --a"},
-		{"sweep bad rates", []string{"bench", "sweep", "--rates", "2,x"}, `--rates: bad rate "x"`},
-		{"compare one file", []string{"bench", "compare", "a.json"}, "compare needs two result files"},
+		{"no subcommand", []string{"bench"}, "sluice bench: missing command", true},
+		{"unknown subcommand", []string{"bench", "frob"}, `unknown command "bench frob"`, true},
+		{"bad flag", []string{"bench", "run", "--nope"}, "flag provided but not defined: -nope", true},
+		{"stray arg", []string{"bench", "run", "extra"}, `unexpected argument "extra"`, true},
+		{"save-result with a file", []string{"bench", "run", "--save-result", "out.json"},
+			`sluice bench run: unexpected argument "out.json": --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},
+		{"save-result=file", []string{"bench", "sweep", "--save-result=out.json"},
+			`sluice bench sweep: invalid boolean value "out.json" for -save-result: --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},
+		{"bad goodput", []string{"bench", "run", "--goodput", "ttft"}, "--goodput: want metric:ms", false},
+		{"bad metric", []string{"bench", "run", "--percentile-metrics", "ttft,xyz"}, `unknown metric "xyz"`, false},
+		{"bad rate", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--request-rate", "fast"}, "--request-rate", false},
+		{"no target", []string{"bench", "run"}, "--base-url is required", false},
+		{"preset needs capacity", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--workload", "flood"}, "needs --capacity", false},
+		{"ab needs targets", []string{"bench", "ab", "--workload", "overhead", "--capacity", "4"}, "ab needs --a", false},
+		{"sweep bad rates", []string{"bench", "sweep", "--rates", "2,x"}, `--rates: bad rate "x"`, false},
+		{"compare one file", []string{"bench", "compare", "a.json"}, "compare needs two result files", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			code, _, stderr := runCLI(t, "", tc.args...)
+			code, out, stderr := runCLI(t, "", tc.args...)
 			assert.Equal(t, 2, code)
-			assert.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %q", stderr)
-			assert.Contains(t, stderr, tc.want)
+			first, rest, _ := strings.Cut(stderr, "\n")
+			assert.Contains(t, first, tc.want)
+			if tc.usage {
+				assert.Empty(t, out)
+				assert.True(t, strings.HasPrefix(rest, "usage: sluice bench"), "usage after the error: %q", stderr)
+			} else {
+				assert.Empty(t, rest, "one line: %q", stderr)
+			}
 		})
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -20,11 +20,90 @@ type env struct {
 	stderr io.Writer
 }
 
-// command is one subcommand. run returns a usageError for bad flags or
-// input (exit 2) and any other error for a failure (exit 1).
+// command is one node of the command tree: a leaf has run, a group has subs.
+// A leaf's run parses its flags with newFlags and parseFlags (or
+// parseInterleaved); the dispatcher then prints its help by construction:
+// -h/--help gives usage, summary, example and the flag package's own
+// PrintDefaults on stdout (exit 0), a bad flag the error and the same usage
+// on stderr (exit 2). A command added to the table is covered by
+// TestEveryCommandHasHelp without further work.
 type command struct {
-	summary string
+	summary string // one line, shown in the parent's list and under usage
+	usage   string // what follows "sluice <path> " on the usage line
+	example string // one full command line (leaves)
 	run     func(ctx context.Context, e env, args []string) error
+	subs    map[string]*command
+}
+
+// commands is the command tree.
+func commands() map[string]*command {
+	return map[string]*command{
+		"version": {summary: "print the version", usage: "",
+			example: "sluice version", run: runVersion},
+		"serve": {summary: "run the scheduler: the OpenAI-compatible API, the admin API and /metrics",
+			usage: "--config FILE", example: "sluice serve --config /etc/sluice/sluice.yaml", run: runServe},
+		"sim": {summary: "run simulated vLLM replicas (the vLLM flag names; --replicas N takes consecutive ports)",
+			usage:   "[--listen ADDR] [--replicas N] [--model NAME] [flags]",
+			example: "sluice sim --listen 127.0.0.1:8100 --replicas 2 --model sim-model --max-num-seqs 64 --kv-tokens 65536",
+			run:     runSim},
+		"bench": {summary: "load generator (vllm bench serve's flags, plus multi-tenant workloads)", subs: map[string]*command{
+			"run": {summary: "one target, one workload", usage: "--base-url URL [flags]",
+				example: "sluice bench run --base-url http://127.0.0.1:8080 --num-prompts 200 --request-rate 10 --save-result --result-dir out",
+				run:     runBenchRun},
+			"ab": {summary: "one schedule twice: A = the replicas directly, B = through Sluice",
+				usage:   "--a URL[,URL...] --b URL [flags]",
+				example: "sluice bench ab --a http://127.0.0.1:8100,http://127.0.0.1:8101 --b http://127.0.0.1:8080 --workload overhead --capacity 8",
+				run:     runBenchAB},
+			"compare": {summary: "B/A ratios from two saved results", usage: "A.json B.json",
+				example: "sluice bench compare direct.json sluice.json", run: runBenchCompare},
+			"sweep": {summary: "one run per total request rate; reports the knee", usage: "--rates R,R,... [flags]",
+				example: "sluice bench sweep --base-url http://127.0.0.1:8080 --rates 2,4,8,16 --duration 60s",
+				run:     runBenchSweep},
+		}},
+		"demo": {summary: "simulated replicas + a server + a short multi-tenant bench with one flooding tenant",
+			usage: "[--duration DUR] [--html FILE]", example: "sluice demo --duration 10s", run: runDemo},
+		"config": {summary: "config files", subs: map[string]*command{
+			"check": {summary: "validate a config file: every problem with its field path (exit 0 or 2)", usage: "FILE",
+				example: "sluice config check sluice.yaml", run: runConfigCheck},
+		}},
+		"key": {summary: "API keys", subs: map[string]*command{
+			"hash": {summary: "read an API key on stdin, print the sha256:<hex> form the config stores", usage: "< KEYFILE",
+				example: "sluice key hash < key.txt", run: runKeyHash},
+		}},
+		"gpus": {summary: "one NVML sample of the node's GPUs and their health", usage: "[--json]",
+			example: "sluice gpus --json", run: runGPUs},
+		"budget": {summary: "admin: a running server's budgets", subs: map[string]*command{
+			"set": {summary: "set one budget (runtime override)",
+				usage:   "--tenant T --dimension D --limit N --window DUR [--mode block|warn]",
+				example: "sluice budget set --tenant acme --dimension tokens --limit 500000 --window 1h", run: runBudgetSet},
+			"list": {summary: "list budgets", usage: "[--tenant T]", example: "sluice budget list --tenant acme", run: runBudgetList},
+			"rm": {summary: "remove a runtime budget", usage: "ID",
+				example: "sluice budget rm acme:tokens:1h0m0s", run: runBudgetRm},
+		}},
+		"reservations": {summary: "admin: a running server's ledger reservations", subs: map[string]*command{
+			"list": {summary: "list open reservations", usage: "[--state S] [--tenant T]",
+				example: "sluice reservations list --state unresolved", run: runReservationsList},
+			"resolve": {summary: "charge one unresolved reservation and close it",
+				usage:   "ID --tenant T --charge held|actual|zero [--actual dim=N,...] --reason TEXT",
+				example: `sluice reservations resolve 0f3a9c --tenant acme --charge held --reason "replica lost"`,
+				run:     runReservationsResolve},
+		}},
+		"tenant": {summary: "admin: clamp a tenant of a running server", subs: map[string]*command{
+			"clamp": {summary: "restrict a tenant for a while",
+				usage:   "NAME [--concurrency N] [--weight N] [--max-output-tokens N] [--models a,b] --reason TEXT --for DUR",
+				example: `sluice tenant clamp acme --concurrency 1 --max-output-tokens 256 --reason "runaway agent" --for 30m`,
+				run:     runTenantClamp},
+			"unclamp": {summary: "lift a tenant's clamp", usage: "NAME", example: "sluice tenant unclamp acme", run: runTenantUnclamp},
+		}},
+		"drain": {summary: "admin: stop admitting, finish what runs, exit", usage: "[--admin URL]",
+			example: "sluice drain --admin http://127.0.0.1:8081", run: runDrain},
+		"reload": {summary: "admin: re-read the server's config file", usage: "[--admin URL]",
+			example: "sluice reload", run: runReload},
+		"audit": {summary: "audit logs", subs: map[string]*command{
+			"verify": {summary: "check that audit files form one unbroken hash chain", usage: "[--partial] FILE...",
+				example: "sluice audit verify /var/lib/sluice/audit.log", run: runAudit},
+		}},
+	}
 }
 
 // usageError marks an error as the user's: bad flags, bad input, bad config.
@@ -36,79 +115,172 @@ func (u usageError) Unwrap() error { return u.err }
 // usagef builds a usageError; the caller's message is printed as one line.
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
-// errNotImplemented is returned by subcommands whose issue has not landed.
-var errNotImplemented = errors.New("not implemented yet")
+// flagError is a usageError from parsing a command line: the dispatcher
+// prints the command's usage after it.
+type flagError struct {
+	usageError
+	fs *flag.FlagSet
+}
 
-func commands() map[string]command {
-	return map[string]command{
-		"version":      {"print the version", runVersion},
-		"serve":        {"run the scheduler (--config FILE or SLUICE_CONFIG)", runServe},
-		"sim":          {"run the vLLM simulator", runSim},
-		"bench":        {"load generator: run|ab|compare|sweep", runBench},
-		"demo":         {"simulated replicas + server + a short multi-tenant bench", runDemo},
-		"config":       {"config check FILE", runConfig},
-		"key":          {"key hash: read an API key on stdin, print sha256:<hex>", runKey},
-		"gpus":         {"list the node's GPUs (NVML)", runGPUs},
-		"budget":       {"admin: budget set|list|rm", runBudget},
-		"reservations": {"admin: reservations list|resolve", runReservations},
-		"tenant":       {"admin: tenant clamp|unclamp", runTenant},
-		"drain":        {"admin: drain the server", runDrain},
-		"reload":       {"admin: reload the server's config", runReload},
-		"audit":        {"audit verify FILE...", runAudit},
+func (f flagError) Unwrap() error { return f.usageError }
+
+// helpError answers -h/--help; it carries the command's FlagSet so the
+// dispatcher can print its flags.
+type helpError struct{ fs *flag.FlagSet }
+
+func (helpError) Error() string     { return flag.ErrHelp.Error() }
+func (helpError) Unwrap() error     { return flag.ErrHelp }
+func isHelpArg(a string) bool       { return a == "-h" || a == "-help" || a == "--help" }
+func isHelpWord(a string) bool      { return isHelpArg(a) || a == "help" }
+func oneLine(s string) string       { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
+func joinPath(path []string) string { return strings.Join(path, " ") }
+
+// beforeDashDash returns args up to a "--", after which all are positional.
+func beforeDashDash(args []string) []string {
+	if i := slices.Index(args, "--"); i >= 0 {
+		return args[:i]
 	}
+	return args
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // run dispatches to a subcommand and maps its error to an exit code:
-// 0 success, 1 failure, 2 usage (one clear line on stderr).
+// 0 success (and help), 1 failure, 2 usage.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		printUsage(stderr, cmds)
-		if len(args) == 0 {
+	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := &command{summary: "the Sluice scheduler, its vLLM simulator, its load generator and the admin clients",
+		usage: "<command> [flags]", subs: commands()}
+	if len(args) > 0 && args[0] == "help" {
+		// `sluice help budget set` is `sluice budget set -h`.
+		args = append(slices.Clone(args[1:]), "-h")
+	}
+	var path []string
+	c := root
+	for c.subs != nil {
+		switch {
+		case len(args) == 0:
+			if len(path) > 0 {
+				fmt.Fprintf(stderr, "sluice %s: missing command\n", joinPath(path))
+			}
+			printGroupHelp(stderr, path, c)
+			return 2
+		case isHelpWord(args[0]):
+			printGroupHelp(stdout, path, c)
+			return 0
+		}
+		sub, ok := c.subs[args[0]]
+		if !ok {
+			fmt.Fprintf(stderr, "sluice: unknown command %q\n", joinPath(append(path, args[0])))
+			if len(path) == 0 {
+				fmt.Fprintln(stderr, "Run 'sluice help' for the list of commands.")
+			} else {
+				printGroupHelp(stderr, path, c)
+			}
 			return 2
 		}
-		return 0
+		path = append(path, args[0])
+		c, args = sub, args[1:]
 	}
-	c, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "sluice: unknown command %q (run 'sluice help')\n", args[0])
-		return 2
-	}
-	err := c.run(ctx, env{stdin: stdin, stdout: stdout, stderr: stderr}, args[1:])
+	err := c.run(ctx, e, args)
+	var (
+		help helpError
+		fe   flagError
+		ue   usageError
+	)
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &help):
+		printLeafHelp(stdout, path, c, help.fs)
 		return 0
-	case errors.Is(err, errNotImplemented):
-		fmt.Fprintf(stderr, "sluice %s: not implemented yet\n", args[0])
+	case errors.Is(err, flag.ErrHelp):
+		printLeafHelp(stdout, path, c, nil)
+		return 0
+	case errors.As(err, &fe):
+		fmt.Fprintf(stderr, "sluice %s: %s\n", joinPath(path), oneLine(err.Error()))
+		printLeafHelp(stderr, path, c, fe.fs)
+		return 2
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "sluice %s: %s\n", joinPath(path), oneLine(err.Error()))
 		return 2
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "sluice %s: %s\n", args[0], oneLine(err.Error()))
-		return 2
-	}
-	fmt.Fprintf(stderr, "sluice %s: %v\n", args[0], err)
+	fmt.Fprintf(stderr, "sluice %s: %v\n", joinPath(path), err)
 	return 1
 }
 
-func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
-
-func printUsage(w io.Writer, cmds map[string]command) {
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
+// printLeafHelp prints a command's usage line, summary, example and flags
+// (the flag package's PrintDefaults, with each default).
+func printLeafHelp(w io.Writer, path []string, c *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "usage: %s\n\n%s\n", cmdLine(path, c.usage), c.summary)
+	if c.example != "" {
+		fmt.Fprintf(w, "\nexample:\n  %s\n", c.example)
 	}
-	sort.Strings(names)
-	fmt.Fprintln(w, "usage: sluice <command> [flags]")
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-13s %s\n", n, cmds[n].summary)
+	if fs == nil {
+		return
 	}
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nflags:")
+	out := fs.Output()
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
 }
 
-// newFlags returns a FlagSet that reports errors instead of exiting and
-// prints nothing itself; parse wraps its errors as usage errors.
+// printGroupHelp lists a group's commands, down to the leaves.
+func printGroupHelp(w io.Writer, path []string, c *command) {
+	fmt.Fprintf(w, "usage: %s\n\n%s\n\ncommands:\n", cmdLine(path, groupUsage(c)), c.summary)
+	var rows [][2]string
+	var walk func(prefix []string, c *command)
+	walk = func(prefix []string, c *command) {
+		for _, name := range sortedKeys(c.subs) {
+			sub := c.subs[name]
+			p := append(slices.Clone(prefix), name)
+			if sub.subs == nil {
+				rows = append(rows, [2]string{joinPath(p), sub.summary})
+				continue
+			}
+			walk(p, sub)
+		}
+	}
+	walk(path, c)
+	width := 0
+	for _, r := range rows {
+		width = max(width, len(r[0]))
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, r[0], r[1])
+	}
+	fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags and an example.\n", cmdLine(path, ""))
+}
+
+// cmdLine is "sluice <path> <rest>" without doubled blanks.
+func cmdLine(path []string, rest string) string {
+	return strings.Join(slices.DeleteFunc(append(append([]string{"sluice"}, path...), rest), func(s string) bool { return s == "" }), " ")
+}
+
+func groupUsage(c *command) string {
+	if c.usage != "" {
+		return c.usage
+	}
+	return strings.Join(sortedKeys(c.subs), "|") + " [flags]"
+}
+
+// newFlags returns the FlagSet of command name ("budget set"). It reports
+// errors instead of exiting and prints nothing itself: parseFlags returns
+// what went wrong with the FlagSet, and the dispatcher prints the usage on
+// stdout (-h) or stderr (a bad flag).
 func newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("sluice "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -116,16 +288,23 @@ func newFlags(name string) *flag.FlagSet {
 }
 
 // parseFlags parses args and refuses stray positional arguments beyond maxPos
-// (maxPos < 0: any number).
+// (maxPos < 0: any number). -h or --help anywhere before a "--" asks for
+// help, also after positional arguments.
 func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return helpError{fs}
 		}
-		return usageError{err}
+		return flagError{usageError{err}, fs}
 	}
-	if maxPos >= 0 && fs.NArg() > maxPos {
-		return usagef("unexpected argument %q", fs.Arg(maxPos))
+	rest := fs.Args()
+	if used := len(args) - len(rest); used == 0 || args[used-1] != "--" {
+		if slices.ContainsFunc(beforeDashDash(rest), isHelpArg) {
+			return helpError{fs}
+		}
+	}
+	if maxPos >= 0 && len(rest) > maxPos {
+		return flagError{usageError{fmt.Errorf("unexpected argument %q", rest[maxPos])}, fs}
 	}
 	return nil
 }

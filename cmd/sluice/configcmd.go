@@ -10,14 +10,11 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// runConfig implements `sluice config check FILE`: exit 0 when the file is
-// valid, 2 with every problem listed otherwise.
-func runConfig(_ context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "check" {
-		return usagef("usage: sluice config check FILE")
-	}
+// runConfigCheck implements `sluice config check FILE`: exit 0 when the
+// file is valid, 2 with every problem listed otherwise.
+func runConfigCheck(_ context.Context, e env, args []string) error {
 	fs := newFlags("config check")
-	if err := parseFlags(fs, args[1:], 1); err != nil {
+	if err := parseFlags(fs, args, 1); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -32,13 +29,10 @@ func runConfig(_ context.Context, e env, args []string) error {
 	return nil
 }
 
-// runKey implements `sluice key hash`: reads one key on stdin and prints the
-// form the config stores, so raw keys never sit in a config file.
-func runKey(_ context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "hash" {
-		return usagef("usage: sluice key hash < keyfile")
-	}
-	if err := parseFlags(newFlags("key hash"), args[1:], 0); err != nil {
+// runKeyHash implements `sluice key hash`: reads one key on stdin and
+// prints the form the config stores, so raw keys never sit in a config file.
+func runKeyHash(_ context.Context, e env, args []string) error {
+	if err := parseFlags(newFlags("key hash"), args, 0); err != nil {
 		return err
 	}
 	line, err := bufio.NewReader(io.LimitReader(e.stdin, 64<<10)).ReadString('\n')

@@ -36,7 +36,12 @@ func TestCLIUsage(t *testing.T) {
 		{name: "key hash", args: []string{"key", "hash"}, stdin: "foo\n", code: 0,
 			outHas: "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"},
 		{name: "key hash empty", args: []string{"key", "hash"}, stdin: "\n", code: 2, errHas: "no key on stdin"},
-		{name: "key no sub", args: []string{"key"}, code: 2, errHas: "usage: sluice key hash"},
+		{name: "key no sub", args: []string{"key"}, code: 2, errHas: "sluice key: missing command\nusage: sluice key hash [flags]"},
+		{name: "help", args: []string{"help"}, code: 0, outHas: "usage: sluice <command> [flags]"},
+		{name: "-h", args: []string{"-h"}, code: 0, outHas: "\n  bench run "},
+		{name: "help of a leaf", args: []string{"help", "config", "check"}, code: 0, outHas: "usage: sluice config check FILE\n"},
+		{name: "help after a positional", args: []string{"config", "check", "x.yaml", "-h"}, code: 0, outHas: "usage: sluice config check FILE\n"},
+		{name: "-h after --", args: []string{"audit", "verify", "--", "-h"}, code: 1, errHas: "-h"},
 		{name: "config no file", args: []string{"config", "check"}, code: 2, errHas: "usage: sluice config check FILE"},
 		{name: "config missing", args: []string{"config", "check", "/nonexistent.yaml"}, code: 2, errHas: "read config"},
 	}

@@ -391,7 +391,6 @@ func testMalformedPolicy(t *testing.T, f Factory) {
 			r.Scopes[0].Limits = append(r.Scopes[0].Limits, ledger.Limit{Dim: ledger.Slots, Window: time.Second, Max: 1})
 		}, ledger.ErrPolicy},
 		{"scope without policy", func(r *ledger.ReserveRequest) { r.Scopes[0].Limits = nil }, ledger.ErrPolicy},
-		{"older policy version", func(r *ledger.ReserveRequest) { r.PolicyVersion = 4 }, ledger.ErrPolicy},
 		{"amount above 2^50", func(r *ledger.ReserveRequest) { r.Held[ledger.GPUMs] = ledger.MaxAmount + 1 }, ledger.ErrInvalid},
 		{"tokens != input + output", func(r *ledger.ReserveRequest) { r.Held[ledger.Tokens]++ }, ledger.ErrInvalid},
 	}

@@ -111,6 +111,9 @@ func Run(t *testing.T, f Factory) {
 		{"T7_SettleAfterTTL", testSettleAfterTTL},
 		{"T11_CorruptState", testCorrupt},
 		{"T12_MalformedPolicy", testMalformedPolicy},
+		{"PolicyVersionUnordered", testPolicyVersionUnordered},
+		{"SameAttempt", testSameAttempt},
+		{"GPUJoules", testGPUJoules},
 		{"T13_WindowRollover", testWindowRollover},
 		{"T16_ModelBased", testModel},
 		{"T16_ModelBasedWithRestart", testModelRestart},
@@ -196,6 +199,10 @@ func isDenied(err error) (*ledger.DeniedError, bool) {
 func describe(err error) string {
 	if err == nil {
 		return "nil"
+	}
+	var fe *ledger.FinalError
+	if errors.As(err, &fe) {
+		return "final(" + fe.State.String() + ")"
 	}
 	if d, ok := isDenied(err); ok {
 		return fmt.Sprintf("denied{%s %s %s limit=%d c=%d r=%d h=%d resets=%d retry=%s}", d.Scope, d.Dim,

@@ -86,6 +86,7 @@ type mRec struct {
 	late                         bool
 	scopes                       []int
 	req                          ledger.ReserveRequest
+	attempt                      uint64
 }
 
 type model struct {
@@ -153,7 +154,10 @@ func (m *model) charge(rec *mRec, a ledger.Amounts) {
 
 func (m *model) release(rec *mRec) {
 	for _, i := range rec.scopes {
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			m.scopes[i].r[d] -= rec.held[d]
 		}
 	}
@@ -205,17 +209,15 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 	}
 	if rec := m.recs[req.Ref.ID]; rec != nil {
 		if !isOpen(rec.state) {
-			return ledger.Grant{}, ledger.ErrAlreadyFinal
+			return ledger.Grant{}, &ledger.FinalError{State: rec.state}
 		}
 		if rec.digest != req.Digest() {
 			return ledger.Grant{}, ledger.ErrConflict
 		}
-		g := ledger.Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp), Replayed: true}
+		same := req.Attempt != 0 && rec.attempt == req.Attempt
+		g := ledger.Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp), Replayed: !same}
 		m.headroom(&req, &g)
 		return g, nil
-	}
-	if req.PolicyVersion < m.pv {
-		return ledger.Grant{}, ledger.ErrPolicy
 	}
 	var denied, slotDenied *ledger.DeniedError
 	for _, sc := range req.Scopes {
@@ -247,11 +249,9 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 	if slotDenied != nil {
 		return ledger.Grant{}, slotDenied
 	}
-	if req.PolicyVersion > m.pv {
-		m.pv = req.PolicyVersion
-	}
+	m.pv = req.PolicyVersion
 	rec := &mRec{state: ledger.Reserved, owner: req.Owner, digest: req.Digest(), leaseExp: m.now + ttl.Milliseconds(),
-		admitAt: m.now, resolveAt: 1<<63 - 1, held: req.Held, req: req}
+		admitAt: m.now, resolveAt: 1<<63 - 1, held: req.Held, req: req, attempt: req.Attempt}
 	for _, sc := range req.Scopes {
 		i := m.scopeIdx(sc.Key)
 		rec.scopes = append(rec.scopes, i)
@@ -265,7 +265,10 @@ func (m *model) reserve(req ledger.ReserveRequest) (ledger.Grant, error) {
 				rec.resolveAt = end
 			}
 		}
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.r[d] += req.Held[d]
 		}
 	}
@@ -333,7 +336,10 @@ func (m *model) extend(id ledger.RequestID, owner ledger.Owner, ttl time.Duratio
 
 func overrunOf(a, h ledger.Amounts) ledger.Amounts {
 	var o ledger.Amounts
-	for d := ledger.Dim(0); d < ledger.Slots; d++ {
+	for d := range ledger.NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		o[d] = max(a[d]-h[d], 0)
 	}
 	return o
@@ -462,6 +468,7 @@ func randLimits(rng *rand.Rand, kind ledger.Kind) []ledger.Limit {
 			{Dim: ledger.Tokens, Window: 10 * time.Second, Max: 100 + rng.Int64N(300)},
 			{Dim: ledger.Requests, Window: time.Minute, Max: 3 + rng.Int64N(8)},
 			{Dim: ledger.GPUMs, Window: time.Minute, Max: 100 + rng.Int64N(200), Mode: mode()},
+			{Dim: ledger.GPUJoules, Window: 10 * time.Second, Max: 400 + rng.Int64N(800), Mode: mode()},
 			{Dim: ledger.Slots, Max: 1 + rng.Int64N(3)},
 		}
 	case ledger.KindAPIKey:
@@ -513,6 +520,7 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 		a := tokens(in, out)
 		a[ledger.GPUMs] = rng.Int64N(100)
 		a[ledger.USDMicros] = rng.Int64N(3)
+		a[ledger.GPUJoules] = rng.Int64N(300)
 		return a
 	}
 	newReq := func(id ledger.RequestID) ledger.ReserveRequest {
@@ -520,10 +528,13 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 			r := rec.req
 			r.Owner = owners[rng.IntN(2)]
 			r.Dispatch = rng.IntN(2) == 0
+			if rng.IntN(2) == 0 { // another attempt; else the same one retried
+				r.Attempt = uint64(rng.IntN(3))
+			}
 			return r
 		}
 		req := ledger.ReserveRequest{Ref: ledger.Ref{Tenant: tenant, ID: id}, Owner: owners[rng.IntN(2)], Held: randAmounts(),
-			Dispatch: rng.IntN(3) == 0, PolicyVersion: m.pv}
+			Dispatch: rng.IntN(3) == 0, PolicyVersion: m.pv, Attempt: uint64(rng.IntN(3))}
 		if rng.IntN(40) == 0 && m.pv > 0 {
 			req.PolicyVersion = m.pv - 1
 		} else if rng.IntN(20) == 0 {
@@ -720,8 +731,8 @@ func (m *model) compare(t *testing.T, b *Backend) string {
 		if err != nil {
 			return fmt.Sprintf("snapshot: %v", err)
 		}
-		var r ledger.Amounts
-		copy(r[:ledger.Slots], u.Reserved[:ledger.Slots])
+		r := u.Reserved
+		r[ledger.Slots] = 0
 		if r != s.r || u.SlotsInUse != s.n {
 			return fmt.Sprintf("%s scope: r=%v n=%d, model r=%v n=%d", s.ref.Kind, r, u.SlotsInUse, s.r, s.n)
 		}

@@ -34,7 +34,8 @@ type Config struct {
 	// TombstoneRetention is how long terminal records answer replays.
 	// Optional; default 1h; must be ≥ 2·MaxLeaseTTL.
 	TombstoneRetention time.Duration
-	// Tenants are reclaimed by Run. Optional; empty means Run only waits.
+	// Tenants are reclaimed by Run, on top of every partition registered in
+	// the store by a Reserve of any instance (see [Ledger.Run]). Optional.
 	Tenants []ledger.ScopeKey
 	// ReclaimInterval is Run's period. Optional; default 1s.
 	ReclaimInterval time.Duration

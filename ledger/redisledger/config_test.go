@@ -65,3 +65,50 @@ func TestRunReclaimsConfiguredTenants(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.NoError(t, l.Release(context.Background(), req.Ref, req.Owner), "releasing an EXPIRED record is a no-op")
 }
+
+// TestRunReclaimsTenantsItWasNotConfiguredWith (issue 13 item 5): instance
+// A reserves for a tenant that instance B's configuration never named (a
+// reload added it on A), with a dispatched and a reserved hold, and dies.
+// B's Run finds the tenant in the store's registry and reclaims both: the
+// RESERVED hold is freed and the DISPATCHED one turns UNRESOLVED, freeing
+// its slot.
+func TestRunReclaimsTenantsItWasNotConfiguredWith(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	sc := []ledger.Scope{tenantScope("reloaded", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000},
+		ledger.Limit{Dim: ledger.Slots, Max: 4})}
+	a := newLedger(t, srv.Addr(), nil) // never runs Run: it crashed
+	owner := ledger.NewOwner()
+	reserved := reserveReq(sc, held(40), owner)
+	reserved.LeaseTTL = 50 * time.Millisecond
+	dispatched := reserveReq(sc, held(2), owner)
+	dispatched.LeaseTTL = 50 * time.Millisecond
+	dispatched.Dispatch = true
+	for _, r := range []ledger.ReserveRequest{reserved, dispatched} {
+		_, err := a.Reserve(ctx, r)
+		require.NoError(t, err)
+	}
+	u, err := a.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	require.Equal(t, int64(42), u.Reserved[ledger.Tokens])
+	require.Equal(t, int64(1), u.SlotsInUse)
+
+	b := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
+		c.Tenants = []ledger.ScopeKey{testKeyer.Key(ledger.KindTenant, "configured")}
+		c.ReclaimInterval = 10 * time.Millisecond
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Run(rctx) }()
+	require.Eventually(t, func() bool {
+		u, err := b.Snapshot(ctx, sc[0].Key, sc[0].Key)
+		return err == nil && u.Reserved[ledger.Tokens] == 2 && u.SlotsInUse == 0 && u.Unresolved == 1
+	}, 10*time.Second, 10*time.Millisecond, "B reclaimed the tenant it was never configured with")
+	cancel()
+	require.NoError(t, <-done)
+	list, err := b.List(ctx, sc[0].Key, ledger.Unresolved, 0)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, dispatched.Ref, list[0].Ref)
+	assert.NoError(t, b.Release(ctx, reserved.Ref, owner), "the RESERVED one is EXPIRED: releasing it is a no-op")
+}

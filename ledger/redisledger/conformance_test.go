@@ -83,7 +83,7 @@ func audit(rc *redis.Client, tenant ledger.ScopeKey) error {
 	ctx := context.Background()
 	base := "sluice:{" + tenant.String() + "}:"
 	type sums struct {
-		r    [ledger.Slots]int64
+		r    [ledger.NumDims]int64
 		n    int64
 		slot bool
 	}
@@ -162,6 +162,9 @@ func audit(rc *redis.Client, tenant ledger.ScopeKey) error {
 			w = &sums{}
 		}
 		for d := range w.r {
+			if !ledger.Dim(d).Windowed() {
+				continue
+			}
 			got := int64(0)
 			fmt.Sscan(h[fmt.Sprintf("r:%d", d)], &got)
 			if got != w.r[d] {

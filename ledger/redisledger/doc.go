@@ -36,6 +36,12 @@
 //	               c:<d>:<W> with w:<d>:<W> (committed and its window index),
 //	               o:<d> (overrun), lim (the scope's limits as last reserved)
 //
+// One key has no tenant tag: "<prefix>:partitions", a SET of every tenant
+// and global partition a Reserve has written in (added with a plain SADD
+// before a process first writes there). Run reclaims every member, so holds
+// of a crashed instance are reclaimed by the survivors even for tenants
+// their own configuration never named (a reload added them).
+//
 // Calls that act on an existing record (MarkDispatched, Settle, Release,
 // Reclaim, Resolve) need its scope keys: the Ledger remembers the scopes of
 // records it reserved, and otherwise the script answers with the stored

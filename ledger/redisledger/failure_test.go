@@ -400,7 +400,6 @@ func TestT12MalformedPolicy(t *testing.T) {
 		{name: "window_over_31d", limits: []ledger.Limit{{Dim: ledger.Tokens, Window: 32 * 24 * time.Hour, Max: 10}}, want: ledger.ErrPolicy},
 		{name: "window_on_slots", limits: []ledger.Limit{{Dim: ledger.Slots, Window: time.Hour, Max: 10}}, want: ledger.ErrPolicy},
 		{name: "no_policy", limits: nil, want: ledger.ErrPolicy},
-		{name: "older_policy_version", limits: []ledger.Limit{good}, version: 4, want: ledger.ErrPolicy},
 		{name: "amount_over_2^50", limits: []ledger.Limit{good}, version: 5, held: over, want: ledger.ErrInvalid},
 		{name: "tokens_not_sum", limits: []ledger.Limit{good}, version: 5, held: mismatch, want: ledger.ErrInvalid},
 	} {

@@ -128,6 +128,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	gk := req.Scopes[gi].Key
 	ref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
 	l.globals.LoadOrStore(gk, struct{}{})
+	l.register(ctx, gk)
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
 	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil, modeReserve)

@@ -17,6 +17,7 @@ import (
 //	<prefix>:{T}:U        ZSET  UNRESOLVED ids by chargeable-at (ms)
 //	<prefix>:{T}:q:<id>   HASH  one record
 //	<prefix>:{T}:s:<S>    HASH  per scope: r:<d>, n, o:<d>, c:<d>:<W>, w:<d>:<W>, lim
+//	<prefix>:partitions   SET   every T (and global G) with records, for Run
 const (
 	idxMeta = iota
 	idxLeases

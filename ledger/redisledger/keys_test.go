@@ -211,6 +211,13 @@ func TestT17RawIDsNeverStored(t *testing.T) {
 			}
 		case "zset":
 			vals = rc.ZRange(ctx, k, 0, -1).Val()
+		case "set":
+			require.Equal(t, "sluice:partitions", k, "the registry is the only set")
+			vals = rc.SMembers(ctx, k).Val()
+			for _, v := range vals {
+				_, err := ledger.ParseScopeKey(v)
+				assert.NoError(t, err, "registry members are scope keys")
+			}
 		default:
 			t.Fatalf("unexpected %s key %s", typ, k)
 		}

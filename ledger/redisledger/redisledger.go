@@ -40,8 +40,12 @@ type Ledger struct {
 	orphans atomic.Int64 // Settles that found no record
 
 	// globals are the global partitions this process reserved in; Run
-	// reclaims them with Config.Tenants.
+	// reclaims them with Config.Tenants and the registry.
 	globals sync.Map // ledger.ScopeKey → struct{}
+	// registered are the partitions this process has added to the registry
+	// (see register).
+	registered sync.Map // ledger.ScopeKey → struct{}
+	pending    sync.Map // ledger.ScopeKey → struct{}: SADD failed, Run retries
 
 	// floor, when set (tests only, see export_test.go), pins ledger time:
 	// scripts use max(TIME, hwm, floor).
@@ -374,6 +378,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	if ttl == 0 {
 		ttl = l.cfg.LeaseTTL
 	}
+	l.register(ctx, req.Ref.Tenant)
 	id := encID(req.Ref.ID)
 	digest := strconv.FormatUint(req.Digest(), 16)
 	// Step 1 (global budgets only): the global hold, in its own partition.
@@ -456,7 +461,8 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 	}
 	args, cached := l.common(req.Ref.Tenant, id)
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
-		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode)
+		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
+		strconv.FormatUint(req.Attempt, 10))
 	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
 	if err != nil {
 		return ledger.Grant{}, err
@@ -480,10 +486,16 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 			gh.stored = r.str(6)
 		}
 		l.cacheSpec(req.Ref.ID, spec)
+		// The same attempt is the caller's own retry after a lost reply
+		// (go-redis retries EVALSHA on a broken connection): a success.
+		same := r.str(7) == "1"
 		g := ledger.Grant{Ref: req.Ref, Owner: owner, State: ledger.State(st),
-			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: true}
-		decodeRoom(&g, req.Scopes, r, 7)
+			LeaseExpiry: time.UnixMilli(le).UTC(), Replayed: !same}
+		decodeRoom(&g, req.Scopes, r, 8)
 		return g, nil
+	case "FINAL":
+		st, _ := r.int(2)
+		return ledger.Grant{}, &ledger.FinalError{State: ledger.State(st)}
 	case "DENIED":
 		return ledger.Grant{}, l.denied(r, kindsOf(req.Scopes))
 	case "NOREC":
@@ -1016,10 +1028,94 @@ func (l *Ledger) usageOf(now, pv int64, flat []any) (ledger.Usage, error) {
 	return u, nil
 }
 
-// Run reclaims every tenant of Config.Tenants, and every global partition
-// this process has reserved in, each ReclaimInterval until ctx
-// ends, then returns nil. Store errors are counted and retried next tick.
-// Call it once, inside the process's errgroup.
+// registryKey is the SET of every partition (tenant or global scope key, in
+// base64url) that may hold records: "<prefix>:partitions". It has no hash
+// tag of a tenant, so on a Cluster it lives in its own slot and is written
+// with a plain SADD, never from a script.
+func (l *Ledger) registryKey() string { return l.prefix + ":partitions" }
+
+// register adds a partition to the registry before this process first
+// writes a record in it, so that every instance's Run reclaims it (issue 13
+// item 5: tenants added by a reload, and tenants only another, crashed
+// instance knew). One SADD per partition per process, before its first
+// Reserve there. A failed SADD does not fail the Reserve (the store is the
+// same, so the script usually fails too); the partition stays pending and
+// Run retries it every tick, and every later Reserve there tries again. The
+// one gap: a SADD that fails, a Reserve that succeeds, and a crash before
+// any retry succeeds; Config.Tenants still covers configured tenants.
+func (l *Ledger) register(ctx context.Context, key ledger.ScopeKey) {
+	if _, ok := l.registered.Load(key); ok {
+		return
+	}
+	l.pending.Store(key, struct{}{})
+	if err := l.sadd(ctx, key); err == nil {
+		l.registered.Store(key, struct{}{})
+		l.pending.Delete(key)
+	}
+}
+
+func (l *Ledger) sadd(ctx context.Context, key ledger.ScopeKey) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	if err := l.c.SAdd(ctx, l.registryKey(), key.String()).Err(); err != nil {
+		return l.storeErr(err)
+	}
+	return nil
+}
+
+// registerPending retries the registrations that failed (Run, every tick).
+func (l *Ledger) registerPending(ctx context.Context) {
+	l.pending.Range(func(k, _ any) bool {
+		key := k.(ledger.ScopeKey)
+		if l.sadd(ctx, key) == nil {
+			l.registered.Store(key, struct{}{})
+			l.pending.Delete(key)
+		}
+		return ctx.Err() == nil
+	})
+}
+
+// partitions returns every partition Run reclaims: Config.Tenants, the
+// registry and the global partitions this process reserved in, without
+// duplicates. A registry read error leaves the partitions known locally.
+func (l *Ledger) partitions(ctx context.Context) []ledger.ScopeKey {
+	seen := make(map[ledger.ScopeKey]struct{}, len(l.cfg.Tenants))
+	var out []ledger.ScopeKey
+	add := func(k ledger.ScopeKey) {
+		if _, ok := seen[k]; !ok && !k.IsZero() {
+			seen[k] = struct{}{}
+			out = append(out, k)
+		}
+	}
+	for _, k := range l.cfg.Tenants {
+		add(k)
+	}
+	l.globals.Range(func(k, _ any) bool {
+		add(k.(ledger.ScopeKey))
+		return true
+	})
+	sctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
+	defer cancel()
+	it := l.c.SScan(sctx, l.registryKey(), 0, "", 1024).Iterator()
+	for it.Next(sctx) {
+		if k, err := ledger.ParseScopeKey(it.Val()); err == nil {
+			add(k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		_ = l.storeErr(err) // counted; the next tick retries
+	}
+	return out
+}
+
+// Run reclaims every partition that may hold records (Config.Tenants, every
+// tenant and global partition any instance has registered, and the global
+// partitions this process reserved in) each ReclaimInterval until ctx ends,
+// then returns nil. Store errors are counted and retried next tick. Call it
+// once, inside the process's errgroup.
 func (l *Ledger) Run(ctx context.Context) error {
 	if l.cfg.ReclaimInterval <= 0 {
 		<-ctx.Done()
@@ -1033,12 +1129,8 @@ func (l *Ledger) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		parts := append([]ledger.ScopeKey(nil), l.cfg.Tenants...)
-		l.globals.Range(func(k, _ any) bool {
-			parts = append(parts, k.(ledger.ScopeKey))
-			return true
-		})
-		for _, tenant := range parts {
+		l.registerPending(ctx)
+		for _, tenant := range l.partitions(ctx) {
 			for range 64 { // bounded drain per tick
 				st, err := l.Reclaim(ctx, tenant, l.cfg.ReclaimBatch)
 				if err != nil || !st.More {

@@ -2,9 +2,11 @@ package redisledger
 
 import (
 	"embed"
+	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/ledger"
 )
 
 //go:embed lua/*.lua
@@ -34,6 +36,9 @@ func loadScripts() (*scripts, error) {
 		} else {
 			b.WriteString("#!lua\n")
 		}
+		// The dimensions come from the ledger package, so adding one changes
+		// every script (and its SHA) without touching the Lua.
+		fmt.Fprintf(&b, "local NDIMS, SLOTS = %d, %d\n", ledger.NumDims, ledger.Slots)
 		b.Write(prelude)
 		b.WriteString("\n")
 		b.Write(body)

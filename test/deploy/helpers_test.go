@@ -128,50 +128,15 @@ func runBin(t testing.TB, bin string, args ...string) (code int, stdout, stderr 
 	return code, out.String(), errb.String()
 }
 
-// notImplemented reports whether a subcommand is still a stub.
-func notImplemented(code int, stderr string) bool {
-	return code == 2 && strings.Contains(stderr, "not implemented yet")
-}
-
-// pinnedFlags are the flags ARCHITECTURE.md §3.1 pins for the subcommands
-// that deploy/ runs. They are used only while the binary's subcommand is a
-// stub and cannot be asked.
-var pinnedFlags = map[string][]string{
-	"serve": {"config"},
-}
-
-// flagName returns the name of a flag argument ("--config=x" → "config"), or
-// "" for a value.
-func flagName(arg string) string {
-	if !strings.HasPrefix(arg, "-") || arg == "-" || arg == "--" {
-		return ""
-	}
-	name := strings.TrimLeft(arg, "-")
-	name, _, _ = strings.Cut(name, "=")
-	return name
-}
-
 // checkSluiceFlags asserts that every flag in args (a sluice command line
 // without the binary: "serve --config FILE") exists. It asks the binary:
 // Go's flag package stops at the first unknown flag with exit 2, and reaches
-// a trailing -h (exit 0) only when every flag before it was known. While the
-// subcommand is a stub it falls back to the flags pinned in ARCHITECTURE.md.
+// a trailing -h (exit 0) only when every flag before it was known.
 func checkSluiceFlags(t *testing.T, bin string, args []string) {
 	t.Helper()
 	require.NotEmpty(t, args)
 	sub := args[0]
 	code, _, stderr := runBin(t, bin, append(append([]string{}, args...), "-h")...)
-	if notImplemented(code, stderr) {
-		pinned, ok := pinnedFlags[sub]
-		require.True(t, ok, "sluice %s is a stub and no flags are pinned for it", sub)
-		for _, a := range args[1:] {
-			if n := flagName(a); n != "" {
-				require.Contains(t, pinned, n, "sluice %s: flag --%s is not in ARCHITECTURE.md §3.1", sub, n)
-			}
-		}
-		t.Logf("sluice %s is not implemented yet: checked %v against the pinned flags %v", sub, args[1:], pinned)
-		return
-	}
 	require.Equal(t, 0, code, "sluice %s rejects its flags %v: %s", sub, args[1:], stderr)
 	// The check can fail: an unknown flag must be refused.
 	code, _, stderr = runBin(t, bin, sub, "--no-such-flag-deploy-test", "-h")

@@ -176,11 +176,7 @@ func TestMetricsMatchRunningServer(t *testing.T) {
 		if waitHTTP(t, p.p, p.url, 20*time.Second) {
 			continue
 		}
-		out := p.p.out.String()
-		if notImplemented(p.p.exitCode(), out) {
-			t.Skipf("sluice %s is not implemented yet (%s)", p.name, strings.TrimSpace(out))
-		}
-		require.FailNow(t, "exited", "sluice %s exited with %d:\n%s", p.name, p.p.exitCode(), out)
+		require.FailNow(t, "exited", "sluice %s exited with %d:\n%s", p.name, p.p.exitCode(), p.p.out.String())
 	}
 
 	t.Run("health endpoints on the API listener", func(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package sim is a vLLM simulator: an OpenAI-compatible HTTP server backed
 // by a simulated continuous-batching engine, shaped like vLLM's (see
-// design/VLLM.md part 3). It stands in for vLLM in tests, the demo and
+// docs/VLLM.md part 3). It stands in for vLLM in tests, the demo and
 // GPU-less benchmarks.
 //
 // # Model

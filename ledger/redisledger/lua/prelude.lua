@@ -5,6 +5,17 @@
 -- 4 request id, 5 tombstone retention ms. Replies are arrays whose first
 -- element is a status word; scripts never raise errors on purpose, and every
 -- check happens before the first write (Redis scripts have no rollback).
+-- NDIMS and SLOTS (ledger.NumDims and ledger.Slots) are defined by the line
+-- scripts.go puts before this prelude, so no script hardcodes the dimensions.
+-- WD lists the windowed dimensions (every one but SLOTS), RF and OF their
+-- r:<d> and o:<d> field names.
+local WD, RF, OF = {}, {}, {}
+for d = 0, NDIMS - 1 do
+  if d ~= SLOTS then
+    WD[#WD + 1] = d
+    RF[d], OF[d] = 'r:' .. d, 'o:' .. d
+  end
+end
 local MAXC = 9007199254740991 -- 2^53-1, the largest counter
 local MAXA = 1125899906842624 -- 2^50, the largest amount or limit
 -- States, numbered like ledger.State.
@@ -89,8 +100,8 @@ local function parse_spec(spec)
   for part in string.gmatch(spec, '[^;]+') do
     local name, lims = string.match(part, '^([^/]+)/(.*)$')
     if not name then return nil, 'spec' end
-    -- r is kept for every windowed dimension (0..5), limited or not.
-    local sc = {name = name, spec = part, lims = {}, dlist = {0, 1, 2, 3, 4, 5}}
+    -- r is kept for every windowed dimension, limited or not.
+    local sc = {name = name, spec = part, lims = {}, dlist = WD}
     for l in string.gmatch(lims, '[^,]+') do
       local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
       if not d then return nil, 'spec' end
@@ -114,16 +125,12 @@ local function parse_spec(spec)
   return scopes
 end
 
--- load_scope reads and validates every counter a spec touches: r:<d>, n,
--- c:<d>:<W> and w:<d>:<W>. Returns false on corruption.
-local RF = {[0] = 'r:0', 'r:1', 'r:2', 'r:3', 'r:4', 'r:5'}
-local OF = {[0] = 'o:0', 'o:1', 'o:2', 'o:3', 'o:4', 'o:5'}
-
 -- load_scope reads and validates the counters a spec touches: n, r:<d>,
 -- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
 -- corruption.
 local function load_scope(sc, overrun)
-  local f = {'n', 'lim', 'r:0', 'r:1', 'r:2', 'r:3', 'r:4', 'r:5'}
+  local f = {'n', 'lim'}
+  for _, d in ipairs(WD) do f[#f + 1] = RF[d] end
   for _, l in ipairs(sc.lims) do
     l.cf = 'c:' .. l.d .. ':' .. l.w
     l.wf = 'w:' .. l.d .. ':' .. l.w
@@ -131,7 +138,7 @@ local function load_scope(sc, overrun)
     f[#f + 1] = l.wf
   end
   if overrun then
-    for d = 0, 5 do f[#f + 1] = OF[d] end
+    for _, d in ipairs(WD) do f[#f + 1] = OF[d] end
   end
   local v = redis.call('HMGET', sc.key, unpack(f))
   sc.seen = v[2]
@@ -139,12 +146,12 @@ local function load_scope(sc, overrun)
   if n == nil then return false end
   sc.n = n
   sc.r, sc.o = {}, {}
-  for d = 0, 5 do
-    local r = cint(v[3 + d])
+  for j, d in ipairs(WD) do
+    local r = cint(v[2 + j])
     if r == nil then return false end
     sc.r[d] = r
   end
-  local i = 9
+  local i = 3 + #WD
   for _, l in ipairs(sc.lims) do
     local c, w = cint(v[i]), cint(v[i + 1])
     if c == nil or w == nil then return false end
@@ -152,8 +159,8 @@ local function load_scope(sc, overrun)
     i = i + 2
   end
   if overrun then
-    for d = 0, 5 do
-      local o = cint(v[i + d])
+    for j, d in ipairs(WD) do
+      local o = cint(v[i + j - 1])
       if o == nil then return false end
       sc.o[d] = o
     end
@@ -174,9 +181,9 @@ end
 
 -- record reads the record fields scripts need, validated; nil, reason on corruption.
 local function load_record(now)
-  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g')
+  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
   if not v[1] then return false end
-  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14], g = v[15] or ''}
+  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14], g = v[15] or '', na = v[16]}
   rec.st = cint(v[1])
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
   rec.le, rec.te, rec.sl, rec.ra = cint(v[4]), cint(v[5]), cint(v[9]), cint(v[12])
@@ -321,7 +328,7 @@ local function append_room(out, a)
   local n = #out + 1
   local cnt, k = n, 0
   out[cnt] = 0
-  for d = 0, 6 do
+  for d = 0, NDIMS - 1 do
     local r = a.room[d]
     if r then
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = d, r[2], r[3], r[4], r[5]

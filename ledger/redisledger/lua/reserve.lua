@@ -5,8 +5,9 @@
 -- else NOREC, writing nothing; used after a global denial, so a replay
 -- still replays); '2' check only (answer as a reserve would, but CHECKED
 -- instead of admitting, writing nothing; used before a global hold).
+-- 15 attempt nonce ('0' none), stored as field na.
 -- OK:     {'OK', epoch, leaseExpiry, now, room...}
--- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, room...}
+-- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, same attempt (0|1), room...}
 -- where room is append_room's layout (headroom after the call).
 local now = ledger_now()
 if not now then return {'CORRUPT', '', 'hwm'} end
@@ -26,16 +27,19 @@ if rec then
   if rec.dg ~= ARGV[8] then return {'CONFLICT', epoch} end
   local a, aerr = assess(now, scopes, {}, false, epoch)
   if not a then return {'CORRUPT', epoch, aerr} end
-  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g}, a)
+  local same = 0
+  if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
+  return append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
 end
 if ARGV[14] == '1' then return {'NOREC', epoch} end
 
-local fence, pv = cint(META.fence_s), cint(META.pv_s)
-if fence == nil or pv == nil then return {'CORRUPT', epoch, 'meta'} end
+local fence = cint(META.fence_s)
+if fence == nil then return {'CORRUPT', epoch, 'meta'} end
 if now < fence then return {'RECOVERING', epoch} end
+-- The policy version is recorded for audit only, never compared: limits
+-- travel with every Reserve (ledger/doc.go, "Policy versions").
 local cpv = cint(ARGV[6])
 if cpv == nil then return {'POLICY', epoch, 'version'} end
-if cpv < pv then return {'POLICY', epoch, 'stale policy version'} end
 local dispatch = ARGV[10] == '1'
 local ttl = cint(ARGV[9])
 if ttl == nil or ttl <= 0 then return {'INVALID', epoch, 'ttl'} end
@@ -75,8 +79,9 @@ if why == 'aged' then redis.call('DEL', KEYS[4]) end
 redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h', ARGV[11],
   'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
 if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
+if ARGV[15] ~= '0' then redis.call('HSET', KEYS[4], 'na', ARGV[15]) end
 redis.call('ZADD', KEYS[2], le, ARGV[4])
-if cpv > pv then
+if META.pv_s ~= ARGV[6] then
   redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)
 else
   touch(now)

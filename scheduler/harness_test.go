@@ -1,0 +1,262 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Hand-written fakes for the scheduler's riskiest branches. fakeLedger is a
+// real ledger.Memory whose calls a test may intercept one operation at a
+// time; fakeUpstream serves canned vLLM streams and counts executions.
+
+func init() { queueExpirySpin = 0 }
+
+// fakeLedger delegates to a Memory unless a hook answers.
+type fakeLedger struct {
+	*ledger.Memory
+	mu       sync.Mutex
+	reserve  func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool)
+	extend   func(ctx context.Context, ref ledger.Ref) (time.Time, error, bool)
+	release  func(ctx context.Context, ref ledger.Ref) (error, bool)
+	settle   func(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error, bool)
+	dispatch func(ctx context.Context, ref ledger.Ref) (error, bool)
+	calls    map[string]int
+}
+
+func newFakeLedger(t testing.TB) *fakeLedger {
+	t.Helper()
+	m, err := ledger.NewMemory(ledger.MemoryConfig{LeaseTTL: 60 * time.Second})
+	require.NoError(t, err)
+	return &fakeLedger{Memory: m, calls: map[string]int{}}
+}
+
+func (f *fakeLedger) count(op string) {
+	f.mu.Lock()
+	f.calls[op]++
+	f.mu.Unlock()
+}
+
+func (f *fakeLedger) n(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[op]
+}
+
+// set runs fn under the fake's lock (hooks are read under it too).
+func (f *fakeLedger) set(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn()
+}
+
+func (f *fakeLedger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error) {
+	f.count("reserve")
+	f.mu.Lock()
+	h := f.reserve
+	f.mu.Unlock()
+	if h != nil {
+		if g, err, ok := h(ctx, req); ok {
+			return g, err
+		}
+	}
+	return f.Memory.Reserve(ctx, req)
+}
+
+func (f *fakeLedger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	f.count("dispatch")
+	f.mu.Lock()
+	h := f.dispatch
+	f.mu.Unlock()
+	if h != nil {
+		if err, ok := h(ctx, ref); ok {
+			return err
+		}
+	}
+	return f.Memory.MarkDispatched(ctx, ref, owner)
+}
+
+func (f *fakeLedger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (time.Time, error) {
+	f.count("extend")
+	f.mu.Lock()
+	h := f.extend
+	f.mu.Unlock()
+	if h != nil {
+		if exp, err, ok := h(ctx, ref); ok {
+			return exp, err
+		}
+	}
+	return f.Memory.Extend(ctx, ref, owner, ttl)
+}
+
+func (f *fakeLedger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
+	f.count("release")
+	f.mu.Lock()
+	h := f.release
+	f.mu.Unlock()
+	if h != nil {
+		if err, ok := h(ctx, ref); ok {
+			return err
+		}
+	}
+	return f.Memory.Release(ctx, ref, owner)
+}
+
+func (f *fakeLedger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error) {
+	f.count("settle")
+	f.mu.Lock()
+	h := f.settle
+	f.mu.Unlock()
+	if h != nil {
+		if st, err, ok := h(ctx, ref); ok {
+			return st, err
+		}
+	}
+	return f.Memory.Settle(ctx, ref, actual, src)
+}
+
+func (f *fakeLedger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.Settlement, error) {
+	f.count("charge")
+	return f.Memory.Charge(ctx, req)
+}
+
+// fakeUpstream answers every Stream with a completed vLLM stream of out
+// tokens, or, when gate is set, a stream that blocks until gate closes or
+// the call's context ends.
+type fakeUpstream struct {
+	runs atomic.Int64 // Stream calls that reached the "replica"
+	out  int
+	gate chan struct{}
+	fail error // returned by Stream when set
+}
+
+func (u *fakeUpstream) Stream(ctx context.Context, _, _ string, _ []byte, _ string) (*vllm.Stream, error) {
+	if u.fail != nil {
+		return nil, u.fail
+	}
+	u.runs.Add(1)
+	body := sseCompletion(u.out)
+	if u.gate == nil {
+		return vllm.NewStream(io.NopCloser(strings.NewReader(body)), "r0", 0), nil
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		select {
+		case <-u.gate:
+			_, _ = io.WriteString(pw, body)
+			_ = pw.Close()
+		case <-ctx.Done():
+			_ = pw.CloseWithError(context.Cause(ctx))
+		}
+	}()
+	return vllm.NewStream(pr, "r0", 0), nil
+}
+
+func (u *fakeUpstream) Tokenize(context.Context, string, string, *vllm.Request) ([]int, int, error) {
+	return nil, 0, fmt.Errorf("no tokenizer")
+}
+
+// sseCompletion is vLLM's stream of a chat completion of out tokens with
+// continuous usage, then the final usage chunk and [DONE].
+func sseCompletion(out int) string {
+	var b strings.Builder
+	for i := 1; i <= out; i++ {
+		fmt.Fprintf(&b, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", i, 5+i)
+	}
+	fmt.Fprintf(&b, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", out, 5+out)
+	fmt.Fprintf(&b, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", out, 5+out)
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
+// testConfig is a one-replica config; tenantExtra is appended to tenant
+// acme (4-space indented YAML lines), top to the top level.
+func testConfig(t testing.TB, top, tenantExtra string) *config.File {
+	t.Helper()
+	y := "upstream:\n  replicas:\n    - {name: r0, url: \"http://r0.invalid\"}\ngpu: {telemetry: off}\n" + top +
+		fmt.Sprintf("tenants:\n  - name: acme\n    api_keys: [%q]\n%s", config.HashKey("sk-acme"), tenantExtra)
+	cfg, err := config.Parse([]byte(y))
+	require.NoError(t, err, y)
+	return cfg
+}
+
+// newTestServer builds a Server on the fakes with a fixed-size replica.
+func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream) *Server {
+	t.Helper()
+	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
+	require.NoError(t, err)
+	s, err := New(cfg, Deps{Ledger: led, Upstream: up, Keyer: keyer, GPU: mon})
+	require.NoError(t, err)
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+	for _, r := range s.reps.reps {
+		r.maxSeqs = 1 << 20
+	}
+	return s
+}
+
+// chatBody is a small chat request.
+func chatBody(extra string) []byte {
+	return []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8` + extra + `}`)
+}
+
+// serve runs one non-streamed request through the pipeline (admit, await,
+// execute, drain, finish), as the edge does, and returns its outcome.
+func serve(s *Server, ctx context.Context, a admission) ([]byte, error) {
+	pol := s.pol.Load()
+	t := pol.tenants["acme"]
+	if a.ep == 0 {
+		a.ep = vllm.EndpointChat
+	}
+	if a.reqID == "" {
+		a.reqID = "req"
+	}
+	c, err := s.admit(ctx, t, pol, a)
+	if err != nil {
+		return nil, err
+	}
+	defer c.end()
+	if err := s.await(c); err != nil {
+		return nil, err
+	}
+	if err := s.execute(c); err != nil {
+		s.finish(c, err)
+		return nil, err
+	}
+	body, err := s.drainStream(c)
+	s.finish(c, err)
+	return body, err
+}
+
+// tenantUsage reads acme's tenant scope from the Memory.
+func tenantUsage(t testing.TB, s *Server, m *ledger.Memory) ledger.Usage {
+	t.Helper()
+	k := s.pol.Load().tenants["acme"].key
+	u, err := m.Snapshot(context.Background(), k, k)
+	require.NoError(t, err)
+	return u
+}
+
+// committed is the committed amount of dim in acme's limit of that dim and
+// window.
+func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
+	for _, l := range u.Limits {
+		if l.Limit.Dim == d && l.Limit.Window == w {
+			return l.Committed
+		}
+	}
+	return -1
+}

@@ -1,0 +1,170 @@
+package scheduler
+
+import (
+	"container/list"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Idempotency-Key (Build item 3 of issue 13). A key maps to ledger ids
+// Keyer.IdempotentID(tenant, key) for generation 0 and key‖0‖g for later
+// generations, so every instance of a fleet derives the same ids. A retry
+// walks the generations with Reserve and the ledger's answer decides:
+//
+//   - a new record: this attempt runs;
+//   - the id held by another attempt (Replayed, RESERVED or DISPATCHED):
+//     409 idempotency_conflict, details.state "in_flight" ("unresolved"
+//     for an UNRESOLVED record);
+//   - a record that ended without running (RELEASED, EXPIRED): the next
+//     generation is tried, so a retry after a first attempt that never ran
+//     may run (at most maxIdemGenerations attempts per key);
+//   - a record that was charged: the original response when this instance
+//     still has it (a non-streamed 200, kept in idemCache), else 409 with
+//     details.state "completed".
+//
+// While the ledger cannot answer, outage-admitted ids are answered from the
+// owed outage charges (outage.go), on the instance that admitted them.
+
+// maxIdemGenerations bounds the attempts of one Idempotency-Key that never
+// ran.
+const maxIdemGenerations = 8
+
+// idemID is the ledger id of generation gen of an Idempotency-Key.
+func (s *Server) idemID(tenant ledger.ScopeKey, key string, gen int) ledger.RequestID {
+	if gen == 0 {
+		return s.keyer.IdempotentID(tenant, key)
+	}
+	return s.keyer.IdempotentID(tenant, key+"\x00"+strconv.Itoa(gen))
+}
+
+// Idempotency states reported in details.state.
+const (
+	idemInFlight   = "in_flight"
+	idemUnresolved = "unresolved"
+	idemCompleted  = "completed"
+	idemConflict   = "conflict"
+	idemExhausted  = "never_ran"
+)
+
+// idemError is a 409 idempotency_conflict with its state.
+type idemError struct {
+	state string
+	msg   string
+}
+
+func (e *idemError) Error() string { return e.msg }
+
+// Is keeps errors.Is(err, ErrInProgress / ErrAlreadyDone) for callers that
+// only need the class.
+func (e *idemError) Is(target error) bool {
+	if e.state == idemCompleted {
+		return target == ErrAlreadyDone
+	}
+	return target == ErrInProgress
+}
+
+func idemStateErr(st ledger.State) error {
+	if st == ledger.Unresolved {
+		return &idemError{state: idemUnresolved, msg: "the first request with this Idempotency-Key ran and its outcome is not known yet"}
+	}
+	return &idemError{state: idemInFlight, msg: "a request with this Idempotency-Key is in flight"}
+}
+
+var errIdemCompleted = &idemError{state: idemCompleted, msg: "a request with this Idempotency-Key already completed"}
+
+// cachedResponse is the original response of a completed non-streamed
+// first attempt, answered to its retry.
+type cachedResponse struct {
+	body []byte
+}
+
+func (c *cachedResponse) Error() string { return "idempotent replay of a completed request" }
+
+// Response retention: per instance, least recently used out first, within
+// a byte budget and the ledger's tombstone retention (after which the
+// ledger forgets the id and the key may run again anyway).
+const (
+	idemCacheBytes    = 32 << 20
+	idemMaxEntryBytes = 1 << 20
+	idemCacheTTL      = time.Hour
+)
+
+// idemCache keeps the bodies of completed non-streamed idempotent calls.
+type idemCache struct {
+	mu    sync.Mutex
+	ll    *list.List // front: most recently used
+	m     map[ledger.RequestID]*list.Element
+	bytes int
+}
+
+type idemEntry struct {
+	id   ledger.RequestID
+	body []byte
+	at   time.Time
+}
+
+func (c *idemCache) put(id ledger.RequestID, body []byte, now time.Time) {
+	if len(body) > idemMaxEntryBytes {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m, c.ll = map[ledger.RequestID]*list.Element{}, list.New()
+	}
+	if el, ok := c.m[id]; ok {
+		c.remove(el)
+	}
+	c.m[id] = c.ll.PushFront(&idemEntry{id: id, body: body, at: now})
+	c.bytes += len(body)
+	for c.bytes > idemCacheBytes {
+		c.remove(c.ll.Back())
+	}
+}
+
+func (c *idemCache) get(id ledger.RequestID, now time.Time) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.m[id]
+	if !ok {
+		return nil, false
+	}
+	e := el.Value.(*idemEntry)
+	if now.Sub(e.at) > idemCacheTTL {
+		c.remove(el)
+		return nil, false
+	}
+	c.ll.MoveToFront(el)
+	return e.body, true
+}
+
+func (c *idemCache) remove(el *list.Element) {
+	e := el.Value.(*idemEntry)
+	c.ll.Remove(el)
+	delete(c.m, e.id)
+	c.bytes -= len(e.body)
+}
+
+// completed answers a retry of a completed id: its original response when
+// kept, else 409 completed.
+func (s *Server) completed(id ledger.RequestID) error {
+	if body, ok := s.idem.get(id, s.now()); ok {
+		return &cachedResponse{body: body}
+	}
+	return errIdemCompleted
+}
+
+// rememberResponse keeps a completed non-streamed idempotent call's body.
+func (s *Server) rememberResponse(c *call, body []byte) {
+	if c.idemKey != "" {
+		s.idem.put(c.ref.ID, body, s.now())
+	}
+}
+
+func idemExhaustedErr() error {
+	return &idemError{state: idemExhausted, msg: fmt.Sprintf("%d attempts with this Idempotency-Key never ran; use a new key", maxIdemGenerations)}
+}

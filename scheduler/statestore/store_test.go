@@ -1,0 +1,253 @@
+package statestore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/statestore"
+)
+
+var (
+	_ statestore.Store = (*statestore.File)(nil)
+	_ statestore.Store = (*statestore.Redis)(nil)
+)
+
+// backend opens two independent clients of one shared store, as two
+// Sluice instances would.
+type backend struct {
+	name string
+	open func(t *testing.T) (a, b statestore.Store)
+}
+
+func backends() []backend {
+	return []backend{
+		{"file", func(t *testing.T) (statestore.Store, statestore.Store) {
+			dir := t.TempDir()
+			a, err := statestore.OpenFile(dir)
+			require.NoError(t, err)
+			b, err := statestore.OpenFile(dir)
+			require.NoError(t, err)
+			return a, b
+		}},
+		{"redis", func(t *testing.T) (statestore.Store, statestore.Store) {
+			addr := startRedis(t)
+			mk := func() statestore.Store {
+				c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+				t.Cleanup(func() { _ = c.Close() })
+				return statestore.NewRedis(c, "test")
+			}
+			return mk(), mk()
+		}},
+	}
+}
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	for _, be := range backends() {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			t.Run("GetMissing", func(t *testing.T) {
+				a, _ := be.open(t)
+				d, err := a.Get(t.Context(), "keys")
+				require.NoError(t, err)
+				assert.Equal(t, statestore.Doc{Name: "keys"}, d)
+			})
+			t.Run("CompareAndSet", func(t *testing.T) {
+				a, b := be.open(t)
+				ctx := t.Context()
+				d, err := a.CompareAndSet(ctx, "keys", 0, []byte(`{"n":1}`))
+				require.NoError(t, err)
+				assert.Equal(t, uint64(1), d.Rev)
+
+				_, err = b.CompareAndSet(ctx, "keys", 0, []byte(`{"n":2}`))
+				require.ErrorIs(t, err, statestore.ErrConflict, "a second create must lose")
+				_, err = b.CompareAndSet(ctx, "keys", 5, []byte(`{"n":2}`))
+				require.ErrorIs(t, err, statestore.ErrConflict, "a future revision must lose")
+
+				got, err := b.Get(ctx, "keys")
+				require.NoError(t, err)
+				assert.Equal(t, uint64(1), got.Rev)
+				assert.JSONEq(t, `{"n":1}`, string(got.Data), "the losing writes changed nothing")
+
+				d, err = b.CompareAndSet(ctx, "keys", 1, []byte(`{"n":3}`))
+				require.NoError(t, err)
+				assert.Equal(t, uint64(2), d.Rev)
+				got, err = a.Get(ctx, "keys")
+				require.NoError(t, err)
+				assert.Equal(t, uint64(2), got.Rev)
+				assert.JSONEq(t, `{"n":3}`, string(got.Data))
+			})
+			t.Run("BadName", func(t *testing.T) {
+				a, _ := be.open(t)
+				for _, n := range []string{"", "../x", "A", "a/b", ".hidden", "a b", string(make([]byte, 65))} {
+					_, err := a.Get(t.Context(), n)
+					require.ErrorIs(t, err, statestore.ErrName, "name %q", n)
+					_, err = a.CompareAndSet(t.Context(), n, 0, []byte(`{}`))
+					require.ErrorIs(t, err, statestore.ErrName, "name %q", n)
+				}
+			})
+			t.Run("UpdateUnchangedAndError", func(t *testing.T) {
+				a, _ := be.open(t)
+				ctx := t.Context()
+				d, err := statestore.Update(ctx, a, "doc", func([]byte) ([]byte, error) { return []byte(`[1]`), nil })
+				require.NoError(t, err)
+				require.Equal(t, uint64(1), d.Rev)
+				d, err = statestore.Update(ctx, a, "doc", func([]byte) ([]byte, error) { return nil, statestore.ErrUnchanged })
+				require.NoError(t, err)
+				assert.Equal(t, uint64(1), d.Rev, "ErrUnchanged writes nothing")
+				boom := errors.New("boom")
+				_, err = statestore.Update(ctx, a, "doc", func([]byte) ([]byte, error) { return nil, boom })
+				require.ErrorIs(t, err, boom)
+				d, err = a.Get(ctx, "doc")
+				require.NoError(t, err)
+				assert.Equal(t, uint64(1), d.Rev)
+			})
+			// Two clients incrementing one counter concurrently: every
+			// increment survives, and the revision counts every write.
+			t.Run("ConcurrentUpdateLosesNothing", func(t *testing.T) {
+				a, b := be.open(t)
+				ctx := t.Context()
+				const perWorker, workers = 25, 4
+				var wg sync.WaitGroup
+				errs := make(chan error, 2*workers)
+				for i := range 2 * workers {
+					s := a
+					if i%2 == 1 {
+						s = b
+					}
+					wg.Go(func() {
+						for range perWorker {
+							_, err := statestore.Update(ctx, s, "counter", incr)
+							if err != nil {
+								errs <- err
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				d, err := a.Get(ctx, "counter")
+				require.NoError(t, err)
+				var n int
+				require.NoError(t, json.Unmarshal(d.Data, &n))
+				assert.Equal(t, 2*workers*perWorker, n, "increments lost")
+				assert.Equal(t, uint64(2*workers*perWorker), d.Rev, "one revision per write")
+			})
+			t.Run("WatchSeesOtherClientsWrite", func(t *testing.T) {
+				a, b := be.open(t)
+				ctx, cancel := context.WithCancel(t.Context())
+				seen := make(chan statestore.Doc)
+				done := make(chan error, 1)
+				go func() {
+					done <- statestore.Watch(ctx, a, "w", 10*time.Millisecond, func(d statestore.Doc) {
+						select {
+						case seen <- d:
+						case <-ctx.Done():
+						}
+					}, nil)
+				}()
+				first := recv(t, seen)
+				assert.Equal(t, uint64(0), first.Rev, "the first call reports the current (missing) doc")
+				_, err := b.CompareAndSet(ctx, "w", 0, []byte(`"x"`))
+				require.NoError(t, err)
+				got := recv(t, seen)
+				assert.Equal(t, uint64(1), got.Rev)
+				assert.JSONEq(t, `"x"`, string(got.Data))
+				cancel()
+				require.ErrorIs(t, <-done, context.Canceled)
+			})
+		})
+	}
+}
+
+func incr(old []byte) ([]byte, error) {
+	var n int
+	if old != nil {
+		if err := json.Unmarshal(old, &n); err != nil {
+			return nil, err
+		}
+	}
+	return []byte(strconv.Itoa(n + 1)), nil
+}
+
+func recv(t *testing.T, ch <-chan statestore.Doc) statestore.Doc {
+	t.Helper()
+	select {
+	case d := <-ch:
+		return d
+	case <-time.After(5 * time.Second):
+		t.Fatal("no document from Watch within 5s")
+		return statestore.Doc{}
+	}
+}
+
+func TestFileKeepsJSONAndLeavesNoTempFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	f, err := statestore.OpenFile(dir)
+	require.NoError(t, err)
+	_, err = f.CompareAndSet(t.Context(), "keys", 0, []byte("not json"))
+	require.Error(t, err)
+	_, err = f.CompareAndSet(t.Context(), "keys", 0, []byte(`{"a":1}`))
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(dir, "keys.json"))
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"rev":1,"data":{"a":1}}`, string(b))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{"keys.json", "keys.lock"}, names)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{"), 0o600))
+	_, err = f.Get(t.Context(), "bad")
+	require.ErrorContains(t, err, "corrupt")
+}
+
+// startRedis starts a real redis-server on a free loopback port; it is
+// killed at cleanup.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server not found: run `make test` (scripts/ensure-deps.sh installs it)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	dir := t.TempDir()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"))
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(t.Context()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s not ready after 10s", addr)
+		}
+		time.Sleep(10 * time.Millisecond) // a starting child process has no readiness event
+	}
+	return addr
+}

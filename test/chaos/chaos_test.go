@@ -1,0 +1,1025 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+var (
+	flagSeeds   = flag.Int("chaos.seeds", 0, "seeds per backend (0: skip; make test sets it once the fixes of issue 13 land)")
+	flagBase    = flag.Uint64("chaos.base", 1, "first seed")
+	flagSeed    = flag.Uint64("chaos.seed", 0, "replay this one seed")
+	flagTraffic = flag.Duration("chaos.traffic", 3*time.Second, "traffic phase of each run")
+	flagRace    = flag.Bool("chaos.race", false, "build sluice with the race detector")
+	flagBin     = flag.String("chaos.bin", "", "run this sluice binary instead of building one (e.g. an older commit's)")
+)
+
+const (
+	adminToken = "chaos-admin-token-0123456789"
+	ledgerKey  = "chaos-ledger-id-key-0123456789abcdef"
+	leaseTTL   = 3 * time.Second
+	window     = 744 * time.Hour // 31 days: one window for the whole run
+	maxOut     = 48              // tenants' max_output_tokens
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if len(seeds()) == 0 {
+		os.Exit(m.Run())
+	}
+	if *flagBin != "" {
+		sluiceBin = *flagBin
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "sluice-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sluiceBin = filepath.Join(dir, "sluice")
+	args := []string{"build", "-o", sluiceBin}
+	if *flagRace {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "github.com/sluicehq/sluice/cmd/sluice")...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: building sluice:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func seeds() []uint64 {
+	if *flagSeeds <= 0 && *flagSeed == 0 {
+		return nil
+	}
+	if *flagSeed != 0 {
+		return []uint64{*flagSeed}
+	}
+	out := make([]uint64, *flagSeeds)
+	for i := range out {
+		out[i] = *flagBase + uint64(i)
+	}
+	return out
+}
+
+// TestChaos runs the seeded fault simulator on both ledger backends.
+func TestChaos(t *testing.T) {
+	for bi, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			for _, seed := range seeds() {
+				t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
+					p := makePlan(seed, uint64(bi), backend, *flagTraffic)
+					w := newWorld(t, p)
+					w.run()
+					if v := w.check(); len(v) > 0 {
+						t.Errorf("seed %d on %s: %d violation(s):\n  %s\n\nevents:\n%s\nreplay: go test ./test/chaos -run 'TestChaos/%s/%d$' -chaos.seed=%d",
+							seed, backend, len(v), strings.Join(v, "\n  "), w.eventLog(v), backend, seed, seed)
+						for _, in := range w.inst {
+							t.Logf("%s log tail:\n%s", in.name, tail(in.logPath, 25))
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// --- The plan ---------------------------------------------------------------
+
+type tenantSpec struct {
+	name        string
+	concurrency int
+	tokens      int64 // block token budget in the run's window
+	outage      bool  // outage allowance (Redis only matters)
+}
+
+var tenants = []tenantSpec{
+	{name: "acme", concurrency: 3, tokens: 1 << 40},
+	{name: "beta", concurrency: 2, tokens: 2500},
+	{name: "gamma", concurrency: 2, tokens: 1 << 40, outage: true},
+	{name: "late", concurrency: 2, tokens: 1 << 40}, // added by a reload
+}
+
+func tenantByName(name string) tenantSpec {
+	for _, t := range tenants {
+		if t.name == name {
+			return t
+		}
+	}
+	panic(name)
+}
+
+func rawKey(tenant string) string { return "sk-chaos-" + tenant + "-key" }
+
+type evKind int
+
+const (
+	evAttempt evKind = iota
+	evKill
+	evRestart
+	evKillForever
+	evReplyLoss
+	evStall
+	evClamp
+	evUnclamp
+	evBudget
+	evReload
+)
+
+var evNames = [...]string{"attempt", "kill-9", "restart", "kill-9 (no restart)", "redis reply loss", "redis stall",
+	"clamp", "unclamp", "budget", "reload"}
+
+type opSpec struct {
+	id         int
+	tenant     string
+	chat       bool
+	stream     bool
+	n          int
+	maxTokens  int // 0: unset
+	words      int
+	timeout    time.Duration
+	idem       string
+	disconnect time.Duration // 0: never
+	badN       bool
+	slow       time.Duration // the replica holds the request this long first (a long generation)
+}
+
+func (o *opSpec) body() []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos-op-%d", o.id)
+	for i := range o.words {
+		fmt.Fprintf(&b, " w%d", i)
+	}
+	m := map[string]any{"model": "sim-model", "stream": o.stream}
+	if o.chat {
+		m["messages"] = []map[string]string{{"role": "user", "content": b.String()}}
+	} else {
+		m["prompt"] = b.String()
+	}
+	if o.maxTokens > 0 {
+		m["max_tokens"] = o.maxTokens
+	}
+	if o.badN {
+		m["n"] = 1 << 30
+	} else if o.n > 1 {
+		m["n"] = o.n
+	}
+	out, _ := json.Marshal(m)
+	return out
+}
+
+func (o *opSpec) cap() int {
+	if o.maxTokens > 0 {
+		return min(o.maxTokens, maxOut)
+	}
+	return maxOut
+}
+
+type event struct {
+	at      time.Duration
+	kind    evKind
+	op      *opSpec
+	attempt int // evAttempt: 0 first, 1 retry
+	inst    int
+	n       int
+	d       time.Duration
+	tenant  string
+}
+
+func (e event) String() string {
+	s := fmt.Sprintf("%7.3fs %-20s inst=%d", e.at.Seconds(), evNames[e.kind], e.inst)
+	if e.op != nil {
+		o := e.op
+		s += fmt.Sprintf(" op=%d try=%d tenant=%s chat=%v stream=%v n=%d max_tokens=%d timeout=%v idem=%q disconnect=%v badN=%v",
+			o.id, e.attempt, o.tenant, o.chat, o.stream, o.n, o.maxTokens, o.timeout, o.idem, o.disconnect, o.badN)
+		if o.slow > 0 {
+			s += fmt.Sprintf(" slow=%v", o.slow)
+		}
+	}
+	if e.tenant != "" {
+		s += " tenant=" + e.tenant
+	}
+	if e.n != 0 {
+		s += fmt.Sprintf(" n=%d", e.n)
+	}
+	if e.d != 0 {
+		s += fmt.Sprintf(" for=%v", e.d)
+	}
+	return s
+}
+
+type plan struct {
+	seed      uint64
+	backend   string
+	instances int
+	traffic   time.Duration
+	replicas  []sim.Faults
+	events    []event
+	ops       map[int]*opSpec
+}
+
+func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan {
+	rng := rand.New(rand.NewPCG(seed, stream))
+	p := &plan{seed: seed, backend: backend, instances: 1, traffic: traffic, ops: map[int]*opSpec{}}
+	if backend == "redis" {
+		p.instances = 2
+	}
+	for range 2 {
+		var f sim.Faults
+		if rng.IntN(2) == 0 {
+			f.DropRate = 0.04
+		}
+		if rng.IntN(3) == 0 {
+			f.StreamErrorRate = 0.03
+		}
+		if rng.IntN(3) == 0 {
+			f.ErrorRate, f.ErrorStatus = 0.03, 500
+		}
+		if rng.IntN(3) == 0 {
+			f.StallRate, f.Stall = 0.005, 80*time.Millisecond
+		}
+		p.replicas = append(p.replicas, f)
+	}
+	at := func(lo, hi float64) time.Duration {
+		return time.Duration((lo + rng.Float64()*(hi-lo)) * float64(traffic))
+	}
+	reloadAt := time.Duration(-1)
+	if rng.Float64() < 0.35 {
+		reloadAt = at(0.1, 0.5)
+		p.events = append(p.events, event{at: reloadAt, kind: evReload})
+	}
+	if rng.Float64() < 0.5 {
+		e := event{at: at(0.05, 0.6), kind: evClamp, inst: rng.IntN(p.instances), tenant: []string{"acme", "beta", "gamma"}[rng.IntN(3)],
+			d: time.Duration(500+rng.IntN(2500)) * time.Millisecond}
+		p.events = append(p.events, e)
+		if rng.IntN(2) == 0 {
+			p.events = append(p.events, event{at: e.at + time.Duration(200+rng.IntN(800))*time.Millisecond, kind: evUnclamp,
+				inst: rng.IntN(p.instances), tenant: e.tenant})
+		}
+	}
+	if rng.Float64() < 0.3 {
+		p.events = append(p.events, event{at: at(0.1, 0.7), kind: evBudget, inst: rng.IntN(p.instances), tenant: "beta", n: 4000})
+	}
+	if rng.Float64() < 0.5 {
+		k := event{at: at(0.3, 0.8), kind: evKill, inst: rng.IntN(p.instances)}
+		p.events = append(p.events, k, event{at: k.at + time.Duration(200+rng.IntN(600))*time.Millisecond, kind: evRestart, inst: k.inst})
+	} else if p.instances > 1 && rng.Float64() < 0.5 {
+		p.events = append(p.events, event{at: at(0.4, 0.8), kind: evKillForever, inst: 1})
+	}
+	if backend == "redis" {
+		if rng.Float64() < 0.6 {
+			p.events = append(p.events, event{at: at(0.05, 0.8), kind: evReplyLoss, n: 1 + rng.IntN(3)})
+		}
+		if rng.Float64() < 0.4 {
+			p.events = append(p.events, event{at: at(0.1, 0.7), kind: evStall, d: time.Duration(400+rng.IntN(800)) * time.Millisecond})
+		}
+	}
+	id := 0
+	if rng.IntN(2) == 0 {
+		// Two long generations fill beta's two slots; the next two beta
+		// requests wait in the queue longer than the lease.
+		t0 := at(0.05, 0.3)
+		for k := range 4 {
+			id++
+			o := &opSpec{id: id, tenant: "beta", chat: true, stream: k%2 == 0, n: 1, words: 8, maxTokens: 4}
+			if k < 2 {
+				o.slow = leaseTTL + 300*time.Millisecond
+			}
+			p.ops[id] = o
+			p.events = append(p.events, event{at: t0 + time.Duration(k)*20*time.Millisecond, kind: evAttempt, op: o})
+		}
+	}
+	// Traffic: Poisson arrivals at about 30 attempts/s.
+	for t := time.Duration(0); ; {
+		t += time.Duration(rng.ExpFloat64() / 30 * float64(time.Second))
+		if t >= traffic {
+			break
+		}
+		id++
+		tn := []string{"acme", "acme", "beta", "gamma"}[rng.IntN(4)]
+		if reloadAt >= 0 && t > reloadAt+200*time.Millisecond && rng.IntN(4) == 0 {
+			tn = "late"
+		}
+		o := &opSpec{id: id, tenant: tn, chat: rng.IntN(2) == 0, stream: rng.IntN(2) == 0, n: 1, words: 5 + rng.IntN(60)}
+		if rng.IntN(6) == 0 {
+			o.n = 2
+		}
+		if rng.IntN(2) == 0 {
+			o.maxTokens = 1 + rng.IntN(40)
+		}
+		if rng.Float64() < 0.3 {
+			o.timeout = time.Duration(150+rng.IntN(1350)) * time.Millisecond
+		}
+		if rng.Float64() < 0.15 {
+			o.disconnect = time.Duration(rng.IntN(250)+1) * time.Millisecond
+		}
+		if rng.Float64() < 0.02 {
+			o.badN = true
+		}
+		if rng.Float64() < 0.04 {
+			o.slow = time.Duration(1500+rng.IntN(1500)) * time.Millisecond // queues its tenant past the lease
+		}
+		p.ops[id] = o
+		inst := rng.IntN(p.instances)
+		if rng.Float64() < 0.25 {
+			o.idem = fmt.Sprintf("idem-%d-%d", seed, id)
+			p.events = append(p.events, event{at: t, kind: evAttempt, op: o, inst: inst})
+			if rng.Float64() < 0.6 {
+				p.events = append(p.events, event{at: t + time.Duration(50+rng.IntN(1500))*time.Millisecond, kind: evAttempt,
+					op: o, attempt: 1, inst: rng.IntN(p.instances)})
+			}
+			continue
+		}
+		p.events = append(p.events, event{at: t, kind: evAttempt, op: o, inst: inst})
+	}
+	sort.SliceStable(p.events, func(i, j int) bool { return p.events[i].at < p.events[j].at })
+	return p
+}
+
+// --- The world --------------------------------------------------------------
+
+type result struct {
+	ev        event
+	sent      time.Time
+	status    int
+	code      string        // error code of a refusal or of a stream's error event
+	transport string        // transport error, if any
+	done      bool          // stream: [DONE] arrived
+	cancelled bool          // the client left on purpose
+	killed    bool          // its instance was killed while it ran (or was down)
+	queued    time.Duration // Server-Timing queue;dur (Sluice's own clock); -1 unknown
+}
+
+type world struct {
+	t       *testing.T
+	p       *plan
+	dir     string
+	redis   *redisServer
+	proxy   *replyLossProxy
+	reps    []string
+	log     replicaLog
+	inst    []*instance
+	kills   []atomic.Int64 // per instance: kills so far
+	reload  atomic.Bool
+	start   time.Time
+	budgetX atomic.Int64 // highest beta token limit ever set
+
+	mu      sync.Mutex
+	results []*result
+	applied []string // admin event outcomes, for the log
+}
+
+func newWorld(t *testing.T, p *plan) *world {
+	w := &world{t: t, p: p, dir: t.TempDir(), kills: make([]atomic.Int64, p.instances)}
+	w.budgetX.Store(tenantByName("beta").tokens)
+	for i, f := range p.replicas {
+		cfg := sim.DefaultConfig()
+		cfg.MaxNumSeqs = 16
+		cfg.OutputLenMax = 32
+		cfg.DecodeStep = 3 * time.Millisecond
+		cfg.Seed = int64(p.seed)
+		cfg.ReplicaIndex = i
+		cfg.Faults = f
+		if cfg.Faults.ErrorStatus == 0 {
+			cfg.Faults.ErrorStatus = 500
+		}
+		w.reps = append(w.reps, startReplica(t, cfg, &w.log, p.ops))
+	}
+	if p.backend == "redis" {
+		w.redis = startRedis(t)
+		w.proxy = startProxy(t, w.redis.addr())
+	}
+	for i := range p.instances {
+		in := &instance{
+			name:    fmt.Sprintf("sluice-%d", i),
+			config:  filepath.Join(w.dir, fmt.Sprintf("sluice-%d.yaml", i)),
+			api:     fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+			admin:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+			logPath: filepath.Join(w.dir, fmt.Sprintf("sluice-%d.log", i)),
+			env:     []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_LEDGER_KEY=" + ledgerKey},
+		}
+		w.inst = append(w.inst, in)
+		w.writeConfig(i, false)
+		in.start(t)
+	}
+	t.Cleanup(func() {
+		for _, in := range w.inst {
+			in.kill()
+		}
+	})
+	return w
+}
+
+func (w *world) writeConfig(i int, withLate bool) {
+	in := w.inst[i]
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen: %s\nadmin_listen: %s\n", strings.TrimPrefix(in.api, "http://"), strings.TrimPrefix(in.admin, "http://"))
+	fmt.Fprintf(&b, "ledger:\n  lease_ttl: %s\n", leaseTTL)
+	if w.p.backend == "redis" {
+		fmt.Fprintf(&b, "  backend: redis\n  redis: {addrs: [%q]}\n", w.proxy.addr())
+	} else {
+		fmt.Fprintf(&b, "  backend: memory\n  journal: %q\n", filepath.Join(w.dir, "journal"))
+	}
+	b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
+	for j, u := range w.reps {
+		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", j, u)
+	}
+	b.WriteString("gpu: {telemetry: off}\n")
+	b.WriteString("server: {drain_timeout: 5s, max_wait: 5s}\n")
+	fmt.Fprintf(&b, "admin: {state_file: %q}\n", filepath.Join(w.dir, fmt.Sprintf("admin-%d.json", i)))
+	b.WriteString("tenants:\n")
+	for _, t := range tenants {
+		if t.name == "late" && !withLate {
+			continue
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    api_keys: [%q]\n    concurrency: %d\n    max_output_tokens: %d\n", t.name, config.HashKey(rawKey(t.name)), t.concurrency, maxOut)
+		// max_wait above lease_ttl: a queued hold must be renewed.
+		b.WriteString("    queue: {max_depth: 32, max_wait: 4s}\n    budgets:\n")
+		fmt.Fprintf(&b, "      - {dimension: tokens, limit: %d, window: %s}\n", t.tokens, window)
+		fmt.Fprintf(&b, "      - {dimension: requests, limit: %d, window: %s}\n", int64(1)<<40, window)
+		if t.outage {
+			b.WriteString("    outage_allowance: {requests: 4, tokens: 4000}\n")
+		}
+	}
+	if err := os.WriteFile(in.config, []byte(b.String()), 0o644); err != nil {
+		w.t.Fatalf("write config: %v", err)
+	}
+}
+
+func (w *world) note(format string, args ...any) {
+	w.mu.Lock()
+	w.applied = append(w.applied, fmt.Sprintf("%7.3fs ", time.Since(w.start).Seconds())+fmt.Sprintf(format, args...))
+	w.mu.Unlock()
+}
+
+// run plays the schedule, waits for every attempt, then lets the system
+// quiesce.
+func (w *world) run() {
+	w.start = time.Now()
+	var wg sync.WaitGroup
+	for _, ev := range w.p.events {
+		if d := time.Until(w.start.Add(ev.at)); d > 0 {
+			time.Sleep(d) // the schedule's own clock, not synchronisation
+		}
+		switch ev.kind {
+		case evAttempt:
+			wg.Add(1)
+			go func() { defer wg.Done(); w.attempt(ev) }()
+		case evKill, evKillForever:
+			w.kills[ev.inst].Add(1)
+			w.inst[ev.inst].kill()
+			if ev.kind == evKillForever {
+				w.note("%s stays down", w.inst[ev.inst].name)
+			}
+			w.note("killed %s", w.inst[ev.inst].name)
+		case evRestart:
+			w.inst[ev.inst].start(w.t)
+			w.note("restarted %s", w.inst[ev.inst].name)
+		case evReplyLoss:
+			w.proxy.armed.Store(int32(ev.n))
+			w.note("armed reply loss for %d script replies", ev.n)
+		case evStall:
+			w.redis.stall(ev.d)
+			w.note("redis stalled for %v", ev.d)
+		case evClamp:
+			code, body := adminCall(context.Background(), w.inst[ev.inst].admin, "POST", "/admin/tenants/"+ev.tenant+"/clamp", adminToken,
+				map[string]any{"concurrency": 1, "reason": "chaos", "expires_in": ev.d.String()})
+			w.note("clamp %s on %s: %d %s", ev.tenant, w.inst[ev.inst].name, code, short(body))
+		case evUnclamp:
+			code, body := adminCall(context.Background(), w.inst[ev.inst].admin, "DELETE", "/admin/tenants/"+ev.tenant+"/clamp", adminToken, nil)
+			w.note("unclamp %s on %s: %d %s", ev.tenant, w.inst[ev.inst].name, code, short(body))
+		case evBudget:
+			code, body := adminCall(context.Background(), w.inst[ev.inst].admin, "PUT", "/admin/budgets", adminToken,
+				map[string]any{"tenant": ev.tenant, "dimension": "tokens", "limit": ev.n, "window": window.String()})
+			if code == http.StatusOK && int64(ev.n) > w.budgetX.Load() {
+				w.budgetX.Store(int64(ev.n))
+			}
+			w.note("budget %s tokens=%d on %s: %d %s", ev.tenant, ev.n, w.inst[ev.inst].name, code, short(body))
+		case evReload:
+			w.reload.Store(true)
+			for i, in := range w.inst {
+				w.writeConfig(i, true)
+				code, body := adminCall(context.Background(), in.admin, "POST", "/admin/reload", adminToken, nil)
+				w.note("reload %s: %d %s", in.name, code, short(body))
+			}
+		}
+	}
+	wg.Wait()
+}
+
+// queueDur reads the queue wait from a Server-Timing header
+// ("queue;dur=<ms>, ...").
+func queueDur(h string) time.Duration {
+	for _, part := range strings.Split(h, ",") {
+		name, rest, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if name != "queue" {
+			continue
+		}
+		if ms, err := strconv.ParseFloat(strings.TrimPrefix(rest, "dur="), 64); err == nil {
+			return time.Duration(ms * float64(time.Millisecond))
+		}
+	}
+	return -1
+}
+
+func short(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 160 {
+		return s[:160] + "…"
+	}
+	return s
+}
+
+// attempt sends one request as a client would and records its one outcome.
+func (w *world) attempt(ev event) {
+	o := ev.op
+	// A load balancer sends around an instance that is down.
+	for i := range w.inst {
+		if !w.inst[ev.inst].isDown() {
+			break
+		}
+		ev.inst = (ev.inst + i + 1) % len(w.inst)
+	}
+	in := w.inst[ev.inst]
+	kills := w.kills[ev.inst].Load()
+	r := &result{ev: ev, sent: time.Now(), killed: in.isDown(), queued: -1}
+	var cancelled atomic.Bool
+	defer func() {
+		r.cancelled = cancelled.Load()
+		if w.kills[ev.inst].Load() != kills || in.isDown() {
+			r.killed = true
+		}
+		w.mu.Lock()
+		w.results = append(w.results, r)
+		w.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if o.disconnect > 0 {
+		tm := time.AfterFunc(o.disconnect, func() { cancelled.Store(true); cancel() })
+		defer tm.Stop()
+	}
+	path := "/v1/completions"
+	if o.chat {
+		path = "/v1/chat/completions"
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", in.api+path, strings.NewReader(string(o.body())))
+	req.Header.Set("Authorization", "Bearer "+rawKey(o.tenant))
+	req.Header.Set("Content-Type", "application/json")
+	if o.timeout > 0 {
+		req.Header.Set("X-Request-Timeout", strconv.FormatFloat(o.timeout.Seconds(), 'f', 3, 64))
+	}
+	if o.idem != "" {
+		req.Header.Set("Idempotency-Key", o.idem)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.transport = err.Error()
+		return
+	}
+	defer resp.Body.Close()
+	r.status = resp.StatusCode
+	r.queued = queueDur(resp.Header.Get("Server-Timing"))
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		var e struct {
+			Error struct {
+				Code any `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Code != nil {
+			r.code = fmt.Sprint(e.Error.Code)
+		}
+		return
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		code, done, err := readSSE(resp.Body)
+		r.code, r.done = code, done
+		if err != nil {
+			r.transport = err.Error()
+		}
+		return
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		r.transport = err.Error()
+	}
+}
+
+var opRef = regexp.MustCompile(`\bop (\d+)\b`)
+
+// eventLog is the minimal log of a failing seed: every fault and admin
+// event, and the attempts of the ops the violations name.
+func (w *world) eventLog(violations []string) string {
+	named := map[int]bool{}
+	for _, v := range violations {
+		for _, m := range opRef.FindAllStringSubmatch(v, -1) {
+			id, _ := strconv.Atoi(m[1])
+			named[id] = true
+		}
+	}
+	var b strings.Builder
+	for _, e := range w.p.events {
+		if e.kind != evAttempt || named[e.op.id] {
+			b.WriteString("  " + e.String() + "\n")
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.applied {
+		b.WriteString("  applied " + a + "\n")
+	}
+	fmt.Fprintf(&b, "  (%d attempts; replicas' faults %+v; reply loss dropped %d)\n", len(w.results), w.p.replicas, w.lostReplies())
+	return b.String()
+}
+
+func (w *world) killedAny() bool {
+	for i := range w.kills {
+		if w.kills[i].Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *world) lostReplies() int32 {
+	if w.proxy == nil {
+		return 0
+	}
+	return w.proxy.lost.Load()
+}
+
+// --- The invariants -----------------------------------------------------------
+
+// pinned is the error-code set of the external contract.
+var pinned = map[string]bool{
+	"invalid_request": true, "context_length_exceeded": true, "invalid_api_key": true, "request_too_large": true,
+	"queue_full": true, "tenant_budget_exceeded": true, "workflow_budget_exceeded": true, "idempotency_conflict": true,
+	"tenant_clamped": true, "deadline_exceeded": true, "ledger_unavailable": true, "no_healthy_replica": true,
+	"upstream_error": true, "draining": true, "model_not_found": true,
+}
+
+func (w *world) check() []string {
+	var v []string
+	add := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+
+	// Responses.
+	byOp := map[int][]*result{}
+	for _, r := range w.results {
+		o := r.ev.op
+		byOp[o.id] = append(byOp[o.id], r)
+		id := fmt.Sprintf("op %d try %d (%s, inst %d)", o.id, r.ev.attempt, o.tenant, r.ev.inst)
+		switch {
+		case r.transport != "" && !r.cancelled && !r.killed:
+			add("%s: transport error without a disconnect or a kill: %s", id, r.transport)
+		case r.status >= 500 && r.status != 502 && r.status != 503 && r.status != 504:
+			add("%s: status %d code %q", id, r.status, r.code)
+		case r.status == http.StatusBadGateway && !w.replicaFaulted(o.id):
+			add("%s: 502 %q but no replica failed it", id, r.code)
+		case r.status == http.StatusConflict && o.idem == "":
+			add("%s: 409 %q without an Idempotency-Key", id, r.code)
+		case r.status != 0 && r.status != http.StatusOK && !pinned[r.code]:
+			add("%s: status %d with unpinned code %q", id, r.status, r.code)
+		case r.status == http.StatusOK && r.code == "ledger_error":
+			add("%s: stream error event ledger_error", id)
+		case r.status == http.StatusOK && o.timeout > 0 && r.queued > o.timeout+time.Millisecond:
+			add("%s: dispatched after %v in the queue, past its %v deadline (Server-Timing)", id, r.queued, o.timeout)
+		}
+	}
+
+	// Executions: every replica handler has returned (aborted requests end
+	// within an engine step of their connection closing).
+	done := make(chan struct{})
+	go func() { w.log.active.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		add("replica handlers still running 15s after the last client answer")
+	}
+	w.log.mu.Lock()
+	execs := slices.Clone(w.log.execs)
+	w.log.mu.Unlock()
+	perOp := map[int]int{}
+	type span struct{ a, b time.Time }
+	spans := map[string][]span{}
+	for _, ex := range execs {
+		o := w.p.ops[ex.op]
+		if o == nil {
+			add("replica saw unknown op %d", ex.op)
+			continue
+		}
+		if executed(ex) {
+			perOp[ex.op]++
+		}
+		if o.timeout > 0 {
+			var last *result
+			for _, r := range byOp[o.id] {
+				if !r.sent.After(ex.arrival) && (last == nil || r.sent.After(last.sent)) {
+					last = r
+				}
+			}
+			// The slack covers the hop from Sluice's last deadline check to
+			// the replica's handler on a loaded 2-core machine.
+			if last != nil && ex.arrival.After(last.sent.Add(o.timeout+deadlineSlack)) {
+				add("op %d reached a replica %v after its deadline (%v)", o.id, ex.arrival.Sub(last.sent.Add(o.timeout)), o.timeout)
+			}
+		}
+		if ex.completed && !ex.end.IsZero() {
+			spans[o.tenant] = append(spans[o.tenant], span{ex.arrival, ex.end})
+		}
+	}
+	// Sluice may abandon a running request only for a cause: the client
+	// left or its deadline passed, its instance died, or the ledger could
+	// not renew the lease (a store fault). Anything else aborted work the
+	// client was still waiting for.
+	storeFaults := slices.ContainsFunc(w.p.events, func(e event) bool { return e.kind == evReplyLoss || e.kind == evStall })
+	for _, ex := range execs {
+		o := w.p.ops[ex.op]
+		if o == nil || !ex.gone || o.timeout > 0 || storeFaults {
+			continue
+		}
+		if !slices.ContainsFunc(byOp[o.id], func(r *result) bool { return r.cancelled || r.killed }) {
+			add("op %d: Sluice abandoned it at the replica after %v with no client disconnect, deadline, kill or store fault",
+				o.id, time.Since(ex.arrival).Round(time.Millisecond))
+		}
+	}
+	for id, n := range perOp {
+		if n > 1 {
+			o := w.p.ops[id]
+			add("op %d (idem %q) executed %d times", id, o.idem, n)
+		}
+	}
+	for tn, ss := range spans {
+		limit := tenantByName(tn).concurrency
+		if tn == "gamma" {
+			limit *= w.p.instances // outage admissions use the local cap
+		}
+		if peak := peakOverlap(ss, func(s span) (time.Time, time.Time) { return s.a, s.b }); peak > limit {
+			add("tenant %s had %d completed requests running at once at the replicas (cap %d)", tn, peak, limit)
+		}
+	}
+
+	v = append(v, w.checkLedger(byOp, execs, perOp)...)
+	return v
+}
+
+// replicaFaulted reports whether a replica failed op: an error status, an
+// error event, or a stream cut before its end that its client did not cut.
+func (w *world) replicaFaulted(op int) bool {
+	w.log.mu.Lock()
+	defer w.log.mu.Unlock()
+	for _, ex := range w.log.execs {
+		if ex.op == op && (ex.status >= 400 || ex.errEvent || (!ex.completed && !ex.gone)) {
+			return true
+		}
+	}
+	return false
+}
+
+// deadlineSlack is how late after a client's deadline a replica may see
+// its request: Sluice re-checks the deadline before its first upstream byte.
+// Only gross lateness is judged here; Server-Timing's queue wait, measured
+// on Sluice's own clock, is the exact check for answered requests.
+const deadlineSlack = 250 * time.Millisecond
+
+// executed reports whether a replica worked on the request: it answered 200
+// or was left before writing anything (queued or in prefill); an error
+// status before any output is a refusal.
+func executed(ex *execution) bool { return ex.status == http.StatusOK || ex.status == 0 }
+
+func peakOverlap[T any](xs []T, iv func(T) (time.Time, time.Time)) int {
+	type edge struct {
+		t time.Time
+		d int
+	}
+	var es []edge
+	for _, x := range xs {
+		a, b := iv(x)
+		es = append(es, edge{a, 1}, edge{b, -1})
+	}
+	sort.Slice(es, func(i, j int) bool {
+		if es[i].t.Equal(es[j].t) {
+			return es[i].d < es[j].d
+		}
+		return es[i].t.Before(es[j].t)
+	})
+	peak, cur := 0, 0
+	for _, e := range es {
+		cur += e.d
+		peak = max(peak, cur)
+	}
+	return peak
+}
+
+// ledgerView is what the checker reads from the ledger.
+type ledgerView interface {
+	Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (ledger.Usage, error)
+	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.ReservationInfo, error)
+}
+
+// checkLedger waits for quiescence, then compares the ledger with what the
+// replicas executed.
+func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp map[int]int) []string {
+	var v []string
+	add := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	keyer, err := ledger.NewKeyer([]byte(ledgerKey))
+	if err != nil {
+		return []string{err.Error()}
+	}
+	ctx := context.Background()
+	var led ledgerView
+	if w.p.backend == "redis" {
+		// The servers that are still up reclaim on their own; the checker
+		// only reads.
+		l, err := redisledger.Open(redisledger.Config{Addrs: []string{w.redis.addr()}, LeaseTTL: leaseTTL, StoreTimeout: 2 * time.Second})
+		if err != nil {
+			return []string{"open redis ledger: " + err.Error()}
+		}
+		defer l.Close()
+		led = l
+	} else {
+		for _, in := range w.inst {
+			in.stop(w.t)
+		}
+		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: filepath.Join(w.dir, "journal"), LeaseTTL: leaseTTL})
+		if err != nil {
+			return []string{"replay journal: " + err.Error()}
+		}
+		defer m.Close()
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = m.Run(rctx) }()
+		led = m
+	}
+	names := []string{"acme", "beta", "gamma"}
+	if w.reload.Load() {
+		names = append(names, "late")
+	}
+	open := func() (string, int) {
+		var b strings.Builder
+		n := 0
+		for _, tn := range names {
+			for _, st := range []ledger.State{ledger.Reserved, ledger.Dispatched} {
+				recs, err := led.List(ctx, keyer.Key(ledger.KindTenant, tn), st, 0)
+				if err != nil {
+					fmt.Fprintf(&b, "%s: list %v: %v; ", tn, st, err)
+					n++
+					continue
+				}
+				if len(recs) > 0 {
+					fmt.Fprintf(&b, "%s: %d %v; ", tn, len(recs), st)
+					n += len(recs)
+				}
+			}
+		}
+		return b.String(), n
+	}
+	if !eventually(3*leaseTTL+5*time.Second, func() bool { _, n := open(); return n == 0 }) {
+		s, _ := open()
+		add("open records never reclaimed after quiescence: %s", s)
+	}
+	if w.p.backend == "redis" {
+		for _, in := range w.inst {
+			in.stop(w.t)
+		}
+	}
+
+	type bounds struct{ reqLo, reqHi, tokLo, tokHi, partial int64 }
+	want := map[string]*bounds{}
+	for _, tn := range names {
+		want[tn] = &bounds{}
+	}
+	for _, ex := range execs {
+		o := w.p.ops[ex.op]
+		if o == nil || !executed(ex) || want[o.tenant] == nil {
+			continue
+		}
+		b := want[o.tenant]
+		orphan := false
+		clean := false
+		for _, r := range byOp[o.id] {
+			orphan = orphan || r.killed
+			clean = clean || (r.status == http.StatusOK && r.transport == "" && (!o.stream || r.done) && r.code == "")
+		}
+		n := int64(max(1, o.n))
+		b.reqHi++
+		if !orphan {
+			b.reqLo++
+		}
+		got := int64(max(0, ex.prompt) + max(0, ex.completion))
+		switch {
+		case ex.completed && clean && !orphan:
+			b.tokLo += got
+			b.tokHi += got
+		default:
+			b.partial++
+			if !orphan {
+				b.tokLo += max(0, got-2*n)
+			}
+			b.tokHi += int64(len(o.body())) + 64 + n*int64(o.cap()+2)
+		}
+	}
+	// A client that left while Sluice was sending may be charged for a
+	// request the replica never read (Sluice cannot know it was not read).
+	for id, rs := range byOp {
+		o := w.p.ops[id]
+		if perOp[id] > 0 || want[o.tenant] == nil || o.badN {
+			continue
+		}
+		for _, r := range rs {
+			if r.cancelled || r.killed {
+				b := want[o.tenant]
+				b.reqHi++
+				b.tokHi += int64(len(o.body())) + 64 + int64(max(1, o.n))*int64(o.cap()+2)
+				break
+			}
+		}
+	}
+	for _, tn := range names {
+		key := keyer.Key(ledger.KindTenant, tn)
+		u, err := led.Snapshot(ctx, key, key)
+		if err != nil {
+			add("%s: snapshot: %v", tn, err)
+			continue
+		}
+		unres, err := led.List(ctx, key, ledger.Unresolved, 0)
+		if err != nil {
+			add("%s: list unresolved: %v", tn, err)
+		}
+		var held ledger.Amounts
+		for _, r := range unres {
+			for d := range held {
+				held[d] += r.Held[d]
+			}
+		}
+		if u.SlotsInUse != 0 {
+			add("%s: %d slots still in use after quiescence", tn, u.SlotsInUse)
+		}
+		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+			if u.Reserved[d] != held[d] {
+				add("%s: reserved %s = %d after quiescence, but UNRESOLVED records hold %d", tn, d, u.Reserved[d], held[d])
+			}
+		}
+		var tok, req int64
+		for _, l := range u.Limits {
+			if l.Limit.Window != window {
+				continue
+			}
+			switch l.Limit.Dim {
+			case ledger.Tokens:
+				tok = l.Committed
+			case ledger.Requests:
+				req = l.Committed
+			}
+		}
+		b := want[tn]
+		if len(unres) > 0 {
+			ids := make([]string, 0, len(unres))
+			for _, r := range unres {
+				ids = append(ids, r.Ref.ID.String())
+			}
+			if w.killedAny() {
+				w.t.Logf("%s: %d UNRESOLVED record(s) left by a killed instance: %s", tn, len(unres), strings.Join(ids, " "))
+			} else {
+				add("%s: %d UNRESOLVED record(s) without any instance kill: %s", tn, len(unres), strings.Join(ids, " "))
+			}
+		}
+		if req < b.reqLo || req > b.reqHi {
+			add("%s: %d requests charged, replicas executed %d (%d of them orphaned by a kill)", tn, req, b.reqHi, b.reqHi-b.reqLo)
+		}
+		if tok < b.tokLo || tok > b.tokHi {
+			add("%s: %d tokens charged, outside [%d, %d] from what the replicas delivered (%d partial)", tn, tok, b.tokLo, b.tokHi, b.partial)
+		}
+		if tn == "beta" {
+			if lim := w.budgetX.Load(); tok > lim+2*2*b.partial {
+				add("beta: %d tokens charged against a block budget of %d", tok, lim)
+			}
+		}
+	}
+	return v
+}

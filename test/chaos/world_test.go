@@ -1,0 +1,558 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+// sluiceBin is the sluice binary TestMain builds once.
+var sluiceBin string
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	return port
+}
+
+// eventually polls cond every 20ms until it holds or bound passes; it is the
+// only way these tests wait on another process's state.
+func eventually(bound time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(bound)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// --- Redis -----------------------------------------------------------------
+
+// redisServer is a real redis-server on loopback.
+type redisServer struct {
+	port int
+	cmd  *exec.Cmd
+}
+
+func startRedis(t testing.TB) *redisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("redis-server not in PATH (make test installs it via scripts/ensure-deps.sh)")
+	}
+	dir := t.TempDir()
+	s := &redisServer{port: freePort(t)}
+	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--dir", dir, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
+		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"))
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	defer c.Close()
+	if !eventually(10*time.Second, func() bool { return c.Ping(context.Background()).Err() == nil }) {
+		t.Fatalf("redis-server on %d did not answer PING", s.port)
+	}
+	return s
+}
+
+func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// stall freezes the server for d (SIGSTOP, then SIGCONT): every client call
+// in that time sees a timeout after its command may or may not have run.
+func (s *redisServer) stall(d time.Duration) {
+	_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	time.AfterFunc(d, func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// replyLossProxy forwards TCP between Sluice and Redis. While armed it lets
+// a script call (EVALSHA/EVAL/FCALL) through, swallows the reply and closes
+// the client's connection: the script ran, the client saw EOF, and go-redis
+// retries it on a new connection — the lost-reply case.
+type replyLossProxy struct {
+	ln    net.Listener
+	to    string
+	armed atomic.Int32 // replies still to drop
+	lost  atomic.Int32 // replies dropped
+}
+
+func startProxy(t testing.TB, to string) *replyLossProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &replyLossProxy{ln: ln, to: to}
+	go p.accept()
+	t.Cleanup(func() { _ = ln.Close() })
+	return p
+}
+
+func (p *replyLossProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *replyLossProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.serve(c)
+	}
+}
+
+var scriptCmd = regexp.MustCompile(`(?i)\$(7\r\nevalsha|4\r\neval|5\r\nfcall)\r\n`)
+
+func (p *replyLossProxy) serve(c net.Conn) {
+	s, err := net.Dial("tcp", p.to)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	var dropNext atomic.Bool
+	done := make(chan struct{}, 2)
+	go func() { // client → server
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if scriptCmd.Match(buf[:n]) && p.armed.Load() > 0 && p.armed.Add(-1) >= 0 {
+					dropNext.Store(true)
+				}
+				if _, werr := s.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- struct{}{}
+	}()
+	go func() { // server → client
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := s.Read(buf)
+			if n > 0 {
+				if dropNext.Load() {
+					p.lost.Add(1)
+					break // the reply is lost with the connection
+				}
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	_ = c.Close()
+	_ = s.Close()
+}
+
+// --- Replicas --------------------------------------------------------------
+
+// execution is one request as a replica saw it.
+type execution struct {
+	op         int
+	arrival    time.Time
+	end        time.Time // [DONE] or body written; zero when aborted
+	status     int
+	completed  bool // the replica finished it and wrote the final usage
+	prompt     int  // last usage seen
+	completion int
+	gone       bool // the client (Sluice) left before the end
+	errEvent   bool // the stream carried an error event
+}
+
+// replicaLog records every generation request the replicas receive.
+type replicaLog struct {
+	mu     sync.Mutex
+	execs  []*execution
+	active sync.WaitGroup // handlers still running
+}
+
+var opMarker = regexp.MustCompile(`chaos-op-(\d+)`)
+
+// wrap records each request carrying an op marker.
+func (l *replicaLog) wrap(next http.Handler, slow func(op int) time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		m := opMarker.FindSubmatch(body)
+		if m == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		op, _ := strconv.Atoi(string(m[1]))
+		ex := &execution{op: op, arrival: time.Now()}
+		l.active.Add(1)
+		defer l.active.Done()
+		l.mu.Lock()
+		l.execs = append(l.execs, ex)
+		l.mu.Unlock()
+		if d := slow(op); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+			}
+		}
+		rw := &recorder{w: w, ex: ex, log: l}
+		next.ServeHTTP(rw, r)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ex.status = rw.status // 0: nothing written (left while queued or in prefill)
+		if r.Context().Err() != nil && ex.end.IsZero() {
+			ex.gone = true
+		}
+		if !rw.sse && ex.status == http.StatusOK {
+			var u struct {
+				Usage *usage `json:"usage"`
+			}
+			if json.Unmarshal(rw.body.Bytes(), &u) == nil && u.Usage != nil {
+				ex.prompt, ex.completion = u.Usage.Prompt, u.Usage.Completion
+				ex.completed = !ex.gone
+			}
+		}
+	})
+}
+
+type usage struct {
+	Prompt     int `json:"prompt_tokens"`
+	Completion int `json:"completion_tokens"`
+}
+
+// recorder watches a replica's response: usage from each SSE data line (or
+// the JSON body), and the moment the answer is complete, taken before the
+// bytes leave so that it precedes anything Sluice does on reading them.
+type recorder struct {
+	w      http.ResponseWriter
+	ex     *execution
+	log    *replicaLog
+	status int
+	sse    bool
+	line   []byte
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.w.Header() }
+
+func (r *recorder) WriteHeader(code int) {
+	r.status = code
+	r.sse = strings.HasPrefix(r.w.Header().Get("Content-Type"), "text/event-stream")
+	r.w.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.WriteHeader(http.StatusOK)
+	}
+	if r.sse {
+		r.scan(p)
+	} else {
+		r.body.Write(p)
+		var u struct {
+			Usage *usage `json:"usage"`
+		}
+		if r.status == http.StatusOK && json.Unmarshal(r.body.Bytes(), &u) == nil && u.Usage != nil {
+			r.log.mu.Lock()
+			r.ex.end = time.Now()
+			r.log.mu.Unlock()
+		}
+	}
+	return r.w.Write(p)
+}
+
+func (r *recorder) scan(p []byte) {
+	r.line = append(r.line, p...)
+	for {
+		i := bytes.IndexByte(r.line, '\n')
+		if i < 0 {
+			return
+		}
+		ln := bytes.TrimSpace(r.line[:i])
+		r.line = r.line[i+1:]
+		data, ok := bytes.CutPrefix(ln, []byte("data: "))
+		if !ok {
+			continue
+		}
+		r.log.mu.Lock()
+		if string(data) == "[DONE]" {
+			if !r.ex.errEvent && (r.ex.prompt > 0 || r.ex.completion > 0) {
+				r.ex.completed = true
+			}
+			r.ex.end = time.Now()
+		} else {
+			var ch struct {
+				Usage *usage          `json:"usage"`
+				Err   json.RawMessage `json:"error"`
+			}
+			if json.Unmarshal(data, &ch) == nil {
+				if ch.Usage != nil {
+					r.ex.prompt, r.ex.completion = ch.Usage.Prompt, max(r.ex.completion, ch.Usage.Completion)
+				}
+				if len(ch.Err) > 0 && string(ch.Err) != "null" {
+					r.ex.errEvent = true
+				}
+			}
+		}
+		r.log.mu.Unlock()
+	}
+}
+
+func (r *recorder) Flush() {
+	if f, ok := r.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// startReplica serves one in-process simulator replica behind the recorder.
+func startReplica(t testing.TB, cfg sim.Config, log *replicaLog, ops map[int]*opSpec) string {
+	t.Helper()
+	r, err := sim.New(cfg)
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("sim listen: %v", err)
+	}
+	slow := func(op int) time.Duration {
+		if o := ops[op]; o != nil {
+			return o.slow
+		}
+		return 0
+	}
+	srv := &http.Server{Handler: log.wrap(r.Handler(), slow), ReadHeaderTimeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	engine := make(chan error, 1)
+	served := make(chan error, 1)
+	go func() { engine <- r.Run(ctx) }()
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		cancel()
+		_ = srv.Close()
+		<-served
+		<-engine
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// --- Sluice instances -------------------------------------------------------
+
+// instance is one `sluice serve` process; it can be killed and restarted on
+// the same ports with the same config file.
+type instance struct {
+	name       string
+	config     string
+	api, admin string
+	logPath    string
+	env        []string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	gen    int         // incremented on every start
+	ready  atomic.Bool // answering since its last start
+}
+
+func (in *instance) start(t testing.TB) {
+	t.Helper()
+	in.mu.Lock()
+	f, err := os.OpenFile(in.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		in.mu.Unlock()
+		t.Fatalf("log: %v", err)
+	}
+	fmt.Fprintf(f, "=== start %d at %s\n", in.gen+1, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(sluiceBin, "serve", "--config", in.config)
+	cmd.Env = append(os.Environ(), in.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		in.mu.Unlock()
+		t.Fatalf("start %s: %v", in.name, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(exited) }()
+	in.cmd, in.exited = cmd, exited
+	in.gen++
+	in.ready.Store(false)
+	in.mu.Unlock()
+	ok := eventually(20*time.Second, func() bool {
+		select {
+		case <-exited:
+			return true
+		default:
+		}
+		resp, err := http.Get(in.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	select {
+	case <-exited:
+		t.Fatalf("%s exited at start; log:\n%s", in.name, tail(in.logPath, 40))
+	default:
+	}
+	if !ok {
+		t.Fatalf("%s not ready; log:\n%s", in.name, tail(in.logPath, 40))
+	}
+	in.ready.Store(true)
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (in *instance) kill() {
+	in.mu.Lock()
+	cmd, exited := in.cmd, in.exited
+	in.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	in.ready.Store(false)
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// stop sends SIGTERM (graceful drain) and waits.
+func (in *instance) stop(t testing.TB) {
+	in.mu.Lock()
+	cmd, exited := in.cmd, in.exited
+	in.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-exited:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Errorf("%s did not stop within 20s of SIGTERM; killing", in.name)
+		_ = cmd.Process.Kill()
+		<-exited
+	}
+}
+
+// isDown reports whether the process is not serving: killed, or restarted
+// and not ready yet.
+func (in *instance) isDown() bool {
+	if !in.ready.Load() {
+		return true
+	}
+	in.mu.Lock()
+	exited := in.exited
+	in.mu.Unlock()
+	select {
+	case <-exited:
+		return true
+	default:
+		return false
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// adminCall sends an admin API request and returns the status.
+func adminCall(ctx context.Context, base, method, path, token string, body any) (int, string) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, base+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(b)
+}
+
+// readSSE reads a client stream to its end and returns the error code of an
+// error event, if any, and whether [DONE] arrived.
+func readSSE(r io.Reader) (code string, done bool, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+		if !ok {
+			continue
+		}
+		if string(data) == "[DONE]" {
+			done = true
+			continue
+		}
+		if bytes.Contains(data, []byte(`"error"`)) {
+			var e struct {
+				Error struct {
+					Code any `json:"code"`
+				} `json:"error"`
+			}
+			if json.Unmarshal(data, &e) == nil && e.Error.Code != nil {
+				code = fmt.Sprint(e.Error.Code)
+			}
+		}
+	}
+	return code, done, sc.Err()
+}
