@@ -105,13 +105,17 @@ func (m *Monitor) meterCountersLocked(r *replica, obs ReplicaMetrics, now time.T
 	r.ctrBusy, r.ctrJ, r.ctrJOK = obs.SimGPUBusySeconds, obs.SimGPUEnergyJoules, obs.HasSimGPUEnergy
 }
 
-// updateWattsLocked publishes the fleet's largest energy per busy GPU time
-// for [Monitor.HoldEnergy]. Caller holds mu.
+// updateWattsLocked publishes the fleet's largest attributed energy per
+// attributed busy GPU time (what a request settles per GPU-ms, idle power
+// of the intervals it ran in included) for [Monitor.HoldEnergy]. Caller
+// holds mu.
 func (m *Monitor) updateWattsLocked() {
 	w := 0.0
 	for _, r := range m.reps {
-		if t := r.clock.Totals(); t.BusyGPUNs >= 1e9 && t.EnergyUJ > 0 {
-			w = max(w, float64(t.EnergyUJ)/float64(t.BusyGPUNs)*1000) // µJ/ns = kW
+		t := r.clock.Totals()
+		busy, uj := t.BusyGPUNs-t.UnattributedGPUNs, t.EnergyUJ-t.UnattributedEnergyUJ
+		if busy >= 1e9 && uj > 0 {
+			w = max(w, float64(uj)/float64(busy)*1000) // µJ/ns = kW
 		}
 	}
 	if w == 0 {

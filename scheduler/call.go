@@ -335,6 +335,9 @@ func (s *Server) sizeHolds(c *call) error {
 		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
+	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
+		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
+	}
 	c.held = h
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
@@ -610,6 +613,9 @@ func (s *Server) finish(c *call, err error) {
 	}
 	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
+	if src != ledger.SourceNotSent {
+		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
+	}
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)

@@ -37,7 +37,7 @@ const (
 var adminTimeout = 10 * time.Second
 
 // budgetDimensions are the ledger's windowed dimensions (ARCHITECTURE §3).
-var budgetDimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros"}
+var budgetDimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "gpu_joules"}
 
 var reservationStates = []string{"unresolved", "dispatched", "reserved"}
 

@@ -250,8 +250,9 @@ type OutageAllowance struct {
 	Tokens   int64 `yaml:"tokens"`
 }
 
-// Dimensions are the budget dimensions of the pinned schema.
-var Dimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros"}
+// Dimensions are the budget dimensions: the pinned schema's and gpu_joules
+// (GPU energy in millijoules, an extension).
+var Dimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "gpu_joules"}
 
 // maxAmount is the ledger's largest amount (2^50).
 const maxAmount = int64(1) << 50

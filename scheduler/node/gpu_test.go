@@ -146,3 +146,30 @@ func TestHalvedKVGetsHalfTheLoad(t *testing.T) {
 	assert.Equal(t, before, r1.Stats().Received, "a draining replica gets nothing new")
 	eventually(t, "r1 keeps running what it has", func() bool { return r1.Stats().Running == 4 })
 }
+
+// TestGPUJoulesBudgetEnforced: with the simulator's energy counter metering
+// the replica, requests settle GPU energy into a gpu_joules budget
+// (millijoules) and the budget refuses with 429 naming gpu_joules once the
+// next request's energy hold no longer fits.
+func TestGPUJoulesBudgetEnforced(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	cfg := nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: gpu_joules, limit: 2000000, window: 1h}]\n", "")
+	cfg.GPU.Telemetry = "vllm"
+	n := startNode(t, cfg)
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":60,"ignore_eos":true}`
+	for i := 0; ; i++ {
+		require.Less(t, i, 100, "the gpu_joules budget never refused")
+		resp := n.post(t, "/v1/completions", keyAcme, body)
+		b := readAll(t, resp)
+		if resp.StatusCode == 200 {
+			continue
+		}
+		require.Equal(t, 429, resp.StatusCode, string(b))
+		code, det := errorCode(t, b)
+		assert.Equal(t, "tenant_budget_exceeded", code)
+		assert.Equal(t, "gpu_joules", det["dimension"])
+		assert.EqualValues(t, 2000000, det["limit"])
+		assert.Positive(t, det["committed"], "settled requests charged their energy")
+		return
+	}
+}
