@@ -70,7 +70,7 @@ func commands() map[string]*command {
 			"hash": {summary: "read an API key on stdin, print the sha256:<hex> form the config stores", usage: "< KEYFILE",
 				example: "sluice key hash < key.txt", run: runKeyHash},
 		}},
-		"gpus": {summary: "one NVML sample of the node's GPUs and their health", usage: "[--json]",
+		"gpus": {summary: "one NVML sample of the node's GPUs and their health; --watch polls and reports deltas", usage: "[--json] [--watch DUR [--interval DUR]]",
 			example: "sluice gpus --json", run: runGPUs},
 		"budget": {summary: "admin: a running server's budgets", subs: map[string]*command{
 			"set": {summary: "set one budget (runtime override)",

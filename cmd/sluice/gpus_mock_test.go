@@ -21,6 +21,10 @@ import (
 // thermally throttled and GPU 5 has a pending row remap.
 func mockNode(t *testing.T) *server.Server {
 	t.Helper()
+	return newMockServer()
+}
+
+func newMockServer() *server.Server {
 	srv := dgxh100.New()
 	srv.Devices = srv.Devices[:6]
 	for i, d := range srv.Devices {
