@@ -33,6 +33,7 @@ type run struct {
 	s1     uint64 // S at its end; valid when done
 	done   bool
 	att    Use // attributed through closed intervals
+	i      int // index in Clock.runs
 }
 
 // checkpoint is the share clock's state from at until the next checkpoint.
@@ -75,7 +76,8 @@ type Clock struct {
 	loc    uint64     // ∫ n dS: Σ of every local request's share
 	all    uint64     // ∫ m dS: Σ of every instance's requests' share
 	log    []checkpoint
-	runs   map[*run]struct{} // running, and ended with a part still open
+	runs   []*run          // running, and ended with a part still open
+	byT    map[string]Use // scratch for closeLocked's per-tenant sums
 
 	closedAt time.Time
 	closedS  uint64
@@ -95,7 +97,7 @@ type Clock struct {
 // It starts in exact mode (busy while a request runs) until a sampled
 // [Clock.Close].
 func NewClock(g int, now time.Time) *Clock {
-	c := &Clock{gpus: uint64(max(g, 1)), last: now, closedAt: now, exact: true, runs: map[*run]struct{}{}}
+	c := &Clock{gpus: uint64(max(g, 1)), last: now, closedAt: now, exact: true, byT: map[string]Use{}}
 	c.log = append(c.log, checkpoint{at: now})
 	return c
 }
@@ -157,8 +159,8 @@ func (c *Clock) Start(now time.Time, tenant string) Ticket {
 	c.advanceLocked(now)
 	c.n++
 	c.checkpointLocked()
-	r := &run{tenant: tenant, s0: c.s}
-	c.runs[r] = struct{}{}
+	r := &run{tenant: tenant, s0: c.s, i: len(c.runs)}
+	c.runs = append(c.runs, r)
 	return Ticket{r: r}
 }
 
@@ -257,8 +259,8 @@ func (c *Clock) closeLocked(at time.Time, q Use) {
 		q.GPUNs = int64(all * c.gpus / shareScale)
 	}
 	var given Use
-	var byTenant map[string]Use
-	for r := range c.runs {
+	for k := len(c.runs) - 1; k >= 0; k-- {
+		r := c.runs[k]
 		end := sAt
 		if r.done {
 			end = min(r.s1, sAt)
@@ -270,21 +272,23 @@ func (c *Clock) closeLocked(at time.Time, q Use) {
 				r.att = r.att.plus(a)
 				given = given.plus(a)
 				if c.sink != nil {
-					if byTenant == nil {
-						byTenant = map[string]Use{}
-					}
-					byTenant[r.tenant] = byTenant[r.tenant].plus(a)
+					c.byT[r.tenant] = c.byT[r.tenant].plus(a)
 				}
 			}
 		}
 		r.s0 = max(r.s0, sAt)
 		if r.done && r.s1 <= sAt {
-			delete(c.runs, r) // wholly inside closed intervals
+			// Wholly inside closed intervals: swap-remove.
+			last := c.runs[len(c.runs)-1]
+			c.runs[k], last.i = last, k
+			c.runs[len(c.runs)-1] = nil
+			c.runs = c.runs[:len(c.runs)-1]
 		}
 	}
-	for tenant, u := range byTenant {
+	for tenant, u := range c.byT {
 		c.sink(tenant, u)
 	}
+	clear(c.byT)
 	if all > 0 {
 		c.rateQ[0] = c.rateQ[0]*rateDecay + float64(q.GPUNs)
 		c.rateQ[1] = c.rateQ[1]*rateDecay + float64(q.EnergyUJ)
