@@ -76,7 +76,7 @@ type Clock struct {
 	loc    uint64     // ∫ n dS: Σ of every local request's share
 	all    uint64     // ∫ m dS: Σ of every instance's requests' share
 	log    []checkpoint
-	runs   []*run          // running, and ended with a part still open
+	runs   []*run         // running, and ended with a part still open
 	byT    map[string]Use // scratch for closeLocked's per-tenant sums
 
 	closedAt time.Time
