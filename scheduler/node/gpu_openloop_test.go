@@ -25,7 +25,9 @@ func meteredConfig(t *testing.T, rep *simReplica) *config.File {
 	t.Helper()
 	budget := "    budgets: [{dimension: gpu_ms, limit: 1000000000000, window: 24h}]\n"
 	var b strings.Builder
-	fmt.Fprintf(&b, "upstream:\n  scrape_interval: 50ms\n  replicas:\n    - {name: r0, url: %q}\n", rep.url)
+	// max_num_seqs as the simulator's: what does not fit waits in Sluice's
+	// queue, not in vLLM's, where it would hold a share without running.
+	fmt.Fprintf(&b, "upstream:\n  scrape_interval: 50ms\n  replicas:\n    - {name: r0, url: %q, max_num_seqs: %d}\n", rep.url, rep.Config().MaxNumSeqs)
 	b.WriteString("gpu: {telemetry: vllm}\nserver: {drain_timeout: 5s}\n")
 	fmt.Fprintf(&b, "tenants:\n  - name: acme\n    api_keys: [%q]\n    concurrency: 64\n%s", config.HashKey(keyAcme), budget)
 	fmt.Fprintf(&b, "  - name: beta\n    api_keys: [%q]\n    concurrency: 64\n%s", config.HashKey(keyBeta), budget)
@@ -64,14 +66,18 @@ func (n *node) committedGPUMs(t *testing.T, tenant string) int64 {
 // energy: attributed + unattributed joules are the simulator's energy, the
 // unattributed part being intervals without work (idle is never charged).
 func TestGPUMsConservationOpenLoop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("35 s of open-loop load")
+	}
 	// Steps cost 2 ms per sequence in the batch (plus 0.2 ms), as decode
 	// does on a GPU: the replica is a processor-sharing server, busy
 	// λ·E[work] of the time, and a request's GPU time is close to its
 	// tokens × 2 ms whatever it shares the batch with, so "twice the work"
-	// is twice the GPU time up to the sharing of the 0.2 ms (and the host's
-	// timer jitter, which the simulator counts as busy time).
+	// is twice the GPU time up to the sharing of the 0.2 ms. Requests are
+	// long (15–60 ms of work) against the scheduler's own per-request
+	// latency, which counts as running time in the shares.
 	const perSeq = 2 * time.Millisecond
-	sizes := []int{5, 10, 20}
+	sizes := []int{8, 16, 32}
 	meanS := 0.0
 	for _, k := range sizes {
 		meanS += float64(k) * perSeq.Seconds() / float64(len(sizes))
@@ -81,7 +87,6 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 			sc := sim.DefaultConfig()
 			sc.DecodeStep = 200 * time.Microsecond
 			sc.DecodeStepPerSeq = perSeq
-			sc.MaxNumSeqs = 32
 			rep := startSim(t, sc)
 			n := startNode(t, meteredConfig(t, rep))
 			// The counters' baseline: a scrape reached the meter.
@@ -91,19 +96,29 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 			e0, busy0 := rep.EnergyJoules(), rep.Stats().BusyTime
 			lambda := target / meanS
 			rng := rand.New(rand.NewPCG(uint64(target*100), 15))
-			const arrivals = 9 * 12 // acme, acme, beta repeating; sizes cycling per tenant
+			// Exactly twice the work: beta gets each size 16 times, acme 32
+			// times; tenants and sizes are shuffled so that neither tenant's
+			// requests sit at fixed places in the arrival stream.
+			type job struct {
+				key string
+				k   int
+			}
+			var jobs []job
+			for _, k := range sizes {
+				for range 16 {
+					jobs = append(jobs, job{keyBeta, k}, job{keyAcme, k}, job{keyAcme, k})
+				}
+			}
+			rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
 			start := time.Now()
 			var wg sync.WaitGroup
 			next := start
-			for i := range arrivals {
+			for _, jb := range jobs {
 				next = next.Add(time.Duration(rng.ExpFloat64() / lambda * float64(time.Second)))
 				if d := time.Until(next); d > 0 {
 					time.Sleep(d) // the open-loop arrival process itself, not a synchronisation
 				}
-				key, k := keyAcme, sizes[(i/3)%3]
-				if i%3 == 2 {
-					key, k = keyBeta, sizes[(i/3)%3]
-				}
+				key, k := jb.key, jb.k
 				body := fmt.Sprintf(`{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":%d,"ignore_eos":true}`, k)
 				wg.Add(1)
 				go func() {
@@ -124,13 +139,26 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 				return math.Abs(got-rep.Stats().BusyTime.Seconds()) < 1e-6
 			})
 			energy := rep.EnergyJoules() - e0
-			tenant := func(name, dim string) float64 {
-				return n.metric(t, "sluice_tenant_gpu_"+dim+"_total", map[string]string{"tenant": name})
+			// One gather, so that the replica's totals and the tenants' are
+			// of the same instant (idle power keeps metering).
+			mfs, err := n.reg.Gather()
+			require.NoError(t, err)
+			get := func(name, label, value string) float64 {
+				for _, mf := range mfs {
+					if mf.GetName() == name {
+						for _, m := range mf.GetMetric() {
+							if labelsMatch(m, map[string]string{label: value}) {
+								return m.GetCounter().GetValue()
+							}
+						}
+					}
+				}
+				return 0
 			}
-			acme, beta := tenant("acme", "ms"), tenant("beta", "ms")
-			acmeJ, betaJ := tenant("acme", "joules"), tenant("beta", "joules")
-			unattJ := n.metric(t, "sluice_replica_gpu_unattributed_joules_total", map[string]string{"replica": "r0"})
-			meterJ := n.metric(t, "sluice_replica_gpu_energy_joules_total", map[string]string{"replica": "r0"})
+			acme, beta := get("sluice_tenant_gpu_ms_total", "tenant", "acme"), get("sluice_tenant_gpu_ms_total", "tenant", "beta")
+			acmeJ, betaJ := get("sluice_tenant_gpu_joules_total", "tenant", "acme"), get("sluice_tenant_gpu_joules_total", "tenant", "beta")
+			unattJ := get("sluice_replica_gpu_unattributed_joules_total", "replica", "r0")
+			meterJ := get("sluice_replica_gpu_energy_joules_total", "replica", "r0")
 			busyMs := float64(busy) / float64(time.Millisecond)
 			var ledgerMs int64
 			eventually(t, "settled", func() bool {
@@ -142,13 +170,40 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 			t.Logf("energy: acme %.1f + beta %.1f J (ratio %.3f) + unattributed %.1f J = %.1f J metered; simulator %.1f J since the first scrape",
 				acmeJ, betaJ, acmeJ/betaJ, unattJ, acmeJ+betaJ+unattJ, energy)
 			assert.InEpsilon(t, busyMs, acme+beta, 0.01, "Σ tenant GPU-ms vs the simulator's busy time")
-			assert.InEpsilon(t, 2.0, acme/beta, 0.05, "acme/beta GPU-ms")
-			assert.InEpsilon(t, busyMs, float64(ledgerMs), 0.05, "Σ settled GPU-ms (the open interval at the recent rate)")
-			assert.InDelta(t, meterJ, acmeJ+betaJ+unattJ, 1e-6*meterJ, "attributed + unattributed = metered")
+			// Twice the work is twice the GPU time only while the meter
+			// measures work: the simulator counts a late engine goroutine's
+			// lost time as busy (as a GPU's counter would see a stalled
+			// batch), so on a host too loaded to keep its step cadence the
+			// stalls, not the tokens, decide who used more, and the recent
+			// rate that settlement uses swings with them; ratios and the
+			// settled sum are then judged at 15 %. Work here is at most
+			// Σ (k−1) decode steps × 2.2 ms.
+			var workMs float64
+			for _, jb := range jobs {
+				workMs += float64(jb.k-1) * float64(perSeq+sc.DecodeStep) / float64(time.Millisecond)
+			}
+			tol := 0.05
+			if busyMs > 1.1*workMs {
+				tol = 0.15
+				t.Logf("host stalled the simulator: busy %.0f ms for at most %.0f ms of work; ratios and settlement judged at 15 %%", busyMs, workMs)
+			}
+			assert.InEpsilon(t, 2.0, acme/beta, tol, "acme/beta GPU-ms")
+			assert.InEpsilon(t, busyMs, float64(ledgerMs), tol, "Σ settled GPU-ms (the open interval at the recent rate)")
+			// A request that ended just after a scrape still has its share of
+			// the next interval (idle power only), closed and exported within
+			// a poll or two.
+			eventually(t, "attributed + unattributed = metered", func() bool {
+				mfs, err = n.reg.Gather()
+				require.NoError(t, err)
+				acmeJ, betaJ = get("sluice_tenant_gpu_joules_total", "tenant", "acme"), get("sluice_tenant_gpu_joules_total", "tenant", "beta")
+				unattJ = get("sluice_replica_gpu_unattributed_joules_total", "replica", "r0")
+				meterJ = get("sluice_replica_gpu_energy_joules_total", "replica", "r0")
+				return math.Abs(meterJ-(acmeJ+betaJ+unattJ)) <= 1e-6*meterJ
+			})
 			// The test reads the simulator's energy at other instants than the
 			// scrapes that bound the metered span; idle power fills the gap.
 			assert.InEpsilon(t, energy, meterJ, 0.05, "metered vs the simulator's energy")
-			assert.InEpsilon(t, 2.0, acmeJ/betaJ, 0.05, "acme/beta joules")
+			assert.InEpsilon(t, 2.0, acmeJ/betaJ, tol, "acme/beta joules")
 			// Every busy joule is attributed: dynamic energy is in the tenants'.
 			assert.GreaterOrEqual(t, acmeJ+betaJ, 0.99*630*busy.Seconds(), "busy energy attributed")
 		})
