@@ -352,6 +352,9 @@ func (s *Server) sizeHolds(c *call) error {
 		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
+	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
+		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
+	}
 	c.held = h
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
@@ -508,11 +511,12 @@ func (s *Server) await(c *call) error {
 		s.running[c] = struct{}{}
 		s.mu.Unlock()
 		if rep.clock != nil {
-			c.ticket = rep.clock.Start(c.dispatchAt)
+			c.ticket = rep.clock.Start(c.dispatchAt, c.t.name)
 		}
 		// The slot round trip took time: re-check the deadline before the
 		// first upstream byte.
 		if dl := c.queueDeadline(); !dl.IsZero() && !c.dispatchAt.Before(dl) {
+			s.m.ExpiredDispatch.Inc()
 			s.finish(c, queue.ErrExpired)
 			return queue.ErrExpired
 		}
@@ -598,7 +602,7 @@ func (s *Server) moveClock(c *call, next *replica) {
 		c.rep.clock.End(now, c.ticket)
 	}
 	if next.clock != nil {
-		c.ticket = next.clock.Start(now)
+		c.ticket = next.clock.Start(now, c.t.name)
 	}
 }
 
@@ -635,12 +639,15 @@ func (s *Server) finish(c *call, err error) {
 	if c.abortCause != "" {
 		s.m.UpstreamAborts.WithLabelValues(c.rep.name, c.abortCause).Inc()
 	}
-	var gpuNs int64
+	var use gpu.Use
 	if c.rep.clock != nil {
-		gpuNs = c.rep.clock.End(now, c.ticket)
+		use = c.rep.clock.End(now, c.ticket)
 	}
-	gpuMs := gpu.GPUMs(gpuNs)
+	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
+	if src != ledger.SourceNotSent {
+		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
+	}
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
@@ -649,7 +656,7 @@ func (s *Server) finish(c *call, err error) {
 	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
 	c.t.series(s.m).inflight.Dec()
-	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
+	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
 		if c.abortCause == "client_disconnect" {

@@ -45,13 +45,15 @@ type Metrics struct {
 	GPUUtilization Value
 	// GPUBusySecondsTotal is the simulator's sim_gpu_busy_seconds_total.
 	GPUBusySecondsTotal Value
+	// GPUEnergyJoulesTotal is the simulator's sim_gpu_energy_joules_total.
+	GPUEnergyJoulesTotal Value
 	// SimAbortedTotal is the simulator's sim_aborted_requests_total.
 	SimAbortedTotal Value
 }
 
 // counters lists the monotonic readings, for restart detection.
-func (m *Metrics) counters() [7]Value {
-	return [7]Value{m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
+func (m *Metrics) counters() [8]Value {
+	return [8]Value{m.GPUEnergyJoulesTotal, m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
 		m.SuccessTotal, m.AbortsTotal, m.GPUBusySecondsTotal, m.SimAbortedTotal}
 }
 
@@ -156,6 +158,8 @@ func ParseMetrics(text []byte, model string) Metrics {
 			m.GPUUtilization.add(v)
 		case mSimBusy:
 			m.GPUBusySecondsTotal.add(v)
+		case mSimEnergy:
+			m.GPUEnergyJoulesTotal.add(v)
 		case mSimAborted:
 			m.SimAbortedTotal.add(v)
 		}
@@ -184,6 +188,7 @@ const (
 	mCacheConfig
 	mSimUtil
 	mSimBusy
+	mSimEnergy
 	mSimAborted
 )
 
@@ -211,6 +216,8 @@ func metricKind(name []byte) mKind {
 		return mSimUtil
 	case "sim_gpu_busy_seconds_total":
 		return mSimBusy
+	case "sim_gpu_energy_joules_total":
+		return mSimEnergy
 	case "sim_aborted_requests_total":
 		return mSimAborted
 	}

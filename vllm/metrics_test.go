@@ -33,7 +33,7 @@ func TestParseMetrics(t *testing.T) {
 				PreemptionsTotal: v(7), PromptTokensTotal: v(1000), GenerationTokensTotal: v(2500),
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
-				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), SimAbortedTotal: v(2),
+				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
 			},
 		},
 		{
@@ -45,7 +45,7 @@ func TestParseMetrics(t *testing.T) {
 				PreemptionsTotal: v(7), PromptTokensTotal: v(1000), GenerationTokensTotal: v(2500),
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
-				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), SimAbortedTotal: v(2),
+				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
 			},
 		},
 		{

@@ -101,10 +101,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		Telemetry: mode, PollInterval: cfg.GPU.Interval, DownAfter: cfg.Upstream.DownAfter,
 		DegradedFactor: cfg.GPU.DegradedFactor, MaxOvercommit: cfg.GPU.MaxOvercommit,
 		GPUMsPerInputToken: cfg.GPU.MsPerInputToken, GPUMsPerOutputToken: cfg.GPU.MsPerOutputToken,
-		GPUMsMargin: cfg.GPU.Margin, GPUMsAbortFactor: cfg.GPU.AbortFactor,
-		StaleAfter: max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
-		Replicas:   gpuReps,
-	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, SharedReplicas: cfg.Ledger.Backend == "redis"})
+		GPUMsMargin: cfg.GPU.Margin,
+		StaleAfter:  max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
+		Replicas:    gpuReps,
+	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis"})
 	if err != nil {
 		return err
 	}

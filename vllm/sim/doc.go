@@ -38,6 +38,9 @@
 //     pieces of at most 4 bytes), and output is made of one-token words.
 //   - sim_gpu_busy_seconds_total is the sum of step durations (simulated
 //     time); idle time, when no sequence runs, is excluded.
+//   - sim_gpu_energy_joules_total is exactly 70 W × time since start +
+//     630 W × busy time (power.go), so that energy attribution can be
+//     checked against it.
 //
 // # Determinism
 //
