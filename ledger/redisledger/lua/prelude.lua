@@ -28,6 +28,7 @@ local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st =
 -- nil (corrupt), so no later HINCRBY can fail half-way through a script.
 local function cint(v)
   if not v then return 0 end
+  if type(v) == 'number' then return v end -- written by this script (meta cache)
   if v == '0' then return 0 end
   if type(v) ~= 'string' or #v > 16 or not string.find(v, '^[1-9]%d*$') then return nil end
   local n = tonumber(v)
@@ -41,12 +42,30 @@ local FLOOR = tonumber(ARGV[#ARGV]) or 0
 
 -- META holds the tenant meta hash fields read once by ledger_now.
 local META = {}
+-- One script call is one instant: TIME is read once (TNOW, ms), and each
+-- meta hash once (MC: {hwm, epoch, fence_until, pv} as read or as written
+-- since). hwm and pv are written back once per meta key by flush, at the
+-- end of the call (a batch of operations on one tenant writes its hwm once).
+local TNOW
+local MC, MDIRTY = {}, {}
+
+local function meta()
+  local m = MC[KEYS[1]]
+  if not m then
+    m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
+    MC[KEYS[1]] = m
+  end
+  return m
+end
 
 local function ledger_now()
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not TNOW then
+    local t = redis.call('TIME')
+    TNOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local now = TNOW
   if FLOOR > now then now = FLOOR end
-  local m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
+  local m = meta()
   META.epoch, META.fence_s, META.pv_s = m[2], m[3], m[4]
   if m[1] then
     local hv = cint(m[1])
@@ -62,10 +81,13 @@ local function epoch_check(now)
   local cached, cand = ARGV[1], ARGV[2]
   local stored = META.epoch
   if not stored then
+    local m = meta()
     redis.call('HSET', KEYS[1], 'epoch', cand)
+    m[2] = cand
     if cached ~= '' then
       redis.call('HSET', KEYS[1], 'fence_until', now + tonumber(ARGV[3]), 'hwm', now)
       META.fence_s = tostring(now + tonumber(ARGV[3]))
+      m[1], m[3] = now, META.fence_s
       return cand, true
     end
     return cand, false
@@ -246,17 +268,45 @@ local function do_charge(plan)
   end
 end
 
--- finalize makes the record a tombstone in ledger time and real time.
-local function finalize(now, st)
+-- finalize makes the record a tombstone in ledger time and real time,
+-- writing the extra record fields given, and takes its id out of the index
+-- its previous state prev is in (L for RESERVED and DISPATCHED, U for
+-- UNRESOLVED; nil for a new record).
+local function finalize(now, st, prev, ...)
   local ret = tonumber(ARGV[5])
-  redis.call('HSET', KEYS[4], 'st', st, 'te', now + ret)
+  redis.call('HSET', KEYS[4], 'st', st, 'te', now + ret, ...)
   redis.call('PEXPIRE', KEYS[4], ret)
-  redis.call('ZREM', KEYS[2], ARGV[4])
-  redis.call('ZREM', KEYS[3], ARGV[4])
+  if prev == S_RESERVED or prev == S_DISPATCHED then
+    redis.call('ZREM', KEYS[2], ARGV[4])
+  elseif prev == S_UNRESOLVED then
+    redis.call('ZREM', KEYS[3], ARGV[4])
+  end
 end
 
-local function touch(now)
-  redis.call('HSET', KEYS[1], 'hwm', now)
+-- touch raises the tenant's hwm to now (written by flush); pv, when given,
+-- records the policy version too.
+local function touch(now, pv)
+  local m = meta()
+  m[1] = now
+  if pv then m[4] = pv end
+  local d = MDIRTY[KEYS[1]]
+  if not d then
+    d = {m = m}
+    MDIRTY[KEYS[1]] = d
+  end
+  if pv then d.pv = true end
+end
+
+-- flush writes the meta fields touch deferred; every script calls it last.
+local function flush()
+  for k, d in pairs(MDIRTY) do
+    if d.pv then
+      redis.call('HSET', k, 'hwm', d.m[1], 'pv', d.m[4])
+    else
+      redis.call('HSET', k, 'hwm', d.m[1])
+    end
+  end
+  MDIRTY = {}
 end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first

@@ -82,7 +82,7 @@ if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
 if ARGV[15] ~= '0' then redis.call('HSET', KEYS[4], 'na', ARGV[15]) end
 redis.call('ZADD', KEYS[2], le, ARGV[4])
 if META.pv_s ~= ARGV[6] then
-  redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)
+  touch(now, ARGV[6])
 else
   touch(now)
 end
