@@ -763,7 +763,9 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	switch {
 	case o.DropPriority && m.keyIs(b, "priority"):
 		return true
-	case m.keyIs(b, "stream"), m.keyIs(b, "stream_options"), m.keyIs(b, "max_tokens"):
+	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
+		return true
+	case m.keyIs(b, "max_tokens"):
 		return true
 	case r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
 		return true
@@ -772,11 +774,15 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 }
 
 // Rewrite appends to dst the upstream body for output cap capTokens: every
-// member of the client's body is kept byte for byte except stream,
-// stream_options and the cap fields, which are replaced by
-// "stream":true, "stream_options":{"include_usage":true,"continuous_usage_stats":true}
-// and the cap in max_completion_tokens and max_tokens (chat) or max_tokens
-// (completions), appended before the closing brace.
+// member of the client's body is kept byte for byte except the cap fields,
+// replaced by the cap in max_completion_tokens and max_tokens (chat) or
+// max_tokens (completions), appended before the closing brace. A streamed
+// request's stream and stream_options are replaced by "stream":true,
+// "stream_options":{"include_usage":true,"continuous_usage_stats":true}; a
+// non-streamed request stays non-streamed, so that vLLM's non-streaming
+// features (prompt_logprobs, use_beam_search, its non-streaming tool and
+// reasoning parsers) work and its body passes through (VLLM.md Part 2;
+// the measurements are in docs/benchmarks/sim.md).
 func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
 	return r.RewriteWith(dst, capTokens, RewriteOptions{})
 }
@@ -820,12 +826,15 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 	if !first {
 		dst = append(dst, ',')
 	}
-	dst = append(dst, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
-	if r.Endpoint == EndpointChat {
-		dst = append(dst, `,"max_completion_tokens":`...)
-		dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	if r.Stream {
+		dst = append(dst, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},`...)
 	}
-	dst = append(dst, `,"max_tokens":`...)
+	if r.Endpoint == EndpointChat {
+		dst = append(dst, `"max_completion_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(capTokens), 10)
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"max_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(capTokens), 10)
 	return append(dst, b[closing:]...)
 }

@@ -91,6 +91,8 @@ type Assembler struct {
 	prompt    int
 	perChoice map[int]int
 	chunks    int
+	// whole is a non-streamed upstream body, passed through.
+	whole []byte
 	// scratch is reused by Add; its Choices' backing array survives.
 	scratch asmChunk
 	arena   asmArena
@@ -191,6 +193,14 @@ func (a *Assembler) choice(i int) *asmChoice {
 func (a *Assembler) Add(ev Event) error {
 	if ev.Err != nil {
 		return ev.Err
+	}
+	if ev.Whole {
+		// A non-streamed upstream response is the client's body as is.
+		a.whole, a.done = bytes.Clone(ev.Raw), true
+		if ev.HasUsage {
+			a.final = &asmUsage{PromptTokens: ev.Usage.PromptTokens, CompletionTokens: ev.Usage.CompletionTokens}
+		}
+		return nil
 	}
 	if ev.Done {
 		a.done = true
@@ -336,6 +346,9 @@ func (a *Assembler) Usage() Usage {
 func (a *Assembler) Body() ([]byte, error) {
 	if !a.done {
 		return nil, fmt.Errorf("assemble: %w", ErrStreamCut)
+	}
+	if a.whole != nil {
+		return a.whole, nil
 	}
 	slices.SortFunc(a.choices, func(x, y *asmChoice) int { return x.index - y.index })
 	var b bytes.Buffer
