@@ -105,7 +105,19 @@ type CountOptions struct {
 	// add_special_tokens adds to a completions text prompt. Optional;
 	// default 4; negative means 0.
 	SpecialTokensPerPrompt int
+	// MediaTokensPerPart bounds the tokens of one image, audio or video
+	// content part, whose real count depends on the model's processor and
+	// the media itself (unknown to Sluice). Optional; default 4096;
+	// negative means 0.
+	MediaTokensPerPart int
 }
+
+// DefaultMediaTokensPerPart is the default per-part media allowance: above
+// the image token counts of common vLLM multimodal models at their default
+// processor settings (LLaVA-1.5 576, LLaVA-NeXT ≤ 2928, Pixtral and
+// Qwen2-VL images at ~1–2 MP), so a hold is rarely short; set it per model
+// family for exactness.
+const DefaultMediaTokensPerPart = 4096
 
 func (o CountOptions) withDefaults() CountOptions {
 	def := func(v, d int) int {
@@ -120,6 +132,7 @@ func (o CountOptions) withDefaults() CountOptions {
 	o.TemplateTokensPerMessage = def(o.TemplateTokensPerMessage, DefaultTemplateTokensPerMessage)
 	o.TemplateTokensPerRequest = def(o.TemplateTokensPerRequest, DefaultTemplateTokensPerRequest)
 	o.SpecialTokensPerPrompt = def(o.SpecialTokensPerPrompt, DefaultSpecialTokensPerPrompt)
+	o.MediaTokensPerPart = def(o.MediaTokensPerPart, DefaultMediaTokensPerPart)
 	return o
 }
 
@@ -163,9 +176,18 @@ type Request struct {
 	// InputExact reports exact counts (token-id prompts, or set by
 	// WithExactInput from /tokenize).
 	InputExact bool
-	// HasMedia reports image/audio/video content parts, which the bytes
-	// count does not bound.
+	// HasMedia reports image/audio/video content parts; the bytes count
+	// adds CountOptions.MediaTokensPerPart for each (MediaParts).
 	HasMedia bool
+	// MediaParts counts image/audio/video content parts.
+	MediaParts int
+	// StreamInterval is the client's "stream_interval" (0 when absent).
+	StreamInterval int
+	// ContinueFinalMessage is the client's "continue_final_message".
+	ContinueFinalMessage bool
+	// TemplateMargin is the tokens a chat template may add beyond an exact
+	// /tokenize count (see WithTokenizedInput); 0 otherwise.
+	TemplateMargin int
 
 	body []byte
 	// spans of raw values, for /tokenize
@@ -174,7 +196,13 @@ type Request struct {
 	prompt                                                      span
 	// textPrompts holds the spans of completions string prompts.
 	textPrompts []span
+	// mediaTokens is CountOptions.MediaTokensPerPart, for counting.
+	mediaTokens int
 }
+
+// HasTools reports a non-null "tools" member: vLLM's tool parser may then
+// hold back chunks (and their usage) while it parses a call.
+func (r *Request) HasTools() bool { return r.tools.ok() && !isNull(r.body, r.tools) }
 
 // Body returns the original body (not a copy).
 func (r *Request) Body() []byte { return r.body }
@@ -200,7 +228,23 @@ func (r *Request) WithExactInput(perPrompt []int) (*Request, error) {
 	c := *r
 	c.InputTokens = append([]int(nil), perPrompt...)
 	c.InputExact = true
+	c.TemplateMargin = 0
 	return &c, nil
+}
+
+// WithTokenizedInput is WithExactInput for counts from /tokenize, keeping
+// margin tokens of the remaining context free on chat requests: /tokenize
+// renders the chat template without the generation request's
+// reasoning_effort, documents and the server's default template kwargs
+// (vllm/entrypoints/serve/tokenize/protocol.py), so the prompt vLLM runs may
+// be a little longer. The margin lowers an injected cap; it is never the
+// reason for a refusal.
+func (r *Request) WithTokenizedInput(perPrompt []int, margin int) (*Request, error) {
+	c, err := r.WithExactInput(perPrompt)
+	if err == nil && r.Endpoint == EndpointChat {
+		c.TemplateMargin = max(0, margin)
+	}
+	return c, err
 }
 
 // maxRequestInts bounds integers taken from the body.
@@ -228,7 +272,7 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		maxTokens, maxCompletion   span
 		stream, streamOpts, nSpan  span
 		model, ignoreEOS, priority span
-		minTokens                  span
+		minTokens, streamInterval  span
 	)
 	err := eachMember(body, i, func(m member) bool {
 		v := span{m.valStart, m.valEnd}
@@ -251,6 +295,8 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			minTokens = v
 		case m.keyIs(body, "priority"):
 			priority = v
+		case m.keyIs(body, "stream_interval"):
+			streamInterval = v
 		case m.keyIs(body, "messages"):
 			r.messages = v
 		case m.keyIs(body, "tools"):
@@ -351,6 +397,18 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		return nil, err
 	}
 	r.Priority = prio
+	if si, set, err := optInt(body, streamInterval, "stream_interval"); err != nil {
+		return nil, err
+	} else if set {
+		if si < 1 {
+			return nil, invalid("stream_interval", "must be at least 1")
+		}
+		r.StreamInterval = si
+	}
+	if r.ContinueFinalMessage, err = optBool(body, r.continueFinalMessage, "continue_final_message", false); err != nil {
+		return nil, err
+	}
+	r.mediaTokens = opts.MediaTokensPerPart
 	switch e {
 	case EndpointChat:
 		if r.prompt.ok() {
@@ -568,6 +626,8 @@ func (r *Request) countContent(idx int, s span) (int, error) {
 			return false
 		default:
 			r.HasMedia = true
+			r.MediaParts++
+			n += r.mediaTokens
 		}
 		return true
 	})
@@ -695,6 +755,9 @@ type Plan struct {
 	InputTokens int
 	// OutputTokens is the output reservation, Cap × Choices.
 	OutputTokens int
+	// BoundCut reports a cap lowered to the remaining context computed from
+	// an upper-bound input count: count exactly before relying on it.
+	BoundCut bool
 }
 
 // Plan computes the approved output cap and reservation (VLLM.md Part 2):
@@ -715,34 +778,48 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 	}
 	remaining := 0 // 0: unknown
 	if l.MaxModelLen > 0 {
-		remaining = max(1, l.MaxModelLen-maxIn)
+		remaining = max(1, l.MaxModelLen-maxIn-r.TemplateMargin)
 	}
 	c := r.MaxTokens
 	clientSet := c > 0
+	fromBound := false // the remaining context decided c
 	if !clientSet {
 		switch r.Endpoint {
 		case EndpointCompletions:
 			c = 16
 		default:
 			c = remaining
+			fromBound = remaining > 0
 		}
 	}
 	for _, lim := range []int{l.TenantMaxOutput, l.BudgetMaxOutput} {
 		if lim > 0 && (c == 0 || lim < c) {
 			c = lim
+			fromBound = false
 		}
 	}
 	if c == 0 {
 		return p, fmt.Errorf("plan: %w", ErrNoCap)
 	}
 	if remaining > 0 && c > remaining {
-		if clientSet && r.InputExact && c == r.MaxTokens {
+		if clientSet && r.InputExact && c == r.MaxTokens && c > l.MaxModelLen-maxIn {
 			return p, fmt.Errorf("prompt of %d tokens plus %d output tokens, model context %d: %w",
 				maxIn, c, l.MaxModelLen, ErrContextLength)
 		}
 		if !clientSet || c != r.MaxTokens {
 			c = remaining
+			fromBound = true
 		}
+	}
+	p.BoundCut = fromBound && !r.InputExact
+	if r.MinTokens > 0 && c < r.MinTokens && !(clientSet && c == r.MaxTokens) {
+		// vLLM would refuse the lowered cap with a 400 naming a max_tokens
+		// the client never sent; a client cap below its own min_tokens is
+		// vLLM's 400 to give.
+		p.Cap = c
+		return p, &InvalidRequestError{Param: "min_tokens", Reason: fmt.Sprintf(
+			"min_tokens %d exceeds the %d output tokens this request may use (tenant limit, budget or context)",
+			r.MinTokens, c)}
 	}
 	p.Cap = c
 	p.OutputTokens = c * p.Choices

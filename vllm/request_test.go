@@ -23,8 +23,8 @@ func TestParseCounts(t *testing.T) {
 			ep:   EndpointChat,
 			body: `{"model":"m","messages":[{"role":"system","content":"You are terse."},` +
 				`{"role":"user","content":[{"type":"text","text":"héllo"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`,
-			// 64 per request + (6+14+8) + (4+6+8)
-			wantIn:    []int{110},
+			// 64 per request + (6+14+8) + (4+6+8) + one media part
+			wantIn:    []int{110 + DefaultMediaTokensPerPart},
 			wantMedia: true,
 		},
 		{
@@ -246,7 +246,7 @@ func TestPlan(t *testing.T) {
 			ep:     EndpointChat,
 			body:   chat(""),
 			limits: Limits{MaxModelLen: 4096},
-			want:   Plan{Cap: 4096 - 77, Choices: 1, InputTokens: 77, OutputTokens: 4096 - 77},
+			want:   Plan{Cap: 4096 - 77, Choices: 1, InputTokens: 77, OutputTokens: 4096 - 77, BoundCut: true},
 		},
 		{
 			name:   "chat default min tenant",

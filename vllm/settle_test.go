@@ -2,11 +2,13 @@ package vllm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,4 +165,86 @@ func TestClientRetriesOnServerClosedIdle(t *testing.T) {
 	assert.Equal(t, int32(21), served.Load(), "each request ran exactly once")
 	assert.False(t, closedIdle(errors.New("EOF")))
 	assert.True(t, closedIdle(errors.New(`Post "x": http: server closed idle connection`)))
+}
+
+// Issue 19 item 6: image parts add the configured per-part allowance to
+// the bytes bound.
+func TestMediaPartsAddAllowance(t *testing.T) {
+	body := `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x/a.png"}},{"type":"input_audio","input_audio":{"data":"AAAA"}}]}]}`
+	plain, err := Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`), CountOptions{})
+	require.NoError(t, err)
+	r, err := Parse(EndpointChat, []byte(body), CountOptions{MediaTokensPerPart: 1000})
+	require.NoError(t, err)
+	assert.True(t, r.HasMedia)
+	assert.Equal(t, 2, r.MediaParts)
+	assert.Equal(t, plain.InputTokens[0]+2000, r.InputTokens[0])
+	def, err := Parse(EndpointChat, []byte(body), CountOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, plain.InputTokens[0]+2*DefaultMediaTokensPerPart, def.InputTokens[0])
+}
+
+// Issue 19 item 6: a cap lowered by Sluice never goes below the client's
+// min_tokens; the request is refused instead (naming min_tokens).
+func TestPlanRefusesCapBelowMinTokens(t *testing.T) {
+	r, err := Parse(EndpointCompletions, []byte(`{"prompt":[1,2,3],"max_tokens":100,"min_tokens":50}`), CountOptions{})
+	require.NoError(t, err)
+	_, err = r.Plan(Limits{MaxModelLen: 1000, TenantMaxOutput: 40})
+	var ie *InvalidRequestError
+	require.ErrorAs(t, err, &ie)
+	assert.Equal(t, "min_tokens", ie.Param)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	p, err := r.Plan(Limits{MaxModelLen: 1000, TenantMaxOutput: 60})
+	require.NoError(t, err)
+	assert.Equal(t, 60, p.Cap)
+	// The client's own cap below its min_tokens is vLLM's 400 to give.
+	r, err = Parse(EndpointCompletions, []byte(`{"prompt":[1],"max_tokens":5,"min_tokens":9}`), CountOptions{})
+	require.NoError(t, err)
+	p, err = r.Plan(Limits{MaxModelLen: 1000})
+	require.NoError(t, err)
+	assert.Equal(t, 5, p.Cap)
+}
+
+// Issue 19 items 2 and 6: a cap cut from the bytes bound is flagged (the
+// scheduler then counts exactly); a /tokenize count keeps the template
+// margin free when Sluice injects the cap, but a client cap that fits the
+// exact count is never refused for the margin.
+func TestPlanBoundCutAndTokenizeMargin(t *testing.T) {
+	r, err := Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":"`+strings.Repeat("abcd ", 1000)+`"}]}`), CountOptions{})
+	require.NoError(t, err)
+	p, err := r.Plan(Limits{MaxModelLen: 8192})
+	require.NoError(t, err)
+	assert.True(t, p.BoundCut, "no client cap: the bound decided the cap")
+	exact, err := r.WithTokenizedInput([]int{1007}, 64)
+	require.NoError(t, err)
+	p, err = exact.Plan(Limits{MaxModelLen: 8192})
+	require.NoError(t, err)
+	assert.False(t, p.BoundCut)
+	assert.Equal(t, 8192-1007-64, p.Cap)
+	r, err = Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":"x"}],"max_tokens":7160}`), CountOptions{})
+	require.NoError(t, err)
+	exact, err = r.WithTokenizedInput([]int{1007}, 64)
+	require.NoError(t, err)
+	p, err = exact.Plan(Limits{MaxModelLen: 8192})
+	require.NoError(t, err, "1007 + 7160 fits 8192 exactly: vLLM decides")
+	assert.Equal(t, 7160, p.Cap)
+	_, err = exact.Plan(Limits{MaxModelLen: 8000})
+	assert.ErrorIs(t, err, ErrContextLength)
+}
+
+// Issue 19 item 6: /tokenize gets add_generation_prompt false with
+// continue_final_message (it refuses both set).
+func TestTokenizeContinueFinalMessage(t *testing.T) {
+	var got map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewDecoder(r.Body).Decode(&got)
+		_, _ = io.WriteString(w, `{"count":5,"max_model_len":100}`)
+	}))
+	defer srv.Close()
+	r, err := Parse(EndpointChat, []byte(`{"messages":[{"role":"assistant","content":"Once"}],"continue_final_message":true}`), CountOptions{})
+	require.NoError(t, err)
+	counts, _, err := NewClient(Config{}).Tokenize(t.Context(), srv.URL, "m", r)
+	require.NoError(t, err)
+	assert.Equal(t, []int{5}, counts)
+	assert.Equal(t, false, got["add_generation_prompt"])
+	assert.Equal(t, true, got["continue_final_message"])
 }
