@@ -95,14 +95,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUp() {
 		return nil, ErrNoReplica
 	}
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
-		req = s.tokenize(ctx, req)
-	}
-	in := int64(req.TotalInputTokens())
-	if in > t.cfg.MaxInputTokens {
-		return nil, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
-	}
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	req, plan, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +179,7 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 		if mml > 0 {
 			r.maxModelLen.Store(int64(mml))
 		}
-		if exact, err := req.WithExactInput(counts); err == nil {
+		if exact, err := req.WithTokenizedInput(counts, vllm.DefaultTemplateTokensPerRequest); err == nil {
 			return exact
 		}
 	}
@@ -513,7 +506,7 @@ func (s *Server) belowFairShare(c *call) bool {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.Cap)
+	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.UpstreamCap())
 	tried := map[*replica]bool{}
 	for {
 		tried[c.rep] = true
@@ -570,11 +563,11 @@ func (s *Server) finish(c *call, err error) {
 	c.settled = true
 	now := s.now()
 	if c.stream != nil {
-		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
+		c.usage = s.settleUsage(c)
 		_ = c.stream.Close()
 	} else if c.sent {
 		// Sent, but no stream: prefill may have run.
-		c.usage = vllm.Usage{PromptTokens: c.plan.InputTokens}
+		c.usage = sentUsage(c)
 	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
@@ -630,7 +623,7 @@ const abortAllowance = 1
 // stream's early-end estimate, see vllm.Stream.Settle).
 func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
-	if !c.sent {
+	if !c.ran() {
 		return a, ledger.SourceNotSent
 	}
 	src := ledger.SourceFinal

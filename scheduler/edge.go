@@ -275,6 +275,12 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 	for {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
+			if ref := c.stream.Refused(); ref != nil {
+				// vLLM refused it after the headers: an error, uncharged.
+				s.finish(c, ref)
+				e.countOutcome(c.t.name, ref)
+				return
+			}
 			s.finish(c, nil)
 			c.t.series(s.m).requestsOK.Inc()
 			return

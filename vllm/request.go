@@ -758,6 +758,22 @@ type Plan struct {
 	// BoundCut reports a cap lowered to the remaining context computed from
 	// an upper-bound input count: count exactly before relying on it.
 	BoundCut bool
+	// Default reports that no cap is written upstream: a chat request
+	// without a cap, counted exactly, whose limits all allow the whole
+	// remaining context, gets vLLM's own default (the remaining context, or
+	// the model's generation_config; get_max_tokens in
+	// vllm/entrypoints/serve/utils/api_utils.py). Cap is then the most
+	// vLLM can generate, max_model_len − prompt, which the hold covers.
+	Default bool
+}
+
+// UpstreamCap is the cap to write upstream ([Request.Rewrite]): Cap, or 0
+// to keep the client's (absent) cap when Default.
+func (p Plan) UpstreamCap() int {
+	if p.Default {
+		return 0
+	}
+	return p.Cap
 }
 
 // Plan computes the approved output cap and reservation (VLLM.md Part 2):
@@ -773,7 +789,11 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 		maxIn = max(maxIn, n)
 	}
 	p := Plan{Choices: r.N * r.Prompts(), InputTokens: r.TotalInputTokens()}
-	if r.InputExact && l.MaxModelLen > 0 && maxIn >= l.MaxModelLen {
+	// A chat prompt of exactly max_model_len without a cap is vLLM's to
+	// refuse: it does so only when the engine adds it, after a stream's
+	// headers (vllm/v1/engine/input_processor.py _validate_prompt_len).
+	chatDefault := r.Endpoint == EndpointChat && r.MaxTokens == 0
+	if r.InputExact && l.MaxModelLen > 0 && (maxIn > l.MaxModelLen || (maxIn == l.MaxModelLen && !chatDefault)) {
 		return p, fmt.Errorf("prompt of %d tokens, model context %d: %w", maxIn, l.MaxModelLen, ErrContextLength)
 	}
 	remaining := 0 // 0: unknown
@@ -812,6 +832,18 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 		}
 	}
 	p.BoundCut = fromBound && !r.InputExact
+	if !clientSet && r.Endpoint == EndpointChat && r.InputExact && l.MaxModelLen >= maxIn && l.MaxModelLen > 0 {
+		room := max(1, l.MaxModelLen-maxIn)
+		lim := 0
+		for _, v := range []int{l.TenantMaxOutput, l.BudgetMaxOutput} {
+			if v > 0 && (lim == 0 || v < lim) {
+				lim = v
+			}
+		}
+		if lim == 0 || lim >= room {
+			c, p.Default = room, true
+		}
+	}
 	if r.MinTokens > 0 && c < r.MinTokens && !(clientSet && c == r.MaxTokens) {
 		// vLLM would refuse the lowered cap with a 400 naming a max_tokens
 		// the client never sent; a client cap below its own min_tokens is
@@ -832,6 +864,7 @@ type RewriteOptions struct {
 	// started with --scheduling-policy priority (where a non-zero priority
 	// is an error).
 	DropPriority bool
+	keepCap      bool
 }
 
 // rewriteKey reports the members Rewrite replaces or drops.
@@ -842,9 +875,9 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 		return true
 	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
 		return true
-	case m.keyIs(b, "max_tokens"):
+	case !o.keepCap && m.keyIs(b, "max_tokens"):
 		return true
-	case r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
+	case !o.keepCap && r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
 		return true
 	}
 	return false
@@ -864,8 +897,10 @@ func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
 	return r.RewriteWith(dst, capTokens, RewriteOptions{})
 }
 
-// RewriteWith is Rewrite with options.
+// RewriteWith is Rewrite with options. A capTokens ≤ 0 keeps the client's
+// cap fields as they are (see Plan.Default).
 func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byte {
+	o.keepCap = capTokens <= 0
 	b := r.body
 	start := skipSpace(b, 0)
 	first := true
@@ -900,18 +935,27 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 	if prevKept {
 		dst = append(dst, b[tail:closing]...)
 	}
-	if !first {
-		dst = append(dst, ',')
-	}
+	var add []byte
 	if r.Stream {
-		dst = append(dst, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},`...)
+		add = append(add, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
 	}
-	if r.Endpoint == EndpointChat {
-		dst = append(dst, `"max_completion_tokens":`...)
-		dst = strconv.AppendInt(dst, int64(capTokens), 10)
-		dst = append(dst, ',')
+	if !o.keepCap {
+		if len(add) > 0 {
+			add = append(add, ',')
+		}
+		if r.Endpoint == EndpointChat {
+			add = append(add, `"max_completion_tokens":`...)
+			add = strconv.AppendInt(add, int64(capTokens), 10)
+			add = append(add, ',')
+		}
+		add = append(add, `"max_tokens":`...)
+		add = strconv.AppendInt(add, int64(capTokens), 10)
 	}
-	dst = append(dst, `"max_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	if len(add) > 0 {
+		if !first {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, add...)
+	}
 	return append(dst, b[closing:]...)
 }

@@ -292,12 +292,12 @@ func TestPlan(t *testing.T) {
 			wantErr: ErrContextLength,
 		},
 		{
-			name:   "injected tenant cap clamped to remaining context",
+			name:   "tenant cap above the remaining context: vLLM default, hold = remaining",
 			ep:     EndpointChat,
 			body:   chat(""),
 			exact:  []int{4000},
 			limits: Limits{MaxModelLen: 4096, TenantMaxOutput: 1024},
-			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96},
+			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96, Default: true},
 		},
 		{
 			name:    "no cap derivable",

@@ -219,7 +219,15 @@ func TestPlanBoundCutAndTokenizeMargin(t *testing.T) {
 	p, err = exact.Plan(Limits{MaxModelLen: 8192})
 	require.NoError(t, err)
 	assert.False(t, p.BoundCut)
+	assert.True(t, p.Default, "no limit below the context: vLLM's own default applies")
+	assert.Equal(t, 8192-1007, p.Cap, "the hold covers all vLLM may generate")
+	assert.Equal(t, 0, p.UpstreamCap())
+	// A tenant limit inside the margin: Sluice injects, keeping the margin.
+	p, err = exact.Plan(Limits{MaxModelLen: 8192, TenantMaxOutput: 8192 - 1007 - 10})
+	require.NoError(t, err)
+	assert.False(t, p.Default)
 	assert.Equal(t, 8192-1007-64, p.Cap)
+	assert.Equal(t, p.Cap, p.UpstreamCap())
 	r, err = Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":"x"}],"max_tokens":7160}`), CountOptions{})
 	require.NoError(t, err)
 	exact, err = r.WithTokenizedInput([]int{1007}, 64)
@@ -247,4 +255,30 @@ func TestTokenizeContinueFinalMessage(t *testing.T) {
 	assert.Equal(t, []int{5}, counts)
 	assert.Equal(t, false, got["add_generation_prompt"])
 	assert.Equal(t, true, got["continue_final_message"])
+}
+
+// Issue 19 item 5: the allowance covers the stream interval vLLM is using,
+// as seen between usage chunks, so a large interval cannot shrink a charge.
+func TestSettleAllowanceCoversObservedInterval(t *testing.T) {
+	s := streamOf(`data: {"choices":[{"index":0,"text":"a","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}
+
+data: {"choices":[{"index":0,"text":"b c d e f g h i","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":9,"total_tokens":13}}
+
+`)
+	_, err := drain(t, s)
+	require.ErrorIs(t, err, ErrStreamCut)
+	u := s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 1, Cap: 100})
+	assert.Equal(t, 9+8, u.CompletionTokens, "one observed interval of 8 tokens after the last usage")
+	assert.Equal(t, 12, s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 1, Cap: 12}).CompletionTokens, "capped")
+}
+
+// Plan.Default: a chat request without a cap keeps vLLM's own default, so
+// Rewrite writes no cap at all.
+func TestRewriteKeepsVLLMDefaultCap(t *testing.T) {
+	r, err := Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`), CountOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, `{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, string(r.Rewrite(nil, 0)))
+	r, err = Parse(EndpointChat, []byte(`{"messages":[{"role":"user","content":"hi"}]}`), CountOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, `{"messages":[{"role":"user","content":"hi"}]}`, string(r.Rewrite(nil, 0)))
 }
