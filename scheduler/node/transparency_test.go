@@ -68,8 +68,12 @@ func transparencyCorpus() []shape {
 	long := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}]%%s}`, diffWords(2000))
 	var c []shape
 	add := func(name, path, body string) { c = append(c, shape{name: name, path: path, body: body}) }
-	own := func(name, path, body string) { c = append(c, shape{name: name, path: path, body: body, sluiceOwned: true}) }
-	ctxOwn := func(name, path, body string) { c = append(c, shape{name: name, path: path, body: body, contextOwned: true}) }
+	own := func(name, path, body string) {
+		c = append(c, shape{name: name, path: path, body: body, sluiceOwned: true})
+	}
+	ctxOwn := func(name, path, body string) {
+		c = append(c, shape{name: name, path: path, body: body, contextOwned: true})
+	}
 	for _, st := range []struct{ tag, extra string }{{"", ""}, {" streamed", `,"stream":true`}} {
 		s := st.extra
 		add("chat"+st.tag, chatPath, diffChat(s))
