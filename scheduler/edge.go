@@ -271,6 +271,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 	s := e.s
 	var buf []byte
 	first := true
+	shaper := vllm.NewShaper(c.req)
 
 	for {
 		ev, err := c.stream.Next()
@@ -309,7 +310,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 			c.wf.countToolCalls(toolCallsIn(ev.Data))
 		}
 		var ok bool
-		buf, ok = vllm.ShapeChunk(buf[:0], ev, c.req)
+		buf, ok = shaper.Shape(buf[:0], ev)
 		if !ok {
 			continue
 		}

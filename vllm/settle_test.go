@@ -282,3 +282,44 @@ func TestRewriteKeepsVLLMDefaultCap(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, `{"messages":[{"role":"user","content":"hi"}]}`, string(r.Rewrite(nil, 0)))
 }
+
+// Issue 19 item 4: a streaming client that did not ask for usage gets
+// vLLM's system_fingerprint on each choice's finish chunk, as vLLM writes it
+// when no usage chunk follows; the usage chunk itself stays stripped.
+func TestShaperRestoresFingerprint(t *testing.T) {
+	in := `data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}
+
+data: {"id":"c","choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4}}
+
+data: {"id":"c","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2,"total_tokens":4},"system_fingerprint":"vllm-x"}
+
+data: [DONE]
+
+`
+	run := func(body string) string {
+		r, err := Parse(EndpointChat, []byte(body), CountOptions{})
+		require.NoError(t, err)
+		sh := NewShaper(r)
+		s := streamOf(in)
+		var out []byte
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				break
+			}
+			out, _ = sh.Shape(out, ev)
+		}
+		return string(out)
+	}
+	got := run(`{"messages":[{"role":"user","content":"x"}],"stream":true}`)
+	assert.Equal(t, `data: {"id":"c","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}
+
+data: {"id":"c","choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}],"system_fingerprint":"vllm-x"}
+
+data: [DONE]
+
+`, got)
+	got = run(`{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true}}`)
+	assert.Contains(t, got, `"finish_reason":"stop"}]}`, "with usage the finish chunk is unchanged")
+	assert.Contains(t, got, `"system_fingerprint":"vllm-x"}`, "and the usage chunk carries it")
+}

@@ -34,6 +34,7 @@ func runSim(ctx context.Context, e env, args []string) error {
 	fs.DurationVar(&cfg.KeepAliveTimeout, "timeout-keep-alive", d.KeepAliveTimeout, "close keep-alive connections idle this long, as uvicorn (negative: never)")
 	fs.IntVar(&cfg.MaxLogprobs, "max-logprobs", d.MaxLogprobs, "largest logprobs/top_logprobs/prompt_logprobs the engine accepts")
 	fs.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "emit usage.prompt_tokens_details.cached_tokens")
+	fs.StringVar(&cfg.SystemFingerprint, "fingerprint-value", d.SystemFingerprint, `system_fingerprint of responses ("none" omits it)`)
 	fs.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority")
 	fs.IntVar(&cfg.MaxNumQueuedReqs, "max-num-queued-reqs", 0, "503 when this many sequences wait (0: unbounded)")
 	fs.IntVar(&cfg.MaxNumQueuedTokens, "max-num-queued-tokens", 0, "503 when waiting prompt tokens would exceed this (0: unbounded)")

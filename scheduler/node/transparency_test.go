@@ -167,6 +167,7 @@ func streamView(events []string, decode func([]byte) any) map[string]any {
 		Stop               any
 		Logprobs           []any
 		LastUsage          any
+		Fingerprint        any
 	}
 	choices := map[int]*choiceView{}
 	view := map[string]any{}
@@ -231,6 +232,9 @@ func streamView(events []string, decode func([]byte) any) map[string]any {
 			if u, ok := m["usage"]; ok && u != nil {
 				chunkUsage = true
 				cv.LastUsage = u
+			}
+			if fp, ok := m["system_fingerprint"]; ok {
+				cv.Fingerprint = fp
 			}
 		}
 	}

@@ -118,6 +118,13 @@ type Config struct {
 	// (vllm/entrypoints/openai/completion/serving.py); N is 0 without a
 	// prefix cache. Default false: null, as vLLM.
 	EnablePromptTokensDetails bool
+	// SystemFingerprint is the system_fingerprint of responses: on a
+	// non-streamed response, on the final usage chunk, or on each choice's
+	// last chunk when the client did not ask for usage
+	// (vllm/entrypoints/openai/fingerprint.py, default mode "full"; the
+	// completion/serving.py stream generator). Default
+	// "vllm-sim-00000000"; "none" omits it (--fingerprint-mode none).
+	SystemFingerprint string
 	// OutputLenMax bounds the natural (EOS) output length; lengths are
 	// uniform in [max(min_tokens,1), min(cap, OutputLenMax)]. Requests with
 	// ignore_eos generate exactly the cap. Default 128.
@@ -154,20 +161,21 @@ type Config struct {
 // DefaultConfig returns fast defaults for tests and the demo.
 func DefaultConfig() Config {
 	return Config{
-		Model:            "sim-model",
-		MaxNumSeqs:       64,
-		MaxModelLen:      4096,
-		KVTokens:         65536,
-		BlockSize:        16,
-		PrefillTPS:       200000,
-		DecodeStep:       2 * time.Millisecond,
-		StreamInterval:   1,
-		KeepAliveTimeout: 5 * time.Second,
-		MaxLogprobs:      20,
-		OutputLenMax:     128,
-		SchedulingPolicy: PolicyFCFS,
-		OnDisconnect:     OnDisconnectAbort,
-		Faults:           Faults{ErrorStatus: 500},
+		Model:             "sim-model",
+		MaxNumSeqs:        64,
+		MaxModelLen:       4096,
+		KVTokens:          65536,
+		BlockSize:         16,
+		PrefillTPS:        200000,
+		DecodeStep:        2 * time.Millisecond,
+		StreamInterval:    1,
+		KeepAliveTimeout:  5 * time.Second,
+		MaxLogprobs:       20,
+		SystemFingerprint: "vllm-sim-00000000",
+		OutputLenMax:      128,
+		SchedulingPolicy:  PolicyFCFS,
+		OnDisconnect:      OnDisconnectAbort,
+		Faults:            Faults{ErrorStatus: 500},
 	}
 }
 
@@ -211,6 +219,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxLogprobs == 0 {
 		c.MaxLogprobs = d.MaxLogprobs
+	}
+	if c.SystemFingerprint == "" {
+		c.SystemFingerprint = d.SystemFingerprint
 	}
 	if c.SchedulingPolicy == "" {
 		c.SchedulingPolicy = d.SchedulingPolicy

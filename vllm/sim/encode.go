@@ -153,6 +153,8 @@ type chunkEncoder struct {
 	kind     kind
 	logprobs bool   // per-token logprobs in each chunk
 	details  bool   // prompt_tokens_details in the final usage
+	fp       string // system_fingerprint, "" for none
+	fpOnLast bool   // on each choice's last chunk (no usage chunk follows)
 	prefix   []byte // {"id":...,"object":...,"created":...,"model":...,"choices":[
 	buf      []byte
 }
@@ -225,6 +227,10 @@ func (c *chunkEncoder) tokenChunk(index int, key uint64, from, to int, finish st
 		b = append(b, '"')
 		b = append(b, finish...)
 		b = append(b, `","stop_reason":null}]`...)
+		if c.fpOnLast && c.fp != "" {
+			b = append(b, `,"system_fingerprint":`...)
+			b = appendJSONString(b, c.fp)
+		}
 	}
 	switch {
 	case usage:
@@ -244,6 +250,10 @@ func (c *chunkEncoder) usageChunk(prompt, completion int) {
 	b = append(b, c.prefix...)
 	b = append(b, `],"usage":`...)
 	b = appendUsage(b, prompt, completion, c.details)
+	if c.fp != "" {
+		b = append(b, `,"system_fingerprint":`...)
+		b = appendJSONString(b, c.fp)
+	}
 	b = append(b, "}\n\n"...)
 	c.buf = b
 }

@@ -172,6 +172,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), r.cfg.Model)
 	enc.logprobs = g.logprobs
 	enc.details = r.cfg.EnablePromptTokensDetails
+	enc.fp, enc.fpOnLast = r.fingerprint(), !g.includeUsage
 	// The chat role chunks go out with the first output, not before
 	// queueing and prefill: chat_completion/serving.py sends them on the
 	// generator's first iteration.
@@ -372,7 +373,12 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 		}
 		b = append(b, '}')
 	}
-	b = append(b, `],"usage":`...)
+	b = append(b, `]`...)
+	if fp := r.fingerprint(); fp != "" {
+		b = append(b, `,"system_fingerprint":`...)
+		b = appendJSONString(b, fp)
+	}
+	b = append(b, `,"usage":`...)
 	b = appendUsage(b, g.promptTotal, completion, r.cfg.EnablePromptTokensDetails)
 	if g.kind == kindChat {
 		b = append(b, `,"prompt_logprobs":`...)
@@ -470,4 +476,12 @@ func (r *Replica) handleHealth(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// fingerprint is the configured system_fingerprint, "" for none.
+func (r *Replica) fingerprint() string {
+	if r.cfg.SystemFingerprint == "none" {
+		return ""
+	}
+	return r.cfg.SystemFingerprint
 }
