@@ -765,12 +765,16 @@ type Plan struct {
 	// vllm/entrypoints/serve/utils/api_utils.py). Cap is then the most
 	// vLLM can generate, max_model_len − prompt, which the hold covers.
 	Default bool
+	// room is max_model_len − prompt when Default: a Cap lowered below it
+	// later (a budget) is written upstream again.
+	room int
 }
 
 // UpstreamCap is the cap to write upstream ([Request.Rewrite]): Cap, or 0
-// to keep the client's (absent) cap when Default.
+// to keep the client's (absent) cap when Default and Cap was not lowered
+// since.
 func (p Plan) UpstreamCap() int {
-	if p.Default {
+	if p.Default && p.Cap >= p.room {
 		return 0
 	}
 	return p.Cap
@@ -841,7 +845,7 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 			}
 		}
 		if lim == 0 || lim >= room {
-			c, p.Default = room, true
+			c, p.Default, p.room = room, true, room
 		}
 	}
 	if r.MinTokens > 0 && c < r.MinTokens && !(clientSet && c == r.MaxTokens) {

@@ -297,7 +297,7 @@ func TestPlan(t *testing.T) {
 			body:   chat(""),
 			exact:  []int{4000},
 			limits: Limits{MaxModelLen: 4096, TenantMaxOutput: 1024},
-			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96, Default: true},
+			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96, Default: true, room: 96},
 		},
 		{
 			name:    "no cap derivable",

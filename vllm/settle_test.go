@@ -222,6 +222,9 @@ func TestPlanBoundCutAndTokenizeMargin(t *testing.T) {
 	assert.True(t, p.Default, "no limit below the context: vLLM's own default applies")
 	assert.Equal(t, 8192-1007, p.Cap, "the hold covers all vLLM may generate")
 	assert.Equal(t, 0, p.UpstreamCap())
+	lowered := p
+	lowered.Cap = 100 // a budget lowers it after planning
+	assert.Equal(t, 100, lowered.UpstreamCap(), "a lowered cap is written upstream")
 	// A tenant limit inside the margin: Sluice injects, keeping the margin.
 	p, err = exact.Plan(Limits{MaxModelLen: 8192, TenantMaxOutput: 8192 - 1007 - 10})
 	require.NoError(t, err)
