@@ -364,3 +364,33 @@ func TestTwoThousandWordsOn8k(t *testing.T) {
 		assert.True(t, assert.ObjectsAreEqual(normalized(t, direct.Body, false), normalized(t, via.Body, false)), "same body")
 	}
 }
+
+// TestRefusedAfterHeadersIsUncharged (issue 19 item 1): a request vLLM's
+// engine refuses (logprobs over --max-logprobs) is answered as vLLM answers
+// it — a streamed one 200 with the error event then [DONE], counted as an
+// error; a non-streamed one vLLM's 400 — and neither is charged: vLLM never
+// ran it. The one request that ran is charged, exactly once.
+func TestRefusedAfterHeadersIsUncharged(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	n := startNode(t, nodeConfig(t, []*simReplica{rep},
+		"    budgets: [{dimension: requests, limit: 100, window: 1h}, {dimension: tokens, limit: 100000, window: 1h}]\n", ""))
+	streamed := n.call(t, cmplPath, keyAcme, `{"model":"sim-model","prompt":"a","logprobs":21,"stream":true}`)
+	require.Equal(t, http.StatusOK, streamed.StatusCode)
+	ev := sseEvents(streamed.Body)
+	require.Len(t, ev, 2, "%s", streamed.Body)
+	assert.Contains(t, ev[0], `"Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)"`)
+	assert.Equal(t, "[DONE]", ev[1])
+	plain := n.call(t, cmplPath, keyAcme, `{"model":"sim-model","prompt":"a","logprobs":21}`)
+	require.Equal(t, http.StatusBadRequest, plain.StatusCode)
+	assert.JSONEq(t, `{"error":{"message":"Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)","type":"BadRequestError","param":"logprobs","code":400}}`, string(plain.Body))
+	assert.Equal(t, float64(2), n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_error"}))
+	ok := n.call(t, cmplPath, keyAcme, `{"model":"sim-model","prompt":[1,2,3],"max_tokens":2,"ignore_eos":true}`)
+	require.Equal(t, http.StatusOK, ok.StatusCode)
+	assert.Equal(t, float64(1), n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}))
+	eventually(t, "holds released and the served request committed", func() bool {
+		return n.metric(t, "sluice_ledger_reserved", map[string]string{"tenant": "acme", "dimension": "tokens"}) == 0 &&
+			n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "requests"}) >= 1
+	})
+	assert.Equal(t, float64(1), n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "requests"}), "only the request that ran")
+	assert.Equal(t, float64(3+2), n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "tokens"}), "only its 3 + 2 tokens")
+}
