@@ -36,7 +36,7 @@ func runSim(ctx context.Context, e env, args []string) error {
 	fs.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "emit usage.prompt_tokens_details.cached_tokens")
 	fs.StringVar(&cfg.SystemFingerprint, "fingerprint-value", d.SystemFingerprint, `system_fingerprint of responses ("none" omits it)`)
 	fs.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority")
-	fs.IntVar(&cfg.MaxNumQueuedReqs, "max-num-queued-reqs", 0, "503 when this many sequences wait (0: unbounded)")
+	fs.IntVar(&cfg.MaxNumQueuedReqs, "max-num-queued-reqs", 0, "refuse (503) when waiting + running sequences would exceed this; streams get it after the headers (0: unbounded)")
 	fs.IntVar(&cfg.MaxNumQueuedTokens, "max-num-queued-tokens", 0, "503 when waiting prompt tokens would exceed this (0: unbounded)")
 	fs.Int64Var(&cfg.Seed, "seed", d.Seed, "seed of every random stream")
 	fs.StringVar(&cfg.OnDisconnect, "on-disconnect", d.OnDisconnect, "abort, next-write or ignore")
