@@ -896,7 +896,7 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 // non-streamed request stays non-streamed, so that vLLM's non-streaming
 // features (prompt_logprobs, use_beam_search, its non-streaming tool and
 // reasoning parsers) work and its body passes through (VLLM.md Part 2;
-// the measurements are in docs/benchmarks/sim.md).
+// the measurements are in docs/benchmarks/transparency.md).
 func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
 	return r.RewriteWith(dst, capTokens, RewriteOptions{})
 }
