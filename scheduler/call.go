@@ -253,7 +253,7 @@ func lowerCap(c *call, d *ledger.DeniedError) bool {
 		free -= int64(c.plan.InputTokens)
 	}
 	perChoice := free / int64(max(1, c.plan.Choices))
-	if perChoice < max(1, int64(c.req.MinTokens)) || perChoice >= int64(c.plan.Cap) {
+	if perChoice < max(1, c.minTokens()) || perChoice >= int64(c.plan.Cap) {
 		return false
 	}
 	c.plan.Cap = int(perChoice)

@@ -141,6 +141,15 @@ func TestLowerCap(t *testing.T) {
 	c = &call{plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 10}}
 	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Tokens, Limit: 100, Committed: 95}), "nothing left")
 	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Requests, Limit: 1, Committed: 1}), "not a token budget")
+
+	// Issue 19 item 6: never below the client's min_tokens; refuse instead.
+	req, err := vllm.Parse(vllm.EndpointCompletions, []byte(`{"prompt":[1],"max_tokens":80,"min_tokens":25}`), vllm.CountOptions{})
+	require.NoError(t, err)
+	c = &call{req: req, plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 1, OutputTokens: 80}}
+	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.OutputTokens, Limit: 100, Committed: 80}), "20 < min_tokens 25")
+	assert.Equal(t, 80, c.plan.Cap)
+	assert.True(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.OutputTokens, Limit: 100, Committed: 70}))
+	assert.Equal(t, 30, c.plan.Cap)
 }
 
 func TestEffectiveConfig(t *testing.T) {

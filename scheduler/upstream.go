@@ -81,3 +81,12 @@ func sentUsage(c *call) vllm.Usage {
 func (c *call) ran() bool {
 	return c.sent && (c.stream == nil || c.stream.Refused() == nil)
 }
+
+// minTokens is the client's min_tokens: a cap Sluice lowers must not go
+// below it (vLLM would refuse naming a max_tokens the client never sent).
+func (c *call) minTokens() int64 {
+	if c.req == nil {
+		return 0
+	}
+	return int64(c.req.MinTokens)
+}
