@@ -82,7 +82,8 @@ type admission struct {
 // held.
 func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission) (*call, error) {
 	arrival := s.now()
-	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance)})
+	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance),
+		MediaTokensPerPart: int(pol.cfg.Server.MediaAllowance)})
 	if err != nil {
 		return nil, err
 	}

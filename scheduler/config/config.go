@@ -143,6 +143,10 @@ type Server struct {
 	// TemplateAllowance is the per-message token allowance of the bytes
 	// counter. Default 8.
 	TemplateAllowance int64 `yaml:"template_allowance"`
+	// MediaAllowance is the tokens the bytes counter adds per image, audio
+	// or video content part, whose real count the model's processor
+	// decides. Default 4096.
+	MediaAllowance int64 `yaml:"media_allowance"`
 }
 
 // Cost configures fair-share costing.
@@ -353,6 +357,7 @@ func (f *File) applyDefaults() {
 	def(&s.Cost.WIn, 1)
 	def(&s.Cost.WOut, 2)
 	def(&s.TemplateAllowance, 8)
+	def(&s.MediaAllowance, 4096)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -456,6 +461,7 @@ func (f *File) Validate() error {
 	v.nonNeg("server.cost.w_in", s.Cost.WIn)
 	v.positive("server.cost.w_out", s.Cost.WOut)
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
+	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)
