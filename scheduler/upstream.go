@@ -17,11 +17,12 @@ import (
 // replica's /tokenize counts exactly first, and only a failed count leaves
 // the bound's answer (the documented fallback).
 func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (*vllm.Request, vllm.Plan, error) {
+	tried := false
 	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
-		req = s.tokenize(ctx, req)
+		req, tried = s.tokenize(ctx, req), true
 	}
 	plan, err := s.planFor(t, req)
-	if (err != nil || plan.BoundCut) && !req.InputExact {
+	if (err != nil || plan.BoundCut) && !req.InputExact && !tried {
 		if exact := s.tokenize(ctx, req); exact.InputExact {
 			req = exact
 			plan, err = s.planFor(t, req)
