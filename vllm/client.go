@@ -152,6 +152,10 @@ func (c *Client) CloseIdleConnections() {
 	c.wholeTr.CloseIdleConnections()
 }
 
+// maxWholeBytes bounds a non-streamed generation response: prompt_logprobs
+// of a long prompt can run to megabytes.
+const maxWholeBytes = 64 << 20
+
 // streamed reports whether a generation body asks for a streamed response
 // (its top-level "stream" is true).
 func streamed(body []byte) bool {
@@ -228,7 +232,7 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	if whole && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		defer cancel()
 		defer resp.Body.Close()
-		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes)
+		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes, maxWholeBytes)
 		b, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
 		if err != nil {
 			return nil, fmt.Errorf("upstream %s: read response: %w", replica, err)
