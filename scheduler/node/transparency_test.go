@@ -33,6 +33,9 @@ type shape struct {
 	// exact count Sluice answers 400 context_length_exceeded itself (param
 	// "messages"), where vLLM names param "input_tokens".
 	contextOwned bool
+	// modelOwned marks the documented unknown-model difference: vLLM 404,
+	// Sluice 400 invalid_request with param "model".
+	modelOwned bool
 }
 
 const (
@@ -133,6 +136,7 @@ func transparencyCorpus() []shape {
 	own("malformed JSON", chatPath, `{"model":`)
 	own("wrong type for n", cmplPath, diffCmpl(`,"n":"two"`))
 	own("wrong type for max_tokens", chatPath, diffChat(`,"max_tokens":"many"`))
+	c = append(c, shape{name: "unknown model", path: chatPath, body: `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, modelOwned: true})
 	return c
 }
 
@@ -285,6 +289,16 @@ func TestTransparencyDifferential(t *testing.T) {
 			id := fmt.Sprintf("diff-%03d", i)
 			direct := postDirect(t, rep.url+sh.path, sh.body, id)
 			via := n.call(t, sh.path, keyAcme, sh.body, "X-Request-Id", id)
+			if sh.modelOwned {
+				owned++
+				de, _ := errorOf(direct.Body)
+				ve, _ := errorOf(via.Body)
+				assert.Equal(t, http.StatusNotFound, direct.StatusCode)
+				assert.Equal(t, errView{Type: "NotFoundError", Param: "model", Code: float64(404)}, de)
+				assert.Equal(t, http.StatusBadRequest, via.StatusCode)
+				assert.Equal(t, errView{Type: "invalid_request_error", Param: "model", Code: "invalid_request"}, ve)
+				return
+			}
 			require.Equal(t, direct.StatusCode, via.StatusCode, "status\ndirect: %s\nsluice: %s", direct.Body, via.Body)
 			de, dIsErr := errorOf(direct.Body)
 			ve, vIsErr := errorOf(via.Body)
