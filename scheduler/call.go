@@ -88,7 +88,8 @@ type admission struct {
 // held.
 func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission) (*call, error) {
 	arrival := s.now()
-	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance)})
+	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance),
+		MediaTokensPerPart: int(pol.cfg.Server.MediaAllowance)})
 	if err != nil {
 		return nil, err
 	}
@@ -104,14 +105,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUp() {
 		return nil, ErrNoReplica
 	}
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
-		req = s.tokenize(ctx, req)
-	}
-	in := int64(req.TotalInputTokens())
-	if in > t.cfg.MaxInputTokens {
-		return nil, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
-	}
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	req, plan, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +189,7 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 		if mml > 0 {
 			r.maxModelLen.Store(int64(mml))
 		}
-		if exact, err := req.WithExactInput(counts); err == nil {
+		if exact, err := req.WithTokenizedInput(counts, vllm.DefaultTemplateTokensPerRequest); err == nil {
 			return exact
 		}
 	}
@@ -308,7 +302,10 @@ func (s *Server) reserve(c *call, a admission) error {
 // request is refused with what would fit (see [refusal]).
 func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
 	fits := fitsOutput(c, d)
-	if fits < 0 || fits >= int64(c.plan.Cap) || fits < max(1, floor) {
+	// Never below the floor, nor below the client's min_tokens (vLLM
+	// refuses max_tokens < min_tokens with a 400 naming a cap the client
+	// never sent): refuse instead.
+	if fits < 0 || fits >= int64(c.plan.Cap) || fits < max(1, floor, c.minTokens()) {
 		return false
 	}
 	reason := "budget"
@@ -558,7 +555,7 @@ func (s *Server) markDispatched(c *call) error {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.Cap)
+	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.UpstreamCap())
 	tried := map[*replica]bool{}
 	for {
 		tried[c.rep] = true
@@ -618,11 +615,11 @@ func (s *Server) finish(c *call, err error) {
 	}
 	now := s.now()
 	if c.stream != nil {
-		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
+		c.usage = s.settleUsage(c)
 		_ = c.stream.Close()
 	} else if c.sent {
 		// Sent, but no stream: prefill may have run.
-		c.usage = vllm.Usage{PromptTokens: c.plan.InputTokens}
+		c.usage = sentUsage(c)
 	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
@@ -682,7 +679,7 @@ const abortAllowance = 1
 // stream's early-end estimate, see vllm.Stream.Settle).
 func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
-	if !c.sent {
+	if !c.ran() {
 		return a, ledger.SourceNotSent
 	}
 	src := ledger.SourceFinal

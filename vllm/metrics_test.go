@@ -49,13 +49,14 @@ func TestParseMetrics(t *testing.T) {
 			},
 		},
 		{
-			name:  "compat variants: engines summed, old kv name, finish_reason, garbage skipped, missing unknown",
+			name:  "compat variants: engines summed, DP cache total not summed again, old kv name, finish_reason, garbage skipped, missing unknown",
 			file:  "metrics_compat.txt",
 			model: "m",
 			want: Metrics{
 				Running: v(7), Waiting: v(0), KVUsage: v(0.625),
 				SuccessTotal: v(11), AbortsTotal: v(3),
-				KVCapacityTokens: v(3200), NumGPUBlocks: v(200), BlockSize: v(16),
+				// Two engine labels each carry the DP total of 100 blocks.
+				KVCapacityTokens: v(1600), NumGPUBlocks: v(100), BlockSize: v(16),
 			},
 		},
 	}

@@ -146,6 +146,10 @@ type Server struct {
 	// remaining output) to fit a budget; below it the request is refused.
 	// Default 16.
 	MinOutputTokens int64 `yaml:"min_output_tokens"`
+	// MediaAllowance is the tokens the bytes counter adds per image, audio
+	// or video content part, whose real count the model's processor
+	// decides. Default 4096.
+	MediaAllowance int64 `yaml:"media_allowance"`
 }
 
 // Cost configures fair-share costing.
@@ -362,6 +366,7 @@ func (f *File) applyDefaults() {
 	def(&s.Cost.WOut, 2)
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
+	def(&s.MediaAllowance, 4096)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -465,6 +470,7 @@ func (f *File) Validate() error {
 	v.positive("server.cost.w_out", s.Cost.WOut)
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
+	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)
