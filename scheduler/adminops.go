@@ -1,9 +1,11 @@
 package scheduler
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
 // Clamp is a temporary restriction of a tenant: a safe mode for a tenant
@@ -140,6 +143,9 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	}
 	commit()
 	s.pol.Store(pol)
+	if pol.leaseTTL < old.leaseTTL {
+		s.leases.rearm() // the heartbeat period follows a shorter lease_ttl now
+	}
 	s.reps.mu.Lock()
 	s.reps.headroom = eff.Server.Headroom
 	s.reps.mu.Unlock()
@@ -258,7 +264,8 @@ func (s *Server) Budgets(tenant string) []BudgetRow {
 }
 
 // SetBudget upserts a tenant budget by its id <tenant>:<dimension>:<window>;
-// it applies to new requests only, existing holds stay.
+// it applies to new requests only, existing holds stay. With a shared
+// state store it applies to the whole fleet.
 func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	if b.Mode == "" {
 		b.Mode = "block"
@@ -266,24 +273,20 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	if b.WarnRatio == 0 {
 		b.WarnRatio = 0.8
 	}
-	s.polMu.Lock()
-	defer s.polMu.Unlock()
 	file := s.pol.Load().file
 	if tenant != GlobalTenant && !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == tenant }) {
 		return BudgetRow{}, inputErr("tenant", "unknown tenant %q", tenant)
 	}
 	id := config.BudgetID(tenant, b)
-	prev, had := s.admin.Budgets[id]
-	s.admin.Budgets[id] = BudgetOverride{Tenant: tenant, Budget: b}
-	if err := s.rebuildLocked(file); err != nil {
-		if had {
-			s.admin.Budgets[id] = prev
-		} else {
-			delete(s.admin.Budgets, id)
-		}
+	err := s.changeAdmin(func(st *adminState) error {
+		st.Budgets[id] = BudgetOverride{Tenant: tenant, Budget: b}
+		return nil
+	})
+	var ae *adminInputError
+	if errors.As(err, &ae) || errors.Is(err, errInvalidAdmin) {
 		return BudgetRow{}, &adminInputError{param: "budget", msg: oneLine(err)}
 	}
-	if err := s.persistLocked(); err != nil {
+	if err != nil {
 		return BudgetRow{}, err
 	}
 	s.record(audit.Record{Kind: audit.KindBudgetSet, Tenant: tenant, Reason: fmt.Sprintf("%s = %d per %s (%s)", id, b.Limit, b.Window, b.Mode)})
@@ -292,10 +295,8 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 
 // RemoveBudget removes a budget by id (a config budget is masked).
 func (s *Server) RemoveBudget(id string) error {
-	s.polMu.Lock()
-	defer s.polMu.Unlock()
 	var found *BudgetRow
-	for _, r := range s.budgetsLocked() {
+	for _, r := range s.budgetRows() {
 		if r.ID == id {
 			found = &r
 			break
@@ -304,26 +305,23 @@ func (s *Server) RemoveBudget(id string) error {
 	if found == nil {
 		return fmt.Errorf("budget %q: %w", id, ErrNotFound)
 	}
-	prev, had := s.admin.Budgets[id]
-	s.admin.Budgets[id] = BudgetOverride{Tenant: found.Tenant, Removed: true}
-	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
-		if had {
-			s.admin.Budgets[id] = prev
-		} else {
-			delete(s.admin.Budgets, id)
-		}
+	if err := s.changeAdmin(func(st *adminState) error {
+		st.Budgets[id] = BudgetOverride{Tenant: found.Tenant, Removed: true}
+		return nil
+	}); err != nil {
 		return err
 	}
 	s.record(audit.Record{Kind: audit.KindBudgetRm, Tenant: found.Tenant, Reason: id})
-	return s.persistLocked()
+	return nil
 }
 
-func (s *Server) budgetsLocked() []BudgetRow {
+func (s *Server) budgetRows() []BudgetRow {
 	var rows []BudgetRow
-	for _, b := range s.pol.Load().cfg.Global.Budgets {
+	pol := s.pol.Load()
+	for _, b := range pol.cfg.Global.Budgets {
 		rows = append(rows, BudgetRow{ID: config.BudgetID(GlobalTenant, b), Tenant: GlobalTenant})
 	}
-	for _, t := range s.pol.Load().order {
+	for _, t := range pol.order {
 		for _, b := range t.cfg.Budgets {
 			rows = append(rows, BudgetRow{ID: config.BudgetID(t.name, b), Tenant: t.name})
 		}
@@ -346,20 +344,14 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 	if c.Source == "" {
 		c.Source = "admin"
 	}
-	s.polMu.Lock()
-	defer s.polMu.Unlock()
 	file := s.pol.Load().file
 	if !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == c.Tenant }) {
 		return c, fmt.Errorf("tenant %q: %w", c.Tenant, ErrNotFound)
 	}
-	prev, had := s.admin.Clamps[c.Tenant]
-	s.admin.Clamps[c.Tenant] = c
-	if err := s.rebuildLocked(file); err != nil {
-		if had {
-			s.admin.Clamps[c.Tenant] = prev
-		} else {
-			delete(s.admin.Clamps, c.Tenant)
-		}
+	if err := s.changeAdmin(func(st *adminState) error {
+		st.Clamps[c.Tenant] = c
+		return nil
+	}); err != nil {
 		return c, err
 	}
 	if c.Source != "auto" {
@@ -368,47 +360,253 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 	s.log.Warn("tenant clamped", "tenant", c.Tenant, "reason", c.Reason, "until", c.ExpiresAt, "source", c.Source)
 	s.record(audit.Record{Kind: audit.KindClamp, Tenant: c.Tenant, Source: c.Source, Reason: c.Reason,
 		Code: fmt.Sprintf("concurrency=%d weight=%d max_output_tokens=%d models=%v until=%s", c.Concurrency, c.Weight, c.MaxOutputTokens, c.Models, c.ExpiresAt.UTC().Format(time.RFC3339))})
-	return c, s.persistLocked()
+	return c, nil
 }
 
 // Unclamp lifts a tenant's clamp; it reports whether there was one.
 func (s *Server) Unclamp(tenant string) (bool, error) {
-	s.polMu.Lock()
-	defer s.polMu.Unlock()
-	if _, ok := s.admin.Clamps[tenant]; !ok {
-		return false, nil
-	}
-	delete(s.admin.Clamps, tenant)
-	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
-		return true, err
+	had := false
+	err := s.changeAdmin(func(st *adminState) error {
+		if _, had = st.Clamps[tenant]; !had {
+			return statestore.ErrUnchanged
+		}
+		delete(st.Clamps, tenant)
+		return nil
+	})
+	if err != nil || !had {
+		return had, err
 	}
 	s.abuse.Lifted(tenant)
 	s.log.Info("tenant unclamped", "tenant", tenant)
 	s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: tenant, Source: "admin", Reason: "lifted by operator"})
-	return true, s.persistLocked()
+	return true, nil
 }
 
 // expireClamps drops clamps whose time has come and rebuilds the policy, so
-// a clamp ends on time even with no admin call.
+// a clamp ends on time even with no admin call. Every instance does it for
+// itself (effective limits ignore an expired clamp anyway); the shared
+// document is cleaned by whichever instance gets there first.
 func (s *Server) expireClamps() {
 	now := s.now()
+	var expired []Clamp
+	err := s.changeAdmin(func(st *adminState) error {
+		expired = expired[:0]
+		for name, c := range st.Clamps {
+			if !now.Before(c.ExpiresAt) {
+				delete(st.Clamps, name)
+				expired = append(expired, c)
+			}
+		}
+		if len(expired) == 0 {
+			return statestore.ErrUnchanged
+		}
+		return nil
+	})
+	if err != nil {
+		// The shared store is unreachable: expire locally all the same.
+		s.log.Warn("clamp expiry not written to the shared admin state", "err", err)
+		s.polMu.Lock()
+		next := s.admin.clone()
+		expired = expired[:0]
+		for name, c := range next.Clamps {
+			if !now.Before(c.ExpiresAt) {
+				delete(next.Clamps, name)
+				expired = append(expired, c)
+			}
+		}
+		if len(expired) > 0 {
+			if err := s.installAdminLocked(next, s.adminRev); err != nil {
+				s.log.Error("rebuilding policy after clamp expiry", "err", err)
+			}
+		}
+		s.polMu.Unlock()
+	}
+	for _, c := range expired {
+		s.log.Info("tenant clamp expired", "tenant", c.Tenant, "reason", c.Reason)
+		s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: c.Tenant, Source: c.Source, Reason: "expired: " + c.Reason})
+	}
+}
+
+// The admin state's source of truth. Without a shared store it is this
+// instance's (persisted in admin.state_file). With one (the Redis layout:
+// Redis; the embedded layout: files next to the journal) it is the
+// document adminDoc, written by compare-and-set and polled every
+// adminPoll, so a budget or clamp set through any instance applies on
+// every instance; admin.state_file then keeps a local copy.
+const (
+	adminDoc  = "admin-state"
+	adminPoll = time.Second
+)
+
+// errInvalidAdmin marks an admin change the policy refuses.
+var errInvalidAdmin = errors.New("admin change refused")
+
+func (st adminState) clone() adminState {
+	out := adminState{Budgets: maps.Clone(st.Budgets), Clamps: maps.Clone(st.Clamps)}
+	if out.Budgets == nil {
+		out.Budgets = map[string]BudgetOverride{}
+	}
+	if out.Clamps == nil {
+		out.Clamps = map[string]Clamp{}
+	}
+	return out
+}
+
+func decodeAdmin(b []byte) (adminState, error) {
+	var st adminState
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &st); err != nil {
+			return st, fmt.Errorf("shared admin state is corrupt: %w", err)
+		}
+	}
+	return st.clone(), nil
+}
+
+// changeAdmin applies change to the admin state and rebuilds the policy:
+// through the shared store when there is one (compare-and-set, re-applied
+// on conflict, so changes on two instances never lose one), else locally.
+// A change the policy refuses is errInvalidAdmin and changes nothing.
+// change may return statestore.ErrUnchanged.
+func (s *Server) changeAdmin(change func(st *adminState) error) error {
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	changed := false
-	for name, c := range s.admin.Clamps {
-		if !now.Before(c.ExpiresAt) {
-			delete(s.admin.Clamps, name)
-			changed = true
-			s.log.Info("tenant clamp expired", "tenant", name, "reason", c.Reason)
-			s.record(audit.Record{Kind: audit.KindUnclamp, Tenant: name, Source: c.Source, Reason: "expired: " + c.Reason})
+	file := s.pol.Load().file
+	validate := func(st *adminState) error {
+		eff := effectiveConfig(file, st, s.now())
+		if err := eff.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
+		}
+		if _, err := buildPolicy(eff, 0, s.keyer, map[string]*tenantRuntime{}); err != nil {
+			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
+		}
+		return nil
+	}
+	if s.state == nil {
+		next := s.admin.clone()
+		if err := change(&next); err != nil {
+			if errors.Is(err, statestore.ErrUnchanged) {
+				return nil
+			}
+			return err
+		}
+		if err := validate(&next); err != nil {
+			return err
+		}
+		return s.installAdminLocked(next, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var next *adminState
+	doc, err := statestore.Update(ctx, s.state, adminDoc, func(old []byte) ([]byte, error) {
+		next = nil
+		st, err := decodeAdmin(old)
+		if err != nil {
+			return nil, err
+		}
+		if old == nil {
+			st = s.admin.clone() // first write seeds the fleet with this instance's state
+		}
+		if err := change(&st); err != nil {
+			return nil, err
+		}
+		if err := validate(&st); err != nil {
+			return nil, err
+		}
+		next = &st
+		return json.Marshal(st)
+	})
+	if err != nil {
+		return err
+	}
+	if next == nil || doc.Rev <= s.adminRev {
+		return nil // unchanged, or the poll already installed it
+	}
+	return s.installAdminLocked(*next, doc.Rev)
+}
+
+// installAdminLocked makes st the admin state of revision rev (s.polMu
+// held): rebuilds the policy and keeps the local copy.
+func (s *Server) installAdminLocked(st adminState, rev uint64) error {
+	prev := s.admin
+	s.admin = st
+	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
+		s.admin = prev
+		return err
+	}
+	s.adminRev = rev
+	if err := s.persistLocked(); err != nil {
+		s.log.Error("admin state not written to admin.state_file", "err", err)
+	}
+	return nil
+}
+
+// loadSharedAdmin reads the shared admin state at start-up; an empty store
+// keeps (and later seeds it with) admin.state_file's content.
+func (s *Server) loadSharedAdmin() error {
+	if s.state == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	doc, err := s.state.Get(ctx, adminDoc)
+	if err != nil {
+		return fmt.Errorf("shared admin state: %w", err)
+	}
+	if doc.Rev == 0 {
+		return nil
+	}
+	st, err := decodeAdmin(doc.Data)
+	if err != nil {
+		return err
+	}
+	s.admin, s.adminRev = st, doc.Rev
+	return nil
+}
+
+// adminLoop installs admin changes other instances wrote to the shared
+// store, within adminPoll.
+func (s *Server) adminLoop(ctx context.Context) error {
+	if s.state == nil {
+		<-ctx.Done()
+		return nil
+	}
+	err := statestore.Watch(ctx, s.state, adminDoc, adminPoll, s.applySharedAdmin, func(err error) {
+		s.log.Warn("shared admin state unreadable; keeping the last one", "err", err)
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// applySharedAdmin installs a revision of the shared admin state.
+func (s *Server) applySharedAdmin(d statestore.Doc) {
+	st, err := decodeAdmin(d.Data)
+	if err != nil {
+		s.log.Error("shared admin state refused", "err", err)
+		return
+	}
+	s.polMu.Lock()
+	defer s.polMu.Unlock()
+	if d.Rev <= s.adminRev {
+		return
+	}
+	prev := s.admin.Clamps
+	if err := s.installAdminLocked(st, d.Rev); err != nil {
+		s.log.Error("shared admin state refused by this instance's config", "rev", d.Rev, "err", err)
+		return
+	}
+	for name, c := range st.Clamps {
+		if old, ok := prev[name]; (!ok || old.ExpiresAt != c.ExpiresAt) && c.Source != "auto" {
+			s.abuse.Clamped(name, c.ExpiresAt)
 		}
 	}
-	if changed {
-		if err := s.rebuildLocked(s.pol.Load().file); err != nil {
-			s.log.Error("rebuilding policy after clamp expiry", "err", err)
+	for name := range prev {
+		if _, ok := st.Clamps[name]; !ok {
+			s.abuse.Lifted(name)
 		}
-		_ = s.persistLocked()
 	}
+	s.log.Info("admin state changed by another instance", "rev", d.Rev, "budgets", len(st.Budgets), "clamps", len(st.Clamps))
 }
 
 // clampOf returns the tenant's clamp in force at now, if any.

@@ -13,8 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
 // Regression tests of issue 13, named after the item they pin. Each fails
@@ -510,4 +513,192 @@ func TestBug13_6_OutageUsagePersisted(t *testing.T) {
 	assert.Equal(t, 2, led.n("charge"), "each owed charge sent once, then dropped")
 	u := tenantUsage(t, s2, led.Memory)
 	assert.Equal(t, int64(5+3)+held, committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
+}
+
+// TestBug13_1_RestartAfterAdminChange: clamp and unclamp (policy version
+// 3 on this process), restart on the same journal (version 1 again): the
+// tenant is served, and the committed usage is kept.
+func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *ledger.Memory {
+		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: dir + "/journal", LeaseTTL: 60 * time.Second})
+		require.NoError(t, err)
+		return m
+	}
+	cfg := testConfig(t, "", "    budgets:\n      - {dimension: tokens, limit: 1000000, window: 24h}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	m1 := open()
+	s1 := newTestServer(t, cfg, &fakeLedger{Memory: m1, calls: map[string]int{}}, &fakeUpstream{out: 3})
+	go s1.dispatchLoop(ctx)
+	_, err := s1.SetClamp(Clamp{Tenant: "acme", Concurrency: 1, Reason: "test", ExpiresAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	_, err = s1.Unclamp("acme")
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), s1.pol.Load().version)
+	_, err = serve(s1, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	require.NoError(t, m1.Close())
+
+	m2 := open()
+	defer m2.Close()
+	s2 := newTestServer(t, cfg, &fakeLedger{Memory: m2, calls: map[string]int{}}, &fakeUpstream{out: 3})
+	go s2.dispatchLoop(ctx)
+	require.Equal(t, uint64(1), s2.pol.Load().version)
+	_, err = serve(s2, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "served after the restart, not 500 ledger_error")
+	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
+}
+
+// TestBug13_10_AdminSharedFleetWide: a budget set and a clamp applied
+// through instance A are enforced by instance B (shared state store), and
+// B's unclamp is seen by A.
+func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
+	store, err := statestore.OpenFile(t.TempDir())
+	require.NoError(t, err)
+	led := newFakeLedger(t)
+	cfg := testConfig(t, "", "    concurrency: 8\n")
+	mk := func() *Server {
+		keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
+		require.NoError(t, err)
+		mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
+		require.NoError(t, err)
+		s, err := New(cfg, Deps{Ledger: led, Upstream: &fakeUpstream{out: 3}, Keyer: keyer, GPU: mon, State: store})
+		require.NoError(t, err)
+		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+		return s
+	}
+	a, b := mk(), mk()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.dispatchLoop(ctx)
+	go b.dispatchLoop(ctx)
+	poll := func(s *Server) {
+		d, err := store.Get(ctx, adminDoc)
+		require.NoError(t, err)
+		s.applySharedAdmin(d)
+	}
+
+	_, err = a.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 1, Window: time.Hour})
+	require.NoError(t, err)
+	_, err = a.SetClamp(Clamp{Tenant: "acme", Concurrency: 2, Reason: "suspicious", ExpiresAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	poll(b)
+	assert.Equal(t, 2, b.pol.Load().tenants["acme"].cfg.Concurrency, "A's clamp applies on B")
+
+	_, err = serve(b, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	_, err = serve(b, ctx, admission{body: chatBody("")})
+	assert.Equal(t, 429, statusFor(err).Status, "A's budget of 1 request is enforced by B: %v", err)
+
+	had, err := b.Unclamp("acme")
+	require.NoError(t, err)
+	assert.True(t, had)
+	poll(a)
+	assert.Equal(t, 8, a.pol.Load().tenants["acme"].cfg.Concurrency, "B's unclamp is seen by A")
+	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
+}
+
+// TestBug13_10_LeaseTTLReload: a reload that shortens ledger.lease_ttl
+// applies to the heartbeat period at once: a call admitted after it, with
+// the new 3s lease, keeps its hold while it waits 30s.
+func TestBug13_10_LeaseTTLReload(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
+		cfg := testConfig(t, "server: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")
+		s := newTestServer(t, cfg, led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		go func() { _ = s.heartbeatLoop(ctx) }()
+		synctest.Wait()
+		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")))
+		require.Equal(t, 3*time.Second, s.pol.Load().leaseTTL)
+
+		errs := make(chan error, 2)
+		for i := range 2 {
+			go func() { _, err := serve(s, ctx, admission{body: chatBody(""), reqID: fmt.Sprint(i)}); errs <- err }()
+			synctest.Wait()
+		}
+		for range 30 {
+			time.Sleep(time.Second)
+			_, err := led.Memory.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			require.NoError(t, err)
+		}
+		assert.Equal(t, int64(2), tenantUsage(t, s, led.Memory).Reserved[ledger.Requests], "both 3s leases renewed for 30s")
+		close(up.gate)
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+
+		// A reload past the ledger's lease bound (2 × the start-up 60s) is refused.
+		err := s.Reload(testConfig(t, "ledger: {lease_ttl: 121s}\n", ""))
+		assert.ErrorContains(t, err, "lease bound")
+	})
+}
+
+// TestCancelRacesDispatch: the client leaves just as the dispatch loop
+// picked its call (the queue entry is no longer cancellable): the call
+// gives back the replica room and the queue slot, releases its hold, and
+// never runs.
+func TestCancelRacesDispatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 1}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		cctx, leave := context.WithCancelCause(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := serve(s, cctx, admission{body: chatBody("")}); done <- err }()
+		synctest.Wait()
+		// The dispatch loop's step, without delivering yet.
+		it, ok := s.q.Next(s.admissible)
+		require.True(t, ok)
+		rep := it.Payload.rep
+		require.Positive(t, rep.load.Load(), "room reserved for it")
+		leave(ErrClientGone)
+		synctest.Wait() // await lost the cancel race and waits for the hand-off
+		it.Payload.dispatched <- rep
+		assert.ErrorIs(t, <-done, ErrClientGone)
+		assert.Zero(t, rep.load.Load(), "replica room given back")
+		assert.Zero(t, up.runs.Load(), "never ran")
+		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")
+		assert.Equal(t, 1, led.n("release"))
+		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+		st, ok := s.q.Stats("acme")
+		require.True(t, ok)
+		assert.Zero(t, st.Depth)
+	})
+}
+
+// TestOutboxRetriesSettle: a settlement the store could not take is
+// retried by the outbox, with the same id, until it lands: charged once.
+func TestOutboxRetriesSettle(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 3})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	var fail atomic.Int64
+	fail.Store(3)
+	led.set(func() {
+		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+			if fail.Add(-1) >= 0 {
+				return ledger.Settlement{}, ledger.ErrUnavailable, true
+			}
+			return ledger.Settlement{}, nil, false
+		}
+	})
+	_, err := serve(s, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "the client's answer does not wait for the ledger")
+	require.Equal(t, 1, s.outbox.len())
+	s.flushOutbox(ctx)
+	s.flushOutbox(ctx)
+	assert.Equal(t, 1, s.outbox.len(), "still failing: kept")
+	s.flushOutbox(ctx)
+	assert.Equal(t, 0, s.outbox.len())
+	assert.Equal(t, 4, led.n("settle"))
+	u := tenantUsage(t, s, led.Memory)
+	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "charged once")
+	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }

@@ -32,13 +32,71 @@
 //     last cumulative usage plus one token per unfinished choice; fair-share
 //     counters are reconciled and replica room and slots freed.
 //
+// # Call lifecycle
+//
+// A call is a state machine (lifecycle.go): new → reserved → queued →
+// dispatched → streaming → one of released, settled, unresolved; a slot
+// denial takes a dispatch attempt back to queued. [call.to] is the only way
+// to move it, and the ledger, the queue's slot and the replica's room are
+// touched only by the transitions: [Server.release] (reserved or queued →
+// released) and [Server.finish] (dispatched or streaming → settled). Each
+// checks the phase first, so a second ending is a no-op. unresolved means
+// this instance handed the ending to the outbox or to an owed outage
+// charge.
+//
+// Who owns what:
+//
+//   - The request goroutine (the edge handler, then its stream writer) owns
+//     the call: phase, plan, holds, stream, usage, rep. The edge only
+//     parses, authenticates and writes bytes; admit, await, execute,
+//     drainStream and finish do the rest on that goroutine.
+//   - The dispatch loop (dispatch.go) owns nothing of a call: under the
+//     queue's mutex it reserves replica room and hands the replica over the
+//     call's dispatched channel; expiry arrives on expired.
+//   - The heartbeat (lease.go) owns the leases: each tracked call's last
+//     acknowledged grant and its fence timer, under leases.mu. It extends
+//     every lease from Reserve to the terminal transition (queued calls
+//     too), in parallel with bounded concurrency, and a call's fence fires
+//     from the send time of its last acknowledged grant, lease_ttl −
+//     min(2s, lease_ttl/6) later, whatever the rounds do. Fencing cancels
+//     the call's context with ErrLeaseLost: queued calls release (503
+//     ledger_unavailable), running ones abort upstream.
+//   - The outbox loop (outbox.go) owns unacknowledged endings (Release for
+//     never-dispatched holds, leaving a tombstone for an ambiguous Reserve
+//     that never applied; Settle for dispatched ones) and owed outage
+//     charges (outage.go), each under its own lock.
+//   - The clamp loop applies automatic clamps (off the request goroutine)
+//     and expires clamps; the admin loop installs admin changes other
+//     instances wrote to the shared state store. Server.polMu serializes
+//     every policy change.
+//
+// All loops run in one errgroup ([Server.Run]); a loop that fails is logged
+// and fails /readyz.
+//
+// # Ledger ids and idempotency
+//
+// A call without an Idempotency-Key has a random ledger id; one with a key
+// has Keyer.IdempotentID of the key, then of key‖generation after
+// attempts that never ran (idem.go). Every Reserve attempt carries a fresh
+// nonce: the store client's own retry after a lost reply answers the
+// original grant (never a 409), another attempt answers Replayed with the
+// record's state (409 idempotency_conflict, details.state in_flight or
+// unresolved). A completed non-streamed attempt's body is kept per instance
+// (LRU, 32 MiB, 1 h) and returned to its retries; elsewhere a retry gets
+// 409 details.state completed. An outage-admitted call keeps its id, so a
+// retry during the outage or before its charge lands never runs again.
+//
+// Policy versions only label audit lines: the ledger never orders them
+// (limits travel with each Reserve), so a restart or another instance with
+// a smaller counter is served like any other.
+//
 // # Invariants
 //
 //   - Every admitted call ends in exactly one of: released (never
 //     dispatched; [Server.release]), settled ([Server.finish], zero with
 //     SourceNotSent when nothing reached the replica), or left DISPATCHED
 //     for the ledger's lease expiry when the process dies. finish is the
-//     only settle path and runs once per call (call.settled).
+//     only settle path and runs once per call (its phase guard).
 //   - Nothing is sent upstream without an acknowledged MarkDispatched, and
 //     the deadline is re-checked after it (sluice_expired_dispatch_total
 //     stays 0).
@@ -48,14 +106,23 @@
 //     fasthttp reports no disconnects, so [connwatch] watches each client
 //     connection with EPOLLRDHUP; a failed streaming write does the same.
 //   - Ledger store errors fail closed (503 ledger_unavailable); failed
-//     settlements are retried by the outbox with the same id, and running
-//     calls extend their lease every lease_ttl/3 and abort upstream when the
-//     lease is lost or cannot be extended in time (LEDGER I10).
+//     endings are retried by the outbox with the same id, and every held
+//     record's lease is extended every lease_ttl/3 and fenced before it can
+//     lapse (LEDGER I10). ledger.lease_ttl may not pass the ledger's lease
+//     bound, at start-up or on reload; a reloaded lease_ttl sets the next
+//     heartbeat period and the next extensions.
+//   - Holds are bounded before they reach the ledger: n ≤ 128 and every
+//     product (cap × choices, prices × tokens, cost weights × tokens) is
+//     overflow-checked; out of range is 400 invalid_request naming the
+//     parameter. A tenant without a windowed budget gets a never-binding
+//     one (resolutionLimit) so its UNRESOLVED records resolve.
 //
 // Operators change budgets and clamps through the admin API (adminops.go);
-// each change builds a new policy version on top of the config file, so
-// queued and running requests keep the limits they were admitted under.
-// Automatic clamps (package abuse) use the same path.
+// each change builds a new policy on top of the config file, so queued and
+// running requests keep the limits they were admitted under. With a shared
+// state store (Deps.State) the admin state is one document written by
+// compare-and-set and polled every second, so a change through any instance
+// applies to the fleet. Automatic clamps (package abuse) use the same path.
 //
 // statusFor is the one place that maps outcomes to HTTP statuses and the
 // pinned error codes of ARCHITECTURE.md §3.3.

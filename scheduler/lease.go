@@ -20,9 +20,11 @@ import (
 // its last acknowledged extension, so the fence fires before the lease can
 // lapse whatever the rounds do (LEDGER.md I10).
 type leases struct {
-	now func() time.Time
-	mu  sync.Mutex // guards m and every leaseEntry
-	m   map[*call]*leaseEntry
+	now    func() time.Time
+	mu     sync.Mutex // guards m, period and every leaseEntry
+	m      map[*call]*leaseEntry
+	period time.Duration // the armed heartbeat period
+	kick   chan struct{} // size 1: a shorter lease appeared, re-arm
 }
 
 // leaseEntry is one call's lease as this instance last saw it acknowledged.
@@ -53,6 +55,18 @@ func (l *leases) track(c *call, sent time.Time, ttl time.Duration) {
 	e := &leaseEntry{lastGood: sent, ttl: ttl}
 	e.fence = time.AfterFunc(sent.Add(ttl-fenceMargin(ttl)).Sub(l.now()), func() { c.cancel(ledger.ErrLeaseLost) })
 	l.m[c] = e
+	if l.period > 0 && ttl/3 < l.period {
+		l.rearm()
+	}
+}
+
+// rearm wakes the heartbeat to re-arm with a shorter period (a reload
+// shortened lease_ttl, or a call came with a shorter lease).
+func (l *leases) rearm() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // untrack stops keeping c's lease (its record reached a terminal state, or
@@ -120,18 +134,28 @@ func (l *leases) fence(c *call) {
 // call's older one), so a reload of ledger.lease_ttl applies from the next
 // round.
 func (s *Server) heartbeatLoop(ctx context.Context) error {
+	due := s.now()
 	for {
-		period := s.pol.Load().leaseTTL
-		if _, short := s.leases.snapshot(); short > 0 && short < period {
-			period = short
+		ttl := s.pol.Load().leaseTTL
+		if _, short := s.leases.snapshot(); short > 0 && short < ttl {
+			ttl = short
 		}
-		t := time.NewTimer(period / 3)
+		s.leases.mu.Lock()
+		s.leases.period = ttl / 3
+		s.leases.mu.Unlock()
+		next := due.Add(ttl / 3)
+		t := time.NewTimer(next.Sub(s.now()))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-s.leases.kick:
+			// Re-arm from the last round with the shorter period.
+			t.Stop()
+			continue
 		case <-t.C:
 		}
+		due = s.now()
 		s.extendAll(ctx)
 	}
 }

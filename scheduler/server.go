@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -58,10 +59,18 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
 	Now func() time.Time
+	// State is the fleet-shared store of the admin state (budgets and
+	// clamps set through the admin API): Redis in the Redis layout, files
+	// next to the journal in the embedded one. Optional; nil keeps the
+	// admin state per instance (admin.state_file).
+	State statestore.Store
 	// MaxLeaseTTL is the ledger's bound on every lease, fixed when the
 	// ledger opened. Optional; default 2 × the start-up ledger.lease_ttl
 	// (both backends' default). A reload may not raise lease_ttl past it.
 	MaxLeaseTTL time.Duration
+	// Keys is the shared store of API keys created at run time. Optional;
+	// nil keeps them in memory (lost on restart, seen by this instance only).
+	Keys statestore.Store
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -90,8 +99,12 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
+	keys     statestore.Store
+	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu   sync.Mutex               // orders applyKeys
+	adminRev uint64                   // revision of admin in state (0: none yet)
+	state    statestore.Store         // shared admin state; nil: this instance's own
 	wfs      workflows
-	outage   outages
 	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
@@ -99,10 +112,7 @@ type Server struct {
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
-	// The settler's parts: each owns its own lock.
-	leases leases    // every held record's lease, Reserve to terminal state
-	outbox outbox    // endings the store has not acknowledged
-	idem   idemCache // completed idempotent responses (idem.go)
+	settler // leases, outbox, outage charges, idempotent responses
 
 	mu      sync.Mutex // guards running, queued
 	running map[*call]struct{}
@@ -112,6 +122,17 @@ type Server struct {
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
+}
+
+// settler owns what a call leaves behind it: its lease from Reserve to its
+// terminal transition, the endings the store has not acknowledged, the
+// usage owed from outage admissions, and completed idempotent responses.
+// Each part has its own lock; none is held across a ledger call.
+type settler struct {
+	leases leases    // lease.go
+	outbox outbox    // outbox.go
+	outage outages   // outage.go
+	idem   idemCache // idem.go
 }
 
 // New builds a Server from a validated config.
@@ -142,10 +163,14 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		runtimes:   map[string]*tenantRuntime{},
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
-		outbox:     outbox{kick: make(chan struct{}, 1)},
+		settler:    settler{outbox: outbox{kick: make(chan struct{}, 1)}},
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
+		keys:       deps.Keys,
+	}
+	if s.keys == nil {
+		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
@@ -155,6 +180,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.now = time.Now
 	}
 	s.leases.now = s.now
+	s.leases.kick = make(chan struct{}, 1)
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
@@ -163,6 +189,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+		return nil, err
+	}
+	s.state = deps.State
+	if err := s.loadSharedAdmin(); err != nil {
 		return nil, err
 	}
 	if err := s.outage.load(outageFile(cfg)); err != nil {
@@ -313,6 +343,7 @@ func (s *Server) Run(ctx context.Context) error {
 		{"outbox", s.outboxLoop},
 		{"ready", s.readyLoop},
 		{"clamps", s.clampLoop},
+		{"admin", s.adminLoop},
 	}
 	for _, l := range loops {
 		g.Go(func() error {

@@ -109,8 +109,18 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		return err
 	}
 
+	state, closeState, err := openStateStore(cfg)
+	if err != nil {
+		return fmt.Errorf("state store: %w", err)
+	}
+	defer func() {
+		if err := closeState(); err != nil {
+			log.Error("closing the state store", "err", err)
+		}
+	}()
+
 	var trail *audit.Log
-	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log}
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
 	if cfg.Audit.Path != "" {
 		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)
@@ -121,6 +131,11 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 			}
 		}()
 		deps.Audit = trail
+	}
+	if cfg.Ledger.Backend == "redis" || cfg.Ledger.Journal != "" {
+		// Admin changes share the keys' store: the fleet's in Redis, the
+		// node's next to the journal. Without either, admin.state_file.
+		deps.State = state
 	}
 	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
@@ -142,6 +157,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 			return errors.Join(fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err), apiLn.Close())
 		}
+	}
+
+	if err := srv.SyncKeys(ctx); err != nil {
+		log.Warn("run-time API keys not loaded yet; retrying in the background", "err", err)
 	}
 
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -174,6 +193,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	bgGroup.Go(func() error { return mon.Run(bg) })
 	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
 	bgGroup.Go(func() error { return led.Run(bg) })
+	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
 	if trail != nil {
 		bgGroup.Go(func() error { return trail.Run(bg) })
 	}

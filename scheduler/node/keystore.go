@@ -1,0 +1,38 @@
+package node
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
+)
+
+// openStateStore returns the store of fleet-shared state (the run-time API
+// keys): Redis, with its own client, when the ledger is in Redis; files in
+// the journal's directory with the embedded ledger and a journal; memory
+// otherwise (nothing else survives a restart then either). The returned
+// close func releases what it opened.
+func openStateStore(cfg *config.File) (statestore.Store, func() error, error) {
+	switch {
+	case cfg.Ledger.Backend == "redis":
+		r := cfg.Ledger.Redis
+		opts := &redis.UniversalOptions{Addrs: r.Addrs, MasterName: r.MasterName,
+			DialTimeout: r.StoreTimeout, ReadTimeout: r.StoreTimeout, WriteTimeout: r.StoreTimeout, ContextTimeoutEnabled: true}
+		if r.PasswordEnv != "" {
+			opts.Password = os.Getenv(r.PasswordEnv)
+		}
+		c := redis.NewUniversalClient(opts)
+		return statestore.NewRedis(c, r.KeyPrefix), c.Close, nil
+	case cfg.Ledger.Journal != "":
+		f, err := statestore.OpenFile(filepath.Dir(cfg.Ledger.Journal))
+		if err != nil {
+			return nil, nil, err
+		}
+		return f, func() error { return nil }, nil
+	default:
+		return statestore.NewMemory(), func() error { return nil }, nil
+	}
+}
