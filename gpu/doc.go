@@ -14,8 +14,9 @@
 // pseudo-GPU per replica GPU from scrapes (sim_gpu_utilization_ratio on the
 // simulator, else "unknown": busy while requests run). [Off] sees nothing.
 // [OpenSource] implements `gpu.telemetry: auto|nvml|vllm|off` and logs its
-// choice. Utilisation, memory used, temperature, power and clock-event
-// reasons are read every poll (default 100 ms); name, memory total, ECC
+// choice. Utilisation, memory used, temperature, power, clock-event
+// reasons and the busy and energy meters (utilisation samples, the
+// total-energy counter) are read every poll (default 100 ms); name, memory total, ECC
 // counters and row-remap state every [Config.InventoryEvery] polls; XID
 // events are drained from an NVML event set without blocking.
 //

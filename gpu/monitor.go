@@ -87,7 +87,9 @@ type ReplicaView struct {
 	BaseTokens   int64
 	HealthFactor float64
 	Overcommit   float64
-	// Utilization is the u currently driving the replica's GPU clock.
+	// Utilization is the replica's current busy fraction (mean over its
+	// GPUs, or the simulator's windowed ratio; -1 unknown), for display:
+	// attribution uses the metered counters (gpu/doc.go).
 	Utilization float64
 	GPUCount    int
 	ScrapeStale bool

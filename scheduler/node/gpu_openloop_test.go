@@ -170,25 +170,6 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 			t.Logf("energy: acme %.1f + beta %.1f J (ratio %.3f) + unattributed %.1f J = %.1f J metered; simulator %.1f J since the first scrape",
 				acmeJ, betaJ, acmeJ/betaJ, unattJ, acmeJ+betaJ+unattJ, energy)
 			assert.InEpsilon(t, busyMs, acme+beta, 0.01, "Σ tenant GPU-ms vs the simulator's busy time")
-			// Twice the work is twice the GPU time only while the meter
-			// measures work: the simulator counts a late engine goroutine's
-			// lost time as busy (as a GPU's counter would see a stalled
-			// batch), so on a host too loaded to keep its step cadence the
-			// stalls, not the tokens, decide who used more, and the recent
-			// rate that settlement uses swings with them; ratios and the
-			// settled sum are then judged at 15 %. Work here is at most
-			// Σ (k−1) decode steps × 2.2 ms.
-			var workMs float64
-			for _, jb := range jobs {
-				workMs += float64(jb.k-1) * float64(perSeq+sc.DecodeStep) / float64(time.Millisecond)
-			}
-			tol := 0.05
-			if busyMs > 1.1*workMs {
-				tol = 0.15
-				t.Logf("host stalled the simulator: busy %.0f ms for at most %.0f ms of work; ratios and settlement judged at 15 %%", busyMs, workMs)
-			}
-			assert.InEpsilon(t, 2.0, acme/beta, tol, "acme/beta GPU-ms")
-			assert.InEpsilon(t, busyMs, float64(ledgerMs), tol, "Σ settled GPU-ms (the open interval at the recent rate)")
 			// A request that ended just after a scrape still has its share of
 			// the next interval (idle power only), closed and exported within
 			// a poll or two.
@@ -203,9 +184,28 @@ func TestGPUMsConservationOpenLoop(t *testing.T) {
 			// The test reads the simulator's energy at other instants than the
 			// scrapes that bound the metered span; idle power fills the gap.
 			assert.InEpsilon(t, energy, meterJ, 0.05, "metered vs the simulator's energy")
-			assert.InEpsilon(t, 2.0, acmeJ/betaJ, tol, "acme/beta joules")
 			// Every busy joule is attributed: dynamic energy is in the tenants'.
 			assert.GreaterOrEqual(t, acmeJ+betaJ, 0.99*630*busy.Seconds(), "busy energy attributed")
+
+			// Twice the work is twice the GPU time only while the meter
+			// measures work: the simulator counts a late engine goroutine's
+			// lost time as busy (as a GPU's counter would see a stalled
+			// batch), so on a host too loaded to keep the step cadence the
+			// stalls, not the tokens, decide who used more, and the recent
+			// rate that settlement uses swings with them. Work here is at
+			// most Σ (k−1) decode steps × 2.2 ms; a calm host meters within
+			// 1 % of it.
+			var workMs float64
+			for _, jb := range jobs {
+				workMs += float64(jb.k-1) * float64(perSeq+sc.DecodeStep) / float64(time.Millisecond)
+			}
+			if busyMs > 1.03*workMs {
+				t.Skipf("host stalled the simulator (busy %.0f ms for at most %.0f ms of work): conservation checked; ratio %.3f and settlement %+.1f %% not judged",
+					busyMs, workMs, acme/beta, 100*(float64(ledgerMs)/busyMs-1))
+			}
+			assert.InEpsilon(t, 2.0, acme/beta, 0.05, "acme/beta GPU-ms")
+			assert.InEpsilon(t, 2.0, acmeJ/betaJ, 0.05, "acme/beta joules")
+			assert.InEpsilon(t, busyMs, float64(ledgerMs), 0.05, "Σ settled GPU-ms (the open interval at the recent rate)")
 		})
 	}
 }
