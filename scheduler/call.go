@@ -28,6 +28,7 @@ type call struct {
 	t        *tenant
 	ep       vllm.Endpoint
 	req      *vllm.Request
+	route    route // model (pool) and prefix for the replica choice
 	plan     vllm.Plan
 	reqID    string
 	ref      ledger.Ref
@@ -86,13 +87,13 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if err != nil {
 		return nil, err
 	}
-	if req.Model != "" && !s.reps.knowsModel(req.Model) {
-		return nil, fmt.Errorf("model %q: %w", req.Model, ErrUnknownModel)
+	if err := s.checkModel(t, req.Model); err != nil {
+		return nil, err
 	}
 	if cl, ok := pol.clampOf(t.name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
 		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
 	}
-	if !s.reps.anyUp() {
+	if !s.reps.anyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
 	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
@@ -102,12 +103,12 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if in > t.cfg.MaxInputTokens {
 		return nil, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
 	}
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
 	if err != nil {
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, ep: a.ep, req: req, plan: plan, reqID: a.reqID,
+		pol: pol, t: t, ep: a.ep, req: req, route: s.routeOf(req), plan: plan, reqID: a.reqID,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1), expired: make(chan struct{}, 1),
 	}
@@ -146,7 +147,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		c.cancel(err)
 		return nil, err
 	}
-	if k := s.reps.maxCapacity(); k > 0 && c.size > k {
+	if k := s.reps.maxCapacity(req.Model); k > 0 && c.size > k {
 		s.release(c)
 		return nil, fmt.Errorf("input plus output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
 	}
@@ -164,6 +165,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.handle = it.Handle
 	t.rt.queued.Add(1)
+	s.reps.track(req.Model, t.name, 0, 1)
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -173,7 +175,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 // tokenize replaces the bytes bound with the replica's exact count; on any
 // failure the bound stays (documented fallback).
 func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
-	for _, r := range s.reps.reps {
+	for _, r := range s.reps.pool(req.Model) {
 		if o := r.obs.Load(); o == nil || !o.ok {
 			continue
 		}
@@ -277,7 +279,7 @@ func (s *Server) sizeHolds(c *call) {
 	h[ledger.InputTokens] = in
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
-	h[ledger.GPUMs] = s.gpu.Hold(in, out)
+	h[ledger.GPUMs] = s.reps.gpuHold(s.gpu, c.req.Model, in, out)
 	h[ledger.USDMicros] = c.pol.priceMicros(c.req.Model, in, out)
 	c.held = h
 	c.size = in + out
@@ -340,6 +342,7 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 // slot, expires, or its client leaves. On any error the call holds nothing.
 func (s *Server) await(c *call) error {
 	defer c.t.rt.queued.Add(-1) // counted from a successful admit
+	defer s.reps.track(c.req.Model, c.t.name, 0, -1)
 	for {
 		var rep *replica
 		select {
@@ -391,6 +394,7 @@ func (s *Server) await(c *call) error {
 		c.dispatchAt = s.now()
 		c.t.rt.inflight.Add(1)
 		c.t.rt.inflightTokens.Add(c.size)
+		s.reps.track(c.req.Model, c.t.name, c.size, 0)
 		ts := c.t.series(s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
@@ -477,9 +481,9 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	rep := s.reps.choose(c.size, s.belowFairShare(c), nil)
+	rep := s.reps.choose(c.route, c.size, s.belowFairShare(c), nil)
 	if rep == nil {
-		if s.reps.fits(c.size, true) {
+		if s.reps.fits(c.route, c.size, true) {
 			// It would fit only in the light-tenant headroom: skip this
 			// tenant so that tenants below their share can use it.
 			return queue.Park
@@ -490,23 +494,11 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	return queue.Dispatch
 }
 
-// belowFairShare reports whether the tenant's in-flight token share is below
-// its weighted share among tenants with work in flight (SCHEDULING §6).
+// belowFairShare reports whether the tenant's in-flight token share of its
+// model's pool is below its weighted share among tenants with work on that
+// pool (SCHEDULING §6).
 func (s *Server) belowFairShare(c *call) bool {
-	var total, weights int64
-	for _, t := range c.pol.order {
-		if n := t.rt.inflightTokens.Load(); n > 0 || t.rt.queued.Load() > 0 || t == c.t {
-			total += n
-			weights += int64(t.cfg.Weight)
-		}
-	}
-	if total == 0 || weights == 0 {
-		return true
-	}
-	// At or below its share: a tenant alone uses the whole replica, so the
-	// gate stays work-conserving.
-	share := float64(c.t.rt.inflightTokens.Load()) / float64(total)
-	return share <= float64(c.t.cfg.Weight)/float64(weights)
+	return s.reps.belowShare(c.req.Model, c.t.name, c.pol.weightOf)
 }
 
 // execute sends the call upstream: on the chosen replica, or on another
@@ -535,7 +527,7 @@ func (s *Server) execute(c *call) error {
 		if !retry || c.ctx.Err() != nil {
 			return err
 		}
-		next := s.reps.choose(c.size, true, c.rep)
+		next := s.reps.choose(c.route, c.size, true, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)
@@ -603,6 +595,7 @@ func (s *Server) finish(c *call, err error) {
 	s.reps.release(c.rep, c.size)
 	c.t.rt.inflight.Add(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
+	s.reps.track(c.req.Model, c.t.name, -c.size, 0)
 	c.t.series(s.m).inflight.Dec()
 	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {

@@ -494,36 +494,18 @@ func warn(c *call) bool {
 	return false
 }
 
-// models answers GET /v1/models with the union of the replicas' models.
+// models answers GET /v1/models with the union of the replicas' models
+// that the tenant may use (routing.go).
 func (e *Edge) models(rc *fasthttp.RequestCtx) {
-	if _, err := e.s.pol.Load().authenticate(rc.Request.Header.Peek("Authorization")); err != nil {
+	t, err := e.s.pol.Load().authenticate(rc.Request.Header.Peek("Authorization"))
+	if err != nil {
 		e.reject(rc, "", err)
 		return
 	}
-	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		OwnedBy     string `json:"owned_by"`
-		MaxModelLen int64  `json:"max_model_len,omitempty"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	seen := map[string]bool{}
-	for _, r := range e.s.reps.reps {
-		o := r.obs.Load()
-		if o == nil {
-			continue
-		}
-		for _, m := range o.models {
-			if !seen[m] {
-				seen[m] = true
-				out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "vllm", MaxModelLen: r.maxModelLen.Load()})
-			}
-		}
-	}
-	b, _ := marshal(out)
+	b, _ := marshal(struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", e.s.modelList(t)})
 	rc.SetContentType("application/json")
 	rc.SetBody(b)
 }

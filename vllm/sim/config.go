@@ -76,6 +76,12 @@ type Config struct {
 	// Model is the served model name (vLLM's --served-model-name).
 	// Default "sim-model".
 	Model string
+	// ServedModelNames are more names for the same model (the rest of
+	// vLLM's --served-model-name list). Optional.
+	ServedModelNames []string
+	// LoRAModules are adapters served as extra model names (vLLM's
+	// --lora-modules). Optional.
+	LoRAModules []LoRAModule
 	// MaxNumSeqs bounds the running batch (sequences). Default 64.
 	MaxNumSeqs int
 	// MaxModelLen bounds prompt + output tokens per sequence. Default 4096,
@@ -262,6 +268,7 @@ func (c Config) Validate() error {
 	default:
 		bad("on_disconnect must be abort, next-write or ignore, got %q", c.OnDisconnect)
 	}
+	errs = append(errs, c.validateModels()...)
 	f := c.Faults
 	for _, r := range []struct {
 		name string

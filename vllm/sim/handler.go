@@ -347,7 +347,7 @@ func (r *Replica) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, e)
 		return
 	}
-	if wire.Model != "" && wire.Model != r.cfg.Model {
+	if !r.cfg.serves(wire.Model) {
 		writeError(w, newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", wire.Model))
 		return
 	}
@@ -395,17 +395,7 @@ func (r *Replica) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 }
 
 func (r *Replica) handleModels(w http.ResponseWriter, _ *http.Request) {
-	var b []byte
-	b = append(b, `{"object":"list","data":[{"id":`...)
-	b = appendJSONString(b, r.cfg.Model)
-	b = append(b, `,"object":"model","created":`...)
-	b = appendInt(b, int(r.created))
-	b = append(b, `,"owned_by":"vllm","root":`...)
-	b = appendJSONString(b, r.cfg.Model)
-	b = append(b, `,"parent":null,"max_model_len":`...)
-	b = appendInt(b, r.cfg.MaxModelLen)
-	b = append(b, `}]}`...)
-	writeJSON(w, http.StatusOK, b)
+	writeJSON(w, http.StatusOK, r.appendModelList(nil))
 }
 
 func (r *Replica) handleHealth(w http.ResponseWriter, _ *http.Request) {

@@ -296,7 +296,7 @@ func optInt(raw json.RawMessage, name string) (v int, ok bool, e *apiError) {
 // before queueing. The model check comes first (404), then the prompt, then
 // the limits (400).
 func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiError) {
-	if w.Model != cfg.Model {
+	if !cfg.serves(w.Model) {
 		return nil, newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", w.Model)
 	}
 	g := &genRequest{kind: k, n: 1, priority: w.Priority, ignoreEOS: w.IgnoreEOS, minTokens: w.MinTokens}
