@@ -100,6 +100,7 @@ func New(cfg Config) (*Replica, error) {
 	r.mux.HandleFunc("POST /v1/chat/completions", r.handleGeneration(kindChat))
 	r.mux.HandleFunc("POST /v1/completions", r.handleGeneration(kindCompletion))
 	r.mux.HandleFunc("POST /tokenize", r.handleTokenize)
+	r.registerEndpoints()
 	r.mux.HandleFunc("GET /v1/models", r.handleModels)
 	r.mux.HandleFunc("GET /health", r.handleHealth)
 	r.mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
