@@ -96,7 +96,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
+	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact && !isOther(a.ep) {
 		req = s.tokenize(ctx, req)
 	}
 	in := int64(req.TotalInputTokens())
@@ -564,8 +564,8 @@ func (s *Server) finish(c *call, err error) {
 	if c.stream != nil {
 		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
 		_ = c.stream.Close()
-	} else if c.sent {
-		// Sent, but no stream: prefill may have run.
+	} else if c.sent && !c.usage.Known {
+		// Sent, but no stream nor answer usage: prefill may have run.
 		c.usage = vllm.Usage{PromptTokens: c.plan.InputTokens}
 	}
 	cause := context.Cause(c.ctx)

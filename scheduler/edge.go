@@ -101,6 +101,10 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 		}
 		e.models(rc)
 	default:
+		if ep, ok := vllm.EndpointForPath(path); ok && isOther(ep) {
+			e.other(rc, ep, reqID) // endpoints.go
+			return
+		}
 		e.writeError(rc, "", fmt.Errorf("no route %s: %w", path, ErrNotFound))
 	}
 }
