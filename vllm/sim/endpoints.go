@@ -76,7 +76,6 @@ func textsOf(raw json.RawMessage, param string) ([]int, []string, *apiError) {
 	return counts, make([]string, len(counts)), nil
 }
 
-
 // poolPrompts returns the prompt tokens of each sequence a pooling
 // request runs (score and rerank run one per query–document pair).
 func poolPrompts(k poolKind, w *poolWire) ([]int, []string, *apiError) {
