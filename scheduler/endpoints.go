@@ -229,6 +229,7 @@ func (e *Edge) pumpResponses(c *call, resp *http.Response, w *bufio.Writer) {
 	s.finish(c, end)
 	if end == nil {
 		c.t.series(s.m).requestsOK.Inc()
+		return
 	}
 	e.countOutcome(c.t.name, end)
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -49,6 +51,9 @@ type poolWire struct {
 	Query      json.RawMessage `json:"query"`
 	Documents  json.RawMessage `json:"documents"`
 	TopN       int             `json:"top_n"`
+	// EncodingFormat "base64" packs embeddings as little-endian float32
+	// (serving_embedding.py); the openai SDKs ask for it by default.
+	EncodingFormat string `json:"encoding_format"`
 }
 
 // textsOf decodes a string or a list of strings (or of token id lists,
@@ -237,6 +242,16 @@ func (r *Replica) handlePooling(k poolKind) http.HandlerFunc {
 					b = append(b, `,"object":"embedding","embedding":[`...)
 				} else {
 					b = append(b, `,"object":"pooling","data":[`...)
+				}
+				if pw.EncodingFormat == "base64" {
+					raw := make([]byte, 4*dims)
+					for d := range dims {
+						binary.LittleEndian.PutUint32(raw[4*d:], math.Float32bits(float32(unitAt(key, d)*2-1)))
+					}
+					b = append(b[:len(b)-1], '"')
+					b = append(b, base64.StdEncoding.EncodeToString(raw)...)
+					b = append(b, `"}`...)
+					break
 				}
 				for d := range dims {
 					if d > 0 {
