@@ -27,6 +27,8 @@ func runSim(ctx context.Context, e env, args []string) error {
 		cfg.Model, cfg.ServedModelNames = names[0], names[1:]
 		return nil
 	})
+	fs.BoolVar(&cfg.DisablePrefixCaching, "no-enable-prefix-caching", false, "turn off automatic prefix caching (on by default, as in vLLM v1)")
+	fs.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
 	fs.Func("lora-modules", "LoRA adapter name=path served as its own model name; repeat or comma-separate (vLLM's --lora-modules)", func(v string) error {
 		for _, m := range strings.Split(v, ",") {
 			l, err := sim.ParseLoRAModule(m)

@@ -82,6 +82,13 @@ type Config struct {
 	// LoRAModules are adapters served as extra model names (vLLM's
 	// --lora-modules). Optional.
 	LoRAModules []LoRAModule
+	// DisablePrefixCaching turns off automatic prefix caching (vLLM's
+	// --no-enable-prefix-caching; on by default in v1). See prefixcache.go.
+	DisablePrefixCaching bool
+	// EnablePromptTokensDetails reports usage.prompt_tokens_details
+	// .cached_tokens (vLLM's --enable-prompt-tokens-details; default off,
+	// then the field is null).
+	EnablePromptTokensDetails bool
 	// MaxNumSeqs bounds the running batch (sequences). Default 64.
 	MaxNumSeqs int
 	// MaxModelLen bounds prompt + output tokens per sequence. Default 4096,

@@ -51,14 +51,20 @@ func appendJSONString(b []byte, s string) []byte {
 
 func appendInt(b []byte, v int) []byte { return strconv.AppendInt(b, int64(v), 10) }
 
-// appendUsage appends vLLM's usage object.
-func appendUsage(b []byte, prompt, completion int) []byte {
+// appendUsage appends vLLM's usage object; cached (when given and >= 0) is
+// prompt_tokens_details.cached_tokens, else the details are null.
+func appendUsage(b []byte, prompt, completion int, cached ...int) []byte {
 	b = append(b, `{"prompt_tokens":`...)
 	b = appendInt(b, prompt)
 	b = append(b, `,"total_tokens":`...)
 	b = appendInt(b, prompt+completion)
 	b = append(b, `,"completion_tokens":`...)
 	b = appendInt(b, completion)
+	if len(cached) > 0 && cached[0] >= 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = appendInt(b, cached[0])
+		return append(b, "}}"...)
+	}
 	b = append(b, `,"prompt_tokens_details":null}`...)
 	return b
 }
@@ -69,6 +75,7 @@ type chunkEncoder struct {
 	kind   kind
 	prefix []byte // {"id":...,"object":...,"created":...,"model":...,"choices":[
 	buf    []byte
+	cached int // the final usage's cached_tokens; -1: details null
 }
 
 func newChunkEncoder(k kind, id string, created int64, model string) *chunkEncoder {
@@ -88,7 +95,7 @@ func newChunkEncoder(k kind, id string, created int64, model string) *chunkEncod
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	return &chunkEncoder{kind: k, prefix: p, buf: make([]byte, 0, 512)}
+	return &chunkEncoder{kind: k, prefix: p, buf: make([]byte, 0, 512), cached: -1}
 }
 
 // roleChunk appends the chat role chunk of a choice.
@@ -151,7 +158,7 @@ func (c *chunkEncoder) usageChunk(prompt, completion int) {
 	b = append(b, "data: "...)
 	b = append(b, c.prefix...)
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, prompt, completion)
+	b = appendUsage(b, prompt, completion, c.cached)
 	b = append(b, "}\n\n"...)
 	c.buf = b
 }

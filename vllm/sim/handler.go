@@ -93,12 +93,16 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 	}
 	req := newRequest(g.priority, r.clk.Now())
 	req.seqs = make([]*seq, 0, len(g.prompts)*g.n)
+	var hashes []uint64
+	if len(g.prompts) == 1 {
+		hashes = r.promptHashes(k, wire)
+	}
 	for p, pt := range g.prompts {
 		for c := range g.n {
 			idx := p*g.n + c
 			sk := mix(key ^ (uint64(idx)+1)*0xD6E8FEB86659FD93)
 			t := outputLen(g, sk, r.cfg.OutputLenMax)
-			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap})
+			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap, hashes: hashes})
 		}
 	}
 	if e := r.eng.submit(req); e != nil {
@@ -242,6 +246,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 		}
 		if remaining == 0 {
 			if g.includeUsage {
+				enc.cached = r.cachedTokens(req)
 				enc.usageChunk(g.promptTotal, completion)
 			}
 			enc.done()
@@ -321,7 +326,7 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 		b = append(b, `","stop_reason":null}`...)
 	}
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, g.promptTotal, completion)
+	b = appendUsage(b, g.promptTotal, completion, r.cachedTokens(req))
 	b = append(b, `,"prompt_logprobs":null}`...)
 	writeJSON(w, http.StatusOK, b)
 	r.st.completed.Add(1)

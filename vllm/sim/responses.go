@@ -105,7 +105,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 	sk := mix(key ^ 0xD6E8FEB86659FD93)
 	t := outputLen(g, sk, r.cfg.OutputLenMax)
 	req := newRequest(0, r.clk.Now())
-	req.seqs = []*seq{{req: req, prompt: prompt, target: t, key: sk, atCap: t == capv}}
+	req.seqs = []*seq{{req: req, prompt: prompt, target: t, key: sk, atCap: t == capv, hashes: r.messagesHashes(msgs)}}
 	if e := r.eng.submit(req); e != nil {
 		fail(e)
 		return
@@ -181,7 +181,9 @@ func (e *respEncoder) response(b []byte, done bool) []byte {
 	if done {
 		b = append(b, `{"input_tokens":`...)
 		b = appendInt(b, e.prompt)
-		b = append(b, `,"input_tokens_details":{"cached_tokens":0},"output_tokens":`...)
+		b = append(b, `,"input_tokens_details":{"cached_tokens":`...)
+		b = appendInt(b, e.s.cached)
+		b = append(b, `},"output_tokens":`...)
 		b = appendInt(b, out)
 		b = append(b, `,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":`...)
 		b = appendInt(b, e.prompt+out)
