@@ -636,7 +636,7 @@ func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	a[ledger.OutputTokens] = out
 	a[ledger.Tokens] = in + out
 	a[ledger.GPUMs] = gpuMs
-	a[ledger.USDMicros] = c.pol.priceMicros(c.req.Model, in, out)
+	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
 	return a, src
 }
 

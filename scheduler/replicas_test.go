@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 func TestReplicaPools(t *testing.T) {
@@ -61,4 +63,17 @@ func TestFairSharePerPool(t *testing.T) {
 	set.track("small", "y", 0, -1)
 	set.track("big", "x", -900, 0)
 	assert.Empty(t, set.loads, "entries go once they are zero")
+}
+
+func TestPriceCached(t *testing.T) {
+	t.Parallel()
+	p := &policy{prices: map[string]config.Price{
+		"m":     {Model: "m", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000, CachedInputPerMTok: 300_000},
+		"plain": {Model: "plain", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000},
+	}}
+	// 1000 input of which 800 cached, 100 output: 200·3 + 800·0.3 + 100·15 = 2340 µUSD.
+	assert.Equal(t, int64(2340), p.priceCached("m", 1000, 800, 100))
+	assert.Equal(t, p.priceMicros("m", 1000, 100), p.priceCached("m", 1000, 0, 100))
+	assert.Equal(t, int64(4500), p.priceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
+	assert.Equal(t, int64(1500+300), p.priceCached("m", 1000, 5000, 100), "cached never exceeds input")
 }

@@ -83,3 +83,19 @@ func (s *Server) modelList(t *tenant) []modelCard {
 	}
 	return out
 }
+
+// priceCached is priceMicros with the input tokens served from vLLM's
+// prefix cache (usage.prompt_tokens_details.cached_tokens) at the model's
+// cached_input_per_mtok when it sets one. The admission hold prices all
+// input at the full rate, an upper bound of this.
+func (p *policy) priceCached(model string, in, cached, out int64) int64 {
+	pr, ok := p.prices[model]
+	if !ok {
+		pr, ok = p.prices["*"]
+	}
+	if !ok || pr.CachedInputPerMTok <= 0 || cached <= 0 {
+		return p.priceMicros(model, in, out)
+	}
+	cached = min(cached, in)
+	return ceilDiv((in-cached)*pr.InputPerMTok+cached*pr.CachedInputPerMTok+out*pr.OutputPerMTok, 1_000_000)
+}
