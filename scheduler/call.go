@@ -108,7 +108,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, ep: a.ep, req: req, route: s.routeOf(req), plan: plan, reqID: a.reqID,
+		pol: pol, t: t, ep: a.ep, req: req, route: s.routeOf(pol, req), plan: plan, reqID: a.reqID,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1), expired: make(chan struct{}, 1),
 	}

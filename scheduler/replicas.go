@@ -27,6 +27,9 @@ type replica struct {
 	obs         atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
+	// prefix is what Sluice recently sent here (affinity.go); guarded by
+	// replicaSet.mu.
+	prefix *prefixIndex
 }
 
 // replicaObs is the last scrape of a replica's /metrics as the gate needs
@@ -95,6 +98,9 @@ type poolLoad struct{ inflight, queued int64 }
 // route is what the replica choice needs to know about a request.
 type route struct {
 	model string
+	// prefix is the prompt's chunk hashes for affinity routing; nil
+	// routes by least load alone.
+	prefix []uint64
 }
 
 // room is one replica's free room as the gate sees it.
@@ -191,6 +197,9 @@ func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, re
 	var bestScore float64
 	known := s.anyKnown()
 	n := len(s.reps)
+	var cands []candidate // with a prefix: every replica with room
+	var loadSum float64
+	up := 0
 	for i := range n {
 		r := s.reps[(s.cursor+i)%n]
 		if r == exclude || !s.serves(r, rt.model, known) {
@@ -205,19 +214,35 @@ func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, re
 			limit *= 1 - s.headroom
 			maxSeqs = max(1, int64(float64(r.maxSeqs)*(1-s.headroom)))
 		}
-		if st >= gpu.StateDraining || k <= 0 || seqs >= maxSeqs {
+		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
-		if float64(load+size) > limit {
+		up++
+		loadSum += float64(load) / float64(k)
+		if seqs >= maxSeqs || float64(load+size) > limit {
 			continue
 		}
 		score := float64(load+size) / float64(k)
+		bias := 0.0
 		if st == gpu.StateDegraded {
-			score += 0.01 // ties within 1% go to healthy replicas
+			bias = 0.01 // ties within 1% go to healthy replicas
 		}
+		score += bias
 		if best == nil || score < bestScore {
 			best, bestScore = r, score
 		}
+		if len(rt.prefix) > 0 {
+			cands = append(cands, candidate{r: r, after: float64(load+size) / float64(k), step: float64(size) / float64(k), bias: bias})
+		}
+	}
+	if len(cands) > 1 {
+		best = affinityPick(cands, rt.prefix, (loadSum+cands[0].step)/float64(up))
+	}
+	if best != nil && reserve && len(rt.prefix) > 0 {
+		if best.prefix == nil {
+			best.prefix = &prefixIndex{}
+		}
+		best.prefix.add(rt.prefix)
 	}
 	if best != nil && reserve {
 		best.load.Add(size)

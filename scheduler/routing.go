@@ -38,9 +38,14 @@ func (s *Server) checkModel(t *tenant, model string) error {
 	return nil
 }
 
-// routeOf is what the replica choice needs from a parsed request.
-func (s *Server) routeOf(req *vllm.Request) route {
-	return route{model: req.Model}
+// routeOf is what the replica choice needs from a parsed request: its
+// model, and under affinity routing its prompt's chunk hashes.
+func (s *Server) routeOf(pol *policy, req *vllm.Request) route {
+	rt := route{model: req.Model}
+	if pol.cfg.Upstream.Routing != "least_load" {
+		rt.prefix = prefixHashes(req.PromptBytes())
+	}
+	return rt
 }
 
 // weightOf is a tenant's fair-share weight under this policy (0 when the

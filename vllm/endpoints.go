@@ -439,3 +439,16 @@ func (s *ResponsesStream) Settle(promptTokens, allowance, capTokens int) Usage {
 	}
 	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, s.deltas+allowance), Known: true}
 }
+
+// PromptBytes returns the raw JSON of what the prompt is built from (chat
+// messages, a completions prompt), for prefix-affinity routing; nil for
+// other endpoints.
+func (r *Request) PromptBytes() []byte {
+	switch {
+	case r.Endpoint == EndpointChat && r.messages.ok():
+		return r.body[r.messages.start:r.messages.end]
+	case r.Endpoint == EndpointCompletions && r.prompt.ok():
+		return r.body[r.prompt.start:r.prompt.end]
+	}
+	return nil
+}

@@ -83,6 +83,10 @@ type Upstream struct {
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// DownAfter failed scrapes in a row mark a replica down. Default 3.
 	DownAfter int `yaml:"down_after"`
+	// Routing picks a replica within a pool: affinity (default; the
+	// replica likely to hold the longest prompt prefix in its prefix cache,
+	// balanced against load) or least_load.
+	Routing string `yaml:"routing"`
 }
 
 // Replica is one vLLM server.
@@ -341,6 +345,7 @@ func (f *File) applyDefaults() {
 	def(&u.TokenCount, "bytes")
 	def(&u.ScrapeInterval, time.Second)
 	def(&u.DownAfter, 3)
+	def(&u.Routing, "affinity")
 	for i := range u.Replicas {
 		def(&u.Replicas[i].MaxNumSeqs, 256)
 		if u.Replicas[i].Name == "" {
@@ -440,6 +445,7 @@ func (f *File) Validate() error {
 		v.modelList(p+".models", r.Models)
 	}
 	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
+	v.oneOf("upstream.routing", f.Upstream.Routing, "affinity", "least_load")
 	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
