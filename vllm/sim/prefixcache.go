@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"encoding/json"
 	"hash/fnv"
+	"sync"
 )
 
 // vLLM's automatic prefix caching (v1, on by default), as the simulator
@@ -28,6 +29,7 @@ import (
 //     keeps one private copy of KV per running sequence, so the KV usage it
 //     reports does not shrink for shared prefixes.
 type prefixCache struct {
+	mu       sync.Mutex // the engine and PrefixHit (benchmarks' oracle)
 	capacity int
 	lru      *list.List // front: most recently used block hash
 	at       map[uint64]*list.Element
@@ -64,6 +66,8 @@ func blockHashes(ids []int, blockSize int) []uint64 {
 
 // hit returns how many leading hashes are cached, marking them used.
 func (c *prefixCache) hit(hashes []uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	n := 0
 	for _, h := range hashes {
 		el, ok := c.at[h]
@@ -79,6 +83,8 @@ func (c *prefixCache) hit(hashes []uint64) int {
 // insert caches hashes (or refreshes them), evicting the least recently
 // used beyond capacity.
 func (c *prefixCache) insert(hashes []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, h := range hashes {
 		if el, ok := c.at[h]; ok {
 			c.lru.MoveToFront(el)
@@ -167,4 +173,33 @@ func (r *Replica) cachedTokens(req *request) int {
 		return -1
 	}
 	return req.seqs[0].cached
+}
+
+// PrefixHit reports how many prompt tokens of a chat or completions body
+// (kind by path) the replica's prefix cache holds now, without touching
+// it: what an oracle router would know. 0 when caching is off.
+func (r *Replica) PrefixHit(path string, body []byte) int {
+	if r.eng.cache == nil {
+		return 0
+	}
+	w, e := decodeWire(body)
+	if e != nil {
+		return 0
+	}
+	k := kindChat
+	if path == "/v1/completions" {
+		k = kindCompletion
+	}
+	hs := r.promptHashes(k, w)
+	c := r.eng.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, h := range hs {
+		if _, ok := c.at[h]; !ok {
+			break
+		}
+		n++
+	}
+	return n * r.cfg.BlockSize
 }
