@@ -1,7 +1,8 @@
 package scheduler
 
 import (
-	"hash/fnv"
+	"encoding/binary"
+	"hash/maphash"
 )
 
 // Prefix-affinity routing, after llm-d's approximate prefix-cache scorer:
@@ -32,6 +33,9 @@ const loadSlack = 2
 // would exceed maxOverMean × the pool's mean gets it only by least load.
 const maxOverMean = 1.3
 
+// prefixSeed keys prefixHashes; the indexes live in this process only.
+var prefixSeed = maphash.MakeSeed()
+
 // prefixHashes chains the hashes of b's full chunks.
 func prefixHashes(b []byte) []uint64 {
 	n := min(len(b)/prefixChunkBytes, maxPrefixChunks)
@@ -39,16 +43,16 @@ func prefixHashes(b []byte) []uint64 {
 		return nil
 	}
 	out := make([]uint64, n)
+	var h maphash.Hash
+	h.SetSeed(prefixSeed)
 	var parent [8]byte
 	for i := range n {
-		h := fnv.New64a()
+		h.Reset()
 		_, _ = h.Write(parent[:])
 		_, _ = h.Write(b[i*prefixChunkBytes : (i+1)*prefixChunkBytes])
 		v := h.Sum64()
 		out[i] = v
-		for j := range parent {
-			parent[j] = byte(v >> (8 * j))
-		}
+		binary.LittleEndian.PutUint64(parent[:], v)
 	}
 	return out
 }

@@ -79,3 +79,31 @@ func TestLeastLoadWithoutPrefix(t *testing.T) {
 		assert.Equal(t, int64(200), r.load.Load())
 	}
 }
+
+// BenchmarkChoose is one replica choice (choose + release) on 4 replicas,
+// by least load and by affinity with a 4 KiB prompt (64 chunk hashes).
+func BenchmarkChoose(b *testing.B) {
+	prompt := prefixHashes([]byte(strings.Repeat("s", 4096)))
+	for _, tc := range []struct {
+		name string
+		rt   route
+	}{{"least_load", route{}}, {"affinity", route{prefix: prompt}}} {
+		b.Run(tc.name, func(b *testing.B) {
+			set, _ := fourReplicas()
+			b.ReportAllocs()
+			for b.Loop() {
+				r := set.choose(tc.rt, 100, true, nil)
+				set.release(r, 100)
+			}
+		})
+	}
+}
+
+// BenchmarkPrefixHashes hashes a 4 KiB prompt.
+func BenchmarkPrefixHashes(b *testing.B) {
+	p := []byte(strings.Repeat("s", 4096))
+	b.ReportAllocs()
+	for b.Loop() {
+		prefixHashes(p)
+	}
+}

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,7 +196,8 @@ func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, re
 	var bestScore float64
 	known := s.anyKnown()
 	n := len(s.reps)
-	var cands []candidate // with a prefix: every replica with room
+	var candBuf [8]candidate
+	cands := candBuf[:0] // with a prefix: every replica with room
 	var loadSum float64
 	up := 0
 	for i := range n {
@@ -384,55 +384,91 @@ func (s *replicaSet) track(model, tenant string, inflight, queued int64) {
 	}
 }
 
-// poolKey names the set of replicas serving model ("" when none).
-func (s *replicaSet) poolKey(model string) string {
-	var b strings.Builder
-	for _, r := range s.pool(model) {
-		b.WriteString(r.name)
-		b.WriteByte(0)
+// poolKey identifies the set of replicas serving model: a bit per replica
+// in config order (replicas past the 256th share the last bit, which can
+// only merge pools, never split one).
+type poolKey [4]uint64
+
+func (s *replicaSet) poolKeyOf(model string) poolKey {
+	var k poolKey
+	known := s.anyKnown()
+	for i, r := range s.reps {
+		if s.serves(r, model, known) {
+			b := min(i, 255)
+			k[b/64] |= 1 << (b % 64)
+		}
 	}
-	return b.String()
+	return k
 }
 
 // belowShare reports whether tenant's in-flight tokens on model's pool are
 // at or below its weighted share among the tenants with work on that pool
-// (SCHEDULING §6, per pool). weight gives each active tenant's weight.
+// (SCHEDULING §6, per pool). weight gives each active tenant's weight. It
+// runs in the dispatch predicate: no maps, one pool key per model seen.
 func (s *replicaSet) belowShare(model, tenant string, weight func(string) int64) bool {
-	key := s.poolKey(model)
-	inPool := map[string]bool{}
-	s.loadMu.Lock()
-	type agg struct{ inflight, queued int64 }
-	per := map[string]agg{}
-	for k, l := range s.loads {
-		same, ok := inPool[k.model]
-		if !ok {
-			same = k.model == model || s.poolKey(k.model) == key
-			inPool[k.model] = same
+	type agg struct {
+		name             string
+		inflight, queued int64
+	}
+	type modelPool struct {
+		model string
+		same  bool
+	}
+	var key poolKey
+	haveKey := false
+	var aggBuf [16]agg
+	var poolBuf [8]modelPool
+	per, pools := aggBuf[:0], poolBuf[:0]
+	samePool := func(m string) bool {
+		if m == model {
+			return true
 		}
-		if !same {
+		for _, p := range pools {
+			if p.model == m {
+				return p.same
+			}
+		}
+		if !haveKey {
+			key, haveKey = s.poolKeyOf(model), true
+		}
+		same := s.poolKeyOf(m) == key
+		pools = append(pools, modelPool{m, same})
+		return same
+	}
+	s.loadMu.Lock()
+	for k, l := range s.loads {
+		if !samePool(k.model) {
 			continue
 		}
-		a := per[k.tenant]
-		a.inflight += l.inflight
-		a.queued += l.queued
-		per[k.tenant] = a
+		i := 0
+		for i < len(per) && per[i].name != k.tenant {
+			i++
+		}
+		if i == len(per) {
+			per = append(per, agg{name: k.tenant})
+		}
+		per[i].inflight += l.inflight
+		per[i].queued += l.queued
 	}
 	s.loadMu.Unlock()
-	if _, ok := per[tenant]; !ok {
-		per[tenant] = agg{}
-	}
-	var total, weights int64
-	for name, a := range per {
-		if a.inflight > 0 || a.queued > 0 || name == tenant {
-			total += a.inflight
-			weights += weight(name)
+	var total, weights, mine int64
+	self := false
+	for _, a := range per {
+		if a.name == tenant {
+			self, mine = true, a.inflight
 		}
+		if a.inflight > 0 || a.queued > 0 || a.name == tenant {
+			total += a.inflight
+			weights += weight(a.name)
+		}
+	}
+	if !self {
+		weights += weight(tenant)
 	}
 	if total == 0 || weights == 0 {
 		return true
 	}
 	// At or below its share: a tenant alone uses the whole pool, so the
 	// gate stays work-conserving.
-	share := float64(per[tenant].inflight) / float64(total)
-	return share <= float64(weight(tenant))/float64(weights)
+	return float64(mine)/float64(total) <= float64(weight(tenant))/float64(weights)
 }

@@ -77,3 +77,21 @@ func TestPriceCached(t *testing.T) {
 	assert.Equal(t, int64(4500), p.priceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
 	assert.Equal(t, int64(1500+300), p.priceCached("m", 1000, 5000, 100), "cached never exceeds input")
 }
+
+// BenchmarkBelowShare is the per-pool fair-share check of the dispatch
+// predicate: 8 tenants with work on 3 models of 2 pools.
+func BenchmarkBelowShare(b *testing.B) {
+	a := &replica{name: "a", pinned: []string{"big"}}
+	c := &replica{name: "c", pinned: []string{"small", "lora"}}
+	set := &replicaSet{reps: []*replica{a, c}, capacity: fixedCapacity(map[string]int64{"a": 1000, "c": 1000})}
+	for i := range 8 {
+		for _, m := range []string{"big", "small", "lora"} {
+			set.track(m, string(rune('p'+i)), int64(100*(i+1)), 1)
+		}
+	}
+	w := func(string) int64 { return 1 }
+	b.ReportAllocs()
+	for b.Loop() {
+		set.belowShare("small", "q", w)
+	}
+}
