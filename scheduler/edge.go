@@ -347,7 +347,11 @@ func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
 	}
 	var ue *vllm.UpstreamError
 	if errors.As(err, &ue) && len(ue.Body) > 0 && (ue.Status == 400 || ue.Status == 404) && !ue.InStream {
-		// vLLM's own refusal passes through unchanged.
+		// vLLM's own refusal passes through unchanged. A 404 means its
+		// models changed (an adapter unloaded): read them again.
+		if ue.Status == 404 && c.rep != nil {
+			c.rep.modelsAt.Store(0)
+		}
 		e.countOutcome(c.t.name, err)
 		rc.SetStatusCode(ue.Status)
 		rc.SetContentType("application/json")

@@ -141,8 +141,11 @@ func TestModelPools(t *testing.T) {
 			defer func() { <-sem }()
 			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi %d"}],"max_tokens":4}`, models[i%3], i)
 			r := n.call(t, "/v1/chat/completions", keyAcme, body)
-			if r.StatusCode == 200 {
-				ok.Add(1)
+			var resp struct {
+				Model string `json:"model"`
+			}
+			if r.StatusCode == 200 && json.Unmarshal(r.Body, &resp) == nil && resp.Model == models[i%3] {
+				ok.Add(1) // answered by the model (or adapter) asked for
 			} else {
 				t.Errorf("request %d (%s): %d %s", i, models[i%3], r.StatusCode, r.Body)
 			}

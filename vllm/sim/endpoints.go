@@ -202,10 +202,7 @@ func (r *Replica) handlePooling(k poolKind) http.HandlerFunc {
 		for _, p := range prompts {
 			total += p
 		}
-		model := pw.Model
-		if model == "" {
-			model = r.cfg.Model
-		}
+		model := r.cfg.responseModel(pw.Model)
 		prefix := map[poolKind]string{poolEmbed: "embd-", poolPooling: "pool-", poolClassify: "classify-", poolScore: "score-", poolRerank: "rerank-"}[k]
 		b := append([]byte(`{"id":`), appendJSONString(nil, prefix+id)...)
 		if k != poolRerank {

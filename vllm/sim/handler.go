@@ -84,6 +84,7 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 	if e != nil {
 		return fail(e)
 	}
+	g.model = r.cfg.responseModel(wire.Model)
 	rk, id := requestKey(hr.Header.Get("X-Request-Id"), body)
 	key := mix(mix(uint64(r.cfg.Seed)) ^ mix(uint64(r.cfg.ReplicaIndex)+0x9e37) ^ rk)
 	f := r.drawFaults(key)
@@ -143,7 +144,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.WriteHeader(http.StatusOK)
-	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), r.cfg.Model)
+	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), g.model)
 	if g.kind == kindChat {
 		for _, s := range req.seqs {
 			enc.roleChunk(s.choice, g.continuousUsage, s.prompt)
@@ -302,7 +303,7 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 	b = append(b, `,"created":`...)
 	b = appendInt(b, int(r.clk.Now().Unix()))
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, r.cfg.Model)
+	b = appendJSONString(b, g.model)
 	b = append(b, `,"choices":[`...)
 	for i, s := range req.seqs {
 		out := int(s.out.Load())

@@ -104,3 +104,13 @@ func (r *Replica) appendModelList(b []byte) []byte {
 	}
 	return append(b, `]}`...)
 }
+
+// responseModel is the "model" of a response: the adapter's name for a
+// LoRA request, else the first served name, as vLLM's
+// OpenAIServingModels.model_name answers (serving_models.py).
+func (c *Config) responseModel(model string) string {
+	if slices.ContainsFunc(c.LoRAModules, func(l LoRAModule) bool { return l.Name == model }) {
+		return model
+	}
+	return c.Model
+}

@@ -76,9 +76,10 @@ const (
 // genRequest is a validated generation request.
 type genRequest struct {
 	kind            kind
-	prompts         []int // prompt tokens per prompt (chat: one)
-	promptTotal     int   // sum of prompts
-	cap             int   // output cap per sequence
+	model           string // the response's "model" (models.go, responseModel)
+	prompts         []int  // prompt tokens per prompt (chat: one)
+	promptTotal     int    // sum of prompts
+	cap             int    // output cap per sequence
 	n               int
 	stream          bool
 	includeUsage    bool

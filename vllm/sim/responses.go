@@ -111,10 +111,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 		return
 	}
 	r.st.admitted.Add(1)
-	model := rw.Model
-	if model == "" {
-		model = r.cfg.Model
-	}
+	model := r.cfg.responseModel(rw.Model)
 	enc := &respEncoder{id: "resp_" + id, msgID: "msg_" + id, model: model, created: int(r.clk.Now().Unix()), prompt: prompt, s: req.seqs[0]}
 	if rw.Stream {
 		r.streamResponse(w, hr, req, enc)
