@@ -139,3 +139,40 @@ func TestResponsesStreamCancelAbortsUpstream(t *testing.T) {
 		return n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "output_tokens"}) == out+float64(last.Response.Usage.OutputTokens)
 	})
 }
+
+// TestCachedInputPricedSeparately: a repeated long prompt is served from
+// the replica's prefix cache; its cached tokens are charged at
+// cached_input_per_mtok.
+func TestCachedInputPricedSeparately(t *testing.T) {
+	t.Parallel()
+	sc := sim.DefaultConfig()
+	sc.EnablePromptTokensDetails = true
+	rep := startSim(t, sc)
+	top := "prices:\n  - {model: sim-model, input_per_mtok: 1000000, output_per_mtok: 0, cached_input_per_mtok: 100000}\n"
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    budgets:\n      - {dimension: usd_micros, limit: 100000000, window: 1h}\n", top))
+	body := `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("word ", 200) + `"}],"max_tokens":1}`
+	var prompt int
+	for i := range 2 {
+		r := n.call(t, "/v1/chat/completions", keyAcme, body)
+		require.Equal(t, 200, r.StatusCode, string(r.Body))
+		var u struct {
+			Usage struct {
+				Prompt int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal(r.Body, &u))
+		prompt = u.Usage.Prompt
+		if i == 0 {
+			eventually(t, "first settled", func() bool {
+				return n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "usd_micros"}) == float64(prompt)
+			})
+		}
+	}
+	cached := int(rep.Stats().PrefixHitTokens)
+	require.Positive(t, cached, "the second prompt hit the prefix cache")
+	// 1 µUSD per input token, 0.1 per cached one, rounded up per request.
+	want := float64(prompt + (prompt - cached) + (cached+9)/10)
+	eventually(t, "second settled at the cached rate", func() bool {
+		return n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "usd_micros"}) == want
+	})
+}
