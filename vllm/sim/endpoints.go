@@ -212,7 +212,11 @@ func (r *Replica) handlePooling(k poolKind) http.HandlerFunc {
 		b = append(b, `,"model":`...)
 		b = appendJSONString(b, model)
 		if k == poolRerank {
-			b = append(b, `,"usage":{"total_tokens":`...)
+			// RerankUsage (vllm/entrypoints/openai/protocol.py): prompt and
+			// total tokens; older versions sent total_tokens only.
+			b = append(b, `,"usage":{"prompt_tokens":`...)
+			b = appendInt(b, total)
+			b = append(b, `,"total_tokens":`...)
 			b = appendInt(b, total)
 			b = append(b, `},"results":[`...)
 		} else {

@@ -35,7 +35,7 @@ func TestPoolingEndpoints(t *testing.T) {
 
 	rep, b = post(t, url+"/v1/rerank", `{"query":"q","documents":["a","b"],"top_n":1}`)
 	require.Equal(t, 200, rep.StatusCode, string(b))
-	assert.Contains(t, string(b), `"usage":{"total_tokens":8}`)
+	assert.Contains(t, string(b), `"usage":{"prompt_tokens":8,"total_tokens":8}`)
 	assert.Equal(t, 1, strings.Count(string(b), "relevance_score"))
 
 	for _, p := range []string{"/pooling", "/classify"} {
