@@ -31,6 +31,7 @@ type call struct {
 	key      *apiKey // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
+	route    route // model (pool) and prefix for the replica choice
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none
@@ -96,13 +97,13 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if req.N > maxChoices {
 		return nil, invalidf("n", "n must be at most %d (got %d)", maxChoices, req.N)
 	}
-	if req.Model != "" && !s.reps.knowsModel(req.Model) {
-		return nil, fmt.Errorf("model %q: %w", req.Model, ErrUnknownModel)
+	if err := s.checkModel(t, req.Model); err != nil {
+		return nil, err
 	}
 	if cl, ok := pol.clampOf(t.name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
 		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
 	}
-	if !s.reps.anyUp() {
+	if !s.reps.anyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
 	req, plan, err := s.countAndPlan(ctx, t, pol, req)
@@ -110,7 +111,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, key: a.key, ep: a.ep, req: req, plan: plan, reqID: a.reqID,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, req), plan: plan, reqID: a.reqID,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1), expired: make(chan struct{}, 1),
 	}
@@ -147,7 +148,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		c.cancel(err)
 		return nil, err
 	}
-	if k := s.reps.maxCapacity(); k > 0 && c.size > k {
+	if k := s.reps.maxCapacity(req.Model); k > 0 && c.size > k {
 		s.release(c)
 		return nil, fmt.Errorf("input plus output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
 	}
@@ -167,6 +168,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	_ = c.to(phaseQueued)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
+	s.reps.track(req.Model, t.name, 0, 1)
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -176,7 +178,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 // tokenize replaces the bytes bound with the replica's exact count; on any
 // failure the bound stays (documented fallback).
 func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
-	for _, r := range s.reps.reps {
+	for _, r := range s.reps.pool(req.Model) {
 		if o := r.obs.Load(); o == nil || !o.ok {
 			continue
 		}
@@ -343,7 +345,7 @@ func (s *Server) sizeHolds(c *call) error {
 	h[ledger.InputTokens] = in
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
-	h[ledger.GPUMs] = s.gpu.Hold(in, out)
+	h[ledger.GPUMs] = s.reps.gpuHold(s.gpu, c.req.Model, in, out)
 	usd, ok := c.pol.priceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
 		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
@@ -447,6 +449,7 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 // slot, expires, or its client leaves. On any error the call holds nothing.
 func (s *Server) await(c *call) error {
 	defer c.t.rt.queued.Add(-1) // counted from a successful admit
+	defer s.reps.track(c.req.Model, c.t.name, 0, -1)
 	for {
 		var rep *replica
 		select {
@@ -500,6 +503,7 @@ func (s *Server) await(c *call) error {
 		c.t.rt.inflight.Add(1)
 		c.keyInflight(1)
 		c.t.rt.inflightTokens.Add(c.size)
+		s.reps.track(c.req.Model, c.t.name, c.size, 0)
 		ts := c.t.series(s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
@@ -578,7 +582,7 @@ func (s *Server) execute(c *call) error {
 		if !retry || c.ctx.Err() != nil {
 			return err
 		}
-		next := s.reps.choose(c.size, true, c.rep)
+		next := s.reps.choose(c.route, c.size, true, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)
@@ -617,8 +621,8 @@ func (s *Server) finish(c *call, err error) {
 	if c.stream != nil {
 		c.usage = s.settleUsage(c)
 		_ = c.stream.Close()
-	} else if c.sent {
-		// Sent, but no stream: prefill may have run.
+	} else if c.sent && !c.usage.Known {
+		// Sent, but no stream nor answer usage: prefill may have run.
 		c.usage = sentUsage(c)
 	}
 	cause := context.Cause(c.ctx)
@@ -652,6 +656,7 @@ func (s *Server) finish(c *call, err error) {
 	c.t.rt.inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
+	s.reps.track(c.req.Model, c.t.name, -c.size, 0)
 	c.t.series(s.m).inflight.Dec()
 	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
@@ -692,7 +697,7 @@ func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	a[ledger.OutputTokens] = out
 	a[ledger.Tokens] = in + out
 	a[ledger.GPUMs] = gpuMs
-	a[ledger.USDMicros] = c.pol.priceMicros(c.req.Model, in, out)
+	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
 	return a, src
 }
 

@@ -41,9 +41,9 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	rep := s.reps.choose(c.size, s.belowFairShare(c), nil)
+	rep := s.reps.choose(c.route, c.size, s.belowFairShare(c), nil)
 	if rep == nil {
-		if s.reps.fits(c.size, true) {
+		if s.reps.fits(c.route, c.size, true) {
 			// It would fit only in the light-tenant headroom: skip this
 			// tenant so that tenants below their share can use it.
 			return queue.Park
@@ -54,21 +54,9 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	return queue.Dispatch
 }
 
-// belowFairShare reports whether the tenant's in-flight token share is below
-// its weighted share among tenants with work in flight (SCHEDULING §6).
+// belowFairShare reports whether the tenant's in-flight token share of its
+// model's pool is below its weighted share among tenants with work on that
+// pool (SCHEDULING §6).
 func (s *Server) belowFairShare(c *call) bool {
-	var total, weights int64
-	for _, t := range c.pol.order {
-		if n := t.rt.inflightTokens.Load(); n > 0 || t.rt.queued.Load() > 0 || t == c.t {
-			total += n
-			weights += int64(t.cfg.Weight)
-		}
-	}
-	if total == 0 || weights == 0 {
-		return true
-	}
-	// At or below its share: a tenant alone uses the whole replica, so the
-	// gate stays work-conserving.
-	share := float64(c.t.rt.inflightTokens.Load()) / float64(total)
-	return share <= float64(c.t.cfg.Weight)/float64(weights)
+	return s.reps.belowShare(c.req.Model, c.t.name, c.pol.weightOf)
 }

@@ -100,6 +100,10 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 		}
 		e.models(rc)
 	default:
+		if ep, ok := vllm.EndpointForPath(path); ok && isOther(ep) {
+			e.other(rc, ep, reqID) // endpoints.go
+			return
+		}
 		e.writeError(rc, "", fmt.Errorf("no route %s: %w", path, ErrNotFound))
 	}
 }
@@ -353,6 +357,12 @@ func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
 	if c.rep != nil && c.sent {
 		e.successHeaders(rc, c) // Server-Timing and budget headers still apply
 	}
+	var ue *vllm.UpstreamError
+	if errors.As(err, &ue) && ue.Status == 404 && !ue.InStream && c.rep != nil {
+		// vLLM no longer serves the model (an adapter unloaded): read its
+		// models again.
+		c.rep.modelsAt.Store(0)
+	}
 	e.reject(rc, c.t.name, err)
 }
 
@@ -482,36 +492,18 @@ func warn(c *call) bool {
 	return false
 }
 
-// models answers GET /v1/models with the union of the replicas' models.
+// models answers GET /v1/models with the union of the replicas' models
+// that the tenant may use (routing.go).
 func (e *Edge) models(rc *fasthttp.RequestCtx) {
-	if _, _, err := e.s.authenticate(e.s.pol.Load(), rc.Request.Header.Peek("Authorization")); err != nil {
+	t, _, err := e.s.authenticate(e.s.pol.Load(), rc.Request.Header.Peek("Authorization"))
+	if err != nil {
 		e.reject(rc, "", err)
 		return
 	}
-	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		OwnedBy     string `json:"owned_by"`
-		MaxModelLen int64  `json:"max_model_len,omitempty"`
-	}
-	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	seen := map[string]bool{}
-	for _, r := range e.s.reps.reps {
-		o := r.obs.Load()
-		if o == nil {
-			continue
-		}
-		for _, m := range o.models {
-			if !seen[m] {
-				seen[m] = true
-				out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "vllm", MaxModelLen: r.maxModelLen.Load()})
-			}
-		}
-	}
-	b, _ := marshal(out)
+	b, _ := marshal(struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{"list", e.s.modelList(t)})
 	rc.SetContentType("application/json")
 	rc.SetBody(b)
 }

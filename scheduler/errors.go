@@ -67,15 +67,16 @@ type apiError struct {
 // error code (HOUSE-STYLE §4).
 func statusFor(err error) *apiError {
 	var (
-		denied *ledger.DeniedError
-		full   *queue.FullError
-		br     *badRequestError
-		ue     *vllm.UpstreamError
-		ir     *vllm.InvalidRequestError
-		wfe    *workflowError
-		se     *streamError
-		ie     *idemError
-		bd     *budgetDeniedError
+		denied  *ledger.DeniedError
+		full    *queue.FullError
+		br      *badRequestError
+		ue      *vllm.UpstreamError
+		ir      *vllm.InvalidRequestError
+		wfe     *workflowError
+		se      *streamError
+		ie      *idemError
+		bd      *budgetDeniedError
+		unknown *modelError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -90,8 +91,12 @@ func statusFor(err error) *apiError {
 		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
 	case errors.As(err, &ir):
 		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
+	case errors.As(err, &unknown):
+		// OpenAI's and vLLM's answer: 404, param null (routing.go).
+		return &apiError{Status: 404, Code: "model_not_found", Type: "invalid_request_error",
+			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", unknown.model)}
 	case errors.Is(err, ErrUnknownModel):
-		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: err.Error(), Param: "model"}
+		return &apiError{Status: 404, Code: "model_not_found", Type: "invalid_request_error", Message: err.Error()}
 	case errors.Is(err, ErrContextLength), errors.Is(err, vllm.ErrContextLength):
 		return &apiError{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
 	case errors.As(err, &full):

@@ -50,29 +50,47 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		_ = s.gpu.ObserveReplica(r.name, obs)
 		prev := r.obs.Load()
 		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
 		if prev != nil {
-			o.models = prev.models
+			o.models, o.parents = prev.models, prev.parents
 		}
-		if obs.OK && models != nil && (prev == nil || len(prev.models) == 0) {
-			mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if ms, err := models.Models(mctx, r.url); err == nil {
-				o.models = make([]string, 0, len(ms))
-				for _, md := range ms {
-					o.models = append(o.models, md.ID)
-					if md.MaxModelLen > 0 && r.maxModelLen.Load() == 0 {
-						r.maxModelLen.Store(int64(md.MaxModelLen))
-					}
-				}
+		// Models before capacity: a replica sized up with its models
+		// unknown would take requests for models it does not serve.
+		if obs.OK && models != nil && (prev == nil || len(prev.models) == 0 || s.now().UnixNano()-r.modelsAt.Load() > int64(modelRefresh)) {
+			s.readModels(ctx, r, models, o)
+			if len(o.models) > 0 && (prev == nil || len(prev.models) == 0) {
+				r.obs.Store(&replicaObs{models: o.models, parents: o.parents})
 			}
-			cancel()
 		}
+		_ = s.gpu.ObserveReplica(r.name, obs)
 		r.obs.Store(o)
 		s.exportReplica(r)
 	}
 	s.signal(s.wake)
+}
+
+// readModels reads r's /v1/models into o: base models and LoRA adapters
+// (with their parent), and the context length when config sets none.
+func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *replicaObs) {
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ms, err := models.Models(mctx, r.url)
+	if err != nil {
+		return
+	}
+	o.models = make([]string, 0, len(ms))
+	o.parents = map[string]string{}
+	for _, md := range ms {
+		o.models = append(o.models, md.ID)
+		if md.Parent != "" {
+			o.parents[md.ID] = md.Parent
+		}
+		if md.MaxModelLen > 0 && r.maxModelLen.Load() == 0 {
+			r.maxModelLen.Store(int64(md.MaxModelLen))
+		}
+	}
+	r.modelsAt.Store(s.now().UnixNano())
 }
 
 func (s *Server) exportReplica(r *replica) {

@@ -1,8 +1,11 @@
 package scheduler
 
 import (
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/gpu"
 )
@@ -13,11 +16,19 @@ type replica struct {
 	url     string
 	maxSeqs int64
 	clock   *gpu.Clock // nil without a GPU monitor
+	// pinned is the config's models list: it restricts what is routed
+	// here and stands in until /v1/models answers. nil: no restriction.
+	pinned []string
 
 	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
 	count       atomic.Int64 // in-flight requests
 	obs         atomic.Pointer[replicaObs]
+	// modelsAt is when /v1/models last answered (unix ns).
+	modelsAt atomic.Int64
+	// prefix is what Sluice recently sent here (affinity.go); guarded by
+	// replicaSet.mu.
+	prefix *prefixIndex
 }
 
 // replicaObs is the last scrape of a replica's /metrics as the gate needs
@@ -27,13 +38,44 @@ type replicaObs struct {
 	running int64
 	waiting int64
 	kvUsage float64
-	models  []string
+	// models is what /v1/models listed (base models, then LoRA adapters).
+	models []string
+	// parents maps a LoRA adapter to its base model (vLLM's "parent").
+	parents map[string]string
+}
+
+// modelRefresh is how often a replica's /v1/models is read again, so that
+// LoRA adapters loaded or unloaded at run time are routed.
+const modelRefresh = 30 * time.Second
+
+// served is the models routed to r: what /v1/models listed, restricted to
+// the config's list when there is one; the config's list alone until
+// /v1/models answers.
+func (r *replica) served() []string {
+	var reported []string
+	if o := r.obs.Load(); o != nil {
+		reported = o.models
+	}
+	switch {
+	case len(r.pinned) == 0:
+		return reported
+	case len(reported) == 0:
+		return r.pinned
+	}
+	out := make([]string, 0, len(r.pinned))
+	for _, m := range r.pinned {
+		if slices.Contains(reported, m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // capacityFunc reports a replica's K_r, base capacity, state and KV usage.
 type capacityFunc func(name string) (k, base int64, state gpu.State)
 
-// replicaSet chooses a replica with room for a request (SCHEDULING §7).
+// replicaSet chooses a replica with room for a request (SCHEDULING §7)
+// among the pool of replicas serving its model.
 type replicaSet struct {
 	reps     []*replica
 	capacity capacityFunc
@@ -41,12 +83,77 @@ type replicaSet struct {
 
 	mu     sync.Mutex // serializes choose+reserve; guards cursor
 	cursor int
+
+	loadMu sync.Mutex // guards loads
+	// loads is each tenant's in-flight tokens and queued requests per
+	// model, for fair share within a pool.
+	loads map[modelTenant]*poolLoad
+}
+
+type modelTenant struct{ model, tenant string }
+
+type poolLoad struct{ inflight, queued int64 }
+
+// route is what the replica choice needs to know about a request.
+type route struct {
+	model string
+	// prefix is the prompt's chunk hashes for affinity routing; nil
+	// routes by least load alone.
+	prefix []uint64
 }
 
 // room is one replica's free room as the gate sees it.
 type room struct {
 	k, load int64
 	ok      bool
+}
+
+// anyKnown reports whether some replica's models are known (from
+// /v1/models or config). Until then every replica is taken to serve every
+// model, as before pools existed.
+func (s *replicaSet) anyKnown() bool {
+	for _, r := range s.reps {
+		if len(r.served()) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// defaultModel is the model a request without "model" gets: vLLM serves
+// its first --served-model-name then, so Sluice routes it to the replicas
+// whose first model is the first known replica's (in config order).
+func (s *replicaSet) defaultModel() string {
+	for _, r := range s.reps {
+		if ms := r.served(); len(ms) > 0 {
+			return ms[0]
+		}
+	}
+	return ""
+}
+
+// serves reports whether model may be routed to r. known is anyKnown().
+func (s *replicaSet) serves(r *replica, model string, known bool) bool {
+	if !known {
+		return true
+	}
+	ms := r.served()
+	if model == "" {
+		return len(ms) > 0 && ms[0] == s.defaultModel()
+	}
+	return slices.Contains(ms, model)
+}
+
+// pool returns the replicas serving model, in config order.
+func (s *replicaSet) pool(model string) []*replica {
+	known := s.anyKnown()
+	out := make([]*replica, 0, len(s.reps))
+	for _, r := range s.reps {
+		if s.serves(r, model, known) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // roomOf computes r's effective capacity and load. Load counts what vLLM
@@ -68,28 +175,34 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 	return k, load, seqs, st
 }
 
-// choose picks the least normalized-load replica that fits size tokens and
-// reserves the room on it. light tenants (below their fair share) may use
-// the headroom fraction; others may not. exclude skips replicas already
-// tried. It returns nil when nothing fits now.
-func (s *replicaSet) choose(size int64, light bool, exclude *replica) *replica {
-	return s.pick(size, light, exclude, true)
+// choose picks the least normalized-load replica of rt's pool that fits
+// size tokens and reserves the room on it. light tenants (below their fair
+// share) may use the headroom fraction; others may not. exclude skips
+// replicas already tried. It returns nil when nothing fits now.
+func (s *replicaSet) choose(rt route, size int64, light bool, exclude *replica) *replica {
+	return s.pick(rt, size, light, exclude, true)
 }
 
-// fits reports whether some replica has room, without reserving it.
-func (s *replicaSet) fits(size int64, light bool) bool {
-	return s.pick(size, light, nil, false) != nil
+// fits reports whether some replica of rt's pool has room, without
+// reserving it.
+func (s *replicaSet) fits(rt route, size int64, light bool) bool {
+	return s.pick(rt, size, light, nil, false) != nil
 }
 
-func (s *replicaSet) pick(size int64, light bool, exclude *replica, reserve bool) *replica {
+func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, reserve bool) *replica {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var best *replica
 	var bestScore float64
+	known := s.anyKnown()
 	n := len(s.reps)
+	var candBuf [8]candidate
+	cands := candBuf[:0] // with a prefix: every replica with room
+	var loadSum float64
+	up := 0
 	for i := range n {
 		r := s.reps[(s.cursor+i)%n]
-		if r == exclude {
+		if r == exclude || !s.serves(r, rt.model, known) {
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
@@ -101,19 +214,35 @@ func (s *replicaSet) pick(size int64, light bool, exclude *replica, reserve bool
 			limit *= 1 - s.headroom
 			maxSeqs = max(1, int64(float64(r.maxSeqs)*(1-s.headroom)))
 		}
-		if st >= gpu.StateDraining || k <= 0 || seqs >= maxSeqs {
+		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
-		if float64(load+size) > limit {
+		up++
+		loadSum += float64(load) / float64(k)
+		if seqs >= maxSeqs || float64(load+size) > limit {
 			continue
 		}
 		score := float64(load+size) / float64(k)
+		bias := 0.0
 		if st == gpu.StateDegraded {
-			score += 0.01 // ties within 1% go to healthy replicas
+			bias = 0.01 // ties within 1% go to healthy replicas
 		}
+		score += bias
 		if best == nil || score < bestScore {
 			best, bestScore = r, score
 		}
+		if len(rt.prefix) > 0 {
+			cands = append(cands, candidate{r: r, after: float64(load+size) / float64(k), step: float64(size) / float64(k), bias: bias})
+		}
+	}
+	if len(cands) > 1 {
+		best = affinityPick(cands, rt.prefix, (loadSum+cands[0].step)/float64(up))
+	}
+	if best != nil && reserve && len(rt.prefix) > 0 {
+		if best.prefix == nil {
+			best.prefix = &prefixIndex{}
+		}
+		best.prefix.add(rt.prefix)
 	}
 	if best != nil && reserve {
 		best.load.Add(size)
@@ -129,21 +258,27 @@ func (s *replicaSet) release(r *replica, size int64) {
 	r.count.Add(-1)
 }
 
-// anyUp reports whether some replica can take work at all.
-func (s *replicaSet) anyUp() bool {
-	for _, r := range s.reps {
-		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > 0 {
-			return true
-		}
-	}
-	return false
+// up reports whether r can take work at all.
+func (s *replicaSet) up(r *replica) bool {
+	k, _, st := s.capacity(r.name)
+	return st < gpu.StateDraining && k > 0
 }
 
-// maxCapacity is the largest K_r among replicas that can take work; 0 when
-// none is known yet.
-func (s *replicaSet) maxCapacity() int64 {
+// anyUp reports whether some replica can take work at all.
+func (s *replicaSet) anyUp() bool {
+	return slices.ContainsFunc(s.reps, s.up)
+}
+
+// anyUpFor reports whether some replica serving model can take work.
+func (s *replicaSet) anyUpFor(model string) bool {
+	return slices.ContainsFunc(s.pool(model), s.up)
+}
+
+// maxCapacity is the largest K_r among replicas serving model that can
+// take work; 0 when none is known yet.
+func (s *replicaSet) maxCapacity(model string) int64 {
 	var m int64
-	for _, r := range s.reps {
+	for _, r := range s.pool(model) {
 		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > m {
 			m = k
 		}
@@ -153,9 +288,9 @@ func (s *replicaSet) maxCapacity() int64 {
 
 // maxModelLen is the smallest known context length among replicas serving
 // model (0 when unknown): a request must fit wherever it lands.
-func (s *replicaSet) maxModelLen() int64 {
+func (s *replicaSet) maxModelLen(model string) int64 {
 	var m int64
-	for _, r := range s.reps {
+	for _, r := range s.pool(model) {
 		if v := r.maxModelLen.Load(); v > 0 && (m == 0 || v < m) {
 			m = v
 		}
@@ -163,21 +298,177 @@ func (s *replicaSet) maxModelLen() int64 {
 	return m
 }
 
-// knowsModel reports whether a replica serves model; true when no replica
-// has reported its models yet (the replica then answers 404 itself).
+// knowsModel reports whether a replica serves model. It is also true while
+// no replica has reported its models, or while a replica that is up has
+// not yet (its first /v1/models is under way): the request then waits for
+// a replica or gets 503, not a 404 that a moment later would be wrong. A
+// replica that is down and has no models in config serves nothing.
 func (s *replicaSet) knowsModel(model string) bool {
-	known := false
+	if !s.anyKnown() || len(s.pool(model)) > 0 {
+		return true
+	}
+	return slices.ContainsFunc(s.reps, func(r *replica) bool { return len(r.served()) == 0 && s.up(r) })
+}
+
+// modelEntry is one model of the fleet as /v1/models shows it.
+type modelEntry struct {
+	id          string
+	parent      string // base model of a LoRA adapter; "" for a base model
+	maxModelLen int64
+}
+
+// models lists every model some replica serves, in config order, each
+// once, with the smallest context length among its replicas.
+func (s *replicaSet) models() []modelEntry {
+	var out []modelEntry
+	at := map[string]int{}
 	for _, r := range s.reps {
-		o := r.obs.Load()
-		if o == nil || len(o.models) == 0 {
-			continue
+		var parents map[string]string
+		if o := r.obs.Load(); o != nil {
+			parents = o.parents
 		}
-		known = true
-		for _, m := range o.models {
-			if m == model {
-				return true
+		mml := r.maxModelLen.Load()
+		for _, m := range r.served() {
+			i, seen := at[m]
+			if !seen {
+				at[m] = len(out)
+				out = append(out, modelEntry{id: m, parent: parents[m], maxModelLen: mml})
+				continue
+			}
+			if e := &out[i]; mml > 0 && (e.maxModelLen == 0 || mml < e.maxModelLen) {
+				e.maxModelLen = mml
 			}
 		}
 	}
-	return !known
+	return out
+}
+
+// gpuHold is the GPU-ms hold of a request for model: the largest
+// coefficients among the estimators of the replicas serving it (a 70B pool
+// and a 7B pool learn different costs), times the margin. Without a pool
+// it is the fleet-wide hold.
+func (s *replicaSet) gpuHold(mon *gpu.Monitor, model string, in, out int64) int64 {
+	var a, b float64
+	found := false
+	for _, r := range s.pool(model) {
+		if est := mon.Estimator(r.name); est != nil {
+			ra, rb := est.Coefficients()
+			a, b, found = max(a, ra), max(b, rb), true
+		}
+	}
+	if !found {
+		return mon.Hold(in, out)
+	}
+	return int64(math.Ceil((a*float64(in) + b*float64(out)) * mon.Config().GPUMsMargin))
+}
+
+// track adds to a tenant's in-flight tokens and queued requests for model
+// (fair share is per pool: tenants compete only for the replicas they
+// share).
+func (s *replicaSet) track(model, tenant string, inflight, queued int64) {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	if s.loads == nil {
+		s.loads = map[modelTenant]*poolLoad{}
+	}
+	k := modelTenant{model, tenant}
+	l := s.loads[k]
+	if l == nil {
+		l = &poolLoad{}
+		s.loads[k] = l
+	}
+	l.inflight += inflight
+	l.queued += queued
+	if l.inflight == 0 && l.queued == 0 {
+		delete(s.loads, k)
+	}
+}
+
+// poolKey identifies the set of replicas serving model: a bit per replica
+// in config order (replicas past the 256th share the last bit, which can
+// only merge pools, never split one).
+type poolKey [4]uint64
+
+func (s *replicaSet) poolKeyOf(model string) poolKey {
+	var k poolKey
+	known := s.anyKnown()
+	for i, r := range s.reps {
+		if s.serves(r, model, known) {
+			b := min(i, 255)
+			k[b/64] |= 1 << (b % 64)
+		}
+	}
+	return k
+}
+
+// belowShare reports whether tenant's in-flight tokens on model's pool are
+// at or below its weighted share among the tenants with work on that pool
+// (SCHEDULING §6, per pool). weight gives each active tenant's weight. It
+// runs in the dispatch predicate: no maps, one pool key per model seen.
+func (s *replicaSet) belowShare(model, tenant string, weight func(string) int64) bool {
+	type agg struct {
+		name             string
+		inflight, queued int64
+	}
+	type modelPool struct {
+		model string
+		same  bool
+	}
+	var key poolKey
+	haveKey := false
+	var aggBuf [16]agg
+	var poolBuf [8]modelPool
+	per, pools := aggBuf[:0], poolBuf[:0]
+	samePool := func(m string) bool {
+		if m == model {
+			return true
+		}
+		for _, p := range pools {
+			if p.model == m {
+				return p.same
+			}
+		}
+		if !haveKey {
+			key, haveKey = s.poolKeyOf(model), true
+		}
+		same := s.poolKeyOf(m) == key
+		pools = append(pools, modelPool{m, same})
+		return same
+	}
+	s.loadMu.Lock()
+	for k, l := range s.loads {
+		if !samePool(k.model) {
+			continue
+		}
+		i := 0
+		for i < len(per) && per[i].name != k.tenant {
+			i++
+		}
+		if i == len(per) {
+			per = append(per, agg{name: k.tenant})
+		}
+		per[i].inflight += l.inflight
+		per[i].queued += l.queued
+	}
+	s.loadMu.Unlock()
+	var total, weights, mine int64
+	self := false
+	for _, a := range per {
+		if a.name == tenant {
+			self, mine = true, a.inflight
+		}
+		if a.inflight > 0 || a.queued > 0 || a.name == tenant {
+			total += a.inflight
+			weights += weight(a.name)
+		}
+	}
+	if !self {
+		weights += weight(tenant)
+	}
+	if total == 0 || weights == 0 {
+		return true
+	}
+	// At or below its share: a tenant alone uses the whole pool, so the
+	// gate stays work-conserving.
+	return float64(mine)/float64(total) <= float64(weight(tenant))/float64(weights)
 }

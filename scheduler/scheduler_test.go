@@ -36,7 +36,8 @@ func TestStatusFor(t *testing.T) {
 		{"too large", ErrTooLarge, 413, "request_too_large", false, false},
 		{"bad header", invalidf("X-Request-Timeout", "bad"), 400, "invalid_request", false, false},
 		{"bad body", &vllm.InvalidRequestError{Param: "messages", Reason: "x"}, 400, "invalid_request", false, false},
-		{"unknown model", fmt.Errorf("m: %w", ErrUnknownModel), 400, "invalid_request", false, false},
+		{"unknown model", fmt.Errorf("m: %w", ErrUnknownModel), 404, "model_not_found", false, false},
+		{"model not served", &modelError{model: "x"}, 404, "model_not_found", false, false},
 		{"context length", vllm.ErrContextLength, 400, "context_length_exceeded", false, false},
 		{"queue full", &queue.FullError{Tenant: "a", Bound: queue.BoundTenantDepth, RetryAfter: 3 * time.Second}, 429, "queue_full", true, false},
 		{"budget", &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Tokens, Window: time.Hour, RetryAfter: time.Minute}, 429, "tenant_budget_exceeded", true, true},
@@ -95,35 +96,35 @@ func TestReplicaChoice(t *testing.T) {
 
 	// Least normalized load: r0 twice as big gets two for r1's one.
 	for range 3 {
-		require.NotNil(t, set.choose(100, true, nil))
+		require.NotNil(t, set.choose(route{}, 100, true, nil))
 	}
 	assert.Equal(t, int64(200), r0.load.Load())
 	assert.Equal(t, int64(100), r1.load.Load())
 
 	// vLLM's own running count counts when larger (ghosts).
 	r1.obs.Store(&replicaObs{ok: true, running: 4})
-	assert.NotEqual(t, r1, set.choose(10, true, nil))
+	assert.NotEqual(t, r1, set.choose(route{}, 10, true, nil))
 	r1.obs.Store(nil)
 
 	// Headroom: only light tenants may use the last 10%.
-	assert.Nil(t, set.choose(750, false, nil), "210+750 > 0.9·1000 and 100+750 > 500")
-	assert.True(t, set.fits(750, true), "a light tenant may use the headroom")
+	assert.Nil(t, set.choose(route{}, 750, false, nil), "210+750 > 0.9·1000 and 100+750 > 500")
+	assert.True(t, set.fits(route{}, 750, true), "a light tenant may use the headroom")
 	assert.Equal(t, int64(210), r0.load.Load(), "fits reserves nothing")
-	assert.Nil(t, set.choose(2000, true, nil), "fits nowhere")
+	assert.Nil(t, set.choose(route{}, 2000, true, nil), "fits nowhere")
 
 	// Batch slots: a heavy tenant may not take the last 10% of sequences.
 	r2 := &replica{name: "r2", maxSeqs: 10}
 	seqSet := &replicaSet{reps: []*replica{r2}, capacity: fixedCapacity(map[string]int64{"r2": 1 << 20}), headroom: 0.1}
 	for range 9 {
-		require.NotNil(t, seqSet.choose(1, false, nil))
+		require.NotNil(t, seqSet.choose(route{}, 1, false, nil))
 	}
-	assert.Nil(t, seqSet.choose(1, false, nil), "the 10th sequence is headroom")
-	assert.NotNil(t, seqSet.choose(1, true, nil), "a light tenant may take it")
-	assert.Nil(t, seqSet.choose(1, true, nil), "and then the batch is full")
+	assert.Nil(t, seqSet.choose(route{}, 1, false, nil), "the 10th sequence is headroom")
+	assert.NotNil(t, seqSet.choose(route{}, 1, true, nil), "a light tenant may take it")
+	assert.Nil(t, seqSet.choose(route{}, 1, true, nil), "and then the batch is full")
 
 	// Draining or down replicas get nothing.
 	set.capacity = func(string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
-	assert.Nil(t, set.choose(1, true, nil))
+	assert.Nil(t, set.choose(route{}, 1, true, nil))
 	assert.False(t, set.anyUp())
 }
 

@@ -216,7 +216,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.configureAbuse(eff)
 	s.reps = &replicaSet{capacity: s.capacityOf, headroom: cfg.Server.Headroom}
 	for _, rc := range cfg.Upstream.Replicas {
-		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name)}
+		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models}
 		r.maxModelLen.Store(rc.MaxModelLen)
 		s.reps.reps = append(s.reps.reps, r)
 		s.byName[rc.Name] = r

@@ -17,8 +17,9 @@ import (
 // replica's /tokenize counts exactly first, and only a failed count leaves
 // the bound's answer (the documented fallback).
 func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (*vllm.Request, vllm.Plan, error) {
-	tried := false
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
+	// Only the generation endpoints have a /tokenize rendering to ask for.
+	tried := isOther(req.Endpoint)
+	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact && !tried {
 		req, tried = s.tokenize(ctx, req), true
 	}
 	plan, err := s.planFor(t, req)
@@ -36,7 +37,7 @@ func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
 	if in := int64(req.TotalInputTokens()); in > t.cfg.MaxInputTokens {
 		return vllm.Plan{}, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
 	}
-	return req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	return req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
 }
 
 // settleUsage is what a dispatched call whose stream opened is charged

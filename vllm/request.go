@@ -26,7 +26,7 @@ func (e Endpoint) Path() string {
 	case EndpointCompletions:
 		return "/v1/completions"
 	}
-	return ""
+	return extraPaths[e] // endpoints.go
 }
 
 // EndpointForPath maps a URL path to its Endpoint.
@@ -37,7 +37,8 @@ func EndpointForPath(path string) (Endpoint, bool) {
 	case "/v1/completions":
 		return EndpointCompletions, true
 	}
-	return 0, false
+	e, ok := extraEndpoints[path] // endpoints.go
+	return e, ok
 }
 
 // ErrInvalidRequest is matched (errors.Is) by every *InvalidRequestError.
@@ -255,7 +256,7 @@ const maxCount = 1 << 30
 // are *InvalidRequestError (errors.Is ErrInvalidRequest) naming the field.
 func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 	if e != EndpointChat && e != EndpointCompletions {
-		return nil, fmt.Errorf("parse: unknown endpoint %d", e)
+		return parseOther(e, body, opts) // endpoints.go
 	}
 	// validJSON is the allocation-free check; it only gives up (false) on
 	// invalid or very deep input, which json.Valid then decides.
@@ -788,6 +789,9 @@ func (p Plan) UpstreamCap() int {
 // remaining context instead. With upper-bound counts no request is refused
 // here: the chat default uses the bound (never below 1 token).
 func (r *Request) Plan(l Limits) (Plan, error) {
+	if !r.Endpoint.HasOutput() {
+		return Plan{Choices: 1, InputTokens: r.TotalInputTokens()}, nil
+	}
 	maxIn := 0
 	for _, n := range r.InputTokens {
 		maxIn = max(maxIn, n)

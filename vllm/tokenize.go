@@ -14,6 +14,9 @@ type Model struct {
 	ID string
 	// MaxModelLen is the context length in tokens (0 when not reported).
 	MaxModelLen int
+	// Parent is the base model of a LoRA adapter ("" for a base model;
+	// vllm/entrypoints/openai/serving_models.py).
+	Parent string
 }
 
 // Models lists a replica's served models (GET /v1/models).
@@ -22,6 +25,7 @@ func (c *Client) Models(ctx context.Context, baseURL string) ([]Model, error) {
 		Data []struct {
 			ID          string `json:"id"`
 			MaxModelLen *int   `json:"max_model_len"`
+			Parent      string `json:"parent"`
 		} `json:"data"`
 	}
 	if err := c.doJSON(ctx, http.MethodGet, strings.TrimSuffix(baseURL, "/")+"/v1/models", nil, &out); err != nil {
@@ -29,7 +33,7 @@ func (c *Client) Models(ctx context.Context, baseURL string) ([]Model, error) {
 	}
 	ms := make([]Model, 0, len(out.Data))
 	for _, d := range out.Data {
-		m := Model{ID: d.ID}
+		m := Model{ID: d.ID, Parent: d.Parent}
 		if d.MaxModelLen != nil {
 			m.MaxModelLen = *d.MaxModelLen
 		}

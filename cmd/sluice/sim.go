@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -21,6 +22,22 @@ func runSim(ctx context.Context, e env, args []string) error {
 	listen := fs.String("listen", "127.0.0.1:8100", "address of the first replica; more replicas take the next ports")
 	replicas := fs.Int("replicas", 1, "number of independent replicas on consecutive ports")
 	fs.StringVar(&cfg.Model, "model", d.Model, "served model name")
+	fs.Func("served-model-name", "comma-separated served model names; the first replaces --model (vLLM's --served-model-name)", func(v string) error {
+		names := strings.Split(v, ",")
+		cfg.Model, cfg.ServedModelNames = names[0], names[1:]
+		return nil
+	})
+	fs.BoolVar(&cfg.DisablePrefixCaching, "no-enable-prefix-caching", false, "turn off automatic prefix caching (on by default, as in vLLM v1)")
+	fs.Func("lora-modules", "LoRA adapter name=path served as its own model name; repeat or comma-separate (vLLM's --lora-modules)", func(v string) error {
+		for _, m := range strings.Split(v, ",") {
+			l, err := sim.ParseLoRAModule(m)
+			if err != nil {
+				return err
+			}
+			cfg.LoRAModules = append(cfg.LoRAModules, l)
+		}
+		return nil
+	})
 	fs.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", d.MaxNumSeqs, "running batch size (sequences)")
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", d.MaxModelLen, "prompt + output tokens per sequence")
 	fs.IntVar(&cfg.KVTokens, "kv-tokens", d.KVTokens, "KV cache size in tokens")

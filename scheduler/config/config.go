@@ -84,6 +84,10 @@ type Upstream struct {
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// DownAfter failed scrapes in a row mark a replica down. Default 3.
 	DownAfter int `yaml:"down_after"`
+	// Routing picks a replica within a pool: affinity (default; the
+	// replica likely to hold the longest prompt prefix in its prefix cache,
+	// balanced against load) or least_load.
+	Routing string `yaml:"routing"`
 }
 
 // Replica is one vLLM server.
@@ -99,6 +103,11 @@ type Replica struct {
 	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// MaxModelLen overrides the context length read from /v1/models.
 	MaxModelLen int64 `yaml:"max_model_len"`
+	// Models pins and restricts the models (and LoRA adapters) routed to
+	// this replica: only listed names that its /v1/models also reports are
+	// routed here (the list alone until it answers). Optional; empty =
+	// everything its /v1/models lists.
+	Models []string `yaml:"models"`
 }
 
 // GPU tunes telemetry, sizing and GPU-ms attribution.
@@ -166,6 +175,10 @@ type Price struct {
 	// (1 USD = 1,000,000).
 	InputPerMTok  int64 `yaml:"input_per_mtok"`
 	OutputPerMTok int64 `yaml:"output_per_mtok"`
+	// CachedInputPerMTok prices input tokens served from vLLM's prefix
+	// cache (usage.prompt_tokens_details.cached_tokens). Optional; 0 =
+	// cached tokens cost input_per_mtok like the rest.
+	CachedInputPerMTok int64 `yaml:"cached_input_per_mtok"`
 }
 
 // Audit configures the hash-chained audit trail.
@@ -221,6 +234,10 @@ type Tenant struct {
 	// OutageAllowance lets this tenant continue, counted in process, while
 	// the ledger is unreachable. Optional; zero = none.
 	OutageAllowance OutageAllowance `yaml:"outage_allowance"`
+	// Models restricts the tenant to these model names (and adapters);
+	// others answer 404 model_not_found and /v1/models hides them.
+	// Optional; empty = every model the replicas serve.
+	Models []string `yaml:"models"`
 }
 
 // TenantQueue bounds a tenant's queue.
@@ -340,6 +357,7 @@ func (f *File) applyDefaults() {
 	def(&u.TokenCount, "bytes")
 	def(&u.ScrapeInterval, time.Second)
 	def(&u.DownAfter, 3)
+	def(&u.Routing, "affinity")
 	for i := range u.Replicas {
 		def(&u.Replicas[i].MaxNumSeqs, 256)
 		if u.Replicas[i].Name == "" {
@@ -441,8 +459,10 @@ func (f *File) Validate() error {
 		if r.MaxNumSeqs < 1 {
 			v.add("%s.max_num_seqs must be >= 1", p)
 		}
+		v.modelList(p+".models", r.Models)
 	}
 	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
+	v.oneOf("upstream.routing", f.Upstream.Routing, "affinity", "least_load")
 	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
@@ -481,6 +501,7 @@ func (f *File) Validate() error {
 		models[p.Model] = i
 		v.nonNeg(path+".input_per_mtok", p.InputPerMTok)
 		v.nonNeg(path+".output_per_mtok", p.OutputPerMTok)
+		v.nonNeg(path+".cached_input_per_mtok", p.CachedInputPerMTok)
 	}
 	v.nonNeg("audit.max_bytes", f.Audit.MaxBytes)
 	if f.Admin.StatusToken != "" && !validKeyHash(f.Admin.StatusToken) {
@@ -548,6 +569,7 @@ func (f *File) Validate() error {
 		}
 		v.nonNeg(p+".outage_allowance.requests", t.OutageAllowance.Requests)
 		v.nonNeg(p+".outage_allowance.tokens", t.OutageAllowance.Tokens)
+		v.modelList(p+".models", t.Models)
 	}
 	return v.err()
 }

@@ -64,3 +64,18 @@ func (v *validator) url(path, s string) {
 		v.add("%s must be an http(s) URL (got %q)", path, s)
 	}
 }
+
+// modelList checks a list of model names: non-empty, no duplicates.
+func (v *validator) modelList(path string, ms []string) {
+	seen := map[string]int{}
+	for i, m := range ms {
+		if m == "" {
+			v.add("%s[%d] must not be empty", path, i)
+			continue
+		}
+		if j, dup := seen[m]; dup {
+			v.add("%s[%d] %q duplicates %s[%d]", path, i, m, path, j)
+		}
+		seen[m] = i
+	}
+}

@@ -260,11 +260,11 @@ func TestErrorCodes(t *testing.T) {
 		{"no key", "/v1/chat/completions", "", chatBody, nil, 401, "invalid_api_key"},
 		{"bad json", "/v1/chat/completions", keyAcme, `{"model":`, nil, 400, "invalid_request"},
 		{"wrong type", "/v1/chat/completions", keyAcme, `{"model":"sim-model","messages":"hi"}`, nil, 400, "invalid_request"},
-		{"unknown model", "/v1/chat/completions", keyAcme, `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, nil, 400, "invalid_request"},
+		{"unknown model", "/v1/chat/completions", keyAcme, `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, nil, 404, "model_not_found"},
 		{"bad timeout header", "/v1/chat/completions", keyAcme, chatBody, []string{"X-Request-Timeout", "soon"}, 400, "invalid_request"},
 		{"input over tenant max", "/v1/completions", keyAcme, `{"model":"sim-model","prompt":[` + strings.Repeat("1,", 200) + `1],"max_tokens":1}`, nil, 400, "context_length_exceeded"},
 		{"body too large", "/v1/chat/completions", keyAcme, `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("x", 4096) + `"}]}`, nil, 413, "request_too_large"},
-		{"unknown route", "/v1/embeddings", keyAcme, `{}`, nil, 404, "not_found"},
+		{"unknown route", "/v1/audio/transcriptions", keyAcme, `{}`, nil, 404, "not_found"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

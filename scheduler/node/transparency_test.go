@@ -295,8 +295,8 @@ func TestTransparencyDifferential(t *testing.T) {
 				ve, _ := errorOf(via.Body)
 				assert.Equal(t, http.StatusNotFound, direct.StatusCode)
 				assert.Equal(t, errView{Type: "NotFoundError", Param: "model", Code: float64(404)}, de)
-				assert.Equal(t, http.StatusBadRequest, via.StatusCode)
-				assert.Equal(t, errView{Type: "invalid_request_error", Param: "model", Code: "invalid_request"}, ve)
+				assert.Equal(t, http.StatusNotFound, via.StatusCode)
+				assert.Equal(t, errView{Type: "invalid_request_error", Code: "model_not_found"}, ve)
 				return
 			}
 			require.Equal(t, direct.StatusCode, via.StatusCode, "status\ndirect: %s\nsluice: %s", direct.Body, via.Body)

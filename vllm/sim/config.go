@@ -76,6 +76,15 @@ type Config struct {
 	// Model is the served model name (vLLM's --served-model-name).
 	// Default "sim-model".
 	Model string
+	// ServedModelNames are more names for the same model (the rest of
+	// vLLM's --served-model-name list). Optional.
+	ServedModelNames []string
+	// LoRAModules are adapters served as extra model names (vLLM's
+	// --lora-modules). Optional.
+	LoRAModules []LoRAModule
+	// DisablePrefixCaching turns off automatic prefix caching (vLLM's
+	// --no-enable-prefix-caching; on by default in v1). See prefixcache.go.
+	DisablePrefixCaching bool
 	// MaxNumSeqs bounds the running batch (sequences). Default 64.
 	MaxNumSeqs int
 	// MaxModelLen bounds prompt + output tokens per sequence. Default 4096,
@@ -116,7 +125,7 @@ type Config struct {
 	// EnablePromptTokensDetails emits usage.prompt_tokens_details
 	// {"cached_tokens": N} as vLLM's --enable-prompt-tokens-details
 	// (vllm/entrypoints/openai/completion/serving.py); N is 0 without a
-	// prefix cache. Default false: null, as vLLM.
+	// prefix cache hit. Default false: null, as vLLM.
 	EnablePromptTokensDetails bool
 	// SystemFingerprint is the system_fingerprint of responses: on a
 	// non-streamed response, on the final usage chunk, or on each choice's
@@ -300,6 +309,7 @@ func (c Config) Validate() error {
 	default:
 		bad("on_disconnect must be abort, next-write or ignore, got %q", c.OnDisconnect)
 	}
+	errs = append(errs, c.validateModels()...)
 	f := c.Faults
 	for _, r := range []struct {
 		name string

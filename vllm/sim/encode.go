@@ -51,21 +51,23 @@ func appendJSONString(b []byte, s string) []byte {
 
 func appendInt(b []byte, v int) []byte { return strconv.AppendInt(b, int64(v), 10) }
 
-// appendUsage appends vLLM's usage object. With details
-// (--enable-prompt-tokens-details) prompt_tokens_details carries
-// cached_tokens, 0 without a prefix cache (completion/serving.py).
-func appendUsage(b []byte, prompt, completion int, details bool) []byte {
+// appendUsage appends vLLM's usage object. cached >= 0 is
+// prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details; 0
+// without a prefix cache hit, completion/serving.py); < 0: the details are
+// null.
+func appendUsage(b []byte, prompt, completion, cached int) []byte {
 	b = append(b, `{"prompt_tokens":`...)
 	b = appendInt(b, prompt)
 	b = append(b, `,"total_tokens":`...)
 	b = appendInt(b, prompt+completion)
 	b = append(b, `,"completion_tokens":`...)
 	b = appendInt(b, completion)
-	if details {
-		b = append(b, `,"prompt_tokens_details":{"cached_tokens":0}}`...)
-	} else {
-		b = append(b, `,"prompt_tokens_details":null}`...)
+	if cached >= 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = appendInt(b, cached)
+		return append(b, "}}"...)
 	}
+	b = append(b, `,"prompt_tokens_details":null}`...)
 	return b
 }
 
@@ -152,7 +154,7 @@ func appendPromptLogprobs(b []byte, on bool, n int) []byte {
 type chunkEncoder struct {
 	kind     kind
 	logprobs bool   // per-token logprobs in each chunk
-	details  bool   // prompt_tokens_details in the final usage
+	cached   int    // the final usage's cached_tokens; -1: details null
 	fp       string // system_fingerprint, "" for none
 	fpOnLast bool   // on each choice's last chunk (no usage chunk follows)
 	prefix   []byte // {"id":...,"object":...,"created":...,"model":...,"choices":[
@@ -176,7 +178,7 @@ func newChunkEncoder(k kind, id string, created int64, model string) *chunkEncod
 	p = append(p, `,"model":`...)
 	p = appendJSONString(p, model)
 	p = append(p, `,"choices":[`...)
-	return &chunkEncoder{kind: k, prefix: p, buf: make([]byte, 0, 512)}
+	return &chunkEncoder{kind: k, prefix: p, buf: make([]byte, 0, 512), cached: -1}
 }
 
 // roleChunk appends the chat role chunk of a choice.
@@ -189,7 +191,7 @@ func (c *chunkEncoder) roleChunk(index int, usage bool, prompt int) {
 	b = append(b, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
 	if usage {
 		b = append(b, `,"usage":`...)
-		b = appendUsage(b, prompt, 0, false)
+		b = appendUsage(b, prompt, 0, -1)
 	}
 	b = append(b, "}\n\n"...)
 	c.buf = b
@@ -235,7 +237,7 @@ func (c *chunkEncoder) tokenChunk(index int, key uint64, from, to int, finish st
 	switch {
 	case usage:
 		b = append(b, `,"usage":`...)
-		b = appendUsage(b, prompt, to, false)
+		b = appendUsage(b, prompt, to, -1)
 	case c.kind == kindCompletion:
 		b = append(b, `,"usage":null`...)
 	}
@@ -249,7 +251,7 @@ func (c *chunkEncoder) usageChunk(prompt, completion int) {
 	b = append(b, "data: "...)
 	b = append(b, c.prefix...)
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, prompt, completion, c.details)
+	b = appendUsage(b, prompt, completion, c.cached)
 	if c.fp != "" {
 		b = append(b, `,"system_fingerprint":`...)
 		b = appendJSONString(b, c.fp)

@@ -27,6 +27,10 @@ type seq struct {
 	target int    // tokens to generate
 	key    uint64 // output text key
 	atCap  bool   // target == the request's cap: finish_reason "length"
+	// hashes are the prompt's full-block hashes for the prefix cache
+	// (prefixcache.go); cached is the hit at first admission.
+	hashes []uint64
+	cached int
 	order  uint64 // arrival order, set by the engine
 
 	// Owned by the engine goroutine.
@@ -95,16 +99,21 @@ type engine struct {
 	pubBuf     []*seq
 	// waitingTokens is published for MaxNumQueuedTokens checks.
 	waitingTokens atomic.Int64
+	cache         *prefixCache // nil with DisablePrefixCaching
 }
 
 func newEngine(cfg *Config, m *metrics, st *counters) *engine {
 	blocks := cfg.KVTokens / cfg.BlockSize
-	return &engine{
+	e := &engine{
 		cfg: cfg, clk: cfg.Clock, m: m, st: st,
 		totalBlocks: blocks, freeBlocks: blocks,
 		wake:     make(chan struct{}, 1),
 		stepRand: mix(uint64(cfg.Seed)) ^ mix(uint64(cfg.ReplicaIndex)+0x5eed),
 	}
+	if !cfg.DisablePrefixCaching {
+		e.cache = newPrefixCache(blocks)
+	}
+	return e
 }
 
 func (e *engine) signal() {
@@ -377,8 +386,8 @@ func (e *engine) schedule() (prefill, decoding int) {
 		e.waitingTokens.Add(-int64(s.prompt))
 		s.blocks = 0
 		s.prefilled = false
-		s.computed = 0
-		s.chunk = e.grant(s, chunk)
+		s.computed = e.prefixHit(s)
+		s.chunk = e.grant(s, min(s.prompt+s.gen-s.computed, budget))
 		budget -= s.chunk
 		prefill += s.chunk
 		e.running = append(e.running, s)
@@ -387,7 +396,6 @@ func (e *engine) schedule() (prefill, decoding int) {
 		e.waiting = nil // let the backing array go
 	}
 	e.m.promptTokens.Add(float64(prefill))
-	e.m.prefixQueries.Add(float64(prefill))
 	e.st.promptTokens.Add(int64(prefill))
 	return prefill, decoding
 }
@@ -475,6 +483,7 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 				keep = append(keep, s) // prefill continues next step
 				continue
 			}
+			e.prefixStore(s)
 		}
 		s.gen++
 		produced++

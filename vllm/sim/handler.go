@@ -84,6 +84,7 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 	if e != nil {
 		return fail(e)
 	}
+	g.model = r.cfg.responseModel(wire.Model)
 	rk, id := requestKey(hr.Header.Get("X-Request-Id"), body)
 	key := mix(mix(uint64(r.cfg.Seed)) ^ mix(uint64(r.cfg.ReplicaIndex)+0x9e37) ^ rk)
 	f := r.drawFaults(key)
@@ -96,12 +97,16 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 	}
 	req := newRequest(g.priority, r.clk.Now())
 	req.seqs = make([]*seq, 0, len(g.prompts)*g.n)
+	var hashes []uint64
+	if len(g.prompts) == 1 {
+		hashes = r.promptHashes(k, wire)
+	}
 	for p, pt := range g.prompts {
 		for c := range g.n {
 			idx := p*g.n + c
 			sk := mix(key ^ (uint64(idx)+1)*0xD6E8FEB86659FD93)
 			t := outputLen(g, sk, r.cfg.OutputLenMax)
-			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap})
+			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap, hashes: hashes})
 		}
 	}
 	if g.late != nil {
@@ -169,9 +174,8 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.WriteHeader(http.StatusOK)
-	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), r.cfg.Model)
+	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), g.model)
 	enc.logprobs = g.logprobs
-	enc.details = r.cfg.EnablePromptTokensDetails
 	enc.fp, enc.fpOnLast = r.fingerprint(), !g.includeUsage
 	// The chat role chunks go out with the first output, not before
 	// queueing and prefill: chat_completion/serving.py sends them on the
@@ -280,6 +284,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 		}
 		if remaining == 0 {
 			if g.includeUsage {
+				enc.cached = r.cachedTokens(req)
 				enc.usageChunk(g.promptTotal, completion)
 			}
 			enc.done()
@@ -335,7 +340,7 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 	b = append(b, `,"created":`...)
 	b = appendInt(b, int(r.clk.Now().Unix()))
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, r.cfg.Model)
+	b = appendJSONString(b, g.model)
 	b = append(b, `,"choices":[`...)
 	for i, s := range req.seqs {
 		out := int(s.out.Load())
@@ -379,7 +384,7 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 		b = appendJSONString(b, fp)
 	}
 	b = append(b, `,"usage":`...)
-	b = appendUsage(b, g.promptTotal, completion, r.cfg.EnablePromptTokensDetails)
+	b = appendUsage(b, g.promptTotal, completion, r.cachedTokens(req))
 	if g.kind == kindChat {
 		b = append(b, `,"prompt_logprobs":`...)
 		b = appendPromptLogprobs(b, g.promptLogprobs, g.promptTotal)
@@ -409,7 +414,7 @@ func (r *Replica) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 		writeError(w, e)
 		return
 	}
-	if wire.Model != "" && wire.Model != r.cfg.Model {
+	if !r.cfg.serves(wire.Model) {
 		writeError(w, newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", wire.Model))
 		return
 	}
@@ -457,17 +462,7 @@ func (r *Replica) handleTokenize(w http.ResponseWriter, hr *http.Request) {
 }
 
 func (r *Replica) handleModels(w http.ResponseWriter, _ *http.Request) {
-	var b []byte
-	b = append(b, `{"object":"list","data":[{"id":`...)
-	b = appendJSONString(b, r.cfg.Model)
-	b = append(b, `,"object":"model","created":`...)
-	b = appendInt(b, int(r.created))
-	b = append(b, `,"owned_by":"vllm","root":`...)
-	b = appendJSONString(b, r.cfg.Model)
-	b = append(b, `,"parent":null,"max_model_len":`...)
-	b = appendInt(b, r.cfg.MaxModelLen)
-	b = append(b, `}]}`...)
-	writeJSON(w, http.StatusOK, b)
+	writeJSON(w, http.StatusOK, r.appendModelList(nil))
 }
 
 func (r *Replica) handleHealth(w http.ResponseWriter, _ *http.Request) {

@@ -39,6 +39,7 @@ type counters struct {
 	running, waiting, kvUsedBlocks                   atomic.Int64
 	promptTokens, genTokens, preemptions, steps      atomic.Int64
 	busy                                             atomic.Int64 // nanoseconds
+	prefixQueries, prefixHits                        atomic.Int64
 }
 
 // Stats is a snapshot of a replica's counters, for tests.
@@ -60,9 +61,13 @@ type Stats struct {
 	FinishedSeqs, AbortedSeqs int64
 	// Running and Waiting are sequences in the batch and in the queue.
 	Running, Waiting int64
-	// PromptTokens counts prefilled tokens (recomputation included), as
-	// vllm:prompt_tokens_total.
+	// PromptTokens counts prefilled tokens (recomputation included) and
+	// prefix-cache hits, as vllm:prompt_tokens_total.
 	PromptTokens int64
+	// PrefixQueryTokens and PrefixHitTokens are the prefix cache's
+	// lookups and hits in tokens, as vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total.
+	PrefixQueryTokens, PrefixHitTokens int64
 	// GenerationTokens counts generated tokens, as vllm:generation_tokens_total.
 	GenerationTokens int64
 	// Preemptions counts preemptions, as vllm:num_preemptions_total.
@@ -100,6 +105,7 @@ func New(cfg Config) (*Replica, error) {
 	r.mux.HandleFunc("POST /v1/chat/completions", r.handleGeneration(kindChat))
 	r.mux.HandleFunc("POST /v1/completions", r.handleGeneration(kindCompletion))
 	r.mux.HandleFunc("POST /tokenize", r.handleTokenize)
+	r.registerEndpoints()
 	r.mux.HandleFunc("GET /v1/models", r.handleModels)
 	r.mux.HandleFunc("GET /health", r.handleHealth)
 	r.mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
@@ -166,22 +172,24 @@ func Serve(ctx context.Context, cfg Config, ln net.Listener) error {
 func (r *Replica) Stats() Stats {
 	s := r.st
 	return Stats{
-		Received:         s.received.Load(),
-		Rejected:         s.rejected.Load(),
-		Admitted:         s.admitted.Load(),
-		Completed:        s.completed.Load(),
-		Aborted:          s.aborted.Load(),
-		FinishedSeqs:     s.finishedSeqs.Load(),
-		AbortedSeqs:      s.abortedSeqs.Load(),
-		Running:          s.running.Load(),
-		Waiting:          s.waiting.Load(),
-		PromptTokens:     s.promptTokens.Load(),
-		GenerationTokens: s.genTokens.Load(),
-		Preemptions:      s.preemptions.Load(),
-		Steps:            s.steps.Load(),
-		BusyTime:         time.Duration(s.busy.Load()),
-		KVBlocksUsed:     s.kvUsedBlocks.Load(),
-		KVBlocksTotal:    int64(r.eng.totalBlocks),
+		Received:          s.received.Load(),
+		Rejected:          s.rejected.Load(),
+		Admitted:          s.admitted.Load(),
+		Completed:         s.completed.Load(),
+		Aborted:           s.aborted.Load(),
+		FinishedSeqs:      s.finishedSeqs.Load(),
+		AbortedSeqs:       s.abortedSeqs.Load(),
+		Running:           s.running.Load(),
+		Waiting:           s.waiting.Load(),
+		PromptTokens:      s.promptTokens.Load(),
+		PrefixQueryTokens: s.prefixQueries.Load(),
+		PrefixHitTokens:   s.prefixHits.Load(),
+		GenerationTokens:  s.genTokens.Load(),
+		Preemptions:       s.preemptions.Load(),
+		Steps:             s.steps.Load(),
+		BusyTime:          time.Duration(s.busy.Load()),
+		KVBlocksUsed:      s.kvUsedBlocks.Load(),
+		KVBlocksTotal:     int64(r.eng.totalBlocks),
 	}
 }
 

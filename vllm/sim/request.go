@@ -76,9 +76,10 @@ const (
 // genRequest is a validated generation request.
 type genRequest struct {
 	kind            kind
-	prompts         []int // prompt tokens per prompt (chat: one)
-	promptTotal     int   // sum of prompts
-	cap             int   // output cap per sequence
+	model           string // the response's "model" (models.go, responseModel)
+	prompts         []int  // prompt tokens per prompt (chat: one)
+	promptTotal     int    // sum of prompts
+	cap             int    // output cap per sequence
 	n               int
 	stream          bool
 	includeUsage    bool
@@ -315,7 +316,7 @@ func optInt(raw json.RawMessage, name string) (v int, ok bool, e *apiError) {
 // before queueing. The model check comes first (404), then the prompt, then
 // the limits (400).
 func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiError) {
-	if w.Model != cfg.Model {
+	if !cfg.serves(w.Model) {
 		return nil, newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", w.Model)
 	}
 	g := &genRequest{kind: k, n: 1, ignoreEOS: w.IgnoreEOS, minTokens: w.MinTokens, maxTokenID: -1}

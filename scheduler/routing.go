@@ -1,0 +1,106 @@
+package scheduler
+
+import (
+	"slices"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// modelError is a model no replica serves, or one the tenant may not use:
+// 404 model_not_found, the same answer either way (as OpenAI gives), so a
+// tenant cannot probe which models exist.
+type modelError struct{ model string }
+
+func (e *modelError) Error() string { return "model " + e.model + " is not served or not allowed" }
+
+// Is makes errors.Is(err, ErrUnknownModel) true.
+func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
+
+// allowed reports whether the tenant may use model (tenants[].models).
+func (t *tenant) allowed(model string) bool {
+	return len(t.cfg.Models) == 0 || slices.Contains(t.cfg.Models, model)
+}
+
+// checkModel refuses a model the tenant may not use or no replica serves.
+// A request without "model" gets vLLM's default (the first served model),
+// which the tenant must be allowed.
+func (s *Server) checkModel(t *tenant, model string) error {
+	m := model
+	if m == "" {
+		m = s.reps.defaultModel()
+	}
+	if m != "" && !t.allowed(m) {
+		return &modelError{model: m}
+	}
+	if model != "" && !s.reps.knowsModel(model) {
+		return &modelError{model: model}
+	}
+	return nil
+}
+
+// routeOf is what the replica choice needs from a parsed request: its
+// model, and under affinity routing its prompt's chunk hashes.
+func (s *Server) routeOf(pol *policy, req *vllm.Request) route {
+	rt := route{model: req.Model}
+	if pol.cfg.Upstream.Routing != "least_load" {
+		rt.prefix = prefixHashes(req.PromptBytes())
+	}
+	return rt
+}
+
+// weightOf is a tenant's fair-share weight under this policy (0 when the
+// tenant is gone).
+func (p *policy) weightOf(name string) int64 {
+	if t := p.tenants[name]; t != nil {
+		return int64(t.cfg.Weight)
+	}
+	return 0
+}
+
+// modelCard is one entry of GET /v1/models, in vLLM's shape
+// (vllm/entrypoints/openai/serving_models.py, show_available_models: LoRA
+// adapters are listed after the base models with "parent" set and no
+// max_model_len).
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	OwnedBy     string  `json:"owned_by"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int64   `json:"max_model_len,omitempty"`
+}
+
+// modelList is what the tenant sees at GET /v1/models: the union of the
+// replicas' served models that it may use.
+func (s *Server) modelList(t *tenant) []modelCard {
+	out := []modelCard{}
+	for _, m := range s.reps.models() {
+		if !t.allowed(m.id) {
+			continue
+		}
+		c := modelCard{ID: m.id, Object: "model", OwnedBy: "vllm"}
+		if m.parent != "" {
+			p := m.parent
+			c.Parent = &p
+		} else {
+			c.MaxModelLen = m.maxModelLen
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// priceCached is priceMicros with the input tokens served from vLLM's
+// prefix cache (usage.prompt_tokens_details.cached_tokens) at the model's
+// cached_input_per_mtok when it sets one. The admission hold prices all
+// input at the full rate, an upper bound of this.
+func (p *policy) priceCached(model string, in, cached, out int64) int64 {
+	pr, ok := p.prices[model]
+	if !ok {
+		pr, ok = p.prices["*"]
+	}
+	if !ok || pr.CachedInputPerMTok <= 0 || cached <= 0 {
+		return p.priceMicros(model, in, out)
+	}
+	cached = min(cached, in)
+	return ceilDiv((in-cached)*pr.InputPerMTok+cached*pr.CachedInputPerMTok+out*pr.OutputPerMTok, 1_000_000)
+}
