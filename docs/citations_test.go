@@ -106,3 +106,38 @@ func TestNoPathsOutsideTheRepository(t *testing.T) {
 		}
 	}
 }
+
+// testName matches a Go test or benchmark named in backticks, optionally
+// with a subtest path: `TestT9StoreDown`, `T19_LeakRegressions/*`.
+var testName = regexp.MustCompile("`((?:Test|Benchmark)[A-Z0-9]\\w*|T\\d+_\\w+)(?:/[^`]*)?`")
+
+// TestDocsNameRealTests: every test the design pages name (the T1–T19
+// matrix, the benchmarks) exists, so a renamed or deleted test fails here
+// instead of leaving the matrix pointing at nothing.
+func TestDocsNameRealTests(t *testing.T) {
+	files := repoFiles(t, "..")
+	var code strings.Builder
+	for name, b := range files {
+		if strings.HasSuffix(name, ".go") {
+			code.Write(b)
+		}
+	}
+	src := code.String()
+	named := 0
+	for name, b := range files {
+		// HOUSE-STYLE.md names tests of other code bases as examples.
+		if !strings.HasPrefix(name, "docs/") || !strings.HasSuffix(name, ".md") || name == "docs/HOUSE-STYLE.md" {
+			continue
+		}
+		for _, m := range testName.FindAllStringSubmatch(string(b), -1) {
+			named++
+			n := m[1]
+			if strings.HasPrefix(n, "Test") || strings.HasPrefix(n, "Benchmark") {
+				assert.True(t, strings.Contains(src, "func "+n+"("), "%s names %s, which no _test.go defines", name, n)
+			} else {
+				assert.True(t, strings.Contains(src, `"`+n+`"`), "%s names the subtest %s, which no test runs", name, n)
+			}
+		}
+	}
+	assert.Greater(t, named, 30, "the scan found the named tests")
+}

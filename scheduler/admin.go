@@ -30,11 +30,13 @@ type Admin struct {
 	hooks   AdminHooks
 	metrics fasthttp.RequestHandler
 	routes  map[string]fasthttp.RequestHandler
+	// gatherer feeds the status page the counters /metrics serves.
+	gatherer prometheus.Gatherer
 }
 
 // NewAdmin builds the admin handler.
 func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) *Admin {
-	a := &Admin{s: s, token: []byte(token), hooks: hooks,
+	a := &Admin{s: s, token: []byte(token), hooks: hooks, gatherer: g,
 		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{}))}
 	a.routes = map[string]fasthttp.RequestHandler{
 		"POST /admin/drain":   a.drain,
@@ -47,6 +49,7 @@ func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) 
 		"DELETE /admin/replicas/": a.drainReplica,
 	}
 	a.registerOps()
+	a.registerKeys()
 	return a
 }
 
@@ -75,6 +78,9 @@ func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 			rc.SetStatusCode(503)
 		}
 		rc.SetBodyString(why + "\n")
+		return
+	case "/status", "/status.json":
+		a.status(rc)
 		return
 	}
 	if !strings.HasPrefix(path, "/admin/") {

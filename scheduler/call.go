@@ -28,6 +28,7 @@ type call struct {
 
 	pol      *policy
 	t        *tenant
+	key      *apiKey // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
 	plan     vllm.Plan
@@ -43,8 +44,11 @@ type call struct {
 	deadline time.Time // the client's overall deadline; zero when none
 	handle   queue.Handle[*call]
 	wf       *workflow // nil without X-Workflow-Id
-	// extraScopes are the workflow and global scopes of the Reserve.
+	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
+	// capReason is why Sluice lowered the output cap to fit a budget
+	// (budget, workflow); "" when it did not.
+	capReason string
 	// outage: admitted on the tenant's outage allowance, without a ledger
 	// record; settled later with a ledger Charge.
 	outage bool
@@ -68,7 +72,8 @@ type call struct {
 // admission is what the edge learned from the HTTP request.
 type admission struct {
 	ep       vllm.Endpoint
-	body     []byte // owned by the call from here on
+	key      *apiKey // nil only in tests that bypass the edge
+	body     []byte  // owned by the call from here on
 	reqID    string
 	timeout  time.Duration // client's X-Request-Timeout; 0 none
 	idemKey  string
@@ -111,7 +116,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, ep: a.ep, req: req, plan: plan, reqID: a.reqID,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, plan: plan, reqID: a.reqID,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1), expired: make(chan struct{}, 1),
 	}
@@ -167,6 +172,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	c.handle = it.Handle
 	_ = c.to(phaseQueued)
 	t.rt.queued.Add(1)
+	s.countKey(c, "admitted")
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -230,6 +236,9 @@ func (s *Server) reserve(c *call, a admission) error {
 			Attempt: rand.Uint64() | 1,
 		}
 		c.extraScopes = c.extraScopes[:0]
+		if ks, ok := c.keyScope(); ok {
+			c.extraScopes = append(c.extraScopes, ks)
+		}
 		if c.wf != nil {
 			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.name+"\x00"+c.wf.id))
 			c.extraScopes = append(c.extraScopes, ws)
@@ -279,33 +288,38 @@ func (s *Server) reserve(c *call, a admission) error {
 				// The hold may exist: end it by id once the store answers.
 				s.queueRelease(c)
 			}
-		case !lowered && errors.As(err, &d) && lowerCap(c, d):
+		case !lowered && errors.As(err, &d) && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens):
 			// Send what the budgets still allow rather than refuse.
 			lowered = true
 			continue
 		case errors.As(err, &d):
 			s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
+			s.countKey(c, "denied")
+			return refusal(c, d, c.pol.cfg.Server.MinOutputTokens)
 		}
 		return err
 	}
 }
 
-// lowerCap shrinks the call's output cap to fit a token budget denial, when
-// at least one output token per choice still fits.
-func lowerCap(c *call, d *ledger.DeniedError) bool {
-	if d.Dim != ledger.Tokens && d.Dim != ledger.OutputTokens {
+// lowerCap lowers the call's output cap to fit a token budget denial where
+// Sluice may (its own injected cap for any budget; any cap for a workflow
+// envelope's remaining output), never below floor per choice. A cap the
+// client chose is never lowered to fit a tenant, key or global budget: the
+// request is refused with what would fit (see [refusal]).
+func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
+	fits := fitsOutput(c, d)
+	if fits < 0 || fits >= int64(c.plan.Cap) || fits < max(1, floor) {
 		return false
 	}
-	free := d.Limit - d.Committed - d.Reserved
-	if d.Dim == ledger.Tokens {
-		free -= int64(c.plan.InputTokens)
-	}
-	perChoice := free / int64(max(1, c.plan.Choices))
-	if perChoice < 1 || perChoice >= int64(c.plan.Cap) {
+	reason := "budget"
+	if d.Scope == ledger.KindWorkflow {
+		reason = "workflow"
+	} else if c.req.MaxTokens > 0 {
 		return false
 	}
-	c.plan.Cap = int(perChoice)
+	c.plan.Cap = int(fits)
 	c.plan.OutputTokens = c.plan.Cap * c.plan.Choices
+	c.capReason = reason
 	return true
 }
 
@@ -484,6 +498,7 @@ func (s *Server) await(c *call) error {
 		c.dispatchAt = s.now()
 		_ = c.to(phaseDispatched)
 		c.t.rt.inflight.Add(1)
+		c.keyInflight(1)
 		c.t.rt.inflightTokens.Add(c.size)
 		ts := c.t.series(s.m)
 		ts.inflight.Inc()
@@ -631,6 +646,7 @@ func (s *Server) finish(c *call, err error) {
 	s.settle(c, actual, src)
 	s.reps.release(c.rep, c.size)
 	c.t.rt.inflight.Add(-1)
+	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
 	c.t.series(s.m).inflight.Dec()
 	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))

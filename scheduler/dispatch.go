@@ -35,7 +35,7 @@ func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
 	if cur := s.pol.Load().tenants[t.name]; cur != nil {
 		t = cur // clamps and reloads apply from the next dispatch
 	}
-	if t.rt.inflight.Load() >= int64(t.cfg.Concurrency) {
+	if t.rt.inflight.Load() >= int64(t.cfg.Concurrency) || c.keyAtCap() {
 		return queue.Park
 	}
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {

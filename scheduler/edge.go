@@ -177,7 +177,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		return
 	}
 	pol := s.pol.Load()
-	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	t, key, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return
@@ -187,6 +187,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		e.reject(rc, t.name, err)
 		return
 	}
+	a.key = key
 	// The client context: cancelled when the peer closes its connection.
 	cctx, gone := context.WithCancelCause(e.base)
 	stopWatch := func() {}
@@ -429,6 +430,7 @@ func (e *Edge) successHeaders(rc *fasthttp.RequestCtx, c *call) {
 	if warn(c) {
 		h.Set("X-Budget-Warning", "soft_threshold")
 	}
+	outputCapHeader(h, c)
 	// "queue;dur=%.3f[, upstream;dur=%.3f]" without fmt: AppendFloat 'f' 3
 	// is what %.3f prints.
 	var st [64]byte
@@ -475,7 +477,7 @@ func warn(c *call) bool {
 
 // models answers GET /v1/models with the union of the replicas' models.
 func (e *Edge) models(rc *fasthttp.RequestCtx) {
-	if _, err := e.s.pol.Load().authenticate(rc.Request.Header.Peek("Authorization")); err != nil {
+	if _, _, err := e.s.authenticate(e.s.pol.Load(), rc.Request.Header.Peek("Authorization")); err != nil {
 		e.reject(rc, "", err)
 		return
 	}
@@ -513,7 +515,7 @@ func (e *Edge) models(rc *fasthttp.RequestCtx) {
 func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 	s := e.s
 	pol := s.pol.Load()
-	t, err := pol.authenticate(rc.Request.Header.Peek("Authorization"))
+	t, _, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return

@@ -75,6 +75,7 @@ func statusFor(err error) *apiError {
 		wfe    *workflowError
 		se     *streamError
 		ie     *idemError
+		bd     *budgetDeniedError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -96,6 +97,8 @@ func statusFor(err error) *apiError {
 	case errors.As(err, &full):
 		return &apiError{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
 			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
+	case errors.As(err, &bd):
+		return bd.apiError()
 	case errors.As(err, &denied):
 		return deniedError(denied)
 	case errors.As(err, &wfe):

@@ -27,6 +27,7 @@ type Metrics struct {
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
 	AbuseClamps      *prometheus.CounterVec   // tenant, detector
 	OutageAdmissions *prometheus.CounterVec   // tenant
+	APIKeyAdmissions *prometheus.CounterVec   // tenant, key (configured name), result
 	ExpiredDispatch  prometheus.Counter
 	Ready            prometheus.Gauge
 }
@@ -68,6 +69,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Automatic clamps applied by the abuse detectors."}, []string{"tenant", "detector"}),
 		OutageAdmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_outage_admissions_total",
 			Help: "Requests admitted on a tenant's outage allowance while the ledger was unreachable."}, []string{"tenant"}),
+		APIKeyAdmissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_api_key_admissions_total",
+			Help: "Admission decisions per API key: admitted, or denied by a budget of any scope. Keys are labelled by configured name only; unnamed keys share _unnamed."},
+			[]string{"tenant", "key", "result"}),
 		ExpiredDispatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_expired_dispatch_total",
 			Help: "Requests dispatched after their deadline; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
@@ -76,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.ExpiredDispatch, m.Ready} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

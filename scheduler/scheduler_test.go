@@ -127,22 +127,6 @@ func TestReplicaChoice(t *testing.T) {
 	assert.False(t, set.anyUp())
 }
 
-func TestLowerCap(t *testing.T) {
-	t.Parallel()
-	c := &call{plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 10, OutputTokens: 80}}
-	assert.True(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.OutputTokens, Limit: 100, Committed: 80}))
-	assert.Equal(t, 20, c.plan.Cap)
-	assert.Equal(t, 20, c.plan.OutputTokens)
-
-	c = &call{plan: vllm.Plan{Cap: 80, Choices: 2, InputTokens: 10, OutputTokens: 160}}
-	assert.True(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Tokens, Limit: 100, Committed: 30}), "(100-30-10)/2 per choice")
-	assert.Equal(t, 30, c.plan.Cap)
-
-	c = &call{plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 10}}
-	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Tokens, Limit: 100, Committed: 95}), "nothing left")
-	assert.False(t, lowerCap(c, &ledger.DeniedError{Dim: ledger.Requests, Limit: 1, Committed: 1}), "not a token budget")
-}
-
 func TestEffectiveConfig(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
@@ -205,14 +189,14 @@ func TestAuthenticate(t *testing.T) {
 	t.Parallel()
 	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: []string{config.HashKey("sk-a")}, Concurrency: 1}}}
+	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: config.Keys(config.HashKey("sk-a")), Concurrency: 1}}}
 	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
 	require.NoError(t, err)
-	tn, err := pol.authenticate([]byte("Bearer sk-a"))
+	tn, _, err := pol.authenticate([]byte("Bearer sk-a"), time.Now(), nil)
 	require.NoError(t, err)
 	assert.Equal(t, "a", tn.name)
 	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
-		_, err := pol.authenticate([]byte(h))
+		_, _, err := pol.authenticate([]byte(h), time.Now(), nil)
 		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
 	}
 }

@@ -68,6 +68,9 @@ type Deps struct {
 	// ledger opened. Optional; default 2 × the start-up ledger.lease_ttl
 	// (both backends' default). A reload may not raise lease_ttl past it.
 	MaxLeaseTTL time.Duration
+	// Keys is the shared store of API keys created at run time. Optional;
+	// nil keeps them in memory (lost on restart, seen by this instance only).
+	Keys statestore.Store
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -98,6 +101,9 @@ type Server struct {
 	admin    adminState
 	adminRev uint64           // revision of admin in state (0: none yet)
 	state    statestore.Store // shared admin state; nil: this instance's own
+	keys     statestore.Store
+	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu   sync.Mutex               // orders applyKeys
 	wfs      workflows
 	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
@@ -161,6 +167,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
+		keys:       deps.Keys,
+	}
+	if s.keys == nil {
+		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -28,7 +27,7 @@ type policy struct {
 	global   []ledger.Limit // fleet-wide budgets, on every request
 	tenants  map[string]*tenant
 	order    []*tenant // config order
-	byKey    map[[32]byte]*tenant
+	byKey    map[[32]byte]*apiKey
 	prices   map[string]config.Price
 	maxWait  time.Duration
 	leaseTTL time.Duration
@@ -43,8 +42,8 @@ type tenant struct {
 	limits []ledger.Limit // budgets + slots, as sent with every Reserve
 	warn   map[ledger.Dim]float64
 	rt     *tenantRuntime
-	// keyHashes are the decoded SHA-256 of cfg.APIKeys, for authenticate.
-	keyHashes [][32]byte
+	// keys are the tenant's API keys (config and run time), by position.
+	keys []*apiKey
 }
 
 // tenantRuntime is a tenant's live counters, kept across reloads.
@@ -53,6 +52,9 @@ type tenantRuntime struct {
 	queued         atomic.Int64 // waiting in this instance's queue
 	inflightTokens atomic.Int64
 	series         atomic.Pointer[tenantSeries]
+	// keys are the live counters of the tenant's API keys by hash; written
+	// only by buildPolicy (under the server's polMu), read through apiKey.rt.
+	keys map[[32]byte]*keyRuntime
 }
 
 // tenantSeries holds a tenant's per-request metric children, resolved once
@@ -91,7 +93,7 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 		version:  version,
 		cfg:      cfg,
 		tenants:  make(map[string]*tenant, len(cfg.Tenants)),
-		byKey:    make(map[[32]byte]*tenant),
+		byKey:    make(map[[32]byte]*apiKey),
 		prices:   make(map[string]config.Price, len(cfg.Prices)),
 		maxWait:  cfg.Server.MaxWait,
 		leaseTTL: cfg.Ledger.LeaseTTL,
@@ -129,13 +131,13 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
-		for _, k := range tc.APIKeys {
-			var h [32]byte
-			if _, err := hex.Decode(h[:], []byte(strings.ToLower(strings.TrimPrefix(k, "sha256:")))); err != nil {
-				return nil, fmt.Errorf("tenant %q: bad key hash", tc.Name)
+		for i, kc := range tc.APIKeys {
+			k, err := buildKey(tc.Name, kc, keyer, rt)
+			if err != nil {
+				return nil, fmt.Errorf("tenants[%q].api_keys[%d]: %w", tc.Name, i, err)
 			}
-			p.byKey[h] = t
-			t.keyHashes = append(t.keyHashes, h)
+			p.byKey[k.hash] = k
+			t.keys = append(t.keys, k)
 		}
 	}
 	return p, nil
@@ -147,26 +149,33 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 // (issue 13 item 10). Warn mode at the ledger's maximum never warns either.
 var resolutionLimit = ledger.Limit{Dim: ledger.Requests, Window: time.Hour, Max: ledger.MaxAmount, Mode: ledger.Warn}
 
-// authenticate maps a bearer token to its tenant. The raw key is hashed at
-// once and never stored or logged.
-func (p *policy) authenticate(authz []byte) (*tenant, error) {
+// authenticate maps a bearer token to its tenant and key: a key of the
+// config file (p.byKey) or one created at run time (rt, may be nil). The
+// raw key is hashed at once and never stored or logged. A key whose
+// tenant is not configured, or past its expiry, is unknown.
+func (p *policy) authenticate(authz []byte, now time.Time, rt *keyIndex) (*tenant, *apiKey, error) {
 	tok, ok := strings.CutPrefix(string(authz), "Bearer ")
 	if !ok || tok == "" {
-		return nil, ErrUnauthorized
+		return nil, nil, ErrUnauthorized
 	}
 	h := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	t := p.byKey[h]
-	if t == nil {
-		return nil, ErrUnauthorized
+	k := p.byKey[h]
+	if k == nil && rt != nil {
+		k = rt.byKey[h]
 	}
 	// The map lookup already matched; the constant-time compare keeps the
 	// check honest should the lookup ever become prefix-based.
-	for i := range t.keyHashes {
-		if subtle.ConstantTimeCompare(t.keyHashes[i][:], h[:]) == 1 {
-			return t, nil
-		}
+	if k == nil || subtle.ConstantTimeCompare(k.hash[:], h[:]) != 1 {
+		return nil, nil, ErrUnauthorized
 	}
-	return nil, ErrUnauthorized
+	if !k.expiresAt.IsZero() && !now.Before(k.expiresAt) {
+		return nil, nil, ErrUnauthorized
+	}
+	t := p.tenants[k.tenant]
+	if t == nil {
+		return nil, nil, ErrUnauthorized
+	}
+	return t, k, nil
 }
 
 // priceMicros is the usd_micros of in/out tokens of model, rounded up

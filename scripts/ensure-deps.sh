@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the tests need and a fresh Debian machine lacks: redis-server
 # (ledger conformance against a real Redis), haproxy (bench peer), promtool
-# (alert rules). Idempotent; does nothing when everything is present.
+# (alert rules), chromium (the headless-browser test of the status page).
+# Idempotent; does nothing when everything is present.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "ensure-deps: installing ${need[*]}"
   sudo=""

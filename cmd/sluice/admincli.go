@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 const (
@@ -36,8 +38,9 @@ const (
 // Tests shorten it.
 var adminTimeout = 10 * time.Second
 
-// budgetDimensions are the ledger's windowed dimensions (ARCHITECTURE §3).
-var budgetDimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros"}
+// budgetDimensions are the budget dimensions the config accepts
+// (ARCHITECTURE §3.2), kept in one place: scheduler/config.
+var budgetDimensions = config.Dimensions
 
 var reservationStates = []string{"unresolved", "dispatched", "reserved"}
 

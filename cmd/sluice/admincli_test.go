@@ -290,6 +290,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 	resolve := []string{"reservations", "resolve", "r-1", "--admin", f.srv.URL, "--tenant", "acme"}
 	clamp := []string{"tenant", "clamp", "acme", "--admin", f.srv.URL}
 	with := func(base []string, more ...string) []string { return append(append([]string(nil), base...), more...) }
+	dims := strings.Join(config.Dimensions, "|")
 	tests := []struct {
 		name   string
 		args   []string
@@ -297,8 +298,8 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		usage  bool   // a flag error: the usage follows
 	}{
 		{name: "set no tenant", args: []string{"budget", "set", "--admin", f.srv.URL, "--dimension", "tokens", "--limit", "1", "--window", "1h"}, errOut: "sluice budget set: --tenant is required\n"},
-		{name: "set no dimension", args: with(set, "--limit", "1", "--window", "1h"), errOut: "sluice budget set: --dimension is required (requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros)\n"},
-		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget set: --dimension must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "cpu"` + "\n"},
+		{name: "set no dimension", args: with(set, "--limit", "1", "--window", "1h"), errOut: "sluice budget set: --dimension is required (" + dims + ")\n"},
+		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget set: --dimension must be one of ` + dims + `, got "cpu"` + "\n"},
 		{name: "set no limit", args: with(set, "--dimension", "tokens", "--window", "1h"), errOut: "sluice budget set: --limit is required\n"},
 		{name: "set negative limit", args: with(set, "--dimension", "tokens", "--limit", "-1", "--window", "1h"), errOut: "sluice budget set: --limit must be >= 0, got -1\n"},
 		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag -limit: parse error` + "\n", usage: true},
@@ -317,7 +318,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "resolve actual missing", args: with(resolve, "--charge", "actual", "--reason", "x"), errOut: "sluice reservations resolve: --charge actual needs --actual dim=N,...\n"},
 		{name: "resolve actual with held", args: with(resolve, "--charge", "held", "--actual", "tokens=1", "--reason", "x"), errOut: "sluice reservations resolve: --actual is only allowed with --charge actual\n"},
 		{name: "resolve actual bad pair", args: with(resolve, "--charge", "actual", "--actual", "tokens", "--reason", "x"), errOut: `sluice reservations resolve: --actual: "tokens" is not dim=N` + "\n"},
-		{name: "resolve actual bad dim", args: with(resolve, "--charge", "actual", "--actual", "watts=3", "--reason", "x"), errOut: `sluice reservations resolve: --actual must be one of requests|input_tokens|output_tokens|tokens|gpu_ms|usd_micros, got "watts"` + "\n"},
+		{name: "resolve actual bad dim", args: with(resolve, "--charge", "actual", "--actual", "watts=3", "--reason", "x"), errOut: `sluice reservations resolve: --actual must be one of ` + dims + `, got "watts"` + "\n"},
 		{name: "resolve actual negative", args: with(resolve, "--charge", "actual", "--actual", "tokens=-5", "--reason", "x"), errOut: `sluice reservations resolve: --actual: tokens must be an integer >= 0, got "-5"` + "\n"},
 		{name: "resolve actual twice", args: with(resolve, "--charge", "actual", "--actual", "tokens=1,tokens=2", "--reason", "x"), errOut: "sluice reservations resolve: --actual: tokens given twice\n"},
 		{name: "resolve no reason", args: with(resolve, "--charge", "zero"), errOut: "sluice reservations resolve: --reason is required\n"},

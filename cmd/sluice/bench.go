@@ -57,13 +57,13 @@ func newBenchFlags(name string) (*flag.FlagSet, *benchFlags) {
 	fs.StringVar(&b.rate, "request-rate", "inf", "requests per second, or inf")
 	fs.Float64Var(&o.Burstiness, "burstiness", 1, "gamma shape of inter-arrivals (1 = Poisson)")
 	fs.IntVar(&o.MaxConcurrency, "max-concurrency", 0, "cap on requests in flight (0 = none)")
-	fs.Var(&b.goodput, "goodput", "SLOs in ms: ttft:500,tpot:50,e2el:9000")
-	fs.Var(&b.pctMetrics, "percentile-metrics", "ttft,tpot,itl,e2el")
-	fs.Var(&b.pcts, "metric-percentiles", "percentiles (default 99)")
+	fs.Var(&b.goodput, "goodput", "goodput SLOs as `metric:ms,...`, e.g. ttft:500,tpot:50,e2el:9000")
+	fs.Var(&b.pctMetrics, "percentile-metrics", "the metrics whose percentiles are printed, a `list` of ttft,tpot,itl,e2el (default all four)")
+	fs.Var(&b.pcts, "metric-percentiles", "the percentiles to print, a `list` like 50,90,99 (default 99)")
 	fs.Var(saveResultFlag{&o.SaveResult}, "save-result", "save the JSON result (a switch: the file is --result-dir/--result-filename)")
 	fs.StringVar(&o.ResultDir, "result-dir", "", "directory for --save-result")
 	fs.StringVar(&o.ResultFilename, "result-filename", "", "file name for --save-result")
-	fs.Var(&b.meta, "metadata", "KEY=VALUE (repeat or comma-separate)")
+	fs.Var(&b.meta, "metadata", "`KEY=VALUE` pairs saved with the result (repeat or comma-separate)")
 	fs.Uint64Var(&o.Seed, "seed", 0, "schedule seed")
 	fs.StringVar(&o.Workload, "workload", "", "workload file (YAML/JSON) or preset name")
 	fs.DurationVar(&o.Duration, "duration", 0, "stop arrivals after this long")
@@ -77,7 +77,7 @@ func newBenchFlags(name string) (*flag.FlagSet, *benchFlags) {
 	fs.BoolVar(&o.SaveDetailed, "save-detailed", false, "keep exact ITL per request in --save-requests")
 	fs.Float64Var(&o.Capacity, "capacity", 0, "rps that rates written as Nx multiply")
 	fs.StringVar(&o.Baseline, "baseline", "", "saved result without the aggressor (isolation)")
-	fs.Var(&b.exc, "exclude-tenant", "leave this tenant out (repeat or comma-separate)")
+	fs.Var(&b.exc, "exclude-tenant", "leave tenant `NAME` out (repeat or comma-separate)")
 	fs.StringVar(&o.IDPrefix, "request-id-prefix", "bench-", "X-Request-Id prefix")
 	fs.IntVar(&o.Preconnect, "preconnect", 16, "connections to open per target before t0 (negative: none)")
 	fs.IntVar(&o.SimReplicas, "sim-replicas", 0, "start N in-process simulated vLLM replicas and target them")
@@ -205,7 +205,7 @@ func runBenchAB(ctx context.Context, e env, args []string) error {
 	fs, b := newBenchFlags("ab")
 	var ab bench.ABOptions
 	var a listFlag
-	fs.Var(&a, "a", "replica base URLs (A, round-robin; repeat or comma-separate)")
+	fs.Var(&a, "a", "the replicas' base `URLs` (A, round-robin; repeat or comma-separate)")
 	fs.StringVar(&ab.B, "b", "", "Sluice base URL (B)")
 	fs.StringVar(&ab.Order, "order", "ABBA", "ABBA | AB")
 	fs.IntVar(&ab.Repeat, "repeat", 1, "A/B pairs")
@@ -228,7 +228,7 @@ func runBenchAB(ctx context.Context, e env, args []string) error {
 func runBenchSweep(ctx context.Context, e env, args []string) error {
 	fs, b := newBenchFlags("sweep")
 	var rates listFlag
-	fs.Var(&rates, "rates", "total request rates, e.g. 2,4,8,16")
+	fs.Var(&rates, "rates", "total request rates, a `list` like 2,4,8,16")
 	if err := parseBench(fs, b, args); err != nil {
 		return err
 	}

@@ -69,6 +69,14 @@ func commands() map[string]*command {
 		"key": {summary: "API keys", subs: map[string]*command{
 			"hash": {summary: "read an API key on stdin, print the sha256:<hex> form the config stores", usage: "< KEYFILE",
 				example: "sluice key hash < key.txt", run: runKeyHash},
+			"create": {summary: "admin: create a run-time key (shown once; only its hash is stored)",
+				usage:   "--tenant NAME [--name N] [--expires-in DUR] [--budget DIM:LIMIT/WINDOW[:warn]]... [--concurrency N]",
+				example: "sluice key create --tenant acme --name ci-bot --expires-in 720h --budget tokens:100000/24h --concurrency 4",
+				run:     runKeyCreate},
+			"list": {summary: "admin: list keys (no secrets)", usage: "[--tenant NAME]",
+				example: "sluice key list --tenant acme", run: runKeyList},
+			"revoke": {summary: "admin: revoke a key; admitted requests finish", usage: "ID",
+				example: "sluice key revoke key_3f9a0c12be44", run: runKeyRevoke},
 		}},
 		"gpus": {summary: "one NVML sample of the node's GPUs and their health", usage: "[--json]",
 			example: "sluice gpus --json", run: runGPUs},
@@ -289,8 +297,12 @@ func newFlags(name string) *flag.FlagSet {
 
 // parseFlags parses args and refuses stray positional arguments beyond maxPos
 // (maxPos < 0: any number). -h or --help anywhere before a "--" asks for
-// help, also after positional arguments.
+// help, also after positional arguments. The flag package prints nothing
+// here, whatever Usage or output a caller set: the dispatcher is the one
+// place that prints help and errors.
 func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return helpError{fs}

@@ -158,3 +158,24 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		assert.Contains(t, out, "\n  "+strings.Join(path, " ")+" ")
 	}, func([]string, *command) {})
 }
+
+// TestHelpPrintedOnce: a command that sets its own Usage or output on its
+// FlagSet still gets exactly one help text, the dispatcher's.
+func TestHelpPrintedOnce(t *testing.T) {
+	var out, errb strings.Builder
+	c := &command{summary: "s", usage: "[--x N]", example: "sluice t --x 1", run: func(_ context.Context, e env, args []string) error {
+		fs := flag.NewFlagSet("sluice t", flag.ContinueOnError)
+		fs.SetOutput(e.stdout)
+		fs.Usage = func() { _, _ = io.WriteString(e.stdout, "custom usage\n") }
+		fs.Int("x", 0, "a number")
+		return parseFlags(fs, args, 0)
+	}}
+	e := env{stdout: &out, stderr: &errb}
+	err := c.run(context.Background(), e, []string{"-h"})
+	var help helpError
+	require.ErrorAs(t, err, &help)
+	assert.Empty(t, out.String(), "the flag package printed nothing while parsing")
+	printLeafHelp(&out, []string{"t"}, c, help.fs)
+	assert.Equal(t, 1, strings.Count(out.String(), "usage: sluice t"), out.String())
+	assert.Contains(t, out.String(), "\n  -x int\n")
+}

@@ -36,7 +36,7 @@ func TestCLIUsage(t *testing.T) {
 		{name: "key hash", args: []string{"key", "hash"}, stdin: "foo\n", code: 0,
 			outHas: "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"},
 		{name: "key hash empty", args: []string{"key", "hash"}, stdin: "\n", code: 2, errHas: "no key on stdin"},
-		{name: "key no sub", args: []string{"key"}, code: 2, errHas: "sluice key: missing command\nusage: sluice key hash [flags]"},
+		{name: "key no sub", args: []string{"key"}, code: 2, errHas: "sluice key: missing command\nusage: sluice key create|hash|list|revoke [flags]"},
 		{name: "help", args: []string{"help"}, code: 0, outHas: "usage: sluice <command> [flags]"},
 		{name: "-h", args: []string{"-h"}, code: 0, outHas: "\n  bench run "},
 		{name: "help of a leaf", args: []string{"help", "config", "check"}, code: 0, outHas: "usage: sluice config check FILE\n"},

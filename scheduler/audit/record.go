@@ -26,6 +26,8 @@ const (
 	KindBudgetRm  Kind = "budget_rm"  // budget removed
 	KindReload    Kind = "reload"     // configuration reloaded
 	KindDrain     Kind = "drain"      // server drain started
+	KindKeyCreate Kind = "key_create" // API key created at run time (id and name, never the key)
+	KindKeyRevoke Kind = "key_revoke" // run-time API key revoked
 )
 
 // Record is one audit event, filled by the caller and passed by value to

@@ -143,6 +143,11 @@ type Server struct {
 	// TemplateAllowance is the per-message token allowance of the bytes
 	// counter. Default 8.
 	TemplateAllowance int64 `yaml:"template_allowance"`
+	// MinOutputTokens is the floor below which Sluice never lowers an
+	// output cap it may lower (its own injected cap, a workflow's
+	// remaining output) to fit a budget; below it the request is refused.
+	// Default 16.
+	MinOutputTokens int64 `yaml:"min_output_tokens"`
 }
 
 // Cost configures fair-share costing.
@@ -175,6 +180,9 @@ type Admin struct {
 	// across restarts (JSON, written atomically). Optional; "" keeps them
 	// in memory only, and a restart returns to the config file's budgets.
 	StateFile string `yaml:"state_file"`
+	// StatusToken is the "sha256:<hex>" hash of a read-only token that
+	// opens /status and /status.json (besides the admin token). Optional.
+	StatusToken string `yaml:"status_token"`
 }
 
 // Global holds fleet-wide budgets applied to every request.
@@ -185,9 +193,10 @@ type Global struct {
 // Tenant is one customer of the fleet.
 type Tenant struct {
 	Name string `yaml:"name"`
-	// APIKeys are "sha256:<hex>" hashes of the tenant's keys
-	// (`sluice key hash`); raw keys are refused.
-	APIKeys []string `yaml:"api_keys"`
+	// APIKeys are the tenant's keys: each a "sha256:<hex>" hash
+	// (`sluice key hash`) or an [APIKey] mapping with its own budgets;
+	// raw keys are refused.
+	APIKeys []APIKey `yaml:"api_keys"`
 	// Weight is the fair-share weight. Default 1.
 	Weight int `yaml:"weight"`
 	// Priority is the band; lower runs first. Default 0.
@@ -353,6 +362,7 @@ func (f *File) applyDefaults() {
 	def(&s.Cost.WIn, 1)
 	def(&s.Cost.WOut, 2)
 	def(&s.TemplateAllowance, 8)
+	def(&s.MinOutputTokens, 16)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -369,6 +379,9 @@ func (f *File) applyDefaults() {
 		def(&t.Queue.Order, "fifo")
 		for j := range t.Budgets {
 			t.Budgets[j].applyDefaults()
+		}
+		for j := range t.APIKeys {
+			t.APIKeys[j].applyDefaults()
 		}
 	}
 }
@@ -456,6 +469,7 @@ func (f *File) Validate() error {
 	v.nonNeg("server.cost.w_in", s.Cost.WIn)
 	v.positive("server.cost.w_out", s.Cost.WOut)
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
+	v.positive("server.min_output_tokens", s.MinOutputTokens)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)
@@ -468,6 +482,9 @@ func (f *File) Validate() error {
 		v.nonNeg(path+".output_per_mtok", p.OutputPerMTok)
 	}
 	v.nonNeg("audit.max_bytes", f.Audit.MaxBytes)
+	if f.Admin.StatusToken != "" && !validKeyHash(f.Admin.StatusToken) {
+		v.add("admin.status_token must be \"sha256:<64 hex digits>\" (run 'sluice key hash'); the raw token is never stored")
+	}
 	validateBudgets(&v, "global.budgets", f.Global.Budgets)
 	if len(f.Tenants) == 0 {
 		v.add("tenants must list at least one tenant")
@@ -489,17 +506,9 @@ func (f *File) Validate() error {
 		if len(t.APIKeys) == 0 {
 			v.add("%s.api_keys must list at least one key hash", p)
 		}
+		keyNames := map[string]string{}
 		for j, k := range t.APIKeys {
-			kp := fmt.Sprintf("%s.api_keys[%d]", p, j)
-			if !validKeyHash(k) {
-				v.add("%s must be \"sha256:<64 hex digits>\" (run 'sluice key hash'); raw keys are never stored", kp)
-				continue
-			}
-			k = strings.ToLower(k)
-			if other, dup := keyIdx[k]; dup {
-				v.add("%s duplicates %s", kp, other)
-			}
-			keyIdx[k] = kp
+			validateKey(&v, fmt.Sprintf("%s.api_keys[%d]", p, j), k, keyIdx, keyNames)
 		}
 		if t.Weight < 1 {
 			v.add("%s.weight must be >= 1", p)

@@ -10,7 +10,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-var durationType = reflect.TypeFor[time.Duration]()
+var (
+	durationType  = reflect.TypeFor[time.Duration]()
+	apiKeyReflect = reflect.TypeFor[APIKey]()
+)
 
 // checkShape walks the YAML tree against File's fields and reports every
 // unknown key and wrongly typed value by field path, before decoding. yaml's
@@ -58,6 +61,9 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			bad(fmt.Sprintf("a duration such as 10s (got %q)", n.Value))
 		}
 		return
+	}
+	if t == apiKeyReflect && n.Kind == yaml.ScalarNode {
+		t = reflect.TypeFor[string]() // the bare-hash form of an api_keys entry
 	}
 	switch t.Kind() {
 	case reflect.Struct:

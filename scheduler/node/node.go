@@ -109,8 +109,18 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		return err
 	}
 
+	state, closeState, err := openStateStore(cfg)
+	if err != nil {
+		return fmt.Errorf("state store: %w", err)
+	}
+	defer func() {
+		if err := closeState(); err != nil {
+			log.Error("closing the state store", "err", err)
+		}
+	}()
+
 	var trail *audit.Log
-	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log}
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
 	if cfg.Audit.Path != "" {
 		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)
@@ -122,12 +132,8 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		}()
 		deps.Audit = trail
 	}
-	adminState, closeAdminState, err := openAdminState(cfg)
-	if err != nil {
-		return fmt.Errorf("admin state store: %w", err)
-	}
-	defer func() { err = errors.Join(err, closeAdminState()) }()
-	deps.State = adminState
+	// The admin state (budgets, clamps) is a document of the same store.
+	deps.State = state
 	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err
@@ -148,6 +154,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 			return errors.Join(fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err), apiLn.Close())
 		}
+	}
+
+	if err := srv.SyncKeys(ctx); err != nil {
+		log.Warn("run-time API keys not loaded yet; retrying in the background", "err", err)
 	}
 
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -180,6 +190,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	bgGroup.Go(func() error { return mon.Run(bg) })
 	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
 	bgGroup.Go(func() error { return led.Run(bg) })
+	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
 	if trail != nil {
 		bgGroup.Go(func() error { return trail.Run(bg) })
 	}

@@ -26,7 +26,7 @@ func TestGlobalBudgetTwoInstances(t *testing.T) {
 	mk := func() *config.File {
 		cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 64\n", top)
 		for i := range 4 { // more tenants with ample budgets of their own
-			cfg.Tenants = append(cfg.Tenants, config.Tenant{Name: fmt.Sprintf("t%d", i), APIKeys: []string{config.HashKey(fmt.Sprintf("key-t%d", i))},
+			cfg.Tenants = append(cfg.Tenants, config.Tenant{Name: fmt.Sprintf("t%d", i), APIKeys: config.Keys(config.HashKey(fmt.Sprintf("key-t%d", i))),
 				Weight: 1, Concurrency: 64, MaxInputTokens: 1000, MaxOutputTokens: 100,
 				Queue:   config.TenantQueue{MaxDepth: 256, MaxBytes: 1 << 20, MaxWait: 10e9, Order: "fifo"},
 				Budgets: []config.Budget{{Dimension: "tokens", Limit: 1_000_000, Window: 3600e9, Mode: "block", WarnRatio: 0.8}}})

@@ -65,7 +65,7 @@ func TestReloadUnderLoad(t *testing.T) {
 		next.Tenants[0].Weight = 1 + i%3
 		next.Tenants[1].Budgets = []config.Budget{{Dimension: "tokens", Limit: int64(1_000_000 + i), Window: time.Hour, Mode: "block", WarnRatio: 0.8}}
 		if i%2 == 1 {
-			next.Tenants = append(next.Tenants, config.Tenant{Name: "gamma", APIKeys: []string{config.HashKey("k-gamma")},
+			next.Tenants = append(next.Tenants, config.Tenant{Name: "gamma", APIKeys: config.Keys(config.HashKey("k-gamma")),
 				Weight: 1, Concurrency: 2, MaxInputTokens: 100, MaxOutputTokens: 10,
 				Queue: config.TenantQueue{MaxDepth: 4, MaxBytes: 1 << 20, MaxWait: time.Second, Order: "fifo"}})
 		}

@@ -4,13 +4,14 @@
 // compare-and-set on it, so two instances updating the same document at
 // once never lose an update, and readers poll the revision to see changes.
 //
-// Two backends implement [Store]:
+// Three backends implement [Store]:
 //
 //   - [File] keeps each document in <dir>/<name>.json, written to a
 //     temporary file, fsynced and renamed into place (then the directory is
 //     fsynced), under an flock on <dir>/<name>.lock so that processes
 //     sharing the directory serialise their writes. It is the store of the
 //     embedded-ledger layout and lives next to the journal.
+//   - [Memory] keeps documents in process, for a server without a journal.
 //   - [Redis] keeps each document in one hash (fields rev and data) and
 //     compare-and-sets it with a one-key Lua script, so it is safe on Redis
 //     Cluster (a document is one key, hence one slot). It is the store of

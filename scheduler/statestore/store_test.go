@@ -23,6 +23,7 @@ import (
 var (
 	_ statestore.Store = (*statestore.File)(nil)
 	_ statestore.Store = (*statestore.Redis)(nil)
+	_ statestore.Store = (*statestore.Memory)(nil)
 )
 
 // backend opens two independent clients of one shared store, as two
@@ -34,6 +35,10 @@ type backend struct {
 
 func backends() []backend {
 	return []backend{
+		{"memory", func(*testing.T) (statestore.Store, statestore.Store) {
+			m := statestore.NewMemory()
+			return m, m
+		}},
 		{"file", func(t *testing.T) (statestore.Store, statestore.Store) {
 			dir := t.TempDir()
 			a, err := statestore.OpenFile(dir)

@@ -30,6 +30,7 @@ import (
 const (
 	keyAcme    = "sk-openai-node-acme"
 	keyLimited = "sk-openai-node-limited"
+	keyCapped  = "sk-openai-node-capped"
 	keyAdmin   = "admin-token-for-openai-node"
 )
 
@@ -63,6 +64,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		"SLUICE_BASE_URL="+n.api+"/v1",
 		"SLUICE_API_KEY="+keyAcme,
 		"SLUICE_LIMITED_KEY="+keyLimited,
+		"SLUICE_CAPPED_KEY="+keyCapped,
 		"SLUICE_METRICS_URL="+n.admin+"/metrics",
 		"SLUICE_MODEL="+scfg.Model,
 		"NO_COLOR=1",
@@ -81,9 +83,10 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	})
 	s := rep.Stats()
 	// Generations that reached the replica: acme's non-streamed, streamed
-	// and cancelled calls, and limited's first call; the 429 never does.
-	assert.Equal(t, int64(4), s.Received, "generation requests at the simulator")
-	assert.Equal(t, int64(3), s.Completed, "completed generations at the simulator")
+	// and cancelled calls, limited's first call and capped's call that
+	// fits; the 429s never do.
+	assert.Equal(t, int64(5), s.Received, "generation requests at the simulator")
+	assert.Equal(t, int64(4), s.Completed, "completed generations at the simulator")
 	assert.InDelta(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "client_disconnect"}), 1e-9)
 
 	// Every hold is released and usage was settled (the ledger gauges are
@@ -242,6 +245,8 @@ func nodeConfig(t *testing.T, repURL string) *config.File {
 	b.WriteString("    budgets:\n      - {dimension: tokens, limit: 100000000, window: 1h}\n")
 	fmt.Fprintf(&b, "  - name: limited\n    api_keys: [%q]\n", config.HashKey(keyLimited))
 	b.WriteString("    budgets: [{dimension: requests, limit: 1, window: 1h}]\n")
+	fmt.Fprintf(&b, "  - name: capped\n    api_keys: [%q]\n    max_output_tokens: 4000\n", config.HashKey(keyCapped))
+	b.WriteString("    budgets: [{dimension: tokens, limit: 3000, window: 24h}]\n")
 	cfg, err := config.Parse([]byte(b.String()))
 	require.NoError(t, err, b.String())
 	return cfg

@@ -10,17 +10,16 @@ import (
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
-// openAdminState returns the fleet-shared store of the admin state (budgets
-// and clamps set through the admin API): Redis, with its own small client,
-// in the Redis layout, so a change through any instance applies to all;
-// files next to the journal in the embedded layout. Without either it is
-// nil and admin.state_file alone keeps the state (one instance). close
-// releases what it opened.
-func openAdminState(cfg *config.File) (st statestore.Store, closeFn func() error, err error) {
+// openStateStore returns the store of fleet-shared state (the run-time API
+// keys): Redis, with its own client, when the ledger is in Redis; files in
+// the journal's directory with the embedded ledger and a journal; memory
+// otherwise (nothing else survives a restart then either). The returned
+// close func releases what it opened.
+func openStateStore(cfg *config.File) (statestore.Store, func() error, error) {
 	switch {
 	case cfg.Ledger.Backend == "redis":
 		r := cfg.Ledger.Redis
-		opts := &redis.UniversalOptions{Addrs: r.Addrs, MasterName: r.MasterName, PoolSize: 2,
+		opts := &redis.UniversalOptions{Addrs: r.Addrs, MasterName: r.MasterName,
 			DialTimeout: r.StoreTimeout, ReadTimeout: r.StoreTimeout, WriteTimeout: r.StoreTimeout, ContextTimeoutEnabled: true}
 		if r.PasswordEnv != "" {
 			opts.Password = os.Getenv(r.PasswordEnv)
@@ -33,6 +32,7 @@ func openAdminState(cfg *config.File) (st statestore.Store, closeFn func() error
 			return nil, nil, err
 		}
 		return f, func() error { return nil }, nil
+	default:
+		return statestore.NewMemory(), func() error { return nil }, nil
 	}
-	return nil, func() error { return nil }, nil
 }

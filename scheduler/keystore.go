@@ -1,0 +1,371 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/statestore"
+)
+
+// Keys at run time (README "API keys at run time"): POST /admin/keys
+// creates a key, returns it once and stores only its hash in the shared
+// state store (Redis with the Redis ledger, a file next to the journal
+// with the embedded one); every instance polls the document and swaps in
+// a new key snapshot when the revision changes, so a new or revoked key takes
+// effect fleet-wide within one poll interval, and at once on the instance
+// that made the change. Authentication reads the key snapshot once, so a
+// revoked key is refused from the next request; requests already admitted
+// finish.
+
+// keysDoc is the state-store document holding the run-time keys.
+const keysDoc = "api-keys"
+
+// keysPoll is how often instances poll the keys document.
+const keysPoll = 250 * time.Millisecond
+
+// KeyBudget is a budget in the admin API's JSON form.
+type KeyBudget struct {
+	Dimension string  `json:"dimension"`
+	Limit     int64   `json:"limit"`
+	Window    string  `json:"window"`
+	Mode      string  `json:"mode,omitempty"`
+	WarnRatio float64 `json:"warn_ratio,omitempty"`
+}
+
+// storedKey is one run-time key as the state store keeps it: its hash,
+// never the key.
+type storedKey struct {
+	ID          string      `json:"id"`
+	Tenant      string      `json:"tenant"`
+	Name        string      `json:"name,omitempty"`
+	Hash        string      `json:"hash"`
+	CreatedAt   time.Time   `json:"created_at"`
+	ExpiresAt   time.Time   `json:"expires_at,omitzero"`
+	Budgets     []KeyBudget `json:"budgets,omitempty"`
+	Concurrency int         `json:"concurrency,omitempty"`
+}
+
+type keysState struct {
+	Keys []storedKey `json:"keys"`
+}
+
+func (k storedKey) config() (config.APIKey, error) {
+	ck := config.APIKey{Hash: k.Hash, Name: k.Name, Concurrency: k.Concurrency, ExpiresAt: k.ExpiresAt, Runtime: true}
+	for i, b := range k.Budgets {
+		w, err := time.ParseDuration(b.Window)
+		if err != nil {
+			return ck, inputErr(fmt.Sprintf("budgets[%d].window", i), "must be a duration such as 24h (got %q)", b.Window)
+		}
+		ck.Budgets = append(ck.Budgets, config.Budget{Dimension: b.Dimension, Limit: b.Limit, Window: w, Mode: b.Mode, WarnRatio: b.WarnRatio})
+	}
+	config.DefaultKey(&ck)
+	return ck, nil
+}
+
+// KeyRow is one key as GET /admin/keys lists it (no secret).
+type KeyRow struct {
+	ID          string      `json:"id,omitempty"` // run-time keys only
+	Tenant      string      `json:"tenant"`
+	Name        string      `json:"name,omitempty"`
+	Label       string      `json:"label"`
+	Hash        string      `json:"hash_prefix"`
+	Source      string      `json:"source"` // config | admin
+	CreatedAt   *time.Time  `json:"created_at,omitempty"`
+	ExpiresAt   *time.Time  `json:"expires_at,omitempty"`
+	Expired     bool        `json:"expired,omitempty"`
+	Budgets     []KeyBudget `json:"budgets"`
+	Concurrency int         `json:"concurrency,omitempty"`
+	// Orphaned: the key's tenant is not in the config (the key is inert).
+	Orphaned bool `json:"orphaned,omitempty"`
+}
+
+// CreatedKey is the answer to POST /admin/keys: the only time the key is
+// shown.
+type CreatedKey struct {
+	KeyRow
+	Key string `json:"key"`
+}
+
+// KeyRequest is the body of POST /admin/keys.
+type KeyRequest struct {
+	Tenant      string      `json:"tenant"`
+	Name        string      `json:"name"`
+	ExpiresIn   string      `json:"expires_in"` // duration, e.g. 720h; "" never
+	ExpiresAt   *time.Time  `json:"expires_at"` // alternative to expires_in
+	Budgets     []KeyBudget `json:"budgets"`
+	Concurrency int         `json:"concurrency"`
+}
+
+// ErrKeyStore reports that the shared key store could not be read or
+// written (503: nothing changed, or the change is unknown).
+var ErrKeyStore = errors.New("key store unavailable")
+
+// CreateKey creates a run-time key for a configured tenant.
+func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, error) {
+	now := s.now().UTC()
+	sk := storedKey{Tenant: in.Tenant, Name: in.Name, CreatedAt: now, Budgets: in.Budgets, Concurrency: in.Concurrency}
+	switch {
+	case in.ExpiresIn != "" && in.ExpiresAt != nil:
+		return CreatedKey{}, inputErr("expires_in", "set expires_in or expires_at, not both")
+	case in.ExpiresIn != "":
+		d, err := time.ParseDuration(in.ExpiresIn)
+		if err != nil || d <= 0 {
+			return CreatedKey{}, inputErr("expires_in", "must be a positive duration such as 720h (got %q)", in.ExpiresIn)
+		}
+		sk.ExpiresAt = now.Add(d)
+	case in.ExpiresAt != nil:
+		if !in.ExpiresAt.After(now) {
+			return CreatedKey{}, inputErr("expires_at", "must be in the future")
+		}
+		sk.ExpiresAt = in.ExpiresAt.UTC()
+	}
+	file := s.pol.Load().file
+	ti := slices.IndexFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == in.Tenant })
+	if ti < 0 {
+		return CreatedKey{}, inputErr("tenant", "unknown tenant %q", in.Tenant)
+	}
+	raw, id, err := newKeySecret()
+	if err != nil {
+		return CreatedKey{}, err
+	}
+	sk.ID, sk.Hash = id, config.HashKey(raw)
+	ck, err := sk.config()
+	if err != nil {
+		return CreatedKey{}, err
+	}
+	if err := config.ValidateKey("key", ck); err != nil {
+		return CreatedKey{}, inputErr("key", "%s", oneLine(err))
+	}
+	if in.Name != "" && slices.ContainsFunc(file.Tenants[ti].APIKeys, func(k config.APIKey) bool { return k.Name == in.Name }) {
+		return CreatedKey{}, inputErr("name", "tenant %q already has a key named %q in its config", in.Tenant, in.Name)
+	}
+	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
+		st, err := decodeKeys(old)
+		if err != nil {
+			return nil, err
+		}
+		if in.Name != "" && slices.ContainsFunc(st.Keys, func(k storedKey) bool { return k.Tenant == in.Tenant && k.Name == in.Name }) {
+			return nil, inputErr("name", "tenant %q already has a key named %q", in.Tenant, in.Name)
+		}
+		st.Keys = append(st.Keys, sk)
+		return json.Marshal(st)
+	})
+	if err != nil {
+		return CreatedKey{}, keyStoreErr(err)
+	}
+	s.applyKeys(doc)
+	s.log.Info("api key created", "tenant", sk.Tenant, "key_id", sk.ID, "name", sk.Name)
+	s.record(audit.Record{Kind: audit.KindKeyCreate, Tenant: sk.Tenant, Source: "admin",
+		Reason: keyAuditReason(sk)})
+	return CreatedKey{KeyRow: s.storedRow(sk, true), Key: raw}, nil
+}
+
+// RevokeKey deletes a run-time key by id. New requests with it get 401 at
+// once on this instance and within a poll interval on the others.
+func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
+	var gone storedKey
+	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
+		st, err := decodeKeys(old)
+		if err != nil {
+			return nil, err
+		}
+		i := slices.IndexFunc(st.Keys, func(k storedKey) bool { return k.ID == id })
+		if i < 0 {
+			return nil, fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, ErrNotFound)
+		}
+		gone = st.Keys[i]
+		st.Keys = slices.Delete(st.Keys, i, i+1)
+		return json.Marshal(st)
+	})
+	if err != nil {
+		return KeyRow{}, keyStoreErr(err)
+	}
+	s.applyKeys(doc)
+	s.log.Info("api key revoked", "tenant", gone.Tenant, "key_id", gone.ID, "name", gone.Name)
+	s.record(audit.Record{Kind: audit.KindKeyRevoke, Tenant: gone.Tenant, Source: "admin", Reason: keyAuditReason(gone)})
+	return s.storedRow(gone, true), nil
+}
+
+// ListKeys lists the keys of the config file and of the store, optionally
+// of one tenant, without secrets.
+func (s *Server) ListKeys(tenant string) []KeyRow {
+	pol := s.pol.Load()
+	rows := []KeyRow{}
+	for _, t := range pol.file.Tenants {
+		if tenant != "" && t.Name != tenant {
+			continue
+		}
+		for _, k := range t.APIKeys {
+			rows = append(rows, KeyRow{Tenant: t.Name, Name: k.Name, Label: k.Label(), Hash: config.ShortHash(k.Hash),
+				Source: "config", Budgets: keyBudgets(k.Budgets), Concurrency: k.Concurrency})
+		}
+	}
+	var stored []storedKey
+	if idx := s.rtKeys.Load(); idx != nil {
+		stored = idx.keys
+	}
+	for _, k := range stored {
+		if tenant == "" || k.Tenant == tenant {
+			rows = append(rows, s.storedRow(k, pol.tenants[k.Tenant] != nil))
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Tenant < rows[j].Tenant })
+	return rows
+}
+
+func (s *Server) storedRow(k storedKey, tenantKnown bool) KeyRow {
+	ck, _ := k.config()
+	r := KeyRow{ID: k.ID, Tenant: k.Tenant, Name: k.Name, Label: ck.Label(), Hash: config.ShortHash(k.Hash), Source: "admin",
+		Budgets: keyBudgets(ck.Budgets), Concurrency: k.Concurrency, Orphaned: !tenantKnown}
+	created := k.CreatedAt
+	r.CreatedAt = &created
+	if !k.ExpiresAt.IsZero() {
+		exp := k.ExpiresAt
+		r.ExpiresAt, r.Expired = &exp, !s.now().Before(exp)
+	}
+	return r
+}
+
+func keyBudgets(bs []config.Budget) []KeyBudget {
+	out := make([]KeyBudget, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, KeyBudget{Dimension: b.Dimension, Limit: b.Limit, Window: b.Window.String(), Mode: b.Mode, WarnRatio: b.WarnRatio})
+	}
+	return out
+}
+
+func keyAuditReason(k storedKey) string {
+	r := "key " + k.ID
+	if k.Name != "" {
+		r += " name " + k.Name
+	}
+	if !k.ExpiresAt.IsZero() {
+		r += " expires " + k.ExpiresAt.Format(time.RFC3339)
+	}
+	return r + " hash " + config.ShortHash(k.Hash)
+}
+
+func keyStoreErr(err error) error {
+	if errors.Is(err, ErrAdminInput) || errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrKeyStore, err)
+}
+
+// newKeySecret returns a new raw key ("sk-sluice-" and 43 base64url
+// characters of 256 random bits) and its public id ("key_" and 12 hex
+// digits, random too, so the id reveals nothing about the key).
+func newKeySecret() (raw, id string, err error) {
+	var b [32 + 6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", fmt.Errorf("key generation: %w", err)
+	}
+	return "sk-sluice-" + base64.RawURLEncoding.EncodeToString(b[:32]), "key_" + hex.EncodeToString(b[32:]), nil
+}
+
+func decodeKeys(b []byte) (keysState, error) {
+	var st keysState
+	if len(b) == 0 {
+		return st, nil
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("keys document is corrupt: %w", err)
+	}
+	return st, nil
+}
+
+// SyncKeys loads the run-time keys once (before the listeners open).
+func (s *Server) SyncKeys(ctx context.Context) error {
+	d, err := s.keys.Get(ctx, keysDoc)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrKeyStore, err)
+	}
+	s.applyKeys(d)
+	return nil
+}
+
+// WatchKeys polls the keys document until ctx ends and applies every new
+// revision. It belongs to the process's background group.
+func (s *Server) WatchKeys(ctx context.Context) error {
+	failing := false
+	err := statestore.Watch(ctx, s.keys, keysDoc, keysPoll, func(d statestore.Doc) {
+		if failing {
+			s.log.Info("key store answers again")
+			failing = false
+		}
+		s.applyKeys(d)
+	}, func(err error) {
+		if !failing {
+			s.log.Warn("key store unreachable; keeping the keys last seen", "err", err)
+			failing = true
+		}
+	})
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// keyIndex is an immutable snapshot of the run-time keys at one revision
+// of the keys document.
+type keyIndex struct {
+	rev   uint64
+	keys  []storedKey
+	byKey map[[32]byte]*apiKey
+}
+
+// authenticate maps a bearer token to its tenant and key under pol, with
+// the run-time keys in force now.
+func (s *Server) authenticate(pol *policy, authz []byte) (*tenant, *apiKey, error) {
+	return pol.authenticate(authz, s.now(), s.rtKeys.Load())
+}
+
+// applyKeys installs a revision of the keys document; an older revision
+// than the one applied is ignored. The policy is not rebuilt: a run-time
+// key names its tenant, resolved at each authentication, and its limits
+// travel in its own api_key scope.
+func (s *Server) applyKeys(d statestore.Doc) {
+	st, err := decodeKeys(d.Data)
+	if err != nil {
+		s.log.Error("ignoring the keys document", "rev", d.Rev, "err", err)
+		return
+	}
+	s.keysMu.Lock()
+	defer s.keysMu.Unlock()
+	old := s.rtKeys.Load()
+	if old != nil && d.Rev <= old.rev {
+		return
+	}
+	idx := &keyIndex{rev: d.Rev, keys: st.Keys, byKey: make(map[[32]byte]*apiKey, len(st.Keys))}
+	for _, sk := range st.Keys {
+		ck, err := sk.config()
+		if err == nil {
+			err = config.ValidateKey("key", ck)
+		}
+		var k *apiKey
+		if err == nil {
+			k, err = buildKey(sk.Tenant, ck, s.keyer, nil)
+		}
+		if err != nil {
+			s.log.Warn("skipping a run-time key", "tenant", sk.Tenant, "key_id", sk.ID, "err", oneLine(err))
+			continue
+		}
+		if old != nil {
+			if prev := old.byKey[k.hash]; prev != nil {
+				k.rt = prev.rt // in-flight counts survive the swap
+			}
+		}
+		idx.byKey[k.hash] = k
+	}
+	s.rtKeys.Store(idx)
+}

@@ -1,0 +1,308 @@
+package node
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+const statusToken = "status-read-only-token"
+
+func statusNode(t *testing.T) (*node, *simReplica) {
+	t.Helper()
+	rep := startSim(t, sim.DefaultConfig())
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: tokens, limit: 100000, window: 1h}]\n",
+		fmt.Sprintf("admin: {status_token: %q}\n", config.HashKey(statusToken))))
+	return n, rep
+}
+
+func TestStatusAuth(t *testing.T) {
+	n, _ := statusNode(t)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path, bearer, cookie string) *http.Response {
+		req, err := http.NewRequest(http.MethodGet, n.adminURL+path, nil)
+		require.NoError(t, err)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		if cookie != "" {
+			req.Header.Set("Cookie", "sluice_status="+cookie)
+		}
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for _, tc := range []struct {
+		name, path, bearer, cookie string
+		want                       int
+	}{
+		{"no token", "/status", "", "", 401},
+		{"wrong token", "/status.json", "nope", "", 401},
+		{"a tenant key is not a status token", "/status.json", keyAcme, "", 401},
+		{"admin token", "/status.json", keyAdmin, "", 200},
+		{"status token", "/status.json", statusToken, "", 200},
+		{"status token cookie", "/status", "", statusToken, 200},
+		{"wrong cookie", "/status", "", "nope", 401},
+		{"query token sets the cookie", "/status?token=" + statusToken, "", "", 303},
+		{"wrong query token", "/status?token=nope", "", "", 401},
+	} {
+		resp := get(tc.path, tc.bearer, tc.cookie)
+		assert.Equal(t, tc.want, resp.StatusCode, tc.name)
+		if tc.want == 303 {
+			assert.True(t, strings.HasSuffix(resp.Header.Get("Location"), "/status"), "redirects to /status without the token: %s", resp.Header.Get("Location"))
+			assert.Contains(t, resp.Header.Get("Set-Cookie"), "sluice_status="+statusToken)
+			assert.Contains(t, resp.Header.Get("Set-Cookie"), "HttpOnly")
+		}
+	}
+	// The status token opens nothing else.
+	code, _, _ := n.adminDo(t, "GET", "/admin/tenants", "", statusToken)
+	assert.Equal(t, 401, code)
+}
+
+func TestStatusJSON(t *testing.T) {
+	n, _ := statusNode(t)
+	for range 2 {
+		require.Equal(t, 200, n.call(t, "/v1/chat/completions", keyAcme, chatBody).StatusCode)
+	}
+	code, m, raw := n.adminDo(t, "POST", "/admin/keys", `{"tenant":"beta","name":"nightly","budgets":[{"dimension":"tokens","limit":5000,"window":"24h"}]}`)
+	require.Equal(t, 200, code, string(raw))
+	key := m["key"].(string)
+	require.Equal(t, 200, n.call(t, "/v1/completions", key, body20).StatusCode)
+	require.Equal(t, 401, n.call(t, "/v1/chat/completions", "sk-wrong", chatBody).StatusCode)
+	req, _ := http.NewRequest(http.MethodGet, n.adminURL+"/status.json", nil)
+	req.Header.Set("Authorization", "Bearer "+statusToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var st struct {
+		Ready   bool `json:"ready"`
+		Tenants []struct {
+			Name     string           `json:"name"`
+			Requests map[string]int64 `json:"requests"`
+			Budgets  []struct {
+				Dimension string `json:"dimension"`
+				Limit     int64  `json:"limit"`
+				Committed int64  `json:"committed"`
+			} `json:"budgets"`
+		} `json:"tenants"`
+		Keys []struct {
+			Tenant  string `json:"tenant"`
+			Label   string `json:"label"`
+			Source  string `json:"source"`
+			Budgets []struct {
+				Limit     int64 `json:"limit"`
+				Committed int64 `json:"committed"`
+			} `json:"budgets"`
+		} `json:"keys"`
+		Replicas []struct {
+			Name           string `json:"name"`
+			State          string `json:"state"`
+			CapacityTokens int64  `json:"capacity_tokens"`
+		} `json:"replicas"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
+	resp.Body.Close()
+	assert.True(t, st.Ready)
+	require.Len(t, st.Tenants, 2)
+	assert.Equal(t, "acme", st.Tenants[0].Name)
+	assert.Equal(t, int64(2), st.Tenants[0].Requests["ok"])
+	require.Len(t, st.Tenants[0].Budgets, 1)
+	assert.Equal(t, int64(100000), st.Tenants[0].Budgets[0].Limit)
+	assert.Positive(t, st.Tenants[0].Budgets[0].Committed)
+	require.Len(t, st.Keys, 1, "only keys with limits of their own")
+	assert.Equal(t, "beta", st.Keys[0].Tenant)
+	assert.Equal(t, "nightly", st.Keys[0].Label)
+	assert.Equal(t, "admin", st.Keys[0].Source)
+	require.Len(t, st.Keys[0].Budgets, 1)
+	assert.Equal(t, int64(5000), st.Keys[0].Budgets[0].Limit)
+	assert.Equal(t, int64(20), st.Keys[0].Budgets[0].Committed, "the key's one 20-token call")
+	require.Len(t, st.Replicas, 1)
+	assert.Equal(t, "healthy", st.Replicas[0].State)
+	assert.Positive(t, st.Replicas[0].CapacityTokens)
+}
+
+// TestStatusPageInBrowser loads /status in a real headless Chromium,
+// driven over the DevTools protocol on a pipe: the page shows the
+// server's tenants and replica, then updates itself after traffic.
+func TestStatusPageInBrowser(t *testing.T) {
+	bin := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		t.Fatalf("chromium not found: the status page test needs a headless browser (run `make test`, which installs it via scripts/ensure-deps.sh, or `apt-get install chromium`)")
+	}
+	n, rep := statusNode(t)
+	b := startBrowser(t, bin)
+	b.navigate(t, n.adminURL+"/status?token="+statusToken)
+
+	text := func(sel string) string {
+		v := b.eval(t, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.textContent:"";})()`, sel))
+		s, _ := v.(string)
+		return s
+	}
+	eventually(t, "the page lists the tenants", func() bool {
+		return text(`tr[data-tenant="acme"] td.n`) == "acme" && text(`tr[data-tenant="beta"] td.n`) == "beta"
+	})
+	assert.Equal(t, "0", text(`#tenants tr[data-tenant="acme"] td.ok`))
+	assert.Equal(t, "r0", text(`tr[data-replica="r0"] td.n`))
+	assert.Contains(t, text(`tr[data-replica="r0"] td.healthy`), "healthy")
+	assert.Equal(t, "100,000", text(`#budgets tr[data-tenant="acme"] td:nth-child(5)`))
+	assert.Empty(t, text("#err"))
+
+	for range 3 {
+		require.Equal(t, 200, n.call(t, "/v1/chat/completions", keyAcme, chatBody).StatusCode)
+	}
+	require.Equal(t, 200, n.call(t, "/v1/chat/completions", keyBeta, chatBody).StatusCode)
+	eventually(t, "the page refreshes itself with the new counts", func() bool {
+		return text(`#tenants tr[data-tenant="acme"] td.ok`) == "3" && text(`#tenants tr[data-tenant="beta"] td.ok`) == "1"
+	})
+	assert.NotEqual(t, "0", text(`#budgets tr[data-tenant="acme"] td.committed`), "budget use updated")
+	assert.Equal(t, int64(4), rep.Stats().Received)
+}
+
+// browser is a headless Chromium driven over --remote-debugging-pipe: the
+// DevTools protocol as NUL-terminated JSON on fds 3 (in) and 4 (out).
+type browser struct {
+	cmd     *exec.Cmd
+	in      io.WriteCloser
+	mu      sync.Mutex // guards nextID, waiters
+	nextID  int
+	waiters map[int]chan cdpReply
+	session string
+}
+
+type cdpReply struct {
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func startBrowser(t *testing.T, bin string) *browser {
+	t.Helper()
+	cmdR, cmdW, err := os.Pipe()
+	require.NoError(t, err)
+	outR, outW, err := os.Pipe()
+	require.NoError(t, err)
+	cmd := exec.Command(bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--no-first-run", "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
+		"--user-data-dir="+t.TempDir(), "--remote-debugging-pipe", "about:blank")
+	cmd.ExtraFiles = []*os.File{cmdR, outW}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	cmdR.Close()
+	outW.Close()
+	b := &browser{cmd: cmd, in: cmdW, waiters: map[int]chan cdpReply{}}
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		rd := bufio.NewReader(outR)
+		for {
+			msg, err := rd.ReadBytes(0)
+			if err != nil {
+				return
+			}
+			var m struct {
+				ID int `json:"id"`
+				cdpReply
+			}
+			if json.Unmarshal(msg[:len(msg)-1], &m) != nil || m.ID == 0 {
+				continue // an event
+			}
+			b.mu.Lock()
+			ch := b.waiters[m.ID]
+			delete(b.waiters, m.ID)
+			b.mu.Unlock()
+			if ch != nil {
+				ch <- m.cdpReply
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmdW.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		outR.Close()
+		<-readerDone
+		if t.Failed() {
+			t.Logf("chromium stderr: %s", stderr.String())
+		}
+	})
+	var target struct {
+		TargetID string `json:"targetId"`
+	}
+	b.send(t, "", "Target.createTarget", map[string]any{"url": "about:blank"}, &target)
+	var att struct {
+		SessionID string `json:"sessionId"`
+	}
+	b.send(t, "", "Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &att)
+	b.session = att.SessionID
+	return b
+}
+
+// send makes one DevTools call and decodes its result into out.
+func (b *browser) send(t *testing.T, session, method string, params map[string]any, out any) {
+	t.Helper()
+	b.mu.Lock()
+	b.nextID++
+	id := b.nextID
+	ch := make(chan cdpReply, 1)
+	b.waiters[id] = ch
+	b.mu.Unlock()
+	msg := map[string]any{"id": id, "method": method, "params": params}
+	if session != "" {
+		msg["sessionId"] = session
+	}
+	raw, err := json.Marshal(msg)
+	require.NoError(t, err)
+	_, err = b.in.Write(append(raw, 0))
+	require.NoError(t, err, "write to chromium")
+	select {
+	case r := <-ch:
+		if r.Error != nil {
+			t.Fatalf("%s: %s", method, r.Error.Message)
+		}
+		if out != nil {
+			require.NoError(t, json.Unmarshal(r.Result, out), "%s result", method)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: no answer from chromium within 30s", method)
+	}
+}
+
+func (b *browser) navigate(t *testing.T, url string) {
+	t.Helper()
+	b.send(t, b.session, "Page.navigate", map[string]any{"url": url}, nil)
+}
+
+// eval evaluates a JavaScript expression in the page and returns its value.
+func (b *browser) eval(t *testing.T, expr string) any {
+	t.Helper()
+	var r struct {
+		Result struct {
+			Value any `json:"value"`
+		} `json:"result"`
+	}
+	b.send(t, b.session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &r)
+	return r.Result.Value
+}

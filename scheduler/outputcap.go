@@ -1,0 +1,100 @@
+package scheduler
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// The honest output cap (README "Output caps"): a max_tokens or
+// max_completion_tokens the client chose is never lowered to fit a
+// tenant, key or global budget; the request is refused with 429 and
+// details.fits_output_tokens. Sluice lowers only the cap it injected
+// itself, or any cap to a workflow envelope's remaining output, never
+// below server.min_output_tokens, and says so in X-Sluice-Output-Cap.
+
+// budgetDeniedError is a budget refusal with what the client needs beyond
+// the ledger's denial: which key refused, and how many output tokens per
+// choice would have fit.
+type budgetDeniedError struct {
+	d     *ledger.DeniedError
+	key   string // label of the key, when the api_key scope refused
+	fits  int64  // output tokens per choice that fit; -1 when not a token budget
+	floor int64  // server.min_output_tokens, when fits is below it
+}
+
+func (e *budgetDeniedError) Error() string { return e.d.Error() }
+func (e *budgetDeniedError) Unwrap() error { return e.d }
+
+func (e *budgetDeniedError) apiError() *apiError {
+	ae := deniedError(e.d)
+	if e.key != "" {
+		ae.Details["key"] = e.key
+	}
+	if e.fits >= 0 {
+		ae.Details["fits_output_tokens"] = e.fits
+		switch {
+		case e.floor > 0:
+			ae.Details["min_output_tokens"] = e.floor
+			ae.Message += fmt.Sprintf("; %d output tokens would fit, below the server's minimum of %d", e.fits, e.floor)
+		default:
+			ae.Message += fmt.Sprintf("; %d output tokens would fit: lower max_tokens to retry", e.fits)
+		}
+	}
+	return ae
+}
+
+// refusal wraps a reserve denial for the edge.
+func refusal(c *call, d *ledger.DeniedError, floor int64) error {
+	e := &budgetDeniedError{d: d, fits: fitsOutput(c, d)}
+	if d.Scope == ledger.KindAPIKey && c.key != nil {
+		e.key = c.key.label
+	}
+	if e.fits >= 0 && e.fits < floor && (c.req == nil || c.req.MaxTokens == 0 || d.Scope == ledger.KindWorkflow) {
+		e.floor = floor // Sluice could have lowered the cap, but not this far
+	}
+	return e
+}
+
+// fitsOutput is the output tokens per choice that a token budget denial
+// leaves room for (0 when none); -1 when the denial is not on tokens.
+func fitsOutput(c *call, d *ledger.DeniedError) int64 {
+	if d.Dim != ledger.Tokens && d.Dim != ledger.OutputTokens {
+		return -1
+	}
+	free := d.Limit - d.Committed - d.Reserved
+	if d.Dim == ledger.Tokens {
+		free -= int64(c.plan.InputTokens)
+	}
+	return max(0, free/int64(max(1, c.plan.Choices)))
+}
+
+// outputCapHeader sets X-Sluice-Output-Cap: <n>; reason=<r> when the cap
+// sent upstream is below what the client asked for (or, without a client
+// cap, when Sluice lowered its own to fit a budget): budget or workflow
+// (lowered at admission), tenant (the tenant's max_output_tokens or a
+// clamp), model_len (the model's remaining context).
+func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
+	reason := c.capReason
+	if reason == "" && c.req != nil && c.req.MaxTokens > 0 && c.plan.Cap < c.req.MaxTokens {
+		reason = "model_len"
+		if int64(c.plan.Cap) == c.t.cfg.MaxOutputTokens {
+			reason = "tenant"
+		}
+	}
+	if reason == "" {
+		return
+	}
+	var num [24]byte
+	h.SetBytesV("X-Sluice-Output-Cap", append(append(strconv.AppendInt(num[:0], int64(c.plan.Cap), 10), "; reason="...), reason...))
+}
+
+// countKey counts an admission decision for the call's key.
+func (s *Server) countKey(c *call, result string) {
+	if c.key != nil {
+		s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result).Inc()
+	}
+}

@@ -1,0 +1,321 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/valyala/fasthttp"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// The status page (README "Status page"): GET /status on the admin
+// listener is one self-contained HTML page (no external assets) that
+// renders GET /status.json and refreshes it every 2 s. Either the admin
+// token or the read-only admin.status_token opens both: as
+// "Authorization: Bearer <token>", or in the sluice_status cookie, which
+// GET /status?token=<token> sets (HttpOnly, SameSite=Strict) before
+// redirecting to /status, so the token leaves the address bar.
+
+//go:embed status.html
+var statusHTML []byte
+
+const statusCookie = "sluice_status"
+
+// statusAuth reports whether rc carries the admin or the status token.
+func (a *Admin) statusAuth(rc *fasthttp.RequestCtx, tok string) bool {
+	if tok == "" {
+		return false
+	}
+	if len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1 {
+		return true
+	}
+	want := a.s.pol.Load().file.Admin.StatusToken
+	if want == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	got := "sha256:" + hex.EncodeToString(sum[:])
+	return subtle.ConstantTimeCompare([]byte(got), []byte(strings.ToLower(want))) == 1
+}
+
+// status serves /status and /status.json.
+func (a *Admin) status(rc *fasthttp.RequestCtx) {
+	if !rc.IsGet() && !rc.IsHead() {
+		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+		return
+	}
+	if len(a.token) == 0 && a.s.pol.Load().file.Admin.StatusToken == "" {
+		a.fail(rc, http.StatusForbidden, "status_disabled", "the status page is disabled: set SLUICE_ADMIN_TOKEN or admin.status_token")
+		return
+	}
+	if q := rc.QueryArgs().Peek("token"); len(q) > 0 && string(rc.Path()) == "/status" {
+		if !a.statusAuth(rc, string(q)) {
+			a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token")
+			return
+		}
+		var c fasthttp.Cookie
+		c.SetKey(statusCookie)
+		c.SetValue(string(q))
+		c.SetPath("/")
+		c.SetHTTPOnly(true)
+		c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
+		rc.Response.Header.SetCookie(&c)
+		rc.Redirect("/status", http.StatusSeeOther)
+		return
+	}
+	tok, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok {
+		tok = string(rc.Request.Header.Cookie(statusCookie))
+	}
+	if !a.statusAuth(rc, tok) {
+		a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or open /status?token=…)")
+		return
+	}
+	rc.Response.Header.Set("Cache-Control", "no-store")
+	if string(rc.Path()) == "/status.json" {
+		ctx, cancel := context.WithTimeout(rc, 2*time.Second)
+		defer cancel()
+		WriteJSON(rc, a.statusReport(ctx))
+		return
+	}
+	rc.Response.Header.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
+	rc.SetContentType("text/html; charset=utf-8")
+	rc.SetBody(statusHTML)
+}
+
+// StatusReport is GET /status.json.
+type StatusReport struct {
+	GeneratedAt   time.Time         `json:"generated_at"`
+	PolicyVersion uint64            `json:"policy_version"`
+	Ready         bool              `json:"ready"`
+	ReadyReason   string            `json:"ready_reason"`
+	Ledger        string            `json:"ledger"`
+	GPUSource     string            `json:"gpu_source"`
+	Tenants       []TenantReport    `json:"tenants"`
+	Replicas      []ReplicaReport   `json:"replicas"`
+	Keys          []KeyReport       `json:"keys"`             // keys with budgets or a concurrency of their own
+	Errors        map[string]string `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
+}
+
+// TenantReport is one tenant's row of the status page.
+type TenantReport struct {
+	Name           string           `json:"name"`
+	Weight         int              `json:"weight"`
+	Concurrency    int              `json:"concurrency"`
+	Queued         int              `json:"queued"`
+	Inflight       int64            `json:"inflight"`
+	InflightTokens int64            `json:"inflight_tokens"`
+	Keys           int              `json:"keys"`
+	Requests       map[string]int64 `json:"requests"`   // by outcome
+	Rejections     map[string]int64 `json:"rejections"` // by reason (error code)
+	AutoClamps     int64            `json:"auto_clamps"`
+	Clamp          *Clamp           `json:"clamp"`
+	Budgets        []UsageRow       `json:"budgets"`
+}
+
+// KeyReport is one API key with limits of its own: its label (name or
+// short hash, never the key), in flight on this instance and budget use.
+type KeyReport struct {
+	Tenant      string     `json:"tenant"`
+	Label       string     `json:"label"`
+	Source      string     `json:"source"` // config | admin
+	Concurrency int64      `json:"concurrency,omitempty"`
+	Inflight    int64      `json:"inflight"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	Budgets     []UsageRow `json:"budgets"`
+}
+
+// ReplicaReport is one replica's row of the status page.
+type ReplicaReport struct {
+	ReplicaStatus
+	HealthFactor float64 `json:"health_factor"`
+	Utilization  float64 `json:"gpu_utilization"`
+	GPUCount     int     `json:"gpus"`
+	KVUsage      float64 `json:"kv_usage"`
+	Stale        bool    `json:"scrape_stale"`
+}
+
+func (a *Admin) statusReport(ctx context.Context) StatusReport {
+	s := a.s
+	pol := s.pol.Load()
+	now := s.now()
+	ready, why := s.Ready()
+	snap := s.gpu.Snapshot()
+	r := StatusReport{GeneratedAt: now.UTC(), PolicyVersion: pol.version, Ready: ready, ReadyReason: why,
+		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{}}
+	counts := a.counters()
+	rtKeys := map[string]int{}
+	if idx := s.rtKeys.Load(); idx != nil {
+		for _, k := range idx.byKey {
+			rtKeys[k.tenant]++
+		}
+	}
+	for _, t := range pol.order {
+		tr := TenantReport{Name: t.name, Weight: t.cfg.Weight, Concurrency: t.cfg.Concurrency,
+			Inflight: t.rt.inflight.Load(), InflightTokens: t.rt.inflightTokens.Load(), Keys: len(t.keys) + rtKeys[t.name],
+			Requests: counts.requests[t.name], Rejections: counts.rejections[t.name], AutoClamps: counts.clamps[t.name], Budgets: []UsageRow{}}
+		if tr.Requests == nil {
+			tr.Requests = map[string]int64{}
+		}
+		if tr.Rejections == nil {
+			tr.Rejections = map[string]int64{}
+		}
+		if qs, ok := s.q.Stats(t.name); ok {
+			tr.Queued = qs.Depth
+		}
+		if c, ok := pol.clampOf(t.name, now); ok {
+			tr.Clamp = &c
+		}
+		if len(t.limits) > 1 { // more than the slots limit
+			u, err := s.led.Snapshot(ctx, t.key, t.key)
+			if err != nil {
+				if r.Errors == nil {
+					r.Errors = map[string]string{}
+				}
+				r.Errors["budgets "+t.name] = oneLine(err)
+			}
+			tr.Budgets = budgetRows(t.limits, u)
+		}
+		r.Tenants = append(r.Tenants, tr)
+	}
+	r.Keys = a.keyReports(ctx, pol, &r)
+	for _, rep := range s.reps.reps {
+		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: rep.url, InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
+		if v, ok := snap.Replica(rep.name); ok {
+			rr.State, rr.Reason, rr.CapacityTokens, rr.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
+			rr.HealthFactor, rr.Utilization, rr.GPUCount, rr.KVUsage, rr.Stale = v.HealthFactor, v.Utilization, v.GPUCount, v.KVUsage, v.ScrapeStale
+		}
+		if o := rep.obs.Load(); o != nil {
+			rr.Running, rr.Waiting = o.running, o.waiting
+		}
+		r.Replicas = append(r.Replicas, rr)
+	}
+	sort.SliceStable(r.Replicas, func(i, j int) bool { return r.Replicas[i].Name < r.Replicas[j].Name })
+	return r
+}
+
+// statusCounts are the per-tenant counters the page shows, read from the
+// same registry /metrics serves, so both always agree.
+type statusCounts struct {
+	requests, rejections map[string]map[string]int64 // tenant → label → n
+	clamps               map[string]int64
+}
+
+func (a *Admin) counters() statusCounts {
+	c := statusCounts{requests: map[string]map[string]int64{}, rejections: map[string]map[string]int64{}, clamps: map[string]int64{}}
+	if a.gatherer == nil {
+		return c
+	}
+	mfs, err := a.gatherer.Gather()
+	if err != nil {
+		return c
+	}
+	add := func(into map[string]map[string]int64, m *dto.Metric, key string) {
+		tenant := label(m, "tenant")
+		if into[tenant] == nil {
+			into[tenant] = map[string]int64{}
+		}
+		into[tenant][label(m, key)] += int64(m.GetCounter().GetValue())
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "sluice_requests_total":
+			for _, m := range mf.GetMetric() {
+				add(c.requests, m, "outcome")
+			}
+		case "sluice_rejections_total":
+			for _, m := range mf.GetMetric() {
+				add(c.rejections, m, "reason")
+			}
+		case "sluice_abuse_clamps_total":
+			for _, m := range mf.GetMetric() {
+				c.clamps[label(m, "tenant")] += int64(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return c
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == name {
+			return lp.GetValue()
+		}
+	}
+	return ""
+}
+
+// budgetRows lists the tenant's configured budgets with the ledger's use;
+// a window the ledger has not seen yet shows zero use.
+func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
+	rows := []UsageRow{}
+	for _, l := range limits {
+		if l.Dim == ledger.Slots {
+			continue
+		}
+		row := UsageRow{Dimension: l.Dim.String(), Window: ledger.FormatWindow(l.Window), Limit: l.Max, Mode: l.Mode.String(), Remaining: l.Max}
+		for _, ul := range u.Limits {
+			if ul.Limit.Dim == l.Dim && ul.Limit.Window == l.Window {
+				row.Limit, row.Committed, row.Reserved, row.Remaining = ul.Limit.Max, ul.Committed, ul.Reserved, ul.Remaining
+				if !ul.ResetsAt.IsZero() {
+					row.ResetsAt = ul.ResetsAt.UTC().Format(time.RFC3339)
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// keyReports lists the keys that have limits of their own, config keys
+// first, with their ledger use.
+func (a *Admin) keyReports(ctx context.Context, pol *policy, r *StatusReport) []KeyReport {
+	keys := []*apiKey{}
+	for _, t := range pol.order {
+		keys = append(keys, t.keys...)
+	}
+	if idx := a.s.rtKeys.Load(); idx != nil {
+		var rt []*apiKey
+		for _, k := range idx.byKey {
+			if pol.tenants[k.tenant] != nil {
+				rt = append(rt, k)
+			}
+		}
+		sort.Slice(rt, func(i, j int) bool { return rt[i].tenant+rt[i].label < rt[j].tenant+rt[j].label })
+		keys = append(keys, rt...)
+	}
+	out := []KeyReport{}
+	for _, k := range keys {
+		if len(k.scope.Limits) == 0 {
+			continue
+		}
+		kr := KeyReport{Tenant: k.tenant, Label: k.label, Source: "config", Concurrency: k.slots, Inflight: k.rt.inflight.Load(), Budgets: []UsageRow{}}
+		if k.runtime {
+			kr.Source = "admin"
+		}
+		if !k.expiresAt.IsZero() {
+			e := k.expiresAt.UTC()
+			kr.ExpiresAt = &e
+		}
+		t := pol.tenants[k.tenant]
+		u, err := a.s.led.Snapshot(ctx, t.key, k.scope.Key)
+		if err != nil {
+			if r.Errors == nil {
+				r.Errors = map[string]string{}
+			}
+			r.Errors["key budgets "+k.tenant+"/"+k.label] = oneLine(err)
+		}
+		kr.Budgets = budgetRows(k.scope.Limits, u)
+		out = append(out, kr)
+	}
+	return out
+}
