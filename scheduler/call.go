@@ -83,6 +83,38 @@ type admission struct {
 	retry    bool
 }
 
+// start runs a call's request path up to its response (steps 2–7 for a
+// non-streamed call, whose assembled body it returns; up to the replica's
+// 200 for a streamed one, whose stream the edge then pumps). A nil call
+// means nothing was admitted; otherwise the call has reached a terminal
+// phase unless it is streaming, and the caller ends it (call.end).
+func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission) (*call, []byte, error) {
+	c, err := s.admit(ctx, t, pol, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.await(c); err != nil {
+		return c, nil, err
+	}
+	if err := s.execute(c); err != nil {
+		s.finish(c, err)
+		return c, nil, err
+	}
+	if c.req.Stream {
+		return c, nil, nil
+	}
+	body, err := s.drainStream(c)
+	s.finish(c, err)
+	if err != nil {
+		return c, nil, err
+	}
+	if c.wf != nil {
+		c.wf.countToolCalls(toolCallsIn(body))
+	}
+	s.rememberResponse(c, body)
+	return c, body, nil
+}
+
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
