@@ -449,42 +449,46 @@ func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
 
 const outageTenant = "    outage_allowance: {requests: 10, tokens: 100000}\n    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n"
 
-// TestBug13_4_OutageKeepsIdempotentID: retries of one Idempotency-Key
-// during a ledger outage and after it never execute again; the usage is
-// charged once, under the key's id.
-func TestBug13_4_OutageKeepsIdempotentID(t *testing.T) {
+// TestBug13_4_OutageNeverRunsAKeyTwice: one Idempotency-Key ran four
+// times on 6099134 (outage admission replaced its id). Now a key whose
+// first attempt ran is never run again during an outage (the ledger alone
+// knows it ran: a keyed request is 503 while the ledger is down), and after
+// recovery its retries get the first response. An unkeyed request is
+// outage-admitted and charged once under its own id.
+func TestBug13_4_OutageNeverRunsAKeyTwice(t *testing.T) {
 	led, down := outageLedger(t)
 	up := &fakeUpstream{out: 3}
 	s := newTestServer(t, testConfig(t, "", outageTenant), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
-	down.Store(true)
 	a := admission{body: chatBody(""), idemKey: "k"}
 	first, err := serve(s, ctx, a)
-	require.NoError(t, err, "admitted on the outage allowance")
-	replayed := func(what string) {
-		t.Helper()
-		_, err := serve(s, ctx, a)
-		var replay *cachedResponse
-		if assert.ErrorAs(t, err, &replay, what) {
-			assert.Equal(t, first, replay.body, what)
-		}
-	}
+	require.NoError(t, err)
+	down.Store(true)
 	for range 3 {
-		replayed("a retry during the outage gets the first response, it does not run")
+		_, err = serve(s, ctx, a)
+		assert.Equal(t, 503, statusFor(err).Status, "a retry during the outage does not run: %v", err)
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "fresh"})
+		assert.Equal(t, 503, statusFor(err).Status, "nor does a new key: only the ledger could tell: %v", err)
 	}
+	_, err = serve(s, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "an unkeyed request runs on the outage allowance")
+	assert.Equal(t, int64(2), up.runs.Load())
+
 	down.Store(false)
-	replayed("recovered, charge still owed")
+	_, err = serve(s, ctx, a)
+	var replay *cachedResponse
+	require.ErrorAs(t, err, &replay)
+	assert.Equal(t, first, replay.body, "recovered: the first response")
+	s.idem = idemCache{} // another instance: the ledger decides
+	_, err = serve(s, ctx, a)
+	assert.Equal(t, map[string]any{"state": "completed"}, statusFor(err).Details, "%v", err)
 	s.chargeOutages(ctx)
 	assert.Equal(t, 1, led.n("charge"))
-	replayed("after the charge the ledger knows the id")
-	s.idem = idemCache{}
-	_, err = serve(s, ctx, a)
-	assert.Equal(t, map[string]any{"state": "completed"}, statusFor(err).Details, "another instance: 409 completed: %v", err)
-	assert.Equal(t, int64(1), up.runs.Load(), "one Idempotency-Key ran once")
+	assert.Equal(t, int64(2), up.runs.Load(), "the key ran once")
 	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour), "charged once at its usage")
+	assert.Equal(t, int64(2*(5+3)), committed(u, ledger.Tokens, time.Hour), "both runs charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 

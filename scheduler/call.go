@@ -243,14 +243,6 @@ func (s *Server) reserve(c *call, a admission) error {
 	for lowered := false; ; {
 		if a.idemKey != "" {
 			c.ref.ID = s.idemID(c.t.key, a.idemKey, gen)
-			if owed, running := s.outage.owes(c.ref.ID); owed {
-				// Admitted under an outage allowance and not charged yet:
-				// the id is taken until the charge lands (issue 13 item 4).
-				if running {
-					return idemStateErr(ledger.Dispatched)
-				}
-				return s.completed(c.ref.ID)
-			}
 		}
 		if err := s.sizeHolds(c); err != nil {
 			return err
@@ -310,7 +302,11 @@ func (s *Server) reserve(c *call, a admission) error {
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
 		case ledger.IsStoreError(err):
-			if s.admitOutage(c, err) {
+			// A keyed request is never admitted without the ledger: only
+			// the ledger knows whether an earlier attempt of the key ran
+			// (on this instance or another), so running it blind could
+			// execute the key twice. It gets 503 and may be retried.
+			if a.idemKey == "" && s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
 				// ambiguous Reserve applied (outage.go).
 				_ = c.to(phaseReserved)
