@@ -714,3 +714,57 @@ func TestOutboxRetriesSettle(t *testing.T) {
 	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
+
+// TestAmbiguousKeyedReserveSparesOtherAttempt (found by test/chaos on
+// redis): a retry's Reserve of an Idempotency-Key is ambiguous while the
+// first attempt holds the id. Ending "its" hold by id would release or
+// zero-settle the first attempt's record; the outbox instead replays the
+// retry's attempt, which finds another attempt's record and leaves it. An
+// ambiguous keyed Reserve that did apply is released.
+func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 3, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		first := make(chan error, 1)
+		go func() { _, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		synctest.Wait()
+		led.set(func() {
+			led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
+				return ledger.Grant{}, fmt.Errorf("%w: timeout", ledger.ErrAmbiguous), true
+			}
+		})
+		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		assert.Equal(t, 503, statusFor(err).Status)
+		led.set(func() { led.reserve = nil })
+		s.flushOutbox(ctx)
+		assert.Zero(t, s.outbox.len())
+		assert.Zero(t, led.n("release"), "the first attempt's record is not ended")
+		close(up.gate)
+		require.NoError(t, <-first)
+		assert.Equal(t, 1, led.n("settle"))
+		u := tenantUsage(t, s, led.Memory)
+		assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+
+		// Applied, then the reply was lost: the replay owns it and releases.
+		led.set(func() {
+			led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+				_, _ = led.Memory.Reserve(ctx, req)
+				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
+			}
+		})
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		assert.Equal(t, 503, statusFor(err).Status)
+		led.set(func() { led.reserve = nil })
+		s.flushOutbox(ctx)
+		assert.Equal(t, 1, led.n("release"))
+		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+		// And the key may run now: its first attempt never ran.
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		require.NoError(t, err)
+	})
+}

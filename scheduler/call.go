@@ -312,7 +312,12 @@ func (s *Server) reserve(c *call, a admission) error {
 				_ = c.to(phaseReserved)
 				return nil
 			}
-			if errors.Is(err, ledger.ErrAmbiguous) {
+			switch {
+			case errors.Is(err, ledger.ErrAmbiguous) && a.idemKey != "":
+				// The hold may exist, or be another attempt's: replay
+				// this attempt once the store answers (outbox.go).
+				s.queueReplay(c, rr)
+			case errors.Is(err, ledger.ErrAmbiguous):
 				// The hold may exist: end it by id once the store answers.
 				s.queueRelease(c)
 			}
