@@ -34,9 +34,9 @@ type outboxEntry struct {
 	op      outboxOp
 	reserve *ledger.ReserveRequest // opReplay: the attempt to replay
 	ref     ledger.Ref
-	actual ledger.Amounts
-	src    ledger.Source
-	reqID  string
+	actual  ledger.Amounts
+	src     ledger.Source
+	reqID   string
 }
 
 // outbox holds the pending endings.
