@@ -1,7 +1,7 @@
 GO ?= go
 GOLANGCI_VERSION ?= v2.6.2
 
-.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test chaos
+.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test gpu-check chaos
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
@@ -44,3 +44,8 @@ SEEDS ?= 50
 BASE ?= 1
 chaos: deps
 	$(GO) test -count=1 -timeout 0 ./test/chaos -run TestChaos -chaos.seeds=$(SEEDS) -chaos.base=$(BASE) $(if $(SEED),-chaos.seed=$(SEED))
+
+# On a node with an NVIDIA driver: inventory, then 30 s of NVML telemetry
+# (GPU_CHECK_DURATION to change it); fails when NVML cannot be read.
+gpu-check:
+	./scripts/gpu-check.sh

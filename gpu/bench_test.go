@@ -7,32 +7,71 @@ import (
 	"time"
 )
 
-// BenchmarkClockAttribution is the GPU-ms attribution cost per request:
-// Start at dispatch + End at completion on one replica's clock.
+// BenchmarkClockAttribution is the attribution cost per request in exact
+// mode (no busy signal): Start at dispatch + End at completion, which also
+// closes the interval, on one replica's clock with one long request.
 func BenchmarkClockAttribution(b *testing.B) {
 	c := NewClock(8, c0)
-	c.SetUtilization(c0, 0.7)
-	bg := c.Start(c0) // one long request keeps n > 0
+	bg := c.Start(c0, "bg") // one long request keeps n > 0
 	now := c0
 	b.ReportAllocs()
 	for b.Loop() {
 		now = now.Add(time.Microsecond)
-		t := c.Start(now)
+		t := c.Start(now, "acme")
 		now = now.Add(time.Microsecond)
 		_ = c.End(now, t)
 	}
 	_ = c.End(now, bg)
 }
 
+// BenchmarkClockAttributionSampled: the same in sampled mode (NVML or
+// simulator counters), with the interval closed every 100 requests, the
+// close's cost shared out per request.
+func BenchmarkClockAttributionSampled(b *testing.B) {
+	c := NewClock(8, c0)
+	c.sink = func(string, Use) {}
+	c.Close(c0, Use{})
+	bg := c.Start(c0, "bg")
+	now := c0
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		t := c.Start(now, "acme")
+		now = now.Add(time.Microsecond)
+		_ = c.End(now, t)
+		if i++; i%100 == 0 {
+			c.Close(now, Use{GPUNs: 1600_000, EnergyUJ: 1_000_000})
+		}
+	}
+	_ = c.End(now, bg)
+}
+
+// BenchmarkClockClose256: one interval close with 256 running requests
+// of 8 tenants (a full vLLM batch), the per-poll cost on one replica.
+func BenchmarkClockClose256(b *testing.B) {
+	c := NewClock(8, c0)
+	c.sink = func(string, Use) {}
+	c.Close(c0, Use{})
+	for i := range 256 {
+		c.Start(c0, "t"+strconv.Itoa(i%8))
+	}
+	now := c0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(100 * time.Millisecond)
+		c.Close(now, Use{GPUNs: 8e8, EnergyUJ: 7e7})
+	}
+}
+
 // BenchmarkClockAttributionParallel: many goroutines dispatching and
 // completing on one replica's clock (the mutex's worst case).
 func BenchmarkClockAttributionParallel(b *testing.B) {
 	c := NewClock(8, time.Now())
-	c.SetUtilization(time.Now(), 0.7)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			t := c.Start(time.Now())
+			t := c.Start(time.Now(), "acme")
 			_ = c.End(time.Now(), t)
 		}
 	})

@@ -35,22 +35,22 @@ var DefaultFatalXIDs = []uint64{48, 62, 64, 74, 79, 92, 94, 95, 119, 120}
 // Replica maps one upstream replica to its GPUs and sizing overrides.
 type Replica struct {
 	// Name is the replica's name in upstream.replicas. Required, unique.
-	Name string `yaml:"name"`
+	Name string
 	// GPUs lists the replica's GPUs by NVML UUID ("GPU-…") or index ("0").
 	// Tensor-parallel replicas list several. Optional; empty means no NVML
 	// data for this replica (utilisation then comes from vLLM metrics).
-	GPUs []string `yaml:"gpus"`
+	GPUs []string
 	// GPUCount is g in the GPU-ms clock when GPUs is empty. Optional;
 	// default len(GPUs), else 1.
-	GPUCount int `yaml:"gpu_count"`
+	GPUCount int
 	// CapacityTokens overrides the KV-derived base capacity. Optional;
 	// 0 means num_gpu_blocks × block_size from vllm:cache_config_info.
-	CapacityTokens int64 `yaml:"capacity_tokens"`
+	CapacityTokens int64
 	// GPUMsPerInputToken seeds this replica's estimator coefficient a.
 	// Optional; 0 means [Config.GPUMsPerInputToken].
-	GPUMsPerInputToken float64 `yaml:"gpu_ms_per_input_token"`
+	GPUMsPerInputToken float64
 	// GPUMsPerOutputToken seeds b. Optional; 0 means [Config.GPUMsPerOutputToken].
-	GPUMsPerOutputToken float64 `yaml:"gpu_ms_per_output_token"`
+	GPUMsPerOutputToken float64
 }
 
 // gpuCount returns g for the replica.
@@ -65,74 +65,73 @@ func (r Replica) gpuCount() int {
 }
 
 // Config configures GPU telemetry, health, sizing and GPU-ms attribution.
-// Zero values take the defaults named on each field (see [Config.WithDefaults]).
+// Zero values take the defaults named on each field (see [Config.WithDefaults]),
+// the only place they are defined: scheduler/config decodes the `gpu:`
+// section and fills its defaults from here.
 type Config struct {
 	// Telemetry selects the source. Optional; default auto.
-	Telemetry Mode `yaml:"telemetry"`
+	Telemetry Mode
 	// PollInterval is how often utilisation is sampled and health evaluated.
 	// Optional; default 100ms.
-	PollInterval time.Duration `yaml:"poll_interval"`
+	PollInterval time.Duration
 	// InventoryEvery: the slow NVML fields (name, memory total, ECC counts,
 	// row remapping) are read every InventoryEvery polls. Optional; default 10.
-	InventoryEvery int `yaml:"inventory_every"`
+	InventoryEvery int
 	// StaleAfter: a GPU sample or replica scrape older than this is stale and
 	// degrades the replica. Optional; default 3s.
-	StaleAfter time.Duration `yaml:"stale_after"`
+	StaleAfter time.Duration
 	// EnterSamples is how many consecutive evaluations must see a degraded
 	// condition before the state worsens. Draining and down conditions act
 	// at once. Optional; default 3.
-	EnterSamples int `yaml:"enter_samples"`
+	EnterSamples int
 	// RecoverSamples is how many consecutive evaluations must see a better
 	// condition before the state improves. Optional; default 20 (2 s at 100ms).
-	RecoverSamples int `yaml:"recover_samples"`
+	RecoverSamples int
 	// DownAfter: this many failed scrapes or /health checks in a row mark
 	// the replica down. Optional; default 3.
-	DownAfter int `yaml:"down_after"`
+	DownAfter int
 	// FatalXIDs drain the replica when seen on one of its GPUs. Optional;
 	// default [DefaultFatalXIDs].
-	FatalXIDs []uint64 `yaml:"fatal_xids"`
+	FatalXIDs []uint64
 	// FatalHold keeps a replica draining after a fatal XID or a new
 	// uncorrected ECC error. Optional; default 10m.
-	FatalHold time.Duration `yaml:"fatal_hold"`
+	FatalHold time.Duration
 	// MemoryPressureRatio: a GPU whose used/total memory exceeds this is
 	// taken to be shared with another process and degrades its replica.
 	// Optional; default 0.98; 1 disables.
-	MemoryPressureRatio float64 `yaml:"memory_pressure_ratio"`
+	MemoryPressureRatio float64
 	// DegradedFactor multiplies a degraded replica's capacity. Optional;
 	// default 0.5; must be in (0, 1].
-	DegradedFactor float64 `yaml:"degraded_factor"`
+	DegradedFactor float64
 	// TargetOccupancy multiplies the base capacity. Optional; default 1.
-	TargetOccupancy float64 `yaml:"target_occupancy"`
+	TargetOccupancy float64
 	// MaxOvercommit bounds the AIMD overcommit factor. Optional; default 2;
 	// 1 disables overcommit.
-	MaxOvercommit float64 `yaml:"max_overcommit"`
+	MaxOvercommit float64
 	// OvercommitStep is the additive increase per healthy scrape. Optional;
 	// default 0.05.
-	OvercommitStep float64 `yaml:"overcommit_step"`
+	OvercommitStep float64
 	// KVHighWater: overcommit grows only while vllm:kv_cache_usage_perc is
 	// below it. Optional; default 0.9.
-	KVHighWater float64 `yaml:"kv_high_water"`
+	KVHighWater float64
 	// WaitingPersist: overcommit halves after this many scrapes in a row with
 	// vllm:num_requests_waiting > 0. Optional; default 2.
-	WaitingPersist int `yaml:"waiting_persist"`
+	WaitingPersist int
 	// GPUMsPerInputToken seeds the estimator coefficient a (GPU-ms per input
 	// token). Optional; default 0.05.
-	GPUMsPerInputToken float64 `yaml:"gpu_ms_per_input_token"`
+	GPUMsPerInputToken float64
 	// GPUMsPerOutputToken seeds b (GPU-ms per output token). Optional;
-	// default 0.5.
-	GPUMsPerOutputToken float64 `yaml:"gpu_ms_per_output_token"`
+	// default 10.
+	GPUMsPerOutputToken float64
 	// GPUMsMargin multiplies the fleet's largest coefficients for admission
 	// holds. Optional; default 1.2; must be ≥ 1.
-	GPUMsMargin float64 `yaml:"gpu_ms_margin"`
-	// GPUMsAbortFactor aborts a request whose GPU-ms pass this × its hold.
-	// Optional; default 0: off; else must be ≥ 1.
-	GPUMsAbortFactor float64 `yaml:"gpu_ms_abort_factor"`
+	GPUMsMargin float64
 	// Forgetting is the estimator's RLS forgetting factor λ. Optional;
 	// default 0.99; must be in (0, 1].
-	Forgetting float64 `yaml:"forgetting"`
+	Forgetting float64
 	// Replicas maps replicas to GPUs. Every replica the scheduler observes
 	// must be listed.
-	Replicas []Replica `yaml:"replicas"`
+	Replicas []Replica
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -173,7 +172,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.KVHighWater, 0.9)
 	defI(&c.WaitingPersist, 2)
 	def(&c.GPUMsPerInputToken, 0.05)
-	def(&c.GPUMsPerOutputToken, 0.5)
+	def(&c.GPUMsPerOutputToken, 10)
 	def(&c.GPUMsMargin, 1.2)
 	def(&c.Forgetting, 0.99)
 	c.Replicas = slices.Clone(c.Replicas)
@@ -229,9 +228,6 @@ func (c Config) Validate() error {
 	if !(c.GPUMsMargin >= 1) {
 		bad("gpu_ms_margin must be ≥ 1")
 	}
-	if c.GPUMsAbortFactor != 0 && !(c.GPUMsAbortFactor >= 1) {
-		bad("gpu_ms_abort_factor must be 0 (off) or ≥ 1")
-	}
 	if !(c.Forgetting > 0 && c.Forgetting <= 1) {
 		bad("forgetting must be in (0, 1]")
 	}
@@ -263,16 +259,3 @@ func (c Config) Validate() error {
 
 // fatalXID reports whether x is on the configured fatal list.
 func (c *Config) fatalXID(x uint64) bool { return slices.Contains(c.FatalXIDs, x) }
-
-// OverrunOf splits a finished or running request's GPU-ms against its hold:
-// the overrun beyond the hold (0 if none) and whether it passed
-// [Config.GPUMsAbortFactor] × hold (never when the factor is 0 or hold ≤ 0).
-func (c Config) OverrunOf(holdMs, usedMs int64) (overrunMs int64, abort bool) {
-	if usedMs > holdMs {
-		overrunMs = usedMs - holdMs
-	}
-	if c.GPUMsAbortFactor > 0 && holdMs > 0 {
-		abort = float64(usedMs) > c.GPUMsAbortFactor*float64(holdMs)
-	}
-	return overrunMs, abort
-}

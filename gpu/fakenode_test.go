@@ -3,8 +3,10 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -20,6 +22,11 @@ type fakeGPU struct {
 	remapPending, remapBad bool
 	usedBytes              uint64
 	lost                   bool
+	// Meters: utilisation samples queued by the test, and the
+	// total-energy counter; noSamples/noEnergy make them unsupported.
+	samples             []nvml.Sample
+	energyMJ            uint64
+	noSamples, noEnergy bool
 }
 
 // fakeNode is go-nvml's DGX H100 mock server (8 × H100 80GB) with the
@@ -89,6 +96,31 @@ func newFakeNode(t testing.TB) *fakeNode {
 			return nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError, nvml.SUCCESS
 		}
 		dev.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+		dev.GetSamplesFunc = func(typ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if g.noSamples || typ != nvml.GPU_UTILIZATION_SAMPLES {
+				return 0, nil, guard(nvml.ERROR_NOT_SUPPORTED)
+			}
+			var out []nvml.Sample
+			for _, x := range g.samples {
+				if x.TimeStamp > last {
+					out = append(out, x)
+				}
+			}
+			if len(out) == 0 {
+				return nvml.VALUE_TYPE_UNSIGNED_INT, nil, guard(nvml.ERROR_NOT_FOUND) // as NVML: nothing new
+			}
+			return nvml.VALUE_TYPE_UNSIGNED_INT, out, guard(nvml.SUCCESS)
+		}
+		dev.GetTotalEnergyConsumptionFunc = func() (uint64, nvml.Return) {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if g.noEnergy {
+				return 0, guard(nvml.ERROR_NOT_SUPPORTED)
+			}
+			return g.energyMJ, guard(nvml.SUCCESS)
+		}
 	}
 	n.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		return &mock.EventSet{
@@ -124,3 +156,12 @@ func (n *fakeNode) xid(i int, code uint64) {
 
 // uuid returns GPU i's UUID.
 func (n *fakeNode) uuid(i int) string { return n.srv.Devices[i].(*server.Device).UUID }
+
+// sample queues a utilisation sample of pct percent at time at on GPU i.
+func (n *fakeNode) sample(i int, at time.Time, pct uint32) {
+	var v [8]byte
+	binary.LittleEndian.PutUint32(v[:4], pct)
+	n.set(i, func(g *fakeGPU) {
+		g.samples = append(g.samples, nvml.Sample{TimeStamp: uint64(at.UnixMicro()), SampleValue: v})
+	})
+}

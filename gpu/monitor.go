@@ -32,6 +32,18 @@ type ReplicaMetrics struct {
 	// valid when HasSimGPUUtilization.
 	SimGPUUtilization    float64
 	HasSimGPUUtilization bool
+	// SimGPUBusySeconds is the sim_gpu_busy_seconds_total counter and
+	// SimGPUEnergyJoules sim_gpu_energy_joules_total (simulator only),
+	// valid when their Has flag is set. With them the replica's GPU time
+	// and energy are metered from counters (gpu/doc.go).
+	SimGPUBusySeconds, SimGPUEnergyJoules float64
+	HasSimGPUBusy, HasSimGPUEnergy        bool
+	// At is when the counters were read (the scrape's time). Optional;
+	// zero means when ObserveReplica is called.
+	At time.Time
+	// Restarted: the replica's counters went back since the previous
+	// scrape (it restarted); the counters start a new baseline.
+	Restarted bool
 }
 
 // utilization is the vLLM-derived busy fraction: the simulator's ratio
@@ -58,6 +70,9 @@ type Deps struct {
 	// so the GPU-ms clock divides by max(local running, vLLM's running)
 	// (SCHEDULING §9). Optional; default false (local count only).
 	SharedReplicas bool
+	// Attribution receives every interval's per-tenant GPU time and
+	// energy. Optional.
+	Attribution *AttributionMetrics
 }
 
 // ReplicaView is one replica's published state.
@@ -128,8 +143,14 @@ type replica struct {
 	worse       int
 	better      int
 	util        float64
-	lastBusy    int64
-	lastUnatt   int64
+	exported    ClockTotals // totals already added to the metrics
+	// Metering: sampled is set once a counter baseline exists (NVML or
+	// the simulator's counters); closedAt is the last sampled close.
+	sampled  bool
+	closedAt time.Time
+	ctrBusy  float64 // simulator counters at the last scrape
+	ctrJ     float64
+	ctrJOK   bool
 }
 
 // Monitor turns GPU telemetry and replica scrapes into per-replica health,
@@ -151,11 +172,14 @@ type Monitor struct {
 	snap       atomic.Pointer[Snapshot]
 	lastGoodNs atomic.Int64 // lastGoodAt as Unix ns, for the metrics' lock-free read
 
+	watts atomic.Uint64 // float64 bits: fleet's largest W per busy GPU, for energy holds
+
 	mu         sync.Mutex // guards the fields below and replica's guarded fields
 	last       Sample
 	prevByUUID map[string]GPUStat
 	lastGoodAt time.Time
 	pollFailed bool
+	pollErr    error // the last poll's error; nil after a good poll
 	stale      bool
 }
 
@@ -183,6 +207,7 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 	}
 	m.obsSrc, _ = deps.Source.(replicaObserver)
 	m.lastGoodNs.Store(now.UnixNano())
+	m.watts.Store(math.Float64bits(DefaultWattsPerGPU))
 	if m.met != nil {
 		f := func() (float64, bool) {
 			age := m.now().Sub(time.Unix(0, m.lastGoodNs.Load()))
@@ -200,6 +225,9 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 		}
 		r := &replica{cfg: rc, g: rc.gpuCount(), clock: NewClock(rc.gpuCount(), now),
 			est: NewEstimator(a, b, cfg.Forgetting), oc: 1}
+		if deps.Attribution != nil {
+			r.clock.sink = deps.Attribution.add
+		}
 		m.reps = append(m.reps, r)
 		m.byName[rc.Name] = r
 	}
@@ -240,16 +268,19 @@ func (m *Monitor) step(ctx context.Context) {
 		if m.pollFailed {
 			m.log.Info("gpu telemetry poll recovered", "source", s.Source)
 		}
-		m.pollFailed = false
+		m.pollFailed, m.pollErr = false, nil
 		m.prevByUUID = make(map[string]GPUStat, len(m.last.GPUs))
 		for _, g := range m.last.GPUs {
 			m.prevByUUID[g.UUID] = g
 		}
 		m.last, m.lastGoodAt = s, now
 		m.lastGoodNs.Store(now.UnixNano())
-	} else if ctx.Err() == nil && !m.pollFailed {
-		m.pollFailed = true
-		m.log.Warn("gpu telemetry poll failed", "err", err)
+	} else if ctx.Err() == nil {
+		m.pollErr = err
+		if !m.pollFailed {
+			m.pollFailed = true
+			m.log.Warn("gpu telemetry poll failed", "err", err)
+		}
 	}
 	stale := now.Sub(m.lastGoodAt) > m.cfg.StaleAfter
 	if stale != m.stale {
@@ -262,7 +293,9 @@ func (m *Monitor) step(ctx context.Context) {
 	}
 	for _, r := range m.reps {
 		m.evaluateLocked(r, now, fresh)
+		m.meterLocked(r, now, fresh)
 	}
+	m.updateWattsLocked()
 	if m.met != nil {
 		if fresh {
 			for _, g := range s.GPUs {
@@ -284,10 +317,13 @@ func (m *Monitor) step(ctx context.Context) {
 			}
 		}
 		for _, r := range m.reps {
-			t := r.clock.Totals(now)
-			m.met.busy.WithLabelValues(r.cfg.Name).Add(float64(t.BusyGPUNs-r.lastBusy) / 1e9)
-			m.met.unattributed.WithLabelValues(r.cfg.Name).Add(float64(t.UnattributedGPUNs-r.lastUnatt) / 1e9)
-			r.lastBusy, r.lastUnatt = t.BusyGPUNs, t.UnattributedGPUNs
+			t, e := r.clock.Totals(), r.exported
+			name := r.cfg.Name
+			m.met.busy.WithLabelValues(name).Add(float64(t.BusyGPUNs-e.BusyGPUNs) / 1e9)
+			m.met.unattributed.WithLabelValues(name).Add(float64(t.UnattributedGPUNs-e.UnattributedGPUNs) / 1e9)
+			m.met.energy.WithLabelValues(name).Add(float64(t.EnergyUJ-e.EnergyUJ) / 1e6)
+			m.met.unattributedJ.WithLabelValues(name).Add(float64(t.UnattributedEnergyUJ-e.UnattributedEnergyUJ) / 1e6)
+			r.exported = t
 		}
 	}
 	m.publishLocked(now)
@@ -350,7 +386,6 @@ func (m *Monitor) evaluateLocked(r *replica, now time.Time, fresh bool) {
 		u = r.obs.utilization()
 	}
 	r.util = u
-	r.clock.SetUtilization(now, u)
 
 	// GPU condition, re-assessed only on a fresh sample; fatal ones latch.
 	if fresh {
@@ -470,6 +505,9 @@ func (m *Monitor) ObserveReplica(name string, obs ReplicaMetrics) error {
 	}
 	if m.shared {
 		r.clock.SetExternalRunning(now, obs.Running)
+	}
+	if obs.HasSimGPUBusy && !m.nvmlCoveredLocked(r) {
+		m.meterCountersLocked(r, obs, now)
 	}
 	m.publishLocked(now)
 	return nil

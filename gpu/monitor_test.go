@@ -418,17 +418,22 @@ func TestMonitorRejectsBadConfig(t *testing.T) {
 	require.EqualError(t, err, "gpu.degraded_factor must be in (0, 1]")
 }
 
-func TestMonitorVLLMModeDrivesClockFromSimUtilization(t *testing.T) {
+func TestMonitorVLLMModeMetersSimCounters(t *testing.T) {
 	t.Parallel()
 	clk := &manualClock{t: t0}
 	reg := prometheus.NewRegistry()
 	met, err := NewMetrics(reg)
 	require.NoError(t, err)
-	mon, err := NewMonitor(Config{Telemetry: ModeVLLM, Replicas: []Replica{{Name: "r0", GPUCount: 2}}},
-		Deps{Source: NewVLLM(clk.now), Now: clk.now, Metrics: met})
+	attr, err := NewAttributionMetrics(reg)
 	require.NoError(t, err)
-	require.NoError(t, mon.ObserveReplica("r0", ReplicaMetrics{OK: true, NumGPUBlocks: 100, BlockSize: 16,
-		HasSimGPUUtilization: true, SimGPUUtilization: 0.6, Running: 1}))
+	mon, err := NewMonitor(Config{Telemetry: ModeVLLM, Replicas: []Replica{{Name: "r0", GPUCount: 2}}},
+		Deps{Source: NewVLLM(clk.now), Now: clk.now, Metrics: met, Attribution: attr})
+	require.NoError(t, err)
+	obs := func(busy, joules float64) ReplicaMetrics {
+		return ReplicaMetrics{OK: true, NumGPUBlocks: 100, BlockSize: 16, HasSimGPUUtilization: true, SimGPUUtilization: 0.6,
+			HasSimGPUBusy: true, SimGPUBusySeconds: busy, HasSimGPUEnergy: true, SimGPUEnergyJoules: joules, At: clk.now()}
+	}
+	require.NoError(t, mon.ObserveReplica("r0", obs(10, 5000))) // the baseline
 	mon.step(context.Background())
 	s := mon.Snapshot()
 	require.Len(t, s.GPUs, 2)
@@ -439,10 +444,19 @@ func TestMonitorVLLMModeDrivesClockFromSimUtilization(t *testing.T) {
 	assert.InDelta(t, 0.6, value(t, met.gpuUtil.WithLabelValues("vllm:r0/1")), 0)
 
 	c := mon.Clock("r0")
-	tk := c.Start(clk.now())
+	tk := c.Start(clk.now(), "acme")
 	clk.advance(time.Second)
+	mon.step(context.Background()) // counters, not polls, close this replica's intervals
+	require.NoError(t, mon.ObserveReplica("r0", obs(10.6, 5400)))
+	assert.Equal(t, Use{GPUNs: 1_200_000_000, EnergyUJ: 400_000_000}, c.End(clk.now(), tk), "0.6 s busy × 2 GPUs; 400 J")
 	mon.step(context.Background())
-	assert.Equal(t, int64(1_200_000_000), c.End(clk.now(), tk), "0.6 × 2 GPUs × 1 s")
+	assert.InDelta(t, 1.2, value(t, met.busy.WithLabelValues("r0")), 1e-9)
+	assert.InDelta(t, 400, value(t, met.energy.WithLabelValues("r0")), 1e-9)
+	assert.InDelta(t, 1200, value(t, attr.gpuMs.WithLabelValues("acme")), 1e-9)
+	assert.InDelta(t, 400, value(t, attr.joules.WithLabelValues("acme")), 1e-9)
+	// A restart (counters back to 0) starts a new baseline: nothing negative.
+	require.NoError(t, mon.ObserveReplica("r0", obs(0.1, 10)))
+	mon.step(context.Background())
 	assert.InDelta(t, 1.2, value(t, met.busy.WithLabelValues("r0")), 1e-9)
 }
 
@@ -456,12 +470,86 @@ func TestMonitorWithoutSimRatioCountsBusyWhileRunning(t *testing.T) {
 	mon.step(context.Background())
 	c := mon.Clock("r0")
 	clk.advance(time.Second) // idle: nothing local runs, so nothing is busy
-	tk := c.Start(clk.now())
+	tk := c.Start(clk.now(), "acme")
 	clk.advance(250 * time.Millisecond)
 	mon.step(context.Background())
 	clk.advance(250 * time.Millisecond)
-	assert.Equal(t, int64(500_000_000), c.End(clk.now(), tk))
-	assert.Equal(t, ClockTotals{BusyGPUNs: 500_000_000}, c.Totals(clk.now()))
+	assert.Equal(t, Use{GPUNs: 500_000_000}, c.End(clk.now(), tk))
+	assert.Equal(t, ClockTotals{BusyGPUNs: 500_000_000}, c.Totals())
+}
+
+// TestMonitorNVMLAttributesBusyHalfByRunningTime (go-nvml's DGX H100
+// mock): in an interval where the GPU's utilisation samples show it idle
+// half the time, two tenants get exactly the busy half, split by their
+// running time (1/n per instant), and the energy counter's delta the same
+// way.
+func TestMonitorNVMLAttributesBusyHalfByRunningTime(t *testing.T) {
+	t.Parallel()
+	node := newFakeNode(t)
+	clk := &manualClock{t: t0}
+	src, err := NewNVML(node.srv, NVMLOptions{Now: clk.now})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	reg := prometheus.NewRegistry()
+	met, err := NewMetrics(reg)
+	require.NoError(t, err)
+	attr, err := NewAttributionMetrics(reg)
+	require.NoError(t, err)
+	mon, err := NewMonitor(Config{Replicas: []Replica{{Name: "r0", GPUs: []string{node.uuid(2)}, CapacityTokens: 1000}}},
+		Deps{Source: src, Now: clk.now, Metrics: met, Attribution: attr})
+	require.NoError(t, err)
+	ms := func(d int) time.Time { return t0.Add(time.Duration(d) * time.Millisecond) }
+	node.sample(2, ms(0), 0)
+	node.set(2, func(g *fakeGPU) { g.energyMJ = 1_000_000 })
+	clk.advance(100 * time.Millisecond)
+	mon.step(context.Background()) // reads the samples' baseline
+	clk.advance(100 * time.Millisecond)
+	mon.step(context.Background()) // the counters' baseline, at 200 ms
+
+	c := mon.Clock("r0")
+	a := c.Start(ms(200), "acme")
+	b := c.Start(ms(250), "beta")
+	assert.Equal(t, Use{GPUNs: 25e6}, c.End(ms(300), b), "settled before any interval with work: busy while it ran")
+	// 200–300 ms: a kernel ran 200–250 (one 100 % sample), none 250–300.
+	node.sample(2, ms(200), 0) // 0–200 ms idle, read with the next poll
+	node.sample(2, ms(250), 100)
+	node.sample(2, ms(300), 0)
+	node.set(2, func(g *fakeGPU) { g.energyMJ += 30_000 })
+	clk.advance(100 * time.Millisecond)
+	mon.step(context.Background())
+	// acme: 50 ms alone + 50 ms shared = 75 ms of share; beta 25 ms.
+	assert.InDelta(t, 37.5, value(t, attr.gpuMs.WithLabelValues("acme")), 1e-9)
+	assert.InDelta(t, 12.5, value(t, attr.gpuMs.WithLabelValues("beta")), 1e-9)
+	assert.InDelta(t, 22.5, value(t, attr.joules.WithLabelValues("acme")), 1e-9)
+	assert.InDelta(t, 7.5, value(t, attr.joules.WithLabelValues("beta")), 1e-9)
+	assert.InDelta(t, 0.05, value(t, met.busy.WithLabelValues("r0")), 1e-12, "exactly the busy half")
+	assert.InDelta(t, 0.0, value(t, met.unattributed.WithLabelValues("r0")), 0)
+	assert.InDelta(t, 30.0, value(t, met.energy.WithLabelValues("r0")), 1e-12)
+	// acme settles at the last interval's rate: 0.5 busy, 300 W.
+	clk.advance(100 * time.Millisecond)
+	assert.Equal(t, Use{GPUNs: 37.5e6 + 50e6, EnergyUJ: 22.5e6 + 30e6}, c.End(clk.now(), a))
+	s := mon.Snapshot()
+	assert.Equal(t, int64(50e6), s.GPUs[2].BusyNs)
+	assert.Equal(t, int64(1_030_000), s.GPUs[2].EnergyMJ)
+}
+
+// TestNVMLMetersFallBackToUtilizationAndPower: without utilisation samples
+// or an energy counter, busy time integrates utilisation and energy power
+// over the poll intervals.
+func TestNVMLMetersFallBackToUtilizationAndPower(t *testing.T) {
+	t.Parallel()
+	node := newFakeNode(t)
+	node.set(0, func(g *fakeGPU) { g.noSamples, g.noEnergy, g.util, g.powerMW = true, true, 40, 250_000 })
+	clk := &manualClock{t: t0}
+	src, err := NewNVML(node.srv, NVMLOptions{Now: clk.now})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	clk.advance(500 * time.Millisecond)
+	s, err := src.Poll(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(200e6), s.GPUs[0].BusyNs, "40 % of 500 ms")
+	assert.Equal(t, int64(125_000), s.GPUs[0].EnergyMJ, "250 W × 0.5 s")
+	assert.Equal(t, int64(0), s.GPUs[1].BusyNs, "samples supported, none yet")
 }
 
 func TestMonitorRunPollsEveryIntervalUntilCancelled(t *testing.T) {
@@ -514,21 +602,24 @@ func TestVLLMSourceOrdersByReplicaAndKeepsLastOnFailure(t *testing.T) {
 	assert.Equal(t, t0, s.At)
 }
 
-func TestAttributionMetricsSettle(t *testing.T) {
+func TestAttributionMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	a, err := NewAttributionMetrics(reg)
 	require.NoError(t, err)
-	a.Settle("acme", 1_250_000, 0)
-	a.Settle("acme", 2_000_000, 3)
-	a.Settle("beta", -1, 0)
+	a.add("acme", Use{GPUNs: 1_250_000, EnergyUJ: 2_500_000})
+	a.add("acme", Use{GPUNs: 2_000_000})
+	a.add("beta", Use{GPUNs: -1, EnergyUJ: -1})
+	a.Overrun("acme", 3)
+	a.Overrun("acme", 0)
 	assert.InDelta(t, 3.25, value(t, a.gpuMs.WithLabelValues("acme")), 1e-12)
+	assert.InDelta(t, 2.5, value(t, a.joules.WithLabelValues("acme")), 1e-12)
 	assert.InDelta(t, 3.0, value(t, a.overrun.WithLabelValues("acme")), 0)
 	assert.InDelta(t, 0.0, value(t, a.gpuMs.WithLabelValues("beta")), 0)
 	_, err = NewAttributionMetrics(reg)
 	require.Error(t, err, "registering twice is refused")
 	var nilA *AttributionMetrics
-	nilA.Settle("x", 1, 1) // a nil *AttributionMetrics records nothing
+	nilA.Overrun("x", 1) // a nil *AttributionMetrics records nothing
 }
 
 func TestMonitorHalvedKVGivesHalfCapacityAndDrainGivesZero(t *testing.T) {

@@ -3,8 +3,12 @@
 package gpu
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,6 +46,16 @@ type nvmlDev struct {
 	slow  GPUStat  // cached slow fields
 	xids  []uint64 // pending XIDs since the previous poll
 	index int
+
+	// Meters (see GPUStat.BusyNs and EnergyMJ). samples: the device serves
+	// utilisation samples, read from lastTs (µs) on; energy: it has the
+	// total-energy counter. Otherwise busy and energy integrate utilisation
+	// and power over poll intervals.
+	samples, energy bool
+	lastTs          uint64
+	busyNs          int64
+	energyMJ        int64 // the ∫ power dt fallback
+	lastPoll        time.Time
 }
 
 const xidEventMask = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
@@ -91,8 +105,85 @@ func NewNVML(lib nvml.Interface, opts NVMLOptions) (*NVML, error) {
 	n.registerEvents()
 	for i := range n.devs {
 		n.refreshSlow(&n.devs[i])
+		n.probeMeters(&n.devs[i])
 	}
 	return n, nil
+}
+
+// probeMeters finds which busy and energy counters the device serves and
+// takes their baseline: the samples already buffered are history.
+func (n *NVML) probeMeters(dv *nvmlDev) {
+	if dv.d == nil {
+		return
+	}
+	if _, smp, ret := dv.d.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, 0); ret == nvml.SUCCESS || ret == nvml.ERROR_NOT_FOUND {
+		dv.samples = true
+		for _, x := range smp {
+			dv.lastTs = max(dv.lastTs, x.TimeStamp)
+		}
+	}
+	_, ret := dv.d.GetTotalEnergyConsumption()
+	dv.energy = ret == nvml.SUCCESS
+	dv.lastPoll = n.now()
+}
+
+// sampleValue decodes an NVML sample value of type vt as a float.
+func sampleValue(vt nvml.ValueType, v [8]byte) float64 {
+	switch vt {
+	case nvml.VALUE_TYPE_DOUBLE:
+		return math.Float64frombits(binary.LittleEndian.Uint64(v[:]))
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return float64(binary.LittleEndian.Uint64(v[:]))
+	case nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return float64(int64(binary.LittleEndian.Uint64(v[:])))
+	case nvml.VALUE_TYPE_SIGNED_INT:
+		return float64(int32(binary.LittleEndian.Uint32(v[:4])))
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return float64(binary.LittleEndian.Uint16(v[:2]))
+	}
+	return float64(binary.LittleEndian.Uint32(v[:4]))
+}
+
+// readMeters advances the device's busy and energy meters to now (the
+// sample's time) and stores them in s. Each utilisation sample is the
+// percentage of its period (since the previous sample) in which a kernel
+// ran, so its busy time is value/100 × period; a sample straddling two
+// polls counts in the poll that reads it.
+func (n *NVML) readMeters(dv *nvmlDev, s *GPUStat, now time.Time) {
+	dt := now.Sub(dv.lastPoll)
+	dv.lastPoll = now
+	s.BusyNs, s.EnergyMJ = -1, -1
+	if dv.samples {
+		if vt, smp, ret := dv.d.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, dv.lastTs); ret == nvml.SUCCESS {
+			slices.SortFunc(smp, func(a, b nvml.Sample) int { return cmp.Compare(a.TimeStamp, b.TimeStamp) })
+			for _, x := range smp {
+				if x.TimeStamp <= dv.lastTs {
+					continue
+				}
+				if dv.lastTs > 0 {
+					pct := min(max(sampleValue(vt, x.SampleValue), 0), 100)
+					dv.busyNs += int64(math.Round(pct / 100 * float64(x.TimeStamp-dv.lastTs) * 1000))
+				}
+				dv.lastTs = x.TimeStamp
+			}
+		}
+		s.BusyNs = dv.busyNs
+	} else if s.Utilization >= 0 {
+		if dt > 0 {
+			dv.busyNs += int64(math.Round(s.Utilization * float64(dt)))
+		}
+		s.BusyNs = dv.busyNs
+	}
+	if dv.energy {
+		if e, ret := dv.d.GetTotalEnergyConsumption(); ret == nvml.SUCCESS {
+			s.EnergyMJ = int64(e)
+		}
+	} else if s.PowerMilliwatts >= 0 {
+		if dt > 0 {
+			dv.energyMJ += int64(math.Round(float64(s.PowerMilliwatts) * dt.Seconds()))
+		}
+		s.EnergyMJ = dv.energyMJ
+	}
 }
 
 // registerEvents subscribes to XID and ECC events where supported; a
@@ -161,7 +252,7 @@ func (n *NVML) Poll(ctx context.Context) (Sample, error) {
 	n.drainEventsLocked()
 	s := Sample{Source: string(ModeNVML), At: n.now(), GPUs: make([]GPUStat, len(n.devs))}
 	for i := range n.devs {
-		s.GPUs[i] = n.readFast(&n.devs[i])
+		s.GPUs[i] = n.readFast(&n.devs[i], s.At)
 	}
 	return s, nil
 }
@@ -227,9 +318,9 @@ func (n *NVML) refreshSlow(dv *nvmlDev) {
 }
 
 // readFast reads the per-poll fields on top of the cached slow ones.
-func (n *NVML) readFast(dv *nvmlDev) GPUStat {
+func (n *NVML) readFast(dv *nvmlDev, now time.Time) GPUStat {
 	s := dv.slow
-	s.Utilization, s.TemperatureC, s.PowerMilliwatts = -1, -1, -1
+	s.Utilization, s.TemperatureC, s.PowerMilliwatts, s.BusyNs, s.EnergyMJ = -1, -1, -1, -1, -1
 	if len(dv.xids) > 0 {
 		s.XIDs = dv.xids
 		dv.xids = nil
@@ -260,5 +351,6 @@ func (n *NVML) readFast(dv *nvmlDev) GPUStat {
 	} else if r, ret := dv.d.GetCurrentClocksThrottleReasons(); ret == nvml.SUCCESS {
 		s.ClockEventReasons = r
 	}
+	n.readMeters(dv, &s, now)
 	return s
 }

@@ -33,6 +33,8 @@ func (s *stubLib) EventSetCreate() (nvml.EventSet, nvml.Return) { return nil, nv
 type stubDev struct {
 	nvml.Device
 	uuid string
+	ts   uint64 // utilisation sample clock, µs
+	one  [1]nvml.Sample
 }
 
 func (d *stubDev) GetUUID() (string, nvml.Return) { return d.uuid, nvml.SUCCESS }
@@ -55,6 +57,14 @@ func (d *stubDev) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 	return 0, 0, false, false, nvml.SUCCESS
 }
 func (d *stubDev) GetSupportedEventTypes() (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+
+// GetSamples returns one new 87 % sample per call, from a fixed array.
+func (d *stubDev) GetSamples(_ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+	d.ts += 100_000
+	d.one[0] = nvml.Sample{TimeStamp: d.ts, SampleValue: [8]byte{87}}
+	return nvml.VALUE_TYPE_UNSIGNED_INT, d.one[:], nvml.SUCCESS
+}
+func (d *stubDev) GetTotalEnergyConsumption() (uint64, nvml.Return) { return d.ts * 50, nvml.SUCCESS }
 
 func stubNode(n int) *stubLib {
 	l := &stubLib{}

@@ -90,6 +90,13 @@ type GPUStat struct {
 	TemperatureC int `json:"temperature_c"`
 	// PowerMilliwatts is the board power draw; -1 when unknown.
 	PowerMilliwatts int64 `json:"power_mw"`
+	// BusyNs is the GPU's busy time since the source opened, in ns: from
+	// NVML's utilisation samples (each sample's busy share × its period),
+	// else utilisation × poll interval; -1 when unknown.
+	BusyNs int64 `json:"busy_ns"`
+	// EnergyMJ is NVML's total-energy counter (millijoules since the driver
+	// loaded), else ∫ power dt since the source opened; -1 when unknown.
+	EnergyMJ int64 `json:"energy_mj"`
 	// ClockEventReasons is the NVML clock-event (throttle) bit mask.
 	ClockEventReasons uint64 `json:"clock_event_reasons"`
 	// ECCSupported reports whether the ECC counters below are meaningful.

@@ -56,7 +56,7 @@ func (v *VLLM) Poll(context.Context) (Sample, error) {
 		for i := range r.gpus {
 			s.GPUs = append(s.GPUs, GPUStat{
 				Index: -1, UUID: fmt.Sprintf("vllm:%s/%d", name, i), Name: "vllm-derived",
-				Replica: name, Utilization: r.util, TemperatureC: -1, PowerMilliwatts: -1,
+				Replica: name, Utilization: r.util, TemperatureC: -1, PowerMilliwatts: -1, BusyNs: -1, EnergyMJ: -1,
 			})
 		}
 	}

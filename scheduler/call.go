@@ -120,7 +120,8 @@ func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission)
 // held.
 func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission) (*call, error) {
 	arrival := s.now()
-	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance)})
+	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance),
+		MediaTokensPerPart: int(pol.cfg.Server.MediaAllowance)})
 	if err != nil {
 		return nil, err
 	}
@@ -136,14 +137,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUp() {
 		return nil, ErrNoReplica
 	}
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
-		req = s.tokenize(ctx, req)
-	}
-	in := int64(req.TotalInputTokens())
-	if in > t.cfg.MaxInputTokens {
-		return nil, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
-	}
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	req, plan, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +221,7 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 		if mml > 0 {
 			r.maxModelLen.Store(int64(mml))
 		}
-		if exact, err := req.WithExactInput(counts); err == nil {
+		if exact, err := req.WithTokenizedInput(counts, vllm.DefaultTemplateTokensPerRequest); err == nil {
 			return exact
 		}
 	}
@@ -341,7 +335,10 @@ func (s *Server) reserve(c *call, a admission) error {
 // request is refused with what would fit (see [refusal]).
 func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
 	fits := fitsOutput(c, d)
-	if fits < 0 || fits >= int64(c.plan.Cap) || fits < max(1, floor) {
+	// Never below the floor, nor below the client's min_tokens (vLLM
+	// refuses max_tokens < min_tokens with a 400 naming a cap the client
+	// never sent): refuse instead.
+	if fits < 0 || fits >= int64(c.plan.Cap) || fits < max(1, floor, c.minTokens()) {
 		return false
 	}
 	reason := "budget"
@@ -385,6 +382,9 @@ func (s *Server) sizeHolds(c *call) error {
 		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
+	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
+		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
+	}
 	c.held = h
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
@@ -541,11 +541,12 @@ func (s *Server) await(c *call) error {
 		s.running[c] = struct{}{}
 		s.mu.Unlock()
 		if rep.clock != nil {
-			c.ticket = rep.clock.Start(c.dispatchAt)
+			c.ticket = rep.clock.Start(c.dispatchAt, c.t.name)
 		}
 		// The slot round trip took time: re-check the deadline before the
 		// first upstream byte.
 		if dl := c.queueDeadline(); !dl.IsZero() && !c.dispatchAt.Before(dl) {
+			s.m.ExpiredDispatch.Inc()
 			s.finish(c, queue.ErrExpired)
 			return queue.ErrExpired
 		}
@@ -587,7 +588,7 @@ func (s *Server) markDispatched(c *call) error {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.Cap)
+	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.UpstreamCap())
 	tried := map[*replica]bool{}
 	for {
 		tried[c.rep] = true
@@ -631,7 +632,7 @@ func (s *Server) moveClock(c *call, next *replica) {
 		c.rep.clock.End(now, c.ticket)
 	}
 	if next.clock != nil {
-		c.ticket = next.clock.Start(now)
+		c.ticket = next.clock.Start(now, c.t.name)
 	}
 }
 
@@ -647,11 +648,11 @@ func (s *Server) finish(c *call, err error) {
 	}
 	now := s.now()
 	if c.stream != nil {
-		c.usage = c.stream.Settle(c.plan.Choices, abortAllowance, c.plan.Cap, c.plan.InputTokens)
+		c.usage = s.settleUsage(c)
 		_ = c.stream.Close()
 	} else if c.sent {
 		// Sent, but no stream: prefill may have run.
-		c.usage = vllm.Usage{PromptTokens: c.plan.InputTokens}
+		c.usage = sentUsage(c)
 	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
@@ -668,12 +669,15 @@ func (s *Server) finish(c *call, err error) {
 	if c.abortCause != "" {
 		s.m.UpstreamAborts.WithLabelValues(c.rep.name, c.abortCause).Inc()
 	}
-	var gpuNs int64
+	var use gpu.Use
 	if c.rep.clock != nil {
-		gpuNs = c.rep.clock.End(now, c.ticket)
+		use = c.rep.clock.End(now, c.ticket)
 	}
-	gpuMs := gpu.GPUMs(gpuNs)
+	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
+	if src != ledger.SourceNotSent {
+		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
+	}
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
@@ -682,7 +686,7 @@ func (s *Server) finish(c *call, err error) {
 	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
 	c.t.series(s.m).inflight.Dec()
-	s.attr.Settle(c.t.name, gpuNs, max(0, gpuMs-c.held[ledger.GPUMs]))
+	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
 		if c.abortCause == "client_disconnect" {
@@ -708,7 +712,7 @@ const abortAllowance = 1
 // stream's early-end estimate, see vllm.Stream.Settle).
 func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
-	if !c.sent {
+	if !c.ran() {
 		return a, ledger.SourceNotSent
 	}
 	src := ledger.SourceFinal

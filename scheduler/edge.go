@@ -265,10 +265,17 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 	s := e.s
 	var buf []byte
 	first := true
+	shaper := vllm.NewShaper(c.req)
 
 	for {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
+			if ref := c.stream.Refused(); ref != nil {
+				// vLLM refused it after the headers: an error, uncharged.
+				s.finish(c, ref)
+				s.m.count(c.t.name, outcomeUpstreamError, nil)
+				return
+			}
 			s.finish(c, nil)
 			c.t.series(s.m).requestsOK.Inc()
 			return
@@ -292,7 +299,7 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 			c.wf.countToolCalls(toolCallsIn(ev.Data))
 		}
 		var ok bool
-		buf, ok = vllm.ShapeChunk(buf[:0], ev, c.req)
+		buf, ok = shaper.Shape(buf[:0], ev)
 		if !ok {
 			continue
 		}

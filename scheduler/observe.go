@@ -43,6 +43,12 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		// requests (exact for vLLM's back-to-back decode steps).
 		if s.gpu.Config().Telemetry == gpu.ModeVLLM {
 			obs.SimGPUUtilization, obs.HasSimGPUUtilization = m.GPUUtilization.V, m.GPUUtilization.OK
+			obs.SimGPUBusySeconds, obs.HasSimGPUBusy = m.GPUBusySecondsTotal.V, m.GPUBusySecondsTotal.OK
+			obs.SimGPUEnergyJoules, obs.HasSimGPUEnergy = m.GPUEnergyJoulesTotal.V, m.GPUEnergyJoulesTotal.OK
+			// The counters were read after the scrape was sent and before
+			// its answer arrived; the send time errs on the side where no
+			// newly dispatched request has finished a step yet (gpu/doc.go).
+			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
 		_ = s.gpu.ObserveReplica(r.name, obs)
 		prev := r.obs.Load()

@@ -56,6 +56,18 @@ func TestLowerCapNeverLowersAClientCap(t *testing.T) {
 	}
 }
 
+// Issue 19 item 6: a cap Sluice may lower never goes below the client's
+// min_tokens (vLLM would refuse with a 400 naming a max_tokens the client
+// never sent): the request is refused instead.
+func TestLowerCapKeepsMinTokens(t *testing.T) {
+	t.Parallel()
+	c := &call{req: &vllm.Request{MinTokens: 25}, plan: vllm.Plan{Cap: 80, Choices: 1, InputTokens: 1, OutputTokens: 80}}
+	assert.False(t, lowerCap(c, &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.OutputTokens, Limit: 100, Committed: 80}, 1), "20 < min_tokens 25")
+	assert.Equal(t, 80, c.plan.Cap)
+	assert.True(t, lowerCap(c, &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.OutputTokens, Limit: 100, Committed: 70}, 1))
+	assert.Equal(t, 30, c.plan.Cap)
+}
+
 func TestRefusalDetails(t *testing.T) {
 	t.Parallel()
 	k := &apiKey{name: "ci-bot", label: "ci-bot"}

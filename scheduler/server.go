@@ -99,11 +99,11 @@ type Server struct {
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes map[string]*tenantRuntime
 	admin    adminState
-	adminRev uint64           // revision of admin in state (0: none yet)
-	state    statestore.Store // shared admin state; nil: this instance's own
 	keys     statestore.Store
 	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
 	keysMu   sync.Mutex               // orders applyKeys
+	adminRev uint64                   // revision of admin in state (0: none yet)
+	state    statestore.Store         // shared admin state; nil: this instance's own
 	wfs      workflows
 	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
@@ -295,7 +295,8 @@ func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
 func (s *Server) Metrics() *Metrics { return s.m }
 
 // Ready reports whether the server can admit: not draining, no
-// background loop failed, the ledger answering, a replica up.
+// background loop failed, the ledger answering, a replica up, GPU
+// telemetry readable.
 func (s *Server) Ready() (bool, string) {
 	switch {
 	case s.draining.Load():
@@ -306,6 +307,9 @@ func (s *Server) Ready() (bool, string) {
 		return false, "ledger unavailable"
 	case !s.reps.anyUp():
 		return false, "no healthy replica"
+	}
+	if err := s.gpu.Err(); err != nil {
+		return false, err.Error()
 	}
 	return true, "ok"
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -36,7 +37,9 @@ type Config struct {
 	// stream). Optional; default 0: unlimited (the scheduler bounds in-flight
 	// requests per replica itself).
 	MaxConnsPerHost int
-	// IdleConnTimeout closes idle connections. Optional; default 90s.
+	// IdleConnTimeout closes idle connections. Optional; default 4s: below
+	// uvicorn's timeout_keep_alive of 5s, which vLLM keeps, so that Sluice
+	// never reuses a connection the replica is closing.
 	IdleConnTimeout time.Duration
 	// MaxEventBytes bounds one SSE event. Optional; default 1 MiB.
 	MaxEventBytes int
@@ -87,7 +90,7 @@ func (c Config) withDefaults() Config {
 		c.MaxIdleConnsPerHost = 256
 	}
 	if c.IdleConnTimeout == 0 {
-		c.IdleConnTimeout = 90 * time.Second
+		c.IdleConnTimeout = 4 * time.Second
 	}
 	if c.MaxEventBytes == 0 {
 		c.MaxEventBytes = defaultMaxEventBytes
@@ -114,6 +117,10 @@ type Client struct {
 	cfg Config
 	hc  *http.Client
 	tr  *http.Transport
+	// whole serves non-streamed generation requests: vLLM answers them
+	// only once generation ends, so no response-header timeout applies.
+	whole   *http.Client
+	wholeTr *http.Transport
 }
 
 // NewClient builds a Client. Call Validate on cfg first; invalid values fall
@@ -134,11 +141,37 @@ func NewClient(cfg Config) *Client {
 		DisableCompression:    true,
 		ExpectContinueTimeout: 0,
 	}
-	return &Client{cfg: cfg, tr: tr, hc: &http.Client{Transport: tr}}
+	wtr := tr.Clone()
+	wtr.ResponseHeaderTimeout = 0
+	return &Client{cfg: cfg, tr: tr, hc: &http.Client{Transport: tr}, wholeTr: wtr, whole: &http.Client{Transport: wtr}}
 }
 
 // CloseIdleConnections closes idle keep-alive connections.
-func (c *Client) CloseIdleConnections() { c.tr.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() {
+	c.tr.CloseIdleConnections()
+	c.wholeTr.CloseIdleConnections()
+}
+
+// maxWholeBytes bounds a non-streamed generation response: prompt_logprobs
+// of a long prompt can run to megabytes.
+const maxWholeBytes = 64 << 20
+
+// streamed reports whether a generation body asks for a streamed response
+// (its top-level "stream" is true).
+func streamed(body []byte) bool {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return false
+	}
+	on := false
+	_ = eachMember(body, i, func(m member) bool {
+		if m.keyIs(body, "stream") {
+			on = string(body[m.valStart:m.valEnd]) == "true"
+		}
+		return true
+	})
+	return on
+}
 
 // Stream POSTs body (already rewritten by [Request.Rewrite]) to
 // baseURL+path and returns the response stream once 200 headers arrived.
@@ -155,8 +188,16 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	ctx, cancel := context.WithCancel(ctx)
 	// The trace goes into the context before the request is built: no
 	// req.WithContext copy per request.
-	var gotConn atomic.Bool
-	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) }}
+	var tr connTrace
+	gotConn := &tr.got
+	trace := &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) {
+			tr.got.Store(true)
+			tr.reused.Store(i.Reused)
+		},
+		WroteRequest:         func(httptrace.WroteRequestInfo) { tr.wrote.Store(time.Now().UnixNano()) },
+		GotFirstResponseByte: func() { tr.firstByte.Store(true) },
+	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost,
 		strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
@@ -170,7 +211,12 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	if requestID != "" {
 		req.Header["X-Request-Id"] = []string{requestID}
 	}
-	resp, err := c.hc.Do(req)
+	whole := !streamed(body)
+	hc := c.hc
+	if whole {
+		hc = c.whole
+	}
+	resp, err := c.do(hc, req, &tr)
 	if err != nil {
 		cancel()
 		if !gotConn.Load() {
@@ -183,9 +229,82 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 		cancel()
 		return nil, err
 	}
+	if whole && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		defer cancel()
+		defer resp.Body.Close()
+		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes, maxWholeBytes)
+		b, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s: read response: %w", replica, err)
+		}
+		if len(b) > limit {
+			return nil, fmt.Errorf("upstream %s: response over %d bytes: %w", replica, limit, ErrEventTooLarge)
+		}
+		return newWholeStream(b, replica), nil
+	}
 	s := NewStream(resp.Body, replica, c.cfg.MaxEventBytes)
 	s.cancel = cancel
 	return s, nil
+}
+
+// connTrace is what the client learns of one attempt's connection.
+type connTrace struct {
+	got, reused, firstByte atomic.Bool
+	wrote                  atomic.Int64 // unix nanoseconds the request was written
+}
+
+// staleWindow bounds how soon after the request was written an EOF on a
+// reused connection counts as the server's idle close rather than a failure
+// of a request it had started: vLLM answers a streamed request's headers
+// right after validation, and a server closing an idle connection does so
+// before reading anything.
+const staleWindow = 250 * time.Millisecond
+
+// do sends req. A request that failed on a reused keep-alive connection
+// that the server had closed while idle (uvicorn closes idle connections
+// after timeout_keep_alive, 5s by default) never reached the server, so it
+// is sent once more on a fresh connection; net/http retries that itself
+// only for idempotent requests, and a generation POST is not. The signs:
+// net/http's own "server closed idle connection", or an EOF/reset on a
+// reused connection before any response byte, right after the write.
+func (c *Client) do(hc *http.Client, req *http.Request, tr *connTrace) (*http.Response, error) {
+	resp, err := hc.Do(req)
+	if err == nil || req.GetBody == nil || req.Context().Err() != nil || !stale(err, tr) {
+		return resp, err
+	}
+	body, gerr := req.GetBody()
+	if gerr != nil {
+		return nil, err
+	}
+	retry := req.Clone(req.Context())
+	retry.Body = body
+	tr.got.Store(false)
+	tr.reused.Store(false)
+	tr.wrote.Store(0)
+	return hc.Do(retry)
+}
+
+// stale reports an attempt that failed on a connection the server had
+// closed before reading the request.
+func stale(err error, tr *connTrace) bool {
+	if closedIdle(err) {
+		return true
+	}
+	if !tr.reused.Load() || tr.firstByte.Load() {
+		return false
+	}
+	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		return false
+	}
+	w := tr.wrote.Load()
+	return w == 0 || time.Since(time.Unix(0, w)) < staleWindow
+}
+
+// closedIdle reports net/http's error for a request written to a pooled
+// connection that the server had closed before reading it
+// (errServerClosedIdle, unexported).
+func closedIdle(err error) bool {
+	return strings.Contains(err.Error(), "server closed idle connection")
 }
 
 // errorFrom reads a non-200 response into an *UpstreamError and closes it.

@@ -13,23 +13,33 @@
 // prompts; see [CountOptions]); [Client.Tokenize] gives exact counts.
 // [Request.Plan] derives the output cap: min(client value or vLLM's default,
 // tenant cap, budget cap), × n per prompt for the reservation.
+// A cap cut from the bytes bound is flagged (Plan.BoundCut) so the
+// scheduler counts exactly before relying on it; a chat request without a
+// cap, exactly counted, keeps vLLM's own default (Plan.Default).
 // [Request.Rewrite] produces the upstream body: every member byte for byte,
-// except stream, stream_options and the cap fields, which are replaced so
-// that vLLM always streams with include_usage and continuous_usage_stats and
-// enforces the approved cap.
+// except the cap fields, replaced so that vLLM enforces the approved cap; a
+// streamed request's stream and stream_options are replaced so that vLLM
+// streams with include_usage and continuous_usage_stats, and a non-streamed
+// request stays non-streamed (vLLM's body then passes through).
 //
 // # Response path
 //
 // [Client.Stream] opens the upstream stream over HTTP/1.1; cancelling its
-// context closes the connection, which vLLM takes as an abort. [Stream.Next]
+// context closes the connection, which vLLM takes as an abort. A
+// non-streamed request's JSON answer is one Whole event. A request written
+// to a keep-alive connection the replica had closed while idle is sent once
+// more; idle connections expire before uvicorn's 5s. [Stream.Next]
 // yields each SSE event with its raw bytes and parsed usage, and
 // [Stream.Usage] always holds the best known usage: the final usage chunk if
 // one arrived, else prompt + Σ over choices of the last cumulative
 // completion_tokens. Nothing vLLM generated after the last chunk read is
-// reported: settle with an allowance per choice (at least one stream
-// interval of tokens), or the prompt tokens if no usage arrived.
-// [ShapeChunk] strips the usage the streaming client did not ask for;
-// [Assembler] rebuilds vLLM's non-streamed body for other clients.
+// reported: [Stream.SettleFor] charges per prompt, with an allowance per
+// unfinished choice of at least the stream interval seen, the cap where no
+// usage evidence exists, and nothing for a request the engine refused
+// before any output ([Stream.Refused]). [Shaper] (over [ShapeChunk]) strips
+// the usage the streaming client did not ask for and restores vLLM's
+// system_fingerprint; [Assembler] rebuilds vLLM's non-streamed body from
+// chunks, or passes a Whole body through.
 //
 // # Errors
 //
@@ -45,7 +55,8 @@
 //
 // [ParseMetrics] reads the §1.7 metrics tolerantly (unknown series ignored, a
 // missing metric unknown rather than zero, variants accepted, filtered by
-// model_name, summed over engine). [Poller] runs the scrape loop and
+// model_name, summed over engine; num_gpu_blocks is vLLM's data-parallel
+// total, not summed again). [Poller] runs the scrape loop and
 // publishes immutable [Replica] snapshots through an atomic pointer.
 //
 // # Bounds

@@ -42,7 +42,7 @@ func FuzzParse(f *testing.F) {
 		if err := json.Unmarshal(out, &m); err != nil {
 			t.Fatalf("rewrite: %v", err)
 		}
-		if string(m["stream"]) != "true" || string(m["max_tokens"]) != "7" {
+		if (r.Stream && string(m["stream"]) != "true") || (!r.Stream && string(m["stream_options"]) != string(bytesOr(r, "stream_options"))) || string(m["max_tokens"]) != "7" {
 			t.Fatalf("rewrite lost the forced fields: %q", out)
 		}
 		r2, err := Parse(e, out, CountOptions{})
@@ -114,4 +114,11 @@ func FuzzMetrics(f *testing.F) {
 			}
 		}
 	})
+}
+
+// bytesOr returns the raw member name of r's body as Rewrite keeps it.
+func bytesOr(r *Request, name string) []byte {
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal(r.Body(), &m)
+	return m[name]
 }

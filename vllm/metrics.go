@@ -35,23 +35,30 @@ type Metrics struct {
 	// SuccessTotal sums vllm:request_success_total over finish reasons;
 	// AbortsTotal is its finished_reason (or finish_reason) = "abort" series.
 	SuccessTotal, AbortsTotal Value
-	// KVCapacityTokens is Σ over engines of num_gpu_blocks × block_size from
+	// KVCapacityTokens is num_gpu_blocks × block_size from
 	// vllm:cache_config_info.
 	KVCapacityTokens Value
-	// NumGPUBlocks and BlockSize are vllm:cache_config_info's labels (blocks
-	// summed over engines; the block size of the last engine seen).
+	// NumGPUBlocks and BlockSize are vllm:cache_config_info's labels. With
+	// data parallelism vLLM already sums num_gpu_blocks over its engines and
+	// writes that total once per engine label (vllm/v1/metrics/loggers.py
+	// builds one cache_config_info from the shared vllm_config.cache_config,
+	// whose num_gpu_blocks the DP coordinator set to the total), so the
+	// largest value is taken, never the sum; the block size of the last
+	// series seen.
 	NumGPUBlocks, BlockSize Value
 	// GPUUtilization is the simulator's sim_gpu_utilization_ratio.
 	GPUUtilization Value
 	// GPUBusySecondsTotal is the simulator's sim_gpu_busy_seconds_total.
 	GPUBusySecondsTotal Value
+	// GPUEnergyJoulesTotal is the simulator's sim_gpu_energy_joules_total.
+	GPUEnergyJoulesTotal Value
 	// SimAbortedTotal is the simulator's sim_aborted_requests_total.
 	SimAbortedTotal Value
 }
 
 // counters lists the monotonic readings, for restart detection.
-func (m *Metrics) counters() [7]Value {
-	return [7]Value{m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
+func (m *Metrics) counters() [8]Value {
+	return [8]Value{m.GPUEnergyJoulesTotal, m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
 		m.SuccessTotal, m.AbortsTotal, m.GPUBusySecondsTotal, m.SimAbortedTotal}
 }
 
@@ -149,13 +156,17 @@ func ParseMetrics(text []byte, model string) Metrics {
 			if err1 != nil || err2 != nil || nb < 0 || bs < 0 {
 				continue
 			}
-			m.NumGPUBlocks.add(nb)
+			if !m.NumGPUBlocks.OK || nb > m.NumGPUBlocks.V {
+				m.NumGPUBlocks = Value{V: nb, OK: true}
+				m.KVCapacityTokens = Value{V: nb * bs, OK: true}
+			}
 			m.BlockSize = Value{V: bs, OK: true}
-			m.KVCapacityTokens.add(nb * bs)
 		case mSimUtil:
 			m.GPUUtilization.add(v)
 		case mSimBusy:
 			m.GPUBusySecondsTotal.add(v)
+		case mSimEnergy:
+			m.GPUEnergyJoulesTotal.add(v)
 		case mSimAborted:
 			m.SimAbortedTotal.add(v)
 		}
@@ -184,6 +195,7 @@ const (
 	mCacheConfig
 	mSimUtil
 	mSimBusy
+	mSimEnergy
 	mSimAborted
 )
 
@@ -211,6 +223,8 @@ func metricKind(name []byte) mKind {
 		return mSimUtil
 	case "sim_gpu_busy_seconds_total":
 		return mSimBusy
+	case "sim_gpu_energy_joules_total":
+		return mSimEnergy
 	case "sim_aborted_requests_total":
 		return mSimAborted
 	}

@@ -33,7 +33,7 @@ func TestParseMetrics(t *testing.T) {
 				PreemptionsTotal: v(7), PromptTokensTotal: v(1000), GenerationTokensTotal: v(2500),
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
-				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), SimAbortedTotal: v(2),
+				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
 			},
 		},
 		{
@@ -45,17 +45,18 @@ func TestParseMetrics(t *testing.T) {
 				PreemptionsTotal: v(7), PromptTokensTotal: v(1000), GenerationTokensTotal: v(2500),
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
-				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), SimAbortedTotal: v(2),
+				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
 			},
 		},
 		{
-			name:  "compat variants: engines summed, old kv name, finish_reason, garbage skipped, missing unknown",
+			name:  "compat variants: engines summed, DP cache total not summed again, old kv name, finish_reason, garbage skipped, missing unknown",
 			file:  "metrics_compat.txt",
 			model: "m",
 			want: Metrics{
 				Running: v(7), Waiting: v(0), KVUsage: v(0.625),
 				SuccessTotal: v(11), AbortsTotal: v(3),
-				KVCapacityTokens: v(3200), NumGPUBlocks: v(200), BlockSize: v(16),
+				// Two engine labels each carry the DP total of 100 blocks.
+				KVCapacityTokens: v(1600), NumGPUBlocks: v(100), BlockSize: v(16),
 			},
 		},
 	}

@@ -105,7 +105,19 @@ type CountOptions struct {
 	// add_special_tokens adds to a completions text prompt. Optional;
 	// default 4; negative means 0.
 	SpecialTokensPerPrompt int
+	// MediaTokensPerPart bounds the tokens of one image, audio or video
+	// content part, whose real count depends on the model's processor and
+	// the media itself (unknown to Sluice). Optional; default 4096;
+	// negative means 0.
+	MediaTokensPerPart int
 }
+
+// DefaultMediaTokensPerPart is the default per-part media allowance: above
+// the image token counts of common vLLM multimodal models at their default
+// processor settings (LLaVA-1.5 576, LLaVA-NeXT ≤ 2928, Pixtral and
+// Qwen2-VL images at ~1–2 MP), so a hold is rarely short; set it per model
+// family for exactness.
+const DefaultMediaTokensPerPart = 4096
 
 func (o CountOptions) withDefaults() CountOptions {
 	def := func(v, d int) int {
@@ -120,6 +132,7 @@ func (o CountOptions) withDefaults() CountOptions {
 	o.TemplateTokensPerMessage = def(o.TemplateTokensPerMessage, DefaultTemplateTokensPerMessage)
 	o.TemplateTokensPerRequest = def(o.TemplateTokensPerRequest, DefaultTemplateTokensPerRequest)
 	o.SpecialTokensPerPrompt = def(o.SpecialTokensPerPrompt, DefaultSpecialTokensPerPrompt)
+	o.MediaTokensPerPart = def(o.MediaTokensPerPart, DefaultMediaTokensPerPart)
 	return o
 }
 
@@ -163,9 +176,18 @@ type Request struct {
 	// InputExact reports exact counts (token-id prompts, or set by
 	// WithExactInput from /tokenize).
 	InputExact bool
-	// HasMedia reports image/audio/video content parts, which the bytes
-	// count does not bound.
+	// HasMedia reports image/audio/video content parts; the bytes count
+	// adds CountOptions.MediaTokensPerPart for each (MediaParts).
 	HasMedia bool
+	// MediaParts counts image/audio/video content parts.
+	MediaParts int
+	// StreamInterval is the client's "stream_interval" (0 when absent).
+	StreamInterval int
+	// ContinueFinalMessage is the client's "continue_final_message".
+	ContinueFinalMessage bool
+	// TemplateMargin is the tokens a chat template may add beyond an exact
+	// /tokenize count (see WithTokenizedInput); 0 otherwise.
+	TemplateMargin int
 
 	body []byte
 	// spans of raw values, for /tokenize
@@ -174,7 +196,13 @@ type Request struct {
 	prompt                                                      span
 	// textPrompts holds the spans of completions string prompts.
 	textPrompts []span
+	// mediaTokens is CountOptions.MediaTokensPerPart, for counting.
+	mediaTokens int
 }
+
+// HasTools reports a non-null "tools" member: vLLM's tool parser may then
+// hold back chunks (and their usage) while it parses a call.
+func (r *Request) HasTools() bool { return r.tools.ok() && !isNull(r.body, r.tools) }
 
 // Body returns the original body (not a copy).
 func (r *Request) Body() []byte { return r.body }
@@ -200,7 +228,23 @@ func (r *Request) WithExactInput(perPrompt []int) (*Request, error) {
 	c := *r
 	c.InputTokens = append([]int(nil), perPrompt...)
 	c.InputExact = true
+	c.TemplateMargin = 0
 	return &c, nil
+}
+
+// WithTokenizedInput is WithExactInput for counts from /tokenize, keeping
+// margin tokens of the remaining context free on chat requests: /tokenize
+// renders the chat template without the generation request's
+// reasoning_effort, documents and the server's default template kwargs
+// (vllm/entrypoints/serve/tokenize/protocol.py), so the prompt vLLM runs may
+// be a little longer. The margin lowers an injected cap; it is never the
+// reason for a refusal.
+func (r *Request) WithTokenizedInput(perPrompt []int, margin int) (*Request, error) {
+	c, err := r.WithExactInput(perPrompt)
+	if err == nil && r.Endpoint == EndpointChat {
+		c.TemplateMargin = max(0, margin)
+	}
+	return c, err
 }
 
 // maxRequestInts bounds integers taken from the body.
@@ -228,7 +272,7 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		maxTokens, maxCompletion   span
 		stream, streamOpts, nSpan  span
 		model, ignoreEOS, priority span
-		minTokens                  span
+		minTokens, streamInterval  span
 	)
 	err := eachMember(body, i, func(m member) bool {
 		v := span{m.valStart, m.valEnd}
@@ -251,6 +295,8 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			minTokens = v
 		case m.keyIs(body, "priority"):
 			priority = v
+		case m.keyIs(body, "stream_interval"):
+			streamInterval = v
 		case m.keyIs(body, "messages"):
 			r.messages = v
 		case m.keyIs(body, "tools"):
@@ -351,6 +397,18 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		return nil, err
 	}
 	r.Priority = prio
+	if si, set, err := optInt(body, streamInterval, "stream_interval"); err != nil {
+		return nil, err
+	} else if set {
+		if si < 1 {
+			return nil, invalid("stream_interval", "must be at least 1")
+		}
+		r.StreamInterval = si
+	}
+	if r.ContinueFinalMessage, err = optBool(body, r.continueFinalMessage, "continue_final_message", false); err != nil {
+		return nil, err
+	}
+	r.mediaTokens = opts.MediaTokensPerPart
 	switch e {
 	case EndpointChat:
 		if r.prompt.ok() {
@@ -568,6 +626,8 @@ func (r *Request) countContent(idx int, s span) (int, error) {
 			return false
 		default:
 			r.HasMedia = true
+			r.MediaParts++
+			n += r.mediaTokens
 		}
 		return true
 	})
@@ -695,6 +755,29 @@ type Plan struct {
 	InputTokens int
 	// OutputTokens is the output reservation, Cap × Choices.
 	OutputTokens int
+	// BoundCut reports a cap lowered to the remaining context computed from
+	// an upper-bound input count: count exactly before relying on it.
+	BoundCut bool
+	// Default reports that no cap is written upstream: a chat request
+	// without a cap, counted exactly, whose limits all allow the whole
+	// remaining context, gets vLLM's own default (the remaining context, or
+	// the model's generation_config; get_max_tokens in
+	// vllm/entrypoints/serve/utils/api_utils.py). Cap is then the most
+	// vLLM can generate, max_model_len − prompt, which the hold covers.
+	Default bool
+	// room is max_model_len − prompt when Default: a Cap lowered below it
+	// later (a budget) is written upstream again.
+	room int
+}
+
+// UpstreamCap is the cap to write upstream ([Request.Rewrite]): Cap, or 0
+// to keep the client's (absent) cap when Default and Cap was not lowered
+// since.
+func (p Plan) UpstreamCap() int {
+	if p.Default && p.Cap >= p.room {
+		return 0
+	}
+	return p.Cap
 }
 
 // Plan computes the approved output cap and reservation (VLLM.md Part 2):
@@ -710,39 +793,69 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 		maxIn = max(maxIn, n)
 	}
 	p := Plan{Choices: r.N * r.Prompts(), InputTokens: r.TotalInputTokens()}
-	if r.InputExact && l.MaxModelLen > 0 && maxIn >= l.MaxModelLen {
+	// A chat prompt of exactly max_model_len without a cap is vLLM's to
+	// refuse: it does so only when the engine adds it, after a stream's
+	// headers (vllm/v1/engine/input_processor.py _validate_prompt_len).
+	chatDefault := r.Endpoint == EndpointChat && r.MaxTokens == 0
+	if r.InputExact && l.MaxModelLen > 0 && (maxIn > l.MaxModelLen || (maxIn == l.MaxModelLen && !chatDefault)) {
 		return p, fmt.Errorf("prompt of %d tokens, model context %d: %w", maxIn, l.MaxModelLen, ErrContextLength)
 	}
 	remaining := 0 // 0: unknown
 	if l.MaxModelLen > 0 {
-		remaining = max(1, l.MaxModelLen-maxIn)
+		remaining = max(1, l.MaxModelLen-maxIn-r.TemplateMargin)
 	}
 	c := r.MaxTokens
 	clientSet := c > 0
+	fromBound := false // the remaining context decided c
 	if !clientSet {
 		switch r.Endpoint {
 		case EndpointCompletions:
 			c = 16
 		default:
 			c = remaining
+			fromBound = remaining > 0
 		}
 	}
 	for _, lim := range []int{l.TenantMaxOutput, l.BudgetMaxOutput} {
 		if lim > 0 && (c == 0 || lim < c) {
 			c = lim
+			fromBound = false
 		}
 	}
 	if c == 0 {
 		return p, fmt.Errorf("plan: %w", ErrNoCap)
 	}
 	if remaining > 0 && c > remaining {
-		if clientSet && r.InputExact && c == r.MaxTokens {
+		if clientSet && r.InputExact && c == r.MaxTokens && c > l.MaxModelLen-maxIn {
 			return p, fmt.Errorf("prompt of %d tokens plus %d output tokens, model context %d: %w",
 				maxIn, c, l.MaxModelLen, ErrContextLength)
 		}
 		if !clientSet || c != r.MaxTokens {
 			c = remaining
+			fromBound = true
 		}
+	}
+	p.BoundCut = fromBound && !r.InputExact
+	if !clientSet && r.Endpoint == EndpointChat && r.InputExact && l.MaxModelLen >= maxIn && l.MaxModelLen > 0 {
+		room := max(1, l.MaxModelLen-maxIn)
+		lim := 0
+		for _, v := range []int{l.TenantMaxOutput, l.BudgetMaxOutput} {
+			if v > 0 && (lim == 0 || v < lim) {
+				lim = v
+			}
+		}
+		if lim == 0 || lim >= room {
+			c, p.Default, p.room = room, true, room
+		}
+	}
+	if r.MinTokens > 0 && c < r.MinTokens && !(clientSet && c == r.MaxTokens) {
+		// vLLM would refuse the lowered cap with a 400 naming a max_tokens
+		// the client never sent; a client cap below its own min_tokens is
+		// vLLM's 400 to give.
+		p.Cap = c
+		return p, &InvalidRequestError{Param: "min_tokens", Reason: fmt.Sprintf(
+			"min_tokens %d exceeds the %d output tokens this request may use (tenant limit, budget or context)",
+			r.MinTokens, c)}
 	}
 	p.Cap = c
 	p.OutputTokens = c * p.Choices
@@ -755,6 +868,7 @@ type RewriteOptions struct {
 	// started with --scheduling-policy priority (where a non-zero priority
 	// is an error).
 	DropPriority bool
+	keepCap      bool
 }
 
 // rewriteKey reports the members Rewrite replaces or drops.
@@ -763,26 +877,34 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	switch {
 	case o.DropPriority && m.keyIs(b, "priority"):
 		return true
-	case m.keyIs(b, "stream"), m.keyIs(b, "stream_options"), m.keyIs(b, "max_tokens"):
+	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
 		return true
-	case r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
+	case !o.keepCap && m.keyIs(b, "max_tokens"):
+		return true
+	case !o.keepCap && r.Endpoint == EndpointChat && m.keyIs(b, "max_completion_tokens"):
 		return true
 	}
 	return false
 }
 
 // Rewrite appends to dst the upstream body for output cap capTokens: every
-// member of the client's body is kept byte for byte except stream,
-// stream_options and the cap fields, which are replaced by
-// "stream":true, "stream_options":{"include_usage":true,"continuous_usage_stats":true}
-// and the cap in max_completion_tokens and max_tokens (chat) or max_tokens
-// (completions), appended before the closing brace.
+// member of the client's body is kept byte for byte except the cap fields,
+// replaced by the cap in max_completion_tokens and max_tokens (chat) or
+// max_tokens (completions), appended before the closing brace. A streamed
+// request's stream and stream_options are replaced by "stream":true,
+// "stream_options":{"include_usage":true,"continuous_usage_stats":true}; a
+// non-streamed request stays non-streamed, so that vLLM's non-streaming
+// features (prompt_logprobs, use_beam_search, its non-streaming tool and
+// reasoning parsers) work and its body passes through (VLLM.md Part 2;
+// the measurements are in docs/benchmarks/transparency.md).
 func (r *Request) Rewrite(dst []byte, capTokens int) []byte {
 	return r.RewriteWith(dst, capTokens, RewriteOptions{})
 }
 
-// RewriteWith is Rewrite with options.
+// RewriteWith is Rewrite with options. A capTokens ≤ 0 keeps the client's
+// cap fields as they are (see Plan.Default).
 func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byte {
+	o.keepCap = capTokens <= 0
 	b := r.body
 	start := skipSpace(b, 0)
 	first := true
@@ -817,15 +939,27 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 	if prevKept {
 		dst = append(dst, b[tail:closing]...)
 	}
-	if !first {
-		dst = append(dst, ',')
+	var add []byte
+	if r.Stream {
+		add = append(add, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
 	}
-	dst = append(dst, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
-	if r.Endpoint == EndpointChat {
-		dst = append(dst, `,"max_completion_tokens":`...)
-		dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	if !o.keepCap {
+		if len(add) > 0 {
+			add = append(add, ',')
+		}
+		if r.Endpoint == EndpointChat {
+			add = append(add, `"max_completion_tokens":`...)
+			add = strconv.AppendInt(add, int64(capTokens), 10)
+			add = append(add, ',')
+		}
+		add = append(add, `"max_tokens":`...)
+		add = strconv.AppendInt(add, int64(capTokens), 10)
 	}
-	dst = append(dst, `,"max_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	if len(add) > 0 {
+		if !first {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, add...)
+	}
 	return append(dst, b[closing:]...)
 }

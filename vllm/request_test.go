@@ -23,8 +23,8 @@ func TestParseCounts(t *testing.T) {
 			ep:   EndpointChat,
 			body: `{"model":"m","messages":[{"role":"system","content":"You are terse."},` +
 				`{"role":"user","content":[{"type":"text","text":"héllo"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`,
-			// 64 per request + (6+14+8) + (4+6+8)
-			wantIn:    []int{110},
+			// 64 per request + (6+14+8) + (4+6+8) + one media part
+			wantIn:    []int{110 + DefaultMediaTokensPerPart},
 			wantMedia: true,
 		},
 		{
@@ -171,23 +171,37 @@ func TestRewrite(t *testing.T) {
 		{
 			name: "chat replaces stream and caps keeps the rest",
 			ep:   EndpointChat,
-			body: `{"model":"m", "stream":false,"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0.5}`,
+			body: `{"model":"m", "stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0.5}`,
 			cap:  7,
 			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"stream":true,` +
 				`"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_completion_tokens":7,"max_tokens":7}`,
 		},
 		{
+			name: "non-streamed stays non-streamed: only the caps change",
+			ep:   EndpointChat,
+			body: `{"model":"m", "stream":false,"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0.5}`,
+			cap:  7,
+			want: `{"model":"m", "stream":false,"messages":[{"role":"user","content":"hi"}],"temperature":0.5,"max_completion_tokens":7,"max_tokens":7}`,
+		},
+		{
+			name: "non-streamed keeps a stream_options vLLM refuses",
+			ep:   EndpointCompletions,
+			body: `{"prompt":"x","stream_options":{"include_usage":true}}`,
+			cap:  3,
+			want: `{"prompt":"x","stream_options":{"include_usage":true},"max_tokens":3}`,
+		},
+		{
 			name: "completions keeps max_completion_tokens and whitespace",
 			ep:   EndpointCompletions,
-			body: "{\n  \"model\": \"m\",\n  \"prompt\": \"x\",\n  \"max_completion_tokens\": 3\n}\n",
+			body: "{\n  \"model\": \"m\",\n  \"prompt\": \"x\",\n  \"stream\": true,\n  \"max_completion_tokens\": 3\n}\n",
 			cap:  16,
-			want: "{\n  \"model\": \"m\",\n  \"prompt\": \"x\",\n  \"max_completion_tokens\": 3\n" +
+			want: "{\n  \"model\": \"m\",\n  \"prompt\": \"x\",\"max_completion_tokens\": 3\n" +
 				`,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}` + "\n",
 		},
 		{
 			name: "first members dropped",
 			ep:   EndpointChat,
-			body: `{"stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}],"stream":false}`,
+			body: `{"stream":false,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}],"stream":true}`,
 			cap:  1,
 			want: `{"messages":[{"role":"user","content":"hi"}],"stream":true,` +
 				`"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_completion_tokens":1,"max_tokens":1}`,
@@ -195,7 +209,7 @@ func TestRewrite(t *testing.T) {
 		{
 			name: "unknown fields byte for byte",
 			ep:   EndpointCompletions,
-			body: `{"prompt":[1,2],"extra_body":{"a":[1, 2 ,{"b":"\u00e9"}]},"max_tokens":null}`,
+			body: `{"prompt":[1,2],"extra_body":{"a":[1, 2 ,{"b":"\u00e9"}]},"max_tokens":null,"stream":true}`,
 			cap:  4,
 			want: `{"prompt":[1,2],"extra_body":{"a":[1, 2 ,{"b":"\u00e9"}]},"stream":true,` +
 				`"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":4}`,
@@ -232,7 +246,7 @@ func TestPlan(t *testing.T) {
 			ep:     EndpointChat,
 			body:   chat(""),
 			limits: Limits{MaxModelLen: 4096},
-			want:   Plan{Cap: 4096 - 77, Choices: 1, InputTokens: 77, OutputTokens: 4096 - 77},
+			want:   Plan{Cap: 4096 - 77, Choices: 1, InputTokens: 77, OutputTokens: 4096 - 77, BoundCut: true},
 		},
 		{
 			name:   "chat default min tenant",
@@ -278,12 +292,12 @@ func TestPlan(t *testing.T) {
 			wantErr: ErrContextLength,
 		},
 		{
-			name:   "injected tenant cap clamped to remaining context",
+			name:   "tenant cap above the remaining context: vLLM default, hold = remaining",
 			ep:     EndpointChat,
 			body:   chat(""),
 			exact:  []int{4000},
 			limits: Limits{MaxModelLen: 4096, TenantMaxOutput: 1024},
-			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96},
+			want:   Plan{Cap: 96, Choices: 1, InputTokens: 4000, OutputTokens: 96, Default: true, room: 96},
 		},
 		{
 			name:    "no cap derivable",
@@ -334,7 +348,7 @@ func TestWithExactInputCountMismatch(t *testing.T) {
 
 func TestRewriteDropPriority(t *testing.T) {
 	t.Parallel()
-	r := mustParse(t, EndpointCompletions, `{"prompt":"x","priority":3,"seed":1}`)
+	r := mustParse(t, EndpointCompletions, `{"prompt":"x","priority":3,"seed":1,"stream":true}`)
 	got := r.RewriteWith(nil, 16, RewriteOptions{DropPriority: true})
 	assert.Equal(t, `{"prompt":"x","seed":1,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
 	got = r.Rewrite(nil, 16)

@@ -91,6 +91,10 @@ type Assembler struct {
 	prompt    int
 	perChoice map[int]int
 	chunks    int
+	// whole is a non-streamed upstream body, passed through.
+	whole []byte
+	// fingerprint is the usage chunk's raw system_fingerprint.
+	fingerprint []byte
 	// scratch is reused by Add; its Choices' backing array survives.
 	scratch asmChunk
 	arena   asmArena
@@ -192,6 +196,14 @@ func (a *Assembler) Add(ev Event) error {
 	if ev.Err != nil {
 		return ev.Err
 	}
+	if ev.Whole {
+		// A non-streamed upstream response is the client's body as is.
+		a.whole, a.done = bytes.Clone(ev.Raw), true
+		if ev.HasUsage {
+			a.final = &asmUsage{PromptTokens: ev.Usage.PromptTokens, CompletionTokens: ev.Usage.CompletionTokens}
+		}
+		return nil
+	}
 	if ev.Done {
 		a.done = true
 		return nil
@@ -212,6 +224,7 @@ func (a *Assembler) Add(ev Event) error {
 		if len(ch.Choices) == 0 {
 			u := *ch.Usage
 			a.final = &u
+			a.fingerprint = bytes.Clone(memberValue(ev.Data, "system_fingerprint"))
 		} else {
 			a.prompt = ch.Usage.PromptTokens
 			i := ch.Choices[0].Index
@@ -337,6 +350,9 @@ func (a *Assembler) Body() ([]byte, error) {
 	if !a.done {
 		return nil, fmt.Errorf("assemble: %w", ErrStreamCut)
 	}
+	if a.whole != nil {
+		return a.whole, nil
+	}
 	slices.SortFunc(a.choices, func(x, y *asmChoice) int { return x.index - y.index })
 	var b bytes.Buffer
 	obj := "chat.completion"
@@ -360,7 +376,13 @@ func (a *Assembler) Body() ([]byte, error) {
 			c.writeCompletion(&b)
 		}
 	}
-	b.WriteString(`],"service_tier":null,"system_fingerprint":null,"usage":`)
+	b.WriteString(`],"service_tier":null,"system_fingerprint":`)
+	if len(a.fingerprint) > 0 {
+		b.Write(a.fingerprint)
+	} else {
+		b.WriteString("null")
+	}
+	b.WriteString(`,"usage":`)
 	u := a.Usage()
 	b.WriteString(`{"prompt_tokens":` + strconv.Itoa(u.PromptTokens) +
 		`,"total_tokens":` + strconv.Itoa(u.PromptTokens+u.CompletionTokens) +
@@ -440,12 +462,17 @@ func (c *asmChoice) writeChat(b *bytes.Buffer) {
 	b.WriteString(`{"index":` + strconv.Itoa(c.index) + `,"message":{"role":`)
 	writeJSONString(b, c.role)
 	b.WriteString(`,"content":`)
-	if c.hasContent {
+	if c.hasContent && !(len(c.tools) > 0 && c.content.Len() == 0) {
 		writeJSONString(b, c.content.String())
 	} else {
 		b.WriteString("null")
 	}
-	b.WriteString(`,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[`)
+	// Current vLLM's message (chat_completion/protocol.py): tool_calls only
+	// when there are some, the reasoning text as "reasoning".
+	b.WriteString(`,"refusal":null,"annotations":null,"audio":null,"function_call":null`)
+	if len(c.tools) > 0 {
+		b.WriteString(`,"tool_calls":[`)
+	}
 	slices.SortFunc(c.tools, func(x, y *asmTool) int { return x.index - y.index })
 	for i, t := range c.tools {
 		if i > 0 {
@@ -461,15 +488,17 @@ func (c *asmChoice) writeChat(b *bytes.Buffer) {
 		writeJSONString(b, t.args.String())
 		b.WriteString(`}}`)
 	}
-	b.WriteString(`],"reasoning_content":`)
-	if c.hasReason {
-		writeJSONString(b, c.reasoning.String())
-	} else {
-		b.WriteString("null")
+	if len(c.tools) > 0 {
+		b.WriteByte(']')
 	}
-	if c.hasReasonNew {
-		b.WriteString(`,"reasoning":`)
+	b.WriteString(`,"reasoning":`)
+	switch {
+	case c.hasReasonNew:
 		writeJSONString(b, c.reasoningNew.String())
+	case c.hasReason:
+		writeJSONString(b, c.reasoning.String())
+	default:
+		b.WriteString("null")
 	}
 	b.WriteString(`},"logprobs":`)
 	if c.hasLogprobs {

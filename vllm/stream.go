@@ -43,6 +43,10 @@ type Event struct {
 	Finished bool
 	// Err is set for an SSE error event ({"error": …} or {"object":"error"}).
 	Err *UpstreamError
+	// Whole reports a non-streamed upstream response: Raw and Data are the
+	// whole JSON body, which a non-streaming client gets unchanged, and
+	// Usage its usage (Final).
+	Whole bool
 }
 
 // Usage is what a stream has reported so far.
@@ -90,11 +94,27 @@ type Stream struct {
 	prompt    int
 	cached    int
 	perChoice []int
-	seen      []bool
-	finished  []bool
-	nSeen     int
-	final     ChunkUsage
-	hasFinal  bool
+	// promptOf is the prompt_tokens the choice's chunks reported: vLLM's
+	// continuous usage carries the choice's own prompt's count
+	// (completion/serving.py num_prompt_tokens[prompt_idx]).
+	promptOf []int
+	seen     []bool
+	finished []bool
+	// chunked reports a chunk of the choice, with or without usage.
+	chunked  []bool
+	nSeen    int
+	maxStep  int // largest completion_tokens step between usage chunks
+	final    ChunkUsage
+	hasFinal bool
+
+	// whole holds a non-streamed response (see Event.Whole); wholeSent
+	// reports that Next returned it.
+	whole     []byte
+	isWhole   bool
+	wholeSent bool
+	// refused is an error event that came before any chunk: the engine
+	// refused the request when it added it (VLLM.md §1.5), so nothing ran.
+	refused *UpstreamError
 }
 
 // NewStream reads SSE from body, attributing errors to replica. maxEventBytes
@@ -118,6 +138,14 @@ func NewStream(body io.ReadCloser, replica string, maxEventBytes int) *Stream {
 	}
 }
 
+// newWholeStream wraps a non-streamed 200 response body: Next returns it
+// as one Whole event, then io.EOF.
+func newWholeStream(body []byte, replica string) *Stream {
+	s := &Stream{replica: replica, isWhole: true, whole: body, body: io.NopCloser(bytes.NewReader(nil))}
+	s.br = bufio.NewReaderSize(bytes.NewReader(nil), 16)
+	return s
+}
+
 // streamReadBuf is the size of a Stream's read buffer.
 const streamReadBuf = 16 << 10
 
@@ -139,6 +167,9 @@ func (s *Stream) Next() (Event, error) {
 	if s.done {
 		s.err = io.EOF
 		return Event{}, io.EOF
+	}
+	if s.isWhole {
+		return s.wholeEvent(), nil
 	}
 	ev, err := s.readEvent()
 	if err != nil {
@@ -222,6 +253,26 @@ func (s *Stream) readEvent() (Event, error) {
 		s.track(&ev)
 		return ev, nil
 	}
+}
+
+// wholeEvent returns the non-streamed body as one event and records its
+// usage as final.
+func (s *Stream) wholeEvent() Event {
+	s.done = true
+	ev := Event{Raw: s.whole, Data: s.whole, Whole: true, Choice: -1}
+	_ = eachMember(s.whole, skipSpace(s.whole, 0), func(m member) bool {
+		if m.keyIs(s.whole, "usage") && s.whole[m.valStart] == '{' {
+			ev.HasUsage = parseUsage(s.whole, m.valStart, &ev.Usage)
+			return false
+		}
+		return true
+	})
+	if ev.HasUsage {
+		ev.Final = true
+		s.sawUsage = true
+		s.final, s.hasFinal = ev.Usage, true
+	}
+	return ev
 }
 
 // parseChunk extracts choices/usage/error from one chunk without allocating
@@ -324,9 +375,18 @@ func parseUsage(b []byte, at int, u *ChunkUsage) bool {
 }
 
 func (s *Stream) track(ev *Event) {
-	if ev.Finished && ev.Choice >= 0 && ev.Choice < maxChoices {
+	if ev.Err != nil {
+		if s.chunks == 1 && !s.sawUsage && ev.Err.Status < 500 {
+			s.refused = ev.Err
+		}
+		return
+	}
+	if ev.Choice >= 0 && ev.Choice < maxChoices {
 		s.grow(ev.Choice)
-		s.finished[ev.Choice] = true
+		s.chunked[ev.Choice] = true
+		if ev.Finished {
+			s.finished[ev.Choice] = true
+		}
 	}
 	if !ev.HasUsage {
 		return
@@ -348,11 +408,17 @@ func (s *Stream) track(ev *Event) {
 		return
 	}
 	s.grow(c)
-	if !s.seen[c] {
+	if s.seen[c] {
+		s.maxStep = max(s.maxStep, ev.Usage.CompletionTokens-s.perChoice[c])
+	} else {
 		s.seen[c] = true
 		s.nSeen++
 	}
-	// Cumulative per choice: keep the largest (values never shrink).
+	s.promptOf[c] = ev.Usage.PromptTokens
+	// Cumulative per choice: keep the largest (values never shrink). The
+	// largest step between two usage chunks is the stream interval vLLM is
+	// using (the server's --stream-interval or the request's, whichever is
+	// larger), which the abort allowance must cover.
 	s.perChoice[c] = max(s.perChoice[c], ev.Usage.CompletionTokens)
 }
 
@@ -362,49 +428,113 @@ func (s *Stream) grow(c int) {
 	}
 	n := c + 1 - len(s.perChoice)
 	s.perChoice = append(s.perChoice, make([]int, n)...)
+	s.promptOf = append(s.promptOf, make([]int, n)...)
 	s.seen = append(s.seen, make([]bool, n)...)
 	s.finished = append(s.finished, make([]bool, n)...)
+	s.chunked = append(s.chunked, make([]bool, n)...)
 }
 
-// Settle returns the usage to charge for a stream that ended early (client
-// disconnect, deadline, cut): the final usage when it arrived; else, for
-// each of the request's choices (N × prompts) not yet finished, its last
-// cumulative completion_tokens plus allowancePerChoice tokens vLLM may have
-// generated after the last chunk read, capped at capPerChoice; finished
-// choices count as reported. promptTokens is used when no usage arrived at
-// all (prefill may have run): pass the admission input count.
+// Settle is [Stream.SettleFor] for a request with one prompt: choices
+// sequences, each allowed allowancePerChoice tokens after its last usage and
+// capped at capPerChoice; promptTokens is the admission input count.
+func (s *Stream) Settle(choices, allowancePerChoice, capPerChoice, promptTokens int) Usage {
+	return s.SettleFor(Shape{N: choices, Inputs: []int{promptTokens}, Allowance: allowancePerChoice, Cap: capPerChoice})
+}
+
+// Shape is what [Stream.SettleFor] needs to know of the request.
+type Shape struct {
+	// N is the number of choices per prompt.
+	N int
+	// Inputs is the admission input count per prompt (one for chat); a
+	// prompt none of whose choices reported usage is charged this.
+	Inputs []int
+	// Allowance is the tokens an unfinished choice may have generated after
+	// its last usage (see the scheduler's abort allowance); SettleFor raises
+	// it to the largest step seen between two usage chunks.
+	Allowance int
+	// Cap is the per-choice output cap (0: none).
+	Cap int
+}
+
+// SettleFor returns the usage to charge for a stream that ended, normally or
+// early (client disconnect, deadline, cut):
+//   - the final usage when it arrived (vLLM's own totals);
+//   - nothing when the engine refused the request with an error event
+//     before any chunk ([Stream.Refused]): it never ran;
+//   - else, per prompt, the prompt_tokens its choices reported (the
+//     admission count Inputs[p] if none did), summed over prompts; and per
+//     choice (N × prompts): the last cumulative completion_tokens, plus
+//     Allowance if it did not finish, capped at Cap. A choice with chunks
+//     but no usage at all, or a finished choice without usage (a stream
+//     that ended with [DONE] and no usage), is charged Cap: without usage
+//     evidence the cap is the honest charge, never 0. A non-streamed
+//     response that never came is charged Cap for every choice: vLLM may
+//     have generated up to it and reports nothing.
 //
 // # Design rationale
 //
 // vLLM reports nothing for an aborted request (VLLM.md §1.4), so the charge
-// is an estimate: at least one stream interval of tokens per running choice
-// is the smallest allowance that covers tokens produced between the last
-// chunk and the abort.
-func (s *Stream) Settle(choices, allowancePerChoice, capPerChoice, promptTokens int) Usage {
+// is an estimate bounded by the reservation.
+func (s *Stream) SettleFor(sh Shape) Usage {
 	u := s.Usage()
 	if u.Final {
 		return u
 	}
-	if !u.Known {
-		u.PromptTokens = promptTokens
+	if s.refused != nil {
+		return Usage{}
 	}
-	u.CompletionTokens = 0
-	for c := range max(choices, len(s.perChoice)) {
-		n := 0
-		done := false
-		if c < len(s.perChoice) {
-			n, done = s.perChoice[c], s.finished[c]
+	sh.Allowance = max(sh.Allowance, s.maxStep)
+	prompts := max(1, len(sh.Inputs))
+	n := max(1, sh.N)
+	choices := max(n*prompts, len(s.perChoice))
+	capped := func(v int) int {
+		if sh.Cap > 0 {
+			return min(v, sh.Cap)
 		}
-		if !done {
-			n += allowancePerChoice
-			if capPerChoice > 0 {
-				n = min(n, capPerChoice)
+		return v
+	}
+	u.PromptTokens = 0
+	for p := range prompts {
+		reported, ok := 0, false
+		for c := p * n; c < (p+1)*n && c < len(s.seen); c++ {
+			if s.seen[c] {
+				reported, ok = s.promptOf[c], true
+				break
 			}
 		}
-		u.CompletionTokens += n
+		switch {
+		case ok:
+			u.PromptTokens += reported
+		case p < len(sh.Inputs):
+			u.PromptTokens += sh.Inputs[p]
+		}
+	}
+	u.CompletionTokens = 0
+	for c := range choices {
+		var v int
+		var seen, done, chunked bool
+		if c < len(s.perChoice) {
+			v, seen, done, chunked = s.perChoice[c], s.seen[c], s.finished[c], s.chunked[c]
+		}
+		switch {
+		case s.isWhole && sh.Cap > 0:
+			v = sh.Cap
+		case seen && done:
+		case seen:
+			v = capped(v + sh.Allowance)
+		case (chunked || done) && sh.Cap > 0:
+			v = sh.Cap
+		default:
+			v = capped(sh.Allowance)
+		}
+		u.CompletionTokens += v
 	}
 	return u
 }
+
+// Refused returns the error event the engine sent instead of any output
+// (VLLM.md §1.5: errors after the 200 headers), nil otherwise.
+func (s *Stream) Refused() *UpstreamError { return s.refused }
 
 // Usage returns the usage reported so far: the final usage chunk when it
 // arrived, else the last cumulative usage (prompt + Σ per-choice last

@@ -80,13 +80,19 @@ func (r *Request) raw(s span, def string) json.RawMessage {
 func (c *Client) Tokenize(ctx context.Context, baseURL, model string, r *Request) (perPrompt []int, maxModelLen int, err error) {
 	url := strings.TrimSuffix(baseURL, "/") + "/tokenize"
 	if r.Endpoint == EndpointChat {
+		addGen := "true"
+		if r.ContinueFinalMessage {
+			// /tokenize refuses both set; vLLM continues the final message
+			// without a generation prompt (serve/tokenize/protocol.py).
+			addGen = "false"
+		}
 		in := tokenizeChat{
 			Model:                model,
 			Messages:             r.raw(r.messages, ""),
 			Tools:                r.raw(r.tools, ""),
 			ChatTemplate:         r.raw(r.chatTemplate, ""),
 			ChatTemplateKwargs:   r.raw(r.chatTemplateKwargs, ""),
-			AddGenerationPrompt:  r.raw(r.addGenerationPrompt, "true"),
+			AddGenerationPrompt:  r.raw(r.addGenerationPrompt, addGen),
 			ContinueFinalMessage: r.raw(r.continueFinalMessage, "false"),
 			AddSpecialTokens:     r.raw(r.addSpecialTokens, "false"),
 		}

@@ -78,7 +78,7 @@ func commands() map[string]*command {
 			"revoke": {summary: "admin: revoke a key; admitted requests finish", usage: "ID",
 				example: "sluice key revoke key_3f9a0c12be44", run: runKeyRevoke},
 		}},
-		"gpus": {summary: "one NVML sample of the node's GPUs and their health", usage: "[--json]",
+		"gpus": {summary: "one NVML sample of the node's GPUs and their health; --watch polls and reports deltas", usage: "[--json] [--watch DUR [--interval DUR]]",
 			example: "sluice gpus --json", run: runGPUs},
 		"budget": {summary: "admin: a running server's budgets", subs: map[string]*command{
 			"set": {summary: "set one budget (runtime override)",

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/sluicehq/sluice/gpu"
 )
@@ -28,16 +29,23 @@ var openGPUs = func() (gpuReader, error) {
 	return n, nil
 }
 
-// runGPUs implements `sluice gpus [--json]`: one NVML sample of the node's
-// GPUs as a table (or JSON), with each GPU's health as the scheduler would
-// judge it from this sample alone. Without NVML it prints one line,
-// "NVML not available: <reason>; no NVIDIA driver on this machine", and
-// exits 1.
+// runGPUs implements `sluice gpus [--json] [--watch DUR [--interval DUR]]`:
+// one NVML sample of the node's GPUs as a table (or JSON), with each GPU's
+// health as the scheduler would judge it from this sample alone; with
+// --watch, it then polls for DUR and reports utilisation, memory, power,
+// energy and busy-time deltas and health transitions (gpuwatch.go). Without
+// NVML it prints one line, "NVML not available: <reason>; no NVIDIA driver
+// on this machine", and exits 1; so does a poll that fails.
 func runGPUs(ctx context.Context, e env, args []string) error {
 	fs := newFlags("gpus")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	watch := fs.Duration("watch", 0, "after the inventory, poll for this long and report deltas and health transitions (0: one sample)")
+	every := fs.Duration("interval", time.Second, "poll interval of --watch")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if *watch < 0 || (*watch > 0 && *every <= 0) {
+		return flagError{usageError{errors.New("--watch must be ≥ 0 and --interval > 0")}, fs}
 	}
 	src, err := openGPUs()
 	if err != nil {
@@ -48,6 +56,10 @@ func runGPUs(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	s, err := src.Poll(ctx)
+	var w *gpuWatch
+	if err == nil && *watch > 0 {
+		w, err = watchGPUs(ctx, src, s, *watch, *every)
+	}
 	cerr := src.Close()
 	if err != nil {
 		return fmt.Errorf("read GPUs: %w", err)
@@ -57,9 +69,15 @@ func runGPUs(ctx context.Context, e env, args []string) error {
 	}
 	cfg := gpu.Config{}.WithDefaults()
 	if *asJSON {
-		return writeGPUsJSON(e.stdout, src.Driver(), s, &cfg)
+		return writeGPUsJSON(e.stdout, src.Driver(), s, &cfg, w)
 	}
-	return writeGPUsTable(e.stdout, src.Driver(), s, &cfg)
+	if err := writeGPUsTable(e.stdout, src.Driver(), s, &cfg); err != nil {
+		return err
+	}
+	if w != nil {
+		return w.writeTable(e.stdout)
+	}
+	return nil
 }
 
 // gpuHealth is a GPU's state and reason, without the "GPU <uuid> " prefix.
@@ -75,11 +93,12 @@ type gpuJSON struct {
 	HealthReason    string   `json:"health_reason,omitempty"`
 }
 
-func writeGPUsJSON(w io.Writer, driver string, s gpu.Sample, cfg *gpu.Config) error {
+func writeGPUsJSON(w io.Writer, driver string, s gpu.Sample, cfg *gpu.Config, watch *gpuWatch) error {
 	out := struct {
 		Driver string    `json:"driver"`
 		GPUs   []gpuJSON `json:"gpus"`
-	}{Driver: driver, GPUs: make([]gpuJSON, 0, len(s.GPUs))}
+		Watch  *gpuWatch `json:"watch,omitempty"`
+	}{Driver: driver, GPUs: make([]gpuJSON, 0, len(s.GPUs)), Watch: watch}
 	for _, g := range s.GPUs {
 		st, why := gpuHealth(cfg, g)
 		r := gpu.ReasonNames(g.ClockEventReasons)

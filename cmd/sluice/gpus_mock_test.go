@@ -21,6 +21,10 @@ import (
 // thermally throttled and GPU 5 has a pending row remap.
 func mockNode(t *testing.T) *server.Server {
 	t.Helper()
+	return newMockServer()
+}
+
+func newMockServer() *server.Server {
 	srv := dgxh100.New()
 	srv.Devices = srv.Devices[:6]
 	for i, d := range srv.Devices {
@@ -44,6 +48,10 @@ func mockNode(t *testing.T) *server.Server {
 		dev.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) { return 0, nvml.SUCCESS }
 		dev.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, i == 5, false, nvml.SUCCESS }
 		dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+		dev.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			return 0, nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		dev.GetTotalEnergyConsumptionFunc = func() (uint64, nvml.Return) { return uint64(1_000_000 * (i + 1)), nvml.SUCCESS }
 	}
 	srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 	return srv

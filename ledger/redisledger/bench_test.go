@@ -2,6 +2,7 @@ package redisledger_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -26,8 +27,16 @@ func benchSetup(b *testing.B) (*redisledger.Ledger, [][]ledger.Scope) {
 	return benchSetupT(b, startRedis(b).Addr())
 }
 
+// benchMaxBatch runs the benchmarks with Config.MaxBatch (1: every
+// operation its own script, as before batching), so one binary measures
+// both sides: go test -bench . -args -maxbatch=1
+var benchMaxBatch = flag.Int("maxbatch", 0, "redis ledger MaxBatch for the benchmarks (0: default)")
+
 func benchSetupT(b testing.TB, addr string) (*redisledger.Ledger, [][]ledger.Scope) {
-	l := newLedger(b, addr, func(c *redisledger.Config) { c.StoreTimeout = 250 * time.Millisecond })
+	l := newLedger(b, addr, func(c *redisledger.Config) {
+		c.StoreTimeout = 250 * time.Millisecond
+		c.MaxBatch = *benchMaxBatch
+	})
 	if err := l.LoadScripts(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -66,6 +75,7 @@ func BenchmarkReserveSettle64(b *testing.B) {
 	l, scopes := benchSetupT(b, srv.Addr())
 	ctx := context.Background()
 	cpu0 := serverCPU(b, srv.Addr())
+	calls0 := evalCalls(b, srv.Addr())
 	owner := ledger.NewOwner()
 	var next atomic.Int64
 	var failed atomic.Int64
@@ -85,6 +95,33 @@ func BenchmarkReserveSettle64(b *testing.B) {
 	b.ReportMetric(float64(failed.Load()), "failed")
 	b.ReportMetric(float64(b.N-int(failed.Load()))/el.Seconds(), "pairs/s")
 	b.ReportMetric(cpu.Seconds()*1e6/float64(b.N), "srv-µs/pair")
+	b.ReportMetric(float64(evalCalls(b, srv.Addr())-calls0)/float64(b.N), "calls/pair")
+}
+
+// evalCalls returns the server's EVALSHA + EVAL calls so far (INFO
+// commandstats): with batching a pair costs fewer than two.
+func evalCalls(b testing.TB, addr string) int64 {
+	b.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"evalsha", "eval"} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				x, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n += x
+			}
+		}
+	}
+	return n
 }
 
 // serverCPU returns redis-server's CPU time so far (used_cpu_user +

@@ -47,6 +47,10 @@ type Config struct {
 	// record), synchronously, before the call returns. Optional; it must not
 	// block and must be safe for concurrent use.
 	OnUsage func(ledger.UsageEvent)
+	// MaxBatch is the most write operations one script call carries when
+	// concurrent operations of one partition group queue (batch.go).
+	// Optional; default 64; 1 runs every operation as its own script.
+	MaxBatch int
 	// Registerer receives the ledger's metrics. Optional; nil registers none.
 	Registerer prometheus.Registerer
 }
@@ -75,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReclaimBatch == 0 {
 		c.ReclaimBatch = 256
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = 64
 	}
 }
 
@@ -105,6 +112,9 @@ func (c *Config) Validate() error {
 	if c.ReclaimBatch < 0 {
 		errs = append(errs, fmt.Errorf("ledger.reclaim_batch %d must be ≥ 0", c.ReclaimBatch))
 	}
+	if c.MaxBatch < 1 {
+		errs = append(errs, fmt.Errorf("redis ledger MaxBatch %d must be ≥ 1", c.MaxBatch))
+	}
 	for i, t := range c.Tenants {
 		if t.IsZero() {
 			errs = append(errs, fmt.Errorf("ledger.tenants[%d] is the zero key", i))
@@ -118,6 +128,7 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec // by class: unavailable, ambiguous, recovering
 	corrupt     prometheus.Counter
 	orphans     prometheus.Counter
+	batchOps    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -134,9 +145,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_ledger_orphan_settles_total",
 			Help: "Settles that found no record (never reserved, or its tombstone aged out).",
 		}),
+		batchOps: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_ledger_redis_batch_ops",
+			Help:    "Write operations carried by one Redis ledger script call (batching of concurrent operations).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt, m.orphans} {
+		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt, m.orphans, m.batchOps} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register redis ledger metrics: %w", err)
 			}

@@ -21,7 +21,18 @@ import (
 // TestConformance runs the shared suite (ledger/ledgertest) against the Redis
 // backend on a real redis-server. Ledger time is pinned with a clock floor a
 // day ahead of the server's TIME; Advance raises it for every tenant.
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, 0) }
+
+// TestConformanceUnbatched runs the suite with every operation its own
+// script (Config.MaxBatch 1), the path before batching.
+func TestConformanceUnbatched(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the batched suite covers the same scripts")
+	}
+	conformance(t, 1)
+}
+
+func conformance(t *testing.T, maxBatch int) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
 	var once sync.Once
@@ -29,6 +40,7 @@ func TestConformance(t *testing.T) {
 		l := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
 			c.LeaseTTL, c.MaxLeaseTTL, c.TombstoneRetention = cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.TombstoneRetention
 			c.StoreTimeout = 10 * time.Second // semantics, not latency: T6 runs 1000 calls at once on 2 shared cores
+			c.MaxBatch = maxBatch
 		})
 		once.Do(func() { require.NoError(t, l.LoadScripts(context.Background())) })
 		var now atomic.Int64
@@ -38,6 +50,7 @@ func TestConformance(t *testing.T) {
 		peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
 			c.LeaseTTL, c.MaxLeaseTTL, c.TombstoneRetention = cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.TombstoneRetention
 			c.StoreTimeout = 10 * time.Second
+			c.MaxBatch = maxBatch
 		})
 		redisledger.SetTimeFloor(peer, now.Load)
 		return &ledgertest.Backend{

@@ -29,6 +29,7 @@ type Ledger struct {
 	prefix string
 	s      *scripts
 	m      *metrics
+	b      *batcher // nil when Config.MaxBatch is 1
 
 	epochSeed string       // random per process; candidate epochs are seed-counter
 	epochSeq  atomic.Int64 // candidate counter
@@ -79,11 +80,15 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
-	return &Ledger{
+	l := &Ledger{
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
 		epochSeed: hex.EncodeToString(seed[:]),
 		specs:     make(map[ledger.RequestID]specEntry),
-	}, nil
+	}
+	if cfg.MaxBatch > 1 {
+		l.b = newBatcher(l)
+	}
+	return l, nil
 }
 
 // Open builds a client from cfg (standalone, Sentinel or Cluster, see
@@ -130,7 +135,7 @@ func (l *Ledger) Close() error {
 // calls fall back to EVAL on NOSCRIPT anyway.
 func (l *Ledger) LoadScripts(ctx context.Context) error {
 	for _, s := range []*redis.Script{l.s.reserve, l.s.dispatch, l.s.extend, l.s.settle, l.s.release,
-		l.s.expire, l.s.resolve, l.s.charge, l.s.scan, l.s.snapshot} {
+		l.s.expire, l.s.resolve, l.s.charge, l.s.scan, l.s.snapshot, l.s.batch} {
 		if err := s.Load(ctx, l.c).Err(); err != nil {
 			return fmt.Errorf("load ledger script: %w", l.storeErr(err))
 		}
@@ -187,6 +192,11 @@ func (r reply) int(i int) (int64, bool) {
 func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []string, args ...any) (reply, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	if !ro && l.b != nil {
+		if name, ok := l.s.names[s]; ok {
+			return l.b.do(ctx, name, keys, args)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
 	defer cancel()

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 )
 
@@ -117,9 +118,6 @@ type GPU struct {
 	MsPerOutputToken float64 `yaml:"ms_per_output_token"`
 	// Margin multiplies the estimate for the hold. Default 1.2.
 	Margin float64 `yaml:"margin"`
-	// AbortFactor aborts a request whose GPU-ms passes factor × hold.
-	// Default 0 (off).
-	AbortFactor float64 `yaml:"abort_factor"`
 }
 
 // Server holds instance-wide limits.
@@ -148,6 +146,10 @@ type Server struct {
 	// remaining output) to fit a budget; below it the request is refused.
 	// Default 16.
 	MinOutputTokens int64 `yaml:"min_output_tokens"`
+	// MediaAllowance is the tokens the bytes counter adds per image, audio
+	// or video content part, whose real count the model's processor
+	// decides. Default 4096.
+	MediaAllowance int64 `yaml:"media_allowance"`
 }
 
 // Cost configures fair-share costing.
@@ -261,8 +263,9 @@ type OutageAllowance struct {
 	Tokens   int64 `yaml:"tokens"`
 }
 
-// Dimensions are the budget dimensions of the pinned schema.
-var Dimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros"}
+// Dimensions are the budget dimensions: the pinned schema's and gpu_joules
+// (GPU energy in millijoules, an extension).
+var Dimensions = []string{"requests", "input_tokens", "output_tokens", "tokens", "gpu_ms", "usd_micros", "gpu_joules"}
 
 // maxAmount is the ledger's largest amount (2^50).
 const maxAmount = int64(1) << 50
@@ -343,14 +346,14 @@ func (f *File) applyDefaults() {
 			u.Replicas[i].Name = fmt.Sprintf("r%d", i)
 		}
 	}
-	g := &f.GPU
-	def(&g.Telemetry, "auto")
-	def(&g.Interval, 100*time.Millisecond)
-	def(&g.DegradedFactor, 0.5)
-	def(&g.MaxOvercommit, 2)
-	def(&g.MsPerInputToken, 0.05)
-	def(&g.MsPerOutputToken, 10)
-	def(&g.Margin, 1.2)
+	g, gd := &f.GPU, gpu.Config{}.WithDefaults() // the gpu package owns these defaults
+	def(&g.Telemetry, string(gd.Telemetry))
+	def(&g.Interval, gd.PollInterval)
+	def(&g.DegradedFactor, gd.DegradedFactor)
+	def(&g.MaxOvercommit, gd.MaxOvercommit)
+	def(&g.MsPerInputToken, gd.GPUMsPerInputToken)
+	def(&g.MsPerOutputToken, gd.GPUMsPerOutputToken)
+	def(&g.Margin, gd.GPUMsMargin)
 	s := &f.Server
 	def(&s.MaxBodyBytes, 4<<20)
 	def(&s.MaxWait, 60*time.Second)
@@ -363,6 +366,7 @@ func (f *File) applyDefaults() {
 	def(&s.Cost.WOut, 2)
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
+	def(&s.MediaAllowance, 4096)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -454,10 +458,6 @@ func (f *File) Validate() error {
 	if f.GPU.Margin < 1 {
 		v.add("gpu.margin must be >= 1")
 	}
-	v.nonNegF("gpu.abort_factor", f.GPU.AbortFactor)
-	if f.GPU.AbortFactor > 0 && f.GPU.AbortFactor < 1 {
-		v.add("gpu.abort_factor must be 0 (off) or >= 1")
-	}
 	s := f.Server
 	v.positive("server.max_body_bytes", s.MaxBodyBytes)
 	v.positiveDur("server.max_wait", s.MaxWait)
@@ -470,6 +470,7 @@ func (f *File) Validate() error {
 	v.positive("server.cost.w_out", s.Cost.WOut)
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
+	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)

@@ -139,7 +139,6 @@ func TestValidationRules(t *testing.T) {
 		{"bad telemetry", "gpu: {telemetry: dcgm}\n" + minimal, []string{"gpu.telemetry must be one of auto, nvml, vllm, off"}},
 		{"bad degraded factor", "gpu: {degraded_factor: 1.5}\n" + minimal, []string{"gpu.degraded_factor must be in [0, 1]"}},
 		{"bad overcommit", "gpu: {max_overcommit: 0.5}\n" + minimal, []string{"gpu.max_overcommit must be >= 1"}},
-		{"bad abort factor", "gpu: {abort_factor: 0.5}\n" + minimal, []string{"gpu.abort_factor must be 0 (off) or >= 1"}},
 		{"bad headroom", "server: {headroom: 0.95}\n" + minimal, []string{"server.headroom must be in [0, 0.9]"}},
 		{"bad cost unit", "server: {cost: {unit: dollars}}\n" + minimal, []string{"server.cost.unit must be one of tokens, gpu_ms"}},
 		{"negative body limit", "server: {max_body_bytes: -1}\n" + minimal, []string{"server.max_body_bytes must be > 0"}},

@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"sync"
 	"testing"
@@ -20,7 +21,12 @@ func TestGPUMsConservation(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.DecodeStep = 4 * time.Millisecond
 	rep := startSim(t, sc)
-	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "    concurrency: 8\n", ""))
+	// Metered from the simulator's busy counter (telemetry vllm): with no
+	// meter (off), attribution is wall-clock running time, which includes
+	// scheduling and network latency and on a loaded host reads ~1 % high.
+	cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 8\n", "")
+	cfg.GPU.Telemetry = "vllm"
+	n := startNode(t, cfg)
 	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":100,"ignore_eos":true}`
 	var wg sync.WaitGroup
 	// acme runs four workers, beta two: 2:1 work. Enough workers that the
@@ -43,6 +49,10 @@ func TestGPUMsConservation(t *testing.T) {
 	}
 	wg.Wait()
 	eventually(t, "replica idle", func() bool { return rep.Stats().Running == 0 })
+	eventually(t, "meter caught up", func() bool {
+		got := n.metric(t, "sluice_replica_gpu_busy_seconds_total", map[string]string{"replica": "r0"})
+		return math.Abs(got-rep.Stats().BusyTime.Seconds()) < 1e-6
+	})
 	acme := n.metric(t, "sluice_tenant_gpu_ms_total", map[string]string{"tenant": "acme"})
 	beta := n.metric(t, "sluice_tenant_gpu_ms_total", map[string]string{"tenant": "beta"})
 	busyMs := float64(rep.Stats().BusyTime) / float64(time.Millisecond)
@@ -135,4 +145,31 @@ func TestHalvedKVGetsHalfTheLoad(t *testing.T) {
 	}
 	assert.Equal(t, before, r1.Stats().Received, "a draining replica gets nothing new")
 	eventually(t, "r1 keeps running what it has", func() bool { return r1.Stats().Running == 4 })
+}
+
+// TestGPUJoulesBudgetEnforced: with the simulator's energy counter metering
+// the replica, requests settle GPU energy into a gpu_joules budget
+// (millijoules) and the budget refuses with 429 naming gpu_joules once the
+// next request's energy hold no longer fits.
+func TestGPUJoulesBudgetEnforced(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	cfg := nodeConfig(t, []*simReplica{rep}, "    budgets: [{dimension: gpu_joules, limit: 2000000, window: 1h}]\n", "")
+	cfg.GPU.Telemetry = "vllm"
+	n := startNode(t, cfg)
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":60,"ignore_eos":true}`
+	for i := 0; ; i++ {
+		require.Less(t, i, 100, "the gpu_joules budget never refused")
+		resp := n.post(t, "/v1/completions", keyAcme, body)
+		b := readAll(t, resp)
+		if resp.StatusCode == 200 {
+			continue
+		}
+		require.Equal(t, 429, resp.StatusCode, string(b))
+		code, det := errorCode(t, b)
+		assert.Equal(t, "tenant_budget_exceeded", code)
+		assert.Equal(t, "gpu_joules", det["dimension"])
+		assert.EqualValues(t, 2000000, det["limit"])
+		assert.Positive(t, det["committed"], "settled requests charged their energy")
+		return
+	}
 }

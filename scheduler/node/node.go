@@ -101,10 +101,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		Telemetry: mode, PollInterval: cfg.GPU.Interval, DownAfter: cfg.Upstream.DownAfter,
 		DegradedFactor: cfg.GPU.DegradedFactor, MaxOvercommit: cfg.GPU.MaxOvercommit,
 		GPUMsPerInputToken: cfg.GPU.MsPerInputToken, GPUMsPerOutputToken: cfg.GPU.MsPerOutputToken,
-		GPUMsMargin: cfg.GPU.Margin, GPUMsAbortFactor: cfg.GPU.AbortFactor,
-		StaleAfter: max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
-		Replicas:   gpuReps,
-	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, SharedReplicas: cfg.Ledger.Backend == "redis"})
+		GPUMsMargin: cfg.GPU.Margin,
+		StaleAfter:  max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
+		Replicas:    gpuReps,
+	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis"})
 	if err != nil {
 		return err
 	}
@@ -132,8 +132,11 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		}()
 		deps.Audit = trail
 	}
-	// The admin state (budgets, clamps) is a document of the same store.
-	deps.State = state
+	if cfg.Ledger.Backend == "redis" || cfg.Ledger.Journal != "" {
+		// Admin changes share the keys' store: the fleet's in Redis, the
+		// node's next to the journal. Without either, admin.state_file.
+		deps.State = state
+	}
 	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err

@@ -9,6 +9,9 @@
 //                       abort test also waits for Sluice to count the abort
 //                       while this process is still alive)
 //   SLUICE_MODEL        the served model (default sim-model)
+//   SLUICE_DIRECT_URL   the replica behind Sluice, e.g. http://127.0.0.1:8100/v1
+//                       (optional; when set the transparency tests send each
+//                       request to it directly too and compare)
 //
 // test/openaie2e runs this file against an in-process Sluice and simulator
 // and checks the server side; `npm test` runs it against any Sluice.
@@ -180,4 +183,49 @@ test('an exhausted budget is a RateLimitError that the SDK does not retry', asyn
     return true;
   });
   assert.equal(attempts.length, 2, `the SDK sent ${attempts.length - 1} requests for the refused call, want 1`);
+});
+
+// Transparency (issue 19): what works against vLLM directly works the same
+// through Sluice, for features that only exist without streaming.
+const directURL = process.env.SLUICE_DIRECT_URL;
+const both = (fn) => async () => {
+  const direct = new OpenAI({ apiKey: 'unused', baseURL: directURL, maxRetries: 0 });
+  return Promise.all([fn(client), fn(direct)]);
+};
+const settled = (p) => p.then((v) => ({ ok: v }), (err) => ({ err }));
+
+test('non-streamed prompt_logprobs: 200 through Sluice as direct', { skip: !directURL }, async () => {
+  const [via, direct] = await both((c) =>
+    c.chat.completions.create({ model, messages, max_tokens: 3, prompt_logprobs: 1 }).withResponse(),
+  )();
+  for (const { data, response } of [via, direct]) {
+    assert.equal(response.status, 200);
+    assert.ok(Array.isArray(data.prompt_logprobs), `prompt_logprobs ${JSON.stringify(data.prompt_logprobs)}`);
+  }
+  assert.equal(via.data.prompt_logprobs.length, direct.data.prompt_logprobs.length);
+  assert.equal(via.data.usage.prompt_tokens, direct.data.usage.prompt_tokens);
+});
+
+test('beam-search completion: 200 through Sluice as direct', { skip: !directURL }, async () => {
+  const [via, direct] = await both((c) =>
+    c.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, n: 2, use_beam_search: true }).withResponse(),
+  )();
+  for (const { data, response } of [via, direct]) {
+    assert.equal(response.status, 200);
+    assert.equal(data.object, 'text_completion');
+    assert.equal(data.choices.length, 2);
+  }
+});
+
+test('out-of-range logprobs: the same 400 through Sluice as direct', { skip: !directURL }, async () => {
+  const [via, direct] = await both((c) =>
+    settled(c.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, logprobs: 21 })),
+  )();
+  for (const r of [via, direct]) {
+    assert.ok(r.err instanceof OpenAI.BadRequestError, `got ${r.err?.constructor?.name ?? 'success'}`);
+    assert.equal(r.err.status, 400);
+  }
+  assert.equal(via.err.message, direct.err.message);
+  assert.deepEqual(via.err.error, direct.err.error);
+  assert.match(direct.err.message, /Requested sample logprobs of 21, which is greater than max allowed: 20/);
 });

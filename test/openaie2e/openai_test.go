@@ -67,6 +67,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		"SLUICE_CAPPED_KEY="+keyCapped,
 		"SLUICE_METRICS_URL="+n.admin+"/metrics",
 		"SLUICE_MODEL="+scfg.Model,
+		"SLUICE_DIRECT_URL="+repURL+"/v1",
 		"NO_COLOR=1",
 	)
 	out := &lineLogger{t: t, prefix: "node: "}
@@ -84,9 +85,12 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	s := rep.Stats()
 	// Generations that reached the replica: acme's non-streamed, streamed
 	// and cancelled calls, limited's first call and capped's call that
-	// fits; the 429s never do.
-	assert.Equal(t, int64(5), s.Received, "generation requests at the simulator")
-	assert.Equal(t, int64(4), s.Completed, "completed generations at the simulator")
+	// fits; the 429s never do. The three transparency cases each send one
+	// request through Sluice and one directly; the out-of-range logprobs
+	// pair is refused by vLLM.
+	assert.Equal(t, int64(5+6), s.Received, "generation requests at the simulator")
+	assert.Equal(t, int64(4+4), s.Completed, "completed generations at the simulator")
+	assert.Equal(t, int64(2), s.Rejected, "the out-of-range logprobs pair")
 	assert.InDelta(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "client_disconnect"}), 1e-9)
 
 	// Every hold is released and usage was settled (the ledger gauges are
@@ -110,7 +114,8 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		{"limited all outcomes", "sluice_requests_total", map[string]string{"tenant": "limited"}, 2},
 		{"limited budget rejections", "sluice_rejections_total", map[string]string{"tenant": "limited", "reason": "tenant_budget_exceeded"}, 1},
 		{"limited all rejections", "sluice_rejections_total", map[string]string{"tenant": "limited"}, 1},
-		{"acme served", "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}, 2},
+		{"acme served", "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}, 2 + 2},
+		{"acme refused by vLLM", "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_error"}, 1},
 		{"acme cancelled", "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "cancelled"}, 1},
 		{"acme rejections", "sluice_rejections_total", map[string]string{"tenant": "acme"}, 0},
 	}

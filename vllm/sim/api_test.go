@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -214,7 +215,16 @@ func TestErrors(t *testing.T) {
 		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "NotFoundError", "model"},
 		{"prompt + max_tokens > max_model_len", "/v1/completions", `{"model":"sim-model","prompt":` + tokenIDPrompt(60) + `,"max_tokens":41}`, 400, "BadRequestError", "input_tokens"},
 		{"prompt alone too long", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("w ", 100) + `"}]}`, 400, "BadRequestError", "input_tokens"},
-		{"priority under fcfs", "/v1/completions", `{"model":"sim-model","prompt":"a","priority":1}`, 400, "BadRequestError", "priority"},
+		{"logprobs above max_logprobs", "/v1/completions", `{"model":"sim-model","prompt":"a","logprobs":21}`, 400, "BadRequestError", "logprobs"},
+		{"prompt_logprobs above max_logprobs", "/v1/completions", `{"model":"sim-model","prompt":"a","prompt_logprobs":21}`, 400, "BadRequestError", "prompt_logprobs"},
+		{"prompt_logprobs with stream", "/v1/completions", `{"model":"sim-model","prompt":"a","prompt_logprobs":1,"stream":true}`, 400, "BadRequestError", "prompt_logprobs"},
+		{"beam search with stream", "/v1/completions", `{"model":"sim-model","prompt":"a","use_beam_search":true,"stream":true}`, 400, "BadRequestError", ""},
+		{"top_logprobs without logprobs", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"x"}],"top_logprobs":2}`, 400, "BadRequestError", "top_logprobs"},
+		{"out-of-vocabulary token id", "/v1/completions", `{"model":"sim-model","prompt":[1,2,40000]}`, 400, "BadRequestError", ""},
+		{"json_schema without schema", "/v1/completions", `{"model":"sim-model","prompt":"a","response_format":{"type":"json_schema"}}`, 400, "BadRequestError", "response_format"},
+		{"invalid json schema", "/v1/completions", `{"model":"sim-model","prompt":"a","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"nope"}}}}`, 400, "BadRequestError", ""},
+		{"prompt exactly max_model_len", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("w ", 93) + `"}]}`, 400, "BadRequestError", ""},
+		{"bad stream_interval", "/v1/completions", `{"model":"sim-model","prompt":"a","stream_interval":0}`, 400, "BadRequestError", "stream_interval"},
 		{"stream_options without stream", "/v1/completions", `{"model":"sim-model","prompt":"a","stream_options":{}}`, 400, "BadRequestError", "stream_options"},
 		{"max_tokens zero", "/v1/completions", `{"model":"sim-model","prompt":"a","max_tokens":0}`, 400, "BadRequestError", "max_tokens"},
 		{"n zero", "/v1/completions", `{"model":"sim-model","prompt":"a","n":0}`, 400, "BadRequestError", "n"},
@@ -398,4 +408,148 @@ func TestStartupDelay(t *testing.T) {
 	h.Body.Close()
 	assert.Equal(t, http.StatusOK, h.StatusCode)
 	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "served only after the delay")
+}
+
+// TestLateErrorsStreamed checks the errors vLLM raises when the engine adds
+// a request: a streamed request has its 200 headers already and gets an SSE
+// error event, then [DONE], nothing else (completion/serving.py).
+func TestLateErrorsStreamed(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxModelLen = 100
+	cfg.MaxNumQueuedReqs = 1
+	r, url := startReplica(t, cfg)
+	tests := []struct {
+		name, path, body, param, msg string
+	}{
+		{"logprobs", "/v1/completions", `{"model":"sim-model","prompt":"a","logprobs":21,"stream":true}`, "logprobs",
+			"Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)"},
+		{"chat top_logprobs", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":30,"stream":true}`, "logprobs",
+			"Requested sample logprobs of 30, which is greater than max allowed: 20 (parameter=logprobs, value=30)"},
+		{"oov", "/v1/completions", `{"model":"sim-model","prompt":[5,32000],"stream":true}`, "", "Token id 32000 is out of vocabulary"},
+		{"schema", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":[1]}},"stream":true}`, "",
+			"Error in structured output: the JSON schema is invalid"},
+		{"exactly max_model_len", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("w ", 93) + `"}],"stream":true}`, "",
+			"The decoder prompt (length 100) plus the number of requested output tokens (at least 1) is longer than the maximum model length of 100. Make sure that `max_model_len` is no smaller than the number of text tokens (prompt + requested output tokens)."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, b := post(t, url+tt.path, tt.body)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+			ev := sseEvents(t, b)
+			require.Len(t, ev, 2, "%s", b)
+			assert.Equal(t, "[DONE]", ev[1])
+			var eb struct {
+				Error errorBodyJSON `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(ev[0]), &eb))
+			assert.Equal(t, 400, eb.Error.Code)
+			assert.Equal(t, "BadRequestError", eb.Error.Type)
+			assert.Equal(t, tt.msg, eb.Error.Message)
+			if tt.param == "" {
+				assert.Nil(t, eb.Error.Param)
+			} else if assert.NotNil(t, eb.Error.Param) {
+				assert.Equal(t, tt.param, *eb.Error.Param)
+			}
+		})
+	}
+	st := r.Stats()
+	assert.Equal(t, int64(len(tests)), st.Rejected)
+	assert.Equal(t, int64(0), st.Admitted, "the engine never ran them")
+	assert.Equal(t, int64(0), st.PromptTokens)
+}
+
+// TestPriorityIgnoredUnderFCFS: vLLM v1's FCFS queue ignores priority.
+func TestPriorityIgnoredUnderFCFS(t *testing.T) {
+	_, url := startReplica(t, fastConfig())
+	resp, b := post(t, url+"/v1/completions", `{"model":"sim-model","prompt":"a","priority":7,"max_tokens":3}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+}
+
+// TestQueueLimitCountsRunning: --max-num-queued-reqs counts running
+// requests too; a streamed request is refused after its headers.
+func TestQueueLimitCountsRunning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.MaxNumQueuedReqs = 1
+		cfg.DecodeStep = 10 * time.Millisecond
+		b := newBubble(t, cfg)
+		first := b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":"a","max_tokens":50,"ignore_eos":true,"stream":true}`, "one")
+		for b.r.Stats().Running == 0 {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		second := b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":"b","max_tokens":5,"stream":true}`, "two")
+		third := b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":"b","max_tokens":5}`, "three")
+		synctest.Wait()
+		for len(first.events()) == 0 || !strings.Contains(first.events()[len(first.events())-1].data, "[DONE]") {
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		b.stop()
+		assert.Equal(t, 200, second.status)
+		assert.Contains(t, string(second.body), `"code":503`)
+		assert.True(t, strings.HasSuffix(string(second.body), "data: [DONE]\n\n"))
+		assert.Equal(t, 503, third.status)
+		assert.Equal(t, int64(1), b.r.Stats().Admitted)
+	})
+}
+
+// TestRoleChunkWithFirstToken: the chat role chunk goes out with the first
+// token, after queueing and prefill, not with the headers
+// (chat_completion/serving.py sends it on the first engine output).
+func TestRoleChunkWithFirstToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.PrefillTPS = 10000
+		cfg.DecodeStep = 10 * time.Millisecond
+		b := newBubble(t, cfg)
+		start := time.Now()
+		body := `{"model":"sim-model","messages":[{"role":"user","content":"` + strings.Repeat("word ", 993) + `"}],"max_tokens":3,"ignore_eos":true,"stream":true}`
+		rec := b.do(t.Context(), "/v1/chat/completions", body, "role")
+		for len(rec.events()) < 2 {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		ev := rec.events()
+		assert.Equal(t, "", ev[0].data, "headers flushed first, alone")
+		assert.Equal(t, time.Duration(0), ev[0].at.Sub(start))
+		require.Contains(t, ev[1].data, `"role":"assistant"`)
+		// prompt 1000 tokens at 10000/s = 100ms, plus the 10ms step.
+		assert.Equal(t, 110*time.Millisecond, ev[1].at.Sub(start), "role chunk at the first token")
+		assert.Contains(t, ev[1].data, `"content":"`, "first token in the same flush")
+		b.stop()
+	})
+}
+
+// TestChunkedPrefillAdmitsFirstChunk: with a step budget, a prompt larger
+// than the free KV is admitted once its first chunk fits (vLLM v1), where
+// whole-prompt admission would keep it waiting.
+func TestChunkedPrefillAdmitsFirstChunk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		cfg.KVTokens = 1536 // 96 blocks
+		cfg.MaxModelLen = 1024
+		cfg.MaxNumBatchedTokens = 256
+		cfg.DecodeStep = 10 * time.Millisecond
+		b := newBubble(t, cfg)
+		hold := b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":`+tokenIDPrompt(1000)+`,"max_tokens":20,"ignore_eos":true,"stream":true}`, "hold")
+		for len(tokenEvents(t, hold)) < 1 {
+			time.Sleep(time.Millisecond)
+			synctest.Wait()
+		}
+		// 63 blocks held, 33 free: the next 1000-token prompt does not fit
+		// whole, its first 256-token chunk does.
+		b.do(t.Context(), "/v1/completions", `{"model":"sim-model","prompt":`+tokenIDPrompt(1000)+`,"max_tokens":4,"ignore_eos":true,"stream":true}`, "next")
+		time.Sleep(15 * time.Millisecond)
+		synctest.Wait()
+		st := b.r.Stats()
+		assert.Equal(t, int64(2), st.Running, "admitted on its first chunk")
+		assert.Equal(t, int64(0), st.Waiting)
+		for b.r.Stats().FinishedSeqs < 2 {
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		assert.Equal(t, int64(24), b.r.Stats().GenerationTokens)
+		b.stop()
+	})
 }

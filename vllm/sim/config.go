@@ -101,16 +101,42 @@ type Config struct {
 	MaxNumBatchedTokens int
 	// StreamInterval packs up to this many tokens per streamed chunk
 	// (vLLM's --stream-interval); the first token and the last are always
-	// sent at once. Default 1.
+	// sent at once. A request's own stream_interval raises it, never lowers
+	// it (vllm/entrypoints/openai/completion/protocol.py). Default 1.
 	StreamInterval int
+	// KeepAliveTimeout closes a keep-alive connection idle this long, as
+	// uvicorn's --timeout-keep-alive (default 5s, which vLLM keeps:
+	// vllm/entrypoints/openai/cli_args.py, uvicorn/config.py). Default 5s;
+	// negative: never.
+	KeepAliveTimeout time.Duration
+	// MaxLogprobs is vLLM's --max-logprobs: larger logprobs,
+	// top_logprobs or prompt_logprobs are refused by the engine's input
+	// processor (vllm/v1/engine/input_processor.py). Default 20.
+	MaxLogprobs int
+	// EnablePromptTokensDetails emits usage.prompt_tokens_details
+	// {"cached_tokens": N} as vLLM's --enable-prompt-tokens-details
+	// (vllm/entrypoints/openai/completion/serving.py); N is 0 without a
+	// prefix cache. Default false: null, as vLLM.
+	EnablePromptTokensDetails bool
+	// SystemFingerprint is the system_fingerprint of responses: on a
+	// non-streamed response, on the final usage chunk, or on each choice's
+	// last chunk when the client did not ask for usage
+	// (vllm/entrypoints/openai/fingerprint.py, default mode "full"; the
+	// completion/serving.py stream generator). Default
+	// "vllm-sim-00000000"; "none" omits it (--fingerprint-mode none).
+	SystemFingerprint string
 	// OutputLenMax bounds the natural (EOS) output length; lengths are
 	// uniform in [max(min_tokens,1), min(cap, OutputLenMax)]. Requests with
 	// ignore_eos generate exactly the cap. Default 128.
 	OutputLenMax int
 	// SchedulingPolicy is "fcfs" or "priority". Default "fcfs"; under fcfs a
-	// non-zero request priority is a 400.
+	// request's priority is ignored, as vLLM v1's scheduler does
+	// (vllm/v1/core/sched/request_queue.py: FCFSRequestQueue).
 	SchedulingPolicy string
-	// MaxNumQueuedReqs answers 503 when this many sequences wait. 0: unbounded.
+	// MaxNumQueuedReqs refuses a request when waiting + running sequences
+	// would exceed it (vLLM's --max-num-queued-reqs, checked when the engine
+	// adds the request: a streamed request gets the 200 headers first and
+	// then an SSE error event). 0: unbounded.
 	MaxNumQueuedReqs int
 	// MaxNumQueuedTokens answers 503 when waiting prompt tokens would exceed
 	// it. 0: unbounded.
@@ -135,18 +161,21 @@ type Config struct {
 // DefaultConfig returns fast defaults for tests and the demo.
 func DefaultConfig() Config {
 	return Config{
-		Model:            "sim-model",
-		MaxNumSeqs:       64,
-		MaxModelLen:      4096,
-		KVTokens:         65536,
-		BlockSize:        16,
-		PrefillTPS:       200000,
-		DecodeStep:       2 * time.Millisecond,
-		StreamInterval:   1,
-		OutputLenMax:     128,
-		SchedulingPolicy: PolicyFCFS,
-		OnDisconnect:     OnDisconnectAbort,
-		Faults:           Faults{ErrorStatus: 500},
+		Model:             "sim-model",
+		MaxNumSeqs:        64,
+		MaxModelLen:       4096,
+		KVTokens:          65536,
+		BlockSize:         16,
+		PrefillTPS:        200000,
+		DecodeStep:        2 * time.Millisecond,
+		StreamInterval:    1,
+		KeepAliveTimeout:  5 * time.Second,
+		MaxLogprobs:       20,
+		SystemFingerprint: "vllm-sim-00000000",
+		OutputLenMax:      128,
+		SchedulingPolicy:  PolicyFCFS,
+		OnDisconnect:      OnDisconnectAbort,
+		Faults:            Faults{ErrorStatus: 500},
 	}
 }
 
@@ -184,6 +213,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.OutputLenMax == 0 {
 		c.OutputLenMax = d.OutputLenMax
+	}
+	if c.KeepAliveTimeout == 0 {
+		c.KeepAliveTimeout = d.KeepAliveTimeout
+	}
+	if c.MaxLogprobs == 0 {
+		c.MaxLogprobs = d.MaxLogprobs
+	}
+	if c.SystemFingerprint == "" {
+		c.SystemFingerprint = d.SystemFingerprint
 	}
 	if c.SchedulingPolicy == "" {
 		c.SchedulingPolicy = d.SchedulingPolicy

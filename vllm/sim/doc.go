@@ -8,14 +8,21 @@
 // A [Replica] is one simulated vLLM server: an [http.Handler] plus one engine
 // goroutine started by [Replica.Run]. HTTP handlers parse and validate a
 // request (vLLM's 400/404 come before queueing), then hand one sequence per
-// choice (n per prompt) to the engine and wait for its tokens.
+// choice (n per prompt) to the engine and wait for its tokens. What vLLM's
+// engine checks when it adds a request (logprobs over MaxLogprobs, a bad
+// JSON schema, an out-of-vocabulary token id, a chat prompt of exactly
+// max_model_len, MaxNumQueuedReqs over waiting + running) reaches a
+// streamed request after its 200 headers, as an SSE error event then
+// [DONE], and a non-streamed one as its response. The chat role chunk goes
+// out with the first token.
 //
 // The engine steps a batch, like vLLM's scheduler:
 //   - at most MaxNumSeqs sequences run; the rest wait (FCFS, or priority
 //     then arrival under SchedulingPolicy "priority");
 //   - a running sequence holds KV blocks for prompt + generated tokens; a
 //     waiting one is admitted only if its prompt (plus what it had generated
-//     before a preemption) fits; when a step is short of KV the newest (or
+//     before a preemption) fits, or with MaxNumBatchedTokens its first
+//     prefill chunk (vLLM v1); when a step is short of KV the newest (or
 //     worst-priority) running sequence is preempted: its KV is freed and it
 //     goes back to the front of the queue, to be recomputed;
 //   - a step lasts DecodeStep + DecodeStepPerSeq × decoding sequences +
@@ -38,6 +45,9 @@
 //     pieces of at most 4 bytes), and output is made of one-token words.
 //   - sim_gpu_busy_seconds_total is the sum of step durations (simulated
 //     time); idle time, when no sequence runs, is excluded.
+//   - sim_gpu_energy_joules_total is exactly 70 W × time since start +
+//     630 W × busy time (power.go), so that energy attribution can be
+//     checked against it.
 //
 // # Determinism
 //

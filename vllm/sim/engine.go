@@ -125,7 +125,9 @@ func (e *engine) submit(r *request) *apiError {
 		tokens += s.prompt
 	}
 	e.mu.Lock()
-	if lim := e.cfg.MaxNumQueuedReqs; lim > 0 && int(e.st.waiting.Load())+len(e.inbox)+len(r.seqs) > lim {
+	// vLLM's limit counts the engine's requests, waiting and running
+	// (vllm/v1/engine/admission_control.py).
+	if lim := e.cfg.MaxNumQueuedReqs; lim > 0 && int(e.st.waiting.Load()+e.st.running.Load())+len(e.inbox)+len(r.seqs) > lim {
 		e.mu.Unlock()
 		return newAPIError(http.StatusServiceUnavailable, "", "The waiting queue is full (max_num_queued_reqs=%d).", lim)
 	}
@@ -333,9 +335,11 @@ func (e *engine) schedule() (prefill, decoding int) {
 	}
 	preempted := false
 	for len(e.running) > 0 {
+		// Decodes need room for their next token; a sequence still in
+		// prefill needs room for at least one more prompt token.
 		need := 0
 		for _, s := range e.running {
-			need += e.blocksFor(s.prompt+s.gen+1) - s.blocks
+			need += e.blocksFor(e.minTokens(s)) - s.blocks
 		}
 		if need <= e.freeBlocks {
 			break
@@ -344,35 +348,37 @@ func (e *engine) schedule() (prefill, decoding int) {
 		preempted = true
 	}
 	for _, s := range e.running {
-		nb := e.blocksFor(s.prompt + s.gen + 1)
-		e.freeBlocks -= nb - s.blocks
-		s.blocks = nb
 		if s.prefilled {
+			nb := e.blocksFor(s.prompt + s.gen + 1)
+			e.freeBlocks -= nb - s.blocks
+			s.blocks = nb
 			decoding++
 			budget--
 		}
 	}
 	for _, s := range e.running {
 		if !s.prefilled {
-			s.chunk = max(0, min(s.prompt+s.gen-s.computed, budget))
+			s.chunk = e.grant(s, max(0, min(s.prompt+s.gen-s.computed, budget)))
 			budget -= s.chunk
 			prefill += s.chunk
 		}
 	}
 	for !preempted && budget > 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
-		// As vLLM, no new admissions in a step that had to preempt.
+		// As vLLM, no new admissions in a step that had to preempt. vLLM v1
+		// admits a request when its first chunk fits, not its whole
+		// prompt (vllm/v1/core/sched/scheduler.py: allocate_slots for
+		// num_new_tokens of this step).
 		s := e.waiting[0]
-		nb := e.blocksFor(s.prompt + s.gen + 1)
-		if nb > e.freeBlocks {
+		chunk := min(s.prompt+s.gen, budget)
+		if e.blocksFor(e.chunkTokens(s, chunk)) > e.freeBlocks {
 			break
 		}
 		e.waiting = e.waiting[1:]
 		e.waitingTokens.Add(-int64(s.prompt))
-		e.freeBlocks -= nb
-		s.blocks = nb
+		s.blocks = 0
 		s.prefilled = false
 		s.computed = 0
-		s.chunk = min(s.prompt+s.gen, budget)
+		s.chunk = e.grant(s, chunk)
 		budget -= s.chunk
 		prefill += s.chunk
 		e.running = append(e.running, s)
@@ -384,6 +390,40 @@ func (e *engine) schedule() (prefill, decoding int) {
 	e.m.prefixQueries.Add(float64(prefill))
 	e.st.promptTokens.Add(int64(prefill))
 	return prefill, decoding
+}
+
+// chunkTokens is the KV a prefilling sequence holds once chunk more prompt
+// tokens are computed: the whole sequence plus its first output token when
+// the chunk completes the prompt.
+func (e *engine) chunkTokens(s *seq, chunk int) int {
+	t := s.computed + chunk
+	if t >= s.prompt+s.gen {
+		t = s.prompt + s.gen + 1
+	}
+	return t
+}
+
+// minTokens is the KV s needs to make progress this step.
+func (e *engine) minTokens(s *seq) int {
+	if s.prefilled {
+		return s.prompt + s.gen + 1
+	}
+	return e.chunkTokens(s, 1)
+}
+
+// grant allocates KV blocks for up to chunk more prompt tokens of s and
+// returns how many fit.
+func (e *engine) grant(s *seq, chunk int) int {
+	for chunk > 0 && e.blocksFor(e.chunkTokens(s, chunk))-s.blocks > e.freeBlocks {
+		chunk = min(chunk-1, (s.blocks+e.freeBlocks)*e.cfg.BlockSize-s.computed)
+	}
+	if chunk <= 0 {
+		return 0
+	}
+	nb := e.blocksFor(e.chunkTokens(s, chunk))
+	e.freeBlocks -= nb - s.blocks
+	s.blocks = nb
+	return chunk
 }
 
 // victim returns the index in running of the sequence to preempt: the

@@ -91,6 +91,9 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 		st := r.cfg.Faults.ErrorStatus
 		return fail(newAPIError(st, "", "Injected fault: %s.", http.StatusText(st)))
 	}
+	if g.late != nil && !g.stream {
+		return fail(g.late)
+	}
 	req := newRequest(g.priority, r.clk.Now())
 	req.seqs = make([]*seq, 0, len(g.prompts)*g.n)
 	for p, pt := range g.prompts {
@@ -101,11 +104,34 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap})
 		}
 	}
+	if g.late != nil {
+		// Streamed: the engine refuses it after the headers (handleGeneration).
+		r.st.rejected.Add(1)
+		return g, req, id, f
+	}
 	if e := r.eng.submit(req); e != nil {
-		return fail(e)
+		if !g.stream {
+			return fail(e)
+		}
+		g.late = e
+		r.st.rejected.Add(1)
+		return g, req, id, f
 	}
 	r.st.admitted.Add(1)
 	return g, req, id, f
+}
+
+// lateError answers a streamed request the engine refused: vLLM has sent
+// its 200 headers already, so the error is an SSE event, then [DONE]
+// (completion/serving.py completion_stream_generator's except clauses).
+func (r *Replica) lateError(w http.ResponseWriter, e *apiError) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	var b []byte
+	b = append(b, "data: "...)
+	b = appendErrorJSON(b, e)
+	b = append(b, "\n\ndata: [DONE]\n\n"...)
+	_, _ = w.Write(b)
 }
 
 func (r *Replica) cancel(req *request) {
@@ -126,6 +152,10 @@ func (r *Replica) handleGeneration(k kind) http.HandlerFunc {
 		if g == nil {
 			return
 		}
+		if g.late != nil {
+			r.lateError(w, g.late)
+			return
+		}
 		if g.stream {
 			r.stream(w, hr, g, req, id, f)
 		} else {
@@ -140,11 +170,13 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.WriteHeader(http.StatusOK)
 	enc := newChunkEncoder(g.kind, id, r.clk.Now().Unix(), r.cfg.Model)
-	if g.kind == kindChat {
-		for _, s := range req.seqs {
-			enc.roleChunk(s.choice, g.continuousUsage, s.prompt)
-		}
-	}
+	enc.logprobs = g.logprobs
+	enc.details = r.cfg.EnablePromptTokensDetails
+	enc.fp, enc.fpOnLast = r.fingerprint(), !g.includeUsage
+	// The chat role chunks go out with the first output, not before
+	// queueing and prefill: chat_completion/serving.py sends them on the
+	// generator's first iteration.
+	rolesSent := g.kind != kindChat
 	var ctxDone <-chan struct{}
 	if r.cfg.OnDisconnect == OnDisconnectAbort {
 		ctxDone = hr.Context().Done()
@@ -180,7 +212,7 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 	if !flush() {
 		return
 	}
-	interval := r.cfg.StreamInterval
+	interval := g.streamInterval
 	n := len(req.seqs)
 	sent := make([]int, n)
 	finished := make([]bool, n)
@@ -213,6 +245,12 @@ func (r *Replica) stream(w http.ResponseWriter, hr *http.Request, g *genRequest,
 				continue
 			}
 			done := st == stFinished
+			if !rolesSent && (out > 0 || done) {
+				rolesSent = true
+				for _, s := range req.seqs {
+					enc.roleChunk(s.choice, g.continuousUsage, s.prompt)
+				}
+			}
 			if (out > sent[i] && (done || sent[i] == 0 || out-sent[i] >= interval)) || (done && out == sent[i]) {
 				finish := ""
 				if done {
@@ -307,22 +345,46 @@ func (r *Replica) complete(w http.ResponseWriter, hr *http.Request, g *genReques
 		}
 		b = append(b, `{"index":`...)
 		b = appendInt(b, s.choice)
+		// chat_completion/protocol.py ChatMessage: reasoning (not
+		// reasoning_content) and tool_calls are omitted when empty in
+		// current vLLM's response (exclude_none on optional fields).
 		if g.kind == kindChat {
 			b = append(b, `,"message":{"role":"assistant","content":"`...)
 			b = appendOutputText(b, s.key, 0, out)
-			b = append(b, `","reasoning_content":null,"tool_calls":[]}`...)
+			b = append(b, `"}`...)
 		} else {
 			b = append(b, `,"text":"`...)
 			b = appendOutputText(b, s.key, 0, out)
 			b = append(b, '"')
 		}
-		b = append(b, `,"logprobs":null,"finish_reason":"`...)
+		b = append(b, `,"logprobs":`...)
+		if g.logprobs {
+			b = appendLogprobs(b, g.kind, s.key, 0, out)
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, `,"finish_reason":"`...)
 		b = append(b, finishReason(s)...)
-		b = append(b, `","stop_reason":null}`...)
+		b = append(b, `","stop_reason":null`...)
+		if g.kind == kindCompletion {
+			// completion/serving.py puts prompt_logprobs on each choice.
+			b = append(b, `,"prompt_logprobs":`...)
+			b = appendPromptLogprobs(b, g.promptLogprobs, s.prompt)
+		}
+		b = append(b, '}')
 	}
-	b = append(b, `],"usage":`...)
-	b = appendUsage(b, g.promptTotal, completion)
-	b = append(b, `,"prompt_logprobs":null}`...)
+	b = append(b, `]`...)
+	if fp := r.fingerprint(); fp != "" {
+		b = append(b, `,"system_fingerprint":`...)
+		b = appendJSONString(b, fp)
+	}
+	b = append(b, `,"usage":`...)
+	b = appendUsage(b, g.promptTotal, completion, r.cfg.EnablePromptTokensDetails)
+	if g.kind == kindChat {
+		b = append(b, `,"prompt_logprobs":`...)
+		b = appendPromptLogprobs(b, g.promptLogprobs, g.promptTotal)
+	}
+	b = append(b, '}')
 	writeJSON(w, http.StatusOK, b)
 	r.st.completed.Add(1)
 }
@@ -414,4 +476,12 @@ func (r *Replica) handleHealth(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// fingerprint is the configured system_fingerprint, "" for none.
+func (r *Replica) fingerprint() string {
+	if r.cfg.SystemFingerprint == "none" {
+		return ""
+	}
+	return r.cfg.SystemFingerprint
 }

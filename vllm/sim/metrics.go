@@ -41,6 +41,7 @@ type metrics struct {
 	ttft, itl, e2e            prometheus.Observer
 	aborted                   prometheus.Counter
 	util                      *utilTracker
+	power                     *powerModel
 }
 
 func newMetrics(cfg *Config, reg prometheus.Registerer, busyNanos func() int64) (*metrics, error) {
@@ -100,10 +101,11 @@ func newMetrics(cfg *Config, reg prometheus.Registerer, busyNanos func() int64) 
 	busy := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sim_gpu_busy_seconds_total", Help: "Simulated GPU time with a non-empty batch (sum of step durations).", ConstLabels: labels,
 	}, func() float64 { return time.Duration(busyNanos()).Seconds() })
-	for _, c := range []prometheus.Collector{
+	m.power = &powerModel{clk: cfg.Clock, start: m.util.start, busy: busyNanos, util: m.util.ratio}
+	for _, c := range append([]prometheus.Collector{
 		m.running, m.waiting, m.kvUsage, m.promptTokens, m.genTokens, m.preemptions,
 		m.prefixQueries, m.prefixHits, m.successVec, ttft, itl, e2e, info, m.aborted, busy, util,
-	} {
+	}, m.power.collectors(labels)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

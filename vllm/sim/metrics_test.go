@@ -85,6 +85,7 @@ func TestMetricsNamesAndLabels(t *testing.T) {
 		"vllm:request_success_total", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
 		"vllm:e2e_request_latency_seconds", "vllm:cache_config_info",
 		"sim_aborted_requests_total", "sim_gpu_busy_seconds_total", "sim_gpu_utilization_ratio",
+		"sim_gpu_energy_joules_total", "sim_gpu_power_watts",
 	} {
 		f, ok := mf[name]
 		if !assert.True(t, ok, "missing %s", name) {

@@ -128,6 +128,9 @@ func (r *Replica) Run(ctx context.Context) error {
 // Faults.StartupDelay delays serving (connections wait in the backlog).
 func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: r.mux, ReadHeaderTimeout: 10 * time.Second}
+	if d := r.cfg.KeepAliveTimeout; d > 0 {
+		srv.IdleTimeout = d // uvicorn's timeout_keep_alive
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.Run(gctx) })
 	g.Go(func() error {

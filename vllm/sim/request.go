@@ -86,6 +86,19 @@ type genRequest struct {
 	priority        int
 	ignoreEOS       bool
 	minTokens       int
+	streamInterval  int // effective: max(server, request)
+	// late is an error vLLM raises only when the engine adds the request
+	// (vllm/v1/engine/input_processor.py), after a stream's 200 headers: a
+	// streamed request gets it as an SSE error event, a non-streamed one as
+	// its response.
+	late *apiError
+	// promptLogprobs asks for prompt_logprobs in a non-streamed response.
+	promptLogprobs bool
+	// logprobs asks for per-token logprobs (completions logprobs, chat
+	// logprobs: true).
+	logprobs bool
+	// tokenIDs holds the largest token id of a token-id prompt, -1 if none.
+	maxTokenID int
 }
 
 type streamOptions struct {
@@ -113,9 +126,15 @@ type wireRequest struct {
 	N                   *int            `json:"n"`
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
-	Priority            int             `json:"priority"`
+	Priority            json.RawMessage `json:"priority"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	MinTokens           int             `json:"min_tokens"`
+	Logprobs            json.RawMessage `json:"logprobs"`
+	TopLogprobs         json.RawMessage `json:"top_logprobs"`
+	PromptLogprobs      json.RawMessage `json:"prompt_logprobs"`
+	UseBeamSearch       bool            `json:"use_beam_search"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	StreamInterval      json.RawMessage `json:"stream_interval"`
 	// /tokenize
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage bool  `json:"continue_final_message"`
@@ -299,7 +318,10 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 	if w.Model != cfg.Model {
 		return nil, newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", w.Model)
 	}
-	g := &genRequest{kind: k, n: 1, priority: w.Priority, ignoreEOS: w.IgnoreEOS, minTokens: w.MinTokens}
+	g := &genRequest{kind: k, n: 1, ignoreEOS: w.IgnoreEOS, minTokens: w.MinTokens, maxTokenID: -1}
+	if e := parseSampling(k, w, cfg, g); e != nil {
+		return nil, e
+	}
 	if w.Stream != nil {
 		g.stream = *w.Stream
 	}
@@ -323,9 +345,6 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 	}
 	if g.n > maxSeqsPerRequest {
 		return nil, badRequest("n", "n must be at most %d in the simulator, got %d.", maxSeqsPerRequest, g.n)
-	}
-	if g.priority != 0 && cfg.SchedulingPolicy != PolicyPriority {
-		return nil, badRequest("priority", "Priority scheduling is not enabled.")
 	}
 	if g.minTokens < 0 {
 		return nil, badRequest("min_tokens", "min_tokens must be greater than or equal to 0, got %d.", g.minTokens)
@@ -351,6 +370,7 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 			return nil, e
 		}
 		g.prompts = p
+		g.maxTokenID = maxTokenID(w.Prompt)
 	}
 	if len(g.prompts)*g.n > maxSeqsPerRequest {
 		return nil, badRequest("n", "n × prompts must be at most %d in the simulator, got %d.", maxSeqsPerRequest, len(g.prompts)*g.n)
@@ -380,7 +400,7 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 	if e != nil {
 		return nil, e
 	}
-	if maxPrompt >= cfg.MaxModelLen {
+	if maxPrompt > cfg.MaxModelLen {
 		return nil, badRequest("input_tokens",
 			"This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
 			cfg.MaxModelLen, maxPrompt)
@@ -398,7 +418,19 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 	} else {
 		g.cap = cfg.MaxModelLen - maxPrompt
 	}
-	if g.minTokens > g.cap {
+	if g.late == nil && g.maxTokenID >= vocabSize {
+		// vllm/v1/engine/input_processor.py _validate_model_input.
+		g.late = badRequest("", "Token id %d is out of vocabulary", g.maxTokenID)
+	}
+	if g.late == nil && maxPrompt == cfg.MaxModelLen {
+		// Only reachable without a cap (chat): the renderer's check passed
+		// with 0 output tokens; input_processor.py _validate_prompt_len
+		// refuses when the engine adds it.
+		g.late = badRequest("", "The decoder prompt (length %d) plus the number of requested output tokens (at least 1) is longer than the maximum model length of %d. Make sure that `max_model_len` is no smaller than the number of text tokens (prompt + requested output tokens).",
+			maxPrompt, cfg.MaxModelLen)
+		g.cap = 1
+	}
+	if g.minTokens > g.cap && g.late == nil {
 		return nil, badRequest("min_tokens", "min_tokens must be less than or equal to max_tokens=%d, got %d.", g.cap, g.minTokens)
 	}
 	return g, nil
@@ -423,4 +455,170 @@ func mix(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
 	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
 	return x ^ (x >> 31)
+}
+
+// parseSampling validates the sampling fields vLLM checks, before the
+// headers (pydantic validators in vllm/entrypoints/openai/*/protocol.py and
+// the serving classes) or, for what the engine checks, in g.late.
+func parseSampling(k kind, w *wireRequest, cfg *Config, g *genRequest) *apiError {
+	stream := w.Stream != nil && *w.Stream
+	// priority: any integer; ignored under fcfs (vLLM v1's FCFSRequestQueue).
+	if !isNull(w.Priority) {
+		var p int
+		if err := json.Unmarshal(w.Priority, &p); err != nil {
+			return badRequest("priority", "priority must be an integer")
+		}
+		g.priority = p
+	}
+	// stream_interval: ge=1, raises the server's (completion/protocol.py).
+	g.streamInterval = cfg.StreamInterval
+	if !isNull(w.StreamInterval) {
+		var v int
+		if err := json.Unmarshal(w.StreamInterval, &v); err != nil || v < 1 {
+			return badRequest("stream_interval", "stream_interval must be an integer >= 1")
+		}
+		g.streamInterval = max(g.streamInterval, v)
+	}
+	// logprobs: completions takes a count; chat a bool plus top_logprobs.
+	sample := -1
+	switch k {
+	case kindCompletion:
+		if !isNull(w.Logprobs) {
+			var v float64
+			if err := json.Unmarshal(w.Logprobs, &v); err != nil {
+				return badRequest("logprobs", "`logprobs` must be an integer.")
+			}
+			if v < 0 && v != -1 {
+				return badRequest("logprobs", "`logprobs` must be a positive value or -1.")
+			}
+			sample = int(v)
+			g.logprobs = true
+		}
+		if w.UseBeamSearch && stream {
+			// completion/serving.py _create_completion.
+			return badRequest("", "Streaming is not currently supported with beam search")
+		}
+	default:
+		var on bool
+		if !isNull(w.Logprobs) {
+			if err := json.Unmarshal(w.Logprobs, &on); err != nil {
+				return badRequest("logprobs", "logprobs must be a boolean")
+			}
+		}
+		if !isNull(w.TopLogprobs) {
+			var v int
+			if err := json.Unmarshal(w.TopLogprobs, &v); err != nil {
+				return badRequest("top_logprobs", "top_logprobs must be an integer")
+			}
+			if !on {
+				// chat_completion/protocol.py check_logprobs.
+				return badRequest("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
+			}
+			if v < 0 && v != -1 {
+				return badRequest("top_logprobs", "`top_logprobs` must be a positive value or -1.")
+			}
+			sample = v
+		} else if on {
+			sample = 0
+		}
+		g.logprobs = on
+	}
+	prompt := -1
+	if !isNull(w.PromptLogprobs) {
+		var v float64
+		if err := json.Unmarshal(w.PromptLogprobs, &v); err != nil {
+			return badRequest("prompt_logprobs", "`prompt_logprobs` must be an integer.")
+		}
+		if stream && (v > 0 || v == -1) {
+			return badRequest("prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.")
+		}
+		if v < 0 && v != -1 {
+			return badRequest("prompt_logprobs", "`prompt_logprobs` must be a positive value or -1.")
+		}
+		prompt = int(v)
+		g.promptLogprobs = true
+	}
+	// response_format: json_schema needs its schema (protocol.py
+	// validate_response_format, before the headers); a schema the grammar
+	// backend cannot compile is refused by the engine (late).
+	if !isNull(w.ResponseFormat) {
+		var rf struct {
+			Type       string          `json:"type"`
+			JSONSchema json.RawMessage `json:"json_schema"`
+		}
+		if err := json.Unmarshal(w.ResponseFormat, &rf); err != nil {
+			return badRequest("response_format", "response_format must be an object")
+		}
+		switch rf.Type {
+		case "text", "json_object", "structural_tag":
+		case "json_schema":
+			if isNull(rf.JSONSchema) {
+				return badRequest("response_format", "When response_format type is 'json_schema', the 'json_schema' field must be provided.")
+			}
+			var js struct {
+				Schema json.RawMessage `json:"schema"`
+			}
+			if err := json.Unmarshal(rf.JSONSchema, &js); err != nil || !validSchema(js.Schema) {
+				g.late = badRequest("", "Error in structured output: the JSON schema is invalid")
+			}
+		default:
+			return badRequest("response_format", "response_format.type must be one of text, json_object, json_schema or structural_tag")
+		}
+	}
+	// The engine's sampling-params checks (input_processor.py via
+	// SamplingParams.verify): counts above --max-logprobs.
+	if g.late == nil && sample > cfg.MaxLogprobs {
+		// VLLMValidationError renders its parameter and value into the message.
+		g.late = badRequest("logprobs", "Requested sample logprobs of %d, which is greater than max allowed: %d (parameter=logprobs, value=%d)", sample, cfg.MaxLogprobs, sample)
+	}
+	if g.late == nil && prompt > cfg.MaxLogprobs {
+		g.late = badRequest("prompt_logprobs", "Requested prompt logprobs of %d, which is greater than max allowed: %d (parameter=prompt_logprobs, value=%d)", prompt, cfg.MaxLogprobs, prompt)
+	}
+	return nil
+}
+
+// validSchema accepts an absent schema or a JSON object whose "type", if
+// any, is a JSON Schema type.
+func validSchema(raw json.RawMessage) bool {
+	if isNull(raw) {
+		return true
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return false
+	}
+	t, ok := m["type"]
+	if !ok {
+		return true
+	}
+	var ts string
+	if err := json.Unmarshal(t, &ts); err != nil {
+		return false
+	}
+	switch ts {
+	case "object", "array", "string", "number", "integer", "boolean", "null":
+		return true
+	}
+	return false
+}
+
+// maxTokenID returns the largest id of a token-id prompt, -1 for text.
+func maxTokenID(raw json.RawMessage) int {
+	m := -1
+	var ids []int
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		for _, id := range ids {
+			m = max(m, id)
+		}
+		return m
+	}
+	var lists [][]int
+	if err := json.Unmarshal(raw, &lists); err == nil {
+		for _, l := range lists {
+			for _, id := range l {
+				m = max(m, id)
+			}
+		}
+	}
+	return m
 }

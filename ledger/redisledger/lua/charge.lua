@@ -69,8 +69,7 @@ for _, sc in ipairs(scopes) do
 end
 table.sort(wi)
 if why == 'aged' then redis.call('DEL', KEYS[4]) end
-redis.call('HSET', KEYS[4], 'o', '', 'dg', ARGV[9], 'le', now, 'h', '', 'a', ARGV[6], 'src', 'outage',
+finalize(now, S_SETTLED, nil, 'o', '', 'dg', ARGV[9], 'le', now, 'h', '', 'a', ARGV[6], 'src', 'outage',
   'sp', ARGV[7], 'wi', table.concat(wi, ','), 'sl', 0, 'at', at, 'ls', 0)
-finalize(now, S_SETTLED)
 touch(now)
 return {'OK', epoch, now, at, over}

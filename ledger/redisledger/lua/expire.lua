@@ -23,8 +23,7 @@ end
 if rec.st == S_RESERVED then
   if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
   do_release(scopes, rec.h, false)
-  redis.call('HSET', KEYS[4], 'ls', rec.st)
-  finalize(now, S_EXPIRED)
+  finalize(now, S_EXPIRED, rec.st, 'ls', rec.st)
   touch(now)
   return {'OK', epoch, S_EXPIRED, 0, 0, rec.g}
 end

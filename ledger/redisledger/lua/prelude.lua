@@ -22,12 +22,14 @@ local MAXA = 1125899906842624 -- 2^50, the largest amount or limit
 local S_RESERVED, S_DISPATCHED, S_SETTLED, S_RELEASED = 1, 2, 3, 4
 local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
 local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
+local SS = {'1', '2', '3', '4', '5', '6', '7', '8'} -- states as stored
 
 -- cint parses a stored counter: missing is 0, anything but 0..2^53-1 written
 -- canonically (no sign, no leading zero, as HINCRBY writes and requires) is
 -- nil (corrupt), so no later HINCRBY can fail half-way through a script.
 local function cint(v)
   if not v then return 0 end
+  if type(v) == 'number' then return v end -- written by this script (meta cache)
   if v == '0' then return 0 end
   if type(v) ~= 'string' or #v > 16 or not string.find(v, '^[1-9]%d*$') then return nil end
   local n = tonumber(v)
@@ -41,12 +43,30 @@ local FLOOR = tonumber(ARGV[#ARGV]) or 0
 
 -- META holds the tenant meta hash fields read once by ledger_now.
 local META = {}
+-- One script call is one instant: TIME is read once (TNOW, ms), and each
+-- meta hash once (MC: {hwm, epoch, fence_until, pv} as read or as written
+-- since). hwm and pv are written back once per meta key by flush, at the
+-- end of the call (a batch of operations on one tenant writes its hwm once).
+local TNOW
+local MC, MDIRTY = {}, {}
+
+local function meta()
+  local m = MC[KEYS[1]]
+  if not m then
+    m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
+    MC[KEYS[1]] = m
+  end
+  return m
+end
 
 local function ledger_now()
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not TNOW then
+    local t = redis.call('TIME')
+    TNOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local now = TNOW
   if FLOOR > now then now = FLOOR end
-  local m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
+  local m = meta()
   META.epoch, META.fence_s, META.pv_s = m[2], m[3], m[4]
   if m[1] then
     local hv = cint(m[1])
@@ -62,10 +82,13 @@ local function epoch_check(now)
   local cached, cand = ARGV[1], ARGV[2]
   local stored = META.epoch
   if not stored then
+    local m = meta()
     redis.call('HSET', KEYS[1], 'epoch', cand)
+    m[2] = cand
     if cached ~= '' then
       redis.call('HSET', KEYS[1], 'fence_until', now + tonumber(ARGV[3]), 'hwm', now)
       META.fence_s = tostring(now + tonumber(ARGV[3]))
+      m[1], m[3] = now, META.fence_s
       return cand, true
     end
     return cand, false
@@ -74,51 +97,69 @@ local function epoch_check(now)
   return stored, false
 end
 
--- parse_csv parses n comma-separated amounts in 0..2^50, indexed from 0.
+-- parse_amounts parses n comma-separated amounts in 0..2^50, indexed from
+-- 0; a.s[d] keeps each one's canonical text, which HINCRBY takes as is
+-- (a Lua number argument costs Redis a printf).
 local function parse_amounts(s)
-  local a, n = {}, 0
+  local a, n, t = {}, 0, {}
   for f in string.gmatch(s, '[^,]+') do
     local v = cint(f)
     if v == nil or v > MAXA then return nil end
-    a[n] = v
+    a[n], t[n] = v, f
     n = n + 1
   end
-  a.n = n
+  a.n, a.s = n, t
   return a
 end
+
+-- SPECS caches parse_spec's work per spec text for the length of one script
+-- call: the operations of a batch on one tenant share their spec. Only the
+-- parse is shared; every operation sets the mutable fields (key, counters)
+-- before it reads them (load_scope).
+local SPECS = {}
 
 -- parse_spec parses "<kind><key>/d:W:max:mode,...;..." (kind one digit,
 -- W seconds, 0 for slots; mode b(lock) or w(arn)) and checks that KEYS[4+i]
 -- ends with ":s:<key>" of scope i.
 -- Returns scopes or nil and a reason ('spec' or 'keys').
 local function parse_spec(spec)
-  local scopes = {}
   if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
-    return scopes
+    return {}
   end
-  for part in string.gmatch(spec, '[^;]+') do
-    local name, lims = string.match(part, '^([^/]+)/(.*)$')
-    if not name then return nil, 'spec' end
-    -- r is kept for every windowed dimension, limited or not.
-    local sc = {name = name, spec = part, lims = {}, dlist = WD}
-    for l in string.gmatch(lims, '[^,]+') do
-      local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
-      if not d then return nil, 'spec' end
-      local lim = {d = tonumber(d), w = tonumber(w), max = tonumber(mx), mode = mode}
-      if lim.max > MAXA then return nil, 'spec' end
-      if lim.w == 0 then
-        sc.slot = lim
-      else
-        table.insert(sc.lims, lim)
+  local scopes = SPECS[spec]
+  if not scopes then
+    scopes = {}
+    for part in string.gmatch(spec, '[^;]+') do
+      local name, lims = string.match(part, '^([^/]+)/(.*)$')
+      if not name then return nil, 'spec' end
+      -- r is kept for every windowed dimension, limited or not. fields are
+      -- what load_scope reads: n, lim, r:<d>..., then c:<d>:<W>, w:<d>:<W>
+      -- per windowed limit (names built from the spec's own digits).
+      local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. string.sub(name, 2),
+        fields = {'n', 'lim'}}
+      for _, d in ipairs(WD) do sc.fields[#sc.fields + 1] = RF[d] end
+      for l in string.gmatch(lims, '[^,]+') do
+        local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
+        if not d then return nil, 'spec' end
+        local lim = {d = tonumber(d), w = tonumber(w), max = tonumber(mx), mode = mode, ws = w}
+        if lim.max > MAXA then return nil, 'spec' end
+        if lim.w == 0 then
+          sc.slot = lim
+        else
+          lim.cf, lim.wf = 'c:' .. d .. ':' .. w, 'w:' .. d .. ':' .. w
+          sc.fields[#sc.fields + 1] = lim.cf
+          sc.fields[#sc.fields + 1] = lim.wf
+          table.insert(sc.lims, lim)
+        end
       end
+      table.insert(scopes, sc)
     end
-    table.insert(scopes, sc)
+    SPECS[spec] = scopes
   end
   if #KEYS ~= 4 + #scopes then return nil, 'keys' end
   for i, sc in ipairs(scopes) do
-    local k = KEYS[4 + i]
-    local suf = ':s:' .. string.sub(sc.name, 2)
+    local k, suf = KEYS[4 + i], sc.suf
     if #k <= #suf or string.sub(k, -#suf) ~= suf then return nil, 'keys' end
     sc.key = k
   end
@@ -129,15 +170,9 @@ end
 -- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
 -- corruption.
 local function load_scope(sc, overrun)
-  local f = {'n', 'lim'}
-  for _, d in ipairs(WD) do f[#f + 1] = RF[d] end
-  for _, l in ipairs(sc.lims) do
-    l.cf = 'c:' .. l.d .. ':' .. l.w
-    l.wf = 'w:' .. l.d .. ':' .. l.w
-    f[#f + 1] = l.cf
-    f[#f + 1] = l.wf
-  end
+  local f = sc.fields
   if overrun then
+    f = {unpack(f)}
     for _, d in ipairs(WD) do f[#f + 1] = OF[d] end
   end
   local v = redis.call('HMGET', sc.key, unpack(f))
@@ -213,9 +248,9 @@ end
 local function do_release(scopes, h, slot)
   for _, sc in ipairs(scopes) do
     for _, d in ipairs(sc.dlist) do
-      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], -h[d]) end
+      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], '-' .. h.s[d]) end
     end
-    if slot and sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
+    if slot and sc.slot then redis.call('HINCRBY', sc.key, 'n', '-1') end
   end
 end
 
@@ -232,7 +267,7 @@ local function plan_charge(now, scopes, wi, a)
         if l.widx < adm then return nil end
         if l.widx == adm and window_of(now, l.w) == adm then
           if l.c + amt > MAXC then return nil end
-          table.insert(plan, {sc = sc, l = l, amt = amt})
+          table.insert(plan, {sc = sc, l = l, amt = a.s[l.d]})
         end
       end
     end
@@ -246,17 +281,44 @@ local function do_charge(plan)
   end
 end
 
--- finalize makes the record a tombstone in ledger time and real time.
-local function finalize(now, st)
-  local ret = tonumber(ARGV[5])
-  redis.call('HSET', KEYS[4], 'st', st, 'te', now + ret)
-  redis.call('PEXPIRE', KEYS[4], ret)
-  redis.call('ZREM', KEYS[2], ARGV[4])
-  redis.call('ZREM', KEYS[3], ARGV[4])
+-- finalize makes the record a tombstone in ledger time and real time,
+-- writing the extra record fields given, and takes its id out of the index
+-- its previous state prev is in (L for RESERVED and DISPATCHED, U for
+-- UNRESOLVED; nil for a new record).
+local function finalize(now, st, prev, ...)
+  redis.call('HSET', KEYS[4], 'st', SS[st], 'te', now + tonumber(ARGV[5]), ...)
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+  if prev == S_RESERVED or prev == S_DISPATCHED then
+    redis.call('ZREM', KEYS[2], ARGV[4])
+  elseif prev == S_UNRESOLVED then
+    redis.call('ZREM', KEYS[3], ARGV[4])
+  end
 end
 
-local function touch(now)
-  redis.call('HSET', KEYS[1], 'hwm', now)
+-- touch raises the tenant's hwm to now (written by flush); pv, when given,
+-- records the policy version too.
+local function touch(now, pv)
+  local m = meta()
+  m[1] = now
+  if pv then m[4] = pv end
+  local d = MDIRTY[KEYS[1]]
+  if not d then
+    d = {m = m}
+    MDIRTY[KEYS[1]] = d
+  end
+  if pv then d.pv = true end
+end
+
+-- flush writes the meta fields touch deferred; every script calls it last.
+local function flush()
+  for k, d in pairs(MDIRTY) do
+    if d.pv then
+      redis.call('HSET', k, 'hwm', d.m[1], 'pv', d.m[4])
+    else
+      redis.call('HSET', k, 'hwm', d.m[1])
+    end
+  end
+  MDIRTY = {}
 end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first
@@ -275,7 +337,7 @@ end
 -- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
 -- warns, widx[W] = current window index.
 local function assess(now, scopes, h, dispatch, epoch)
-  local a = {room = {}, warns = {}, widx = {}}
+  local a = {room = {}, warns = {}, widx = {}, wws = {}}
   local function note(d, max, rem, w, resets)
     if rem < 0 then rem = 0 end
     local r = a.room[d]
@@ -289,7 +351,7 @@ local function assess(now, scopes, h, dispatch, epoch)
     for _, l in ipairs(sc.lims) do
       local idx = window_of(now, l.w)
       if l.widx > idx then return nil, 'window' end
-      a.widx[l.w] = idx
+      a.widx[l.w], a.wws[l.w] = idx, l.ws
       l.cur = l.c
       if l.widx < idx then l.cur = 0 end
       local hd = h[l.d] or 0

@@ -8,8 +8,7 @@ if rec == nil then return {'CORRUPT', epoch, why} end
 if not rec then
   if #KEYS ~= 4 then return {'KEYS', epoch, ''} end
   redis.call('DEL', KEYS[4])
-  redis.call('HSET', KEYS[4], 'o', ARGV[6], 'h', '', 'ls', 0)
-  finalize(now, S_RELEASED)
+  finalize(now, S_RELEASED, nil, 'o', ARGV[6], 'h', '', 'ls', 0)
   touch(now)
   return {'OK', epoch, 0, ''}
 end
@@ -26,7 +25,6 @@ for _, sc in ipairs(scopes) do
 end
 if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
 do_release(scopes, rec.h, false)
-redis.call('HSET', KEYS[4], 'ls', rec.st)
-finalize(now, S_RELEASED)
+finalize(now, S_RELEASED, rec.st, 'ls', rec.st)
 touch(now)
 return {'OK', epoch, 0, rec.g}

@@ -62,27 +62,29 @@ for _, sc in ipairs(scopes) do
     end
   end
   for _, d in ipairs(sc.dlist) do
-    if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], h[d]) end
+    if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], h.s[d]) end
   end
   if dispatch and sc.slot then
-    redis.call('HINCRBY', sc.key, 'n', 1)
+    redis.call('HINCRBY', sc.key, 'n', '1')
     sl = 1
   end
   if sc.seen ~= sc.spec then redis.call('HSET', sc.key, 'lim', sc.spec) end
 end
 local wi = {}
-for w, idx in pairs(a.widx) do table.insert(wi, w .. ':' .. idx) end
+for w, idx in pairs(a.widx) do table.insert(wi, a.wws[w] .. ':' .. idx) end
 table.sort(wi)
 local st = S_RESERVED
 if dispatch then st = S_DISPATCHED end
 if why == 'aged' then redis.call('DEL', KEYS[4]) end
-redis.call('HSET', KEYS[4], 'st', st, 'o', ARGV[7], 'dg', ARGV[8], 'le', le, 'h', ARGV[11],
-  'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl, 'at', now)
-if ARGV[13] ~= '' then redis.call('HSET', KEYS[4], 'g', ARGV[13]) end
-if ARGV[15] ~= '0' then redis.call('HSET', KEYS[4], 'na', ARGV[15]) end
-redis.call('ZADD', KEYS[2], le, ARGV[4])
+local les = string.format('%d', le)
+local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
+  'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', now}
+if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
+if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
+redis.call('HSET', KEYS[4], unpack(rf))
+redis.call('ZADD', KEYS[2], les, ARGV[4])
 if META.pv_s ~= ARGV[6] then
-  redis.call('HSET', KEYS[1], 'hwm', now, 'pv', cpv)
+  touch(now, ARGV[6])
 else
   touch(now)
 end

@@ -29,7 +29,6 @@ local plan = plan_charge(now, scopes, rec.wi, rec.h)
 if plan == nil then return {'CORRUPT', epoch, 'charge'} end
 do_release(scopes, rec.h, false)
 do_charge(plan)
-redis.call('HSET', KEYS[4], 'a', rec.h_s or '', 'src', 'held', 'ls', rec.st)
-finalize(now, S_CHARGED)
+finalize(now, S_CHARGED, rec.st, 'a', rec.h_s or '', 'src', 'held', 'ls', rec.st)
 touch(now)
 return {'OK', epoch, rec.h_s or '', rec.at or '0', now, rec.g}

@@ -19,7 +19,7 @@ if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
 end
 if rec.st == S_CHARGED then return {'FINAL', epoch, rec.st} end
 for _, sc in ipairs(scopes) do
-  if not load_scope(sc, true) then return {'CORRUPT', epoch, 'scope'} end
+  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
 end
 local release = rec.st == S_RESERVED or rec.st == S_DISPATCHED or rec.st == S_UNRESOLVED
 local slot = (rec.st == S_DISPATCHED or rec.st == S_RESERVED) and rec.sl == 1
@@ -28,11 +28,22 @@ local plan = plan_charge(now, scopes, rec.wi, a)
 if plan == nil then return {'CORRUPT', epoch, 'charge'} end
 local over = {}
 if release then
+  -- Overrun counters are read only where the actual passes the hold.
   for _, sc in ipairs(scopes) do
+    local need, f = {}, {}
     for _, d in ipairs(sc.dlist) do
-      local x = (a[d] or 0) - (rec.h[d] or 0)
-      if x > 0 then
-        if sc.o[d] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
+      if (a[d] or 0) > (rec.h[d] or 0) then
+        need[#need + 1] = d
+        f[#f + 1] = OF[d]
+      end
+    end
+    if #need > 0 then
+      local v = redis.call('HMGET', sc.key, unpack(f))
+      for i, d in ipairs(need) do
+        local o = cint(v[i])
+        if o == nil then return {'CORRUPT', epoch, 'scope'} end
+        local x = a[d] - (rec.h[d] or 0)
+        if o + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
         table.insert(over, {sc = sc, d = d, x = x})
       end
     end
@@ -47,7 +58,6 @@ else
   st = S_SETTLED_LATE
 end
 do_charge(plan)
-redis.call('HSET', KEYS[4], 'a', ARGV[6], 'src', ARGV[7], 'ls', rec.st)
-finalize(now, st)
+finalize(now, st, rec.st, 'a', ARGV[6], 'src', ARGV[7], 'ls', rec.st)
 touch(now)
 return {'OK', epoch, st, rec.st, rec.h_s or '', rec.at or '0', now, rec.g}

@@ -1,0 +1,230 @@
+package redisledger
+
+import (
+	"context"
+	"fmt"
+
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Batching. Redis spends a fixed cost on every script call (reading the
+// command, looking the script up, converting its keys and arguments, writing
+// the reply; about 9.5 µs of server CPU measured on a 2-core machine), and
+// the client one round trip and two syscalls more. The batcher coalesces
+// concurrent write operations of one group into one call of the batch
+// script, which runs each operation's body in turn, exactly as its own
+// script would: the batch is atomic, equal to running its operations one
+// after another, and each operation answers on its own.
+//
+// A group is what one script may touch: a Cluster slot (every key of an
+// operation carries its partition's hash tag), or the whole server for a
+// standalone or Sentinel client. Each group has at most batchInflight calls
+// running; an operation that arrives while they run waits in the group's
+// queue and goes with the next call (at most Config.MaxBatch operations),
+// so batching adds no timer: under light load every call carries one
+// operation, under heavy load a call carries what queued during the last
+// one (like a journal's group commit).
+//
+// Every caller waits at most StoreTimeout from the moment it queued: an
+// operation still queued then is taken out and fails ErrUnavailable (it
+// never ran); one whose call is in flight fails ErrAmbiguous, as a single
+// script would. A store error of the call is every operation's error; a
+// redis.call error inside one operation is that operation's alone.
+
+// batchInflight is the most batch calls one group runs at a time: two keep
+// Redis busy while the client handles the previous reply.
+const batchInflight = 2
+
+type batcher struct {
+	l       *Ledger
+	cluster bool // group by Cluster slot
+
+	mu     sync.Mutex // guards groups and every bgroup and bop.taken
+	groups map[uint16]*bgroup
+}
+
+type bgroup struct {
+	queue   []*bop
+	running int
+}
+
+type bop struct {
+	name  string
+	keys  []string
+	args  []any
+	taken bool          // in a call (guarded by batcher.mu)
+	done  chan struct{} // closed when r and err are set
+	r     reply
+	err   error
+}
+
+func newBatcher(l *Ledger) *batcher {
+	_, cluster := l.c.(*redis.ClusterClient)
+	return &batcher{l: l, cluster: cluster, groups: map[uint16]*bgroup{}}
+}
+
+// do runs one write operation through its group's batch and returns its
+// reply, as run does for a single script.
+func (b *batcher) do(ctx context.Context, name string, keys []string, args []any) (reply, error) {
+	op := &bop{name: name, keys: keys, args: args, done: make(chan struct{})}
+	slot := uint16(0)
+	if b.cluster && len(keys) > 0 {
+		slot = keySlot(keys[0])
+	}
+	b.mu.Lock()
+	g := b.groups[slot]
+	if g == nil {
+		g = &bgroup{}
+		b.groups[slot] = g
+	}
+	g.queue = append(g.queue, op)
+	var batch []*bop
+	if g.running < batchInflight {
+		g.running++
+		batch = b.takeLocked(g)
+	}
+	b.mu.Unlock()
+	if batch != nil {
+		b.run(slot, g, batch)
+	}
+	t := time.NewTimer(b.l.cfg.StoreTimeout)
+	defer t.Stop()
+	select {
+	case <-op.done:
+		return op.r, op.err
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	b.mu.Lock()
+	if !op.taken {
+		for i, o := range g.queue {
+			if o == op {
+				g.queue = append(g.queue[:i], g.queue[i+1:]...)
+				break
+			}
+		}
+		b.mu.Unlock()
+		b.l.m.storeErrors.WithLabelValues("unavailable").Inc()
+		return nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable)
+	}
+	b.mu.Unlock()
+	select {
+	case <-op.done: // finished meanwhile
+		return op.r, op.err
+	default:
+	}
+	b.l.m.storeErrors.WithLabelValues("ambiguous").Inc()
+	return nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous)
+}
+
+func (b *batcher) takeLocked(g *bgroup) []*bop {
+	n := min(len(g.queue), b.l.cfg.MaxBatch)
+	batch := append([]*bop(nil), g.queue[:n]...)
+	g.queue = append(g.queue[:0], g.queue[n:]...)
+	for _, o := range batch {
+		o.taken = true
+	}
+	return batch
+}
+
+// run calls the batch script for batch, then hands the group's next batch,
+// if one queued meanwhile, to a new goroutine (so this caller returns).
+func (b *batcher) run(slot uint16, g *bgroup, batch []*bop) {
+	b.call(batch)
+	b.mu.Lock()
+	if len(g.queue) == 0 {
+		g.running--
+		b.mu.Unlock()
+		return
+	}
+	next := b.takeLocked(g)
+	b.mu.Unlock()
+	go b.run(slot, g, next)
+}
+
+func (b *batcher) call(batch []*bop) {
+	l := b.l
+	nk := 0
+	na := 2
+	for _, o := range batch {
+		nk += len(o.keys)
+		na += 3 + len(o.args)
+	}
+	keys := make([]string, 0, nk)
+	args := make([]any, 0, na)
+	args = append(args, len(batch))
+	for _, o := range batch {
+		keys = append(keys, o.keys...)
+		args = append(args, o.name, len(o.keys), len(o.args))
+		args = append(args, o.args...)
+	}
+	var fl int64
+	if l.floor != nil {
+		fl = l.floor()
+	}
+	args = append(args, fl)
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+	l.m.batchOps.Observe(float64(len(batch)))
+	v, err := l.s.batch.Run(ctx, l.c, keys, args...).Result()
+	cancel()
+	arr, ok := v.([]any)
+	if err == nil && (!ok || len(arr) != len(batch)) {
+		err = errBatchReply
+	}
+	for i, o := range batch {
+		switch {
+		case err == errBatchReply:
+			o.err = l.corrupt("unexpected batch reply")
+		case err != nil:
+			o.err = l.storeErr(err)
+		default:
+			r, ok := arr[i].([]any)
+			switch {
+			case !ok || len(r) == 0:
+				o.err = l.corrupt("unexpected script reply")
+			case r[0] == "LUAERR":
+				msg, _ := r[1].(string)
+				o.err = l.storeErr(luaError(msg))
+			default:
+				o.r = reply(r)
+			}
+		}
+		close(o.done)
+	}
+}
+
+var errBatchReply = fmt.Errorf("batch reply")
+
+// luaError is a redis.call error raised inside one operation of a batch,
+// classified like the error reply of a single script.
+type luaError string
+
+func (e luaError) Error() string { return string(e) }
+func (e luaError) RedisError()   {}
+
+// keySlot is the Cluster slot of key: CRC16 (XMODEM) of its hash tag mod
+// 16384, as Redis computes it.
+func keySlot(key string) uint16 {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			key = key[s+1 : s+1+e]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc & 16383
+}

@@ -1,0 +1,93 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// The scheduler's side of vLLM transparency (issue 19): counting before a
+// refusal or a cut, settling what vLLM reported, and telling a request vLLM
+// refused apart from one it ran.
+
+// countAndPlan bounds the request's input and plans its output cap. The
+// bytes bound may size a hold, but it is never the reason a request is
+// refused or its cap cut (docs/VLLM.md Part 2): when it would be, the
+// replica's /tokenize counts exactly first, and only a failed count leaves
+// the bound's answer (the documented fallback).
+func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (*vllm.Request, vllm.Plan, error) {
+	tried := false
+	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact {
+		req, tried = s.tokenize(ctx, req), true
+	}
+	plan, err := s.planFor(t, req)
+	if (err != nil || plan.BoundCut) && !req.InputExact && !tried {
+		if exact := s.tokenize(ctx, req); exact.InputExact {
+			req = exact
+			plan, err = s.planFor(t, req)
+		}
+	}
+	return req, plan, err
+}
+
+// planFor checks the tenant's input limit and plans the cap.
+func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
+	if in := int64(req.TotalInputTokens()); in > t.cfg.MaxInputTokens {
+		return vllm.Plan{}, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
+	}
+	return req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen()), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+}
+
+// settleUsage is what a dispatched call whose stream opened is charged
+// (vllm.Stream.SettleFor): per prompt, with an abort allowance of at least
+// one stream interval per unfinished choice.
+func (s *Server) settleUsage(c *call) vllm.Usage {
+	return c.stream.SettleFor(vllm.Shape{N: c.req.N, Inputs: c.req.InputTokens, Allowance: allowanceFor(c), Cap: c.plan.Cap})
+}
+
+// allowanceFor is the abort allowance per unfinished choice: the tokens
+// vLLM may generate between two usage chunks. That is its effective stream
+// interval, the larger of the server's --stream-interval and the request's
+// stream_interval (vllm/entrypoints/openai/completion/protocol.py), so a
+// client cannot shrink its charge by asking for a large interval; the
+// stream raises it further to the largest step it saw. A tool parser can
+// hold chunks back for a whole call (chat_completion/serving.py skips
+// chunks whose parsed delta is empty), so with tools the allowance is the
+// cap: the reservation, never more.
+func allowanceFor(c *call) int {
+	a := max(abortAllowance, c.req.StreamInterval)
+	if c.req.HasTools() {
+		a = max(a, c.plan.Cap)
+	}
+	return a
+}
+
+// sentUsage is the charge of a call sent upstream whose response never
+// opened. A streamed request gets its headers before prefill, so nothing
+// but prefill can have run; a non-streamed one answers only when it is
+// done, so vLLM may have generated up to its cap and reports nothing: it is
+// charged its hold.
+func sentUsage(c *call) vllm.Usage {
+	u := vllm.Usage{PromptTokens: c.plan.InputTokens}
+	if !c.req.Stream {
+		u.CompletionTokens = c.plan.Cap * c.plan.Choices
+	}
+	return u
+}
+
+// ran reports whether vLLM may have run the call: it was sent, and the
+// engine did not refuse it with an error event before any output (vLLM's
+// errors after a stream's headers, docs/VLLM.md §1.5).
+func (c *call) ran() bool {
+	return c.sent && (c.stream == nil || c.stream.Refused() == nil)
+}
+
+// minTokens is the client's min_tokens: a cap Sluice lowers must not go
+// below it (vLLM would refuse naming a max_tokens the client never sent).
+func (c *call) minTokens() int64 {
+	if c.req == nil {
+		return 0
+	}
+	return int64(c.req.MinTokens)
+}
