@@ -541,7 +541,10 @@ func (s *Server) installAdminLocked(st adminState, rev uint64) error {
 }
 
 // loadSharedAdmin reads the shared admin state at start-up; an empty store
-// keeps (and later seeds it with) admin.state_file's content.
+// keeps (and later seeds it with) admin.state_file's content. An
+// unreachable store is not fatal: the instance starts from its local copy
+// and the admin loop installs the shared state once it answers (with the
+// Redis ledger unreachable too, nothing is admitted meanwhile anyway).
 func (s *Server) loadSharedAdmin() error {
 	if s.state == nil {
 		return nil
@@ -550,7 +553,8 @@ func (s *Server) loadSharedAdmin() error {
 	defer cancel()
 	doc, err := s.state.Get(ctx, adminDoc)
 	if err != nil {
-		return fmt.Errorf("shared admin state: %w", err)
+		s.log.Warn("shared admin state unreachable at start; using admin.state_file until it answers", "err", err)
+		return nil
 	}
 	if doc.Rev == 0 {
 		return nil

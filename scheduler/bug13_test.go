@@ -449,34 +449,46 @@ func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
 
 const outageTenant = "    outage_allowance: {requests: 10, tokens: 100000}\n    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n"
 
-// TestBug13_4_OutageKeepsIdempotentID: retries of one Idempotency-Key
-// during a ledger outage and after it never execute again; the usage is
-// charged once, under the key's id.
-func TestBug13_4_OutageKeepsIdempotentID(t *testing.T) {
+// TestBug13_4_OutageNeverRunsAKeyTwice: one Idempotency-Key ran four
+// times on 6099134 (outage admission replaced its id). Now a key whose
+// first attempt ran is never run again during an outage (the ledger alone
+// knows it ran: a keyed request is 503 while the ledger is down), and after
+// recovery its retries get the first response. An unkeyed request is
+// outage-admitted and charged once under its own id.
+func TestBug13_4_OutageNeverRunsAKeyTwice(t *testing.T) {
 	led, down := outageLedger(t)
 	up := &fakeUpstream{out: 3}
 	s := newTestServer(t, testConfig(t, "", outageTenant), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
-	down.Store(true)
 	a := admission{body: chatBody(""), idemKey: "k"}
-	_, err := serve(s, ctx, a)
-	require.NoError(t, err, "admitted on the outage allowance")
+	first, err := serve(s, ctx, a)
+	require.NoError(t, err)
+	down.Store(true)
 	for range 3 {
 		_, err = serve(s, ctx, a)
-		assert.Equal(t, 409, statusFor(err).Status, "a retry during the outage does not run: %v", err)
+		assert.Equal(t, 503, statusFor(err).Status, "a retry during the outage does not run: %v", err)
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "fresh"})
+		assert.Equal(t, 503, statusFor(err).Status, "nor does a new key: only the ledger could tell: %v", err)
 	}
+	_, err = serve(s, ctx, admission{body: chatBody("")})
+	require.NoError(t, err, "an unkeyed request runs on the outage allowance")
+	assert.Equal(t, int64(2), up.runs.Load())
+
 	down.Store(false)
 	_, err = serve(s, ctx, a)
-	assert.Equal(t, 409, statusFor(err).Status, "recovered, charge still owed: %v", err)
+	var replay *cachedResponse
+	require.ErrorAs(t, err, &replay)
+	assert.Equal(t, first, replay.body, "recovered: the first response")
+	s.idem = idemCache{} // another instance: the ledger decides
+	_, err = serve(s, ctx, a)
+	assert.Equal(t, map[string]any{"state": "completed"}, statusFor(err).Details, "%v", err)
 	s.chargeOutages(ctx)
 	assert.Equal(t, 1, led.n("charge"))
-	_, err = serve(s, ctx, a)
-	assert.Equal(t, 409, statusFor(err).Status, "after the charge the ledger knows the id: %v", err)
-	assert.Equal(t, int64(1), up.runs.Load(), "one Idempotency-Key ran once")
+	assert.Equal(t, int64(2), up.runs.Load(), "the key ran once")
 	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour), "charged once at its usage")
+	assert.Equal(t, int64(2*(5+3)), committed(u, ledger.Tokens, time.Hour), "both runs charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
@@ -701,4 +713,58 @@ func TestOutboxRetriesSettle(t *testing.T) {
 	u := tenantUsage(t, s, led.Memory)
 	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
+}
+
+// TestAmbiguousKeyedReserveSparesOtherAttempt (found by test/chaos on
+// redis): a retry's Reserve of an Idempotency-Key is ambiguous while the
+// first attempt holds the id. Ending "its" hold by id would release or
+// zero-settle the first attempt's record; the outbox instead replays the
+// retry's attempt, which finds another attempt's record and leaves it. An
+// ambiguous keyed Reserve that did apply is released.
+func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 3, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		first := make(chan error, 1)
+		go func() { _, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		synctest.Wait()
+		led.set(func() {
+			led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
+				return ledger.Grant{}, fmt.Errorf("%w: timeout", ledger.ErrAmbiguous), true
+			}
+		})
+		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		assert.Equal(t, 503, statusFor(err).Status)
+		led.set(func() { led.reserve = nil })
+		s.flushOutbox(ctx)
+		assert.Zero(t, s.outbox.len())
+		assert.Zero(t, led.n("release"), "the first attempt's record is not ended")
+		close(up.gate)
+		require.NoError(t, <-first)
+		assert.Equal(t, 1, led.n("settle"))
+		u := tenantUsage(t, s, led.Memory)
+		assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+
+		// Applied, then the reply was lost: the replay owns it and releases.
+		led.set(func() {
+			led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+				_, _ = led.Memory.Reserve(ctx, req)
+				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
+			}
+		})
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		assert.Equal(t, 503, statusFor(err).Status)
+		led.set(func() { led.reserve = nil })
+		s.flushOutbox(ctx)
+		assert.Equal(t, 1, led.n("release"))
+		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+		// And the key may run now: its first attempt never ran.
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		require.NoError(t, err)
+	})
 }

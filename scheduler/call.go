@@ -84,6 +84,38 @@ type admission struct {
 	retry    bool
 }
 
+// start runs a call's request path up to its response (steps 2–7 for a
+// non-streamed call, whose assembled body it returns; up to the replica's
+// 200 for a streamed one, whose stream the edge then pumps). A nil call
+// means nothing was admitted; otherwise the call has reached a terminal
+// phase unless it is streaming, and the caller ends it (call.end).
+func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission) (*call, []byte, error) {
+	c, err := s.admit(ctx, t, pol, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.await(c); err != nil {
+		return c, nil, err
+	}
+	if err := s.execute(c); err != nil {
+		s.finish(c, err)
+		return c, nil, err
+	}
+	if c.req.Stream {
+		return c, nil, nil
+	}
+	body, err := s.drainStream(c)
+	s.finish(c, err)
+	if err != nil {
+		return c, nil, err
+	}
+	if c.wf != nil {
+		c.wf.countToolCalls(toolCallsIn(body))
+	}
+	s.rememberResponse(c, body)
+	return c, body, nil
+}
+
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
@@ -207,14 +239,6 @@ func (s *Server) reserve(c *call, a admission) error {
 	for lowered := false; ; {
 		if a.idemKey != "" {
 			c.ref.ID = s.idemID(c.t.key, a.idemKey, gen)
-			if owed, running := s.outage.owes(c.ref.ID); owed {
-				// Admitted under an outage allowance and not charged yet:
-				// the id is taken until the charge lands (issue 13 item 4).
-				if running {
-					return idemStateErr(ledger.Dispatched)
-				}
-				return s.completed(c.ref.ID)
-			}
 		}
 		if err := s.sizeHolds(c); err != nil {
 			return err
@@ -274,13 +298,22 @@ func (s *Server) reserve(c *call, a admission) error {
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
 		case ledger.IsStoreError(err):
-			if s.admitOutage(c, err) {
+			// A keyed request is never admitted without the ledger: only
+			// the ledger knows whether an earlier attempt of the key ran
+			// (on this instance or another), so running it blind could
+			// execute the key twice. It gets 503 and may be retried.
+			if a.idemKey == "" && s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
 				// ambiguous Reserve applied (outage.go).
 				_ = c.to(phaseReserved)
 				return nil
 			}
-			if errors.Is(err, ledger.ErrAmbiguous) {
+			switch {
+			case errors.Is(err, ledger.ErrAmbiguous) && a.idemKey != "":
+				// The hold may exist, or be another attempt's: replay
+				// this attempt once the store answers (outbox.go).
+				s.queueReplay(c, rr)
+			case errors.Is(err, ledger.ErrAmbiguous):
 				// The hold may exist: end it by id once the store answers.
 				s.queueRelease(c)
 			}

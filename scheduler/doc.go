@@ -83,8 +83,8 @@
 // record's state (409 idempotency_conflict, details.state in_flight or
 // unresolved). A completed non-streamed attempt's body is kept per instance
 // (LRU, 32 MiB, 1 h) and returned to its retries; elsewhere a retry gets
-// 409 details.state completed. An outage-admitted call keeps its id, so a
-// retry during the outage or before its charge lands never runs again.
+// 409 details.state completed. A keyed request is never admitted on an
+// outage allowance (only the ledger knows whether the key ran): 503.
 //
 // Policy versions only label audit lines: the ledger never orders them
 // (limits travel with each Reserve), so a restart or another instance with

@@ -208,7 +208,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		}
 	}()
 
-	c, err := s.admit(cctx, t, pol, a)
+	c, body, err := s.start(cctx, t, pol, a)
 	var replay *cachedResponse
 	if errors.As(err, &replay) {
 		// A retry of a completed Idempotency-Key: its original response.
@@ -218,7 +218,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 		s.m.count(t.name, outcomeOK, nil)
 		return
 	}
-	if err != nil {
+	if c == nil {
 		e.reject(rc, t.name, err)
 		return
 	}
@@ -227,28 +227,12 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 			c.end()
 		}
 	}()
-	err = s.await(c)
 	if err != nil {
-		e.outcome(rc, c, err)
-		return
-	}
-	if err := s.execute(c); err != nil {
-		s.finish(c, err)
 		e.outcome(rc, c, err)
 		return
 	}
 	e.successHeaders(rc, c)
 	if !c.req.Stream {
-		body, err := s.drainStream(c)
-		s.finish(c, err)
-		if err != nil {
-			e.outcome(rc, c, err)
-			return
-		}
-		if c.wf != nil {
-			c.wf.countToolCalls(toolCallsIn(body))
-		}
-		s.rememberResponse(c, body)
 		ts := t.series(s.m)
 		ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		ts.requestsOK.Inc()

@@ -213,8 +213,8 @@ func chatBody(extra string) []byte {
 	return []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8` + extra + `}`)
 }
 
-// serve runs one non-streamed request through the pipeline (admit, await,
-// execute, drain, finish), as the edge does, and returns its outcome.
+// serve runs one non-streamed request through the pipeline, as the edge
+// does, and returns its outcome.
 func serve(s *Server, ctx context.Context, a admission) ([]byte, error) {
 	pol := s.pol.Load()
 	t := pol.tenants["acme"]
@@ -224,20 +224,10 @@ func serve(s *Server, ctx context.Context, a admission) ([]byte, error) {
 	if a.reqID == "" {
 		a.reqID = "req"
 	}
-	c, err := s.admit(ctx, t, pol, a)
-	if err != nil {
-		return nil, err
+	c, body, err := s.start(ctx, t, pol, a)
+	if c != nil {
+		c.end()
 	}
-	defer c.end()
-	if err := s.await(c); err != nil {
-		return nil, err
-	}
-	if err := s.execute(c); err != nil {
-		s.finish(c, err)
-		return nil, err
-	}
-	body, err := s.drainStream(c)
-	s.finish(c, err)
 	return body, err
 }
 

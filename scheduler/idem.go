@@ -26,8 +26,9 @@ import (
 //     still has it (a non-streamed 200, kept in idemCache), else 409 with
 //     details.state "completed".
 //
-// While the ledger cannot answer, outage-admitted ids are answered from the
-// owed outage charges (outage.go), on the instance that admitted them.
+// While the ledger cannot answer, a keyed request is 503: it is never
+// admitted on an outage allowance (outage.go), since only the ledger knows
+// whether the key ran.
 
 // maxIdemGenerations bounds the attempts of one Idempotency-Key that never
 // ran.

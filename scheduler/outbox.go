@@ -22,15 +22,21 @@ type outboxOp uint8
 const (
 	opRelease outboxOp = iota + 1 // never dispatched: Release
 	opSettle                      // dispatched (or maybe): Settle actual
+	// opReplay: an ambiguous Reserve of an Idempotency-Key's id. Another
+	// attempt may hold that id (on this instance or another), so it is
+	// not released blind: the same attempt (same nonce) is replayed, and
+	// only a record it turns out to own is released.
+	opReplay
 )
 
 // outboxEntry is one pending ending.
 type outboxEntry struct {
-	op     outboxOp
-	ref    ledger.Ref
-	actual ledger.Amounts
-	src    ledger.Source
-	reqID  string
+	op      outboxOp
+	reserve *ledger.ReserveRequest // opReplay: the attempt to replay
+	ref     ledger.Ref
+	actual  ledger.Amounts
+	src     ledger.Source
+	reqID   string
 }
 
 // outbox holds the pending endings.
@@ -88,6 +94,12 @@ func (s *Server) queueRelease(c *call) {
 	s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, reqID: c.reqID})
 }
 
+// queueReplay hands the ending of an ambiguous keyed Reserve to the outbox.
+func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
+	s.leases.untrack(c)
+	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: c.ref, reqID: c.reqID})
+}
+
 // queueSettle hands the settlement of c to the outbox.
 func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.leases.untrack(c)
@@ -127,6 +139,21 @@ func (s *Server) flushOutbox(ctx context.Context) {
 func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	if e.op == opReplay {
+		g, err := s.led.Reserve(sctx, *e.reserve)
+		s.noteLedger("reserve", err)
+		switch {
+		case err == nil && !g.Replayed:
+			// Ours (it applied then, or now): release it.
+			e.op, e.reserve = opRelease, nil
+			return s.endRecord(ctx, e)
+		case ledger.IsStoreError(err):
+			return false
+		}
+		// Another attempt's record, a final one, or a refusal: nothing
+		// of ours to end.
+		return true
+	}
 	if e.op == opRelease {
 		err := s.led.Release(sctx, e.ref, s.owner)
 		s.noteLedger("release", err)
