@@ -28,7 +28,7 @@ import (
 )
 
 var (
-	flagSeeds   = flag.Int("chaos.seeds", 0, "seeds per backend (0: skip; make test sets it once the fixes of issue 13 land)")
+	flagSeeds   = flag.Int("chaos.seeds", 3, "seeds per backend (0: skip)")
 	flagBase    = flag.Uint64("chaos.base", 1, "first seed")
 	flagSeed    = flag.Uint64("chaos.seed", 0, "replay this one seed")
 	flagTraffic = flag.Duration("chaos.traffic", 3*time.Second, "traffic phase of each run")
