@@ -152,7 +152,10 @@ func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
 		Limits     []UsageRow       `json:"limits"`
 		Clamp      *Clamp           `json:"clamp"`
 	}{Tenant: name, Reserved: map[string]int64{}, SlotsInUse: u.SlotsInUse, Unresolved: u.Unresolved, Limits: []UsageRow{}}
-	for d := ledger.Dim(0); d < ledger.Slots; d++ {
+	for d := range ledger.NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		out.Reserved[d.String()] = u.Reserved[d]
 	}
 	for _, l := range u.Limits {
@@ -291,7 +294,10 @@ func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
 	a.s.record(audit.Record{Kind: audit.KindResolve, Tenant: in.Tenant, RequestID: idHex, Source: "operator", State: st.State.String(),
 		Reason: in.Charge + ": " + in.Reason, TokensCharged: st.Charged[ledger.Tokens], GPUMs: st.Charged[ledger.GPUMs], USDMicros: st.Charged[ledger.USDMicros]})
 	charged := map[string]int64{}
-	for d := ledger.Dim(0); d < ledger.Slots; d++ {
+	for d := range ledger.NumDims {
+		if !d.Windowed() {
+			continue
+		}
 		charged[d.String()] = st.Charged[d]
 	}
 	WriteJSON(rc, map[string]any{"id": idHex, "state": st.State.String(), "charged": charged})
@@ -338,7 +344,10 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 		}
 		for _, r := range refs {
 			held := map[string]int64{}
-			for d := ledger.Dim(0); d < ledger.Slots; d++ {
+			for d := range ledger.NumDims {
+				if !d.Windowed() {
+					continue
+				}
 				if r.Held[d] != 0 {
 					held[d.String()] = r.Held[d]
 				}

@@ -472,7 +472,10 @@ func (s *Server) exportLedger(ctx context.Context) {
 			s.noteLedger("snapshot", err)
 			continue
 		}
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.m.LedgerReserved.WithLabelValues(t.name, d.String()).Set(float64(u.Reserved[d]))
 		}
 		s.m.LedgerReserved.WithLabelValues(t.name, "slots").Set(float64(u.SlotsInUse))
@@ -489,7 +492,10 @@ func (s *Server) exportLedger(ctx context.Context) {
 					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
 			}
 		}
-		for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		for d := range ledger.NumDims {
+			if !d.Windowed() {
+				continue
+			}
 			s.m.LedgerCommitted.WithLabelValues(t.name, d.String()).Set(float64(committed[d]))
 		}
 		if qs, ok := s.q.Stats(t.name); ok {

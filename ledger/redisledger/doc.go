@@ -14,7 +14,9 @@
 // as ledger.ErrCorrupt with nothing written, never clamped. Scripts start
 // with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
 // before they run. go-redis runs them with EVALSHA and falls back to EVAL on
-// NOSCRIPT; they are never pipelined.
+// NOSCRIPT; they are never pipelined. Every write script is also a function
+// of the batch script, which runs concurrent operations of one Cluster slot
+// (or one standalone server) in one call, in order (batch.go).
 //
 // # Keys
 //

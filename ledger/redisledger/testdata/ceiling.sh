@@ -23,10 +23,11 @@ run() { # name n sha numkeys args...
 }
 
 trivial=$(redis-cli -p "$port" script load "return 1")
-reserve=$(redis-cli -p "$port" script load "$(printf '#!lua\n'; cat "$here/lua/prelude.lua"; echo; cat "$here/lua/reserve.lua")")
+# The header line scripts.go generates (ledger.NumDims, ledger.Slots).
+reserve=$(redis-cli -p "$port" script load "$(printf '#!lua\nlocal NDIMS, SLOTS = 8, 6\n'; cat "$here/lua/prelude.lua"; echo; cat "$here/lua/reserve.lua")")
 spec='1T/3:3600:1125899906842624:b,0:60:1125899906842624:b,6:0:1048576:b;2K/3:86400:1125899906842624:b'
 run 'EVALSHA "return 1"' 100000 "$trivial" 0
 run 'EVALSHA reserve.lua (2 scopes, dispatch)' 20000 "$reserve" 6 \
   'sluice:{T}:m' 'sluice:{T}:L' 'sluice:{T}:U' 'sluice:{T}:q:__rand_int__' 'sluice:{T}:s:T' 'sluice:{T}:s:K' \
-  '' cand 120000 __rand_int__ 3600000 0 o d 60000 1 '1,512,0,512,0,0,0' "$spec" 0
+  '' cand 120000 __rand_int__ 3600000 0 o d 60000 1 '1,512,0,512,0,0,0,0' "$spec" '' 0 0 0
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -39,7 +39,7 @@ def cli(*a):
     return subprocess.check_output(['redis-cli', '-p', port] + list(a)).decode().strip()
 spec = "1T/3:3600:1125899906842624:b,0:60:1125899906842624:b,6:0:1048576:b;2K/3:86400:1125899906842624:b"
 keys = ['sluice:{T}:m', 'sluice:{T}:L', 'sluice:{T}:U', 'sluice:{T}:q:__rand_int__', 'sluice:{T}:s:T', 'sluice:{T}:s:K']
-args = ['', 'cand', '120000', '__rand_int__', '3600000', '0', 'o', 'd', '60000', '1', '1,512,0,512,0,0,0', spec, '0']
+args = ['', 'cand', '120000', '__rand_int__', '3600000', '0', 'o', 'd', '60000', '1', '1,512,0,512,0,0,0,0', spec, '', '0', '0', '0']
 shas = {k: cli('script', 'load', v) for k, v in variants.items()}
 N = 20000
 res = {k: [] for k in shas}

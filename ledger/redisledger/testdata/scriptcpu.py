@@ -14,7 +14,7 @@ here = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'lua')
 port = sys.argv[1] if len(sys.argv) > 1 else '6393'
 prelude = open(os.path.join(here, 'prelude.lua')).read()
 body = open(os.path.join(here, 'reserve.lua')).read().splitlines()
-stages = {'1 parse': '-- Idempotency first', '2 record': 'local fence, pv', '3 admission': '-- Apply.',
+stages = {'1 parse': '-- Idempotency first', '2 record': 'local fence = ', '3 admission': '-- Apply.',
           '4 writes': "redis.call('ZADD', KEYS[2], le"}
 srcs = {}
 for name, mark in stages.items():
@@ -38,10 +38,10 @@ def cli(*a):
 
 spec = "1T/3:3600:1125899906842624:b,0:60:1125899906842624:b,6:0:1048576:b;2K/3:86400:1125899906842624:b"
 keys = ['sluice:{T}:m', 'sluice:{T}:L', 'sluice:{T}:U', 'sluice:{T}:q:__rand_int__', 'sluice:{T}:s:T', 'sluice:{T}:s:K']
-args = ['', 'cand', '120000', '__rand_int__', '3600000', '0', 'o', 'd', '60000', '1', '1,512,0,512,0,0,0', spec, '0']
+args = ['', 'cand', '120000', '__rand_int__', '3600000', '0', 'o', 'd', '60000', '1', '1,512,0,512,0,0,0,0', spec, '', '0', '0', '0']
 shas = {'0 trivial': cli('script', 'load', 'return 1')}
 for name, src in srcs.items():
-    shas[name] = cli('script', 'load', '#!lua\n' + prelude + '\n' + src)
+    shas[name] = cli('script', 'load', '#!lua\nlocal NDIMS, SLOTS = 8, 6\n' + prelude + '\n' + src)
 N = 20000
 res = {k: [] for k in shas}
 try:

@@ -1,0 +1,145 @@
+package redisledger_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
+)
+
+// pauseAndQueue pauses Redis writes, starts n calls of fn, waits until the
+// batcher holds them (two calls in flight, the rest queued), and unpauses.
+func pauseAndQueue(t *testing.T, srv *redisServer, pause time.Duration, n int, fn func(i int)) {
+	t.Helper()
+	rc := srv.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rc.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "WRITE").Err())
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { fn(i) })
+	}
+	wg.Wait()
+}
+
+func histCount(t *testing.T, reg *prometheus.Registry, name string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			var h *dto.Histogram = mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	return 0, 0
+}
+
+// TestBatchIsolatesARaisingOperation: concurrent Reserves queue behind a
+// paused Redis and go in shared calls; one of them names a scope key that
+// holds a string (a redis.call in its operation raises WRONGTYPE). That one
+// fails ErrCorrupt having written nothing; every other operation of its
+// batch is admitted, and the holds add up exactly.
+func TestBatchIsolatesARaisingOperation(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Registerer = reg })
+	require.NoError(t, l.LoadScripts(ctx))
+	good := []ledger.Scope{tenantScope("batch-good", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	bad := []ledger.Scope{tenantScope("batch-bad", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	owner := ledger.NewOwner()
+	for _, sc := range [][]ledger.Scope{good, bad} { // register both partitions (one SADD each) before the pause
+		w := reserveReq(sc, held(1), owner)
+		_, err := l.Reserve(ctx, w)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx, w.Ref, owner))
+	}
+	badKey := "sluice:{" + bad[0].Key.String() + "}:s:" + bad[0].Key.String()
+	require.NoError(t, rc.Del(ctx, badKey).Err())
+	require.NoError(t, rc.Set(ctx, badKey, "not a hash", 0).Err())
+	count0, sum0 := histCount(t, reg, "sluice_ledger_redis_batch_ops")
+
+	const n = 40
+	errs := make([]error, n)
+	pauseAndQueue(t, srv, 300*time.Millisecond, n, func(i int) {
+		sc := good
+		if i == n/2 {
+			sc = bad
+		}
+		_, errs[i] = l.Reserve(ctx, reserveReq(sc, held(10), owner))
+	})
+	for i, err := range errs {
+		if i == n/2 {
+			assert.ErrorIs(t, err, ledger.ErrCorrupt, "the raising operation")
+			continue
+		}
+		assert.NoError(t, err, "operation %d shares a batch with the raising one", i)
+	}
+	u, err := l.Snapshot(ctx, good[0].Key, good[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, int64(10*(n-1)), u.Reserved[ledger.Tokens], "every admitted hold exactly once")
+	typ, err := rc.Type(ctx, badKey).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "string", typ, "nothing written over the damaged key")
+	count, sum := histCount(t, reg, "sluice_ledger_redis_batch_ops")
+	calls, ops := count-count0, sum-sum0
+	assert.Equal(t, float64(n), ops, "every operation went through the batcher once")
+	assert.Less(t, calls, uint64(n), "operations shared calls (%d calls for %v operations)", calls, ops)
+}
+
+// TestBatchQueuedPastTheTimeoutIsNotSent: with Redis paused longer than
+// StoreTimeout, the operations of the (at most two) calls in flight end
+// ErrAmbiguous and every operation still queued ends ErrUnavailable within
+// StoreTimeout, without ever reaching Redis (its record does not exist).
+func TestBatchQueuedPastTheTimeoutIsNotSent(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.StoreTimeout = 200 * time.Millisecond })
+	require.NoError(t, l.LoadScripts(ctx))
+	sc := []ledger.Scope{tenantScope("batch-timeout", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	owner := ledger.NewOwner()
+	w := reserveReq(sc, held(1), owner)
+	_, err := l.Reserve(ctx, w)
+	require.NoError(t, err)
+
+	const n = 30
+	errs := make([]error, n)
+	reqs := make([]ledger.ReserveRequest, n)
+	for i := range reqs {
+		reqs[i] = reserveReq(sc, held(1), owner)
+	}
+	pauseAndQueue(t, srv, 1500*time.Millisecond, n, func(i int) {
+		start := time.Now()
+		_, errs[i] = l.Reserve(ctx, reqs[i])
+		assert.Less(t, time.Since(start), time.Second, "bounded by StoreTimeout, not by the pause")
+	})
+	var unavailable, ambiguous int
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ledger.ErrUnavailable):
+			unavailable++
+			// Reads are not paused: the record must not exist.
+			n, err := rc.Exists(ctx, "sluice:{"+sc[0].Key.String()+"}:q:"+ledger.ScopeKey(reqs[i].Ref.ID).String()).Result()
+			require.NoError(t, err)
+			assert.Zero(t, n, "an operation that never left the queue wrote nothing")
+		case errors.Is(err, ledger.ErrAmbiguous):
+			ambiguous++
+		default:
+			t.Errorf("operation %d: %v", i, err)
+		}
+	}
+	assert.Equal(t, n, ambiguous+unavailable)
+	assert.Positive(t, ambiguous, "the calls in flight")
+	assert.Positive(t, unavailable, "the operations queued behind them")
+}
