@@ -103,6 +103,29 @@
 // is in flight, which adds at most H_i/w_i + H_j/w_j. Several front-end
 // instances each keep this bound for their own arrivals (SCHEDULING §9).
 //
+// # Work conservation (the scheduler's dispatch gate)
+//
+// The queue orders; the scheduler's predicate (scheduler/dispatch.go) only
+// gates. There is no per-tenant cap by default (`concurrency` unset), so:
+//
+//   - A tenant alone, or tenants whose averaged demand fits the fleet
+//     together, are never held back: whenever a replica has room the pick
+//     is dispatched (the peak concurrency and throughput of direct vLLM).
+//   - Under contention a tenant whose averaged demand exceeds 3× its max-min
+//     fair share is heavy and may not start work inside the reserve kept for
+//     the light tenants' recent demand peaks; it keeps at least a quarter of
+//     its share.
+//
+// Bound: a request of a light tenant whose tenants' demand stays within
+// their recent peaks finds room at once; otherwise it waits at most until
+// completions free its size, since from its arrival no heavy tenant starts
+// work in room it needs and the pick prefers it (lower counter): at most
+// one service time of the running requests (≤ max_tokens decode steps).
+// Idle tenants' reserve ages out within the peak window (30 s), so the
+// shares they do not use are lent to the others. Requests are never
+// aborted to make room: once a stream has sent bytes it cannot be replayed
+// without executing twice, and before that the window is one prefill step.
+//
 // # Design rationale
 //
 // Expiry is a deadline heap plus one timer, not a wheel or a sweep: each

@@ -487,8 +487,38 @@ func (q *Queue[T]) Cancel(h Handle[T]) bool {
 // of [Queue.Release] (it went out) or [Queue.Requeue] (it could not take a
 // slot). Next returns false when nothing is eligible or pred blocked.
 func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
+	return q.NextView(func(it Item[T], _ View[T]) Verdict { return pred(it) })
+}
+
+// View reads tenants' live counts from inside a predicate of
+// [Queue.NextView], where the mutex is held and the Queue may not be
+// called. It is valid only during that predicate call.
+type View[T any] struct{ q *Queue[T] }
+
+// Queued is the tenant's number of queued entries (0 for unknown tenants).
+func (v View[T]) Queued(tenant string) int {
+	if t := v.q.tenants[tenant]; t != nil {
+		return t.depth
+	}
+	return 0
+}
+
+// Pending is the tenant's number of dispatched entries not yet released or
+// requeued: handed out by Next but not yet counted as running by the caller.
+func (v View[T]) Pending(tenant string) int {
+	if t := v.q.tenants[tenant]; t != nil {
+		return t.pending
+	}
+	return 0
+}
+
+// NextView is [Queue.Next] with a predicate that may also read every
+// tenant's live counts through a [View], so that a share-aware predicate
+// sees dispatches its caller has not yet recorded.
+func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	view := View[T]{q: q}
 	now := q.clock.Now()
 	nowN := now.UnixNano()
 	for b := range q.bands {
@@ -501,7 +531,7 @@ func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
 				continue
 			}
 			it := q.itemOf(n)
-			switch pred(it) {
+			switch pred(it, view) {
 			case Dispatch:
 				q.dispatchLocked(n, nowN)
 				return it, true

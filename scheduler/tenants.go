@@ -122,7 +122,9 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 				t.warn[l.Dim] = b.WarnRatio
 			}
 		}
-		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
+		if tc.Concurrency > 0 { // 0: no slot limit
+			t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
+		}
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
 		for _, k := range tc.APIKeys {

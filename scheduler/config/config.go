@@ -192,7 +192,9 @@ type Tenant struct {
 	Weight int `yaml:"weight"`
 	// Priority is the band; lower runs first. Default 0.
 	Priority int `yaml:"priority"`
-	// Concurrency caps in-flight requests across instances. Default 8.
+	// Concurrency caps in-flight requests across instances. Optional; 0
+	// (the default) = no per-tenant cap: fair dispatch, not a cap, isolates
+	// tenants (queue/doc.go, "Work conservation").
 	Concurrency int `yaml:"concurrency"`
 	// InflightTokens caps the tenant's in-flight token load. Optional; 0 = none.
 	InflightTokens int64 `yaml:"inflight_tokens"`
@@ -360,7 +362,6 @@ func (f *File) applyDefaults() {
 	for i := range f.Tenants {
 		t := &f.Tenants[i]
 		def(&t.Weight, 1)
-		def(&t.Concurrency, 8)
 		def(&t.MaxInputTokens, 8192)
 		def(&t.MaxOutputTokens, 1024)
 		def(&t.Queue.MaxDepth, 256)
@@ -507,8 +508,8 @@ func (f *File) Validate() error {
 		if t.Priority < 0 || t.Priority > 15 {
 			v.add("%s.priority must be in 0..15", p)
 		}
-		if t.Concurrency < 1 {
-			v.add("%s.concurrency must be >= 1", p)
+		if t.Concurrency < 0 {
+			v.add("%s.concurrency must be >= 0 (0: no cap)", p)
 		}
 		v.nonNeg(p+".inflight_tokens", t.InflightTokens)
 		v.positive(p+".max_input_tokens", t.MaxInputTokens)
