@@ -122,9 +122,11 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 				t.warn[l.Dim] = b.WarnRatio
 			}
 		}
-		if tc.Concurrency > 0 { // 0: no slot limit
-			t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
+		slots := int64(tc.Concurrency)
+		if slots == 0 {
+			slots = ledger.MaxAmount // unset: no cap (the scope still needs a policy)
 		}
+		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: slots})
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
 		for _, k := range tc.APIKeys {
