@@ -55,6 +55,7 @@ func commands() map[string]command {
 		"drain":        {"admin: drain the server", runDrain},
 		"reload":       {"admin: reload the server's config", runReload},
 		"audit":        {"audit verify FILE...", runAudit},
+		"tune":         {"recommend queue depth, max wait (and concurrency) from bench results", runTune},
 	}
 }
 
