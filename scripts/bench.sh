@@ -9,7 +9,8 @@
 #      latency at light load and proxy CPU per non-streamed request;
 #   3. the `sluice bench` scenario presets (shortened), as far as they run.
 # Every process it starts is stopped on exit, failure and Ctrl-C (trap).
-# Knobs: BENCH_SCENARIO_S (default 12) seconds per scenario run,
+# Knobs: BENCH_SCENARIO_S (default 12) seconds per scenario run (full: the
+# presets' own durations and warm-ups, `make bench-long`),
 # BENCH_ROUNDS (3) side-by-side rounds, BENCH_SIDE_N (3000) and BENCH_LIGHT_N (400)
 # requests per round, BENCH_KEEP=1 keeps the work dir, BENCH_SMOKE=1 runs the
 # Go benchmarks once and skips the other packages (to try the script),
@@ -205,10 +206,6 @@ write_sluice_config() {
 			# One configuration for every preset: weights only (all 1 here).
 			# No per-tenant concurrency, no queue tuning: isolation comes
 			# from fair dispatch (scheduler/dispatch.go), not from caps.
-			# BENCH_TUNED=FILE appends a `sluice tune` snippet's tenant lines.
-			if [ -n "${BENCH_TUNED:-}" ] && [ -f "$BENCH_TUNED" ]; then
-				awk -v t="$t" '$0 ~ "^  - name: "t"$" { on = 1; next } /^  - name: / { on = 0 } on' "$BENCH_TUNED"
-			fi
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"
@@ -443,7 +440,13 @@ CAP=${BENCH_CAPACITY:-12.5}
 SIM_SEQS=32 # also the Sluice config's replica max_num_seqs and tenant concurrency
 SIMARGS=(--max-num-seqs "$SIM_SEQS" --decode-step 20ms)
 SCEN=(--duration "${SCEN_S}s" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/res")
-[ "$SCEN_S" = full ] && SCEN=(--drain-timeout 30s --progress 0 --save-result --result-dir "$WORK/res") # make bench-long
+DUR=(--duration "${SCEN_S}s")
+WARM=(--warmup-duration 2s)
+if [ "$SCEN_S" = full ]; then # make bench-long: the presets' own durations and warm-ups
+	SCEN=(--drain-timeout 30s --progress 0 --save-result --result-dir "$WORK/res")
+	DUR=()
+	WARM=()
+fi
 SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
 # scen LABEL TARGET ARGS...: one `sluice bench run`; the JSON lands in res/LABEL.json.
@@ -479,20 +482,20 @@ start_sims 1 "${SIMARGS[@]}"
 start_sluice 1
 start_haproxy 1 32
 for t in direct haproxy sluice; do
-	scen "flood-alone-$t" "$t" --workload flood --warmup-duration 2s --exclude-tenant flood
-	scen "flood-$t" "$t" --workload flood --warmup-duration 2s
+	scen "flood-alone-$t" "$t" --workload flood "${WARM[@]}" --exclude-tenant flood
+	scen "flood-$t" "$t" --workload flood "${WARM[@]}"
 done
 for x in 1 2 3; do
 	c=$(awk -v c="$CAP" -v x="$x" 'BEGIN { printf "%.3f", c * x / 3 }') # three tenants at "1x" each
 	for t in direct haproxy sluice; do
 		SCAP=$c
-		scen "overload-${x}x-$t" "$t" --workload overload --warmup-duration 2s
+		scen "overload-${x}x-$t" "$t" --workload overload "${WARM[@]}"
 	done
 done
 SCAP=$CAP
-scen "disconnect-storm-direct" direct --workload disconnect-storm --warmup-duration 2s
+scen "disconnect-storm-direct" direct --workload disconnect-storm "${WARM[@]}"
 scen "budget-burst-direct" direct --workload budget-burst
-scen "disconnect-storm-sluice" sluice --workload disconnect-storm --warmup-duration 2s
+scen "disconnect-storm-sluice" sluice --workload disconnect-storm "${WARM[@]}"
 sleep 1 # let the last aborts settle before reading the gauges
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
 RESERVED=$(echo "$metrics" | awk '/^sluice_ledger_reserved[{ ]/ { s += $NF } END { print s + 0 }')
@@ -500,6 +503,30 @@ SIM_RUNNING=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk '/^vllm:num_re
 scen "budget-burst-sluice" sluice --workload budget-burst
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
 BURST_COMMITTED=$(echo "$metrics" | awk '/^sluice_ledger_committed\{/ && /tenant="burst"/ && /dimension="tokens"/ { s += $NF } END { print s + 0 }')
+# sluice tune on a saturation sweep through Sluice (default config), then the
+# saturation preset at 2x with the tuned config: attainment vs the prediction.
+SWEEP_RATES=$(awk -v c="$CAP" 'BEGIN { printf "%g,%g,%g,%g", c / 2, c, c * 1.5, c * 2 }')
+TUNE_RATE=$(awk -v c="$CAP" 'BEGIN { printf "%g", c * 2 }')
+mkdir -p "$WORK/sweep"
+wait_sim_idle
+log "saturation sweep through sluice ($SWEEP_RATES rps)"
+SWEEP_CMD="sluice bench sweep --base-url <sluice> --workload saturation --rates $SWEEP_RATES ${DUR[*]} ${WARM[*]} --drain-timeout 10s --save-result --result-dir \$WORK/sweep"
+"$SLUICE" bench sweep --base-url "$(url_of sluice)" --workload saturation --rates "$SWEEP_RATES" "${DUR[@]}" \
+	"${WARM[@]}" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/sweep" >"$WORK/res/sweep.txt" 2>&1 ||
+	log "sweep failed: $(tail -1 "$WORK/res/sweep.txt")"
+TUNE_CMD="sluice tune --slo-ttft 2s --config \$WORK/sluice.yaml --out \$WORK/tuned.yaml \$WORK/sweep/*.json"
+"$SLUICE" tune --slo-ttft 2s --config "$WORK/sluice.yaml" --out "$WORK/tuned.yaml" "$WORK"/sweep/*.json >"$WORK/res/tune.txt" 2>&1 ||
+	log "tune failed: $(tail -1 "$WORK/res/tune.txt")"
+TUNE_CHECK=$("$SLUICE" config check "$WORK/tuned.yaml" 2>&1 | sed "s|$WORK|\$WORK|g" || true)
+stop "$SLUICE_PID"
+"$SLUICE" serve --config "$WORK/tuned.yaml" >"$WORK/sluice-tuned.log" 2>&1 &
+SLUICE_PID=$!
+PIDS+=("$SLUICE_PID")
+wait_http "http://127.0.0.1:$API_PORT/readyz"
+sleep 1.5 # one scrape sizes the replica
+SCAP=$TUNE_RATE
+scen "saturation-2x-tuned-sluice" sluice --workload saturation "${WARM[@]}"
+SCAP=$CAP
 stop "$SLUICE_PID"
 stop "$HAP_PID"
 stop "$SIM_PID"
@@ -523,13 +550,13 @@ for t in direct sluice; do
 	peak_running "$WORK/res/peak-$t.txt" &
 	PK=$!
 	PIDS+=("$PK")
-	scen "solo256-$t" "$t" --workload saturation --warmup-duration 2s
+	scen "solo256-$t" "$t" --workload saturation "${WARM[@]}"
 	stop "$PK"
 done
 SCAP=$CAP
 stop "$SLUICE_PID"
 stop "$SIM_PID"
-declare -p DATE RAN TARGETS NGINX_NOTE SCEN_LOG RESERVED SIM_RUNNING BURST_COMMITTED >"$WORK/state.sh"
+declare -p DATE RAN TARGETS NGINX_NOTE SCEN_LOG RESERVED SIM_RUNNING BURST_COMMITTED SWEEP_CMD TUNE_CMD TUNE_CHECK TUNE_RATE >"$WORK/state.sh"
 else
 	# shellcheck disable=SC1091
 	source "$WORK/state.sh"
@@ -759,6 +786,28 @@ EOF
 	echo "Single tenant: \`sluice sim --max-num-seqs 256 --kv-tokens 400000 --decode-step 100ms\` (capacity 20 rps at"
 	echo "128 output tokens), the saturation preset at 30 rps (1.5×), Sluice configured with \`max_num_seqs: 256\`"
 	echo "and no \`concurrency\`; peak = the replica's \`vllm:num_requests_running\` sampled every 100 ms."
+	cat <<EOF
+
+#### \`sluice tune\` on a saturation sweep
+
+Sweep through Sluice with the default config (\`$SWEEP_CMD\`), then \`$TUNE_CMD\`; \`sluice config check\`
+on the result: $TUNE_CHECK. The recommendation:
+
+\`\`\`yaml
+$(sed -n '/^tenants:/,$p' "$WORK/res/tune.txt" | awk '/^  - name: solo$/ { on = 1; print; next } /^  - name: / { on = 0 } on && !/^# checked/')
+\`\`\`
+
+$(grep '^# knee' "$WORK/res/tune.txt" | sed "s|$WORK|\$WORK|g; s/^# //")
+
+EOF
+	# The prediction at the sweep rate nearest the rerun's (the sweep's 2x).
+	pred=$(awk -v r="$TUNE_RATE" '/predicted SLO attainment at/ {
+		o = $0; sub(/.* at /, "", o); sub(/ .*/, "", o); p = $0; sub(/.*offered: /, "", p); sub(/%.*/, "", p)
+		d = o - r; if (d < 0) d = -d; if (best == "" || d < bd) { bd = d; best = p } } END { print best }' "$WORK/res/tune.txt")
+	meas=$(jget saturation-2x-tuned-sluice '.slo_attainment | . * 1000 | round / 10')
+	echo "Saturation at ${TUNE_RATE} rps (2×) through Sluice with the tuned config: **SLO attainment $meas%, predicted ${pred}%**"
+	echo "(goal: within 5 points: $(awk -v a="$meas" -v b="$pred" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a != "n/a" && b != "" && d <= 5) ? "met" : "MISSED" }')); goodput $(jget saturation-2x-tuned-sluice '.request_goodput | . * 100 | round / 100') req/s,"
+	echo "rejected $(total saturation-2x-tuned-sluice rejected), expired $(total saturation-2x-tuned-sluice expired)."
 	cat <<EOF
 
 #### Disconnect storm (through Sluice): leak check
