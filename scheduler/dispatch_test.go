@@ -80,6 +80,9 @@ type desRun struct {
 	// baseline: what vLLM alone would run).
 	noGate bool
 
+	// observe, when set, sees the clock after every event's dispatch round.
+	observe func(now time.Duration)
+
 	busy     time.Duration // slot-time used in the measured span
 	peakBusy int64
 }
@@ -208,6 +211,9 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			}
 		}
 		dispatch()
+		if r.observe != nil {
+			r.observe(now)
+		}
 		if due, ok = q.Tick(); ok {
 			d := due.Sub(t0)
 			if nextTick < 0 || d < nextTick {
@@ -241,7 +247,7 @@ func (tn *desTenant) String() string {
 // request runs 1.9–3.2 s and capacity is 32 / 2.56 s = 12.5 requests/s.
 func presetRun(seed uint64) *desRun {
 	return &desRun{slots: 32, step: 20 * time.Millisecond, duration: 90 * time.Second, warmup: 30 * time.Second,
-		maxWait: 10 * time.Second, headroom: 0.0, seed: seed}
+		maxWait: 10 * time.Second, headroom: 0.1, seed: seed} // the defaults: queue.max_wait 10s, server.headroom 0.1
 }
 
 func victims() []*desTenant {
@@ -331,4 +337,42 @@ func TestGateOverloadStaysBusy(t *testing.T) {
 		// gate may expire a few more (logged), never lose throughput.
 		assert.GreaterOrEqual(t, float64(got), 0.98*float64(want))
 	}
+}
+
+// TestGateLendsAndReclaims: a flood alone holds every slot (nothing is
+// reserved for tenants that are not there); three light tenants arrive at
+// 30 s and leave at 60 s. Their first requests wait at most one service
+// time, and later ones (p90) not at all: the flood stops starting work
+// while they need room. Within the peak window after they leave (30 s)
+// the flood holds every slot again.
+func TestGateLendsAndReclaims(t *testing.T) {
+	r := presetRun(5)
+	r.duration, r.warmup = 120*time.Second, 30*time.Second
+	flood := &desTenant{name: "flood", weight: 1, rate: 25}
+	vs := victims()
+	for _, v := range vs {
+		v.from, v.until = 30*time.Second, 60*time.Second
+	}
+	var before, during, after int64
+	r.observe = func(now time.Duration) {
+		switch {
+		case now > 10*time.Second && now < 30*time.Second:
+			before = max(before, flood.held)
+		case now > 45*time.Second && now < 60*time.Second:
+			during = max(during, flood.held)
+		case now > 95*time.Second && now < 120*time.Second:
+			after = max(after, flood.held)
+		}
+	}
+	r.run(t, append(vs, flood))
+	for _, v := range vs {
+		t.Logf("%v", v)
+		assert.Zero(t, v.expired+v.full, v.name)
+		assert.LessOrEqual(t, pct(v.waits, 1), 3200*time.Millisecond, v.name)
+		assert.Zero(t, pct(v.waits, 0.9), v.name)
+	}
+	t.Logf("flood held at most %d before, %d during, %d after", before, during, after)
+	assert.Equal(t, int64(32), before, "lent: the flood alone gets the fleet")
+	assert.Less(t, during, int64(16), "reclaimed: the flood is squeezed while the light tenants are active")
+	assert.Equal(t, int64(32), after, "lent again once their peaks age out")
 }
