@@ -238,8 +238,15 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	if w <= 0 {
 		w = shareWindow
 	}
-	if g.mem == nil {
-		g.mem = make(map[string]*gateMem)
+	if g.mem == nil || len(g.mem) > 2*len(loads)+16 {
+		// Forget tenants removed by reloads.
+		old := g.mem
+		g.mem = make(map[string]*gateMem, len(loads))
+		for _, l := range loads {
+			if m := old[l.name]; m != nil {
+				g.mem[l.name] = m
+			}
+		}
 	}
 	seqsCap, tokensCap := float64(max(f.seqsCap, 1)), float64(max(f.tokensCap, 1))
 	cs := g.cls[:0]

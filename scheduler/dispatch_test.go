@@ -376,3 +376,33 @@ func TestGateLendsAndReclaims(t *testing.T) {
 	assert.Less(t, during, int64(16), "reclaimed: the flood is squeezed while the light tenants are active")
 	assert.Equal(t, int64(32), after, "lent again once their peaks age out")
 }
+
+func TestWaterLevel(t *testing.T) {
+	var g shareGate
+	cls := func(ws []float64, avgs ...float64) []gateCls {
+		var cs []gateCls
+		for i, a := range avgs {
+			cs = append(cs, gateCls{avg: a, weight: ws[i], active: true})
+		}
+		return cs
+	}
+	ones := []float64{1, 1, 1, 1}
+	assert.InDelta(t, 0.4, g.waterLevel(cls(ones, 0.2, 0.2, 0.2, 5)), 1e-12, "victims satisfied, the flood gets the rest")
+	assert.True(t, math.IsInf(g.waterLevel(cls(ones, 0.2, 0.3, 0.4)), 1), "demands fit: nobody is heavy")
+	assert.InDelta(t, 1.0/3, g.waterLevel(cls([]float64{2, 1}, 5, 5)), 1e-12, "2λ + λ = 1")
+	assert.InDelta(t, 0.25, g.waterLevel(cls(ones, 1, 1, 1, 1)), 1e-12)
+	inactive := cls(ones, 0.9, 0.9)
+	inactive[1].active = false
+	assert.True(t, math.IsInf(g.waterLevel(inactive), 1), "inactive tenants claim nothing")
+}
+
+func TestFitsBeyond(t *testing.T) {
+	f := fleetLoad{seqs: 27, seqsCap: 32, tokens: 0, tokensCap: 1000}
+	assert.True(t, f.fitsBeyond(10, 0.1), "27 + 1 + ⌈3.2⌉ = 32 seqs, 10 + 100 tokens")
+	f.seqs = 28
+	assert.False(t, f.fitsBeyond(10, 0.1), "the 29th sequence would eat the reserve")
+	f.seqs = 0
+	assert.False(t, f.fitsBeyond(901, 0.1), "901 tokens + 100 reserved > 1000")
+	assert.True(t, f.fitsBeyond(900, 0.1))
+	assert.True(t, fleetLoad{seqs: 32, seqsCap: 32}.fitsBeyond(1, 0), "no reserve: the replica choice decides")
+}
