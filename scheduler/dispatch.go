@@ -266,7 +266,9 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 			m.lastN = nowN
 		}
 		m.last = demand
-		active := demand > 0 || m.avg > 1e-3 || i == cand
+		// Only tenants with work now claim a share: one that left stops
+		// shaping the level at once (its average still decays).
+		active := demand > 0 || i == cand
 		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active})
 	}
 	g.cls = cs
