@@ -16,6 +16,7 @@ const (
 	DefaultMaxWait     = 5 * time.Minute
 	DefaultIdleTTL     = 5 * time.Minute
 	DefaultParkBackoff = 100 * time.Millisecond
+	DefaultLIFOAfter   = time.Second
 	// MinRetryAfter and MaxRetryAfter clamp the Retry-After estimate of a
 	// [FullError].
 	MinRetryAfter = time.Second
@@ -108,6 +109,13 @@ type Config struct {
 	// [Queue.Requeue]) stays parked when no [Queue.Unpark] comes. Optional;
 	// default 100ms; negative means only Unpark rejoins.
 	ParkBackoff time.Duration
+	// LIFOAfter: once a FIFO flow's oldest entry has waited this long (a
+	// standing queue), the flow serves its newest entry first (adaptive
+	// LIFO, as in Facebook's "Fail at scale"): under overload what is
+	// served starts in time and the oldest expire at their deadlines,
+	// instead of every request waiting the whole queue. EDF flows are left
+	// alone. Optional; default 1s; negative keeps strict FIFO.
+	LIFOAfter time.Duration
 	// ExpirySpin makes [Queue.Run] wake this long before each due time and
 	// poll, yielding the processor, until it arrives. Go's runtime timers on
 	// Linux sleep in whole milliseconds, so with the timer alone expiry is
@@ -127,6 +135,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ParkBackoff == 0 {
 		c.ParkBackoff = DefaultParkBackoff
+	}
+	if c.LIFOAfter == 0 {
+		c.LIFOAfter = DefaultLIFOAfter
 	}
 	ts := make([]TenantConfig, len(c.Tenants))
 	for i, t := range c.Tenants {

@@ -23,7 +23,10 @@
 //     (v, eligibility sequence); keys sit inline in the heap slots and heap
 //     positions in a dense array, so sifting touches no flow.
 //   - [Queue.Next] scans bands from 0 and, within the first band with an
-//     eligible flow, takes the heap's minimum flow and its head. The
+//     eligible flow, takes the heap's minimum flow and its head; a FIFO
+//     flow whose head has waited [Config.LIFOAfter] (1 s) offers its newest
+//     entry instead (adaptive LIFO: under a standing queue what is served
+//     still starts in time, and the oldest expire at their deadlines). The
 //     predicate answers Dispatch (charge v += cost/w and hand it out), Park
 //     (the tenant leaves every band heap and keeps its entries; it rejoins on
 //     [Queue.Unpark] or after the park backoff) or Block (stop; nothing is
@@ -121,6 +124,10 @@
 // completions free its size, since from its arrival no heavy tenant starts
 // work in room it needs and the pick prefers it (lower counter): at most
 // one service time of the running requests (≤ max_tokens decode steps).
+// A light tenant with a backlog competes by its counter instead (reserving
+// for it would starve a peer the counters favour). Under overload the
+// adaptive LIFO above keeps what is served within its deadline without
+// per-tenant max_wait tuning.
 // Idle tenants' reserve ages out within the peak window (30 s), so the
 // shares they do not use are lent to the others. Requests are never
 // aborted to make room: once a stream has sent bytes it cannot be replayed

@@ -530,6 +530,14 @@ func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool)
 				q.expireLocked(n, nowN)
 				continue
 			}
+			if lifo := q.cfg.LIFOAfter; lifo > 0 && f.t.cfg.Order == OrderFIFO && nowN-n.arr.UnixNano() > int64(lifo) {
+				// A standing queue: serve the newest, which can still
+				// meet its deadline, and let the oldest expire.
+				if n = f.newest(); n.dl <= nowN {
+					q.expireLocked(n, nowN)
+					continue
+				}
+			}
 			it := q.itemOf(n)
 			switch pred(it, view) {
 			case Dispatch:
@@ -543,6 +551,22 @@ func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool)
 		}
 	}
 	return Item[T]{}, false
+}
+
+// newest returns the flow's latest arrival (largest sequence). It is
+// among the heap's leaves, so this scans at most the last level.
+func (f *flow[T]) newest() *node[T] {
+	h := f.entries.s
+	best := 0
+	if len(h) > 1 {
+		best = (len(h)-2)>>heapShift + 1
+	}
+	for i := best + 1; i < len(h); i++ {
+		if h[i].s > h[best].s {
+			best = i
+		}
+	}
+	return h[best].p
 }
 
 func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {

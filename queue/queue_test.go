@@ -516,3 +516,50 @@ func TestRebaseKeepsDifferences(t *testing.T) {
 	// joins at the rebased minimum.
 	assert.Equal(t, "a", next(t, q, always).Tenant)
 }
+
+// TestAdaptiveLIFO: a FIFO flow serves its oldest entry until that one has
+// waited LIFOAfter; from then on (a standing queue) its newest first, so
+// what is served can still start in time; EDF flows keep deadline order.
+func TestAdaptiveLIFO(t *testing.T) {
+	clk := newManualClock()
+	cfg := Config{Tenants: []TenantConfig{{Name: "a"}, {Name: "e", Order: OrderEDF}}, LIFOAfter: time.Second}
+	q := newTestQueue(t, cfg, clk)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+		clk.Advance(100 * time.Millisecond)
+	}
+	it, ok := q.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 1, it.Payload, "head waited 300ms: FIFO")
+	clk.Advance(time.Second)
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 4})
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 5})
+	var got []int
+	for range 4 {
+		it, ok := q.Next(always)
+		require.True(t, ok)
+		got = append(got, it.Payload)
+	}
+	assert.Equal(t, []int{5, 4, 3, 2}, got, "head waited > 1s: newest first")
+
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "e", Cost: 1, Payload: 10 + i, Deadline: clk.Now().Add(time.Duration(4-i) * time.Minute)})
+	}
+	clk.Advance(5 * time.Second)
+	got = got[:0]
+	for range 3 {
+		it, ok := q.Next(always)
+		require.True(t, ok)
+		got = append(got, it.Payload)
+	}
+	assert.Equal(t, []int{13, 12, 11}, got, "EDF ignores LIFOAfter")
+
+	strict := newTestQueue(t, Config{Tenants: tenants("a"), LIFOAfter: -1}, clk)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, strict, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+	}
+	clk.Advance(2 * time.Minute)
+	it, ok = strict.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 1, it.Payload, "negative LIFOAfter: strict FIFO")
+}

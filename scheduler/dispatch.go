@@ -292,7 +292,10 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 			m.peakCur, m.peakStart = 0, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
-		if i == cand || !x.active || x.avg > lightMargin*x.weight*level {
+		if i == cand || !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
+			// A light tenant with a backlog is not served on demand anyway:
+			// it competes by its counter like everyone else, and reserving
+			// for it would starve a heavy peer that the counters favour.
 			continue
 		}
 		// A light tenant's claim is capped at its margin over its max-min

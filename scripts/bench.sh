@@ -510,8 +510,8 @@ TUNE_RATE=$(awk -v c="$CAP" 'BEGIN { printf "%g", c * 2 }')
 mkdir -p "$WORK/sweep"
 wait_sim_idle
 log "saturation sweep through sluice ($SWEEP_RATES rps)"
-SWEEP_CMD="sluice bench sweep --base-url <sluice> --workload saturation --rates $SWEEP_RATES ${DUR[*]} ${WARM[*]} --drain-timeout 10s --save-result --result-dir \$WORK/sweep"
-"$SLUICE" bench sweep --base-url "$(url_of sluice)" --workload saturation --rates "$SWEEP_RATES" "${DUR[@]}" \
+SWEEP_CMD="sluice bench sweep --base-url <sluice> --workload saturation --capacity $CAP --rates $SWEEP_RATES ${DUR[*]} ${WARM[*]} --drain-timeout 10s --save-result --result-dir \$WORK/sweep"
+"$SLUICE" bench sweep --base-url "$(url_of sluice)" --workload saturation --capacity "$CAP" --rates "$SWEEP_RATES" "${DUR[@]}" \
 	"${WARM[@]}" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/sweep" >"$WORK/res/sweep.txt" 2>&1 ||
 	log "sweep failed: $(tail -1 "$WORK/res/sweep.txt")"
 TUNE_CMD="sluice tune --slo-ttft 2s --config \$WORK/sluice.yaml --out \$WORK/tuned.yaml \$WORK/sweep/*.json"
