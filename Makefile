@@ -41,4 +41,4 @@ bench: build
 # The same with every preset at its own duration (120–300 s of arrivals):
 # about an hour; not part of `make test` or `make bench`.
 bench-long: build
-	BENCH_SCENARIO_S=full BENCH_OUT=docs/benchmarks/fairness-long.md ./scripts/bench.sh
+	BENCH_SCENARIO_S=full BENCH_OUT=$${BENCH_OUT:-BENCHMARKS-long.md} ./scripts/bench.sh

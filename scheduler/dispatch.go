@@ -42,6 +42,10 @@ import (
 // decodes at 20 ms a step.
 const shareWindow = 10 * time.Second
 
+// attackWindow is the averaging time constant while demand rises: a new
+// flood must turn heavy within a fraction of one service time.
+const attackWindow = time.Second
+
 // peakWindow is how long a light tenant's demand peak stays reserved: long
 // enough to cover its Poisson bursts, short enough that an idle tenant's
 // share is lent to the others within half a minute.
@@ -261,7 +265,13 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		// Integrate the previous sample over the elapsed time (demand is
 		// piecewise constant between dispatch decisions).
 		if dt := nowN - m.lastN; dt > 0 {
-			a := math.Exp(-float64(dt) / float64(w))
+			// Fast attack, slow decay: a flood is heavy within about a
+			// second, while a tenant's past demand fades over the window.
+			tau := float64(w)
+			if m.last > m.avg {
+				tau = float64(attackWindow)
+			}
+			a := math.Exp(-float64(dt) / tau)
 			m.avg = a*m.avg + (1-a)*m.last
 			m.lastN = nowN
 		}

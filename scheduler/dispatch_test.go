@@ -276,7 +276,7 @@ func TestGateFloodGivesWay(t *testing.T) {
 			assert.LessOrEqual(t, pct(vf[i].waits, 1), 3200*time.Millisecond, "%s waited more than one service time", vf[i].name)
 		}
 		t.Logf("seed %d flood   %v; utilization alone %.3f flooded %.3f", seed, flood, alone.utilization(), flooded.utilization())
-		assert.Greater(t, flooded.utilization(), alone.utilization()+0.05, "the flood was starved")
+		assert.Greater(t, flooded.utilization(), alone.utilization()+0.02, "the flood was starved")
 		assert.Greater(t, flood.served, int64(0))
 	}
 }

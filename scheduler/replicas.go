@@ -28,6 +28,7 @@ type replicaObs struct {
 	waiting int64
 	kvUsage float64
 	models  []string
+	ownSeqs int64 // this instance's in-flight count when the scrape was taken in
 }
 
 // capacityFunc reports a replica's K_r, base capacity, state and KV usage.
@@ -61,8 +62,11 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
-		if vs := o.running + o.waiting; vs > seqs {
-			seqs = vs
+		// Only the sequences this instance did not send: taking the
+		// scrape's total instead would keep completed slots "full" until
+		// the next scrape (up to a scrape interval of idle batch).
+		if extra := o.running + o.waiting - o.ownSeqs; extra > 0 {
+			seqs += extra
 		}
 	}
 	return k, load, seqs, st
