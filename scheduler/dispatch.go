@@ -290,7 +290,7 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	}
 	half := int64(pw) / 2
 	var lightPeak, lightHeld float64
-	others := false
+	others, lightWaiting := false, false
 	for i, x := range cs {
 		m := g.mem[loads[i].name]
 		if nowN-m.peakStart >= half {
@@ -302,6 +302,9 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 			m.peakCur, m.peakStart = 0, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
+		if i != cand && x.active && x.avg <= lightMargin*x.weight*level && loads[i].queued > 0 {
+			lightWaiting = true
+		}
 		if i == cand || !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
 			// A light tenant with a backlog is not served on demand anyway:
 			// it competes by its counter like everyone else, and reserving
@@ -318,8 +321,8 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	if x.avg <= lightMargin*x.weight*level {
 		return true, 0
 	}
-	if x.held+1/seqsCap <= g.floor()*x.weight*level {
-		return false, 0 // a heavy tenant always keeps its floor
+	if !lightWaiting && x.held+1/seqsCap <= g.floor()*x.weight*level {
+		return false, 0 // a heavy tenant keeps its floor, unless a light one waits
 	}
 	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
 	// burst a little above the recent ones.
