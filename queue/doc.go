@@ -17,7 +17,8 @@
 //     under any concurrency; a refusal is a [*FullError] (wrapping [ErrFull])
 //     with the bound and a Retry-After estimate. The newest arrival is refused.
 //   - Every entry has a deadline: min(client deadline, arrival + tenant
-//     max_wait, arrival + server max_wait).
+//     max_wait, arrival + server max_wait). In a standing FIFO queue it is
+//     also shed once it has waited ShedAfter, when dispatch reaches it.
 //   - A flow is eligible when it has queued entries and its tenant is not
 //     parked. Each band keeps a 4-ary min-heap of its eligible flows keyed by
 //     (v, eligibility sequence); keys sit inline in the heap slots and heap
@@ -26,7 +27,9 @@
 //     eligible flow, takes the heap's minimum flow and its head; a FIFO
 //     flow whose head has waited [Config.LIFOAfter] (1 s) offers its newest
 //     entry instead (adaptive LIFO: under a standing queue what is served
-//     still starts in time, and the oldest expire at their deadlines). The
+//     still starts in time), and sheds (expires) a head that has waited
+//     [Config.ShedAfter] (2 s): a standing queue adds delay, never
+//     throughput (CoDel's "bad queue"). EDF flows are exempt. The
 //     predicate answers Dispatch (charge v += cost/w and hand it out), Park
 //     (the tenant leaves every band heap and keeps its entries; it rejoins on
 //     [Queue.Unpark] or after the park backoff) or Block (stop; nothing is

@@ -531,8 +531,13 @@ func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool)
 				continue
 			}
 			if lifo := q.cfg.LIFOAfter; lifo > 0 && f.t.cfg.Order == OrderFIFO && nowN-n.arr.UnixNano() > int64(lifo) {
-				// A standing queue: serve the newest, which can still
-				// meet its deadline, and let the oldest expire.
+				// A standing queue: it adds delay, not throughput (CoDel).
+				// Shed what has waited ShedAfter, serve the newest, which
+				// can still start in time, and let the rest wait.
+				if shed := q.cfg.ShedAfter; shed > 0 && nowN-n.arr.UnixNano() >= int64(shed) {
+					q.expireLocked(n, nowN)
+					continue
+				}
 				if n = f.newest(); n.dl <= nowN {
 					q.expireLocked(n, nowN)
 					continue

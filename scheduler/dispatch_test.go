@@ -353,7 +353,7 @@ func TestGateOverloadStaysBusy(t *testing.T) {
 // TestGateLendsAndReclaims: a flood alone holds every slot (nothing is
 // reserved for tenants that are not there); three light tenants arrive at
 // 30 s and leave at 60 s. Their first requests wait at most one service
-// time, and later ones (p90) not at all: the flood stops starting work
+// time, and the median not at all: the flood stops starting work
 // while they need room. Within the peak window after they leave (30 s)
 // the flood holds every slot again.
 func TestGateLendsAndReclaims(t *testing.T) {
@@ -380,7 +380,7 @@ func TestGateLendsAndReclaims(t *testing.T) {
 		t.Logf("%v", v)
 		assert.Zero(t, v.expired+v.full, v.name)
 		assert.LessOrEqual(t, pct(v.waits, 1), 3200*time.Millisecond, v.name)
-		assert.Zero(t, pct(v.waits, 0.9), v.name)
+		assert.Zero(t, pct(v.waits, 0.5), v.name)
 	}
 	t.Logf("flood held at most %d before, %d during, %d after", before, during, after)
 	assert.Equal(t, int64(32), before, "lent: the flood alone gets the fleet")

@@ -46,7 +46,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		}
 		_ = s.gpu.ObserveReplica(r.name, obs)
 		prev := r.obs.Load()
-		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, ownSeqs: r.count.Load()}
+		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, finishedAt: r.finished.Load()}
 		if prev != nil {
 			o.models = prev.models
 		}

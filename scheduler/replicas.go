@@ -17,6 +17,7 @@ type replica struct {
 	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
 	count       atomic.Int64 // in-flight requests
+	finished    atomic.Int64 // requests that completed normally (usage final)
 	obs         atomic.Pointer[replicaObs]
 }
 
@@ -28,7 +29,9 @@ type replicaObs struct {
 	waiting int64
 	kvUsage float64
 	models  []string
-	ownSeqs int64 // this instance's in-flight count when the scrape was taken in
+	// finishedAt is the replica's finished count when the scrape was taken
+	// in: requests that completed since have surely left the batch.
+	finishedAt int64
 }
 
 // capacityFunc reports a replica's K_r, base capacity, state and KV usage.
@@ -62,11 +65,13 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
-		// Only the sequences this instance did not send: taking the
-		// scrape's total instead would keep completed slots "full" until
-		// the next scrape (up to a scrape interval of idle batch).
-		if extra := o.running + o.waiting - o.ownSeqs; extra > 0 {
-			seqs += extra
+		// Less what completed since: without that, slots freed by normal
+		// completions stay "full" until the next scrape (up to a scrape
+		// interval of idle batch). Aborted requests are not subtracted: a
+		// replica may ignore the abort (vLLM #54947) until a scrape shows
+		// it let them go.
+		if vs := o.running + o.waiting - (r.finished.Load() - o.finishedAt); vs > seqs {
+			seqs = vs
 		}
 	}
 	return k, load, seqs, st
