@@ -129,16 +129,24 @@ func loadTuneRun(path string) (tuneRun, error) {
 		return tuneRun{}, err
 	}
 	r := tuneRun{path: path, tenants: map[string]tuneTenant{}}
-	var ok bool
-	if r.served, ok = d.F("request_throughput"); !ok {
-		return r, fmt.Errorf("%s: no request_throughput: not a bench result", path)
+	// Rates per second of the measured arrival window: good requests are
+	// what the fleet served within the SLO (a drain after the window would
+	// dilute a per-benchmark-duration rate).
+	good, ok := d.F("good")
+	start, ok1 := d.F("window", "start_s")
+	end, ok2 := d.F("window", "end_s")
+	if !ok || !ok1 || !ok2 || end <= start {
+		return r, fmt.Errorf("%s: no good count or measured window: not a bench result", path)
 	}
-	r.goodput, _ = d.F("request_goodput")
+	win := end - start
+	r.served = good / win
+	r.goodput = r.served
 	r.offered, _ = d.F("schedule", "sent_rate")
 	r.ttftP50, _ = d.F("median_ttft_ms")
 	for _, n := range d.TenantNames() {
 		var t tuneTenant
-		t.served, _ = d.F("tenants", n, "request_throughput")
+		g, _ := d.F("tenants", n, "good")
+		t.served = g / win
 		t.offered, _ = d.F("tenants", n, "offered_rate")
 		t.concurrency, _ = d.F("tenants", n, "concurrency")
 		t.maxConcurrent, _ = d.F("tenants", n, "max_concurrent_requests")
@@ -150,8 +158,9 @@ func loadTuneRun(path string) (tuneRun, error) {
 	return r, nil
 }
 
-// tune derives the recommendations. The knee is the run with the highest
-// goodput; its per-tenant served rate is the service rate μ. The wait the
+// tune derives the recommendations. The knee is the run that served the
+// most requests within the SLO per second of arrivals; its per-tenant rate
+// of those is the service rate μ. The wait the
 // SLO allows is the SLO less the lightest run's median TTFT (the latency
 // with no queueing). max_depth = ⌈μ·wait⌉ (Little's law): a request behind
 // that many waits about the allowed wait, so deeper queues only serve late.
@@ -174,8 +183,8 @@ func tune(runs []tuneRun, slo time.Duration, limit bool) ([]tuneRec, []string, e
 	if wait < 100*time.Millisecond {
 		return nil, nil, fmt.Errorf("the SLO %s leaves no queue wait: unqueued median TTFT is already %s", slo, base.Round(time.Millisecond))
 	}
-	notes := []string{fmt.Sprintf("knee: %s (goodput %.2f req/s of %.2f served); SLO TTFT %s; unqueued median TTFT %s (%s)",
-		k.path, k.goodput, k.served, slo, base.Round(time.Millisecond), runs[light].path)}
+	notes := []string{fmt.Sprintf("knee: %s (%.2f req/s served within the SLO per second of arrivals); SLO TTFT %s; unqueued median TTFT %s (%s)",
+		k.path, k.served, slo, base.Round(time.Millisecond), runs[light].path)}
 	names := make([]string, 0, len(k.tenants))
 	for n := range k.tenants {
 		names = append(names, n)
@@ -190,7 +199,7 @@ func tune(runs []tuneRun, slo time.Duration, limit bool) ([]tuneRec, []string, e
 		depth := max(1, int(math.Ceil(t.served*wait.Seconds())))
 		rec := tuneRec{name: n, maxWait: wait, maxDepth: depth}
 		rec.why[0] = fmt.Sprintf("SLO TTFT %s - unqueued median TTFT %s: a request that cannot start in time is refused (504), not served late", slo, base.Round(time.Millisecond))
-		rec.why[1] = fmt.Sprintf("Little's law: served %.2f req/s at the knee x %s acceptable wait", t.served, wait)
+		rec.why[1] = fmt.Sprintf("Little's law: %.2f req/s served in time at the knee x %s acceptable wait", t.served, wait)
 		if limit {
 			rec.concurrency = max(1, int(math.Ceil(t.maxConcurrent)))
 			rec.why[2] = fmt.Sprintf("peak in flight at the knee (mean %.1f): more only queues inside vLLM", t.concurrency)
@@ -203,7 +212,7 @@ func tune(runs []tuneRun, slo time.Duration, limit bool) ([]tuneRec, []string, e
 		if r.offered <= 0 {
 			continue
 		}
-		notes = append(notes, fmt.Sprintf("predicted SLO attainment at %.2f req/s offered: %.1f%% (min(1, %.2f served / offered))",
+		notes = append(notes, fmt.Sprintf("predicted SLO attainment at %.2f req/s offered: %.1f%% (min(1, %.2f in time / offered))",
 			r.offered, 100*math.Min(1, k.served/r.offered), k.served))
 	}
 	return recs, notes, nil

@@ -28,11 +28,13 @@ func sweepFixture(t *testing.T) []string {
 	}
 	var paths []string
 	for i, r := range runs {
+		// A 10 s measured window: good counts are goodput × 10.
 		doc := map[string]any{
-			"request_throughput": r.served, "request_goodput": r.goodput, "median_ttft_ms": r.p50,
+			"request_throughput": r.served, "good": r.goodput * 10, "median_ttft_ms": r.p50,
+			"window": map[string]any{"start_s": 2, "end_s": 12},
 			"schedule": map[string]any{"sent_rate": r.sent},
 			"tenants": map[string]any{"solo": map[string]any{
-				"request_throughput": r.served, "offered_rate": r.sent, "concurrency": r.conc, "max_concurrent_requests": r.maxConc}},
+				"good": r.goodput * 10, "offered_rate": r.sent, "concurrency": r.conc, "max_concurrent_requests": r.maxConc}},
 		}
 		b, err := json.Marshal(doc)
 		require.NoError(t, err)
@@ -43,18 +45,19 @@ func sweepFixture(t *testing.T) []string {
 	return paths
 }
 
-// TestTuneLittlesLaw: the knee is the run with the highest goodput (11.5
-// req/s at 12.4 offered); the wait the 2 s SLO allows is 2 s − 45 ms
-// (lightest run's median TTFT), truncated to 1.9 s; depth = ⌈11.8 × 1.9⌉ =
-// 23; attainment is predicted as min(1, 11.8 / offered) per measured rate.
+// TestTuneLittlesLaw: the knee is the run that served the most requests in
+// time (115 in its 10 s window at 12.4 offered: 11.5 req/s); the wait the
+// 2 s SLO allows is 2 s − 45 ms (lightest run's median TTFT), truncated to
+// 1.9 s; depth = ⌈11.5 × 1.9⌉ = 22; attainment is predicted as
+// min(1, 11.5 / offered) per measured rate.
 func TestTuneLittlesLaw(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := runCLI(t, "", append([]string{"tune", "--slo-ttft", "2s"}, sweepFixture(t)...)...)
 	require.Equal(t, 0, code, errOut)
-	assert.Contains(t, out, "  - name: solo\n    queue: {max_wait: 1.9s, max_depth: 23}\n")
+	assert.Contains(t, out, "  - name: solo\n    queue: {max_wait: 1.9s, max_depth: 22}\n")
 	assert.Contains(t, out, "# max_wait 1.9s: SLO TTFT 2s - unqueued median TTFT 45ms")
-	assert.Contains(t, out, "# max_depth 23: Little's law: served 11.80 req/s at the knee x 1.9s acceptable wait")
-	assert.Contains(t, out, "predicted SLO attainment at 18.60 req/s offered: 63.4%")
+	assert.Contains(t, out, "# max_depth 22: Little's law: 11.50 req/s served in time at the knee x 1.9s acceptable wait")
+	assert.Contains(t, out, "predicted SLO attainment at 18.60 req/s offered: 61.8%")
 	assert.Contains(t, out, "predicted SLO attainment at 6.20 req/s offered: 100.0%")
 	assert.NotContains(t, out, "concurrency:", "no limit unless asked")
 
@@ -85,7 +88,7 @@ func TestTuneConfigPassesConfigCheck(t *testing.T) {
 	solo, other := f.Tenants[0], f.Tenants[1]
 	assert.Equal(t, "solo", solo.Name)
 	assert.Equal(t, 1900*time.Millisecond, solo.Queue.MaxWait)
-	assert.Equal(t, 23, solo.Queue.MaxDepth)
+	assert.Equal(t, 22, solo.Queue.MaxDepth)
 	assert.Equal(t, 32, solo.Concurrency)
 	assert.Equal(t, 2, solo.Weight, "other settings are kept")
 	assert.Equal(t, "edf", solo.Queue.Order)
@@ -101,6 +104,7 @@ func TestTuneBadInput(t *testing.T) {
 	require.NoError(t, os.WriteFile(noTenant, []byte("upstream: {replicas: [{url: \"http://127.0.0.1:8100\"}]}\n"+
 		"tenants: [{name: a, api_keys: [\""+config.HashKey("sk-a")+"\"]}]\n"), 0o600))
 	notResult := filepath.Join(t.TempDir(), "x.json")
+	// (no good count, no window)
 	require.NoError(t, os.WriteFile(notResult, []byte(`{"tenants": {}}`), 0o600))
 	tests := []struct {
 		name   string
