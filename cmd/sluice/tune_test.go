@@ -31,7 +31,7 @@ func sweepFixture(t *testing.T) []string {
 		// A 10 s measured window: good counts are goodput × 10.
 		doc := map[string]any{
 			"request_throughput": r.served, "good": r.goodput * 10, "median_ttft_ms": r.p50,
-			"window": map[string]any{"start_s": 2, "end_s": 12},
+			"window":   map[string]any{"start_s": 2, "end_s": 12},
 			"schedule": map[string]any{"sent_rate": r.sent},
 			"tenants": map[string]any{"solo": map[string]any{
 				"good": r.goodput * 10, "offered_rate": r.sent, "concurrency": r.conc, "max_concurrent_requests": r.maxConc}},
