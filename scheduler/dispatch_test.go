@@ -99,12 +99,15 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := &desClock{now: t0}
-	var expired []queue.Item[desReq]
 	cfg := queue.Config{MaxWait: r.maxWait}
 	for _, tn := range tenants {
 		cfg.Tenants = append(cfg.Tenants, queue.TenantConfig{Name: tn.name, Weight: tn.weight, MaxDepth: 256})
 	}
-	q, err := queue.New[desReq](cfg, queue.Deps[desReq]{Clock: clk, OnExpire: func(it queue.Item[desReq]) { expired = append(expired, it) }})
+	q, err := queue.New[desReq](cfg, queue.Deps[desReq]{Clock: clk, OnExpire: func(it queue.Item[desReq]) {
+		if it.Payload.arrival >= r.warmup {
+			it.Payload.t.expired++ // deadline, or shed from a standing queue
+		}
+	}})
 	require.NoError(t, err)
 	// One stream per tenant (seeded by its name), so a tenant's arrivals
 	// are the same with or without the others.
@@ -211,18 +214,12 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 				nextTick = -1
 			}
 		}
-		expired = expired[:0]
-		due, ok := q.Tick()
-		for _, it := range expired {
-			if it.Payload.arrival >= r.warmup {
-				byName[it.Tenant].expired++
-			}
-		}
+		q.Tick()
 		dispatch()
 		if r.observe != nil {
 			r.observe(now)
 		}
-		if due, ok = q.Tick(); ok {
+		if due, ok := q.Tick(); ok {
 			d := due.Sub(t0)
 			if nextTick < 0 || d < nextTick {
 				nextTick = d
