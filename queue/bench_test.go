@@ -280,7 +280,7 @@ func BenchmarkClockNow(b *testing.B) {
 // BenchmarkPickStandingQueue: one decision (Next + Release + Enqueue) on a
 // tenant with 256 queued entries whose head waited past LIFOAfter: strict
 // FIFO against adaptive LIFO, which scans the flow heap's last level for
-// the newest entry.
+// the newest entry (shedding off, so the 256 stay queued).
 func BenchmarkPickStandingQueue(b *testing.B) {
 	for _, mode := range []struct {
 		name string
@@ -288,7 +288,7 @@ func BenchmarkPickStandingQueue(b *testing.B) {
 	}{{"fifo", -1}, {"lifo", time.Second}} {
 		b.Run(mode.name, func(b *testing.B) {
 			clk := &benchClock{now: time.Unix(1e9, 0)}
-			q, err := New[*benchPayload](Config{MaxWait: 24 * time.Hour, LIFOAfter: mode.lifo, Tenants: []TenantConfig{{Name: "a"}}},
+			q, err := New[*benchPayload](Config{MaxWait: 24 * time.Hour, LIFOAfter: mode.lifo, ShedAfter: -1, Tenants: []TenantConfig{{Name: "a"}}},
 				Deps[*benchPayload]{Clock: clk})
 			require.NoError(b, err)
 			p := &benchPayload{}

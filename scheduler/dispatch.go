@@ -138,6 +138,11 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 func (s *Server) belowFairShare(c *call, v queue.View[*call]) (light bool, reserve float64) {
 	pol := s.pol.Load()
 	f := s.reps.fleet()
+	nowN := s.now().UnixNano()
+	if t := pol.tenants[c.t.name]; t != nil && s.gate.fresh(nowN, t.name) {
+		return s.gate.decideFresh(tenantLoad{name: t.name, weight: float64(t.cfg.Weight),
+			held: t.rt.inflight.Load() + int64(v.Pending(t.name)), tokens: t.rt.inflightTokens.Load()}, f)
+	}
 	loads := s.gate.loads[:0]
 	cand := -1
 	for _, t := range pol.order {
@@ -155,7 +160,7 @@ func (s *Server) belowFairShare(c *call, v queue.View[*call]) (light bool, reser
 	if cand < 0 {
 		return true, 0 // removed by a reload: its queued work drains freely
 	}
-	return s.gate.assess(s.now().UnixNano(), loads, cand, f, pol.cfg.Server.Headroom)
+	return s.gate.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
 }
 
 // tenantLoad is one tenant's load as the gate sees it.
@@ -214,7 +219,7 @@ type shareGate struct {
 	loads      []tenantLoad // reused by belowFairShare
 	cls        []gateCls    // reused by assess
 	idx        []int        // reused by waterLevel
-
+	snap       gateSnap     // the last full assessment
 }
 
 type gateMem struct {
@@ -302,10 +307,12 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 			m.peakCur, m.peakStart = 0, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
-		if i != cand && x.active && x.avg <= lightMargin*x.weight*level && loads[i].queued > 0 {
+		// The sums cover every light tenant: they are used only for a heavy
+		// candidate, which is never among them.
+		if x.active && x.avg <= lightMargin*x.weight*level && loads[i].queued > 0 {
 			lightWaiting = true
 		}
-		if i == cand || !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
+		if !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
 			// A light tenant with a backlog is not served on demand anyway:
 			// it competes by its counter like everyone else, and reserving
 			// for it would starve a heavy peer that the counters favour.
@@ -317,18 +324,54 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		lightHeld += x.held
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
+	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightHeld: lightHeld,
+		others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
 	x := cs[cand]
-	if x.avg <= lightMargin*x.weight*level {
+	return g.decide(x.avg, x.weight, x.held)
+}
+
+// gateSnap is the last full assessment, reused for assessEvery.
+type gateSnap struct {
+	at                   int64
+	level                float64
+	lightPeak, lightHeld float64
+	others, lightWaiting bool
+	seqsCap, minReserve  float64
+	ok                   bool
+}
+
+// assessEvery bounds how often the O(tenants) assessment runs: averages
+// move on a scale of seconds, so a millisecond-old level and reserve are as
+// good, and a burst of dispatches costs O(1) each.
+const assessEvery = time.Millisecond
+
+// fresh reports whether the last assessment may be reused at nowN for a
+// tenant the gate already knows.
+func (g *shareGate) fresh(nowN int64, tenant string) bool {
+	return g.snap.ok && nowN-g.snap.at < int64(assessEvery) && nowN >= g.snap.at && g.mem[tenant] != nil
+}
+
+// decideFresh classifies a known tenant from the last assessment and its
+// current load.
+func (g *shareGate) decideFresh(l tenantLoad, f fleetLoad) (light bool, reserve float64) {
+	m := g.mem[l.name]
+	held := max(float64(l.held)/float64(max(f.seqsCap, 1)), float64(l.tokens)/float64(max(f.tokensCap, 1)))
+	return g.decide(m.avg, max(l.weight, 1e-9), held)
+}
+
+func (g *shareGate) decide(avg, weight, held float64) (light bool, reserve float64) {
+	sn := &g.snap
+	if avg <= lightMargin*weight*sn.level {
 		return true, 0
 	}
-	if !lightWaiting && x.held+1/seqsCap <= g.floor()*x.weight*level {
+	if !sn.lightWaiting && held+1/sn.seqsCap <= g.floor()*weight*sn.level {
 		return false, 0 // a heavy tenant keeps its floor, unless a light one waits
 	}
 	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
 	// burst a little above the recent ones.
-	reserve = lightPeak + g.burstK()*math.Sqrt(lightPeak*seqsCap)/seqsCap - lightHeld
-	if others {
-		reserve = max(reserve, minReserve)
+	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap - sn.lightHeld
+	if sn.others {
+		reserve = max(reserve, sn.minReserve)
 	}
 	return false, min(max(reserve, 0), 1)
 }

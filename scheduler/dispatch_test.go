@@ -414,3 +414,38 @@ func TestFitsBeyond(t *testing.T) {
 	assert.True(t, f.fitsBeyond(900, 0.1))
 	assert.True(t, fleetLoad{seqs: 32, seqsCap: 32}.fitsBeyond(1, 0), "no reserve: the replica choice decides")
 }
+
+// BenchmarkGateAssess: one dispatch decision's share computation with
+// every tenant active. full: the O(tenants) assessment (update averages and
+// peaks, water level, reserve) each time; burst: decisions 10 µs apart, as
+// in a dispatch burst, where the assessment is reused for assessEvery and
+// only the candidate's load is read (amortized per decision).
+func BenchmarkGateAssess(b *testing.B) {
+	for _, n := range []int{12, 1000} {
+		for _, mode := range []struct {
+			name string
+			step time.Duration
+		}{{"full", time.Millisecond}, {"burst", 10 * time.Microsecond}} {
+			b.Run(fmt.Sprintf("tenants=%d/%s", n, mode.name), func(b *testing.B) {
+				loads := make([]tenantLoad, n)
+				for i := range loads {
+					loads[i] = tenantLoad{name: fmt.Sprintf("t%04d", i), weight: float64(1 + i%3), held: int64(i % 5), queued: int64(i % 7), tokens: int64(100 * (i % 5))}
+				}
+				f := fleetLoad{seqs: 200, seqsCap: 256, tokens: 20000, tokensCap: 1 << 20}
+				var g shareGate
+				now := time.Now().UnixNano()
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					now += int64(mode.step)
+					if c := loads[i%n]; g.fresh(now, c.name) {
+						g.decideFresh(c, f)
+					} else {
+						g.assess(now, loads, i%n, f, 0.1)
+					}
+					i++
+				}
+			})
+		}
+	}
+}
