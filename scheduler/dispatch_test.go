@@ -449,3 +449,28 @@ func BenchmarkGateAssess(b *testing.B) {
 		}
 	}
 }
+
+// TestRoomBetweenScrapes: a scrape showing the batch full keeps it full
+// for requests that were aborted since (a replica may ignore the abort),
+// but not for requests that completed normally: their slots are free at
+// once, not at the next scrape.
+func TestRoomBetweenScrapes(t *testing.T) {
+	r := &replica{name: "r", maxSeqs: 4}
+	set := &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}
+	for range 4 {
+		require.NotNil(t, set.choose(10, true, nil))
+	}
+	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load()})
+	assert.False(t, set.fits(10, true), "full")
+
+	set.release(r, 10) // aborted: vLLM may still run it
+	assert.False(t, set.fits(10, true), "an abort frees nothing until a scrape shows it")
+
+	set.release(r, 10) // completed normally
+	r.finished.Add(1)
+	assert.True(t, set.fits(10, true), "a completion frees its slot before the next scrape")
+	assert.Equal(t, int64(3), set.fleet().seqs, "4 scraped - 1 completed; the aborted one still counts")
+
+	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
+	assert.Equal(t, int64(2), set.fleet().seqs, "the next scrape shows the abort honoured")
+}
