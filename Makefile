@@ -1,7 +1,7 @@
 GO ?= go
 GOLANGCI_VERSION ?= v2.6.2
 
-.PHONY: test deps vet verify lint fmt-check bench bench-smoke demo build node-test gpu-check chaos
+.PHONY: test deps vet verify lint fmt-check bench bench-long bench-smoke demo build node-test gpu-check chaos
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
@@ -37,6 +37,11 @@ demo: build
 # benchmarks; rewrites BENCHMARKS.md. About ten minutes.
 bench: build
 	./scripts/bench.sh
+
+# The same with every preset at its own duration (120–300 s of arrivals):
+# about an hour; not part of `make test` or `make bench`.
+bench-long: build
+	BENCH_SCENARIO_S=full BENCH_OUT=$${BENCH_OUT:-BENCHMARKS-long.md} ./scripts/bench.sh
 
 # The seeded fault simulator (test/chaos) over more seeds than make test
 # runs: SEEDS per backend, from BASE (replay one with SEED=n).

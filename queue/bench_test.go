@@ -276,3 +276,42 @@ func BenchmarkClockNow(b *testing.B) {
 	}
 	_ = t
 }
+
+// BenchmarkPickStandingQueue: one decision (Next + Release + Enqueue) on a
+// tenant with 256 queued entries whose head waited past LIFOAfter: strict
+// FIFO against adaptive LIFO, which scans the flow heap's last level for
+// the newest entry (shedding off, so the 256 stay queued).
+func BenchmarkPickStandingQueue(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		lifo time.Duration
+	}{{"fifo", -1}, {"lifo", time.Second}} {
+		b.Run(mode.name, func(b *testing.B) {
+			clk := &benchClock{now: time.Unix(1e9, 0)}
+			q, err := New[*benchPayload](Config{MaxWait: 24 * time.Hour, LIFOAfter: mode.lifo, ShedAfter: -1, Tenants: []TenantConfig{{Name: "a"}}},
+				Deps[*benchPayload]{Clock: clk})
+			require.NoError(b, err)
+			p := &benchPayload{}
+			for range 256 {
+				_, err := q.Enqueue(Request[*benchPayload]{Tenant: "a", Cost: 100, Payload: p})
+				require.NoError(b, err)
+			}
+			clk.now = clk.now.Add(time.Minute)
+			b.ReportAllocs()
+			for b.Loop() {
+				it, ok := q.Next(dispatchAll)
+				if !ok {
+					b.Fatal("nothing to dispatch")
+				}
+				q.Release(it.Handle)
+				if _, err := q.Enqueue(Request[*benchPayload]{Tenant: "a", Cost: 100, Payload: p}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+type benchClock struct{ now time.Time }
+
+func (c *benchClock) Now() time.Time { return c.now }

@@ -16,6 +16,8 @@ const (
 	DefaultMaxWait     = 5 * time.Minute
 	DefaultIdleTTL     = 5 * time.Minute
 	DefaultParkBackoff = 100 * time.Millisecond
+	DefaultLIFOAfter   = time.Second
+	DefaultShedAfter   = 2 * time.Second
 	// MinRetryAfter and MaxRetryAfter clamp the Retry-After estimate of a
 	// [FullError].
 	MinRetryAfter = time.Second
@@ -108,6 +110,20 @@ type Config struct {
 	// [Queue.Requeue]) stays parked when no [Queue.Unpark] comes. Optional;
 	// default 100ms; negative means only Unpark rejoins.
 	ParkBackoff time.Duration
+	// LIFOAfter: once a FIFO flow's oldest entry has waited this long (a
+	// standing queue), the flow serves its newest entry first (adaptive
+	// LIFO, as in Facebook's "Fail at scale"): under overload what is
+	// served starts in time and the oldest expire at their deadlines,
+	// instead of every request waiting the whole queue. EDF flows are left
+	// alone. Optional; default 1s; negative keeps strict FIFO.
+	LIFOAfter time.Duration
+	// ShedAfter: in such a standing queue, an entry that has waited this
+	// long is expired (504) when dispatch reaches it instead of being served
+	// late: the batch stays as full, the queue stops adding delay (CoDel's
+	// "bad queue"). Optional; default 2s (two LIFOAfter); negative keeps
+	// entries until their deadlines. A tenant's `queue.order: edf` opts out
+	// of both.
+	ShedAfter time.Duration
 	// ExpirySpin makes [Queue.Run] wake this long before each due time and
 	// poll, yielding the processor, until it arrives. Go's runtime timers on
 	// Linux sleep in whole milliseconds, so with the timer alone expiry is
@@ -127,6 +143,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ParkBackoff == 0 {
 		c.ParkBackoff = DefaultParkBackoff
+	}
+	if c.LIFOAfter == 0 {
+		c.LIFOAfter = DefaultLIFOAfter
+	}
+	if c.ShedAfter == 0 {
+		c.ShedAfter = DefaultShedAfter
 	}
 	ts := make([]TenantConfig, len(c.Tenants))
 	for i, t := range c.Tenants {

@@ -181,7 +181,7 @@ func TestNextNeverHandsOutExpired(t *testing.T) {
 	t.Parallel()
 	clk := newManualClock()
 	var expired []int
-	q, err := New[int](Config{Tenants: tenants("a")}, Deps[int]{Clock: clk, OnExpire: func(it Item[int]) {
+	q, err := New[int](Config{LIFOAfter: -1, Tenants: tenants("a")}, Deps[int]{Clock: clk, OnExpire: func(it Item[int]) {
 		expired = append(expired, it.Payload)
 	}})
 	require.NoError(t, err)

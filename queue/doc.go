@@ -17,13 +17,19 @@
 //     under any concurrency; a refusal is a [*FullError] (wrapping [ErrFull])
 //     with the bound and a Retry-After estimate. The newest arrival is refused.
 //   - Every entry has a deadline: min(client deadline, arrival + tenant
-//     max_wait, arrival + server max_wait).
+//     max_wait, arrival + server max_wait). In a standing FIFO queue it is
+//     also shed once it has waited ShedAfter, when dispatch reaches it.
 //   - A flow is eligible when it has queued entries and its tenant is not
 //     parked. Each band keeps a 4-ary min-heap of its eligible flows keyed by
 //     (v, eligibility sequence); keys sit inline in the heap slots and heap
 //     positions in a dense array, so sifting touches no flow.
 //   - [Queue.Next] scans bands from 0 and, within the first band with an
-//     eligible flow, takes the heap's minimum flow and its head. The
+//     eligible flow, takes the heap's minimum flow and its head; a FIFO
+//     flow whose head has waited [Config.LIFOAfter] (1 s) offers its newest
+//     entry instead (adaptive LIFO: under a standing queue what is served
+//     still starts in time), and sheds (expires) a head that has waited
+//     [Config.ShedAfter] (2 s): a standing queue adds delay, never
+//     throughput (CoDel's "bad queue"). EDF flows are exempt. The
 //     predicate answers Dispatch (charge v += cost/w and hand it out), Park
 //     (the tenant leaves every band heap and keeps its entries; it rejoins on
 //     [Queue.Unpark] or after the park backoff) or Block (stop; nothing is
@@ -102,6 +108,33 @@
 // Delivered service (tokens as produced) lags charged service by at most what
 // is in flight, which adds at most H_i/w_i + H_j/w_j. Several front-end
 // instances each keep this bound for their own arrivals (SCHEDULING §9).
+//
+// # Work conservation (the scheduler's dispatch gate)
+//
+// The queue orders; the scheduler's predicate (scheduler/dispatch.go) only
+// gates. There is no per-tenant cap by default (`concurrency` unset), so:
+//
+//   - A tenant alone, or tenants whose averaged demand fits the fleet
+//     together, are never held back: whenever a replica has room the pick
+//     is dispatched (the peak concurrency and throughput of direct vLLM).
+//   - Under contention a tenant whose averaged demand exceeds 3× its max-min
+//     fair share is heavy and may not start work inside the reserve kept for
+//     the light tenants' recent demand peaks; it keeps at least a quarter of
+//     its share.
+//
+// Bound: a request of a light tenant whose tenants' demand stays within
+// their recent peaks finds room at once; otherwise it waits at most until
+// completions free its size, since from its arrival no heavy tenant starts
+// work in room it needs and the pick prefers it (lower counter): at most
+// one service time of the running requests (≤ max_tokens decode steps).
+// A light tenant with a backlog competes by its counter instead (reserving
+// for it would starve a peer the counters favour). Under overload the
+// adaptive LIFO above keeps what is served within its deadline without
+// per-tenant max_wait tuning.
+// Idle tenants' reserve ages out within the peak window (30 s), so the
+// shares they do not use are lent to the others. Requests are never
+// aborted to make room: once a stream has sent bytes it cannot be replayed
+// without executing twice, and before that the window is one prefill step.
 //
 // # Design rationale
 //

@@ -177,7 +177,7 @@ func TestWeightedShares(t *testing.T) {
 func TestLiftNoIdleCredit(t *testing.T) {
 	t.Parallel()
 	clk := newManualClock()
-	q := newTestQueue(t, Config{MaxWait: 10 * time.Hour, Tenants: tenants("a", "b")}, clk)
+	q := newTestQueue(t, Config{MaxWait: 10 * time.Hour, LIFOAfter: -1, Tenants: tenants("a", "b")}, clk) // strict FIFO: the idle times here are hours
 	for range 200 {
 		mustEnqueue(t, q, Request[int]{Tenant: "b", Cost: 10})
 	}

@@ -487,8 +487,38 @@ func (q *Queue[T]) Cancel(h Handle[T]) bool {
 // of [Queue.Release] (it went out) or [Queue.Requeue] (it could not take a
 // slot). Next returns false when nothing is eligible or pred blocked.
 func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
+	return q.NextView(func(it Item[T], _ View[T]) Verdict { return pred(it) })
+}
+
+// View reads tenants' live counts from inside a predicate of
+// [Queue.NextView], where the mutex is held and the Queue may not be
+// called. It is valid only during that predicate call.
+type View[T any] struct{ q *Queue[T] }
+
+// Queued is the tenant's number of queued entries (0 for unknown tenants).
+func (v View[T]) Queued(tenant string) int {
+	if t := v.q.tenants[tenant]; t != nil {
+		return t.depth
+	}
+	return 0
+}
+
+// Pending is the tenant's number of dispatched entries not yet released or
+// requeued: handed out by Next but not yet counted as running by the caller.
+func (v View[T]) Pending(tenant string) int {
+	if t := v.q.tenants[tenant]; t != nil {
+		return t.pending
+	}
+	return 0
+}
+
+// NextView is [Queue.Next] with a predicate that may also read every
+// tenant's live counts through a [View], so that a share-aware predicate
+// sees dispatches its caller has not yet recorded.
+func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	view := View[T]{q: q}
 	now := q.clock.Now()
 	nowN := now.UnixNano()
 	for b := range q.bands {
@@ -500,8 +530,21 @@ func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
 				q.expireLocked(n, nowN)
 				continue
 			}
+			if lifo := q.cfg.LIFOAfter; lifo > 0 && f.t.cfg.Order == OrderFIFO && nowN-n.arr.UnixNano() > int64(lifo) {
+				// A standing queue: it adds delay, not throughput (CoDel).
+				// Shed what has waited ShedAfter, serve the newest, which
+				// can still start in time, and let the rest wait.
+				if shed := q.cfg.ShedAfter; shed > 0 && nowN-n.arr.UnixNano() >= int64(shed) {
+					q.expireLocked(n, nowN)
+					continue
+				}
+				if n = f.newest(); n.dl <= nowN {
+					q.expireLocked(n, nowN)
+					continue
+				}
+			}
 			it := q.itemOf(n)
-			switch pred(it) {
+			switch pred(it, view) {
 			case Dispatch:
 				q.dispatchLocked(n, nowN)
 				return it, true
@@ -513,6 +556,22 @@ func (q *Queue[T]) Next(pred func(Item[T]) Verdict) (Item[T], bool) {
 		}
 	}
 	return Item[T]{}, false
+}
+
+// newest returns the flow's latest arrival (largest sequence). It is
+// among the heap's leaves, so this scans at most the last level.
+func (f *flow[T]) newest() *node[T] {
+	h := f.entries.s
+	best := 0
+	if len(h) > 1 {
+		best = (len(h)-2)>>heapShift + 1
+	}
+	for i := best + 1; i < len(h); i++ {
+		if h[i].s > h[best].s {
+			best = i
+		}
+	}
+	return h[best].p
 }
 
 func (q *Queue[T]) dispatchLocked(n *node[T], nowN int64) {

@@ -211,7 +211,7 @@ func TestBoundsExactUnderConcurrency(t *testing.T) {
 func TestRetryAfterFromDrainRate(t *testing.T) {
 	t.Parallel()
 	clk := newManualClock()
-	q := newTestQueue(t, Config{MaxDepth: 30, Tenants: []TenantConfig{{Name: "a", MaxDepth: 20}, {Name: "b"}}}, clk)
+	q := newTestQueue(t, Config{MaxDepth: 30, LIFOAfter: -1, Tenants: []TenantConfig{{Name: "a", MaxDepth: 20}, {Name: "b"}}}, clk)
 	// No service yet: the minimum.
 	for range 20 {
 		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 100})
@@ -515,4 +515,76 @@ func TestRebaseKeepsDifferences(t *testing.T) {
 	// Order still right: a (lower) goes first, and a newly backlogged flow
 	// joins at the rebased minimum.
 	assert.Equal(t, "a", next(t, q, always).Tenant)
+}
+
+// TestAdaptiveLIFO: a FIFO flow serves its oldest entry until that one has
+// waited LIFOAfter; from then on (a standing queue) its newest first, so
+// what is served can still start in time; EDF flows keep deadline order.
+func TestAdaptiveLIFO(t *testing.T) {
+	clk := newManualClock()
+	cfg := Config{Tenants: []TenantConfig{{Name: "a"}, {Name: "e", Order: OrderEDF}}, LIFOAfter: time.Second}
+	q := newTestQueue(t, cfg, clk)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+		clk.Advance(100 * time.Millisecond)
+	}
+	it, ok := q.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 1, it.Payload, "head waited 300ms: FIFO")
+	clk.Advance(time.Second)
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 4})
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 5})
+	var got []int
+	for range 4 {
+		it, ok := q.Next(always)
+		require.True(t, ok)
+		got = append(got, it.Payload)
+	}
+	assert.Equal(t, []int{5, 4, 3, 2}, got, "head waited > 1s: newest first")
+
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "e", Cost: 1, Payload: 10 + i, Deadline: clk.Now().Add(time.Duration(4-i) * time.Minute)})
+	}
+	clk.Advance(5 * time.Second)
+	got = got[:0]
+	for range 3 {
+		it, ok := q.Next(always)
+		require.True(t, ok)
+		got = append(got, it.Payload)
+	}
+	assert.Equal(t, []int{13, 12, 11}, got, "EDF ignores LIFOAfter")
+
+	strict := newTestQueue(t, Config{Tenants: tenants("a"), LIFOAfter: -1}, clk)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, strict, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+	}
+	clk.Advance(2 * time.Minute)
+	it, ok = strict.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 1, it.Payload, "negative LIFOAfter: strict FIFO")
+}
+
+// TestStandingQueueSheds: in a standing queue (head waited LIFOAfter), an
+// entry that has waited ShedAfter is expired when dispatch reaches it, not
+// served late; younger ones are served newest first; nothing younger than
+// ShedAfter is shed.
+func TestStandingQueueSheds(t *testing.T) {
+	clk := newManualClock()
+	var expired []int
+	q, err := New[int](Config{Tenants: tenants("a"), LIFOAfter: time.Second, ShedAfter: 2 * time.Second},
+		Deps[int]{Clock: clk, OnExpire: func(it Item[int]) { expired = append(expired, it.Payload) }})
+	require.NoError(t, err)
+	for i := 1; i <= 6; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+		clk.Advance(500 * time.Millisecond)
+	}
+	// Now entry i has waited (7-i)·500 ms: 1 and 2 (3 s, 2.5 s) are past
+	// ShedAfter, 3 is exactly at it, 4..6 are younger.
+	it, ok := q.Next(always)
+	require.True(t, ok)
+	assert.Equal(t, 6, it.Payload, "newest first")
+	assert.Equal(t, []int{1, 2, 3}, expired, "waited >= 2 s in a standing queue: shed")
+	st, _ := q.Stats("a")
+	assert.Equal(t, uint64(3), st.Expired)
+	assert.Equal(t, 2, st.Depth)
 }

@@ -70,7 +70,7 @@ func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.F
 	for i, t := range file.Tenants {
 		t.Budgets = applyOverrides(t.Name, t.Budgets, st)
 		if c, ok := st.Clamps[t.Name]; ok && now.Before(c.ExpiresAt) {
-			if c.Concurrency > 0 && c.Concurrency < t.Concurrency {
+			if c.Concurrency > 0 && (t.Concurrency == 0 || c.Concurrency < t.Concurrency) { // 0: uncapped
 				t.Concurrency = c.Concurrency
 			}
 			if c.Weight > 0 && c.Weight < t.Weight {

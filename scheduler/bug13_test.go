@@ -82,11 +82,14 @@ func TestBug13_2_DuplicateIsInFlight(t *testing.T) {
 // TestBug13_3_QueuedHoldRenewed: a request queued longer than lease_ttl
 // keeps its hold (its lease is renewed while it waits) and is dispatched
 // with a live lease, not 502.
+//
+// The tenant queues in EDF order: a FIFO queue sheds what has stood 2 s
+// (queue.ShedAfter), and this test is about the lease, not the queue.
 func TestBug13_3_QueuedHoldRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		cfg := testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")
+		cfg := testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")
 		s := newTestServer(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -619,14 +622,14 @@ func TestBug13_10_LeaseTTLReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
-		cfg := testConfig(t, "server: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")
+		cfg := testConfig(t, "server: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")
 		s := newTestServer(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.heartbeatLoop(ctx) }()
 		synctest.Wait()
-		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s}\n")))
+		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")))
 		require.Equal(t, 3*time.Second, s.pol.Load().leaseTTL)
 
 		errs := make(chan error, 2)
@@ -664,7 +667,7 @@ func TestCancelRacesDispatch(t *testing.T) {
 		go func() { _, err := serve(s, cctx, admission{body: chatBody("")}); done <- err }()
 		synctest.Wait()
 		// The dispatch loop's step, without delivering yet.
-		it, ok := s.q.Next(s.admissible)
+		it, ok := s.q.NextView(s.admissible)
 		require.True(t, ok)
 		rep := it.Payload.rep
 		require.Positive(t, rep.load.Load(), "room reserved for it")

@@ -685,6 +685,9 @@ func (s *Server) finish(c *call, err error) {
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
+	if c.usage.Final {
+		c.rep.finished.Add(1) // it left the batch: room before the next scrape (roomOf)
+	}
 	s.reps.release(c.rep, c.size)
 	c.t.rt.inflight.Add(-1)
 	c.keyInflight(-1)

@@ -1,17 +1,90 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
+	"math"
+	"slices"
+	"time"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
 )
+
+// Work-conserving fair dispatch (the bound is in queue/doc.go, "Work
+// conservation").
+//
+// The queue decides which request goes next (bands, then weighted virtual
+// counters); this gate decides only whether it may start now:
+//
+//   - Each tenant's demand (in flight + queued, as a fraction of the fleet's
+//     sequences or tokens) is averaged with time constant shareWindow; the
+//     max-min fair level λ of those averages (Σ min(avg_i, w_i·λ) = 1) says
+//     what each tenant may claim. While the averages fit the fleet nobody
+//     is heavy and every request may use any room: a lone tenant, or
+//     tenants that together do not fill the fleet, get all of it.
+//   - A tenant averaging more than lightMargin × its claim is heavy. It may
+//     start work only outside the reserve: the light tenants' demand peaks
+//     over the last peakWindow (plus one Poisson standard deviation) minus
+//     what they hold now, at least server.headroom while one is active.
+//     Below heavyFloor × its claim it always may: squeezed, never starved.
+//   - An idle tenant's peak ages out within peakWindow, so its share is lent;
+//     when it returns its new demand enters the reserve at once, heavy
+//     tenants stop starting work, and the next completions go to it.
+//
+// Per-tenant `concurrency` is an operator limit on top, never needed for
+// isolation. Shares are tested in dispatch_test.go (a discrete-event run of
+// the real queue and gate).
+
+// shareWindow is the time constant of the averaged demand that classifies
+// tenants. It must be long against one request's service time (a flood
+// must stay heavy while its requests run): 10 s is about four 128-token
+// decodes at 20 ms a step.
+const shareWindow = 10 * time.Second
+
+// attackWindow is the averaging time constant while demand rises: a new
+// flood must turn heavy within a fraction of one service time.
+const attackWindow = time.Second
+
+// peakWindow is how long a light tenant's demand peak stays reserved: long
+// enough to cover its Poisson bursts, short enough that an idle tenant's
+// share is lent to the others within half a minute.
+const peakWindow = 30 * time.Second
+
+// lightMargin is how far above its max-min fair share a tenant's averaged
+// demand may be and still count as light. Peers near their share (Poisson
+// noise, a short backlog) must stay light, or the reserve would idle the
+// fleet under them; only a tenant asking several times its share is heavy.
+const lightMargin = 3.0
+
+// heavyFloor is the fraction of its max-min fair share that a heavy tenant
+// may always hold, reserve or not: it is squeezed, never starved.
+const heavyFloor = 0.25
+
+// burstK is the reserve's margin over the light tenants' recent peak, in
+// standard deviations of a Poisson count of that size.
+const burstK = 1.0
+
+func (g *shareGate) burstK() float64 {
+	if g.k != 0 {
+		return max(g.k, 0)
+	}
+	return burstK
+}
+
+func (g *shareGate) floor() float64 {
+	if g.heavyFloor != 0 {
+		return max(g.heavyFloor, 0)
+	}
+	return heavyFloor
+}
 
 // dispatchLoop hands queued calls to replicas with room. It never spins:
 // it waits for new work (queue Ready) or freed room (wake).
 func (s *Server) dispatchLoop(ctx context.Context) {
 	for {
 		for {
-			it, ok := s.q.Next(s.admissible)
+			it, ok := s.q.NextView(s.admissible)
 			if !ok {
 				break
 			}
@@ -27,36 +100,311 @@ func (s *Server) dispatchLoop(ctx context.Context) {
 }
 
 // admissible is the queue's dispatch predicate (queue mutex held): the
-// tenant must be under its local in-flight cap, and a replica must have
-// room, which it reserves.
-func (s *Server) admissible(it queue.Item[*call]) queue.Verdict {
+// tenant must be under its operator caps (concurrency, inflight_tokens),
+// a heavy tenant must leave the light tenants' reserve free, and a replica
+// must have room, which it reserves.
+func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
 	if cur := s.pol.Load().tenants[t.name]; cur != nil {
 		t = cur // clamps and reloads apply from the next dispatch
 	}
-	if t.rt.inflight.Load() >= int64(t.cfg.Concurrency) || c.keyAtCap() {
+	if lim := t.cfg.Concurrency; (lim > 0 && t.rt.inflight.Load()+int64(v.Pending(t.name)) >= int64(lim)) || c.keyAtCap() {
 		return queue.Park
 	}
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	rep := s.reps.choose(c.route, c.size, s.belowFairShare(c), nil)
-	if rep == nil {
+	light, reserve := s.belowFairShare(c, v)
+	if !light && !s.reps.fleet().fitsBeyond(c.size, reserve) {
 		if s.reps.fits(c.route, c.size, true) {
-			// It would fit only in the light-tenant headroom: skip this
-			// tenant so that tenants below their share can use it.
+			// Room exists, but the light tenants need it: skip this
+			// tenant so that they can use it.
 			return queue.Park
 		}
+		return queue.Block
+	}
+	rep := s.reps.choose(c.route, c.size, true, nil)
+	if rep == nil {
 		return queue.Block
 	}
 	c.rep = rep
 	return queue.Dispatch
 }
 
-// belowFairShare reports whether the tenant's in-flight token share of its
-// model's pool is below its weighted share among tenants with work on that
-// pool (SCHEDULING §6).
-func (s *Server) belowFairShare(c *call) bool {
-	return s.reps.belowShare(c.req.Model, c.t.name, c.pol.weightOf)
+// belowFairShare classifies the call's tenant (light: its averaged demand
+// is within its weighted split) and returns the fraction of the fleet
+// reserved for the light tenants, which a heavy tenant must leave free.
+func (s *Server) belowFairShare(c *call, v queue.View[*call]) (light bool, reserve float64) {
+	pol := s.pol.Load()
+	f := s.reps.fleet()
+	nowN := s.now().UnixNano()
+	if t := pol.tenants[c.t.name]; t != nil && s.gate.fresh(nowN, t.name) {
+		return s.gate.decideFresh(tenantLoad{name: t.name, weight: float64(t.cfg.Weight),
+			held: t.rt.inflight.Load() + int64(v.Pending(t.name)), tokens: t.rt.inflightTokens.Load()}, f)
+	}
+	loads := s.gate.loads[:0]
+	cand := -1
+	for _, t := range pol.order {
+		if t.name == c.t.name {
+			cand = len(loads)
+		}
+		loads = append(loads, tenantLoad{
+			name: t.name, weight: float64(t.cfg.Weight),
+			held:   t.rt.inflight.Load() + int64(v.Pending(t.name)),
+			queued: int64(v.Queued(t.name)),
+			tokens: t.rt.inflightTokens.Load(),
+		})
+	}
+	s.gate.loads = loads
+	if cand < 0 {
+		return true, 0 // removed by a reload: its queued work drains freely
+	}
+	return s.gate.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+}
+
+// tenantLoad is one tenant's load as the gate sees it.
+type tenantLoad struct {
+	name   string
+	weight float64
+	held   int64 // requests in flight or being dispatched
+	queued int64 // requests queued
+	tokens int64 // in-flight tokens (input + allowed output)
+}
+
+// fleetLoad is the summed room of the replicas that take work.
+type fleetLoad struct {
+	seqs, seqsCap     int64
+	tokens, tokensCap int64
+}
+
+// fleet sums the load and capacity of the replicas that can take work.
+func (s *replicaSet) fleet() fleetLoad {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var f fleetLoad
+	for _, r := range s.reps {
+		k, load, seqs, st := s.roomOf(r)
+		if st >= gpu.StateDraining || k <= 0 {
+			continue
+		}
+		f.seqs += seqs
+		f.seqsCap += r.maxSeqs
+		f.tokens += load
+		f.tokensCap += k
+	}
+	return f
+}
+
+// fitsBeyond reports whether one more request of size tokens fits the fleet
+// with the fraction reserve of its sequences and tokens kept free.
+func (f fleetLoad) fitsBeyond(size int64, reserve float64) bool {
+	if reserve <= 0 {
+		return true // choose decides
+	}
+	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap) - 1e-9))
+	keepTokens := int64(math.Ceil(reserve*float64(f.tokensCap) - 1e-9))
+	return f.seqs+1+keepSeqs <= f.seqsCap && f.tokens+size+keepTokens <= f.tokensCap
+}
+
+// shareGate is the dispatch gate's memory: each tenant's averaged demand
+// and the light tenants' recent demand peak. Only the dispatch predicate
+// touches it (under the queue mutex), so it has no lock of its own.
+type shareGate struct {
+	window     time.Duration // averaging time constant; 0: shareWindow
+	peakWindow time.Duration // span of the light tenants' peak; 0: peakWindow
+	heavyFloor float64       // 0: heavyFloor; negative: none (tests)
+	k          float64       // 0: burstK; negative: none (tests)
+	mem        map[string]*gateMem
+	loads      []tenantLoad // reused by belowFairShare
+	cls        []gateCls    // reused by assess
+	idx        []int        // reused by waterLevel
+	snap       gateSnap     // the last full assessment
+}
+
+type gateMem struct {
+	avg   float64 // demand fraction averaged with time constant window
+	last  float64 // demand fraction at the previous sample
+	lastN int64
+	// The demand's peak over the last half to whole peak window, in two
+	// half-window buckets.
+	peakCur, peakPrev float64
+	peakStart         int64
+}
+
+// gateCls is one tenant's classification inputs.
+type gateCls struct {
+	avg, demand, held, weight float64
+	active                    bool
+}
+
+// assess updates the averages with loads (sampled at nowN), classifies
+// loads[cand] and returns the reserve it must respect when heavy.
+// minReserve (server.headroom) is the least reserve while any light tenant
+// other than the candidate has demand.
+func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad, minReserve float64) (light bool, reserve float64) {
+	w := g.window
+	if w <= 0 {
+		w = shareWindow
+	}
+	if g.mem == nil || len(g.mem) > 2*len(loads)+16 {
+		// Forget tenants removed by reloads.
+		old := g.mem
+		g.mem = make(map[string]*gateMem, len(loads))
+		for _, l := range loads {
+			if m := old[l.name]; m != nil {
+				g.mem[l.name] = m
+			}
+		}
+	}
+	seqsCap, tokensCap := float64(max(f.seqsCap, 1)), float64(max(f.tokensCap, 1))
+	cs := g.cls[:0]
+	for i, l := range loads {
+		held := max(float64(l.held)/seqsCap, float64(l.tokens)/tokensCap)
+		demand := max(float64(l.held+l.queued)/seqsCap, held)
+		m := g.mem[l.name]
+		if m == nil {
+			m = &gateMem{lastN: nowN}
+			g.mem[l.name] = m
+		}
+		// Integrate the previous sample over the elapsed time (demand is
+		// piecewise constant between dispatch decisions).
+		if dt := nowN - m.lastN; dt > 0 {
+			// Fast attack, slow decay: a flood is heavy within about a
+			// second, while a tenant's past demand fades over the window.
+			tau := float64(w)
+			if m.last > m.avg {
+				tau = float64(attackWindow)
+			}
+			a := math.Exp(-float64(dt) / tau)
+			m.avg = a*m.avg + (1-a)*m.last
+			m.lastN = nowN
+		}
+		m.last = demand
+		// Only tenants with work now claim a share: one that left stops
+		// shaping the level at once (its average still decays).
+		active := demand > 0 || i == cand
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active})
+	}
+	g.cls = cs
+	level := g.waterLevel(cs)
+	// Each tenant's demand peak over the last half to whole peak window.
+	pw := g.peakWindow
+	if pw <= 0 {
+		pw = peakWindow
+	}
+	half := int64(pw) / 2
+	var lightPeak, lightHeld float64
+	others, lightWaiting := false, false
+	for i, x := range cs {
+		m := g.mem[loads[i].name]
+		if nowN-m.peakStart >= half {
+			if nowN-m.peakStart >= 2*half {
+				m.peakPrev = 0
+			} else {
+				m.peakPrev = m.peakCur
+			}
+			m.peakCur, m.peakStart = 0, nowN
+		}
+		m.peakCur = max(m.peakCur, x.demand)
+		// The sums cover every light tenant: they are used only for a heavy
+		// candidate, which is never among them.
+		if x.active && x.avg <= lightMargin*x.weight*level && loads[i].queued > 0 {
+			lightWaiting = true
+		}
+		if !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
+			// A light tenant with a backlog is not served on demand anyway:
+			// it competes by its counter like everyone else, and reserving
+			// for it would starve a heavy peer that the counters favour.
+			continue
+		}
+		// A light tenant's claim is capped at its margin over its max-min
+		// share, so no single tenant can reserve the fleet.
+		lightPeak += min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		lightHeld += x.held
+		others = others || x.demand > 0 || m.peakPrev > 0
+	}
+	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightHeld: lightHeld,
+		others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
+	x := cs[cand]
+	return g.decide(x.avg, x.weight, x.held)
+}
+
+// gateSnap is the last full assessment, reused for assessEvery.
+type gateSnap struct {
+	at                   int64
+	level                float64
+	lightPeak, lightHeld float64
+	others, lightWaiting bool
+	seqsCap, minReserve  float64
+	ok                   bool
+}
+
+// assessEvery bounds how often the O(tenants) assessment runs: averages
+// move on a scale of seconds, so a millisecond-old level and reserve are as
+// good, and a burst of dispatches costs O(1) each.
+const assessEvery = time.Millisecond
+
+// fresh reports whether the last assessment may be reused at nowN for a
+// tenant the gate already knows.
+func (g *shareGate) fresh(nowN int64, tenant string) bool {
+	return g.snap.ok && nowN-g.snap.at < int64(assessEvery) && nowN >= g.snap.at && g.mem[tenant] != nil
+}
+
+// decideFresh classifies a known tenant from the last assessment and its
+// current load.
+func (g *shareGate) decideFresh(l tenantLoad, f fleetLoad) (light bool, reserve float64) {
+	m := g.mem[l.name]
+	held := max(float64(l.held)/float64(max(f.seqsCap, 1)), float64(l.tokens)/float64(max(f.tokensCap, 1)))
+	return g.decide(m.avg, max(l.weight, 1e-9), held)
+}
+
+func (g *shareGate) decide(avg, weight, held float64) (light bool, reserve float64) {
+	sn := &g.snap
+	if avg <= lightMargin*weight*sn.level {
+		return true, 0
+	}
+	if !sn.lightWaiting && held+1/sn.seqsCap <= g.floor()*weight*sn.level {
+		return false, 0 // a heavy tenant keeps its floor, unless a light one waits
+	}
+	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
+	// burst a little above the recent ones.
+	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap - sn.lightHeld
+	if sn.others {
+		reserve = max(reserve, sn.minReserve)
+	}
+	return false, min(max(reserve, 0), 1)
+}
+
+// waterLevel is the max-min fair level of the averaged demands: the λ with
+// Σ min(avg_i, w_i·λ) = 1 over active tenants, +Inf when the demands fit
+// (nobody is heavy then). A tenant is light when avg_i ≤ w_i·λ: it asks
+// for no more than its max-min fair share.
+func (g *shareGate) waterLevel(cs []gateCls) float64 {
+	idx := g.idx[:0]
+	var sum, weights float64
+	for i, x := range cs {
+		if x.active {
+			idx = append(idx, i)
+			sum += x.avg
+			weights += x.weight
+		}
+	}
+	g.idx = idx
+	if sum <= 1 || weights <= 0 {
+		return math.Inf(1)
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(cs[a].avg/cs[a].weight, cs[b].avg/cs[b].weight) })
+	left := 1.0
+	for _, i := range idx {
+		x := cs[i]
+		// Every remaining tenant gets w·left/weights unless it asks less.
+		if lv := left / weights; x.avg/x.weight <= lv {
+			left -= x.avg
+			weights -= x.weight
+			continue
+		}
+		return left / weights
+	}
+	return math.Inf(1)
 }

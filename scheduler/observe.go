@@ -51,7 +51,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
 		prev := r.obs.Load()
-		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
+		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, finishedAt: r.finished.Load()}
 		if prev != nil {
 			o.models, o.parents = prev.models, prev.parents
 		}

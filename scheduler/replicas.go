@@ -23,6 +23,7 @@ type replica struct {
 	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
 	count       atomic.Int64 // in-flight requests
+	finished    atomic.Int64 // requests that completed normally (usage final)
 	obs         atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
@@ -42,6 +43,9 @@ type replicaObs struct {
 	models []string
 	// parents maps a LoRA adapter to its base model (vLLM's "parent").
 	parents map[string]string
+	// finishedAt is the replica's finished count when the scrape was taken
+	// in: requests that completed since have surely left the batch.
+	finishedAt int64
 }
 
 // modelRefresh is how often a replica's /v1/models is read again, so that
@@ -168,7 +172,12 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
-		if vs := o.running + o.waiting; vs > seqs {
+		// Less what completed since: without that, slots freed by normal
+		// completions stay "full" until the next scrape (up to a scrape
+		// interval of idle batch). Aborted requests are not subtracted: a
+		// replica may ignore the abort (vLLM #54947) until a scrape shows
+		// it let them go.
+		if vs := o.running + o.waiting - (r.finished.Load() - o.finishedAt); vs > seqs {
 			seqs = vs
 		}
 	}

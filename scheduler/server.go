@@ -94,6 +94,7 @@ type Server struct {
 	q      *queue.Queue[*call]
 	reps   *replicaSet
 	byName map[string]*replica
+	gate   shareGate // the dispatch predicate's memory (dispatch.go)
 
 	pol      atomic.Pointer[policy]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin

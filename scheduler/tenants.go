@@ -128,7 +128,11 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 		if !slices.ContainsFunc(t.limits, func(l ledger.Limit) bool { return l.Window > 0 }) {
 			t.limits = append(t.limits, resolutionLimit)
 		}
-		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: int64(tc.Concurrency)})
+		slots := int64(tc.Concurrency)
+		if slots == 0 {
+			slots = ledger.MaxAmount // unset: no cap (the scope still needs a policy)
+		}
+		t.limits = append(t.limits, ledger.Limit{Dim: ledger.Slots, Max: slots})
 		p.tenants[tc.Name] = t
 		p.order = append(p.order, t)
 		for i, kc := range tc.APIKeys {

@@ -9,7 +9,8 @@
 #      latency at light load and proxy CPU per non-streamed request;
 #   3. the `sluice bench` scenario presets (shortened), as far as they run.
 # Every process it starts is stopped on exit, failure and Ctrl-C (trap).
-# Knobs: BENCH_SCENARIO_S (default 12) seconds per scenario run,
+# Knobs: BENCH_SCENARIO_S (default 12) seconds per scenario run (full: the
+# presets' own durations and warm-ups, `make bench-long`),
 # BENCH_ROUNDS (3) side-by-side rounds, BENCH_SIDE_N (3000) and BENCH_LIGHT_N (400)
 # requests per round, BENCH_KEEP=1 keeps the work dir, BENCH_SMOKE=1 runs the
 # Go benchmarks once and skips the other packages (to try the script),
@@ -202,24 +203,9 @@ write_sluice_config() {
 			v=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
 			echo "  - name: $t"
 			echo "    api_keys: [\"$(printf '%s\n' "${!v}" | "$SLUICE" key hash)\"]"
-			# The pinned default of 8 in-flight requests per tenant would
-			# queue the presets' victims in Sluice by design; cap tenants at
-			# the replicas' batch size instead, as an operator sizing for
-			# these loads would.
-			# Caps: the overhead tenant (16 clients) may fill the replicas;
-			# scenario tenants hold at most a third of the batch each, so one
-			# tenant cannot take every sequence (the in-flight cap is what
-			# isolation rests on, SCHEDULING §5-6).
-			# Queue tuned to the presets' SLO (TTFT ≤ 2 s): a request that
-			# cannot start within 1.5 s is refused (504) rather than served
-			# late, so overload sheds excess instead of missing every SLO.
-			# The budget-burst tenant fires everything at t0 and has no SLO:
-			# its admitted requests may wait for the batch.
-			case $t in
-			solo) printf '    concurrency: 64\n    queue: {max_depth: 64, max_wait: 1500ms}\n' ;;
-			burst) printf '    concurrency: %d\n    queue: {max_depth: 256, max_wait: 60s}\n' "${SIM_SEQS:-64}" ;;
-			*) printf '    concurrency: %d\n    queue: {max_depth: 64, max_wait: 1500ms}\n' $(( ${SIM_SEQS:-64} / 3 )) ;;
-			esac
+			# One configuration for every preset: weights only (all 1 here).
+			# No per-tenant concurrency, no queue tuning: isolation comes
+			# from fair dispatch (scheduler/dispatch.go), not from caps.
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"
@@ -454,6 +440,15 @@ CAP=${BENCH_CAPACITY:-12.5}
 SIM_SEQS=32 # also the Sluice config's replica max_num_seqs and tenant concurrency
 SIMARGS=(--max-num-seqs "$SIM_SEQS" --decode-step 20ms)
 SCEN=(--duration "${SCEN_S}s" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/res")
+DUR=(--duration "${SCEN_S}s")
+WARM=(--warmup-duration 2s)
+WARMF=(--warmup-duration 5s)
+if [ "$SCEN_S" = full ]; then # make bench-long: the presets' own durations and warm-ups
+	SCEN=(--drain-timeout 30s --progress 0 --save-result --result-dir "$WORK/res")
+	DUR=()
+	WARM=()
+	WARMF=()
+fi
 SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
 # scen LABEL TARGET ARGS...: one `sluice bench run`; the JSON lands in res/LABEL.json.
@@ -489,18 +484,22 @@ start_sims 1 "${SIMARGS[@]}"
 start_sluice 1
 start_haproxy 1 32
 for t in direct haproxy sluice; do
-	scen "flood-alone-$t" "$t" --workload flood --warmup-duration 2s --exclude-tenant flood
-	scen "flood-$t" "$t" --workload flood --warmup-duration 2s
+	# Flood: 5 s of warm-up, about two service times, so the measured part
+	# starts after a flood that began with the victims has had to give way.
+	scen "flood-alone-$t" "$t" --workload flood "${WARMF[@]}" --exclude-tenant flood
+	scen "flood-$t" "$t" --workload flood "${WARMF[@]}"
 done
 for x in 1 2 3; do
 	c=$(awk -v c="$CAP" -v x="$x" 'BEGIN { printf "%.3f", c * x / 3 }') # three tenants at "1x" each
-	for t in direct sluice; do
+	for t in direct haproxy sluice; do
 		SCAP=$c
-		scen "overload-${x}x-$t" "$t" --workload overload --warmup-duration 2s
+		scen "overload-${x}x-$t" "$t" --workload overload "${WARM[@]}"
 	done
 done
 SCAP=$CAP
-scen "disconnect-storm-sluice" sluice --workload disconnect-storm --warmup-duration 2s
+scen "disconnect-storm-direct" direct --workload disconnect-storm "${WARM[@]}"
+scen "budget-burst-direct" direct --workload budget-burst
+scen "disconnect-storm-sluice" sluice --workload disconnect-storm "${WARM[@]}"
 sleep 1 # let the last aborts settle before reading the gauges
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
 RESERVED=$(echo "$metrics" | awk '/^sluice_ledger_reserved[{ ]/ { s += $NF } END { print s + 0 }')
@@ -508,10 +507,60 @@ SIM_RUNNING=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk '/^vllm:num_re
 scen "budget-burst-sluice" sluice --workload budget-burst
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
 BURST_COMMITTED=$(echo "$metrics" | awk '/^sluice_ledger_committed\{/ && /tenant="burst"/ && /dimension="tokens"/ { s += $NF } END { print s + 0 }')
+# sluice tune on a saturation sweep through Sluice (default config), then the
+# saturation preset at 2x with the tuned config: attainment vs the prediction.
+SWEEP_RATES=$(awk -v c="$CAP" 'BEGIN { printf "%g,%g,%g,%g", c / 2, c, c * 1.5, c * 2 }')
+TUNE_RATE=$(awk -v c="$CAP" 'BEGIN { printf "%g", c * 2 }')
+mkdir -p "$WORK/sweep"
+wait_sim_idle
+log "saturation sweep through sluice ($SWEEP_RATES rps)"
+SWEEP_CMD="sluice bench sweep --base-url <sluice> --workload saturation --capacity $CAP --rates $SWEEP_RATES ${DUR[*]} ${WARM[*]} --drain-timeout 10s --save-result --result-dir \$WORK/sweep"
+"$SLUICE" bench sweep --base-url "$(url_of sluice)" --workload saturation --capacity "$CAP" --rates "$SWEEP_RATES" "${DUR[@]}" \
+	"${WARM[@]}" --drain-timeout 10s --progress 0 --save-result --result-dir "$WORK/sweep" >"$WORK/res/sweep.txt" 2>&1 ||
+	log "sweep failed: $(tail -1 "$WORK/res/sweep.txt")"
+TUNE_CMD="sluice tune --slo-ttft 2s --config \$WORK/sluice.yaml --out \$WORK/tuned.yaml \$WORK/sweep/*.json"
+"$SLUICE" tune --slo-ttft 2s --config "$WORK/sluice.yaml" --out "$WORK/tuned.yaml" "$WORK"/sweep/*.json >"$WORK/res/tune.txt" 2>&1 ||
+	log "tune failed: $(tail -1 "$WORK/res/tune.txt")"
+TUNE_CHECK=$("$SLUICE" config check "$WORK/tuned.yaml" 2>&1 | sed "s|$WORK|\$WORK|g" || true)
+stop "$SLUICE_PID"
+"$SLUICE" serve --config "$WORK/tuned.yaml" >"$WORK/sluice-tuned.log" 2>&1 &
+SLUICE_PID=$!
+PIDS+=("$SLUICE_PID")
+wait_http "http://127.0.0.1:$API_PORT/readyz"
+sleep 1.5 # one scrape sizes the replica
+SCAP=$TUNE_RATE
+scen "saturation-2x-tuned-sluice" sluice --workload saturation "${WARM[@]}"
+SCAP=$CAP
 stop "$SLUICE_PID"
 stop "$HAP_PID"
 stop "$SIM_PID"
-declare -p DATE RAN TARGETS NGINX_NOTE SCEN_LOG RESERVED SIM_RUNNING BURST_COMMITTED >"$WORK/state.sh"
+# A single tenant against one 256-sequence replica, concurrency unset: the
+# saturation preset at 1.5x capacity (256 / (128 x 100 ms) = 20 rps), direct
+# and through Sluice. Peak concurrency is the replica's own
+# vllm:num_requests_running, sampled every 100 ms.
+SIM_SEQS=256
+start_sims 1 --max-num-seqs 256 --kv-tokens 400000 --decode-step 100ms
+start_sluice 1
+peak_running() { # peak_running OUTFILE: samples until killed
+	local m p=0
+	while :; do
+		m=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk '/^vllm:num_requests_running[{ ]/ { s += $NF } END { print s + 0 }')
+		[ "${m:-0}" -gt "$p" ] 2>/dev/null && p=$m && echo "$p" >"$1"
+		sleep 0.1
+	done
+}
+for t in direct sluice; do
+	SCAP=30
+	peak_running "$WORK/res/peak-$t.txt" &
+	PK=$!
+	PIDS+=("$PK")
+	scen "solo256-$t" "$t" --workload saturation "${WARM[@]}"
+	stop "$PK"
+done
+SCAP=$CAP
+stop "$SLUICE_PID"
+stop "$SIM_PID"
+declare -p DATE RAN TARGETS NGINX_NOTE SCEN_LOG RESERVED SIM_RUNNING BURST_COMMITTED SWEEP_CMD TUNE_CMD TUNE_CHECK TUNE_RATE >"$WORK/state.sh"
 else
 	# shellcheck disable=SC1091
 	source "$WORK/state.sh"
@@ -622,7 +671,7 @@ $SIDE_N requests from 16 concurrent kept-alive clients, reading the proxy's
 \`/proc/<pid>/stat\` utime+stime (all threads; nginx: master + workers) before and after.
 HAProxy 2.x: \`balance leastconn\`, \`server … maxconn 64\`, \`timeout queue 30s\`, \`nbthread 2\`,
 \`http-reuse always\`. nginx: \`proxy_pass\` to an upstream with \`keepalive 64\`, 2 workers.
-Sluice: \`sluice serve\`, 1 s scrape interval; scenario tenants capped at a third of the batch (\`concurrency\` = \`max_num_seqs\` / 3; the overhead tenant at 64) with \`queue: {max_depth: 64, max_wait: 1500ms}\` (tuned to the presets' 2 s TTFT SLO); tenants without budgets except \`burst\` (capped at the whole batch, 60 s queue wait: it fires everything at t0 and has no SLO). \`direct\` targets replica 0 only.
+Sluice: \`sluice serve\`, 1 s scrape interval; every tenant with the defaults (weight 1, no \`concurrency\`, default queue), budgets only for \`burst\`. \`direct\` targets replica 0 only.
 The load generator is a small Go program the script writes (\`loadloop\`, stdlib net/http).
 CPU ticks are 1/$CLK_TCK s, i.e. ±$((1000000 / CLK_TCK / SIDE_N)) µs per request of quantisation.
 
@@ -680,13 +729,12 @@ EOF
 	as=$(victim_p99 flood-alone-sluice)
 	echo
 	echo "Isolation (flooded / alone, 1.0 = perfect): direct $(ratio "$(victim_p99 flood-alone-direct)" "$(victim_p99 flood-direct)"), HAProxy $(ratio "$(victim_p99 flood-alone-haproxy)" "$(victim_p99 flood-haproxy)"), Sluice $(ratio "$as" "$(victim_p99 flood-sluice)")."
-	awk -v a="$ad" -v b="$as" 'BEGIN { if (a + 0 > 0 && b + 0 > 2 * a) printf "Without the aggressor, Sluice'"'"'s worst victim p99 TTFT is %.0f× direct'"'"'s (%s vs %s ms): each victim'"'"'s own in-flight cap (a third of the batch here) queues its Poisson peaks. The cap is what bounds the aggressor, so it applies to victims too; raise a tenant'"'"'s concurrency to trade isolation for solo latency. (An earlier report called this under-dispatch; it was this cap and, before the idle wait between scenarios, leftover load from the previous scenario.)\n", b / a, b, a }'
 	cat <<EOF
 
 #### Overload: goodput (req/s meeting the SLOs) at 1×/2×/3× capacity in total
 
-| offered | direct goodput | direct attain | sluice goodput | sluice attain | sluice / direct | sluice rejected (reason:n) | sluice expired |
-|---|---|---|---|---|---|---|---|
+| offered | direct goodput | direct attain | haproxy goodput | sluice goodput | sluice attain | sluice / direct | sluice rejected (reason:n) | sluice expired |
+|---|---|---|---|---|---|---|---|---|
 EOF
 	for x in 1 2 3; do
 		dg=$(jget "overload-${x}x-direct" '.request_goodput | . * 100 | round / 100')
@@ -694,8 +742,77 @@ EOF
 		da=$(jget "overload-${x}x-direct" '.slo_attainment | . * 1000 | round / 10')
 		sa=$(jget "overload-${x}x-sluice" '.slo_attainment | . * 1000 | round / 10')
 		rj=$(jget "overload-${x}x-sluice" '[.tenants[] | .outcomes.rejected | to_entries[]] | group_by(.key) | map("\(.[0].key):\(map(.value) | add)") | join(" ")')
-		echo "| ${x}× | $dg | $da% | $sg | $sa% | $(ratio "$dg" "$sg") | ${rj:--} | $(total "overload-${x}x-sluice" expired) |"
+		hg=$(jget "overload-${x}x-haproxy" '.request_goodput | . * 100 | round / 100')
+		echo "| ${x}× | $dg | $da% | $hg | $sg | $sa% | $(ratio "$dg" "$sg") | ${rj:--} | $(total "overload-${x}x-sluice" expired) |"
 	done
+	cat <<EOF
+
+#### Dominance: Sluice ÷ direct, one default configuration (weights only)
+
+Every preset above ran through Sluice with the same tenant settings: weights (all 1), no
+\`concurrency\`, no queue tuning (defaults: \`max_depth\` 256, \`max_wait\` 10 s; a standing queue serves
+newest first after 1 s and sheds what waited 2 s, \`queue/doc.go\`). Below 1.00 is
+better for latencies, above 1.00 better for goodput and throughput.
+
+| scenario | metric | direct | sluice | sluice ÷ direct | goal |
+|---|---|---|---|---|---|
+EOF
+	vd=$(victim_p99 flood-alone-direct)
+	vs=$(victim_p99 flood-alone-sluice)
+	fd=$(victim_p99 flood-direct)
+	fs=$(victim_p99 flood-sluice)
+	echo "| flood, victims alone | worst victim p99 TTFT ms | $vd | $vs | $(ratio "$vd" "$vs") | ≤ 1.25 |"
+	echo "| flood | worst victim p99 TTFT ms | $fd | $fs | $(ratio "$fd" "$fs") | |"
+	echo "| flood | victims flooded ÷ alone | $(ratio "$vd" "$fd") | $(ratio "$vs" "$fs") | | sluice ≤ 1.5 |"
+	for x in 1 2 3; do
+		dg=$(jget "overload-${x}x-direct" '.request_goodput | . * 100 | round / 100')
+		sg=$(jget "overload-${x}x-sluice" '.request_goodput | . * 100 | round / 100')
+		goal=""
+		[ "$x" = 1 ] && goal="≥ 0.98"
+		echo "| overload ${x}× | goodput req/s | $dg | $sg | $(ratio "$dg" "$sg") | $goal |"
+	done
+	d1=$(jget overload-1x-direct '.request_goodput | . * 100 | round / 100')
+	s3=$(jget overload-3x-sluice '.request_goodput | . * 100 | round / 100')
+	echo "| overload 3× vs direct at 1× | goodput req/s | $d1 | $s3 | $(ratio "$d1" "$s3") | ≥ 0.9 |"
+	echo "| overload 1× | expired / rejected (all tenants) | $(total overload-1x-direct expired) / $(total overload-1x-direct rejected) | $(total overload-1x-sluice expired) / $(total overload-1x-sluice rejected) | | sluice 0 |"
+	for sc in disconnect-storm:survivor budget-burst:normal; do
+		n=${sc%%:*} tn=${sc#*:}
+		a=$(v "$n-direct" "$tn" p99_ttft_ms)
+		b=$(v "$n-sluice" "$tn" p99_ttft_ms)
+		echo "| $n | $tn p99 TTFT ms | $a | $b | $(ratio "$a" "$b") | |"
+	done
+	pd=$(cat "$WORK/res/peak-direct.txt" 2>/dev/null || echo n/a)
+	ps=$(cat "$WORK/res/peak-sluice.txt" 2>/dev/null || echo n/a)
+	echo "| single tenant, 256-seq replica | peak running sequences | $pd | $ps | $(ratio "$pd" "$ps") | 1.00 ± 0.02 |"
+	td=$(jget solo256-direct '.output_throughput | . * 10 | round / 10')
+	ts=$(jget solo256-sluice '.output_throughput | . * 10 | round / 10')
+	echo "| single tenant, 256-seq replica | output tokens/s | $td | $ts | $(ratio "$td" "$ts") | 1.00 ± 0.02 |"
+	echo
+	echo "Single tenant: \`sluice sim --max-num-seqs 256 --kv-tokens 400000 --decode-step 100ms\` (capacity 20 rps at"
+	echo "128 output tokens), the saturation preset at 30 rps (1.5×), Sluice configured with \`max_num_seqs: 256\`"
+	echo "and no \`concurrency\`; peak = the replica's \`vllm:num_requests_running\` sampled every 100 ms."
+	cat <<EOF
+
+#### \`sluice tune\` on a saturation sweep
+
+Sweep through Sluice with the default config (\`$SWEEP_CMD\`), then \`$TUNE_CMD\`; \`sluice config check\`
+on the result: $TUNE_CHECK. The recommendation:
+
+\`\`\`yaml
+$(sed -n '/^tenants:/,$p' "$WORK/res/tune.txt" | awk '/^  - name: solo$/ { on = 1; print; next } /^  - name: / { on = 0 } on && !/^# checked/')
+\`\`\`
+
+$(grep '^# knee' "$WORK/res/tune.txt" | sed "s|$WORK|\$WORK|g; s/^# //")
+
+EOF
+	# The prediction at the sweep rate nearest the rerun's (the sweep's 2x).
+	pred=$(awk -v r="$TUNE_RATE" '/predicted SLO attainment at/ {
+		o = $0; sub(/.* at /, "", o); sub(/ .*/, "", o); p = $0; sub(/.*offered: /, "", p); sub(/%.*/, "", p)
+		d = o - r; if (d < 0) d = -d; if (best == "" || d < bd) { bd = d; best = p } } END { print best }' "$WORK/res/tune.txt")
+	meas=$(jget saturation-2x-tuned-sluice '.slo_attainment | . * 1000 | round / 10')
+	echo "Saturation at ${TUNE_RATE} rps (2×) through Sluice with the tuned config: **SLO attainment $meas%, predicted ${pred}%**"
+	echo "(goal: within 5 points: $(awk -v a="$meas" -v b="$pred" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a != "n/a" && b != "" && d <= 5) ? "met" : "MISSED" }')); goodput $(jget saturation-2x-tuned-sluice '.request_goodput | . * 100 | round / 100') req/s,"
+	echo "rejected $(total saturation-2x-tuned-sluice rejected), expired $(total saturation-2x-tuned-sluice expired)."
 	cat <<EOF
 
 #### Disconnect storm (through Sluice): leak check

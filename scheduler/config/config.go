@@ -141,8 +141,9 @@ type Server struct {
 	// DrainTimeout is how long in-flight requests may finish on SIGTERM.
 	// Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// Headroom is the fraction of each replica reserved for tenants below
-	// their fair share. Default 0.1.
+	// Headroom is the least fraction of the fleet a heavy tenant must
+	// leave free while a light tenant has demand (scheduler/dispatch.go;
+	// the reserve grows with the light tenants' demand peaks). Default 0.1.
 	Headroom float64 `yaml:"headroom"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
 	// or gpu_ms. Defaults tokens, 1, 2.
@@ -216,7 +217,9 @@ type Tenant struct {
 	Weight int `yaml:"weight"`
 	// Priority is the band; lower runs first. Default 0.
 	Priority int `yaml:"priority"`
-	// Concurrency caps in-flight requests across instances. Default 8.
+	// Concurrency caps in-flight requests across instances. Optional; 0
+	// (the default) = no per-tenant cap: fair dispatch, not a cap, isolates
+	// tenants (queue/doc.go, "Work conservation").
 	Concurrency int `yaml:"concurrency"`
 	// InflightTokens caps the tenant's in-flight token load. Optional; 0 = none.
 	InflightTokens int64 `yaml:"inflight_tokens"`
@@ -392,7 +395,6 @@ func (f *File) applyDefaults() {
 	for i := range f.Tenants {
 		t := &f.Tenants[i]
 		def(&t.Weight, 1)
-		def(&t.Concurrency, 8)
 		def(&t.MaxInputTokens, 8192)
 		def(&t.MaxOutputTokens, 1024)
 		def(&t.Queue.MaxDepth, 256)
@@ -538,8 +540,8 @@ func (f *File) Validate() error {
 		if t.Priority < 0 || t.Priority > 15 {
 			v.add("%s.priority must be in 0..15", p)
 		}
-		if t.Concurrency < 1 {
-			v.add("%s.concurrency must be >= 1", p)
+		if t.Concurrency < 0 {
+			v.add("%s.concurrency must be >= 0 (0: no cap)", p)
 		}
 		v.nonNeg(p+".inflight_tokens", t.InflightTokens)
 		v.positive(p+".max_input_tokens", t.MaxInputTokens)

@@ -35,7 +35,7 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, "auto", f.GPU.Telemetry)
 	tn := f.Tenants[0]
 	assert.Equal(t, 1, tn.Weight)
-	assert.Equal(t, 8, tn.Concurrency)
+	assert.Equal(t, 0, tn.Concurrency, "unset: no per-tenant cap")
 	assert.Equal(t, int64(8192), tn.MaxInputTokens)
 	assert.Equal(t, int64(1024), tn.MaxOutputTokens)
 	assert.Equal(t, 256, tn.Queue.MaxDepth)
@@ -119,7 +119,7 @@ func TestValidationRules(t *testing.T) {
 		{"warn ratio", tenantWith("    budgets: [{dimension: tokens, limit: 1, window: 1h, warn_ratio: 2}]\n"), []string{"warn_ratio must be in [0, 1]"}},
 		{"zero weight", tenantWith("    weight: -1\n"), []string{"tenants[0].weight must be >= 1"}},
 		{"bad priority", tenantWith("    priority: 99\n"), []string{"tenants[0].priority must be in 0..15"}},
-		{"bad concurrency", tenantWith("    concurrency: -2\n"), []string{"tenants[0].concurrency must be >= 1"}},
+		{"bad concurrency", tenantWith("    concurrency: -2\n"), []string{"tenants[0].concurrency must be >= 0 (0: no cap)"}},
 		{"negative max input", tenantWith("    max_input_tokens: -1\n"), []string{"tenants[0].max_input_tokens must be > 0"}},
 		{"bad order", tenantWith("    queue: {order: lifo}\n"), []string{"tenants[0].queue.order must be one of fifo, edf"}},
 		{"raw api key", strings.Replace(minimal, keyA, "sk-live-123", 1), []string{"tenants[0].api_keys[0] must be \"sha256:<64 hex digits>\""}},

@@ -459,8 +459,14 @@ func (w *world) writeConfig(i int, withLate bool) {
 			continue
 		}
 		fmt.Fprintf(&b, "  - name: %s\n    api_keys: [%q]\n    concurrency: %d\n    max_output_tokens: %d\n", t.name, config.HashKey(rawKey(t.name)), t.concurrency, maxOut)
-		// max_wait above lease_ttl: a queued hold must be renewed.
-		b.WriteString("    queue: {max_depth: 32, max_wait: 4s}\n    budgets:\n")
+		// max_wait above lease_ttl: a queued hold must be renewed. Beta
+		// queues in EDF order, so that its queue can outlive the lease (a
+		// FIFO queue sheds what has stood 2 s).
+		order := ""
+		if t.name == "beta" {
+			order = ", order: edf"
+		}
+		fmt.Fprintf(&b, "    queue: {max_depth: 32, max_wait: 4s%s}\n    budgets:\n", order)
 		fmt.Fprintf(&b, "      - {dimension: tokens, limit: %d, window: %s}\n", t.tokens, window)
 		fmt.Fprintf(&b, "      - {dimension: requests, limit: %d, window: %s}\n", int64(1)<<40, window)
 		if t.outage {
