@@ -275,6 +275,16 @@ func (s *Server) reserve(c *call, a admission) error {
 			return s.completed(c.ref.ID)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
+		case ledger.IsStoreError(err) && a.idemKey != "":
+			// A keyed request is never outage-admitted: only the ledger
+			// knows whether the key already ran, here or on another
+			// instance. A response this instance kept is still the truth.
+			if body, ok := s.idem.get(c.ref.ID, s.now()); ok {
+				return &cachedResponse{body: body}
+			}
+			// An ambiguous Reserve is left to its lease, never released by
+			// id: a retry on this instance (same owner) may hold the id by
+			// then, and a Release would end that attempt's record instead.
 		case ledger.IsStoreError(err):
 			if s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
@@ -282,7 +292,8 @@ func (s *Server) reserve(c *call, a admission) error {
 				return nil
 			}
 			if errors.Is(err, ledger.ErrAmbiguous) {
-				// The hold may exist: end it by id once the store answers.
+				// The hold may exist: end it by id once the store answers
+				// (a random id is never another attempt's).
 				s.queueRelease(c)
 			}
 		case !lowered && errors.As(err, &d) && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens):
@@ -474,6 +485,11 @@ func (s *Server) await(c *call) error {
 			continue
 		}
 		s.q.Release(c.handle)
+		if errors.Is(err, ledger.ErrAlreadyFinal) {
+			// The record ended under us (lease expired or released):
+			// nothing was sent, so it is a lost lease, never a 500.
+			err = fmt.Errorf("%w: %w", ledger.ErrLeaseLost, err)
+		}
 		if err != nil {
 			s.reps.release(rep, c.size)
 			s.release(c)
