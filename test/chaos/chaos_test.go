@@ -909,7 +909,10 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 		}
 	}
 
-	type bounds struct{ reqLo, reqHi, tokLo, tokHi, partial int64 }
+	type bounds struct {
+		reqLo, reqHi, tokLo, tokHi, partial int64
+		partials                            []string // what a token-bound violation names
+	}
 	want := map[string]*bounds{}
 	for _, tn := range names {
 		want[tn] = &bounds{}
@@ -938,6 +941,12 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			b.tokHi += got
 		default:
 			b.partial++
+			var seen []string
+			for _, r := range byOp[o.id] {
+				seen = append(seen, fmt.Sprintf("try %d inst %d status %d %q cancelled=%v killed=%v done=%v", r.ev.attempt, r.ev.inst, r.status, r.code, r.cancelled, r.killed, r.done))
+			}
+			b.partials = append(b.partials, fmt.Sprintf("op %d (stream=%v n=%d): replica prompt %d completion %d completed=%v gone=%v errEvent=%v status %d; clients: %s",
+				o.id, o.stream, n, ex.prompt, ex.completion, ex.completed, ex.gone, ex.errEvent, ex.status, strings.Join(seen, "; ")))
 			if !orphan {
 				b.tokLo += max(0, got-2*n)
 			}
@@ -1013,7 +1022,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			add("%s: %d requests charged, replicas executed %d (%d of them orphaned by a kill)", tn, req, b.reqHi, b.reqHi-b.reqLo)
 		}
 		if tok < b.tokLo || tok > b.tokHi {
-			add("%s: %d tokens charged, outside [%d, %d] from what the replicas delivered (%d partial)", tn, tok, b.tokLo, b.tokHi, b.partial)
+			add("%s: %d tokens charged, outside [%d, %d] from what the replicas delivered (%d partial: %s)", tn, tok, b.tokLo, b.tokHi, b.partial, strings.Join(b.partials, " | "))
 		}
 		if tn == "beta" {
 			if lim := w.budgetX.Load(); tok > lim+2*2*b.partial {
