@@ -207,3 +207,29 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestChaosRecoveryKicksOutbox (chaos seed 219 on redis: an instance killed
+// shortly after a stall had not charged its owed outage usage yet): the
+// first ledger answer after store errors wakes the outbox at once, so owed
+// charges and pending endings do not wait for the next tick.
+func TestChaosRecoveryKicksOutbox(t *testing.T) {
+	s := newTestServer(t, testConfig(t, "", budgets), newFakeLedger(t), &fakeUpstream{out: 1})
+	drain := func() bool {
+		select {
+		case <-s.outbox.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	drain()
+	s.noteLedger("reserve", nil)
+	assert.False(t, drain(), "no kick while the ledger was answering")
+	s.noteLedger("reserve", ledger.ErrUnavailable)
+	s.noteLedger("reserve", ledger.ErrUnavailable)
+	assert.False(t, drain())
+	s.noteLedger("reserve", nil)
+	assert.True(t, drain(), "recovery kicks the outbox")
+	s.noteLedger("settle", nil)
+	assert.False(t, drain(), "once per recovery")
+}
