@@ -26,8 +26,10 @@ import (
 //     still has it (a non-streamed 200, kept in idemCache), else 409 with
 //     details.state "completed".
 //
-// While the ledger cannot answer, outage-admitted ids are answered from the
-// owed outage charges (outage.go), on the instance that admitted them.
+// While the ledger cannot answer, a keyed request is answered from this
+// instance's kept response, else 503; it is never outage-admitted
+// (outage.go). An ambiguous keyed Reserve is left to its lease, not
+// released by id, so it cannot end a later attempt's record.
 
 // maxIdemGenerations bounds the attempts of one Idempotency-Key that never
 // ran.

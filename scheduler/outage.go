@@ -23,12 +23,16 @@ import (
 // exactly once (ledger Charge is idempotent by id). They take no ledger
 // slot; the tenant's local concurrency cap still applies.
 //
-// An outage-admitted call keeps its ledger id, the idempotent one when the
-// client sent an Idempotency-Key: a retry while the charge is owed is
-// answered from the owed entry (never executed again), and one after the
-// charge finds the charged record (issue 13 item 4). When the failed
-// Reserve was ambiguous and did apply, the id names a reservation; the
-// charge then settles that reservation instead (Charge answers ErrConflict).
+// A request with an Idempotency-Key is never outage-admitted (call.go
+// reserve): only the ledger knows whether the key already ran, on this
+// instance or another, so it is 503 unless this instance kept the key's
+// completed response. An owed entry under a keyed id (persisted by an
+// older process) still answers its retries until charged (issue 13 item
+// 4). An outage-admitted call keeps its random ledger id; when the failed
+// Reserve was ambiguous and did apply, the id names a reservation and the
+// charge settles that reservation instead (Charge answers ErrConflict),
+// whether it is still RESERVED or its lease expired; a Release by id is
+// queued only for a call that never ran, which is then owed nothing.
 //
 // Owed charges are persisted (outageFile) from admission on, so a restart
 // still bills them exactly once: a call that was still running when the
