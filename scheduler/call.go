@@ -523,6 +523,11 @@ func (s *Server) await(c *call) error {
 			continue
 		}
 		s.q.Release(c.handle)
+		if errors.Is(err, ledger.ErrAlreadyFinal) {
+			// The record ended under us (lease expired or released):
+			// nothing was sent, so it is a lost lease, never a 500.
+			err = fmt.Errorf("%w: %w", ledger.ErrLeaseLost, err)
+		}
 		if err != nil {
 			s.reps.release(rep, c.size)
 			s.release(c)

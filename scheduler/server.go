@@ -435,8 +435,13 @@ func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.Cancel
 func (s *Server) noteLedger(op string, err error) {
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrDenied):
-		if s.ledgerErrs.Swap(0) > 0 && s.outage.recovered() {
-			s.log.Info("ledger reachable again: outage allowances reset; owed usage is being charged")
+		if s.ledgerErrs.Swap(0) > 0 {
+			// End pending records and charge owed usage now, not at the
+			// next tick: the instance may die meanwhile.
+			s.outbox.kickNow()
+			if s.outage.recovered() {
+				s.log.Info("ledger reachable again: outage allowances reset; owed usage is being charged")
+			}
 		}
 		return
 	case ledger.IsStoreError(err):

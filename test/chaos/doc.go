@@ -26,7 +26,9 @@
 //   - a tenant's completed requests running at the replicas never exceed its
 //     concurrency cap (summed over instances that do not share a ledger);
 //   - requests charged = requests the replicas executed (minus UNRESOLVED
-//     records left by killed instances, which the report names), and tokens
+//     records left by killed instances, and outage usage stranded in the
+//     owed-charges file of an instance killed and never restarted, both
+//     named in the report), and tokens
 //     charged within [Σ lower, Σ upper] of what the replicas delivered:
 //     exact for completed requests, the documented abort allowance for
 //     aborted ones;
