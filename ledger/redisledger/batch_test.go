@@ -105,7 +105,10 @@ func TestBatchQueuedPastTheTimeoutIsNotSent(t *testing.T) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
 	ctx := context.Background()
-	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.StoreTimeout = 200 * time.Millisecond })
+	// MaxBatch 4: at most two calls of four operations are in flight, so
+	// of the 30 operations at least 22 are still queued when the pause
+	// outlasts StoreTimeout, however the goroutines are scheduled.
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.StoreTimeout = 200 * time.Millisecond; c.MaxBatch = 4 })
 	require.NoError(t, l.LoadScripts(ctx))
 	sc := []ledger.Scope{tenantScope("batch-timeout", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
 	owner := ledger.NewOwner()
