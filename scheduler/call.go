@@ -663,6 +663,12 @@ func (s *Server) finish(c *call, err error) {
 		// Sent, but no stream nor answer usage: prefill may have run.
 		c.usage = sentUsage(c)
 	}
+	if c.usage.Final {
+		// It left the batch: room before the next scrape (roomOf). Counted
+		// first, before the ledger round trip: a completion counted after
+		// a scrape that already missed the request is subtracted twice.
+		c.rep.finished.Add(1)
+	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
 	switch {
@@ -690,9 +696,6 @@ func (s *Server) finish(c *call, err error) {
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
-	if c.usage.Final {
-		c.rep.finished.Add(1) // it left the batch: room before the next scrape (roomOf)
-	}
 	s.reps.release(c.rep, c.size)
 	c.t.rt.inflight.Add(-1)
 	c.keyInflight(-1)

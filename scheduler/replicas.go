@@ -176,7 +176,10 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		// completions stay "full" until the next scrape (up to a scrape
 		// interval of idle batch). Aborted requests are not subtracted: a
 		// replica may ignore the abort (vLLM #54947) until a scrape shows
-		// it let them go.
+		// it let them go. A request that left the batch before the scrape
+		// rendered but whose completion Sluice counted after the scrape
+		// was stored is subtracted twice: finish counts completions first
+		// thing, so that window is a few microseconds.
 		if vs := o.running + o.waiting - (r.finished.Load() - o.finishedAt); vs > seqs {
 			seqs = vs
 		}

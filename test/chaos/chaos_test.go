@@ -791,6 +791,9 @@ func (w *world) check() []string {
 	}
 
 	v = append(v, w.checkLedger(byOp, execs, perOp)...)
+	for _, in := range w.inst { // every instance has stopped by now
+		v = append(v, in.logProblems()...)
+	}
 	return v
 }
 

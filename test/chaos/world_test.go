@@ -474,11 +474,30 @@ func (in *instance) stop(t testing.TB) {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("%s exited %d after SIGTERM (a graceful drain exits 0); log:\n%s", in.name, code, tail(in.logPath, 20))
+		}
 	case <-time.After(20 * time.Second):
 		t.Errorf("%s did not stop within 20s of SIGTERM; killing", in.name)
 		_ = cmd.Process.Kill()
 		<-exited
 	}
+}
+
+// logProblems returns the lines of the instance's log that no run may
+// produce: a data race report (-chaos.race), a panic, a fatal error.
+func (in *instance) logProblems() []string {
+	b, err := os.ReadFile(in.logPath)
+	if err != nil {
+		return []string{in.name + ": " + err.Error()}
+	}
+	var out []string
+	for _, ln := range strings.Split(string(b), "\n") {
+		if strings.Contains(ln, "WARNING: DATA RACE") || strings.HasPrefix(ln, "panic:") || strings.HasPrefix(ln, "fatal error:") {
+			out = append(out, in.name+": "+ln)
+		}
+	}
+	return out
 }
 
 // isDown reports whether the process is not serving: killed, or restarted
