@@ -40,7 +40,6 @@ func ambiguousLedger(t *testing.T, apply bool) (*fakeLedger, func(bool)) {
 	return led, func(d bool) { led.set(func() { down = d }) }
 }
 
-
 // TestChaosAmbiguousRetryNotReleased (chaos seed 1 on redis: a retry 130
 // ms after the first attempt answered 500 ledger_error "request already
 // final"): the first attempt's ambiguous Reserve queued a Release by id;
