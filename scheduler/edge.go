@@ -173,33 +173,64 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (ad
 	return a, nil
 }
 
-// generate serves one chat or completions request end to end.
-func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
+// clientReq is an authenticated, parsed request and its client context.
+type clientReq struct {
+	t         *tenant
+	pol       *policy
+	a         admission
+	ctx       context.Context         // cancelled when the peer closes its connection
+	gone      context.CancelCauseFunc // ends ctx
+	stopWatch func()                  // stops watching the connection
+}
+
+// accept runs the first steps every endpoint shares: refuse while draining,
+// authenticate, parse the admission headers, and watch the client's
+// connection. On false the refusal has been written.
+func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (clientReq, bool) {
 	s := e.s
 	if s.draining.Load() {
 		e.reject(rc, "", ErrDraining)
-		return
+		return clientReq{}, false
 	}
 	pol := s.pol.Load()
 	t, key, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
-		return
+		return clientReq{}, false
 	}
 	a, err := parseAdmission(rc, ep, reqID)
 	if err != nil {
 		e.reject(rc, t.name, err)
-		return
+		return clientReq{}, false
 	}
 	a.key = key
-	// The client context: cancelled when the peer closes its connection.
-	cctx, gone := context.WithCancelCause(e.base)
-	stopWatch := func() {}
+	cr := clientReq{t: t, pol: pol, a: a, stopWatch: func() {}}
+	cr.ctx, cr.gone = context.WithCancelCause(e.base)
 	if e.watch != nil {
-		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(ErrClientGone) }); err == nil {
-			stopWatch = stop
+		if stop, err := e.watch.Watch(rc.Conn(), func() { cr.gone(ErrClientGone) }); err == nil {
+			cr.stopWatch = stop
 		}
 	}
+	return cr, true
+}
+
+// replayed answers a retry of a completed Idempotency-Key with its
+// original response.
+func (e *Edge) replayed(rc *fasthttp.RequestCtx, tenant string, r *cachedResponse) {
+	rc.Response.Header.Set("Idempotent-Replayed", "true")
+	rc.SetContentType("application/json")
+	rc.SetBody(r.body)
+	e.s.m.count(tenant, outcomeOK, nil)
+}
+
+// generate serves one chat or completions request end to end.
+func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
+	s := e.s
+	cr, ok := e.accept(rc, ep, reqID)
+	if !ok {
+		return
+	}
+	t, pol, a, cctx, gone, stopWatch := cr.t, cr.pol, cr.a, cr.ctx, cr.gone, cr.stopWatch
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -211,11 +242,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	c, body, err := s.start(cctx, t, pol, a)
 	var replay *cachedResponse
 	if errors.As(err, &replay) {
-		// A retry of a completed Idempotency-Key: its original response.
-		rc.Response.Header.Set("Idempotent-Replayed", "true")
-		rc.SetContentType("application/json")
-		rc.SetBody(replay.body)
-		s.m.count(t.name, outcomeOK, nil)
+		e.replayed(rc, t.name, replay)
 		return
 	}
 	if c == nil {

@@ -42,29 +42,11 @@ func (e *Edge) other(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		return
 	}
 	s := e.s
-	if s.draining.Load() {
-		e.reject(rc, "", ErrDraining)
+	cr, ok := e.accept(rc, ep, reqID)
+	if !ok {
 		return
 	}
-	pol := s.pol.Load()
-	t, key, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
-	if err != nil {
-		e.reject(rc, "", err)
-		return
-	}
-	a, err := parseAdmission(rc, ep, reqID)
-	if err != nil {
-		e.reject(rc, t.name, err)
-		return
-	}
-	a.key = key
-	cctx, gone := context.WithCancelCause(e.base)
-	stopWatch := func() {}
-	if e.watch != nil {
-		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(ErrClientGone) }); err == nil {
-			stopWatch = stop
-		}
-	}
+	t, pol, a, cctx, gone, stopWatch := cr.t, cr.pol, cr.a, cr.ctx, cr.gone, cr.stopWatch
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -75,11 +57,7 @@ func (e *Edge) other(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 	c, err := s.admit(cctx, t, pol, a)
 	var replay *cachedResponse
 	if errors.As(err, &replay) {
-		// A retry of a completed Idempotency-Key: its original response.
-		rc.Response.Header.Set("Idempotent-Replayed", "true")
-		rc.SetContentType("application/json")
-		rc.SetBody(replay.body)
-		s.m.count(t.name, outcomeOK, nil)
+		e.replayed(rc, t.name, replay)
 		return
 	}
 	if err != nil {
