@@ -48,6 +48,7 @@ func runSim(ctx context.Context, e env, args []string) error {
 	fs.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget per step, chunked prefill (0: none)")
 	fs.IntVar(&cfg.StreamInterval, "stream-interval", d.StreamInterval, "tokens per streamed chunk")
 	fs.IntVar(&cfg.OutputLenMax, "output-len-max", d.OutputLenMax, "upper bound of natural (EOS) output lengths")
+	fs.IntVar(&cfg.OutputLenMin, "output-len-min", d.OutputLenMin, "lower bound of natural (EOS) output lengths")
 	fs.DurationVar(&cfg.KeepAliveTimeout, "timeout-keep-alive", d.KeepAliveTimeout, "close keep-alive connections idle this long, as uvicorn (negative: never)")
 	fs.IntVar(&cfg.MaxLogprobs, "max-logprobs", d.MaxLogprobs, "largest logprobs/top_logprobs/prompt_logprobs the engine accepts")
 	fs.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "emit usage.prompt_tokens_details.cached_tokens")

@@ -96,7 +96,9 @@ func TestOtherEndpointsThroughSluice(t *testing.T) {
 // settled from what was streamed.
 func TestResponsesStreamCancelAbortsUpstream(t *testing.T) {
 	t.Parallel()
-	rep := startSim(t, slowSim())
+	sc := slowSim()
+	sc.OutputLenMin = 400 // /v1/responses has no ignore_eos: the answer must outlast the cancel
+	rep := startSim(t, sc)
 	n := startNode(t, nodeConfig(t, []*simReplica{rep}, budgets, ""))
 	ctx, cancel := context.WithCancel(context.Background())
 	body := `{"model":"sim-model","input":"write a long story","stream":true,"max_output_tokens":500}`

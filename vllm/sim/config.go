@@ -138,6 +138,9 @@ type Config struct {
 	// uniform in [max(min_tokens,1), min(cap, OutputLenMax)]. Requests with
 	// ignore_eos generate exactly the cap. Default 128.
 	OutputLenMax int
+	// OutputLenMin raises the natural length's lower bound (never above the
+	// cap), for workloads whose answers are long. Default 0 (1 token).
+	OutputLenMin int
 	// SchedulingPolicy is "fcfs" or "priority". Default "fcfs"; under fcfs a
 	// request's priority is ignored, as vLLM v1's scheduler does
 	// (vllm/v1/core/sched/request_queue.py: FCFSRequestQueue).
@@ -295,6 +298,9 @@ func (c Config) Validate() error {
 	}
 	if c.OutputLenMax < 0 {
 		bad("output_len_max must be > 0, got %d", c.OutputLenMax)
+	}
+	if c.OutputLenMin < 0 || c.OutputLenMin > c.OutputLenMax {
+		bad("output_len_min must be in [0, output_len_max (%d)], got %d", c.OutputLenMax, c.OutputLenMin)
 	}
 	if c.MaxNumQueuedReqs < 0 || c.MaxNumQueuedTokens < 0 {
 		bad("max_num_queued_reqs and max_num_queued_tokens must be >= 0")

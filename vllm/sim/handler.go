@@ -51,11 +51,11 @@ func readBody(w http.ResponseWriter, hr *http.Request) ([]byte, *apiError) {
 }
 
 // outputLen draws a sequence's output length from its key.
-func outputLen(g *genRequest, key uint64, maxNatural int) int {
+func outputLen(g *genRequest, key uint64, minNatural, maxNatural int) int {
 	if g.ignoreEOS {
 		return g.cap
 	}
-	lo := max(g.minTokens, 1)
+	lo := min(max(g.minTokens, minNatural, 1), max(g.cap, g.minTokens, 1))
 	hi := max(min(g.cap, maxNatural), lo)
 	return lo + int(mix(key)%uint64(hi-lo+1))
 }
@@ -105,7 +105,7 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 		for c := range g.n {
 			idx := p*g.n + c
 			sk := mix(key ^ (uint64(idx)+1)*0xD6E8FEB86659FD93)
-			t := outputLen(g, sk, r.cfg.OutputLenMax)
+			t := outputLen(g, sk, r.cfg.OutputLenMin, r.cfg.OutputLenMax)
 			req.seqs = append(req.seqs, &seq{req: req, choice: idx, prompt: pt, target: t, key: sk, atCap: t == g.cap, hashes: hashes})
 		}
 	}

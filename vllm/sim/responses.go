@@ -103,7 +103,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 	key := mix(mix(uint64(r.cfg.Seed)) ^ mix(uint64(r.cfg.ReplicaIndex)+0x9e37) ^ rk)
 	g := &genRequest{kind: kindChat, cap: capv, n: 1}
 	sk := mix(key ^ 0xD6E8FEB86659FD93)
-	t := outputLen(g, sk, r.cfg.OutputLenMax)
+	t := outputLen(g, sk, r.cfg.OutputLenMin, r.cfg.OutputLenMax)
 	req := newRequest(0, r.clk.Now())
 	req.seqs = []*seq{{req: req, prompt: prompt, target: t, key: sk, atCap: t == capv, hashes: r.messagesHashes(msgs)}}
 	if e := r.eng.submit(req); e != nil {
