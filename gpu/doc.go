@@ -34,6 +34,7 @@
 //
 //	operator drain                                 → draining
 //	≥ DownAfter failed scrapes or /health in a row → down
+//	  (not counting ReplicaMetrics.Excused ones)
 //	fatal XID, new uncorrected ECC, row remap
 //	  pending/failed, lost or missing GPU          → draining, latched for FatalHold
 //	thermal/HW-slowdown/power-brake throttling,

@@ -20,6 +20,10 @@ type ReplicaMetrics struct {
 	OK bool
 	// Reason says why it failed (logged; must not contain secrets).
 	Reason string
+	// Excused marks a failure that is no evidence against the replica (the
+	// same failed poll seen again, or a timeout while it kept completing
+	// requests): it does not count towards DownAfter.
+	Excused bool
 	// NumGPUBlocks and BlockSize come from vllm:cache_config_info.
 	NumGPUBlocks, BlockSize int64
 	// KVUsage is vllm:kv_cache_usage_perc (0–1).
@@ -480,8 +484,10 @@ func (m *Monitor) ObserveReplica(name string, obs ReplicaMetrics) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !obs.OK {
-		r.fails++
-		r.failReason = obs.Reason
+		if !obs.Excused {
+			r.fails++
+			r.failReason = obs.Reason
+		}
 		m.publishLocked(now)
 		return nil
 	}

@@ -34,6 +34,16 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 				obs.Reason = "replica /health failing"
 			}
 		}
+		prev := r.obs.Load()
+		if !obs.OK {
+			// Observe runs on its own ticker, so it can see one failed poll
+			// twice; and a poll that only timed out while the replica kept
+			// completing requests is a slow /metrics, not a dead replica:
+			// neither counts towards down_after.
+			obs.Excused = snap.CheckedAt.Equal(r.polledAt) ||
+				(snap.TimedOut && prev != nil && r.finished.Load() > prev.finishedAt)
+		}
+		r.polledAt = snap.CheckedAt
 		obs.NumGPUBlocks, obs.BlockSize = int64(m.NumGPUBlocks.V), int64(m.BlockSize.V)
 		obs.KVUsage = m.KVUsage.V
 		obs.Waiting, obs.Running = int64(m.Waiting.V), int64(m.Running.V)
@@ -50,7 +60,6 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		prev := r.obs.Load()
 		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, finishedAt: r.finished.Load()}
 		if prev != nil {
 			o.models, o.parents = prev.models, prev.parents

@@ -27,6 +27,9 @@ type replica struct {
 	obs         atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
+	// polledAt is the poll time of the last scrape Observe fed to the
+	// monitor; only Observe's goroutine touches it.
+	polledAt time.Time
 	// prefix is what Sluice recently sent here (affinity.go); guarded by
 	// replicaSet.mu.
 	prefix *prefixIndex

