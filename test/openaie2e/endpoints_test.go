@@ -25,6 +25,10 @@ func TestOpenAINodeEndpoints(t *testing.T) {
 	scfg := sim.DefaultConfig()
 	scfg.DecodeStep = 10 * time.Millisecond // slow enough to cancel mid-stream
 	scfg.OutputLenMax = 200
+	// The cancelled stream (cap 150) must outlast its third delta: a short
+	// answer ending as the client aborts left the SDK's read pending, which
+	// node's test runner reports as "Promise resolution is still pending".
+	scfg.OutputLenMin = 120
 	rep, repURL := startSim(t, scfg)
 	n := startNode(t, nodeConfig(t, repURL))
 
