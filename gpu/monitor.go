@@ -20,9 +20,9 @@ type ReplicaMetrics struct {
 	OK bool
 	// Reason says why it failed (logged; must not contain secrets).
 	Reason string
-	// Excused marks a failure that is no evidence against the replica (the
-	// same failed poll seen again, or a timeout while it kept completing
-	// requests): it does not count towards DownAfter.
+	// Excused marks a failure that is no evidence against the replica (a
+	// timeout while it kept completing requests): it does not count towards
+	// DownAfter.
 	Excused bool
 	// NumGPUBlocks and BlockSize come from vllm:cache_config_info.
 	NumGPUBlocks, BlockSize int64

@@ -24,9 +24,15 @@ type ModelLister interface {
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
 	for _, r := range s.reps.reps {
 		snap, ok := src.Get(r.name)
-		if !ok {
+		if !ok || snap.CheckedAt.Equal(r.polledAt) {
+			// No poll since the last Observe (it runs on its own ticker):
+			// one poll is one observation. Seen again, a failure would count
+			// twice towards down_after, a waiting queue twice towards the
+			// overcommit cut, and the scrape's completions baseline
+			// (finishedAt) would move past completions it does not show.
 			continue
 		}
+		r.polledAt = snap.CheckedAt
 		m := snap.Metrics
 		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
 		if !snap.Up || !snap.Healthy {
@@ -35,15 +41,10 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			}
 		}
 		prev := r.obs.Load()
-		if !obs.OK {
-			// Observe runs on its own ticker, so it can see one failed poll
-			// twice; and a poll that only timed out while the replica kept
-			// completing requests is a slow /metrics, not a dead replica:
-			// neither counts towards down_after.
-			obs.Excused = snap.CheckedAt.Equal(r.polledAt) ||
-				(snap.TimedOut && prev != nil && r.finished.Load() > prev.finishedAt)
-		}
-		r.polledAt = snap.CheckedAt
+		// A poll that only timed out while the replica kept completing
+		// requests is a slow /metrics, not a dead replica: it does not count
+		// towards down_after.
+		obs.Excused = !obs.OK && snap.TimedOut && prev != nil && r.finished.Load() > prev.finishedAt
 		obs.NumGPUBlocks, obs.BlockSize = int64(m.NumGPUBlocks.V), int64(m.BlockSize.V)
 		obs.KVUsage = m.KVUsage.V
 		obs.Waiting, obs.Running = int64(m.Waiting.V), int64(m.Running.V)
