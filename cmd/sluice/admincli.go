@@ -341,9 +341,15 @@ func runBudgetSet(ctx context.Context, e env, args []string) error {
 }
 
 func runBudgetList(ctx context.Context, e env, args []string) error {
-	fs := newFlags("budget list")
+	return runTenantList(ctx, e, args, "budget list", "budgets", "/admin/budgets", writeBudgets)
+}
+
+// runTenantList is a `… list [--tenant T]` command: GET path (filtered to
+// one tenant when asked), printed by write, or "no <what>".
+func runTenantList[T any](ctx context.Context, e env, args []string, cmd, what, path string, write func(io.Writer, []T) error) error {
+	fs := newFlags(cmd)
 	o := addAdminFlags(fs)
-	tenant := fs.String("tenant", "", "only this tenant's budgets")
+	tenant := fs.String("tenant", "", "only this tenant's "+what)
 	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
@@ -355,16 +361,16 @@ func runBudgetList(ctx context.Context, e env, args []string) error {
 	if *tenant != "" {
 		q = url.Values{"tenant": {*tenant}}
 	}
-	return c.call(ctx, e, o, http.MethodGet, "/admin/budgets", q, nil, func(w io.Writer, data []byte) error {
-		var rows []budgetRow
+	return c.call(ctx, e, o, http.MethodGet, path, q, nil, func(w io.Writer, data []byte) error {
+		var rows []T
 		if err := decodeInto(data, &rows); err != nil {
 			return err
 		}
 		if len(rows) == 0 {
-			_, err := fmt.Fprintln(w, "no budgets")
+			_, err := fmt.Fprintln(w, "no "+what)
 			return err
 		}
-		return writeBudgets(w, rows)
+		return write(w, rows)
 	})
 }
 

@@ -115,31 +115,7 @@ func runKeyCreate(ctx context.Context, e env, args []string) error {
 }
 
 func runKeyList(ctx context.Context, e env, args []string) error {
-	fs := newFlags("key list")
-	o := addAdminFlags(fs)
-	tenant := fs.String("tenant", "", "only this tenant's keys")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
-		return err
-	}
-	c, err := o.client()
-	if err != nil {
-		return err
-	}
-	var q url.Values
-	if *tenant != "" {
-		q = url.Values{"tenant": {*tenant}}
-	}
-	return c.call(ctx, e, o, http.MethodGet, "/admin/keys", q, nil, func(w io.Writer, data []byte) error {
-		var rows []keyRow
-		if err := decodeInto(data, &rows); err != nil {
-			return err
-		}
-		if len(rows) == 0 {
-			_, err := fmt.Fprintln(w, "no keys")
-			return err
-		}
-		return writeKeys(w, rows)
-	})
+	return runTenantList(ctx, e, args, "key list", "keys", "/admin/keys", writeKeys)
 }
 
 func runKeyRevoke(ctx context.Context, e env, args []string) error {
