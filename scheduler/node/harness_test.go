@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/promsum"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
@@ -231,46 +231,13 @@ func errorCodeOf(t *testing.T, body []byte) (code string, details map[string]any
 	return fmt.Sprint(e.Error.Code), e.Error.Details
 }
 
-// metricValue sums the samples of name whose labels include want.
+// metric sums the samples of name whose labels include want (histograms
+// count their observations).
 func (n *node) metric(t testing.TB, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := n.reg.Gather()
+	v, err := promsum.Sum(n.reg, name, want)
 	require.NoError(t, err)
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !labelsMatch(m, want) {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
-func labelsMatch(m *dto.Metric, want map[string]string) bool {
-	for k, v := range want {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k && lp.GetValue() == v {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return v
 }
 
 // eventually polls cond (state owned by other processes' goroutines)

@@ -17,10 +17,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/promsum"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/node"
 	"github.com/sluicehq/sluice/vllm/sim"
@@ -310,43 +310,9 @@ func startNode(t *testing.T, cfg *config.File) *sluiceNode {
 // count their observations).
 func (n *sluiceNode) metric(t *testing.T, name string, want map[string]string) float64 {
 	t.Helper()
-	mfs, err := n.reg.Gather()
+	v, err := promsum.Sum(n.reg, name, want)
 	require.NoError(t, err)
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !labelsMatch(m, want) {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
-func labelsMatch(m *dto.Metric, want map[string]string) bool {
-	for k, v := range want {
-		found := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k && lp.GetValue() == v {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return v
 }
 
 // eventually polls cond (state owned by the server's goroutines) until it
