@@ -105,6 +105,11 @@ func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission)
 		return c, nil, nil
 	}
 	body, err := s.drainStream(c)
+	if err == nil {
+		// Before the settlement: a retry that finds the record charged
+		// must find the response too.
+		s.rememberResponse(c, body)
+	}
 	s.finish(c, err)
 	if err != nil {
 		return c, nil, err
@@ -112,7 +117,6 @@ func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission)
 	if c.wf != nil {
 		c.wf.countToolCalls(toolCallsIn(body))
 	}
-	s.rememberResponse(c, body)
 	return c, body, nil
 }
 
@@ -294,7 +298,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 			continue
 		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return s.completed(c.ref.ID)
+			return s.completed(c.ctx, c.ref.ID)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
 		case ledger.IsStoreError(err):

@@ -94,12 +94,14 @@ func (e *Edge) other(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		return
 	}
 	body, err := s.readUnary(c, resp)
+	if err == nil {
+		s.rememberResponse(c, body) // before the settlement, as start does
+	}
 	s.finish(c, err)
 	if err != nil {
 		e.outcome(rc, c, err)
 		return
 	}
-	s.rememberResponse(c, body)
 	ts := t.series(s.m)
 	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 	ts.requestsOK.Inc()

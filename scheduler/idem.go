@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"container/list"
+	"context"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"sync"
@@ -23,8 +25,10 @@ import (
 //     generation is tried, so a retry after a first attempt that never ran
 //     may run (at most maxIdemGenerations attempts per key);
 //   - a record that was charged: the original response when this instance
-//     still has it (a non-streamed 200, kept in idemCache), else 409 with
-//     details.state "completed".
+//     or the fleet's response store still has it (a non-streamed 200, kept
+//     in idemCache and Deps.Responses before the call settles, so a retry
+//     that sees the record charged finds it), else 409 with details.state
+//     "completed".
 //
 // While the ledger cannot answer, a keyed request is 503: it is never
 // admitted on an outage allowance (outage.go), since only the ledger knows
@@ -87,7 +91,8 @@ func (c *cachedResponse) Error() string { return "idempotent replay of a complet
 
 // Response retention: per instance, least recently used out first, within
 // a byte budget and the ledger's tombstone retention (after which the
-// ledger forgets the id and the key may run again anyway).
+// ledger forgets the id and the key may run again anyway); the fleet's
+// store keeps each for the same TTL.
 const (
 	idemCacheBytes    = 32 << 20
 	idemMaxEntryBytes = 1 << 20
@@ -150,19 +155,53 @@ func (c *idemCache) remove(el *list.Element) {
 	c.bytes -= len(e.body)
 }
 
+// ResponseStore keeps response bodies for a fleet, each for a TTL
+// (statestore.RedisBlobs).
+type ResponseStore interface {
+	Put(ctx context.Context, name string, data []byte, ttl time.Duration) error
+	Get(ctx context.Context, name string) ([]byte, bool, error)
+}
+
+// responseStoreTimeout bounds one round trip to the response store; the
+// store is an optimisation over 409 completed, never a reason to fail.
+const responseStoreTimeout = time.Second
+
+func responseName(id ledger.RequestID) string { return "idem:" + hex.EncodeToString(id[:]) }
+
 // completed answers a retry of a completed id: its original response when
-// kept, else 409 completed.
-func (s *Server) completed(id ledger.RequestID) error {
+// kept here or in the fleet's store, else 409 completed.
+func (s *Server) completed(ctx context.Context, id ledger.RequestID) error {
 	if body, ok := s.idem.get(id, s.now()); ok {
 		return &cachedResponse{body: body}
+	}
+	if s.responses != nil {
+		gctx, cancel := context.WithTimeout(ctx, responseStoreTimeout)
+		body, ok, err := s.responses.Get(gctx, responseName(id))
+		cancel()
+		if err != nil {
+			s.log.Warn("idempotent response store unreadable; answering 409 completed", "err", err)
+		}
+		if ok {
+			s.idem.put(id, body, s.now())
+			return &cachedResponse{body: body}
+		}
 	}
 	return errIdemCompleted
 }
 
-// rememberResponse keeps a completed non-streamed idempotent call's body.
+// rememberResponse keeps a completed non-streamed idempotent call's body,
+// here and in the fleet's store. Callers run it before the call settles.
 func (s *Server) rememberResponse(c *call, body []byte) {
-	if c.idemKey != "" {
-		s.idem.put(c.ref.ID, body, s.now())
+	if c.idemKey == "" || len(body) > idemMaxEntryBytes {
+		return
+	}
+	s.idem.put(c.ref.ID, body, s.now())
+	if s.responses != nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), responseStoreTimeout)
+		defer cancel()
+		if err := s.responses.Put(pctx, responseName(c.ref.ID), body, idemCacheTTL); err != nil {
+			s.log.Warn("idempotent response not shared with the fleet; a retry elsewhere gets 409 completed", "err", err)
+		}
 	}
 }
 

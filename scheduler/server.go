@@ -71,6 +71,11 @@ type Deps struct {
 	// Keys is the shared store of API keys created at run time. Optional;
 	// nil keeps them in memory (lost on restart, seen by this instance only).
 	Keys statestore.Store
+	// Responses shares the bodies of completed idempotent responses across
+	// a fleet (statestore.RedisBlobs in the Redis layout), so that a retry
+	// landing on another instance gets the original response. Optional;
+	// nil keeps them per instance.
+	Responses ResponseStore
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -101,12 +106,14 @@ type Server struct {
 	runtimes map[string]*tenantRuntime
 	admin    adminState
 	keys     statestore.Store
-	rtKeys   atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
-	keysMu   sync.Mutex               // orders applyKeys
-	adminRev uint64                   // revision of admin in state (0: none yet)
-	state    statestore.Store         // shared admin state; nil: this instance's own
-	wfs      workflows
-	abuse    *abuse.Detector
+	// responses is the fleet-shared idempotent response store; nil: none.
+	responses ResponseStore
+	rtKeys    atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu    sync.Mutex               // orders applyKeys
+	adminRev  uint64                   // revision of admin in state (0: none yet)
+	state     statestore.Store         // shared admin state; nil: this instance's own
+	wfs       workflows
+	abuse     *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
 
@@ -169,6 +176,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
 		keys:       deps.Keys,
+		responses:  deps.Responses,
 	}
 	if s.keys == nil {
 		s.keys = statestore.NewMemory()

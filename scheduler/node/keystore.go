@@ -13,9 +13,11 @@ import (
 // openStateStore returns the store of fleet-shared state (the run-time API
 // keys): Redis, with its own client, when the ledger is in Redis; files in
 // the journal's directory with the embedded ledger and a journal; memory
-// otherwise (nothing else survives a restart then either). The returned
-// close func releases what it opened.
-func openStateStore(cfg *config.File) (statestore.Store, func() error, error) {
+// otherwise (nothing else survives a restart then either). In the Redis
+// layout it also returns the fleet's idempotent response store on the same
+// client (nil otherwise: one instance keeps its own). The returned close
+// func releases what it opened.
+func openStateStore(cfg *config.File) (statestore.Store, *statestore.RedisBlobs, func() error, error) {
 	switch {
 	case cfg.Ledger.Backend == "redis":
 		r := cfg.Ledger.Redis
@@ -25,14 +27,14 @@ func openStateStore(cfg *config.File) (statestore.Store, func() error, error) {
 			opts.Password = os.Getenv(r.PasswordEnv)
 		}
 		c := redis.NewUniversalClient(opts)
-		return statestore.NewRedis(c, r.KeyPrefix), c.Close, nil
+		return statestore.NewRedis(c, r.KeyPrefix), statestore.NewRedisBlobs(c, r.KeyPrefix), c.Close, nil
 	case cfg.Ledger.Journal != "":
 		f, err := statestore.OpenFile(filepath.Dir(cfg.Ledger.Journal))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return f, func() error { return nil }, nil
+		return f, nil, func() error { return nil }, nil
 	default:
-		return statestore.NewMemory(), func() error { return nil }, nil
+		return statestore.NewMemory(), nil, func() error { return nil }, nil
 	}
 }

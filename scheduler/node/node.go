@@ -109,7 +109,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		return err
 	}
 
-	state, closeState, err := openStateStore(cfg)
+	state, responses, closeState, err := openStateStore(cfg)
 	if err != nil {
 		return fmt.Errorf("state store: %w", err)
 	}
@@ -121,6 +121,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 
 	var trail *audit.Log
 	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
+	if responses != nil {
+		deps.Responses = responses
+	}
 	if cfg.Audit.Path != "" {
 		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)

@@ -97,3 +97,34 @@ func TestLedgerDown503(t *testing.T) {
 	assert.Equal(t, int64(1), rep.Stats().Received, "nothing may reach the replica while the ledger is down")
 	assert.Positive(t, n.metric(t, "sluice_ledger_errors_total", map[string]string{"kind": "unavailable"}))
 }
+
+// TestIdempotentReplayOnAnotherInstance: a keyed non-streamed request
+// completed on instance A is retried on instance B (a load balancer's
+// choice): B answers A's original response from the fleet's response
+// store, marked Idempotent-Replayed, without running it again or charging
+// twice; a key never seen still runs on B.
+func TestIdempotentReplayOnAnotherInstance(t *testing.T) {
+	rds := startRedis(t)
+	rep := startSim(t, sim.DefaultConfig())
+	extra := "    budgets: [{dimension: tokens, limit: 1000000, window: 1h}]\n"
+	a := startNode(t, nodeConfig(t, []*simReplica{rep}, extra, redisTop(rds)))
+	b := startNode(t, nodeConfig(t, []*simReplica{rep}, extra, redisTop(rds)))
+	body := `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8,9,10],"max_tokens":5,"ignore_eos":true}`
+
+	first := a.call(t, "/v1/completions", keyAcme, body, "Idempotency-Key", "retry-me")
+	require.Equal(t, 200, first.StatusCode, string(first.Body))
+	again := b.call(t, "/v1/completions", keyAcme, body, "Idempotency-Key", "retry-me")
+	require.Equal(t, 200, again.StatusCode, string(again.Body))
+	assert.Equal(t, string(first.Body), string(again.Body), "the original response, not a new one")
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(1), rep.Stats().Received, "ran once")
+
+	other := b.call(t, "/v1/completions", keyAcme, body, "Idempotency-Key", "new-key")
+	require.Equal(t, 200, other.StatusCode, string(other.Body))
+	assert.Empty(t, other.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(2), rep.Stats().Received)
+	eventually(t, "two charges of 15 tokens", func() bool {
+		return b.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "tokens"}) == 2*15 &&
+			b.metric(t, "sluice_ledger_reserved", map[string]string{"tenant": "acme", "dimension": "tokens"}) == 0
+	})
+}

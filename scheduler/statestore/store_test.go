@@ -256,3 +256,31 @@ func startRedis(t *testing.T) string {
 	}
 	return addr
 }
+
+// TestRedisBlobs: a blob put by one client is read by another, expires
+// with its TTL, and a missing one is not an error.
+func TestRedisBlobs(t *testing.T) {
+	addr := startRedis(t)
+	mk := func() *statestore.RedisBlobs {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		return statestore.NewRedisBlobs(c, "test")
+	}
+	a, b := mk(), mk()
+	ctx := t.Context()
+	_, ok, err := b.Get(ctx, "x")
+	require.NoError(t, err)
+	assert.False(t, ok)
+	require.NoError(t, a.Put(ctx, "x", []byte(`{"id":"1"}`), time.Hour))
+	got, ok, err := b.Get(ctx, "x")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, `{"id":"1"}`, string(got))
+	raw := redis.NewClient(&redis.Options{Addr: addr})
+	defer raw.Close()
+	ttl, err := raw.PTTL(ctx, "test:{blob:x}").Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, 59*time.Minute, "stored with its TTL")
+	require.NoError(t, raw.PExpire(ctx, "test:{blob:x}", time.Millisecond).Err())
+	require.Eventually(t, func() bool { _, ok, _ := b.Get(ctx, "x"); return !ok }, 5*time.Second, 5*time.Millisecond, "expired")
+}
