@@ -114,13 +114,16 @@
 // The queue orders; the scheduler's predicate (scheduler/dispatch.go) only
 // gates. There is no per-tenant cap by default (`concurrency` unset), so:
 //
-//   - A tenant alone, or tenants whose averaged demand fits the fleet
-//     together, are never held back: whenever a replica has room the pick
-//     is dispatched (the peak concurrency and throughput of direct vLLM).
+//   - Shares are per pool (the replicas serving a model): a tenant competes
+//     only with the tenants whose requests can use the same replicas.
+//   - A tenant alone on its pool, or tenants whose averaged demand fits the
+//     pool together, are never held back: whenever a replica has room the
+//     pick is dispatched (the peak concurrency and throughput of direct
+//     vLLM), whatever other pools carry.
 //   - Under contention a tenant whose averaged demand exceeds 3× its max-min
-//     fair share is heavy and may not start work inside the reserve kept for
-//     the light tenants' recent demand peaks; it keeps at least a quarter of
-//     its share.
+//     fair share of the pool is heavy and may not start work inside the
+//     reserve kept for the pool's light tenants' recent demand peaks; it
+//     keeps at least a quarter of its share.
 //
 // Bound: a request of a light tenant whose tenants' demand stays within
 // their recent peaks finds room at once; otherwise it waits at most until

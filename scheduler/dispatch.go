@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -15,14 +14,18 @@ import (
 // conservation").
 //
 // The queue decides which request goes next (bands, then weighted virtual
-// counters); this gate decides only whether it may start now:
+// counters); this gate decides only whether it may start now. Everything
+// below is per pool (pools.go: the replicas serving the request's model):
+// a tenant's demand, the level, the reserve and the room are its pool's,
+// so tenants compete only for replicas they can both use.
 //
-//   - Each tenant's demand (in flight + queued, as a fraction of the fleet's
-//     sequences or tokens) is averaged with time constant shareWindow; the
-//     max-min fair level λ of those averages (Σ min(avg_i, w_i·λ) = 1) says
-//     what each tenant may claim. While the averages fit the fleet nobody
-//     is heavy and every request may use any room: a lone tenant, or
-//     tenants that together do not fill the fleet, get all of it.
+//   - Each tenant's demand on the pool (in flight + queued, as a fraction
+//     of the pool's sequences or tokens) is averaged with time constant
+//     shareWindow; the max-min fair level λ of those averages
+//     (Σ min(avg_i, w_i·λ) = 1) says what each tenant may claim. While the
+//     averages fit the pool nobody is heavy and every request may use any
+//     room: a lone tenant, or tenants that together do not fill the pool,
+//     get all of it.
 //   - A tenant averaging more than lightMargin × its claim is heavy. It may
 //     start work only outside the reserve: the light tenants' demand peaks
 //     over the last peakWindow (plus one Poisson standard deviation) minus
@@ -31,10 +34,13 @@ import (
 //   - An idle tenant's peak ages out within peakWindow, so its share is lent;
 //     when it returns its new demand enters the reserve at once, heavy
 //     tenants stop starting work, and the next completions go to it.
+//   - A full pool parks a tenant above its share when another pool has room
+//     (the queue goes on to that pool's requests), and blocks the queue
+//     for one within its share (full).
 //
 // Per-tenant `concurrency` is an operator limit on top, never needed for
 // isolation. Shares are tested in dispatch_test.go (a discrete-event run of
-// the real queue and gate).
+// the real queue and gate, one or two pools).
 
 // shareWindow is the time constant of the averaged demand that classifies
 // tenants. It must be long against one request's service time (a flood
@@ -101,8 +107,8 @@ func (s *Server) dispatchLoop(ctx context.Context) {
 
 // admissible is the queue's dispatch predicate (queue mutex held): the
 // tenant must be under its operator caps (concurrency, inflight_tokens),
-// a heavy tenant must leave the light tenants' reserve free, and a replica
-// must have room, which it reserves.
+// a heavy tenant must leave its pool's light tenants' reserve free, and a
+// replica of the pool must have room, which it reserves.
 func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
@@ -115,52 +121,76 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	light, reserve := s.belowFairShare(c, v)
-	if !light && !s.reps.fleet().fitsBeyond(c.size, reserve) {
-		if s.reps.fits(c.route, c.size, true) {
+	f := s.reps.fleetOf(c.pool)
+	s.pools.mu.Lock()
+	defer s.pools.mu.Unlock()
+	light, reserve := s.belowFairShare(c, f)
+	if !light && !f.fitsBeyond(c.size, reserve) {
+		if s.reps.fits(c.route, c.size) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
 		}
-		return queue.Block
+		return s.full(c, true)
 	}
-	rep := s.reps.choose(c.route, c.size, true, nil)
+	rep := s.reps.choose(c.route, c.size, nil)
 	if rep == nil {
-		return queue.Block
+		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.name, float64(t.cfg.Weight)))
 	}
 	c.rep = rep
+	s.pools.moveLocked(c, spotHeld)
 	return queue.Dispatch
 }
 
-// belowFairShare classifies the call's tenant (light: its averaged demand
-// is within its weighted split) and returns the fraction of the fleet
-// reserved for the light tenants, which a heavy tenant must leave free.
-func (s *Server) belowFairShare(c *call, v queue.View[*call]) (light bool, reserve float64) {
-	pol := s.pol.Load()
-	f := s.reps.fleet()
-	nowN := s.now().UnixNano()
-	if t := pol.tenants[c.t.name]; t != nil && s.gate.fresh(nowN, t.name) {
-		return s.gate.decideFresh(tenantLoad{name: t.name, weight: float64(t.cfg.Weight),
-			held: t.rt.inflight.Load() + int64(v.Pending(t.name)), tokens: t.rt.inflightTokens.Load()}, f)
+// full is the verdict when c's pool has no room (pools.mu held). A tenant
+// asking more than its max-min share of the pool (above) is parked when
+// another pool has room, so the queue goes on to requests for that pool;
+// it competes again at its pool's next completion. One within its share
+// blocks the queue until the next completion instead (a short wait: it is
+// not backlogged on average): parking would lift its counter to the band
+// minimum, and that credit is what makes it the next pick.
+func (s *Server) full(c *call, above bool) queue.Verdict {
+	if !above || !s.reps.roomOutside(c.pool, 1) {
+		return queue.Block
 	}
-	loads := s.gate.loads[:0]
+	s.pools.parkFull(c.pool, c.t.name)
+	return queue.Park
+}
+
+// belowFairShare classifies the call's tenant on its pool (light: its
+// averaged demand there is within its weighted split) and returns the
+// fraction of the pool reserved for the pool's light tenants, which a
+// heavy tenant must leave free. f is the pool's load; pools.mu is held.
+func (s *Server) belowFairShare(c *call, f fleetLoad) (light bool, reserve float64) {
+	pol := s.pol.Load()
+	pl := s.pools.getLocked(c.pool)
+	g := &pl.gate
+	nowN := s.now().UnixNano()
+	if t := pol.tenants[c.t.name]; t != nil && g.fresh(nowN, t.name) {
+		return g.decideFresh(pl.load(t.name, float64(t.cfg.Weight)), f)
+	}
+	loads := g.loads[:0]
 	cand := -1
 	for _, t := range pol.order {
 		if t.name == c.t.name {
 			cand = len(loads)
 		}
-		loads = append(loads, tenantLoad{
-			name: t.name, weight: float64(t.cfg.Weight),
-			held:   t.rt.inflight.Load() + int64(v.Pending(t.name)),
-			queued: int64(v.Queued(t.name)),
-			tokens: t.rt.inflightTokens.Load(),
-		})
+		loads = append(loads, pl.load(t.name, float64(t.cfg.Weight)))
 	}
-	s.gate.loads = loads
+	g.loads = loads
 	if cand < 0 {
 		return true, 0 // removed by a reload: its queued work drains freely
 	}
-	return s.gate.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+	return g.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+}
+
+// load is tenant's load on the pool as the gate sees it.
+func (pl *pool) load(tenant string, weight float64) tenantLoad {
+	l := tenantLoad{name: tenant, weight: weight}
+	if pt := pl.tenants[tenant]; pt != nil {
+		l.held, l.queued, l.tokens = pt.held, pt.queued, pt.tokens
+	}
+	return l
 }
 
 // tenantLoad is one tenant's load as the gate sees it.
@@ -172,28 +202,10 @@ type tenantLoad struct {
 	tokens int64 // in-flight tokens (input + allowed output)
 }
 
-// fleetLoad is the summed room of the replicas that take work.
+// fleetLoad is the summed room of a pool's replicas that take work.
 type fleetLoad struct {
 	seqs, seqsCap     int64
 	tokens, tokensCap int64
-}
-
-// fleet sums the load and capacity of the replicas that can take work.
-func (s *replicaSet) fleet() fleetLoad {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var f fleetLoad
-	for _, r := range s.reps {
-		k, load, seqs, st := s.roomOf(r)
-		if st >= gpu.StateDraining || k <= 0 {
-			continue
-		}
-		f.seqs += seqs
-		f.seqsCap += r.maxSeqs
-		f.tokens += load
-		f.tokensCap += k
-	}
-	return f
 }
 
 // fitsBeyond reports whether one more request of size tokens fits the fleet
@@ -357,6 +369,13 @@ func (g *shareGate) decideFresh(l tenantLoad, f fleetLoad) (light bool, reserve 
 	m := g.mem[l.name]
 	held := max(float64(l.held)/float64(max(f.seqsCap, 1)), float64(l.tokens)/float64(max(f.tokensCap, 1)))
 	return g.decide(m.avg, max(l.weight, 1e-9), held)
+}
+
+// withinShare reports whether tenant's averaged demand is within its
+// max-min fair share at the last assessment.
+func (g *shareGate) withinShare(tenant string, weight float64) bool {
+	m := g.mem[tenant]
+	return m == nil || !g.snap.ok || m.avg <= max(weight, 1e-9)*g.snap.level
 }
 
 func (g *shareGate) decide(avg, weight, held float64) (light bool, reserve float64) {

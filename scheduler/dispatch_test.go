@@ -37,6 +37,7 @@ type desTenant struct {
 	rate   float64 // arrivals per second (Poisson)
 	from   time.Duration
 	until  time.Duration // 0: the whole run
+	pool   int           // index into desRun.pools
 
 	rng     *rand.Rand
 	held    int64
@@ -81,12 +82,20 @@ type desRun struct {
 	// noGate dispatches whenever a slot is free (the work-conserving
 	// baseline: what vLLM alone would run).
 	noGate bool
+	// pools are the slots of each pool (model); nil: one pool of slots.
+	// A tenant's requests go to its pool. fleetWide runs the gate as it
+	// was before pools (one share computation and reserve over the fleet,
+	// Block whenever the pick's pool is full), for comparison.
+	pools     []int64
+	fleetWide bool
 
 	// observe, when set, sees the clock after every event's dispatch round.
 	observe func(now time.Duration)
 
 	busy     time.Duration // slot-time used in the measured span
 	peakBusy int64
+	poolBusy []time.Duration // busy per pool
+	poolPeak []int64
 }
 
 type desReq struct {
@@ -122,41 +131,89 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	for _, tn := range tenants {
 		push(desEvent{at: tn.from + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 	}
-	g := shareGate{window: r.tau, peakWindow: r.peakW, heavyFloor: r.floor, k: r.k}
+	if r.pools == nil {
+		r.pools = []int64{r.slots}
+	}
+	r.slots = 0
+	for _, n := range r.pools {
+		r.slots += n
+	}
+	np := len(r.pools)
+	gates := make([]shareGate, np)
+	for i := range gates {
+		gates[i] = shareGate{window: r.tau, peakWindow: r.peakW, heavyFloor: r.floor, k: r.k}
+	}
+	r.poolBusy, r.poolPeak = make([]time.Duration, np), make([]int64, np)
+	pooled := make([]int64, np)
+	parkedFull := make([][]string, np)
 	var running int64
 	byName := map[string]*desTenant{}
 	for _, tn := range tenants {
 		byName[tn.name] = tn
 	}
-	loads := make([]tenantLoad, len(tenants))
+	loads := make([]tenantLoad, 0, len(tenants))
 	var now, lastBusy time.Duration
 	account := func(to time.Duration) {
 		from := max(lastBusy, r.warmup)
+		span := time.Duration(0)
 		if to > from && to <= r.duration {
-			r.busy += time.Duration(running) * (to - from)
+			span = to - from
 		} else if to > r.duration && r.duration > from {
-			r.busy += time.Duration(running) * (r.duration - from)
+			span = r.duration - from
+		}
+		r.busy += time.Duration(running) * span
+		for i := range pooled {
+			r.poolBusy[i] += time.Duration(pooled[i]) * span
 		}
 		lastBusy = to
 	}
 	pred := func(it queue.Item[desReq], v queue.View[desReq]) queue.Verdict {
-		if running >= r.slots {
+		pl := it.Payload.t.pool
+		// full mirrors Server.full: park a heavy tenant whose pool is full
+		// while another pool has room (its pool's next completion unparks
+		// it); anything else blocks until a completion.
+		full := func(heavy bool) queue.Verdict {
+			for i := range pooled {
+				if heavy && !r.fleetWide && i != pl && pooled[i] < r.pools[i] {
+					if !slices.Contains(parkedFull[pl], it.Tenant) {
+						parkedFull[pl] = append(parkedFull[pl], it.Tenant)
+					}
+					return queue.Park
+				}
+			}
 			return queue.Block
 		}
 		if r.noGate {
+			if pooled[pl] >= r.pools[pl] {
+				return full(false)
+			}
 			return queue.Dispatch
 		}
-		cand := 0
-		for i, tn := range tenants {
-			if tn.name == it.Tenant {
-				cand = i
+		cand := -1
+		loads = loads[:0]
+		for _, tn := range tenants {
+			if tn.pool != pl && !r.fleetWide {
+				continue
 			}
-			loads[i] = tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name))}
+			if tn.name == it.Tenant {
+				cand = len(loads)
+			}
+			loads = append(loads, tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name))})
 		}
-		f := fleetLoad{seqs: running, seqsCap: r.slots, tokens: 0, tokensCap: 1 << 40}
+		f := fleetLoad{seqs: pooled[pl], seqsCap: r.pools[pl], tokens: 0, tokensCap: 1 << 40}
+		g := &gates[pl]
+		if r.fleetWide {
+			f.seqs, f.seqsCap, g = running, r.slots, &gates[0]
+		}
 		light, reserve := g.assess(clk.Now().UnixNano(), loads, cand, f, r.headroom)
 		if !light && !f.fitsBeyond(1, reserve) {
-			return queue.Park
+			if pooled[pl] < r.pools[pl] {
+				return queue.Park // room, but the light tenants need it
+			}
+			return full(true)
+		}
+		if pooled[pl] >= r.pools[pl] {
+			return full(!g.withinShare(it.Tenant, it.Payload.t.weight))
 		}
 		return queue.Dispatch
 	}
@@ -170,9 +227,11 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			tn := it.Payload.t
 			account(now)
 			running++
+			pooled[tn.pool]++
 			tn.held++
 			tn.peak = max(tn.peak, tn.held)
 			r.peakBusy = max(r.peakBusy, running)
+			r.poolPeak[tn.pool] = max(r.poolPeak[tn.pool], pooled[tn.pool])
 			if it.Payload.arrival >= r.warmup && it.Payload.arrival < r.duration {
 				tn.waits = append(tn.waits, now-it.Payload.arrival)
 			}
@@ -204,11 +263,16 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 		case 1:
 			account(now)
 			running--
+			pooled[e.t.pool]--
 			e.t.held--
 			if now >= r.warmup && now < r.duration {
 				e.t.served++
 			}
 			q.Unpark(e.t.name)
+			for _, n := range parkedFull[e.t.pool] {
+				q.Unpark(n)
+			}
+			parkedFull[e.t.pool] = parkedFull[e.t.pool][:0]
 		case 2:
 			if e.at == nextTick {
 				nextTick = -1
@@ -241,6 +305,10 @@ func pct(ds []time.Duration, p float64) time.Duration {
 
 func (r *desRun) utilization() float64 {
 	return float64(r.busy) / float64(time.Duration(r.slots)*(r.duration-r.warmup))
+}
+
+func (r *desRun) poolUtilization(i int) float64 {
+	return float64(r.poolBusy[i]) / float64(time.Duration(r.pools[i])*(r.duration-r.warmup))
 }
 
 func (tn *desTenant) String() string {
@@ -385,6 +453,96 @@ func TestGateLendsAndReclaims(t *testing.T) {
 	assert.Equal(t, int64(32), after, "lent again once their peaks age out")
 }
 
+// TestGatePerPool: two pools (models A and B) of 32 slots each; shares
+// and reserves are per pool.
+//
+//   - A flood on A beside A's three victims, B idle: the victims get what
+//     they get on a pool of their own (median wait 0, p99 within 300 ms of
+//     alone, none lost, none waits a service time), and the flood holds A
+//     to its floor and no further. The fleet-wide gate counts B's free
+//     slots as the victims' reserve, so the flood fills A and the victims
+//     wait (logged and asserted worse, so this test can fail).
+//   - A flood at 4× alone on A, B's victims near B's capacity: the flood
+//     gets all of A (utilization within 2 points of ungated) and B's
+//     victims wait as they do alone (p99 within 100 ms); the fleet-wide
+//     gate held the flood back to leave B's victims a reserve on A.
+func TestGatePerPool(t *testing.T) {
+	mk := func(fleetWide bool, victimPool int) (*desRun, []*desTenant, *desTenant) {
+		r := presetRun(7)
+		r.pools, r.fleetWide = []int64{32, 32}, fleetWide
+		vs := victims()
+		for _, v := range vs {
+			v.pool = victimPool
+		}
+		flood := &desTenant{name: "flood", weight: 1, rate: 25}
+		r.run(t, append(vs, flood))
+		return r, vs, flood
+	}
+	alone := presetRun(7)
+	va := victims()
+	alone.run(t, va)
+
+	// Victims beside the flood on A.
+	r, vs, flood := mk(false, 0)
+	rw, vw, _ := mk(true, 0)
+	var worstPer, worstWide time.Duration
+	for i := range vs {
+		t.Logf("per-pool   %v", vs[i])
+		t.Logf("fleet-wide %v", vw[i])
+		assert.Zero(t, vs[i].expired+vs[i].full, vs[i].name)
+		assert.Zero(t, pct(vs[i].waits, 0.5), vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 0.99), pct(va[i].waits, 0.99)+300*time.Millisecond, vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 1), 3200*time.Millisecond, vs[i].name)
+		worstPer = max(worstPer, pct(vs[i].waits, 0.99))
+		worstWide = max(worstWide, pct(vw[i].waits, 0.99))
+	}
+	t.Logf("flood on A %v; A utilization %.3f (fleet-wide %.3f); victims' worst p99 wait %v (fleet-wide %v)",
+		flood, r.poolUtilization(0), rw.poolUtilization(0), worstPer, worstWide)
+	assert.Greater(t, worstWide, worstPer+time.Second, "the fleet-wide gate lent B's slots as A's reserve")
+	assert.Greater(t, flood.served, int64(0), "squeezed, not starved")
+	assert.Zero(t, r.poolPeak[1], "nothing runs on B")
+
+	// B's victims near B's capacity (3 × 3.3 rps of 12.5), a flood at 4×
+	// A's capacity alone on A.
+	busyB := func(r *desRun) ([]*desTenant, *desTenant) {
+		vs := victims()
+		for _, v := range vs {
+			v.pool, v.rate = 1, 3.3
+		}
+		flood := &desTenant{name: "flood", weight: 1, rate: 50}
+		r.pools = []int64{32, 32}
+		r.run(t, append(vs, flood))
+		return vs, flood
+	}
+	r = presetRun(7)
+	vs, flood = busyB(r)
+	rw = presetRun(7)
+	rw.fleetWide = true
+	_, floodW := busyB(rw)
+	base := presetRun(7) // the flood on a pool of its own, ungated
+	base.noGate = true
+	floodB := &desTenant{name: "flood", weight: 1, rate: 50}
+	base.run(t, []*desTenant{floodB})
+	aloneB := presetRun(7)
+	vb := victims()
+	for _, v := range vb {
+		v.rate = 3.3
+	}
+	aloneB.run(t, vb)
+	t.Logf("flood alone on A: served %d (fleet-wide %d, ungated %d), A utilization %.3f (fleet-wide %.3f, ungated %.3f), peak %d (fleet-wide %d)",
+		flood.served, floodW.served, floodB.served, r.poolUtilization(0), rw.poolUtilization(0), base.utilization(), r.poolPeak[0], rw.poolPeak[0])
+	assert.Equal(t, int64(32), r.poolPeak[0])
+	assert.InDelta(t, base.utilization(), r.poolUtilization(0), 0.02, "the flood is alone on A: all of A")
+	assert.InEpsilon(t, floodB.served, flood.served, 0.02)
+	assert.Less(t, rw.poolUtilization(0), r.poolUtilization(0)-0.05, "the fleet-wide gate held the flood back for B's victims")
+	for i := range vs {
+		t.Logf("B %v (alone %v)", vs[i], vb[i])
+		assert.InDelta(t, vb[i].served, vs[i].served, 1, "B's victims are alone on B")
+		assert.Equal(t, vb[i].expired+vb[i].full, vs[i].expired+vs[i].full, vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 0.99), pct(vb[i].waits, 0.99)+100*time.Millisecond, vs[i].name)
+	}
+}
+
 func TestWaterLevel(t *testing.T) {
 	var g shareGate
 	cls := func(ws []float64, avgs ...float64) []gateCls {
@@ -458,19 +616,19 @@ func TestRoomBetweenScrapes(t *testing.T) {
 	r := &replica{name: "r", maxSeqs: 4}
 	set := &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}
 	for range 4 {
-		require.NotNil(t, set.choose(route{}, 10, true, nil))
+		require.NotNil(t, set.choose(route{}, 10, nil))
 	}
 	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load()})
-	assert.False(t, set.fits(route{}, 10, true), "full")
+	assert.False(t, set.fits(route{}, 10), "full")
 
 	set.release(r, 10) // aborted: vLLM may still run it
-	assert.False(t, set.fits(route{}, 10, true), "an abort frees nothing until a scrape shows it")
+	assert.False(t, set.fits(route{}, 10), "an abort frees nothing until a scrape shows it")
 
 	set.release(r, 10) // completed normally
 	r.finished.Add(1)
-	assert.True(t, set.fits(route{}, 10, true), "a completion frees its slot before the next scrape")
-	assert.Equal(t, int64(3), set.fleet().seqs, "4 scraped - 1 completed; the aborted one still counts")
+	assert.True(t, set.fits(route{}, 10), "a completion frees its slot before the next scrape")
+	assert.Equal(t, int64(3), set.fleetOf(set.poolKeyOf("")).seqs, "4 scraped - 1 completed; the aborted one still counts")
 
 	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
-	assert.Equal(t, int64(2), set.fleet().seqs, "the next scrape shows the abort honoured")
+	assert.Equal(t, int64(2), set.fleetOf(set.poolKeyOf("")).seqs, "the next scrape shows the abort honoured")
 }
