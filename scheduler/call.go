@@ -31,9 +31,10 @@ type call struct {
 	key      *apiKey // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
-	route    route   // model (pool) and prefix for the replica choice
-	pool     poolKey // the pool its share is counted in (fixed at admission)
-	spot     spot    // where it counts in the pool's load; guarded by Server.pools.mu
+	route    route     // model (pool) and prefix for the replica choice
+	pool     poolKey   // the pool its share is counted in (fixed at admission)
+	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none

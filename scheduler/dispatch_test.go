@@ -46,6 +46,9 @@ type desTenant struct {
 	expired int
 	full    int
 	peak    int64
+	// Cumulative, as the gate reads them (tenantLoad).
+	arrived, done int64
+	doneSec       float64
 }
 
 type desEvent struct {
@@ -53,6 +56,7 @@ type desEvent struct {
 	kind int // 0 arrival, 1 completion, 2 tick
 	t    *desTenant
 	seq  int
+	svc  time.Duration // of a completion
 }
 
 type desHeap []desEvent
@@ -78,7 +82,11 @@ type desRun struct {
 	headroom   float64
 	seed       uint64
 	tau, peakW time.Duration // 0: the gate's defaults
-	floor, k   float64
+	k          float64
+	noFloor    bool // no one-request floor for heavy tenants
+	noBacklog  bool // no reserve for light tenants with a backlog
+	noSticky   bool // no heavy hysteresis; idle light tenants' peaks unreserved
+	noForecast bool // reserve from the light tenants' peaks alone
 	// noGate dispatches whenever a slot is free (the work-conserving
 	// baseline: what vLLM alone would run).
 	noGate bool
@@ -141,7 +149,7 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	np := len(r.pools)
 	gates := make([]shareGate, np)
 	for i := range gates {
-		gates[i] = shareGate{window: r.tau, peakWindow: r.peakW, heavyFloor: r.floor, k: r.k}
+		gates[i] = shareGate{window: r.tau, peakWindow: r.peakW, noFloor: r.noFloor, noBacklog: r.noBacklog, noSticky: r.noSticky, noForecast: r.noForecast, k: r.k}
 	}
 	r.poolBusy, r.poolPeak = make([]time.Duration, np), make([]int64, np)
 	pooled := make([]int64, np)
@@ -198,7 +206,8 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			if tn.name == it.Tenant {
 				cand = len(loads)
 			}
-			loads = append(loads, tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name))})
+			loads = append(loads, tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name)),
+				arrived: tn.arrived, served: tn.done, servedSec: tn.doneSec})
 		}
 		f := fleetLoad{seqs: pooled[pl], seqsCap: r.pools[pl], tokens: 0, tokensCap: 1 << 40}
 		g := &gates[pl]
@@ -236,7 +245,7 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 				tn.waits = append(tn.waits, now-it.Payload.arrival)
 			}
 			svc := time.Duration(it.Payload.out) * r.step
-			push(desEvent{at: now + svc, kind: 1, t: tn})
+			push(desEvent{at: now + svc, kind: 1, t: tn, svc: svc})
 		}
 	}
 	nextTick := time.Duration(-1)
@@ -257,6 +266,9 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 					if err != nil && now >= r.warmup {
 						tn.full++
 					}
+					if err == nil {
+						tn.arrived++
+					}
 					push(desEvent{at: now + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 				}
 			}
@@ -265,6 +277,8 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			running--
 			pooled[e.t.pool]--
 			e.t.held--
+			e.t.done++
+			e.t.doneSec += e.svc.Seconds()
 			if now >= r.warmup && now < r.duration {
 				e.t.served++
 			}
@@ -330,9 +344,10 @@ func victims() []*desTenant {
 // TestGateFloodGivesWay: three light tenants at 0.2× capacity each and a
 // flood at 2× (the flood preset). Flooded, no victim request is lost and
 // none waits longer than one request's longest service time (3.2 s); the
-// median victim does not wait at all, the p99 wait is within 300 ms (15
-// decode steps) of the same arrivals' alone, and the flood keeps at least
-// its floor: the fleet stays busier than the victims alone keep it.
+// median victim does not wait at all, the p99 wait is within 100 ms (5
+// decode steps) of the same arrivals' alone, and the flood keeps its
+// floor: it completes at least 10 requests a minute and the fleet stays
+// busier than the victims alone keep it.
 func TestGateFloodGivesWay(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		alone := presetRun(seed)
@@ -348,13 +363,56 @@ func TestGateFloodGivesWay(t *testing.T) {
 			assert.Zero(t, vf[i].expired+vf[i].full, "a victim lost requests")
 			assert.Zero(t, pct(vf[i].waits, 0.5), "the median victim request waited")
 			// Same arrivals alone and flooded (one random stream per tenant).
-			assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+300*time.Millisecond, "%s p99 wait", vf[i].name)
+			assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+100*time.Millisecond, "%s p99 wait", vf[i].name)
 			assert.LessOrEqual(t, pct(vf[i].waits, 1), 3200*time.Millisecond, "%s waited more than one service time", vf[i].name)
 		}
 		t.Logf("seed %d flood   %v; utilization alone %.3f flooded %.3f", seed, flood, alone.utilization(), flooded.utilization())
-		assert.Greater(t, flooded.utilization(), alone.utilization()+0.02, "the flood was starved")
-		assert.Greater(t, flood.served, int64(0))
+		assert.Greater(t, flooded.utilization(), alone.utilization()+0.01, "the flood was starved")
+		assert.GreaterOrEqual(t, flood.served, int64(10))
 	}
+}
+
+// TestGateFloodRampUp is the flood preset as `make bench` measures it:
+// victims and flood start together, and the victims' p99 is read over
+// 5–17 s. Per seed, the ratio is the worst victim's p99 TTFT flooded over
+// alone, with TTFT = wait + 46 ms (the unqueued TTFT of the bench's
+// simulator). Over 20 seeds at most 3 exceed 1.5 (the must-show), and the
+// gate without the offered-load forecast, the heavy hysteresis and the
+// backlog reserve does worse (that is what `make bench` had: 2.88 in one
+// of two runs). The seeds still above 1.5 are the start-up: the flood fills
+// the idle pool in its first second, before anything can be heavy, and
+// the victims that arrive then wait for those requests to finish.
+func TestGateFloodRampUp(t *testing.T) {
+	bad := func(old bool) (n int, ratios []float64) {
+		for seed := uint64(1); seed <= 20; seed++ {
+			mk := func() *desRun {
+				r := presetRun(seed)
+				r.warmup, r.duration = 5*time.Second, 17*time.Second
+				r.noForecast, r.noSticky, r.noBacklog = old, old, old
+				return r
+			}
+			alone, flooded := mk(), mk()
+			va, vf := victims(), victims()
+			alone.run(t, va)
+			flooded.run(t, append(vf, &desTenant{name: "flood", weight: 1, rate: 25}))
+			var wa, wf time.Duration
+			for i := range vf {
+				wa, wf = max(wa, pct(va[i].waits, 0.99)), max(wf, pct(vf[i].waits, 0.99))
+				assert.Zero(t, vf[i].expired+vf[i].full, "seed %d %s", seed, vf[i].name)
+			}
+			ratio := float64(wf+46*time.Millisecond) / float64(wa+46*time.Millisecond)
+			ratios = append(ratios, math.Round(ratio*100)/100)
+			if ratio > 1.5 {
+				n++
+			}
+		}
+		return n, ratios
+	}
+	n, ratios := bad(false)
+	nOld, ratiosOld := bad(true)
+	t.Logf("victims flooded ÷ alone per seed: %v (%d above 1.5); without forecast, hysteresis, backlog reserve: %v (%d)", ratios, n, ratiosOld, nOld)
+	assert.LessOrEqual(t, n, 3)
+	assert.Greater(t, nOld, n)
 }
 
 // TestGateLoneTenantGetsTheFleet: one tenant at 1.5× capacity with no cap
@@ -548,7 +606,7 @@ func TestWaterLevel(t *testing.T) {
 	cls := func(ws []float64, avgs ...float64) []gateCls {
 		var cs []gateCls
 		for i, a := range avgs {
-			cs = append(cs, gateCls{avg: a, weight: ws[i], active: true})
+			cs = append(cs, gateCls{avg: a, load: a, weight: ws[i], active: true})
 		}
 		return cs
 	}

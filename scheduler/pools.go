@@ -3,6 +3,7 @@ package scheduler
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
@@ -119,6 +120,7 @@ const (
 type poolTable struct {
 	mu    sync.Mutex
 	pools map[poolKey]*pool
+	now   func() time.Time // the server's clock, for service times
 }
 
 type pool struct {
@@ -134,6 +136,10 @@ type poolTenant struct {
 	held   int64 // requests holding replica room
 	queued int64 // requests queued
 	tokens int64 // replica room held (input + allowed output)
+	// Cumulative, for the gate's forecast: admissions, requests that ran
+	// and settled, and their seconds from dispatch to settlement.
+	arrived, served int64
+	servedSec       float64
 }
 
 func (p *poolTable) getLocked(k poolKey) *pool {
@@ -145,7 +151,7 @@ func (p *poolTable) getLocked(k poolKey) *pool {
 		if len(p.pools) >= 64 {
 			// Models moved between replicas: forget pools nothing uses.
 			for k2, o := range p.pools {
-				if len(o.tenants) == 0 && len(o.parked) == 0 {
+				if o.idle() {
 					delete(p.pools, k2)
 				}
 			}
@@ -178,11 +184,19 @@ func (p *poolTable) moveLocked(c *call, to spot) {
 		pl.tenants[name] = pt
 	}
 	switch from {
+	case spotNone:
+		pt.arrived++ // admitted (a requeue comes from spotHeld)
 	case spotQueued:
 		pt.queued--
 	case spotHeld:
 		pt.held--
 		pt.tokens -= c.size
+		if to == spotNone && c.sent && p.now != nil {
+			// Ran upstream: its time holding room is a service time.
+			// c.sent is the request goroutine's, which makes this move.
+			pt.served++
+			pt.servedSec += p.now().Sub(c.heldAt).Seconds()
+		}
 	}
 	switch to {
 	case spotQueued:
@@ -190,11 +204,12 @@ func (p *poolTable) moveLocked(c *call, to spot) {
 	case spotHeld:
 		pt.held++
 		pt.tokens += c.size
+		if p.now != nil {
+			c.heldAt = p.now()
+		}
 	}
 	c.spot = to
-	if *pt == (poolTenant{}) {
-		delete(pl.tenants, name)
-	}
+	// Entries stay (their counts are cumulative): one per tenant and pool.
 }
 
 // parkFull records that tenant was parked because k's pool was full.
@@ -218,4 +233,17 @@ func (p *poolTable) unparkFull(k poolKey, q *queue.Queue[*call]) {
 	for _, n := range names {
 		q.Unpark(n)
 	}
+}
+
+// idle reports whether nothing is queued on or holding room in the pool.
+func (pl *pool) idle() bool {
+	if len(pl.parked) > 0 {
+		return false
+	}
+	for _, pt := range pl.tenants {
+		if pt.held != 0 || pt.queued != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -93,7 +94,9 @@ func TestPoolKeys(t *testing.T) {
 // move is a no-op, and a tenant's entry goes once it holds nothing.
 func TestPoolMoveBalances(t *testing.T) {
 	t.Parallel()
-	var p poolTable
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := t0
+	p := poolTable{now: func() time.Time { return clk }}
 	var k poolKey
 	k.set(1)
 	x := &tenant{name: "x"}
@@ -103,15 +106,20 @@ func TestPoolMoveBalances(t *testing.T) {
 	p.move(c2, spotQueued)
 	p.move(c1, spotHeld)
 	p.move(c1, spotHeld)
+	clk = t0.Add(time.Second)
 	pl := p.pools[k]
-	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 100}, *pl.tenants["x"])
-	p.move(c1, spotQueued) // a slot denial puts it back
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 100, arrived: 2}, *pl.tenants["x"])
+	p.move(c1, spotQueued) // a slot denial puts it back: no new arrival
 	p.move(c2, spotHeld)
-	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 30}, *pl.tenants["x"])
+	clk = t0.Add(3500 * time.Millisecond)
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 30, arrived: 2}, *pl.tenants["x"])
+	assert.False(t, pl.idle())
 	p.move(c1, spotNone)
+	c2.sent = true // ran upstream: a service time
 	p.move(c2, spotNone)
 	p.move(c2, spotNone)
-	assert.Empty(t, pl.tenants)
+	assert.Equal(t, poolTenant{arrived: 2, served: 1, servedSec: 2.5}, *pl.tenants["x"])
+	assert.True(t, pl.idle())
 }
 
 func TestPriceCached(t *testing.T) {

@@ -181,6 +181,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.now = time.Now
 	}
 	s.leases.now = s.now
+	s.pools.now = s.now
 	s.leases.kick = make(chan struct{}, 1)
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
