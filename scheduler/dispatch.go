@@ -288,6 +288,7 @@ type gateCls struct {
 	active                    bool
 	forecast                  float64 // λ·W as a fraction of the pool's sequences
 	load                      float64 // max(avg, forecast): what classifies it
+	m                         *gateMem
 }
 
 // rateNow is the arrival rate, divided by the part of the window the
@@ -295,6 +296,9 @@ type gateCls struct {
 // first arrivals).
 func (m *gateMem) rateNow(nowN int64) float64 {
 	age := max(float64(nowN-m.firstN)/float64(time.Second), 1)
+	if age > 10*forecastWindow.Seconds() {
+		return m.rate // the correction is below 5e-5
+	}
 	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
 }
 
@@ -373,12 +377,12 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		// Only tenants with work now claim a share: one that left stops
 		// shaping the level at once (its average still decays).
 		active := demand > 0 || i == cand
-		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active})
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
 		// λ·W, with the pool's mean service time for a tenant that has
 		// completed nothing here yet.
-		m := g.mem[loads[i].name]
+		m := cs[i].m
 		svc := m.svc
 		if svc == 0 {
 			svc = g.svc
@@ -407,7 +411,7 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	var lightPeak, lightForecast, lightHeld, backlogNeed float64
 	others, lightWaiting := false, false
 	for i, x := range cs {
-		m := g.mem[loads[i].name]
+		m := x.m
 		if nowN-m.peakStart >= half {
 			if nowN-m.peakStart >= 2*half {
 				m.peakPrev = 0
