@@ -114,23 +114,33 @@
 // The queue orders; the scheduler's predicate (scheduler/dispatch.go) only
 // gates. There is no per-tenant cap by default (`concurrency` unset), so:
 //
-//   - A tenant alone, or tenants whose averaged demand fits the fleet
-//     together, are never held back: whenever a replica has room the pick
-//     is dispatched (the peak concurrency and throughput of direct vLLM).
-//   - Under contention a tenant whose averaged demand exceeds 3× its max-min
-//     fair share is heavy and may not start work inside the reserve kept for
-//     the light tenants' recent demand peaks; it keeps at least a quarter of
-//     its share.
+//   - Shares are per pool (the replicas serving a model): a tenant competes
+//     only with the tenants whose requests can use the same replicas.
+//   - A tenant alone on its pool, or tenants whose averaged demand fits the
+//     pool together, are never held back: whenever a replica has room the
+//     pick is dispatched (the peak concurrency and throughput of direct
+//     vLLM), whatever other pools carry.
+//   - Under contention a tenant whose load (averaged demand, or offered
+//     load λ·W when more) exceeds 3× its max-min fair share of the pool is
+//     heavy until it is back within its share, and may not start work
+//     inside the reserve kept for the pool's light tenants (their recent
+//     demand peaks or offered load, whichever is more); it may always keep
+//     one request in flight where that leaves the light tenants room for
+//     their noise.
 //
 // Bound: a request of a light tenant whose tenants' demand stays within
-// their recent peaks finds room at once; otherwise it waits at most until
-// completions free its size, since from its arrival no heavy tenant starts
-// work in room it needs and the pick prefers it (lower counter): at most
-// one service time of the running requests (≤ max_tokens decode steps).
-// A light tenant with a backlog competes by its counter instead (reserving
-// for it would starve a peer the counters favour). Under overload the
-// adaptive LIFO above keeps what is served within its deadline without
-// per-tenant max_wait tuning.
+// their recent peaks or offered load finds room at once, except for the
+// heavy tenants' floor of one request each; otherwise it waits at most
+// until completions free its size, since from its arrival no heavy tenant
+// starts work in room it needs and the pick prefers it (lower counter):
+// at most one service time of the running requests (≤ max_tokens decode
+// steps). A light tenant with a backlog is reserved only what it lacks of
+// its max-min share and competes by its counter beyond that (reserving
+// more would starve a peer the counters favour). The work-conserving
+// exception is the start: a tenant alone on an idle pool takes it all, and
+// a light tenant that arrives then waits for those requests to finish.
+// Under overload the adaptive LIFO above keeps what is served within its
+// deadline without per-tenant max_wait tuning.
 // Idle tenants' reserve ages out within the peak window (30 s), so the
 // shares they do not use are lent to the others. Requests are never
 // aborted to make room: once a stream has sent bytes it cannot be replayed

@@ -146,9 +146,6 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	if pol.leaseTTL < old.leaseTTL {
 		s.leases.rearm() // the heartbeat period follows a shorter lease_ttl now
 	}
-	s.reps.mu.Lock()
-	s.reps.headroom = eff.Server.Headroom
-	s.reps.mu.Unlock()
 	s.signal(s.wake)
 	return nil
 }

@@ -38,7 +38,7 @@ func TestAffinityFollowsPrefix(t *testing.T) {
 	// the replica of its conversation.
 	home := map[int]*replica{}
 	for i := range 4 {
-		r := set.choose(conv(i), 100, true, nil)
+		r := set.choose(conv(i), 100, nil)
 		require.NotNil(t, r)
 		home[i] = r
 		set.release(r, 100)
@@ -46,7 +46,7 @@ func TestAffinityFollowsPrefix(t *testing.T) {
 	assert.Len(t, map[*replica]bool{home[0]: true, home[1]: true, home[2]: true, home[3]: true}, 4, "new prefixes go by least load")
 	for range 3 {
 		for i := range 4 {
-			r := set.choose(conv(i), 100, true, nil)
+			r := set.choose(conv(i), 100, nil)
 			assert.Equal(t, home[i], r, "conversation %d", i)
 		}
 	}
@@ -57,7 +57,7 @@ func TestAffinityHotPrefixSpreads(t *testing.T) {
 	set, reps := fourReplicas()
 	hot := route{prefix: prefixHashes([]byte(strings.Repeat("s", 4096)))}
 	for range 200 {
-		require.NotNil(t, set.choose(hot, 1000, true, nil)) // none released: all in flight
+		require.NotNil(t, set.choose(hot, 1000, nil)) // none released: all in flight
 	}
 	var sum, most int64
 	for _, r := range reps {
@@ -73,7 +73,7 @@ func TestLeastLoadWithoutPrefix(t *testing.T) {
 	t.Parallel()
 	set, reps := fourReplicas()
 	for range 8 {
-		require.NotNil(t, set.choose(route{}, 100, true, nil))
+		require.NotNil(t, set.choose(route{}, 100, nil))
 	}
 	for _, r := range reps {
 		assert.Equal(t, int64(200), r.load.Load())
@@ -92,7 +92,7 @@ func BenchmarkChoose(b *testing.B) {
 			set, _ := fourReplicas()
 			b.ReportAllocs()
 			for b.Loop() {
-				r := set.choose(tc.rt, 100, true, nil)
+				r := set.choose(tc.rt, 100, nil)
 				set.release(r, 100)
 			}
 		})

@@ -31,7 +31,10 @@ type call struct {
 	key      *apiKey // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
-	route    route // model (pool) and prefix for the replica choice
+	route    route     // model (pool) and prefix for the replica choice
+	pool     poolKey   // the pool its share is counted in (fixed at admission)
+	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none
@@ -191,6 +194,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	s.mu.Lock()
 	s.queued[c] = struct{}{}
 	s.mu.Unlock()
+	c.pool = s.reps.poolKeyOf(req.Model)
 	it, err := s.q.Enqueue(queue.Request[*call]{
 		Tenant: t.name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
@@ -204,7 +208,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	_ = c.to(phaseQueued)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
-	s.reps.track(req.Model, t.name, 0, 1)
+	s.pools.move(c, spotQueued)
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -484,9 +488,13 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 
 // await blocks until the call is dispatched to a replica with a ledger
 // slot, expires, or its client leaves. On any error the call holds nothing.
-func (s *Server) await(c *call) error {
+func (s *Server) await(c *call) (err error) {
 	defer c.t.rt.queued.Add(-1) // counted from a successful admit
-	defer s.reps.track(c.req.Model, c.t.name, 0, -1)
+	defer func() {
+		if err != nil {
+			s.pools.move(c, spotNone) // never ran: no longer queued nor holding room
+		}
+	}()
 	for {
 		var rep *replica
 		select {
@@ -523,6 +531,7 @@ func (s *Server) await(c *call) error {
 			// Another instance holds the tenant's slots: back to the head
 			// of the queue, still holding the budget.
 			s.reps.release(rep, c.size)
+			s.pools.move(c, spotQueued)
 			s.q.Requeue(c.handle)
 			continue
 		}
@@ -545,7 +554,6 @@ func (s *Server) await(c *call) error {
 		c.t.rt.inflight.Add(1)
 		c.keyInflight(1)
 		c.t.rt.inflightTokens.Add(c.size)
-		s.reps.track(c.req.Model, c.t.name, c.size, 0)
 		ts := c.t.series(s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
@@ -624,7 +632,7 @@ func (s *Server) execute(c *call) error {
 		if !retry || c.ctx.Err() != nil {
 			return err
 		}
-		next := s.reps.choose(c.route, c.size, true, c.rep)
+		next := s.reps.choose(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)
@@ -704,7 +712,7 @@ func (s *Server) finish(c *call, err error) {
 	c.t.rt.inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)
-	s.reps.track(c.req.Model, c.t.name, -c.size, 0)
+	s.pools.move(c, spotNone)
 	c.t.series(s.m).inflight.Dec()
 	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
@@ -719,6 +727,7 @@ func (s *Server) finish(c *call, err error) {
 	}
 	s.forget(c)
 	s.q.Unpark(c.t.name)
+	s.pools.unparkFull(c.pool, s.q)
 	s.signal(s.wake)
 }
 

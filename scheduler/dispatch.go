@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -15,26 +14,51 @@ import (
 // conservation").
 //
 // The queue decides which request goes next (bands, then weighted virtual
-// counters); this gate decides only whether it may start now:
+// counters); this gate decides only whether it may start now. Everything
+// below is per pool (pools.go: the replicas serving the request's model):
+// a tenant's demand, the level, the reserve and the room are its pool's,
+// so tenants compete only for replicas they can both use.
 //
-//   - Each tenant's demand (in flight + queued, as a fraction of the fleet's
-//     sequences or tokens) is averaged with time constant shareWindow; the
-//     max-min fair level λ of those averages (Σ min(avg_i, w_i·λ) = 1) says
-//     what each tenant may claim. While the averages fit the fleet nobody
-//     is heavy and every request may use any room: a lone tenant, or
-//     tenants that together do not fill the fleet, get all of it.
-//   - A tenant averaging more than lightMargin × its claim is heavy. It may
-//     start work only outside the reserve: the light tenants' demand peaks
-//     over the last peakWindow (plus one Poisson standard deviation) minus
-//     what they hold now, at least server.headroom while one is active.
-//     Below heavyFloor × its claim it always may: squeezed, never starved.
+//   - Each tenant's load on the pool is what it asks for: its demand (in
+//     flight + queued, as a fraction of the pool's sequences or tokens)
+//     averaged with time constant shareWindow, or its offered load λ·W
+//     (arrival rate over forecastWindow × its mean service time) when that
+//     is more. The average of a tenant that has just started lags its
+//     offered load by a service time (its in-flight count takes that long
+//     to build up, and a flood's queue is shed at 2 s), which made a new
+//     flood light for seconds and the light tenants' share look smaller
+//     than it is. The max-min fair level λ of the loads (Σ min(load_i,
+//     w_i·λ) = 1) says what each tenant may claim. While the loads fit the
+//     pool nobody is heavy and every request may use any room: a lone
+//     tenant, or tenants that together do not fill the pool, get all of it.
+//   - A tenant whose load is more than lightMargin × its claim is heavy,
+//     and stays heavy until its load is within its claim (hysteresis: a
+//     light tenant pausing between requests raises the level, which must
+//     not turn a flood light for a moment and let it fill the pool).
+//   - A heavy tenant may start work only outside the reserve: what the
+//     light tenants will hold, less what they hold now, at least
+//     server.headroom while one is active. What they will hold is the
+//     larger of their demand peaks over the last peakWindow (plus burstK
+//     Poisson standard deviations) and their summed offered load (plus
+//     forecastK). A light tenant idle right now keeps its peak reserved
+//     until it ages out; one with a backlog is reserved what it lacks of
+//     its claim, no more (a heavy peer keeps what the level leaves it).
+//   - With nothing in flight on the pool a heavy tenant may start one
+//     request, unless a light tenant waits, where that leaves the light
+//     tenants floorK standard deviations of room over what they hold:
+//     squeezed, never starved, and the floor costs their peaks one slot,
+//     not a share (a quarter of its share did: the victims' p99 wait in
+//     the flood preset doubled).
 //   - An idle tenant's peak ages out within peakWindow, so its share is lent;
 //     when it returns its new demand enters the reserve at once, heavy
 //     tenants stop starting work, and the next completions go to it.
+//   - A full pool parks a tenant above its share when another pool has room
+//     (the queue goes on to that pool's requests), and blocks the queue
+//     for one within its share (full).
 //
 // Per-tenant `concurrency` is an operator limit on top, never needed for
 // isolation. Shares are tested in dispatch_test.go (a discrete-event run of
-// the real queue and gate).
+// the real queue and gate, one or two pools).
 
 // shareWindow is the time constant of the averaged demand that classifies
 // tenants. It must be long against one request's service time (a flood
@@ -57,9 +81,18 @@ const peakWindow = 30 * time.Second
 // fleet under them; only a tenant asking several times its share is heavy.
 const lightMargin = 3.0
 
-// heavyFloor is the fraction of its max-min fair share that a heavy tenant
-// may always hold, reserve or not: it is squeezed, never starved.
-const heavyFloor = 0.25
+// forecastWindow is the time constant of the arrival rate behind the light
+// tenants' forecast: a few seconds of arrivals, so that a tenant that
+// starts is forecast within about one service time.
+const forecastWindow = 3 * time.Second
+
+// forecastK is the margin over the forecast, in Poisson standard
+// deviations: the forecast is a mean, a peak is already a high draw.
+const forecastK = 2.0
+
+// floorK is the room, in Poisson standard deviations of what the light
+// tenants hold now, that a heavy tenant's floor request must leave them.
+const floorK = 3.0
 
 // burstK is the reserve's margin over the light tenants' recent peak, in
 // standard deviations of a Poisson count of that size.
@@ -70,13 +103,6 @@ func (g *shareGate) burstK() float64 {
 		return max(g.k, 0)
 	}
 	return burstK
-}
-
-func (g *shareGate) floor() float64 {
-	if g.heavyFloor != 0 {
-		return max(g.heavyFloor, 0)
-	}
-	return heavyFloor
 }
 
 // dispatchLoop hands queued calls to replicas with room. It never spins:
@@ -101,8 +127,8 @@ func (s *Server) dispatchLoop(ctx context.Context) {
 
 // admissible is the queue's dispatch predicate (queue mutex held): the
 // tenant must be under its operator caps (concurrency, inflight_tokens),
-// a heavy tenant must leave the light tenants' reserve free, and a replica
-// must have room, which it reserves.
+// a heavy tenant must leave its pool's light tenants' reserve free, and a
+// replica of the pool must have room, which it reserves.
 func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
@@ -115,52 +141,77 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	light, reserve := s.belowFairShare(c, v)
-	if !light && !s.reps.fleet().fitsBeyond(c.size, reserve) {
-		if s.reps.fits(c.route, c.size, true) {
+	f := s.reps.fleetOf(c.pool)
+	s.pools.mu.Lock()
+	defer s.pools.mu.Unlock()
+	light, reserve := s.belowFairShare(c, f)
+	if !light && !f.fitsBeyond(c.size, reserve) {
+		if s.reps.fits(c.route, c.size) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
 		}
-		return queue.Block
+		return s.full(c, true)
 	}
-	rep := s.reps.choose(c.route, c.size, true, nil)
+	rep := s.reps.choose(c.route, c.size, nil)
 	if rep == nil {
-		return queue.Block
+		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.name, float64(t.cfg.Weight)))
 	}
 	c.rep = rep
+	s.pools.moveLocked(c, spotHeld)
 	return queue.Dispatch
 }
 
-// belowFairShare classifies the call's tenant (light: its averaged demand
-// is within its weighted split) and returns the fraction of the fleet
-// reserved for the light tenants, which a heavy tenant must leave free.
-func (s *Server) belowFairShare(c *call, v queue.View[*call]) (light bool, reserve float64) {
-	pol := s.pol.Load()
-	f := s.reps.fleet()
-	nowN := s.now().UnixNano()
-	if t := pol.tenants[c.t.name]; t != nil && s.gate.fresh(nowN, t.name) {
-		return s.gate.decideFresh(tenantLoad{name: t.name, weight: float64(t.cfg.Weight),
-			held: t.rt.inflight.Load() + int64(v.Pending(t.name)), tokens: t.rt.inflightTokens.Load()}, f)
+// full is the verdict when c's pool has no room (pools.mu held). A tenant
+// asking more than its max-min share of the pool (above) is parked when
+// another pool has room, so the queue goes on to requests for that pool;
+// it competes again at its pool's next completion. One within its share
+// blocks the queue until the next completion instead (a short wait: it is
+// not backlogged on average): parking would lift its counter to the band
+// minimum, and that credit is what makes it the next pick.
+func (s *Server) full(c *call, above bool) queue.Verdict {
+	if !above || !s.reps.roomOutside(c.pool, 1) {
+		return queue.Block
 	}
-	loads := s.gate.loads[:0]
+	s.pools.parkFull(c.pool, c.t.name)
+	return queue.Park
+}
+
+// belowFairShare classifies the call's tenant on its pool (light: its
+// averaged demand there is within its weighted split) and returns the
+// fraction of the pool reserved for the pool's light tenants, which a
+// heavy tenant must leave free. f is the pool's load; pools.mu is held.
+func (s *Server) belowFairShare(c *call, f fleetLoad) (light bool, reserve float64) {
+	pol := s.pol.Load()
+	pl := s.pools.getLocked(c.pool)
+	g := &pl.gate
+	nowN := s.now().UnixNano()
+	if t := pol.tenants[c.t.name]; t != nil && g.fresh(nowN, t.name) {
+		return g.decideFresh(pl.load(t.name, float64(t.cfg.Weight)), f)
+	}
+	loads := g.loads[:0]
 	cand := -1
 	for _, t := range pol.order {
 		if t.name == c.t.name {
 			cand = len(loads)
 		}
-		loads = append(loads, tenantLoad{
-			name: t.name, weight: float64(t.cfg.Weight),
-			held:   t.rt.inflight.Load() + int64(v.Pending(t.name)),
-			queued: int64(v.Queued(t.name)),
-			tokens: t.rt.inflightTokens.Load(),
-		})
+		loads = append(loads, pl.load(t.name, float64(t.cfg.Weight)))
 	}
-	s.gate.loads = loads
+	g.loads = loads
 	if cand < 0 {
 		return true, 0 // removed by a reload: its queued work drains freely
 	}
-	return s.gate.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+	return g.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+}
+
+// load is tenant's load on the pool as the gate sees it.
+func (pl *pool) load(tenant string, weight float64) tenantLoad {
+	l := tenantLoad{name: tenant, weight: weight}
+	if pt := pl.tenants[tenant]; pt != nil {
+		l.held, l.queued, l.tokens = pt.held, pt.queued, pt.tokens
+		l.arrived, l.served, l.servedSec = pt.arrived, pt.served, pt.servedSec
+	}
+	return l
 }
 
 // tenantLoad is one tenant's load as the gate sees it.
@@ -170,30 +221,16 @@ type tenantLoad struct {
 	held   int64 // requests in flight or being dispatched
 	queued int64 // requests queued
 	tokens int64 // in-flight tokens (input + allowed output)
+	// Cumulative: requests that arrived, requests that ran and their
+	// service seconds (dispatch to settlement), for the forecast.
+	arrived, served int64
+	servedSec       float64
 }
 
-// fleetLoad is the summed room of the replicas that take work.
+// fleetLoad is the summed room of a pool's replicas that take work.
 type fleetLoad struct {
 	seqs, seqsCap     int64
 	tokens, tokensCap int64
-}
-
-// fleet sums the load and capacity of the replicas that can take work.
-func (s *replicaSet) fleet() fleetLoad {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var f fleetLoad
-	for _, r := range s.reps {
-		k, load, seqs, st := s.roomOf(r)
-		if st >= gpu.StateDraining || k <= 0 {
-			continue
-		}
-		f.seqs += seqs
-		f.seqsCap += r.maxSeqs
-		f.tokens += load
-		f.tokensCap += k
-	}
-	return f
 }
 
 // fitsBeyond reports whether one more request of size tokens fits the fleet
@@ -213,19 +250,32 @@ func (f fleetLoad) fitsBeyond(size int64, reserve float64) bool {
 type shareGate struct {
 	window     time.Duration // averaging time constant; 0: shareWindow
 	peakWindow time.Duration // span of the light tenants' peak; 0: peakWindow
-	heavyFloor float64       // 0: heavyFloor; negative: none (tests)
+	noFloor    bool          // no one-request floor for heavy tenants (tests)
+	noBacklog  bool          // no reserve for light tenants with a backlog (tests)
+	noForecast bool          // reserve from the light tenants' peaks alone (tests)
+	noSticky   bool          // no heavy hysteresis, idle tenants' peaks unreserved (tests)
 	k          float64       // 0: burstK; negative: none (tests)
 	mem        map[string]*gateMem
 	loads      []tenantLoad // reused by belowFairShare
 	cls        []gateCls    // reused by assess
 	idx        []int        // reused by waterLevel
 	snap       gateSnap     // the last full assessment
+	svc        float64      // mean service time on the pool (s), 0 unknown
 }
 
 type gateMem struct {
 	avg   float64 // demand fraction averaged with time constant window
 	last  float64 // demand fraction at the previous sample
 	lastN int64
+	heavy bool    // at the last assessment
+	load  float64 // gateCls.load at the last assessment
+	// rate is the arrival rate (per second) averaged over forecastWindow,
+	// counted from firstN (when it last became active); svc the mean
+	// service time of its completed requests (s, 0 unknown).
+	rate, svc       float64
+	arrived, served int64
+	servedSec       float64
+	firstN          int64
 	// The demand's peak over the last half to whole peak window, in two
 	// half-window buckets.
 	peakCur, peakPrev float64
@@ -236,6 +286,48 @@ type gateMem struct {
 type gateCls struct {
 	avg, demand, held, weight float64
 	active                    bool
+	forecast                  float64 // λ·W as a fraction of the pool's sequences
+	load                      float64 // max(avg, forecast): what classifies it
+	m                         *gateMem
+}
+
+// rateNow is the arrival rate, divided by the part of the window the
+// tenant has been active for (at least a second, to bound the noise of its
+// first arrivals).
+func (m *gateMem) rateNow(nowN int64) float64 {
+	age := max(float64(nowN-m.firstN)/float64(time.Second), 1)
+	if age > 10*forecastWindow.Seconds() {
+		return m.rate // the correction is below 5e-5
+	}
+	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
+}
+
+// observe folds l's arrivals and completions since m's last sample into
+// m's arrival rate and service time, and the pool's.
+func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
+	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
+	tau := forecastWindow.Seconds()
+	if da := l.arrived - m.arrived; da > 0 && m.rate*tau < 0.01 {
+		m.firstN = nowN // active again after idling: a young estimate
+	}
+	// An exponentially weighted count of arrivals per second: each adds
+	// 1/τ and the sum decays with τ.
+	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.arrived-m.arrived, 0))/tau
+	m.arrived = l.arrived
+	if dn := l.served - m.served; dn > 0 {
+		mean := (l.servedSec - m.servedSec) / float64(dn)
+		a := 1 - math.Pow(0.9, float64(dn)) // about the last ten completions
+		m.svc += a * (mean - m.svc)
+		if m.svc == a*mean {
+			m.svc = mean // the first
+		}
+		if g.svc == 0 {
+			g.svc = mean
+		} else {
+			g.svc += a * (mean - g.svc)
+		}
+	}
+	m.served, m.servedSec = l.served, l.servedSec
 }
 
 // assess updates the averages with loads (sampled at nowN), classifies
@@ -264,9 +356,10 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		demand := max(float64(l.held+l.queued)/seqsCap, held)
 		m := g.mem[l.name]
 		if m == nil {
-			m = &gateMem{lastN: nowN}
+			m = &gateMem{lastN: nowN, firstN: nowN, arrived: l.arrived, served: l.served, servedSec: l.servedSec}
 			g.mem[l.name] = m
 		}
+		g.observe(m, l, nowN)
 		// Integrate the previous sample over the elapsed time (demand is
 		// piecewise constant between dispatch decisions).
 		if dt := nowN - m.lastN; dt > 0 {
@@ -284,7 +377,28 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		// Only tenants with work now claim a share: one that left stops
 		// shaping the level at once (its average still decays).
 		active := demand > 0 || i == cand
-		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active})
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.weight, 1e-9), active: active, m: m})
+	}
+	for i := range cs {
+		// λ·W, with the pool's mean service time for a tenant that has
+		// completed nothing here yet.
+		m := cs[i].m
+		svc := m.svc
+		if svc == 0 {
+			svc = g.svc
+		}
+		cs[i].forecast = m.rateNow(nowN) * svc / seqsCap
+		// What it asks for: its averaged demand, or its offered load (λ·W)
+		// when that is more. The average of a tenant that has just started
+		// lags its offered load by a service time or more (its in-flight
+		// count takes that long to build up, and a flood's queue is shed at
+		// 2 s): without the forecast a flood would count as light for those
+		// seconds and the light tenants' share as smaller than it is.
+		cs[i].load = cs[i].avg
+		if !g.noForecast {
+			cs[i].load = max(cs[i].avg, cs[i].forecast)
+		}
+		m.load = cs[i].load
 	}
 	g.cls = cs
 	level := g.waterLevel(cs)
@@ -294,10 +408,10 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		pw = peakWindow
 	}
 	half := int64(pw) / 2
-	var lightPeak, lightHeld float64
+	var lightPeak, lightForecast, lightHeld, backlogNeed float64
 	others, lightWaiting := false, false
 	for i, x := range cs {
-		m := g.mem[loads[i].name]
+		m := x.m
 		if nowN-m.peakStart >= half {
 			if nowN-m.peakStart >= 2*half {
 				m.peakPrev = 0
@@ -307,27 +421,40 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 			m.peakCur, m.peakStart = 0, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
+		// Heavy above lightMargin × its claim; once heavy, until it is back
+		// within its claim.
+		m.heavy = x.load > lightMargin*x.weight*level || (m.heavy && x.load > x.weight*level && !g.noSticky)
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
-		if x.active && x.avg <= lightMargin*x.weight*level && loads[i].queued > 0 {
+		if x.active && !m.heavy && loads[i].queued > 0 {
 			lightWaiting = true
 		}
-		if !x.active || x.avg > lightMargin*x.weight*level || loads[i].queued > 0 {
-			// A light tenant with a backlog is not served on demand anyway:
-			// it competes by its counter like everyone else, and reserving
-			// for it would starve a heavy peer that the counters favour.
+		if m.heavy || (!x.active && (g.noSticky || max(m.peakCur, m.peakPrev) == 0)) {
+			continue
+		}
+		if loads[i].queued > 0 {
+			// A light tenant with a backlog is reserved what it lacks of
+			// its max-min share, no noise on top: its queue says the room
+			// it had was not enough (a flood that took the room while it
+			// was piling up must give it back), and more than its share
+			// would starve a heavy peer of what the level leaves it.
+			if !g.noBacklog {
+				backlogNeed += max(0, min(x.demand, x.weight*level)-x.held)
+			}
 			continue
 		}
 		// A light tenant's claim is capped at its margin over its max-min
 		// share, so no single tenant can reserve the fleet.
 		lightPeak += min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		if !g.noForecast {
+			lightForecast += min(x.forecast, lightMargin*x.weight*level)
+		}
 		lightHeld += x.held
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
-	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightHeld: lightHeld,
+	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
 		others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
-	x := cs[cand]
-	return g.decide(x.avg, x.weight, x.held)
+	return g.decide(g.mem[loads[cand].name].heavy, cs[cand].held)
 }
 
 // gateSnap is the last full assessment, reused for assessEvery.
@@ -335,6 +462,8 @@ type gateSnap struct {
 	at                   int64
 	level                float64
 	lightPeak, lightHeld float64
+	backlogNeed          float64
+	lightForecast        float64
 	others, lightWaiting bool
 	seqsCap, minReserve  float64
 	ok                   bool
@@ -354,22 +483,37 @@ func (g *shareGate) fresh(nowN int64, tenant string) bool {
 // decideFresh classifies a known tenant from the last assessment and its
 // current load.
 func (g *shareGate) decideFresh(l tenantLoad, f fleetLoad) (light bool, reserve float64) {
-	m := g.mem[l.name]
 	held := max(float64(l.held)/float64(max(f.seqsCap, 1)), float64(l.tokens)/float64(max(f.tokensCap, 1)))
-	return g.decide(m.avg, max(l.weight, 1e-9), held)
+	return g.decide(g.mem[l.name].heavy, held)
 }
 
-func (g *shareGate) decide(avg, weight, held float64) (light bool, reserve float64) {
+// withinShare reports whether tenant's averaged demand is within its
+// max-min fair share at the last assessment.
+func (g *shareGate) withinShare(tenant string, weight float64) bool {
+	m := g.mem[tenant]
+	return m == nil || !g.snap.ok || m.load <= max(weight, 1e-9)*g.snap.level
+}
+
+// decide is the verdict for a tenant classified heavy or not, holding the
+// fraction held of the pool.
+func (g *shareGate) decide(heavy bool, held float64) (light bool, reserve float64) {
 	sn := &g.snap
-	if avg <= lightMargin*weight*sn.level {
+	if !heavy {
 		return true, 0
 	}
-	if !sn.lightWaiting && held+1/sn.seqsCap <= g.floor()*weight*sn.level {
-		return false, 0 // a heavy tenant keeps its floor, unless a light one waits
+	if !sn.lightWaiting && held == 0 && !g.noFloor {
+		// One request in flight, unless a light one waits, and only where
+		// it leaves the light tenants room for their Poisson noise over what
+		// they hold now: it runs a whole service time.
+		return false, min(floorK*math.Sqrt(sn.lightHeld*sn.seqsCap)/sn.seqsCap, 1)
 	}
 	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
 	// burst a little above the recent ones.
-	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap - sn.lightHeld
+	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap
+	if f := sn.lightForecast; f > 0 {
+		reserve = max(reserve, f+forecastK*math.Sqrt(f*sn.seqsCap)/sn.seqsCap)
+	}
+	reserve += sn.backlogNeed - sn.lightHeld
 	if sn.others {
 		reserve = max(reserve, sn.minReserve)
 	}
@@ -381,12 +525,19 @@ func (g *shareGate) decide(avg, weight, held float64) (light bool, reserve float
 // (nobody is heavy then). A tenant is light when avg_i ≤ w_i·λ: it asks
 // for no more than its max-min fair share.
 func (g *shareGate) waterLevel(cs []gateCls) float64 {
+	// A tenant asks for its average or, while its demand is above it (still
+	// rising), its demand now: a light tenant whose requests are piling up
+	// claims its share before its average catches up, so a flood is not
+	// light for those seconds.
+	ask := func(x gateCls) float64 {
+		return max(x.load, x.demand)
+	}
 	idx := g.idx[:0]
 	var sum, weights float64
 	for i, x := range cs {
 		if x.active {
 			idx = append(idx, i)
-			sum += x.avg
+			sum += ask(x)
 			weights += x.weight
 		}
 	}
@@ -394,13 +545,13 @@ func (g *shareGate) waterLevel(cs []gateCls) float64 {
 	if sum <= 1 || weights <= 0 {
 		return math.Inf(1)
 	}
-	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(cs[a].avg/cs[a].weight, cs[b].avg/cs[b].weight) })
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(ask(cs[a])/cs[a].weight, ask(cs[b])/cs[b].weight) })
 	left := 1.0
 	for _, i := range idx {
 		x := cs[i]
 		// Every remaining tenant gets w·left/weights unless it asks less.
-		if lv := left / weights; x.avg/x.weight <= lv {
-			left -= x.avg
+		if lv := left / weights; ask(x)/x.weight <= lv {
+			left -= ask(x)
 			weights -= x.weight
 			continue
 		}

@@ -37,6 +37,7 @@ type desTenant struct {
 	rate   float64 // arrivals per second (Poisson)
 	from   time.Duration
 	until  time.Duration // 0: the whole run
+	pool   int           // index into desRun.pools
 
 	rng     *rand.Rand
 	held    int64
@@ -45,6 +46,9 @@ type desTenant struct {
 	expired int
 	full    int
 	peak    int64
+	// Cumulative, as the gate reads them (tenantLoad).
+	arrived, done int64
+	doneSec       float64
 }
 
 type desEvent struct {
@@ -52,6 +56,7 @@ type desEvent struct {
 	kind int // 0 arrival, 1 completion, 2 tick
 	t    *desTenant
 	seq  int
+	svc  time.Duration // of a completion
 }
 
 type desHeap []desEvent
@@ -77,16 +82,28 @@ type desRun struct {
 	headroom   float64
 	seed       uint64
 	tau, peakW time.Duration // 0: the gate's defaults
-	floor, k   float64
+	k          float64
+	noFloor    bool // no one-request floor for heavy tenants
+	noBacklog  bool // no reserve for light tenants with a backlog
+	noSticky   bool // no heavy hysteresis; idle light tenants' peaks unreserved
+	noForecast bool // reserve from the light tenants' peaks alone
 	// noGate dispatches whenever a slot is free (the work-conserving
 	// baseline: what vLLM alone would run).
 	noGate bool
+	// pools are the slots of each pool (model); nil: one pool of slots.
+	// A tenant's requests go to its pool. fleetWide runs the gate as it
+	// was before pools (one share computation and reserve over the fleet,
+	// Block whenever the pick's pool is full), for comparison.
+	pools     []int64
+	fleetWide bool
 
 	// observe, when set, sees the clock after every event's dispatch round.
 	observe func(now time.Duration)
 
 	busy     time.Duration // slot-time used in the measured span
 	peakBusy int64
+	poolBusy []time.Duration // busy per pool
+	poolPeak []int64
 }
 
 type desReq struct {
@@ -122,41 +139,90 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	for _, tn := range tenants {
 		push(desEvent{at: tn.from + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 	}
-	g := shareGate{window: r.tau, peakWindow: r.peakW, heavyFloor: r.floor, k: r.k}
+	if r.pools == nil {
+		r.pools = []int64{r.slots}
+	}
+	r.slots = 0
+	for _, n := range r.pools {
+		r.slots += n
+	}
+	np := len(r.pools)
+	gates := make([]shareGate, np)
+	for i := range gates {
+		gates[i] = shareGate{window: r.tau, peakWindow: r.peakW, noFloor: r.noFloor, noBacklog: r.noBacklog, noSticky: r.noSticky, noForecast: r.noForecast, k: r.k}
+	}
+	r.poolBusy, r.poolPeak = make([]time.Duration, np), make([]int64, np)
+	pooled := make([]int64, np)
+	parkedFull := make([][]string, np)
 	var running int64
 	byName := map[string]*desTenant{}
 	for _, tn := range tenants {
 		byName[tn.name] = tn
 	}
-	loads := make([]tenantLoad, len(tenants))
+	loads := make([]tenantLoad, 0, len(tenants))
 	var now, lastBusy time.Duration
 	account := func(to time.Duration) {
 		from := max(lastBusy, r.warmup)
+		span := time.Duration(0)
 		if to > from && to <= r.duration {
-			r.busy += time.Duration(running) * (to - from)
+			span = to - from
 		} else if to > r.duration && r.duration > from {
-			r.busy += time.Duration(running) * (r.duration - from)
+			span = r.duration - from
+		}
+		r.busy += time.Duration(running) * span
+		for i := range pooled {
+			r.poolBusy[i] += time.Duration(pooled[i]) * span
 		}
 		lastBusy = to
 	}
 	pred := func(it queue.Item[desReq], v queue.View[desReq]) queue.Verdict {
-		if running >= r.slots {
+		pl := it.Payload.t.pool
+		// full mirrors Server.full: park a heavy tenant whose pool is full
+		// while another pool has room (its pool's next completion unparks
+		// it); anything else blocks until a completion.
+		full := func(heavy bool) queue.Verdict {
+			for i := range pooled {
+				if heavy && !r.fleetWide && i != pl && pooled[i] < r.pools[i] {
+					if !slices.Contains(parkedFull[pl], it.Tenant) {
+						parkedFull[pl] = append(parkedFull[pl], it.Tenant)
+					}
+					return queue.Park
+				}
+			}
 			return queue.Block
 		}
 		if r.noGate {
+			if pooled[pl] >= r.pools[pl] {
+				return full(false)
+			}
 			return queue.Dispatch
 		}
-		cand := 0
-		for i, tn := range tenants {
-			if tn.name == it.Tenant {
-				cand = i
+		cand := -1
+		loads = loads[:0]
+		for _, tn := range tenants {
+			if tn.pool != pl && !r.fleetWide {
+				continue
 			}
-			loads[i] = tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name))}
+			if tn.name == it.Tenant {
+				cand = len(loads)
+			}
+			loads = append(loads, tenantLoad{name: tn.name, weight: tn.weight, held: tn.held + int64(v.Pending(tn.name)), queued: int64(v.Queued(tn.name)),
+				arrived: tn.arrived, served: tn.done, servedSec: tn.doneSec})
 		}
-		f := fleetLoad{seqs: running, seqsCap: r.slots, tokens: 0, tokensCap: 1 << 40}
+		f := fleetLoad{seqs: pooled[pl], seqsCap: r.pools[pl], tokens: 0, tokensCap: 1 << 40}
+		g := &gates[pl]
+		if r.fleetWide {
+			f.seqs, f.seqsCap, g = running, r.slots, &gates[0]
+		}
 		light, reserve := g.assess(clk.Now().UnixNano(), loads, cand, f, r.headroom)
 		if !light && !f.fitsBeyond(1, reserve) {
-			return queue.Park
+			if pooled[pl] < r.pools[pl] {
+				return queue.Park // room, but the light tenants need it
+			}
+			return full(true)
+		}
+		if pooled[pl] >= r.pools[pl] {
+			return full(!g.withinShare(it.Tenant, it.Payload.t.weight))
 		}
 		return queue.Dispatch
 	}
@@ -170,14 +236,16 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			tn := it.Payload.t
 			account(now)
 			running++
+			pooled[tn.pool]++
 			tn.held++
 			tn.peak = max(tn.peak, tn.held)
 			r.peakBusy = max(r.peakBusy, running)
+			r.poolPeak[tn.pool] = max(r.poolPeak[tn.pool], pooled[tn.pool])
 			if it.Payload.arrival >= r.warmup && it.Payload.arrival < r.duration {
 				tn.waits = append(tn.waits, now-it.Payload.arrival)
 			}
 			svc := time.Duration(it.Payload.out) * r.step
-			push(desEvent{at: now + svc, kind: 1, t: tn})
+			push(desEvent{at: now + svc, kind: 1, t: tn, svc: svc})
 		}
 	}
 	nextTick := time.Duration(-1)
@@ -198,17 +266,27 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 					if err != nil && now >= r.warmup {
 						tn.full++
 					}
+					if err == nil {
+						tn.arrived++
+					}
 					push(desEvent{at: now + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 				}
 			}
 		case 1:
 			account(now)
 			running--
+			pooled[e.t.pool]--
 			e.t.held--
+			e.t.done++
+			e.t.doneSec += e.svc.Seconds()
 			if now >= r.warmup && now < r.duration {
 				e.t.served++
 			}
 			q.Unpark(e.t.name)
+			for _, n := range parkedFull[e.t.pool] {
+				q.Unpark(n)
+			}
+			parkedFull[e.t.pool] = parkedFull[e.t.pool][:0]
 		case 2:
 			if e.at == nextTick {
 				nextTick = -1
@@ -243,6 +321,10 @@ func (r *desRun) utilization() float64 {
 	return float64(r.busy) / float64(time.Duration(r.slots)*(r.duration-r.warmup))
 }
 
+func (r *desRun) poolUtilization(i int) float64 {
+	return float64(r.poolBusy[i]) / float64(time.Duration(r.pools[i])*(r.duration-r.warmup))
+}
+
 func (tn *desTenant) String() string {
 	return fmt.Sprintf("%s: p50 %v p99 %v max %v served %d expired %d full %d peak %d", tn.name,
 		pct(tn.waits, 0.5), pct(tn.waits, 0.99), pct(tn.waits, 1), tn.served, tn.expired, tn.full, tn.peak)
@@ -262,9 +344,10 @@ func victims() []*desTenant {
 // TestGateFloodGivesWay: three light tenants at 0.2× capacity each and a
 // flood at 2× (the flood preset). Flooded, no victim request is lost and
 // none waits longer than one request's longest service time (3.2 s); the
-// median victim does not wait at all, the p99 wait is within 300 ms (15
-// decode steps) of the same arrivals' alone, and the flood keeps at least
-// its floor: the fleet stays busier than the victims alone keep it.
+// median victim does not wait at all, the p99 wait is within 100 ms (5
+// decode steps) of the same arrivals' alone, and the flood keeps its
+// floor: it completes at least 10 requests a minute and the fleet stays
+// busier than the victims alone keep it.
 func TestGateFloodGivesWay(t *testing.T) {
 	for seed := uint64(1); seed <= 4; seed++ {
 		alone := presetRun(seed)
@@ -280,13 +363,56 @@ func TestGateFloodGivesWay(t *testing.T) {
 			assert.Zero(t, vf[i].expired+vf[i].full, "a victim lost requests")
 			assert.Zero(t, pct(vf[i].waits, 0.5), "the median victim request waited")
 			// Same arrivals alone and flooded (one random stream per tenant).
-			assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+300*time.Millisecond, "%s p99 wait", vf[i].name)
+			assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+100*time.Millisecond, "%s p99 wait", vf[i].name)
 			assert.LessOrEqual(t, pct(vf[i].waits, 1), 3200*time.Millisecond, "%s waited more than one service time", vf[i].name)
 		}
 		t.Logf("seed %d flood   %v; utilization alone %.3f flooded %.3f", seed, flood, alone.utilization(), flooded.utilization())
-		assert.Greater(t, flooded.utilization(), alone.utilization()+0.02, "the flood was starved")
-		assert.Greater(t, flood.served, int64(0))
+		assert.Greater(t, flooded.utilization(), alone.utilization()+0.01, "the flood was starved")
+		assert.GreaterOrEqual(t, flood.served, int64(10))
 	}
+}
+
+// TestGateFloodRampUp is the flood preset as `make bench` measures it:
+// victims and flood start together, and the victims' p99 is read over
+// 5–17 s. Per seed, the ratio is the worst victim's p99 TTFT flooded over
+// alone, with TTFT = wait + 46 ms (the unqueued TTFT of the bench's
+// simulator). Over 20 seeds at most 3 exceed 1.5 (the must-show), and the
+// gate without the offered-load forecast, the heavy hysteresis and the
+// backlog reserve does worse (that is what `make bench` had: 2.88 in one
+// of two runs). The seeds still above 1.5 are the start-up: the flood fills
+// the idle pool in its first second, before anything can be heavy, and
+// the victims that arrive then wait for those requests to finish.
+func TestGateFloodRampUp(t *testing.T) {
+	bad := func(old bool) (n int, ratios []float64) {
+		for seed := uint64(1); seed <= 20; seed++ {
+			mk := func() *desRun {
+				r := presetRun(seed)
+				r.warmup, r.duration = 5*time.Second, 17*time.Second
+				r.noForecast, r.noSticky, r.noBacklog = old, old, old
+				return r
+			}
+			alone, flooded := mk(), mk()
+			va, vf := victims(), victims()
+			alone.run(t, va)
+			flooded.run(t, append(vf, &desTenant{name: "flood", weight: 1, rate: 25}))
+			var wa, wf time.Duration
+			for i := range vf {
+				wa, wf = max(wa, pct(va[i].waits, 0.99)), max(wf, pct(vf[i].waits, 0.99))
+				assert.Zero(t, vf[i].expired+vf[i].full, "seed %d %s", seed, vf[i].name)
+			}
+			ratio := float64(wf+46*time.Millisecond) / float64(wa+46*time.Millisecond)
+			ratios = append(ratios, math.Round(ratio*100)/100)
+			if ratio > 1.5 {
+				n++
+			}
+		}
+		return n, ratios
+	}
+	n, ratios := bad(false)
+	nOld, ratiosOld := bad(true)
+	t.Logf("victims flooded ÷ alone per seed: %v (%d above 1.5); without forecast, hysteresis, backlog reserve: %v (%d)", ratios, n, ratiosOld, nOld)
+	assert.LessOrEqual(t, n, 3)
+	assert.Greater(t, nOld, n)
 }
 
 // TestGateLoneTenantGetsTheFleet: one tenant at 1.5× capacity with no cap
@@ -385,12 +511,102 @@ func TestGateLendsAndReclaims(t *testing.T) {
 	assert.Equal(t, int64(32), after, "lent again once their peaks age out")
 }
 
+// TestGatePerPool: two pools (models A and B) of 32 slots each; shares
+// and reserves are per pool.
+//
+//   - A flood on A beside A's three victims, B idle: the victims get what
+//     they get on a pool of their own (median wait 0, p99 within 300 ms of
+//     alone, none lost, none waits a service time), and the flood holds A
+//     to its floor and no further. The fleet-wide gate counts B's free
+//     slots as the victims' reserve, so the flood fills A and the victims
+//     wait (logged and asserted worse, so this test can fail).
+//   - A flood at 4× alone on A, B's victims near B's capacity: the flood
+//     gets all of A (utilization within 2 points of ungated) and B's
+//     victims wait as they do alone (p99 within 100 ms); the fleet-wide
+//     gate held the flood back to leave B's victims a reserve on A.
+func TestGatePerPool(t *testing.T) {
+	mk := func(fleetWide bool, victimPool int) (*desRun, []*desTenant, *desTenant) {
+		r := presetRun(7)
+		r.pools, r.fleetWide = []int64{32, 32}, fleetWide
+		vs := victims()
+		for _, v := range vs {
+			v.pool = victimPool
+		}
+		flood := &desTenant{name: "flood", weight: 1, rate: 25}
+		r.run(t, append(vs, flood))
+		return r, vs, flood
+	}
+	alone := presetRun(7)
+	va := victims()
+	alone.run(t, va)
+
+	// Victims beside the flood on A.
+	r, vs, flood := mk(false, 0)
+	rw, vw, _ := mk(true, 0)
+	var worstPer, worstWide time.Duration
+	for i := range vs {
+		t.Logf("per-pool   %v", vs[i])
+		t.Logf("fleet-wide %v", vw[i])
+		assert.Zero(t, vs[i].expired+vs[i].full, vs[i].name)
+		assert.Zero(t, pct(vs[i].waits, 0.5), vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 0.99), pct(va[i].waits, 0.99)+300*time.Millisecond, vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 1), 3200*time.Millisecond, vs[i].name)
+		worstPer = max(worstPer, pct(vs[i].waits, 0.99))
+		worstWide = max(worstWide, pct(vw[i].waits, 0.99))
+	}
+	t.Logf("flood on A %v; A utilization %.3f (fleet-wide %.3f); victims' worst p99 wait %v (fleet-wide %v)",
+		flood, r.poolUtilization(0), rw.poolUtilization(0), worstPer, worstWide)
+	assert.Greater(t, worstWide, worstPer+time.Second, "the fleet-wide gate lent B's slots as A's reserve")
+	assert.Greater(t, flood.served, int64(0), "squeezed, not starved")
+	assert.Zero(t, r.poolPeak[1], "nothing runs on B")
+
+	// B's victims near B's capacity (3 × 3.3 rps of 12.5), a flood at 4×
+	// A's capacity alone on A.
+	busyB := func(r *desRun) ([]*desTenant, *desTenant) {
+		vs := victims()
+		for _, v := range vs {
+			v.pool, v.rate = 1, 3.3
+		}
+		flood := &desTenant{name: "flood", weight: 1, rate: 50}
+		r.pools = []int64{32, 32}
+		r.run(t, append(vs, flood))
+		return vs, flood
+	}
+	r = presetRun(7)
+	vs, flood = busyB(r)
+	rw = presetRun(7)
+	rw.fleetWide = true
+	_, floodW := busyB(rw)
+	base := presetRun(7) // the flood on a pool of its own, ungated
+	base.noGate = true
+	floodB := &desTenant{name: "flood", weight: 1, rate: 50}
+	base.run(t, []*desTenant{floodB})
+	aloneB := presetRun(7)
+	vb := victims()
+	for _, v := range vb {
+		v.rate = 3.3
+	}
+	aloneB.run(t, vb)
+	t.Logf("flood alone on A: served %d (fleet-wide %d, ungated %d), A utilization %.3f (fleet-wide %.3f, ungated %.3f), peak %d (fleet-wide %d)",
+		flood.served, floodW.served, floodB.served, r.poolUtilization(0), rw.poolUtilization(0), base.utilization(), r.poolPeak[0], rw.poolPeak[0])
+	assert.Equal(t, int64(32), r.poolPeak[0])
+	assert.InDelta(t, base.utilization(), r.poolUtilization(0), 0.02, "the flood is alone on A: all of A")
+	assert.InEpsilon(t, floodB.served, flood.served, 0.02)
+	assert.Less(t, rw.poolUtilization(0), r.poolUtilization(0)-0.05, "the fleet-wide gate held the flood back for B's victims")
+	for i := range vs {
+		t.Logf("B %v (alone %v)", vs[i], vb[i])
+		assert.InDelta(t, vb[i].served, vs[i].served, 1, "B's victims are alone on B")
+		assert.Equal(t, vb[i].expired+vb[i].full, vs[i].expired+vs[i].full, vs[i].name)
+		assert.LessOrEqual(t, pct(vs[i].waits, 0.99), pct(vb[i].waits, 0.99)+100*time.Millisecond, vs[i].name)
+	}
+}
+
 func TestWaterLevel(t *testing.T) {
 	var g shareGate
 	cls := func(ws []float64, avgs ...float64) []gateCls {
 		var cs []gateCls
 		for i, a := range avgs {
-			cs = append(cs, gateCls{avg: a, weight: ws[i], active: true})
+			cs = append(cs, gateCls{avg: a, load: a, weight: ws[i], active: true})
 		}
 		return cs
 	}
@@ -458,19 +674,19 @@ func TestRoomBetweenScrapes(t *testing.T) {
 	r := &replica{name: "r", maxSeqs: 4}
 	set := &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}
 	for range 4 {
-		require.NotNil(t, set.choose(route{}, 10, true, nil))
+		require.NotNil(t, set.choose(route{}, 10, nil))
 	}
 	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load()})
-	assert.False(t, set.fits(route{}, 10, true), "full")
+	assert.False(t, set.fits(route{}, 10), "full")
 
 	set.release(r, 10) // aborted: vLLM may still run it
-	assert.False(t, set.fits(route{}, 10, true), "an abort frees nothing until a scrape shows it")
+	assert.False(t, set.fits(route{}, 10), "an abort frees nothing until a scrape shows it")
 
 	set.release(r, 10) // completed normally
 	r.finished.Add(1)
-	assert.True(t, set.fits(route{}, 10, true), "a completion frees its slot before the next scrape")
-	assert.Equal(t, int64(3), set.fleet().seqs, "4 scraped - 1 completed; the aborted one still counts")
+	assert.True(t, set.fits(route{}, 10), "a completion frees its slot before the next scrape")
+	assert.Equal(t, int64(3), set.fleetOf(set.poolKeyOf("")).seqs, "4 scraped - 1 completed; the aborted one still counts")
 
 	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
-	assert.Equal(t, int64(2), set.fleet().seqs, "the next scrape shows the abort honoured")
+	assert.Equal(t, int64(2), set.fleetOf(set.poolKeyOf("")).seqs, "the next scrape shows the abort honoured")
 }

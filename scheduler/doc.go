@@ -23,8 +23,11 @@
 //     replica has room (SCHEDULING §7: load + size ≤ K_r, seqs < max_num_seqs,
 //     with vLLM's own running count and KV usage taken when larger, so work
 //     another instance or an abort-ignoring replica keeps running still
-//     counts). The request then takes a ledger slot (MarkDispatched) before
-//     its first upstream byte; a slot denial requeues it at its head.
+//     counts), and the fair-share gate (dispatch.go) holds a heavy tenant
+//     back from its pool's light tenants' reserve; shares, reserve and room
+//     are per pool (pools.go). The request then takes a ledger slot
+//     (MarkDispatched) before its first upstream byte; a slot denial
+//     requeues it at its head.
 //  6. Execute: the body goes upstream with stream and continuous usage
 //     forced on; streaming clients get vLLM's chunks passed through with the
 //     usage they did not ask for removed, others a re-assembled body.

@@ -138,7 +138,7 @@ func (s *Server) post(c *call) (*http.Response, error) {
 		if !retry || c.ctx.Err() != nil {
 			return nil, err
 		}
-		next := s.reps.choose(c.route, c.size, true, c.rep)
+		next := s.reps.choose(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)

@@ -86,20 +86,10 @@ type capacityFunc func(name string) (k, base int64, state gpu.State)
 type replicaSet struct {
 	reps     []*replica
 	capacity capacityFunc
-	headroom float64
 
 	mu     sync.Mutex // serializes choose+reserve; guards cursor
 	cursor int
-
-	loadMu sync.Mutex // guards loads
-	// loads is each tenant's in-flight tokens and queued requests per
-	// model, for fair share within a pool.
-	loads map[modelTenant]*poolLoad
 }
-
-type modelTenant struct{ model, tenant string }
-
-type poolLoad struct{ inflight, queued int64 }
 
 // route is what the replica choice needs to know about a request.
 type route struct {
@@ -191,20 +181,20 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 }
 
 // choose picks the least normalized-load replica of rt's pool that fits
-// size tokens and reserves the room on it. light tenants (below their fair
-// share) may use the headroom fraction; others may not. exclude skips
-// replicas already tried. It returns nil when nothing fits now.
-func (s *replicaSet) choose(rt route, size int64, light bool, exclude *replica) *replica {
-	return s.pick(rt, size, light, exclude, true)
+// size tokens and reserves the room on it. exclude skips replicas already
+// tried. It returns nil when nothing fits now. Fair shares are the dispatch
+// gate's (dispatch.go): every request that passes it may use any room.
+func (s *replicaSet) choose(rt route, size int64, exclude *replica) *replica {
+	return s.pick(rt, size, exclude, true)
 }
 
 // fits reports whether some replica of rt's pool has room, without
 // reserving it.
-func (s *replicaSet) fits(rt route, size int64, light bool) bool {
-	return s.pick(rt, size, light, nil, false) != nil
+func (s *replicaSet) fits(rt route, size int64) bool {
+	return s.pick(rt, size, nil, false) != nil
 }
 
-func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, reserve bool) *replica {
+func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) *replica {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var best *replica
@@ -221,20 +211,12 @@ func (s *replicaSet) pick(rt route, size int64, light bool, exclude *replica, re
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
-		// The headroom applies to batch slots as well as tokens: a flood
-		// of short requests runs out of sequences long before KV.
-		maxSeqs := r.maxSeqs
-		limit := float64(k)
-		if !light {
-			limit *= 1 - s.headroom
-			maxSeqs = max(1, int64(float64(r.maxSeqs)*(1-s.headroom)))
-		}
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= maxSeqs || float64(load+size) > limit {
+		if seqs >= r.maxSeqs || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)
@@ -375,115 +357,4 @@ func (s *replicaSet) gpuHold(mon *gpu.Monitor, model string, in, out int64) int6
 		return mon.Hold(in, out)
 	}
 	return int64(math.Ceil((a*float64(in) + b*float64(out)) * mon.Config().GPUMsMargin))
-}
-
-// track adds to a tenant's in-flight tokens and queued requests for model
-// (fair share is per pool: tenants compete only for the replicas they
-// share).
-func (s *replicaSet) track(model, tenant string, inflight, queued int64) {
-	s.loadMu.Lock()
-	defer s.loadMu.Unlock()
-	if s.loads == nil {
-		s.loads = map[modelTenant]*poolLoad{}
-	}
-	k := modelTenant{model, tenant}
-	l := s.loads[k]
-	if l == nil {
-		l = &poolLoad{}
-		s.loads[k] = l
-	}
-	l.inflight += inflight
-	l.queued += queued
-	if l.inflight == 0 && l.queued == 0 {
-		delete(s.loads, k)
-	}
-}
-
-// poolKey identifies the set of replicas serving model: a bit per replica
-// in config order (replicas past the 256th share the last bit, which can
-// only merge pools, never split one).
-type poolKey [4]uint64
-
-func (s *replicaSet) poolKeyOf(model string) poolKey {
-	var k poolKey
-	known := s.anyKnown()
-	for i, r := range s.reps {
-		if s.serves(r, model, known) {
-			b := min(i, 255)
-			k[b/64] |= 1 << (b % 64)
-		}
-	}
-	return k
-}
-
-// belowShare reports whether tenant's in-flight tokens on model's pool are
-// at or below its weighted share among the tenants with work on that pool
-// (SCHEDULING §6, per pool). weight gives each active tenant's weight. It
-// runs in the dispatch predicate: no maps, one pool key per model seen.
-func (s *replicaSet) belowShare(model, tenant string, weight func(string) int64) bool {
-	type agg struct {
-		name             string
-		inflight, queued int64
-	}
-	type modelPool struct {
-		model string
-		same  bool
-	}
-	var key poolKey
-	haveKey := false
-	var aggBuf [16]agg
-	var poolBuf [8]modelPool
-	per, pools := aggBuf[:0], poolBuf[:0]
-	samePool := func(m string) bool {
-		if m == model {
-			return true
-		}
-		for _, p := range pools {
-			if p.model == m {
-				return p.same
-			}
-		}
-		if !haveKey {
-			key, haveKey = s.poolKeyOf(model), true
-		}
-		same := s.poolKeyOf(m) == key
-		pools = append(pools, modelPool{m, same})
-		return same
-	}
-	s.loadMu.Lock()
-	for k, l := range s.loads {
-		if !samePool(k.model) {
-			continue
-		}
-		i := 0
-		for i < len(per) && per[i].name != k.tenant {
-			i++
-		}
-		if i == len(per) {
-			per = append(per, agg{name: k.tenant})
-		}
-		per[i].inflight += l.inflight
-		per[i].queued += l.queued
-	}
-	s.loadMu.Unlock()
-	var total, weights, mine int64
-	self := false
-	for _, a := range per {
-		if a.name == tenant {
-			self, mine = true, a.inflight
-		}
-		if a.inflight > 0 || a.queued > 0 || a.name == tenant {
-			total += a.inflight
-			weights += weight(a.name)
-		}
-	}
-	if !self {
-		weights += weight(tenant)
-	}
-	if total == 0 || weights == 0 {
-		return true
-	}
-	// At or below its share: a tenant alone uses the whole pool, so the
-	// gate stays work-conserving.
-	return float64(mine)/float64(total) <= float64(weight(tenant))/float64(weights)
 }

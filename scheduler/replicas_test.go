@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -30,39 +31,95 @@ func TestReplicaPools(t *testing.T) {
 	assert.Equal(t, []*replica{a, b}, set.pool(""), "no model: vLLM's default, the first replica's first model")
 
 	for range 10 {
-		r := set.choose(route{model: "big"}, 10, true, nil)
+		r := set.choose(route{model: "big"}, 10, nil)
 		require.NotNil(t, r)
 		assert.NotEqual(t, c, r)
 	}
 	assert.Equal(t, int64(100), a.load.Load()+b.load.Load())
 	assert.Equal(t, int64(50), a.load.Load(), "least load within the pool")
-	assert.Equal(t, c, set.choose(route{model: "lora"}, 990, true, nil))
-	assert.Nil(t, set.choose(route{model: "small"}, 20, true, nil), "c is full; a and b do not serve small")
+	assert.Equal(t, c, set.choose(route{model: "lora"}, 990, nil))
+	assert.Nil(t, set.choose(route{model: "small"}, 20, nil), "c is full; a and b do not serve small")
 	assert.Equal(t, int64(1000), set.maxCapacity("small"))
 
 	assert.Equal(t, []modelEntry{{id: "big"}, {id: "small"}, {id: "lora", parent: "small"}}, set.models())
 }
 
-func TestFairSharePerPool(t *testing.T) {
+// TestPoolKeys: a pool is the replicas serving a model plus those sharing
+// a served model with them (an adapter on some of a base model's replicas
+// joins them into one pool); before any model is known, the fleet is one
+// pool.
+func TestPoolKeys(t *testing.T) {
 	t.Parallel()
-	a := &replica{name: "a", pinned: []string{"big"}}
-	c := &replica{name: "c", pinned: []string{"small", "lora"}}
-	set := &replicaSet{reps: []*replica{a, c}, capacity: fixedCapacity(map[string]int64{"a": 1000, "c": 1000})}
-	w := func(string) int64 { return 1 }
+	a := &replica{name: "a", maxSeqs: 8}
+	b := &replica{name: "b", maxSeqs: 8}
+	c := &replica{name: "c", maxSeqs: 8}
+	d := &replica{name: "d", maxSeqs: 4}
+	set := &replicaSet{reps: []*replica{a, b, c, d}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500})}
+	var all poolKey
+	for i := range 4 {
+		all.set(i)
+	}
+	assert.Equal(t, all, set.poolKeyOf("big"), "nothing known: one pool")
 
-	// x fills the big pool; y waits on the small one: x is alone on its
-	// pool, so it stays below its share there.
-	set.track("big", "x", 900, 0)
-	set.track("small", "y", 0, 1)
-	assert.True(t, set.belowShare("big", "x", w))
-	// y's adapter traffic shares c with small: one pool.
-	set.track("lora", "x", 100, 0)
-	assert.False(t, set.belowShare("small", "x", w), "x holds all of c's load while y waits for it")
-	assert.True(t, set.belowShare("small", "y", w))
-	set.track("lora", "x", -100, 0)
-	set.track("small", "y", 0, -1)
-	set.track("big", "x", -900, 0)
-	assert.Empty(t, set.loads, "entries go once they are zero")
+	a.obs.Store(&replicaObs{ok: true, models: []string{"big"}})
+	b.obs.Store(&replicaObs{ok: true, models: []string{"big", "big-lora"}})
+	c.obs.Store(&replicaObs{ok: true, models: []string{"small"}})
+	d.obs.Store(&replicaObs{ok: true, models: []string{"small"}})
+	var ab, cd poolKey
+	ab.set(0)
+	ab.set(1)
+	cd.set(2)
+	cd.set(3)
+	assert.Equal(t, ab, set.poolKeyOf("big"))
+	assert.Equal(t, ab, set.poolKeyOf("big-lora"), "the adapter on b shares b with big: one pool")
+	assert.Equal(t, ab, set.poolKeyOf(""), "the default model is a's first")
+	assert.Equal(t, cd, set.poolKeyOf("small"))
+	assert.Equal(t, poolKey{}, set.poolKeyOf("nope"))
+
+	require.NotNil(t, set.choose(route{model: "small"}, 100, nil))
+	assert.Equal(t, fleetLoad{seqs: 1, seqsCap: 12, tokens: 100, tokensCap: 1500}, set.fleetOf(cd))
+	assert.Equal(t, fleetLoad{seqs: 0, seqsCap: 16, tokens: 0, tokensCap: 2000}, set.fleetOf(ab))
+	assert.True(t, set.roomOutside(cd, 1), "a and b are idle")
+	for range 8 {
+		require.NotNil(t, set.choose(route{model: "big"}, 10, nil))
+	}
+	for range 8 {
+		require.NotNil(t, set.choose(route{model: "big"}, 10, nil))
+	}
+	assert.False(t, set.roomOutside(cd, 1), "a and b are full")
+	assert.True(t, set.roomOutside(ab, 1))
+}
+
+// TestPoolMoveBalances: a call's pool load follows its spot, a repeated
+// move is a no-op, and a tenant's entry goes once it holds nothing.
+func TestPoolMoveBalances(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := t0
+	p := poolTable{now: func() time.Time { return clk }}
+	var k poolKey
+	k.set(1)
+	x := &tenant{name: "x"}
+	c1 := &call{t: x, pool: k, size: 100}
+	c2 := &call{t: x, pool: k, size: 30}
+	p.move(c1, spotQueued)
+	p.move(c2, spotQueued)
+	p.move(c1, spotHeld)
+	p.move(c1, spotHeld)
+	clk = t0.Add(time.Second)
+	pl := p.pools[k]
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 100, arrived: 2}, *pl.tenants["x"])
+	p.move(c1, spotQueued) // a slot denial puts it back: no new arrival
+	p.move(c2, spotHeld)
+	clk = t0.Add(3500 * time.Millisecond)
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 30, arrived: 2}, *pl.tenants["x"])
+	assert.False(t, pl.idle())
+	p.move(c1, spotNone)
+	c2.sent = true // ran upstream: a service time
+	p.move(c2, spotNone)
+	p.move(c2, spotNone)
+	assert.Equal(t, poolTenant{arrived: 2, served: 1, servedSec: 2.5}, *pl.tenants["x"])
+	assert.True(t, pl.idle())
 }
 
 func TestPriceCached(t *testing.T) {
@@ -76,22 +133,4 @@ func TestPriceCached(t *testing.T) {
 	assert.Equal(t, p.priceMicros("m", 1000, 100), p.priceCached("m", 1000, 0, 100))
 	assert.Equal(t, int64(4500), p.priceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
 	assert.Equal(t, int64(1500+300), p.priceCached("m", 1000, 5000, 100), "cached never exceeds input")
-}
-
-// BenchmarkBelowShare is the per-pool fair-share check of the dispatch
-// predicate: 8 tenants with work on 3 models of 2 pools.
-func BenchmarkBelowShare(b *testing.B) {
-	a := &replica{name: "a", pinned: []string{"big"}}
-	c := &replica{name: "c", pinned: []string{"small", "lora"}}
-	set := &replicaSet{reps: []*replica{a, c}, capacity: fixedCapacity(map[string]int64{"a": 1000, "c": 1000})}
-	for i := range 8 {
-		for _, m := range []string{"big", "small", "lora"} {
-			set.track(m, string(rune('p'+i)), int64(100*(i+1)), 1)
-		}
-	}
-	w := func(string) int64 { return 1 }
-	b.ReportAllocs()
-	for b.Loop() {
-		set.belowShare("small", "q", w)
-	}
 }

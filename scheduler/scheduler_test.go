@@ -92,39 +92,37 @@ func TestReplicaChoice(t *testing.T) {
 	t.Parallel()
 	r0 := &replica{name: "r0", maxSeqs: 4}
 	r1 := &replica{name: "r1", maxSeqs: 4}
-	set := &replicaSet{reps: []*replica{r0, r1}, capacity: fixedCapacity(map[string]int64{"r0": 1000, "r1": 500}), headroom: 0.1}
+	set := &replicaSet{reps: []*replica{r0, r1}, capacity: fixedCapacity(map[string]int64{"r0": 1000, "r1": 500})}
 
 	// Least normalized load: r0 twice as big gets two for r1's one.
 	for range 3 {
-		require.NotNil(t, set.choose(route{}, 100, true, nil))
+		require.NotNil(t, set.choose(route{}, 100, nil))
 	}
 	assert.Equal(t, int64(200), r0.load.Load())
 	assert.Equal(t, int64(100), r1.load.Load())
 
 	// vLLM's own running count counts when larger (ghosts).
 	r1.obs.Store(&replicaObs{ok: true, running: 4})
-	assert.NotEqual(t, r1, set.choose(route{}, 10, true, nil))
+	assert.NotEqual(t, r1, set.choose(route{}, 10, nil))
 	r1.obs.Store(nil)
 
-	// Headroom: only light tenants may use the last 10%.
-	assert.Nil(t, set.choose(route{}, 750, false, nil), "210+750 > 0.9·1000 and 100+750 > 500")
-	assert.True(t, set.fits(route{}, 750, true), "a light tenant may use the headroom")
+	// Room is tokens and batch slots; the fair-share reserve is the
+	// dispatch gate's, not the replica choice's.
+	assert.Nil(t, set.choose(route{}, 800, nil), "210+800 > 1000 and 100+800 > 500")
+	assert.True(t, set.fits(route{}, 790), "210+790 = 1000 fits")
 	assert.Equal(t, int64(210), r0.load.Load(), "fits reserves nothing")
-	assert.Nil(t, set.choose(route{}, 2000, true, nil), "fits nowhere")
+	assert.Nil(t, set.choose(route{}, 2000, nil), "fits nowhere")
 
-	// Batch slots: a heavy tenant may not take the last 10% of sequences.
 	r2 := &replica{name: "r2", maxSeqs: 10}
-	seqSet := &replicaSet{reps: []*replica{r2}, capacity: fixedCapacity(map[string]int64{"r2": 1 << 20}), headroom: 0.1}
-	for range 9 {
-		require.NotNil(t, seqSet.choose(route{}, 1, false, nil))
+	seqSet := &replicaSet{reps: []*replica{r2}, capacity: fixedCapacity(map[string]int64{"r2": 1 << 20})}
+	for range 10 {
+		require.NotNil(t, seqSet.choose(route{}, 1, nil))
 	}
-	assert.Nil(t, seqSet.choose(route{}, 1, false, nil), "the 10th sequence is headroom")
-	assert.NotNil(t, seqSet.choose(route{}, 1, true, nil), "a light tenant may take it")
-	assert.Nil(t, seqSet.choose(route{}, 1, true, nil), "and then the batch is full")
+	assert.Nil(t, seqSet.choose(route{}, 1, nil), "the batch is full at max_num_seqs")
 
 	// Draining or down replicas get nothing.
 	set.capacity = func(string) (int64, int64, gpu.State) { return 1000, 1000, gpu.StateDraining }
-	assert.Nil(t, set.choose(route{}, 1, true, nil))
+	assert.Nil(t, set.choose(route{}, 1, nil))
 	assert.False(t, set.anyUp())
 }
 

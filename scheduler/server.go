@@ -99,7 +99,7 @@ type Server struct {
 	q      *queue.Queue[*call]
 	reps   *replicaSet
 	byName map[string]*replica
-	gate   shareGate // the dispatch predicate's memory (dispatch.go)
+	pools  poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
 	pol      atomic.Pointer[policy]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
@@ -189,6 +189,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.now = time.Now
 	}
 	s.leases.now = s.now
+	s.pools.now = s.now
 	s.leases.kick = make(chan struct{}, 1)
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
@@ -223,7 +224,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.configureAbuse(eff)
-	s.reps = &replicaSet{capacity: s.capacityOf, headroom: cfg.Server.Headroom}
+	s.reps = &replicaSet{capacity: s.capacityOf}
 	for _, rc := range cfg.Upstream.Replicas {
 		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models}
 		r.maxModelLen.Store(rc.MaxModelLen)

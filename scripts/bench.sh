@@ -311,8 +311,12 @@ if [ -z "${BENCH_REPORT_FROM:-}" ]; then
 log "Go benchmarks: ./scheduler/node"
 NODE_COUNT=5
 [ "${BENCH_SMOKE:-0}" = 1 ] && NODE_COUNT=1
-$GO test -run='^$' -bench=. -benchmem -count=$NODE_COUNT -benchtime=2x ./scheduler/node >"$WORK/bench-node.txt" 2>&1 ||
-	{ cat "$WORK/bench-node.txt" >&2; exit 1; }
+# A failing node benchmark is reported, not fatal: the scenarios after it
+# are most of the figures, and the report names what failed.
+if ! $GO test -run='^$' -bench=. -benchmem -count=$NODE_COUNT -benchtime=2x ./scheduler/node >"$WORK/bench-node.txt" 2>&1; then
+	{ grep -E -- '--- FAIL|_test\.go:[0-9]+:' "$WORK/bench-node.txt" || echo "go test failed without a FAIL line"; } | head -20 >"$WORK/bench-node-failed.txt"
+	log "node benchmarks FAILED (continuing; the report lists it): $(head -3 "$WORK/bench-node-failed.txt" | tr '\n' ' ')"
+fi
 for s in "${SECTIONS[@]}"; do
 	[ "${BENCH_SMOKE:-0}" = 1 ] && break
 	[ -n "$(doc_for "$s")" ] && [ "${BENCH_ALL:-0}" != 1 ] && continue
@@ -648,6 +652,7 @@ Command ($DATE): \`$NODE_CMD\`. One iteration is a batch (200 requests, 25 hang-
 queued requests), so each run has ≥ 400 / 50 / 400 samples; the table gives medians over the 5 runs.
 
 $(bench_table "$WORK/bench-node.txt")
+$(if [ -s "$WORK/bench-node-failed.txt" ]; then printf '\n**Some node benchmarks FAILED in this run** (their rows are missing or partial):\n\n```\n'; cat "$WORK/bench-node-failed.txt"; printf '```\n'; fi)
 
 - \`BenchmarkOverhead\`: one client, one request at a time, non-streamed 4-token completions, simulator
   at 0.1 ms steps. \`added\` alternates direct and Sluice request by request and reports sluice − direct.

@@ -107,8 +107,8 @@ func commands() map[string]*command {
 			example: "sluice drain --admin http://127.0.0.1:8081", run: runDrain},
 		"reload": {summary: "admin: re-read the server's config file", usage: "[--admin URL]",
 			example: "sluice reload", run: runReload},
-		"tune": {summary: "recommend each tenant's queue.max_depth, queue.max_wait (and concurrency) from saved bench results (Little's law at the knee)",
-			usage:   "[--slo-ttft 2s] [--limit] [--config FILE [--out FILE]] RESULT.json...",
+		"tune": {summary: "recommend each tenant's queue.max_depth, queue.max_wait (and concurrency) from saved bench results or a running server's /metrics (Little's law)",
+			usage:   "[--slo-ttft 2s] [--limit] [--config FILE [--out FILE]] (RESULT.json... | --metrics URL [--window 30s])",
 			example: "sluice tune --slo-ttft 2s --config sluice.yaml --out tuned.yaml sweep.json", run: runTune},
 		"audit": {summary: "audit logs", subs: map[string]*command{
 			"verify": {summary: "check that audit files form one unbroken hash chain", usage: "[--partial] FILE...",

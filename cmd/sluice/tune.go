@@ -41,17 +41,25 @@ type tuneRec struct {
 }
 
 // runTune implements `sluice tune`.
-func runTune(_ context.Context, e env, args []string) error {
+func runTune(ctx context.Context, e env, args []string) error {
 	fs := newFlags("tune")
 	slo := fs.Duration("slo-ttft", 2*time.Second, "time-to-first-token SLO the queue wait must fit")
 	limit := fs.Bool("limit", false, "also recommend a per-tenant concurrency limit (none by default)")
 	cfgPath := fs.String("config", "", "apply the snippet to this config and check the result")
 	outPath := fs.String("out", "", "with --config: write the tuned config here")
+	metrics := fs.String("metrics", "", "read a running Sluice's admin /metrics (URL or host:port) instead of saved results")
+	window := fs.Duration("window", 30*time.Second, "with --metrics: how long to watch the counters grow")
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
-		return usagef("tune needs saved bench results: sluice tune [flags] RESULT.json... (-h for help)")
+	if *metrics != "" && fs.NArg() > 0 {
+		return usagef("tune reads saved results or --metrics, not both")
+	}
+	if *metrics == "" && fs.NArg() == 0 {
+		return usagef("tune needs saved bench results or a running server: sluice tune [flags] RESULT.json... | --metrics URL (-h for help)")
+	}
+	if *window <= 0 {
+		return usagef("--window must be > 0, got %s", *window)
 	}
 	if *outPath != "" && *cfgPath == "" {
 		return usagef("--out needs --config")
@@ -60,6 +68,7 @@ func runTune(_ context.Context, e env, args []string) error {
 		return usagef("--slo-ttft must be > 0, got %s", *slo)
 	}
 	var runs []tuneRun
+	var live []string
 	for _, p := range fs.Args() {
 		r, err := loadTuneRun(p)
 		if err != nil {
@@ -67,10 +76,24 @@ func runTune(_ context.Context, e env, args []string) error {
 		}
 		runs = append(runs, r)
 	}
+	if *metrics != "" {
+		url := metricsURL(*metrics)
+		first, last, elapsed, inflight, err := watchMetrics(ctx, url, *window, min(time.Second, *window/2))
+		if err != nil {
+			return err
+		}
+		r, notes, err := liveRun(url, first, last, elapsed, inflight, *slo)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+		live = append([]string{"measured at the server's current load: the service rate is what it served within the SLO, its capacity only at the knee"}, notes...)
+	}
 	recs, notes, err := tune(runs, *slo, *limit)
 	if err != nil {
 		return usagef("%v", err)
 	}
+	notes = append(notes, live...)
 	snippet := tuneSnippet(recs, notes)
 	fmt.Fprint(e.stdout, snippet)
 	if *cfgPath == "" {

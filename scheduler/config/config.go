@@ -141,8 +141,8 @@ type Server struct {
 	// DrainTimeout is how long in-flight requests may finish on SIGTERM.
 	// Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// Headroom is the least fraction of the fleet a heavy tenant must
-	// leave free while a light tenant has demand (scheduler/dispatch.go;
+	// Headroom is the least fraction of a pool a heavy tenant must leave
+	// free while a light tenant of the pool has demand (scheduler/dispatch.go;
 	// the reserve grows with the light tenants' demand peaks). Default 0.1.
 	Headroom float64 `yaml:"headroom"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)

@@ -187,12 +187,16 @@ func hangUpOnce(tb testing.TB, c *http.Client, url string, clock *abortClock, bo
 // server noticing a closed connection); sluice adds the edge's connection
 // watch, the cancel and the upstream close. Goal: sluice p99 ≤ 10 ms.
 func BenchmarkDisconnectToUpstreamClose(b *testing.B) {
-	// A long generation (500 tokens × 2 ms) that is always cut short.
-	const stream = `{"model":"sim-model","prompt":"tell me a long story","max_tokens":500,"ignore_eos":true,"stream":true}`
+	// A long generation (4000 tokens × 2 ms = 8 s, the tenant's output cap
+	// raised to match) that is always cut short, even on a loaded machine:
+	// a stream that ends by itself before the hang-up reaches the replica
+	// has no abort to time (500 tokens, 1 s, did under load, and so did the
+	// default 1024-token cap through Sluice: "never saw the abort").
+	const stream = `{"model":"sim-model","prompt":"tell me a long story","max_tokens":4000,"ignore_eos":true,"stream":true}`
 	clock := &abortClock{ended: make(chan time.Time, 1)}
 	cfg := sim.DefaultConfig()
 	rep := startSimWrapped(b, cfg, clock.wrap)
-	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "", ""))
+	n := startNode(b, nodeConfig(b, []*simReplica{rep}, "    max_output_tokens: 4000\n", ""))
 	c := benchClient()
 
 	for _, tc := range []struct{ name, url string }{{"direct", rep.url}, {"sluice", n.api}} {

@@ -1,0 +1,249 @@
+package scheduler
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// Per-pool fair shares. Tenants compete only for the replicas they can
+// use, so the dispatch gate (dispatch.go) keeps one share computation and
+// one reserve per pool: a flood of model A is measured against A's
+// replicas alone (an idle model B neither holds it back nor lends it room
+// that is not A's), and B's light tenants are reserved for on B's.
+
+// poolKey identifies a pool: a bit per replica in config order (replicas
+// past the 256th share the last bit, which can only merge pools, never
+// split one).
+type poolKey [4]uint64
+
+func (k *poolKey) set(i int) {
+	b := min(i, 255)
+	k[b/64] |= 1 << (b % 64)
+}
+
+func (k poolKey) has(i int) bool {
+	b := min(i, 255)
+	return k[b/64]&(1<<(b%64)) != 0
+}
+
+// poolKeyOf is model's pool: the replicas serving it, plus every replica
+// that shares a served model with one of them, transitively. Partly
+// overlapping pools (an adapter loaded on some of a base model's replicas)
+// are one pool, so a flood of one cannot fill the replicas the other's
+// light tenants need without the gate seeing them. Before any replica's
+// models are known every replica serves every model: one pool, the fleet.
+func (s *replicaSet) poolKeyOf(model string) poolKey {
+	var k poolKey
+	known := s.anyKnown()
+	served := make([][]string, len(s.reps))
+	var models []string
+	for i, r := range s.reps {
+		served[i] = r.served()
+		if s.serves(r, model, known) {
+			k.set(i)
+			models = append(models, served[i]...)
+		}
+	}
+	if !known {
+		return k
+	}
+	for grown := true; grown; {
+		grown = false
+		for i := range s.reps {
+			if k.has(i) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
+				continue
+			}
+			k.set(i)
+			models = append(models, served[i]...)
+			grown = true
+		}
+	}
+	return k
+}
+
+// fleetOf sums the load and capacity of the pool's replicas that can take
+// work.
+func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var f fleetLoad
+	for i, r := range s.reps {
+		if !key.has(i) {
+			continue
+		}
+		k, load, seqs, st := s.roomOf(r)
+		if st >= gpu.StateDraining || k <= 0 {
+			continue
+		}
+		f.seqs += seqs
+		f.seqsCap += r.maxSeqs
+		f.tokens += load
+		f.tokensCap += k
+	}
+	return f
+}
+
+// roomOutside reports whether a replica outside key can take one more
+// request of size tokens (so blocking the queue for key's pool would idle
+// it).
+func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range s.reps {
+		if key.has(i) {
+			continue
+		}
+		k, load, seqs, st := s.roomOf(r)
+		if st < gpu.StateDraining && k > 0 && seqs < r.maxSeqs && load+size <= k {
+			return true
+		}
+	}
+	return false
+}
+
+// spot is where a call counts in its pool's load.
+type spot uint8
+
+const (
+	spotNone   spot = iota
+	spotQueued      // in the tenant's queue
+	spotHeld        // replica room reserved (dispatching or running)
+)
+
+// poolTable is every pool's per-tenant load and gate memory. The load
+// moves with the call (move), under mu; the gate memory is touched only by
+// the dispatch predicate, which also holds mu while it reads the loads.
+type poolTable struct {
+	mu    sync.Mutex
+	pools map[poolKey]*pool
+	now   func() time.Time // the server's clock, for service times
+}
+
+type pool struct {
+	tenants map[string]*poolTenant
+	gate    shareGate
+	// parked are tenants parked because the pool was full while another
+	// had room; the pool's next completion lets them compete again.
+	parked []string
+}
+
+// poolTenant is one tenant's load on one pool.
+type poolTenant struct {
+	held   int64 // requests holding replica room
+	queued int64 // requests queued
+	tokens int64 // replica room held (input + allowed output)
+	// Cumulative, for the gate's forecast: admissions, requests that ran
+	// and settled, and their seconds from dispatch to settlement.
+	arrived, served int64
+	servedSec       float64
+}
+
+func (p *poolTable) getLocked(k poolKey) *pool {
+	if p.pools == nil {
+		p.pools = map[poolKey]*pool{}
+	}
+	pl := p.pools[k]
+	if pl == nil {
+		if len(p.pools) >= 64 {
+			// Models moved between replicas: forget pools nothing uses.
+			for k2, o := range p.pools {
+				if o.idle() {
+					delete(p.pools, k2)
+				}
+			}
+		}
+		pl = &pool{tenants: map[string]*poolTenant{}}
+		p.pools[k] = pl
+	}
+	return pl
+}
+
+// move counts c at to in its pool (c.pool, fixed at admission, so what is
+// added is what is removed). Moving to where it is is a no-op, so every
+// ending may move it to spotNone.
+func (p *poolTable) move(c *call, to spot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.moveLocked(c, to)
+}
+
+func (p *poolTable) moveLocked(c *call, to spot) {
+	from := c.spot
+	if from == to {
+		return
+	}
+	pl := p.getLocked(c.pool)
+	name := c.t.name
+	pt := pl.tenants[name]
+	if pt == nil {
+		pt = &poolTenant{}
+		pl.tenants[name] = pt
+	}
+	switch from {
+	case spotNone:
+		pt.arrived++ // admitted (a requeue comes from spotHeld)
+	case spotQueued:
+		pt.queued--
+	case spotHeld:
+		pt.held--
+		pt.tokens -= c.size
+		if to == spotNone && c.sent && p.now != nil {
+			// Ran upstream: its time holding room is a service time.
+			// c.sent is the request goroutine's, which makes this move.
+			pt.served++
+			pt.servedSec += p.now().Sub(c.heldAt).Seconds()
+		}
+	}
+	switch to {
+	case spotQueued:
+		pt.queued++
+	case spotHeld:
+		pt.held++
+		pt.tokens += c.size
+		if p.now != nil {
+			c.heldAt = p.now()
+		}
+	}
+	c.spot = to
+	// Entries stay (their counts are cumulative): one per tenant and pool.
+}
+
+// parkFull records that tenant was parked because k's pool was full.
+func (p *poolTable) parkFull(k poolKey, tenant string) {
+	pl := p.getLocked(k)
+	if !slices.Contains(pl.parked, tenant) {
+		pl.parked = append(pl.parked, tenant)
+	}
+}
+
+// unparkFull lets the tenants parked on k's full pool compete again.
+func (p *poolTable) unparkFull(k poolKey, q *queue.Queue[*call]) {
+	p.mu.Lock()
+	pl := p.pools[k]
+	var names []string
+	if pl != nil && len(pl.parked) > 0 {
+		names = slices.Clone(pl.parked)
+		pl.parked = pl.parked[:0]
+	}
+	p.mu.Unlock()
+	for _, n := range names {
+		q.Unpark(n)
+	}
+}
+
+// idle reports whether nothing is queued on or holding room in the pool.
+func (pl *pool) idle() bool {
+	if len(pl.parked) > 0 {
+		return false
+	}
+	for _, pt := range pl.tenants {
+		if pt.held != 0 || pt.queued != 0 {
+			return false
+		}
+	}
+	return true
+}
