@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +54,15 @@ func (e *Edge) HTTPServer() *fasthttp.Server {
 		CloseOnShutdown:              true,
 		StreamRequestBody:            false,
 		DisablePreParseMultipartForm: true,
+		ConnState:                    e.connState,
+	}
+}
+
+// connState ends a closed connection's watch (connwatch.NewPerConn keeps one
+// registration per connection, not one per request).
+func (e *Edge) connState(c net.Conn, st fasthttp.ConnState) {
+	if e.watch != nil && (st == fasthttp.StateClosed || st == fasthttp.StateHijacked) {
+		e.watch.Closed(c)
 	}
 }
 
