@@ -12,7 +12,9 @@
 # threads; ns resolution, utime+stime in effect), not wall time: steadier on
 # a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
 # EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
-# SLUICE_BIN (a prebuilt binary to compare; default: build bin/sluice).
+# EDGE_RAW=1 (print every round), SLUICE_BIN (a prebuilt binary; default:
+# build bin/sluice), EDGE_BASE_BIN (a second build, target sluice-base, to
+# measure before/after in the same run).
 # Prints one table (medians over rounds) on stdout.
 set -euo pipefail
 
@@ -51,6 +53,7 @@ BASE=$((20000 + (($$ + 600) % 1200) * 10))
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for i in $(seq 0 9); do port_free $((BASE + i)) || { echo "edgecpu: port $((BASE + i)) busy" >&2; exit 1; }; done
 SIM_PORT=$BASE HAP_PORT=$((BASE + 4)) NGX_PORT=$((BASE + 5)) API_PORT=$((BASE + 6)) ADM_PORT=$((BASE + 7))
+BASE_API_PORT=$((BASE + 8)) BASE_ADM_PORT=$((BASE + 9))
 
 # cpu_ns PID...: on-CPU nanoseconds of the processes, all their threads.
 cpu_ns() {
@@ -160,31 +163,53 @@ EOF
 (cd "$WORK/loadloop" && GOFLAGS= $GO build -o "$WORK/loadloop.bin" .)
 
 KEY=sk-edgecpu-$RANDOM$RANDOM$RANDOM
-{
-	echo "listen: 127.0.0.1:$API_PORT"
-	echo "admin_listen: 127.0.0.1:$ADM_PORT"
-	echo "gpu: {telemetry: off}"
-	echo "server: {drain_timeout: 5s}"
-	echo "upstream:"
-	echo "  replicas:"
-	for i in 0 1; do echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\", max_num_seqs: 64}"; done
-	echo "tenants:"
-	echo "  - name: solo"
-	echo "    api_keys: [\"$(printf '%s\n' "$KEY" | "$SLUICE" key hash)\"]"
-} >"$WORK/sluice.yaml"
+# write_config FILE API_PORT ADMIN_PORT
+write_config() {
+	{
+		echo "listen: 127.0.0.1:$2"
+		echo "admin_listen: 127.0.0.1:$3"
+		echo "gpu: {telemetry: off}"
+		echo "server: {drain_timeout: 5s}"
+		echo "upstream:"
+		echo "  replicas:"
+		for i in 0 1; do echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\", max_num_seqs: 64}"; done
+		echo "tenants:"
+		echo "  - name: solo"
+		echo "    api_keys: [\"$(printf '%s\n' "$KEY" | "$SLUICE" key hash)\"]"
+	} >"$1"
+}
+# start_sluice BIN API_PORT ADMIN_PORT NAME: prints the pid.
+start_sluice() {
+	write_config "$WORK/$4.yaml" "$2" "$3"
+	"$1" serve --config "$WORK/$4.yaml" >"$WORK/$4.log" 2>&1 &
+	echo $!
+}
+# sized ADMIN_PORT: every replica scraped and sized.
+sized() {
+	local i
+	for i in $(seq 1 100); do
+		[ "$(curl -fs "http://127.0.0.1:$1/metrics" | awk '/^sluice_replica_capacity_tokens[{ ]/ && $NF > 0 { n++ } END { print n + 0 }')" -ge 2 ] && return 0
+		sleep 0.1
+	done
+	echo "edgecpu: sluice on admin port $1 never sized its replicas" >&2
+	return 1
+}
 
 "$SLUICE" sim --listen "127.0.0.1:$SIM_PORT" --replicas 2 --decode-step 1ms >"$WORK/sim.log" 2>&1 &
 SIM_PID=$!
 PIDS+=("$SIM_PID")
 for i in 0 1; do wait_http "http://127.0.0.1:$((SIM_PORT + i))/health"; done
-"$SLUICE" serve --config "$WORK/sluice.yaml" >"$WORK/sluice.log" 2>&1 &
-SLUICE_PID=$!
+SLUICE_PID=$(start_sluice "$SLUICE" "$API_PORT" "$ADM_PORT" sluice)
 PIDS+=("$SLUICE_PID")
 wait_http "http://127.0.0.1:$API_PORT/readyz"
-for i in $(seq 1 100); do
-	[ "$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" | awk '/^sluice_replica_capacity_tokens[{ ]/ && $NF > 0 { n++ } END { print n + 0 }')" -ge 2 ] && break
-	sleep 0.1
-done
+sized "$ADM_PORT"
+BASE_PID=""
+if [ -n "${EDGE_BASE_BIN:-}" ]; then # a second build to compare in the same run
+	BASE_PID=$(start_sluice "$EDGE_BASE_BIN" "$BASE_API_PORT" "$BASE_ADM_PORT" sluice-base)
+	PIDS+=("$BASE_PID")
+	wait_http "http://127.0.0.1:$BASE_API_PORT/readyz"
+	sized "$BASE_ADM_PORT"
+fi
 {
 	printf 'global\n  maxconn 4000\n  nbthread 2\n'
 	printf 'defaults\n  mode http\n  timeout connect 5s\n  timeout client 300s\n  timeout server 300s\n'
@@ -219,12 +244,14 @@ if [ -n "$NGINX" ] && [ -z "${EDGE_TARGETS:-}" ]; then
 	PIDS+=("$NGX_PID")
 	wait_http "http://127.0.0.1:$NGX_PORT/health" && TARGETS="direct haproxy nginx sluice"
 fi
+[ -n "$BASE_PID" ] && TARGETS="$TARGETS sluice-base"
 url_of() {
 	case $1 in
 	direct) echo "http://127.0.0.1:$SIM_PORT" ;;
 	haproxy) echo "http://127.0.0.1:$HAP_PORT" ;;
 	nginx) echo "http://127.0.0.1:$NGX_PORT" ;;
 	sluice) echo "http://127.0.0.1:$API_PORT" ;;
+	sluice-base) echo "http://127.0.0.1:$BASE_API_PORT" ;;
 	esac
 }
 proxy_pids() {
@@ -233,6 +260,7 @@ proxy_pids() {
 	haproxy) echo "$HAP_PID" ;;
 	nginx) echo "$NGX_PID" $(ps -o pid= --ppid "$NGX_PID" 2>/dev/null) ;;
 	sluice) echo "$SLUICE_PID" ;;
+	sluice-base) echo "$BASE_PID" ;;
 	esac
 }
 SMALL='{"model":"sim-model","prompt":"hello there","max_tokens":4,"ignore_eos":true}'
@@ -271,6 +299,26 @@ echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed
 echo "|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
 	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
+done
+# ratio KIND TARGET REF AWKEXPR: median over rounds of TARGET's AWKEXPR ÷
+# REF's in the same round (paired: both ran back to back).
+ratio() {
+	awk -v t="$2" -v r="$3" '$2 > 0 { v = '"$4"'; k[$1]++; if ($1 == t) a[k[$1]] = v; if ($1 == r) b[k[$1]] = v }
+		END { for (i in a) if (i in b && b[i] > 0) printf "%.3f\n", a[i] / b[i] }' "$WORK/$1.txt" | median
+}
+# diff KIND TARGET REF AWKEXPR: the same, TARGET − REF.
+delta() {
+	awk -v t="$2" -v r="$3" '$2 > 0 { v = '"$4"'; k[$1]++; if ($1 == t) a[k[$1]] = v; if ($1 == r) b[k[$1]] = v }
+		END { for (i in a) if (i in b) printf "%.0f\n", a[i] - b[i] }' "$WORK/$1.txt" | median
+}
+echo
+echo "Paired per round (median over rounds): CPU ÷ HAProxy's; latency − HAProxy's; replica CPU ÷ direct."
+echo
+echo "| target | CPU/req ÷ HAProxy | CPU/chunk ÷ HAProxy | light p50 − HAProxy µs | light p99 − HAProxy µs | replica CPU/req ÷ direct |"
+echo "|---|---|---|---|---|---|"
+for t in $TARGETS; do
+	[ "$t" = direct ] && continue
+	echo "| $t | $(ratio whole "$t" haproxy '$8 / $2') | $(ratio stream "$t" haproxy '$8 / $7') | $(delta light "$t" haproxy '$4') | $(delta light "$t" haproxy '$5') | $(ratio whole "$t" direct '$9 / $2') |"
 done
 echo
 echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
