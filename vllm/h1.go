@@ -214,11 +214,11 @@ var errHeaderTimeout = errors.New("timeout awaiting response headers")
 var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // post sends one generation request and returns its response once the head
-// arrived. gotConn reports whether a connection was obtained (else nothing
-// was sent). headerTimeout > 0 bounds the wait for the head. A request that
+// arrived. gotConn reports whether any byte may have reached the replica
+// (else nothing was sent). headerTimeout > 0 bounds the wait for the head. A request that
 // failed on a kept-alive connection the server had closed while idle is
 // sent once more on a fresh connection (see stale).
-func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requestID string, headerTimeout time.Duration) (resp *h1Resp, gotConn bool, err error) {
+func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requestID string, headerTimeout time.Duration) (*h1Resp, bool, error) {
 	bp := reqBufs.Get().(*[]byte)
 	defer reqBufs.Put(bp)
 	head := append((*bp)[:0], "POST "...)
@@ -242,19 +242,33 @@ func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requ
 	*bp = head
 	fresh := false
 	for {
+		if err := ctx.Err(); err != nil {
+			return nil, false, err // as net/http: nothing sent once cancelled
+		}
 		cn, err := h.get(ctx, fresh)
 		if err != nil {
-			return nil, gotConn, err
+			return nil, false, err
 		}
-		gotConn = true
 		b := &h1Body{cn: cn, ctx: ctx}
 		b.stop = context.AfterFunc(ctx, b.abort)
 		var wrote time.Time
+		var n int64
 		if small {
-			_, err = cn.nc.Write(head)
+			var k int
+			k, err = cn.nc.Write(head)
+			n = int64(k)
 		} else {
 			bufs := net.Buffers{head, body}
-			_, err = bufs.WriteTo(cn.nc)
+			n, err = bufs.WriteTo(cn.nc)
+		}
+		if err != nil && n == 0 {
+			// Not a byte left: the replica cannot have seen it.
+			b.close(false)
+			if !fresh && cn.reused && ctx.Err() == nil {
+				fresh = true
+				continue
+			}
+			return nil, false, b.ctxErr(err, 0)
 		}
 		if err == nil {
 			wrote = time.Now()
@@ -262,6 +276,7 @@ func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requ
 				_ = cn.nc.SetReadDeadline(wrote.Add(headerTimeout))
 			}
 			_, err = cn.br.Peek(1)
+			var resp *h1Resp
 			if err == nil {
 				resp, err = cn.readHead(b)
 				if err == nil && headerTimeout > 0 {
