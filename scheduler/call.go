@@ -715,7 +715,12 @@ func (s *Server) finish(c *call, err error) {
 	}
 	s.forget(c)
 	s.q.Unpark(c.t.name)
-	s.signal(s.wake)
+	// Freed room matters only to queued work; an empty queue's next
+	// arrival signals the loop itself (Queue.Ready). A wake per completion
+	// readied the loop's goroutine, often on an idle thread: a futex round.
+	if depth, _ := s.q.Len(); depth > 0 {
+		s.signal(s.wake)
+	}
 }
 
 // abortAllowance is the tokens per unfinished choice charged for what vLLM
