@@ -801,10 +801,17 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 // drainStream reads an upstream stream to its end for a non-streaming
 // client, assembling vLLM's non-stream body.
 func (s *Server) drainStream(c *call) ([]byte, error) {
-	asm := vllm.NewAssembler(c.ep)
+	var asm *vllm.Assembler
+	var whole []byte
 	for {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
+			if whole != nil {
+				return whole, nil
+			}
+			if asm == nil {
+				asm = vllm.NewAssembler(c.ep)
+			}
 			return asm.Body()
 		}
 		if err != nil {
@@ -815,6 +822,15 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 		}
 		if ev.Err != nil {
 			return nil, ev.Err
+		}
+		if ev.Whole {
+			// vLLM's non-streamed body, the client's as is: the stream
+			// owns the buffer, so no Assembler and no copy.
+			whole = ev.Raw
+			continue
+		}
+		if asm == nil {
+			asm = vllm.NewAssembler(c.ep)
 		}
 		if err := asm.Add(ev); err != nil {
 			return nil, err

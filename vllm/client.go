@@ -202,7 +202,7 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	if whole && strings.HasPrefix(resp.contentType, "application/json") {
 		defer resp.body.Close()
 		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes, maxWholeBytes)
-		b, err := io.ReadAll(io.LimitReader(resp.body, int64(limit)+1))
+		b, err := resp.body.readAll(limit)
 		if err != nil {
 			return nil, fmt.Errorf("upstream %s: read response: %w", replica, err)
 		}

@@ -509,6 +509,25 @@ func (b *h1Body) Close() error {
 	return nil
 }
 
+// readAll reads the body to its end, up to limit+1 bytes (the caller
+// tells over-limit apart), into one buffer sized from Content-Length when
+// the response has one: io.ReadAll's doubling from 512 bytes was the
+// largest allocation of a non-streamed request.
+func (b *h1Body) readAll(limit int) ([]byte, error) {
+	if lr, ok := b.r.(*lengthReader); ok && lr.n <= int64(limit) {
+		buf := make([]byte, lr.n)
+		_, err := io.ReadFull(b, buf)
+		if err == nil {
+			_, err = b.Read(nil) // reach EOF: the connection is reusable
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		return buf, err
+	}
+	return io.ReadAll(io.LimitReader(b, int64(limit)+1))
+}
+
 // lengthReader reads a Content-Length body; an early EOF is an error.
 type lengthReader struct {
 	r io.Reader
