@@ -428,7 +428,7 @@ func (s *Server) signal(ch chan struct{}) {
 
 // ledgerCtx bounds a ledger call that must finish even when the client left.
 func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	return newOpCtx(ctx, ledgerOpTimeout) // opctx.go: WithTimeout(WithoutCancel(ctx)), lazily
 }
 
 // noteLedger records a ledger call's error class for metrics and /readyz.
