@@ -85,18 +85,20 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
 func main() {
-	url := flag.String("url", "", "target base URL")
+	url := flag.String("url", "", "target base URL; several, comma-separated, are used in turn")
 	n := flag.Int("n", 1000, "requests")
 	c := flag.Int("c", 1, "workers")
 	body := flag.String("body", "", "JSON body")
 	stream := flag.Bool("stream", false, "count SSE data events")
 	flag.Parse()
+	urls := strings.Split(*url, ",")
 	key := os.Getenv("LOADLOOP_KEY")
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *c, DisableCompression: true}}
 	lat := make([]time.Duration, *n)
@@ -112,7 +114,7 @@ func main() {
 				if i >= int64(*n) {
 					return
 				}
-				req, _ := http.NewRequest("POST", *url+"/v1/completions", bytes.NewReader([]byte(*body)))
+				req, _ := http.NewRequest("POST", urls[i%int64(len(urls))]+"/v1/completions", bytes.NewReader([]byte(*body)))
 				req.Header.Set("Content-Type", "application/json")
 				if key != "" {
 					req.Header.Set("Authorization", "Bearer "+key)
@@ -247,7 +249,7 @@ fi
 [ -n "$BASE_PID" ] && TARGETS="$TARGETS sluice-base"
 url_of() {
 	case $1 in
-	direct) echo "http://127.0.0.1:$SIM_PORT" ;;
+	direct) echo "http://127.0.0.1:$SIM_PORT,http://127.0.0.1:$((SIM_PORT + 1))" ;; # both replicas, in turn, as the proxies spread
 	haproxy) echo "http://127.0.0.1:$HAP_PORT" ;;
 	nginx) echo "http://127.0.0.1:$NGX_PORT" ;;
 	sluice) echo "http://127.0.0.1:$API_PORT" ;;
