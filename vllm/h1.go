@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +31,7 @@ import (
 type h1 struct {
 	cfg    Config
 	dialer net.Dialer
+	roots  *x509.CertPool // nil: the system's (tests set their own)
 	mu     sync.Mutex
 	hosts  map[string]*h1Host // by base URL
 }
@@ -81,7 +83,7 @@ func (c *h1) host(baseURL string) (*h1Host, error) {
 		if port == "" {
 			port = "443"
 		}
-		h.tls = &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}}
+		h.tls = &tls.Config{ServerName: u.Hostname(), NextProtos: []string{"http/1.1"}, RootCAs: c.roots}
 	default:
 		return nil, fmt.Errorf("unsupported scheme %q", u.Scheme)
 	}

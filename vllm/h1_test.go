@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -154,4 +155,31 @@ func TestH1RefusesBadRequestID(t *testing.T) {
 	_, err := NewClient(Config{}).Stream(t.Context(), "http://127.0.0.1:1", "/v1/completions", []byte(`{}`), "a\r\nX-Evil: 1")
 	require.ErrorIs(t, err, ErrNotSent)
 	assert.False(t, errors.Is(err, io.EOF))
+}
+
+// An https replica is spoken to over TLS (HTTP/1.1), with its connection
+// reused like a plain one.
+func TestH1TLSReplica(t *testing.T) {
+	t.Parallel()
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(sseHandler(t, nil, nil, "data: [DONE]\n\n"))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	c := NewClient(Config{})
+	c.h1.roots = x509.NewCertPool()
+	c.h1.roots.AddCert(srv.Certificate())
+	for range 2 {
+		s, err := c.Stream(t.Context(), srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+		require.NoError(t, err)
+		ev, err := s.Next()
+		require.NoError(t, err)
+		assert.True(t, ev.Done)
+		require.NoError(t, s.Close())
+	}
+	assert.Equal(t, int32(1), conns.Load())
 }
