@@ -183,3 +183,33 @@ func TestH1TLSReplica(t *testing.T) {
 	}
 	assert.Equal(t, int32(1), conns.Load())
 }
+
+// A request whose context ended before it was written is ErrNotSent and
+// never reaches the replica, on a fresh or a kept-alive connection: a call
+// cancelled as it is dispatched is not charged as if it ran.
+func TestH1CancelledBeforeSendIsNotSent(t *testing.T) {
+	t.Parallel()
+	var served atomic.Int32
+	done := sseHandler(t, nil, nil, "data: [DONE]\n\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+		done(w, r)
+	}))
+	defer srv.Close()
+	c := NewClient(Config{})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := c.Stream(ctx, srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+	require.ErrorIs(t, err, ErrNotSent)
+	require.ErrorIs(t, err, context.Canceled)
+	// Now with a kept-alive connection in the pool.
+	s, err := c.Stream(t.Context(), srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+	require.NoError(t, err)
+	_, _ = s.Next()
+	_, err = s.Next()
+	require.ErrorIs(t, err, io.EOF)
+	require.NoError(t, s.Close())
+	_, err = c.Stream(ctx, srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+	require.ErrorIs(t, err, ErrNotSent)
+	assert.Equal(t, int32(1), served.Load(), "only the live request reached the replica")
+}
