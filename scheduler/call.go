@@ -198,6 +198,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.handle = it.Handle
 	_ = c.to(phaseQueued)
+	s.dispatchInline()
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
 	s.reps.track(req.Model, t.name, 0, 1)
@@ -205,6 +206,27 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	return c, nil
+}
+
+// dispatchInline runs the dispatch loop's pass (dispatch.go) on the
+// admitting goroutine: with room free, the call just queued is usually
+// dispatched here, so await finds it delivered instead of parking until
+// the loop's goroutine wakes, runs and wakes it back (two goroutine
+// hand-offs, often futex rounds on idle threads: about 100 µs of light-load
+// latency, docs/benchmarks/cpu-per-request.md). The queue's mutex
+// serialises the passes and NextView hands each entry out once, so the
+// queue's order and the loop's predicate decide exactly as in the loop.
+func (s *Server) dispatchInline() {
+	if s.loopOnly {
+		return
+	}
+	for {
+		it, ok := s.q.NextView(s.admissible)
+		if !ok {
+			return
+		}
+		it.Payload.dispatched <- it.Payload.rep
+	}
 }
 
 // tokenize replaces the bytes bound with the replica's exact count; on any

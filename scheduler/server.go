@@ -81,6 +81,10 @@ type Auditor interface {
 // Server is the admission pipeline and its dispatch loop. Create it with
 // [New], run it with [Server.Run]; the fasthttp edge calls into it.
 type Server struct {
+	// loopOnly: only the dispatch loop dispatches (unit tests that hold a
+	// call queued by not running it); see call.go dispatchInline.
+	loopOnly bool
+
 	led    Ledger
 	up     Upstream
 	keyer  *ledger.Keyer
