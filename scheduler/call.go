@@ -195,11 +195,15 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	s.queued[c] = struct{}{}
 	s.mu.Unlock()
 	c.pool = s.reps.poolKeyOf(req.Model)
+	// Counted queued in its pool before the queue holds it: from Enqueue on,
+	// the dispatch loop may move it to held.
+	s.pools.move(c, spotQueued)
 	it, err := s.q.Enqueue(queue.Request[*call]{
 		Tenant: t.name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
 	})
 	if err != nil {
+		s.pools.move(c, spotNone)
 		s.release(c)
 		s.forget(c)
 		return nil, err
@@ -208,11 +212,32 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	_ = c.to(phaseQueued)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
-	s.pools.move(c, spotQueued)
+	s.dispatchInline()
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	return c, nil
+}
+
+// dispatchInline runs the dispatch loop's pass (dispatch.go) on the
+// admitting goroutine: with room free, the call just queued is usually
+// dispatched here, so await finds it delivered instead of parking until
+// the loop's goroutine wakes, runs and wakes it back (two goroutine
+// hand-offs, often futex rounds on idle threads: about 100 µs of light-load
+// latency, docs/benchmarks/cpu-per-request.md). The queue's mutex
+// serialises the passes and NextView hands each entry out once, so the
+// queue's order and the loop's predicate decide exactly as in the loop.
+func (s *Server) dispatchInline() {
+	if s.loopOnly {
+		return
+	}
+	for {
+		it, ok := s.q.NextView(s.admissible)
+		if !ok {
+			return
+		}
+		it.Payload.dispatched <- it.Payload.rep
+	}
 }
 
 // tokenize replaces the bytes bound with the replica's exact count; on any
@@ -629,7 +654,13 @@ func (s *Server) execute(c *call) error {
 			// contrast, is vLLM refusing before it queued anything.
 			c.sent = true
 		}
-		if !retry || c.ctx.Err() != nil {
+		if cause := context.Cause(c.ctx); cause != nil {
+			// The client left or its deadline passed (a non-streamed
+			// answer is read whole inside Stream): that, not the read's
+			// context error, is the outcome (504, or a disconnect).
+			return cause
+		}
+		if !retry {
 			return err
 		}
 		next := s.reps.choose(c.route, c.size, c.rep)
@@ -728,7 +759,12 @@ func (s *Server) finish(c *call, err error) {
 	s.forget(c)
 	s.q.Unpark(c.t.name)
 	s.pools.unparkFull(c.pool, s.q)
-	s.signal(s.wake)
+	// Freed room matters only to queued work; an empty queue's next
+	// arrival signals the loop itself (Queue.Ready). A wake per completion
+	// readied the loop's goroutine, often on an idle thread: a futex round.
+	if depth, _ := s.q.Len(); depth > 0 {
+		s.signal(s.wake)
+	}
 }
 
 // abortAllowance is the tokens per unfinished choice charged for what vLLM
@@ -809,10 +845,17 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 // drainStream reads an upstream stream to its end for a non-streaming
 // client, assembling vLLM's non-stream body.
 func (s *Server) drainStream(c *call) ([]byte, error) {
-	asm := vllm.NewAssembler(c.ep)
+	var asm *vllm.Assembler
+	var whole []byte
 	for {
 		ev, err := c.stream.Next()
 		if errors.Is(err, io.EOF) {
+			if whole != nil {
+				return whole, nil
+			}
+			if asm == nil {
+				asm = vllm.NewAssembler(c.ep)
+			}
 			return asm.Body()
 		}
 		if err != nil {
@@ -823,6 +866,15 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 		}
 		if ev.Err != nil {
 			return nil, ev.Err
+		}
+		if ev.Whole {
+			// vLLM's non-streamed body, the client's as is: the stream
+			// owns the buffer, so no Assembler and no copy.
+			whole = ev.Raw
+			continue
+		}
+		if asm == nil {
+			asm = vllm.NewAssembler(c.ep)
 		}
 		if err := asm.Add(ev); err != nil {
 			return nil, err

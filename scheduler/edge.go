@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -10,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -53,6 +54,15 @@ func (e *Edge) HTTPServer() *fasthttp.Server {
 		CloseOnShutdown:              true,
 		StreamRequestBody:            false,
 		DisablePreParseMultipartForm: true,
+		ConnState:                    e.connState,
+	}
+}
+
+// connState ends a closed connection's watch (connwatch.NewPerConn keeps one
+// registration per connection, not one per request).
+func (e *Edge) connState(c net.Conn, st fasthttp.ConnState) {
+	if e.watch != nil && (st == fasthttp.StateClosed || st == fasthttp.StateHijacked) {
+		e.watch.Closed(c)
 	}
 }
 
@@ -273,12 +283,92 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	rc.Response.ImmediateHeaderFlush = true
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	rc.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer gone(nil)
-		defer stopWatch()
-		defer c.end()
-		e.pump(c, w)
-	})
+	rc.SetBodyStream(&sseBody{e: e, c: c, end: func() {
+		c.end()
+		stopWatch()
+		gone(nil)
+	}}, -1)
+}
+
+// sseBody is a streamed response's body. fasthttp calls WriteTo on the
+// connection's own goroutine, and each Write is one HTTP chunk, flushed:
+// SetBodyStreamWriter instead runs the writer on a goroutine of its own
+// and passes every chunk through a pipe, a goroutine hand-off per SSE
+// event (issue 18). Read is a fallback for a path that reads the stream
+// (none in this fasthttp version). Close, which fasthttp always calls,
+// ends the call, also when the body was never written (the client left
+// before the headers went out).
+type sseBody struct {
+	e   *Edge
+	c   *call
+	end func() // call.end, stop watching, release the client context
+
+	mu     sync.Mutex
+	pumped bool           // WriteTo or Read started the pump
+	pr     *io.PipeReader // the Read fallback's pipe
+	done   chan struct{}  // closed when the Read fallback's pump returned
+	closed bool
+}
+
+func (b *sseBody) SupportsBodyWriteTo() bool { return true }
+
+func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
+	b.mu.Lock()
+	if b.pumped || b.closed {
+		b.mu.Unlock()
+		return 0, errors.New("sse body: written twice")
+	}
+	b.pumped = true
+	b.mu.Unlock()
+	return b.e.pump(b.c, w)
+}
+
+func (b *sseBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.pr == nil {
+		if b.pumped || b.closed {
+			b.mu.Unlock()
+			return 0, io.EOF
+		}
+		b.pumped = true
+		pr, pw := io.Pipe()
+		b.pr, b.done = pr, make(chan struct{})
+		go func() { // joined by Close
+			defer close(b.done)
+			_, err := b.e.pump(b.c, pw)
+			_ = pw.CloseWithError(err)
+		}()
+	}
+	pr := b.pr
+	b.mu.Unlock()
+	return pr.Read(p)
+}
+
+func (b *sseBody) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	pumped, pr, done := b.pumped, b.pr, b.done
+	b.mu.Unlock()
+	if pr != nil {
+		// Stop a pump still running (the reader gave up: the client
+		// left), whether it waits upstream or on the pipe.
+		b.c.cancel(ErrClientGone)
+		_ = pr.CloseWithError(ErrClientGone)
+		<-done
+	}
+	if !pumped {
+		// Never written: the client left before the headers did.
+		c := b.c
+		c.cancel(ErrClientGone)
+		b.e.s.finish(c, ErrClientGone)
+		b.e.s.m.count(c.t.name, outcomeCancelled, nil)
+	}
+	b.end()
+	return nil
 }
 
 // end releases the call's context resources; the call must be settled or
@@ -290,9 +380,10 @@ func (c *call) end() {
 	}
 }
 
-// pump passes the upstream stream to a streaming client chunk by chunk,
-// flushing each, then settles. A failed write is a client disconnect.
-func (e *Edge) pump(c *call, w *bufio.Writer) {
+// pump passes the upstream stream to a streaming client chunk by chunk
+// (each Write is flushed: sseBody), then settles. A failed write is a
+// client disconnect. It returns the bytes written and the write error.
+func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 	s := e.s
 	var buf []byte
 	first := true
@@ -305,11 +396,11 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 				// vLLM refused it after the headers: an error, uncharged.
 				s.finish(c, ref)
 				s.m.count(c.t.name, outcomeUpstreamError, nil)
-				return
+				return written, nil
 			}
 			s.finish(c, nil)
 			c.t.series(s.m).requestsOK.Inc()
-			return
+			return written, nil
 		}
 		if err != nil {
 			cause := context.Cause(c.ctx)
@@ -319,12 +410,13 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 			s.finish(c, cause)
 			se := &streamError{cause: cause}
 			if !errors.Is(cause, ErrClientGone) {
-				_, _ = w.Write(sseError(statusFor(se)))
-				_ = w.Flush()
+				n, err := w.Write(sseError(statusFor(se)))
+				written += int64(n)
+				werr = err
 			}
 			o, _ := outcomeFor(se)
 			s.m.count(c.t.name, o, nil)
-			return
+			return written, werr
 		}
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsIn(ev.Data))
@@ -338,16 +430,15 @@ func (e *Edge) pump(c *call, w *bufio.Writer) {
 			first = false
 			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
-		if _, err := w.Write(buf); err == nil {
-			err = w.Flush()
-			if err == nil {
-				continue
-			}
+		n, err := w.Write(buf)
+		written += int64(n)
+		if err == nil {
+			continue
 		}
 		c.cancel(ErrClientGone)
 		s.finish(c, ErrClientGone)
 		s.m.count(c.t.name, outcomeCancelled, nil)
-		return
+		return written, err
 	}
 }
 

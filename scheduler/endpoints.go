@@ -135,7 +135,10 @@ func (s *Server) post(c *call) (*http.Response, error) {
 		if !errors.Is(err, vllm.ErrNotSent) && !errors.As(err, &ue) {
 			c.sent = true // the replica may have started it
 		}
-		if !retry || c.ctx.Err() != nil {
+		if cause := context.Cause(c.ctx); cause != nil {
+			return nil, cause // the client left or its deadline passed (execute)
+		}
+		if !retry {
 			return nil, err
 		}
 		next := s.reps.choose(c.route, c.size, c.rep)

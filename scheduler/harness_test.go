@@ -205,6 +205,7 @@ func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream) *Ser
 	for _, r := range s.reps.reps {
 		r.maxSeqs = 1 << 20
 	}
+	s.loopOnly = true // tests hold calls queued by not running the loop
 	return s
 }
 

@@ -86,6 +86,10 @@ type Auditor interface {
 // Server is the admission pipeline and its dispatch loop. Create it with
 // [New], run it with [Server.Run]; the fasthttp edge calls into it.
 type Server struct {
+	// loopOnly: only the dispatch loop dispatches (unit tests that hold a
+	// call queued by not running it); see call.go dispatchInline.
+	loopOnly bool
+
 	led    Ledger
 	up     Upstream
 	keyer  *ledger.Keyer
@@ -437,7 +441,7 @@ func (s *Server) signal(ch chan struct{}) {
 
 // ledgerCtx bounds a ledger call that must finish even when the client left.
 func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	return newOpCtx(ctx, ledgerOpTimeout) // opctx.go: WithTimeout(WithoutCancel(ctx)), lazily
 }
 
 // noteLedger records a ledger call's error class for metrics and /readyz.

@@ -10,10 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -33,10 +30,6 @@ type Config struct {
 	// MaxIdleConnsPerHost bounds idle keep-alive connections per replica.
 	// Optional; default 256.
 	MaxIdleConnsPerHost int
-	// MaxConnsPerHost bounds all connections per replica (one per running
-	// stream). Optional; default 0: unlimited (the scheduler bounds in-flight
-	// requests per replica itself).
-	MaxConnsPerHost int
 	// IdleConnTimeout closes idle connections. Optional; default 4s: below
 	// uvicorn's timeout_keep_alive of 5s, which vLLM keeps, so that Sluice
 	// never reuses a connection the replica is closing.
@@ -59,7 +52,6 @@ func (c Config) Validate() error {
 		v    int
 	}{
 		{"max_idle_conns_per_host", c.MaxIdleConnsPerHost},
-		{"max_conns_per_host", c.MaxConnsPerHost},
 		{"max_event_bytes", c.MaxEventBytes},
 		{"max_error_body_bytes", c.MaxErrorBodyBytes},
 		{"max_response_bytes", c.MaxResponseBytes},
@@ -104,23 +96,24 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Client talks to vLLM replicas over HTTP/1.1 (net/http). It is safe for
-// concurrent use.
+// Client talks to vLLM replicas over HTTP/1.1. It is safe for concurrent
+// use.
 //
 // # Design rationale
 //
-// net/http, not fasthttp: cancelling a request's context must close its
-// upstream connection, because a closed connection is the only abort signal
-// vLLM understands (VLLM.md §1.4). HTTP/2 is disabled so that a cancel
-// closes a connection rather than resetting one stream of a shared one.
+// Generation requests go over Sluice's own HTTP/1.1 client (h1.go): one
+// connection per request, written and read on the caller's goroutine, and
+// cancelling a request's context closes its upstream connection, because a
+// closed connection is the only abort signal vLLM understands (VLLM.md
+// §1.4). The other calls (/tokenize, /v1/models, /metrics, /health) use
+// net/http. Neither speaks HTTP/2, so a cancel closes a connection rather
+// than resetting one stream of a shared one.
 type Client struct {
 	cfg Config
 	hc  *http.Client
 	tr  *http.Transport
-	// whole serves non-streamed generation requests: vLLM answers them
-	// only once generation ends, so no response-header timeout applies.
-	whole   *http.Client
-	wholeTr *http.Transport
+	// h1 carries the generation requests (h1.go).
+	h1 *h1
 }
 
 // NewClient builds a Client. Call Validate on cfg first; invalid values fall
@@ -135,21 +128,18 @@ func NewClient(cfg Config) *Client {
 		TLSNextProto:          map[string]func(string, *tls.Conn) http.RoundTripper{},
 		MaxIdleConns:          0,
 		MaxIdleConnsPerHost:   max(cfg.MaxIdleConnsPerHost, 1),
-		MaxConnsPerHost:       max(cfg.MaxConnsPerHost, 0),
 		IdleConnTimeout:       cfg.IdleConnTimeout,
 		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
 		DisableCompression:    true,
 		ExpectContinueTimeout: 0,
 	}
-	wtr := tr.Clone()
-	wtr.ResponseHeaderTimeout = 0
-	return &Client{cfg: cfg, tr: tr, hc: &http.Client{Transport: tr}, wholeTr: wtr, whole: &http.Client{Transport: wtr}}
+	return &Client{cfg: cfg, tr: tr, hc: &http.Client{Transport: tr}, h1: newH1(cfg)}
 }
 
 // CloseIdleConnections closes idle keep-alive connections.
 func (c *Client) CloseIdleConnections() {
 	c.tr.CloseIdleConnections()
-	c.wholeTr.CloseIdleConnections()
+	c.h1.closeIdle()
 }
 
 // maxWholeBytes bounds a non-streamed generation response: prompt_logprobs
@@ -185,55 +175,34 @@ func streamed(body []byte) bool {
 // been sent and must not be retried silently.
 func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*Stream, error) {
 	replica := baseURL
-	ctx, cancel := context.WithCancel(ctx)
-	// The trace goes into the context before the request is built: no
-	// req.WithContext copy per request.
-	var tr connTrace
-	gotConn := &tr.got
-	trace := &httptrace.ClientTrace{
-		GotConn: func(i httptrace.GotConnInfo) {
-			tr.got.Store(true)
-			tr.reused.Store(i.Reused)
-		},
-		WroteRequest:         func(httptrace.WroteRequestInfo) { tr.wrote.Store(time.Now().UnixNano()) },
-		GotFirstResponseByte: func() { tr.firstByte.Store(true) },
+	h, err := c.h1.host(baseURL)
+	if err == nil && !validHeaderValue(requestID) {
+		err = errors.New("request id is not a valid header value")
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost,
-		strings.TrimSuffix(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
-		cancel()
 		return nil, fmt.Errorf("upstream %s: build request: %w: %w", replica, ErrNotSent, err)
 	}
-	req.Header = http.Header{
-		"Content-Type": {"application/json"},
-		"Accept":       {"text/event-stream"},
-	}
-	if requestID != "" {
-		req.Header["X-Request-Id"] = []string{requestID}
-	}
+	// vLLM answers a non-streamed generation only once it is done, so no
+	// response-header timeout applies to it.
 	whole := !streamed(body)
-	hc := c.hc
+	timeout := c.cfg.ResponseHeaderTimeout
 	if whole {
-		hc = c.whole
+		timeout = 0
 	}
-	resp, err := c.do(hc, req, &tr)
+	resp, gotConn, err := c.h1.post(ctx, h, path, body, requestID, timeout)
 	if err != nil {
-		cancel()
-		if !gotConn.Load() {
+		if !gotConn {
 			return nil, fmt.Errorf("upstream %s: %w: %w", replica, ErrNotSent, err)
 		}
 		return nil, fmt.Errorf("upstream %s: %w", replica, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		err := c.errorFrom(resp, replica)
-		cancel()
-		return nil, err
+	if resp.status != http.StatusOK {
+		return nil, c.errorFrom(resp.status, resp.body, replica)
 	}
-	if whole && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-		defer cancel()
-		defer resp.Body.Close()
+	if whole && strings.HasPrefix(resp.contentType, "application/json") {
+		defer resp.body.Close()
 		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes, maxWholeBytes)
-		b, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+		b, err := resp.body.readAll(limit)
 		if err != nil {
 			return nil, fmt.Errorf("upstream %s: read response: %w", replica, err)
 		}
@@ -242,76 +211,31 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 		}
 		return newWholeStream(b, replica), nil
 	}
-	s := NewStream(resp.Body, replica, c.cfg.MaxEventBytes)
-	s.cancel = cancel
+	s := NewStream(resp.body, replica, c.cfg.MaxEventBytes)
+	s.cancel = resp.body.abort
 	return s, nil
 }
 
-// connTrace is what the client learns of one attempt's connection.
-type connTrace struct {
-	got, reused, firstByte atomic.Bool
-	wrote                  atomic.Int64 // unix nanoseconds the request was written
+// validHeaderValue reports a value without control characters.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // staleWindow bounds how soon after the request was written an EOF on a
 // reused connection counts as the server's idle close rather than a failure
-// of a request it had started: vLLM answers a streamed request's headers
-// right after validation, and a server closing an idle connection does so
-// before reading anything.
+// of a request it had started (see stale).
 const staleWindow = 250 * time.Millisecond
 
-// do sends req. A request that failed on a reused keep-alive connection
-// that the server had closed while idle (uvicorn closes idle connections
-// after timeout_keep_alive, 5s by default) never reached the server, so it
-// is sent once more on a fresh connection; net/http retries that itself
-// only for idempotent requests, and a generation POST is not. The signs:
-// net/http's own "server closed idle connection", or an EOF/reset on a
-// reused connection before any response byte, right after the write.
-func (c *Client) do(hc *http.Client, req *http.Request, tr *connTrace) (*http.Response, error) {
-	resp, err := hc.Do(req)
-	if err == nil || req.GetBody == nil || req.Context().Err() != nil || !stale(err, tr) {
-		return resp, err
-	}
-	body, gerr := req.GetBody()
-	if gerr != nil {
-		return nil, err
-	}
-	retry := req.Clone(req.Context())
-	retry.Body = body
-	tr.got.Store(false)
-	tr.reused.Store(false)
-	tr.wrote.Store(0)
-	return hc.Do(retry)
-}
-
-// stale reports an attempt that failed on a connection the server had
-// closed before reading the request.
-func stale(err error, tr *connTrace) bool {
-	if closedIdle(err) {
-		return true
-	}
-	if !tr.reused.Load() || tr.firstByte.Load() {
-		return false
-	}
-	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
-		return false
-	}
-	w := tr.wrote.Load()
-	return w == 0 || time.Since(time.Unix(0, w)) < staleWindow
-}
-
-// closedIdle reports net/http's error for a request written to a pooled
-// connection that the server had closed before reading it
-// (errServerClosedIdle, unexported).
-func closedIdle(err error) bool {
-	return strings.Contains(err.Error(), "server closed idle connection")
-}
-
 // errorFrom reads a non-200 response into an *UpstreamError and closes it.
-func (c *Client) errorFrom(resp *http.Response, replica string) error {
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, int64(c.cfg.MaxErrorBodyBytes)))
-	e := &UpstreamError{Replica: replica, Status: resp.StatusCode, Body: b}
+func (c *Client) errorFrom(status int, body io.ReadCloser, replica string) error {
+	defer body.Close()
+	b, _ := io.ReadAll(io.LimitReader(body, int64(c.cfg.MaxErrorBodyBytes)))
+	e := &UpstreamError{Replica: replica, Status: status, Body: b}
 	parseErrorBody(b, e)
 	return e
 }
@@ -338,7 +262,7 @@ func (c *Client) doJSON(ctx context.Context, method, url string, in, out any) er
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return c.errorFrom(resp, url)
+		return c.errorFrom(resp.StatusCode, resp.Body, url)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.cfg.MaxResponseBytes)+1))

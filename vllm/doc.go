@@ -28,7 +28,22 @@
 // context closes the connection, which vLLM takes as an abort. A
 // non-streamed request's JSON answer is one Whole event. A request written
 // to a keep-alive connection the replica had closed while idle is sent once
-// more; idle connections expire before uvicorn's 5s. [Stream.Next]
+// more; idle connections expire before uvicorn's 5s.
+//
+// # The upstream connection
+//
+// Generation requests do not go through net/http's transport (h1.go): a
+// request takes an idle keep-alive connection (or dials one), writes its
+// head and body in one write, and reads the response head and body on the
+// caller's goroutine; the body read to its end (Content-Length, or chunked
+// to its last chunk and trailers) puts the connection back, and anything
+// else closes it. context.AfterFunc closes the connection when the request's
+// context ends, which is the abort. net/http's transport runs a read and a
+// write goroutine per connection and hands every request and response
+// between them; on a loopback replica those hand-offs cost more CPU than the
+// rest of Sluice's upstream path (issue 18, docs/benchmarks/cpu-per-request.md).
+//
+// [Stream.Next]
 // yields each SSE event with its raw bytes and parsed usage, and
 // [Stream.Usage] always holds the best known usage: the final usage chunk if
 // one arrived, else prompt + Σ over choices of the last cumulative

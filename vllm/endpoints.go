@@ -333,7 +333,7 @@ func (c *Client) Post(ctx context.Context, baseURL, path string, body []byte, re
 		return nil, fmt.Errorf("upstream %s: %w", baseURL, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, c.errorFrom(resp, baseURL)
+		return nil, c.errorFrom(resp.StatusCode, resp.Body, baseURL)
 	}
 	return resp, nil
 }

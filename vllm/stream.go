@@ -141,10 +141,14 @@ func NewStream(body io.ReadCloser, replica string, maxEventBytes int) *Stream {
 // newWholeStream wraps a non-streamed 200 response body: Next returns it
 // as one Whole event, then io.EOF.
 func newWholeStream(body []byte, replica string) *Stream {
-	s := &Stream{replica: replica, isWhole: true, whole: body, body: io.NopCloser(bytes.NewReader(nil))}
-	s.br = bufio.NewReaderSize(bytes.NewReader(nil), 16)
-	return s
+	return &Stream{replica: replica, isWhole: true, whole: body, body: noBody{}}
 }
+
+// noBody is a whole stream's body: already read.
+type noBody struct{}
+
+func (noBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (noBody) Close() error             { return nil }
 
 // streamReadBuf is the size of a Stream's read buffer.
 const streamReadBuf = 16 << 10
@@ -571,7 +575,7 @@ func (s *Stream) Close() error {
 	if s.body == nil {
 		return nil
 	}
-	if s.done {
+	if s.done && s.br != nil {
 		var t *time.Timer
 		if s.cancel != nil {
 			t = time.AfterFunc(drainTimeout, s.cancel)
@@ -586,9 +590,11 @@ func (s *Stream) Close() error {
 		s.cancel()
 	}
 	s.body = nil
-	s.br.Reset(nil)
-	readerPool.Put(s.br)
-	s.br = nil
+	if s.br != nil { // nil for a whole stream
+		s.br.Reset(nil)
+		readerPool.Put(s.br)
+		s.br = nil
+	}
 	if s.err == nil {
 		s.err = errClosed
 	}

@@ -18,6 +18,12 @@ type Watcher struct{}
 // New returns a Watcher whose Watch always reports ErrUnsupported.
 func New() (*Watcher, error) { return &Watcher{}, nil }
 
+// NewPerConn returns a Watcher whose Watch always reports ErrUnsupported.
+func NewPerConn() (*Watcher, error) { return &Watcher{}, nil }
+
+// Closed does nothing.
+func (w *Watcher) Closed(net.Conn) {}
+
 // Watch reports ErrUnsupported.
 func (w *Watcher) Watch(net.Conn, func()) (func(), error) { return nil, ErrUnsupported }
 

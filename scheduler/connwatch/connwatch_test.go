@@ -3,7 +3,9 @@
 package connwatch
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -261,4 +263,175 @@ func fdOf(t *testing.T, c net.Conn) int {
 	var fd int
 	require.NoError(t, raw.Control(func(f uintptr) { fd = int(f) }))
 	return fd
+}
+
+// startPerConn runs a per-connection Watcher for the test's lifetime.
+func startPerConn(t *testing.T) *Watcher {
+	t.Helper()
+	w, err := NewPerConn()
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, w.Close())
+	})
+	return w
+}
+
+// Requests on one kept-alive connection share one registration: stop
+// leaves it in place, a later request's peer close fires only that
+// request's callback, and Closed removes it.
+func TestPerConnOneRegistrationPerConnection(t *testing.T) {
+	t.Parallel()
+	w := startPerConn(t)
+	srv, cli := pair(t)
+	var old int
+	for range 1000 {
+		stop, err := w.Watch(srv, func() { old++ })
+		require.NoError(t, err)
+		stop()
+		stop() // idempotent
+	}
+	require.Equal(t, 1, w.Watching())
+	ch := make(chan struct{}, 2)
+	stop, err := w.Watch(srv, func() { ch <- struct{}{} })
+	require.NoError(t, err)
+	defer stop()
+	require.NoError(t, cli.Close())
+	require.True(t, fired(ch), "no close event")
+	assert.Equal(t, 0, old, "a finished request's callback never fires")
+	assert.Equal(t, 1, w.Watching(), "registered until the server closes the connection")
+	w.Closed(srv)
+	w.Closed(srv) // idempotent
+	assert.Equal(t, 0, w.Watching())
+	assert.Empty(t, ch, "fired exactly once")
+}
+
+// A peer that closed between two requests is reported to the next one at
+// once; the one before it is not told.
+func TestPerConnCloseBetweenRequests(t *testing.T) {
+	t.Parallel()
+	w := startPerConn(t)
+	srv, cli := pair(t)
+	first := make(chan struct{}, 1)
+	stop, err := w.Watch(srv, func() { first <- struct{}{} })
+	require.NoError(t, err)
+	stop()
+	require.NoError(t, cli.Close())
+	// Barrier: a second connection's close is delivered after the first's.
+	srv2, cli2 := pair(t)
+	ch2 := make(chan struct{}, 1)
+	stop2, err := w.Watch(srv2, func() { ch2 <- struct{}{} })
+	require.NoError(t, err)
+	defer stop2()
+	require.NoError(t, cli2.Close())
+	require.True(t, fired(ch2))
+	fires := 0
+	stop, err = w.Watch(srv, func() { fires++ })
+	require.NoError(t, err)
+	stop()
+	assert.Equal(t, 1, fires, "the next request learns at once that its client left")
+	assert.Empty(t, first)
+	w.Closed(srv)
+	w.Closed(srv2)
+	assert.Equal(t, 0, w.Watching())
+}
+
+// Closed with a request still watching tells it (nothing can reach its
+// client any more), and releases the watcher's duplicate descriptor: the
+// peer sees the server's close.
+func TestPerConnClosedTellsInFlightAndReleasesSocket(t *testing.T) {
+	t.Parallel()
+	w := startPerConn(t)
+	srv, cli := pair(t)
+	fires := 0
+	stop, err := w.Watch(srv, func() { fires++ })
+	require.NoError(t, err)
+	defer stop()
+	require.NoError(t, srv.Close())
+	w.Closed(srv)
+	assert.Equal(t, 1, fires)
+	assert.Equal(t, 0, w.Watching())
+	require.NoError(t, cli.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = cli.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the duplicate no longer holds the socket open")
+}
+
+// The edge's set-up: fasthttp reports closed connections through ConnState;
+// two requests on one keep-alive connection use one registration, which is
+// gone once the client hangs up.
+func TestPerConnFasthttpConnState(t *testing.T) {
+	t.Parallel()
+	w := startPerConn(t)
+	var mu sync.Mutex
+	seen := []int{}
+	srv := &fasthttp.Server{
+		Handler: func(rc *fasthttp.RequestCtx) {
+			stop, err := w.Watch(rc.Conn(), func() {})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer stop()
+			mu.Lock()
+			seen = append(seen, w.Watching())
+			mu.Unlock()
+		},
+		ConnState: func(c net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateClosed {
+				w.Closed(c)
+			}
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go srv.Serve(ln) //nolint:errcheck // ends with Shutdown below
+	defer srv.Shutdown()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	for range 2 {
+		_, err = c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+		require.NoError(t, err)
+		var resp fasthttp.Response
+		require.NoError(t, resp.Read(bufio.NewReader(c)))
+	}
+	mu.Lock()
+	assert.Equal(t, []int{1, 1}, seen)
+	mu.Unlock()
+	require.NoError(t, c.Close())
+	eventually(t, func() bool { return w.Watching() == 0 })
+}
+
+// eventually polls cond (another goroutine's state) with a bound.
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5s")
+}
+
+func BenchmarkWatchStopPerConn(b *testing.B) {
+	w, err := NewPerConn()
+	require.NoError(b, err)
+	defer w.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	cli, _ := net.Dial("tcp", ln.Addr().String())
+	defer cli.Close()
+	srv, _ := ln.Accept()
+	defer srv.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		stop, err := w.Watch(srv, func() {})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stop()
+	}
 }

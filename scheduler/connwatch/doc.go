@@ -19,4 +19,14 @@
 // 64-bit generation in the event data, so a late event for a stopped
 // registration finds nothing and is ignored. The duplicate holds the socket
 // open until stop, which the caller runs as soon as the request ends.
+//
+// A per-connection Watcher ([NewPerConn], what the edge runs) keeps a
+// connection's registration from its first request until the server closes
+// it ([Watcher.Closed], from fasthttp's ConnState): a request only swaps the
+// callback, with no system call, where a per-request registration costs a
+// dup, two epoll_ctl calls and a close (about 3 µs; BenchmarkWatchStop vs
+// BenchmarkWatchStopPerConn). The event is one-shot: a peer that closes
+// between requests marks the registration gone, and the next request on it
+// is told at once. The duplicate then holds the socket until Closed, so the
+// server must report every close; the edge does.
 package connwatch

@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	watch, err := connwatch.New()
+	watch, err := connwatch.NewPerConn() // the edge reports closed connections (Edge.HTTPServer)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,95 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// With room free, a call is dispatched by its own admit (no dispatch loop
+// runs here), exactly once, and settles once.
+func TestInlineDispatchWithoutLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		s.loopOnly = false
+		body, err := serve(s, context.Background(), admission{body: chatBody("")})
+		require.NoError(t, err)
+		assert.NotEmpty(t, body)
+		assert.Equal(t, int64(1), up.runs.Load())
+		assert.Equal(t, 1, led.n("dispatch"))
+		assert.Equal(t, 1, led.n("settle"))
+		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+	})
+}
+
+// The inline pass asks the loop's predicate: a tenant at its concurrency
+// stays queued until a completion lets the loop dispatch it.
+func TestInlineDispatchKeepsTheGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		gate := make(chan struct{})
+		up := &fakeUpstream{out: 2, gate: gate}
+		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
+		s.loopOnly = false
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { _, err := serve(s, context.Background(), admission{body: chatBody("")}); errs <- err }()
+			synctest.Wait()
+		}
+		assert.Equal(t, int64(1), up.runs.Load(), "one running, at the tenant's concurrency")
+		st, ok := s.q.Stats("acme")
+		require.True(t, ok)
+		assert.Equal(t, 1, st.Depth, "the second waits in the queue")
+		close(gate)
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+		assert.Equal(t, int64(2), up.runs.Load())
+		assert.Equal(t, 2, led.n("settle"))
+	})
+}
+
+// A call dispatched by its own admit is counted in its pool as holding
+// room, not as queued: the pool count is made before the queue can hand
+// the call out (inline or by the loop), so the gate sees what runs.
+func TestInlineDispatchCountsHeldInPool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		gate := make(chan struct{})
+		up := &fakeUpstream{out: 2, gate: gate}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		s.loopOnly = false
+		done := make(chan error, 1)
+		go func() { _, err := serve(s, context.Background(), admission{body: chatBody("")}); done <- err }()
+		synctest.Wait()
+		count := func() poolTenant {
+			s.pools.mu.Lock()
+			defer s.pools.mu.Unlock()
+			for _, pl := range s.pools.pools {
+				if pt := pl.tenants["acme"]; pt != nil {
+					return *pt
+				}
+			}
+			return poolTenant{}
+		}
+		running := count()
+		assert.Equal(t, int64(1), running.held, "running: holds room")
+		assert.Equal(t, int64(0), running.queued, "running: not queued")
+		assert.Equal(t, int64(1), running.arrived)
+		close(gate)
+		require.NoError(t, <-done)
+		ended := count()
+		assert.Equal(t, int64(0), ended.held)
+		assert.Equal(t, int64(0), ended.queued)
+		assert.Equal(t, int64(1), ended.served)
+	})
+}

@@ -1,0 +1,79 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ledgerOpTimeout bounds one ledger call.
+const ledgerOpTimeout = 5 * time.Second
+
+// opCtx is context.WithTimeout(context.WithoutCancel(parent), d) whose
+// timer starts only when Done is first called. The embedded ledger only
+// asks Err, which compares the clock with the deadline, so its three calls
+// per request (reserve, mark dispatched, settle) no longer start and stop
+// three runtime timers; a ledger that waits on Done (Redis, fakes) gets a
+// real timer context, created on that first call, and a context derived
+// from this one registers with it directly (Value hands out its cancelCtx),
+// never through a watcher goroutine.
+type opCtx struct {
+	parent   context.Context // WithoutCancel of the request's context
+	deadline time.Time
+
+	once     sync.Once
+	real     atomic.Pointer[context.Context] // set by Done
+	stop     context.CancelFunc
+	canceled atomic.Bool
+}
+
+func newOpCtx(parent context.Context, d time.Duration) (*opCtx, context.CancelFunc) {
+	c := &opCtx{parent: context.WithoutCancel(parent), deadline: time.Now().Add(d)}
+	return c, c.cancel
+}
+
+func (c *opCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *opCtx) Done() <-chan struct{} {
+	c.once.Do(func() {
+		r, stop := context.WithDeadline(c.parent, c.deadline)
+		c.stop = stop
+		c.real.Store(&r)
+		if c.canceled.Load() {
+			stop()
+		}
+	})
+	return (*c.real.Load()).Done()
+}
+
+func (c *opCtx) Err() error {
+	if r := c.real.Load(); r != nil {
+		return (*r).Err()
+	}
+	if c.canceled.Load() {
+		return context.Canceled
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// Value answers from the timer context once it exists, so that the context
+// package finds its cancelCtx (Cause, children); before, from the parent
+// (whose WithoutCancel hides the request's own).
+func (c *opCtx) Value(key any) any {
+	if r := c.real.Load(); r != nil {
+		return (*r).Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+func (c *opCtx) cancel() {
+	c.canceled.Store(true)
+	if c.real.Load() != nil {
+		c.once.Do(func() {}) // wait for a Done still creating it
+		c.stop()
+	}
+}

@@ -1,0 +1,114 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type opKey struct{}
+
+// opCtx behaves as context.WithTimeout(context.WithoutCancel(parent), d):
+// values pass, the parent's cancel does not, the deadline ends it whether
+// or not Done was asked, and cancel ends it.
+func TestOpCtxIsWithTimeoutOfWithoutCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		parent, leave := context.WithCancelCause(context.WithValue(context.Background(), opKey{}, "v"))
+		c, cancel := newOpCtx(parent, time.Second)
+		defer cancel()
+		leave(ErrClientGone)
+		assert.Equal(t, "v", c.Value(opKey{}))
+		require.NoError(t, c.Err(), "the request's cancel does not reach a ledger call")
+		assert.NoError(t, context.Cause(c), "nor its cause")
+		dl, ok := c.Deadline()
+		assert.True(t, ok)
+		assert.Equal(t, time.Now().Add(time.Second), dl)
+		time.Sleep(time.Second)
+		assert.ErrorIs(t, c.Err(), context.DeadlineExceeded, "without Done: from the clock")
+
+		// With Done asked first: a real timer closes it at the deadline.
+		d, cancel2 := newOpCtx(parent, time.Second)
+		defer cancel2()
+		done := d.Done()
+		time.Sleep(999 * time.Millisecond)
+		select {
+		case <-done:
+			t.Fatal("closed before its deadline")
+		default:
+		}
+		time.Sleep(time.Millisecond)
+		<-done
+		assert.ErrorIs(t, d.Err(), context.DeadlineExceeded)
+		assert.ErrorIs(t, context.Cause(d), context.DeadlineExceeded)
+	})
+}
+
+func TestOpCtxCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cancel := newOpCtx(context.Background(), time.Minute)
+		cancel()
+		assert.ErrorIs(t, c.Err(), context.Canceled)
+		<-c.Done() // asked after the cancel: already closed
+		assert.ErrorIs(t, c.Err(), context.Canceled)
+
+		d, cancel2 := newOpCtx(context.Background(), time.Minute)
+		done := d.Done()
+		cancel2()
+		<-done
+		assert.ErrorIs(t, d.Err(), context.Canceled)
+		cancel2() // idempotent
+	})
+}
+
+// A context derived from it (the Redis ledger's own store timeout) ends
+// with it, and registers on its timer context rather than a goroutine.
+func TestOpCtxChildren(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cancel := newOpCtx(context.Background(), time.Second)
+		defer cancel()
+		child, stop := context.WithTimeout(c, time.Hour)
+		defer stop()
+		dl, _ := child.Deadline()
+		assert.Equal(t, time.Now().Add(time.Second), dl, "the earlier deadline wins")
+		fired := make(chan struct{})
+		stopAfter := context.AfterFunc(c, func() { close(fired) })
+		defer stopAfter()
+		time.Sleep(time.Second)
+		<-child.Done()
+		<-fired
+		assert.True(t, errors.Is(child.Err(), context.DeadlineExceeded))
+
+		e, cancel3 := newOpCtx(context.Background(), time.Hour)
+		grand, stop2 := context.WithCancel(e)
+		defer stop2()
+		cancel3()
+		<-grand.Done()
+		assert.ErrorIs(t, grand.Err(), context.Canceled)
+	})
+}
+
+func BenchmarkLedgerCtx(b *testing.B) {
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.Run("WithTimeout", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, stop := context.WithTimeout(context.WithoutCancel(parent), ledgerOpTimeout)
+			_ = ctx.Err()
+			stop()
+		}
+	})
+	b.Run("opCtx", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, stop := newOpCtx(parent, ledgerOpTimeout)
+			_ = ctx.Err()
+			stop()
+		}
+	})
+}

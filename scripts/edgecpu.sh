@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# scripts/edgecpu.sh: the side-by-side proxy CPU comparison of issue 18 item 1
+# (scripts/bench.sh section 2's set-up), alone and extended to streams.
+# One run, rounds interleaved over the targets direct / HAProxy / nginx /
+# Sluice in front of `sluice sim` (2 replicas, 1 ms decode steps):
+#   light   -c 1 non-streamed requests: added latency p50/p99;
+#   whole   -c 16 non-streamed requests: proxy CPU µs per request and the
+#           replica's (simulator's) CPU µs per request;
+#   stream  -c 16 streamed requests of EDGE_STREAM_TOKENS tokens: proxy CPU
+#           µs per SSE chunk passed (chunks counted by the client).
+# CPU is process time (the sum of /proc/PID/task/*/schedstat on-CPU ns, all
+# threads; ns resolution, utime+stime in effect), not wall time: steadier on
+# a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
+# EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
+# EDGE_RAW=1 (print every round), SLUICE_BIN (a prebuilt binary; default:
+# build bin/sluice), EDGE_BASE_BIN (a second build, target sluice-base, to
+# measure before/after in the same run).
+# Prints one table (medians over rounds) on stdout.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+ROUNDS=${EDGE_ROUNDS:-5}
+N=${EDGE_N:-3000}
+LIGHT_N=${EDGE_LIGHT_N:-400}
+SN=${EDGE_STREAM_N:-600}
+STOK=${EDGE_STREAM_TOKENS:-64}
+GO=${GO:-go}
+WORK=$(mktemp -d /tmp/sluice-edgecpu.XXXXXX)
+PIDS=()
+cleanup() {
+	local rc=$? p
+	set +e
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+	if [ "${EDGE_KEEP:-0}" = 1 ]; then echo "edgecpu: work dir kept: $WORK" >&2; else rm -rf "$WORK"; fi
+	exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+log() { echo "edgecpu: $*" >&2; }
+
+wait_http() {
+	local i
+	for i in $(seq 1 200); do
+		if curl -fs -o /dev/null "$1"; then return 0; fi
+		sleep 0.05
+	done
+	echo "edgecpu: $1 never became ready" >&2
+	return 1
+}
+BASE=$((20000 + (($$ + 600) % 1200) * 10))
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for i in $(seq 0 9); do port_free $((BASE + i)) || { echo "edgecpu: port $((BASE + i)) busy" >&2; exit 1; }; done
+SIM_PORT=$BASE HAP_PORT=$((BASE + 4)) NGX_PORT=$((BASE + 5)) API_PORT=$((BASE + 6)) ADM_PORT=$((BASE + 7))
+BASE_API_PORT=$((BASE + 8)) BASE_ADM_PORT=$((BASE + 9))
+
+# cpu_ns PID...: on-CPU nanoseconds of the processes, all their threads.
+cpu_ns() {
+	local p
+	for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done | awk '{s += $1} END {printf "%.0f\n", s}'
+}
+median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+
+SLUICE=${SLUICE_BIN:-}
+if [ -z "$SLUICE" ]; then
+	log "building bin/sluice"
+	$GO build -o bin/sluice ./cmd/sluice
+	SLUICE=$ROOT/bin/sluice
+fi
+
+# The load loop (stdlib only): -n requests with -c workers on kept-alive
+# connections; prints ok fail p50_us p99_us rps chunks.
+mkdir -p "$WORK/loadloop"
+printf 'module loadloop\n\ngo 1.22\n' >"$WORK/loadloop/go.mod"
+cat >"$WORK/loadloop/main.go" <<'EOF'
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func main() {
+	url := flag.String("url", "", "target base URL; several, comma-separated, are used in turn")
+	n := flag.Int("n", 1000, "requests")
+	c := flag.Int("c", 1, "workers")
+	body := flag.String("body", "", "JSON body")
+	stream := flag.Bool("stream", false, "count SSE data events")
+	flag.Parse()
+	urls := strings.Split(*url, ",")
+	key := os.Getenv("LOADLOOP_KEY")
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *c, DisableCompression: true}}
+	lat := make([]time.Duration, *n)
+	var next, fail, chunks atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range *c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(*n) {
+					return
+				}
+				req, _ := http.NewRequest("POST", urls[i%int64(len(urls))]+"/v1/completions", bytes.NewReader([]byte(*body)))
+				req.Header.Set("Content-Type", "application/json")
+				if key != "" {
+					req.Header.Set("Authorization", "Bearer "+key)
+				}
+				t := time.Now()
+				resp, err := cl.Do(req)
+				if err == nil {
+					if *stream {
+						sc := bufio.NewScanner(resp.Body)
+						k := int64(0)
+						for sc.Scan() {
+							if bytes.HasPrefix(sc.Bytes(), []byte("data: ")) {
+								k++
+							}
+						}
+						err = sc.Err()
+						chunks.Add(k)
+					} else {
+						_, err = io.Copy(io.Discard, resp.Body)
+					}
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != 200 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				lat[i] = time.Since(t)
+				if err != nil {
+					fail.Add(1)
+					lat[i] = -1
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	ok := slices.DeleteFunc(lat, func(d time.Duration) bool { return d < 0 })
+	slices.Sort(ok)
+	pct := func(p float64) float64 {
+		if len(ok) == 0 {
+			return 0
+		}
+		i := min(max(int(p*float64(len(ok))+0.999999)-1, 0), len(ok)-1)
+		return float64(ok[i].Microseconds())
+	}
+	fmt.Printf("%d %d %.0f %.0f %.1f %d\n", len(ok), fail.Load(), pct(0.50), pct(0.99), float64(len(ok))/el.Seconds(), chunks.Load())
+}
+EOF
+(cd "$WORK/loadloop" && GOFLAGS= $GO build -o "$WORK/loadloop.bin" .)
+
+KEY=sk-edgecpu-$RANDOM$RANDOM$RANDOM
+# write_config FILE API_PORT ADMIN_PORT
+write_config() {
+	{
+		echo "listen: 127.0.0.1:$2"
+		echo "admin_listen: 127.0.0.1:$3"
+		echo "gpu: {telemetry: off}"
+		echo "server: {drain_timeout: 5s}"
+		echo "upstream:"
+		echo "  replicas:"
+		for i in 0 1; do echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\", max_num_seqs: 64}"; done
+		echo "tenants:"
+		echo "  - name: solo"
+		echo "    api_keys: [\"$(printf '%s\n' "$KEY" | "$SLUICE" key hash)\"]"
+	} >"$1"
+}
+# start_sluice BIN API_PORT ADMIN_PORT NAME: prints the pid.
+start_sluice() {
+	write_config "$WORK/$4.yaml" "$2" "$3"
+	"$1" serve --config "$WORK/$4.yaml" >"$WORK/$4.log" 2>&1 &
+	echo $!
+}
+# sized ADMIN_PORT: every replica scraped and sized.
+sized() {
+	local i
+	for i in $(seq 1 100); do
+		[ "$(curl -fs "http://127.0.0.1:$1/metrics" | awk '/^sluice_replica_capacity_tokens[{ ]/ && $NF > 0 { n++ } END { print n + 0 }')" -ge 2 ] && return 0
+		sleep 0.1
+	done
+	echo "edgecpu: sluice on admin port $1 never sized its replicas" >&2
+	return 1
+}
+
+"$SLUICE" sim --listen "127.0.0.1:$SIM_PORT" --replicas 2 --decode-step 1ms >"$WORK/sim.log" 2>&1 &
+SIM_PID=$!
+PIDS+=("$SIM_PID")
+for i in 0 1; do wait_http "http://127.0.0.1:$((SIM_PORT + i))/health"; done
+SLUICE_PID=$(start_sluice "$SLUICE" "$API_PORT" "$ADM_PORT" sluice)
+PIDS+=("$SLUICE_PID")
+wait_http "http://127.0.0.1:$API_PORT/readyz"
+sized "$ADM_PORT"
+BASE_PID=""
+if [ -n "${EDGE_BASE_BIN:-}" ]; then # a second build to compare in the same run
+	BASE_PID=$(start_sluice "$EDGE_BASE_BIN" "$BASE_API_PORT" "$BASE_ADM_PORT" sluice-base)
+	PIDS+=("$BASE_PID")
+	wait_http "http://127.0.0.1:$BASE_API_PORT/readyz"
+	sized "$BASE_ADM_PORT"
+fi
+{
+	printf 'global\n  maxconn 4000\n  nbthread 2\n'
+	printf 'defaults\n  mode http\n  timeout connect 5s\n  timeout client 300s\n  timeout server 300s\n'
+	printf '  timeout queue 30s\n  option http-keep-alive\n  http-reuse always\n'
+	printf 'frontend fe\n  bind 127.0.0.1:%d\n  default_backend be\n' "$HAP_PORT"
+	printf 'backend be\n  balance leastconn\n'
+	for i in 0 1; do printf '  server s%d 127.0.0.1:%d maxconn 64\n' "$i" $((SIM_PORT + i)); done
+} >"$WORK/haproxy.cfg"
+haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
+HAP_PID=$!
+PIDS+=("$HAP_PID")
+wait_http "http://127.0.0.1:$HAP_PORT/health"
+NGINX=$(command -v nginx || true)
+[ -n "$NGINX" ] || NGINX=$([ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx || true)
+TARGETS=${EDGE_TARGETS:-direct haproxy sluice}
+NGX_PID=""
+if [ -n "$NGINX" ] && [ -z "${EDGE_TARGETS:-}" ]; then
+	mkdir -p "$WORK/nginx"
+	{
+		[ "$(id -u)" = 0 ] && echo "user root;"
+		echo "worker_processes 2; daemon off; pid $WORK/nginx/nginx.pid; error_log $WORK/nginx/error.log warn;"
+		echo "events { worker_connections 4096; }"
+		echo "http { access_log off;"
+		echo "  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;"
+		echo "  fastcgi_temp_path $WORK/nginx/fcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;"
+		echo "  upstream sims { server 127.0.0.1:$SIM_PORT; server 127.0.0.1:$((SIM_PORT + 1)); keepalive 64; }"
+		echo "  server { listen 127.0.0.1:$NGX_PORT; location / { proxy_pass http://sims; proxy_http_version 1.1;"
+		echo "    proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 300s; } } }"
+	} >"$WORK/nginx.conf"
+	"$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
+	NGX_PID=$!
+	PIDS+=("$NGX_PID")
+	wait_http "http://127.0.0.1:$NGX_PORT/health" && TARGETS="direct haproxy nginx sluice"
+fi
+[ -n "$BASE_PID" ] && TARGETS="$TARGETS sluice-base"
+url_of() {
+	case $1 in
+	direct) echo "http://127.0.0.1:$SIM_PORT,http://127.0.0.1:$((SIM_PORT + 1))" ;; # both replicas, in turn, as the proxies spread
+	haproxy) echo "http://127.0.0.1:$HAP_PORT" ;;
+	nginx) echo "http://127.0.0.1:$NGX_PORT" ;;
+	sluice) echo "http://127.0.0.1:$API_PORT" ;;
+	sluice-base) echo "http://127.0.0.1:$BASE_API_PORT" ;;
+	esac
+}
+proxy_pids() {
+	case $1 in
+	direct) echo "" ;;
+	haproxy) echo "$HAP_PID" ;;
+	nginx) echo "$NGX_PID" $(ps -o pid= --ppid "$NGX_PID" 2>/dev/null) ;;
+	sluice) echo "$SLUICE_PID" ;;
+	sluice-base) echo "$BASE_PID" ;;
+	esac
+}
+SMALL='{"model":"sim-model","prompt":"hello there","max_tokens":4,"ignore_eos":true}'
+STREAM="{\"model\":\"sim-model\",\"prompt\":\"hello there\",\"max_tokens\":$STOK,\"ignore_eos\":true,\"stream\":true}"
+export LOADLOOP_KEY=$KEY
+for t in $TARGETS; do
+	"$WORK/loadloop.bin" -url "$(url_of "$t")" -n 200 -c 8 -body "$SMALL" >/dev/null
+	"$WORK/loadloop.bin" -url "$(url_of "$t")" -n 50 -c 8 -body "$STREAM" -stream >/dev/null
+done
+# measure KIND TARGET ARGS...: one loadloop run; appends
+# "TARGET ok fail p50 p99 rps chunks proxy_ns sim_ns" to WORK/KIND.txt.
+measure() {
+	local kind=$1 t=$2 pids c0=0 c1=0 s0 s1 out
+	shift 2
+	pids=$(proxy_pids "$t")
+	s0=$(cpu_ns "$SIM_PID")
+	[ -n "$pids" ] && c0=$(cpu_ns $pids)
+	out=$("$WORK/loadloop.bin" -url "$(url_of "$t")" "$@")
+	[ -n "$pids" ] && c1=$(cpu_ns $pids)
+	s1=$(cpu_ns "$SIM_PID")
+	echo "$t $out $((c1 - c0)) $((s1 - s0))" >>"$WORK/$kind.txt"
+}
+for r in $(seq 1 "$ROUNDS"); do
+	for t in $TARGETS; do
+		measure light "$t" -n "$LIGHT_N" -c 1 -body "$SMALL"
+		measure whole "$t" -n "$N" -c 16 -body "$SMALL"
+		measure stream "$t" -n "$SN" -c 16 -body "$STREAM" -stream
+	done
+	log "round $r of $ROUNDS done"
+done
+# per KIND TARGET AWKEXPR: median over rounds of AWKEXPR (fields: $2 ok, $3
+# fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns).
+per() { awk -v t="$2" '$1 == t && $2 > 0 { printf "%.2f\n", '"$3"' }' "$WORK/$1.txt" | median; }
+fails=$(cat "$WORK"/*.txt | awk '{s += $3} END {print s + 0}')
+echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
+echo "|---|---|---|---|---|---|---|"
+for t in $TARGETS; do
+	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
+done
+# ratio KIND TARGET REF AWKEXPR: median over rounds of TARGET's AWKEXPR ÷
+# REF's in the same round (paired: both ran back to back).
+ratio() {
+	awk -v t="$2" -v r="$3" '$2 > 0 { v = '"$4"'; k[$1]++; if ($1 == t) a[k[$1]] = v; if ($1 == r) b[k[$1]] = v }
+		END { for (i in a) if (i in b && b[i] > 0) printf "%.3f\n", a[i] / b[i] }' "$WORK/$1.txt" | median
+}
+# diff KIND TARGET REF AWKEXPR: the same, TARGET − REF.
+delta() {
+	awk -v t="$2" -v r="$3" '$2 > 0 { v = '"$4"'; k[$1]++; if ($1 == t) a[k[$1]] = v; if ($1 == r) b[k[$1]] = v }
+		END { for (i in a) if (i in b) printf "%.0f\n", a[i] - b[i] }' "$WORK/$1.txt" | median
+}
+echo
+echo "Paired per round (median over rounds): CPU ÷ HAProxy's; latency − HAProxy's; replica CPU ÷ direct."
+echo
+echo "| target | CPU/req ÷ HAProxy | CPU/chunk ÷ HAProxy | light p50 − HAProxy µs | light p99 − HAProxy µs | replica CPU/req ÷ direct |"
+echo "|---|---|---|---|---|---|"
+for t in $TARGETS; do
+	[ "$t" = direct ] && continue
+	echo "| $t | $(ratio whole "$t" haproxy '$8 / $2') | $(ratio stream "$t" haproxy '$8 / $7') | $(delta light "$t" haproxy '$4') | $(delta light "$t" haproxy '$5') | $(ratio whole "$t" direct '$9 / $2') |"
+done
+echo
+echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${EDGE_RAW:-0}" = 1 ]; then for k in light whole stream; do echo "## $k"; cat "$WORK/$k.txt"; done; fi
