@@ -140,6 +140,13 @@ func (l *Ledger) LoadScripts(ctx context.Context) error {
 			return fmt.Errorf("load ledger script: %w", l.storeErr(err))
 		}
 	}
+	if l.b != nil && !l.b.noFunc.Load() {
+		if err := l.loadLibrary(ctx); funcUnsupported(err) {
+			l.b.noFunc.Store(true)
+		} else if err != nil {
+			return fmt.Errorf("load ledger function library: %w", l.storeErr(err))
+		}
+	}
 	return nil
 }
 

@@ -20,12 +20,12 @@ local scopes, serr = parse_spec(ARGV[12])
 if not scopes then return {'POLICY', epoch, serr} end
 
 -- Idempotency first: an existing record answers the call.
-local rec, why = load_record(now)
+local rec, why = record_or_none(now)
 if rec == nil then return {'CORRUPT', epoch, why} end
 if rec then
   if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
   if rec.dg ~= ARGV[8] then return {'CONFLICT', epoch} end
-  local a, aerr = assess(now, scopes, {}, false, epoch)
+  local a, aerr = assess(now, scopes, ZA(), false, epoch)
   if not a then return {'CORRUPT', epoch, aerr} end
   local same = 0
   if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
@@ -51,34 +51,36 @@ if a.deny then return a.deny end
 if a.dslot then return a.dslot end
 if ARGV[14] == '2' then return {'CHECKED', epoch} end
 
--- Apply.
+-- Apply (scope writes go to the call's cache, flushed once at the end).
 local le = now + ttl
 local sl = 0
 for _, sc in ipairs(scopes) do
+  local key = sc.key
   for _, l in ipairs(sc.lims) do
-    local idx = a.widx[l.w]
-    if l.widx < idx then
-      redis.call('HSET', sc.key, l.wf, idx, l.cf, 0)
+    if l.widx < l.idx then
+      sput(key, l.wf, l.idx)
+      sput(key, l.cf, 0)
     end
   end
   for _, d in ipairs(sc.dlist) do
-    if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], h.s[d]) end
+    local x = h[d]
+    if x > 0 then sadd(key, RF[d], x) end
   end
   if dispatch and sc.slot then
-    redis.call('HINCRBY', sc.key, 'n', '1')
+    sadd(key, 'n', 1)
     sl = 1
   end
-  if sc.seen ~= sc.spec then redis.call('HSET', sc.key, 'lim', sc.spec) end
+  if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
 end
+local wins = scopes.wins
 local wi = {}
-for w, idx in pairs(a.widx) do table.insert(wi, a.wws[w] .. ':' .. idx) end
-table.sort(wi)
+for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
 local st = S_RESERVED
 if dispatch then st = S_DISPATCHED end
 if why == 'aged' then redis.call('DEL', KEYS[4]) end
-local les = string.format('%d', le)
+local les, nows = fmt('%d', le), fmt('%d', now)
 local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
-  'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', now}
+  'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', nows}
 if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
 if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
 redis.call('HSET', KEYS[4], unpack(rf))
