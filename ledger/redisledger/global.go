@@ -2,6 +2,7 @@ package redisledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,8 +14,10 @@ import (
 // Global (fleet-wide) budgets. A KindGlobal scope G lives in its own
 // partition "<prefix>:{G}:…", laid out exactly like a tenant's (m, L, U,
 // q:<id>, s:G), because its counters cannot share a Cluster slot with every
-// tenant. A Reserve with a global scope is two writing scripts after a
-// read-only check:
+// tenant. On a Cluster (and without batching) a Reserve with a global scope
+// is two writing scripts after a read-only check; on a standalone or
+// Sentinel server the same three steps are one atomic batch operation
+// (reserveAtomic), which has no false-denial window:
 //
 //  0. the tenant partition's reserve script in check mode: it answers as a
 //     reserve would (replay, conflict, final, policy, denial) but writes
@@ -136,6 +139,75 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 		return nil, err
 	}
 	return &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}, nil
+}
+
+// reserveAtomic runs a Reserve with a global scope on a standalone or
+// Sentinel server, where both partitions live on one server: steps 0, 1 and
+// 2 are one operation of one batch (the "greserve" function of the batch,
+// lua/greserve.lua), so they run atomically, each only when the one before
+// admitted, in one round trip. Nothing can change between the tenant check
+// and the tenant step, so a global hold is never taken for a request its
+// tenant refuses, and there is no false-denial window: a global denial is
+// the answer (the check already found no record to replay). Decoding is the
+// same as for the steps run one by one, so every answer, a replay included,
+// comes out the same.
+func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, id, digest string, ttl time.Duration) (ledger.Grant, error) {
+	gk := req.Scopes[gi].Key
+	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
+	l.globals.LoadOrStore(gk, struct{}{})
+	l.register(ctx, gk)
+	greq := ledger.ReserveRequest{Ref: gref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
+		Dispatch: req.Dispatch}
+	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
+	steps := [3]reserveCall{
+		l.reserveOp(treq, id, digest, ttl, nil, modeCheck),
+		l.reserveOp(&greq, encID(gref.ID), digest, ttl, nil, modeReserve),
+		l.reserveOp(treq, id, digest, ttl, gh, modeReserve),
+	}
+	var keys []string
+	var args []any
+	for _, st := range steps {
+		keys = append(keys, st.keys...)
+		args = append(append(args, len(st.keys), len(st.args)), st.args...)
+	}
+	if err := ctx.Err(); err != nil {
+		return ledger.Grant{}, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	r, err := l.b.do(ctx, "greserve", keys, args)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	step := func(i int) (reply, bool) {
+		if i >= len(r) {
+			return nil, false
+		}
+		x, ok := r[i].([]any)
+		return reply(x), ok && len(x) > 0
+	}
+	r0, ok := step(0)
+	if !ok {
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	if g, err := l.reserveReply(treq, steps[0], nil, r0); !errors.Is(err, errChecked) {
+		return g, err
+	}
+	r1, ok := step(1)
+	if !ok {
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	gg, err := l.reserveReply(&greq, steps[1], nil, r1)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	gh.grant = gg
+	r2, ok := step(2)
+	if !ok {
+		l.dropGlobal(ctx, gh) // cannot happen: the hold was taken, the tenant step must answer
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	g, err := l.reserveReply(treq, steps[2], gh, r2)
+	l.settleHold(ctx, gh, &g, err)
+	return g, err
 }
 
 // dropGlobal releases a hold that no tenant record carries. Failures are

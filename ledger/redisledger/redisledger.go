@@ -403,6 +403,9 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	treq := req // the tenant partition's part of the request
 	if gi := globalIndex(req.Scopes); gi >= 0 {
 		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
+		if l.b != nil && !l.b.cluster {
+			return l.reserveAtomic(ctx, &req, &treq, gi, id, digest, ttl)
+		}
 		// Step 0: check the tenant side without writing, so a request the
 		// tenant would refuse (or a replay) never takes a global hold.
 		if g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
@@ -434,17 +437,23 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
 	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh, modeReserve)
 	if gh != nil {
-		switch {
-		case err == nil && (!g.Replayed || gh.stored == gh.enc):
-			mergeHeadroom(&g, &gh.grant)
-		case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
-			// A replay carries its own (earlier) global hold, and a refusal
-			// wrote nothing: ours must go. An ambiguous outcome keeps it (the
-			// tenant record may carry it); its lease is the backstop.
-			l.dropGlobal(ctx, gh)
-		}
+		l.settleHold(ctx, gh, &g, err)
 	}
 	return g, err
+}
+
+// settleHold decides the fate of the global hold gh after the tenant step
+// answered g, err: kept (its headroom merged into g) or dropped.
+func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant, err error) {
+	switch {
+	case err == nil && (!g.Replayed || gh.stored == gh.enc):
+		mergeHeadroom(g, &gh.grant)
+	case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
+		// A replay carries its own (earlier) global hold, and a refusal
+		// wrote nothing: ours must go. An ambiguous outcome keeps it (the
+		// tenant record may carry it); its lease is the backstop.
+		l.dropGlobal(ctx, gh)
+	}
 }
 
 // Modes of the reserve script (ARGV 14).
@@ -462,6 +471,23 @@ var (
 // reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
 func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
+	op := l.reserveOp(req, id, digest, ttl, gh, mode)
+	r, err := l.run(ctx, l.s.reserve, false, op.keys, op.args...)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	return l.reserveReply(req, op, gh, r)
+}
+
+// reserveCall is one reserve script call's keys and arguments, with what
+// its reply is decoded against.
+type reserveCall struct {
+	keys         []string
+	args         []any
+	spec, cached string
+}
+
+func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
 	spec := buildSpec(req.Scopes)
 	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
 	base := l.tenantBase(req.Ref.Tenant)
@@ -480,10 +506,12 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
 		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
 		strconv.FormatUint(req.Attempt, 10))
-	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
-	if err != nil {
-		return ledger.Grant{}, err
-	}
+	return reserveCall{keys: keys, args: args, spec: spec, cached: cached}
+}
+
+// reserveReply decodes the reply r of the reserve call op.
+func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *globalHold, r reply) (ledger.Grant, error) {
+	spec, cached := op.spec, op.cached
 	l.noteEpoch(req.Ref.Tenant, cached, r)
 	switch r.status() {
 	case "OK":
