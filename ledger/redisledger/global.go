@@ -142,15 +142,14 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 }
 
 // reserveAtomic runs a Reserve with a global scope on a standalone or
-// Sentinel server, where both partitions live on one server: steps 0, 1 and
-// 2 are one operation of one batch (the "greserve" function of the batch,
-// lua/greserve.lua), so they run atomically, each only when the one before
-// admitted, in one round trip. Nothing can change between the tenant check
-// and the tenant step, so a global hold is never taken for a request its
-// tenant refuses, and there is no false-denial window: a global denial is
-// the answer (the check already found no record to replay). Decoding is the
-// same as for the steps run one by one, so every answer, a replay included,
-// comes out the same.
+// Sentinel server, where both partitions live on one server: the steps are
+// one operation of one batch (lua/greserve.lua), which plans the tenant
+// step and the global hold and writes both only when both admit, in one
+// round trip. A global hold is never taken for a request its tenant
+// refuses, so there is no false-denial window, and a global denial is the
+// answer (the tenant plan already found no record to replay). The reply
+// has the stepwise protocol's shape and is decoded the same way, so every
+// answer, a replay included, comes out the same.
 func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, id, digest string, ttl time.Duration) (ledger.Grant, error) {
 	gk := req.Scopes[gi].Key
 	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
@@ -159,8 +158,9 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 	greq := ledger.ReserveRequest{Ref: gref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
 	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
-	steps := [3]reserveCall{
-		l.reserveOp(treq, id, digest, ttl, nil, modeCheck),
+	// The operation plans the tenant step first and answers its refusals
+	// as the check would, so steps[1] decodes both the check and the step.
+	steps := [2]reserveCall{
 		l.reserveOp(&greq, encID(gref.ID), digest, ttl, nil, modeReserve),
 		l.reserveOp(treq, id, digest, ttl, gh, modeReserve),
 	}
@@ -188,14 +188,14 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 	if !ok {
 		return ledger.Grant{}, l.corrupt("greserve reply")
 	}
-	if g, err := l.reserveReply(treq, steps[0], nil, r0); !errors.Is(err, errChecked) {
+	if g, err := l.reserveReply(treq, steps[1], nil, r0); !errors.Is(err, errChecked) {
 		return g, err
 	}
 	r1, ok := step(1)
 	if !ok {
 		return ledger.Grant{}, l.corrupt("greserve reply")
 	}
-	gg, err := l.reserveReply(&greq, steps[1], nil, r1)
+	gg, err := l.reserveReply(&greq, steps[0], nil, r1)
 	if err != nil {
 		return ledger.Grant{}, err
 	}
@@ -205,7 +205,7 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 		l.dropGlobal(ctx, gh) // cannot happen: the hold was taken, the tenant step must answer
 		return ledger.Grant{}, l.corrupt("greserve reply")
 	}
-	g, err := l.reserveReply(treq, steps[2], gh, r2)
+	g, err := l.reserveReply(treq, steps[1], gh, r2)
 	l.settleHold(ctx, gh, &g, err)
 	return g, err
 }

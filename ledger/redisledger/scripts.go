@@ -64,6 +64,7 @@ func loadScripts() (*scripts, error) {
 		// The dimensions come from the ledger package, so adding one changes
 		// every script (and its SHA) without touching the Lua.
 		b.WriteString(dimsHeader())
+		b.WriteString("local KEYS, ARGV = KEYS, ARGV\n") // rebound by reserve_apply
 		b.Write(prelude)
 		// The body is a function so that flush runs after every return.
 		b.WriteString("\nbegin(ARGV[#ARGV])\nlocal function body()\n")

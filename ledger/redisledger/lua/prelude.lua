@@ -508,3 +508,99 @@ local function begin(floor)
   SV, SD, SK = {}, {}, {}
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
+
+-- reserve_plan is the reserve script up to its first write: it returns the
+-- plan of an admitted reserve, or nil and the reply (a refusal, a replay,
+-- or CHECKED in mode '2'). reserve_apply(p) writes what p admitted and
+-- returns OK; it runs with p's KEYS and ARGV, so a global Reserve plans both
+-- partitions before it writes either (greserve.lua).
+local function reserve_plan()
+  local now = ledger_now()
+  if not now then return nil, {'CORRUPT', '', 'hwm'} end
+  local epoch, fenced = epoch_check(now)
+  if fenced then return nil, {'RECOVERING', epoch} end
+
+  local h = parse_amounts(ARGV[11])
+  if h == nil then return nil, {'INVALID', epoch, 'held'} end
+  local scopes, serr = parse_spec(ARGV[12])
+  if not scopes then return nil, {'POLICY', epoch, serr} end
+
+  -- Idempotency first: an existing record answers the call.
+  local rec, why = record_or_none(now)
+  if rec == nil then return nil, {'CORRUPT', epoch, why} end
+  if rec then
+    if not is_open(rec.st) then return nil, {'FINAL', epoch, rec.st} end
+    if rec.dg ~= ARGV[8] then return nil, {'CONFLICT', epoch} end
+    local a, aerr = assess(now, scopes, ZA(), false, epoch)
+    if not a then return nil, {'CORRUPT', epoch, aerr} end
+    local same = 0
+    if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
+    return nil, append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
+  end
+  if ARGV[14] == '1' then return nil, {'NOREC', epoch} end
+
+  local fence = cint(META.fence_s)
+  if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
+  if now < fence then return nil, {'RECOVERING', epoch} end
+  -- The policy version is recorded for audit only, never compared: limits
+  -- travel with every Reserve (ledger/doc.go, "Policy versions").
+  local cpv = cint(ARGV[6])
+  if cpv == nil then return nil, {'POLICY', epoch, 'version'} end
+  local dispatch = ARGV[10] == '1'
+  local ttl = cint(ARGV[9])
+  if ttl == nil or ttl <= 0 then return nil, {'INVALID', epoch, 'ttl'} end
+
+  -- Validate every counter and decide admission before any write.
+  local a, aerr = assess(now, scopes, h, dispatch, epoch)
+  if not a then return nil, {'CORRUPT', epoch, aerr} end
+  if a.deny then return nil, a.deny end
+  if a.dslot then return nil, a.dslot end
+  if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
+  return {now = now, epoch = epoch, h = h, scopes = scopes, why = why, dispatch = dispatch, ttl = ttl, a = a,
+    pv_s = META.pv_s, keys = KEYS, argv = ARGV}
+end
+
+local function reserve_apply(p)
+  local now, epoch, h, scopes, why, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.why, p.dispatch, p.ttl, p.a
+  KEYS, ARGV = p.keys, p.argv
+  -- Apply (scope writes go to the call's cache, flushed once at the end).
+  local le = now + ttl
+  local sl = 0
+  for _, sc in ipairs(scopes) do
+    local key = sc.key
+    for _, l in ipairs(sc.lims) do
+      if l.widx < l.idx then
+        sput(key, l.wf, l.idx)
+        sput(key, l.cf, 0)
+      end
+    end
+    for _, d in ipairs(sc.dlist) do
+      local x = h[d]
+      if x > 0 then sadd(key, RF[d], x) end
+    end
+    if dispatch and sc.slot then
+      sadd(key, 'n', 1)
+      sl = 1
+    end
+    if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
+  end
+  local wins = scopes.wins
+  local wi = {}
+  for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
+  local st = S_RESERVED
+  if dispatch then st = S_DISPATCHED end
+  if why == 'aged' then redis.call('DEL', KEYS[4]) end
+  local les, nows = fmt('%d', le), fmt('%d', now)
+  local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
+    'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', nows}
+  if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
+  if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
+  redis.call('HSET', KEYS[4], unpack(rf))
+  redis.call('ZADD', KEYS[2], les, ARGV[4])
+  if p.pv_s ~= ARGV[6] then
+    touch(now, ARGV[6])
+  else
+    touch(now)
+  end
+  return append_room({'OK', epoch, le, now}, a)
+end
