@@ -225,3 +225,59 @@ func TestBatchScopeCacheAndLibrary(t *testing.T) {
 	assert.Equal(t, fc, commandCalls(t, rc, "fcall"), "no FCALL once the batch script is chosen")
 	assert.Greater(t, commandCalls(t, rc, "evalsha"), es, "batches ran as EVALSHA")
 }
+
+// TestGlobalOneOperation: on one server a Reserve with a global scope is one
+// batch operation, and so is its Settle when the Ledger that reserved it
+// settles it (the hold's settle rides along); another Ledger, which does
+// not know the record's scopes, settles stepwise. Either way the tenant and
+// the global counters end exact.
+func TestGlobalOneOperation(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Registerer = reg })
+	other := newLedger(t, srv.Addr(), nil)
+	gkey := testKeyer.GlobalKey()
+	sc := []ledger.Scope{
+		tenantScope("global-one-op", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30}),
+		{Kind: ledger.KindGlobal, Key: gkey, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 40}}},
+	}
+	owner := ledger.NewOwner()
+	w := reserveReq(sc, held(1), owner)
+	_, err := l.Reserve(ctx, w) // registers both partitions
+	require.NoError(t, err)
+	_, err = l.Settle(ctx, w.Ref, held(1), ledger.SourceFinal)
+	require.NoError(t, err)
+	g0, err := l.Snapshot(ctx, gkey, gkey)
+	require.NoError(t, err)
+	ops := func() float64 { _, sum := histCount(t, reg, "sluice_ledger_redis_batch_ops"); return sum }
+
+	a := reserveReq(sc, held(100), owner)
+	before := ops()
+	_, err = l.Reserve(ctx, a)
+	require.NoError(t, err)
+	assert.Equal(t, before+1, ops(), "the global Reserve is one operation")
+	before = ops()
+	s, err := l.Settle(ctx, a.Ref, held(60), ledger.SourceFinal)
+	require.NoError(t, err)
+	assert.False(t, s.Replayed)
+	assert.Equal(t, before+1, ops(), "its Settle, with the hold's, is one operation")
+
+	b := reserveReq(sc, held(50), owner)
+	_, err = l.Reserve(ctx, b)
+	require.NoError(t, err)
+	_, err = other.Settle(ctx, b.Ref, held(70), ledger.SourceFinal) // stepwise: other has no spec cached
+	require.NoError(t, err)
+	s, err = l.Settle(ctx, a.Ref, held(60), ledger.SourceFinal) // a replay settles nothing again
+	require.NoError(t, err)
+	assert.True(t, s.Replayed)
+
+	gu, err := l.Snapshot(ctx, gkey, gkey)
+	require.NoError(t, err)
+	assert.Zero(t, gu.Reserved[ledger.Tokens], "every global hold settled")
+	assert.Equal(t, g0.Limits[0].Committed+60+70, gu.Limits[0].Committed, "global charged once per Settle")
+	tu, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	assert.Zero(t, tu.Reserved[ledger.Tokens])
+	assert.Equal(t, int64(1+60+70), tu.Limits[0].Committed)
+}

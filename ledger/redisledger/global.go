@@ -252,6 +252,67 @@ func (l *Ledger) globalSettle(ctx context.Context, ref ledger.Ref, actual ledger
 	if err != nil {
 		return err
 	}
+	return l.globalSettleReply(ref, r)
+}
+
+// settleCall runs the settle script on ref's record (runRecord). On a
+// standalone or Sentinel server, when this process reserved the record with
+// a global hold and still knows both records' scopes, the hold's settle runs
+// in the same operation (lua/gsettle.lua; it runs only when the tenant
+// settle answers OK or REPLAY naming that hold) and g is its reply: one
+// round trip instead of two. Otherwise g is nil and Settle follows the hold
+// itself.
+func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string) (r reply, spec string, g reply, err error) {
+	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
+		gref, ok1 := parseHold(e.hold)
+		ge, ok2 := l.cachedEntry(gref.ID)
+		id, gid := encID(ref.ID), encID(gref.ID)
+		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, id, 3), l.tenantBase(ref.Tenant), e.spec)
+		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, gid, 1), l.tenantBase(gref.Tenant), ge.spec)
+		if ok1 && ok2 && ok3 && ok4 {
+			targs, tc := l.common(ref.Tenant, id)
+			gargs, gc := l.common(gref.Tenant, gid)
+			targs = append(targs, csv, src)
+			gargs = append(gargs, csv, src)
+			args := make([]any, 0, 5+len(targs)+len(gargs))
+			args = append(append(args, e.hold, len(tk), len(targs)), targs...)
+			args = append(append(args, len(gk), len(gargs)), gargs...)
+			if err := ctx.Err(); err != nil {
+				return nil, e.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+			}
+			rr, err := l.b.do(ctx, "gsettle", append(tk, gk...), args)
+			if err != nil {
+				return nil, e.spec, nil, err
+			}
+			step := func(i int) (reply, bool) {
+				if i >= len(rr) {
+					return nil, false
+				}
+				x, ok := rr[i].([]any)
+				return reply(x), ok && len(x) > 0
+			}
+			r, ok := step(0)
+			if !ok {
+				return nil, e.spec, nil, l.corrupt("gsettle reply")
+			}
+			l.noteEpoch(ref.Tenant, tc, r)
+			if r.status() != "KEYS" { // KEYS: nothing ran; the stepwise path retries with the stored spec
+				if x, ok := step(1); ok {
+					l.noteEpoch(gref.Tenant, gc, x)
+					if x.status() != "KEYS" { // else Settle runs the hold's settle stepwise
+						g = x
+					}
+				}
+				return r, e.spec, g, nil
+			}
+		}
+	}
+	r, spec, err = l.runRecord(ctx, l.s.settle, ref, csv, src)
+	return r, spec, nil, err
+}
+
+// globalSettleReply decodes the reply of a global hold's settle.
+func (l *Ledger) globalSettleReply(ref ledger.Ref, r reply) error {
 	switch r.status() {
 	case "OK", "REPLAY", "FINAL", "NOTFOUND":
 		// FINAL: the hold was already charged at its amount by its own

@@ -55,6 +55,7 @@ type Ledger struct {
 
 type specEntry struct {
 	spec string
+	hold string // the record's global hold "G.gid" ("" none)
 }
 
 const maxSpecCache = 1 << 16
@@ -329,19 +330,24 @@ func (l *Ledger) statusErr(r reply) error {
 
 // ---- spec cache --------------------------------------------------------------
 
-func (l *Ledger) cacheSpec(id ledger.RequestID, spec string) {
+func (l *Ledger) cacheSpec(id ledger.RequestID, spec, hold string) {
 	l.mu.Lock()
 	if len(l.specs) < maxSpecCache {
-		l.specs[id] = specEntry{spec: spec}
+		l.specs[id] = specEntry{spec: spec, hold: hold}
 	}
 	l.mu.Unlock()
 }
 
 func (l *Ledger) cachedSpec(id ledger.RequestID) (string, bool) {
+	e, ok := l.cachedEntry(id)
+	return e.spec, ok
+}
+
+func (l *Ledger) cachedEntry(id ledger.RequestID) (specEntry, bool) {
 	l.mu.Lock()
 	e, ok := l.specs[id]
 	l.mu.Unlock()
-	return e.spec, ok
+	return e, ok
 }
 
 func (l *Ledger) forgetSpec(id ledger.RequestID) {
@@ -517,7 +523,11 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 	case "OK":
 		g, err := l.grantFrom(*req, r)
 		if err == nil {
-			l.cacheSpec(req.Ref.ID, spec)
+			hold := ""
+			if gh != nil {
+				hold = gh.enc
+			}
+			l.cacheSpec(req.Ref.ID, spec, hold)
 		}
 		return g, err
 	case "REPLAY":
@@ -530,7 +540,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 		if gh != nil {
 			gh.stored = r.str(6)
 		}
-		l.cacheSpec(req.Ref.ID, spec)
+		l.cacheSpec(req.Ref.ID, spec, r.str(6))
 		// The same attempt is the caller's own retry after a lost reply
 		// (go-redis retries EVALSHA on a broken connection): a success.
 		same := r.str(7) == "1"
@@ -740,9 +750,16 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		return ledger.Settlement{}, fmt.Errorf("source %d: %w", src, ledger.ErrInvalid)
 	}
 	csv := amountsCSV(&actual)
-	r, spec, err := l.runRecord(ctx, l.s.settle, ref, csv, src.String())
+	r, spec, gr, err := l.settleCall(ctx, ref, csv, src.String())
 	if err != nil {
 		return ledger.Settlement{}, err
+	}
+	// The global hold's settle, unless gsettle already ran it (gr).
+	globalStep := func(g ledger.Ref) error {
+		if gr != nil {
+			return l.globalSettleReply(g, gr)
+		}
+		return l.globalSettle(ctx, g, actual, src)
 	}
 	switch r.status() {
 	case "OK":
@@ -758,7 +775,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		l.forgetSpec(ref.ID)
 		s := settlementOf(ledger.State(st), ledger.State(prev), held, actual, false)
 		l.emit(ref, specWithHold(spec, r.str(7)), held, actual, s.Charged, s.State, s.Late, src, at, now)
-		if err := l.followGlobal(ctx, r.str(7), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+		if err := l.followGlobal(ctx, r.str(7), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
 		return s, nil
@@ -770,7 +787,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		if !ok {
 			return ledger.Settlement{}, l.corrupt("settle replay reply")
 		}
-		if err := l.followGlobal(ctx, r.str(6), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+		if err := l.followGlobal(ctx, r.str(6), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
 		return settlementOf(ledger.State(st), ledger.State(prev), held, actual, true), nil

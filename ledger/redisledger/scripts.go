@@ -30,7 +30,7 @@ type scripts struct {
 }
 
 // batchOps are the write scripts the batch script embeds.
-var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge", "greserve"}
+var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge", "greserve", "gsettle"}
 
 // dimsHeader defines NDIMS and SLOTS for the prelude, and constructors of
 // tables presized for one value per dimension (index 0..NDIMS-1): ZA for

@@ -206,8 +206,21 @@ local SV, SD, SK = {}, {}, {}
 local function sload(key, f)
   local c = SV[key]
   if not c then
+    -- The call's first touch of key: read f as it is.
     c = {}
     SV[key] = c
+    local v = rcall('HMGET', key, unpack(f))
+    for i = 1, #f do
+      local name, x = f[i], v[i]
+      if name == 'lim' then
+        c.lim = x
+      else
+        local n = cint(x)
+        if n == nil then return nil end
+        c[name] = n
+      end
+    end
+    return c
   end
   local miss, nm
   for i = 1, #f do
