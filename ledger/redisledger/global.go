@@ -41,7 +41,8 @@ import (
 //
 // Every later operation on the tenant record gets g back from its script and
 // then acts on the global hold by id, idempotently, inside the same Go
-// method: MarkDispatched → dispatch, Extend → extend, Settle → settle with
+// method (on one server, a Settle by the Ledger that reserved the record
+// runs the hold's settle in the same operation, settleCall): MarkDispatched → dispatch, Extend → extend, Settle → settle with
 // the same actual (a replayed tenant Settle re-runs it, so the outbox retry
 // of a Settle whose global step failed completes it), Release → release,
 // Resolve and the automatic charge → settle at the hold (SourceResolved),
