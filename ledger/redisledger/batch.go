@@ -61,30 +61,34 @@ func (b *batcher) exec(ctx context.Context, keys []string, args []any) (any, err
 	l := b.l
 	if !b.noFunc.Load() {
 		v, err := l.c.FCall(ctx, l.s.fn, keys, args...).Result()
-		if err == nil || !funcMissing(err) {
+		if err == nil || (!funcMissing(err) && !funcUnsupported(err)) {
 			return v, err
 		}
-		if lerr := l.loadLibrary(ctx); lerr == nil {
-			return l.c.FCall(ctx, l.s.fn, keys, args...).Result()
-		} else if !funcUnsupported(lerr) {
-			return nil, lerr
+		if funcMissing(err) {
+			lerr := l.loadLibrary(ctx)
+			if lerr == nil {
+				// Loaded; FCALL itself may still be refused (an ACL that
+				// allows FUNCTION LOAD but not FCALL).
+				v, err = l.c.FCall(ctx, l.s.fn, keys, args...).Result()
+				if err == nil || !funcUnsupported(err) {
+					return v, err
+				}
+			} else if !funcUnsupported(lerr) {
+				return nil, lerr
+			}
 		}
 		b.noFunc.Store(true)
 	}
 	return l.s.batch.Run(ctx, l.c, keys, args...).Result()
 }
 
-// funcMissing: the function is not loaded, or FCALL itself is unknown or
-// refused (then loading fails too and the batch falls back to EVALSHA).
+// funcMissing: the server has functions but not this library's.
 func funcMissing(err error) bool {
 	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	msg := rerr.Error()
-	return strings.HasPrefix(msg, "ERR Function not found") || funcUnsupported(err)
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR Function not found")
 }
 
+// funcUnsupported: the server has no FUNCTION/FCALL, or the ACL refuses it.
 func funcUnsupported(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {

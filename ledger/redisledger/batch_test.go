@@ -281,3 +281,30 @@ func TestGlobalOneOperation(t *testing.T) {
 	assert.Zero(t, tu.Reserved[ledger.Tokens])
 	assert.Equal(t, int64(1+60+70), tu.Limits[0].Committed)
 }
+
+// TestBatchWithoutFunctions: a user whose ACL refuses FCALL and FUNCTION
+// still gets every batch run, through the batch script (EVALSHA), and the
+// counters are exact.
+func TestBatchWithoutFunctions(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err())
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Username, c.Password = "nofn", "pw" })
+	require.NoError(t, l.LoadScripts(ctx))
+	sc := []ledger.Scope{tenantScope("no-functions", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	owner := ledger.NewOwner()
+	es := commandCalls(t, rc, "evalsha")
+	for range 3 {
+		r := reserveReq(sc, held(10), owner)
+		_, err := l.Reserve(ctx, r)
+		require.NoError(t, err)
+		_, err = l.Settle(ctx, r.Ref, held(4), ledger.SourceFinal)
+		require.NoError(t, err)
+	}
+	u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	assert.Zero(t, u.Reserved[ledger.Tokens])
+	assert.Equal(t, int64(12), u.Limits[0].Committed)
+	assert.GreaterOrEqual(t, commandCalls(t, rc, "evalsha")-es, int64(6), "every operation ran as EVALSHA")
+}
