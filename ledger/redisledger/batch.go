@@ -2,10 +2,11 @@ package redisledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
-
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,6 +47,72 @@ type batcher struct {
 
 	mu     sync.Mutex // guards groups and every bgroup and bop.taken
 	groups map[uint16]*bgroup
+
+	noFunc atomic.Bool // the server has no FUNCTION (or the ACL refuses it): EVALSHA
+}
+
+// exec runs one batch: FCALL of the library's function, which keeps its
+// parse caches across calls (scripts.go), loading the library when the
+// server lacks it (a restart, a failover to a replica that never got it);
+// the batch script (EVALSHA) where the server has no functions or the ACL
+// refuses them. Both refusals come before anything runs, so the retry is
+// safe.
+func (b *batcher) exec(ctx context.Context, keys []string, args []any) (any, error) {
+	l := b.l
+	if !b.noFunc.Load() {
+		v, err := l.c.FCall(ctx, l.s.fn, keys, args...).Result()
+		if err == nil || (!funcMissing(err) && !funcUnsupported(err)) {
+			return v, err
+		}
+		if funcMissing(err) {
+			lerr := l.loadLibrary(ctx)
+			if lerr == nil {
+				// Loaded; FCALL itself may still be refused (an ACL that
+				// allows FUNCTION LOAD but not FCALL).
+				v, err = l.c.FCall(ctx, l.s.fn, keys, args...).Result()
+				if err == nil || !funcUnsupported(err) {
+					return v, err
+				}
+			} else if !funcUnsupported(lerr) {
+				return nil, lerr
+			}
+		}
+		b.noFunc.Store(true)
+	}
+	return l.s.batch.Run(ctx, l.c, keys, args...).Result()
+}
+
+// funcMissing: the server has functions but not this library's.
+func funcMissing(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR Function not found")
+}
+
+// funcUnsupported: the server has no FUNCTION/FCALL, or the ACL refuses it.
+func funcUnsupported(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := strings.ToLower(rerr.Error())
+	return strings.HasPrefix(msg, "noperm") || strings.Contains(msg, "unknown command") ||
+		strings.Contains(msg, "unknown subcommand")
+}
+
+// loadLibrary loads the function library (on every primary of a Cluster).
+// A library of this name holds this code (the name carries its hash).
+func (l *Ledger) loadLibrary(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		err := c.FunctionLoad(ctx, l.s.lib).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	if cc, ok := l.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, l.c)
 }
 
 type bgroup struct {
@@ -170,7 +237,7 @@ func (b *batcher) call(batch []*bop) {
 	args = append(args, fl)
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 	l.m.batchOps.Observe(float64(len(batch)))
-	v, err := l.s.batch.Run(ctx, l.c, keys, args...).Result()
+	v, err := b.exec(ctx, keys, args)
 	cancel()
 	arr, ok := v.([]any)
 	if err == nil && (!ok || len(arr) != len(batch)) {

@@ -3,6 +3,7 @@ package redisledger_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -145,4 +146,165 @@ func TestBatchQueuedPastTheTimeoutIsNotSent(t *testing.T) {
 	assert.Equal(t, n, ambiguous+unavailable)
 	assert.Positive(t, ambiguous, "the calls in flight")
 	assert.Positive(t, unavailable, "the operations queued behind them")
+}
+
+// TestBatchScopeCacheAndLibrary: Reserves (with a slot) and Settles of one
+// tenant and one API key queue behind a paused Redis and share calls, so
+// each call reads and writes those two scope hashes once for many
+// operations (the scope cache in prelude.lua). The counters are exact
+// through the function library, after FUNCTION FLUSH (the ledger loads the
+// library again, nothing runs twice) and through the batch script (EVALSHA,
+// a server without functions).
+func TestBatchScopeCacheAndLibrary(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	l := newLedger(t, srv.Addr(), nil)
+	require.NoError(t, l.LoadScripts(ctx))
+	sc := []ledger.Scope{
+		tenantScope("batch-cache", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30},
+			ledger.Limit{Dim: ledger.Requests, Window: time.Minute, Max: 1 << 20}, ledger.Limit{Dim: ledger.Slots, Max: 1000}),
+		{Kind: ledger.KindAPIKey, Key: testKeyer.Key(ledger.KindAPIKey, "batch-cache-key"),
+			Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: 24 * time.Hour, Max: 1 << 30}}},
+	}
+	owner := ledger.NewOwner()
+	w := reserveReq(sc, held(1), owner)
+	_, err := l.Reserve(ctx, w) // registers the partition before the pauses
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx, w.Ref, owner))
+	keyOf := func(s ledger.Scope) string { return "sluice:{" + sc[0].Key.String() + "}:s:" + s.Key.String() }
+	overrun := "o:" + strconv.Itoa(int(ledger.Tokens))
+	var committed, over int64 // what the rounds so far charged
+	round := func(name string) {
+		const n = 24
+		reqs := make([]ledger.ReserveRequest, n)
+		errs := make([]error, n)
+		pauseAndQueue(t, srv, 300*time.Millisecond, n, func(i int) {
+			reqs[i] = reserveReq(sc, held(10), owner)
+			reqs[i].Dispatch = true
+			_, errs[i] = l.Reserve(ctx, reqs[i])
+		})
+		for i, err := range errs {
+			require.NoError(t, err, "%s: reserve %d", name, i)
+		}
+		u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10*n), u.Reserved[ledger.Tokens], "%s: every hold once", name)
+		assert.Equal(t, int64(n), u.SlotsInUse, "%s: every slot once", name)
+		pauseAndQueue(t, srv, 300*time.Millisecond, n, func(i int) {
+			actual := held(7)
+			if i%2 == 1 {
+				actual = held(12) // 2 tokens past the hold
+			}
+			_, errs[i] = l.Settle(ctx, reqs[i].Ref, actual, ledger.SourceFinal)
+		})
+		for i, err := range errs {
+			require.NoError(t, err, "%s: settle %d", name, i)
+		}
+		committed += n / 2 * (7 + 12)
+		over += n / 2 * 2
+		for _, s := range sc {
+			u, err := l.Snapshot(ctx, sc[0].Key, s.Key)
+			require.NoError(t, err)
+			assert.Zero(t, u.Reserved[ledger.Tokens], "%s: every hold released", name)
+			assert.Zero(t, u.SlotsInUse, "%s: every slot freed", name)
+			assert.Equal(t, committed, u.Limits[0].Committed, "%s: every actual charged once", name)
+			o, err := rc.HGet(ctx, keyOf(s), overrun).Int64()
+			require.NoError(t, err)
+			assert.Equal(t, over, o, "%s: every overrun once", name)
+		}
+	}
+	fc, es := commandCalls(t, rc, "fcall"), commandCalls(t, rc, "evalsha")
+	round("library")
+	assert.Greater(t, commandCalls(t, rc, "fcall"), fc, "batches ran as FCALL")
+	require.NoError(t, rc.FunctionFlush(ctx).Err())
+	round("after FUNCTION FLUSH")
+	redisledger.UseBatchScript(l)
+	fc = commandCalls(t, rc, "fcall")
+	round("batch script")
+	assert.Equal(t, fc, commandCalls(t, rc, "fcall"), "no FCALL once the batch script is chosen")
+	assert.Greater(t, commandCalls(t, rc, "evalsha"), es, "batches ran as EVALSHA")
+}
+
+// TestGlobalOneOperation: on one server a Reserve with a global scope is one
+// batch operation, and so is its Settle when the Ledger that reserved it
+// settles it (the hold's settle rides along); another Ledger, which does
+// not know the record's scopes, settles stepwise. Either way the tenant and
+// the global counters end exact.
+func TestGlobalOneOperation(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Registerer = reg })
+	other := newLedger(t, srv.Addr(), nil)
+	gkey := testKeyer.GlobalKey()
+	sc := []ledger.Scope{
+		tenantScope("global-one-op", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30}),
+		{Kind: ledger.KindGlobal, Key: gkey, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 40}}},
+	}
+	owner := ledger.NewOwner()
+	w := reserveReq(sc, held(1), owner)
+	_, err := l.Reserve(ctx, w) // registers both partitions
+	require.NoError(t, err)
+	_, err = l.Settle(ctx, w.Ref, held(1), ledger.SourceFinal)
+	require.NoError(t, err)
+	g0, err := l.Snapshot(ctx, gkey, gkey)
+	require.NoError(t, err)
+	ops := func() float64 { _, sum := histCount(t, reg, "sluice_ledger_redis_batch_ops"); return sum }
+
+	a := reserveReq(sc, held(100), owner)
+	before := ops()
+	_, err = l.Reserve(ctx, a)
+	require.NoError(t, err)
+	assert.Equal(t, before+1, ops(), "the global Reserve is one operation")
+	before = ops()
+	s, err := l.Settle(ctx, a.Ref, held(60), ledger.SourceFinal)
+	require.NoError(t, err)
+	assert.False(t, s.Replayed)
+	assert.Equal(t, before+1, ops(), "its Settle, with the hold's, is one operation")
+
+	b := reserveReq(sc, held(50), owner)
+	_, err = l.Reserve(ctx, b)
+	require.NoError(t, err)
+	_, err = other.Settle(ctx, b.Ref, held(70), ledger.SourceFinal) // stepwise: other has no spec cached
+	require.NoError(t, err)
+	s, err = l.Settle(ctx, a.Ref, held(60), ledger.SourceFinal) // a replay settles nothing again
+	require.NoError(t, err)
+	assert.True(t, s.Replayed)
+
+	gu, err := l.Snapshot(ctx, gkey, gkey)
+	require.NoError(t, err)
+	assert.Zero(t, gu.Reserved[ledger.Tokens], "every global hold settled")
+	assert.Equal(t, g0.Limits[0].Committed+60+70, gu.Limits[0].Committed, "global charged once per Settle")
+	tu, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	assert.Zero(t, tu.Reserved[ledger.Tokens])
+	assert.Equal(t, int64(1+60+70), tu.Limits[0].Committed)
+}
+
+// TestBatchWithoutFunctions: a user whose ACL refuses FCALL and FUNCTION
+// still gets every batch run, through the batch script (EVALSHA), and the
+// counters are exact.
+func TestBatchWithoutFunctions(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err())
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Username, c.Password = "nofn", "pw" })
+	require.NoError(t, l.LoadScripts(ctx))
+	sc := []ledger.Scope{tenantScope("no-functions", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	owner := ledger.NewOwner()
+	es := commandCalls(t, rc, "evalsha")
+	for range 3 {
+		r := reserveReq(sc, held(10), owner)
+		_, err := l.Reserve(ctx, r)
+		require.NoError(t, err)
+		_, err = l.Settle(ctx, r.Ref, held(4), ledger.SourceFinal)
+		require.NoError(t, err)
+	}
+	u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	assert.Zero(t, u.Reserved[ledger.Tokens])
+	assert.Equal(t, int64(12), u.Limits[0].Committed)
+	assert.GreaterOrEqual(t, commandCalls(t, rc, "evalsha")-es, int64(6), "every operation ran as EVALSHA")
 }

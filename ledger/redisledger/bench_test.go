@@ -98,7 +98,7 @@ func BenchmarkReserveSettle64(b *testing.B) {
 	b.ReportMetric(float64(evalCalls(b, srv.Addr())-calls0)/float64(b.N), "calls/pair")
 }
 
-// evalCalls returns the server's EVALSHA + EVAL calls so far (INFO
+// evalCalls returns the server's EVALSHA, EVAL and FCALL calls so far (INFO
 // commandstats): with batching a pair costs fewer than two.
 func evalCalls(b testing.TB, addr string) int64 {
 	b.Helper()
@@ -110,7 +110,7 @@ func evalCalls(b testing.TB, addr string) int64 {
 	}
 	var n int64
 	for _, line := range strings.Split(info, "\n") {
-		for _, cmd := range []string{"evalsha", "eval"} {
+		for _, cmd := range []string{"evalsha", "eval", "fcall"} {
 			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
 				v, _, _ := strings.Cut(rest, ",")
 				x, err := strconv.ParseInt(v, 10, 64)

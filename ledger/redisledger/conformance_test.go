@@ -21,7 +21,7 @@ import (
 // TestConformance runs the shared suite (ledger/ledgertest) against the Redis
 // backend on a real redis-server. Ledger time is pinned with a clock floor a
 // day ahead of the server's TIME; Advance raises it for every tenant.
-func TestConformance(t *testing.T) { conformance(t, 0) }
+func TestConformance(t *testing.T) { conformance(t, 0, false) }
 
 // TestConformanceUnbatched runs the suite with every operation its own
 // script (Config.MaxBatch 1), the path before batching.
@@ -29,10 +29,20 @@ func TestConformanceUnbatched(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the batched suite covers the same scripts")
 	}
-	conformance(t, 1)
+	conformance(t, 1, false)
 }
 
-func conformance(t *testing.T, maxBatch int) {
+// TestConformanceBatchScript runs the suite batched through the batch
+// script (EVALSHA), as on a server without functions, instead of the
+// function library.
+func TestConformanceBatchScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the batched suite covers the same operations")
+	}
+	conformance(t, 0, true)
+}
+
+func conformance(t *testing.T, maxBatch int, batchScript bool) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
 	var once sync.Once
@@ -53,6 +63,10 @@ func conformance(t *testing.T, maxBatch int) {
 			c.MaxBatch = maxBatch
 		})
 		redisledger.SetTimeFloor(peer, now.Load)
+		if batchScript {
+			redisledger.UseBatchScript(l)
+			redisledger.UseBatchScript(peer)
+		}
 		return &ledgertest.Backend{
 			Ledger:  l,
 			Now:     func() time.Time { return time.UnixMilli(now.Load()) },

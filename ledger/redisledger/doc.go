@@ -10,13 +10,18 @@
 // EVALSHA_RO). Scripts run atomically but Redis has no rollback, so each one
 // first reads and validates everything it will touch (integers, ranges,
 // states, epoch, policy version, and that KEYS match the record's scopes)
-// and only then writes, with HINCRBY for counters. Stored damage is refused
+// and only then writes. Stored damage is refused
 // as ledger.ErrCorrupt with nothing written, never clamped. Scripts start
 // with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
 // before they run. go-redis runs them with EVALSHA and falls back to EVAL on
 // NOSCRIPT; they are never pipelined. Every write script is also a function
 // of the batch script, which runs concurrent operations of one Cluster slot
-// (or one standalone server) in one call, in order (batch.go).
+// (or one standalone server) in one call, in order (batch.go). Batches run
+// as FCALL of a function library with the same code (scripts.go), which
+// keeps parsed specs, amounts and windows across calls; EVALSHA of the
+// batch script where the server has no FUNCTION. Within one call a scope
+// hash is read once (HMGET) and written back once (HSET of the counters'
+// new values, which the call read and validated) at its end.
 //
 // # Keys
 //

@@ -2,6 +2,7 @@ package redisledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,8 +14,10 @@ import (
 // Global (fleet-wide) budgets. A KindGlobal scope G lives in its own
 // partition "<prefix>:{G}:…", laid out exactly like a tenant's (m, L, U,
 // q:<id>, s:G), because its counters cannot share a Cluster slot with every
-// tenant. A Reserve with a global scope is two writing scripts after a
-// read-only check:
+// tenant. On a Cluster (and without batching) a Reserve with a global scope
+// is two writing scripts after a read-only check; on a standalone or
+// Sentinel server the same three steps are one atomic batch operation
+// (reserveAtomic), which has no false-denial window:
 //
 //  0. the tenant partition's reserve script in check mode: it answers as a
 //     reserve would (replay, conflict, final, policy, denial) but writes
@@ -38,7 +41,8 @@ import (
 //
 // Every later operation on the tenant record gets g back from its script and
 // then acts on the global hold by id, idempotently, inside the same Go
-// method: MarkDispatched → dispatch, Extend → extend, Settle → settle with
+// method (on one server, a Settle by the Ledger that reserved the record
+// runs the hold's settle in the same operation, settleCall): MarkDispatched → dispatch, Extend → extend, Settle → settle with
 // the same actual (a replayed tenant Settle re-runs it, so the outbox retry
 // of a Settle whose global step failed completes it), Release → release,
 // Resolve and the automatic charge → settle at the hold (SourceResolved),
@@ -138,6 +142,75 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	return &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}, nil
 }
 
+// reserveAtomic runs a Reserve with a global scope on a standalone or
+// Sentinel server, where both partitions live on one server: the steps are
+// one operation of one batch (lua/greserve.lua), which plans the tenant
+// step and the global hold and writes both only when both admit, in one
+// round trip. A global hold is never taken for a request its tenant
+// refuses, so there is no false-denial window, and a global denial is the
+// answer (the tenant plan already found no record to replay). The reply
+// has the stepwise protocol's shape and is decoded the same way, so every
+// answer, a replay included, comes out the same.
+func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, id, digest string, ttl time.Duration) (ledger.Grant, error) {
+	gk := req.Scopes[gi].Key
+	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
+	l.globals.LoadOrStore(gk, struct{}{})
+	l.register(ctx, gk)
+	greq := ledger.ReserveRequest{Ref: gref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
+		Dispatch: req.Dispatch}
+	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
+	// The operation plans the tenant step first and answers its refusals
+	// as the check would, so steps[1] decodes both the check and the step.
+	steps := [2]reserveCall{
+		l.reserveOp(&greq, encID(gref.ID), digest, ttl, nil, modeReserve),
+		l.reserveOp(treq, id, digest, ttl, gh, modeReserve),
+	}
+	var keys []string
+	var args []any
+	for _, st := range steps {
+		keys = append(keys, st.keys...)
+		args = append(append(args, len(st.keys), len(st.args)), st.args...)
+	}
+	if err := ctx.Err(); err != nil {
+		return ledger.Grant{}, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	r, err := l.b.do(ctx, "greserve", keys, args)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	step := func(i int) (reply, bool) {
+		if i >= len(r) {
+			return nil, false
+		}
+		x, ok := r[i].([]any)
+		return reply(x), ok && len(x) > 0
+	}
+	r0, ok := step(0)
+	if !ok {
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	if g, err := l.reserveReply(treq, steps[1], nil, r0); !errors.Is(err, errChecked) {
+		return g, err
+	}
+	r1, ok := step(1)
+	if !ok {
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	gg, err := l.reserveReply(&greq, steps[0], nil, r1)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	gh.grant = gg
+	r2, ok := step(2)
+	if !ok {
+		l.dropGlobal(ctx, gh) // cannot happen: the hold was taken, the tenant step must answer
+		return ledger.Grant{}, l.corrupt("greserve reply")
+	}
+	g, err := l.reserveReply(treq, steps[1], gh, r2)
+	l.settleHold(ctx, gh, &g, err)
+	return g, err
+}
+
 // dropGlobal releases a hold that no tenant record carries. Failures are
 // left to the hold's lease (the false-denial window of the package docs).
 func (l *Ledger) dropGlobal(ctx context.Context, gh *globalHold) {
@@ -180,6 +253,67 @@ func (l *Ledger) globalSettle(ctx context.Context, ref ledger.Ref, actual ledger
 	if err != nil {
 		return err
 	}
+	return l.globalSettleReply(ref, r)
+}
+
+// settleCall runs the settle script on ref's record (runRecord). On a
+// standalone or Sentinel server, when this process reserved the record with
+// a global hold and still knows both records' scopes, the hold's settle runs
+// in the same operation (lua/gsettle.lua; it runs only when the tenant
+// settle answers OK or REPLAY naming that hold) and g is its reply: one
+// round trip instead of two. Otherwise g is nil and Settle follows the hold
+// itself.
+func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string) (r reply, spec string, g reply, err error) {
+	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
+		gref, ok1 := parseHold(e.hold)
+		ge, ok2 := l.cachedEntry(gref.ID)
+		id, gid := encID(ref.ID), encID(gref.ID)
+		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, id, 3), l.tenantBase(ref.Tenant), e.spec)
+		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, gid, 1), l.tenantBase(gref.Tenant), ge.spec)
+		if ok1 && ok2 && ok3 && ok4 {
+			targs, tc := l.common(ref.Tenant, id)
+			gargs, gc := l.common(gref.Tenant, gid)
+			targs = append(targs, csv, src)
+			gargs = append(gargs, csv, src)
+			args := make([]any, 0, 5+len(targs)+len(gargs))
+			args = append(append(args, e.hold, len(tk), len(targs)), targs...)
+			args = append(append(args, len(gk), len(gargs)), gargs...)
+			if err := ctx.Err(); err != nil {
+				return nil, e.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+			}
+			rr, err := l.b.do(ctx, "gsettle", append(tk, gk...), args)
+			if err != nil {
+				return nil, e.spec, nil, err
+			}
+			step := func(i int) (reply, bool) {
+				if i >= len(rr) {
+					return nil, false
+				}
+				x, ok := rr[i].([]any)
+				return reply(x), ok && len(x) > 0
+			}
+			r, ok := step(0)
+			if !ok {
+				return nil, e.spec, nil, l.corrupt("gsettle reply")
+			}
+			l.noteEpoch(ref.Tenant, tc, r)
+			if r.status() != "KEYS" { // KEYS: nothing ran; the stepwise path retries with the stored spec
+				if x, ok := step(1); ok {
+					l.noteEpoch(gref.Tenant, gc, x)
+					if x.status() != "KEYS" { // else Settle runs the hold's settle stepwise
+						g = x
+					}
+				}
+				return r, e.spec, g, nil
+			}
+		}
+	}
+	r, spec, err = l.runRecord(ctx, l.s.settle, ref, csv, src)
+	return r, spec, nil, err
+}
+
+// globalSettleReply decodes the reply of a global hold's settle.
+func (l *Ledger) globalSettleReply(ref ledger.Ref, r reply) error {
 	switch r.status() {
 	case "OK", "REPLAY", "FINAL", "NOTFOUND":
 		// FINAL: the hold was already charged at its amount by its own

@@ -63,7 +63,7 @@ func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
-		if strings.HasPrefix(name, "eval") {
+		if strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall") {
 			args := cmd.Args()
 			n, _ := args[2].(int)
 			keys := make([]string, 0, n)
@@ -80,8 +80,9 @@ func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // TestT18SlotsAndScriptCache: all KEYS of every call share one Cluster slot,
-// and after SCRIPT FLUSH between calls every call still succeeds (EVAL
-// fallback) and nothing is applied twice.
+// and after SCRIPT FLUSH and FUNCTION FLUSH between calls every call still
+// succeeds (EVAL fallback, or the function library loaded again) and
+// nothing is applied twice.
 func TestT18SlotsAndScriptCache(t *testing.T) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
@@ -103,10 +104,16 @@ func TestT18SlotsAndScriptCache(t *testing.T) {
 			{Dim: ledger.Requests, Window: time.Minute, Max: 10}}},
 	}
 	owner := ledger.NewOwner()
-	flush := func() { require.NoError(t, rc.ScriptFlush(ctx).Err()) }
+	flush := func() {
+		require.NoError(t, rc.ScriptFlush(ctx).Err())
+		require.NoError(t, rc.FunctionFlush(ctx).Err())
+	}
 	a := reserveReq(scopes, held(100), owner)
 	b := reserveReq(scopes, held(50), owner)
-	evals0 := commandCalls(t, rc, "eval") + commandCalls(t, rc, "eval_ro")
+	reloads := func() int64 {
+		return commandCalls(t, rc, "eval") + commandCalls(t, rc, "eval_ro") + commandCalls(t, rc, "function|load")
+	}
+	evals0 := reloads()
 
 	steps := []struct {
 		name string
@@ -139,8 +146,8 @@ func TestT18SlotsAndScriptCache(t *testing.T) {
 		flush()
 		require.NoError(t, s.run(), s.name)
 	}
-	evals := commandCalls(t, rc, "eval") + commandCalls(t, rc, "eval_ro") - evals0
-	assert.GreaterOrEqual(t, evals, int64(len(steps)), "every call after a flush fell back to EVAL")
+	evals := reloads() - evals0
+	assert.GreaterOrEqual(t, evals, int64(len(steps)), "every call after a flush fell back to EVAL or loaded the library")
 
 	for _, sc := range scopes {
 		u, err := l.Snapshot(ctx, tenant, sc.Key)

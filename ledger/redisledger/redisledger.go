@@ -55,6 +55,7 @@ type Ledger struct {
 
 type specEntry struct {
 	spec string
+	hold string // the record's global hold "G.gid" ("" none)
 }
 
 const maxSpecCache = 1 << 16
@@ -138,6 +139,13 @@ func (l *Ledger) LoadScripts(ctx context.Context) error {
 		l.s.expire, l.s.resolve, l.s.charge, l.s.scan, l.s.snapshot, l.s.batch} {
 		if err := s.Load(ctx, l.c).Err(); err != nil {
 			return fmt.Errorf("load ledger script: %w", l.storeErr(err))
+		}
+	}
+	if l.b != nil && !l.b.noFunc.Load() {
+		if err := l.loadLibrary(ctx); funcUnsupported(err) {
+			l.b.noFunc.Store(true)
+		} else if err != nil {
+			return fmt.Errorf("load ledger function library: %w", l.storeErr(err))
 		}
 	}
 	return nil
@@ -322,19 +330,24 @@ func (l *Ledger) statusErr(r reply) error {
 
 // ---- spec cache --------------------------------------------------------------
 
-func (l *Ledger) cacheSpec(id ledger.RequestID, spec string) {
+func (l *Ledger) cacheSpec(id ledger.RequestID, spec, hold string) {
 	l.mu.Lock()
 	if len(l.specs) < maxSpecCache {
-		l.specs[id] = specEntry{spec: spec}
+		l.specs[id] = specEntry{spec: spec, hold: hold}
 	}
 	l.mu.Unlock()
 }
 
 func (l *Ledger) cachedSpec(id ledger.RequestID) (string, bool) {
+	e, ok := l.cachedEntry(id)
+	return e.spec, ok
+}
+
+func (l *Ledger) cachedEntry(id ledger.RequestID) (specEntry, bool) {
 	l.mu.Lock()
 	e, ok := l.specs[id]
 	l.mu.Unlock()
-	return e.spec, ok
+	return e, ok
 }
 
 func (l *Ledger) forgetSpec(id ledger.RequestID) {
@@ -396,6 +409,9 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	treq := req // the tenant partition's part of the request
 	if gi := globalIndex(req.Scopes); gi >= 0 {
 		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
+		if l.b != nil && !l.b.cluster {
+			return l.reserveAtomic(ctx, &req, &treq, gi, id, digest, ttl)
+		}
 		// Step 0: check the tenant side without writing, so a request the
 		// tenant would refuse (or a replay) never takes a global hold.
 		if g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
@@ -427,17 +443,23 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
 	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh, modeReserve)
 	if gh != nil {
-		switch {
-		case err == nil && (!g.Replayed || gh.stored == gh.enc):
-			mergeHeadroom(&g, &gh.grant)
-		case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
-			// A replay carries its own (earlier) global hold, and a refusal
-			// wrote nothing: ours must go. An ambiguous outcome keeps it (the
-			// tenant record may carry it); its lease is the backstop.
-			l.dropGlobal(ctx, gh)
-		}
+		l.settleHold(ctx, gh, &g, err)
 	}
 	return g, err
+}
+
+// settleHold decides the fate of the global hold gh after the tenant step
+// answered g, err: kept (its headroom merged into g) or dropped.
+func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant, err error) {
+	switch {
+	case err == nil && (!g.Replayed || gh.stored == gh.enc):
+		mergeHeadroom(g, &gh.grant)
+	case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
+		// A replay carries its own (earlier) global hold, and a refusal
+		// wrote nothing: ours must go. An ambiguous outcome keeps it (the
+		// tenant record may carry it); its lease is the backstop.
+		l.dropGlobal(ctx, gh)
+	}
 }
 
 // Modes of the reserve script (ARGV 14).
@@ -455,6 +477,23 @@ var (
 // reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
 func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
+	op := l.reserveOp(req, id, digest, ttl, gh, mode)
+	r, err := l.run(ctx, l.s.reserve, false, op.keys, op.args...)
+	if err != nil {
+		return ledger.Grant{}, err
+	}
+	return l.reserveReply(req, op, gh, r)
+}
+
+// reserveCall is one reserve script call's keys and arguments, with what
+// its reply is decoded against.
+type reserveCall struct {
+	keys         []string
+	args         []any
+	spec, cached string
+}
+
+func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
 	spec := buildSpec(req.Scopes)
 	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
 	base := l.tenantBase(req.Ref.Tenant)
@@ -473,16 +512,22 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
 		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
 		strconv.FormatUint(req.Attempt, 10))
-	r, err := l.run(ctx, l.s.reserve, false, keys, args...)
-	if err != nil {
-		return ledger.Grant{}, err
-	}
+	return reserveCall{keys: keys, args: args, spec: spec, cached: cached}
+}
+
+// reserveReply decodes the reply r of the reserve call op.
+func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *globalHold, r reply) (ledger.Grant, error) {
+	spec, cached := op.spec, op.cached
 	l.noteEpoch(req.Ref.Tenant, cached, r)
 	switch r.status() {
 	case "OK":
 		g, err := l.grantFrom(*req, r)
 		if err == nil {
-			l.cacheSpec(req.Ref.ID, spec)
+			hold := ""
+			if gh != nil {
+				hold = gh.enc
+			}
+			l.cacheSpec(req.Ref.ID, spec, hold)
 		}
 		return g, err
 	case "REPLAY":
@@ -495,7 +540,7 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 		if gh != nil {
 			gh.stored = r.str(6)
 		}
-		l.cacheSpec(req.Ref.ID, spec)
+		l.cacheSpec(req.Ref.ID, spec, r.str(6))
 		// The same attempt is the caller's own retry after a lost reply
 		// (go-redis retries EVALSHA on a broken connection): a success.
 		same := r.str(7) == "1"
@@ -705,9 +750,16 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		return ledger.Settlement{}, fmt.Errorf("source %d: %w", src, ledger.ErrInvalid)
 	}
 	csv := amountsCSV(&actual)
-	r, spec, err := l.runRecord(ctx, l.s.settle, ref, csv, src.String())
+	r, spec, gr, err := l.settleCall(ctx, ref, csv, src.String())
 	if err != nil {
 		return ledger.Settlement{}, err
+	}
+	// The global hold's settle, unless gsettle already ran it (gr).
+	globalStep := func(g ledger.Ref) error {
+		if gr != nil {
+			return l.globalSettleReply(g, gr)
+		}
+		return l.globalSettle(ctx, g, actual, src)
 	}
 	switch r.status() {
 	case "OK":
@@ -723,7 +775,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		l.forgetSpec(ref.ID)
 		s := settlementOf(ledger.State(st), ledger.State(prev), held, actual, false)
 		l.emit(ref, specWithHold(spec, r.str(7)), held, actual, s.Charged, s.State, s.Late, src, at, now)
-		if err := l.followGlobal(ctx, r.str(7), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+		if err := l.followGlobal(ctx, r.str(7), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
 		return s, nil
@@ -735,7 +787,7 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		if !ok {
 			return ledger.Settlement{}, l.corrupt("settle replay reply")
 		}
-		if err := l.followGlobal(ctx, r.str(6), func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }); err != nil {
+		if err := l.followGlobal(ctx, r.str(6), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
 		return settlementOf(ledger.State(st), ledger.State(prev), held, actual, true), nil

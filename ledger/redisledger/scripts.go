@@ -1,7 +1,9 @@
 package redisledger
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -22,10 +24,26 @@ type scripts struct {
 	batch *redis.Script
 	// names maps each write script to its operation name in batch.
 	names map[*redis.Script]string
+	// lib is the function library (FUNCTION LOAD) whose function fn runs a
+	// batch like the batch script, keeping its parse caches across calls.
+	lib, fn string
 }
 
 // batchOps are the write scripts the batch script embeds.
-var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge"}
+var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge", "greserve", "gsettle"}
+
+// dimsHeader defines NDIMS and SLOTS for the prelude, and constructors of
+// tables presized for one value per dimension (index 0..NDIMS-1): ZA for
+// amounts (0 each, plus n and s), ZS and ZF (false each). Lua 5.1 has no
+// table.new, and filling an empty table rehashes it at every power of two.
+func dimsHeader() string {
+	zeros := "[0]=0" + strings.Repeat(",0", int(ledger.NumDims)-1)
+	falses := "[0]=false" + strings.Repeat(",false", int(ledger.NumDims)-1)
+	return fmt.Sprintf("local NDIMS, SLOTS = %d, %d\n"+
+		"local function ZA() return {%s, n = 0, s = false} end\n"+
+		"local function ZS() return {%s} end\n"+
+		"local ZF = ZS\n", ledger.NumDims, ledger.Slots, zeros, falses)
+}
 
 func loadScripts() (*scripts, error) {
 	prelude, err := luaFS.ReadFile("lua/prelude.lua")
@@ -45,10 +63,11 @@ func loadScripts() (*scripts, error) {
 		}
 		// The dimensions come from the ledger package, so adding one changes
 		// every script (and its SHA) without touching the Lua.
-		fmt.Fprintf(&b, "local NDIMS, SLOTS = %d, %d\n", ledger.NumDims, ledger.Slots)
+		b.WriteString(dimsHeader())
+		b.WriteString("local KEYS, ARGV = KEYS, ARGV\n") // rebound by reserve_apply
 		b.Write(prelude)
 		// The body is a function so that flush runs after every return.
-		b.WriteString("\nlocal function body()\n")
+		b.WriteString("\nbegin(ARGV[#ARGV])\nlocal function body()\n")
 		b.Write(body)
 		b.WriteString("\nend\nlocal r = body()\nflush()\nreturn r\n")
 		return redis.NewScript(b.String()), nil
@@ -72,28 +91,39 @@ func loadScripts() (*scripts, error) {
 			s.names[sc] = x.name
 		}
 	}
-	// The batch script: the prelude sees chunk-level locals KEYS and ARGV,
-	// which the driver rebinds per operation; every body is a function.
-	var b strings.Builder
-	b.WriteString("#!lua\n")
-	fmt.Fprintf(&b, "local NDIMS, SLOTS = %d, %d\n", ledger.NumDims, ledger.Slots)
-	b.WriteString("local KEYS, ARGV = KEYS, ARGV\n")
-	b.Write(prelude)
-	b.WriteString("\nlocal OPS = {}\n")
+	// The batch: the prelude sees locals KEYS and ARGV, which run_batch
+	// rebinds per operation; every body is a function.
+	var ops strings.Builder
+	ops.WriteString(dimsHeader())
+	ops.WriteString("local KEYS, ARGV\n")
+	ops.Write(prelude)
+	ops.WriteString("\nlocal OPS = {}\n")
 	for _, name := range batchOps {
 		body, err := luaFS.ReadFile("lua/" + name + ".lua")
 		if err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(&b, "OPS[%q] = function()\n", name)
-		b.Write(body)
-		b.WriteString("\nend\n")
+		fmt.Fprintf(&ops, "OPS[%q] = function()\n", name)
+		ops.Write(body)
+		ops.WriteString("\nend\n")
 	}
 	driver, err := luaFS.ReadFile("lua/batch.lua")
 	if err != nil {
 		return nil, err
 	}
-	b.Write(driver)
-	s.batch = redis.NewScript(b.String())
+	ops.Write(driver)
+	s.batch = redis.NewScript("#!lua\nlocal KEYS0, ARGV0 = KEYS, ARGV\n" + ops.String() + "\nreturn run_batch(KEYS0, ARGV0)\n")
+	// The function library runs the same code. Its chunk runs at FUNCTION
+	// LOAD, where only redis.register_function is in scope, so the prelude
+	// is set up at the first call, once: its parse caches (specs, amounts,
+	// windows) then last across calls. The names carry the code's hash, so
+	// processes of different versions on one Redis each find their own.
+	sum := sha1.Sum([]byte(ops.String()))
+	tag := hex.EncodeToString(sum[:6])
+	s.fn = "sluice_batch_" + tag
+	s.lib = "#!lua name=sluice_ledger_" + tag + "\n" +
+		"local run\nlocal function setup()\n" + ops.String() + "\nreturn run_batch\nend\n" +
+		"redis.register_function('" + s.fn + "', function(keys, args)\n" +
+		"  if not run then run = setup() end\n  return run(keys, args)\nend)\n"
 	return s, nil
 }

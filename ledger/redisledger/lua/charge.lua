@@ -13,7 +13,7 @@ local a = parse_amounts(ARGV[6])
 if a == nil then return {'INVALID', epoch, 'amounts'} end
 local scopes, serr = parse_spec(ARGV[7])
 if not scopes then return {'POLICY', epoch, serr} end
-local rec, why = load_record(now)
+local rec, why = record_or_none(now)
 if rec == nil then return {'CORRUPT', epoch, why} end
 if rec then
   if rec.src ~= 'outage' or rec.st ~= S_SETTLED then return {'CONFLICT', epoch} end
@@ -43,12 +43,15 @@ end
 -- Apply.
 for _, sc in ipairs(scopes) do
   for _, l in ipairs(sc.lims) do
-    if l.widx < l.idx then redis.call('HSET', sc.key, l.wf, l.idx, l.cf, 0) end
+    if l.widx < l.idx then
+      sput(sc.key, l.wf, l.idx)
+      sput(sc.key, l.cf, 0)
+    end
   end
-  if not sc.seen then redis.call('HSET', sc.key, 'lim', sc.spec) end
+  if not sc.seen then sput(sc.key, 'lim', sc.spec) end
 end
 for _, p in ipairs(plan) do
-  redis.call('HINCRBY', p.sc.key, p.l.cf, p.amt)
+  sadd(p.sc.key, p.l.cf, p.amt)
   p.l.cur = p.l.cur + p.amt
 end
 local over = 0

@@ -32,7 +32,7 @@ local sl = 0
 if any then
   sl = 1
   for _, sc in ipairs(scopes) do
-    if sc.slot then redis.call('HINCRBY', sc.key, 'n', 1) end
+    if sc.slot then sadd(sc.key, 'n', 1) end
   end
 end
 redis.call('HSET', KEYS[4], 'st', S_DISPATCHED, 'sl', sl)

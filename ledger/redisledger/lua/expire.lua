@@ -34,7 +34,7 @@ for _, sc in ipairs(scopes) do
 end
 if slot then
   for _, sc in ipairs(scopes) do
-    if sc.slot then redis.call('HINCRBY', sc.key, 'n', -1) end
+    if sc.slot then sadd(sc.key, 'n', -1) end
   end
 end
 local ra = resolve_at(rec.wi)

@@ -9,11 +9,12 @@
 -- scripts.go puts before this prelude, so no script hardcodes the dimensions.
 -- WD lists the windowed dimensions (every one but SLOTS), RF and OF their
 -- r:<d> and o:<d> field names.
-local WD, RF, OF = {}, {}, {}
+local WD, RF, OF, OFL = {}, {}, {}, {} -- OFL: the o:<d> names as a list
 for d = 0, NDIMS - 1 do
   if d ~= SLOTS then
     WD[#WD + 1] = d
     RF[d], OF[d] = 'r:' .. d, 'o:' .. d
+    OFL[#WD] = OF[d]
   end
 end
 local MAXC = 9007199254740991 -- 2^53-1, the largest counter
@@ -24,22 +25,28 @@ local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
 local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
 local SS = {'1', '2', '3', '4', '5', '6', '7', '8'} -- states as stored
 
+local find, gmatch, match, sub, byte = string.find, string.gmatch, string.match, string.sub, string.byte
+local fmt, rcall, tinsert = string.format, redis.call, table.insert
+
 -- cint parses a stored counter: missing is 0, anything but 0..2^53-1 written
 -- canonically (no sign, no leading zero, as HINCRBY writes and requires) is
--- nil (corrupt), so no later HINCRBY can fail half-way through a script.
+-- nil (corrupt), so no later write can fail half-way through a script.
+-- v + 0 converts once; tonumber(v) runs strtod twice (lua_isnumber, then
+-- lua_tonumber), and strtod was ~5 % of redis-server's instructions.
 local function cint(v)
   if not v then return 0 end
-  if type(v) == 'number' then return v end -- written by this script (meta cache)
   if v == '0' then return 0 end
-  if type(v) ~= 'string' or #v > 16 or not string.find(v, '^[1-9]%d*$') then return nil end
-  local n = tonumber(v)
+  local t = type(v)
+  if t == 'number' then return v end -- written by this script (meta cache)
+  if t ~= 'string' or #v > 16 or not find(v, '^[1-9]%d*$') then return nil end
+  local n = v + 0
   if n > MAXC then return nil end
   return n
 end
 
 -- The last ARGV of every script is a clock floor in ms: 0 in production; the
--- conformance tests pin ledger time with it.
-local FLOOR = tonumber(ARGV[#ARGV]) or 0
+-- conformance tests pin ledger time with it (set by begin).
+local FLOOR = 0
 
 -- META holds the tenant meta hash fields read once by ledger_now.
 local META = {}
@@ -97,52 +104,67 @@ local function epoch_check(now)
   return stored, false
 end
 
+-- SPECS, AMTS and WIS cache parse_spec's, parse_amounts' and parse_wi's
+-- work per text: for one call in a script, across calls in the function
+-- library (see scripts.go; begin bounds them). Only the parse is shared:
+-- amounts and windows are never modified, and every operation sets a spec's
+-- mutable fields (key, counters) before it reads them (load_scope).
+local SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0
+
 -- parse_amounts parses n comma-separated amounts in 0..2^50, indexed from
--- 0; a.s[d] keeps each one's canonical text, which HINCRBY takes as is
--- (a Lua number argument costs Redis a printf).
+-- 0; a.s[d] keeps each one's canonical text. Tables come presized (ZA, ZS:
+-- scripts.go writes them for ledger.NumDims): growing a table key by key
+-- costs a rehash per power of two, and rehashing was ~12 % of the
+-- instructions.
 local function parse_amounts(s)
-  local a, n, t = {}, 0, {}
-  for f in string.gmatch(s, '[^,]+') do
-    local v = cint(f)
-    if v == nil or v > MAXA then return nil end
+  local a = AMTS[s]
+  if a then return a end
+  local t, n = ZS(), 0
+  a = ZA()
+  for f in gmatch(s, '[^,]+') do
+    local v
+    if f == '0' then
+      v = 0
+    else
+      v = cint(f)
+      if v == nil or v > MAXA then return nil end
+    end
     a[n], t[n] = v, f
     n = n + 1
   end
   a.n, a.s = n, t
+  AMTS[s], NCACHED = a, NCACHED + 1
   return a
 end
 
--- SPECS caches parse_spec's work per spec text for the length of one script
--- call: the operations of a batch on one tenant share their spec. Only the
--- parse is shared; every operation sets the mutable fields (key, counters)
--- before it reads them (load_scope).
-local SPECS = {}
-
 -- parse_spec parses "<kind><key>/d:W:max:mode,...;..." (kind one digit,
 -- W seconds, 0 for slots; mode b(lock) or w(arn)) and checks that KEYS[4+i]
--- ends with ":s:<key>" of scope i.
+-- ends with ":s:<key>" of scope i. scopes.wins lists the distinct windows
+-- {w, ws} in the order of their "W:" text (the record's wi order).
 -- Returns scopes or nil and a reason ('spec' or 'keys').
 local function parse_spec(spec)
   if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
-    return {}
+    return {wins = {}}
   end
   local scopes = SPECS[spec]
   if not scopes then
-    scopes = {}
-    for part in string.gmatch(spec, '[^;]+') do
-      local name, lims = string.match(part, '^([^/]+)/(.*)$')
+    scopes = {wins = {}}
+    local seenw = {}
+    for part in gmatch(spec, '[^;]+') do
+      local name, lims = match(part, '^([^/]+)/(.*)$')
       if not name then return nil, 'spec' end
       -- r is kept for every windowed dimension, limited or not. fields are
       -- what load_scope reads: n, lim, r:<d>..., then c:<d>:<W>, w:<d>:<W>
       -- per windowed limit (names built from the spec's own digits).
-      local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. string.sub(name, 2),
-        fields = {'n', 'lim'}}
+      local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
+        fields = {'n', 'lim'}, slot = false, key = false, n = 0, seen = false, r = ZA(), o = ZA()}
       for _, d in ipairs(WD) do sc.fields[#sc.fields + 1] = RF[d] end
-      for l in string.gmatch(lims, '[^,]+') do
-        local d, w, mx, mode = string.match(l, '^(%d+):(%d+):(%d+):([bw])$')
+      for l in gmatch(lims, '[^,]+') do
+        local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
         if not d then return nil, 'spec' end
-        local lim = {d = tonumber(d), w = tonumber(w), max = tonumber(mx), mode = mode, ws = w}
+        local lim = {d = d + 0, w = w + 0, max = mx + 0, mode = mode, ws = w, cf = false, wf = false,
+          c = 0, widx = 0, cur = 0, idx = 0}
         if lim.max > MAXA then return nil, 'spec' end
         if lim.w == 0 then
           sc.slot = lim
@@ -150,55 +172,110 @@ local function parse_spec(spec)
           lim.cf, lim.wf = 'c:' .. d .. ':' .. w, 'w:' .. d .. ':' .. w
           sc.fields[#sc.fields + 1] = lim.cf
           sc.fields[#sc.fields + 1] = lim.wf
-          table.insert(sc.lims, lim)
+          tinsert(sc.lims, lim)
+          if not seenw[lim.w] then
+            seenw[lim.w] = true
+            tinsert(scopes.wins, {w = lim.w, ws = w, k = w .. ':'})
+          end
         end
       end
-      table.insert(scopes, sc)
+      tinsert(scopes, sc)
     end
-    SPECS[spec] = scopes
+    table.sort(scopes.wins, function(x, y) return x.k < y.k end)
+    SPECS[spec], NCACHED = scopes, NCACHED + 1
   end
   if #KEYS ~= 4 + #scopes then return nil, 'keys' end
   for i, sc in ipairs(scopes) do
     local k, suf = KEYS[4 + i], sc.suf
-    if #k <= #suf or string.sub(k, -#suf) ~= suf then return nil, 'keys' end
+    if #k <= #suf or sub(k, -#suf) ~= suf then return nil, 'keys' end
     sc.key = k
   end
   return scopes
 end
 
+-- Scope hashes are cached for the whole call: SV[key] holds every field
+-- read (validated numbers; lim as text or false) or written since, SD[key]
+-- the fields written, in the key order SK. Every read and write of a scope
+-- hash goes through sload and sadd/sput, and flush writes each dirty hash
+-- back with one HSET: a batch's operations on one scope cost one HMGET and
+-- one HSET, and an operation's 4-7 HINCRBYs become part of one HSET.
+local SV, SD, SK = {}, {}, {}
+
+-- sload makes sure SV[key] holds the fields f (one HMGET of those missing)
+-- and returns it, or nil when one of them is corrupt.
+local function sload(key, f)
+  local c = SV[key]
+  if not c then
+    -- The call's first touch of key: read f as it is.
+    c = {}
+    SV[key] = c
+    local v = rcall('HMGET', key, unpack(f))
+    for i = 1, #f do
+      local name, x = f[i], v[i]
+      if name == 'lim' then
+        c.lim = x
+      else
+        local n = cint(x)
+        if n == nil then return nil end
+        c[name] = n
+      end
+    end
+    return c
+  end
+  local miss, nm
+  for i = 1, #f do
+    if c[f[i]] == nil then
+      if not miss then miss, nm = {}, 0 end
+      nm = nm + 1
+      miss[nm] = f[i]
+    end
+  end
+  if not miss then return c end
+  local v = rcall('HMGET', key, unpack(miss))
+  for i = 1, nm do
+    local name, x = miss[i], v[i]
+    if name == 'lim' then
+      c.lim = x
+    else
+      local n = cint(x)
+      if n == nil then return nil end
+      c[name] = n
+    end
+  end
+  return c
+end
+
+local function sput(key, f, v)
+  SV[key][f] = v
+  local d = SD[key]
+  if not d then
+    d = {}
+    SD[key] = d
+    SK[#SK + 1] = key
+  end
+  d[f] = true
+end
+
+-- sadd adds x to a field sload read (HINCRBY on the cache; callers checked
+-- the range first).
+local function sadd(key, f, x) sput(key, f, SV[key][f] + x) end
+
 -- load_scope reads and validates the counters a spec touches: n, r:<d>,
 -- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
 -- corruption.
 local function load_scope(sc, overrun)
-  local f = sc.fields
-  if overrun then
-    f = {unpack(f)}
-    for _, d in ipairs(WD) do f[#f + 1] = OF[d] end
-  end
-  local v = redis.call('HMGET', sc.key, unpack(f))
-  sc.seen = v[2]
-  local n = cint(v[1])
-  if n == nil then return false end
-  sc.n = n
-  sc.r, sc.o = {}, {}
-  for j, d in ipairs(WD) do
-    local r = cint(v[2 + j])
-    if r == nil then return false end
-    sc.r[d] = r
-  end
-  local i = 3 + #WD
+  local c = sload(sc.key, sc.fields)
+  if not c then return false end
+  if overrun and not sload(sc.key, OFL) then return false end
+  sc.seen, sc.n = c.lim, c.n
+  local r = sc.r
+  for _, d in ipairs(WD) do r[d] = c[RF[d]] end
   for _, l in ipairs(sc.lims) do
-    local c, w = cint(v[i]), cint(v[i + 1])
-    if c == nil or w == nil then return false end
-    l.c, l.widx = c, w
-    i = i + 2
+    l.c, l.widx = c[l.cf], c[l.wf]
   end
   if overrun then
-    for j, d in ipairs(WD) do
-      local o = cint(v[i + j - 1])
-      if o == nil then return false end
-      sc.o[d] = o
-    end
+    local o = sc.o
+    for _, d in ipairs(WD) do o[d] = c[OF[d]] end
   end
   return true
 end
@@ -207,21 +284,26 @@ end
 local function window_of(now, w) return math.floor(now / (w * 1000)) end
 
 -- parse_wi parses a record's admission windows "W:idx,...".
+local NOWI = {}
 local function parse_wi(s)
-  local t = {}
-  if not s then return t end
-  for w, idx in string.gmatch(s, '(%d+):(%d+)') do t[tonumber(w)] = tonumber(idx) end
+  if not s then return NOWI end
+  local t = WIS[s]
+  if t then return t end
+  t = {}
+  for w, idx in gmatch(s, '(%d+):(%d+)') do t[w + 0] = idx + 0 end
+  WIS[s], NCACHED = t, NCACHED + 1
   return t
 end
 
--- record reads the record fields scripts need, validated; nil, reason on corruption.
+-- load_record reads the record fields scripts need, validated; false when
+-- there is none; nil, reason on corruption.
 local function load_record(now)
-  local v = redis.call('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
+  local v = rcall('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
   if not v[1] then return false end
-  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14], g = v[15] or '', na = v[16]}
-  rec.st = cint(v[1])
+  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14],
+    g = v[15] or '', na = v[16], st = cint(v[1]), le = cint(v[4]), te = cint(v[5]), sl = cint(v[9]), ra = cint(v[12]),
+    h = false, a = false, wi = false}
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
-  rec.le, rec.te, rec.sl, rec.ra = cint(v[4]), cint(v[5]), cint(v[9]), cint(v[12])
   if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
   if v[5] and now >= rec.te then return false, 'aged' end -- tombstone past retention
   rec.h = parse_amounts(v[6] or '')
@@ -234,11 +316,19 @@ local function load_record(now)
   return rec
 end
 
+-- record_or_none is load_record for scripts that mostly find no record
+-- (reserve, charge): one HGET of st first, the full read only when it is
+-- set (the same test load_record makes).
+local function record_or_none(now)
+  if not rcall('HGET', KEYS[4], 'st') then return false end
+  return load_record(now)
+end
+
 -- check_release validates that r:<d> -= h[d] (and n -= 1 when slot) stays >= 0.
 local function check_release(scopes, h, slot)
   for _, sc in ipairs(scopes) do
     for _, d in ipairs(sc.dlist) do
-      if sc.r[d] < (h[d] or 0) then return false end
+      if sc.r[d] < h[d] then return false end
     end
     if slot and sc.slot and sc.n < 1 then return false end
   end
@@ -248,26 +338,27 @@ end
 local function do_release(scopes, h, slot)
   for _, sc in ipairs(scopes) do
     for _, d in ipairs(sc.dlist) do
-      if (h[d] or 0) > 0 then redis.call('HINCRBY', sc.key, RF[d], '-' .. h.s[d]) end
+      local x = h[d]
+      if x > 0 then sadd(sc.key, RF[d], -x) end
     end
-    if slot and sc.slot then redis.call('HINCRBY', sc.key, 'n', '-1') end
+    if slot and sc.slot then sadd(sc.key, 'n', -1) end
   end
 end
 
 -- plan_charge decides which still-current admission windows receive a.
--- Returns the list of {sc, l} or nil on corruption.
+-- Returns the list of {sc, l, amt} or nil on corruption.
 local function plan_charge(now, scopes, wi, a)
   local plan = {}
   for _, sc in ipairs(scopes) do
     for _, l in ipairs(sc.lims) do
-      local amt = a[l.d] or 0
+      local amt = a[l.d]
       local adm = wi[l.w]
       if amt > 0 then
         if adm == nil then return nil end
         if l.widx < adm then return nil end
         if l.widx == adm and window_of(now, l.w) == adm then
           if l.c + amt > MAXC then return nil end
-          table.insert(plan, {sc = sc, l = l, amt = a.s[l.d]})
+          plan[#plan + 1] = {sc = sc, l = l, amt = amt}
         end
       end
     end
@@ -276,9 +367,7 @@ local function plan_charge(now, scopes, wi, a)
 end
 
 local function do_charge(plan)
-  for _, p in ipairs(plan) do
-    redis.call('HINCRBY', p.sc.key, p.l.cf, p.amt)
-  end
+  for _, p in ipairs(plan) do sadd(p.sc.key, p.l.cf, p.amt) end
 end
 
 -- finalize makes the record a tombstone in ledger time and real time,
@@ -286,12 +375,12 @@ end
 -- its previous state prev is in (L for RESERVED and DISPATCHED, U for
 -- UNRESOLVED; nil for a new record).
 local function finalize(now, st, prev, ...)
-  redis.call('HSET', KEYS[4], 'st', SS[st], 'te', now + tonumber(ARGV[5]), ...)
-  redis.call('PEXPIRE', KEYS[4], ARGV[5])
+  rcall('HSET', KEYS[4], 'st', SS[st], 'te', fmt('%d', now + ARGV[5]), ...)
+  rcall('PEXPIRE', KEYS[4], ARGV[5])
   if prev == S_RESERVED or prev == S_DISPATCHED then
-    redis.call('ZREM', KEYS[2], ARGV[4])
+    rcall('ZREM', KEYS[2], ARGV[4])
   elseif prev == S_UNRESOLVED then
-    redis.call('ZREM', KEYS[3], ARGV[4])
+    rcall('ZREM', KEYS[3], ARGV[4])
   end
 end
 
@@ -309,16 +398,27 @@ local function touch(now, pv)
   if pv then d.pv = true end
 end
 
--- flush writes the meta fields touch deferred; every script calls it last.
+-- flush writes what touch and sput deferred; every script calls it last.
 local function flush()
   for k, d in pairs(MDIRTY) do
     if d.pv then
-      redis.call('HSET', k, 'hwm', d.m[1], 'pv', d.m[4])
+      rcall('HSET', k, 'hwm', fmt('%d', d.m[1]), 'pv', d.m[4])
     else
-      redis.call('HSET', k, 'hwm', d.m[1])
+      rcall('HSET', k, 'hwm', fmt('%d', d.m[1]))
     end
   end
   MDIRTY = {}
+  for _, key in ipairs(SK) do
+    local c, args, n = SV[key], {}, 0
+    for f in pairs(SD[key]) do
+      local v = c[f]
+      if type(v) == 'number' then v = fmt('%d', v) end
+      args[n + 1], args[n + 2] = f, v
+      n = n + 2
+    end
+    rcall('HSET', key, unpack(args))
+  end
+  SV, SD, SK = {}, {}, {}
 end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first
@@ -335,47 +435,49 @@ end
 -- assess validates every counter of scopes and evaluates admission of h (with
 -- a slot when dispatch). It returns nil, reason on corruption, else a table:
 -- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
--- warns, widx[W] = current window index.
+-- warns; each windowed limit's idx is its current window index.
 local function assess(now, scopes, h, dispatch, epoch)
-  local a = {room = {}, warns = {}, widx = {}, wws = {}}
+  local a = {room = ZF(), warns = {}, deny = false, dslot = false}
+  local room = a.room
   local function note(d, max, rem, w, resets)
     if rem < 0 then rem = 0 end
-    local r = a.room[d]
-    if r == nil or rem < r[3] or (rem == r[3] and resets > r[5]) then a.room[d] = {1, max, rem, w, resets} end
+    local r = room[d]
+    if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
   end
   for si, sc in ipairs(scopes) do
     if not load_scope(sc) then return nil, 'scope' end
+    local r = sc.r
     for _, d in ipairs(sc.dlist) do
-      if sc.r[d] + (h[d] or 0) > MAXC then return nil, 'overflow' end
+      if r[d] + h[d] > MAXC then return nil, 'overflow' end
     end
     for _, l in ipairs(sc.lims) do
       local idx = window_of(now, l.w)
       if l.widx > idx then return nil, 'window' end
-      a.widx[l.w], a.wws[l.w] = idx, l.ws
+      l.idx = idx
       l.cur = l.c
       if l.widx < idx then l.cur = 0 end
-      local hd = h[l.d] or 0
+      local hd = h[l.d]
       local resets = (idx + 1) * l.w * 1000
-      local used = l.cur + sc.r[l.d] + hd
+      local used = l.cur + r[l.d] + hd
       if l.mode == 'b' then
-        if used > l.max and (a.deny == nil or resets > a.deny[10]) then
-          a.deny = {'DENIED', epoch, si, l.d, l.w, l.max, l.cur, sc.r[l.d], hd, resets, now}
+        if used > l.max and (not a.deny or resets > a.deny[10]) then
+          a.deny = {'DENIED', epoch, si, l.d, l.w, l.max, l.cur, r[l.d], hd, resets, now}
         end
         note(l.d, l.max, l.max - used, l.w, resets)
       elseif used > l.max then
-        table.insert(a.warns, {si, l.d, l.w, l.max, used, resets})
+        tinsert(a.warns, {si, l.d, l.w, l.max, used, resets})
       end
     end
     if sc.slot then
       local used = sc.n
       if dispatch then used = used + 1 end
       if sc.slot.mode == 'b' then
-        if used > sc.slot.max and a.dslot == nil then
+        if used > sc.slot.max and not a.dslot then
           a.dslot = {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, 0, sc.n, 1, 0, now}
         end
         note(sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
       elseif used > sc.slot.max then
-        table.insert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
+        tinsert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
       end
     end
   end
@@ -407,4 +509,111 @@ local function append_room(out, a)
     n = n + 6
   end
   return out
+end
+
+-- begin starts a call (a script, or one call of the function library): one
+-- call is one instant, so the clock, the meta and scope caches start empty;
+-- the parse caches only are kept, up to 4096 texts.
+local function begin(floor)
+  FLOOR = tonumber(floor) or 0
+  TNOW = nil
+  MC, MDIRTY = {}, {}
+  SV, SD, SK = {}, {}, {}
+  if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
+end
+
+-- reserve_plan is the reserve script up to its first write: it returns the
+-- plan of an admitted reserve, or nil and the reply (a refusal, a replay,
+-- or CHECKED in mode '2'). reserve_apply(p) writes what p admitted and
+-- returns OK; it runs with p's KEYS and ARGV, so a global Reserve plans both
+-- partitions before it writes either (greserve.lua).
+local function reserve_plan()
+  local now = ledger_now()
+  if not now then return nil, {'CORRUPT', '', 'hwm'} end
+  local epoch, fenced = epoch_check(now)
+  if fenced then return nil, {'RECOVERING', epoch} end
+
+  local h = parse_amounts(ARGV[11])
+  if h == nil then return nil, {'INVALID', epoch, 'held'} end
+  local scopes, serr = parse_spec(ARGV[12])
+  if not scopes then return nil, {'POLICY', epoch, serr} end
+
+  -- Idempotency first: an existing record answers the call.
+  local rec, why = record_or_none(now)
+  if rec == nil then return nil, {'CORRUPT', epoch, why} end
+  if rec then
+    if not is_open(rec.st) then return nil, {'FINAL', epoch, rec.st} end
+    if rec.dg ~= ARGV[8] then return nil, {'CONFLICT', epoch} end
+    local a, aerr = assess(now, scopes, ZA(), false, epoch)
+    if not a then return nil, {'CORRUPT', epoch, aerr} end
+    local same = 0
+    if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
+    return nil, append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
+  end
+  if ARGV[14] == '1' then return nil, {'NOREC', epoch} end
+
+  local fence = cint(META.fence_s)
+  if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
+  if now < fence then return nil, {'RECOVERING', epoch} end
+  -- The policy version is recorded for audit only, never compared: limits
+  -- travel with every Reserve (ledger/doc.go, "Policy versions").
+  local cpv = cint(ARGV[6])
+  if cpv == nil then return nil, {'POLICY', epoch, 'version'} end
+  local dispatch = ARGV[10] == '1'
+  local ttl = cint(ARGV[9])
+  if ttl == nil or ttl <= 0 then return nil, {'INVALID', epoch, 'ttl'} end
+
+  -- Validate every counter and decide admission before any write.
+  local a, aerr = assess(now, scopes, h, dispatch, epoch)
+  if not a then return nil, {'CORRUPT', epoch, aerr} end
+  if a.deny then return nil, a.deny end
+  if a.dslot then return nil, a.dslot end
+  if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
+  return {now = now, epoch = epoch, h = h, scopes = scopes, why = why, dispatch = dispatch, ttl = ttl, a = a,
+    pv_s = META.pv_s, keys = KEYS, argv = ARGV}
+end
+
+local function reserve_apply(p)
+  local now, epoch, h, scopes, why, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.why, p.dispatch, p.ttl, p.a
+  KEYS, ARGV = p.keys, p.argv
+  -- Apply (scope writes go to the call's cache, flushed once at the end).
+  local le = now + ttl
+  local sl = 0
+  for _, sc in ipairs(scopes) do
+    local key = sc.key
+    for _, l in ipairs(sc.lims) do
+      if l.widx < l.idx then
+        sput(key, l.wf, l.idx)
+        sput(key, l.cf, 0)
+      end
+    end
+    for _, d in ipairs(sc.dlist) do
+      local x = h[d]
+      if x > 0 then sadd(key, RF[d], x) end
+    end
+    if dispatch and sc.slot then
+      sadd(key, 'n', 1)
+      sl = 1
+    end
+    if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
+  end
+  local wins = scopes.wins
+  local wi = {}
+  for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
+  local st = S_RESERVED
+  if dispatch then st = S_DISPATCHED end
+  if why == 'aged' then redis.call('DEL', KEYS[4]) end
+  local les, nows = fmt('%d', le), fmt('%d', now)
+  local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
+    'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', nows}
+  if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
+  if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
+  redis.call('HSET', KEYS[4], unpack(rf))
+  redis.call('ZADD', KEYS[2], les, ARGV[4])
+  if p.pv_s ~= ARGV[6] then
+    touch(now, ARGV[6])
+  else
+    touch(now)
+  end
+  return append_room({'OK', epoch, le, now}, a)
 end

@@ -30,21 +30,22 @@ local over = {}
 if release then
   -- Overrun counters are read only where the actual passes the hold.
   for _, sc in ipairs(scopes) do
-    local need, f = {}, {}
+    local f
     for _, d in ipairs(sc.dlist) do
-      if (a[d] or 0) > (rec.h[d] or 0) then
-        need[#need + 1] = d
+      if a[d] > rec.h[d] then
+        f = f or {}
         f[#f + 1] = OF[d]
       end
     end
-    if #need > 0 then
-      local v = redis.call('HMGET', sc.key, unpack(f))
-      for i, d in ipairs(need) do
-        local o = cint(v[i])
-        if o == nil then return {'CORRUPT', epoch, 'scope'} end
-        local x = a[d] - (rec.h[d] or 0)
-        if o + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
-        table.insert(over, {sc = sc, d = d, x = x})
+    if f then
+      local c = sload(sc.key, f)
+      if not c then return {'CORRUPT', epoch, 'scope'} end
+      for _, d in ipairs(sc.dlist) do
+        local x = a[d] - rec.h[d]
+        if x > 0 then
+          if c[OF[d]] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
+          over[#over + 1] = {sc = sc, d = d, x = x}
+        end
       end
     end
   end
@@ -53,7 +54,7 @@ end
 local st = S_SETTLED
 if release then
   do_release(scopes, rec.h, slot)
-  for _, o in ipairs(over) do redis.call('HINCRBY', o.sc.key, OF[o.d], o.x) end
+  for _, o in ipairs(over) do sadd(o.sc.key, OF[o.d], o.x) end
 else
   st = S_SETTLED_LATE
 end
