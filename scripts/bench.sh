@@ -94,89 +94,7 @@ if [ -z "${BENCH_REPORT_FROM:-}" ]; then
 log "building bin/sluice"
 $GO build -o "$SLUICE" ./cmd/sluice
 
-# The non-streamed load loop for the side-by-side run (stdlib only).
-mkdir -p "$WORK/loadloop"
-cat >"$WORK/loadloop/go.mod" <<'EOF'
-module loadloop
-
-go 1.22
-EOF
-cat >"$WORK/loadloop/main.go" <<'EOF'
-// loadloop sends -n non-streamed requests with -c workers on kept-alive
-// connections and prints: ok fail p50_us p99_us rps.
-package main
-
-import (
-	"bytes"
-	"flag"
-	"fmt"
-	"io"
-	"net/http"
-	"os"
-	"slices"
-	"sync"
-	"sync/atomic"
-	"time"
-)
-
-func main() {
-	url := flag.String("url", "", "target base URL")
-	n := flag.Int("n", 1000, "requests")
-	c := flag.Int("c", 1, "workers")
-	body := flag.String("body", "", "JSON body")
-	flag.Parse()
-	key := os.Getenv("LOADLOOP_KEY")
-	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *c, DisableCompression: true}}
-	lat := make([]time.Duration, *n)
-	var next, fail atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range *c {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(*n) {
-					return
-				}
-				req, _ := http.NewRequest("POST", *url+"/v1/completions", bytes.NewReader([]byte(*body)))
-				req.Header.Set("Content-Type", "application/json")
-				if key != "" {
-					req.Header.Set("Authorization", "Bearer "+key)
-				}
-				t := time.Now()
-				resp, err := cl.Do(req)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				lat[i] = time.Since(t)
-				if err != nil {
-					fail.Add(1)
-					lat[i] = -1
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start)
-	ok := slices.DeleteFunc(lat, func(d time.Duration) bool { return d < 0 })
-	slices.Sort(ok)
-	pct := func(p float64) float64 {
-		if len(ok) == 0 {
-			return 0
-		}
-		i := min(max(int(p*float64(len(ok))+0.999999)-1, 0), len(ok)-1)
-		return float64(ok[i].Microseconds())
-	}
-	fmt.Printf("%d %d %.0f %.0f %.1f\n", len(ok), fail.Load(), pct(0.50), pct(0.99), float64(len(ok))/el.Seconds())
-}
-EOF
-(cd "$WORK/loadloop" && GOFLAGS= $GO build -o "$WORK/loadloop.bin" .)
+$GO build -o "$WORK/loadloop.bin" ./scripts/loadloop # the load generator (scripts/loadloop)
 fi
 
 # ---------------------------------------------------------------- keys and config
@@ -412,13 +330,13 @@ for t in $TARGETS; do # warm-up
 done
 for r in $(seq 1 "$ROUNDS"); do
 	for t in $TARGETS; do
-		read -r ok fail p50 p99 rps < <("$WORK/loadloop.bin" -url "$(url_of "$t")" -n "$LIGHT_N" -c 1 -body "$SMALL")
+		read -r ok fail p50 p99 rps _ < <("$WORK/loadloop.bin" -url "$(url_of "$t")" -n "$LIGHT_N" -c 1 -body "$SMALL")
 		echo "$t $ok $fail $p50 $p99 $rps" >>"$WORK/light.txt"
 		pids=$(proxy_pids "$t")
 		simc0=$(cpu_ticks "$SIM_PID")
 		c0=0
 		[ -n "$pids" ] && c0=$(cpu_ticks $pids)
-		read -r ok fail p50 p99 rps < <("$WORK/loadloop.bin" -url "$(url_of "$t")" -n "$SIDE_N" -c 16 -body "$SMALL")
+		read -r ok fail p50 p99 rps _ < <("$WORK/loadloop.bin" -url "$(url_of "$t")" -n "$SIDE_N" -c 16 -body "$SMALL")
 		c1=0
 		[ -n "$pids" ] && c1=$(cpu_ticks $pids)
 		simc1=$(cpu_ticks "$SIM_PID")
@@ -677,7 +595,7 @@ $SIDE_N requests from 16 concurrent kept-alive clients, reading the proxy's
 HAProxy 2.x: \`balance leastconn\`, \`server … maxconn 64\`, \`timeout queue 30s\`, \`nbthread 2\`,
 \`http-reuse always\`. nginx: \`proxy_pass\` to an upstream with \`keepalive 64\`, 2 workers.
 Sluice: \`sluice serve\`, 1 s scrape interval; every tenant with the defaults (weight 1, no \`concurrency\`, default queue), budgets only for \`burst\`. \`direct\` targets replica 0 only.
-The load generator is a small Go program the script writes (\`loadloop\`, stdlib net/http).
+The load generator is \`scripts/loadloop\` (stdlib net/http).
 CPU ticks are 1/$CLK_TCK s, i.e. ±$((1000000 / CLK_TCK / SIDE_N)) µs per request of quantisation.
 
 | target | light p50 µs | light p99 µs | 16-conc p50 µs | 16-conc p99 µs | 16-conc req/s | proxy CPU µs/req | CPU vs HAProxy | failed |
