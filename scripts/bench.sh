@@ -399,6 +399,19 @@ scen() {
 		SCEN_LOG+=("| $label | FAILED (exit $?): \`sluice bench run ... $*\`; $(tail -1 "$WORK/res/$label.txt" | tr '|' '/') |")
 	fi
 }
+# gen_rate SAMPLES: the replica's generated tokens per second over the
+# arrival window's steady part (from 2 s after the warm-up to the end of the
+# arrivals, counted from the first running sample): the GPU's throughput,
+# the same window for both targets, whatever each leaves for the drain.
+gen_rate() {
+	local span=$SCEN_S
+	[[ $span =~ ^[0-9]+$ ]] || span=10
+	awk -v w0=4 -v w1=$((2 + span)) '
+		$2 > 0 && !t0 { t0 = $1 }
+		t0 && $1 >= t0 + w0 && !a { a = $1; ga = $3 }
+		t0 && $1 <= t0 + w1 { b = $1; gb = $3 }
+		END { if (a && b > a) printf "%.1f\n", (gb - ga) / (b - a); else print "n/a" }' "$1"
+}
 jget() { [ -f "$WORK/res/$1.json" ] && jq -r "$2" "$WORK/res/$1.json" 2>/dev/null || echo "n/a"; }
 
 if [ -z "${BENCH_REPORT_FROM:-}" ]; then
@@ -463,17 +476,25 @@ stop "$SIM_PID"
 SIM_SEQS=256
 start_sims 1 --max-num-seqs 256 --kv-tokens 400000 --decode-step 100ms
 start_sluice 1
-peak_running() { # peak_running OUTFILE: samples until killed
-	local m p=0
+peak_running() { # peak_running OUTFILE SAMPLES: samples until killed
+	local m p=0 line
 	while :; do
-		m=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk '/^vllm:num_requests_running[{ ]/ { s += $NF } END { print s + 0 }')
+		# running and generated tokens of one scrape, with the time.
+		line=$(curl -fs "http://127.0.0.1:$SIM_PORT/metrics" | awk -v now="$(date +%s.%N)" '
+			/^vllm:num_requests_running[{ ]/ { r += $NF }
+			/^vllm:generation_tokens_total[{ ]/ { g += $NF }
+			END { printf "%s %d %.0f\n", now, r, g }')
+		echo "$line" >>"$2"
+		m=${line#* }
+		m=${m%% *}
 		[ "${m:-0}" -gt "$p" ] 2>/dev/null && p=$m && echo "$p" >"$1"
 		sleep 0.1
 	done
 }
 for t in direct sluice; do
 	SCAP=30
-	peak_running "$WORK/res/peak-$t.txt" &
+	: >"$WORK/res/samples-$t.txt"
+	peak_running "$WORK/res/peak-$t.txt" "$WORK/res/samples-$t.txt" &
 	PK=$!
 	PIDS+=("$PK")
 	scen "solo256-$t" "$t" --workload saturation "${WARM[@]}"
@@ -710,10 +731,16 @@ EOF
 	td=$(jget solo256-direct '.output_throughput | . * 10 | round / 10')
 	ts=$(jget solo256-sluice '.output_throughput | . * 10 | round / 10')
 	echo "| single tenant, 256-seq replica | output tokens/s | $td | $ts | $(ratio "$td" "$ts") | 1.00 ± 0.02 |"
+	gd=$(gen_rate "$WORK/res/samples-direct.txt" 2>/dev/null || echo n/a)
+	gs=$(gen_rate "$WORK/res/samples-sluice.txt" 2>/dev/null || echo n/a)
+	echo "| single tenant, 256-seq replica | replica's generated tokens/s, steady arrivals | $gd | $gs | $(ratio "$gd" "$gs") | 1.00 ± 0.02 |"
 	echo
 	echo "Single tenant: \`sluice sim --max-num-seqs 256 --kv-tokens 400000 --decode-step 100ms\` (capacity 20 rps at"
 	echo "128 output tokens), the saturation preset at 30 rps (1.5×), Sluice configured with \`max_num_seqs: 256\`"
-	echo "and no \`concurrency\`; peak = the replica's \`vllm:num_requests_running\` sampled every 100 ms."
+	echo "and no \`concurrency\`; peak = the replica's \`vllm:num_requests_running\` sampled every 100 ms. Output tokens/s is"
+	echo "the client's (completed requests over the run, drain included: direct vLLM finishes its whole backlog, Sluice"
+	echo "sheds the standing part); generated tokens/s is the replica's \`vllm:generation_tokens_total\` over the arrivals'"
+	echo "steady part (2 s after the warm-up to their end), the same window for both."
 	cat <<EOF
 
 #### \`sluice tune\` on a saturation sweep
