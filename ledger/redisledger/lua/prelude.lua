@@ -201,6 +201,22 @@ end
 -- one HSET, and an operation's 4-7 HINCRBYs become part of one HSET.
 local SV, SD, SK = {}, {}, {}
 
+-- sfill stores the n fields names read as v into c (lim as text, the rest
+-- as canonical integers) and returns c, or nil when one is corrupt.
+local function sfill(c, names, n, v)
+  for i = 1, n do
+    local name, x = names[i], v[i]
+    if name == 'lim' then
+      c.lim = x
+    else
+      local k = cint(x)
+      if k == nil then return nil end
+      c[name] = k
+    end
+  end
+  return c
+end
+
 -- sload makes sure SV[key] holds the fields f (one HMGET of those missing)
 -- and returns it, or nil when one of them is corrupt.
 local function sload(key, f)
@@ -209,18 +225,7 @@ local function sload(key, f)
     -- The call's first touch of key: read f as it is.
     c = {}
     SV[key] = c
-    local v = rcall('HMGET', key, unpack(f))
-    for i = 1, #f do
-      local name, x = f[i], v[i]
-      if name == 'lim' then
-        c.lim = x
-      else
-        local n = cint(x)
-        if n == nil then return nil end
-        c[name] = n
-      end
-    end
-    return c
+    return sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
   end
   local miss, nm
   for i = 1, #f do
@@ -231,18 +236,7 @@ local function sload(key, f)
     end
   end
   if not miss then return c end
-  local v = rcall('HMGET', key, unpack(miss))
-  for i = 1, nm do
-    local name, x = miss[i], v[i]
-    if name == 'lim' then
-      c.lim = x
-    else
-      local n = cint(x)
-      if n == nil then return nil end
-      c[name] = n
-    end
-  end
-  return c
+  return sfill(c, miss, nm, rcall('HMGET', key, unpack(miss)))
 end
 
 local function sput(key, f, v)
