@@ -228,15 +228,8 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 // serialises the passes and NextView hands each entry out once, so the
 // queue's order and the loop's predicate decide exactly as in the loop.
 func (s *Server) dispatchInline() {
-	if s.loopOnly {
-		return
-	}
-	for {
-		it, ok := s.q.NextView(s.admissible)
-		if !ok {
-			return
-		}
-		it.Payload.dispatched <- it.Payload.rep
+	if !s.loopOnly {
+		s.dispatchPass()
 	}
 }
 

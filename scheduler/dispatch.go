@@ -109,19 +109,26 @@ func (g *shareGate) burstK() float64 {
 // it waits for new work (queue Ready) or freed room (wake).
 func (s *Server) dispatchLoop(ctx context.Context) {
 	for {
-		for {
-			it, ok := s.q.NextView(s.admissible)
-			if !ok {
-				break
-			}
-			it.Payload.dispatched <- it.Payload.rep
-		}
+		s.dispatchPass()
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.q.Ready():
 		case <-s.wake:
 		}
+	}
+}
+
+// dispatchPass delivers every queued call the predicate admits now. The
+// loop runs it on each wake; admit runs it inline (dispatchInline). The
+// queue's mutex serialises passes and NextView hands each entry out once.
+func (s *Server) dispatchPass() {
+	for {
+		it, ok := s.q.NextView(s.admissible)
+		if !ok {
+			return
+		}
+		it.Payload.dispatched <- it.Payload.rep
 	}
 }
 
