@@ -141,8 +141,10 @@
 // a light tenant that arrives then waits for those requests to finish.
 // Under overload the adaptive LIFO above keeps what is served within its
 // deadline without per-tenant max_wait tuning.
-// Idle tenants' reserve ages out within the peak window (30 s), so the
-// shares they do not use are lent to the others. Requests are never
+// Idle tenants' reserve ages out within the peak window (30 s), or sooner
+// once a tenant has been silent for ten of its mean inter-arrival gaps
+// (it has left; a Poisson tenant pauses that long with probability e^-10),
+// so the shares they do not use are lent to the others. Requests are never
 // aborted to make room: once a stream has sent bytes it cannot be replayed
 // without executing twice, and before that the window is one prefill step.
 //

@@ -49,7 +49,8 @@ import (
 //     squeezed, never starved, and the floor costs their peaks one slot,
 //     not a share (a quarter of its share did: the victims' p99 wait in
 //     the flood preset doubled).
-//   - An idle tenant's peak ages out within peakWindow, so its share is lent;
+//   - An idle tenant's peak ages out within peakWindow, or once it has
+//     been silent for idleGaps of its mean inter-arrival gaps, so its share is lent;
 //     when it returns its new demand enters the reserve at once, heavy
 //     tenants stop starting work, and the next completions go to it.
 //   - A full pool parks a tenant above its share when another pool has room
@@ -80,6 +81,15 @@ const peakWindow = 30 * time.Second
 // noise, a short backlog) must stay light, or the reserve would idle the
 // fleet under them; only a tenant asking several times its share is heavy.
 const lightMargin = 3.0
+
+// idleGaps is how many of its mean inter-arrival gaps (1/λ at its last
+// arrival) an idle light tenant may be silent before its peak stops being
+// reserved, within peakWindow. A Poisson tenant is silent that long with
+// probability e^-10, so one still sending keeps its reserve; one that has
+// left lends its share within seconds instead of half a minute (a lone
+// flood used to run below the pool's capacity for peakWindow after the
+// others left). One that comes back is served as when it first came.
+const idleGaps = 10.0
 
 // forecastWindow is the time constant of the arrival rate behind the light
 // tenants' forecast: a few seconds of arrivals, so that a tenant that
@@ -287,6 +297,9 @@ type gateMem struct {
 	// half-window buckets.
 	peakCur, peakPrev float64
 	peakStart         int64
+	// lastArrN is its last arrival; goneAfter how long after it, idle, the
+	// tenant counts as gone (idleGaps of its mean gaps then).
+	lastArrN, goneAfter int64
 }
 
 // gateCls is one tenant's classification inputs.
@@ -320,6 +333,10 @@ func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
 	// An exponentially weighted count of arrivals per second: each adds
 	// 1/τ and the sum decays with τ.
 	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.arrived-m.arrived, 0))/tau
+	if l.arrived > m.arrived {
+		m.lastArrN = nowN
+		m.goneAfter = int64(idleGaps / max(m.rateNow(nowN), 1e-9) * float64(time.Second))
+	}
 	m.arrived = l.arrived
 	if dn := l.served - m.served; dn > 0 {
 		mean := (l.servedSec - m.servedSec) / float64(dn)
@@ -435,6 +452,9 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		// candidate, which is never among them.
 		if x.active && !m.heavy && loads[i].queued > 0 {
 			lightWaiting = true
+		}
+		if !x.active && m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter {
+			m.peakCur, m.peakPrev = 0, 0 // gone: its share is lent
 		}
 		if m.heavy || (!x.active && (g.noSticky || max(m.peakCur, m.peakPrev) == 0)) {
 			continue
