@@ -371,6 +371,12 @@ if [ "$SCEN_S" = full ]; then # make bench-long: the presets' own durations and 
 	WARM=()
 	WARMF=()
 fi
+SCEN_NOTE="**Presets shortened** to ${SCEN_S}s of arrivals (the first 2 s of them a warm-up, not measured, except
+budget-burst whose burst is at t0; 10 s drain) to fit \`make bench\` in ~10 minutes: the presets' own durations
+(120–300 s) give steadier tails (\`make bench-long\`)."
+if [ "$SCEN_S" = full ]; then
+	SCEN_NOTE="**The presets' own durations and warm-ups** (\`make bench-long\`: 60–180 s of arrivals, 30 s drain)."
+fi
 SCAP=$CAP # --capacity of the next scen
 mkdir -p "$WORK/res"
 # scen LABEL TARGET ARGS...: one `sluice bench run`; the JSON lands in res/LABEL.json.
@@ -404,9 +410,11 @@ scen() {
 # arrivals, counted from the first running sample): the GPU's throughput,
 # the same window for both targets, whatever each leaves for the drain.
 gen_rate() {
-	local span=$SCEN_S
-	[[ $span =~ ^[0-9]+$ ]] || span=10
-	awk -v w0=4 -v w1=$((2 + span)) '
+	# The arrivals' span includes the warm-up: the shortened presets' 2 s,
+	# or the saturation preset's own 10 s of 120 s (make bench-long).
+	local span=$SCEN_S warm=2
+	[ "$SCEN_S" = full ] && span=120 warm=10
+	awk -v w0=$((warm + 2)) -v w1="$span" '
 		$2 > 0 && !t0 { t0 = $1 }
 		t0 && $1 >= t0 + w0 && !a { a = $1; ga = $3 }
 		t0 && $1 <= t0 + w1 { b = $1; gb = $3 }
@@ -637,10 +645,8 @@ EOF
 	simcpu() { awk -v t="$1" -v hz="$CLK_TCK" '$1 == t && NF >= 8 && $2 > 0 { printf "%.1f\n", $8 * 1e6 / hz / $2 }' "$WORK/heavy.txt" | median; }
 	echo
 	echo "Simulator CPU per request in the same rounds: direct $(simcpu direct) µs, via HAProxy $(simcpu haproxy) µs, via Sluice $(simcpu sluice) µs."
-	echo "Part of Sluice's cost is by design (scheduler/doc.go step 6): every request goes upstream with \`stream\` and"
-	echo "continuous usage forced on, and a non-streamed client gets a body re-assembled from the chunks"
-	echo "(\`vllm.Assembler\`, encoding/json per chunk), so both Sluice and the replica handle a stream here where the"
-	echo "proxies pass one small JSON body through."
+	echo "A non-streamed request goes upstream non-streamed (README, what Sluice does to requests), so the replica"
+	echo "does the same work as direct, and Sluice settles from the usage of vLLM's one JSON body."
 	[ -n "$NGINX_NOTE" ] && echo && echo "$NGINX_NOTE"
 	echo
 	echo "Raw rounds (target ok failed p50_us p99_us rps [proxy_ticks sim_ticks]):"
@@ -653,9 +659,7 @@ EOF
 ### Scenarios (\`sluice bench run\`, presets in \`bench/scenarios\`)
 
 One \`sluice sim\` replica (\`--max-num-seqs 32 --decode-step 20ms\`, capacity taken as
-**$CAP rps** at the presets' 512/128 tokens). **Presets shortened** to ${SCEN_S}s of arrivals (the first 2 s
-of them a warm-up, not measured, except budget-burst whose burst is at t0; 10 s drain) to fit \`make bench\` in ~10 minutes: the presets' own durations
-(120–300 s) give steadier tails; rerun one with its preset duration by dropping \`--duration\`.
+**$CAP rps** at the presets' 512/128 tokens). $SCEN_NOTE
 HAProxy here: \`maxconn 32\` (= max-num-seqs), \`timeout queue 30s\`.
 
 #### Flood: worst victim p99 TTFT (ms), alone vs flooded
@@ -792,8 +796,8 @@ EOF
 	printf '%s\n' "${SCEN_LOG[@]}"
 	cat <<EOF
 
-Not covered: \`saturation\` (a sweep; \`sluice bench sweep --workload saturation\`) and \`overhead\`
-(5 min A/B; \`sluice bench ab --workload overhead\`) are left out for time; the GPU-ms checks need a GPU.
+Not covered: \`overhead\` (a 5 min A/B of its own; \`sluice bench ab --workload overhead\`) is left out for time;
+the saturation preset runs above as the sweep behind \`sluice tune\`; the GPU-ms checks need a GPU.
 EOF
 	# Every other figures file (later issues' packages) is merged too, so no
 	# measured figure lives outside this report.
