@@ -46,6 +46,10 @@ type desTenant struct {
 	expired int
 	full    int
 	peak    int64
+	// outcome, when not nil, records each measured arrival's wait until
+	// dispatch, or -1 when it expired (keyed by arrival time: a tenant's
+	// arrivals are the same in every run of one seed).
+	outcome map[time.Duration]time.Duration
 	// Cumulative, as the gate reads them (tenantLoad).
 	arrived, done int64
 	doneSec       float64
@@ -90,6 +94,8 @@ type desRun struct {
 	// noGate dispatches whenever a slot is free (the work-conserving
 	// baseline: what vLLM alone would run).
 	noGate bool
+	// shedAfter and lifoAfter set queue.Config's (0: its defaults).
+	shedAfter, lifoAfter time.Duration
 	// pools are the slots of each pool (model); nil: one pool of slots.
 	// A tenant's requests go to its pool. fleetWide runs the gate as it
 	// was before pools (one share computation and reserve over the fleet,
@@ -116,13 +122,16 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	t.Helper()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clk := &desClock{now: t0}
-	cfg := queue.Config{MaxWait: r.maxWait}
+	cfg := queue.Config{MaxWait: r.maxWait, ShedAfter: r.shedAfter, LIFOAfter: r.lifoAfter}
 	for _, tn := range tenants {
 		cfg.Tenants = append(cfg.Tenants, queue.TenantConfig{Name: tn.name, Weight: tn.weight, MaxDepth: 256})
 	}
 	q, err := queue.New[desReq](cfg, queue.Deps[desReq]{Clock: clk, OnExpire: func(it queue.Item[desReq]) {
 		if it.Payload.arrival >= r.warmup {
 			it.Payload.t.expired++ // deadline, or shed from a standing queue
+			if o := it.Payload.t.outcome; o != nil && it.Payload.arrival < r.duration {
+				o[it.Payload.arrival] = -1
+			}
 		}
 	}})
 	require.NoError(t, err)
@@ -243,6 +252,9 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			r.poolPeak[tn.pool] = max(r.poolPeak[tn.pool], pooled[tn.pool])
 			if it.Payload.arrival >= r.warmup && it.Payload.arrival < r.duration {
 				tn.waits = append(tn.waits, now-it.Payload.arrival)
+				if tn.outcome != nil {
+					tn.outcome[it.Payload.arrival] = now - it.Payload.arrival
+				}
 			}
 			svc := time.Duration(it.Payload.out) * r.step
 			push(desEvent{at: now + svc, kind: 1, t: tn, svc: svc})
@@ -694,4 +706,65 @@ func TestRoomBetweenScrapes(t *testing.T) {
 
 	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
 	assert.Equal(t, int64(2), set.fleetOf(set.poolKeyOf("")).seqs, "the next scrape shows the abort honoured")
+}
+
+// TestShedAtCapacity prices the standing-queue policy (newest first once
+// the head waited 1 s, shed at 2 s) at exactly 1× capacity over the
+// overload preset's full length (180 s after a 15 s warm-up, ten seeds),
+// against FIFO with no limit, which is what vLLM alone does. The queue
+// random-walks: both targets stand for seconds at a time. Pairing each
+// arrival across the two runs (same seeds), the policy starts far more
+// requests within 1.95 s (the bench's 2 s TTFT SLO less the unqueued
+// TTFT), but some requests it sheds would have started in time in FIFO:
+// the newer ones it served first pushed them past 2 s. That share is the
+// price of the default, logged and bounded here so that it cannot grow
+// unnoticed (measured: 389 of 22,442 arrivals, 1.7 %; a later LIFO switch
+// cuts it, 24 at 1.9 s, but loses half the starts within 1.5 s at 2×,
+// where the SLO is tighter than the shed).
+func TestShedAtCapacity(t *testing.T) {
+	var n, directInTime, gateInTime, shed, shedDirectInTime int
+	const inTime = 1950 * time.Millisecond
+	for seed := uint64(1); seed <= 10; seed++ {
+		mk := func() []*desTenant {
+			ts := []*desTenant{{name: "t1", weight: 1, rate: 12.5 / 3}, {name: "t2", weight: 1, rate: 12.5 / 3}, {name: "t3", weight: 1, rate: 12.5 / 3}}
+			for _, tn := range ts {
+				tn.outcome = map[time.Duration]time.Duration{}
+			}
+			return ts
+		}
+		g, d := presetRun(seed), presetRun(seed)
+		g.duration, g.warmup = 195*time.Second, 15*time.Second
+		d.duration, d.warmup = 195*time.Second, 15*time.Second
+		d.noGate, d.shedAfter, d.lifoAfter, d.maxWait = true, -1, -1, time.Hour
+		gt, dt := mk(), mk()
+		g.run(t, gt)
+		d.run(t, dt)
+		for i := range gt {
+			for at, w := range gt[i].outcome {
+				dw, ok := dt[i].outcome[at]
+				if !ok {
+					continue
+				}
+				n++
+				direct := dw >= 0 && dw <= inTime
+				if direct {
+					directInTime++
+				}
+				if w >= 0 && w <= inTime {
+					gateInTime++
+				}
+				if w < 0 {
+					shed++
+					if direct {
+						shedDirectInTime++
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d arrivals: started in time direct %d, Sluice %d; Sluice shed %d, of which direct started in time %d (%.2f %%)",
+		n, directInTime, gateInTime, shed, shedDirectInTime, 100*float64(shedDirectInTime)/float64(n))
+	require.Greater(t, n, 20000)
+	assert.Greater(t, gateInTime, directInTime*13/10, "the standing-queue policy starts more requests in time")
+	assert.LessOrEqual(t, float64(shedDirectInTime), 0.02*float64(n), "shed what FIFO would have started in time")
 }
