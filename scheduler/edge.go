@@ -216,6 +216,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 	a.key = key
 	cr := clientReq{t: t, pol: pol, a: a, stopWatch: func() {}}
 	cr.ctx, cr.gone = context.WithCancelCause(e.base)
+	cr.a.cancel = cr.gone // the call's own context unless it has a deadline
 	if e.watch != nil {
 		if stop, err := e.watch.Watch(rc.Conn(), func() { cr.gone(ErrClientGone) }); err == nil {
 			cr.stopWatch = stop
