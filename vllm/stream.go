@@ -47,6 +47,21 @@ type Event struct {
 	// whole JSON body, which a non-streaming client gets unchanged, and
 	// Usage its usage (Final).
 	Whole bool
+
+	// at is where the chunk's first "usage" member lies in Data, found by
+	// parseChunk's scan so that ShapeChunk need not scan the chunk again.
+	at usageAt
+}
+
+// usageAt locates a chunk's first top-level "usage" member: its key and
+// value, the end of the member before it (-1: none) and the start of the
+// member after it (-1: none). ok reports that a scan filled it in (an Event
+// built by hand has none: ShapeChunk scans).
+type usageAt struct {
+	ok, found          bool
+	keyStart, valEnd   int
+	valStart           int
+	prevEnd, nextStart int
 }
 
 // Usage is what a stream has reported so far.
@@ -286,7 +301,18 @@ func parseChunk(data []byte, ev *Event, replica string) {
 	emptyChoices := false
 	usage := -1
 	isErr := false
+	at := usageAt{ok: true, prevEnd: -1, nextStart: -1}
 	_ = eachMember(data, 0, func(m member) bool {
+		switch {
+		case at.found:
+			if at.nextStart < 0 {
+				at.nextStart = m.keyStart
+			}
+		case m.keyIs(data, "usage"):
+			at.found, at.keyStart, at.valStart, at.valEnd = true, m.keyStart, m.valStart, m.valEnd
+		default:
+			at.prevEnd = m.valEnd
+		}
 		switch {
 		case m.keyIs(data, "choices"):
 			if data[m.valStart] != '[' {
@@ -337,6 +363,7 @@ func parseChunk(data []byte, ev *Event, replica string) {
 		ev.HasUsage = parseUsage(data, usage, &ev.Usage)
 	}
 	ev.Final = emptyChoices && ev.HasUsage
+	ev.at = at
 }
 
 func parseUsage(b []byte, at int, u *ChunkUsage) bool {
