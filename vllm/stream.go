@@ -130,7 +130,32 @@ type Stream struct {
 	// refused is an error event that came before any chunk: the engine
 	// refused the request when it added it (VLLM.md §1.5), so nothing ran.
 	refused *UpstreamError
+
+	// src is what br reads: body, with the BeforeRead hook.
+	src hookReader
 }
+
+// hookReader calls before ahead of every read of r: the read buffer is
+// empty (or holds part of an event), so the next read may block.
+type hookReader struct {
+	r      io.Reader
+	before func()
+}
+
+func (h *hookReader) Read(p []byte) (int, error) {
+	if h.before != nil {
+		h.before()
+	}
+	return h.r.Read(p)
+}
+
+// BeforeRead sets f (nil: none) to be called before each read of the
+// upstream connection, that is, whenever no whole event is left in the
+// stream's read buffer. A streaming client's writer coalesces the events
+// already read and writes them there (one write per read, not per event),
+// which never delays an event: its bytes go out before Sluice waits on the
+// replica again.
+func (s *Stream) BeforeRead(f func()) { s.src.before = f }
 
 // NewStream reads SSE from body, attributing errors to replica. maxEventBytes
 // ≤ 0 means the default (1 MiB). It is exported for fakes in other packages'
@@ -139,18 +164,20 @@ func NewStream(body io.ReadCloser, replica string, maxEventBytes int) *Stream {
 	if maxEventBytes <= 0 {
 		maxEventBytes = defaultMaxEventBytes
 	}
-	br, _ := readerPool.Get().(*bufio.Reader)
-	if br == nil {
-		br = bufio.NewReaderSize(body, streamReadBuf)
-	} else {
-		br.Reset(body)
-	}
-	return &Stream{
+	s := &Stream{
 		replica:  replica,
 		body:     body,
-		br:       br,
 		maxEvent: maxEventBytes,
+		src:      hookReader{r: body},
 	}
+	br, _ := readerPool.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(&s.src, streamReadBuf)
+	} else {
+		br.Reset(&s.src)
+	}
+	s.br = br
+	return s
 }
 
 // newWholeStream wraps a non-streamed 200 response body: Next returns it
@@ -602,6 +629,7 @@ func (s *Stream) Close() error {
 	if s.body == nil {
 		return nil
 	}
+	s.src.before = nil // the drain below is no client's read
 	if s.done && s.br != nil {
 		var t *time.Timer
 		if s.cancel != nil {
