@@ -211,6 +211,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	it, err := s.q.Enqueue(queue.Request[*call]{
 		Tenant: t.name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
+		Deferred: !s.loopOnly, // dispatchInline below, then Wake
 	})
 	if err != nil {
 		s.pools.move(c, spotNone)
@@ -223,6 +224,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
 	s.dispatchInline()
+	if !s.loopOnly {
+		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
+	}
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
