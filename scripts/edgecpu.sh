@@ -12,7 +12,9 @@
 # threads; ns resolution, utime+stime in effect), not wall time: steadier on
 # a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
 # EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
-# EDGE_RAW=1 (print every round), SLUICE_BIN (a prebuilt binary; default:
+# EDGE_RAW=1 (print every round), EDGE_SYSCALLS=1 (after the rounds, one
+# more pass per proxy under `perf stat`: system calls, context switches and
+# the main calls per request and per chunk), SLUICE_BIN (a prebuilt binary; default:
 # build bin/sluice), EDGE_BASE_BIN (a second build, target sluice-base, to
 # measure before/after in the same run).
 # Prints one table (medians over rounds) on stdout.
@@ -232,3 +234,32 @@ done
 echo
 echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${EDGE_RAW:-0}" = 1 ]; then for k in light whole stream; do echo "## $k"; cat "$WORK/$k.txt"; done; fi
+# sysstat TARGET ARGS...: one loadloop run under perf stat on the proxy's
+# processes; prints "requests chunks" then perf's CSV lines.
+sysstat() {
+	local t=$1 pids
+	shift
+	pids=$(proxy_pids "$t" | tr ' ' ',')
+	local ev=raw_syscalls:sys_enter,context-switches s
+	for s in read write recvfrom sendto epoll_wait epoll_pwait futex nanosleep; do ev=$ev,syscalls:sys_enter_$s; done
+	perf stat -x, -e "$ev" -p "$pids" -o "$WORK/perf.csv" -- "$WORK/loadloop.bin" -url "$(url_of "$t")" "$@" | awk '{print $1, $6}'
+	grep -v '^#' "$WORK/perf.csv" | grep .
+}
+if [ "${EDGE_SYSCALLS:-0}" = 1 ] && command -v perf >/dev/null; then
+	echo
+	echo "Per request (non-streamed, -c 16) and per chunk (streamed): system calls and context switches of the proxy's processes (perf stat, one pass each)."
+	echo
+	echo "| target | kind | syscalls | context switches | read+recvfrom | write+sendto | epoll waits | futex | nanosleep |"
+	echo "|---|---|---|---|---|---|---|---|---|"
+	for t in $TARGETS; do
+		[ "$t" = direct ] && continue
+		for kind in whole stream; do
+			if [ $kind = whole ]; then out=$(sysstat "$t" -n "$N" -c 16 -body "$SMALL"); else out=$(sysstat "$t" -n "$SN" -c 16 -body "$STREAM" -stream); fi
+			echo "$out" | awk -F, -v t="$t" -v k="$kind" 'NR == 1 { split($0, a, " "); n = (k == "whole") ? a[1] : a[2]; next }
+				{ v = $1; e = $3; sub(/.*sys_enter_?/, "", e); c[e] += v }
+				END { if (n == 0) exit; printf "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t, (k == "whole" ? "per request" : "per chunk"),
+					c[""] / n, c["context-switches"] / n, (c["read"] + c["recvfrom"]) / n, (c["write"] + c["sendto"]) / n,
+					(c["epoll_wait"] + c["epoll_pwait"]) / n, c["futex"] / n, c["nanosleep"] / n }'
+		done
+	done
+fi
