@@ -241,7 +241,7 @@ sysstat() {
 	shift
 	pids=$(proxy_pids "$t" | tr ' ' ',')
 	local ev=raw_syscalls:sys_enter,context-switches s
-	for s in read write recvfrom sendto epoll_wait epoll_pwait futex nanosleep; do ev=$ev,syscalls:sys_enter_$s; done
+	for s in read readv recvfrom recvmsg write writev sendto sendmsg epoll_wait epoll_pwait futex nanosleep; do ev=$ev,syscalls:sys_enter_$s; done
 	perf stat -x, -e "$ev" -p "$pids" -o "$WORK/perf.csv" -- "$WORK/loadloop.bin" -url "$(url_of "$t")" "$@" | awk '{print $1, $6}'
 	grep -v '^#' "$WORK/perf.csv" | grep .
 }
@@ -249,7 +249,7 @@ if [ "${EDGE_SYSCALLS:-0}" = 1 ] && command -v perf >/dev/null; then
 	echo
 	echo "Per request (non-streamed, -c 16) and per chunk (streamed): system calls and context switches of the proxy's processes (perf stat, one pass each)."
 	echo
-	echo "| target | kind | syscalls | context switches | read+recvfrom | write+sendto | epoll waits | futex | nanosleep |"
+	echo "| target | kind | syscalls | context switches | reads | writes | epoll waits | futex | nanosleep |"
 	echo "|---|---|---|---|---|---|---|---|---|"
 	for t in $TARGETS; do
 		[ "$t" = direct ] && continue
@@ -258,7 +258,7 @@ if [ "${EDGE_SYSCALLS:-0}" = 1 ] && command -v perf >/dev/null; then
 			echo "$out" | awk -F, -v t="$t" -v k="$kind" 'NR == 1 { split($0, a, " "); n = (k == "whole") ? a[1] : a[2]; next }
 				{ v = $1; e = $3; sub(/.*sys_enter_?/, "", e); c[e] += v }
 				END { if (n == 0) exit; printf "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t, (k == "whole" ? "per request" : "per chunk"),
-					c[""] / n, c["context-switches"] / n, (c["read"] + c["recvfrom"]) / n, (c["write"] + c["sendto"]) / n,
+					c[""] / n, c["context-switches"] / n, (c["read"] + c["readv"] + c["recvfrom"] + c["recvmsg"]) / n, (c["write"] + c["writev"] + c["sendto"] + c["sendmsg"]) / n,
 					(c["epoll_wait"] + c["epoll_pwait"]) / n, c["futex"] / n, c["nanosleep"] / n }'
 		done
 	done
