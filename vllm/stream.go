@@ -329,7 +329,16 @@ func parseChunk(data []byte, ev *Event, replica string) {
 	usage := -1
 	isErr := false
 	at := usageAt{ok: true, prevEnd: -1, nextStart: -1}
-	_ = eachMember(data, 0, func(m member) bool {
+	var ch choicesScan // the last "choices" array's scan
+	// The choices array is read while its end is found (scanChoices): one
+	// walk of the chunk's bulk, not three (skip, element, members).
+	val := func(m member) (int, error) {
+		if m.valStart < len(data) && data[m.valStart] == '[' && m.keyIs(data, "choices") {
+			return scanChoices(data, m.valStart, &ch)
+		}
+		return skipValueDepth(data, m.valStart, 1)
+	}
+	_ = eachMemberVal(data, 0, val, func(m member) bool {
 		switch {
 		case at.found:
 			if at.nextStart < 0 {
@@ -345,25 +354,13 @@ func parseChunk(data []byte, ev *Event, replica string) {
 			if data[m.valStart] != '[' {
 				return true
 			}
-			first := true
-			_ = eachElement(data, m.valStart, func(start, _ int) bool {
-				first = false
-				if data[start] == '{' {
-					_ = eachMember(data, start, func(cm member) bool {
-						switch {
-						case cm.keyIs(data, "index"):
-							if n, ok := parseInt(data[cm.valStart:cm.valEnd]); ok && n >= 0 && n < maxCount {
-								ev.Choice = int(n)
-							}
-						case cm.keyIs(data, "finish_reason"):
-							ev.Finished = data[cm.valStart] == '"'
-						}
-						return true
-					})
-				}
-				return false
-			})
-			emptyChoices = first
+			if ch.hasIndex {
+				ev.Choice = ch.index
+			}
+			if ch.hasFinish {
+				ev.Finished = ch.finished
+			}
+			emptyChoices = ch.empty
 		case m.keyIs(data, "usage"):
 			if data[m.valStart] == '{' {
 				usage = m.valStart
@@ -391,6 +388,97 @@ func parseChunk(data []byte, ev *Event, replica string) {
 	}
 	ev.Final = emptyChoices && ev.HasUsage
 	ev.at = at
+}
+
+// choicesScan is what scanChoices read of a choices array: its first
+// element's last valid "index" and last "finish_reason", and whether the
+// array is empty.
+type choicesScan struct {
+	index               int
+	hasIndex, hasFinish bool
+	finished, empty     bool
+}
+
+// scanChoices returns the end of the choices array at b[i] == '[', reading
+// its first element's index and finish_reason on the way into cs (reset
+// first). It fails exactly where skipValueDepth(b, i, 1) does: the same
+// nesting depths and the same checks.
+func scanChoices(b []byte, i int, cs *choicesScan) (int, error) {
+	*cs = choicesScan{}
+	j := skipSpace(b, i+1)
+	if j < len(b) && b[j] == ']' {
+		cs.empty = true
+		return j + 1, nil
+	}
+	for first := true; ; first = false {
+		var end int
+		var err error
+		if first && j < len(b) && b[j] == '{' {
+			end, err = scanChoice(b, j, cs)
+		} else {
+			end, err = skipValueDepth(b, j, 2)
+		}
+		if err != nil {
+			return 0, err
+		}
+		j = skipSpace(b, end)
+		if j >= len(b) {
+			return 0, errScan
+		}
+		if b[j] == ']' {
+			return j + 1, nil
+		}
+		if b[j] != ',' {
+			return 0, errScan
+		}
+		j = skipSpace(b, j+1)
+	}
+}
+
+// scanChoice is skipValueDepth(b, i, 2) of the choice object at b[i] that
+// also reads its index and finish_reason.
+func scanChoice(b []byte, i int, cs *choicesScan) (int, error) {
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		m := member{keyStart: i}
+		end, esc, err := skipString(b, i)
+		if err != nil {
+			return 0, err
+		}
+		m.keyEnd, m.keyEsc = end, esc
+		i = skipSpace(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return 0, errScan
+		}
+		i = skipSpace(b, i+1)
+		m.valStart = i
+		end, err = skipValueDepth(b, i, 3)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case m.keyIs(b, "index"):
+			if n, ok := parseInt(b[i:end]); ok && n >= 0 && n < maxCount {
+				cs.index, cs.hasIndex = int(n), true
+			}
+		case m.keyIs(b, "finish_reason"):
+			cs.finished, cs.hasFinish = b[i] == '"', true
+		}
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return 0, errScan
+		}
+		if b[i] == '}' {
+			return i + 1, nil
+		}
+		if b[i] != ',' {
+			return 0, errScan
+		}
+		i = skipSpace(b, i+1)
+	}
 }
 
 func parseUsage(b []byte, at int, u *ChunkUsage) bool {
