@@ -206,6 +206,14 @@ done
 # fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns).
 per() { awk -v t="$2" '$1 == t && $2 > 0 { printf "%.2f\n", '"$3"' }' "$WORK/$1.txt" | median; }
 fails=$(cat "$WORK"/*.txt | awk '{s += $3} END {print s + 0}')
+if [ "$fails" -gt 0 ]; then
+	# Keep the evidence: the work dir (logs, per-round lines) and, on stderr,
+	# which targets failed and the end of each Sluice log.
+	EDGE_KEEP=1
+	cat "$WORK"/light.txt "$WORK"/whole.txt "$WORK"/stream.txt | awk '$3 > 0 { print "edgecpu: failures:", $1, $3, "of", $2 + $3 }' >&2
+	for f in "$WORK"/sluice*.log; do echo "edgecpu: tail of $f:" >&2; tail -20 "$f" >&2; done
+	for p in $SLUICE_PID $BASE_PID; do kill -0 "$p" 2>/dev/null || echo "edgecpu: process $p has exited" >&2; done
+fi
 echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
 echo "|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
