@@ -66,11 +66,19 @@ func (e *Estimator) Observe(input, output int64, gpuMs float64) {
 	sym := (e.p[0][1] + e.p[1][0]) / 2
 	e.p[0][1], e.p[1][0] = sym, sym
 	// Keep the covariance bounded when a direction gets no excitation for
-	// long (forgetting would otherwise blow it up).
+	// long (forgetting would otherwise blow it up), and positive definite:
+	// bounding the diagonal alone left the off-diagonal free to outgrow it
+	// (a run of requests of one shape, such as a stream benchmark), and an
+	// indefinite P drives the coefficients to 1e7 GPU-ms per token, a hold
+	// no request fits (TestEstimatorOneShapeStaysBounded).
 	for i := range 2 {
 		if e.p[i][i] > 1e6 {
 			e.p[i][i] = 1e6
 		}
+	}
+	if lim := 0.99 * math.Sqrt(e.p[0][0]*e.p[1][1]); math.Abs(e.p[0][1]) > lim {
+		e.p[0][1] = math.Copysign(lim, e.p[0][1])
+		e.p[1][0] = e.p[0][1]
 	}
 	e.publishLocked()
 }
