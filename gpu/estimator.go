@@ -55,8 +55,18 @@ func (e *Estimator) Observe(input, output int64, gpuMs float64) {
 	den := e.lambda + x[0]*px[0] + x[1]*px[1]
 	k := [2]float64{px[0] / den, px[1] / den}
 	errv := gpuMs - (e.theta[0]*x[0] + e.theta[1]*x[1])
-	e.theta[0] = max(e.theta[0]+k[0]*errv, 0)
-	e.theta[1] = max(e.theta[1]+k[1]*errv, 0)
+	// Step along k·err only as far as both coefficients stay >= 0. Clamping
+	// each at 0 instead left the other one compensating without bound: the
+	// pair diverged (1e75 GPU-ms per token after 1,500 streams and 3,000
+	// short requests) and every hold overflowed (TestEstimatorOneShapeStaysBounded).
+	step := 1.0
+	for i := range 2 {
+		if d := k[i] * errv; e.theta[i]+d < 0 {
+			step = min(step, e.theta[i]/-d)
+		}
+	}
+	e.theta[0] = max(e.theta[0]+step*k[0]*errv, 0)
+	e.theta[1] = max(e.theta[1]+step*k[1]*errv, 0)
 	// P = (P − k·(P·x)ᵀ) / λ, kept symmetric.
 	for i := range 2 {
 		for j := range 2 {
@@ -66,11 +76,19 @@ func (e *Estimator) Observe(input, output int64, gpuMs float64) {
 	sym := (e.p[0][1] + e.p[1][0]) / 2
 	e.p[0][1], e.p[1][0] = sym, sym
 	// Keep the covariance bounded when a direction gets no excitation for
-	// long (forgetting would otherwise blow it up).
+	// long (forgetting would otherwise blow it up), and positive definite:
+	// bounding the diagonal alone left the off-diagonal free to outgrow it
+	// (a run of requests of one shape, such as a stream benchmark), and an
+	// indefinite P drives the coefficients to 1e7 GPU-ms per token, a hold
+	// no request fits (TestEstimatorOneShapeStaysBounded).
 	for i := range 2 {
 		if e.p[i][i] > 1e6 {
 			e.p[i][i] = 1e6
 		}
+	}
+	if lim := 0.99 * math.Sqrt(e.p[0][0]*e.p[1][1]); math.Abs(e.p[0][1]) > lim {
+		e.p[0][1] = math.Copysign(lim, e.p[0][1])
+		e.p[1][0] = e.p[0][1]
 	}
 	e.publishLocked()
 }

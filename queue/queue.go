@@ -55,6 +55,13 @@ type Request[T any] struct {
 	Deadline time.Time
 	// Payload is handed back untouched with the [Item].
 	Payload T
+	// Deferred: the caller runs a dispatch pass itself right after Enqueue
+	// returns, then calls [Queue.Wake] with the handle. Enqueue then wakes
+	// neither the Ready waiter nor the expiry loop (Run): when the pass
+	// dispatches the entry, as it does whenever there is room, those were
+	// two goroutine wake-ups per arrival for nothing; Wake gives both their
+	// signal when the entry is still queued.
+	Deferred bool
 }
 
 // Item is a queued, dispatched, expired or candidate request.
@@ -162,6 +169,7 @@ type Queue[T any] struct {
 	onExpire func(Item[T])
 	ready    chan struct{}
 	rearm    chan struct{}
+	muted    bool // a Deferred Enqueue holds its signals back (mu held)
 
 	// mu guards everything below: the configuration, tenants and flows,
 	// band heaps, the deadline and park heaps, the node pool, the global
@@ -228,6 +236,9 @@ func tenantSetPidx[T any](t *tenant[T], _ int32, i int) { t.pidx = i }
 func (q *Queue[T]) Ready() <-chan struct{} { return q.ready }
 
 func (q *Queue[T]) signalReady() {
+	if q.muted {
+		return
+	}
 	select {
 	case q.ready <- struct{}{}:
 	default:
@@ -235,6 +246,9 @@ func (q *Queue[T]) signalReady() {
 }
 
 func (q *Queue[T]) signalRearm() {
+	if q.muted {
+		return
+	}
 	select {
 	case q.rearm <- struct{}{}:
 	default:
@@ -296,9 +310,22 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 	n.pay = r.Payload
 	f := q.flowLocked(t, bi)
 	n.f = f
+	q.muted = r.Deferred
 	q.insertLocked(n, nowN, true)
+	q.muted = false
 	t.counters.Enqueued++
 	return q.itemOf(n), nil
+}
+
+// Wake gives a [Request.Deferred] arrival the signals Enqueue held back,
+// if it is still queued (its caller's dispatch pass did not take it).
+func (q *Queue[T]) Wake(h Handle[T]) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if n := h.n; n != nil && n.gen == h.gen && n.state == stateQueued {
+		q.signalRearm()
+		q.signalReady()
+	}
 }
 
 func (q *Queue[T]) boundLocked(t *tenant[T], bytes int64) Bound {

@@ -588,3 +588,55 @@ func TestStandingQueueSheds(t *testing.T) {
 	assert.Equal(t, uint64(3), st.Expired)
 	assert.Equal(t, 2, st.Depth)
 }
+
+// A Deferred arrival wakes neither the Ready waiter nor the expiry loop;
+// Wake signals both only while it is still queued.
+func TestDeferredEnqueueWake(t *testing.T) {
+	t.Parallel()
+	clk := newManualClock()
+	q := newTestQueue(t, Config{ParkBackoff: -1, MaxWait: time.Second, Tenants: tenants("a")}, clk)
+	drain := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	drain(q.Ready())
+	drain(q.rearm)
+
+	// Dispatched by the caller's own pass: no signal at all.
+	it := mustEnqueue(t, q, Request[int]{Tenant: "a", Deferred: true})
+	assert.False(t, drain(q.Ready()), "a deferred enqueue does not signal Ready")
+	assert.False(t, drain(q.rearm), "nor the expiry loop")
+	got := next(t, q, always)
+	assert.Equal(t, it.Handle, got.Handle)
+	q.Wake(it.Handle)
+	assert.False(t, drain(q.Ready()), "dispatched: nothing to wake")
+	assert.False(t, drain(q.rearm))
+	q.Release(got.Handle)
+
+	// Left queued by the caller's pass: Wake gives both signals, and the
+	// entry expires on time.
+	var expired []int
+	q2, err := New[int](Config{ParkBackoff: -1, MaxWait: time.Second, Tenants: tenants("a")},
+		Deps[int]{Clock: clk, OnExpire: func(it Item[int]) { expired = append(expired, it.Payload) }})
+	require.NoError(t, err)
+	drain(q2.Ready())
+	drain(q2.rearm)
+	it = mustEnqueue(t, q2, Request[int]{Tenant: "a", Deferred: true, Payload: 7})
+	_, ok := q2.Next(func(Item[int]) Verdict { return Block })
+	assert.False(t, ok)
+	q2.Wake(it.Handle)
+	assert.True(t, drain(q2.Ready()), "still queued: Ready signalled")
+	assert.True(t, drain(q2.rearm), "and the expiry loop rearmed")
+	clk.Advance(time.Second)
+	_, ok = q2.Tick()
+	assert.False(t, ok)
+	assert.Equal(t, []int{7}, expired)
+
+	// A plain enqueue still signals at once.
+	mustEnqueue(t, q, Request[int]{Tenant: "a"})
+	assert.True(t, drain(q.Ready()))
+}

@@ -25,6 +25,7 @@ type call struct {
 	cancel       context.CancelCauseFunc
 	phase        phase              // see lifecycle.go; owned by the request goroutine
 	stopDeadline context.CancelFunc // nil without a client deadline
+	detached     context.Context    // WithoutCancel(ctx), made by the first ledgerOp
 
 	pol      *policy
 	t        *tenant
@@ -85,6 +86,11 @@ type admission struct {
 	band     int
 	bandSet  bool
 	retry    bool
+	// cancel ends the context admit is given, when the call may own it
+	// (the edge's client context, used by nothing else): without a client
+	// deadline the call then runs on it instead of deriving a second
+	// cancel context (a cancelCtx, a children map, a registration).
+	cancel context.CancelCauseFunc
 }
 
 // start runs a call's request path up to its response (steps 2–7 for a
@@ -180,7 +186,11 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		ctx, stop = context.WithDeadlineCause(ctx, c.deadline, ErrDeadline)
 		c.stopDeadline = stop
 	}
-	c.ctx, c.cancel = context.WithCancelCause(ctx)
+	if c.stopDeadline == nil && a.cancel != nil {
+		c.ctx, c.cancel = ctx, a.cancel
+	} else {
+		c.ctx, c.cancel = context.WithCancelCause(ctx)
+	}
 	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
 	c.idemKey = a.idemKey
 	if err := s.reserve(c, a); err != nil {
@@ -201,6 +211,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	it, err := s.q.Enqueue(queue.Request[*call]{
 		Tenant: t.name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
+		Deferred: !s.loopOnly, // dispatchInline below, then Wake
 	})
 	if err != nil {
 		s.pools.move(c, spotNone)
@@ -213,6 +224,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
 	s.dispatchInline()
+	if !s.loopOnly {
+		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
+	}
 	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
 	s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 		TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -293,10 +307,10 @@ func (s *Server) reserve(c *call, a admission) error {
 			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: s.keyer.GlobalKey(), Limits: c.pol.global})
 		}
 		rr.Scopes = append(rr.Scopes, c.extraScopes...)
-		ctx, cancel := s.ledgerCtx(c.ctx)
+		op := c.ledgerOp()
 		sent := s.now()
-		g, err := s.led.Reserve(ctx, rr)
-		cancel()
+		g, err := s.led.Reserve(op, rr)
+		op.cancel()
 		s.noteLedger("reserve", err)
 		var (
 			d  *ledger.DeniedError
@@ -460,9 +474,9 @@ func (s *Server) release(c *call) {
 	s.leases.untrack(c)
 	ended := phaseReleased
 	defer func() { _ = c.to(ended) }()
-	ctx, cancel := s.ledgerCtx(c.ctx)
-	defer cancel()
-	err := s.led.Release(ctx, c.ref, s.owner)
+	op := c.ledgerOp()
+	defer op.cancel()
+	err := s.led.Release(op, c.ref, s.owner)
 	reason := "released"
 	if cause := context.Cause(c.ctx); cause != nil {
 		reason = cause.Error()
@@ -616,9 +630,9 @@ func (s *Server) markDispatched(c *call) error {
 	if c.outage {
 		return nil // no ledger record; the local concurrency cap applied
 	}
-	ctx, cancel := s.ledgerCtx(c.ctx)
-	defer cancel()
-	err := s.led.MarkDispatched(ctx, c.ref, s.owner)
+	op := c.ledgerOp()
+	defer op.cancel()
+	err := s.led.MarkDispatched(op, c.ref, s.owner)
 	s.noteLedger("dispatch", err)
 	return err
 }
@@ -812,9 +826,9 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.leases.untrack(c)
 	ended := phaseSettled
 	defer func() { _ = c.to(ended) }()
-	ctx, cancel := s.ledgerCtx(c.ctx)
-	st, err := s.led.Settle(ctx, c.ref, actual, src)
-	cancel()
+	op := c.ledgerOp()
+	st, err := s.led.Settle(op, c.ref, actual, src)
+	op.cancel()
 	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.name, RequestID: c.reqID, Source: src.String(),
 		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
 		Reason: c.abortCause}

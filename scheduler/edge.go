@@ -216,6 +216,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 	a.key = key
 	cr := clientReq{t: t, pol: pol, a: a, stopWatch: func() {}}
 	cr.ctx, cr.gone = context.WithCancelCause(e.base)
+	cr.a.cancel = cr.gone // the call's own context unless it has a deadline
 	if e.watch != nil {
 		if stop, err := e.watch.Watch(rc.Conn(), func() { cr.gone(ErrClientGone) }); err == nil {
 			cr.stopWatch = stop
@@ -380,17 +381,44 @@ func (c *call) end() {
 	}
 }
 
-// pump passes the upstream stream to a streaming client chunk by chunk
-// (each Write is flushed: sseBody), then settles. A failed write is a
-// client disconnect. It returns the bytes written and the write error.
+// pump passes the upstream stream to a streaming client, then settles.
+// Events already in the stream's read buffer are written together, in one
+// write (one HTTP chunk, flushed: sseBody) made just before the stream
+// reads the replica again (Stream.BeforeRead), so no event waits on the
+// replica; under load, when several events arrive in one read, that is one
+// client write per upstream read instead of one per event. A failed write
+// is a client disconnect. It returns the bytes written and the write error.
 func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 	s := e.s
-	var buf []byte
+	var buf []byte // shaped events not yet written
 	first := true
 	shaper := vllm.NewShaper(c.req)
+	flush := func() {
+		if len(buf) == 0 || werr != nil {
+			return
+		}
+		n, err := w.Write(buf)
+		written += int64(n)
+		buf = buf[:0]
+		if err != nil {
+			werr = err
+			c.cancel(ErrClientGone) // closes upstream: the read after this returns
+		}
+	}
+	c.stream.BeforeRead(flush)
+	defer c.stream.BeforeRead(nil)
 
 	for {
 		ev, err := c.stream.Next()
+		if err != nil {
+			flush() // what was read goes out before the end or the error event
+		}
+		if werr != nil {
+			c.cancel(ErrClientGone)
+			s.finish(c, ErrClientGone)
+			s.m.count(c.t.name, outcomeCancelled, nil)
+			return written, werr
+		}
 		if errors.Is(err, io.EOF) {
 			if ref := c.stream.Refused(); ref != nil {
 				// vLLM refused it after the headers: an error, uncharged.
@@ -422,7 +450,7 @@ func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 			c.wf.countToolCalls(toolCallsIn(ev.Data))
 		}
 		var ok bool
-		buf, ok = shaper.Shape(buf[:0], ev)
+		buf, ok = shaper.Shape(buf, ev)
 		if !ok {
 			continue
 		}
@@ -430,17 +458,14 @@ func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 			first = false
 			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
-		n, err := w.Write(buf)
-		written += int64(n)
-		if err == nil {
-			continue
+		if len(buf) >= maxCoalesce {
+			flush()
 		}
-		c.cancel(ErrClientGone)
-		s.finish(c, ErrClientGone)
-		s.m.count(c.t.name, outcomeCancelled, nil)
-		return written, err
 	}
 }
+
+// maxCoalesce bounds the events pump holds for one write.
+const maxCoalesce = 32 << 10
 
 // sseError renders a mid-stream refusal as vLLM does: an error event, then
 // [DONE].

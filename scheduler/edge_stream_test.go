@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -93,4 +94,121 @@ func TestSSEBodyReadFallback(t *testing.T) {
 	assert.Equal(t, 1, *ended)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, "client_disconnect", c.abortCause)
+}
+
+// writeLog records each Write the pump makes (one HTTP chunk each) and
+// hands it to the test.
+type writeLog struct {
+	writes chan string
+	fail   error
+}
+
+func (w *writeLog) Write(p []byte) (int, error) {
+	if w.fail != nil {
+		return 0, w.fail
+	}
+	w.writes <- string(p)
+	return len(p), nil
+}
+
+// Events that arrived in one upstream read go to the client in one write:
+// the 3 content chunks, the finish chunk and [DONE], exactly as the
+// per-event writes carried them.
+func TestPumpCoalescesEventsOfOneRead(t *testing.T) {
+	_, led, c, b, _ := streamedCall(t, &fakeUpstream{out: 3})
+	w := &writeLog{writes: make(chan string, 16)}
+	n, err := b.WriteTo(w)
+	require.NoError(t, err)
+	close(w.writes)
+	var got []string
+	for p := range w.writes {
+		got = append(got, p)
+	}
+	require.Len(t, got, 1, "one upstream read, one client write")
+	assert.Equal(t, int64(len(got[0])), n)
+	assert.Equal(t, 5, strings.Count(got[0], "data: "))
+	assert.True(t, strings.HasSuffix(got[0], "data: [DONE]\n\n"))
+	assert.Equal(t, 1, led.n("settle"))
+	require.NoError(t, b.Close())
+	assert.Equal(t, phaseSettled, c.phase)
+}
+
+// pipeUpstream streams what the test writes to its pipe, one event at a
+// time.
+type pipeUpstream struct {
+	fakeUpstream
+	pr *io.PipeReader
+}
+
+func (u *pipeUpstream) Stream(context.Context, string, string, []byte, string) (*vllm.Stream, error) {
+	return vllm.NewStream(u.pr, "r0", 0), nil
+}
+
+// No event waits on the replica: each one is written to the client before
+// the pump reads the upstream connection again, so the client has event k
+// while the replica has not yet sent event k+1.
+func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
+	pr, pw := io.Pipe()
+	up := &pipeUpstream{pr: pr}
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	pol := s.pol.Load()
+	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
+	require.NoError(t, err)
+	b := &sseBody{e: &Edge{s: s}, c: c, end: c.end}
+	w := &writeLog{writes: make(chan string, 16)}
+	done := make(chan error, 1)
+	go func() { _, err := b.WriteTo(w); done <- err }()
+
+	events := strings.SplitAfter(sseCompletion(2), "\n\n")
+	events = events[:len(events)-1] // SplitAfter's empty tail
+	require.Len(t, events, 5)
+	next := func() string {
+		t.Helper()
+		select {
+		case p := <-w.writes:
+			return p
+		case <-time.After(10 * time.Second):
+			t.Fatal("the pump held an event while waiting on the replica")
+			return ""
+		}
+	}
+	for i, ev := range events[:2] { // two content chunks, one at a time
+		_, err := io.WriteString(pw, ev)
+		require.NoError(t, err)
+		p := next()
+		assert.Equal(t, 1, strings.Count(p, "data: "), "event %d alone", i)
+		assert.Contains(t, p, `"content":"x"`)
+	}
+	// The finish chunk, the usage chunk and [DONE] in one read: one write
+	// (the usage chunk stripped for this client).
+	_, err = io.WriteString(pw, events[2]+events[3]+events[4])
+	require.NoError(t, err)
+	p := next()
+	assert.Equal(t, 2, strings.Count(p, "data: "), p)
+	assert.True(t, strings.HasSuffix(p, "data: [DONE]\n\n"))
+	require.NoError(t, pw.Close())
+	require.NoError(t, <-done)
+	assert.Equal(t, 1, led.n("settle"))
+	require.NoError(t, b.Close())
+	assert.Empty(t, w.writes)
+}
+
+// A write that fails in the coalesced path is a client disconnect: the
+// call is cancelled (its upstream closed), settled once, not written to
+// again.
+func TestPumpFailedCoalescedWriteIsDisconnect(t *testing.T) {
+	_, led, c, b, _ := streamedCall(t, &fakeUpstream{out: 3})
+	w := &writeLog{writes: make(chan string, 16), fail: io.ErrClosedPipe}
+	_, err := b.WriteTo(w)
+	require.ErrorIs(t, err, io.ErrClosedPipe)
+	assert.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	assert.Equal(t, 1, led.n("settle"))
+	require.NoError(t, b.Close())
+	assert.Equal(t, 1, led.n("settle"))
+	assert.Empty(t, w.writes)
 }

@@ -33,6 +33,17 @@ func newOpCtx(parent context.Context, d time.Duration) (*opCtx, context.CancelFu
 	return c, c.cancel
 }
 
+// ledgerOp bounds one of the call's ledger calls, which must finish even
+// when the client left; end it with cancel. The call's WithoutCancel is made
+// once for its three or four ledger calls, and no cancel closure is made:
+// two allocations fewer per call than newOpCtx.
+func (c *call) ledgerOp() *opCtx {
+	if c.detached == nil {
+		c.detached = context.WithoutCancel(c.ctx)
+	}
+	return &opCtx{parent: c.detached, deadline: time.Now().Add(ledgerOpTimeout)}
+}
+
 func (c *opCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func (c *opCtx) Done() <-chan struct{} {
@@ -54,7 +65,7 @@ func (c *opCtx) Err() error {
 	if c.canceled.Load() {
 		return context.Canceled
 	}
-	if !time.Now().Before(c.deadline) {
+	if time.Until(c.deadline) <= 0 { // the monotonic clock alone: one clock read, not two
 		return context.DeadlineExceeded
 	}
 	return nil

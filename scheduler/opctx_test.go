@@ -111,4 +111,15 @@ func BenchmarkLedgerCtx(b *testing.B) {
 			stop()
 		}
 	})
+	// A call's ledger operation as the embedded ledger sees it: made, asked
+	// Err twice (before and under its lock), ended.
+	b.Run("ledgerOp", func(b *testing.B) {
+		c := &call{ctx: parent}
+		b.ReportAllocs()
+		for b.Loop() {
+			op := c.ledgerOp()
+			_, _ = op.Err(), op.Err()
+			op.cancel()
+		}
+	})
 }

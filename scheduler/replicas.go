@@ -141,7 +141,8 @@ func (s *replicaSet) serves(r *replica, model string, known bool) bool {
 	return slices.Contains(ms, model)
 }
 
-// pool returns the replicas serving model, in config order.
+// pool returns the replicas serving model, in config order. It allocates:
+// the per-request checks loop over s.reps with serves instead.
 func (s *replicaSet) pool(model string) []*replica {
 	known := s.anyKnown()
 	out := make([]*replica, 0, len(s.reps))
@@ -268,14 +269,24 @@ func (s *replicaSet) anyUp() bool {
 
 // anyUpFor reports whether some replica serving model can take work.
 func (s *replicaSet) anyUpFor(model string) bool {
-	return slices.ContainsFunc(s.pool(model), s.up)
+	known := s.anyKnown()
+	for _, r := range s.reps {
+		if s.serves(r, model, known) && s.up(r) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxCapacity is the largest K_r among replicas serving model that can
 // take work; 0 when none is known yet.
 func (s *replicaSet) maxCapacity(model string) int64 {
 	var m int64
-	for _, r := range s.pool(model) {
+	known := s.anyKnown()
+	for _, r := range s.reps {
+		if !s.serves(r, model, known) {
+			continue
+		}
 		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > m {
 			m = k
 		}
@@ -287,7 +298,11 @@ func (s *replicaSet) maxCapacity(model string) int64 {
 // model (0 when unknown): a request must fit wherever it lands.
 func (s *replicaSet) maxModelLen(model string) int64 {
 	var m int64
-	for _, r := range s.pool(model) {
+	known := s.anyKnown()
+	for _, r := range s.reps {
+		if !s.serves(r, model, known) {
+			continue
+		}
 		if v := r.maxModelLen.Load(); v > 0 && (m == 0 || v < m) {
 			m = v
 		}
@@ -301,7 +316,7 @@ func (s *replicaSet) maxModelLen(model string) int64 {
 // a replica or gets 503, not a 404 that a moment later would be wrong. A
 // replica that is down and has no models in config serves nothing.
 func (s *replicaSet) knowsModel(model string) bool {
-	if !s.anyKnown() || len(s.pool(model)) > 0 {
+	if !s.anyKnown() || slices.ContainsFunc(s.reps, func(r *replica) bool { return s.serves(r, model, true) }) {
 		return true
 	}
 	return slices.ContainsFunc(s.reps, func(r *replica) bool { return len(r.served()) == 0 && s.up(r) })
@@ -347,7 +362,11 @@ func (s *replicaSet) models() []modelEntry {
 func (s *replicaSet) gpuHold(mon *gpu.Monitor, model string, in, out int64) int64 {
 	var a, b float64
 	found := false
-	for _, r := range s.pool(model) {
+	known := s.anyKnown()
+	for _, r := range s.reps {
+		if !s.serves(r, model, known) {
+			continue
+		}
 		if est := mon.Estimator(r.name); est != nil {
 			ra, rb := est.Coefficients()
 			a, b, found = max(a, ra), max(b, rb), true

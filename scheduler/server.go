@@ -439,11 +439,6 @@ func (s *Server) signal(ch chan struct{}) {
 	}
 }
 
-// ledgerCtx bounds a ledger call that must finish even when the client left.
-func (s *Server) ledgerCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return newOpCtx(ctx, ledgerOpTimeout) // opctx.go: WithTimeout(WithoutCancel(ctx)), lazily
-}
-
 // noteLedger records a ledger call's error class for metrics and /readyz.
 func (s *Server) noteLedger(op string, err error) {
 	switch {

@@ -12,7 +12,9 @@
 # threads; ns resolution, utime+stime in effect), not wall time: steadier on
 # a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
 # EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
-# EDGE_RAW=1 (print every round), SLUICE_BIN (a prebuilt binary; default:
+# EDGE_RAW=1 (print every round), EDGE_SYSCALLS=1 (after the rounds, one
+# more pass per proxy under `perf stat`: system calls, context switches and
+# the main calls per request and per chunk), SLUICE_BIN (a prebuilt binary; default:
 # build bin/sluice), EDGE_BASE_BIN (a second build, target sluice-base, to
 # measure before/after in the same run).
 # Prints one table (medians over rounds) on stdout.
@@ -204,6 +206,14 @@ done
 # fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns).
 per() { awk -v t="$2" '$1 == t && $2 > 0 { printf "%.2f\n", '"$3"' }' "$WORK/$1.txt" | median; }
 fails=$(cat "$WORK"/*.txt | awk '{s += $3} END {print s + 0}')
+if [ "$fails" -gt 0 ]; then
+	# Keep the evidence: the work dir (logs, per-round lines) and, on stderr,
+	# which targets failed and the end of each Sluice log.
+	EDGE_KEEP=1
+	cat "$WORK"/light.txt "$WORK"/whole.txt "$WORK"/stream.txt | awk '$3 > 0 { print "edgecpu: failures:", $1, $3, "of", $2 + $3 }' >&2
+	for f in "$WORK"/sluice*.log; do echo "edgecpu: tail of $f:" >&2; tail -20 "$f" >&2; done
+	for p in $SLUICE_PID $BASE_PID; do kill -0 "$p" 2>/dev/null || echo "edgecpu: process $p has exited" >&2; done
+fi
 echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
 echo "|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
@@ -232,3 +242,32 @@ done
 echo
 echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${EDGE_RAW:-0}" = 1 ]; then for k in light whole stream; do echo "## $k"; cat "$WORK/$k.txt"; done; fi
+# sysstat TARGET ARGS...: one loadloop run under perf stat on the proxy's
+# processes; prints "requests chunks" then perf's CSV lines.
+sysstat() {
+	local t=$1 pids
+	shift
+	pids=$(proxy_pids "$t" | tr ' ' ',')
+	local ev=raw_syscalls:sys_enter,context-switches s
+	for s in read readv recvfrom recvmsg write writev sendto sendmsg epoll_wait epoll_pwait futex nanosleep; do ev=$ev,syscalls:sys_enter_$s; done
+	perf stat -x, -e "$ev" -p "$pids" -o "$WORK/perf.csv" -- "$WORK/loadloop.bin" -url "$(url_of "$t")" "$@" | awk '{print $1, $6}'
+	grep -v '^#' "$WORK/perf.csv" | grep .
+}
+if [ "${EDGE_SYSCALLS:-0}" = 1 ] && command -v perf >/dev/null; then
+	echo
+	echo "Per request (non-streamed, -c 16) and per chunk (streamed): system calls and context switches of the proxy's processes (perf stat, one pass each)."
+	echo
+	echo "| target | kind | syscalls | context switches | reads | writes | epoll waits | futex | nanosleep |"
+	echo "|---|---|---|---|---|---|---|---|---|"
+	for t in $TARGETS; do
+		[ "$t" = direct ] && continue
+		for kind in whole stream; do
+			if [ $kind = whole ]; then out=$(sysstat "$t" -n "$N" -c 16 -body "$SMALL"); else out=$(sysstat "$t" -n "$SN" -c 16 -body "$STREAM" -stream); fi
+			echo "$out" | awk -F, -v t="$t" -v k="$kind" 'NR == 1 { split($0, a, " "); n = (k == "whole") ? a[1] : a[2]; next }
+				{ v = $1; e = $3; sub(/.*sys_enter_?/, "", e); c[e] += v }
+				END { if (n == 0) exit; printf "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t, (k == "whole" ? "per request" : "per chunk"),
+					c[""] / n, c["context-switches"] / n, (c["read"] + c["readv"] + c["recvfrom"] + c["recvmsg"]) / n, (c["write"] + c["writev"] + c["sendto"] + c["sendmsg"]) / n,
+					(c["epoll_wait"] + c["epoll_pwait"]) / n, c["futex"] / n, c["nanosleep"] / n }'
+		done
+	done
+fi

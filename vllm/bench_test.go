@@ -161,3 +161,20 @@ func mustRead(path string) []byte {
 	}
 	return b
 }
+
+// BenchmarkStreamShape is a streamed chunk's whole JSON work for a client
+// that did not ask for usage: Next (framing, usage) then ShapeChunk.
+func BenchmarkStreamShape(b *testing.B) {
+	s := NewStream(io.NopCloser(&loopReader{chunk: []byte(benchChunk)}), "r", 0)
+	r := mustParse(b, EndpointChat, `{"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchChunk)))
+	for b.Loop() {
+		ev, err := s.Next()
+		if err != nil || !ev.HasUsage {
+			b.Fatal(err)
+		}
+		buf, _ = ShapeChunk(buf[:0], ev, r)
+	}
+}

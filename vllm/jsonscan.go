@@ -133,6 +133,13 @@ type member struct {
 // eachMember calls fn for every member of the object that starts at b[i]
 // (after optional whitespace). fn returns false to stop early.
 func eachMember(b []byte, i int, fn func(m member) bool) error {
+	return eachMemberVal(b, i, nil, fn)
+}
+
+// eachMemberVal is eachMember where val, when not nil, finds the end of a
+// member's value (m.valEnd is not set yet) in place of skipping it, so that
+// one pass both reads a value and finds its end.
+func eachMemberVal(b []byte, i int, val func(m member) (int, error), fn func(m member) bool) error {
 	i = skipSpace(b, i)
 	if i >= len(b) || b[i] != '{' {
 		return errScan
@@ -155,7 +162,11 @@ func eachMember(b []byte, i int, fn func(m member) bool) error {
 		}
 		i = skipSpace(b, i+1)
 		m.valStart = i
-		end, err = skipValueDepth(b, i, 1)
+		if val != nil {
+			end, err = val(m)
+		} else {
+			end, err = skipValueDepth(b, i, 1)
+		}
 		if err != nil {
 			return err
 		}

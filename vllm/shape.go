@@ -35,25 +35,15 @@ func ShapeChunk(dst []byte, ev Event, r *Request) ([]byte, bool) {
 		return append(dst, ev.Raw...), true
 	}
 	d := ev.Data
-	var um member
-	found := false
-	prevEnd := -1 // end of the member before usage
-	nextStart := -1
-	_ = eachMember(d, 0, func(m member) bool {
-		if found {
-			nextStart = m.keyStart
-			return false
-		}
-		if m.keyIs(d, "usage") {
-			um, found = m, true
-			return true
-		}
-		prevEnd = m.valEnd
-		return true
-	})
-	if !found {
+	at := ev.at // parseChunk's scan (one JSON pass per chunk)
+	if !at.ok {
+		at = findUsage(d)
+	}
+	if !at.found {
 		return append(dst, ev.Raw...), true
 	}
+	um := member{keyStart: at.keyStart, valStart: at.valStart, valEnd: at.valEnd}
+	prevEnd, nextStart := at.prevEnd, at.nextStart
 	dst = append(dst, "data: "...)
 	if r.Endpoint == EndpointCompletions {
 		dst = append(dst, d[:um.valStart]...)
@@ -73,6 +63,25 @@ func ShapeChunk(dst []byte, ev Event, r *Request) ([]byte, bool) {
 		}
 	}
 	return append(dst, "\n\n"...), true
+}
+
+// findUsage scans d for its first top-level "usage" member (for an Event
+// that parseChunk did not fill in).
+func findUsage(d []byte) usageAt {
+	at := usageAt{ok: true, prevEnd: -1, nextStart: -1}
+	_ = eachMember(d, 0, func(m member) bool {
+		if at.found {
+			at.nextStart = m.keyStart
+			return false
+		}
+		if m.keyIs(d, "usage") {
+			at.found, at.keyStart, at.valStart, at.valEnd = true, m.keyStart, m.valStart, m.valEnd
+			return true
+		}
+		at.prevEnd = m.valEnd
+		return true
+	})
+	return at
 }
 
 // Assembler rebuilds vLLM's non-streamed response body (chat.completion or

@@ -199,3 +199,38 @@ func TestWriteJSONStringMatchesPydantic(t *testing.T) {
 	writeJSONString(&b, "a\"b\\c\n\x01<é>&")
 	assert.Equal(t, `"a\"b\\c\n\u0001<é>&"`, b.String())
 }
+
+// FuzzShapeOnePass: ShapeChunk with parseChunk's usage geometry (one JSON
+// pass per chunk) writes exactly what it writes when it scans the chunk
+// itself, for chat and completions, on well-formed and malformed chunks.
+func FuzzShapeOnePass(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"x","choices":[{"index":0,"text":"a","finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
+		`{"usage":{"prompt_tokens":3,"completion_tokens":1},"id":"x","choices":[]}`,
+		`{"usage":{"prompt_tokens":3,"completion_tokens":1}}`,
+		`{ "a" : 1 , "usage" : {"prompt_tokens":3,"completion_tokens":2} , "b" : [1,{"c":"}"}] }`,
+		`{"usage":{"prompt_tokens":1,"completion_tokens":1},"usage":{"prompt_tokens":9,"completion_tokens":9},"z":0}`,
+		`{"a":"\"usage\"","usage":{"prompt_tokens":5,"completion_tokens":1},"b":`,
+		`{"usage":{"prompt_tokens":5,"completion_tokens":1}, garbage`,
+		`{"u\u0073age":{"prompt_tokens":5,"completion_tokens":1},"x":1}`,
+	} {
+		f.Add(uint8(1), s)
+		f.Add(uint8(2), s)
+	}
+	f.Fuzz(func(t *testing.T, ep uint8, data string) {
+		e := Endpoint(ep%2 + 1)
+		r := &Request{Endpoint: e, Stream: true}
+		ev := Event{Raw: []byte("data: " + data + "\n\n"), Data: []byte(data)}
+		parseChunk(ev.Data, &ev, "r")
+		if !ev.at.ok {
+			t.Fatal("parseChunk left no usage geometry")
+		}
+		scanned := ev
+		scanned.at = usageAt{}
+		got, gotOK := ShapeChunk(nil, ev, r)
+		want, wantOK := ShapeChunk(nil, scanned, r)
+		if gotOK != wantOK || string(got) != string(want) {
+			t.Fatalf("one pass %q (%v), own scan %q (%v)", got, gotOK, want, wantOK)
+		}
+	})
+}

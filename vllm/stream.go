@@ -47,6 +47,21 @@ type Event struct {
 	// whole JSON body, which a non-streaming client gets unchanged, and
 	// Usage its usage (Final).
 	Whole bool
+
+	// at is where the chunk's first "usage" member lies in Data, found by
+	// parseChunk's scan so that ShapeChunk need not scan the chunk again.
+	at usageAt
+}
+
+// usageAt locates a chunk's first top-level "usage" member: its key and
+// value, the end of the member before it (-1: none) and the start of the
+// member after it (-1: none). ok reports that a scan filled it in (an Event
+// built by hand has none: ShapeChunk scans).
+type usageAt struct {
+	ok, found          bool
+	keyStart, valEnd   int
+	valStart           int
+	prevEnd, nextStart int
 }
 
 // Usage is what a stream has reported so far.
@@ -115,7 +130,32 @@ type Stream struct {
 	// refused is an error event that came before any chunk: the engine
 	// refused the request when it added it (VLLM.md §1.5), so nothing ran.
 	refused *UpstreamError
+
+	// src is what br reads: body, with the BeforeRead hook.
+	src hookReader
 }
+
+// hookReader calls before ahead of every read of r: the read buffer is
+// empty (or holds part of an event), so the next read may block.
+type hookReader struct {
+	r      io.Reader
+	before func()
+}
+
+func (h *hookReader) Read(p []byte) (int, error) {
+	if h.before != nil {
+		h.before()
+	}
+	return h.r.Read(p)
+}
+
+// BeforeRead sets f (nil: none) to be called before each read of the
+// upstream connection, that is, whenever no whole event is left in the
+// stream's read buffer. A streaming client's writer coalesces the events
+// already read and writes them there (one write per read, not per event),
+// which never delays an event: its bytes go out before Sluice waits on the
+// replica again.
+func (s *Stream) BeforeRead(f func()) { s.src.before = f }
 
 // NewStream reads SSE from body, attributing errors to replica. maxEventBytes
 // ≤ 0 means the default (1 MiB). It is exported for fakes in other packages'
@@ -124,18 +164,20 @@ func NewStream(body io.ReadCloser, replica string, maxEventBytes int) *Stream {
 	if maxEventBytes <= 0 {
 		maxEventBytes = defaultMaxEventBytes
 	}
-	br, _ := readerPool.Get().(*bufio.Reader)
-	if br == nil {
-		br = bufio.NewReaderSize(body, streamReadBuf)
-	} else {
-		br.Reset(body)
-	}
-	return &Stream{
+	s := &Stream{
 		replica:  replica,
 		body:     body,
-		br:       br,
 		maxEvent: maxEventBytes,
+		src:      hookReader{r: body},
 	}
+	br, _ := readerPool.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(&s.src, streamReadBuf)
+	} else {
+		br.Reset(&s.src)
+	}
+	s.br = br
+	return s
 }
 
 // newWholeStream wraps a non-streamed 200 response body: Next returns it
@@ -286,31 +328,39 @@ func parseChunk(data []byte, ev *Event, replica string) {
 	emptyChoices := false
 	usage := -1
 	isErr := false
-	_ = eachMember(data, 0, func(m member) bool {
+	at := usageAt{ok: true, prevEnd: -1, nextStart: -1}
+	var ch choicesScan // the last "choices" array's scan
+	// The choices array is read while its end is found (scanChoices): one
+	// walk of the chunk's bulk, not three (skip, element, members).
+	val := func(m member) (int, error) {
+		if m.valStart < len(data) && data[m.valStart] == '[' && m.keyIs(data, "choices") {
+			return scanChoices(data, m.valStart, &ch)
+		}
+		return skipValueDepth(data, m.valStart, 1)
+	}
+	_ = eachMemberVal(data, 0, val, func(m member) bool {
+		switch {
+		case at.found:
+			if at.nextStart < 0 {
+				at.nextStart = m.keyStart
+			}
+		case m.keyIs(data, "usage"):
+			at.found, at.keyStart, at.valStart, at.valEnd = true, m.keyStart, m.valStart, m.valEnd
+		default:
+			at.prevEnd = m.valEnd
+		}
 		switch {
 		case m.keyIs(data, "choices"):
 			if data[m.valStart] != '[' {
 				return true
 			}
-			first := true
-			_ = eachElement(data, m.valStart, func(start, _ int) bool {
-				first = false
-				if data[start] == '{' {
-					_ = eachMember(data, start, func(cm member) bool {
-						switch {
-						case cm.keyIs(data, "index"):
-							if n, ok := parseInt(data[cm.valStart:cm.valEnd]); ok && n >= 0 && n < maxCount {
-								ev.Choice = int(n)
-							}
-						case cm.keyIs(data, "finish_reason"):
-							ev.Finished = data[cm.valStart] == '"'
-						}
-						return true
-					})
-				}
-				return false
-			})
-			emptyChoices = first
+			if ch.hasIndex {
+				ev.Choice = ch.index
+			}
+			if ch.hasFinish {
+				ev.Finished = ch.finished
+			}
+			emptyChoices = ch.empty
 		case m.keyIs(data, "usage"):
 			if data[m.valStart] == '{' {
 				usage = m.valStart
@@ -337,6 +387,98 @@ func parseChunk(data []byte, ev *Event, replica string) {
 		ev.HasUsage = parseUsage(data, usage, &ev.Usage)
 	}
 	ev.Final = emptyChoices && ev.HasUsage
+	ev.at = at
+}
+
+// choicesScan is what scanChoices read of a choices array: its first
+// element's last valid "index" and last "finish_reason", and whether the
+// array is empty.
+type choicesScan struct {
+	index               int
+	hasIndex, hasFinish bool
+	finished, empty     bool
+}
+
+// scanChoices returns the end of the choices array at b[i] == '[', reading
+// its first element's index and finish_reason on the way into cs (reset
+// first). It fails exactly where skipValueDepth(b, i, 1) does: the same
+// nesting depths and the same checks.
+func scanChoices(b []byte, i int, cs *choicesScan) (int, error) {
+	*cs = choicesScan{}
+	j := skipSpace(b, i+1)
+	if j < len(b) && b[j] == ']' {
+		cs.empty = true
+		return j + 1, nil
+	}
+	for first := true; ; first = false {
+		var end int
+		var err error
+		if first && j < len(b) && b[j] == '{' {
+			end, err = scanChoice(b, j, cs)
+		} else {
+			end, err = skipValueDepth(b, j, 2)
+		}
+		if err != nil {
+			return 0, err
+		}
+		j = skipSpace(b, end)
+		if j >= len(b) {
+			return 0, errScan
+		}
+		if b[j] == ']' {
+			return j + 1, nil
+		}
+		if b[j] != ',' {
+			return 0, errScan
+		}
+		j = skipSpace(b, j+1)
+	}
+}
+
+// scanChoice is skipValueDepth(b, i, 2) of the choice object at b[i] that
+// also reads its index and finish_reason.
+func scanChoice(b []byte, i int, cs *choicesScan) (int, error) {
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		m := member{keyStart: i}
+		end, esc, err := skipString(b, i)
+		if err != nil {
+			return 0, err
+		}
+		m.keyEnd, m.keyEsc = end, esc
+		i = skipSpace(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return 0, errScan
+		}
+		i = skipSpace(b, i+1)
+		m.valStart = i
+		end, err = skipValueDepth(b, i, 3)
+		if err != nil {
+			return 0, err
+		}
+		switch {
+		case m.keyIs(b, "index"):
+			if n, ok := parseInt(b[i:end]); ok && n >= 0 && n < maxCount {
+				cs.index, cs.hasIndex = int(n), true
+			}
+		case m.keyIs(b, "finish_reason"):
+			cs.finished, cs.hasFinish = b[i] == '"', true
+		}
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return 0, errScan
+		}
+		if b[i] == '}' {
+			return i + 1, nil
+		}
+		if b[i] != ',' {
+			return 0, errScan
+		}
+		i = skipSpace(b, i+1)
+	}
 }
 
 func parseUsage(b []byte, at int, u *ChunkUsage) bool {
@@ -575,6 +717,7 @@ func (s *Stream) Close() error {
 	if s.body == nil {
 		return nil
 	}
+	s.src.before = nil // the drain below is no client's read
 	if s.done && s.br != nil {
 		var t *time.Timer
 		if s.cancel != nil {

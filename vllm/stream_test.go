@@ -217,3 +217,30 @@ func TestStreamSettle(t *testing.T) {
 		})
 	}
 }
+
+// BeforeRead runs before each read of the connection, never between events
+// that one read brought: two events in one read, one call.
+func TestStreamBeforeReadOncePerRead(t *testing.T) {
+	pr, pw := io.Pipe()
+	s := NewStream(pr, "r", 0)
+	defer s.Close()
+	calls := 0
+	s.BeforeRead(func() { calls++ })
+	go func() {
+		_, _ = io.WriteString(pw, "data: {\"choices\":[]}\n\ndata: {\"choices\":[]}\n\n")
+		_, _ = io.WriteString(pw, "data: [DONE]\n\n")
+		_ = pw.Close()
+	}()
+	for i := range 2 {
+		_, err := s.Next()
+		require.NoError(t, err)
+		assert.Equal(t, 1, calls, "event %d came from the first read", i)
+	}
+	ev, err := s.Next()
+	require.NoError(t, err)
+	assert.True(t, ev.Done)
+	assert.Equal(t, 2, calls)
+	_, err = s.Next()
+	assert.ErrorIs(t, err, io.EOF)
+	assert.Equal(t, 2, calls, "[DONE] ends the stream without a read")
+}

@@ -10,6 +10,7 @@ import (
 )
 
 func main() {
+	tuneRuntime(os.Args[1:]) // sysmon_linux.go: may re-execute serve
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
