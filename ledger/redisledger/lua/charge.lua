@@ -26,7 +26,7 @@ if at > now then at = now end
 -- Validate every counter before any write.
 local plan = {}
 for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+  if not load_scope(sc, Z0) then return {'CORRUPT', epoch, 'scope'} end
   for _, l in ipairs(sc.lims) do
     local idx = window_of(now, l.w)
     if l.widx > idx then return {'CORRUPT', epoch, 'window'} end
@@ -71,8 +71,8 @@ for _, sc in ipairs(scopes) do
   end
 end
 table.sort(wi)
-if why == 'aged' then redis.call('DEL', KEYS[4]) end
-finalize(now, S_SETTLED, nil, 'o', '', 'dg', ARGV[9], 'le', now, 'h', '', 'a', ARGV[6], 'src', 'outage',
-  'sp', ARGV[7], 'wi', table.concat(wi, ','), 'sl', 0, 'at', at, 'ls', 0)
+-- (SET replaces an aged tombstone whole.)
+finalize(now, S_SETTLED, nil, {o = '', dg = ARGV[9], le = now, h_s = '', a_s = ARGV[6], src = 'outage',
+  sp = ARGV[7], wi_s = table.concat(wi, ','), sl = 0, at = at, ls = 0, g = ''})
 touch(now)
 return {'OK', epoch, now, at, over}

@@ -9,12 +9,11 @@
 -- scripts.go puts before this prelude, so no script hardcodes the dimensions.
 -- WD lists the windowed dimensions (every one but SLOTS), RF and OF their
 -- r:<d> and o:<d> field names.
-local WD, RF, OF, OFL = {}, {}, {}, {} -- OFL: the o:<d> names as a list
+local WD, RF, OF = {}, {}, {}
 for d = 0, NDIMS - 1 do
   if d ~= SLOTS then
     WD[#WD + 1] = d
     RF[d], OF[d] = 'r:' .. d, 'o:' .. d
-    OFL[#WD] = OF[d]
   end
 end
 local MAXC = 9007199254740991 -- 2^53-1, the largest counter
@@ -23,7 +22,6 @@ local MAXA = 1125899906842624 -- 2^50, the largest amount or limit
 local S_RESERVED, S_DISPATCHED, S_SETTLED, S_RELEASED = 1, 2, 3, 4
 local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
 local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
-local SS = {'1', '2', '3', '4', '5', '6', '7', '8'} -- states as stored
 
 local find, gmatch, match, sub, byte = string.find, string.gmatch, string.match, string.sub, string.byte
 local fmt, rcall, tinsert = string.format, redis.call, table.insert
@@ -112,7 +110,8 @@ end
 local SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0
 
 -- parse_amounts parses n comma-separated amounts in 0..2^50, indexed from
--- 0; a.s[d] keeps each one's canonical text. Tables come presized (ZA, ZS:
+-- 0; a.s[d] keeps each one's canonical text, a.nz lists the windowed
+-- dimensions with an amount above 0 and a.m is their bit mask. Tables come presized (ZA, ZS:
 -- scripts.go writes them for ledger.NumDims): growing a table key by key
 -- costs a rehash per power of two, and rehashing was ~12 % of the
 -- instructions.
@@ -132,10 +131,22 @@ local function parse_amounts(s)
     a[n], t[n] = v, f
     n = n + 1
   end
-  a.n, a.s = n, t
+  local nz, m = {}, 0
+  for _, d in ipairs(WD) do
+    if a[d] > 0 then
+      nz[#nz + 1] = d
+      m = m + 2 ^ d
+    end
+  end
+  a.n, a.s, a.nz, a.m = n, t, nz, m
   AMTS[s], NCACHED = a, NCACHED + 1
   return a
 end
+
+-- Z0 is the amounts of an operation that moves no hold (a replay's
+-- headroom, charge, dispatch): its scopes read only the limited r:<d>.
+local Z0 = ZA()
+Z0.nz = {}
 
 -- parse_spec parses "<kind><key>/d:W:max:mode,...;..." (kind one digit,
 -- W seconds, 0 for slots; mode b(lock) or w(arn)) and checks that KEYS[4+i]
@@ -154,12 +165,10 @@ local function parse_spec(spec)
     for part in gmatch(spec, '[^;]+') do
       local name, lims = match(part, '^([^/]+)/(.*)$')
       if not name then return nil, 'spec' end
-      -- r is kept for every windowed dimension, limited or not. fields are
-      -- what load_scope reads: n, lim, r:<d>..., then c:<d>:<W>, w:<d>:<W>
-      -- per windowed limit (names built from the spec's own digits).
+      -- r is kept for every windowed dimension, limited or not; fl caches
+      -- per hold (its mask) what load_scope reads (scope_fields).
       local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
-        fields = {'n', 'lim'}, slot = false, key = false, n = 0, seen = false, r = ZA(), o = ZA()}
-      for _, d in ipairs(WD) do sc.fields[#sc.fields + 1] = RF[d] end
+        fl = {}, slot = false, key = false, n = 0, seen = false, r = ZA()}
       for l in gmatch(lims, '[^,]+') do
         local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
         if not d then return nil, 'spec' end
@@ -170,8 +179,6 @@ local function parse_spec(spec)
           sc.slot = lim
         else
           lim.cf, lim.wf = 'c:' .. d .. ':' .. w, 'w:' .. d .. ':' .. w
-          sc.fields[#sc.fields + 1] = lim.cf
-          sc.fields[#sc.fields + 1] = lim.wf
           tinsert(sc.lims, lim)
           if not seenw[lim.w] then
             seenw[lim.w] = true
@@ -254,22 +261,48 @@ end
 -- the range first).
 local function sadd(key, f, x) sput(key, f, SV[key][f] + x) end
 
--- load_scope reads and validates the counters a spec touches: n, r:<d>,
--- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
--- corruption.
-local function load_scope(sc, overrun)
-  local c = sload(sc.key, sc.fields)
+-- scope_fields is what an operation moving the hold h reads of scope sc:
+-- lim, n (when sc limits slots), r:<d> of the limited dimensions and of
+-- those h holds (dims; no other r:<d> is read or written), c:<d>:<W> and
+-- w:<d>:<W> per windowed limit. Cached in sc per mask of h.
+local function scope_fields(sc, h)
+  local need = {}
+  for _, l in ipairs(sc.lims) do need[l.d] = true end
+  for _, d in ipairs(h.nz) do need[d] = true end
+  local names, dims = {'lim'}, {}
+  if sc.slot then names[2] = 'n' end
+  for _, d in ipairs(WD) do
+    if need[d] then
+      dims[#dims + 1] = d
+      names[#names + 1] = RF[d]
+    end
+  end
+  for _, l in ipairs(sc.lims) do
+    names[#names + 1] = l.cf
+    names[#names + 1] = l.wf
+  end
+  local f = {names = names, dims = dims}
+  sc.fl[h.m] = f
+  return f
+end
+
+-- load_scope reads and validates the counters of sc an operation moving the
+-- hold h touches (scope_fields); sc.dlist is then the dimensions whose r it
+-- read. Returns false on corruption.
+local function load_scope(sc, h)
+  local f = sc.fl[h.m] or scope_fields(sc, h)
+  local c = sload(sc.key, f.names)
   if not c then return false end
-  if overrun and not sload(sc.key, OFL) then return false end
-  sc.seen, sc.n = c.lim, c.n
+  local dims = f.dims
+  sc.seen, sc.dlist = c.lim, dims
+  if sc.slot then sc.n = c.n end
   local r = sc.r
-  for _, d in ipairs(WD) do r[d] = c[RF[d]] end
+  for i = 1, #dims do
+    local d = dims[i]
+    r[d] = c[RF[d]]
+  end
   for _, l in ipairs(sc.lims) do
     l.c, l.widx = c[l.cf], c[l.wf]
-  end
-  if overrun then
-    local o = sc.o
-    for _, d in ipairs(WD) do o[d] = c[OF[d]] end
   end
   return true
 end
@@ -289,33 +322,84 @@ local function parse_wi(s)
   return t
 end
 
--- load_record reads the record fields scripts need, validated; false when
--- there is none; nil, reason on corruption.
-local function load_record(now)
-  local v = rcall('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
+-- Records are one string each: struct.pack of RFMT (scripts.go), the
+-- layout's version, then st, le, te, sl, ra, ls, at as numbers (0 when
+-- absent), then o, dg, h, sp, wi, a, src, g, na as strings ('' when
+-- absent). One GET or SET moves a whole record, where the hash layout
+-- before it (HFIELDS, every value text) took an HMGET of 16 fields, an
+-- HSET of up to 10 and a PEXPIRE. struct packs into one buffer (cmsgpack
+-- interns every element as a Lua string first). Records of the hash layout
+-- are still read, and written back packed by the next operation that
+-- writes them (a rolling upgrade; docs/LEDGER.md §6).
+local PACK = 1 -- the packed layout's version, its first element
+local HFIELDS = {'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na'}
+local spack, sunpack = struct.pack, struct.unpack
+
+-- pint validates a packed counter: an integer in 0..2^53-1, else nil.
+local function pint(v)
+  if v < 0 or v > MAXC or v % 1 ~= 0 then return nil end
+  return v
+end
+
+-- read_record returns the record at key as a table of its fields (as
+-- stored, nothing validated; packed is true for the packed layout), false
+-- when there is none, nil when it does not decode.
+local function read_record(key)
+  local v = redis.pcall('GET', key)
+  if not v then return false end
+  if type(v) == 'string' then
+    local ok, ver, st, le, te, sl, ra, ls, at, o, dg, h, sp, wi, a, src, g, na = pcall(sunpack, RFMT, v)
+    if not ok or ver ~= PACK then return nil end
+    if a == '' then a = nil end
+    return {st = st, o = o, dg = dg, le = le, te = te, h_s = h, sp = sp, wi_s = wi, sl = sl, a_s = a, src = src,
+      ra = ra, ls = ls, at = at, g = g, na = na, h = false, a = false, wi = false, packed = true}
+  end
+  -- The hash layout (another type raises here, as any wrong type does).
+  v = rcall('HMGET', key, unpack(HFIELDS))
   if not v[1] then return false end
-  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14],
-    g = v[15] or '', na = v[16], st = cint(v[1]), le = cint(v[4]), te = cint(v[5]), sl = cint(v[9]), ra = cint(v[12]),
-    h = false, a = false, wi = false}
+  return {st = v[1], o = v[2], dg = v[3], le = v[4], te = v[5], h_s = v[6], sp = v[7], wi_s = v[8], sl = v[9],
+    a_s = v[10], src = v[11], ra = v[12], ls = v[13], at = v[14], g = v[15] or '', na = v[16],
+    h = false, a = false, wi = false, packed = false}
+end
+
+-- load_record reads the record scripts act on (KEYS[4]), validated; false
+-- when there is none; nil, reason on corruption.
+local function load_record(now)
+  local rec = read_record(KEYS[4])
+  if rec == nil then return nil, 'record' end
+  if not rec then return false end
+  local num = pint
+  if not rec.packed then num = cint end -- the hash layout: text
+  rec.st, rec.le, rec.te, rec.sl, rec.ra = num(rec.st), num(rec.le), num(rec.te), num(rec.sl), num(rec.ra)
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
   if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
-  if v[5] and now >= rec.te then return false, 'aged' end -- tombstone past retention
-  rec.h = parse_amounts(v[6] or '')
+  if rec.te > 0 and now >= rec.te then return false, 'aged' end -- tombstone past retention
+  rec.h = parse_amounts(rec.h_s or '')
   if rec.h == nil then return nil, 'held' end
-  if v[10] then
-    rec.a = parse_amounts(v[10])
+  if rec.a_s then
+    rec.a = parse_amounts(rec.a_s)
     if rec.a == nil then return nil, 'actual' end
   end
-  rec.wi = parse_wi(v[8])
+  rec.wi = parse_wi(rec.wi_s)
   return rec
 end
 
 -- record_or_none is load_record for scripts that mostly find no record
--- (reserve, charge): one HGET of st first, the full read only when it is
--- set (the same test load_record makes).
-local function record_or_none(now)
-  if not rcall('HGET', KEYS[4], 'st') then return false end
-  return load_record(now)
+-- (reserve, charge); a GET of a missing key is already the cheapest read.
+local record_or_none = load_record
+
+-- store writes the record r (every field, packed) as KEYS[4]; px, when
+-- given, is its time to live in ms (tombstones), else it has none.
+local function store(r, px)
+  local o, dg, h, sp, wi, a, src, g, na = r.o or '', r.dg or '', r.h_s or '', r.sp or '', r.wi_s or '', r.a_s or '',
+    r.src or '', r.g or '', r.na or ''
+  local v = spack(RFMT, PACK, r.st, r.le or 0, r.te or 0, r.sl or 0, r.ra or 0, r.ls or 0, r.at or 0,
+    #o, o, #dg, dg, #h, h, #sp, sp, #wi, wi, #a, a, #src, src, #g, g, #na, na)
+  if px then
+    rcall('SET', KEYS[4], v, 'PX', px)
+  else
+    rcall('SET', KEYS[4], v)
+  end
 end
 
 -- check_release validates that r:<d> -= h[d] (and n -= 1 when slot) stays >= 0.
@@ -364,13 +448,13 @@ local function do_charge(plan)
   for _, p in ipairs(plan) do sadd(p.sc.key, p.l.cf, p.amt) end
 end
 
--- finalize makes the record a tombstone in ledger time and real time,
--- writing the extra record fields given, and takes its id out of the index
--- its previous state prev is in (L for RESERVED and DISPATCHED, U for
+-- finalize makes the record r (its fields as they end) a tombstone of state
+-- st in ledger time and real time, and takes its id out of the index its
+-- previous state prev is in (L for RESERVED and DISPATCHED, U for
 -- UNRESOLVED; nil for a new record).
-local function finalize(now, st, prev, ...)
-  rcall('HSET', KEYS[4], 'st', SS[st], 'te', fmt('%d', now + ARGV[5]), ...)
-  rcall('PEXPIRE', KEYS[4], ARGV[5])
+local function finalize(now, st, prev, r)
+  r.st, r.te = st, now + ARGV[5]
+  store(r, ARGV[5])
   if prev == S_RESERVED or prev == S_DISPATCHED then
     rcall('ZREM', KEYS[2], ARGV[4])
   elseif prev == S_UNRESOLVED then
@@ -439,7 +523,7 @@ local function assess(now, scopes, h, dispatch, epoch)
     if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
   end
   for si, sc in ipairs(scopes) do
-    if not load_scope(sc) then return nil, 'scope' end
+    if not load_scope(sc, h) then return nil, 'scope' end
     local r = sc.r
     for _, d in ipairs(sc.dlist) do
       if r[d] + h[d] > MAXC then return nil, 'overflow' end
@@ -538,7 +622,7 @@ local function reserve_plan()
   if rec then
     if not is_open(rec.st) then return nil, {'FINAL', epoch, rec.st} end
     if rec.dg ~= ARGV[8] then return nil, {'CONFLICT', epoch} end
-    local a, aerr = assess(now, scopes, ZA(), false, epoch)
+    local a, aerr = assess(now, scopes, Z0, false, epoch)
     if not a then return nil, {'CORRUPT', epoch, aerr} end
     local same = 0
     if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
@@ -563,12 +647,12 @@ local function reserve_plan()
   if a.deny then return nil, a.deny end
   if a.dslot then return nil, a.dslot end
   if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
-  return {now = now, epoch = epoch, h = h, scopes = scopes, why = why, dispatch = dispatch, ttl = ttl, a = a,
+  return {now = now, epoch = epoch, h = h, scopes = scopes, dispatch = dispatch, ttl = ttl, a = a,
     pv_s = META.pv_s, keys = KEYS, argv = ARGV}
 end
 
 local function reserve_apply(p)
-  local now, epoch, h, scopes, why, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.why, p.dispatch, p.ttl, p.a
+  local now, epoch, h, scopes, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.dispatch, p.ttl, p.a
   KEYS, ARGV = p.keys, p.argv
   -- Apply (scope writes go to the call's cache, flushed once at the end).
   local le = now + ttl
@@ -596,14 +680,12 @@ local function reserve_apply(p)
   for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
   local st = S_RESERVED
   if dispatch then st = S_DISPATCHED end
-  if why == 'aged' then redis.call('DEL', KEYS[4]) end
-  local les, nows = fmt('%d', le), fmt('%d', now)
-  local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
-    'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', nows}
-  if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
-  if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
-  redis.call('HSET', KEYS[4], unpack(rf))
-  redis.call('ZADD', KEYS[2], les, ARGV[4])
+  local o, dg, hs, sp, g, na, wis = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15], table.concat(wi, ',')
+  if na == '0' then na = '' end
+  -- SET replaces an aged tombstone whole (and its time to live).
+  rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now,
+    #o, o, #dg, dg, #hs, hs, #sp, sp, #wis, wis, 0, '', 0, '', #g, g, #na, na))
+  rcall('ZADD', KEYS[2], fmt('%d', le), ARGV[4])
   if p.pv_s ~= ARGV[6] then
     touch(now, ARGV[6])
   else
