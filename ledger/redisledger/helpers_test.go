@@ -73,14 +73,39 @@ func sortedKeys(m map[string]string) []string {
 // redisledger.RecordFormat's order; the older hash layout has the same names.
 var recordFieldNames = []string{"st", "le", "te", "sl", "ra", "ls", "at", "o", "dg", "h", "sp", "wi", "a", "src", "g", "na"}
 
+// recordLua decodes a packed record v into t: t[1] the version, then the
+// fields in recordFieldNames' order.
+const recordLua = `
+local function decode(fmt, v)
+  local t = {struct.unpack(fmt, v)}
+  local p = t[18]
+  for i = 9, 17 do
+    local n = t[i]
+    t[i] = string.sub(v, p, p + n - 1)
+    p = p + n
+  end
+  t[18] = nil
+  return t
+end
+local function encode(fmt, t)
+  local args, texts = {fmt}, {}
+  for i = 1, 8 do args[#args + 1] = t[i] end
+  for i = 9, 17 do
+    args[#args + 1] = #t[i]
+    texts[#texts + 1] = t[i]
+  end
+  return struct.pack(unpack(args)) .. table.concat(texts)
+end
+`
+
 // recordScript returns a record's fields as a flat name, value list (its
-// present fields, as text: 0 and ” are absent), for either layout. ARGV 1
-// the format, then the field names.
-var recordScript = redis.NewScript(`
+// present fields, as text; a zero number or an empty text is absent), for
+// either layout. ARGV 1 the format, then the field names.
+var recordScript = redis.NewScript(recordLua + `
 local v = redis.pcall('GET', KEYS[1])
 if not v then return {} end
 if type(v) ~= 'string' then return redis.call('HGETALL', KEYS[1]) end
-local t = {struct.unpack(ARGV[1], v)}
+local t = decode(ARGV[1], v)
 local out = {}
 for i = 2, #ARGV do
   local x = t[i]
@@ -94,17 +119,11 @@ return out`)
 
 // setRecordFieldScript sets one field of a packed record (KEEPTTL). ARGV 1
 // the format, 2 the field's position after the version, 3 its value.
-var setRecordFieldScript = redis.NewScript(`
-local t = {struct.unpack(ARGV[1], redis.call('GET', KEYS[1]))}
+var setRecordFieldScript = redis.NewScript(recordLua + `
+local t = decode(ARGV[1], redis.call('GET', KEYS[1]))
 local i = tonumber(ARGV[2]) + 1
 if i <= 8 then t[i] = tonumber(ARGV[3]) else t[i] = ARGV[3] end
-local args = {ARGV[1]}
-for j = 1, 8 do args[#args + 1] = t[j] end
-for j = 9, 17 do
-  args[#args + 1] = #t[j]
-  args[#args + 1] = t[j]
-end
-redis.call('SET', KEYS[1], struct.pack(unpack(args)), 'KEEPTTL')
+redis.call('SET', KEYS[1], encode(ARGV[1], t), 'KEEPTTL')
 return 1`)
 
 // recordFields returns the record at key, field by field (empty: none).

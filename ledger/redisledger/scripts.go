@@ -40,10 +40,10 @@ func dimsHeader() string {
 	return dimsLine() + "local RFMT = '" + recordFormat + "'\n"
 }
 
-// recordFormat is the struct.pack format of a packed record (lua/prelude.lua,
-// store): version, st, le, te, sl, ra, ls, at, then o, dg, h, sp, wi, a,
-// src, g, na, each a length and the text.
-const recordFormat = "<BBddBdBd" + "I4c0I4c0I4c0I4c0I4c0I4c0I4c0I4c0I4c0"
+// recordFormat is the struct.pack format of a packed record's head
+// (lua/prelude.lua, store): version, st, le, te, sl, ra, ls, at, then the
+// lengths of the texts o, dg, h, sp, wi, a, src, g, na that follow it.
+const recordFormat = "<BBddBdBd" + "I4I4I4I4I4I4I4I4I4"
 
 func dimsLine() string {
 	zeros := "[0]=0" + strings.Repeat(",0", int(ledger.NumDims)-1)

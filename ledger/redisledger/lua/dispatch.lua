@@ -19,7 +19,7 @@ if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch
 if rec.st ~= S_RESERVED then return {'FINAL', epoch, rec.st} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
 local any = false
-for si, sc in ipairs(scopes) do
+for si = 1, #scopes do local sc = scopes[si]
   if not load_scope(sc, Z0) then return {'CORRUPT', epoch, 'scope'} end
   if sc.slot then
     any = true
@@ -31,7 +31,7 @@ end
 local sl = 0
 if any then
   sl = 1
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     if sc.slot then sadd(sc.key, 'n', 1) end
   end
 end

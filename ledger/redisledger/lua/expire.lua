@@ -17,7 +17,7 @@ if not scopes then
   return {'CORRUPT', epoch, serr}
 end
 if (rec.st ~= S_RESERVED and rec.st ~= S_DISPATCHED) or now < rec.le then return {'NOTDUE', epoch} end
-for _, sc in ipairs(scopes) do
+for i = 1, #scopes do local sc = scopes[i]
   if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 if rec.st == S_RESERVED then
@@ -30,11 +30,11 @@ if rec.st == S_RESERVED then
 end
 -- DISPATCHED: free the slot only; consumable holds stay.
 local slot = rec.sl == 1
-for _, sc in ipairs(scopes) do
+for i = 1, #scopes do local sc = scopes[i]
   if slot and sc.slot and sc.n < 1 then return {'CORRUPT', epoch, 'negative'} end
 end
 if slot then
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     if sc.slot then sadd(sc.key, 'n', -1) end
   end
 end

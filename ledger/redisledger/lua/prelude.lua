@@ -132,7 +132,7 @@ local function parse_amounts(s)
     n = n + 1
   end
   local nz, m = {}, 0
-  for _, d in ipairs(WD) do
+  for i = 1, #WD do local d = WD[i]
     if a[d] > 0 then
       nz[#nz + 1] = d
       m = m + 2 ^ d
@@ -168,7 +168,7 @@ local function parse_spec(spec)
       -- r is kept for every windowed dimension, limited or not; fl caches
       -- per hold (its mask) what load_scope reads (scope_fields).
       local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
-        fl = {}, slot = false, key = false, n = 0, seen = false, r = ZA()}
+        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA()}
       for l in gmatch(lims, '[^,]+') do
         local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
         if not d then return nil, 'spec' end
@@ -192,24 +192,38 @@ local function parse_spec(spec)
     SPECS[spec], NCACHED = scopes, NCACHED + 1
   end
   if #KEYS ~= 4 + #scopes then return nil, 'keys' end
-  for i, sc in ipairs(scopes) do
-    local k, suf = KEYS[4 + i], sc.suf
-    if #k <= #suf or sub(k, -#suf) ~= suf then return nil, 'keys' end
+  for i = 1, #scopes do local sc = scopes[i]
+    local k = KEYS[4 + i]
+    -- A scope's key is the same text call after call: check it once.
+    if k ~= sc.vk then
+      local suf = sc.suf
+      if #k <= #suf or sub(k, -#suf) ~= suf then return nil, 'keys' end
+      sc.vk = k
+    end
     sc.key = k
   end
   return scopes
 end
 
--- Scope hashes are cached for the whole call: SV[key] holds every field
--- read (validated numbers; lim as text or false) or written since, SD[key]
--- the fields written, in the key order SK. Every read and write of a scope
--- hash goes through sload and sadd/sput, and flush writes each dirty hash
--- back with one HSET: a batch's operations on one scope cost one HMGET and
--- one HSET, and an operation's 4-7 HINCRBYs become part of one HSET.
-local SV, SD, SK = {}, {}, {}
+-- Scope hashes are cached for the whole call: SC[key] holds every field
+-- read (validated numbers; lim as text or false) or written this call, NL
+-- for a field not read this call, and gen, the call it belongs to; SDT[key]
+-- marks the fields written (true until flushed), SKL[1..SKN] lists the keys
+-- written, in order. Every read and write of a scope hash goes through
+-- sload and sadd/sput, and flush writes each dirty hash back with one HSET:
+-- a batch's operations on one scope cost one HMGET and one HSET, and an
+-- operation's 4-7 HINCRBYs become part of one HSET. The tables outlive the
+-- call (in the function library): the next call fills the same names into
+-- the same slots, where filling new tables rehashed each at every power of
+-- two (~65 rehashes per operation). begin bounds them (MAXSC keys).
+local SC, SDT, NSC, GEN, MAXSC = {}, {}, 0, 0, 1024
+local SKL, SKN = {}, 0
+local NL = {} -- not read this call
+local ARGS = {} -- flush's HSET arguments, reused
 
 -- sfill stores the n fields names read as v into c (lim as text, the rest
--- as canonical integers) and returns c, or nil when one is corrupt.
+-- as canonical integers) and returns c, or nil when one is corrupt (it and
+-- the fields after it stay unread).
 local function sfill(c, names, n, v)
   for i = 1, n do
     local name, x = names[i], v[i]
@@ -224,19 +238,25 @@ local function sfill(c, names, n, v)
   return c
 end
 
--- sload makes sure SV[key] holds the fields f (one HMGET of those missing)
+-- sload makes sure SC[key] holds the fields f (one HMGET of those missing)
 -- and returns it, or nil when one of them is corrupt.
 local function sload(key, f)
-  local c = SV[key]
-  if not c then
-    -- The call's first touch of key: read f as it is.
-    c = {}
-    SV[key] = c
+  local c = SC[key]
+  if not c or c.gen ~= GEN then
+    -- The call's first touch of key: forget the last call's values, read f.
+    if c then
+      for name in pairs(c) do c[name] = NL end
+    else
+      c = {}
+      SC[key], NSC = c, NSC + 1
+    end
+    c.gen = GEN
     return sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
   end
   local miss, nm
   for i = 1, #f do
-    if c[f[i]] == nil then
+    local x = c[f[i]]
+    if x == nil or x == NL then
       if not miss then miss, nm = {}, 0 end
       nm = nm + 1
       miss[nm] = f[i]
@@ -247,19 +267,23 @@ local function sload(key, f)
 end
 
 local function sput(key, f, v)
-  SV[key][f] = v
-  local d = SD[key]
+  SC[key][f] = v
+  local d = SDT[key]
   if not d then
     d = {}
-    SD[key] = d
-    SK[#SK + 1] = key
+    SDT[key] = d
+  end
+  if d.gen ~= GEN then
+    d.gen = GEN
+    SKN = SKN + 1
+    SKL[SKN] = key
   end
   d[f] = true
 end
 
 -- sadd adds x to a field sload read (HINCRBY on the cache; callers checked
 -- the range first).
-local function sadd(key, f, x) sput(key, f, SV[key][f] + x) end
+local function sadd(key, f, x) sput(key, f, SC[key][f] + x) end
 
 -- scope_fields is what an operation moving the hold h reads of scope sc:
 -- lim, n (when sc limits slots), r:<d> of the limited dimensions and of
@@ -267,17 +291,17 @@ local function sadd(key, f, x) sput(key, f, SV[key][f] + x) end
 -- w:<d>:<W> per windowed limit. Cached in sc per mask of h.
 local function scope_fields(sc, h)
   local need = {}
-  for _, l in ipairs(sc.lims) do need[l.d] = true end
-  for _, d in ipairs(h.nz) do need[d] = true end
+  for j = 1, #sc.lims do local l = sc.lims[j]; need[l.d] = true end
+  for i = 1, #h.nz do local d = h.nz[i]; need[d] = true end
   local names, dims = {'lim'}, {}
   if sc.slot then names[2] = 'n' end
-  for _, d in ipairs(WD) do
+  for i = 1, #WD do local d = WD[i]
     if need[d] then
       dims[#dims + 1] = d
       names[#names + 1] = RF[d]
     end
   end
-  for _, l in ipairs(sc.lims) do
+  for j = 1, #sc.lims do local l = sc.lims[j]
     names[#names + 1] = l.cf
     names[#names + 1] = l.wf
   end
@@ -301,14 +325,16 @@ local function load_scope(sc, h)
     local d = dims[i]
     r[d] = c[RF[d]]
   end
-  for _, l in ipairs(sc.lims) do
+  for j = 1, #sc.lims do local l = sc.lims[j]
     l.c, l.widx = c[l.cf], c[l.wf]
   end
   return true
 end
 
 -- window_of returns the current window index of W seconds at now ms.
-local function window_of(now, w) return math.floor(now / (w * 1000)) end
+local mfloor = math.floor
+local WIB = {} -- reserve_apply's window texts, reused
+local function window_of(now, w) return mfloor(now / (w * 1000)) end
 
 -- parse_wi parses a record's admission windows "W:idx,...".
 local NOWI = {}
@@ -322,15 +348,16 @@ local function parse_wi(s)
   return t
 end
 
--- Records are one string each: struct.pack of RFMT (scripts.go), the
--- layout's version, then st, le, te, sl, ra, ls, at as numbers (0 when
--- absent), then o, dg, h, sp, wi, a, src, g, na as strings ('' when
--- absent). One GET or SET moves a whole record, where the hash layout
--- before it (HFIELDS, every value text) took an HMGET of 16 fields, an
--- HSET of up to 10 and a PEXPIRE. struct packs into one buffer (cmsgpack
--- interns every element as a Lua string first). Records of the hash layout
--- are still read, and written back packed by the next operation that
--- writes them (a rolling upgrade; docs/LEDGER.md §6).
+-- Records are one string each: a head, struct.pack of RFMT (scripts.go):
+-- the layout's version, st, le, te, sl, ra, ls, at as numbers (0 when
+-- absent) and the lengths of o, dg, h, sp, wi, a, src, g, na; then those
+-- nine texts ('' when absent), concatenated. One GET or SET moves a whole
+-- record, where the hash layout before it (HFIELDS, every value text) took
+-- an HMGET of 16 fields, an HSET of up to 10 and a PEXPIRE. The texts are
+-- joined by one concatenation (memcpy): struct.pack copies byte by byte,
+-- and cmsgpack interns every element as a Lua string first. Records of the
+-- hash layout are still read, and written back packed by the next
+-- operation that writes them (a rolling upgrade; docs/LEDGER.md §6).
 local PACK = 1 -- the packed layout's version, its first element
 local HFIELDS = {'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na'}
 local spack, sunpack = struct.pack, struct.unpack
@@ -348,9 +375,26 @@ local function read_record(key)
   local v = redis.pcall('GET', key)
   if not v then return false end
   if type(v) == 'string' then
-    local ok, ver, st, le, te, sl, ra, ls, at, o, dg, h, sp, wi, a, src, g, na = pcall(sunpack, RFMT, v)
-    if not ok or ver ~= PACK then return nil end
-    if a == '' then a = nil end
+    local ok, ver, st, le, te, sl, ra, ls, at, n1, n2, n3, n4, n5, n6, n7, n8, n9, p = pcall(sunpack, RFMT, v)
+    if not ok or ver ~= PACK or p + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9 ~= #v + 1 then return nil end
+    local o = sub(v, p, p + n1 - 1)
+    p = p + n1
+    local dg = sub(v, p, p + n2 - 1)
+    p = p + n2
+    local h = sub(v, p, p + n3 - 1)
+    p = p + n3
+    local sp = sub(v, p, p + n4 - 1)
+    p = p + n4
+    local wi = sub(v, p, p + n5 - 1)
+    p = p + n5
+    local a = false
+    if n6 > 0 then a = sub(v, p, p + n6 - 1) end
+    p = p + n6
+    local src = sub(v, p, p + n7 - 1)
+    p = p + n7
+    local g = sub(v, p, p + n8 - 1)
+    p = p + n8
+    local na = sub(v, p, p + n9 - 1)
     return {st = st, o = o, dg = dg, le = le, te = te, h_s = h, sp = sp, wi_s = wi, sl = sl, a_s = a, src = src,
       ra = ra, ls = ls, at = at, g = g, na = na, h = false, a = false, wi = false, packed = true}
   end
@@ -394,7 +438,7 @@ local function store(r, px)
   local o, dg, h, sp, wi, a, src, g, na = r.o or '', r.dg or '', r.h_s or '', r.sp or '', r.wi_s or '', r.a_s or '',
     r.src or '', r.g or '', r.na or ''
   local v = spack(RFMT, PACK, r.st, r.le or 0, r.te or 0, r.sl or 0, r.ra or 0, r.ls or 0, r.at or 0,
-    #o, o, #dg, dg, #h, h, #sp, sp, #wi, wi, #a, a, #src, src, #g, g, #na, na)
+    #o, #dg, #h, #sp, #wi, #a, #src, #g, #na) .. o .. dg .. h .. sp .. wi .. a .. src .. g .. na
   if px then
     rcall('SET', KEYS[4], v, 'PX', px)
   else
@@ -404,8 +448,8 @@ end
 
 -- check_release validates that r:<d> -= h[d] (and n -= 1 when slot) stays >= 0.
 local function check_release(scopes, h, slot)
-  for _, sc in ipairs(scopes) do
-    for _, d in ipairs(sc.dlist) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       if sc.r[d] < h[d] then return false end
     end
     if slot and sc.slot and sc.n < 1 then return false end
@@ -414,8 +458,8 @@ local function check_release(scopes, h, slot)
 end
 
 local function do_release(scopes, h, slot)
-  for _, sc in ipairs(scopes) do
-    for _, d in ipairs(sc.dlist) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       local x = h[d]
       if x > 0 then sadd(sc.key, RF[d], -x) end
     end
@@ -427,8 +471,8 @@ end
 -- Returns the list of {sc, l, amt} or nil on corruption.
 local function plan_charge(now, scopes, wi, a)
   local plan = {}
-  for _, sc in ipairs(scopes) do
-    for _, l in ipairs(sc.lims) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.lims do local l = sc.lims[j]
       local amt = a[l.d]
       local adm = wi[l.w]
       if amt > 0 then
@@ -445,7 +489,7 @@ local function plan_charge(now, scopes, wi, a)
 end
 
 local function do_charge(plan)
-  for _, p in ipairs(plan) do sadd(p.sc.key, p.l.cf, p.amt) end
+  for i = 1, #plan do local p = plan[i]; sadd(p.sc.key, p.l.cf, p.amt) end
 end
 
 -- finalize makes the record r (its fields as they end) a tombstone of state
@@ -486,17 +530,22 @@ local function flush()
     end
   end
   MDIRTY = {}
-  for _, key in ipairs(SK) do
-    local c, args, n = SV[key], {}, 0
-    for f in pairs(SD[key]) do
-      local v = c[f]
-      if type(v) == 'number' then v = fmt('%d', v) end
-      args[n + 1], args[n + 2] = f, v
-      n = n + 2
+  local args = ARGS
+  for i = 1, SKN do
+    local key = SKL[i]
+    local c, d, n = SC[key], SDT[key], 0
+    for f, on in pairs(d) do
+      if on == true then
+        local v = c[f]
+        if type(v) == 'number' then v = fmt('%d', v) end
+        args[n + 1], args[n + 2] = f, v
+        n = n + 2
+        d[f] = false
+      end
     end
-    rcall('HSET', key, unpack(args))
+    rcall('HSET', key, unpack(args, 1, n))
   end
-  SV, SD, SK = {}, {}, {}
+  SKN = 0
 end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first
@@ -514,21 +563,24 @@ end
 -- a slot when dispatch). It returns nil, reason on corruption, else a table:
 -- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
 -- warns; each windowed limit's idx is its current window index.
+-- note records in room the headroom of one limit where it is the tightest
+-- of its dimension so far.
+local function note(room, d, max, rem, w, resets)
+  if rem < 0 then rem = 0 end
+  local r = room[d]
+  if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
+end
+
 local function assess(now, scopes, h, dispatch, epoch)
   local a = {room = ZF(), warns = {}, deny = false, dslot = false}
   local room = a.room
-  local function note(d, max, rem, w, resets)
-    if rem < 0 then rem = 0 end
-    local r = room[d]
-    if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
-  end
-  for si, sc in ipairs(scopes) do
+  for si = 1, #scopes do local sc = scopes[si]
     if not load_scope(sc, h) then return nil, 'scope' end
     local r = sc.r
-    for _, d in ipairs(sc.dlist) do
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       if r[d] + h[d] > MAXC then return nil, 'overflow' end
     end
-    for _, l in ipairs(sc.lims) do
+    for j = 1, #sc.lims do local l = sc.lims[j]
       local idx = window_of(now, l.w)
       if l.widx > idx then return nil, 'window' end
       l.idx = idx
@@ -541,7 +593,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         if used > l.max and (not a.deny or resets > a.deny[10]) then
           a.deny = {'DENIED', epoch, si, l.d, l.w, l.max, l.cur, r[l.d], hd, resets, now}
         end
-        note(l.d, l.max, l.max - used, l.w, resets)
+        note(room, l.d, l.max, l.max - used, l.w, resets)
       elseif used > l.max then
         tinsert(a.warns, {si, l.d, l.w, l.max, used, resets})
       end
@@ -553,7 +605,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         if used > sc.slot.max and not a.dslot then
           a.dslot = {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, 0, sc.n, 1, 0, now}
         end
-        note(sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
+        note(room, sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
       elseif used > sc.slot.max then
         tinsert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
       end
@@ -567,7 +619,7 @@ end
 -- 6 fields per warning to out. Untracked dimensions are left out: every reply
 -- element costs server CPU to encode, and most requests track 2 or 3 of 7.
 local function append_room(out, a)
-  local n = #out + 1
+  local n = out.n + 1
   local cnt, k = n, 0
   out[cnt] = 0
   for d = 0, NDIMS - 1 do
@@ -582,11 +634,23 @@ local function append_room(out, a)
   local warns = a.warns
   n = n + 1
   out[n] = #warns
-  for _, w in ipairs(warns) do
+  for i = 1, #warns do local w = warns[i]
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = w[1], w[2], w[3], w[4], w[5], w[6]
     n = n + 6
   end
+  out[n + 1], out.n = nil, nil -- the reply ends at the first nil
   return out
+end
+
+-- R4 and R8 start a reply of 4 or 8 head elements that append_room
+-- completes, presized (growing a table rehashes it at every power of two).
+local function R4(a, b, c, d)
+  return {a, b, c, d, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, n = 4}
+end
+local function R8(a, b, c, d, e, f, g, h)
+  return {a, b, c, d, e, f, g, h, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, n = 8}
 end
 
 -- begin starts a call (a script, or one call of the function library): one
@@ -596,7 +660,9 @@ local function begin(floor)
   FLOOR = tonumber(floor) or 0
   TNOW = nil
   MC, MDIRTY = {}, {}
-  SV, SD, SK = {}, {}, {}
+  GEN = GEN + 1
+  -- A call that raised before its flush left dirty marks: drop the caches.
+  if SKN > 0 or NSC > MAXSC then SC, SDT, NSC, SKN = {}, {}, 0, 0 end
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
 
@@ -626,7 +692,7 @@ local function reserve_plan()
     if not a then return nil, {'CORRUPT', epoch, aerr} end
     local same = 0
     if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
-    return nil, append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
+    return nil, append_room(R8('REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same), a)
   end
   if ARGV[14] == '1' then return nil, {'NOREC', epoch} end
 
@@ -657,15 +723,15 @@ local function reserve_apply(p)
   -- Apply (scope writes go to the call's cache, flushed once at the end).
   local le = now + ttl
   local sl = 0
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     local key = sc.key
-    for _, l in ipairs(sc.lims) do
+    for j = 1, #sc.lims do local l = sc.lims[j]
       if l.widx < l.idx then
         sput(key, l.wf, l.idx)
         sput(key, l.cf, 0)
       end
     end
-    for _, d in ipairs(sc.dlist) do
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       local x = h[d]
       if x > 0 then sadd(key, RF[d], x) end
     end
@@ -675,21 +741,20 @@ local function reserve_apply(p)
     end
     if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
   end
-  local wins = scopes.wins
-  local wi = {}
+  local wins, wi = scopes.wins, WIB
   for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
   local st = S_RESERVED
   if dispatch then st = S_DISPATCHED end
-  local o, dg, hs, sp, g, na, wis = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15], table.concat(wi, ',')
+  local o, dg, hs, sp, g, na, wis = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15], table.concat(wi, ',', 1, #wins)
   if na == '0' then na = '' end
   -- SET replaces an aged tombstone whole (and its time to live).
-  rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now,
-    #o, o, #dg, dg, #hs, hs, #sp, sp, #wis, wis, 0, '', 0, '', #g, g, #na, na))
+  rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now, #o, #dg, #hs, #sp, #wis, 0, 0, #g, #na) ..
+    o .. dg .. hs .. sp .. wis .. g .. na)
   rcall('ZADD', KEYS[2], fmt('%d', le), ARGV[4])
   if p.pv_s ~= ARGV[6] then
     touch(now, ARGV[6])
   else
     touch(now)
   end
-  return append_room({'OK', epoch, le, now}, a)
+  return append_room(R4('OK', epoch, le, now), a)
 end

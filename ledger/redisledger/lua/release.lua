@@ -20,7 +20,7 @@ end
 if rec.st == S_RELEASED or rec.st == S_EXPIRED or rec.st == S_SETTLED_LATE then return {'OK', epoch, 1, rec.g} end
 if rec.st ~= S_RESERVED then return {'DISPATCHED', epoch} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
-for _, sc in ipairs(scopes) do
+for i = 1, #scopes do local sc = scopes[i]
   if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end

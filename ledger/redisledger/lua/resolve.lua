@@ -21,7 +21,7 @@ if rec.st ~= S_UNRESOLVED then
   return {'NOTDUE', epoch, rec.st}
 end
 if ARGV[6] ~= '1' and now < rec.ra then return {'NOTDUE', epoch, rec.st} end
-for _, sc in ipairs(scopes) do
+for i = 1, #scopes do local sc = scopes[i]
   if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
