@@ -11,7 +11,10 @@
 // first reads and validates everything it will touch (integers, ranges,
 // states, epoch, policy version, and that KEYS match the record's scopes)
 // and only then writes. Stored damage is refused
-// as ledger.ErrCorrupt with nothing written, never clamped. Scripts start
+// as ledger.ErrCorrupt with nothing written, never clamped. An operation
+// reads only the scope fields it uses (prelude.lua, scope_fields: the
+// limited dimensions and those its hold moves), so damage to a counter it
+// neither reads nor writes is left to the operations that do. Scripts start
 // with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
 // before they run. go-redis runs them with EVALSHA and falls back to EVAL on
 // NOSCRIPT; they are never pipelined. Every write script is also a function
