@@ -178,11 +178,11 @@ Z0.nz = {}
 local function parse_spec(spec)
   if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
-    return {wins = {}}
+    return {wins = {}, wis = ''}
   end
   local scopes = SPECS[spec]
   if not scopes then
-    scopes = {wins = {}}
+    scopes = {wins = {}, wis = false}
     local seenw = {}
     for part in gmatch(spec, '[^;]+') do
       local name, lims = match(part, '^([^/]+)/(.*)$')
@@ -204,7 +204,7 @@ local function parse_spec(spec)
           tinsert(sc.lims, lim)
           if not seenw[lim.w] then
             seenw[lim.w] = true
-            tinsert(scopes.wins, {w = lim.w, ws = w, k = w .. ':'})
+            tinsert(scopes.wins, {w = lim.w, ws = w, k = w .. ':', ix = false})
           end
         end
       end
@@ -763,11 +763,23 @@ local function reserve_apply(p)
     end
     if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
   end
-  local wins, wi = scopes.wins, WIB
-  for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
+  -- The record's wi text, kept in the (cached) spec while its windows'
+  -- indexes stay (every Reserve of a window builds the same text).
+  local wins, wis = scopes.wins, scopes.wis
+  for i = 1, #wins do
+    local w = wins[i]
+    local ix = window_of(now, w.w)
+    if w.ix ~= ix then w.ix, wis = ix, false end
+  end
+  if not wis then
+    local wi = WIB
+    for i = 1, #wins do wi[i] = wins[i].k .. wins[i].ix end
+    wis = table.concat(wi, ',', 1, #wins)
+    scopes.wis = wis
+  end
   local st = S_RESERVED
   if dispatch then st = S_DISPATCHED end
-  local o, dg, hs, sp, g, na, wis = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15], table.concat(wi, ',', 1, #wins)
+  local o, dg, hs, sp, g, na = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15]
   if na == '0' then na = '' end
   -- SET replaces an aged tombstone whole (and its time to live).
   rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now, #o, #dg, #hs, #sp, #wis, 0, 0, #g, #na) ..
