@@ -133,10 +133,10 @@ local SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0
 
 -- parse_amounts parses n comma-separated amounts in 0..2^50, indexed from
 -- 0; a.s[d] keeps each one's canonical text, a.nz lists the windowed
--- dimensions with an amount above 0 and a.m is their bit mask. Tables come presized (ZA, ZS:
--- scripts.go writes them for ledger.NumDims): growing a table key by key
--- costs a rehash per power of two, and rehashing was ~12 % of the
--- instructions.
+-- dimensions with an amount above 0 and a.m is their bit mask. Tables come
+-- presized (ZA, ZS: scripts.go writes them for ledger.NumDims): growing a
+-- table key by key costs a rehash per power of two, and rehashing was ~12 %
+-- of the instructions.
 local function parse_amounts(s)
   local a = AMTS[s]
   if a then return a end
@@ -355,7 +355,6 @@ end
 
 -- window_of returns the current window index of W seconds at now ms.
 local mfloor = math.floor
-local WIB = {} -- reserve_apply's window texts, reused
 local function window_of(now, w) return mfloor(now / (w * 1000)) end
 
 -- parse_wi parses a record's admission windows "W:idx,...".
@@ -581,10 +580,6 @@ local function resolve_at(wi)
   return t
 end
 
--- assess validates every counter of scopes and evaluates admission of h (with
--- a slot when dispatch). It returns nil, reason on corruption, else a table:
--- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
--- warns; each windowed limit's idx is its current window index.
 -- note records in room the headroom of one limit where it is the tightest
 -- of its dimension so far.
 local function note(room, d, max, rem, w, resets)
@@ -593,6 +588,10 @@ local function note(room, d, max, rem, w, resets)
   if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
 end
 
+-- assess validates every counter of scopes and evaluates admission of h (with
+-- a slot when dispatch). It returns nil, reason on corruption, else a table:
+-- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
+-- warns; each windowed limit's idx is its current window index.
 local function assess(now, scopes, h, dispatch, epoch)
   local a = {room = ZF(), warns = {}, deny = false, dslot = false}
   local room = a.room
@@ -676,8 +675,9 @@ local function R8(a, b, c, d, e, f, g, h)
 end
 
 -- begin starts a call (a script, or one call of the function library): one
--- call is one instant, so the clock, the meta and scope caches start empty;
--- the parse caches only are kept, up to 4096 texts.
+-- call is one instant, so the clock and the meta cache start empty and the
+-- scope caches' values are stale (GEN); the parse and scope caches' tables
+-- are kept, bounded.
 local function begin(floor)
   FLOOR = tonumber(floor) or 0
   TNOW = nil
@@ -738,6 +738,8 @@ local function reserve_plan()
   return {now = now, epoch = epoch, h = h, scopes = scopes, dispatch = dispatch, ttl = ttl, a = a,
     pv_s = META.pv_s, keys = KEYS, argv = ARGV}
 end
+
+local WIB = {} -- reserve_apply's window texts, reused
 
 local function reserve_apply(p)
   local now, epoch, h, scopes, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.dispatch, p.ttl, p.a
