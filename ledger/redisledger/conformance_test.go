@@ -88,7 +88,7 @@ func conformance(t *testing.T, maxBatch int, batchScript bool) {
 				case ledgertest.NegativeReserved:
 					return rc.HSet(ctx, base+"s:"+scope.String(), "r:3", "-5").Err()
 				case ledgertest.UnknownState:
-					return rc.HSet(ctx, base+"q:"+id, "st", "99").Err()
+					return setRecordField(ctx, rc, base+"q:"+id, "st", "99")
 				case ledgertest.LeaseWithoutRecord:
 					return rc.Del(ctx, base+"q:"+id).Err()
 				}
@@ -121,7 +121,7 @@ func audit(rc *redis.Client, tenant ledger.ScopeKey) error {
 			return err
 		}
 		for _, id := range ids {
-			rec, err := rc.HGetAll(ctx, base+"q:"+id).Result()
+			rec, err := recordFields(ctx, rc, base+"q:"+id)
 			if err != nil {
 				return err
 			}

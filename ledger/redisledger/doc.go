@@ -11,7 +11,10 @@
 // first reads and validates everything it will touch (integers, ranges,
 // states, epoch, policy version, and that KEYS match the record's scopes)
 // and only then writes. Stored damage is refused
-// as ledger.ErrCorrupt with nothing written, never clamped. Scripts start
+// as ledger.ErrCorrupt with nothing written, never clamped. An operation
+// reads only the scope fields it uses (prelude.lua, scope_fields: the
+// limited dimensions and those its hold moves), so damage to a counter it
+// neither reads nor writes is left to the operations that do. Scripts start
 // with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
 // before they run. go-redis runs them with EVALSHA and falls back to EVAL on
 // NOSCRIPT; they are never pipelined. Every write script is also a function
@@ -34,11 +37,18 @@
 //	m        HASH  hwm, epoch, fence_until, pv
 //	L        ZSET  RESERVED/DISPATCHED request ids by lease expiry (ms)
 //	U        ZSET  UNRESOLVED ids by the end of their first admission window
-//	q:<id>   HASH  the record: st, o(wner), dg (digest), le (lease), h (held),
-//	               sp (scopes and limits), wi (admission window per W), sl
-//	               (slot taken), a (actual), src, at (admitted), te (tombstone
-//	               end), ra (chargeable at), ls (state before the terminal one),
-//	               g (the global hold "G.gid", if any)
+//	q:<id>   STRING the record, packed (struct.pack, scripts.go recordFormat):
+//	               st, le (lease), te (tombstone end), sl (slot taken), ra
+//	               (chargeable at), ls (state before the terminal one), at
+//	               (admitted), o(wner), dg (digest), h (held), sp (scopes and
+//	               limits), wi (admission window per W), a (actual), src, g
+//	               (the global hold "G.gid", if any), na (attempt nonce).
+//	               Records of the layout before it (a HASH of those fields as
+//	               text) are still read, and stored packed when next written.
+//	               A process of that earlier version refuses a packed record
+//	               (WRONGTYPE, before it writes anything): during a rolling
+//	               upgrade it cannot settle or reclaim records upgraded
+//	               processes wrote; they can (and reclaim its leases)
 //	s:<S>    HASH  per scope: r:<d> (holds, every dimension), n (slots),
 //	               c:<d>:<W> with w:<d>:<W> (committed and its window index),
 //	               o:<d> (overrun), lim (the scope's limits as last reserved)
@@ -87,8 +97,8 @@
 // record resolves the global hold by id inside the same method (global.go
 // documents the steps and the window in which a request may be falsely
 // denied). Records of such requests store the hold as field g. List reads
-// L or U with ZRANGE and the records with pipelined HMGETs (plain reads, no
-// script, so not one atomic cut).
+// L or U with ZRANGE and the records of each page with one read-only script
+// (so not one atomic cut).
 //
 // # Design rationale
 //

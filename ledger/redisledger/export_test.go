@@ -8,3 +8,6 @@ func SetTimeFloor(l *Ledger, f func() int64) { l.floor = f }
 // script (EVALSHA) instead of the function library, as on a server without
 // functions.
 func UseBatchScript(l *Ledger) { l.b.noFunc.Store(true) }
+
+// RecordFormat is the struct.pack format of a packed record.
+const RecordFormat = recordFormat

@@ -308,7 +308,10 @@ func TestT11CorruptState(t *testing.T) {
 		{
 			name: "non_canonical_integer",
 			corrupt: func(tenant ledger.ScopeKey, _ ledger.Ref) {
-				rc.HSet(ctx, "sluice:{"+tenant.String()+"}:s:"+tenant.String(), "n", "01") // HINCRBY would refuse it mid-script
+				// r:0 (requests) is a counter the Settle releases; an operation
+				// checks only the fields it reads or writes (this scope has no
+				// slot limit, so n is neither).
+				rc.HSet(ctx, "sluice:{"+tenant.String()+"}:s:"+tenant.String(), "r:0", "01")
 			},
 			op: func(ref ledger.Ref, _ []ledger.Scope) error {
 				_, err := l.Settle(ctx, ref, held(3), ledger.SourceFinal)
@@ -331,7 +334,7 @@ func TestT11CorruptState(t *testing.T) {
 			name: "unknown_state",
 			corrupt: func(tenant ledger.ScopeKey, ref ledger.Ref) {
 				k := ledger.ScopeKey(ref.ID)
-				rc.HSet(ctx, "sluice:{"+tenant.String()+"}:q:"+k.String(), "st", "99")
+				require.NoError(t, setRecordField(ctx, rc, "sluice:{"+tenant.String()+"}:q:"+k.String(), "st", "99"))
 			},
 			op: func(ref ledger.Ref, _ []ledger.Scope) error {
 				_, err := l.Settle(ctx, ref, held(3), ledger.SourceFinal)

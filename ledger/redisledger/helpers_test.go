@@ -2,6 +2,7 @@ package redisledger_test
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
 )
 
 // advanceScript raises a tenant's high-water mark to max(TIME, hwm) + d ms,
@@ -65,4 +67,88 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(k)
 	return k
+}
+
+// recordFieldNames are a packed record's fields after its version, in
+// redisledger.RecordFormat's order; the older hash layout has the same names.
+var recordFieldNames = []string{"st", "le", "te", "sl", "ra", "ls", "at", "o", "dg", "h", "sp", "wi", "a", "src", "g", "na"}
+
+// recordLua decodes a packed record v into t: t[1] the version, then the
+// fields in recordFieldNames' order.
+const recordLua = `
+local function decode(fmt, v)
+  local t = {struct.unpack(fmt, v)}
+  local p = t[18]
+  for i = 9, 17 do
+    local n = t[i]
+    t[i] = string.sub(v, p, p + n - 1)
+    p = p + n
+  end
+  t[18] = nil
+  return t
+end
+local function encode(fmt, t)
+  local args, texts = {fmt}, {}
+  for i = 1, 8 do args[#args + 1] = t[i] end
+  for i = 9, 17 do
+    args[#args + 1] = #t[i]
+    texts[#texts + 1] = t[i]
+  end
+  return struct.pack(unpack(args)) .. table.concat(texts)
+end
+`
+
+// recordScript returns a record's fields as a flat name, value list (its
+// present fields, as text; a zero number or an empty text is absent), for
+// either layout. ARGV 1 the format, then the field names.
+var recordScript = redis.NewScript(recordLua + `
+local v = redis.pcall('GET', KEYS[1])
+if not v then return {} end
+if type(v) ~= 'string' then return redis.call('HGETALL', KEYS[1]) end
+local t = decode(ARGV[1], v)
+local out = {}
+for i = 2, #ARGV do
+  local x = t[i]
+  if x ~= 0 and x ~= '' then
+    out[#out + 1] = ARGV[i]
+    if type(x) == 'number' then x = string.format('%d', x) end
+    out[#out + 1] = x
+  end
+end
+return out`)
+
+// setRecordFieldScript sets one field of a packed record (KEEPTTL). ARGV 1
+// the format, 2 the field's position after the version, 3 its value.
+var setRecordFieldScript = redis.NewScript(recordLua + `
+local t = decode(ARGV[1], redis.call('GET', KEYS[1]))
+local i = tonumber(ARGV[2]) + 1
+if i <= 8 then t[i] = tonumber(ARGV[3]) else t[i] = ARGV[3] end
+redis.call('SET', KEYS[1], encode(ARGV[1], t), 'KEEPTTL')
+return 1`)
+
+// recordFields returns the record at key, field by field (empty: none).
+func recordFields(ctx context.Context, rc redis.UniversalClient, key string) (map[string]string, error) {
+	args := []any{redisledger.RecordFormat}
+	for _, n := range recordFieldNames {
+		args = append(args, n)
+	}
+	flat, err := recordScript.Run(ctx, rc, []string{key}, args...).StringSlice()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for i := 0; i+1 < len(flat); i += 2 {
+		m[flat[i]] = flat[i+1]
+	}
+	return m, nil
+}
+
+// setRecordField sets field name of the packed record at key to v.
+func setRecordField(ctx context.Context, rc redis.UniversalClient, key, name, v string) error {
+	for i, n := range recordFieldNames {
+		if n == name {
+			return setRecordFieldScript.Run(ctx, rc, []string{key}, redisledger.RecordFormat, i+1, v).Err()
+		}
+	}
+	return fmt.Errorf("no record field %q", name)
 }

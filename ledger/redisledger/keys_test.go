@@ -216,6 +216,8 @@ func TestT17RawIDsNeverStored(t *testing.T) {
 			for f, v := range rc.HGetAll(ctx, k).Val() {
 				vals = append(vals, f, v)
 			}
+		case "string": // a record (packed)
+			vals = []string{rc.Get(ctx, k).Val()}
 		case "zset":
 			vals = rc.ZRange(ctx, k, 0, -1).Val()
 		case "set":

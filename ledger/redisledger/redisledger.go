@@ -1206,17 +1206,19 @@ func (l *Ledger) Run(ctx context.Context) error {
 // List returns up to max (≤ 0: ledger.DefaultListMax) open records of tenant
 // in state, ordered like the ZSET that indexes them: RESERVED and DISPATCHED
 // by lease expiry (L), UNRESOLVED by chargeable-at (U), ties by id. It never
-// writes and runs no script: ZRANGE pages of the index, each followed by one
-// pipelined HMGET per id (plain reads, never EVALSHA, so pipelining is safe).
+// writes: ZRANGE pages of the index, each followed by one read-only script
+// (EVALSHA_RO) that decodes the page's records (packed, or the older hash
+// layout) and returns the fields List reports.
 //
 // # Design rationale
 //
-// A script could read the records atomically, but only by building key names
-// inside Lua, which the key rules forbid (every key in KEYS). The price of
-// plain reads is that the answer is not one atomic cut: a record that changes
-// state between the ZRANGE and its HMGET is judged by the state read last
-// (and skipped if it no longer matches), and an id whose record is gone
-// (purged or damaged) is skipped. Reclaim, not List, reports corruption.
+// One script could read the index and the records atomically, but only by
+// building key names inside Lua, which the key rules forbid (every key in
+// KEYS). The price of reading the index first is that the answer is not one
+// atomic cut: a record that changes state between the ZRANGE and the read of
+// its record is judged by the state read last (and skipped if it no longer
+// matches), and an id whose record is gone (purged or damaged) is skipped.
+// Reclaim, not List, reports corruption.
 func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.ReservationInfo, error) {
 	if tenant.IsZero() {
 		return nil, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
@@ -1248,34 +1250,29 @@ func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.
 		if len(ids) == 0 {
 			break
 		}
-		cmds := make([]*redis.SliceCmd, len(ids))
-		_, err = l.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range ids {
-				cmds[i] = p.HMGet(ctx, base+"q:"+id, "st", "o", "le", "h", "at")
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, l.storeErr(err)
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = base + "q:" + id
 		}
-		for i, c := range cmds {
-			v := c.Val()
-			if len(v) != 5 {
+		recs, err := l.run(ctx, l.s.records, true, keys)
+		if err != nil {
+			return nil, err
+		}
+		for i, x := range recs {
+			v, _ := x.([]any)
+			if len(v) != 5 || i >= len(ids) {
 				continue
 			}
-			if st, _ := v[0].(string); st != want {
+			r := reply(v)
+			if r.str(0) != want {
 				continue
 			}
 			ref, ok := refOf(tenant, ids[i])
-			os, _ := v[1].(string)
-			owner, ok2 := parseOwner(os)
-			les, _ := v[2].(string)
-			le, e1 := strconv.ParseInt(les, 10, 64)
-			hs, _ := v[3].(string)
-			held, ok3 := parseAmountsCSV(hs)
-			ats, _ := v[4].(string)
-			at, e2 := strconv.ParseInt(ats, 10, 64)
-			if !ok || !ok2 || !ok3 || e1 != nil || e2 != nil {
+			owner, ok2 := parseOwner(r.str(1))
+			le, ok3 := r.int(2)
+			held, ok4 := parseAmountsCSV(r.str(3))
+			at, ok5 := r.int(4)
+			if !ok || !ok2 || !ok3 || !ok4 || !ok5 {
 				return nil, l.corrupt("record of list entry " + ids[i])
 			}
 			held[ledger.Slots] = 0

@@ -19,7 +19,7 @@ var luaFS embed.FS
 // refuses them up front; readers are flagged no-writes for EVALSHA_RO.
 type scripts struct {
 	reserve, dispatch, extend, settle, release, expire, resolve, charge *redis.Script
-	scan, snapshot                                                      *redis.Script
+	scan, snapshot, records                                             *redis.Script
 	// batch runs several write operations in one script call (batch.go).
 	batch *redis.Script
 	// names maps each write script to its operation name in batch.
@@ -34,13 +34,22 @@ var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "e
 
 // dimsHeader defines NDIMS and SLOTS for the prelude, and constructors of
 // tables presized for one value per dimension (index 0..NDIMS-1): ZA for
-// amounts (0 each, plus n and s), ZS and ZF (false each). Lua 5.1 has no
+// amounts (0 each, plus n, s, nz and m), ZS and ZF (false each). Lua 5.1 has no
 // table.new, and filling an empty table rehashes it at every power of two.
 func dimsHeader() string {
+	return dimsLine() + "local RFMT = '" + recordFormat + "'\n"
+}
+
+// recordFormat is the struct.pack format of a packed record's head
+// (lua/prelude.lua, store): version, st, le, te, sl, ra, ls, at, then the
+// lengths of the texts o, dg, h, sp, wi, a, src, g, na that follow it.
+const recordFormat = "<BBddBdBd" + "I4I4I4I4I4I4I4I4I4"
+
+func dimsLine() string {
 	zeros := "[0]=0" + strings.Repeat(",0", int(ledger.NumDims)-1)
 	falses := "[0]=false" + strings.Repeat(",false", int(ledger.NumDims)-1)
 	return fmt.Sprintf("local NDIMS, SLOTS = %d, %d\n"+
-		"local function ZA() return {%s, n = 0, s = false} end\n"+
+		"local function ZA() return {%s, n = 0, s = false, nz = false, m = 0} end\n"+
 		"local function ZS() return {%s} end\n"+
 		"local ZF = ZS\n", ledger.NumDims, ledger.Slots, zeros, falses)
 }
@@ -81,6 +90,7 @@ func loadScripts() (*scripts, error) {
 		{&s.reserve, "reserve", false}, {&s.dispatch, "dispatch", false}, {&s.extend, "extend", false},
 		{&s.settle, "settle", false}, {&s.release, "release", false}, {&s.expire, "expire", false},
 		{&s.resolve, "resolve", false}, {&s.charge, "charge", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
+		{&s.records, "records", true},
 	} {
 		sc, err := mk(x.name, x.ro)
 		if err != nil {

@@ -25,9 +25,9 @@ if at == nil then return {'INVALID', epoch, 'at'} end
 if at > now then at = now end
 -- Validate every counter before any write.
 local plan = {}
-for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
-  for _, l in ipairs(sc.lims) do
+for i = 1, #scopes do local sc = scopes[i]
+  if not load_scope(sc, Z0) then return {'CORRUPT', epoch, 'scope'} end
+  for j = 1, #sc.lims do local l = sc.lims[j]
     local idx = window_of(now, l.w)
     if l.widx > idx then return {'CORRUPT', epoch, 'window'} end
     l.idx = idx
@@ -41,8 +41,8 @@ for _, sc in ipairs(scopes) do
   end
 end
 -- Apply.
-for _, sc in ipairs(scopes) do
-  for _, l in ipairs(sc.lims) do
+for i = 1, #scopes do local sc = scopes[i]
+  for j = 1, #sc.lims do local l = sc.lims[j]
     if l.widx < l.idx then
       sput(sc.key, l.wf, l.idx)
       sput(sc.key, l.cf, 0)
@@ -50,20 +50,20 @@ for _, sc in ipairs(scopes) do
   end
   if not sc.seen then sput(sc.key, 'lim', sc.spec) end
 end
-for _, p in ipairs(plan) do
+for i = 1, #plan do local p = plan[i]
   sadd(p.sc.key, p.l.cf, p.amt)
   p.l.cur = p.l.cur + p.amt
 end
 local over = 0
-for _, sc in ipairs(scopes) do
-  for _, l in ipairs(sc.lims) do
+for i = 1, #scopes do local sc = scopes[i]
+  for j = 1, #sc.lims do local l = sc.lims[j]
     if l.cur + sc.r[l.d] > l.max then over = 1 end
   end
 end
 local wi = {}
 local seen = {}
-for _, sc in ipairs(scopes) do
-  for _, l in ipairs(sc.lims) do
+for i = 1, #scopes do local sc = scopes[i]
+  for j = 1, #sc.lims do local l = sc.lims[j]
     if not seen[l.w] then
       seen[l.w] = true
       table.insert(wi, l.w .. ':' .. window_of(at, l.w))
@@ -71,8 +71,8 @@ for _, sc in ipairs(scopes) do
   end
 end
 table.sort(wi)
-if why == 'aged' then redis.call('DEL', KEYS[4]) end
-finalize(now, S_SETTLED, nil, 'o', '', 'dg', ARGV[9], 'le', now, 'h', '', 'a', ARGV[6], 'src', 'outage',
-  'sp', ARGV[7], 'wi', table.concat(wi, ','), 'sl', 0, 'at', at, 'ls', 0)
+-- (SET replaces an aged tombstone whole.)
+finalize(now, S_SETTLED, nil, {o = '', dg = ARGV[9], le = now, h_s = '', a_s = ARGV[6], src = 'outage',
+  sp = ARGV[7], wi_s = table.concat(wi, ','), sl = 0, at = at, ls = 0, g = ''})
 touch(now)
 return {'OK', epoch, now, at, over}

@@ -19,8 +19,8 @@ if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch
 if rec.st ~= S_RESERVED then return {'FINAL', epoch, rec.st} end
 if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
 local any = false
-for si, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+for si = 1, #scopes do local sc = scopes[si]
+  if not load_scope(sc, Z0) then return {'CORRUPT', epoch, 'scope'} end
   if sc.slot then
     any = true
     if sc.slot.mode == 'b' and sc.n + 1 > sc.slot.max then
@@ -31,10 +31,11 @@ end
 local sl = 0
 if any then
   sl = 1
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     if sc.slot then sadd(sc.key, 'n', 1) end
   end
 end
-redis.call('HSET', KEYS[4], 'st', S_DISPATCHED, 'sl', sl)
+rec.st, rec.sl = S_DISPATCHED, sl
+store(rec)
 touch(now)
 return {'OK', epoch, rec.le, 0, rec.g}

@@ -17,28 +17,30 @@ if not scopes then
   return {'CORRUPT', epoch, serr}
 end
 if (rec.st ~= S_RESERVED and rec.st ~= S_DISPATCHED) or now < rec.le then return {'NOTDUE', epoch} end
-for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+for i = 1, #scopes do local sc = scopes[i]
+  if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 if rec.st == S_RESERVED then
   if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
   do_release(scopes, rec.h, false)
-  finalize(now, S_EXPIRED, rec.st, 'ls', rec.st)
+  rec.ls = rec.st
+  finalize(now, S_EXPIRED, rec.st, rec)
   touch(now)
   return {'OK', epoch, S_EXPIRED, 0, 0, rec.g}
 end
 -- DISPATCHED: free the slot only; consumable holds stay.
 local slot = rec.sl == 1
-for _, sc in ipairs(scopes) do
+for i = 1, #scopes do local sc = scopes[i]
   if slot and sc.slot and sc.n < 1 then return {'CORRUPT', epoch, 'negative'} end
 end
 if slot then
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     if sc.slot then sadd(sc.key, 'n', -1) end
   end
 end
 local ra = resolve_at(rec.wi)
-redis.call('HSET', KEYS[4], 'st', S_UNRESOLVED, 'sl', 0, 'ra', ra)
+rec.st, rec.sl, rec.ra = S_UNRESOLVED, 0, ra
+store(rec)
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ra, ARGV[4])
 touch(now)

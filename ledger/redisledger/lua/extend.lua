@@ -13,7 +13,8 @@ if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
 local ttl = cint(ARGV[7])
 if ttl == nil or ttl <= 0 then return {'INVALID', epoch, 'ttl'} end
 local le = now + ttl
-redis.call('HSET', KEYS[4], 'le', le)
+rec.le = le
+store(rec)
 redis.call('ZADD', KEYS[2], le, ARGV[4])
 touch(now)
 return {'OK', epoch, le, rec.g}

@@ -9,12 +9,11 @@
 -- scripts.go puts before this prelude, so no script hardcodes the dimensions.
 -- WD lists the windowed dimensions (every one but SLOTS), RF and OF their
 -- r:<d> and o:<d> field names.
-local WD, RF, OF, OFL = {}, {}, {}, {} -- OFL: the o:<d> names as a list
+local WD, RF, OF = {}, {}, {}
 for d = 0, NDIMS - 1 do
   if d ~= SLOTS then
     WD[#WD + 1] = d
     RF[d], OF[d] = 'r:' .. d, 'o:' .. d
-    OFL[#WD] = OF[d]
   end
 end
 local MAXC = 9007199254740991 -- 2^53-1, the largest counter
@@ -23,7 +22,6 @@ local MAXA = 1125899906842624 -- 2^50, the largest amount or limit
 local S_RESERVED, S_DISPATCHED, S_SETTLED, S_RELEASED = 1, 2, 3, 4
 local S_EXPIRED, S_UNRESOLVED, S_CHARGED, S_SETTLED_LATE = 5, 6, 7, 8
 local function is_open(st) return st == S_RESERVED or st == S_DISPATCHED or st == S_UNRESOLVED end
-local SS = {'1', '2', '3', '4', '5', '6', '7', '8'} -- states as stored
 
 local find, gmatch, match, sub, byte = string.find, string.gmatch, string.match, string.sub, string.byte
 local fmt, rcall, tinsert = string.format, redis.call, table.insert
@@ -33,15 +31,37 @@ local fmt, rcall, tinsert = string.format, redis.call, table.insert
 -- nil (corrupt), so no later write can fail half-way through a script.
 -- v + 0 converts once; tonumber(v) runs strtod twice (lua_isnumber, then
 -- lua_tonumber), and strtod was ~5 % of redis-server's instructions.
+-- CI remembers the texts cint accepted (a pure function of the text):
+-- window indexes, slot counts and many holds recur call after call, and
+-- the check costs a pattern match and a strtod. Bounded: it starts over
+-- after 4096 texts.
+local CI, NCI = {}, 0
 local function cint(v)
   if not v then return 0 end
-  if v == '0' then return 0 end
+  local n = CI[v]
+  if n then return n end
   local t = type(v)
   if t == 'number' then return v end -- written by this script (meta cache)
+  if v == '0' then return 0 end
   if t ~= 'string' or #v > 16 or not find(v, '^[1-9]%d*$') then return nil end
-  local n = v + 0
+  n = v + 0
   if n > MAXC then return nil end
+  if NCI >= 4096 then CI, NCI = {}, 0 end
+  CI[v], NCI = n, NCI + 1
   return n
+end
+
+-- fmtd formats an integer for a write, remembering up to 4096 (every
+-- format is a printf; the same counters recur, and one call's leases and
+-- hwm repeat one value).
+local FT, NFT = {}, 0
+local function fmtd(n)
+  local s = FT[n]
+  if s then return s end
+  s = fmt('%d', n)
+  if NFT >= 4096 then FT, NFT = {}, 0 end
+  FT[n], NFT = s, NFT + 1
+  return s
 end
 
 -- The last ARGV of every script is a clock floor in ms: 0 in production; the
@@ -112,10 +132,11 @@ end
 local SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0
 
 -- parse_amounts parses n comma-separated amounts in 0..2^50, indexed from
--- 0; a.s[d] keeps each one's canonical text. Tables come presized (ZA, ZS:
--- scripts.go writes them for ledger.NumDims): growing a table key by key
--- costs a rehash per power of two, and rehashing was ~12 % of the
--- instructions.
+-- 0; a.s[d] keeps each one's canonical text, a.nz lists the windowed
+-- dimensions with an amount above 0 and a.m is their bit mask. Tables come
+-- presized (ZA, ZS: scripts.go writes them for ledger.NumDims): growing a
+-- table key by key costs a rehash per power of two, and rehashing was ~12 %
+-- of the instructions.
 local function parse_amounts(s)
   local a = AMTS[s]
   if a then return a end
@@ -132,10 +153,22 @@ local function parse_amounts(s)
     a[n], t[n] = v, f
     n = n + 1
   end
-  a.n, a.s = n, t
+  local nz, m = {}, 0
+  for i = 1, #WD do local d = WD[i]
+    if a[d] > 0 then
+      nz[#nz + 1] = d
+      m = m + 2 ^ d
+    end
+  end
+  a.n, a.s, a.nz, a.m = n, t, nz, m
   AMTS[s], NCACHED = a, NCACHED + 1
   return a
 end
+
+-- Z0 is the amounts of an operation that moves no hold (a replay's
+-- headroom, charge, dispatch): its scopes read only the limited r:<d>.
+local Z0 = ZA()
+Z0.nz = {}
 
 -- parse_spec parses "<kind><key>/d:W:max:mode,...;..." (kind one digit,
 -- W seconds, 0 for slots; mode b(lock) or w(arn)) and checks that KEYS[4+i]
@@ -145,21 +178,19 @@ end
 local function parse_spec(spec)
   if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
-    return {wins = {}}
+    return {wins = {}, wis = ''}
   end
   local scopes = SPECS[spec]
   if not scopes then
-    scopes = {wins = {}}
+    scopes = {wins = {}, wis = false}
     local seenw = {}
     for part in gmatch(spec, '[^;]+') do
       local name, lims = match(part, '^([^/]+)/(.*)$')
       if not name then return nil, 'spec' end
-      -- r is kept for every windowed dimension, limited or not. fields are
-      -- what load_scope reads: n, lim, r:<d>..., then c:<d>:<W>, w:<d>:<W>
-      -- per windowed limit (names built from the spec's own digits).
+      -- r is kept for every windowed dimension, limited or not; fl caches
+      -- per hold (its mask) what load_scope reads (scope_fields).
       local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
-        fields = {'n', 'lim'}, slot = false, key = false, n = 0, seen = false, r = ZA(), o = ZA()}
-      for _, d in ipairs(WD) do sc.fields[#sc.fields + 1] = RF[d] end
+        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA()}
       for l in gmatch(lims, '[^,]+') do
         local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
         if not d then return nil, 'spec' end
@@ -170,12 +201,10 @@ local function parse_spec(spec)
           sc.slot = lim
         else
           lim.cf, lim.wf = 'c:' .. d .. ':' .. w, 'w:' .. d .. ':' .. w
-          sc.fields[#sc.fields + 1] = lim.cf
-          sc.fields[#sc.fields + 1] = lim.wf
           tinsert(sc.lims, lim)
           if not seenw[lim.w] then
             seenw[lim.w] = true
-            tinsert(scopes.wins, {w = lim.w, ws = w, k = w .. ':'})
+            tinsert(scopes.wins, {w = lim.w, ws = w, k = w .. ':', ix = false})
           end
         end
       end
@@ -185,24 +214,38 @@ local function parse_spec(spec)
     SPECS[spec], NCACHED = scopes, NCACHED + 1
   end
   if #KEYS ~= 4 + #scopes then return nil, 'keys' end
-  for i, sc in ipairs(scopes) do
-    local k, suf = KEYS[4 + i], sc.suf
-    if #k <= #suf or sub(k, -#suf) ~= suf then return nil, 'keys' end
+  for i = 1, #scopes do local sc = scopes[i]
+    local k = KEYS[4 + i]
+    -- A scope's key is the same text call after call: check it once.
+    if k ~= sc.vk then
+      local suf = sc.suf
+      if #k <= #suf or sub(k, -#suf) ~= suf then return nil, 'keys' end
+      sc.vk = k
+    end
     sc.key = k
   end
   return scopes
 end
 
--- Scope hashes are cached for the whole call: SV[key] holds every field
--- read (validated numbers; lim as text or false) or written since, SD[key]
--- the fields written, in the key order SK. Every read and write of a scope
--- hash goes through sload and sadd/sput, and flush writes each dirty hash
--- back with one HSET: a batch's operations on one scope cost one HMGET and
--- one HSET, and an operation's 4-7 HINCRBYs become part of one HSET.
-local SV, SD, SK = {}, {}, {}
+-- Scope hashes are cached for the whole call: SC[key] holds every field
+-- read (validated numbers; lim as text or false) or written this call, NL
+-- for a field not read this call, and gen, the call it belongs to; SDT[key]
+-- marks the fields written (true until flushed), SKL[1..SKN] lists the keys
+-- written, in order. Every read and write of a scope hash goes through
+-- sload and sadd/sput, and flush writes each dirty hash back with one HSET:
+-- a batch's operations on one scope cost one HMGET and one HSET, and an
+-- operation's 4-7 HINCRBYs become part of one HSET. The tables outlive the
+-- call (in the function library): the next call fills the same names into
+-- the same slots, where filling new tables rehashed each at every power of
+-- two (~65 rehashes per operation). begin bounds them (MAXSC keys).
+local SC, SDT, NSC, GEN, MAXSC = {}, {}, 0, 0, 1024
+local SKL, SKN = {}, 0
+local NL = {} -- not read this call
+local ARGS = {} -- flush's HSET arguments, reused
 
 -- sfill stores the n fields names read as v into c (lim as text, the rest
--- as canonical integers) and returns c, or nil when one is corrupt.
+-- as canonical integers) and returns c, or nil when one is corrupt (it and
+-- the fields after it stay unread).
 local function sfill(c, names, n, v)
   for i = 1, n do
     local name, x = names[i], v[i]
@@ -217,19 +260,25 @@ local function sfill(c, names, n, v)
   return c
 end
 
--- sload makes sure SV[key] holds the fields f (one HMGET of those missing)
+-- sload makes sure SC[key] holds the fields f (one HMGET of those missing)
 -- and returns it, or nil when one of them is corrupt.
 local function sload(key, f)
-  local c = SV[key]
-  if not c then
-    -- The call's first touch of key: read f as it is.
-    c = {}
-    SV[key] = c
+  local c = SC[key]
+  if not c or c.gen ~= GEN then
+    -- The call's first touch of key: forget the last call's values, read f.
+    if c then
+      for name in pairs(c) do c[name] = NL end
+    else
+      c = {}
+      SC[key], NSC = c, NSC + 1
+    end
+    c.gen = GEN
     return sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
   end
   local miss, nm
   for i = 1, #f do
-    if c[f[i]] == nil then
+    local x = c[f[i]]
+    if x == nil or x == NL then
       if not miss then miss, nm = {}, 0 end
       nm = nm + 1
       miss[nm] = f[i]
@@ -240,42 +289,73 @@ local function sload(key, f)
 end
 
 local function sput(key, f, v)
-  SV[key][f] = v
-  local d = SD[key]
+  SC[key][f] = v
+  local d = SDT[key]
   if not d then
     d = {}
-    SD[key] = d
-    SK[#SK + 1] = key
+    SDT[key] = d
+  end
+  if d.gen ~= GEN then
+    d.gen = GEN
+    SKN = SKN + 1
+    SKL[SKN] = key
   end
   d[f] = true
 end
 
 -- sadd adds x to a field sload read (HINCRBY on the cache; callers checked
 -- the range first).
-local function sadd(key, f, x) sput(key, f, SV[key][f] + x) end
+local function sadd(key, f, x) sput(key, f, SC[key][f] + x) end
 
--- load_scope reads and validates the counters a spec touches: n, r:<d>,
--- c:<d>:<W> and w:<d>:<W> (and o:<d> when overrun is set). Returns false on
--- corruption.
-local function load_scope(sc, overrun)
-  local c = sload(sc.key, sc.fields)
-  if not c then return false end
-  if overrun and not sload(sc.key, OFL) then return false end
-  sc.seen, sc.n = c.lim, c.n
-  local r = sc.r
-  for _, d in ipairs(WD) do r[d] = c[RF[d]] end
-  for _, l in ipairs(sc.lims) do
-    l.c, l.widx = c[l.cf], c[l.wf]
+-- scope_fields is what an operation moving the hold h reads of scope sc:
+-- lim, n (when sc limits slots), r:<d> of the limited dimensions and of
+-- those h holds (dims; no other r:<d> is read or written), c:<d>:<W> and
+-- w:<d>:<W> per windowed limit. Cached in sc per mask of h.
+local function scope_fields(sc, h)
+  local need = {}
+  for j = 1, #sc.lims do local l = sc.lims[j]; need[l.d] = true end
+  for i = 1, #h.nz do local d = h.nz[i]; need[d] = true end
+  local names, dims = {'lim'}, {}
+  if sc.slot then names[2] = 'n' end
+  for i = 1, #WD do local d = WD[i]
+    if need[d] then
+      dims[#dims + 1] = d
+      names[#names + 1] = RF[d]
+    end
   end
-  if overrun then
-    local o = sc.o
-    for _, d in ipairs(WD) do o[d] = c[OF[d]] end
+  for j = 1, #sc.lims do local l = sc.lims[j]
+    names[#names + 1] = l.cf
+    names[#names + 1] = l.wf
+  end
+  local f = {names = names, dims = dims}
+  sc.fl[h.m] = f
+  return f
+end
+
+-- load_scope reads and validates the counters of sc an operation moving the
+-- hold h touches (scope_fields); sc.dlist is then the dimensions whose r it
+-- read. Returns false on corruption.
+local function load_scope(sc, h)
+  local f = sc.fl[h.m] or scope_fields(sc, h)
+  local c = sload(sc.key, f.names)
+  if not c then return false end
+  local dims = f.dims
+  sc.seen, sc.dlist = c.lim, dims
+  if sc.slot then sc.n = c.n end
+  local r = sc.r
+  for i = 1, #dims do
+    local d = dims[i]
+    r[d] = c[RF[d]]
+  end
+  for j = 1, #sc.lims do local l = sc.lims[j]
+    l.c, l.widx = c[l.cf], c[l.wf]
   end
   return true
 end
 
 -- window_of returns the current window index of W seconds at now ms.
-local function window_of(now, w) return math.floor(now / (w * 1000)) end
+local mfloor = math.floor
+local function window_of(now, w) return mfloor(now / (w * 1000)) end
 
 -- parse_wi parses a record's admission windows "W:idx,...".
 local NOWI = {}
@@ -289,39 +369,108 @@ local function parse_wi(s)
   return t
 end
 
--- load_record reads the record fields scripts need, validated; false when
--- there is none; nil, reason on corruption.
-local function load_record(now)
-  local v = rcall('HMGET', KEYS[4], 'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na')
+-- Records are one string each: a head, struct.pack of RFMT (scripts.go):
+-- the layout's version, st, le, te, sl, ra, ls, at as numbers (0 when
+-- absent) and the lengths of o, dg, h, sp, wi, a, src, g, na; then those
+-- nine texts ('' when absent), concatenated. One GET or SET moves a whole
+-- record, where the hash layout before it (HFIELDS, every value text) took
+-- an HMGET of 16 fields, an HSET of up to 10 and a PEXPIRE. The texts are
+-- joined by one concatenation (memcpy): struct.pack copies byte by byte,
+-- and cmsgpack interns every element as a Lua string first. Records of the
+-- hash layout are still read, and written back packed by the next
+-- operation that writes them (a rolling upgrade; docs/LEDGER.md §6).
+local PACK = 1 -- the packed layout's version, its first element
+local HFIELDS = {'st', 'o', 'dg', 'le', 'te', 'h', 'sp', 'wi', 'sl', 'a', 'src', 'ra', 'ls', 'at', 'g', 'na'}
+local spack, sunpack = struct.pack, struct.unpack
+
+-- pint validates a packed counter: an integer in 0..2^53-1, else nil.
+local function pint(v)
+  if v < 0 or v > MAXC or v % 1 ~= 0 then return nil end
+  return v
+end
+
+-- read_record returns the record at key as a table of its fields (as
+-- stored, nothing validated; packed is true for the packed layout), false
+-- when there is none, nil when it does not decode.
+local function read_record(key)
+  local v = redis.pcall('GET', key)
+  if not v then return false end
+  if type(v) == 'string' then
+    local ok, ver, st, le, te, sl, ra, ls, at, n1, n2, n3, n4, n5, n6, n7, n8, n9, p = pcall(sunpack, RFMT, v)
+    if not ok or ver ~= PACK or p + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9 ~= #v + 1 then return nil end
+    local o = sub(v, p, p + n1 - 1)
+    p = p + n1
+    local dg = sub(v, p, p + n2 - 1)
+    p = p + n2
+    local h = sub(v, p, p + n3 - 1)
+    p = p + n3
+    local sp = sub(v, p, p + n4 - 1)
+    p = p + n4
+    local wi = sub(v, p, p + n5 - 1)
+    p = p + n5
+    local a = false
+    if n6 > 0 then a = sub(v, p, p + n6 - 1) end
+    p = p + n6
+    local src = sub(v, p, p + n7 - 1)
+    p = p + n7
+    local g = sub(v, p, p + n8 - 1)
+    p = p + n8
+    local na = sub(v, p, p + n9 - 1)
+    return {st = st, o = o, dg = dg, le = le, te = te, h_s = h, sp = sp, wi_s = wi, sl = sl, a_s = a, src = src,
+      ra = ra, ls = ls, at = at, g = g, na = na, h = false, a = false, wi = false, packed = true}
+  end
+  -- The hash layout (another type raises here, as any wrong type does).
+  v = rcall('HMGET', key, unpack(HFIELDS))
   if not v[1] then return false end
-  local rec = {o = v[2], dg = v[3], sp = v[7], wi_s = v[8], a_s = v[10], src = v[11], h_s = v[6], ls = v[13], at = v[14],
-    g = v[15] or '', na = v[16], st = cint(v[1]), le = cint(v[4]), te = cint(v[5]), sl = cint(v[9]), ra = cint(v[12]),
-    h = false, a = false, wi = false}
+  return {st = v[1], o = v[2], dg = v[3], le = v[4], te = v[5], h_s = v[6], sp = v[7], wi_s = v[8], sl = v[9],
+    a_s = v[10], src = v[11], ra = v[12], ls = v[13], at = v[14], g = v[15] or '', na = v[16],
+    h = false, a = false, wi = false, packed = false}
+end
+
+-- load_record reads the record scripts act on (KEYS[4]), validated; false
+-- when there is none; nil, reason on corruption.
+local function load_record(now)
+  local rec = read_record(KEYS[4])
+  if rec == nil then return nil, 'record' end
+  if not rec then return false end
+  local num = pint
+  if not rec.packed then num = cint end -- the hash layout: text
+  rec.st, rec.le, rec.te, rec.sl, rec.ra = num(rec.st), num(rec.le), num(rec.te), num(rec.sl), num(rec.ra)
   if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
   if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
-  if v[5] and now >= rec.te then return false, 'aged' end -- tombstone past retention
-  rec.h = parse_amounts(v[6] or '')
+  if rec.te > 0 and now >= rec.te then return false, 'aged' end -- tombstone past retention
+  rec.h = parse_amounts(rec.h_s or '')
   if rec.h == nil then return nil, 'held' end
-  if v[10] then
-    rec.a = parse_amounts(v[10])
+  if rec.a_s then
+    rec.a = parse_amounts(rec.a_s)
     if rec.a == nil then return nil, 'actual' end
   end
-  rec.wi = parse_wi(v[8])
+  rec.wi = parse_wi(rec.wi_s)
   return rec
 end
 
 -- record_or_none is load_record for scripts that mostly find no record
--- (reserve, charge): one HGET of st first, the full read only when it is
--- set (the same test load_record makes).
-local function record_or_none(now)
-  if not rcall('HGET', KEYS[4], 'st') then return false end
-  return load_record(now)
+-- (reserve, charge); a GET of a missing key is already the cheapest read.
+local record_or_none = load_record
+
+-- store writes the record r (every field, packed) as KEYS[4]; px, when
+-- given, is its time to live in ms (tombstones), else it has none.
+local function store(r, px)
+  local o, dg, h, sp, wi, a, src, g, na = r.o or '', r.dg or '', r.h_s or '', r.sp or '', r.wi_s or '', r.a_s or '',
+    r.src or '', r.g or '', r.na or ''
+  local v = spack(RFMT, PACK, r.st, r.le or 0, r.te or 0, r.sl or 0, r.ra or 0, r.ls or 0, r.at or 0,
+    #o, #dg, #h, #sp, #wi, #a, #src, #g, #na) .. o .. dg .. h .. sp .. wi .. a .. src .. g .. na
+  if px then
+    rcall('SET', KEYS[4], v, 'PX', px)
+  else
+    rcall('SET', KEYS[4], v)
+  end
 end
 
 -- check_release validates that r:<d> -= h[d] (and n -= 1 when slot) stays >= 0.
 local function check_release(scopes, h, slot)
-  for _, sc in ipairs(scopes) do
-    for _, d in ipairs(sc.dlist) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       if sc.r[d] < h[d] then return false end
     end
     if slot and sc.slot and sc.n < 1 then return false end
@@ -330,8 +479,8 @@ local function check_release(scopes, h, slot)
 end
 
 local function do_release(scopes, h, slot)
-  for _, sc in ipairs(scopes) do
-    for _, d in ipairs(sc.dlist) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       local x = h[d]
       if x > 0 then sadd(sc.key, RF[d], -x) end
     end
@@ -343,8 +492,8 @@ end
 -- Returns the list of {sc, l, amt} or nil on corruption.
 local function plan_charge(now, scopes, wi, a)
   local plan = {}
-  for _, sc in ipairs(scopes) do
-    for _, l in ipairs(sc.lims) do
+  for i = 1, #scopes do local sc = scopes[i]
+    for j = 1, #sc.lims do local l = sc.lims[j]
       local amt = a[l.d]
       local adm = wi[l.w]
       if amt > 0 then
@@ -361,16 +510,16 @@ local function plan_charge(now, scopes, wi, a)
 end
 
 local function do_charge(plan)
-  for _, p in ipairs(plan) do sadd(p.sc.key, p.l.cf, p.amt) end
+  for i = 1, #plan do local p = plan[i]; sadd(p.sc.key, p.l.cf, p.amt) end
 end
 
--- finalize makes the record a tombstone in ledger time and real time,
--- writing the extra record fields given, and takes its id out of the index
--- its previous state prev is in (L for RESERVED and DISPATCHED, U for
+-- finalize makes the record r (its fields as they end) a tombstone of state
+-- st in ledger time and real time, and takes its id out of the index its
+-- previous state prev is in (L for RESERVED and DISPATCHED, U for
 -- UNRESOLVED; nil for a new record).
-local function finalize(now, st, prev, ...)
-  rcall('HSET', KEYS[4], 'st', SS[st], 'te', fmt('%d', now + ARGV[5]), ...)
-  rcall('PEXPIRE', KEYS[4], ARGV[5])
+local function finalize(now, st, prev, r)
+  r.st, r.te = st, now + ARGV[5]
+  store(r, ARGV[5])
   if prev == S_RESERVED or prev == S_DISPATCHED then
     rcall('ZREM', KEYS[2], ARGV[4])
   elseif prev == S_UNRESOLVED then
@@ -396,23 +545,28 @@ end
 local function flush()
   for k, d in pairs(MDIRTY) do
     if d.pv then
-      rcall('HSET', k, 'hwm', fmt('%d', d.m[1]), 'pv', d.m[4])
+      rcall('HSET', k, 'hwm', fmtd(d.m[1]), 'pv', d.m[4])
     else
-      rcall('HSET', k, 'hwm', fmt('%d', d.m[1]))
+      rcall('HSET', k, 'hwm', fmtd(d.m[1]))
     end
   end
   MDIRTY = {}
-  for _, key in ipairs(SK) do
-    local c, args, n = SV[key], {}, 0
-    for f in pairs(SD[key]) do
-      local v = c[f]
-      if type(v) == 'number' then v = fmt('%d', v) end
-      args[n + 1], args[n + 2] = f, v
-      n = n + 2
+  local args = ARGS
+  for i = 1, SKN do
+    local key = SKL[i]
+    local c, d, n = SC[key], SDT[key], 0
+    for f, on in pairs(d) do
+      if on == true then
+        local v = c[f]
+        if type(v) == 'number' then v = fmtd(v) end
+        args[n + 1], args[n + 2] = f, v
+        n = n + 2
+        d[f] = false
+      end
     end
-    rcall('HSET', key, unpack(args))
+    rcall('HSET', key, unpack(args, 1, n))
   end
-  SV, SD, SK = {}, {}, {}
+  SKN = 0
 end
 
 -- resolve_at is when an UNRESOLVED record may be charged: the end of the first
@@ -426,6 +580,14 @@ local function resolve_at(wi)
   return t
 end
 
+-- note records in room the headroom of one limit where it is the tightest
+-- of its dimension so far.
+local function note(room, d, max, rem, w, resets)
+  if rem < 0 then rem = 0 end
+  local r = room[d]
+  if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
+end
+
 -- assess validates every counter of scopes and evaluates admission of h (with
 -- a slot when dispatch). It returns nil, reason on corruption, else a table:
 -- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
@@ -433,18 +595,13 @@ end
 local function assess(now, scopes, h, dispatch, epoch)
   local a = {room = ZF(), warns = {}, deny = false, dslot = false}
   local room = a.room
-  local function note(d, max, rem, w, resets)
-    if rem < 0 then rem = 0 end
-    local r = room[d]
-    if not r or rem < r[3] or (rem == r[3] and resets > r[5]) then room[d] = {1, max, rem, w, resets} end
-  end
-  for si, sc in ipairs(scopes) do
-    if not load_scope(sc) then return nil, 'scope' end
+  for si = 1, #scopes do local sc = scopes[si]
+    if not load_scope(sc, h) then return nil, 'scope' end
     local r = sc.r
-    for _, d in ipairs(sc.dlist) do
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       if r[d] + h[d] > MAXC then return nil, 'overflow' end
     end
-    for _, l in ipairs(sc.lims) do
+    for j = 1, #sc.lims do local l = sc.lims[j]
       local idx = window_of(now, l.w)
       if l.widx > idx then return nil, 'window' end
       l.idx = idx
@@ -457,7 +614,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         if used > l.max and (not a.deny or resets > a.deny[10]) then
           a.deny = {'DENIED', epoch, si, l.d, l.w, l.max, l.cur, r[l.d], hd, resets, now}
         end
-        note(l.d, l.max, l.max - used, l.w, resets)
+        note(room, l.d, l.max, l.max - used, l.w, resets)
       elseif used > l.max then
         tinsert(a.warns, {si, l.d, l.w, l.max, used, resets})
       end
@@ -469,7 +626,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         if used > sc.slot.max and not a.dslot then
           a.dslot = {'DENIED', epoch, si, sc.slot.d, 0, sc.slot.max, 0, sc.n, 1, 0, now}
         end
-        note(sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
+        note(room, sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
       elseif used > sc.slot.max then
         tinsert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
       end
@@ -483,7 +640,7 @@ end
 -- 6 fields per warning to out. Untracked dimensions are left out: every reply
 -- element costs server CPU to encode, and most requests track 2 or 3 of 7.
 local function append_room(out, a)
-  local n = #out + 1
+  local n = out.n + 1
   local cnt, k = n, 0
   out[cnt] = 0
   for d = 0, NDIMS - 1 do
@@ -498,21 +655,36 @@ local function append_room(out, a)
   local warns = a.warns
   n = n + 1
   out[n] = #warns
-  for _, w in ipairs(warns) do
+  for i = 1, #warns do local w = warns[i]
     out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6] = w[1], w[2], w[3], w[4], w[5], w[6]
     n = n + 6
   end
+  out[n + 1], out.n = nil, nil -- the reply ends at the first nil
   return out
 end
 
+-- R4 and R8 start a reply of 4 or 8 head elements that append_room
+-- completes, presized (growing a table rehashes it at every power of two).
+local function R4(a, b, c, d)
+  return {a, b, c, d, false, false, false, false, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, n = 4}
+end
+local function R8(a, b, c, d, e, f, g, h)
+  return {a, b, c, d, e, f, g, h, false, false, false, false, false, false, false, false,
+    false, false, false, false, false, false, false, false, false, false, false, false, n = 8}
+end
+
 -- begin starts a call (a script, or one call of the function library): one
--- call is one instant, so the clock, the meta and scope caches start empty;
--- the parse caches only are kept, up to 4096 texts.
+-- call is one instant, so the clock and the meta cache start empty and the
+-- scope caches' values are stale (GEN); the parse and scope caches' tables
+-- are kept, bounded.
 local function begin(floor)
   FLOOR = tonumber(floor) or 0
   TNOW = nil
   MC, MDIRTY = {}, {}
-  SV, SD, SK = {}, {}, {}
+  GEN = GEN + 1
+  -- A call that raised before its flush left dirty marks: drop the caches.
+  if SKN > 0 or NSC > MAXSC then SC, SDT, NSC, SKN = {}, {}, 0, 0 end
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
 
@@ -538,11 +710,11 @@ local function reserve_plan()
   if rec then
     if not is_open(rec.st) then return nil, {'FINAL', epoch, rec.st} end
     if rec.dg ~= ARGV[8] then return nil, {'CONFLICT', epoch} end
-    local a, aerr = assess(now, scopes, ZA(), false, epoch)
+    local a, aerr = assess(now, scopes, Z0, false, epoch)
     if not a then return nil, {'CORRUPT', epoch, aerr} end
     local same = 0
     if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
-    return nil, append_room({'REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same}, a)
+    return nil, append_room(R8('REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same), a)
   end
   if ARGV[14] == '1' then return nil, {'NOREC', epoch} end
 
@@ -563,25 +735,27 @@ local function reserve_plan()
   if a.deny then return nil, a.deny end
   if a.dslot then return nil, a.dslot end
   if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
-  return {now = now, epoch = epoch, h = h, scopes = scopes, why = why, dispatch = dispatch, ttl = ttl, a = a,
+  return {now = now, epoch = epoch, h = h, scopes = scopes, dispatch = dispatch, ttl = ttl, a = a,
     pv_s = META.pv_s, keys = KEYS, argv = ARGV}
 end
 
+local WIB = {} -- reserve_apply's window texts, reused
+
 local function reserve_apply(p)
-  local now, epoch, h, scopes, why, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.why, p.dispatch, p.ttl, p.a
+  local now, epoch, h, scopes, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.dispatch, p.ttl, p.a
   KEYS, ARGV = p.keys, p.argv
   -- Apply (scope writes go to the call's cache, flushed once at the end).
   local le = now + ttl
   local sl = 0
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     local key = sc.key
-    for _, l in ipairs(sc.lims) do
+    for j = 1, #sc.lims do local l = sc.lims[j]
       if l.widx < l.idx then
         sput(key, l.wf, l.idx)
         sput(key, l.cf, 0)
       end
     end
-    for _, d in ipairs(sc.dlist) do
+    for j = 1, #sc.dlist do local d = sc.dlist[j]
       local x = h[d]
       if x > 0 then sadd(key, RF[d], x) end
     end
@@ -591,23 +765,32 @@ local function reserve_apply(p)
     end
     if sc.seen ~= sc.spec then sput(key, 'lim', sc.spec) end
   end
-  local wins = scopes.wins
-  local wi = {}
-  for i = 1, #wins do wi[i] = wins[i].k .. window_of(now, wins[i].w) end
+  -- The record's wi text, kept in the (cached) spec while its windows'
+  -- indexes stay (every Reserve of a window builds the same text).
+  local wins, wis = scopes.wins, scopes.wis
+  for i = 1, #wins do
+    local w = wins[i]
+    local ix = window_of(now, w.w)
+    if w.ix ~= ix then w.ix, wis = ix, false end
+  end
+  if not wis then
+    local wi = WIB
+    for i = 1, #wins do wi[i] = wins[i].k .. wins[i].ix end
+    wis = table.concat(wi, ',', 1, #wins)
+    scopes.wis = wis
+  end
   local st = S_RESERVED
   if dispatch then st = S_DISPATCHED end
-  if why == 'aged' then redis.call('DEL', KEYS[4]) end
-  local les, nows = fmt('%d', le), fmt('%d', now)
-  local rf = {'st', SS[st], 'o', ARGV[7], 'dg', ARGV[8], 'le', les, 'h', ARGV[11],
-    'sp', ARGV[12], 'wi', table.concat(wi, ','), 'sl', sl == 1 and '1' or '0', 'at', nows}
-  if ARGV[13] ~= '' then rf[#rf + 1], rf[#rf + 2] = 'g', ARGV[13] end
-  if ARGV[15] ~= '0' then rf[#rf + 1], rf[#rf + 2] = 'na', ARGV[15] end
-  redis.call('HSET', KEYS[4], unpack(rf))
-  redis.call('ZADD', KEYS[2], les, ARGV[4])
+  local o, dg, hs, sp, g, na = ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], ARGV[15]
+  if na == '0' then na = '' end
+  -- SET replaces an aged tombstone whole (and its time to live).
+  rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now, #o, #dg, #hs, #sp, #wis, 0, 0, #g, #na) ..
+    o .. dg .. hs .. sp .. wis .. g .. na)
+  rcall('ZADD', KEYS[2], fmtd(le), ARGV[4])
   if p.pv_s ~= ARGV[6] then
     touch(now, ARGV[6])
   else
     touch(now)
   end
-  return append_room({'OK', epoch, le, now}, a)
+  return append_room(R4('OK', epoch, le, now), a)
 end

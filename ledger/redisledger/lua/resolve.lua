@@ -21,14 +21,15 @@ if rec.st ~= S_UNRESOLVED then
   return {'NOTDUE', epoch, rec.st}
 end
 if ARGV[6] ~= '1' and now < rec.ra then return {'NOTDUE', epoch, rec.st} end
-for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+for i = 1, #scopes do local sc = scopes[i]
+  if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 if not check_release(scopes, rec.h, false) then return {'CORRUPT', epoch, 'negative'} end
 local plan = plan_charge(now, scopes, rec.wi, rec.h)
 if plan == nil then return {'CORRUPT', epoch, 'charge'} end
 do_release(scopes, rec.h, false)
 do_charge(plan)
-finalize(now, S_CHARGED, rec.st, 'a', rec.h_s or '', 'src', 'held', 'ls', rec.st)
+rec.a_s, rec.src, rec.ls = rec.h_s or '', 'held', rec.st
+finalize(now, S_CHARGED, rec.ls, rec)
 touch(now)
 return {'OK', epoch, rec.h_s or '', rec.at or '0', now, rec.g}

@@ -18,8 +18,8 @@ if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
   return {'CONFLICT', epoch}
 end
 if rec.st == S_CHARGED then return {'FINAL', epoch, rec.st} end
-for _, sc in ipairs(scopes) do
-  if not load_scope(sc) then return {'CORRUPT', epoch, 'scope'} end
+for i = 1, #scopes do local sc = scopes[i]
+  if not load_scope(sc, rec.h) then return {'CORRUPT', epoch, 'scope'} end
 end
 local release = rec.st == S_RESERVED or rec.st == S_DISPATCHED or rec.st == S_UNRESOLVED
 local slot = (rec.st == S_DISPATCHED or rec.st == S_RESERVED) and rec.sl == 1
@@ -29,9 +29,9 @@ if plan == nil then return {'CORRUPT', epoch, 'charge'} end
 local over = {}
 if release then
   -- Overrun counters are read only where the actual passes the hold.
-  for _, sc in ipairs(scopes) do
+  for i = 1, #scopes do local sc = scopes[i]
     local f
-    for _, d in ipairs(sc.dlist) do
+    for j = 1, #a.nz do local d = a.nz[j]
       if a[d] > rec.h[d] then
         f = f or {}
         f[#f + 1] = OF[d]
@@ -40,7 +40,7 @@ if release then
     if f then
       local c = sload(sc.key, f)
       if not c then return {'CORRUPT', epoch, 'scope'} end
-      for _, d in ipairs(sc.dlist) do
+      for j = 1, #a.nz do local d = a.nz[j]
         local x = a[d] - rec.h[d]
         if x > 0 then
           if c[OF[d]] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
@@ -54,11 +54,13 @@ end
 local st = S_SETTLED
 if release then
   do_release(scopes, rec.h, slot)
-  for _, o in ipairs(over) do sadd(o.sc.key, OF[o.d], o.x) end
+  for i = 1, #over do local o = over[i]; sadd(o.sc.key, OF[o.d], o.x) end
 else
   st = S_SETTLED_LATE
 end
 do_charge(plan)
-finalize(now, st, rec.st, 'a', ARGV[6], 'src', ARGV[7], 'ls', rec.st)
+local prev = rec.st
+rec.a_s, rec.src, rec.ls = ARGV[6], ARGV[7], prev
+finalize(now, st, prev, rec)
 touch(now)
-return {'OK', epoch, st, rec.st, rec.h_s or '', rec.at or '0', now, rec.g}
+return {'OK', epoch, st, prev, rec.h_s or '', rec.at or '0', now, rec.g}
