@@ -21,6 +21,7 @@ type Estimator struct {
 	mu    sync.Mutex    // guards theta and p
 	theta [2]float64    // coefficients on features scaled by 1/estScale
 	p     [2][2]float64 // covariance
+	seed  [2]float64    // theta at construction, where a reset restarts
 
 	coef atomic.Pointer[[2]float64] // published (a, b) in GPU-ms per token
 }
@@ -29,11 +30,35 @@ type Estimator struct {
 // and output token) and forgetting factor lambda in (0, 1].
 func NewEstimator(a, b, lambda float64) *Estimator {
 	e := &Estimator{lambda: lambda}
-	e.theta = [2]float64{max(a, 0) * estScale, max(b, 0) * estScale}
-	// A moderate prior: the seed counts for about as much as a few requests.
-	e.p = [2][2]float64{{10, 0}, {0, 10}}
+	e.theta = [2]float64{min(max(a, 0), maxCoef) * estScale, min(max(b, 0), maxCoef) * estScale}
+	e.seed = e.theta
+	e.p = priorP
 	e.publishLocked()
 	return e
+}
+
+// priorP is a moderate prior: the seed counts for about as much as a few
+// requests.
+var priorP = [2][2]float64{{10, 0}, {0, 10}}
+
+// maxCoef bounds a coefficient, in GPU-ms per token: 100 s of one GPU per
+// token is beyond any model on any replica. An estimate past it (or not
+// finite, or a covariance no longer positive definite) is numerical
+// failure, not a cost: the estimator restarts from its seed rather than
+// price every request out of the ledger's range.
+const maxCoef = 1e5
+
+// saneLocked reports whether theta and p are usable.
+func (e *Estimator) saneLocked() bool {
+	for i := range 2 {
+		if t := e.theta[i]; !(t >= 0 && t <= maxCoef*estScale) {
+			return false
+		}
+		if d := e.p[i][i]; !(d > 0 && d <= 1e6) {
+			return false
+		}
+	}
+	return !math.IsNaN(e.p[0][1]) && e.p[0][1]*e.p[0][1] < e.p[0][0]*e.p[1][1]
 }
 
 func (e *Estimator) publishLocked() {
@@ -89,6 +114,9 @@ func (e *Estimator) Observe(input, output int64, gpuMs float64) {
 	if lim := 0.99 * math.Sqrt(e.p[0][0]*e.p[1][1]); math.Abs(e.p[0][1]) > lim {
 		e.p[0][1] = math.Copysign(lim, e.p[0][1])
 		e.p[1][0] = e.p[0][1]
+	}
+	if !e.saneLocked() {
+		e.theta, e.p = e.seed, priorP
 	}
 	e.publishLocked()
 }

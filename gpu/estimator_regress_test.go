@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -59,5 +60,27 @@ func TestEstimatorAlternatingShapesStayBounded(t *testing.T) {
 		if v := e.Estimate(5, 64); !(v >= 0 && v < 30) {
 			t.Fatalf("round %d, after the short requests: a 5-in, 64-out hold of %g GPU-ms (true cost about 3)", round, v)
 		}
+	}
+}
+
+// An observation no GPU could produce (or numerical failure) restarts the
+// estimator from its seed instead of leaving coefficients that price every
+// request out of the ledger's range.
+func TestEstimatorInsaneObservationRestarts(t *testing.T) {
+	e := NewEstimator(0.01, 0.5, 0.99)
+	for range 10 {
+		e.Observe(100, 100, 60)
+	}
+	e.Observe(5, 4, 1e300)
+	a, b := e.Coefficients()
+	if a != 0.01 || b != 0.5 {
+		t.Fatalf("after an impossible observation the coefficients are a=%g b=%g, want the seed 0.01, 0.5", a, b)
+	}
+	// It keeps learning from there.
+	for range 200 {
+		e.Observe(100, 100, 60)
+	}
+	if v := e.Estimate(100, 100); math.Abs(v-60) > 6 {
+		t.Fatalf("after the restart a 100+100 request is estimated at %g GPU-ms, want about 60", v)
 	}
 }
