@@ -335,7 +335,9 @@ func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
 	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.arrived-m.arrived, 0))/tau
 	if l.arrived > m.arrived {
 		m.lastArrN = nowN
-		m.goneAfter = int64(idleGaps / max(m.rateNow(nowN), 1e-9) * float64(time.Second))
+		// Within peakWindow (its peak ages out then anyway), which also
+		// keeps the conversion in range.
+		m.goneAfter = int64(min(idleGaps/max(m.rateNow(nowN), 1e-9), peakWindow.Seconds()) * float64(time.Second))
 	}
 	m.arrived = l.arrived
 	if dn := l.served - m.served; dn > 0 {
