@@ -16,7 +16,7 @@ import (
 
 // streamedCall admits and dispatches one streamed chat call on the fakes
 // and returns it with its upstream stream open, and its sseBody.
-func streamedCall(t *testing.T, up *fakeUpstream) (*Server, *fakeLedger, *call, *sseBody, *int) {
+func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *call, *sseBody, *int) {
 	t.Helper()
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", ""), led, up)
@@ -149,17 +149,7 @@ func (u *pipeUpstream) Stream(context.Context, string, string, []byte, string) (
 // while the replica has not yet sent event k+1.
 func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	pr, pw := io.Pipe()
-	up := &pipeUpstream{pr: pr}
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, up)
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go s.dispatchLoop(ctx)
-	pol := s.pol.Load()
-	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
-		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
-	require.NoError(t, err)
-	b := &sseBody{e: &Edge{s: s}, c: c, end: c.end}
+	_, led, _, b, _ := streamedCall(t, &pipeUpstream{pr: pr})
 	w := &writeLog{writes: make(chan string, 16)}
 	done := make(chan error, 1)
 	go func() { _, err := b.WriteTo(w); done <- err }()
@@ -186,7 +176,7 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	}
 	// The finish chunk, the usage chunk and [DONE] in one read: one write
 	// (the usage chunk stripped for this client).
-	_, err = io.WriteString(pw, events[2]+events[3]+events[4])
+	_, err := io.WriteString(pw, events[2]+events[3]+events[4])
 	require.NoError(t, err)
 	p := next()
 	assert.Equal(t, 2, strings.Count(p, "data: "), p)
