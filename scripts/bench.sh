@@ -28,48 +28,15 @@ WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 DATE=$(date -u +%Y-%m-%dT%H:%MZ) # of the measurements (kept by BENCH_REPORT_FROM)
 T0=$(date +%s)
 
-PIDS=()
-cleanup() {
-	local rc=$?
-	set +e
-	for p in "${PIDS[@]}"; do
-		kill "$p" 2>/dev/null
-	done
-	for p in "${PIDS[@]}"; do
-		wait "$p" 2>/dev/null
-	done
-	if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: work dir kept: $WORK" >&2; else rm -rf "$WORK"; fi
-	exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+LIB_NAME=bench LIB_KEEP_VAR=BENCH_KEEP
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh" # cleanup, stop, wait_http, ports_free, median
 
 log() { echo "bench [$(($(date +%s) - T0))s]: $*" >&2; }
 
-# stop PID: ends one process this script started and forgets it.
-stop() {
-	local p=$1 keep=() q
-	kill "$p" 2>/dev/null || true
-	wait "$p" 2>/dev/null || true
-	for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
-	PIDS=("${keep[@]}")
-}
-
-# wait_http URL: until it answers 200 (10 s).
-wait_http() {
-	local i
-	for i in $(seq 1 200); do
-		if curl -fs -o /dev/null "$1"; then return 0; fi
-		sleep 0.05
-	done
-	echo "bench: $1 never became ready" >&2
-	return 1
-}
-
 # Ports: a block derived from our pid, checked free.
 BASE=$((20000 + ($$ % 1200) * 10)) # below the ephemeral range (32768+)
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for i in $(seq 0 9); do port_free $((BASE + i)) || { echo "bench: port $((BASE + i)) busy" >&2; exit 1; }; done
+ports_free "$BASE" 10
 SIM_PORT=$BASE           # and SIM_PORT+1
 HAP_PORT=$((BASE + 4))
 NGX_PORT=$((BASE + 5))
@@ -87,7 +54,6 @@ cpu_ticks() {
 	echo $t
 }
 
-median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 # ---------------------------------------------------------------- build
 if [ -z "${BENCH_REPORT_FROM:-}" ]; then

@@ -29,31 +29,13 @@ SN=${EDGE_STREAM_N:-600}
 STOK=${EDGE_STREAM_TOKENS:-64}
 GO=${GO:-go}
 WORK=$(mktemp -d /tmp/sluice-edgecpu.XXXXXX)
-PIDS=()
-cleanup() {
-	local rc=$? p
-	set +e
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-	if [ "${EDGE_KEEP:-0}" = 1 ]; then echo "edgecpu: work dir kept: $WORK" >&2; else rm -rf "$WORK"; fi
-	exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+LIB_NAME=edgecpu LIB_KEEP_VAR=EDGE_KEEP
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh" # cleanup, stop, wait_http, ports_free, median
 log() { echo "edgecpu: $*" >&2; }
 
-wait_http() {
-	local i
-	for i in $(seq 1 200); do
-		if curl -fs -o /dev/null "$1"; then return 0; fi
-		sleep 0.05
-	done
-	echo "edgecpu: $1 never became ready" >&2
-	return 1
-}
 BASE=$((20000 + (($$ + 600) % 1200) * 10))
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for i in $(seq 0 9); do port_free $((BASE + i)) || { echo "edgecpu: port $((BASE + i)) busy" >&2; exit 1; }; done
+ports_free "$BASE" 10
 SIM_PORT=$BASE HAP_PORT=$((BASE + 4)) NGX_PORT=$((BASE + 5)) API_PORT=$((BASE + 6)) ADM_PORT=$((BASE + 7))
 BASE_API_PORT=$((BASE + 8)) BASE_ADM_PORT=$((BASE + 9))
 
@@ -62,7 +44,6 @@ cpu_ns() {
 	local p
 	for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done | awk '{s += $1} END {printf "%.0f\n", s}'
 }
-median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 SLUICE=${SLUICE_BIN:-}
 if [ -z "$SLUICE" ]; then
