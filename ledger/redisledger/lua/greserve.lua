@@ -6,15 +6,7 @@
 -- arguments and the arguments of that reserve call; KEYS: both steps' keys.
 -- Reply: the replies of the stepwise protocol, up to the first refusal:
 -- {tenant reply} or {CHECKED, global reply} or {CHECKED, global OK, tenant OK}.
-local K, A = KEYS, ARGV
-local ki, ai = 1, 1
-local bind = {}
-for step = 1, 2 do
-  local nk, na = tonumber(A[ai]), tonumber(A[ai + 1])
-  ai = ai + 2
-  bind[step] = {{unpack(K, ki, ki + nk - 1)}, {unpack(A, ai, ai + na - 1)}}
-  ki, ai = ki + nk, ai + na
-end
+local bind = bind_steps(1)
 KEYS, ARGV = bind[2][1], bind[2][2]
 local pt, rt = reserve_plan()
 if not pt then return {rt} end

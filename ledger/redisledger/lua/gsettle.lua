@@ -5,16 +5,8 @@
 -- arguments and the arguments of that settle call; KEYS: both records'
 -- keys. The hold's settle runs only when the tenant settle answered OK or
 -- REPLAY naming that hold. Reply: {tenant reply} or {tenant reply, hold reply}.
-local K, A = KEYS, ARGV
-local hold = A[1]
-local ki, ai = 1, 2
-local bind = {}
-for step = 1, 2 do
-  local nk, na = tonumber(A[ai]), tonumber(A[ai + 1])
-  ai = ai + 2
-  bind[step] = {{unpack(K, ki, ki + nk - 1)}, {unpack(A, ai, ai + na - 1)}}
-  ki, ai = ki + nk, ai + na
-end
+local hold = ARGV[1]
+local bind = bind_steps(2)
 KEYS, ARGV = bind[1][1], bind[1][2]
 local r = OPS.settle()
 local g

@@ -688,6 +688,21 @@ local function begin(floor)
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
 
+-- bind_steps splits a two-step operation's KEYS and ARGV (greserve,
+-- gsettle): from ARGV[ai], per step its number of keys, its number of
+-- arguments and those arguments; the keys follow each other in KEYS.
+-- Returns {keys, args} per step, for rebinding KEYS and ARGV.
+local function bind_steps(ai)
+  local ki, bind = 1, {}
+  for step = 1, 2 do
+    local nk, na = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1])
+    ai = ai + 2
+    bind[step] = {{unpack(KEYS, ki, ki + nk - 1)}, {unpack(ARGV, ai, ai + na - 1)}}
+    ki, ai = ki + nk, ai + na
+  end
+  return bind
+end
+
 -- reserve_plan is the reserve script up to its first write: it returns the
 -- plan of an admitted reserve, or nil and the reply (a refusal, a replay,
 -- or CHECKED in mode '2'). reserve_apply(p) writes what p admitted and
