@@ -163,6 +163,9 @@ type globalState struct {
 // lockGlobal locks the global partition when the record id of t carries a
 // global hold; it returns nil otherwise. The caller holds t.mu.
 func (m *Memory) lockGlobal(t *tenantState, id RequestID) *globalState {
+	if !t.hasGlobal {
+		return nil // no record of t ever held globally: skip the lookup
+	}
 	if rec := t.records[id]; rec == nil || !rec.global {
 		return nil
 	}
@@ -414,7 +417,8 @@ type tenantState struct {
 	tombs   []*record // terminal records by purgeAt (FIFO from thead)
 	thead   int
 	// hasGlobal: some record of this tenant has carried a global hold, so
-	// Reclaim must lock the global partition (sticky).
+	// Reclaim must lock the global partition and lockGlobal look records
+	// up (sticky).
 	hasGlobal bool
 }
 
