@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -59,4 +60,32 @@ func TestSuccessHeaders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAppendMillis: the Server-Timing text of whole microseconds is what
+// %.3f prints for their milliseconds, signs and carries included.
+func TestAppendMillis(t *testing.T) {
+	for _, us := range []int64{0, 1, 9, 10, 99, 100, 999, 1000, 1001, 12345, 999999, 1e9 + 7, 86400e6, -1, -999, -1000, -12345} {
+		want := strconv.AppendFloat(nil, float64(us)/1000, 'f', 3, 64)
+		assert.Equal(t, string(want), string(appendMillis(nil, us)), "%d µs", us)
+	}
+}
+
+// TestRequestIDGenerated: without a usable X-Request-Id the edge makes
+// "sluice-" and 24 lowercase hex digits, different each time; a client's
+// printable one is kept.
+func TestRequestIDGenerated(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		var rc fasthttp.RequestCtx
+		id := requestID(&rc)
+		assert.Regexp(t, `^sluice-[0-9a-f]{24}$`, id)
+		assert.False(t, seen[id], "repeated id %s", id)
+		seen[id] = true
+	}
+	var rc fasthttp.RequestCtx
+	rc.Request.Header.Set("X-Request-Id", "client-7")
+	assert.Equal(t, "client-7", requestID(&rc))
+	rc.Request.Header.Set("X-Request-Id", "has space")
+	assert.Regexp(t, `^sluice-`, requestID(&rc))
 }
