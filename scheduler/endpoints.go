@@ -127,7 +127,7 @@ func (s *Server) post(c *call) (*http.Response, error) {
 		if err == nil {
 			c.sent = true
 			c.firstByte = s.now()
-			s.m.UpstreamLatency.WithLabelValues(c.rep.name).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
+			s.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
 			return resp, nil
 		}
 		var ue *vllm.UpstreamError

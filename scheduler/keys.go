@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
@@ -24,6 +26,9 @@ type apiKey struct {
 	expiresAt time.Time    // zero: never
 	runtime   bool         // created through the admin API
 	rt        *keyRuntime
+	// admitted caches sluice_api_key_admissions_total{result="admitted"}
+	// of this key (a policy's key, so a reload's rename gets its own).
+	admitted atomic.Pointer[prometheus.Counter]
 }
 
 // keyRuntime is a key's live counters, kept across reloads.

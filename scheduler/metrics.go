@@ -130,3 +130,11 @@ func (m *Metrics) count(tenant string, o outcome, ae *apiError) {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()
 	}
 }
+
+// upLatency is r's upstream latency histogram.
+func (s *Server) upLatency(r *replica) prometheus.Observer {
+	if r.upLatency != nil {
+		return r.upLatency
+	}
+	return s.m.UpstreamLatency.WithLabelValues(r.name)
+}

@@ -94,7 +94,19 @@ func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
 
 // countKey counts an admission decision for the call's key.
 func (s *Server) countKey(c *call, result string) {
-	if c.key != nil {
-		s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result).Inc()
+	if c.key == nil {
+		return
 	}
+	if result != "admitted" {
+		s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result).Inc()
+		return
+	}
+	// Every admitted request counts: look its series up once per key.
+	ctr := c.key.admitted.Load()
+	if ctr == nil {
+		v := s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result)
+		ctr = &v
+		c.key.admitted.Store(ctr)
+	}
+	(*ctr).Inc()
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/gpu"
 )
 
@@ -16,6 +18,9 @@ type replica struct {
 	url     string
 	maxSeqs int64
 	clock   *gpu.Clock // nil without a GPU monitor
+	// upLatency is sluice_upstream_latency_seconds{replica=name}, looked up
+	// once rather than per request; nil for replicas built by tests.
+	upLatency prometheus.Observer
 	// pinned is the config's models list: it restricts what is routed
 	// here and stands in until /v1/models answers. nil: no restriction.
 	pinned []string

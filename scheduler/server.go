@@ -230,7 +230,8 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.configureAbuse(eff)
 	s.reps = &replicaSet{capacity: s.capacityOf}
 	for _, rc := range cfg.Upstream.Replicas {
-		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models}
+		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models,
+			upLatency: m.UpstreamLatency.WithLabelValues(rc.Name)}
 		r.maxModelLen.Store(rc.MaxModelLen)
 		s.reps.reps = append(s.reps.reps, r)
 		s.byName[rc.Name] = r
