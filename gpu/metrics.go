@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,6 +107,19 @@ type AttributionMetrics struct {
 	gpuMs   *prometheus.CounterVec
 	joules  *prometheus.CounterVec
 	overrun *prometheus.CounterVec
+	// gpuMsOf and joulesOf cache the tenants' children of gpuMs and joules:
+	// add runs at every interval close (every request's end without a busy
+	// signal), and a label lookup hashes and checks the tenant each time.
+	gpuMsOf, joulesOf sync.Map // tenant → prometheus.Counter
+}
+
+// child returns vec's child for tenant, cached in m.
+func child(m *sync.Map, vec *prometheus.CounterVec, tenant string) prometheus.Counter {
+	if c, ok := m.Load(tenant); ok {
+		return c.(prometheus.Counter)
+	}
+	c, _ := m.LoadOrStore(tenant, vec.WithLabelValues(tenant))
+	return c.(prometheus.Counter)
 }
 
 // NewAttributionMetrics registers sluice_tenant_gpu_ms_total{tenant},
@@ -131,10 +145,10 @@ func NewAttributionMetrics(reg prometheus.Registerer) (*AttributionMetrics, erro
 // add records one interval's attribution to tenant (exported unrounded).
 func (a *AttributionMetrics) add(tenant string, u Use) {
 	if u.GPUNs > 0 {
-		a.gpuMs.WithLabelValues(tenant).Add(float64(u.GPUNs) / 1e6)
+		child(&a.gpuMsOf, a.gpuMs, tenant).Add(float64(u.GPUNs) / 1e6)
 	}
 	if u.EnergyUJ > 0 {
-		a.joules.WithLabelValues(tenant).Add(float64(u.EnergyUJ) / 1e6)
+		child(&a.joulesOf, a.joules, tenant).Add(float64(u.EnergyUJ) / 1e6)
 	}
 }
 
