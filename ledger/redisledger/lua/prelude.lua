@@ -229,15 +229,17 @@ end
 
 -- Scope hashes are cached for the whole call: SC[key] holds every field
 -- read (validated numbers; lim as text or false) or written this call, NL
--- for a field not read this call, and gen, the call it belongs to; SDT[key]
--- marks the fields written (true until flushed), SKL[1..SKN] lists the keys
--- written, in order. Every read and write of a scope hash goes through
--- sload and sadd/sput, and flush writes each dirty hash back with one HSET:
--- a batch's operations on one scope cost one HMGET and one HSET, and an
--- operation's 4-7 HINCRBYs become part of one HSET. The tables outlive the
--- call (in the function library): the next call fills the same names into
--- the same slots, where filling new tables rehashed each at every power of
--- two (~65 rehashes per operation). begin bounds them (MAXSC keys).
+-- for a field not read this call, and gen, the call it belongs to. SDT[key]
+-- lists the fields written this call (d[1..d[0]]; d[f] is the call that
+-- listed f), and SKL[1..SKN] the keys written, in order. Every read and
+-- write of a scope hash goes through sload and sput/sadd (or, in the hot
+-- loops, the same steps inline on sc.c and sc.d), and flush writes each
+-- dirty hash back with one HSET: a batch's operations on one scope cost one
+-- HMGET and one HSET, and an operation's 4-7 HINCRBYs become part of one
+-- HSET. Only fields read this call are written. The tables outlive the call
+-- (in the function library): the next call fills the same names into the
+-- same slots, where filling new tables rehashed each at every power of two
+-- (~65 rehashes per operation). begin bounds them (MAXSC keys).
 local SC, SDT, NSC, GEN, MAXSC = {}, {}, 0, 0, 1024
 local SKL, SKN = {}, 0
 local NL = {} -- not read this call
@@ -253,7 +255,10 @@ local function sfill(c, names, n, v)
       c.lim = x
     else
       local k = cint(x)
-      if k == nil then return nil end
+      if k == nil then
+        for j = i, n do c[names[j]] = NL end
+        return nil
+      end
       c[name] = k
     end
   end
@@ -265,14 +270,16 @@ end
 local function sload(key, f)
   local c = SC[key]
   if not c or c.gen ~= GEN then
-    -- The call's first touch of key: forget the last call's values, read f.
-    if c then
-      for name in pairs(c) do c[name] = NL end
-    else
+    -- The call's first touch of key: forget the last call's values and read
+    -- f. Where the last call read f and nothing else (lf, more: the same
+    -- spec's operations, call after call), the HMGET overwrites every value.
+    if not c then
       c = {}
-      SC[key], NSC = c, NSC + 1
+      SC[key], SDT[key], NSC = c, {[0] = 0}, NSC + 1
+    elseif c.lf ~= f or c.more then
+      for name in pairs(c) do c[name] = NL end
     end
-    c.gen = GEN
+    c.gen, c.lf, c.more = GEN, f, false
     return sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
   end
   local miss, nm
@@ -285,27 +292,35 @@ local function sload(key, f)
     end
   end
   if not miss then return c end
+  c.more = true
   return sfill(c, miss, nm, rcall('HMGET', key, unpack(miss)))
+end
+
+-- dirty lists field f of key (its SDT d) as written this call.
+local function dirty(key, d, f)
+  d[f] = GEN
+  local n = d[0] + 1
+  d[0], d[n] = n, f
+  if n == 1 then
+    SKN = SKN + 1
+    SKL[SKN] = key
+  end
 end
 
 local function sput(key, f, v)
   SC[key][f] = v
   local d = SDT[key]
-  if not d then
-    d = {}
-    SDT[key] = d
-  end
-  if d.gen ~= GEN then
-    d.gen = GEN
-    SKN = SKN + 1
-    SKL[SKN] = key
-  end
-  d[f] = true
+  if d[f] ~= GEN then dirty(key, d, f) end
 end
 
 -- sadd adds x to a field sload read (HINCRBY on the cache; callers checked
 -- the range first).
-local function sadd(key, f, x) sput(key, f, SC[key][f] + x) end
+local function sadd(key, f, x)
+  local c = SC[key]
+  c[f] = c[f] + x
+  local d = SDT[key]
+  if d[f] ~= GEN then dirty(key, d, f) end
+end
 
 -- scope_fields is what an operation moving the hold h reads of scope sc:
 -- lim, n (when sc limits slots), r:<d> of the limited dimensions and of
@@ -340,7 +355,7 @@ local function load_scope(sc, h)
   local c = sload(sc.key, f.names)
   if not c then return false end
   local dims = f.dims
-  sc.seen, sc.dlist = c.lim, dims
+  sc.seen, sc.dlist, sc.c, sc.d = c.lim, dims, c, SDT[sc.key]
   if sc.slot then sc.n = c.n end
   local r = sc.r
   for i = 1, #dims do
@@ -554,17 +569,16 @@ local function flush()
   local args = ARGS
   for i = 1, SKN do
     local key = SKL[i]
-    local c, d, n = SC[key], SDT[key], 0
-    for f, on in pairs(d) do
-      if on == true then
-        local v = c[f]
-        if type(v) == 'number' then v = fmtd(v) end
-        args[n + 1], args[n + 2] = f, v
-        n = n + 2
-        d[f] = false
-      end
+    local c, d = SC[key], SDT[key]
+    local n = d[0]
+    for j = 1, n do
+      local f = d[j]
+      local v = c[f]
+      if f ~= 'lim' then v = FT[v] or fmtd(v) end
+      args[2 * j - 1], args[2 * j] = f, v
     end
-    rcall('HSET', key, unpack(args, 1, n))
+    d[0] = 0
+    rcall('HSET', key, unpack(args, 1, 2 * n))
   end
   SKN = 0
 end
