@@ -40,10 +40,8 @@ local function cint(v)
   if not v then return 0 end
   local n = CI[v]
   if n then return n end
-  local t = type(v)
-  if t == 'number' then return v end -- written by this script (meta cache)
   if v == '0' then return 0 end
-  if t ~= 'string' or #v > 16 or not find(v, '^[1-9]%d*$') then return nil end
+  if #v > 16 or not find(v, '^[1-9]%d*$') then return nil end
   n = v + 0
   if n > MAXC then return nil end
   if NCI >= 4096 then CI, NCI = {}, 0 end
@@ -70,18 +68,29 @@ local FLOOR = 0
 
 -- META holds the tenant meta hash fields read once by ledger_now.
 local META = {}
+-- GEN numbers the calls (begin): a cache entry stamped with another
+-- call's number is stale.
+local GEN = 0
 -- One script call is one instant: TIME is read once (TNOW, ms), and each
--- meta hash once (MC: {hwm, epoch, fence_until, pv} as read or as written
--- since). hwm and pv are written back once per meta key by flush, at the
--- end of the call (a batch of operations on one tenant writes its hwm once).
+-- meta hash once (MC[k]: {hwm, epoch, fence_until, pv} as read or as
+-- written since, valid while MG[k] is this call). hwm and pv are written
+-- back once per meta key by flush, at the end of the call (a batch of
+-- operations on one tenant writes its hwm once): MDL[1..MDN] lists the
+-- keys touched (MD[k] is the call that listed k), MDP[k] the call that set pv. The tables outlive the
+-- call, stamped, so a call builds none (begin bounds them).
 local TNOW
-local MC, MDIRTY = {}, {}
+local MC, MG, MD, MDP, NMC = {}, {}, {}, {}, 0
+local MDL, MDN = {}, 0
 
+-- m[1], hwm, is kept as a number (false: none; nil: corrupt).
 local function meta()
-  local m = MC[KEYS[1]]
-  if not m then
-    m = redis.call('HMGET', KEYS[1], 'hwm', 'epoch', 'fence_until', 'pv')
-    MC[KEYS[1]] = m
+  local k = KEYS[1]
+  local m = MC[k]
+  if not m or MG[k] ~= GEN then
+    m = rcall('HMGET', k, 'hwm', 'epoch', 'fence_until', 'pv')
+    if m[1] then m[1] = cint(m[1]) end
+    if not MG[k] then NMC = NMC + 1 end
+    MC[k], MG[k] = m, GEN
   end
   return m
 end
@@ -95,11 +104,9 @@ local function ledger_now()
   if FLOOR > now then now = FLOOR end
   local m = meta()
   META.epoch, META.fence_s, META.pv_s = m[2], m[3], m[4]
-  if m[1] then
-    local hv = cint(m[1])
-    if hv == nil then return nil end
-    if hv > now then now = hv end
-  end
+  local hv = m[1]
+  if hv == nil then return nil end
+  if hv and hv > now then now = hv end
   return now
 end
 
@@ -190,7 +197,7 @@ local function parse_spec(spec)
       -- r is kept for every windowed dimension, limited or not; fl caches
       -- per hold (its mask) what load_scope reads (scope_fields).
       local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
-        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA()}
+        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA(), c = false, d = false}
       for l in gmatch(lims, '[^,]+') do
         local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
         if not d then return nil, 'spec' end
@@ -240,7 +247,7 @@ end
 -- (in the function library): the next call fills the same names into the
 -- same slots, where filling new tables rehashed each at every power of two
 -- (~65 rehashes per operation). begin bounds them (MAXSC keys).
-local SC, SDT, NSC, GEN, MAXSC = {}, {}, 0, 0, 1024
+local SC, SDT, NSC, MAXSC = {}, {}, 0, 1024
 local SKL, SKN = {}, 0
 local NL = {} -- not read this call
 local ARGS = {} -- flush's HSET arguments, reused
@@ -254,7 +261,7 @@ local function sfill(c, names, n, v)
     if name == 'lim' then
       c.lim = x
     else
-      local k = cint(x)
+      local k = CI[x] or cint(x) -- (cint's memo, inline)
       if k == nil then
         for j = i, n do c[names[j]] = NL end
         return nil
@@ -280,8 +287,11 @@ local function sload(key, f)
       for name in pairs(c) do c[name] = NL end
     end
     c.gen, c.lf, c.more = GEN, f, false
-    return sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
+    local r = sfill(c, f, #f, rcall('HMGET', key, unpack(f)))
+    if not r then c.lf = false end
+    return r
   end
+  if c.lf == f then return c end -- read whole this call
   local miss, nm
   for i = 1, #f do
     local x = c[f[i]]
@@ -330,11 +340,11 @@ local function scope_fields(sc, h)
   local need = {}
   for j = 1, #sc.lims do local l = sc.lims[j]; need[l.d] = true end
   for i = 1, #h.nz do local d = h.nz[i]; need[d] = true end
-  local names, dims = {'lim'}, {}
+  local names, dims, rf = {'lim'}, {}, {}
   if sc.slot then names[2] = 'n' end
   for i = 1, #WD do local d = WD[i]
     if need[d] then
-      dims[#dims + 1] = d
+      dims[#dims + 1], rf[#rf + 1] = d, RF[d]
       names[#names + 1] = RF[d]
     end
   end
@@ -342,7 +352,7 @@ local function scope_fields(sc, h)
     names[#names + 1] = l.cf
     names[#names + 1] = l.wf
   end
-  local f = {names = names, dims = dims}
+  local f = {names = names, dims = dims, rf = rf}
   sc.fl[h.m] = f
   return f
 end
@@ -357,20 +367,30 @@ local function load_scope(sc, h)
   local dims = f.dims
   sc.seen, sc.dlist, sc.c, sc.d = c.lim, dims, c, SDT[sc.key]
   if sc.slot then sc.n = c.n end
-  local r = sc.r
-  for i = 1, #dims do
-    local d = dims[i]
-    r[d] = c[RF[d]]
-  end
+  local r, rf = sc.r, f.rf
+  for i = 1, #dims do r[dims[i]] = c[rf[i]] end
   for j = 1, #sc.lims do local l = sc.lims[j]
     l.c, l.widx = c[l.cf], c[l.wf]
   end
   return true
 end
 
--- window_of returns the current window index of W seconds at now ms.
+-- window_of returns the current window index of W seconds at now ms,
+-- remembering per W the last now asked (one call is one instant, so an
+-- operation's limits and the call's operations ask the same; math.floor is
+-- a C call). Bounded: it starts over after 64 windows.
 local mfloor = math.floor
-local function window_of(now, w) return mfloor(now / (w * 1000)) end
+local WN, WX, NWN = {}, {}, 0
+local function window_of(now, w)
+  if WN[w] == now then return WX[w] end
+  local ix = mfloor(now / (w * 1000))
+  if not WN[w] then
+    if NWN >= 64 then WN, WX, NWN = {}, {}, 0 end
+    NWN = NWN + 1
+  end
+  WN[w], WX[w] = now, ix
+  return ix
+end
 
 -- parse_wi parses a record's admission windows "W:idx,...".
 local NOWI = {}
@@ -495,16 +515,30 @@ end
 
 local function do_release(scopes, h, slot)
   for i = 1, #scopes do local sc = scopes[i]
-    for j = 1, #sc.dlist do local d = sc.dlist[j]
+    local key, c, sd, dl = sc.key, sc.c, sc.d, sc.dlist
+    for j = 1, #dl do local d = dl[j]
       local x = h[d]
-      if x > 0 then sadd(sc.key, RF[d], -x) end
+      if x > 0 then
+        local f = RF[d]
+        c[f] = c[f] - x
+        if sd[f] ~= GEN then -- (dirty, inline: the hot loops)
+          sd[f] = GEN
+          local n = sd[0] + 1
+          sd[0], sd[n] = n, f
+          if n == 1 then
+            SKN = SKN + 1
+            SKL[SKN] = key
+          end
+        end
+      end
     end
-    if slot and sc.slot then sadd(sc.key, 'n', -1) end
+    if slot and sc.slot then sadd(key, 'n', -1) end
   end
 end
 
 -- plan_charge decides which still-current admission windows receive a.
--- Returns the list of {sc, l, amt} or nil on corruption.
+-- Returns the list of (sc, l, amt), flat (no table per entry), or nil on
+-- corruption.
 local function plan_charge(now, scopes, wi, a)
   local plan = {}
   for i = 1, #scopes do local sc = scopes[i]
@@ -516,7 +550,8 @@ local function plan_charge(now, scopes, wi, a)
         if l.widx < adm then return nil end
         if l.widx == adm and window_of(now, l.w) == adm then
           if l.c + amt > MAXC then return nil end
-          plan[#plan + 1] = {sc = sc, l = l, amt = amt}
+          local n = #plan
+          plan[n + 1], plan[n + 2], plan[n + 3] = sc, l, amt
         end
       end
     end
@@ -525,7 +560,12 @@ local function plan_charge(now, scopes, wi, a)
 end
 
 local function do_charge(plan)
-  for i = 1, #plan do local p = plan[i]; sadd(p.sc.key, p.l.cf, p.amt) end
+  for i = 1, #plan, 3 do
+    local sc, f = plan[i], plan[i + 1].cf
+    local c, sd = sc.c, sc.d
+    c[f] = c[f] + plan[i + 2]
+    if sd[f] ~= GEN then dirty(sc.key, sd, f) end
+  end
 end
 
 -- finalize makes the record r (its fields as they end) a tombstone of state
@@ -546,26 +586,28 @@ end
 -- records the policy version too.
 local function touch(now, pv)
   local m = meta()
+  local k = KEYS[1]
   m[1] = now
-  if pv then m[4] = pv end
-  local d = MDIRTY[KEYS[1]]
-  if not d then
-    d = {m = m}
-    MDIRTY[KEYS[1]] = d
+  if pv then m[4], MDP[k] = pv, GEN end
+  if MD[k] ~= GEN then
+    MD[k] = GEN
+    MDN = MDN + 1
+    MDL[MDN] = k
   end
-  if pv then d.pv = true end
 end
 
 -- flush writes what touch and sput deferred; every script calls it last.
 local function flush()
-  for k, d in pairs(MDIRTY) do
-    if d.pv then
-      rcall('HSET', k, 'hwm', fmtd(d.m[1]), 'pv', d.m[4])
+  for i = 1, MDN do
+    local k = MDL[i]
+    local m = MC[k]
+    if MDP[k] == GEN then
+      rcall('HSET', k, 'hwm', fmtd(m[1]), 'pv', m[4])
     else
-      rcall('HSET', k, 'hwm', fmtd(d.m[1]))
+      rcall('HSET', k, 'hwm', fmtd(m[1]))
     end
   end
-  MDIRTY = {}
+  MDN = 0
   local args = ARGS
   for i = 1, SKN do
     local key = SKL[i]
@@ -607,7 +649,7 @@ end
 -- deny (budget), dslot (slots), room[d] = {1, max, remaining, W, resetsAt},
 -- warns; each windowed limit's idx is its current window index.
 local function assess(now, scopes, h, dispatch, epoch)
-  local a = {room = ZF(), warns = {}, deny = false, dslot = false}
+  local a = {room = ZF(), warns = false, deny = false, dslot = false}
   local room = a.room
   for si = 1, #scopes do local sc = scopes[si]
     if not load_scope(sc, h) then return nil, 'scope' end
@@ -630,6 +672,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         end
         note(room, l.d, l.max, l.max - used, l.w, resets)
       elseif used > l.max then
+        if not a.warns then a.warns = {} end
         tinsert(a.warns, {si, l.d, l.w, l.max, used, resets})
       end
     end
@@ -642,6 +685,7 @@ local function assess(now, scopes, h, dispatch, epoch)
         end
         note(room, sc.slot.d, sc.slot.max, sc.slot.max - used, 0, 0)
       elseif used > sc.slot.max then
+        if not a.warns then a.warns = {} end
         tinsert(a.warns, {si, sc.slot.d, 0, sc.slot.max, used, 0})
       end
     end
@@ -666,7 +710,7 @@ local function append_room(out, a)
     end
   end
   out[cnt] = k
-  local warns = a.warns
+  local warns = a.warns or NOWI
   n = n + 1
   out[n] = #warns
   for i = 1, #warns do local w = warns[i]
@@ -689,13 +733,14 @@ local function R8(a, b, c, d, e, f, g, h)
 end
 
 -- begin starts a call (a script, or one call of the function library): one
--- call is one instant, so the clock and the meta cache start empty and the
--- scope caches' values are stale (GEN); the parse and scope caches' tables
+-- call is one instant, so the clock starts empty and the meta and scope
+-- caches' values are stale (GEN); the parse, meta and scope caches' tables
 -- are kept, bounded.
 local function begin(floor)
   FLOOR = tonumber(floor) or 0
   TNOW = nil
-  MC, MDIRTY = {}, {}
+  MDN = 0 -- (left by a call that raised before its flush)
+  if NMC > 1024 then MC, MG, MD, MDP, NMC = {}, {}, {}, {}, 0 end
   GEN = GEN + 1
   -- A call that raised before its flush left dirty marks: drop the caches.
   if SKN > 0 or NSC > MAXSC then SC, SDT, NSC, SKN = {}, {}, 0, 0 end
@@ -784,9 +829,22 @@ local function reserve_apply(p)
         sput(key, l.cf, 0)
       end
     end
-    for j = 1, #sc.dlist do local d = sc.dlist[j]
+    local c, sd, dl = sc.c, sc.d, sc.dlist
+    for j = 1, #dl do local d = dl[j]
       local x = h[d]
-      if x > 0 then sadd(key, RF[d], x) end
+      if x > 0 then
+        local f = RF[d]
+        c[f] = c[f] + x
+        if sd[f] ~= GEN then -- (dirty, inline: the hot loops)
+          sd[f] = GEN
+          local n = sd[0] + 1
+          sd[0], sd[n] = n, f
+          if n == 1 then
+            SKN = SKN + 1
+            SKL[SKN] = key
+          end
+        end
+      end
     end
     if dispatch and sc.slot then
       sadd(key, 'n', 1)
