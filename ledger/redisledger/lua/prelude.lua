@@ -102,7 +102,9 @@ local function ledger_now()
   end
   local now = TNOW
   if FLOOR > now then now = FLOOR end
-  local m = meta()
+  local k = KEYS[1]
+  local m = MC[k]
+  if not m or MG[k] ~= GEN then m = meta() end
   META.epoch, META.fence_s, META.pv_s = m[2], m[3], m[4]
   local hv = m[1]
   if hv == nil then return nil end
@@ -362,10 +364,15 @@ end
 -- read. Returns false on corruption.
 local function load_scope(sc, h)
   local f = sc.fl[h.m] or scope_fields(sc, h)
-  local c = sload(sc.key, f.names)
-  if not c then return false end
+  local key, names = sc.key, f.names
+  local c = SC[key]
+  -- (sload's fast path inline: read whole this call)
+  if not c or c.gen ~= GEN or c.lf ~= names then
+    c = sload(key, names)
+    if not c then return false end
+  end
   local dims = f.dims
-  sc.seen, sc.dlist, sc.c, sc.d = c.lim, dims, c, SDT[sc.key]
+  sc.seen, sc.dlist, sc.c, sc.d = c.lim, dims, c, SDT[key]
   if sc.slot then sc.n = c.n end
   local r, rf = sc.r, f.rf
   for i = 1, #dims do r[dims[i]] = c[rf[i]] end
@@ -468,16 +475,21 @@ local function load_record(now)
   local rec = read_record(KEYS[4])
   if rec == nil then return nil, 'record' end
   if not rec then return false end
-  local num = pint
-  if not rec.packed then num = cint end -- the hash layout: text
-  rec.st, rec.le, rec.te, rec.sl, rec.ra = num(rec.st), num(rec.le), num(rec.te), num(rec.sl), num(rec.ra)
-  if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
-  if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
+  if rec.packed then
+    -- st and sl are bytes (B), integers already; le, te and ra are doubles.
+    if rec.st < 1 or rec.st > 8 then return nil, 'state' end
+    if not (pint(rec.le) and pint(rec.te) and pint(rec.ra)) then return nil, 'record' end
+  else -- the hash layout: text
+    rec.st, rec.le, rec.te, rec.sl, rec.ra = cint(rec.st), cint(rec.le), cint(rec.te), cint(rec.sl), cint(rec.ra)
+    if rec.st == nil or rec.st < 1 or rec.st > 8 then return nil, 'state' end
+    if rec.le == nil or rec.te == nil or rec.sl == nil or rec.ra == nil then return nil, 'record' end
+  end
   if rec.te > 0 and now >= rec.te then return false, 'aged' end -- tombstone past retention
-  rec.h = parse_amounts(rec.h_s or '')
+  local hs = rec.h_s or ''
+  rec.h = AMTS[hs] or parse_amounts(hs)
   if rec.h == nil then return nil, 'held' end
   if rec.a_s then
-    rec.a = parse_amounts(rec.a_s)
+    rec.a = AMTS[rec.a_s] or parse_amounts(rec.a_s)
     if rec.a == nil then return nil, 'actual' end
   end
   rec.wi = parse_wi(rec.wi_s)
@@ -548,7 +560,7 @@ local function plan_charge(now, scopes, wi, a)
       if amt > 0 then
         if adm == nil then return nil end
         if l.widx < adm then return nil end
-        if l.widx == adm and window_of(now, l.w) == adm then
+        if l.widx == adm and (WN[l.w] == now and WX[l.w] or window_of(now, l.w)) == adm then
           if l.c + amt > MAXC then return nil end
           local n = #plan
           plan[n + 1], plan[n + 2], plan[n + 3] = sc, l, amt
@@ -585,8 +597,9 @@ end
 -- touch raises the tenant's hwm to now (written by flush); pv, when given,
 -- records the policy version too.
 local function touch(now, pv)
-  local m = meta()
   local k = KEYS[1]
+  local m = MC[k]
+  if not m or MG[k] ~= GEN then m = meta() end
   m[1] = now
   if pv then m[4], MDP[k] = pv, GEN end
   if MD[k] ~= GEN then
@@ -658,7 +671,8 @@ local function assess(now, scopes, h, dispatch, epoch)
       if r[d] + h[d] > MAXC then return nil, 'overflow' end
     end
     for j = 1, #sc.lims do local l = sc.lims[j]
-      local idx = window_of(now, l.w)
+      local w = l.w
+      local idx = WN[w] == now and WX[w] or window_of(now, w) -- (its memo, inline)
       if l.widx > idx then return nil, 'window' end
       l.idx = idx
       l.cur = l.c
@@ -773,7 +787,7 @@ local function reserve_plan()
   local epoch, fenced = epoch_check(now)
   if fenced then return nil, {'RECOVERING', epoch} end
 
-  local h = parse_amounts(ARGV[11])
+  local h = AMTS[ARGV[11]] or parse_amounts(ARGV[11])
   if h == nil then return nil, {'INVALID', epoch, 'held'} end
   local scopes, serr = parse_spec(ARGV[12])
   if not scopes then return nil, {'POLICY', epoch, serr} end
@@ -857,7 +871,7 @@ local function reserve_apply(p)
   local wins, wis = scopes.wins, scopes.wis
   for i = 1, #wins do
     local w = wins[i]
-    local ix = window_of(now, w.w)
+    local ix = WN[w.w] == now and WX[w.w] or window_of(now, w.w)
     if w.ix ~= ix then w.ix, wis = ix, false end
   end
   if not wis then

@@ -11,7 +11,7 @@ if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-local a = parse_amounts(ARGV[6])
+local a = AMTS[ARGV[6]] or parse_amounts(ARGV[6])
 if a == nil then return {'INVALID', epoch, 'actual'} end
 if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
   if rec.a_s == ARGV[6] then return {'REPLAY', epoch, rec.st, rec.ls or '', rec.h_s or '', rec.src or '', rec.g} end
