@@ -457,11 +457,13 @@ local function read_record(key)
     local a = false
     if n6 > 0 then a = sub(v, p, p + n6 - 1) end
     p = p + n6
-    local src = sub(v, p, p + n7 - 1)
+    -- (often empty: a sub is a C call and a string)
+    local src, g, na = '', '', ''
+    if n7 > 0 then src = sub(v, p, p + n7 - 1) end
     p = p + n7
-    local g = sub(v, p, p + n8 - 1)
+    if n8 > 0 then g = sub(v, p, p + n8 - 1) end
     p = p + n8
-    local na = sub(v, p, p + n9 - 1)
+    if n9 > 0 then na = sub(v, p, p + n9 - 1) end
     return {st = st, o = o, dg = dg, le = le, te = te, h_s = h, sp = sp, wi_s = wi, sl = sl, a_s = a, src = src,
       ra = ra, ls = ls, at = at, g = g, na = na, h = false, a = false, wi = false, packed = true}
   end
