@@ -34,10 +34,9 @@ local fmt, rcall, tinsert = string.format, redis.call, table.insert
 -- CI remembers the texts cint accepted (a pure function of the text):
 -- window indexes, slot counts and many holds recur call after call, and
 -- the check costs a pattern match and a strtod. Bounded: it starts over
--- after 256 texts (CMAX). A larger memo is slower: changing counters fill
--- it with texts that never recur, and every GC cycle walks what it holds
--- (4,096 entries cost 1.8 % more instructions per pair than 256; 64 as
--- few as 256).
+-- after 256 texts (CMAX). A larger memo measured slower (4,096 entries:
+-- 1.8 % more instructions per pair than 256; 64 as few as 256): changing
+-- counters fill it with texts that never recur, kept alive for the GC.
 local CMAX = 256
 local CI, NCI = {}, 0
 local function cint(v)
@@ -80,8 +79,9 @@ local GEN = 0
 -- written since, valid while MG[k] is this call). hwm and pv are written
 -- back once per meta key by flush, at the end of the call (a batch of
 -- operations on one tenant writes its hwm once): MDL[1..MDN] lists the
--- keys touched (MD[k] is the call that listed k), MDP[k] the call that set pv. The tables outlive the
--- call, stamped, so a call builds none (begin bounds them).
+-- keys touched (MD[k]: the call that listed k; MDP[k]: the call that set
+-- pv). The tables outlive the call, stamped, so a call builds none (begin
+-- bounds them).
 local TNOW
 local MC, MG, MD, MDP, NMC = {}, {}, {}, {}, 0
 local MDL, MDN = {}, 0
