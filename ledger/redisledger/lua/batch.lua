@@ -13,7 +13,9 @@ local function run_batch(ALLK, ALLA)
   local out = {}
   local ki, ai = 1, 2
   for i = 1, tonumber(ALLA[1]) do
-    local name, nk, na = ALLA[ai], tonumber(ALLA[ai + 1]), tonumber(ALLA[ai + 2])
+    -- (cint and its memo: tonumber is a C call and two strtods)
+    local name, nk, na = ALLA[ai], ALLA[ai + 1], ALLA[ai + 2]
+    nk, na = CI[nk] or cint(nk), CI[na] or cint(na)
     ai = ai + 3
     KEYS = {unpack(ALLK, ki, ki + nk - 1)}
     ARGV = {unpack(ALLA, ai, ai + na - 1)}

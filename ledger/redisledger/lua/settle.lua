@@ -11,7 +11,7 @@ if not scopes then
   if serr == 'keys' then return {'KEYS', epoch, rec.sp or ''} end
   return {'CORRUPT', epoch, serr}
 end
-local a = parse_amounts(ARGV[6])
+local a = AMTS[ARGV[6]] or parse_amounts(ARGV[6])
 if a == nil then return {'INVALID', epoch, 'actual'} end
 if rec.st == S_SETTLED or rec.st == S_SETTLED_LATE then
   if rec.a_s == ARGV[6] then return {'REPLAY', epoch, rec.st, rec.ls or '', rec.h_s or '', rec.src or '', rec.g} end
@@ -26,26 +26,26 @@ local slot = (rec.st == S_DISPATCHED or rec.st == S_RESERVED) and rec.sl == 1
 if release and not check_release(scopes, rec.h, slot) then return {'CORRUPT', epoch, 'negative'} end
 local plan = plan_charge(now, scopes, rec.wi, a)
 if plan == nil then return {'CORRUPT', epoch, 'charge'} end
-local over = {}
+-- Overrun counters are read only where the actual passes the hold.
+local f, over
 if release then
-  -- Overrun counters are read only where the actual passes the hold.
-  for i = 1, #scopes do local sc = scopes[i]
-    local f
-    for j = 1, #a.nz do local d = a.nz[j]
-      if a[d] > rec.h[d] then
-        f = f or {}
-        f[#f + 1] = OF[d]
-      end
+  for j = 1, #a.nz do local d = a.nz[j]
+    if a[d] > rec.h[d] then
+      f = f or {}
+      f[#f + 1] = OF[d]
     end
-    if f then
-      local c = sload(sc.key, f)
-      if not c then return {'CORRUPT', epoch, 'scope'} end
-      for j = 1, #a.nz do local d = a.nz[j]
-        local x = a[d] - rec.h[d]
-        if x > 0 then
-          if c[OF[d]] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
-          over[#over + 1] = {sc = sc, d = d, x = x}
-        end
+  end
+end
+if f then
+  over = {}
+  for i = 1, #scopes do local sc = scopes[i]
+    local c = sload(sc.key, f)
+    if not c then return {'CORRUPT', epoch, 'scope'} end
+    for j = 1, #a.nz do local d = a.nz[j]
+      local x = a[d] - rec.h[d]
+      if x > 0 then
+        if c[OF[d]] + x > MAXC then return {'CORRUPT', epoch, 'overrun'} end
+        over[#over + 1] = {sc = sc, d = d, x = x}
       end
     end
   end
@@ -54,7 +54,9 @@ end
 local st = S_SETTLED
 if release then
   do_release(scopes, rec.h, slot)
-  for i = 1, #over do local o = over[i]; sadd(o.sc.key, OF[o.d], o.x) end
+  if over then
+    for i = 1, #over do local o = over[i]; sadd(o.sc.key, OF[o.d], o.x) end
+  end
 else
   st = S_SETTLED_LATE
 end
