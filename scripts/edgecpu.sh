@@ -175,8 +175,12 @@ measure() {
 	s1=$(cpu_ns "$SIM_PID")
 	echo "$t $out $((c1 - c0)) $((s1 - s0))" >>"$WORK/$kind.txt"
 }
+# Each round starts at the next target, so none is always measured first
+# (after the previous target's streams, or on a replica that just idled).
+read -ra TS <<<"$TARGETS"
 for r in $(seq 1 "$ROUNDS"); do
-	for t in $TARGETS; do
+	for ((k = 0; k < ${#TS[@]}; k++)); do
+		t=${TS[(k + r - 1) % ${#TS[@]}]}
 		measure light "$t" -n "$LIGHT_N" -c 1 -body "$SMALL"
 		measure whole "$t" -n "$N" -c 16 -body "$SMALL"
 		measure stream "$t" -n "$SN" -c 16 -body "$STREAM" -stream
@@ -201,7 +205,7 @@ for t in $TARGETS; do
 	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
 done
 # ratio KIND TARGET REF AWKEXPR: median over rounds of TARGET's AWKEXPR ÷
-# REF's in the same round (paired: both ran back to back).
+# REF's in the same round (paired: both ran in one round).
 ratio() {
 	awk -v t="$2" -v r="$3" '$2 > 0 { v = '"$4"'; k[$1]++; if ($1 == t) a[k[$1]] = v; if ($1 == r) b[k[$1]] = v }
 		END { for (i in a) if (i in b && b[i] > 0) printf "%.3f\n", a[i] / b[i] }' "$WORK/$1.txt" | median
