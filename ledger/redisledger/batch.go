@@ -57,10 +57,14 @@ type batcher struct {
 // the batch script (EVALSHA) where the server has no functions or the ACL
 // refuses them. Both refusals come before anything runs, so the retry is
 // safe.
-func (b *batcher) exec(ctx context.Context, keys []string, args []any) (any, error) {
+//
+// fcall is the whole FCALL command, "fcall", the function, nk, the nk keys
+// and the arguments, built once by call (go-redis's FCall would copy the
+// keys and arguments into a command of its own).
+func (b *batcher) exec(ctx context.Context, fcall []any, nk int) (any, error) {
 	l := b.l
 	if !b.noFunc.Load() {
-		v, err := l.c.FCall(ctx, l.s.fn, keys, args...).Result()
+		v, err := b.process(ctx, fcall, nk)
 		if err == nil || (!funcMissing(err) && !funcUnsupported(err)) {
 			return v, err
 		}
@@ -69,7 +73,7 @@ func (b *batcher) exec(ctx context.Context, keys []string, args []any) (any, err
 			if lerr == nil {
 				// Loaded; FCALL itself may still be refused (an ACL that
 				// allows FUNCTION LOAD but not FCALL).
-				v, err = l.c.FCall(ctx, l.s.fn, keys, args...).Result()
+				v, err = b.process(ctx, fcall, nk)
 				if err == nil || !funcUnsupported(err) {
 					return v, err
 				}
@@ -79,7 +83,22 @@ func (b *batcher) exec(ctx context.Context, keys []string, args []any) (any, err
 		}
 		b.noFunc.Store(true)
 	}
-	return l.s.batch.Run(ctx, l.c, keys, args...).Result()
+	keys := make([]string, nk)
+	for i := range keys {
+		keys[i] = fcall[3+i].(string)
+	}
+	return l.s.batch.Run(ctx, l.c, keys, fcall[3+nk:]...).Result()
+}
+
+// process sends one prebuilt FCALL, its keys from position 3 as FCall
+// marks them (a Cluster client routes by the first).
+func (b *batcher) process(ctx context.Context, fcall []any, nk int) (any, error) {
+	cmd := redis.NewCmd(ctx, fcall...)
+	if nk > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = b.l.c.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 // funcMissing: the server has functions but not this library's.
@@ -222,22 +241,26 @@ func (b *batcher) call(batch []*bop) {
 		nk += len(o.keys)
 		na += 3 + len(o.args)
 	}
-	keys := make([]string, 0, nk)
-	args := make([]any, 0, na)
-	args = append(args, len(batch))
+	fcall := make([]any, 3, 3+nk+na)
+	fcall[0], fcall[1], fcall[2] = "fcall", l.s.fn, nk
 	for _, o := range batch {
-		keys = append(keys, o.keys...)
-		args = append(args, o.name, len(o.keys), len(o.args))
-		args = append(args, o.args...)
+		for _, k := range o.keys {
+			fcall = append(fcall, k)
+		}
+	}
+	fcall = append(fcall, len(batch))
+	for _, o := range batch {
+		fcall = append(fcall, o.name, len(o.keys), len(o.args))
+		fcall = append(fcall, o.args...)
 	}
 	var fl int64
 	if l.floor != nil {
 		fl = l.floor()
 	}
-	args = append(args, fl)
+	fcall = append(fcall, fl)
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 	l.m.batchOps.Observe(float64(len(batch)))
-	v, err := b.exec(ctx, keys, args)
+	v, err := b.exec(ctx, fcall, nk)
 	cancel()
 	arr, ok := v.([]any)
 	if err == nil && (!ok || len(arr) != len(batch)) {

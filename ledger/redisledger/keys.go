@@ -26,22 +26,39 @@ const (
 	numFixedKeys
 )
 
-func encID(id ledger.RequestID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
+func encID(id ledger.RequestID) string {
+	var b [22]byte // RawURLEncoding of 16 bytes; one allocation, the string's
+	base64.RawURLEncoding.Encode(b[:], id[:])
+	return string(b[:])
+}
 
 // tenantBase returns "<prefix>:{T}:".
-func (l *Ledger) tenantBase(t ledger.ScopeKey) string {
-	return l.prefix + ":{" + t.String() + "}:"
+func (l *Ledger) tenantBase(t ledger.ScopeKey) string { return l.partKeys(t).base }
+
+// partitionKeys are a partition's key names that every operation on it
+// takes, built once per partition rather than per operation.
+type partitionKeys struct{ base, meta, leases, unresolved string }
+
+// partKeys returns t's partitionKeys (cached: one entry per tenant or
+// global partition this process touched).
+func (l *Ledger) partKeys(t ledger.ScopeKey) *partitionKeys {
+	if v, ok := l.parts.Load(t); ok {
+		return v.(*partitionKeys)
+	}
+	base := l.prefix + ":{" + t.String() + "}:"
+	v, _ := l.parts.LoadOrStore(t, &partitionKeys{base: base, meta: base + "m", leases: base + "L", unresolved: base + "U"})
+	return v.(*partitionKeys)
 }
 
 // fixedKeys returns the four keys every write script takes, with room for
 // nScopes scope keys appended.
 func (l *Ledger) fixedKeys(ref ledger.Ref, id string, nScopes int) []string {
-	base := l.tenantBase(ref.Tenant)
+	pk := l.partKeys(ref.Tenant)
 	keys := make([]string, numFixedKeys, numFixedKeys+nScopes)
-	keys[idxMeta] = base + "m"
-	keys[idxLeases] = base + "L"
-	keys[idxUnresolved] = base + "U"
-	keys[idxRecord] = base + "q:" + id
+	keys[idxMeta] = pk.meta
+	keys[idxLeases] = pk.leases
+	keys[idxUnresolved] = pk.unresolved
+	keys[idxRecord] = pk.base + "q:" + id
 	return keys
 }
 

@@ -34,6 +34,7 @@ type Ledger struct {
 	epochSeed string       // random per process; candidate epochs are seed-counter
 	epochSeq  atomic.Int64 // candidate counter
 	epochs    sync.Map     // ledger.ScopeKey → string: cached epoch per tenant
+	parts     sync.Map     // ledger.ScopeKey → *partitionKeys
 
 	mu    sync.Mutex                     // guards specs
 	specs map[ledger.RequestID]specEntry // scope spec of records reserved here

@@ -1,6 +1,11 @@
 package redisledger
 
-import "testing"
+import (
+	"encoding/base64"
+	"testing"
+
+	"github.com/sluicehq/sluice/ledger"
+)
 
 // TestKeySlot: the batcher groups operations by the Cluster slot Redis
 // computes (values from the Cluster specification and CLUSTER KEYSLOT).
@@ -19,5 +24,16 @@ func TestKeySlot(t *testing.T) {
 	}
 	if keySlot("foo{}{bar}") == keySlot("bar") {
 		t.Error("an empty first tag must not fall through to the second")
+	}
+}
+
+// TestEncID: the record id text is the unpadded base64url of the id, as
+// EncodeToString writes it.
+func TestEncID(t *testing.T) {
+	for range 100 {
+		id := ledger.NewRequestID()
+		if got, want := encID(id), base64.RawURLEncoding.EncodeToString(id[:]); got != want {
+			t.Fatalf("encID = %q, want %q", got, want)
+		}
 	}
 }
