@@ -246,7 +246,8 @@ end
 -- lists the fields written this call (d[1..d[0]]; d[f] is the call that
 -- listed f), and SKL[1..SKN] the keys written, in order. Every read and
 -- write of a scope hash goes through sload and sput/sadd (or, in the hot
--- loops, the same steps inline on sc.c and sc.d), and flush writes each
+-- loops, the same steps on sc.c and sc.d, with dirty called only for a
+-- field's first write of the call), and flush writes each
 -- dirty hash back with one HSET: a batch's operations on one scope cost one
 -- HMGET and one HSET, and an operation's 4-7 HINCRBYs become part of one
 -- HSET. Only fields read this call are written. The tables outlive the call
@@ -539,15 +540,7 @@ local function do_release(scopes, h, slot)
       if x > 0 then
         local f = RF[d]
         c[f] = c[f] - x
-        if sd[f] ~= GEN then -- (dirty, inline: the hot loops)
-          sd[f] = GEN
-          local n = sd[0] + 1
-          sd[0], sd[n] = n, f
-          if n == 1 then
-            SKN = SKN + 1
-            SKL[SKN] = key
-          end
-        end
+        if sd[f] ~= GEN then dirty(key, sd, f) end
       end
     end
     if slot and sc.slot then sadd(key, 'n', -1) end
@@ -855,15 +848,7 @@ local function reserve_apply(p)
       if x > 0 then
         local f = RF[d]
         c[f] = c[f] + x
-        if sd[f] ~= GEN then -- (dirty, inline: the hot loops)
-          sd[f] = GEN
-          local n = sd[0] + 1
-          sd[0], sd[n] = n, f
-          if n == 1 then
-            SKN = SKN + 1
-            SKL[SKN] = key
-          end
-        end
+        if sd[f] ~= GEN then dirty(key, sd, f) end
       end
     end
     if dispatch and sc.slot then
