@@ -26,6 +26,8 @@ type call struct {
 	phase        phase              // see lifecycle.go; owned by the request goroutine
 	stopDeadline context.CancelFunc // nil without a client deadline
 	detached     context.Context    // WithoutCancel(ctx), made by the first ledgerOp
+	ops          [3]opCtx           // the first ledgerOps' contexts (reserve, mark dispatched, settle)
+	nops         uint8              // ops handed out
 
 	pol      *policy
 	t        *tenant

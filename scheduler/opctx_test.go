@@ -123,3 +123,30 @@ func BenchmarkLedgerCtx(b *testing.B) {
 		}
 	})
 }
+
+// The first three ledger operations of a call use the contexts embedded in
+// it, each its own: none is handed out twice, and ending one ends no other.
+func TestLedgerOpsLiveInTheCall(t *testing.T) {
+	c := &call{ctx: context.Background()}
+	ops := []*opCtx{c.ledgerOp(), c.ledgerOp(), c.ledgerOp(), c.ledgerOp()}
+	for i := range len(c.ops) {
+		if ops[i] != &c.ops[i] {
+			t.Fatalf("op %d is not the call's slot %d", i, i)
+		}
+	}
+	for i := range len(c.ops) {
+		if ops[3] == &c.ops[i] {
+			t.Fatalf("op 3 reuses slot %d", i)
+		}
+	}
+	ops[1].cancel()
+	for i, o := range ops {
+		want := error(nil)
+		if i == 1 {
+			want = context.Canceled
+		}
+		if err := o.Err(); err != want {
+			t.Fatalf("op %d: Err() = %v, want %v", i, err, want)
+		}
+	}
+}
