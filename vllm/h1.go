@@ -328,7 +328,8 @@ func (cn *h1Conn) readHead(b *h1Body) (*h1Resp, error) {
 			return nil, fmt.Errorf("malformed status line %q", truncate(line))
 		}
 		keep := line[7] == '1'
-		r := &h1Resp{status: status, body: b}
+		r := &b.resp
+		*r = h1Resp{status: status, body: b}
 		length, chunked, conn := int64(-1), false, ""
 		for {
 			l, err := cn.line()
@@ -345,7 +346,7 @@ func (cn *h1Conn) readHead(b *h1Body) (*h1Resp, error) {
 			v = bytes.TrimSpace(v)
 			switch {
 			case bytes.EqualFold(k, []byte("Content-Type")):
-				r.contentType = string(v)
+				r.contentType = contentType(v)
 			case bytes.EqualFold(k, []byte("Content-Length")):
 				n, err := strconv.ParseInt(string(v), 10, 64)
 				if err != nil || n < 0 || (length >= 0 && n != length) {
@@ -377,13 +378,25 @@ func (cn *h1Conn) readHead(b *h1Body) (*h1Resp, error) {
 		case chunked:
 			b.r, b.chunked = httputil.NewChunkedReader(cn.br), true
 		case length >= 0:
-			b.r = &lengthReader{r: cn.br, n: length}
+			b.lr = lengthReader{r: cn.br, n: length}
+			b.r = &b.lr
 			b.eof = length == 0
 		default:
 			b.r, b.keep = cn.br, false // until the server closes
 		}
 		return r, nil
 	}
+}
+
+// contentType returns the Content-Type value v, the replica's usual ones
+// without an allocation.
+func contentType(v []byte) string {
+	for _, t := range [...]string{"application/json", "text/event-stream; charset=utf-8", "text/event-stream"} {
+		if string(v) == t {
+			return t
+		}
+	}
+	return string(v)
 }
 
 // line reads one header line without its CRLF; a line over the read
@@ -418,6 +431,8 @@ type h1Body struct {
 	cn      *h1Conn
 	ctx     context.Context
 	stop    func() bool
+	resp    h1Resp       // the response this body belongs to (readHead)
+	lr      lengthReader // r for a Content-Length body
 	r       io.Reader
 	chunked bool
 	keep    bool
