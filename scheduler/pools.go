@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -36,7 +37,74 @@ func (k poolKey) has(i int) bool {
 // are one pool, so a flood of one cannot fill the replicas the other's
 // light tenants need without the gate seeing them. Before any replica's
 // models are known every replica serves every model: one pool, the fleet.
+//
+// Pools change only when a replica's model list does, so the keys are
+// memoised per list state (poolCache): computing one is O(replicas²).
 func (s *replicaSet) poolKeyOf(model string) poolKey {
+	c := s.pools.Load()
+	if c != nil && c.current(s.reps) {
+		if k, ok := c.keys[model]; ok {
+			return k
+		}
+	}
+	// The lists are taken before computing: a list read meanwhile then
+	// invalidates the entry instead of hiding under it.
+	lists := make([]modelList, len(s.reps))
+	for i, r := range s.reps {
+		lists[i] = listOf(r)
+	}
+	k := s.computePoolKey(model)
+	keys := map[string]poolKey{}
+	if c != nil && slices.Equal(c.lists, lists) {
+		if len(c.keys) >= maxCachedPools {
+			return k
+		}
+		keys = maps.Clone(c.keys)
+	}
+	keys[model] = k
+	s.pools.Store(&poolCache{lists: lists, keys: keys})
+	return k
+}
+
+// maxCachedPools bounds the memoised models (only served ones reach it).
+const maxCachedPools = 1024
+
+// poolCache is poolKeyOf's memo for one state of the replicas' model lists.
+// Immutable.
+type poolCache struct {
+	lists []modelList // per replica, in s.reps order
+	keys  map[string]poolKey
+}
+
+// modelList identifies a replica's reported model list: replicaObs is
+// immutable and a poll that did not re-read /v1/models carries the slice
+// over, so the same backing array is the same list.
+type modelList struct {
+	first *string
+	n     int
+}
+
+func listOf(r *replica) modelList {
+	o := r.obs.Load()
+	if o == nil || len(o.models) == 0 {
+		return modelList{}
+	}
+	return modelList{&o.models[0], len(o.models)}
+}
+
+func (c *poolCache) current(reps []*replica) bool {
+	if len(c.lists) != len(reps) {
+		return false
+	}
+	for i, r := range reps {
+		if listOf(r) != c.lists[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *replicaSet) computePoolKey(model string) poolKey {
 	var k poolKey
 	known := s.anyKnown()
 	served := make([][]string, len(s.reps))

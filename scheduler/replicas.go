@@ -94,6 +94,8 @@ type replicaSet struct {
 
 	mu     sync.Mutex // serializes choose+reserve; guards cursor
 	cursor int
+
+	pools atomic.Pointer[poolCache] // poolKeyOf's memo
 }
 
 // route is what the replica choice needs to know about a request.

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -133,4 +134,62 @@ func TestPriceCached(t *testing.T) {
 	assert.Equal(t, p.priceMicros("m", 1000, 100), p.priceCached("m", 1000, 0, 100))
 	assert.Equal(t, int64(4500), p.priceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
 	assert.Equal(t, int64(1500+300), p.priceCached("m", 1000, 5000, 100), "cached never exceeds input")
+}
+
+// TestPoolKeysFollowModelLists: the memoised pools follow every change of a
+// replica's model list, and a poll that keeps the list keeps the memo.
+func TestPoolKeysFollowModelLists(t *testing.T) {
+	t.Parallel()
+	a := &replica{name: "a", maxSeqs: 8}
+	b := &replica{name: "b", maxSeqs: 8}
+	set := &replicaSet{reps: []*replica{a, b}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000})}
+	var ka, kb, both poolKey
+	ka.set(0)
+	kb.set(1)
+	both.set(0)
+	both.set(1)
+	a.obs.Store(&replicaObs{ok: true, models: []string{"x"}})
+	b.obs.Store(&replicaObs{ok: true, models: []string{"y"}})
+	assert.Equal(t, ka, set.poolKeyOf("x"))
+	assert.Equal(t, kb, set.poolKeyOf("y"))
+	memo := set.pools.Load()
+
+	// A poll that did not re-read /v1/models carries the list over.
+	prev := a.obs.Load()
+	a.obs.Store(&replicaObs{ok: true, running: 3, models: prev.models})
+	assert.Equal(t, ka, set.poolKeyOf("x"))
+	assert.Same(t, memo, set.pools.Load(), "same lists: the memo stands")
+
+	// b loads x as well: both pools merge.
+	b.obs.Store(&replicaObs{ok: true, models: []string{"y", "x"}})
+	assert.Equal(t, both, set.poolKeyOf("x"))
+	assert.Equal(t, both, set.poolKeyOf("y"), "b shares x with a")
+	// b drops y, then its list empties: unknown models go, a serves x alone.
+	b.obs.Store(&replicaObs{ok: true, models: []string{"x"}})
+	assert.Equal(t, poolKey{}, set.poolKeyOf("y"))
+	b.obs.Store(&replicaObs{ok: true})
+	assert.Equal(t, ka, set.poolKeyOf("x"))
+}
+
+// BenchmarkPoolKeyOf: a request's pool on a fleet of 128 replicas, each
+// serving one of 8 models (the memo's hit, and the computation it saves).
+func BenchmarkPoolKeyOf(b *testing.B) {
+	set := &replicaSet{}
+	for i := range 128 {
+		r := &replica{name: fmt.Sprint("r", i), maxSeqs: 8}
+		r.obs.Store(&replicaObs{ok: true, models: []string{fmt.Sprint("m", i%8)}})
+		set.reps = append(set.reps, r)
+	}
+	b.Run("memo", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = set.poolKeyOf("m3")
+		}
+	})
+	b.Run("compute", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = set.computePoolKey("m3")
+		}
+	})
 }
