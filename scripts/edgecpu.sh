@@ -3,7 +3,9 @@
 # (scripts/bench.sh section 2's set-up), alone and extended to streams.
 # One run, rounds interleaved over the targets direct / HAProxy / nginx /
 # Sluice in front of `sluice sim` (2 replicas, 1 ms decode steps):
-#   light   -c 1 non-streamed requests: added latency p50/p99;
+#   light   -c 1 non-streamed requests, every target in turn request by
+#           request (EDGE_LIGHT_BLOCKS=1: a block per target, as before
+#           2026-12-02 round 5): added latency p50/p99;
 #   whole   -c 16 non-streamed requests: proxy CPU µs per request and the
 #           replica's (simulator's) CPU µs per request;
 #   stream  -c 16 streamed requests of EDGE_STREAM_TOKENS tokens: proxy CPU
@@ -175,13 +177,42 @@ measure() {
 	s1=$(cpu_ns "$SIM_PID")
 	echo "$t $out $((c1 - c0)) $((s1 - s0))" >>"$WORK/$kind.txt"
 }
+# light_interleaved R: the light measurement of round R for every target at
+# once, request by request in turn (loadloop -names), so that each target's
+# p50 and p99 come from the same minutes of the host: a block of requests
+# per target meets whatever the host did in its own seconds, and p99
+# differences between blocks are mostly that. Direct alternates its two
+# replicas from one cycle to the next, as the proxies spread.
+light_interleaved() {
+	local urls="" names="" t cyc k pids line
+	local -A c0
+	for cyc in 0 1; do
+		for ((k = 0; k < ${#TS[@]}; k++)); do
+			t=${TS[(k + $1 - 1) % ${#TS[@]}]}
+			if [ "$t" = direct ]; then urls="$urls,http://127.0.0.1:$((SIM_PORT + cyc))"; else urls="$urls,$(url_of "$t")"; fi
+			names="$names,$t"
+		done
+	done
+	for t in "${TS[@]}"; do
+		pids=$(proxy_pids "$t")
+		c0[$t]=0
+		[ -n "$pids" ] && c0[$t]=$(cpu_ns $pids)
+	done
+	"$WORK/loadloop.bin" -url "${urls#,}" -names "${names#,}" -n $((LIGHT_N * ${#TS[@]})) -c 1 -body "$SMALL" >"$WORK/light.round"
+	while read -r line; do
+		t=${line%% *}
+		pids=$(proxy_pids "$t")
+		[ -n "$pids" ] && echo "$line $(($(cpu_ns $pids) - c0[$t])) 0" >>"$WORK/light.txt" || echo "$line 0 0" >>"$WORK/light.txt"
+	done <"$WORK/light.round"
+}
 # Each round starts at the next target, so none is always measured first
 # (after the previous target's streams, or on a replica that just idled).
 read -ra TS <<<"$TARGETS"
 for r in $(seq 1 "$ROUNDS"); do
+	[ "${EDGE_LIGHT_BLOCKS:-0}" = 1 ] || light_interleaved "$r"
 	for ((k = 0; k < ${#TS[@]}; k++)); do
 		t=${TS[(k + r - 1) % ${#TS[@]}]}
-		measure light "$t" -n "$LIGHT_N" -c 1 -body "$SMALL"
+		[ "${EDGE_LIGHT_BLOCKS:-0}" = 1 ] && measure light "$t" -n "$LIGHT_N" -c 1 -body "$SMALL"
 		measure whole "$t" -n "$N" -c 16 -body "$SMALL"
 		measure stream "$t" -n "$SN" -c 16 -body "$STREAM" -stream
 	done

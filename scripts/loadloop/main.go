@@ -2,7 +2,10 @@
 // scripts/edgecpu.sh (stdlib net/http only): -n requests with -c workers on
 // kept-alive connections, to one base URL or several in turn; it prints
 // "ok fail p50_us p99_us rps chunks" (chunks: SSE data events counted with
-// -stream, else 0). LOADLOOP_KEY is sent as the bearer key.
+// -stream, else 0). With -names (one name per URL) it prints that line for
+// each distinct name, prefixed with the name: targets interleaved request
+// by request, so that every target meets the same host. LOADLOOP_KEY is
+// sent as the bearer key.
 package main
 
 import (
@@ -26,12 +29,23 @@ func main() {
 	c := flag.Int("c", 1, "workers")
 	body := flag.String("body", "", "JSON body")
 	stream := flag.Bool("stream", false, "count SSE data events")
+	names := flag.String("names", "", "one name per URL: a line per name")
 	flag.Parse()
 	urls := strings.Split(*url, ",")
+	name := make([]string, len(urls))
+	if *names != "" {
+		name = strings.Split(*names, ",")
+		if len(name) != len(urls) {
+			fmt.Fprintln(os.Stderr, "loadloop: -names needs one name per URL")
+			os.Exit(2)
+		}
+	}
 	key := os.Getenv("LOADLOOP_KEY")
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *c, DisableCompression: true}}
 	lat := make([]time.Duration, *n)
-	var next, fail, chunks atomic.Int64
+	fail := make([]atomic.Int64, len(urls))
+	chunks := make([]atomic.Int64, len(urls))
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range *c {
@@ -60,7 +74,7 @@ func main() {
 							}
 						}
 						err = sc.Err()
-						chunks.Add(k)
+						chunks[i%int64(len(urls))].Add(k)
 					} else {
 						_, err = io.Copy(io.Discard, resp.Body)
 					}
@@ -71,7 +85,7 @@ func main() {
 				}
 				lat[i] = time.Since(t)
 				if err != nil {
-					fail.Add(1)
+					fail[i%int64(len(urls))].Add(1)
 					lat[i] = -1
 				}
 			}
@@ -79,14 +93,38 @@ func main() {
 	}
 	wg.Wait()
 	el := time.Since(start)
-	ok := slices.DeleteFunc(lat, func(d time.Duration) bool { return d < 0 })
-	slices.Sort(ok)
-	pct := func(p float64) float64 {
-		if len(ok) == 0 {
-			return 0
+	var seen []string
+	for _, nm := range name {
+		if !slices.Contains(seen, nm) {
+			seen = append(seen, nm)
 		}
-		i := min(max(int(p*float64(len(ok))+0.999999)-1, 0), len(ok)-1)
-		return float64(ok[i].Microseconds())
 	}
-	fmt.Printf("%d %d %.0f %.0f %.1f %d\n", len(ok), fail.Load(), pct(0.50), pct(0.99), float64(len(ok))/el.Seconds(), chunks.Load())
+	for _, nm := range seen {
+		var ok []time.Duration
+		var failed, chunked int64
+		for u := range urls {
+			if name[u] != nm {
+				continue
+			}
+			failed += fail[u].Load()
+			chunked += chunks[u].Load()
+			for i := u; i < *n; i += len(urls) {
+				if lat[i] >= 0 {
+					ok = append(ok, lat[i])
+				}
+			}
+		}
+		slices.Sort(ok)
+		pct := func(p float64) float64 {
+			if len(ok) == 0 {
+				return 0
+			}
+			i := min(max(int(p*float64(len(ok))+0.999999)-1, 0), len(ok)-1)
+			return float64(ok[i].Microseconds())
+		}
+		if nm != "" {
+			fmt.Print(nm, " ")
+		}
+		fmt.Printf("%d %d %.0f %.0f %.1f %d\n", len(ok), failed, pct(0.50), pct(0.99), float64(len(ok))/el.Seconds(), chunked)
+	}
 }
