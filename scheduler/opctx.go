@@ -43,10 +43,12 @@ func (c *call) ledgerOp() *opCtx {
 	if c.detached == nil {
 		c.detached = context.WithoutCancel(c.ctx)
 	}
-	o := &opCtx{}
+	var o *opCtx
 	if int(c.nops) < len(c.ops) {
 		o = &c.ops[c.nops]
 		c.nops++
+	} else {
+		o = new(opCtx)
 	}
 	o.parent, o.deadline = c.detached, time.Now().Add(ledgerOpTimeout)
 	return o

@@ -139,6 +139,14 @@ func TestLedgerOpsLiveInTheCall(t *testing.T) {
 			t.Fatalf("op 3 reuses slot %d", i)
 		}
 	}
+	if n := testing.AllocsPerRun(100, func() {
+		c.nops = 0
+		for range len(c.ops) {
+			c.ledgerOp()
+		}
+	}); n != 0 {
+		t.Fatalf("the call's first %d ledger ops allocate %v times", len(c.ops), n)
+	}
 	ops[1].cancel()
 	for i, o := range ops {
 		want := error(nil)
