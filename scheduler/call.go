@@ -53,6 +53,8 @@ type call struct {
 	wf       *workflow // nil without X-Workflow-Id
 	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
+	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
+	lease       leaseEntry                     // leases.m's entry for the call; guarded by leases.mu
 	// capReason is why Sluice lowered the output cap to fit a budget
 	// (budget, workflow); "" when it did not.
 	capReason string
@@ -290,7 +292,7 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,
-			Scopes:   []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}},
+			Scopes:   append(c.scopes[:0], ledger.Scope{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}),
 			LeaseTTL: c.pol.leaseTTL,
 			// A label for audit lines only: the ledger never orders policy
 			// versions (limits travel with each Reserve).
@@ -317,10 +319,6 @@ func (s *Server) reserve(c *call, a admission) error {
 		g, err := s.led.Reserve(op, rr)
 		op.cancel()
 		s.noteLedger("reserve", err)
-		var (
-			d  *ledger.DeniedError
-			fe *ledger.FinalError
-		)
 		switch {
 		case err == nil && (!g.Replayed || a.idemKey == ""):
 			// Replayed false with our nonce is this very Reserve, retried
@@ -332,7 +330,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			return nil
 		case err == nil:
 			return idemStateErr(g.State)
-		case a.idemKey != "" && errors.As(err, &fe) && (fe.State == ledger.Released || fe.State == ledger.Expired):
+		case a.idemKey != "" && endedUnrun(err):
 			// The attempt holding this generation never ran: this one may.
 			if gen++; gen >= maxIdemGenerations {
 				return idemExhaustedErr()
@@ -362,17 +360,40 @@ func (s *Server) reserve(c *call, a admission) error {
 				// The hold may exist: end it by id once the store answers.
 				s.queueRelease(c)
 			}
-		case !lowered && errors.As(err, &d) && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens):
-			// Send what the budgets still allow rather than refuse.
-			lowered = true
-			continue
-		case errors.As(err, &d):
-			s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
-			s.countKey(c, "denied")
-			return refusal(c, d, c.pol.cfg.Server.MinOutputTokens)
+		default:
+			if d := deniedOf(err); d != nil {
+				if !lowered && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens) {
+					// Send what the budgets still allow rather than refuse.
+					lowered = true
+					continue
+				}
+				s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
+				s.countKey(c, "denied")
+				return refusal(c, d, c.pol.cfg.Server.MinOutputTokens)
+			}
 		}
 		return err
 	}
+}
+
+// deniedOf and endedUnrun unwrap reserve's errors out of line: an
+// errors.As target escapes, and reserve's success path should not pay for
+// it.
+func deniedOf(err error) *ledger.DeniedError {
+	if err == nil {
+		return nil
+	}
+	var d *ledger.DeniedError
+	if errors.As(err, &d) {
+		return d
+	}
+	return nil
+}
+
+// endedUnrun reports a FinalError of an id that ended without running.
+func endedUnrun(err error) bool {
+	var fe *ledger.FinalError
+	return errors.As(err, &fe) && (fe.State == ledger.Released || fe.State == ledger.Expired)
 }
 
 // lowerCap lowers the call's output cap to fit a token budget denial where
@@ -536,21 +557,28 @@ func (s *Server) await(c *call) (err error) {
 		var rep *replica
 		select {
 		case rep = <-c.dispatched:
-		case <-c.ctx.Done():
-			if s.q.Cancel(c.handle) {
-				s.release(c)
-				s.forget(c)
-				return context.Cause(c.ctx)
-			}
-			// Lost the race: dispatch or expiry owns the entry; one of
-			// them is about to be (or was) delivered.
-			if rep = <-c.dispatched; rep != nil {
-				s.reps.release(rep, c.size)
-				s.q.Release(c.handle)
-				s.release(c)
-				s.forget(c)
-				s.signal(s.wake)
-				return context.Cause(c.ctx)
+			// Dispatched inline (or just now): the context's Done channel,
+			// made on first use, is not needed. A cancellation that raced
+			// the dispatch is execute's to see.
+		default:
+			select {
+			case rep = <-c.dispatched:
+			case <-c.ctx.Done():
+				if s.q.Cancel(c.handle) {
+					s.release(c)
+					s.forget(c)
+					return context.Cause(c.ctx)
+				}
+				// Lost the race: dispatch or expiry owns the entry; one of
+				// them is about to be (or was) delivered.
+				if rep = <-c.dispatched; rep != nil {
+					s.reps.release(rep, c.size)
+					s.q.Release(c.handle)
+					s.release(c)
+					s.forget(c)
+					s.signal(s.wake)
+					return context.Cause(c.ctx)
+				}
 			}
 		}
 		if rep == nil { // expired in the queue
@@ -559,8 +587,7 @@ func (s *Server) await(c *call) (err error) {
 			return queue.ErrExpired
 		}
 		err := s.markDispatched(c)
-		var d *ledger.DeniedError
-		if errors.As(err, &d) && d.Dim == ledger.Slots {
+		if d := deniedOf(err); d != nil && d.Dim == ledger.Slots {
 			// Another instance holds the tenant's slots: back to the head
 			// of the queue, still holding the budget.
 			s.reps.release(rep, c.size)
@@ -603,6 +630,12 @@ func (s *Server) await(c *call) (err error) {
 			s.m.ExpiredDispatch.Inc()
 			s.finish(c, queue.ErrExpired)
 			return queue.ErrExpired
+		}
+		if cause := context.Cause(c.ctx); cause != nil {
+			// The client left (or its deadline passed) as the dispatch
+			// arrived: nothing was sent, so nothing is charged.
+			s.finish(c, cause)
+			return cause
 		}
 		return nil
 	}

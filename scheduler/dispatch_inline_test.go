@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,5 +92,31 @@ func TestInlineDispatchCountsHeldInPool(t *testing.T) {
 		assert.Equal(t, int64(0), ended.held)
 		assert.Equal(t, int64(0), ended.queued)
 		assert.Equal(t, int64(1), ended.served)
+	})
+}
+
+// A client that leaves while its call is dispatched inline (here: during
+// the mark-dispatched round trip) gets nothing sent upstream and is charged
+// nothing: the dispatch does not outrun the cancellation.
+func TestInlineDispatchClientGoneSendsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		s.loopOnly = false
+		ctx, cancel := context.WithCancelCause(context.Background())
+		led.set(func() {
+			led.dispatch = func(context.Context, ledger.Ref) (error, bool) {
+				cancel(ErrClientGone)
+				return nil, false
+			}
+		})
+		_, err := serve(s, ctx, admission{body: chatBody("")})
+		require.ErrorIs(t, err, ErrClientGone)
+		assert.Equal(t, int64(0), up.runs.Load())
+		assert.Equal(t, 1, led.n("dispatch"))
+		u := tenantUsage(t, s, led.Memory)
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+		assert.Equal(t, int64(0), committed(u, ledger.Requests, time.Hour), "not charged")
 	})
 }

@@ -81,36 +81,40 @@ func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
 
 // Handle routes client API requests.
 func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
-	path := string(rc.Path())
+	p := rc.Path() // compared without a copy; path is for the rarer routes
 	reqID := requestID(rc)
 	rc.Response.Header.Set("X-Request-Id", reqID)
 	switch {
-	case path == "/healthz":
+	case string(p) == "/healthz":
 		rc.SetContentType("text/plain")
 		rc.SetBodyString("ok\n")
-	case path == "/readyz":
+	case string(p) == "/readyz":
 		ok, why := e.s.Ready()
 		rc.SetContentType("text/plain")
 		if !ok {
 			rc.SetStatusCode(503)
 		}
 		rc.SetBodyString(why + "\n")
-	case path == "/v1/chat/completions" || path == "/v1/completions":
+	case string(p) == "/v1/chat/completions" || string(p) == "/v1/completions":
 		if !rc.IsPost() {
 			e.methodNotAllowed(rc)
 			return
 		}
-		ep, _ := vllm.EndpointForPath(path)
+		ep := vllm.EndpointChat
+		if string(p) == "/v1/completions" {
+			ep = vllm.EndpointCompletions
+		}
 		e.generate(rc, ep, reqID)
-	case path == "/v1/workflows" || strings.HasPrefix(path, "/v1/workflows/"):
-		e.workflowAPI(rc, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/workflows"), "/"))
-	case path == "/v1/models":
+	case string(p) == "/v1/workflows" || bytes.HasPrefix(p, []byte("/v1/workflows/")):
+		e.workflowAPI(rc, strings.TrimPrefix(strings.TrimPrefix(string(p), "/v1/workflows"), "/"))
+	case string(p) == "/v1/models":
 		if !rc.IsGet() {
 			e.methodNotAllowed(rc)
 			return
 		}
 		e.models(rc)
 	default:
+		path := string(p)
 		if ep, ok := vllm.EndpointForPath(path); ok && isOther(ep) {
 			e.other(rc, ep, reqID) // endpoints.go
 			return
@@ -226,7 +230,8 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 	cr.ctx, cr.gone = context.WithCancelCause(e.base)
 	cr.a.cancel = cr.gone // the call's own context unless it has a deadline
 	if e.watch != nil {
-		if stop, err := e.watch.Watch(rc.Conn(), func() { cr.gone(ErrClientGone) }); err == nil {
+		gone := cr.gone // captured alone, so that cr stays on the stack
+		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(ErrClientGone) }); err == nil {
 			cr.stopWatch = stop
 		}
 	}
@@ -259,10 +264,13 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	}()
 
 	c, body, err := s.start(cctx, t, pol, a)
-	var replay *cachedResponse
-	if errors.As(err, &replay) {
-		e.replayed(rc, t.name, replay)
-		return
+	if err != nil {
+		// Declared here: an errors.As target escapes.
+		var replay *cachedResponse
+		if errors.As(err, &replay) {
+			e.replayed(rc, t.name, replay)
+			return
+		}
 	}
 	if c == nil {
 		e.reject(rc, t.name, err)

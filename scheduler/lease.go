@@ -52,7 +52,8 @@ func (l *leases) track(c *call, sent time.Time, ttl time.Duration) {
 	if l.m == nil {
 		l.m = map[*call]*leaseEntry{}
 	}
-	e := &leaseEntry{lastGood: sent, ttl: ttl}
+	e := &c.lease
+	*e = leaseEntry{lastGood: sent, ttl: ttl}
 	e.fence = time.AfterFunc(sent.Add(ttl-fenceMargin(ttl)).Sub(l.now()), func() { c.cancel(ledger.ErrLeaseLost) })
 	l.m[c] = e
 	if l.period > 0 && ttl/3 < l.period {

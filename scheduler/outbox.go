@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -97,6 +98,7 @@ func (s *Server) queueRelease(c *call) {
 // queueReplay hands the ending of an ambiguous keyed Reserve to the outbox.
 func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
 	s.leases.untrack(c)
+	rr.Scopes = slices.Clone(rr.Scopes) // off the call's array, which reserve reuses
 	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: c.ref, reqID: c.reqID})
 }
 
