@@ -2,6 +2,7 @@ package redisledger
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -97,7 +98,14 @@ func globalIndex(scopes []ledger.Scope) int {
 	return -1
 }
 
-func encodeHold(ref ledger.Ref) string { return ref.Tenant.String() + "." + encID(ref.ID) }
+// encodeHold returns "G.gid" (one allocation).
+func encodeHold(ref ledger.Ref) string {
+	var b [2*encLen + 1]byte
+	base64.RawURLEncoding.Encode(b[:encLen], ref.Tenant[:])
+	b[encLen] = '.'
+	base64.RawURLEncoding.Encode(b[encLen+1:], ref.ID[:])
+	return string(b[:])
+}
 
 // parseHold parses a record's field g ("" means no global hold).
 func parseHold(s string) (ledger.Ref, bool) {
@@ -105,12 +113,12 @@ func parseHold(s string) (ledger.Ref, bool) {
 	if !ok {
 		return ledger.Ref{}, false
 	}
-	k, err1 := ledger.ParseScopeKey(gk)
-	i, err2 := ledger.ParseScopeKey(id)
-	if err1 != nil || err2 != nil {
+	k, ok1 := decodeKey(gk)
+	i, ok2 := decodeKey(id)
+	if !ok1 || !ok2 {
 		return ledger.Ref{}, false
 	}
-	return ledger.Ref{Tenant: k, ID: ledger.RequestID(i)}, true
+	return ledger.Ref{Tenant: k, ID: i}, true
 }
 
 // specWithHold appends the global scope of a record's hold g to its spec,
@@ -135,7 +143,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	l.register(ctx, gk)
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
-	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil, modeReserve)
+	g, err := l.reserveTenant(ctx, &greq, l.recordName(ref), digest, ttl, nil, modeReserve)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +159,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 // answer (the tenant plan already found no record to replay). The reply
 // has the stepwise protocol's shape and is decoded the same way, so every
 // answer, a replay included, comes out the same.
-func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, id, digest string, ttl time.Duration) (ledger.Grant, error) {
+func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, rec recName, digest string, ttl time.Duration) (ledger.Grant, error) {
 	gk := req.Scopes[gi].Key
 	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
 	l.globals.LoadOrStore(gk, struct{}{})
@@ -162,8 +170,8 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 	// The operation plans the tenant step first and answers its refusals
 	// as the check would, so steps[1] decodes both the check and the step.
 	steps := [2]reserveCall{
-		l.reserveOp(&greq, encID(gref.ID), digest, ttl, nil, modeReserve),
-		l.reserveOp(treq, id, digest, ttl, gh, modeReserve),
+		l.reserveOp(&greq, l.recordName(gref), digest, ttl, nil, modeReserve),
+		l.reserveOp(treq, rec, digest, ttl, gh, modeReserve),
 	}
 	var keys []string
 	var args []any
@@ -238,7 +246,7 @@ func (l *Ledger) followGlobal(_ context.Context, g string, fn func(ledger.Ref) e
 }
 
 func (l *Ledger) globalDispatch(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
-	r, _, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.dispatch, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -267,12 +275,12 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
 		gref, ok1 := parseHold(e.hold)
 		ge, ok2 := l.cachedEntry(gref.ID)
-		id, gid := encID(ref.ID), encID(gref.ID)
-		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, id, 3), l.tenantBase(ref.Tenant), e.spec)
-		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, gid, 1), l.tenantBase(gref.Tenant), ge.spec)
+		rec, grec := l.recordName(ref), l.recordName(gref)
+		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, rec, 3), l.tenantBase(ref.Tenant), e.spec)
+		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, grec, 1), l.tenantBase(gref.Tenant), ge.spec)
 		if ok1 && ok2 && ok3 && ok4 {
-			targs, tc := l.common(ref.Tenant, id)
-			gargs, gc := l.common(gref.Tenant, gid)
+			targs, tc := l.common(ref.Tenant, rec.id)
+			gargs, gc := l.common(gref.Tenant, grec.id)
 			targs = append(targs, csv, src)
 			gargs = append(gargs, csv, src)
 			args := make([]any, 0, 5+len(targs)+len(gargs))
@@ -325,7 +333,7 @@ func (l *Ledger) globalSettleReply(ref ledger.Ref, r reply) error {
 }
 
 func (l *Ledger) globalRelease(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
-	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.release, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -422,13 +430,13 @@ type chargeResult struct {
 }
 
 func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Scope, a *ledger.Amounts, at int64, digest string) (chargeResult, error) {
-	id := encID(ref.ID)
-	keys := l.fixedKeys(ref, id, len(scopes))
+	rec := l.recordName(ref)
+	keys := l.fixedKeys(ref, rec, len(scopes))
 	base := l.tenantBase(ref.Tenant)
 	for i := range scopes {
 		keys = append(keys, base+"s:"+scopes[i].Key.String())
 	}
-	args, cached := l.common(ref.Tenant, id)
+	args, cached := l.common(ref.Tenant, rec.id)
 	args = append(args, amountsCSV(a), buildSpec(scopes), at, digest)
 	r, err := l.run(ctx, l.s.charge, false, keys, args...)
 	if err != nil {

@@ -26,10 +26,44 @@ const (
 	numFixedKeys
 )
 
+// encLen is the length of a 16-byte id or key in unpadded base64url.
+const encLen = 22
+
 func encID(id ledger.RequestID) string {
-	var b [22]byte // RawURLEncoding of 16 bytes; one allocation, the string's
+	var b [encLen]byte // one allocation, the string's
 	base64.RawURLEncoding.Encode(b[:], id[:])
 	return string(b[:])
+}
+
+// recName is a record's key "<prefix>:{T}:q:<id>" and its id text, which is
+// the key's tail (one allocation for both).
+type recName struct{ key, id string }
+
+// recordName returns ref's record key and id text.
+func (l *Ledger) recordName(ref ledger.Ref) recName {
+	base := l.partKeys(ref.Tenant).base
+	var b strings.Builder
+	b.Grow(len(base) + 2 + encLen)
+	b.WriteString(base)
+	b.WriteString("q:")
+	var e [encLen]byte
+	base64.RawURLEncoding.Encode(e[:], ref.ID[:])
+	b.Write(e[:])
+	k := b.String()
+	return recName{key: k, id: k[len(k)-encLen:]}
+}
+
+// decodeKey parses the base64url text of a ScopeKey or RequestID, as
+// ledger.ParseScopeKey does but without allocating.
+func decodeKey(s string) ([16]byte, bool) {
+	var k [16]byte
+	if len(s) != encLen {
+		return k, false
+	}
+	var src [encLen]byte
+	copy(src[:], s)
+	n, err := base64.RawURLEncoding.Decode(k[:], src[:])
+	return k, err == nil && n == len(k)
 }
 
 // tenantBase returns "<prefix>:{T}:".
@@ -52,13 +86,13 @@ func (l *Ledger) partKeys(t ledger.ScopeKey) *partitionKeys {
 
 // fixedKeys returns the four keys every write script takes, with room for
 // nScopes scope keys appended.
-func (l *Ledger) fixedKeys(ref ledger.Ref, id string, nScopes int) []string {
+func (l *Ledger) fixedKeys(ref ledger.Ref, rec recName, nScopes int) []string {
 	pk := l.partKeys(ref.Tenant)
 	keys := make([]string, numFixedKeys, numFixedKeys+nScopes)
 	keys[idxMeta] = pk.meta
 	keys[idxLeases] = pk.leases
 	keys[idxUnresolved] = pk.unresolved
-	keys[idxRecord] = pk.base + "q:" + id
+	keys[idxRecord] = rec.key
 	return keys
 }
 

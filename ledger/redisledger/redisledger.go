@@ -31,10 +31,11 @@ type Ledger struct {
 	m      *metrics
 	b      *batcher // nil when Config.MaxBatch is 1
 
-	epochSeed string       // random per process; candidate epochs are seed-counter
-	epochSeq  atomic.Int64 // candidate counter
-	epochs    sync.Map     // ledger.ScopeKey → string: cached epoch per tenant
-	parts     sync.Map     // ledger.ScopeKey → *partitionKeys
+	epochSeed string                   // random per process; candidate epochs are seed-counter
+	epochSeq  atomic.Int64             // candidate counter
+	epochs    sync.Map                 // ledger.ScopeKey → string: cached epoch per tenant
+	parts     sync.Map                 // ledger.ScopeKey → *partitionKeys
+	ownerHex  atomic.Pointer[ownerHex] // the last owner's text (a process has one owner, usually)
 
 	mu    sync.Mutex                     // guards specs
 	specs map[ledger.RequestID]specEntry // scope spec of records reserved here
@@ -52,6 +53,22 @@ type Ledger struct {
 	// floor, when set (tests only, see export_test.go), pins ledger time:
 	// scripts use max(TIME, hwm, floor).
 	floor func() int64
+}
+
+// ownerHex is an owner and its hex text.
+type ownerHex struct {
+	o   ledger.Owner
+	hex string
+}
+
+// ownerText returns o.String(), cached for the last owner seen.
+func (l *Ledger) ownerText(o ledger.Owner) string {
+	if h := l.ownerHex.Load(); h != nil && h.o == o {
+		return h.hex
+	}
+	h := &ownerHex{o: o, hex: o.String()}
+	l.ownerHex.Store(h)
+	return h.hex
 }
 
 type specEntry struct {
@@ -285,7 +302,8 @@ func (l *Ledger) epochArgs(t ledger.ScopeKey) (cached, cand string) {
 	if v, ok := l.epochs.Load(t); ok {
 		cached = v.(string)
 	}
-	return cached, l.epochSeed + strconv.FormatInt(l.epochSeq.Add(1), 36)
+	var b [48]byte // seed (16 hex) and the counter in base 36: one allocation
+	return cached, string(strconv.AppendInt(append(b[:0], l.epochSeed...), l.epochSeq.Add(1), 36))
 }
 
 // noteEpoch caches the epoch a script reported.
@@ -362,15 +380,15 @@ func (l *Ledger) forgetSpec(id ledger.RequestID) {
 // keys differ from the record's ("KEYS" with the stored spec), it retries
 // once with the stored spec. It returns the reply and the spec used.
 func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...any) (reply, string, error) {
-	id := encID(ref.ID)
+	rec := l.recordName(ref)
 	spec, _ := l.cachedSpec(ref.ID)
 	for attempt := 0; ; attempt++ {
-		keys := l.fixedKeys(ref, id, 3)
+		keys := l.fixedKeys(ref, rec, 3)
 		keys, ok := scopeKeysFromSpec(keys, l.tenantBase(ref.Tenant), spec)
 		if !ok {
 			return nil, spec, l.corrupt("record scope spec")
 		}
-		args, cached := l.common(ref.Tenant, id)
+		args, cached := l.common(ref.Tenant, rec.id)
 		args = append(args, extra...)
 		r, err := l.run(ctx, s, false, keys, args...)
 		if err != nil {
@@ -403,7 +421,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		ttl = l.cfg.LeaseTTL
 	}
 	l.register(ctx, req.Ref.Tenant)
-	id := encID(req.Ref.ID)
+	rec := l.recordName(req.Ref)
 	digest := strconv.FormatUint(req.Digest(), 16)
 	// Step 1 (global budgets only): the global hold, in its own partition.
 	var gh *globalHold
@@ -411,11 +429,11 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	if gi := globalIndex(req.Scopes); gi >= 0 {
 		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
 		if l.b != nil && !l.b.cluster {
-			return l.reserveAtomic(ctx, &req, &treq, gi, id, digest, ttl)
+			return l.reserveAtomic(ctx, &req, &treq, gi, rec, digest, ttl)
 		}
 		// Step 0: check the tenant side without writing, so a request the
 		// tenant would refuse (or a replay) never takes a global hold.
-		if g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
+		if g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
 			return g, err
 		}
 		var err error
@@ -425,7 +443,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 			}
 			// The id decides first (as in Memory): a replay, a conflict or
 			// a final record answers even when the global budget is full.
-			g, terr := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeReplayOnly)
+			g, terr := l.reserveTenant(ctx, &treq, rec, digest, ttl, nil, modeReplayOnly)
 			if !errors.Is(terr, errNoRecord) {
 				return g, terr
 			}
@@ -442,7 +460,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		}
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
-	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh, modeReserve)
+	g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, gh, modeReserve)
 	if gh != nil {
 		l.settleHold(ctx, gh, &g, err)
 	}
@@ -477,8 +495,8 @@ var (
 
 // reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
-func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
-	op := l.reserveOp(req, id, digest, ttl, gh, mode)
+func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
+	op := l.reserveOp(req, rec, digest, ttl, gh, mode)
 	r, err := l.run(ctx, l.s.reserve, false, op.keys, op.args...)
 	if err != nil {
 		return ledger.Grant{}, err
@@ -494,9 +512,9 @@ type reserveCall struct {
 	spec, cached string
 }
 
-func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
+func (l *Ledger) reserveOp(req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
 	spec := buildSpec(req.Scopes)
-	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
+	keys := l.fixedKeys(req.Ref, rec, len(req.Scopes))
 	base := l.tenantBase(req.Ref.Tenant)
 	for i := range req.Scopes {
 		keys = append(keys, base+"s:"+req.Scopes[i].Key.String())
@@ -509,8 +527,8 @@ func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl ti
 	if gh != nil {
 		hold = gh.enc
 	}
-	args, cached := l.common(req.Ref.Tenant, id)
-	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
+	args, cached := l.common(req.Ref.Tenant, rec.id)
+	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), l.ownerText(req.Owner),
 		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
 		strconv.FormatUint(req.Attempt, 10))
 	return reserveCall{keys: keys, args: args, spec: spec, cached: cached}
@@ -668,7 +686,7 @@ func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledge
 	if ref.ID.IsZero() || ref.Tenant.IsZero() {
 		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
 	}
-	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -726,10 +744,10 @@ func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner,
 
 // extend runs the extend script and returns its reply (errors: store only).
 func (l *Ledger) extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (reply, error) {
-	id := encID(ref.ID)
-	keys := l.fixedKeys(ref, id, 0)
-	args, cached := l.common(ref.Tenant, id)
-	args = append(args, owner.String(), ttl.Milliseconds())
+	rec := l.recordName(ref)
+	keys := l.fixedKeys(ref, rec, 0)
+	args, cached := l.common(ref.Tenant, rec.id)
+	args = append(args, l.ownerText(owner), ttl.Milliseconds())
 	r, err := l.run(ctx, l.s.extend, false, keys, args...)
 	if err != nil {
 		return nil, err
@@ -851,7 +869,7 @@ func (l *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner
 	if ref.ID.IsZero() || ref.Tenant.IsZero() {
 		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
 	}
-	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.release, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
