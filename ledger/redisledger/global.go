@@ -169,20 +169,25 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
 	// The operation plans the tenant step first and answers its refusals
 	// as the check would, so steps[1] decodes both the check and the step.
-	steps := [2]reserveCall{
-		l.reserveOp(&greq, l.recordName(gref), digest, ttl, nil, modeReserve),
-		l.reserveOp(treq, rec, digest, ttl, gh, modeReserve),
-	}
-	var keys []string
-	var args []any
-	for _, st := range steps {
-		keys = append(keys, st.keys...)
-		args = append(append(args, len(st.keys), len(st.args)), st.args...)
+	// Each step's keys, then per step: its key count, argument count, arguments.
+	op := getOp()
+	var steps [2]reserveCall
+	for i := range steps {
+		k, a := len(op.keys), len(op.args)
+		op.args = append(op.args, nil, nil)
+		if i == 0 {
+			steps[i] = l.reserveOp(op, &greq, l.recordName(gref), digest, ttl, nil, modeReserve)
+		} else {
+			steps[i] = l.reserveOp(op, treq, rec, digest, ttl, gh, modeReserve)
+		}
+		op.args[a], op.args[a+1] = len(op.keys)-k, len(op.args)-a-2
 	}
 	if err := ctx.Err(); err != nil {
+		putOp(op)
 		return ledger.Grant{}, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 	}
-	r, err := l.b.do(ctx, "greserve", keys, args)
+	op.name = "greserve"
+	r, err := l.b.do(ctx, op)
 	if err != nil {
 		return ledger.Grant{}, err
 	}
@@ -275,21 +280,38 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
 		gref, ok1 := parseHold(e.hold)
 		ge, ok2 := l.cachedEntry(gref.ID)
+		// Both steps' keys; the hold; per step: key count, argument count, arguments.
+		op := getOp()
+		pk, gpk := l.partKeys(ref.Tenant), l.partKeys(gref.Tenant)
 		rec, grec := l.recordName(ref), l.recordName(gref)
-		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, rec, 3), l.tenantBase(ref.Tenant), e.spec)
-		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, grec, 1), l.tenantBase(gref.Tenant), ge.spec)
-		if ok1 && ok2 && ok3 && ok4 {
-			targs, tc := l.common(ref.Tenant, rec.id)
-			gargs, gc := l.common(gref.Tenant, grec.id)
-			targs = append(targs, csv, src)
-			gargs = append(gargs, csv, src)
-			args := make([]any, 0, 5+len(targs)+len(gargs))
-			args = append(append(args, e.hold, len(tk), len(targs)), targs...)
-			args = append(append(args, len(gk), len(gargs)), gargs...)
+		op.fixedKeys(pk, rec)
+		var ok3, ok4 bool
+		op.keys, ok3 = scopeKeysFromSpec(op.keys, pk.base, e.spec)
+		ntk := len(op.keys)
+		op.fixedKeys(gpk, grec)
+		op.keys, ok4 = scopeKeysFromSpec(op.keys, gpk.base, ge.spec)
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			putOp(op)
+		} else {
+			op.str(e.hold)
+			a := len(op.args)
+			op.args = append(op.args, ntk, nil)
+			tc := l.common(op, ref.Tenant, rec.id)
+			op.str(csv)
+			op.str(src)
+			op.args[a+1] = len(op.args) - a - 2
+			a = len(op.args)
+			op.args = append(op.args, len(op.keys)-ntk, nil)
+			gc := l.common(op, gref.Tenant, grec.id)
+			op.str(csv)
+			op.str(src)
+			op.args[a+1] = len(op.args) - a - 2
 			if err := ctx.Err(); err != nil {
+				putOp(op)
 				return nil, e.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 			}
-			rr, err := l.b.do(ctx, "gsettle", append(tk, gk...), args)
+			op.name = "gsettle"
+			rr, err := l.b.do(ctx, op)
 			if err != nil {
 				return nil, e.spec, nil, err
 			}
@@ -431,14 +453,18 @@ type chargeResult struct {
 
 func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Scope, a *ledger.Amounts, at int64, digest string) (chargeResult, error) {
 	rec := l.recordName(ref)
-	keys := l.fixedKeys(ref, rec, len(scopes))
-	base := l.tenantBase(ref.Tenant)
+	pk := l.partKeys(ref.Tenant)
+	op := getOp()
+	op.fixedKeys(pk, rec)
 	for i := range scopes {
-		keys = append(keys, base+"s:"+scopes[i].Key.String())
+		op.keys = append(op.keys, pk.base+"s:"+scopes[i].Key.String())
 	}
-	args, cached := l.common(ref.Tenant, rec.id)
-	args = append(args, amountsCSV(a), buildSpec(scopes), at, digest)
-	r, err := l.run(ctx, l.s.charge, false, keys, args...)
+	cached := l.common(op, ref.Tenant, rec.id)
+	op.str(amountsCSV(a))
+	op.str(buildSpec(scopes))
+	op.int(at)
+	op.str(digest)
+	r, err := l.runOp(ctx, l.s.charge, op)
 	if err != nil {
 		return chargeResult{}, err
 	}

@@ -84,16 +84,9 @@ func (l *Ledger) partKeys(t ledger.ScopeKey) *partitionKeys {
 	return v.(*partitionKeys)
 }
 
-// fixedKeys returns the four keys every write script takes, with room for
-// nScopes scope keys appended.
-func (l *Ledger) fixedKeys(ref ledger.Ref, rec recName, nScopes int) []string {
-	pk := l.partKeys(ref.Tenant)
-	keys := make([]string, numFixedKeys, numFixedKeys+nScopes)
-	keys[idxMeta] = pk.meta
-	keys[idxLeases] = pk.leases
-	keys[idxUnresolved] = pk.unresolved
-	keys[idxRecord] = rec.key
-	return keys
+// fixedKeys appends the four keys every write script takes, in idx order.
+func (op *bop) fixedKeys(pk *partitionKeys, rec recName) {
+	op.keys = append(op.keys, pk.meta, pk.leases, pk.unresolved, rec.key)
 }
 
 // scopeKeysFromSpec appends the scope keys named by a record's spec.

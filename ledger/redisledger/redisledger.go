@@ -31,6 +31,8 @@ type Ledger struct {
 	m      *metrics
 	b      *batcher // nil when Config.MaxBatch is 1
 
+	leaseMaxArg, tombArg any // MaxLeaseTTL and TombstoneRetention in ms, boxed once
+
 	epochSeed string                   // random per process; candidate epochs are seed-counter
 	epochSeq  atomic.Int64             // candidate counter
 	epochs    sync.Map                 // ledger.ScopeKey → string: cached epoch per tenant
@@ -101,8 +103,9 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 	_, _ = rand.Read(seed[:])
 	l := &Ledger{
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
-		epochSeed: hex.EncodeToString(seed[:]),
-		specs:     make(map[ledger.RequestID]specEntry),
+		epochSeed:   hex.EncodeToString(seed[:]),
+		specs:       make(map[ledger.RequestID]specEntry),
+		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
 	}
 	if cfg.MaxBatch > 1 {
 		l.b = newBatcher(l)
@@ -221,7 +224,9 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 	}
 	if !ro && l.b != nil {
 		if name, ok := l.s.names[s]; ok {
-			return l.b.do(ctx, name, keys, args)
+			op := getOp()
+			op.name, op.keys, op.args = name, keys, args
+			return l.b.do(ctx, op)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
@@ -246,6 +251,24 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 		return nil, l.corrupt("unexpected script reply")
 	}
 	return reply(arr), nil
+}
+
+// runOp runs the write script s with op's keys and arguments, as run does,
+// and takes op.
+func (l *Ledger) runOp(ctx context.Context, s *redis.Script, op *bop) (reply, error) {
+	if err := ctx.Err(); err != nil {
+		putOp(op)
+		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	if l.b != nil {
+		if name, ok := l.s.names[s]; ok {
+			op.name = name
+			return l.b.do(ctx, op)
+		}
+	}
+	r, err := l.run(ctx, s, false, op.keys, op.args...)
+	putOp(op)
+	return r, err
 }
 
 // storeErr classifies a go-redis error: one raised before the command could
@@ -313,11 +336,16 @@ func (l *Ledger) noteEpoch(t ledger.ScopeKey, cached string, r reply) {
 	}
 }
 
-// common returns the shared ARGV prefix: cached epoch, candidate, MaxLeaseTTL
-// ms, id, tombstone retention ms.
-func (l *Ledger) common(t ledger.ScopeKey, id string) (args []any, cached string) {
+// common appends the shared ARGV prefix to op: cached epoch, candidate,
+// MaxLeaseTTL ms, id, tombstone retention ms. It returns the cached epoch.
+func (l *Ledger) common(op *bop, t ledger.ScopeKey, id string) (cached string) {
 	cached, cand := l.epochArgs(t)
-	return []any{cached, cand, l.cfg.MaxLeaseTTL.Milliseconds(), id, l.cfg.TombstoneRetention.Milliseconds()}, cached
+	op.str(cached)
+	op.str(cand)
+	op.args = append(op.args, l.leaseMaxArg)
+	op.str(id)
+	op.args = append(op.args, l.tombArg)
+	return cached
 }
 
 // statusErr maps the status words every script shares to errors; it returns
@@ -379,18 +407,23 @@ func (l *Ledger) forgetSpec(id ledger.RequestID) {
 // record's scope keys from the local cache; when the script reports that the
 // keys differ from the record's ("KEYS" with the stored spec), it retries
 // once with the stored spec. It returns the reply and the spec used.
-func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...any) (reply, string, error) {
+func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...string) (reply, string, error) {
 	rec := l.recordName(ref)
+	pk := l.partKeys(ref.Tenant)
 	spec, _ := l.cachedSpec(ref.ID)
 	for attempt := 0; ; attempt++ {
-		keys := l.fixedKeys(ref, rec, 3)
-		keys, ok := scopeKeysFromSpec(keys, l.tenantBase(ref.Tenant), spec)
-		if !ok {
+		op := getOp()
+		op.fixedKeys(pk, rec)
+		var ok bool
+		if op.keys, ok = scopeKeysFromSpec(op.keys, pk.base, spec); !ok {
+			putOp(op)
 			return nil, spec, l.corrupt("record scope spec")
 		}
-		args, cached := l.common(ref.Tenant, rec.id)
-		args = append(args, extra...)
-		r, err := l.run(ctx, s, false, keys, args...)
+		cached := l.common(op, ref.Tenant, rec.id)
+		for _, x := range extra {
+			op.str(x)
+		}
+		r, err := l.runOp(ctx, s, op)
 		if err != nil {
 			return nil, spec, err
 		}
@@ -496,28 +529,25 @@ var (
 // reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
 func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
-	op := l.reserveOp(req, rec, digest, ttl, gh, mode)
-	r, err := l.run(ctx, l.s.reserve, false, op.keys, op.args...)
+	op := getOp()
+	call := l.reserveOp(op, req, rec, digest, ttl, gh, mode)
+	r, err := l.runOp(ctx, l.s.reserve, op)
 	if err != nil {
 		return ledger.Grant{}, err
 	}
-	return l.reserveReply(req, op, gh, r)
+	return l.reserveReply(req, call, gh, r)
 }
 
-// reserveCall is one reserve script call's keys and arguments, with what
-// its reply is decoded against.
-type reserveCall struct {
-	keys         []string
-	args         []any
-	spec, cached string
-}
+// reserveCall is what a reserve call's reply is decoded against.
+type reserveCall struct{ spec, cached string }
 
-func (l *Ledger) reserveOp(req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
+// reserveOp appends one reserve script call's keys and arguments to op.
+func (l *Ledger) reserveOp(op *bop, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
 	spec := buildSpec(req.Scopes)
-	keys := l.fixedKeys(req.Ref, rec, len(req.Scopes))
-	base := l.tenantBase(req.Ref.Tenant)
+	pk := l.partKeys(req.Ref.Tenant)
+	op.fixedKeys(pk, rec)
 	for i := range req.Scopes {
-		keys = append(keys, base+"s:"+req.Scopes[i].Key.String())
+		op.keys = append(op.keys, pk.base+"s:"+req.Scopes[i].Key.String())
 	}
 	dispatch := "0"
 	if req.Dispatch {
@@ -527,11 +557,18 @@ func (l *Ledger) reserveOp(req *ledger.ReserveRequest, rec recName, digest strin
 	if gh != nil {
 		hold = gh.enc
 	}
-	args, cached := l.common(req.Ref.Tenant, rec.id)
-	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), l.ownerText(req.Owner),
-		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
-		strconv.FormatUint(req.Attempt, 10))
-	return reserveCall{keys: keys, args: args, spec: spec, cached: cached}
+	cached := l.common(op, req.Ref.Tenant, rec.id)
+	op.str(strconv.FormatUint(req.PolicyVersion, 10))
+	op.str(l.ownerText(req.Owner))
+	op.str(digest)
+	op.int(ttl.Milliseconds())
+	op.str(dispatch)
+	op.str(amountsCSV(&req.Held))
+	op.str(spec)
+	op.str(hold)
+	op.str(mode)
+	op.str(strconv.FormatUint(req.Attempt, 10))
+	return reserveCall{spec: spec, cached: cached}
 }
 
 // reserveReply decodes the reply r of the reserve call op.
@@ -745,10 +782,12 @@ func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner,
 // extend runs the extend script and returns its reply (errors: store only).
 func (l *Ledger) extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (reply, error) {
 	rec := l.recordName(ref)
-	keys := l.fixedKeys(ref, rec, 0)
-	args, cached := l.common(ref.Tenant, rec.id)
-	args = append(args, l.ownerText(owner), ttl.Milliseconds())
-	r, err := l.run(ctx, l.s.extend, false, keys, args...)
+	op := getOp()
+	op.fixedKeys(l.partKeys(ref.Tenant), rec)
+	cached := l.common(op, ref.Tenant, rec.id)
+	op.str(l.ownerText(owner))
+	op.int(ttl.Milliseconds())
+	r, err := l.runOp(ctx, l.s.extend, op)
 	if err != nil {
 		return nil, err
 	}
