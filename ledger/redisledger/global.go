@@ -280,19 +280,16 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
 		gref, ok1 := parseHold(e.hold)
 		ge, ok2 := l.cachedEntry(gref.ID)
-		// Both steps' keys; the hold; per step: key count, argument count, arguments.
-		op := getOp()
-		pk, gpk := l.partKeys(ref.Tenant), l.partKeys(gref.Tenant)
-		rec, grec := l.recordName(ref), l.recordName(gref)
-		op.fixedKeys(pk, rec)
-		var ok3, ok4 bool
-		op.keys, ok3 = scopeKeysFromSpec(op.keys, pk.base, e.spec)
-		ntk := len(op.keys)
-		op.fixedKeys(gpk, grec)
-		op.keys, ok4 = scopeKeysFromSpec(op.keys, gpk.base, ge.spec)
-		if !ok1 || !ok2 || !ok3 || !ok4 {
-			putOp(op)
-		} else {
+		if ok1 && ok2 {
+			// Both steps' keys; the hold; per step: key count, argument count, arguments.
+			op := getOp()
+			pk, gpk := l.partKeys(ref.Tenant), l.partKeys(gref.Tenant)
+			rec, grec := l.recordName(ref), l.recordName(gref)
+			op.fixedKeys(pk, rec)
+			op.keys = append(op.keys, e.sk.scopes...)
+			ntk := len(op.keys)
+			op.fixedKeys(gpk, grec)
+			op.keys = append(op.keys, ge.sk.scopes...)
 			op.str(e.hold)
 			a := len(op.args)
 			op.args = append(op.args, ntk, nil)
@@ -308,12 +305,12 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 			op.args[a+1] = len(op.args) - a - 2
 			if err := ctx.Err(); err != nil {
 				putOp(op)
-				return nil, e.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+				return nil, e.sk.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 			}
 			op.name = "gsettle"
 			rr, err := l.b.do(ctx, op)
 			if err != nil {
-				return nil, e.spec, nil, err
+				return nil, e.sk.spec, nil, err
 			}
 			step := func(i int) (reply, bool) {
 				if i >= len(rr) {
@@ -324,7 +321,7 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 			}
 			r, ok := step(0)
 			if !ok {
-				return nil, e.spec, nil, l.corrupt("gsettle reply")
+				return nil, e.sk.spec, nil, l.corrupt("gsettle reply")
 			}
 			l.noteEpoch(ref.Tenant, tc, r)
 			if r.status() != "KEYS" { // KEYS: nothing ran; the stepwise path retries with the stored spec
@@ -334,7 +331,7 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 						g = x
 					}
 				}
-				return r, e.spec, g, nil
+				return r, e.sk.spec, g, nil
 			}
 		}
 	}

@@ -74,7 +74,7 @@ func (l *Ledger) ownerText(o ledger.Owner) string {
 }
 
 type specEntry struct {
-	spec string
+	sk   *specKeys
 	hold string // the record's global hold "G.gid" ("" none)
 }
 
@@ -377,17 +377,20 @@ func (l *Ledger) statusErr(r reply) error {
 
 // ---- spec cache --------------------------------------------------------------
 
-func (l *Ledger) cacheSpec(id ledger.RequestID, spec, hold string) {
+func (l *Ledger) cacheSpec(id ledger.RequestID, sk *specKeys, hold string) {
 	l.mu.Lock()
 	if len(l.specs) < maxSpecCache {
-		l.specs[id] = specEntry{spec: spec, hold: hold}
+		l.specs[id] = specEntry{sk: sk, hold: hold}
 	}
 	l.mu.Unlock()
 }
 
-func (l *Ledger) cachedSpec(id ledger.RequestID) (string, bool) {
-	e, ok := l.cachedEntry(id)
-	return e.spec, ok
+// cachedSpec returns the spec of a record reserved here (noSpec if unknown).
+func (l *Ledger) cachedSpec(id ledger.RequestID) *specKeys {
+	if e, ok := l.cachedEntry(id); ok {
+		return e.sk
+	}
+	return noSpec
 }
 
 func (l *Ledger) cachedEntry(id ledger.RequestID) (specEntry, bool) {
@@ -410,15 +413,12 @@ func (l *Ledger) forgetSpec(id ledger.RequestID) {
 func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...string) (reply, string, error) {
 	rec := l.recordName(ref)
 	pk := l.partKeys(ref.Tenant)
-	spec, _ := l.cachedSpec(ref.ID)
+	sk := l.cachedSpec(ref.ID)
 	for attempt := 0; ; attempt++ {
+		spec := sk.spec
 		op := getOp()
 		op.fixedKeys(pk, rec)
-		var ok bool
-		if op.keys, ok = scopeKeysFromSpec(op.keys, pk.base, spec); !ok {
-			putOp(op)
-			return nil, spec, l.corrupt("record scope spec")
-		}
+		op.keys = append(op.keys, sk.scopes...)
 		cached := l.common(op, ref.Tenant, rec.id)
 		for _, x := range extra {
 			op.str(x)
@@ -434,7 +434,10 @@ func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref,
 		if attempt > 0 {
 			return nil, spec, l.corrupt("record keys keep changing")
 		}
-		spec = r.str(2)
+		var ok bool
+		if sk, ok = pk.parsedSpec(r.str(2)); !ok {
+			return nil, r.str(2), l.corrupt("record scope spec")
+		}
 	}
 }
 
@@ -539,16 +542,17 @@ func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, 
 }
 
 // reserveCall is what a reserve call's reply is decoded against.
-type reserveCall struct{ spec, cached string }
+type reserveCall struct {
+	sk     *specKeys
+	cached string
+}
 
 // reserveOp appends one reserve script call's keys and arguments to op.
 func (l *Ledger) reserveOp(op *bop, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
-	spec := buildSpec(req.Scopes)
 	pk := l.partKeys(req.Ref.Tenant)
+	sk := pk.specFor(req.Scopes)
 	op.fixedKeys(pk, rec)
-	for i := range req.Scopes {
-		op.keys = append(op.keys, pk.base+"s:"+req.Scopes[i].Key.String())
-	}
+	op.keys = append(op.keys, sk.scopes...)
 	dispatch := "0"
 	if req.Dispatch {
 		dispatch = "1"
@@ -564,16 +568,16 @@ func (l *Ledger) reserveOp(op *bop, req *ledger.ReserveRequest, rec recName, dig
 	op.int(ttl.Milliseconds())
 	op.str(dispatch)
 	op.str(amountsCSV(&req.Held))
-	op.str(spec)
+	op.str(sk.spec)
 	op.str(hold)
 	op.str(mode)
 	op.str(strconv.FormatUint(req.Attempt, 10))
-	return reserveCall{spec: spec, cached: cached}
+	return reserveCall{sk: sk, cached: cached}
 }
 
 // reserveReply decodes the reply r of the reserve call op.
 func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *globalHold, r reply) (ledger.Grant, error) {
-	spec, cached := op.spec, op.cached
+	sk, cached := op.sk, op.cached
 	l.noteEpoch(req.Ref.Tenant, cached, r)
 	switch r.status() {
 	case "OK":
@@ -583,7 +587,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 			if gh != nil {
 				hold = gh.enc
 			}
-			l.cacheSpec(req.Ref.ID, spec, hold)
+			l.cacheSpec(req.Ref.ID, sk, hold)
 		}
 		return g, err
 	case "REPLAY":
@@ -596,7 +600,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 		if gh != nil {
 			gh.stored = r.str(6)
 		}
-		l.cacheSpec(req.Ref.ID, spec, r.str(6))
+		l.cacheSpec(req.Ref.ID, sk, r.str(6))
 		// The same attempt is the caller's own retry after a lost reply
 		// (go-redis retries EVALSHA on a broken connection): a success.
 		same := r.str(7) == "1"

@@ -2,7 +2,10 @@ package redisledger
 
 import (
 	"encoding/base64"
+	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/ledger"
 )
@@ -97,5 +100,55 @@ func TestKeyAllocs(t *testing.T) {
 		if got := testing.AllocsPerRun(100, c.f); got != c.want {
 			t.Errorf("%s: %v allocations, want %v", name, got, c.want)
 		}
+	}
+}
+
+// TestSpecCache: a partition's spec cache gives the spec buildSpec writes
+// and the scope keys scopeKeysFromSpec derives from it, once per spec (the
+// same entry for a Reserve's scopes and for the stored text), without
+// allocating on a hit, and is cleared, not grown, past maxPartSpecs.
+func TestSpecCache(t *testing.T) {
+	l := &Ledger{prefix: "pfx"}
+	tenant := ledger.ScopeKey(ledger.NewRequestID())
+	pk := l.partKeys(tenant)
+	scopes := []ledger.Scope{
+		{Kind: ledger.KindTenant, Key: tenant, Limits: []ledger.Limit{
+			{Dim: ledger.Tokens, Window: time.Hour, Max: ledger.MaxAmount},
+			{Dim: ledger.Slots, Max: 7, Mode: ledger.Warn}}},
+		{Kind: ledger.KindAPIKey, Key: ledger.ScopeKey(ledger.NewRequestID())},
+	}
+	want := "1" + tenant.String() + "/" + strconv.Itoa(int(ledger.Tokens)) + ":3600:" + strconv.FormatInt(ledger.MaxAmount, 10) + ":b," +
+		strconv.Itoa(int(ledger.Slots)) + ":0:7:w;2" + scopes[1].Key.String() + "/"
+	sk := pk.specFor(scopes)
+	if sk.spec != want || buildSpec(scopes) != want {
+		t.Fatalf("spec %q, buildSpec %q, want %q", sk.spec, buildSpec(scopes), want)
+	}
+	keys, ok := scopeKeysFromSpec(nil, pk.base, want)
+	if !ok || !slices.Equal(sk.scopes, keys) || len(keys) != 2 || keys[1] != pk.base+"s:"+scopes[1].Key.String() {
+		t.Fatalf("scope keys %q, from the spec %q", sk.scopes, keys)
+	}
+	if p, ok := pk.parsedSpec(want); !ok || p != sk || pk.specFor(scopes) != sk {
+		t.Fatal("a second spec entry for the same spec")
+	}
+	if got := testing.AllocsPerRun(100, func() { pk.specFor(scopes) }); got != 0 {
+		t.Errorf("specFor hit: %v allocations", got)
+	}
+	if p, ok := pk.parsedSpec(""); !ok || p != noSpec {
+		t.Error("empty spec")
+	}
+	if _, ok := pk.parsedSpec("1x"); ok {
+		t.Error("malformed spec accepted")
+	}
+	for i := range maxPartSpecs - 1 { // one more than the first
+		scopes[1].Limits = []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: int64(i)}}
+		pk.specFor(scopes)
+	}
+	if n := len(pk.specs); n != maxPartSpecs {
+		t.Errorf("%d specs cached, want %d", n, maxPartSpecs)
+	}
+	scopes[1].Limits[0].Max = -1
+	pk.specFor(scopes)
+	if n := len(pk.specs); n != 1 {
+		t.Errorf("%d specs cached past the bound, want 1", n)
 	}
 }
