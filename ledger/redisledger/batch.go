@@ -85,7 +85,7 @@ func (b *batcher) exec(ctx context.Context, fcall []any, nk int) (any, error) {
 	}
 	keys := make([]string, nk)
 	for i := range keys {
-		keys[i] = fcall[3+i].(string)
+		keys[i] = *fcall[3+i].(*string)
 	}
 	return l.s.batch.Run(ctx, l.c, keys, fcall[3+nk:]...).Result()
 }
@@ -139,14 +139,73 @@ type bgroup struct {
 	running int
 }
 
+// bop is one write operation: its keys and arguments, and (batched) its
+// answer. Ops are pooled (getOp, putOp) with the storage their keys and
+// arguments use: a string argument is a pointer into strs, which go-redis
+// writes like the string, so it is not boxed into an interface per call
+// (a go-redis hook reading cmd.Args() of a batch sees *string and *int64).
+//
+// Ownership: whoever holds an op after getOp fills it and hands it to
+// runOp or batcher.do, which return it to the pool once nothing can touch
+// it again. An op whose caller gave up while its batch was in flight is
+// never pooled: the batch still writes r and err and sends on done.
 type bop struct {
 	name  string
 	keys  []string
 	args  []any
 	taken bool          // in a call (guarded by batcher.mu)
-	done  chan struct{} // closed when r and err are set
+	done  chan struct{} // buffered: the batch sends once when r and err are set
 	r     reply
 	err   error
+	t     *time.Timer // the caller's StoreTimeout, reused with the op
+
+	kbuf [16]string
+	abuf [40]any
+	strs [28]string
+	ints [4]int64
+	ns   int // strs used
+	ni   int // ints used
+}
+
+var opPool = sync.Pool{New: func() any { return &bop{done: make(chan struct{}, 1)} }}
+
+func getOp() *bop {
+	op := opPool.Get().(*bop)
+	op.keys, op.args = op.kbuf[:0], op.abuf[:0]
+	return op
+}
+
+// putOp returns op to the pool; nothing may reference it any more, and its
+// done is empty (its one send, if any, was received).
+func putOp(op *bop) {
+	clear(op.kbuf[:])
+	clear(op.abuf[:])
+	clear(op.strs[:op.ns])
+	op.name, op.keys, op.args, op.r, op.err = "", nil, nil, nil, nil
+	op.taken, op.ns, op.ni = false, 0, 0
+	opPool.Put(op)
+}
+
+// str appends the string argument s without boxing it (when room is left).
+func (op *bop) str(s string) {
+	if op.ns == len(op.strs) {
+		op.args = append(op.args, s)
+		return
+	}
+	op.strs[op.ns] = s
+	op.args = append(op.args, &op.strs[op.ns])
+	op.ns++
+}
+
+// int appends the integer argument v without boxing it (when room is left).
+func (op *bop) int(v int64) {
+	if op.ni == len(op.ints) {
+		op.args = append(op.args, v)
+		return
+	}
+	op.ints[op.ni] = v
+	op.args = append(op.args, &op.ints[op.ni])
+	op.ni++
 }
 
 func newBatcher(l *Ledger) *batcher {
@@ -154,10 +213,10 @@ func newBatcher(l *Ledger) *batcher {
 	return &batcher{l: l, cluster: cluster, groups: map[uint16]*bgroup{}}
 }
 
-// do runs one write operation through its group's batch and returns its
-// reply, as run does for a single script.
-func (b *batcher) do(ctx context.Context, name string, keys []string, args []any) (reply, error) {
-	op := &bop{name: name, keys: keys, args: args, done: make(chan struct{})}
+// do runs the write operation op (op.name set) through its group's batch
+// and returns its reply, as run does for a single script. It takes op.
+func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
+	keys := op.keys
 	slot := uint16(0)
 	if b.cluster && len(keys) > 0 {
 		slot = keySlot(keys[0])
@@ -178,14 +237,22 @@ func (b *batcher) do(ctx context.Context, name string, keys []string, args []any
 	if batch != nil {
 		b.run(slot, g, batch)
 	}
-	t := time.NewTimer(b.l.cfg.StoreTimeout)
-	defer t.Stop()
+	// Go ≥ 1.23 timers (go.mod): after Stop or Reset no stale tick is received.
+	if op.t == nil {
+		op.t = time.NewTimer(b.l.cfg.StoreTimeout)
+	} else {
+		op.t.Reset(b.l.cfg.StoreTimeout)
+	}
 	select {
 	case <-op.done:
-		return op.r, op.err
+		op.t.Stop()
+		r, err := op.r, op.err
+		putOp(op)
+		return r, err
 	case <-ctx.Done():
-	case <-t.C:
+	case <-op.t.C:
 	}
+	op.t.Stop()
 	b.mu.Lock()
 	if !op.taken {
 		for i, o := range g.queue {
@@ -195,15 +262,19 @@ func (b *batcher) do(ctx context.Context, name string, keys []string, args []any
 			}
 		}
 		b.mu.Unlock()
+		putOp(op) // out of the queue, never sent: nothing else holds it
 		b.l.m.storeErrors.WithLabelValues("unavailable").Inc()
 		return nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable)
 	}
 	b.mu.Unlock()
 	select {
 	case <-op.done: // finished meanwhile
-		return op.r, op.err
+		r, err := op.r, op.err
+		putOp(op)
+		return r, err
 	default:
 	}
+	// The batch still holds op and will complete it: op is left to the GC.
 	b.l.m.storeErrors.WithLabelValues("ambiguous").Inc()
 	return nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous)
 }
@@ -242,10 +313,10 @@ func (b *batcher) call(batch []*bop) {
 		na += 3 + len(o.args)
 	}
 	fcall := make([]any, 3, 3+nk+na)
-	fcall[0], fcall[1], fcall[2] = "fcall", l.s.fn, nk
+	fcall[0], fcall[1], fcall[2] = "fcall", &l.s.fn, nk
 	for _, o := range batch {
-		for _, k := range o.keys {
-			fcall = append(fcall, k)
+		for i := range o.keys {
+			fcall = append(fcall, &o.keys[i]) // a pointer: not boxed; o outlives the call
 		}
 	}
 	fcall = append(fcall, len(batch))
@@ -284,7 +355,7 @@ func (b *batcher) call(batch []*bop) {
 				o.r = reply(r)
 			}
 		}
-		close(o.done)
+		o.done <- struct{}{} // o may be reused from here on
 	}
 }
 

@@ -308,3 +308,77 @@ func TestBatchWithoutFunctions(t *testing.T) {
 	assert.Equal(t, int64(12), u.Limits[0].Committed)
 	assert.GreaterOrEqual(t, commandCalls(t, rc, "evalsha")-es, int64(6), "every operation ran as EVALSHA")
 }
+
+// TestBatchPooledOpsKeepTheirReplies: operations are pooled and reused, so
+// one whose caller gave up (queued, or in a call in flight) must never be
+// completed into a later caller's operation. Concurrent Extends, each with
+// its own TTL, run through shared calls behind a proxy that delays every
+// reply, and a third of the callers time out at staggered moments: while
+// queued or while their call is in flight. Ledger time is pinned, so every
+// success must return exactly its own now + TTL; a reply of another
+// operation would be off (and the race detector sees a reused op written).
+func TestBatchPooledOpsKeepTheirReplies(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	now := time.Now().Add(time.Hour).UnixMilli() // ahead of TIME: every script's now
+	setup := newLedger(t, srv.Addr(), nil)
+	redisledger.SetTimeFloor(setup, func() int64 { return now })
+	proxy := startDelayProxy(t, srv.Addr(), 40*time.Millisecond)
+	l := newLedger(t, proxy.Addr(), func(c *redisledger.Config) { c.StoreTimeout = 2 * time.Second; c.MaxBatch = 4 })
+	redisledger.SetTimeFloor(l, func() int64 { return now })
+	require.NoError(t, l.LoadScripts(ctx))
+	sc := []ledger.Scope{tenantScope("batch-pool", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30})}
+	owner := ledger.NewOwner()
+	const n, rounds = 24, 12
+	refs := make([]ledger.Ref, n)
+	for i := range refs {
+		req := reserveReq(sc, held(1), owner)
+		req.LeaseTTL = time.Second
+		_, err := setup.Reserve(ctx, req)
+		require.NoError(t, err)
+		refs[i] = req.Ref
+	}
+	// ttl grows with every call, so an Extend never meets a longer lease
+	// (which it would keep) left by an earlier, abandoned one.
+	ttl := func(r, i int) time.Duration { return 2*time.Second + time.Duration(r*n+i+1)*time.Millisecond }
+	var unavailable, ambiguous int
+	for r := range rounds {
+		exp := make([]time.Time, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				cctx := ctx
+				if i%3 == 0 {
+					var cancel context.CancelFunc
+					cctx, cancel = context.WithTimeout(ctx, time.Duration(20+(i/3%4)*25)*time.Millisecond)
+					defer cancel()
+				}
+				exp[i], errs[i] = l.Extend(cctx, refs[i], owner, ttl(r, i))
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			switch {
+			case errs[i] == nil:
+				assert.Equal(t, now+ttl(r, i).Milliseconds(), exp[i].UnixMilli(), "round %d op %d: its own reply", r, i)
+			case i%3 == 0 && errors.Is(errs[i], ledger.ErrUnavailable):
+				unavailable++
+			case i%3 == 0 && errors.Is(errs[i], ledger.ErrAmbiguous):
+				ambiguous++
+			default:
+				t.Errorf("round %d op %d: %v", r, i, errs[i])
+			}
+		}
+	}
+	t.Logf("gave up: %d queued, %d in flight", unavailable, ambiguous)
+	assert.Positive(t, unavailable, "callers that gave up while queued")
+	assert.Positive(t, ambiguous, "callers that gave up while their call was in flight")
+	// Whatever the abandoned operations did, each record now answers its own call.
+	for i, ref := range refs {
+		d := ttl(rounds, i)
+		e, err := l.Extend(ctx, ref, owner, d)
+		require.NoError(t, err)
+		assert.Equal(t, now+d.Milliseconds(), e.UnixMilli())
+	}
+}

@@ -2,6 +2,7 @@ package redisledger
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -97,7 +98,14 @@ func globalIndex(scopes []ledger.Scope) int {
 	return -1
 }
 
-func encodeHold(ref ledger.Ref) string { return ref.Tenant.String() + "." + encID(ref.ID) }
+// encodeHold returns "G.gid" (one allocation).
+func encodeHold(ref ledger.Ref) string {
+	var b [2*encLen + 1]byte
+	base64.RawURLEncoding.Encode(b[:encLen], ref.Tenant[:])
+	b[encLen] = '.'
+	base64.RawURLEncoding.Encode(b[encLen+1:], ref.ID[:])
+	return string(b[:])
+}
 
 // parseHold parses a record's field g ("" means no global hold).
 func parseHold(s string) (ledger.Ref, bool) {
@@ -105,12 +113,12 @@ func parseHold(s string) (ledger.Ref, bool) {
 	if !ok {
 		return ledger.Ref{}, false
 	}
-	k, err1 := ledger.ParseScopeKey(gk)
-	i, err2 := ledger.ParseScopeKey(id)
-	if err1 != nil || err2 != nil {
+	k, ok1 := decodeKey(gk)
+	i, ok2 := decodeKey(id)
+	if !ok1 || !ok2 {
 		return ledger.Ref{}, false
 	}
-	return ledger.Ref{Tenant: k, ID: ledger.RequestID(i)}, true
+	return ledger.Ref{Tenant: k, ID: i}, true
 }
 
 // specWithHold appends the global scope of a record's hold g to its spec,
@@ -135,7 +143,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	l.register(ctx, gk)
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
-	g, err := l.reserveTenant(ctx, &greq, encID(ref.ID), digest, ttl, nil, modeReserve)
+	g, err := l.reserveTenant(ctx, &greq, l.recordName(ref), digest, ttl, nil, modeReserve)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +159,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 // answer (the tenant plan already found no record to replay). The reply
 // has the stepwise protocol's shape and is decoded the same way, so every
 // answer, a replay included, comes out the same.
-func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, id, digest string, ttl time.Duration) (ledger.Grant, error) {
+func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, rec recName, digest string, ttl time.Duration) (ledger.Grant, error) {
 	gk := req.Scopes[gi].Key
 	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
 	l.globals.LoadOrStore(gk, struct{}{})
@@ -161,20 +169,25 @@ func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveReq
 	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
 	// The operation plans the tenant step first and answers its refusals
 	// as the check would, so steps[1] decodes both the check and the step.
-	steps := [2]reserveCall{
-		l.reserveOp(&greq, encID(gref.ID), digest, ttl, nil, modeReserve),
-		l.reserveOp(treq, id, digest, ttl, gh, modeReserve),
-	}
-	var keys []string
-	var args []any
-	for _, st := range steps {
-		keys = append(keys, st.keys...)
-		args = append(append(args, len(st.keys), len(st.args)), st.args...)
+	// Each step's keys, then per step: its key count, argument count, arguments.
+	op := getOp()
+	var steps [2]reserveCall
+	for i := range steps {
+		k, a := len(op.keys), len(op.args)
+		op.args = append(op.args, nil, nil)
+		if i == 0 {
+			steps[i] = l.reserveOp(op, &greq, l.recordName(gref), digest, ttl, nil, modeReserve)
+		} else {
+			steps[i] = l.reserveOp(op, treq, rec, digest, ttl, gh, modeReserve)
+		}
+		op.args[a], op.args[a+1] = len(op.keys)-k, len(op.args)-a-2
 	}
 	if err := ctx.Err(); err != nil {
+		putOp(op)
 		return ledger.Grant{}, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 	}
-	r, err := l.b.do(ctx, "greserve", keys, args)
+	op.name = "greserve"
+	r, err := l.b.do(ctx, op)
 	if err != nil {
 		return ledger.Grant{}, err
 	}
@@ -238,7 +251,7 @@ func (l *Ledger) followGlobal(_ context.Context, g string, fn func(ledger.Ref) e
 }
 
 func (l *Ledger) globalDispatch(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
-	r, _, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.dispatch, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -267,23 +280,37 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
 		gref, ok1 := parseHold(e.hold)
 		ge, ok2 := l.cachedEntry(gref.ID)
-		id, gid := encID(ref.ID), encID(gref.ID)
-		tk, ok3 := scopeKeysFromSpec(l.fixedKeys(ref, id, 3), l.tenantBase(ref.Tenant), e.spec)
-		gk, ok4 := scopeKeysFromSpec(l.fixedKeys(gref, gid, 1), l.tenantBase(gref.Tenant), ge.spec)
-		if ok1 && ok2 && ok3 && ok4 {
-			targs, tc := l.common(ref.Tenant, id)
-			gargs, gc := l.common(gref.Tenant, gid)
-			targs = append(targs, csv, src)
-			gargs = append(gargs, csv, src)
-			args := make([]any, 0, 5+len(targs)+len(gargs))
-			args = append(append(args, e.hold, len(tk), len(targs)), targs...)
-			args = append(append(args, len(gk), len(gargs)), gargs...)
+		if ok1 && ok2 {
+			// Both steps' keys; the hold; per step: key count, argument count, arguments.
+			op := getOp()
+			pk, gpk := l.partKeys(ref.Tenant), l.partKeys(gref.Tenant)
+			rec, grec := l.recordName(ref), l.recordName(gref)
+			op.fixedKeys(pk, rec)
+			op.keys = append(op.keys, e.sk.scopes...)
+			ntk := len(op.keys)
+			op.fixedKeys(gpk, grec)
+			op.keys = append(op.keys, ge.sk.scopes...)
+			op.str(e.hold)
+			a := len(op.args)
+			op.args = append(op.args, ntk, nil)
+			tc := l.common(op, ref.Tenant, rec.id)
+			op.str(csv)
+			op.str(src)
+			op.args[a+1] = len(op.args) - a - 2
+			a = len(op.args)
+			op.args = append(op.args, len(op.keys)-ntk, nil)
+			gc := l.common(op, gref.Tenant, grec.id)
+			op.str(csv)
+			op.str(src)
+			op.args[a+1] = len(op.args) - a - 2
 			if err := ctx.Err(); err != nil {
-				return nil, e.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+				putOp(op)
+				return nil, e.sk.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
 			}
-			rr, err := l.b.do(ctx, "gsettle", append(tk, gk...), args)
+			op.name = "gsettle"
+			rr, err := l.b.do(ctx, op)
 			if err != nil {
-				return nil, e.spec, nil, err
+				return nil, e.sk.spec, nil, err
 			}
 			step := func(i int) (reply, bool) {
 				if i >= len(rr) {
@@ -294,7 +321,7 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 			}
 			r, ok := step(0)
 			if !ok {
-				return nil, e.spec, nil, l.corrupt("gsettle reply")
+				return nil, e.sk.spec, nil, l.corrupt("gsettle reply")
 			}
 			l.noteEpoch(ref.Tenant, tc, r)
 			if r.status() != "KEYS" { // KEYS: nothing ran; the stepwise path retries with the stored spec
@@ -304,7 +331,7 @@ func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string
 						g = x
 					}
 				}
-				return r, e.spec, g, nil
+				return r, e.sk.spec, g, nil
 			}
 		}
 	}
@@ -325,7 +352,7 @@ func (l *Ledger) globalSettleReply(ref ledger.Ref, r reply) error {
 }
 
 func (l *Ledger) globalRelease(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
-	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.release, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -422,15 +449,19 @@ type chargeResult struct {
 }
 
 func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Scope, a *ledger.Amounts, at int64, digest string) (chargeResult, error) {
-	id := encID(ref.ID)
-	keys := l.fixedKeys(ref, id, len(scopes))
-	base := l.tenantBase(ref.Tenant)
+	rec := l.recordName(ref)
+	pk := l.partKeys(ref.Tenant)
+	op := getOp()
+	op.fixedKeys(pk, rec)
 	for i := range scopes {
-		keys = append(keys, base+"s:"+scopes[i].Key.String())
+		op.keys = append(op.keys, pk.base+"s:"+scopes[i].Key.String())
 	}
-	args, cached := l.common(ref.Tenant, id)
-	args = append(args, amountsCSV(a), buildSpec(scopes), at, digest)
-	r, err := l.run(ctx, l.s.charge, false, keys, args...)
+	cached := l.common(op, ref.Tenant, rec.id)
+	op.str(amountsCSV(a))
+	op.str(buildSpec(scopes))
+	op.int(at)
+	op.str(digest)
+	r, err := l.runOp(ctx, l.s.charge, op)
 	if err != nil {
 		return chargeResult{}, err
 	}

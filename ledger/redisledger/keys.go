@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -26,18 +27,120 @@ const (
 	numFixedKeys
 )
 
+// encLen is the length of a 16-byte id or key in unpadded base64url.
+const encLen = 22
+
 func encID(id ledger.RequestID) string {
-	var b [22]byte // RawURLEncoding of 16 bytes; one allocation, the string's
+	var b [encLen]byte // one allocation, the string's
 	base64.RawURLEncoding.Encode(b[:], id[:])
 	return string(b[:])
+}
+
+// recName is a record's key "<prefix>:{T}:q:<id>" and its id text, which is
+// the key's tail (one allocation for both).
+type recName struct{ key, id string }
+
+// recordName returns ref's record key and id text.
+func (l *Ledger) recordName(ref ledger.Ref) recName {
+	base := l.partKeys(ref.Tenant).base
+	var b strings.Builder
+	b.Grow(len(base) + 2 + encLen)
+	b.WriteString(base)
+	b.WriteString("q:")
+	var e [encLen]byte
+	base64.RawURLEncoding.Encode(e[:], ref.ID[:])
+	b.Write(e[:])
+	k := b.String()
+	return recName{key: k, id: k[len(k)-encLen:]}
+}
+
+// decodeKey parses the base64url text of a ScopeKey or RequestID, as
+// ledger.ParseScopeKey does but without allocating.
+func decodeKey(s string) ([16]byte, bool) {
+	var k [16]byte
+	if len(s) != encLen {
+		return k, false
+	}
+	var src [encLen]byte
+	copy(src[:], s)
+	n, err := base64.RawURLEncoding.Decode(k[:], src[:])
+	return k, err == nil && n == len(k)
 }
 
 // tenantBase returns "<prefix>:{T}:".
 func (l *Ledger) tenantBase(t ledger.ScopeKey) string { return l.partKeys(t).base }
 
 // partitionKeys are a partition's key names that every operation on it
-// takes, built once per partition rather than per operation.
-type partitionKeys struct{ base, meta, leases, unresolved string }
+// takes, built once per partition rather than per operation, and the scope
+// key names of the specs its operations used.
+type partitionKeys struct {
+	base, meta, leases, unresolved string
+
+	mu    sync.RWMutex
+	specs map[string]*specKeys // by spec; cleared when it reaches maxPartSpecs
+}
+
+// maxPartSpecs bounds a partition's spec cache (a tenant with more distinct
+// scope sets in use builds some again).
+const maxPartSpecs = 256
+
+// specKeys is a spec and the scope keys it names, in its order.
+type specKeys struct {
+	spec   string
+	scopes []string
+}
+
+// noSpec names no scopes (a record this process does not know).
+var noSpec = &specKeys{}
+
+// specFor returns the specKeys of a Reserve's scopes (cached): the spec is
+// encoded on the stack and looked up before anything is allocated.
+func (pk *partitionKeys) specFor(scopes []ledger.Scope) *specKeys {
+	var buf [512]byte
+	b := appendSpec(buf[:0], scopes)
+	pk.mu.RLock()
+	sk := pk.specs[string(b)]
+	pk.mu.RUnlock()
+	if sk != nil {
+		return sk
+	}
+	sk = &specKeys{spec: string(b), scopes: make([]string, len(scopes))}
+	for i := range scopes {
+		sk.scopes[i] = pk.base + "s:" + scopes[i].Key.String()
+	}
+	pk.store(sk)
+	return sk
+}
+
+// parsedSpec returns the specKeys of a stored spec (cached); false when it
+// is malformed.
+func (pk *partitionKeys) parsedSpec(spec string) (*specKeys, bool) {
+	if spec == "" {
+		return noSpec, true
+	}
+	pk.mu.RLock()
+	sk := pk.specs[spec]
+	pk.mu.RUnlock()
+	if sk != nil {
+		return sk, true
+	}
+	keys, ok := scopeKeysFromSpec(nil, pk.base, spec)
+	if !ok {
+		return nil, false
+	}
+	sk = &specKeys{spec: spec, scopes: keys}
+	pk.store(sk)
+	return sk, true
+}
+
+func (pk *partitionKeys) store(sk *specKeys) {
+	pk.mu.Lock()
+	if pk.specs == nil || len(pk.specs) >= maxPartSpecs {
+		pk.specs = make(map[string]*specKeys)
+	}
+	pk.specs[sk.spec] = sk
+	pk.mu.Unlock()
+}
 
 // partKeys returns t's partitionKeys (cached: one entry per tenant or
 // global partition this process touched).
@@ -50,16 +153,9 @@ func (l *Ledger) partKeys(t ledger.ScopeKey) *partitionKeys {
 	return v.(*partitionKeys)
 }
 
-// fixedKeys returns the four keys every write script takes, with room for
-// nScopes scope keys appended.
-func (l *Ledger) fixedKeys(ref ledger.Ref, id string, nScopes int) []string {
-	pk := l.partKeys(ref.Tenant)
-	keys := make([]string, numFixedKeys, numFixedKeys+nScopes)
-	keys[idxMeta] = pk.meta
-	keys[idxLeases] = pk.leases
-	keys[idxUnresolved] = pk.unresolved
-	keys[idxRecord] = pk.base + "q:" + id
-	return keys
+// fixedKeys appends the four keys every write script takes, in idx order.
+func (op *bop) fixedKeys(pk *partitionKeys, rec recName) {
+	op.keys = append(op.keys, pk.meta, pk.leases, pk.unresolved, rec.key)
 }
 
 // scopeKeysFromSpec appends the scope keys named by a record's spec.
@@ -81,34 +177,35 @@ func kindDigit(k ledger.Kind) byte { return '0' + byte(k) }
 
 // buildSpec encodes the scopes and limits of a Reserve as
 // "<kind><S>/<d>:<W s>:<max>:<b|w>,...;...".
-func buildSpec(scopes []ledger.Scope) string {
-	var b strings.Builder
-	b.Grow(64 * len(scopes))
+func buildSpec(scopes []ledger.Scope) string { return string(appendSpec(nil, scopes)) }
+
+// appendSpec appends the spec of scopes to b.
+func appendSpec(b []byte, scopes []ledger.Scope) []byte {
 	for i := range scopes {
 		s := &scopes[i]
 		if i > 0 {
-			b.WriteByte(';')
+			b = append(b, ';')
 		}
-		b.WriteByte(kindDigit(s.Kind))
-		b.WriteString(s.Key.String())
-		b.WriteByte('/')
+		b = append(b, kindDigit(s.Kind))
+		b = base64.RawURLEncoding.AppendEncode(b, s.Key[:])
+		b = append(b, '/')
 		for j, lim := range s.Limits {
 			if j > 0 {
-				b.WriteByte(',')
+				b = append(b, ',')
 			}
-			b.WriteString(strconv.Itoa(int(lim.Dim)))
-			b.WriteByte(':')
-			b.WriteString(strconv.FormatInt(int64(lim.Window/time.Second), 10))
-			b.WriteByte(':')
-			b.WriteString(strconv.FormatInt(lim.Max, 10))
+			b = strconv.AppendInt(b, int64(lim.Dim), 10)
+			b = append(b, ':')
+			b = strconv.AppendInt(b, int64(lim.Window/time.Second), 10)
+			b = append(b, ':')
+			b = strconv.AppendInt(b, lim.Max, 10)
 			if lim.Mode == ledger.Warn {
-				b.WriteString(":w")
+				b = append(b, ":w"...)
 			} else {
-				b.WriteString(":b")
+				b = append(b, ":b"...)
 			}
 		}
 	}
-	return b.String()
+	return b
 }
 
 // specScope is one scope of a parsed spec.

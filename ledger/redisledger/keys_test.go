@@ -68,6 +68,10 @@ func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			n, _ := args[2].(int)
 			keys := make([]string, 0, n)
 			for _, k := range args[3 : 3+n] {
+				// The batcher passes keys as *string (not boxed per call).
+				if p, ok := k.(*string); ok {
+					k = *p
+				}
 				keys = append(keys, k.(string))
 			}
 			s.mu.Lock()

@@ -31,10 +31,13 @@ type Ledger struct {
 	m      *metrics
 	b      *batcher // nil when Config.MaxBatch is 1
 
-	epochSeed string       // random per process; candidate epochs are seed-counter
-	epochSeq  atomic.Int64 // candidate counter
-	epochs    sync.Map     // ledger.ScopeKey → string: cached epoch per tenant
-	parts     sync.Map     // ledger.ScopeKey → *partitionKeys
+	leaseMaxArg, tombArg any // MaxLeaseTTL and TombstoneRetention in ms, boxed once
+
+	epochSeed string                   // random per process; candidate epochs are seed-counter
+	epochSeq  atomic.Int64             // candidate counter
+	epochs    sync.Map                 // ledger.ScopeKey → string: cached epoch per tenant
+	parts     sync.Map                 // ledger.ScopeKey → *partitionKeys
+	ownerHex  atomic.Pointer[ownerHex] // the last owner's text (a process has one owner, usually)
 
 	mu    sync.Mutex                     // guards specs
 	specs map[ledger.RequestID]specEntry // scope spec of records reserved here
@@ -54,8 +57,24 @@ type Ledger struct {
 	floor func() int64
 }
 
+// ownerHex is an owner and its hex text.
+type ownerHex struct {
+	o   ledger.Owner
+	hex string
+}
+
+// ownerText returns o.String(), cached for the last owner seen.
+func (l *Ledger) ownerText(o ledger.Owner) string {
+	if h := l.ownerHex.Load(); h != nil && h.o == o {
+		return h.hex
+	}
+	h := &ownerHex{o: o, hex: o.String()}
+	l.ownerHex.Store(h)
+	return h.hex
+}
+
 type specEntry struct {
-	spec string
+	sk   *specKeys
 	hold string // the record's global hold "G.gid" ("" none)
 }
 
@@ -84,8 +103,9 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 	_, _ = rand.Read(seed[:])
 	l := &Ledger{
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
-		epochSeed: hex.EncodeToString(seed[:]),
-		specs:     make(map[ledger.RequestID]specEntry),
+		epochSeed:   hex.EncodeToString(seed[:]),
+		specs:       make(map[ledger.RequestID]specEntry),
+		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
 	}
 	if cfg.MaxBatch > 1 {
 		l.b = newBatcher(l)
@@ -204,7 +224,9 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 	}
 	if !ro && l.b != nil {
 		if name, ok := l.s.names[s]; ok {
-			return l.b.do(ctx, name, keys, args)
+			op := getOp()
+			op.name, op.keys, op.args = name, keys, args
+			return l.b.do(ctx, op)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.StoreTimeout)
@@ -229,6 +251,24 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 		return nil, l.corrupt("unexpected script reply")
 	}
 	return reply(arr), nil
+}
+
+// runOp runs the write script s with op's keys and arguments, as run does,
+// and takes op.
+func (l *Ledger) runOp(ctx context.Context, s *redis.Script, op *bop) (reply, error) {
+	if err := ctx.Err(); err != nil {
+		putOp(op)
+		return nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
+	}
+	if l.b != nil {
+		if name, ok := l.s.names[s]; ok {
+			op.name = name
+			return l.b.do(ctx, op)
+		}
+	}
+	r, err := l.run(ctx, s, false, op.keys, op.args...)
+	putOp(op)
+	return r, err
 }
 
 // storeErr classifies a go-redis error: one raised before the command could
@@ -285,7 +325,8 @@ func (l *Ledger) epochArgs(t ledger.ScopeKey) (cached, cand string) {
 	if v, ok := l.epochs.Load(t); ok {
 		cached = v.(string)
 	}
-	return cached, l.epochSeed + strconv.FormatInt(l.epochSeq.Add(1), 36)
+	var b [48]byte // seed (16 hex) and the counter in base 36: one allocation
+	return cached, string(strconv.AppendInt(append(b[:0], l.epochSeed...), l.epochSeq.Add(1), 36))
 }
 
 // noteEpoch caches the epoch a script reported.
@@ -295,11 +336,16 @@ func (l *Ledger) noteEpoch(t ledger.ScopeKey, cached string, r reply) {
 	}
 }
 
-// common returns the shared ARGV prefix: cached epoch, candidate, MaxLeaseTTL
-// ms, id, tombstone retention ms.
-func (l *Ledger) common(t ledger.ScopeKey, id string) (args []any, cached string) {
+// common appends the shared ARGV prefix to op: cached epoch, candidate,
+// MaxLeaseTTL ms, id, tombstone retention ms. It returns the cached epoch.
+func (l *Ledger) common(op *bop, t ledger.ScopeKey, id string) (cached string) {
 	cached, cand := l.epochArgs(t)
-	return []any{cached, cand, l.cfg.MaxLeaseTTL.Milliseconds(), id, l.cfg.TombstoneRetention.Milliseconds()}, cached
+	op.str(cached)
+	op.str(cand)
+	op.args = append(op.args, l.leaseMaxArg)
+	op.str(id)
+	op.args = append(op.args, l.tombArg)
+	return cached
 }
 
 // statusErr maps the status words every script shares to errors; it returns
@@ -331,17 +377,20 @@ func (l *Ledger) statusErr(r reply) error {
 
 // ---- spec cache --------------------------------------------------------------
 
-func (l *Ledger) cacheSpec(id ledger.RequestID, spec, hold string) {
+func (l *Ledger) cacheSpec(id ledger.RequestID, sk *specKeys, hold string) {
 	l.mu.Lock()
 	if len(l.specs) < maxSpecCache {
-		l.specs[id] = specEntry{spec: spec, hold: hold}
+		l.specs[id] = specEntry{sk: sk, hold: hold}
 	}
 	l.mu.Unlock()
 }
 
-func (l *Ledger) cachedSpec(id ledger.RequestID) (string, bool) {
-	e, ok := l.cachedEntry(id)
-	return e.spec, ok
+// cachedSpec returns the spec of a record reserved here (noSpec if unknown).
+func (l *Ledger) cachedSpec(id ledger.RequestID) *specKeys {
+	if e, ok := l.cachedEntry(id); ok {
+		return e.sk
+	}
+	return noSpec
 }
 
 func (l *Ledger) cachedEntry(id ledger.RequestID) (specEntry, bool) {
@@ -361,18 +410,20 @@ func (l *Ledger) forgetSpec(id ledger.RequestID) {
 // record's scope keys from the local cache; when the script reports that the
 // keys differ from the record's ("KEYS" with the stored spec), it retries
 // once with the stored spec. It returns the reply and the spec used.
-func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...any) (reply, string, error) {
-	id := encID(ref.ID)
-	spec, _ := l.cachedSpec(ref.ID)
+func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...string) (reply, string, error) {
+	rec := l.recordName(ref)
+	pk := l.partKeys(ref.Tenant)
+	sk := l.cachedSpec(ref.ID)
 	for attempt := 0; ; attempt++ {
-		keys := l.fixedKeys(ref, id, 3)
-		keys, ok := scopeKeysFromSpec(keys, l.tenantBase(ref.Tenant), spec)
-		if !ok {
-			return nil, spec, l.corrupt("record scope spec")
+		spec := sk.spec
+		op := getOp()
+		op.fixedKeys(pk, rec)
+		op.keys = append(op.keys, sk.scopes...)
+		cached := l.common(op, ref.Tenant, rec.id)
+		for _, x := range extra {
+			op.str(x)
 		}
-		args, cached := l.common(ref.Tenant, id)
-		args = append(args, extra...)
-		r, err := l.run(ctx, s, false, keys, args...)
+		r, err := l.runOp(ctx, s, op)
 		if err != nil {
 			return nil, spec, err
 		}
@@ -383,7 +434,10 @@ func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref,
 		if attempt > 0 {
 			return nil, spec, l.corrupt("record keys keep changing")
 		}
-		spec = r.str(2)
+		var ok bool
+		if sk, ok = pk.parsedSpec(r.str(2)); !ok {
+			return nil, r.str(2), l.corrupt("record scope spec")
+		}
 	}
 }
 
@@ -403,7 +457,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		ttl = l.cfg.LeaseTTL
 	}
 	l.register(ctx, req.Ref.Tenant)
-	id := encID(req.Ref.ID)
+	rec := l.recordName(req.Ref)
 	digest := strconv.FormatUint(req.Digest(), 16)
 	// Step 1 (global budgets only): the global hold, in its own partition.
 	var gh *globalHold
@@ -411,11 +465,11 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	if gi := globalIndex(req.Scopes); gi >= 0 {
 		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
 		if l.b != nil && !l.b.cluster {
-			return l.reserveAtomic(ctx, &req, &treq, gi, id, digest, ttl)
+			return l.reserveAtomic(ctx, &req, &treq, gi, rec, digest, ttl)
 		}
 		// Step 0: check the tenant side without writing, so a request the
 		// tenant would refuse (or a replay) never takes a global hold.
-		if g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
+		if g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
 			return g, err
 		}
 		var err error
@@ -425,7 +479,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 			}
 			// The id decides first (as in Memory): a replay, a conflict or
 			// a final record answers even when the global budget is full.
-			g, terr := l.reserveTenant(ctx, &treq, id, digest, ttl, nil, modeReplayOnly)
+			g, terr := l.reserveTenant(ctx, &treq, rec, digest, ttl, nil, modeReplayOnly)
 			if !errors.Is(terr, errNoRecord) {
 				return g, terr
 			}
@@ -442,7 +496,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		}
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
-	g, err := l.reserveTenant(ctx, &treq, id, digest, ttl, gh, modeReserve)
+	g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, gh, modeReserve)
 	if gh != nil {
 		l.settleHold(ctx, gh, &g, err)
 	}
@@ -477,30 +531,28 @@ var (
 
 // reserveTenant runs the reserve script on one partition in mode; gh, when
 // not nil, is the global hold the record will carry.
-func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
-	op := l.reserveOp(req, id, digest, ttl, gh, mode)
-	r, err := l.run(ctx, l.s.reserve, false, op.keys, op.args...)
+func (l *Ledger) reserveTenant(ctx context.Context, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) (ledger.Grant, error) {
+	op := getOp()
+	call := l.reserveOp(op, req, rec, digest, ttl, gh, mode)
+	r, err := l.runOp(ctx, l.s.reserve, op)
 	if err != nil {
 		return ledger.Grant{}, err
 	}
-	return l.reserveReply(req, op, gh, r)
+	return l.reserveReply(req, call, gh, r)
 }
 
-// reserveCall is one reserve script call's keys and arguments, with what
-// its reply is decoded against.
+// reserveCall is what a reserve call's reply is decoded against.
 type reserveCall struct {
-	keys         []string
-	args         []any
-	spec, cached string
+	sk     *specKeys
+	cached string
 }
 
-func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
-	spec := buildSpec(req.Scopes)
-	keys := l.fixedKeys(req.Ref, id, len(req.Scopes))
-	base := l.tenantBase(req.Ref.Tenant)
-	for i := range req.Scopes {
-		keys = append(keys, base+"s:"+req.Scopes[i].Key.String())
-	}
+// reserveOp appends one reserve script call's keys and arguments to op.
+func (l *Ledger) reserveOp(op *bop, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
+	pk := l.partKeys(req.Ref.Tenant)
+	sk := pk.specFor(req.Scopes)
+	op.fixedKeys(pk, rec)
+	op.keys = append(op.keys, sk.scopes...)
 	dispatch := "0"
 	if req.Dispatch {
 		dispatch = "1"
@@ -509,16 +561,23 @@ func (l *Ledger) reserveOp(req *ledger.ReserveRequest, id, digest string, ttl ti
 	if gh != nil {
 		hold = gh.enc
 	}
-	args, cached := l.common(req.Ref.Tenant, id)
-	args = append(args, strconv.FormatUint(req.PolicyVersion, 10), req.Owner.String(),
-		digest, ttl.Milliseconds(), dispatch, amountsCSV(&req.Held), spec, hold, mode,
-		strconv.FormatUint(req.Attempt, 10))
-	return reserveCall{keys: keys, args: args, spec: spec, cached: cached}
+	cached := l.common(op, req.Ref.Tenant, rec.id)
+	op.str(strconv.FormatUint(req.PolicyVersion, 10))
+	op.str(l.ownerText(req.Owner))
+	op.str(digest)
+	op.int(ttl.Milliseconds())
+	op.str(dispatch)
+	op.str(amountsCSV(&req.Held))
+	op.str(sk.spec)
+	op.str(hold)
+	op.str(mode)
+	op.str(strconv.FormatUint(req.Attempt, 10))
+	return reserveCall{sk: sk, cached: cached}
 }
 
 // reserveReply decodes the reply r of the reserve call op.
 func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *globalHold, r reply) (ledger.Grant, error) {
-	spec, cached := op.spec, op.cached
+	sk, cached := op.sk, op.cached
 	l.noteEpoch(req.Ref.Tenant, cached, r)
 	switch r.status() {
 	case "OK":
@@ -528,7 +587,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 			if gh != nil {
 				hold = gh.enc
 			}
-			l.cacheSpec(req.Ref.ID, spec, hold)
+			l.cacheSpec(req.Ref.ID, sk, hold)
 		}
 		return g, err
 	case "REPLAY":
@@ -541,7 +600,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 		if gh != nil {
 			gh.stored = r.str(6)
 		}
-		l.cacheSpec(req.Ref.ID, spec, r.str(6))
+		l.cacheSpec(req.Ref.ID, sk, r.str(6))
 		// The same attempt is the caller's own retry after a lost reply
 		// (go-redis retries EVALSHA on a broken connection): a success.
 		same := r.str(7) == "1"
@@ -668,7 +727,7 @@ func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledge
 	if ref.ID.IsZero() || ref.Tenant.IsZero() {
 		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
 	}
-	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, owner.String())
+	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
@@ -726,11 +785,13 @@ func (l *Ledger) Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner,
 
 // extend runs the extend script and returns its reply (errors: store only).
 func (l *Ledger) extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (reply, error) {
-	id := encID(ref.ID)
-	keys := l.fixedKeys(ref, id, 0)
-	args, cached := l.common(ref.Tenant, id)
-	args = append(args, owner.String(), ttl.Milliseconds())
-	r, err := l.run(ctx, l.s.extend, false, keys, args...)
+	rec := l.recordName(ref)
+	op := getOp()
+	op.fixedKeys(l.partKeys(ref.Tenant), rec)
+	cached := l.common(op, ref.Tenant, rec.id)
+	op.str(l.ownerText(owner))
+	op.int(ttl.Milliseconds())
+	r, err := l.runOp(ctx, l.s.extend, op)
 	if err != nil {
 		return nil, err
 	}
@@ -851,7 +912,7 @@ func (l *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner
 	if ref.ID.IsZero() || ref.Tenant.IsZero() {
 		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
 	}
-	r, _, err := l.runRecord(ctx, l.s.release, ref, owner.String())
+	r, _, err := l.runRecord(ctx, l.s.release, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
