@@ -559,7 +559,7 @@ func (s *Server) await(c *call) (err error) {
 		case rep = <-c.dispatched:
 			// Dispatched inline (or just now): the context's Done channel,
 			// made on first use, is not needed. A cancellation that raced
-			// the dispatch is execute's to see.
+			// the dispatch is seen below, before anything is sent.
 		default:
 			select {
 			case rep = <-c.dispatched:
