@@ -187,25 +187,20 @@ func putOp(op *bop) {
 }
 
 // str appends the string argument s without boxing it (when room is left).
-func (op *bop) str(s string) {
-	if op.ns == len(op.strs) {
-		op.args = append(op.args, s)
-		return
-	}
-	op.strs[op.ns] = s
-	op.args = append(op.args, &op.strs[op.ns])
-	op.ns++
-}
+func (op *bop) str(s string) { op.args = pinArg(op.args, op.strs[:], &op.ns, s) }
 
 // int appends the integer argument v without boxing it (when room is left).
-func (op *bop) int(v int64) {
-	if op.ni == len(op.ints) {
-		op.args = append(op.args, v)
-		return
+func (op *bop) int(v int64) { op.args = pinArg(op.args, op.ints[:], &op.ni, v) }
+
+// pinArg appends v to args as a pointer into buf's next free slot (*n of
+// them used), or boxed once buf is full.
+func pinArg[T any](args []any, buf []T, n *int, v T) []any {
+	if *n == len(buf) {
+		return append(args, v)
 	}
-	op.ints[op.ni] = v
-	op.args = append(op.args, &op.ints[op.ni])
-	op.ni++
+	buf[*n] = v
+	*n++
+	return append(args, &buf[*n-1])
 }
 
 func newBatcher(l *Ledger) *batcher {
