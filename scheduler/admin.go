@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -246,4 +247,14 @@ func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
 		out = append(out, ts)
 	}
 	WriteJSON(rc, out)
+}
+
+// opContext bounds one admin operation's store calls. It is never parented on
+// the *fasthttp.RequestCtx: fasthttp recycles that once the handler returns,
+// and a context.WithTimeout child of it leaves a goroutine that may still read
+// its user values on server shutdown (a data race the race detector caught in
+// TestKeyCLIAgainstServer). The fasthttp server waits for handlers on
+// shutdown, so the operation needs no parent beyond its own bound.
+func opContext(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
 }
