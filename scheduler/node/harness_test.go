@@ -102,6 +102,7 @@ func startNode(t testing.TB, cfg *config.File) *node {
 // startNodeWith runs a node whose reloads read configPath.
 func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 	t.Helper()
+	clearOfHourEdge(t)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -279,4 +280,24 @@ func (n *node) get(t *testing.T, path, key string) (string, error) {
 		return "", err
 	}
 	return string(readAll(t, resp)), nil
+}
+
+// hourEdgeMargin is longer than any test of this package runs on a loaded
+// CI machine.
+const hourEdgeMargin = 45 * time.Second
+
+// clearOfHourEdge keeps a test's budget windows from rolling over under it.
+// Windows tumble on real time (the process clock or Redis TIME) aligned to
+// the Unix epoch, and every window these tests use (1h, 24h) ends on the
+// hour, so a test that asserts exact committed amounts fails when its
+// charges straddle one: CI saw TestIdempotentReplayOnAnotherInstance run
+// across 20:00 UTC and its 1h window show one of its two charges. A node
+// started within hourEdgeMargin of the hour waits for the hour to pass.
+func clearOfHourEdge(t testing.TB) {
+	now := time.Now()
+	next := now.Truncate(time.Hour).Add(time.Hour)
+	if left := next.Sub(now); left < hourEdgeMargin {
+		t.Logf("waiting %v for the hour to pass before starting a node", left.Round(time.Millisecond))
+		time.Sleep(left + 100*time.Millisecond)
+	}
 }
