@@ -27,6 +27,7 @@ type AdminHooks struct {
 // /healthz and /readyz answer.
 type Admin struct {
 	s       *Server
+	base    context.Context // parent of every operation's context (opContext)
 	token   []byte
 	hooks   AdminHooks
 	metrics fasthttp.RequestHandler
@@ -35,9 +36,10 @@ type Admin struct {
 	gatherer prometheus.Gatherer
 }
 
-// NewAdmin builds the admin handler.
-func NewAdmin(s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) *Admin {
-	a := &Admin{s: s, token: []byte(token), hooks: hooks, gatherer: g,
+// NewAdmin builds the admin handler. base is the parent of every operation's
+// context (the server's lifetime, as the edge's).
+func NewAdmin(base context.Context, s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) *Admin {
+	a := &Admin{s: s, base: base, token: []byte(token), hooks: hooks, gatherer: g,
 		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{}))}
 	a.routes = map[string]fasthttp.RequestHandler{
 		"POST /admin/drain":   a.drain,
@@ -249,12 +251,11 @@ func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
 	WriteJSON(rc, out)
 }
 
-// opContext bounds one admin operation's store calls. It is never parented on
-// the *fasthttp.RequestCtx: fasthttp recycles that once the handler returns,
-// and a context.WithTimeout child of it leaves a goroutine that may still read
-// its user values on server shutdown (a data race the race detector caught in
-// TestKeyCLIAgainstServer). The fasthttp server waits for handlers on
-// shutdown, so the operation needs no parent beyond its own bound.
-func opContext(d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), d)
+// opContext bounds one admin operation's store calls. It is parented on the
+// server's lifetime, never on the *fasthttp.RequestCtx: fasthttp recycles
+// that once the handler returns, and a context.WithTimeout child of it leaves
+// a goroutine that may still read its user values on server shutdown (a data
+// race the race detector caught in TestKeyCLIAgainstServer).
+func (a *Admin) opContext(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(a.base, d)
 }

@@ -137,7 +137,7 @@ func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
 		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
 		return
 	}
-	ctx, cancel := opContext(2 * time.Second)
+	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
 	u, err := a.s.led.Snapshot(ctx, t.key, t.key)
 	if err != nil {
@@ -254,7 +254,7 @@ func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
 		return
 	}
 	ref := ledger.Ref{Tenant: t.key, ID: id}
-	ctx, cancel := opContext(5 * time.Second)
+	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
 	var st ledger.Settlement
 	var err error
@@ -335,7 +335,7 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 		if want := string(rc.QueryArgs().Peek("tenant")); want != "" && want != t.name {
 			continue
 		}
-		ctx, cancel := opContext(2 * time.Second)
+		ctx, cancel := a.opContext(2 * time.Second)
 		refs, err := lister.List(ctx, t.key, state, 1000)
 		cancel()
 		if err != nil {

@@ -30,7 +30,7 @@ func (a *Admin) createKey(rc *fasthttp.RequestCtx) {
 		a.inputError(rc, inputErr("tenant", "required"))
 		return
 	}
-	ctx, cancel := opContext(5 * time.Second)
+	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
 	k, err := a.s.CreateKey(ctx, in)
 	if err != nil {
@@ -52,7 +52,7 @@ func (a *Admin) revokeKey(rc *fasthttp.RequestCtx) {
 		a.fail(rc, http.StatusNotFound, "not_found", "use DELETE /admin/keys/{id}")
 		return
 	}
-	ctx, cancel := opContext(5 * time.Second)
+	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
 	row, err := a.s.RevokeKey(ctx, id)
 	if err != nil {

@@ -82,7 +82,7 @@ func (a *Admin) status(rc *fasthttp.RequestCtx) {
 	}
 	rc.Response.Header.Set("Cache-Control", "no-store")
 	if string(rc.Path()) == "/status.json" {
-		ctx, cancel := opContext(2 * time.Second)
+		ctx, cancel := a.opContext(2 * time.Second)
 		defer cancel()
 		WriteJSON(rc, a.statusReport(ctx))
 		return
