@@ -28,19 +28,29 @@ func TestRequestCtxIsNeverAContextParent(t *testing.T) {
 		}
 		f, err := parser.ParseFile(fset, name, nil, 0)
 		require.NoError(t, err)
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
+		// Every function with a RequestCtx parameter, declared or literal
+		// (a handler built inside another function); a call inside a nested
+		// literal is reported once.
+		reported := map[token.Pos]bool{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var ft *ast.FuncType
+			var body *ast.BlockStmt
+			switch fn := n.(type) {
+			case *ast.FuncDecl:
+				ft, body = fn.Type, fn.Body
+			case *ast.FuncLit:
+				ft, body = fn.Type, fn.Body
+			default:
+				return true
 			}
-			rcs := requestCtxParams(fn.Type)
-			if len(rcs) == 0 {
-				continue
+			rcs := requestCtxParams(ft)
+			if len(rcs) == 0 || body == nil {
+				return true
 			}
 			checked++
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
+			ast.Inspect(body, func(n ast.Node) bool {
 				call, ok := n.(*ast.CallExpr)
-				if !ok || len(call.Args) == 0 {
+				if !ok || len(call.Args) == 0 || reported[call.Pos()] {
 					return true
 				}
 				sel, ok := call.Fun.(*ast.SelectorExpr)
@@ -51,12 +61,14 @@ func TestRequestCtxIsNeverAContextParent(t *testing.T) {
 					return true
 				}
 				if id, ok := call.Args[0].(*ast.Ident); ok && rcs[id.Name] {
+					reported[call.Pos()] = true
 					t.Errorf("%s: context.%s parented on the *fasthttp.RequestCtx %q; use opContext or the edge's base",
 						fset.Position(call.Pos()), sel.Sel.Name, id.Name)
 				}
 				return true
 			})
-		}
+			return true
+		})
 	}
 	require.Greater(t, checked, 10, "the scan found the handlers")
 }
