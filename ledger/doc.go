@@ -99,9 +99,11 @@
 // and a compaction snapshot writes the global scopes first (as scope
 // entries of the zero tenant). Charges of purged tombstones are not tracked
 // for global counters, so the audit recomputes global r but not global c.
-// The Redis backend does it in two steps (reserve the global hold, then the
-// tenant holds; drop the global hold when the tenant step refuses); see
-// redisledger's global.go for its false-denial window.
+// The Redis backend does the same in one script on one server (the record
+// names the global scope's hash in its own partition, at max(tenant time,
+// global hwm)), and in two steps on a Cluster (reserve the global hold,
+// then the tenant holds; drop the global hold when the tenant step
+// refuses); see redisledger's global.go for that false-denial window.
 //
 // # List
 //

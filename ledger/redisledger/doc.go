@@ -92,11 +92,15 @@
 // # Global budgets and List
 //
 // A KindGlobal scope G has its own partition "<prefix>:{G}:…" with the same
-// layout as a tenant's; a Reserve naming it reserves a per-attempt hold there
-// first, then the tenant holds, and every later operation on the tenant
-// record resolves the global hold by id inside the same method (global.go
-// documents the steps and the window in which a request may be falsely
-// denied). Records of such requests store the hold as field g. List reads
+// layout as a tenant's. On one server (standalone or Sentinel, batched) the
+// tenant record names G's scope hash like its other scopes (its limits
+// marked B/W in sp, G's meta key passed last) and every operation moves
+// that hold with the others, at the later of both partitions' ledger times.
+// On a Cluster a Reserve naming G reserves a per-attempt hold there first,
+// then the tenant holds, and every later operation on the tenant record
+// resolves the global hold by id inside the same method; such records store
+// the hold as field g (global.go documents both, and the two-step window in
+// which a request may be falsely denied). List reads
 // L or U with ZRANGE and the records of each page with one read-only script
 // (so not one atomic cut).
 //

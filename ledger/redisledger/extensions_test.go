@@ -17,12 +17,14 @@ import (
 // came to be (a crash between the two steps, simulated by deleting the
 // tenant's keys) is not leaked: its lease runs out and Reclaim of the global
 // partition (which Run does for every global partition it has used) frees it.
+// MaxBatch 1 runs the two-step protocol a Cluster runs (with batching, one
+// server keeps the global scope in the tenant record: no hold, no orphan).
 func TestGlobalOrphanHoldIsReclaimed(t *testing.T) {
 	srv := startRedis(t)
 	rc := srv.Client(t)
 	var now atomic.Int64
 	now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
-	l := newLedger(t, srv.Addr(), nil)
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
 	redisledger.SetTimeFloor(l, now.Load)
 	ctx := t.Context()
 	g := testKeyer.GlobalKey()

@@ -3,7 +3,6 @@ package redisledger
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,10 +14,43 @@ import (
 // Global (fleet-wide) budgets. A KindGlobal scope G lives in its own
 // partition "<prefix>:{G}:…", laid out exactly like a tenant's (m, L, U,
 // q:<id>, s:G), because its counters cannot share a Cluster slot with every
-// tenant. On a Cluster (and without batching) a Reserve with a global scope
-// is two writing scripts after a read-only check; on a standalone or
-// Sentinel server the same three steps are one atomic batch operation
-// (reserveAtomic), which has no false-denial window:
+// tenant. How a request reaches them depends on where the partitions live.
+//
+// # One server: the global scope inline
+//
+// On a standalone or Sentinel server (with batching, the default) every key
+// is on one server, so a Reserve with a global scope is one ordinary
+// reserve operation of the tenant partition whose spec also names G: the
+// record holds on s:G in the global partition as on its other scope hashes,
+// and every later operation (dispatch, extend, settle, release, expire,
+// resolve) moves that hold with the others, in the same script, exactly
+// once — as Memory does under both partitions' locks. There is no second
+// record, no hold to drop and no false-denial window, and a global pair
+// costs one operation per call instead of two records' worth (BENCHMARKS.md
+// §0.7).
+//
+//   - The spec marks the scope: its limits are B and W instead of b and w
+//     (appendSpec), and its key is the global partition's s:G; the global
+//     partition's meta key follows the scope keys (specFor,
+//     scopeKeysFromSpec). Versions before this one refuse such a spec as
+//     malformed (nothing written), so during a rolling upgrade they never
+//     act on such a record; the new processes settle and reclaim it.
+//   - Time: the operation runs at the later of the tenant's and the global
+//     partition's ledger time and raises both hwms (lua/prelude.lua,
+//     ledger_now and touch), so one global hash is charged on one clock by
+//     every tenant and its windows never go back (Memory: max(tenant time,
+//     global hwm)). A Reserve also honours a fence on the global partition.
+//   - Store loss is detected by the tenants' epochs, which a loss of the
+//     one server changes with the global partition's.
+//   - A global scope without limits has nothing to mark and keeps the
+//     two-step protocol below; so does a Ledger with MaxBatch 1, which keeps
+//     that protocol exercised on one server (its tests run it so). Either
+//     settles an inline record: the stored spec names its keys.
+//
+// # Cluster: a global hold in two steps
+//
+// On a Cluster (and with MaxBatch 1) a Reserve with a global scope is two
+// writing scripts after a read-only check:
 //
 //  0. the tenant partition's reserve script in check mode: it answers as a
 //     reserve would (replay, conflict, final, policy, denial) but writes
@@ -42,8 +74,7 @@ import (
 //
 // Every later operation on the tenant record gets g back from its script and
 // then acts on the global hold by id, idempotently, inside the same Go
-// method (on one server, a Settle by the Ledger that reserved the record
-// runs the hold's settle in the same operation, settleCall): MarkDispatched → dispatch, Extend → extend, Settle → settle with
+// method: MarkDispatched → dispatch, Extend → extend, Settle → settle with
 // the same actual (a replayed tenant Settle re-runs it, so the outbox retry
 // of a Settle whose global step failed completes it), Release → release,
 // Resolve and the automatic charge → settle at the hold (SourceResolved),
@@ -58,7 +89,7 @@ import (
 // the global hold is the global record's own exactly-once transition, so
 // the global c rises at most once per request.
 //
-// # False denials
+// # False denials (two steps)
 //
 // Between step 1 and the release of a hold whose tenant step refused (one
 // round trip), or until the lease of an orphaned hold runs out (LeaseTTL,
@@ -72,13 +103,13 @@ import (
 // tenant, api_key or workflow budget denies and the store answers, there is
 // no window and false global denials are zero; ledgertest's global tests
 // assert that and, for a T2-style round where tenant and api_key budgets
-// also deny, report the count (Memory: always 0).
-// Memory takes both partitions' locks (tenant, then global) and has no
-// window at all.
+// also deny, report the count (Memory and the inline scope: always 0).
 //
 // Global limits carry no policy version (tenants' versions differ); each
 // Reserve overwrites the scope's stored limits with its own. A global scope
-// may not have a slots limit (ledger.ErrPolicy).
+// may not have a slots limit (ledger.ErrPolicy). Charge (outage usage)
+// charges the global partition under the request's id in a second step on
+// every server.
 
 // globalHold is one attempt's hold in a global partition.
 type globalHold struct {
@@ -150,78 +181,15 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	return &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}, nil
 }
 
-// reserveAtomic runs a Reserve with a global scope on a standalone or
-// Sentinel server, where both partitions live on one server: the steps are
-// one operation of one batch (lua/greserve.lua), which plans the tenant
-// step and the global hold and writes both only when both admit, in one
-// round trip. A global hold is never taken for a request its tenant
-// refuses, so there is no false-denial window, and a global denial is the
-// answer (the tenant plan already found no record to replay). The reply
-// has the stepwise protocol's shape and is decoded the same way, so every
-// answer, a replay included, comes out the same.
-func (l *Ledger) reserveAtomic(ctx context.Context, req, treq *ledger.ReserveRequest, gi int, rec recName, digest string, ttl time.Duration) (ledger.Grant, error) {
-	gk := req.Scopes[gi].Key
-	gref := ledger.Ref{Tenant: gk, ID: ledger.NewRequestID()}
-	l.globals.LoadOrStore(gk, struct{}{})
-	l.register(ctx, gk)
-	greq := ledger.ReserveRequest{Ref: gref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
-		Dispatch: req.Dispatch}
-	gh := &globalHold{ref: gref, enc: encodeHold(gref), owner: req.Owner}
-	// The operation plans the tenant step first and answers its refusals
-	// as the check would, so steps[1] decodes both the check and the step.
-	// Each step's keys, then per step: its key count, argument count, arguments.
-	op := getOp()
-	var steps [2]reserveCall
-	for i := range steps {
-		k, a := len(op.keys), len(op.args)
-		op.args = append(op.args, nil, nil)
-		if i == 0 {
-			steps[i] = l.reserveOp(op, &greq, l.recordName(gref), digest, ttl, nil, modeReserve)
-		} else {
-			steps[i] = l.reserveOp(op, treq, rec, digest, ttl, gh, modeReserve)
-		}
-		op.args[a], op.args[a+1] = len(op.keys)-k, len(op.args)-a-2
+// inlineGlobal reports whether a Reserve of scopes keeps its global scope in
+// the tenant record (see the top of this file): on one server with batching,
+// for a global scope that has limits (they carry the inline mark).
+func (l *Ledger) inlineGlobal(scopes []ledger.Scope) bool {
+	if l.b == nil || l.b.cluster {
+		return false
 	}
-	if err := ctx.Err(); err != nil {
-		putOp(op)
-		return ledger.Grant{}, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
-	}
-	op.name = "greserve"
-	r, err := l.b.do(ctx, op)
-	if err != nil {
-		return ledger.Grant{}, err
-	}
-	step := func(i int) (reply, bool) {
-		if i >= len(r) {
-			return nil, false
-		}
-		x, ok := r[i].([]any)
-		return reply(x), ok && len(x) > 0
-	}
-	r0, ok := step(0)
-	if !ok {
-		return ledger.Grant{}, l.corrupt("greserve reply")
-	}
-	if g, err := l.reserveReply(treq, steps[1], nil, r0); !errors.Is(err, errChecked) {
-		return g, err
-	}
-	r1, ok := step(1)
-	if !ok {
-		return ledger.Grant{}, l.corrupt("greserve reply")
-	}
-	gg, err := l.reserveReply(&greq, steps[0], nil, r1)
-	if err != nil {
-		return ledger.Grant{}, err
-	}
-	gh.grant = gg
-	r2, ok := step(2)
-	if !ok {
-		l.dropGlobal(ctx, gh) // cannot happen: the hold was taken, the tenant step must answer
-		return ledger.Grant{}, l.corrupt("greserve reply")
-	}
-	g, err := l.reserveReply(treq, steps[1], gh, r2)
-	l.settleHold(ctx, gh, &g, err)
-	return g, err
+	gi := globalIndex(scopes)
+	return gi >= 0 && len(scopes[gi].Limits) > 0
 }
 
 // dropGlobal releases a hold that no tenant record carries. Failures are
@@ -267,76 +235,6 @@ func (l *Ledger) globalSettle(ctx context.Context, ref ledger.Ref, actual ledger
 		return err
 	}
 	return l.globalSettleReply(ref, r)
-}
-
-// settleCall runs the settle script on ref's record (runRecord). On a
-// standalone or Sentinel server, when this process reserved the record with
-// a global hold and still knows both records' scopes, the hold's settle runs
-// in the same operation (lua/gsettle.lua; it runs only when the tenant
-// settle answers OK or REPLAY naming that hold) and g is its reply: one
-// round trip instead of two. Otherwise g is nil and Settle follows the hold
-// itself.
-func (l *Ledger) settleCall(ctx context.Context, ref ledger.Ref, csv, src string) (r reply, spec string, g reply, err error) {
-	if e, ok := l.cachedEntry(ref.ID); ok && e.hold != "" && l.b != nil && !l.b.cluster {
-		gref, ok1 := parseHold(e.hold)
-		ge, ok2 := l.cachedEntry(gref.ID)
-		if ok1 && ok2 {
-			// Both steps' keys; the hold; per step: key count, argument count, arguments.
-			op := getOp()
-			pk, gpk := l.partKeys(ref.Tenant), l.partKeys(gref.Tenant)
-			rec, grec := l.recordName(ref), l.recordName(gref)
-			op.fixedKeys(pk, rec)
-			op.keys = append(op.keys, e.sk.scopes...)
-			ntk := len(op.keys)
-			op.fixedKeys(gpk, grec)
-			op.keys = append(op.keys, ge.sk.scopes...)
-			op.str(e.hold)
-			a := len(op.args)
-			op.args = append(op.args, ntk, nil)
-			tc := l.common(op, ref.Tenant, rec.id)
-			op.str(csv)
-			op.str(src)
-			op.args[a+1] = len(op.args) - a - 2
-			a = len(op.args)
-			op.args = append(op.args, len(op.keys)-ntk, nil)
-			gc := l.common(op, gref.Tenant, grec.id)
-			op.str(csv)
-			op.str(src)
-			op.args[a+1] = len(op.args) - a - 2
-			if err := ctx.Err(); err != nil {
-				putOp(op)
-				return nil, e.sk.spec, nil, fmt.Errorf("%w: %w", ledger.ErrUnavailable, err)
-			}
-			op.name = "gsettle"
-			rr, err := l.b.do(ctx, op)
-			if err != nil {
-				return nil, e.sk.spec, nil, err
-			}
-			step := func(i int) (reply, bool) {
-				if i >= len(rr) {
-					return nil, false
-				}
-				x, ok := rr[i].([]any)
-				return reply(x), ok && len(x) > 0
-			}
-			r, ok := step(0)
-			if !ok {
-				return nil, e.sk.spec, nil, l.corrupt("gsettle reply")
-			}
-			l.noteEpoch(ref.Tenant, tc, r)
-			if r.status() != "KEYS" { // KEYS: nothing ran; the stepwise path retries with the stored spec
-				if x, ok := step(1); ok {
-					l.noteEpoch(gref.Tenant, gc, x)
-					if x.status() != "KEYS" { // else Settle runs the hold's settle stepwise
-						g = x
-					}
-				}
-				return r, e.sk.spec, g, nil
-			}
-		}
-	}
-	r, spec, err = l.runRecord(ctx, l.s.settle, ref, csv, src)
-	return r, spec, nil, err
 }
 
 // globalSettleReply decodes the reply of a global hold's settle.

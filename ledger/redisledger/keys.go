@@ -74,6 +74,7 @@ func (l *Ledger) tenantBase(t ledger.ScopeKey) string { return l.partKeys(t).bas
 // takes, built once per partition rather than per operation, and the scope
 // key names of the specs its operations used.
 type partitionKeys struct {
+	prefix                         string // the Ledger's key prefix
 	base, meta, leases, unresolved string
 
 	mu    sync.RWMutex
@@ -94,19 +95,32 @@ type specKeys struct {
 var noSpec = &specKeys{}
 
 // specFor returns the specKeys of a Reserve's scopes (cached): the spec is
-// encoded on the stack and looked up before anything is allocated.
-func (pk *partitionKeys) specFor(scopes []ledger.Scope) *specKeys {
+// encoded on the stack and looked up before anything is allocated. With
+// inline, a KindGlobal scope is kept in the record itself (global.go): its
+// limits are marked B/W, its key is its own partition's scope hash, and
+// that partition's meta key follows the scope keys.
+func (pk *partitionKeys) specFor(scopes []ledger.Scope, inline bool) *specKeys {
 	var buf [512]byte
-	b := appendSpec(buf[:0], scopes)
+	b := appendSpec(buf[:0], scopes, inline)
 	pk.mu.RLock()
 	sk := pk.specs[string(b)]
 	pk.mu.RUnlock()
 	if sk != nil {
 		return sk
 	}
-	sk = &specKeys{spec: string(b), scopes: make([]string, len(scopes))}
+	sk = &specKeys{spec: string(b), scopes: make([]string, len(scopes), len(scopes)+1)}
+	var xmeta string
 	for i := range scopes {
-		sk.scopes[i] = pk.base + "s:" + scopes[i].Key.String()
+		k := scopes[i].Key.String()
+		if inline && scopes[i].Kind == ledger.KindGlobal {
+			gb := partBase(pk.prefix, k)
+			sk.scopes[i], xmeta = gb+"s:"+k, gb+"m"
+			continue
+		}
+		sk.scopes[i] = pk.base + "s:" + k
+	}
+	if xmeta != "" {
+		sk.scopes = append(sk.scopes, xmeta)
 	}
 	pk.store(sk)
 	return sk
@@ -124,7 +138,7 @@ func (pk *partitionKeys) parsedSpec(spec string) (*specKeys, bool) {
 	if sk != nil {
 		return sk, true
 	}
-	keys, ok := scopeKeysFromSpec(nil, pk.base, spec)
+	keys, ok := scopeKeysFromSpec(nil, pk.prefix, pk.base, spec)
 	if !ok {
 		return nil, false
 	}
@@ -148,39 +162,65 @@ func (l *Ledger) partKeys(t ledger.ScopeKey) *partitionKeys {
 	if v, ok := l.parts.Load(t); ok {
 		return v.(*partitionKeys)
 	}
-	base := l.prefix + ":{" + t.String() + "}:"
-	v, _ := l.parts.LoadOrStore(t, &partitionKeys{base: base, meta: base + "m", leases: base + "L", unresolved: base + "U"})
+	base := partBase(l.prefix, t.String())
+	v, _ := l.parts.LoadOrStore(t, &partitionKeys{prefix: l.prefix, base: base, meta: base + "m", leases: base + "L",
+		unresolved: base + "U"})
 	return v.(*partitionKeys)
 }
+
+// partBase returns "<prefix>:{T}:" for the partition whose ScopeKey's text is t.
+func partBase(prefix, t string) string { return prefix + ":{" + t + "}:" }
 
 // fixedKeys appends the four keys every write script takes, in idx order.
 func (op *bop) fixedKeys(pk *partitionKeys, rec recName) {
 	op.keys = append(op.keys, pk.meta, pk.leases, pk.unresolved, rec.key)
 }
 
-// scopeKeysFromSpec appends the scope keys named by a record's spec.
-func scopeKeysFromSpec(keys []string, base, spec string) ([]string, bool) {
+// scopeKeysFromSpec appends the scope keys named by a record's spec of the
+// partition base (and, after them, the meta key of an inline global
+// scope's partition, as specFor does).
+func scopeKeysFromSpec(keys []string, prefix, base, spec string) ([]string, bool) {
 	if spec == "" {
 		return keys, true
 	}
+	var xmeta string
 	for part := range strings.SplitSeq(spec, ";") {
 		slash := strings.IndexByte(part, '/')
 		if slash < 2 {
 			return keys, false
 		}
-		keys = append(keys, base+"s:"+part[1:slash])
+		name := part[1:slash]
+		if inlinePart(part) {
+			if xmeta != "" {
+				return keys, false // one global scope at most
+			}
+			gb := partBase(prefix, name)
+			keys, xmeta = append(keys, gb+"s:"+name), gb+"m"
+			continue
+		}
+		keys = append(keys, base+"s:"+name)
+	}
+	if xmeta != "" {
+		keys = append(keys, xmeta)
 	}
 	return keys, true
+}
+
+// inlinePart reports whether a spec part is a global scope kept inline: a
+// KindGlobal scope whose limits are marked B or W.
+func inlinePart(part string) bool {
+	return part[0] == kindDigit(ledger.KindGlobal) && (strings.Contains(part, ":B") || strings.Contains(part, ":W"))
 }
 
 func kindDigit(k ledger.Kind) byte { return '0' + byte(k) }
 
 // buildSpec encodes the scopes and limits of a Reserve as
 // "<kind><S>/<d>:<W s>:<max>:<b|w>,...;...".
-func buildSpec(scopes []ledger.Scope) string { return string(appendSpec(nil, scopes)) }
+func buildSpec(scopes []ledger.Scope) string { return string(appendSpec(nil, scopes, false)) }
 
-// appendSpec appends the spec of scopes to b.
-func appendSpec(b []byte, scopes []ledger.Scope) []byte {
+// appendSpec appends the spec of scopes to b; with inline, a KindGlobal
+// scope's limits are marked B and W instead of b and w.
+func appendSpec(b []byte, scopes []ledger.Scope, inline bool) []byte {
 	for i := range scopes {
 		s := &scopes[i]
 		if i > 0 {
@@ -198,9 +238,15 @@ func appendSpec(b []byte, scopes []ledger.Scope) []byte {
 			b = strconv.AppendInt(b, int64(lim.Window/time.Second), 10)
 			b = append(b, ':')
 			b = strconv.AppendInt(b, lim.Max, 10)
-			if lim.Mode == ledger.Warn {
+			up := inline && s.Kind == ledger.KindGlobal
+			switch {
+			case lim.Mode == ledger.Warn && up:
+				b = append(b, ":W"...)
+			case lim.Mode == ledger.Warn:
 				b = append(b, ":w"...)
-			} else {
+			case up:
+				b = append(b, ":B"...)
+			default:
 				b = append(b, ":b"...)
 			}
 		}
@@ -241,11 +287,13 @@ func parseSpec(spec string) ([]specScope, bool) {
 				d, e1 := strconv.ParseUint(f[0], 10, 8)
 				w, e2 := strconv.ParseInt(f[1], 10, 64)
 				mx, e3 := strconv.ParseInt(f[2], 10, 64)
-				if e1 != nil || e2 != nil || e3 != nil || d >= uint64(ledger.NumDims) || (f[3] != "b" && f[3] != "w") {
+				m := f[3]
+				if e1 != nil || e2 != nil || e3 != nil || d >= uint64(ledger.NumDims) ||
+					(m != "b" && m != "w" && m != "B" && m != "W") {
 					return nil, false
 				}
 				lim := ledger.Limit{Dim: ledger.Dim(d), Window: time.Duration(w) * time.Second, Max: mx}
-				if f[3] == "w" {
+				if m == "w" || m == "W" {
 					lim.Mode = ledger.Warn
 				}
 				sc.limits = append(sc.limits, lim)

@@ -40,7 +40,7 @@ type Ledger struct {
 	ownerHex  atomic.Pointer[ownerHex] // the last owner's text (a process has one owner, usually)
 
 	mu    sync.Mutex                     // guards specs
-	specs map[ledger.RequestID]specEntry // scope spec of records reserved here
+	specs map[ledger.RequestID]*specKeys // scope spec of records reserved here
 
 	orphans atomic.Int64 // Settles that found no record
 
@@ -73,11 +73,6 @@ func (l *Ledger) ownerText(o ledger.Owner) string {
 	return h.hex
 }
 
-type specEntry struct {
-	sk   *specKeys
-	hold string // the record's global hold "G.gid" ("" none)
-}
-
 const maxSpecCache = 1 << 16
 
 // New returns a Ledger on an existing client. The client should have
@@ -104,7 +99,7 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 	l := &Ledger{
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
 		epochSeed:   hex.EncodeToString(seed[:]),
-		specs:       make(map[ledger.RequestID]specEntry),
+		specs:       make(map[ledger.RequestID]*specKeys),
 		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
 	}
 	if cfg.MaxBatch > 1 {
@@ -377,27 +372,23 @@ func (l *Ledger) statusErr(r reply) error {
 
 // ---- spec cache --------------------------------------------------------------
 
-func (l *Ledger) cacheSpec(id ledger.RequestID, sk *specKeys, hold string) {
+func (l *Ledger) cacheSpec(id ledger.RequestID, sk *specKeys) {
 	l.mu.Lock()
 	if len(l.specs) < maxSpecCache {
-		l.specs[id] = specEntry{sk: sk, hold: hold}
+		l.specs[id] = sk
 	}
 	l.mu.Unlock()
 }
 
 // cachedSpec returns the spec of a record reserved here (noSpec if unknown).
 func (l *Ledger) cachedSpec(id ledger.RequestID) *specKeys {
-	if e, ok := l.cachedEntry(id); ok {
-		return e.sk
-	}
-	return noSpec
-}
-
-func (l *Ledger) cachedEntry(id ledger.RequestID) (specEntry, bool) {
 	l.mu.Lock()
-	e, ok := l.specs[id]
+	sk, ok := l.specs[id]
 	l.mu.Unlock()
-	return e, ok
+	if !ok {
+		return noSpec
+	}
+	return sk
 }
 
 func (l *Ledger) forgetSpec(id ledger.RequestID) {
@@ -459,14 +450,12 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	l.register(ctx, req.Ref.Tenant)
 	rec := l.recordName(req.Ref)
 	digest := strconv.FormatUint(req.Digest(), 16)
-	// Step 1 (global budgets only): the global hold, in its own partition.
+	// A global scope kept inline is one more scope of the tenant record
+	// (global.go). Otherwise, step 1: the global hold, in its own partition.
 	var gh *globalHold
 	treq := req // the tenant partition's part of the request
-	if gi := globalIndex(req.Scopes); gi >= 0 {
+	if gi := globalIndex(req.Scopes); gi >= 0 && !l.inlineGlobal(req.Scopes) {
 		treq.Scopes = append(append(make([]ledger.Scope, 0, len(req.Scopes)-1), req.Scopes[:gi]...), req.Scopes[gi+1:]...)
-		if l.b != nil && !l.b.cluster {
-			return l.reserveAtomic(ctx, &req, &treq, gi, rec, digest, ttl)
-		}
 		// Step 0: check the tenant side without writing, so a request the
 		// tenant would refuse (or a replay) never takes a global hold.
 		if g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, nil, modeCheck); !errors.Is(err, errChecked) {
@@ -550,7 +539,7 @@ type reserveCall struct {
 // reserveOp appends one reserve script call's keys and arguments to op.
 func (l *Ledger) reserveOp(op *bop, req *ledger.ReserveRequest, rec recName, digest string, ttl time.Duration, gh *globalHold, mode string) reserveCall {
 	pk := l.partKeys(req.Ref.Tenant)
-	sk := pk.specFor(req.Scopes)
+	sk := pk.specFor(req.Scopes, l.inlineGlobal(req.Scopes))
 	op.fixedKeys(pk, rec)
 	op.keys = append(op.keys, sk.scopes...)
 	dispatch := "0"
@@ -583,11 +572,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 	case "OK":
 		g, err := l.grantFrom(*req, r)
 		if err == nil {
-			hold := ""
-			if gh != nil {
-				hold = gh.enc
-			}
-			l.cacheSpec(req.Ref.ID, sk, hold)
+			l.cacheSpec(req.Ref.ID, sk)
 		}
 		return g, err
 	case "REPLAY":
@@ -600,7 +585,7 @@ func (l *Ledger) reserveReply(req *ledger.ReserveRequest, op reserveCall, gh *gl
 		if gh != nil {
 			gh.stored = r.str(6)
 		}
-		l.cacheSpec(req.Ref.ID, sk, r.str(6))
+		l.cacheSpec(req.Ref.ID, sk)
 		// The same attempt is the caller's own retry after a lost reply
 		// (go-redis retries EVALSHA on a broken connection): a success.
 		same := r.str(7) == "1"
@@ -812,17 +797,12 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		return ledger.Settlement{}, fmt.Errorf("source %d: %w", src, ledger.ErrInvalid)
 	}
 	csv := amountsCSV(&actual)
-	r, spec, gr, err := l.settleCall(ctx, ref, csv, src.String())
+	r, spec, err := l.runRecord(ctx, l.s.settle, ref, csv, src.String())
 	if err != nil {
 		return ledger.Settlement{}, err
 	}
-	// The global hold's settle, unless gsettle already ran it (gr).
-	globalStep := func(g ledger.Ref) error {
-		if gr != nil {
-			return l.globalSettleReply(g, gr)
-		}
-		return l.globalSettle(ctx, g, actual, src)
-	}
+	// The record's global hold, if it has one, settles with the same actual.
+	globalStep := func(g ledger.Ref) error { return l.globalSettle(ctx, g, actual, src) }
 	switch r.status() {
 	case "OK":
 		// {'OK', epoch, st, prev, held, at, now}

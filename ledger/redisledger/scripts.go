@@ -30,7 +30,7 @@ type scripts struct {
 }
 
 // batchOps are the write scripts the batch script embeds.
-var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge", "greserve", "gsettle"}
+var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge"}
 
 // dimsHeader defines NDIMS and SLOTS for the prelude, and constructors of
 // tables presized for one value per dimension (index 0..NDIMS-1): ZA for
@@ -73,7 +73,7 @@ func loadScripts() (*scripts, error) {
 		// The dimensions come from the ledger package, so adding one changes
 		// every script (and its SHA) without touching the Lua.
 		b.WriteString(dimsHeader())
-		b.WriteString("local KEYS, ARGV = KEYS, ARGV\n") // rebound by reserve_apply
+		b.WriteString("local KEYS, ARGV = KEYS, ARGV\n") // as the batch's prelude sees them
 		b.Write(prelude)
 		// The body is a function so that flush runs after every return.
 		b.WriteString("\nbegin(ARGV[#ARGV])\nlocal function body()\n")

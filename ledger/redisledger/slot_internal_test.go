@@ -119,18 +119,18 @@ func TestSpecCache(t *testing.T) {
 	}
 	want := "1" + tenant.String() + "/" + strconv.Itoa(int(ledger.Tokens)) + ":3600:" + strconv.FormatInt(ledger.MaxAmount, 10) + ":b," +
 		strconv.Itoa(int(ledger.Slots)) + ":0:7:w;2" + scopes[1].Key.String() + "/"
-	sk := pk.specFor(scopes)
+	sk := pk.specFor(scopes, false)
 	if sk.spec != want || buildSpec(scopes) != want {
 		t.Fatalf("spec %q, buildSpec %q, want %q", sk.spec, buildSpec(scopes), want)
 	}
-	keys, ok := scopeKeysFromSpec(nil, pk.base, want)
+	keys, ok := scopeKeysFromSpec(nil, pk.prefix, pk.base, want)
 	if !ok || !slices.Equal(sk.scopes, keys) || len(keys) != 2 || keys[1] != pk.base+"s:"+scopes[1].Key.String() {
 		t.Fatalf("scope keys %q, from the spec %q", sk.scopes, keys)
 	}
-	if p, ok := pk.parsedSpec(want); !ok || p != sk || pk.specFor(scopes) != sk {
+	if p, ok := pk.parsedSpec(want); !ok || p != sk || pk.specFor(scopes, false) != sk {
 		t.Fatal("a second spec entry for the same spec")
 	}
-	if got := testing.AllocsPerRun(100, func() { pk.specFor(scopes) }); got != 0 {
+	if got := testing.AllocsPerRun(100, func() { pk.specFor(scopes, false) }); got != 0 {
 		t.Errorf("specFor hit: %v allocations", got)
 	}
 	if p, ok := pk.parsedSpec(""); !ok || p != noSpec {
@@ -141,13 +141,13 @@ func TestSpecCache(t *testing.T) {
 	}
 	for i := range maxPartSpecs - 1 { // one more than the first
 		scopes[1].Limits = []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: int64(i)}}
-		pk.specFor(scopes)
+		pk.specFor(scopes, false)
 	}
 	if n := len(pk.specs); n != maxPartSpecs {
 		t.Errorf("%d specs cached, want %d", n, maxPartSpecs)
 	}
 	scopes[1].Limits[0].Max = -1
-	pk.specFor(scopes)
+	pk.specFor(scopes, false)
 	if n := len(pk.specs); n != 1 {
 		t.Errorf("%d specs cached past the bound, want 1", n)
 	}

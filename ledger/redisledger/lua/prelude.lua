@@ -86,9 +86,10 @@ local TNOW
 local MC, MG, MD, MDP, NMC = {}, {}, {}, {}, 0
 local MDL, MDN = {}, 0
 
--- m[1], hwm, is kept as a number (false: none; nil: corrupt).
-local function meta()
-  local k = KEYS[1]
+-- m[1], hwm, is kept as a number (false: none; nil: corrupt). k is a
+-- meta key, the operation's tenant's (KEYS[1]) by default.
+local function meta(k)
+  k = k or KEYS[1]
   local m = MC[k]
   if not m or MG[k] ~= GEN then
     m = rcall('HMGET', k, 'hwm', 'epoch', 'fence_until', 'pv')
@@ -99,6 +100,15 @@ local function meta()
   return m
 end
 
+-- XK is the operation's second meta key, or nil: a record with a global
+-- scope kept inline (global.go) names that scope's hash in the global
+-- partition and, as its last key, the global partition's meta "...:m" (no
+-- scope key ends so: they end in base64url). The operation's ledger time is
+-- then the later of both partitions' (every tenant charges the one global
+-- hash, so its windows follow one clock that never goes back), and touch
+-- raises both hwms. Set by ledger_now, which every write operation calls
+-- first.
+local XK
 local function ledger_now()
   if not TNOW then
     local t = redis.call('TIME')
@@ -113,6 +123,20 @@ local function ledger_now()
   local hv = m[1]
   if hv == nil then return nil end
   if hv and hv > now then now = hv end
+  XK = nil
+  local nk = #KEYS
+  if nk > 4 then
+    local x = KEYS[nk]
+    if byte(x, -1) == 109 and byte(x, -2) == 58 then -- ':m'
+      XK = x
+      local g = MC[x]
+      if not g or MG[x] ~= GEN then g = meta(x) end
+      hv = g[1]
+      if hv == nil then return nil end
+      if hv and hv > now then now = hv end
+      META.xfence_s = g[3]
+    end
+  end
   return now
 end
 
@@ -191,11 +215,11 @@ Z0.nz = {}
 local function parse_spec(spec)
   if not spec or spec == '' then
     if #KEYS ~= 4 then return nil, 'keys' end
-    return {wins = {}, wis = ''}
+    return {wins = {}, wis = '', nx = 0}
   end
   local scopes = SPECS[spec]
   if not scopes then
-    scopes = {wins = {}, wis = false}
+    scopes = {wins = {}, wis = false, nx = 0}
     local seenw = {}
     for part in gmatch(spec, '[^;]+') do
       local name, lims = match(part, '^([^/]+)/(.*)$')
@@ -203,10 +227,18 @@ local function parse_spec(spec)
       -- r is kept for every windowed dimension, limited or not; fl caches
       -- per hold (its mask) what load_scope reads (scope_fields).
       local sc = {name = name, spec = part, lims = {}, dlist = WD, suf = ':s:' .. sub(name, 2),
-        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA(), c = false, d = false}
+        fl = {}, slot = false, key = false, vk = false, n = 0, seen = false, r = ZA(), c = false, d = false,
+        x = false}
       for l in gmatch(lims, '[^,]+') do
-        local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bw])$')
+        -- B and W: b and w of a global scope kept inline (see XK), which
+        -- Sluice versions before it refuse as a bad spec, so they never act
+        -- on such a record with keys of their own making.
+        local d, w, mx, mode = match(l, '^(%d+):(%d+):(%d+):([bwBW])$')
         if not d then return nil, 'spec' end
+        if mode == 'B' or mode == 'W' then
+          mode = mode == 'B' and 'b' or 'w'
+          if not sc.x then sc.x, scopes.nx = true, scopes.nx + 1 end
+        end
         local lim = {d = d + 0, w = w + 0, max = mx + 0, mode = mode, ws = w, cf = false, wf = false,
           c = 0, widx = 0, cur = 0, idx = 0}
         if lim.max > MAXA then return nil, 'spec' end
@@ -226,7 +258,9 @@ local function parse_spec(spec)
     table.sort(scopes.wins, function(x, y) return x.k < y.k end)
     SPECS[spec], NCACHED = scopes, NCACHED + 1
   end
-  if #KEYS ~= 4 + #scopes then return nil, 'keys' end
+  -- An inline global scope comes with its partition's meta key (XK), last.
+  if scopes.nx > 1 or (XK ~= nil) ~= (scopes.nx == 1) then return nil, 'keys' end
+  if #KEYS ~= 4 + #scopes + scopes.nx then return nil, 'keys' end
   for i = 1, #scopes do local sc = scopes[i]
     local k = KEYS[4 + i]
     -- A scope's key is the same text call after call: check it once.
@@ -593,8 +627,9 @@ local function finalize(now, st, prev, r)
   end
 end
 
--- touch raises the tenant's hwm to now (written by flush); pv, when given,
--- records the policy version too.
+-- touch raises the tenant's hwm to now (written by flush), and the global
+-- partition's when the operation has XK; pv, when given, records the
+-- tenant's policy version too.
 local function touch(now, pv)
   local k = KEYS[1]
   local m = MC[k]
@@ -605,6 +640,17 @@ local function touch(now, pv)
     MD[k] = GEN
     MDN = MDN + 1
     MDL[MDN] = k
+  end
+  if XK then
+    k = XK
+    m = MC[k]
+    if not m or MG[k] ~= GEN then m = meta(k) end
+    m[1] = now -- (ledger_now made now at least its hwm)
+    if MD[k] ~= GEN then
+      MD[k] = GEN
+      MDN = MDN + 1
+      MDL[MDN] = k
+    end
   end
 end
 
@@ -760,26 +806,10 @@ local function begin(floor)
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
 
--- bind_steps splits a two-step operation's KEYS and ARGV (greserve,
--- gsettle): from ARGV[ai], per step its number of keys, its number of
--- arguments and those arguments; the keys follow each other in KEYS.
--- Returns {keys, args} per step, for rebinding KEYS and ARGV.
-local function bind_steps(ai)
-  local ki, bind = 1, {}
-  for step = 1, 2 do
-    local nk, na = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1])
-    ai = ai + 2
-    bind[step] = {{unpack(KEYS, ki, ki + nk - 1)}, {unpack(ARGV, ai, ai + na - 1)}}
-    ki, ai = ki + nk, ai + na
-  end
-  return bind
-end
-
 -- reserve_plan is the reserve script up to its first write: it returns the
 -- plan of an admitted reserve, or nil and the reply (a refusal, a replay,
 -- or CHECKED in mode '2'). reserve_apply(p) writes what p admitted and
--- returns OK; it runs with p's KEYS and ARGV, so a global Reserve plans both
--- partitions before it writes either (greserve.lua).
+-- returns OK.
 local function reserve_plan()
   local now = ledger_now()
   if not now then return nil, {'CORRUPT', '', 'hwm'} end
@@ -808,6 +838,11 @@ local function reserve_plan()
   local fence = cint(META.fence_s)
   if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
   if now < fence then return nil, {'RECOVERING', epoch} end
+  if XK then -- a fence on the global partition (set by a global hold's epoch check) holds here too
+    fence = cint(META.xfence_s)
+    if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
+    if now < fence then return nil, {'RECOVERING', epoch} end
+  end
   -- The policy version is recorded for audit only, never compared: limits
   -- travel with every Reserve (ledger/doc.go, "Policy versions").
   local cpv = cint(ARGV[6])
@@ -823,14 +858,13 @@ local function reserve_plan()
   if a.dslot then return nil, a.dslot end
   if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
   return {now = now, epoch = epoch, h = h, scopes = scopes, dispatch = dispatch, ttl = ttl, a = a,
-    pv_s = META.pv_s, keys = KEYS, argv = ARGV}
+    pv_s = META.pv_s}
 end
 
 local WIB = {} -- reserve_apply's window texts, reused
 
 local function reserve_apply(p)
   local now, epoch, h, scopes, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.dispatch, p.ttl, p.a
-  KEYS, ARGV = p.keys, p.argv
   -- Apply (scope writes go to the call's cache, flushed once at the end).
   local le = now + ttl
   local sl = 0
