@@ -473,6 +473,10 @@ func (w *world) writeConfig(i int, withLate bool) {
 			b.WriteString("    outage_allowance: {requests: 4, tokens: 4000}\n")
 		}
 	}
+	// A fleet-wide budget on every request that never denies: the checker
+	// finds its holds and charges equal to the tenants' sums.
+	fmt.Fprintf(&b, "global:\n  budgets:\n      - {dimension: tokens, limit: %d, window: %s}\n", int64(1)<<40, window)
+	fmt.Fprintf(&b, "      - {dimension: requests, limit: %d, window: %s}\n", int64(1)<<40, window)
 	if err := os.WriteFile(in.config, []byte(b.String()), 0o644); err != nil {
 		w.t.Fatalf("write config: %v", err)
 	}
@@ -1026,6 +1030,12 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			b.tokLo -= ch.Req.Amounts[ledger.Tokens]
 		}
 	}
+	// The global scope holds what the tenants' records hold and is charged
+	// what they are (each request once), within the outage usage that an
+	// instance killed between a Charge's tenant and global steps leaves
+	// charged to its tenant only.
+	var sumReserved ledger.Amounts
+	var sumTok, sumReq int64
 	for _, tn := range names {
 		key := keyer.Key(ledger.KindTenant, tn)
 		u, err := led.Snapshot(ctx, key, key)
@@ -1050,6 +1060,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			if u.Reserved[d] != held[d] {
 				add("%s: reserved %s = %d after quiescence, but UNRESOLVED records hold %d", tn, d, u.Reserved[d], held[d])
 			}
+			sumReserved[d] += u.Reserved[d]
 		}
 		var tok, req int64
 		for _, l := range u.Limits {
@@ -1063,6 +1074,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 				req = l.Committed
 			}
 		}
+		sumTok, sumReq = sumTok+tok, sumReq+req
 		b := want[tn]
 		if len(unres) > 0 {
 			ids := make([]string, 0, len(unres))
@@ -1086,6 +1098,37 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 				add("beta: %d tokens charged against a block budget of %d", tok, lim)
 			}
 		}
+	}
+	g := keyer.GlobalKey()
+	gu, err := led.Snapshot(ctx, g, g)
+	if err != nil {
+		return append(v, "global: snapshot: "+err.Error())
+	}
+	for d := ledger.Dim(0); d < ledger.Slots; d++ {
+		if gu.Reserved[d] != sumReserved[d] {
+			add("global: reserved %s = %d after quiescence, the tenants' %d", d, gu.Reserved[d], sumReserved[d])
+		}
+	}
+	var gTok, gReq int64
+	for _, l := range gu.Limits {
+		if l.Limit.Window != window {
+			continue
+		}
+		switch l.Limit.Dim {
+		case ledger.Tokens:
+			gTok = l.Committed
+		case ledger.Requests:
+			gReq = l.Committed
+		}
+	}
+	var owedTok, owedReq int64 // outage usage a never-restarted instance may have charged to its tenant only
+	for _, ch := range stranded {
+		owedTok, owedReq = owedTok+ch.Req.Amounts[ledger.Tokens], owedReq+1
+	}
+	w.t.Logf("global: %d tokens / %d requests charged, the tenants %d / %d", gTok, gReq, sumTok, sumReq)
+	if gTok > sumTok || gTok < sumTok-owedTok || gReq > sumReq || gReq < sumReq-owedReq {
+		add("global: charged %d tokens / %d requests, the tenants %d / %d (outage usage stranded: %d / %d)",
+			gTok, gReq, sumTok, sumReq, owedTok, owedReq)
 	}
 	return v
 }
