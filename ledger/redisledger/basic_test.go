@@ -120,3 +120,20 @@ func TestBasicLifecycle(t *testing.T) {
 	_ = errors.Is
 	_ = redis.Nil
 }
+
+// TestUnixSocket: an address that starts with "/" is the server's Unix
+// socket (README, "Redis on the node"), with the same semantics.
+func TestUnixSocket(t *testing.T) {
+	srv := startRedisUnix(t)
+	l := newLedger(t, srv.Sock(), nil)
+	ctx := context.Background()
+	sc := []ledger.Scope{tenantScope("unix", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000})}
+	req := reserveReq(sc, held(100), ledger.NewOwner())
+	_, err := l.Reserve(ctx, req)
+	require.NoError(t, err)
+	_, err = l.Settle(ctx, req.Ref, held(40), ledger.SourceFinal)
+	require.NoError(t, err)
+	u, err := newLedger(t, srv.Addr(), nil).Snapshot(ctx, sc[0].Key, sc[0].Key) // the same server over TCP
+	require.NoError(t, err)
+	assert.Equal(t, int64(40), u.Limits[0].Committed)
+}

@@ -23,12 +23,31 @@ type redisServer struct {
 	t    testing.TB
 	dir  string
 	port int
+	unix bool // also listen on Sock
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
 // Addr returns host:port of the server.
 func (s *redisServer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Sock returns the path of the Unix socket a server of startRedisUnix also
+// listens on (a Ledger given a path as its address dials it: go-redis takes
+// an address that starts with "/" as a Unix socket).
+func (s *redisServer) Sock() string { return filepath.Join(s.dir, "redis.sock") }
+
+// startRedisUnix is startRedis with a Unix socket too, in a short temporary
+// directory (a socket path has at most 107 bytes; test names run longer).
+func startRedisUnix(t testing.TB) *redisServer {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rl")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	s := &redisServer{t: t, dir: dir, port: freePort(t), unix: true}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
 
 // startRedis starts a redis-server or fails the test with a clear message
 // when the binary is missing. It is stopped at test cleanup.
@@ -64,6 +83,9 @@ func (s *redisServer) Start() {
 		"--dir", s.dir, "--save", "", "--appendonly", "no",
 		"--maxmemory-policy", "noeviction", "--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"))
+	if s.unix {
+		cmd.Args = append(cmd.Args, "--unixsocket", s.Sock(), "--unixsocketperm", "700")
+	}
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	require.NoError(s.t, cmd.Start(), "start redis-server")
 	s.cmd = cmd
