@@ -1062,18 +1062,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			}
 			sumReserved[d] += u.Reserved[d]
 		}
-		var tok, req int64
-		for _, l := range u.Limits {
-			if l.Limit.Window != window {
-				continue
-			}
-			switch l.Limit.Dim {
-			case ledger.Tokens:
-				tok = l.Committed
-			case ledger.Requests:
-				req = l.Committed
-			}
-		}
+		tok, req := committed(u)
 		sumTok, sumReq = sumTok+tok, sumReq+req
 		b := want[tn]
 		if len(unres) > 0 {
@@ -1109,18 +1098,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			add("global: reserved %s = %d after quiescence, the tenants' %d", d, gu.Reserved[d], sumReserved[d])
 		}
 	}
-	var gTok, gReq int64
-	for _, l := range gu.Limits {
-		if l.Limit.Window != window {
-			continue
-		}
-		switch l.Limit.Dim {
-		case ledger.Tokens:
-			gTok = l.Committed
-		case ledger.Requests:
-			gReq = l.Committed
-		}
-	}
+	gTok, gReq := committed(gu)
 	var owedTok, owedReq int64 // outage usage a never-restarted instance may have charged to its tenant only
 	for _, ch := range stranded {
 		owedTok, owedReq = owedTok+ch.Req.Amounts[ledger.Tokens], owedReq+1
@@ -1131,4 +1109,21 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			gTok, gReq, sumTok, sumReq, owedTok, owedReq)
 	}
 	return v
+}
+
+// committed returns the tokens and requests a scope committed in the run's
+// window.
+func committed(u ledger.Usage) (tok, req int64) {
+	for _, l := range u.Limits {
+		if l.Limit.Window != window {
+			continue
+		}
+		switch l.Limit.Dim {
+		case ledger.Tokens:
+			tok = l.Committed
+		case ledger.Requests:
+			req = l.Committed
+		}
+	}
+	return tok, req
 }
