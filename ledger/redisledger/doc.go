@@ -29,8 +29,10 @@
 // # Keys
 //
 // Every key of a tenant starts with "<prefix>:{T}:" where T is the tenant's
-// ScopeKey in base64url, so all keys of one call share a Cluster slot; every
-// key is passed in KEYS and no script builds a name. The store only ever sees
+// ScopeKey in base64url, so all keys of one call share a Cluster slot (on
+// one server, a record with an inline global scope also names the global
+// partition's scope hash and meta; see "Global budgets"); every key is
+// passed in KEYS and no script builds a name. The store only ever sees
 // HMAC'd scope keys and random request ids, never a raw tenant, API key or
 // workflow id.
 //
