@@ -44,8 +44,10 @@ import (
 //     one server changes with the global partition's.
 //   - A global scope without limits has nothing to mark and keeps the
 //     two-step protocol below; so does a Ledger with MaxBatch 1, which keeps
-//     that protocol exercised on one server (its tests run it so). Either
-//     settles an inline record: the stored spec names its keys.
+//     that protocol exercised on one server (TestConformanceUnbatched,
+//     TestGlobalOrphanHoldIsReclaimed, the stepwise cases of
+//     TestLostReplyIsNotADuplicate). Either settles an inline record: the
+//     stored spec names its keys.
 //
 // # Cluster: a global hold in two steps
 //
