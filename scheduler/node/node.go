@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/valyala/fasthttp"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	g.Go(func() error { return adminSrv.Serve(adminLn) })
 	g.Go(func() error {
 		<-drained
-		return errors.Join(api.Shutdown(), adminSrv.Shutdown())
+		return stopServing(servedBy{api, apiLn}, servedBy{adminSrv, adminLn})
 	})
 	g.Go(func() error {
 		for {
@@ -234,6 +235,28 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	_ = bgGroup.Wait()
 	log.Info("sluice stopped")
 	return err
+}
+
+// servedBy is a fasthttp server and the listener its Serve is given.
+type servedBy struct {
+	srv *fasthttp.Server
+	ln  net.Listener
+}
+
+// stopServing shuts each server down, then closes its listener: fasthttp's
+// Shutdown closes only the listeners Serve has registered, so a Serve whose
+// goroutine had not run yet (a drain right after start, on a loaded
+// machine) would accept forever and Run would never return. On a closed
+// listener Serve returns nil at once.
+func stopServing(s ...servedBy) error {
+	var errs []error
+	for _, x := range s {
+		errs = append(errs, x.srv.Shutdown())
+		if err := x.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // idKey returns the secret used to hash ids before they reach the ledger.
