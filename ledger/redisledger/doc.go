@@ -50,7 +50,12 @@
 //	               A process of that earlier version refuses a packed record
 //	               (WRONGTYPE, before it writes anything): during a rolling
 //	               upgrade it cannot settle or reclaim records upgraded
-//	               processes wrote; they can (and reclaim its leases)
+//	               processes wrote; they can (and reclaim its leases).
+//	               A SETTLED or SETTLED_LATE tombstone keeps no sp, wi or
+//	               o: nothing charges it again, and its replays answer
+//	               from st, h, a, src, ls, g and dg (about a third of a
+//	               tombstone's memory, and tombstones are most of a busy
+//	               ledger's memory)
 //	s:<S>    HASH  per scope: r:<d> (holds, every dimension), n (slots),
 //	               c:<d>:<W> with w:<d>:<W> (committed and its window index),
 //	               o:<d> (overrun), lim (the scope's limits as last reserved)
@@ -64,7 +69,8 @@
 // Calls that act on an existing record (MarkDispatched, Settle, Release,
 // Reclaim, Resolve) need its scope keys: the Ledger remembers the scopes of
 // records it reserved, and otherwise the script answers with the stored
-// scopes and the call is retried once with the right KEYS.
+// scopes and the call is retried with the right KEYS (at most twice: a
+// record's spec changes once, to none, when it becomes such a tombstone).
 //
 // # Time
 //

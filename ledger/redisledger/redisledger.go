@@ -400,7 +400,11 @@ func (l *Ledger) forgetSpec(id ledger.RequestID) {
 // runRecord runs a script that acts on an existing record. It passes the
 // record's scope keys from the local cache; when the script reports that the
 // keys differ from the record's ("KEYS" with the stored spec), it retries
-// once with the stored spec. It returns the reply and the spec used.
+// with the stored spec. A record's spec changes at most once, to empty when
+// it becomes a tombstone no operation charges again (finalize), so two
+// retries always suffice: a record that finalized between the first
+// answer and the retry answers KEYS "" once more. It returns the reply and
+// the spec used.
 func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref, extra ...string) (reply, string, error) {
 	rec := l.recordName(ref)
 	pk := l.partKeys(ref.Tenant)
@@ -422,7 +426,7 @@ func (l *Ledger) runRecord(ctx context.Context, s *redis.Script, ref ledger.Ref,
 		if r.status() != "KEYS" {
 			return r, spec, nil
 		}
-		if attempt > 0 {
+		if attempt > 1 {
 			return nil, spec, l.corrupt("record keys keep changing")
 		}
 		var ok bool

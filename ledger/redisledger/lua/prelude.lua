@@ -617,8 +617,19 @@ end
 -- st in ledger time and real time, and takes its id out of the index its
 -- previous state prev is in (L for RESERVED and DISPATCHED, U for
 -- UNRESOLVED; nil for a new record).
+--
+-- A SETTLED or SETTLED_LATE tombstone keeps no spec, admission windows or
+-- owner: every later call on it is a replay, FINAL or CONFLICT, answered
+-- from what it keeps, and those three were most of its bytes (tombstones
+-- are most of a busy ledger's memory: an hour of them by default).
+-- Operations on it then take the record's keys alone (an empty spec; a
+-- caller that sends scope keys is answered KEYS ''). RELEASED and EXPIRED
+-- keep theirs (a late Settle still charges their windows), and CHARGED
+-- its spec (a Settle on it reports the actual to the usage log under the
+-- request's scopes).
 local function finalize(now, st, prev, r)
   r.st, r.te = st, now + ARGV[5]
+  if st == S_SETTLED or st == S_SETTLED_LATE then r.sp, r.wi_s, r.o = '', '', '' end
   store(r, ARGV[5])
   if prev == S_RESERVED or prev == S_DISPATCHED then
     rcall('ZREM', KEYS[2], ARGV[4])
