@@ -437,6 +437,39 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 	assert.Equal(t, int64(1), up.runs.Load())
 }
 
+// TestIdempotencyCacheFollowsRetention: the response cache keeps a
+// completed body for ledger.tombstone_retention, not a fixed hour; past it
+// the ledger (which here keeps its tombstones longer) still answers 409
+// completed, and nothing runs twice. A reload may not change the retention.
+func TestIdempotencyCacheFollowsRetention(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 3}
+		s := newTestServer(t, testConfig(t, "ledger: {tombstone_retention: 5m}\n", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		body, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		require.NoError(t, err)
+
+		time.Sleep(5 * time.Minute)
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		var replay *cachedResponse
+		require.ErrorAs(t, err, &replay, "within the retention: the cached body")
+		assert.Equal(t, body, replay.body)
+
+		time.Sleep(time.Second)
+		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		assert.Equal(t, 409, statusFor(err).Status, "past it: the cache forgot the body")
+		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
+
+		err = s.Reload(testConfig(t, "ledger: {tombstone_retention: 10m}\n", ""))
+		assert.ErrorContains(t, err, "ledger.tombstone_retention 10m0s differs from the ledger's 5m0s")
+		require.NoError(t, s.Reload(testConfig(t, "", "")), "unset keeps the retention it started with")
+		assert.Equal(t, 5*time.Minute, s.retention)
+	})
+}
+
 // outageLedger fails every Reserve as unreachable while down is set.
 func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
 	led := newFakeLedger(t)

@@ -90,13 +90,13 @@ type cachedResponse struct {
 func (c *cachedResponse) Error() string { return "idempotent replay of a completed request" }
 
 // Response retention: per instance, least recently used out first, within
-// a byte budget and the ledger's tombstone retention (after which the
-// ledger forgets the id and the key may run again anyway); the fleet's
-// store keeps each for the same TTL.
+// a byte budget and the ledger's tombstone retention (ledger.
+// tombstone_retention, after which the ledger forgets the id and the key
+// may run again anyway: Server.retention); the fleet's store keeps each
+// for the same TTL.
 const (
 	idemCacheBytes    = 32 << 20
 	idemMaxEntryBytes = 1 << 20
-	idemCacheTTL      = time.Hour
 )
 
 // idemCache keeps the bodies of completed non-streamed idempotent calls.
@@ -132,7 +132,7 @@ func (c *idemCache) put(id ledger.RequestID, body []byte, now time.Time) {
 	}
 }
 
-func (c *idemCache) get(id ledger.RequestID, now time.Time) ([]byte, bool) {
+func (c *idemCache) get(id ledger.RequestID, now time.Time, ttl time.Duration) ([]byte, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.m[id]
@@ -140,7 +140,7 @@ func (c *idemCache) get(id ledger.RequestID, now time.Time) ([]byte, bool) {
 		return nil, false
 	}
 	e := el.Value.(*idemEntry)
-	if now.Sub(e.at) > idemCacheTTL {
+	if now.Sub(e.at) > ttl {
 		c.remove(el)
 		return nil, false
 	}
@@ -171,7 +171,7 @@ func responseName(id ledger.RequestID) string { return "idem:" + hex.EncodeToStr
 // completed answers a retry of a completed id: its original response when
 // kept here or in the fleet's store, else 409 completed.
 func (s *Server) completed(ctx context.Context, id ledger.RequestID) error {
-	if body, ok := s.idem.get(id, s.now()); ok {
+	if body, ok := s.idem.get(id, s.now(), s.retention); ok {
 		return &cachedResponse{body: body}
 	}
 	if s.responses != nil {
@@ -199,7 +199,7 @@ func (s *Server) rememberResponse(c *call, body []byte) {
 	if s.responses != nil {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), responseStoreTimeout)
 		defer cancel()
-		if err := s.responses.Put(pctx, responseName(c.ref.ID), body, idemCacheTTL); err != nil {
+		if err := s.responses.Put(pctx, responseName(c.ref.ID), body, s.retention); err != nil {
 			s.log.Warn("idempotent response not shared with the fleet; a retry elsewhere gets 409 completed", "err", err)
 		}
 	}

@@ -132,6 +132,7 @@ type Server struct {
 	idle    *sync.Cond // signalled when running and queued both empty
 
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
+	retention  time.Duration         // ledger.tombstone_retention, fixed at start (idempotent replays)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 }
@@ -199,6 +200,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
 	}
+	s.retention = cfg.Ledger.Retention()
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -291,14 +293,19 @@ func (s *Server) Reload(cfg *config.File) error {
 	return nil
 }
 
-// checkLeaseConfig checks ledger.lease_ttl against the ledger: it refuses
-// leases past the bound it opened with (every Reserve would then be a 500),
-// so neither start-up nor a reload may pass it. queue.max_wait needs no
+// checkLeaseConfig checks ledger.lease_ttl and ledger.tombstone_retention
+// against the ledger: it refuses leases past the bound it opened with
+// (every Reserve would then be a 500), so neither start-up nor a reload may
+// pass it, and a reload may not change the retention the ledger keeps
+// tombstones for (the response cache follows it). queue.max_wait needs no
 // bound against lease_ttl: queued calls' leases are renewed like running
 // ones (lease.go), and the heartbeat period follows a reloaded lease_ttl.
 func (s *Server) checkLeaseConfig(cfg *config.File) error {
 	if ttl := cfg.Ledger.LeaseTTL; ttl > s.maxLease {
 		return fmt.Errorf("ledger.lease_ttl %s is more than the ledger's lease bound %s, fixed when it opened; restart to raise it", ttl, s.maxLease)
+	}
+	if r := cfg.Ledger.TombstoneRetention; r != 0 && r != s.retention {
+		return fmt.Errorf("ledger.tombstone_retention %s differs from the ledger's %s, fixed when it opened; restart to change it", r, s.retention)
 	}
 	return nil
 }

@@ -56,10 +56,26 @@ type Ledger struct {
 	// LeaseTTL bounds how long a reservation survives without a heartbeat.
 	// Default 60s.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// TombstoneRetention is how long an ended request's record is kept:
+	// until then a retry with its Idempotency-Key is answered from it (and
+	// from the response cache), after it the key runs anew. Redis holds
+	// about 330 bytes per request for it. Optional; 0 = 1h, or 4·lease_ttl
+	// when longer (Retention); minimum 4·lease_ttl. Fixed when the ledger
+	// opens: a reload may leave it unset but not change it.
+	TombstoneRetention time.Duration `yaml:"tombstone_retention"`
 	// IDKeyFile holds the secret that hashes tenant, key and workflow ids
 	// before they reach the store. Instances sharing a Redis must share it.
 	// Optional; default: $SLUICE_LEDGER_KEY, else a built-in key (logged).
 	IDKeyFile string `yaml:"id_key_file"`
+}
+
+// Retention is TombstoneRetention, or its default where it is unset: 1h,
+// or 4·LeaseTTL when that is longer.
+func (l *Ledger) Retention() time.Duration {
+	if l.TombstoneRetention > 0 {
+		return l.TombstoneRetention
+	}
+	return max(time.Hour, 4*l.LeaseTTL)
 }
 
 // Redis addresses the shared ledger store.
@@ -435,6 +451,11 @@ func (f *File) Validate() error {
 	v.positiveDur("ledger.lease_ttl", f.Ledger.LeaseTTL)
 	if f.Ledger.LeaseTTL > 0 && f.Ledger.LeaseTTL < 3*time.Second {
 		v.add("ledger.lease_ttl must be >= 3s (heartbeats run every lease_ttl/3, fencing needs 2s)")
+	}
+	// The ledgers bound leases at 2·lease_ttl and keep tombstones at least
+	// twice that (a late Settle of an expired lease still finds its record).
+	if r := f.Ledger.TombstoneRetention; r != 0 && r < 4*f.Ledger.LeaseTTL {
+		v.add("ledger.tombstone_retention %s must be >= 4·ledger.lease_ttl (%s)", r, 4*f.Ledger.LeaseTTL)
 	}
 	if f.Ledger.Backend == "redis" {
 		for i, a := range f.Ledger.Redis.Addrs {

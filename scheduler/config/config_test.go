@@ -31,6 +31,15 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:8081", f.AdminListen)
 	assert.Equal(t, "memory", f.Ledger.Backend)
 	assert.Equal(t, 60*time.Second, f.Ledger.LeaseTTL)
+	assert.Equal(t, time.Hour, f.Ledger.Retention())
+	f, err = Parse([]byte("ledger: {lease_ttl: 30m}\n" + minimal))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Hour, f.Ledger.Retention(), "at least 4·lease_ttl")
+	f, err = Parse([]byte("ledger: {tombstone_retention: 10m}\n" + minimal))
+	require.NoError(t, err)
+	assert.Equal(t, 10*time.Minute, f.Ledger.Retention())
+	f, err = Parse([]byte(minimal))
+	require.NoError(t, err)
 	assert.Equal(t, "bytes", f.Upstream.TokenCount)
 	assert.Equal(t, "auto", f.GPU.Telemetry)
 	tn := f.Tenants[0]
@@ -134,6 +143,7 @@ func TestValidationRules(t *testing.T) {
 		{"bad backend", "ledger: {backend: etcd}\n" + minimal, []string{"ledger.backend must be one of memory, redis"}},
 		{"bad fsync", "ledger: {fsync: sometimes}\n" + minimal, []string{"ledger.fsync must be one of every_op, group"}},
 		{"short lease", "ledger: {lease_ttl: 1s}\n" + minimal, []string{"ledger.lease_ttl must be >= 3s"}},
+		{"short retention", "ledger: {tombstone_retention: 3m}\n" + minimal, []string{"ledger.tombstone_retention 3m0s must be >= 4·ledger.lease_ttl (4m0s)"}},
 		{"redis prefix braces", "ledger: {backend: redis, redis: {key_prefix: \"a{b}\"}}\n" + minimal, []string{"ledger.redis.key_prefix must not contain"}},
 		{"bad token count", strings.Replace(minimal, "upstream:\n", "upstream:\n  token_count: guess\n", 1), []string{"upstream.token_count must be one of bytes, tokenize"}},
 		{"bad telemetry", "gpu: {telemetry: dcgm}\n" + minimal, []string{"gpu.telemetry must be one of auto, nvml, vllm, off"}},

@@ -293,7 +293,8 @@ func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer
 			tenants = append(tenants, keyer.Key(ledger.KindTenant, t.Name))
 		}
 		rc := redisledger.Config{Addrs: r.Addrs, MasterName: r.MasterName, KeyPrefix: r.KeyPrefix,
-			StoreTimeout: r.StoreTimeout, LeaseTTL: cfg.Ledger.LeaseTTL, Tenants: tenants, Registerer: reg}
+			StoreTimeout: r.StoreTimeout, LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(),
+			Tenants: tenants, Registerer: reg}
 		if r.PasswordEnv != "" {
 			rc.Password = os.Getenv(r.PasswordEnv)
 		}
@@ -308,7 +309,7 @@ func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer
 			fsync = ledger.Group(cfg.Ledger.FsyncInterval)
 		}
 		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: cfg.Ledger.Journal, Fsync: fsync,
-			LeaseTTL: cfg.Ledger.LeaseTTL, Logger: log, Registerer: reg})
+			LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(), Logger: log, Registerer: reg})
 		if err != nil {
 			return nil, fmt.Errorf("embedded ledger: %w", err)
 		}
