@@ -14,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testport"
 )
 
 // redisServer is a real redis-server started by a test on a free loopback
@@ -43,7 +45,7 @@ func startRedisUnix(t testing.TB) *redisServer {
 	dir, err := os.MkdirTemp("", "rl")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s := &redisServer{t: t, dir: dir, port: freePort(t), unix: true}
+	s := &redisServer{t: t, dir: dir, port: testport.Free(t), unix: true}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -57,19 +59,10 @@ func startRedis(t testing.TB) *redisServer {
 		t.Fatalf("redis-server not found in PATH: the Redis ledger tests need a real Redis >= 7.0 " +
 			"(run `make test`, which installs it via scripts/ensure-deps.sh, or `apt-get install redis-server`)")
 	}
-	s := &redisServer{t: t, dir: t.TempDir(), port: freePort(t)}
+	s := &redisServer{t: t, dir: t.TempDir(), port: testport.Free(t)}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
 }
 
 // Start (re)starts the server on its port and waits until it answers PING.

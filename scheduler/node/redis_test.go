@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testport"
 )
 
 // redisServer is a real redis-server on a free loopback port in a temp dir.
@@ -24,10 +26,7 @@ func startRedis(t *testing.T) *redisServer {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found: run `make test` (scripts/ensure-deps.sh installs it)")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
+	port := testport.Free(t)
 	r := &redisServer{port: port, addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
 	r.start(t)
 	t.Cleanup(func() { r.stop() })

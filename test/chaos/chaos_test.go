@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testport"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/ledger/redisledger"
 	"github.com/sluicehq/sluice/scheduler/config"
@@ -419,8 +420,8 @@ func newWorld(t *testing.T, p *plan) *world {
 		in := &instance{
 			name:    fmt.Sprintf("sluice-%d", i),
 			config:  filepath.Join(w.dir, fmt.Sprintf("sluice-%d.yaml", i)),
-			api:     fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-			admin:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+			api:     fmt.Sprintf("http://127.0.0.1:%d", testport.Free(t)),
+			admin:   fmt.Sprintf("http://127.0.0.1:%d", testport.Free(t)),
 			logPath: filepath.Join(w.dir, fmt.Sprintf("sluice-%d.log", i)),
 			env:     []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_LEDGER_KEY=" + ledgerKey},
 		}

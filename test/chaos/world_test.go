@@ -23,22 +23,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testport"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
 // sluiceBin is the sluice binary TestMain builds once.
 var sluiceBin string
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	return port
-}
 
 // eventually polls cond every 20ms until it holds or bound passes; it is the
 // only way these tests wait on another process's state.
@@ -69,7 +59,7 @@ func startRedis(t testing.TB) *redisServer {
 		t.Fatalf("redis-server not in PATH (make test installs it via scripts/ensure-deps.sh)")
 	}
 	dir := t.TempDir()
-	s := &redisServer{port: freePort(t)}
+	s := &redisServer{port: testport.Free(t)}
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--dir", dir, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
 		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"))

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/testport"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -156,7 +157,7 @@ func drain(resp *http.Response) string {
 func TestMetricsMatchRunningServer(t *testing.T) {
 	bin := sluiceBin(t)
 	dir := t.TempDir()
-	api, admin, simPort := freePort(t), freePort(t), freePort(t)
+	api, admin, simPort := testport.Free(t), testport.Free(t), testport.Free(t)
 	cfgFile := filepath.Join(dir, "sluice.yaml")
 	require.NoError(t, os.WriteFile(cfgFile, []byte(serveConfig(api, admin, simPort, dir)), 0o600))
 	code, _, stderr := runBin(t, bin, "config", "check", cfgFile)
