@@ -4,7 +4,11 @@
 // "ok fail p50_us p99_us rps chunks" (chunks: SSE data events counted with
 // -stream, else 0). With -names (one name per URL) it prints that line for
 // each distinct name, prefixed with the name: targets interleaved request
-// by request, so that every target meets the same host. LOADLOOP_KEY is
+// by request, so that every target meets the same host. With -rate the
+// load is open: request i starts at i/rate seconds (a worker free by then
+// permitting), so every target gets the same offered load whatever its
+// latency (a closed loop through a slower proxy keeps fewer requests inside
+// the replica, which then batches fewer per decode step). LOADLOOP_KEY is
 // sent as the bearer key.
 package main
 
@@ -30,6 +34,7 @@ func main() {
 	body := flag.String("body", "", "JSON body")
 	stream := flag.Bool("stream", false, "count SSE data events")
 	names := flag.String("names", "", "one name per URL: a line per name")
+	rate := flag.Float64("rate", 0, "requests per second, open loop (0: closed loop, each worker back to back)")
 	flag.Parse()
 	urls := strings.Split(*url, ",")
 	name := make([]string, len(urls))
@@ -56,6 +61,9 @@ func main() {
 				i := next.Add(1) - 1
 				if i >= int64(*n) {
 					return
+				}
+				if *rate > 0 {
+					time.Sleep(time.Until(start.Add(time.Duration(float64(i) / *rate * float64(time.Second)))))
 				}
 				req, _ := http.NewRequest("POST", urls[i%int64(len(urls))]+"/v1/completions", bytes.NewReader([]byte(*body)))
 				req.Header.Set("Content-Type", "application/json")
