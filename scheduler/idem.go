@@ -90,10 +90,9 @@ type cachedResponse struct {
 func (c *cachedResponse) Error() string { return "idempotent replay of a completed request" }
 
 // Response retention: per instance, least recently used out first, within
-// a byte budget and the ledger's tombstone retention (ledger.
-// tombstone_retention, after which the ledger forgets the id and the key
-// may run again anyway: Server.retention); the fleet's store keeps each
-// for the same TTL.
+// a byte budget and the ledger's tombstone retention (Server.retention,
+// from ledger.tombstone_retention: after it the ledger forgets the id and
+// the key may run again anyway); the fleet's store keeps each for as long.
 const (
 	idemCacheBytes    = 32 << 20
 	idemMaxEntryBytes = 1 << 20
