@@ -189,7 +189,7 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	if whole {
 		timeout = 0
 	}
-	resp, gotConn, err := c.h1.post(ctx, h, path, body, requestID, timeout)
+	resp, gotConn, err := c.h1.post(ctx, h, path, body, requestID, timeout, !whole)
 	if err != nil {
 		if !gotConn {
 			return nil, fmt.Errorf("upstream %s: %w: %w", replica, ErrNotSent, err)

@@ -65,6 +65,39 @@ func TestClientStream(t *testing.T) {
 	assert.Equal(t, Usage{PromptTokens: 3, CompletionTokens: 1, Final: true, Known: true, Choices: 1}, s.Usage())
 }
 
+// TestClientAcceptMatchesTheBody: the upstream request asks for what its
+// body asks for: an SSE stream for "stream": true, one JSON body otherwise.
+func TestClientAcceptMatchesTheBody(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var accepts []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		accepts = append(accepts, r.Header.Get("Accept"))
+		mu.Unlock()
+		if r.Header.Get("Accept") == "text/event-stream" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	defer srv.Close()
+	c := NewClient(Config{})
+	for _, body := range []string{`{"stream":true}`, `{"stream":false}`, `{"x":1}`} {
+		s, err := c.Stream(t.Context(), srv.URL, "/v1/completions", []byte(body), "")
+		require.NoError(t, err, body)
+		for {
+			if _, err := s.Next(); err != nil {
+				break
+			}
+		}
+		s.Close()
+	}
+	assert.Equal(t, []string{"text/event-stream", "application/json", "application/json"}, accepts)
+}
+
 func TestClientUpstreamErrors(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

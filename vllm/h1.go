@@ -219,8 +219,9 @@ var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b 
 // arrived. gotConn reports whether any byte may have reached the replica
 // (else nothing was sent). headerTimeout > 0 bounds the wait for the head. A request that
 // failed on a kept-alive connection the server had closed while idle is
-// sent once more on a fresh connection (see stale).
-func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requestID string, headerTimeout time.Duration) (*h1Resp, bool, error) {
+// sent once more on a fresh connection (see stale). stream says which
+// answer the body asks for (its Accept: an SSE stream or one JSON body).
+func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requestID string, headerTimeout time.Duration, stream bool) (*h1Resp, bool, error) {
 	bp := reqBufs.Get().(*[]byte)
 	defer reqBufs.Put(bp)
 	head := append((*bp)[:0], "POST "...)
@@ -228,7 +229,11 @@ func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requ
 	head = append(head, path...)
 	head = append(head, " HTTP/1.1\r\nHost: "...)
 	head = append(head, h.host...)
-	head = append(head, "\r\nUser-Agent: sluice\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"...)
+	if stream {
+		head = append(head, "\r\nUser-Agent: sluice\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"...)
+	} else {
+		head = append(head, "\r\nUser-Agent: sluice\r\nContent-Type: application/json\r\nAccept: application/json\r\n"...)
+	}
 	if requestID != "" {
 		head = append(head, "X-Request-Id: "...)
 		head = append(head, requestID...)
