@@ -108,20 +108,9 @@ func (pk *partitionKeys) specFor(scopes []ledger.Scope, inline bool) *specKeys {
 	if sk != nil {
 		return sk
 	}
-	sk = &specKeys{spec: string(b), scopes: make([]string, len(scopes), len(scopes)+1)}
-	var xmeta string
-	for i := range scopes {
-		k := scopes[i].Key.String()
-		if inline && scopes[i].Kind == ledger.KindGlobal {
-			gb := partBase(pk.prefix, k)
-			sk.scopes[i], xmeta = gb+"s:"+k, gb+"m"
-			continue
-		}
-		sk.scopes[i] = pk.base + "s:" + k
-	}
-	if xmeta != "" {
-		sk.scopes = append(sk.scopes, xmeta)
-	}
+	// The keys are those a record of this spec names (once per spec).
+	keys, _ := scopeKeysFromSpec(make([]string, 0, len(scopes)+1), pk.prefix, pk.base, string(b))
+	sk = &specKeys{spec: string(b), scopes: keys}
 	pk.store(sk)
 	return sk
 }
