@@ -817,65 +817,11 @@ local function begin(floor)
   if NCACHED > 4096 then SPECS, AMTS, WIS, NCACHED = {}, {}, {}, 0 end
 end
 
--- reserve_plan is the reserve script up to its first write: it returns the
--- plan of an admitted reserve, or nil and the reply (a refusal, a replay,
--- or CHECKED in mode '2'). reserve_apply(p) writes what p admitted and
--- returns OK.
-local function reserve_plan()
-  local now = ledger_now()
-  if not now then return nil, {'CORRUPT', '', 'hwm'} end
-  local epoch, fenced = epoch_check(now)
-  if fenced then return nil, {'RECOVERING', epoch} end
-
-  local h = AMTS[ARGV[11]] or parse_amounts(ARGV[11])
-  if h == nil then return nil, {'INVALID', epoch, 'held'} end
-  local scopes, serr = parse_spec(ARGV[12])
-  if not scopes then return nil, {'POLICY', epoch, serr} end
-
-  -- Idempotency first: an existing record answers the call.
-  local rec, why = record_or_none(now)
-  if rec == nil then return nil, {'CORRUPT', epoch, why} end
-  if rec then
-    if not is_open(rec.st) then return nil, {'FINAL', epoch, rec.st} end
-    if rec.dg ~= ARGV[8] then return nil, {'CONFLICT', epoch} end
-    local a, aerr = assess(now, scopes, Z0, false, epoch)
-    if not a then return nil, {'CORRUPT', epoch, aerr} end
-    local same = 0
-    if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
-    return nil, append_room(R8('REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same), a)
-  end
-  if ARGV[14] == '1' then return nil, {'NOREC', epoch} end
-
-  local fence = cint(META.fence_s)
-  if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
-  if now < fence then return nil, {'RECOVERING', epoch} end
-  if XK then -- a fence on the global partition (set by a global hold's epoch check) holds here too
-    fence = cint(META.xfence_s)
-    if fence == nil then return nil, {'CORRUPT', epoch, 'meta'} end
-    if now < fence then return nil, {'RECOVERING', epoch} end
-  end
-  -- The policy version is recorded for audit only, never compared: limits
-  -- travel with every Reserve (ledger/doc.go, "Policy versions").
-  local cpv = cint(ARGV[6])
-  if cpv == nil then return nil, {'POLICY', epoch, 'version'} end
-  local dispatch = ARGV[10] == '1'
-  local ttl = cint(ARGV[9])
-  if ttl == nil or ttl <= 0 then return nil, {'INVALID', epoch, 'ttl'} end
-
-  -- Validate every counter and decide admission before any write.
-  local a, aerr = assess(now, scopes, h, dispatch, epoch)
-  if not a then return nil, {'CORRUPT', epoch, aerr} end
-  if a.deny then return nil, a.deny end
-  if a.dslot then return nil, a.dslot end
-  if ARGV[14] == '2' then return nil, {'CHECKED', epoch} end
-  return {now = now, epoch = epoch, h = h, scopes = scopes, dispatch = dispatch, ttl = ttl, a = a,
-    pv_s = META.pv_s}
-end
-
 local WIB = {} -- reserve_apply's window texts, reused
 
-local function reserve_apply(p)
-  local now, epoch, h, scopes, dispatch, ttl, a = p.now, p.epoch, p.h, p.scopes, p.dispatch, p.ttl, p.a
+-- reserve_apply writes what reserve admitted and returns OK (pv_s: the
+-- tenant's stored policy version).
+local function reserve_apply(now, epoch, h, scopes, dispatch, ttl, a, pv_s)
   -- Apply (scope writes go to the call's cache, flushed once at the end).
   local le = now + ttl
   local sl = 0
@@ -924,10 +870,64 @@ local function reserve_apply(p)
   rcall('SET', KEYS[4], spack(RFMT, PACK, st, le, 0, sl, 0, 0, now, #o, #dg, #hs, #sp, #wis, 0, 0, #g, #na) ..
     o .. dg .. hs .. sp .. wis .. g .. na)
   rcall('ZADD', KEYS[2], fmtd(le), ARGV[4])
-  if p.pv_s ~= ARGV[6] then
+  if pv_s ~= ARGV[6] then
     touch(now, ARGV[6])
   else
     touch(now)
   end
   return append_room(R4('OK', epoch, le, now), a)
 end
+
+-- reserve is the reserve script: every check before the first write, then
+-- reserve_apply. It returns the reply (a refusal, a replay, CHECKED in mode
+-- '2', or OK).
+local function reserve()
+  local now = ledger_now()
+  if not now then return {'CORRUPT', '', 'hwm'} end
+  local epoch, fenced = epoch_check(now)
+  if fenced then return {'RECOVERING', epoch} end
+
+  local h = AMTS[ARGV[11]] or parse_amounts(ARGV[11])
+  if h == nil then return {'INVALID', epoch, 'held'} end
+  local scopes, serr = parse_spec(ARGV[12])
+  if not scopes then return {'POLICY', epoch, serr} end
+
+  -- Idempotency first: an existing record answers the call.
+  local rec, why = record_or_none(now)
+  if rec == nil then return {'CORRUPT', epoch, why} end
+  if rec then
+    if not is_open(rec.st) then return {'FINAL', epoch, rec.st} end
+    if rec.dg ~= ARGV[8] then return {'CONFLICT', epoch} end
+    local a, aerr = assess(now, scopes, Z0, false, epoch)
+    if not a then return {'CORRUPT', epoch, aerr} end
+    local same = 0
+    if ARGV[15] ~= '0' and rec.na == ARGV[15] then same = 1 end
+    return append_room(R8('REPLAY', epoch, rec.o, rec.le, rec.st, now, rec.g, same), a)
+  end
+  if ARGV[14] == '1' then return {'NOREC', epoch} end
+
+  local fence = cint(META.fence_s)
+  if fence == nil then return {'CORRUPT', epoch, 'meta'} end
+  if now < fence then return {'RECOVERING', epoch} end
+  if XK then -- a fence on the global partition (set by a global hold's epoch check) holds here too
+    fence = cint(META.xfence_s)
+    if fence == nil then return {'CORRUPT', epoch, 'meta'} end
+    if now < fence then return {'RECOVERING', epoch} end
+  end
+  -- The policy version is recorded for audit only, never compared: limits
+  -- travel with every Reserve (ledger/doc.go, "Policy versions").
+  local cpv = cint(ARGV[6])
+  if cpv == nil then return {'POLICY', epoch, 'version'} end
+  local dispatch = ARGV[10] == '1'
+  local ttl = cint(ARGV[9])
+  if ttl == nil or ttl <= 0 then return {'INVALID', epoch, 'ttl'} end
+
+  -- Validate every counter and decide admission before any write.
+  local a, aerr = assess(now, scopes, h, dispatch, epoch)
+  if not a then return {'CORRUPT', epoch, aerr} end
+  if a.deny then return a.deny end
+  if a.dslot then return a.dslot end
+  if ARGV[14] == '2' then return {'CHECKED', epoch} end
+  return reserve_apply(now, epoch, h, scopes, dispatch, ttl, a, META.pv_s)
+end
+

@@ -9,6 +9,4 @@
 -- OK:     {'OK', epoch, leaseExpiry, now, room...}
 -- REPLAY: {'REPLAY', epoch, owner, leaseExpiry, state, now, global hold, same attempt (0|1), room...}
 -- where room is append_room's layout (headroom after the call).
-local p, r = reserve_plan()
-if not p then return r end
-return reserve_apply(p)
+return reserve()
