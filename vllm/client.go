@@ -213,6 +213,7 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 	}
 	s := NewStream(resp.body, replica, c.cfg.MaxEventBytes)
 	s.cancel = resp.body.abort
+	s.ending = resp.body.ending
 	return s, nil
 }
 

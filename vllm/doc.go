@@ -37,8 +37,15 @@
 // head and body in one write, and reads the response head and body on the
 // caller's goroutine; the body read to its end (Content-Length, or chunked
 // to its last chunk and trailers) puts the connection back, and anything
-// else closes it. context.AfterFunc closes the connection when the request's
-// context ends, which is the abort. net/http's transport runs a read and a
+// else closes it. context.AfterFunc aborts the request when its context
+// ends: the connection's reads stop waiting (a read deadline in the past),
+// the reader takes what the replica had already sent (a non-blocking recv:
+// those chunks' usage is what the GPU ran, and on a loaded node the reader
+// can lag by several), and the first read that finds nothing closes the
+// connection, which is vLLM's abort signal; 5 ms after the abort it is
+// closed whatever the reader does. A TLS connection closes at once.
+// Stream.SettleFor reads those events before it computes an aborted
+// stream's charge. net/http's transport runs a read and a
 // write goroutine per connection and hands every request and response
 // between them; on a loopback replica those hand-offs cost more CPU than the
 // rest of Sluice's upstream path (issue 18, docs/benchmarks/cpu-per-request.md).

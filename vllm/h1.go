@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -57,9 +58,65 @@ type h1Host struct {
 type h1Conn struct {
 	h      *h1Host
 	nc     net.Conn
-	br     *bufio.Reader
+	br     *bufio.Reader // reads rd
+	rd     connReader
 	idleAt time.Time
 	reused bool
+}
+
+// connReader is the connection as its bufio.Reader reads it. Once an abort
+// marks it (h1Body.abort), a read that would wait takes, without waiting,
+// what the replica had already sent, and the first read that finds nothing
+// closes the connection (vLLM's abort signal). Closing at once would drop
+// those bytes in the kernel's buffer: the tokens in them ran on the GPU and
+// their usage chunks are the charge's evidence; on a loaded node the read
+// goroutine can lag the replica by several chunks.
+type connReader struct {
+	nc       net.Conn
+	aborting atomic.Bool
+	drained  int // bytes taken after the abort
+}
+
+// maxAbortDrain bounds what a read takes after an abort: a replica that
+// keeps sending is not followed forever.
+const maxAbortDrain = 256 << 10
+
+func (r *connReader) Read(p []byte) (int, error) {
+	n, err := r.nc.Read(p)
+	if err == nil || !r.aborting.Load() || n > 0 {
+		return n, err
+	}
+	if r.drained < maxAbortDrain {
+		if m := recvNow(r.nc, p[:min(len(p), maxAbortDrain-r.drained)]); m > 0 {
+			r.drained += m
+			return m, nil
+		}
+	}
+	_ = r.nc.Close()
+	return 0, err
+}
+
+// recvNow reads what the kernel holds for a plain TCP connection, without
+// waiting and without touching Go's poller state (Control only lends the
+// descriptor; Read through RawConn would reset the poller's readiness).
+// It returns 0 for anything else.
+func recvNow(nc net.Conn, p []byte) int {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok || len(p) == 0 {
+		return 0
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	_ = rc.Control(func(fd uintptr) {
+		m, _, err := syscall.Recvfrom(int(fd), p, syscall.MSG_DONTWAIT)
+		if err == nil && m > 0 {
+			n = m
+		}
+	})
+	return n
 }
 
 func (c *h1) host(baseURL string) (*h1Host, error) {
@@ -134,7 +191,10 @@ func (h *h1Host) get(ctx context.Context, fresh bool) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{h: h, nc: nc, br: bufio.NewReaderSize(nc, 8<<10)}, nil
+	cn := &h1Conn{h: h, nc: nc}
+	cn.rd.nc = nc
+	cn.br = bufio.NewReaderSize(&cn.rd, 8<<10)
+	return cn, nil
 }
 
 // put keeps a connection whose response ended cleanly for reuse.
@@ -495,16 +555,46 @@ func (b *h1Body) ctxErr(err error, headerTimeout time.Duration) error {
 	return err
 }
 
-// abort closes the connection unless the body was closed already.
+// abort ends the response unless the body was closed already. A plain TCP
+// connection is marked (connReader) and its read deadline moved to the
+// past, which wakes a waiting read: the reader takes what already arrived,
+// then closes the connection. abortGrace later it is closed whatever the
+// reader does (one that is writing to a slow client reads nothing). A TLS
+// connection's bytes need its reader to decrypt them: it closes at once.
 func (b *h1Body) abort() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed {
+	if b.closed || b.aborted {
 		return
 	}
 	b.aborted = true
-	_ = b.cn.nc.Close()
+	nc := b.cn.nc
+	if _, ok := nc.(*net.TCPConn); !ok {
+		_ = nc.Close()
+		return
+	}
+	b.cn.rd.aborting.Store(true)
+	_ = nc.SetReadDeadline(aLongTimeAgo)
+	time.AfterFunc(abortGrace, func() { _ = nc.Close() })
 }
+
+// ending reports that the response is being aborted, or will be (its
+// context is done): reads of it no longer wait for the replica.
+func (b *h1Body) ending() bool {
+	if b.ctx.Err() != nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.aborted
+}
+
+// abortGrace bounds how long an aborted connection stays open for its
+// reader to take what already arrived.
+const abortGrace = 5 * time.Millisecond
+
+// aLongTimeAgo is a read deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // close ends the body's hold on its connection: back to the pool when
 // reuse is set and the response was read to its end, else closed.

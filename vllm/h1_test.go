@@ -4,16 +4,19 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // Non-streamed answers (Content-Length bodies) read to their end leave the
@@ -212,4 +215,94 @@ func TestH1CancelledBeforeSendIsNotSent(t *testing.T) {
 	_, err = c.Stream(ctx, srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
 	require.ErrorIs(t, err, ErrNotSent)
 	assert.Equal(t, int32(1), served.Load(), "only the live request reached the replica")
+}
+
+// An abort takes what the replica had already sent before it closes the
+// connection: the events sitting in the kernel's buffer when the request is
+// cancelled are counted by SettleFor (their tokens ran on the GPU), and the
+// replica still sees the close. Without connReader's drain the charge is
+// the last event read plus the allowance (1 + 1 here).
+func TestH1AbortTakesWhatArrived(t *testing.T) {
+	t.Parallel()
+	readOne, sent, ended := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	type connKey struct{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(ended)
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := func(i int) {
+			_, _ = fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d}}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		chunk(1)
+		<-readOne
+		for i := 2; i <= 10; i++ {
+			chunk(i)
+		}
+		// Barrier: every byte acknowledged, i.e. in the client's kernel buffer.
+		waitAcked(t, r.Context().Value(connKey{}).(net.Conn))
+		close(sent)
+		<-r.Context().Done() // the client's close
+	}))
+	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, c)
+	}
+	srv.Start()
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := NewClient(Config{}).Stream(ctx, srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+	require.NoError(t, err)
+	_, err = s.Next()
+	require.NoError(t, err)
+	close(readOne)
+	<-sent
+	cancel()
+	s.cancel() // the context's abort, run now rather than on its own goroutine (idempotent)
+	u := s.SettleFor(Shape{N: 1, Inputs: []int{5}, Allowance: 1, Cap: 100})
+	assert.Equal(t, 5, u.PromptTokens)
+	assert.Equal(t, 10+1, u.CompletionTokens, "the nine unread chunks count, plus the allowance")
+	assert.False(t, u.Final)
+	require.NoError(t, s.Close())
+	<-ended
+}
+
+// An abort whose reader never reads again still closes the connection
+// (abortGrace), so vLLM stops generating.
+func TestH1AbortClosesWithoutAReader(t *testing.T) {
+	t.Parallel()
+	ended := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(ended)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"text":"a"}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := NewClient(Config{}).Stream(ctx, srv.URL, "/v1/completions", []byte(`{"stream":true}`), "")
+	require.NoError(t, err)
+	cancel()
+	<-ended          // the replica saw the close with nobody reading
+	for err == nil { // the event read with the head, if it came with it
+		_, err = s.Next()
+	}
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, s.Close())
+}
+
+// waitAcked returns once c has no byte its peer has not acknowledged
+// (SIOCOUTQ): on loopback, once they are in the peer's receive buffer.
+func waitAcked(t *testing.T, c net.Conn) {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	for {
+		var n int
+		require.NoError(t, rc.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }))
+		require.NoError(t, err)
+		if n == 0 {
+			return
+		}
+		runtime.Gosched()
+	}
 }

@@ -92,9 +92,12 @@ const maxChoices = 1 << 14
 // upstream connection (vLLM's abort signal) and makes Next return the
 // context's error. Usage may be read after any Next.
 type Stream struct {
-	replica  string
-	body     io.ReadCloser
-	cancel   context.CancelFunc // ends the request's own context; nil for NewStream
+	replica string
+	body    io.ReadCloser
+	cancel  context.CancelFunc // ends the request's own context; nil for NewStream
+	// ending reports that the request is being aborted, so that reads no
+	// longer wait for the replica (h1Body.ending); nil for NewStream.
+	ending   func() bool
 	br       *bufio.Reader
 	maxEvent int
 
@@ -622,6 +625,7 @@ type Shape struct {
 // vLLM reports nothing for an aborted request (VLLM.md §1.4), so the charge
 // is an estimate bounded by the reservation.
 func (s *Stream) SettleFor(sh Shape) Usage {
+	s.takeArrived()
 	u := s.Usage()
 	if u.Final {
 		return u
@@ -676,6 +680,25 @@ func (s *Stream) SettleFor(sh Shape) Usage {
 		u.CompletionTokens += v
 	}
 	return u
+}
+
+// takeArrived reads the events of an aborted stream that the replica had
+// sent before the abort and nobody read: its connection hands them over
+// without waiting, then ends (connReader). They are not passed on to the
+// client (the BeforeRead hook is off meanwhile), but their usage is what
+// the GPU ran, and the charge's best evidence.
+func (s *Stream) takeArrived() {
+	if s.isWhole || s.err != nil || s.done || s.ending == nil || !s.ending() {
+		return
+	}
+	before := s.src.before
+	s.src.before = nil
+	for {
+		if _, err := s.Next(); err != nil {
+			break
+		}
+	}
+	s.src.before = before
 }
 
 // Refused returns the error event the engine sent instead of any output
