@@ -48,16 +48,22 @@ func TestKeySlotKnownValues(t *testing.T) {
 	assert.Equal(t, uint16(12182), keySlot("foo"))
 }
 
+// commandHook is the part of a go-redis hook that tests leave alone: it
+// passes dials and pipelines through; a test's hook embeds it and adds
+// ProcessHook.
+type commandHook struct{}
+
+func (commandHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (commandHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // scriptCalls records the KEYS of every script call a client makes.
 type scriptCalls struct {
+	commandHook
 	mu   sync.Mutex
 	keys [][]string
 	cmds []string
-}
-
-func (s *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

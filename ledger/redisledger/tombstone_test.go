@@ -17,14 +17,10 @@ import (
 // afterKeys runs fn once, after the first script reply that asks for the
 // record's keys ("KEYS"), and counts those replies.
 type afterKeys struct {
+	commandHook
 	mu   sync.Mutex
 	fn   func()
 	keys int
-}
-
-func (h *afterKeys) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *afterKeys) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 func (h *afterKeys) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
