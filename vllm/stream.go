@@ -88,9 +88,11 @@ const maxChoices = 1 << 14
 
 // Stream reads an upstream SSE response. It is not safe for concurrent use;
 // one goroutine calls Next until it returns an error (io.EOF after [DONE]),
-// then Close, which must be called (it releases the request's context). Cancelling the context the stream was opened with closes the
-// upstream connection (vLLM's abort signal) and makes Next return the
-// context's error. Usage may be read after any Next.
+// then Close, which must be called (it releases the request's context).
+// Cancelling the context the stream was opened with closes the upstream
+// connection (vLLM's abort signal) and makes Next return, after the events
+// that had already arrived, the context's error. Usage may be read after
+// any Next.
 type Stream struct {
 	replica string
 	body    io.ReadCloser
@@ -623,7 +625,8 @@ type Shape struct {
 // # Design rationale
 //
 // vLLM reports nothing for an aborted request (VLLM.md §1.4), so the charge
-// is an estimate bounded by the reservation.
+// is an estimate bounded by the reservation. An aborted stream first reads
+// the events that had arrived unread (takeArrived): their usage narrows it.
 func (s *Stream) SettleFor(sh Shape) Usage {
 	s.takeArrived()
 	u := s.Usage()
