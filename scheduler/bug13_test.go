@@ -804,3 +804,53 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 		require.NoError(t, err)
 	})
 }
+
+// TestOutboxSurvivesRestart: endings the store did not take are kept in the
+// outbox file; a restarted process (another owner) settles the dispatched
+// call with the usage the first process had and releases the hold of the
+// ambiguous Reserve it left, where the leases alone would end both later,
+// the dispatched one charged its whole hold.
+func TestOutboxSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	led := newFakeLedger(t)
+	cfg := testConfig(t, fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json"),
+		"    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n      - {dimension: requests, limit: 1000, window: 1h}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	led.set(func() {
+		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+			return ledger.Settlement{}, ledger.ErrUnavailable, true
+		}
+		led.release = func(context.Context, ledger.Ref) (error, bool) { return ledger.ErrUnavailable, true }
+	})
+	s1 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	go s1.dispatchLoop(ctx)
+	_, err := serve(s1, ctx, admission{body: chatBody("")})
+	require.NoError(t, err)
+	led.set(func() {
+		led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+			_, _ = led.Memory.Reserve(ctx, req)
+			return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
+		}
+	})
+	_, err = serve(s1, ctx, admission{body: chatBody("")})
+	assert.Equal(t, 503, statusFor(err).Status)
+	require.Equal(t, 2, s1.outbox.len())
+	s1.flushOutbox(ctx)
+	require.Equal(t, 2, s1.outbox.len(), "the store still refuses: kept")
+
+	// s1 is gone (killed: it never flushes again); the store is back.
+	led.set(func() { led.settle, led.release, led.reserve = nil, nil, nil })
+	s2 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	require.NotEqual(t, s1.owner, s2.owner)
+	require.Equal(t, 2, s2.outbox.len(), "read from the file")
+	s2.flushOutbox(ctx)
+	assert.Zero(t, s2.outbox.len())
+	u := tenantUsage(t, s2, led.Memory)
+	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "the dispatched call charged once")
+	assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour), "with the usage it had, not its hold")
+	assert.Equal(t, ledger.Amounts{}, u.Reserved, "the ambiguous Reserve's hold released by its owner's id")
+
+	s3 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	assert.Zero(t, s3.outbox.len(), "the file was rewritten without the ended entries")
+}

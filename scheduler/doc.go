@@ -66,8 +66,9 @@
 //     ledger_unavailable), running ones abort upstream.
 //   - The outbox loop (outbox.go) owns unacknowledged endings (Release for
 //     never-dispatched holds, leaving a tombstone for an ambiguous Reserve
-//     that never applied; Settle for dispatched ones) and owed outage
-//     charges (outage.go), each under its own lock.
+//     that never applied; Settle for dispatched ones), kept in a file
+//     next to the owed outage charges so that a restart finishes them, and
+//     owed outage charges (outage.go), each under its own lock.
 //   - The clamp loop applies automatic clamps (off the request goroutine)
 //     and expires clamps; the admin loop installs admin changes other
 //     instances wrote to the shared state store. Server.polMu serializes

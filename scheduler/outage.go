@@ -274,7 +274,7 @@ func (s *Server) outageNotRun(c *call) {
 	ch := s.outage.owed[c.ref.ID]
 	s.outage.mu.Unlock()
 	if ch != nil && ch.Ambiguous {
-		s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, reqID: c.reqID})
+		s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, owner: s.owner, reqID: c.reqID})
 	}
 	if err := s.outage.drop(c.ref.ID); err != nil {
 		s.log.Error("outage charges not persisted", "err", err)

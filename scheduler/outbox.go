@@ -1,13 +1,20 @@
 package scheduler
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 // The outbox ends, by id, ledger records whose ending the store did not
@@ -15,7 +22,15 @@ import (
 // never-dispatched hold ends with Release (a Release of an unknown id
 // leaves a tombstone, so an ambiguous Reserve that never applied cannot
 // apply later); a dispatched one with Settle (Settle is idempotent by id).
-// The record's lease is the backstop if the process dies first.
+//
+// Where the outage charges are persisted (outageFile), pending endings are
+// too (outboxFile): each is appended as a JSON line when queued, and the
+// file is rewritten with what is left after every pass. A process killed
+// with endings pending (a store outage is when they pile up) settles them
+// when it starts again, with the usage it had: without the file the
+// records' leases end them, a dispatched one charged its whole hold when
+// its window closes. The appends are not fsynced: they survive a killed
+// process, not a lost machine. The lease stays the backstop for both.
 
 // outboxOp says how an outbox entry ends its record.
 type outboxOp uint8
@@ -35,26 +50,137 @@ type outboxEntry struct {
 	op      outboxOp
 	reserve *ledger.ReserveRequest // opReplay: the attempt to replay
 	ref     ledger.Ref
+	owner   ledger.Owner // opRelease: the hold's owner (a restarted process has another)
 	actual  ledger.Amounts
 	src     ledger.Source
 	reqID   string
 }
 
+// outboxLine is an entry as outboxFile keeps it.
+type outboxLine struct {
+	Op      outboxOp               `json:"op"`
+	Reserve *ledger.ReserveRequest `json:"reserve,omitempty"`
+	Ref     ledger.Ref             `json:"ref"`
+	Owner   ledger.Owner           `json:"owner"`
+	Actual  ledger.Amounts         `json:"actual"`
+	Source  ledger.Source          `json:"source"`
+	ReqID   string                 `json:"request_id"`
+}
+
+func (e *outboxEntry) line() outboxLine {
+	return outboxLine{Op: e.op, Reserve: e.reserve, Ref: e.ref, Owner: e.owner, Actual: e.actual, Source: e.src, ReqID: e.reqID}
+}
+
+func (l *outboxLine) entry() outboxEntry {
+	return outboxEntry{op: l.Op, reserve: l.Reserve, ref: l.Ref, owner: l.Owner, actual: l.Actual, src: l.Source, reqID: l.ReqID}
+}
+
 // outbox holds the pending endings.
 type outbox struct {
-	mu      sync.Mutex // guards pending
+	mu      sync.Mutex // guards pending, f, dirty
 	pending []outboxEntry
 	kick    chan struct{} // size 1: there is work
+
+	path  string   // outboxFile; "" keeps the entries in memory only
+	f     *os.File // path, open for appending
+	dirty bool     // an entry ended since the file was last rewritten
+	log   *slog.Logger
+}
+
+// outboxFile is where pending endings are kept across a restart: next to
+// the owed outage charges; "" (memory only) where those are.
+func outboxFile(cfg *config.File) string {
+	if p := outageFile(cfg); p != "" {
+		return p[:len(p)-len(".outage.json")] + ".outbox.jsonl"
+	}
+	return ""
+}
+
+// load takes the endings a previous process left in path and opens it for
+// appending. A line that does not parse (a write cut by a crash) is
+// skipped, and said.
+func (o *outbox) load(path string, log *slog.Logger) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.path, o.log = path, log
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l outboxLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.Op < opRelease || l.Op > opReplay {
+			log.Warn("outbox: skipping an unreadable entry", "path", path, "err", err)
+			continue
+		}
+		o.pending = append(o.pending, l.entry())
+	}
+	if len(o.pending) > 0 {
+		log.Info("outbox: endings left by the previous process", "count", len(o.pending))
+		o.dirty = true
+		select {
+		case o.kick <- struct{}{}:
+		default:
+		}
+	}
+	if o.f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
 }
 
 func (o *outbox) add(e outboxEntry) {
 	o.mu.Lock()
 	o.pending = append(o.pending, e)
+	if o.f != nil {
+		b, err := json.Marshal(e.line())
+		if err == nil {
+			_, err = o.f.Write(append(b, '\n'))
+		}
+		if err != nil {
+			o.log.Error("outbox: entry not persisted; a restart leaves it to the lease", "request_id", e.reqID, "err", err)
+		}
+	}
 	o.mu.Unlock()
 	select {
 	case o.kick <- struct{}{}:
 	default:
 	}
+}
+
+// compact rewrites the file with the entries still pending, once one ended
+// or changed (dirty).
+func (o *outbox) compact() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.f == nil || !o.dirty {
+		return
+	}
+	var buf bytes.Buffer
+	for i := range o.pending {
+		b, err := json.Marshal(o.pending[i].line())
+		if err != nil {
+			continue
+		}
+		buf.Write(b)
+		buf.WriteByte('\n')
+	}
+	if err := writeFileAtomic(o.path, buf.Bytes()); err != nil {
+		o.log.Error("outbox: not rewritten; ended entries may be retried after a restart", "err", err)
+		return
+	}
+	f, err := os.OpenFile(o.path, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		o.log.Error("outbox: reopen", "err", err)
+		return
+	}
+	_ = o.f.Close()
+	o.f, o.dirty = f, false
 }
 
 // kickNow wakes the outbox loop (owed outage usage to charge).
@@ -92,14 +218,14 @@ func (o *outbox) len() int {
 // queueRelease hands the ending of c's never-dispatched hold to the outbox.
 func (s *Server) queueRelease(c *call) {
 	s.leases.untrack(c)
-	s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, reqID: c.reqID})
+	s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, owner: s.owner, reqID: c.reqID})
 }
 
 // queueReplay hands the ending of an ambiguous keyed Reserve to the outbox.
 func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
 	s.leases.untrack(c)
 	rr.Scopes = slices.Clone(rr.Scopes) // off the call's array, which reserve reuses
-	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: c.ref, reqID: c.reqID})
+	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: c.ref, owner: rr.Owner, reqID: c.reqID})
 }
 
 // queueSettle hands the settlement of c to the outbox.
@@ -128,12 +254,23 @@ func (s *Server) outboxLoop(ctx context.Context) error {
 // flushOutbox tries every pending ending once, bounded per entry.
 func (s *Server) flushOutbox(ctx context.Context) {
 	var keep []outboxEntry
+	changed := false // an entry ended, or goes on as another operation
 	for _, e := range s.outbox.take() {
-		if !s.endRecord(ctx, &e) {
-			keep = append(keep, e)
+		op := e.op
+		if s.endRecord(ctx, &e) {
+			changed = true
+			continue
 		}
+		keep = append(keep, e)
+		changed = changed || e.op != op
 	}
 	s.outbox.putBack(keep)
+	if changed {
+		s.outbox.mu.Lock()
+		s.outbox.dirty = true
+		s.outbox.mu.Unlock()
+	}
+	s.outbox.compact()
 }
 
 // endRecord applies one outbox entry; it reports whether the entry is done
@@ -157,7 +294,7 @@ func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
 		return true
 	}
 	if e.op == opRelease {
-		err := s.led.Release(sctx, e.ref, s.owner)
+		err := s.led.Release(sctx, e.ref, e.owner)
 		s.noteLedger("release", err)
 		switch {
 		case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):

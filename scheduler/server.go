@@ -214,6 +214,9 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.outage.load(outageFile(cfg)); err != nil {
 		return nil, err
 	}
+	if err := s.outbox.load(outboxFile(cfg), s.log); err != nil {
+		return nil, err
+	}
 	eff := effectiveConfig(cfg, &s.admin, s.now())
 	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
