@@ -83,7 +83,7 @@ type outbox struct {
 
 	path  string   // outboxFile; "" keeps the entries in memory only
 	f     *os.File // path, open for appending
-	dirty bool     // an entry ended since the file was last rewritten
+	dirty bool     // the last rewrite failed: the file holds ended entries
 	log   *slog.Logger
 }
 
@@ -122,7 +122,6 @@ func (o *outbox) load(path string, log *slog.Logger) error {
 	}
 	if len(o.pending) > 0 {
 		log.Info("outbox: endings left by the previous process", "count", len(o.pending))
-		o.dirty = true
 		select {
 		case o.kick <- struct{}{}:
 		default:
@@ -153,11 +152,12 @@ func (o *outbox) add(e outboxEntry) {
 	}
 }
 
-// compact rewrites the file with the entries still pending, once one ended
-// or changed (dirty).
-func (o *outbox) compact() {
+// compact rewrites the file with the entries still pending when a pass
+// ended or changed one (changed), or an earlier rewrite failed (dirty).
+func (o *outbox) compact(changed bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.dirty = o.dirty || changed
 	if o.f == nil || !o.dirty {
 		return
 	}
@@ -265,12 +265,7 @@ func (s *Server) flushOutbox(ctx context.Context) {
 		changed = changed || e.op != op
 	}
 	s.outbox.putBack(keep)
-	if changed {
-		s.outbox.mu.Lock()
-		s.outbox.dirty = true
-		s.outbox.mu.Unlock()
-	}
-	s.outbox.compact()
+	s.outbox.compact(changed)
 }
 
 // endRecord applies one outbox entry; it reports whether the entry is done
