@@ -19,9 +19,15 @@ var testKeyer, _ = ledger.NewKeyer([]byte("sluice-test-id-key-0123456789"))
 // newLedger opens a Ledger on srv (or on addr when given) with test defaults.
 func newLedger(t testing.TB, addr string, mod func(*redisledger.Config)) *redisledger.Ledger {
 	t.Helper()
+	return newLedgerAt(t, []string{addr}, mod)
+}
+
+// newLedgerAt is newLedger on the store at addrs (several: a Cluster).
+func newLedgerAt(t testing.TB, addrs []string, mod func(*redisledger.Config)) *redisledger.Ledger {
+	t.Helper()
 	// StoreTimeout is generous: these tests check semantics on 2 shared cores
 	// under -race; the timeout tests (T9, T10) set their own.
-	cfg := redisledger.Config{Addrs: []string{addr}, LeaseTTL: 10 * time.Second, TombstoneRetention: time.Hour,
+	cfg := redisledger.Config{Addrs: addrs, LeaseTTL: 10 * time.Second, TombstoneRetention: time.Hour,
 		StoreTimeout: 5 * time.Second}
 	if mod != nil {
 		mod(&cfg)

@@ -42,12 +42,28 @@ func TestConformanceBatchScript(t *testing.T) {
 	conformance(t, 0, true)
 }
 
+// TestConformanceCluster runs the suite on a real three-node Redis Cluster:
+// batches grouped by slot, a global scope's two-step hold on another node,
+// the function library on every primary.
+func TestConformanceCluster(t *testing.T) {
+	c := startCluster(t, 3)
+	// The model's state machine is the same scripts as on one server (1,000
+	// sequences there); here it checks the routing, in fewer.
+	conformanceOn(t, c.Addrs(), c.Client(t), 0, false, 200)
+}
+
 func conformance(t *testing.T, maxBatch int, batchScript bool) {
 	srv := startRedis(t)
-	rc := srv.Client(t)
+	conformanceOn(t, []string{srv.Addr()}, srv.Client(t), maxBatch, batchScript, 1000)
+}
+
+// conformanceOn runs the suite on the store at addrs (one address: a
+// standalone server; several: a Cluster), rc a client of it, with seqs
+// model-based sequences.
+func conformanceOn(t *testing.T, addrs []string, rc redis.UniversalClient, maxBatch int, batchScript bool, seqs int) {
 	var once sync.Once
 	ledgertest.Run(t, func(t *testing.T, cfg ledgertest.Config) *ledgertest.Backend {
-		l := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
+		l := newLedgerAt(t, addrs, func(c *redisledger.Config) {
 			c.LeaseTTL, c.MaxLeaseTTL, c.TombstoneRetention = cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.TombstoneRetention
 			c.StoreTimeout = 10 * time.Second // semantics, not latency: T6 runs 1000 calls at once on 2 shared cores
 			c.MaxBatch = maxBatch
@@ -57,7 +73,7 @@ func conformance(t *testing.T, maxBatch int, batchScript bool) {
 		now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
 		redisledger.SetTimeFloor(l, now.Load)
 		// A second front end with its own client and pool on the same store.
-		peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) {
+		peer := newLedgerAt(t, addrs, func(c *redisledger.Config) {
 			c.LeaseTTL, c.MaxLeaseTTL, c.TombstoneRetention = cfg.LeaseTTL, cfg.MaxLeaseTTL, cfg.TombstoneRetention
 			c.StoreTimeout = 10 * time.Second
 			c.MaxBatch = maxBatch
@@ -96,7 +112,7 @@ func conformance(t *testing.T, maxBatch int, batchScript bool) {
 			},
 			Orphans:        func() int { return int(l.Orphans()) },
 			Peers:          []ledger.Ledger{peer},
-			ModelSequences: 1000,
+			ModelSequences: seqs,
 		}
 	})
 }
@@ -107,7 +123,7 @@ func conformance(t *testing.T, maxBatch int, batchScript bool) {
 // is the number of DISPATCHED records holding a slot, L holds exactly the
 // RESERVED/DISPATCHED records and U the UNRESOLVED ones. c is checked by the
 // model (T16) and the exact-count tests, not here.
-func audit(rc *redis.Client, tenant ledger.ScopeKey) error {
+func audit(rc redis.UniversalClient, tenant ledger.ScopeKey) error {
 	ctx := context.Background()
 	base := "sluice:{" + tenant.String() + "}:"
 	type sums struct {

@@ -25,7 +25,8 @@ type redisServer struct {
 	t    testing.TB
 	dir  string
 	port int
-	unix bool // also listen on Sock
+	unix bool     // also listen on Sock
+	args []string // more redis-server arguments (a Cluster node's)
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -55,11 +56,17 @@ func startRedisUnix(t testing.TB) *redisServer {
 // when the binary is missing. It is stopped at test cleanup.
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
+	return startRedisArgs(t)
+}
+
+// startRedisArgs is startRedis with more redis-server arguments.
+func startRedisArgs(t testing.TB, args ...string) *redisServer {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not found in PATH: the Redis ledger tests need a real Redis >= 7.0 " +
 			"(run `make test`, which installs it via scripts/ensure-deps.sh, or `apt-get install redis-server`)")
 	}
-	s := &redisServer{t: t, dir: t.TempDir(), port: testport.Free(t)}
+	s := &redisServer{t: t, dir: t.TempDir(), port: testport.Free(t), args: args}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -79,6 +86,7 @@ func (s *redisServer) Start() {
 	if s.unix {
 		cmd.Args = append(cmd.Args, "--unixsocket", s.Sock(), "--unixsocketperm", "700")
 	}
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	require.NoError(s.t, cmd.Start(), "start redis-server")
 	s.cmd = cmd

@@ -46,9 +46,12 @@ func setLedgerTime(t testing.TB, rc redis.UniversalClient, tenant ledger.ScopeKe
 }
 
 // dumpTenant returns DUMP of every key of a tenant, by key name.
-func dumpTenant(t testing.TB, rc *redis.Client, tenant ledger.ScopeKey) map[string]string {
+func dumpTenant(t testing.TB, rc redis.UniversalClient, tenant ledger.ScopeKey) map[string]string {
 	t.Helper()
 	ctx := context.Background()
+	if cc, ok := rc.(*redis.ClusterClient); ok {
+		rc = nodeOf(t, cc, tenant) // SCAN reads one node: the one with the tenant's slot
+	}
 	out := map[string]string{}
 	iter := rc.Scan(ctx, 0, "sluice:{"+tenant.String()+"}:*", 100).Iterator()
 	for iter.Next(ctx) {

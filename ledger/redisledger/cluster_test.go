@@ -1,0 +1,152 @@
+package redisledger_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/testport"
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// redisCluster is a real Redis Cluster of primaries on loopback, each its own
+// redis-server with an equal share of the 16,384 slots and no replicas.
+type redisCluster struct {
+	nodes []*redisServer
+}
+
+// startCluster starts n Cluster nodes, splits the slots between them and
+// waits until every node reports the cluster ok and knows every node.
+func startCluster(t testing.TB, n int) *redisCluster {
+	t.Helper()
+	c := &redisCluster{}
+	bus := make([]int, n)
+	for i := range n {
+		// The bus port is given, not the default port+10000, which may be
+		// out of range or taken; MEET names it.
+		bus[i] = testport.Free(t)
+		c.nodes = append(c.nodes, startRedisArgs(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
+			"--cluster-port", strconv.Itoa(bus[i])))
+	}
+	ctx := context.Background()
+	clients := make([]*redis.Client, n)
+	for i, s := range c.nodes {
+		clients[i] = s.Client(t)
+		lo, hi := i*16384/n, (i+1)*16384/n-1
+		require.NoError(t, clients[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err())
+	}
+	for i, s := range c.nodes[1:] {
+		require.NoError(t, clients[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", s.port, bus[i+1]).Err())
+	}
+	// Gossip has no completion event to wait on: poll each node's view.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, cl := range clients {
+		for {
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster of %d not ready after 30s: %v %s", n, err, info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return c
+}
+
+// Addrs returns every node's address (a Ledger given several opens a Cluster
+// client).
+func (c *redisCluster) Addrs() []string {
+	out := make([]string, len(c.nodes))
+	for i, s := range c.nodes {
+		out[i] = s.Addr()
+	}
+	return out
+}
+
+// Client returns a Cluster client for assertions and set-up, closed at
+// cleanup.
+func (c *redisCluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// nodeOf returns the node that holds tenant's partition.
+func nodeOf(t testing.TB, cc *redis.ClusterClient, tenant ledger.ScopeKey) *redis.Client {
+	t.Helper()
+	c, err := cc.MasterForKey(context.Background(), metaKey(tenant))
+	require.NoError(t, err)
+	return c
+}
+
+// TestClusterSpread: on a three-node Cluster, concurrent pairs of 24 tenants
+// that all share a global budget land on every node, and every count is
+// exact: each tenant's committed tokens and the global scope's equal the
+// actuals settled, nothing stays reserved, and every primary has the
+// function library the batches call.
+func TestClusterSpread(t *testing.T) {
+	c := startCluster(t, 3)
+	cc := c.Client(t)
+	ctx := t.Context()
+	l := newLedgerAt(t, c.Addrs(), nil)
+	require.NoError(t, l.LoadScripts(ctx))
+	owner := ledger.NewOwner()
+	g := ledger.Scope{Kind: ledger.KindGlobal, Key: testKeyer.GlobalKey(),
+		Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 40}}}
+	const tenants, per = 24, 8
+	scopes := make([][]ledger.Scope, tenants)
+	var wg sync.WaitGroup
+	for i := range tenants {
+		scopes[i] = []ledger.Scope{tenantScope(fmt.Sprintf("spread-%d", i),
+			ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30}), g}
+		for j := range per {
+			wg.Go(func() {
+				req := reserveReq(scopes[i], held(100), owner)
+				req.Dispatch = true
+				if _, err := l.Reserve(ctx, req); err != nil {
+					t.Errorf("reserve: %v", err)
+					return
+				}
+				if _, err := l.Settle(ctx, req.Ref, held(int64(10+j)), ledger.SourceFinal); err != nil {
+					t.Errorf("settle: %v", err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	const each = per*10 + per*(per-1)/2 // Σ (10 + j)
+	nodes := map[string]int{}
+	for _, sc := range scopes {
+		u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+		require.NoError(t, err)
+		require.Len(t, u.Limits, 1)
+		assert.Equal(t, int64(each), u.Limits[0].Committed)
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+		nodes[nodeOf(t, cc, sc[0].Key).Options().Addr]++
+	}
+	u, err := l.Snapshot(ctx, g.Key, g.Key)
+	require.NoError(t, err)
+	require.Len(t, u.Limits, 1)
+	assert.Equal(t, int64(tenants*each), u.Limits[0].Committed, "the global scope, charged on its own node")
+	assert.Equal(t, ledger.Amounts{}, u.Reserved)
+	assert.Len(t, nodes, 3, "tenants on every node: %v", nodes)
+	require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+		if err == nil && len(libs) != 1 {
+			err = fmt.Errorf("%s: %d function libraries", n.Options().Addr, len(libs))
+		}
+		return err
+	}))
+}
