@@ -22,9 +22,16 @@ import (
 // script would: the batch is atomic, equal to running its operations one
 // after another, and each operation answers on its own.
 //
-// A group is what one script may touch: a Cluster slot (every key of an
-// operation carries its partition's hash tag), or the whole server for a
-// standalone or Sentinel client. Each group has at most batchInflight calls
+// A group is what one call may touch: the whole server for a standalone or
+// Sentinel client; on a Cluster, the node that serves an operation's slot
+// (every key of an operation carries its partition's hash tag), whose
+// batches of several slots go to the library's cross-slot function (see
+// lua/batch.lua for why that is safe while slots move), or the slot itself
+// where calls go through the batch script, which cannot carry several. An
+// operation that function answers TRYAGAIN (its slot was not served whole
+// by that node: the client's slot map was stale, or the slot is migrating)
+// never ran, and goes once more through its slot's group, whose call
+// go-redis redirects like any single-slot command. Each group has at most batchInflight calls
 // running; an operation that arrives while they run waits in the group's
 // queue and goes with the next call (at most Config.MaxBatch operations),
 // so batching adds no timer: under light load every call carries one
@@ -42,11 +49,11 @@ import (
 const batchInflight = 2
 
 type batcher struct {
-	l       *Ledger
-	cluster bool // group by Cluster slot
+	l  *Ledger
+	cc *redis.ClusterClient // nil but on a Cluster
 
-	mu     sync.Mutex // guards groups and every bgroup and bop.taken
-	groups map[uint16]*bgroup
+	mu     sync.Mutex      // guards groups and every bgroup and bop.taken
+	groups map[any]*bgroup // by groupOf
 
 	noFunc atomic.Bool // the server has no FUNCTION (or the ACL refuses it): EVALSHA
 }
@@ -61,7 +68,10 @@ type batcher struct {
 // fcall is the whole FCALL command, "fcall", the function, nk, the nk keys
 // and the arguments, built once by call (go-redis's FCall would copy the
 // keys and arguments into a command of its own).
-func (b *batcher) exec(ctx context.Context, fcall []any, nk int) (any, error) {
+//
+// A cross-slot batch (x) has no batch script to fall back to: where the
+// server refuses functions it fails errReroute, having run nothing.
+func (b *batcher) exec(ctx context.Context, fcall []any, nk int, x bool) (any, error) {
 	l := b.l
 	if !b.noFunc.Load() {
 		v, err := b.process(ctx, fcall, nk)
@@ -82,6 +92,9 @@ func (b *batcher) exec(ctx context.Context, fcall []any, nk int) (any, error) {
 			}
 		}
 		b.noFunc.Store(true)
+	}
+	if x {
+		return nil, errReroute
 	}
 	keys := make([]string, nk)
 	for i := range keys {
@@ -154,6 +167,7 @@ type bop struct {
 	keys  []string
 	args  []any
 	taken bool          // in a call (guarded by batcher.mu)
+	again bool          // never ran: route it again by its slot (set before done)
 	done  chan struct{} // buffered: the batch sends once when r and err are set
 	r     reply
 	err   error
@@ -182,7 +196,7 @@ func putOp(op *bop) {
 	clear(op.abuf[:])
 	clear(op.strs[:op.ns])
 	op.name, op.keys, op.args, op.r, op.err = "", nil, nil, nil, nil
-	op.taken, op.ns, op.ni = false, 0, 0
+	op.taken, op.again, op.ns, op.ni = false, false, 0, 0
 	opPool.Put(op)
 }
 
@@ -204,23 +218,52 @@ func pinArg[T any](args []any, buf []T, n *int, v T) []any {
 }
 
 func newBatcher(l *Ledger) *batcher {
-	_, cluster := l.c.(*redis.ClusterClient)
-	return &batcher{l: l, cluster: cluster, groups: map[uint16]*bgroup{}}
+	cc, _ := l.c.(*redis.ClusterClient)
+	return &batcher{l: l, cc: cc, groups: map[any]*bgroup{}}
+}
+
+// groupOf returns the group of an operation with keys (see the top of this
+// file): nil for the whole server, a node's client, or a slot.
+func (b *batcher) groupOf(ctx context.Context, keys []string) any {
+	if b.cc == nil || len(keys) == 0 {
+		return nil
+	}
+	if !b.noFunc.Load() {
+		if n, err := b.cc.MasterForKey(ctx, keys[0]); err == nil {
+			return n
+		}
+	}
+	return keySlot(keys[0])
 }
 
 // do runs the write operation op (op.name set) through its group's batch
 // and returns its reply, as run does for a single script. It takes op.
 func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
-	keys := op.keys
-	slot := uint16(0)
-	if b.cluster && len(keys) > 0 {
-		slot = keySlot(keys[0])
+	gk := b.groupOf(ctx, op.keys)
+	for {
+		r, err, g := b.wait(ctx, op, gk)
+		if g != nil {
+			return r, err
+		}
+		// Never ran (op.again): its slot's group, and a fresh slot map for
+		// the operations after it.
+		b.cc.ReloadState(ctx)
+		b.mu.Lock()
+		op.r, op.err, op.taken, op.again = nil, nil, false, false
+		b.mu.Unlock()
+		gk = keySlot(op.keys[0])
 	}
+}
+
+// wait queues op in the group gk, runs a batch on this goroutine if the
+// group has room, and waits for op's answer. It returns the group, or nil
+// (and op kept) where op's batch left it to be routed again.
+func (b *batcher) wait(ctx context.Context, op *bop, gk any) (reply, error, *bgroup) {
 	b.mu.Lock()
-	g := b.groups[slot]
+	g := b.groups[gk]
 	if g == nil {
 		g = &bgroup{}
-		b.groups[slot] = g
+		b.groups[gk] = g
 	}
 	g.queue = append(g.queue, op)
 	var batch []*bop
@@ -230,7 +273,7 @@ func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
 	}
 	b.mu.Unlock()
 	if batch != nil {
-		b.run(slot, g, batch)
+		b.run(g, batch)
 	}
 	// Go ≥ 1.23 timers (go.mod): after Stop or Reset no stale tick is received.
 	if op.t == nil {
@@ -241,9 +284,14 @@ func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
 	select {
 	case <-op.done:
 		op.t.Stop()
+		if op.again {
+			if _, bySlot := gk.(uint16); !bySlot {
+				return nil, nil, nil
+			}
+		}
 		r, err := op.r, op.err
 		putOp(op)
-		return r, err
+		return r, err, g
 	case <-ctx.Done():
 	case <-op.t.C:
 	}
@@ -259,19 +307,19 @@ func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
 		b.mu.Unlock()
 		putOp(op) // out of the queue, never sent: nothing else holds it
 		b.l.m.storeErrors.WithLabelValues("unavailable").Inc()
-		return nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable)
+		return nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable), g
 	}
 	b.mu.Unlock()
 	select {
-	case <-op.done: // finished meanwhile
+	case <-op.done: // finished meanwhile (if it never ran, its error says so)
 		r, err := op.r, op.err
 		putOp(op)
-		return r, err
+		return r, err, g
 	default:
 	}
 	// The batch still holds op and will complete it: op is left to the GC.
 	b.l.m.storeErrors.WithLabelValues("ambiguous").Inc()
-	return nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous)
+	return nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous), g
 }
 
 func (b *batcher) takeLocked(g *bgroup) []*bop {
@@ -286,7 +334,7 @@ func (b *batcher) takeLocked(g *bgroup) []*bop {
 
 // run calls the batch script for batch, then hands the group's next batch,
 // if one queued meanwhile, to a new goroutine (so this caller returns).
-func (b *batcher) run(slot uint16, g *bgroup, batch []*bop) {
+func (b *batcher) run(g *bgroup, batch []*bop) {
 	b.call(batch)
 	b.mu.Lock()
 	if len(g.queue) == 0 {
@@ -296,20 +344,32 @@ func (b *batcher) run(slot uint16, g *bgroup, batch []*bop) {
 	}
 	next := b.takeLocked(g)
 	b.mu.Unlock()
-	go b.run(slot, g, next)
+	go b.run(g, next)
 }
 
 func (b *batcher) call(batch []*bop) {
 	l := b.l
 	nk := 0
 	na := 2
-	for _, o := range batch {
+	x := false // several slots: the cross-slot function
+	var slot0 uint16
+	if b.cc != nil && len(batch[0].keys) > 0 {
+		slot0 = keySlot(batch[0].keys[0])
+	}
+	for i, o := range batch {
 		nk += len(o.keys)
 		na += 3 + len(o.args)
+		x = x || (i > 0 && b.cc != nil && len(o.keys) > 0 && keySlot(o.keys[0]) != slot0)
 	}
-	fcall := make([]any, 3, 3+nk+na)
+	fcall := make([]any, 3, 4+nk+na)
 	fcall[0], fcall[1], fcall[2] = "fcall", &l.s.fn, nk
-	for _, o := range batch {
+	for i, o := range batch {
+		if x && i == 1 {
+			// The first operation's keys are declared; the others' follow
+			// in ARGV, after their count.
+			fcall[1], fcall[2] = &l.s.fnx, len(batch[0].keys)
+			fcall = append(fcall, nk-len(batch[0].keys))
+		}
 		for i := range o.keys {
 			fcall = append(fcall, &o.keys[i]) // a pointer: not boxed; o outlives the call
 		}
@@ -326,7 +386,7 @@ func (b *batcher) call(batch []*bop) {
 	fcall = append(fcall, fl)
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 	l.m.batchOps.Observe(float64(len(batch)))
-	v, err := b.exec(ctx, fcall, nk)
+	v, err := b.exec(ctx, fcall, fcall[2].(int), x)
 	cancel()
 	arr, ok := v.([]any)
 	if err == nil && (!ok || len(arr) != len(batch)) {
@@ -336,6 +396,10 @@ func (b *batcher) call(batch []*bop) {
 		switch {
 		case err == errBatchReply:
 			o.err = l.corrupt("unexpected batch reply")
+		case x && routeRefused(err):
+			// The declared slot's refusal, or no functions: nothing ran, and
+			// every operation goes again through its own slot.
+			o.err, o.again = l.storeErr(err), true
 		case err != nil:
 			o.err = l.storeErr(err)
 		default:
@@ -346,6 +410,7 @@ func (b *batcher) call(batch []*bop) {
 			case r[0] == "LUAERR":
 				msg, _ := r[1].(string)
 				o.err = l.storeErr(luaError(msg))
+				o.again = x && strings.HasPrefix(msg, "TRYAGAIN ") // its probe failed: it never ran
 			default:
 				o.r = reply(r)
 			}
@@ -354,7 +419,27 @@ func (b *batcher) call(batch []*bop) {
 	}
 }
 
-var errBatchReply = fmt.Errorf("batch reply")
+// routeRefused: Redis refused a call for where its keys are (a slot moving
+// or moved) before running it, or it was errReroute.
+func routeRefused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, p := range []string{"TRYAGAIN ", "ASK ", "MOVED ", "CROSSSLOT "} {
+		if strings.HasPrefix(rerr.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	errBatchReply = fmt.Errorf("batch reply")
+	// errReroute: a cross-slot batch met a server that refuses functions;
+	// nothing ran ("TRYAGAIN ", so storeErr calls it unavailable).
+	errReroute = luaError("TRYAGAIN cross-slot batch without functions")
+)
 
 // luaError is a redis.call error raised inside one operation of a batch,
 // classified like the error reply of a single script.

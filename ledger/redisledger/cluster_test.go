@@ -2,6 +2,7 @@ package redisledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -149,4 +150,125 @@ func TestClusterSpread(t *testing.T) {
 		}
 		return err
 	}))
+}
+
+// TestClusterSlotMigrating: operations of a slot that is moving between
+// nodes, batched on its old node with other slots' operations, never run
+// there half: while the slot's scope hash is already on the new node, each
+// of them fails "unavailable" (it never ran; not ambiguous, not corrupt) or
+// succeeds, and once the slot has moved every count is exact.
+func TestClusterSlotMigrating(t *testing.T) {
+	c := startCluster(t, 3)
+	cc := c.Client(t)
+	ctx := t.Context()
+	l := newLedgerAt(t, c.Addrs(), nil)
+	require.NoError(t, l.LoadScripts(ctx))
+	owner := ledger.NewOwner()
+	lim := ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30}
+	moving := []ledger.Scope{tenantScope("moving", lim)}
+	from := nodeOf(t, cc, moving[0].Key)
+	var to *redis.Client
+	for _, s := range c.nodes {
+		if n := s.Client(t); n.Options().Addr != from.Options().Addr {
+			to = n
+			break
+		}
+	}
+	// Tenants on the same node, in other slots: their operations share the
+	// moving one's batches.
+	var others [][]ledger.Scope
+	for i := 0; len(others) < 12; i++ {
+		sc := []ledger.Scope{tenantScope(fmt.Sprintf("neighbour-%d", i), lim)}
+		if nodeOf(t, cc, sc[0].Key).Options().Addr == from.Options().Addr {
+			others = append(others, sc)
+		}
+	}
+	open := reserveReq(moving, held(100), owner)
+	open.Dispatch = true
+	_, err := l.Reserve(ctx, open)
+	require.NoError(t, err)
+
+	base := "sluice:{" + moving[0].Key.String() + "}:"
+	slot := int(cc.ClusterKeySlot(ctx, base+"m").Val())
+	fromID, toID := from.Do(ctx, "CLUSTER", "MYID").Val(), to.Do(ctx, "CLUSTER", "MYID").Val()
+	require.NoError(t, to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
+	require.NoError(t, from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
+	toPort := strings.TrimPrefix(to.Options().Addr, "127.0.0.1:")
+	require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", toPort, base+"s:"+moving[0].Key.String(), 0, 5000).Err())
+
+	// The open request settles and new ones arrive while the slot moves,
+	// among the neighbours' pairs.
+	var mu sync.Mutex
+	var ran, refused, settledOpen int
+	var wg sync.WaitGroup
+	for r := range 8 {
+		wg.Go(func() {
+			var err error
+			if r == 0 {
+				_, err = l.Settle(ctx, open.Ref, held(10), ledger.SourceFinal)
+			} else {
+				req := reserveReq(moving, held(100), owner)
+				req.Dispatch = true
+				_, err = l.Reserve(ctx, req)
+				if err == nil {
+					_, err = l.Settle(ctx, req.Ref, held(1), ledger.SourceFinal)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ran++
+				if r == 0 {
+					settledOpen++
+				}
+			case errors.Is(err, ledger.ErrUnavailable):
+				refused++
+			default:
+				t.Errorf("an operation of the moving slot: %v (want success or unavailable)", err)
+			}
+		})
+		for _, sc := range others {
+			wg.Go(func() {
+				req := reserveReq(sc, held(100), owner)
+				req.Dispatch = true
+				if _, err := l.Reserve(ctx, req); err != nil {
+					t.Errorf("neighbour reserve: %v", err)
+					return
+				}
+				if _, err := l.Settle(ctx, req.Ref, held(7), ledger.SourceFinal); err != nil {
+					t.Errorf("neighbour settle: %v", err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	require.Equal(t, 8, ran+refused)
+	require.Positive(t, refused, "the moving slot's operations were refused while its keys were split")
+
+	// Finish the move: the rest of the slot's keys, then its new owner.
+	keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	require.NoError(t, err)
+	args := []any{"MIGRATE", "127.0.0.1", toPort, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	require.NoError(t, from.Do(ctx, args...).Err())
+	for _, s := range c.nodes {
+		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
+	}
+	if settledOpen == 0 {
+		_, err = l.Settle(ctx, open.Ref, held(10), ledger.SourceFinal)
+		require.NoError(t, err, "the open request settles on the slot's new node")
+	}
+	u, err := l.Snapshot(ctx, moving[0].Key, moving[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, int64(10+(ran-settledOpen)), u.Limits[0].Committed, "%d ran, %d refused", ran, refused)
+	assert.Equal(t, ledger.Amounts{}, u.Reserved)
+	for _, sc := range others {
+		u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+		require.NoError(t, err)
+		assert.Equal(t, int64(8*7), u.Limits[0].Committed)
+		assert.Equal(t, ledger.Amounts{}, u.Reserved)
+	}
 }

@@ -18,8 +18,10 @@
 // with a "#!lua" shebang (no flags), so an out-of-memory Redis refuses them
 // before they run. go-redis runs them with EVALSHA and falls back to EVAL on
 // NOSCRIPT; they are never pipelined. Every write script is also a function
-// of the batch script, which runs concurrent operations of one Cluster slot
-// (or one standalone server) in one call, in order (batch.go). Batches run
+// of the batch script, which runs concurrent operations of one standalone
+// server (or one Cluster node: several slots in one call, through the
+// library's cross-slot function, each operation after the first probing its
+// keys first; lua/batch.lua) in one call, in order (batch.go). Batches run
 // as FCALL of a function library with the same code (scripts.go), which
 // keeps parsed specs, amounts and windows across calls; EVALSHA of the
 // batch script where the server has no FUNCTION. Within one call a scope

@@ -187,7 +187,7 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 // the tenant record (see the top of this file): on one server with batching,
 // for a global scope that has limits (they carry the inline mark).
 func (l *Ledger) inlineGlobal(scopes []ledger.Scope) bool {
-	if l.b == nil || l.b.cluster {
+	if l.b == nil || l.b.cc != nil {
 		return false
 	}
 	gi := globalIndex(scopes)

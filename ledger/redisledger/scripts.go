@@ -25,8 +25,9 @@ type scripts struct {
 	// names maps each write script to its operation name in batch.
 	names map[*redis.Script]string
 	// lib is the function library (FUNCTION LOAD) whose function fn runs a
-	// batch like the batch script, keeping its parse caches across calls.
-	lib, fn string
+	// batch like the batch script, keeping its parse caches across calls;
+	// fnx runs a Cluster node's batch of several slots.
+	lib, fn, fnx string
 }
 
 // batchOps are the write scripts the batch script embeds.
@@ -122,7 +123,7 @@ func loadScripts() (*scripts, error) {
 		return nil, err
 	}
 	ops.Write(driver)
-	s.batch = redis.NewScript("#!lua\nlocal KEYS0, ARGV0 = KEYS, ARGV\n" + ops.String() + "\nreturn run_batch(KEYS0, ARGV0)\n")
+	s.batch = redis.NewScript("#!lua\nlocal KEYS0, ARGV0 = KEYS, ARGV\n" + ops.String() + "\nreturn run_batch(KEYS0, ARGV0, 0, math.huge)\n")
 	// The function library runs the same code. Its chunk runs at FUNCTION
 	// LOAD, where only redis.register_function is in scope, so the prelude
 	// is set up at the first call, once: its parse caches (specs, amounts,
@@ -130,10 +131,14 @@ func loadScripts() (*scripts, error) {
 	// processes of different versions on one Redis each find their own.
 	sum := sha1.Sum([]byte(ops.String()))
 	tag := hex.EncodeToString(sum[:6])
-	s.fn = "sluice_batch_" + tag
+	s.fn, s.fnx = "sluice_batch_"+tag, "sluice_batchx_"+tag
 	s.lib = "#!lua name=sluice_ledger_" + tag + "\n" +
-		"local run\nlocal function setup()\n" + ops.String() + "\nreturn run_batch\nend\n" +
+		"local run, runx\nlocal function setup()\n" + ops.String() + "\nreturn run_batch, run_batch_x\nend\n" +
 		"redis.register_function('" + s.fn + "', function(keys, args)\n" +
-		"  if not run then run = setup() end\n  return run(keys, args)\nend)\n"
+		"  if not run then run, runx = setup() end\n  return run(keys, args, 0, math.huge)\nend)\n" +
+		// A Cluster node's batch of several slots (batch.go, lua/batch.lua).
+		"redis.register_function{function_name = '" + s.fnx + "', flags = {'allow-cross-slot-keys'},\n" +
+		"  callback = function(keys, args)\n" +
+		"  if not run then run, runx = setup() end\n  return runx(keys, args)\nend}\n"
 	return s, nil
 }

@@ -8,21 +8,34 @@
 -- run; like a single script, an operation reads everything before it
 -- writes, so a raising one wrote nothing). run_batch is the body of the
 -- batch script and of the library's function (scripts.go).
-local function run_batch(ALLK, ALLA)
+--
+-- On a Cluster one call carries the operations of several slots served by
+-- one node (run_batch_x, the library's cross-slot function). Redis checked
+-- only the declared keys, the first operation's, before the call; every
+-- later operation first probes its own keys with one EXISTS, which raises
+-- where its slot is not served here whole (moved, or migrating with some of
+-- its keys gone), and such an operation answers TRYAGAIN without reading or
+-- writing anything. A slot cannot move while the call runs, so an operation
+-- whose probe passed finds every key it touches.
+local EXISTS = 'EXISTS'
+local function run_batch(ALLK, ALLA, a0, declared)
   begin(ALLA[#ALLA])
   local out = {}
-  local ki, ai = 1, 2
-  for i = 1, tonumber(ALLA[1]) do
+  local ki, ai = 1, a0 + 2
+  for i = 1, tonumber(ALLA[a0 + 1]) do
     -- (cint and its memo: tonumber is a C call and two strtods)
     local name, nk, na = ALLA[ai], ALLA[ai + 1], ALLA[ai + 2]
     nk, na = CI[nk] or cint(nk), CI[na] or cint(na)
     ai = ai + 3
     KEYS = {unpack(ALLK, ki, ki + nk - 1)}
     ARGV = {unpack(ALLA, ai, ai + na - 1)}
+    local probe = ki > declared and nk > 0 and redis.pcall(EXISTS, unpack(KEYS))
     ki, ai = ki + nk, ai + na
     local fn = OPS[name]
     if not fn then
       out[i] = {'LUAERR', 'unknown operation ' .. tostring(name)}
+    elseif type(probe) == 'table' then
+      out[i] = {'LUAERR', 'TRYAGAIN ' .. tostring(probe.err)}
     else
       local ok, r = pcall(fn)
       if ok then
@@ -35,4 +48,13 @@ local function run_batch(ALLK, ALLA)
   end
   flush()
   return out
+end
+
+-- run_batch_x runs a cross-slot batch: KEYS are the first operation's keys,
+-- ARGV[1] the number m of the other operations' keys, ARGV[2..m+1] those
+-- keys, then the arguments run_batch takes.
+local function run_batch_x(K, A)
+  local nd, m = #K, tonumber(A[1])
+  for i = 2, m + 1 do K[nd + i - 1] = A[i] end
+  return run_batch(K, A, m + 1, nd)
 end
