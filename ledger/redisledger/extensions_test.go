@@ -1,11 +1,15 @@
 package redisledger_test
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -92,4 +96,105 @@ func TestUsageEventsOfExtensions(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, u.Limits, 1)
 	assert.Equal(t, int64(14), u.Limits[0].Committed, "charge 9 + settle 5, each once")
+}
+
+// dieAfter lets the first n script calls through after it is armed and
+// fails every later one before it reaches Redis: a process that died
+// between the steps of a two-step operation.
+type dieAfter struct {
+	commandHook
+	armed atomic.Bool
+	n     atomic.Int32
+}
+
+func (d *dieAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := strings.ToLower(cmd.Name())
+		if d.armed.Load() && (strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")) && d.n.Add(-1) < 0 {
+			err := errors.New("dead: the process stopped here")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestGlobalHoldFollowsDispatch: a process that dies between the two steps
+// of MarkDispatched (a global budget in two steps, as on a Cluster) leaves
+// the global scope holding and charging exactly what the tenant does, once
+// every lease has run out and Reclaim has run (the global partition's first,
+// then the tenant's: the less favourable order). Dispatching the tenant
+// record first left it UNRESOLVED (held, and charged later) while its global
+// hold expired uncharged.
+func TestGlobalHoldFollowsDispatch(t *testing.T) {
+	srv := startRedis(t)
+	var now atomic.Int64
+	now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
+	hook := &dieAfter{}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	client.AddHook(hook)
+	t.Cleanup(func() { _ = client.Close() })
+	dying, err := redisledger.New(client, redisledger.Config{LeaseTTL: time.Second, StoreTimeout: 5 * time.Second, MaxBatch: 1})
+	require.NoError(t, err)
+	redisledger.SetTimeFloor(dying, now.Load)
+	peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
+	redisledger.SetTimeFloor(peer, now.Load)
+	ctx := t.Context()
+	require.NoError(t, peer.LoadScripts(ctx)) // one call per step: no NOSCRIPT fallback
+	g := testKeyer.GlobalKey()
+	sc := []ledger.Scope{tenantScope("dies-dispatching", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
+		{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
+	req := reserveReq(sc, held(60), ledger.NewOwner())
+	req.LeaseTTL = time.Second
+	_, err = dying.Reserve(ctx, req)
+	require.NoError(t, err)
+	hook.n.Store(1)
+	hook.armed.Store(true)
+	require.Error(t, dying.MarkDispatched(ctx, req.Ref, req.Owner), "the process dies after one step")
+
+	now.Add(1500)
+	for _, part := range []ledger.ScopeKey{g, sc[0].Key} {
+		_, err := peer.Reclaim(ctx, part, 10)
+		require.NoError(t, err)
+	}
+	tu, err := peer.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	gu, err := peer.Snapshot(ctx, g, g)
+	require.NoError(t, err)
+	assert.Equal(t, tu.Reserved, gu.Reserved, "the global scope holds what the tenant holds")
+	assert.Equal(t, tu.Limits[0].Committed, gu.Limits[0].Committed, "and is charged what the tenant is")
+	assert.Equal(t, ledger.Amounts{}, gu.Reserved, "the request was never sent: nothing held")
+	assert.Zero(t, gu.Limits[0].Committed)
+}
+
+// TestGlobalHoldOfRefusedDispatchIsReleased: MarkDispatched dispatches a
+// global hold before its record, so a record whose step a full slot limit
+// refuses has a dispatched hold; releasing the record frees that hold too.
+func TestGlobalHoldOfRefusedDispatchIsReleased(t *testing.T) {
+	srv := startRedis(t)
+	l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
+	ctx := t.Context()
+	g := testKeyer.GlobalKey()
+	sc := []ledger.Scope{tenantScope("one-slot", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000},
+		ledger.Limit{Dim: ledger.Slots, Max: 1}),
+		{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
+	owner := ledger.NewOwner()
+	running := reserveReq(sc, held(40), owner)
+	running.Dispatch = true
+	_, err := l.Reserve(ctx, running)
+	require.NoError(t, err)
+	queued := reserveReq(sc, held(60), owner)
+	_, err = l.Reserve(ctx, queued)
+	require.NoError(t, err)
+	var de *ledger.DeniedError
+	require.ErrorAs(t, l.MarkDispatched(ctx, queued.Ref, owner), &de, "the slot is taken")
+	require.Equal(t, ledger.Slots, de.Dim)
+	require.NoError(t, l.Release(ctx, queued.Ref, owner))
+
+	tu, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	gu, err := l.Snapshot(ctx, g, g)
+	require.NoError(t, err)
+	assert.Equal(t, int64(40), tu.Reserved[ledger.Tokens])
+	assert.Equal(t, tu.Reserved, gu.Reserved, "the global scope holds what the tenant holds: the running request")
 }

@@ -78,9 +78,17 @@ import (
 // then acts on the global hold by id, idempotently, inside the same Go
 // method: MarkDispatched → dispatch, Extend → extend, Settle → settle with
 // the same actual (a replayed tenant Settle re-runs it, so the outbox retry
-// of a Settle whose global step failed completes it), Release → release,
-// Resolve and the automatic charge → settle at the hold (SourceResolved),
-// Reclaim's EXPIRED → expire. A failed global step fails the call (the
+// of a Settle whose global step failed completes it), Release → release (or
+// settle at zero, not sent, for a hold already dispatched), Resolve and the
+// automatic charge → settle at the hold (SourceResolved), Reclaim's EXPIRED
+// → settle at zero, not sent (an EXPIRED record never went out). The process
+// that reserved a record remembers its hold and dispatches the hold before
+// the record: dying between the two steps then leaves a dispatched hold on a
+// RESERVED record, freed when the record expires, where the other order
+// left a DISPATCHED record (charged its hold once UNRESOLVED) whose RESERVED
+// hold expired uncharged. A full slot limit refusing the record's step
+// leaves the hold dispatched until the record is dispatched, released or
+// expired. A failed global step fails the call (the
 // caller retries by id) except in Reclaim, where the global hold's own lease
 // is the backstop. Global partitions run the same state machine, so a hold
 // nobody resolves — a crash between the two steps, or an ambiguous tenant
@@ -251,26 +259,20 @@ func (l *Ledger) globalSettleReply(ref ledger.Ref, r reply) error {
 	return l.globalStatus(r)
 }
 
+// globalRelease releases a hold whose RESERVED record was released; a hold
+// that MarkDispatched dispatched before its record's step was refused (a
+// full slot limit) is settled at zero, not sent.
 func (l *Ledger) globalRelease(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error {
 	r, _, err := l.runRecord(ctx, l.s.release, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
-	if r.status() == "OK" {
+	switch r.status() {
+	case "OK":
 		l.forgetSpec(ref.ID)
 		return nil
-	}
-	return l.globalStatus(r)
-}
-
-func (l *Ledger) globalExpire(ctx context.Context, ref ledger.Ref) error {
-	r, _, err := l.runRecord(ctx, l.s.expire, ref)
-	if err != nil {
-		return err
-	}
-	switch r.status() {
-	case "OK", "NOTDUE":
-		return nil
+	case "DISPATCHED":
+		return l.globalSettle(ctx, ref, ledger.Amounts{}, ledger.SourceNotSent)
 	}
 	return l.globalStatus(r)
 }

@@ -39,8 +39,12 @@ type Ledger struct {
 	parts     sync.Map                 // ledger.ScopeKey → *partitionKeys
 	ownerHex  atomic.Pointer[ownerHex] // the last owner's text (a process has one owner, usually)
 
-	mu    sync.Mutex                     // guards specs
+	mu    sync.Mutex                     // guards specs and holds
 	specs map[ledger.RequestID]*specKeys // scope spec of records reserved here
+	// holds are the global holds of records reserved here and not yet
+	// dispatched (two steps, global.go): MarkDispatched dispatches the hold
+	// before the record.
+	holds map[ledger.RequestID]ledger.Ref
 
 	orphans atomic.Int64 // Settles that found no record
 
@@ -100,6 +104,7 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
 		epochSeed:   hex.EncodeToString(seed[:]),
 		specs:       make(map[ledger.RequestID]*specKeys),
+		holds:       make(map[ledger.RequestID]ledger.Ref),
 		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
 	}
 	if cfg.MaxBatch > 1 {
@@ -394,6 +399,7 @@ func (l *Ledger) cachedSpec(id ledger.RequestID) *specKeys {
 func (l *Ledger) forgetSpec(id ledger.RequestID) {
 	l.mu.Lock()
 	delete(l.specs, id)
+	delete(l.holds, id)
 	l.mu.Unlock()
 }
 
@@ -490,24 +496,39 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
 	g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, gh, modeReserve)
-	if gh != nil {
-		l.settleHold(ctx, gh, &g, err)
+	if gh != nil && l.settleHold(ctx, gh, &g, err) && !req.Dispatch {
+		l.mu.Lock()
+		if len(l.holds) < maxSpecCache {
+			l.holds[req.Ref.ID] = gh.ref
+		}
+		l.mu.Unlock()
 	}
 	return g, err
 }
 
+// holdOf returns the global hold of record id reserved here and not yet
+// dispatched, if it is known.
+func (l *Ledger) holdOf(id ledger.RequestID) (ledger.Ref, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.holds[id]
+	return h, ok
+}
+
 // settleHold decides the fate of the global hold gh after the tenant step
-// answered g, err: kept (its headroom merged into g) or dropped.
-func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant, err error) {
+// answered g, err: kept (its headroom merged into g; true) or dropped.
+func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant, err error) bool {
 	switch {
 	case err == nil && (!g.Replayed || gh.stored == gh.enc):
 		mergeHeadroom(g, &gh.grant)
+		return true
 	case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
 		// A replay carries its own (earlier) global hold, and a refusal
 		// wrote nothing: ours must go. An ambiguous outcome keeps it (the
 		// tenant record may carry it); its lease is the backstop.
 		l.dropGlobal(ctx, gh)
 	}
+	return false
 }
 
 // Modes of the reserve script (ARGV 14).
@@ -716,12 +737,29 @@ func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledge
 	if ref.ID.IsZero() || ref.Tenant.IsZero() {
 		return fmt.Errorf("zero request id or tenant: %w", ledger.ErrInvalid)
 	}
+	// A global hold reserved here is dispatched first (two steps,
+	// global.go): a process that dies between the steps leaves a dispatched
+	// hold on a record still RESERVED, which Reclaim frees when the record
+	// expires. The other order left a dispatched record, charged its hold
+	// once UNRESOLVED, whose global hold expired uncharged.
+	h, first := l.holdOf(ref.ID)
+	if first {
+		if err := l.globalDispatch(ctx, h, owner); err != nil {
+			return fmt.Errorf("global hold: %w", err)
+		}
+	}
 	r, spec, err := l.runRecord(ctx, l.s.dispatch, ref, l.ownerText(owner))
 	if err != nil {
 		return err
 	}
 	switch r.status() {
 	case "OK":
+		if first && r.str(4) == encodeHold(h) {
+			l.mu.Lock()
+			delete(l.holds, ref.ID)
+			l.mu.Unlock()
+			return nil
+		}
 		return l.followGlobal(ctx, r.str(4), func(g ledger.Ref) error { return l.globalDispatch(ctx, g, owner) })
 	case "DENIED":
 		sc, _ := parseSpec(spec)
@@ -1006,7 +1044,12 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, limit int)
 				st.Expired++
 				l.forgetSpec(ref.ID)
 				// Best effort: the global hold's own lease is the backstop.
-				_ = l.followGlobal(ctx, rr.str(5), func(g ledger.Ref) error { return l.globalExpire(ctx, g) })
+				// An EXPIRED record was never sent, so its hold goes at zero
+				// whatever its state (MarkDispatched may have dispatched it
+				// before dying).
+				_ = l.followGlobal(ctx, rr.str(5), func(g ledger.Ref) error {
+					return l.globalSettle(ctx, g, ledger.Amounts{}, ledger.SourceNotSent)
+				})
 			} else {
 				st.Unresolved++
 				// Chargeable at once when its first admission window has closed.
