@@ -43,6 +43,8 @@ const (
 	leaseTTL   = 3 * time.Second
 	window     = 744 * time.Hour // 31 days: one window for the whole run
 	maxOut     = 48              // tenants' max_output_tokens
+	// clusterNodes is the size of the "cluster" backend's Redis Cluster.
+	clusterNodes = 3
 )
 
 func TestMain(m *testing.M) {
@@ -89,9 +91,10 @@ func seeds() []uint64 {
 	return out
 }
 
-// TestChaos runs the seeded fault simulator on both ledger backends.
+// TestChaos runs the seeded fault simulator on each ledger backend: the
+// embedded ledger, one redis-server, and a three-node Redis Cluster.
 func TestChaos(t *testing.T) {
-	for bi, backend := range []string{"memory", "redis"} {
+	for bi, backend := range []string{"memory", "redis", "cluster"} {
 		t.Run(backend, func(t *testing.T) {
 			for _, seed := range seeds() {
 				t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
@@ -151,10 +154,11 @@ const (
 	evUnclamp
 	evBudget
 	evReload
+	evMigrate
 )
 
 var evNames = [...]string{"attempt", "kill-9", "restart", "kill-9 (no restart)", "redis reply loss", "redis stall",
-	"clamp", "unclamp", "budget", "reload"}
+	"clamp", "unclamp", "budget", "reload", "redis slot move"}
 
 type opSpec struct {
 	id         int
@@ -248,7 +252,7 @@ type plan struct {
 func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan {
 	rng := rand.New(rand.NewPCG(seed, stream))
 	p := &plan{seed: seed, backend: backend, instances: 1, traffic: traffic, ops: map[int]*opSpec{}}
-	if backend == "redis" {
+	if backend != "memory" {
 		p.instances = 2
 	}
 	for range 2 {
@@ -293,12 +297,23 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 	} else if p.instances > 1 && rng.Float64() < 0.5 {
 		p.events = append(p.events, event{at: at(0.4, 0.8), kind: evKillForever, inst: 1})
 	}
-	if backend == "redis" {
+	if backend != "memory" {
+		// (inst is the Redis node: always 0 on one server)
+		node := func() int {
+			if backend == "cluster" {
+				return rng.IntN(clusterNodes)
+			}
+			return 0
+		}
 		if rng.Float64() < 0.6 {
-			p.events = append(p.events, event{at: at(0.05, 0.8), kind: evReplyLoss, n: 1 + rng.IntN(3)})
+			p.events = append(p.events, event{at: at(0.05, 0.8), kind: evReplyLoss, n: 1 + rng.IntN(3), inst: node()})
 		}
 		if rng.Float64() < 0.4 {
-			p.events = append(p.events, event{at: at(0.1, 0.7), kind: evStall, d: time.Duration(400+rng.IntN(800)) * time.Millisecond})
+			p.events = append(p.events, event{at: at(0.1, 0.7), kind: evStall, d: time.Duration(400+rng.IntN(800)) * time.Millisecond,
+				inst: node()})
+		}
+		if backend == "cluster" && rng.Float64() < 0.6 {
+			p.events = append(p.events, event{at: at(0.1, 0.7), kind: evMigrate, tenant: []string{"acme", "beta", "gamma"}[rng.IntN(3)]})
 		}
 	}
 	id := 0
@@ -381,8 +396,8 @@ type world struct {
 	t       *testing.T
 	p       *plan
 	dir     string
-	redis   *redisServer
-	proxy   *replyLossProxy
+	redis   []*redisServer    // one, or a Cluster's nodes
+	proxy   []*replyLossProxy // in front of each
 	reps    []string
 	log     replicaLog
 	inst    []*instance
@@ -412,9 +427,11 @@ func newWorld(t *testing.T, p *plan) *world {
 		}
 		w.reps = append(w.reps, startReplica(t, cfg, &w.log, p.ops))
 	}
-	if p.backend == "redis" {
-		w.redis = startRedis(t)
-		w.proxy = startProxy(t, w.redis.addr())
+	switch p.backend {
+	case "redis":
+		w.redis, w.proxy = startStore(t, 1)
+	case "cluster":
+		w.redis, w.proxy = startStore(t, clusterNodes)
 	}
 	for i := range p.instances {
 		in := &instance{
@@ -442,8 +459,12 @@ func (w *world) writeConfig(i int, withLate bool) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listen: %s\nadmin_listen: %s\n", strings.TrimPrefix(in.api, "http://"), strings.TrimPrefix(in.admin, "http://"))
 	fmt.Fprintf(&b, "ledger:\n  lease_ttl: %s\n", leaseTTL)
-	if w.p.backend == "redis" {
-		fmt.Fprintf(&b, "  backend: redis\n  redis: {addrs: [%q]}\n", w.proxy.addr())
+	if w.p.backend != "memory" {
+		var addrs []string
+		for _, p := range w.proxy {
+			addrs = append(addrs, strconv.Quote(p.addr()))
+		}
+		fmt.Fprintf(&b, "  backend: redis\n  redis: {addrs: [%s]}\n", strings.Join(addrs, ", "))
 	} else {
 		fmt.Fprintf(&b, "  backend: memory\n  journal: %q\n", filepath.Join(w.dir, "journal"))
 	}
@@ -513,11 +534,14 @@ func (w *world) run() {
 			w.inst[ev.inst].start(w.t)
 			w.note("restarted %s", w.inst[ev.inst].name)
 		case evReplyLoss:
-			w.proxy.armed.Store(int32(ev.n))
-			w.note("armed reply loss for %d script replies", ev.n)
+			w.proxy[ev.inst].armed.Store(int32(ev.n))
+			w.note("armed reply loss for %d script replies of redis node %d", ev.n, ev.inst)
 		case evStall:
-			w.redis.stall(ev.d)
-			w.note("redis stalled for %v", ev.d)
+			w.redis[ev.inst].stall(ev.d)
+			w.note("redis node %d stalled for %v", ev.inst, ev.d)
+		case evMigrate:
+			wg.Add(1)
+			go func() { defer wg.Done(); w.note("%s", w.migrate(ev.tenant)) }()
 		case evClamp:
 			code, body := adminCall(context.Background(), w.inst[ev.inst].admin, "POST", "/admin/tenants/"+ev.tenant+"/clamp", adminToken,
 				map[string]any{"concurrency": 1, "reason": "chaos", "expires_in": ev.d.String()})
@@ -679,10 +703,11 @@ func (w *world) killedAny() bool {
 }
 
 func (w *world) lostReplies() int32 {
-	if w.proxy == nil {
-		return 0
+	var n int32
+	for _, p := range w.proxy {
+		n += p.lost.Load()
 	}
-	return w.proxy.lost.Load()
+	return n
 }
 
 // --- The invariants -----------------------------------------------------------
@@ -768,7 +793,9 @@ func (w *world) check() []string {
 	// left or its deadline passed, its instance died, or the ledger could
 	// not renew the lease (a store fault). Anything else aborted work the
 	// client was still waiting for.
-	storeFaults := slices.ContainsFunc(w.p.events, func(e event) bool { return e.kind == evReplyLoss || e.kind == evStall })
+	storeFaults := slices.ContainsFunc(w.p.events, func(e event) bool {
+		return e.kind == evReplyLoss || e.kind == evStall || e.kind == evMigrate
+	})
 	for _, ex := range execs {
 		o := w.p.ops[ex.op]
 		if o == nil || !ex.gone || o.timeout > 0 || storeFaults {
@@ -906,10 +933,14 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 	ctx := context.Background()
 	stranded := w.strandedOutage()
 	var led ledgerView
-	if w.p.backend == "redis" {
+	if w.p.backend != "memory" {
 		// The servers that are still up reclaim on their own; the checker
 		// only reads.
-		l, err := redisledger.Open(redisledger.Config{Addrs: []string{w.redis.addr()}, LeaseTTL: leaseTTL, StoreTimeout: 2 * time.Second})
+		var addrs []string
+		for _, s := range w.redis {
+			addrs = append(addrs, s.addr())
+		}
+		l, err := redisledger.Open(redisledger.Config{Addrs: addrs, LeaseTTL: leaseTTL, StoreTimeout: 2 * time.Second})
 		if err != nil {
 			return []string{"open redis ledger: " + err.Error()}
 		}
@@ -956,7 +987,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 		s, _ := open()
 		add("open records never reclaimed after quiescence: %s", s)
 	}
-	if w.p.backend == "redis" {
+	if w.p.backend != "memory" {
 		for _, in := range w.inst {
 			in.stop(w.t)
 		}

@@ -2,7 +2,8 @@
 // the spirit of TigerBeetle's VOPR and FoundationDB's simulation testing.
 //
 // Each run drives real `sluice serve` processes (the embedded ledger with a
-// journal, or two instances sharing a real redis-server) in front of
+// journal, two instances sharing a real redis-server, or two sharing a real
+// three-node Redis Cluster) in front of
 // in-process simulator replicas, with a random but seed-reproducible
 // schedule of events: streamed and non-streamed chat and completion
 // requests, Idempotency-Key retries, client disconnects at every stage
@@ -10,8 +11,10 @@
 // admin clamps and budget changes, reloads that add a tenant, instance
 // kill -9 (with and without restart), Redis reply loss (a proxy swallows the
 // reply of a script that ran, so go-redis retries it), Redis stalls
-// (SIGSTOP), and replica faults (connections cut mid-stream, SSE error
-// events, errors before the stream, engine stalls).
+// (SIGSTOP; one node of the Cluster), a tenant's Cluster slot moved to
+// another node under traffic (as a resharding does it), and replica faults
+// (connections cut mid-stream, SSE error events, errors before the stream,
+// engine stalls).
 //
 // After the traffic the run waits for quiescence (leases expire and are
 // reclaimed by the servers themselves) and checks the invariants from three
@@ -34,13 +37,15 @@
 //     aborted ones;
 //   - zero reserved holds and zero slots after quiescence except the holds
 //     of UNRESOLVED records;
-//   - a block token budget is never exceeded beyond the abort allowance.
+//   - a block token budget is never exceeded beyond the abort allowance;
+//   - the global budget holds and is charged exactly what the tenants are.
 //
 // A failing seed prints the seed and the event log; running the same seed
 // again replays the same schedule (wall-clock timing between processes is
 // not deterministic, the event sequence is).
 //
-// `make test` runs a short fixed set of seeds per backend; `make chaos
+// `make test` runs a short fixed set of seeds per backend (memory, redis,
+// cluster); `make chaos
 // SEEDS=N` runs N seeds per backend (flags -chaos.seeds, -chaos.base,
 // -chaos.seed to replay one).
 package chaos

@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/testport"
+	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
@@ -53,16 +54,16 @@ type redisServer struct {
 	cmd  *exec.Cmd
 }
 
-func startRedis(t testing.TB) *redisServer {
+func startRedis(t testing.TB, args ...string) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatalf("redis-server not in PATH (make test installs it via scripts/ensure-deps.sh)")
 	}
 	dir := t.TempDir()
 	s := &redisServer{port: testport.Free(t)}
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	s.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--dir", dir, "--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction",
-		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log"))
+		"--daemonize", "no", "--logfile", filepath.Join(dir, "redis.log")}, args...)...)
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
 	}
@@ -81,11 +82,136 @@ func startRedis(t testing.TB) *redisServer {
 
 func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
+// startStore starts the world's Redis: one server, or a Cluster of n nodes
+// with the slots split evenly. Each has a reply-loss proxy in front, which a
+// Cluster node announces as its address, so Sluice's Cluster client reaches
+// every node through its proxy.
+func startStore(t testing.TB, n int) ([]*redisServer, []*replyLossProxy) {
+	t.Helper()
+	if n == 1 {
+		s := startRedis(t)
+		return []*redisServer{s}, []*replyLossProxy{startProxy(t, s.addr())}
+	}
+	var nodes []*redisServer
+	var proxies []*replyLossProxy
+	bus := make([]int, n)
+	for i := range n {
+		p := listenProxy(t)
+		bus[i] = testport.Free(t)
+		s := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(bus[i]),
+			"--cluster-announce-port", strconv.Itoa(p.ln.Addr().(*net.TCPAddr).Port),
+			"--cluster-announce-bus-port", strconv.Itoa(bus[i]))
+		p.to = s.addr()
+		go p.accept()
+		nodes, proxies = append(nodes, s), append(proxies, p)
+	}
+	ctx := context.Background()
+	var clients []*redis.Client
+	for i, s := range nodes {
+		c := redis.NewClient(&redis.Options{Addr: s.addr()})
+		defer c.Close()
+		clients = append(clients, c)
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", i*16384/n, (i+1)*16384/n-1).Err(); err != nil {
+			t.Fatalf("cluster slots: %v", err)
+		}
+		if i > 0 {
+			if err := clients[0].Do(ctx, "CLUSTER", "MEET", "127.0.0.1", s.port, bus[i]).Err(); err != nil {
+				t.Fatalf("cluster meet: %v", err)
+			}
+		}
+	}
+	for _, c := range clients {
+		if !eventually(30*time.Second, func() bool {
+			info, err := c.ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r")
+		}) {
+			t.Fatalf("redis cluster of %d not ready", n)
+		}
+	}
+	return nodes, proxies
+}
+
 // stall freezes the server for d (SIGSTOP, then SIGCONT): every client call
 // in that time sees a timeout after its command may or may not have run.
 func (s *redisServer) stall(d time.Duration) {
 	_ = s.cmd.Process.Signal(syscall.SIGSTOP)
 	time.AfterFunc(d, func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// migrate moves the Cluster slot of tenant's partition from its node to the
+// next one, as a resharding does (redis-cli --cluster reshard): IMPORTING on
+// the target, MIGRATING on the source, the slot's keys three at a time with
+// a pause between (so traffic meets the slot split between the nodes), then
+// the new owner on every node. It returns what it did, for the event log.
+func (w *world) migrate(tenant string) string {
+	keyer, err := ledger.NewKeyer([]byte(ledgerKey))
+	if err != nil {
+		return err.Error()
+	}
+	ctx := context.Background()
+	nodes := make([]*redis.Client, len(w.redis))
+	for i, s := range w.redis {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: s.addr()})
+		defer nodes[i].Close()
+	}
+	slot, err := nodes[0].ClusterKeySlot(ctx, "sluice:{"+keyer.Key(ledger.KindTenant, tenant).String()+"}:m").Result()
+	if err != nil {
+		return "slot move: " + err.Error()
+	}
+	src := -1
+	for i, n := range nodes {
+		if c, err := n.ClusterCountKeysInSlot(ctx, int(slot)).Result(); err == nil && c > 0 {
+			src = i
+		}
+	}
+	if src < 0 {
+		return fmt.Sprintf("slot move: %s's slot %d has no keys yet", tenant, slot)
+	}
+	dst := (src + 1) % len(nodes)
+	id := func(i int) string { s, _ := nodes[i].Do(ctx, "CLUSTER", "MYID").Text(); return s }
+	moved := 0
+	steps := []func() error{
+		func() error { return nodes[dst].Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", id(src)).Err() },
+		func() error { return nodes[src].Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", id(dst)).Err() },
+		func() error {
+			for {
+				keys, err := nodes[src].ClusterGetKeysInSlot(ctx, int(slot), 3).Result()
+				if err != nil || len(keys) == 0 {
+					return err
+				}
+				args := []any{"MIGRATE", "127.0.0.1", w.redis[dst].port, "", 0, 5000, "KEYS"}
+				for _, k := range keys {
+					args = append(args, k)
+				}
+				if err := nodes[src].Do(ctx, args...).Err(); err != nil {
+					return err
+				}
+				moved += len(keys)
+				time.Sleep(30 * time.Millisecond) // the split the traffic is to meet, not synchronisation
+			}
+		},
+		func() error { return nodes[dst].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", id(dst)).Err() },
+		func() error { return nodes[src].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", id(dst)).Err() },
+		func() error {
+			for i, n := range nodes {
+				if i != src && i != dst {
+					if err := n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", id(dst)).Err(); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			w.t.Errorf("slot move of %s (slot %d, node %d to %d), step %d: %v", tenant, slot, src, dst, i, err)
+			return "slot move failed"
+		}
+	}
+	return fmt.Sprintf("moved %s's slot %d from redis node %d to %d (%d keys)", tenant, slot, src, dst, moved)
 }
 
 // replyLossProxy forwards TCP between Sluice and Redis. While armed it lets
@@ -101,14 +227,22 @@ type replyLossProxy struct {
 
 func startProxy(t testing.TB, to string) *replyLossProxy {
 	t.Helper()
+	p := listenProxy(t)
+	p.to = to
+	go p.accept()
+	return p
+}
+
+// listenProxy is a proxy that listens but does not accept yet (its target
+// is set first).
+func listenProxy(t testing.TB) *replyLossProxy {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &replyLossProxy{ln: ln, to: to}
-	go p.accept()
 	t.Cleanup(func() { _ = ln.Close() })
-	return p
+	return &replyLossProxy{ln: ln}
 }
 
 func (p *replyLossProxy) addr() string { return p.ln.Addr().String() }
