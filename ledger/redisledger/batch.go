@@ -31,18 +31,21 @@ import (
 // operation that function answers TRYAGAIN (its slot was not served whole
 // by that node: the client's slot map was stale, or the slot is migrating)
 // never ran, and goes once more through its slot's group, whose call
-// go-redis redirects like any single-slot command. Each group has at most batchInflight calls
-// running; an operation that arrives while they run waits in the group's
-// queue and goes with the next call (at most Config.MaxBatch operations),
-// so batching adds no timer: under light load every call carries one
-// operation, under heavy load a call carries what queued during the last
-// one (like a journal's group commit).
+// go-redis redirects like any single-slot command.
 //
-// Every caller waits at most StoreTimeout from the moment it queued: an
-// operation still queued then is taken out and fails ErrUnavailable (it
-// never ran); one whose call is in flight fails ErrAmbiguous, as a single
-// script would. A store error of the call is every operation's error; a
-// redis.call error inside one operation is that operation's alone.
+// Each group has at most batchInflight calls running; an operation that
+// arrives while they run waits in the group's queue and goes with the next
+// call (at most Config.MaxBatch operations), so batching adds no timer:
+// under light load every call carries one operation, under heavy load a
+// call carries what queued during the last one (like a journal's group
+// commit).
+//
+// Every caller waits at most StoreTimeout from the moment it queued (queued
+// again, for an operation sent again through its slot): an operation still
+// queued then is taken out and fails ErrUnavailable (it never ran); one
+// whose call is in flight fails ErrAmbiguous, as a single script would. A
+// store error of the call is every operation's error; a redis.call error
+// inside one operation is that operation's alone.
 
 // batchInflight is the most batch calls one group runs at a time: two keep
 // Redis busy while the client handles the previous reply.

@@ -3,6 +3,7 @@ package redisledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -197,4 +198,75 @@ func TestGlobalHoldOfRefusedDispatchIsReleased(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(40), tu.Reserved[ledger.Tokens])
 	assert.Equal(t, tu.Reserved, gu.Reserved, "the global scope holds what the tenant holds: the running request")
+}
+
+// replyLost runs the nth script call after it is armed and then reports a
+// timeout: the call applied, the caller cannot know (ErrAmbiguous).
+type replyLost struct {
+	commandHook
+	armed atomic.Bool
+	n     atomic.Int32
+}
+
+func (h *replyLost) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := strings.ToLower(cmd.Name())
+		if err := next(ctx, cmd); err != nil || !h.armed.Load() ||
+			!(strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")) || h.n.Add(-1) != 0 {
+			return err
+		}
+		err := fmt.Errorf("read tcp: i/o timeout (the reply was lost): %w", context.DeadlineExceeded)
+		cmd.SetErr(err)
+		return err
+	}
+}
+
+// TestAmbiguousGlobalHoldIsReleased: a Reserve whose global step applied
+// but whose reply was lost (two steps, as on a Cluster) fails ambiguous and
+// leaves a dispatched global hold that no tenant record names. Ending the
+// request (the Release the scheduler queues for an ambiguous Reserve, or the
+// Charge of an outage admission) releases that hold, so the global scope
+// holds nothing and is charged once; before, the hold waited for its lease
+// and was then charged at its amount.
+func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
+	for _, end := range []string{"release", "charge"} {
+		t.Run(end, func(t *testing.T) {
+			srv := startRedis(t)
+			hook := &replyLost{}
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			client.AddHook(hook)
+			t.Cleanup(func() { _ = client.Close() })
+			l, err := redisledger.New(client, redisledger.Config{LeaseTTL: 10 * time.Second, StoreTimeout: 5 * time.Second, MaxBatch: 1})
+			require.NoError(t, err)
+			ctx := t.Context()
+			require.NoError(t, l.LoadScripts(ctx))
+			g := testKeyer.GlobalKey()
+			sc := []ledger.Scope{tenantScope("ambiguous-"+end, ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
+				{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
+			req := reserveReq(sc, held(60), ledger.NewOwner())
+			req.Dispatch = true
+			hook.n.Store(2) // the tenant side's check, then the global step
+			hook.armed.Store(true)
+			_, err = l.Reserve(ctx, req)
+			require.ErrorIs(t, err, ledger.ErrAmbiguous)
+			hook.armed.Store(false)
+			gu, err := l.Snapshot(ctx, g, g)
+			require.NoError(t, err)
+			require.Equal(t, int64(60), gu.Reserved[ledger.Tokens], "the global step applied")
+
+			want := int64(0)
+			if end == "release" {
+				require.NoError(t, l.Release(ctx, req.Ref, req.Owner))
+			} else {
+				a := held(45)
+				_, err := l.Charge(ctx, ledger.ChargeRequest{Ref: req.Ref, Scopes: sc, Amounts: a, At: time.Now()})
+				require.NoError(t, err)
+				want = 45
+			}
+			gu, err = l.Snapshot(ctx, g, g)
+			require.NoError(t, err)
+			assert.Equal(t, ledger.Amounts{}, gu.Reserved, "the orphaned hold is released")
+			assert.Equal(t, want, gu.Limits[0].Committed, "and the global scope is charged once")
+		})
+	}
 }

@@ -72,7 +72,12 @@ import (
 //     applied), or answers a replay whose record carries another attempt's
 //     hold, the global hold is dropped at once (settled at zero, not sent).
 //     An ambiguous store error keeps it, because the tenant record may
-//     carry it.
+//     carry it, and so does an ambiguous step 1. The process remembers such
+//     a hold, and the request's end (Release, Settle, the outage Charge)
+//     releases it unless the record names it: a dispatched hold no record
+//     names would otherwise be charged at its amount when its lease ran
+//     out. A release that fails fails that end, whose retry (the outbox's)
+//     releases it.
 //
 // Every later operation on the tenant record gets g back from its script and
 // then acts on the global hold by id, idempotently, inside the same Go
@@ -185,10 +190,11 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
 	g, err := l.reserveTenant(ctx, &greq, l.recordName(ref), digest, ttl, nil, modeReserve)
+	gh := &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}
 	if err != nil {
-		return nil, err
+		return gh, err // (the hold, which an ambiguous error may have left)
 	}
-	return &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}, nil
+	return gh, nil
 }
 
 // inlineGlobal reports whether a Reserve of scopes keeps its global scope in
@@ -324,6 +330,10 @@ func (l *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.S
 	}
 	st, err := l.charge(ctx, req.Ref, scopes, &a, at, digest)
 	if err != nil {
+		return ledger.Settlement{}, err
+	}
+	// The charge ends the id: a hold of its ambiguous Reserve has no record.
+	if err := l.endHold(ctx, req.Ref.ID, ""); err != nil {
 		return ledger.Settlement{}, err
 	}
 	if !st.Replayed {

@@ -41,10 +41,11 @@ type Ledger struct {
 
 	mu    sync.Mutex                     // guards specs and holds
 	specs map[ledger.RequestID]*specKeys // scope spec of records reserved here
-	// holds are the global holds of records reserved here and not yet
-	// dispatched (two steps, global.go): MarkDispatched dispatches the hold
-	// before the record.
-	holds map[ledger.RequestID]ledger.Ref
+	// holds are the global holds (two steps, global.go) of requests
+	// reserved here and not yet dispatched, which MarkDispatched dispatches
+	// before the record, and of Reserves whose tenant step was ambiguous,
+	// which the request's end drops unless its record carries them (endHold).
+	holds map[ledger.RequestID]knownHold
 
 	orphans atomic.Int64 // Settles that found no record
 
@@ -104,7 +105,7 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 		c: client, cfg: cfg, prefix: cfg.KeyPrefix, s: s, m: m,
 		epochSeed:   hex.EncodeToString(seed[:]),
 		specs:       make(map[ledger.RequestID]*specKeys),
-		holds:       make(map[ledger.RequestID]ledger.Ref),
+		holds:       make(map[ledger.RequestID]knownHold),
 		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
 	}
 	if cfg.MaxBatch > 1 {
@@ -399,7 +400,6 @@ func (l *Ledger) cachedSpec(id ledger.RequestID) *specKeys {
 func (l *Ledger) forgetSpec(id ledger.RequestID) {
 	l.mu.Lock()
 	delete(l.specs, id)
-	delete(l.holds, id)
 	l.mu.Unlock()
 }
 
@@ -474,6 +474,7 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 		var err error
 		if gh, err = l.reserveGlobal(ctx, &req, gi, ttl, digest); err != nil {
 			if !errors.Is(err, ledger.ErrDenied) {
+				l.ambiguousHold(req.Ref.ID, gh, err)
 				return ledger.Grant{}, err
 			}
 			// The id decides first (as in Memory): a replay, a conflict or
@@ -490,20 +491,71 @@ func (l *Ledger) Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger
 				return ledger.Grant{}, err
 			}
 			if gh, err = l.reserveGlobal(ctx, &req, gi, ttl, digest); err != nil {
+				l.ambiguousHold(req.Ref.ID, gh, err)
 				return ledger.Grant{}, err
 			}
 		}
 	}
 	// Step 2: the tenant holds. Any definite failure drops the global hold.
 	g, err := l.reserveTenant(ctx, &treq, rec, digest, ttl, gh, modeReserve)
-	if gh != nil && l.settleHold(ctx, gh, &g, err) && !req.Dispatch {
-		l.mu.Lock()
-		if len(l.holds) < maxSpecCache {
-			l.holds[req.Ref.ID] = gh.ref
-		}
-		l.mu.Unlock()
+	if gh != nil && l.settleHold(ctx, gh, &g, err) && (!req.Dispatch || err != nil) {
+		l.rememberHold(req.Ref.ID, gh)
 	}
 	return g, err
+}
+
+// knownHold is a global hold this process reserved (or may have: an
+// ambiguous global step) for a request, and its owner.
+type knownHold struct {
+	ref   ledger.Ref
+	owner ledger.Owner
+}
+
+func (l *Ledger) rememberHold(id ledger.RequestID, gh *globalHold) {
+	l.mu.Lock()
+	if len(l.holds) < maxSpecCache {
+		l.holds[id] = knownHold{ref: gh.ref, owner: gh.owner}
+	}
+	l.mu.Unlock()
+}
+
+// ambiguousHold remembers the hold of a global step that failed err, if
+// the hold may exist (an ambiguous store error): the request's end
+// releases it (endHold). A hold that never applied is released as an
+// unknown id, whose tombstone refuses a late arrival of the step.
+func (l *Ledger) ambiguousHold(id ledger.RequestID, gh *globalHold, err error) {
+	if gh != nil && errors.Is(err, ledger.ErrAmbiguous) {
+		l.rememberHold(id, gh)
+	}
+}
+
+// endHold forgets the global hold remembered for request id and drops it
+// (settled at zero, not sent) unless the request's record carries it (g, as
+// the record's operation answered): a hold whose Reserve's tenant step was
+// ambiguous and never applied belongs to no record, and would otherwise wait
+// for its lease and, dispatched, be charged then.
+//
+// A release that fails keeps the hold remembered and returns the error, so
+// that the caller's retry of the request's end (the outbox's) releases it;
+// the hold's lease is the backstop.
+func (l *Ledger) endHold(ctx context.Context, id ledger.RequestID, g string) error {
+	l.mu.Lock()
+	h, ok := l.holds[id]
+	delete(l.holds, id)
+	l.mu.Unlock()
+	if !ok || encodeHold(h.ref) == g {
+		return nil
+	}
+	// Released: a dispatched one is settled at zero, and an unknown id
+	// leaves a tombstone that refuses the step if it arrives late.
+	if err := l.globalRelease(ctx, h.ref, h.owner); err != nil {
+		l.m.storeErrors.WithLabelValues("global_release").Inc()
+		l.mu.Lock()
+		l.holds[id] = h
+		l.mu.Unlock()
+		return fmt.Errorf("global hold: %w", err)
+	}
+	return nil
 }
 
 // holdOf returns the global hold of record id reserved here and not yet
@@ -512,11 +564,12 @@ func (l *Ledger) holdOf(id ledger.RequestID) (ledger.Ref, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	h, ok := l.holds[id]
-	return h, ok
+	return h.ref, ok
 }
 
 // settleHold decides the fate of the global hold gh after the tenant step
-// answered g, err: kept (its headroom merged into g; true) or dropped.
+// answered g, err: kept (true; on success its headroom merged into g) or
+// dropped.
 func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant, err error) bool {
 	switch {
 	case err == nil && (!g.Replayed || gh.stored == gh.enc):
@@ -524,11 +577,13 @@ func (l *Ledger) settleHold(ctx context.Context, gh *globalHold, g *ledger.Grant
 		return true
 	case err == nil || !errors.Is(err, ledger.ErrAmbiguous):
 		// A replay carries its own (earlier) global hold, and a refusal
-		// wrote nothing: ours must go. An ambiguous outcome keeps it (the
-		// tenant record may carry it); its lease is the backstop.
+		// wrote nothing: ours must go.
 		l.dropGlobal(ctx, gh)
+		return false
 	}
-	return false
+	// An ambiguous outcome keeps it: the tenant record may carry it. The
+	// request's end drops it if not (endHold); its lease is the backstop.
+	return true
 }
 
 // Modes of the reserve script (ARGV 14).
@@ -862,6 +917,9 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		if err := l.followGlobal(ctx, r.str(7), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
+		if err := l.endHold(ctx, ref.ID, r.str(7)); err != nil {
+			return ledger.Settlement{}, err
+		}
 		return s, nil
 	case "REPLAY":
 		// {'REPLAY', epoch, st, prev, held, src}
@@ -874,14 +932,23 @@ func (l *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amoun
 		if err := l.followGlobal(ctx, r.str(6), globalStep); err != nil {
 			return ledger.Settlement{}, err
 		}
+		if err := l.endHold(ctx, ref.ID, r.str(6)); err != nil {
+			return ledger.Settlement{}, err
+		}
 		return settlementOf(ledger.State(st), ledger.State(prev), held, actual, true), nil
 	case "FINAL":
 		l.forgetSpec(ref.ID)
+		if err := l.endHold(ctx, ref.ID, ""); err != nil {
+			return ledger.Settlement{}, err
+		}
 		// The actual still goes to the usage log.
 		l.emit(ref, spec, ledger.Amounts{}, actual, ledger.Amounts{}, ledger.Charged, true, src, 0, 0)
 		return ledger.Settlement{}, ledger.ErrAlreadyFinal
 	case "NOTFOUND":
 		l.forgetSpec(ref.ID)
+		if err := l.endHold(ctx, ref.ID, ""); err != nil {
+			return ledger.Settlement{}, err
+		}
 		l.orphans.Add(1)
 		l.m.orphans.Inc()
 	}
@@ -940,6 +1007,9 @@ func (l *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner
 	}
 	if r.status() == "OK" {
 		l.forgetSpec(ref.ID)
+		if err := l.endHold(ctx, ref.ID, r.str(3)); err != nil {
+			return err
+		}
 		return l.followGlobal(ctx, r.str(3), func(g ledger.Ref) error { return l.globalRelease(ctx, g, owner) })
 	}
 	if err := l.statusErr(r); err != nil {
@@ -1040,6 +1110,7 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, limit int)
 		switch rr.status() {
 		case "OK":
 			s, _ := rr.int(2)
+			_ = l.endHold(ctx, ref.ID, rr.str(5)) // (best effort: the owner's end of the request retries)
 			if ledger.State(s) == ledger.Expired {
 				st.Expired++
 				l.forgetSpec(ref.ID)
