@@ -967,9 +967,13 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 	open := func() (string, int) {
 		var b strings.Builder
 		n := 0
+		parts := map[string]ledger.ScopeKey{"global": keyer.GlobalKey()} // (a Cluster's global holds)
 		for _, tn := range names {
+			parts[tn] = keyer.Key(ledger.KindTenant, tn)
+		}
+		for _, tn := range append(names, "global") {
 			for _, st := range []ledger.State{ledger.Reserved, ledger.Dispatched} {
-				recs, err := led.List(ctx, keyer.Key(ledger.KindTenant, tn), st, 0)
+				recs, err := led.List(ctx, parts[tn], st, 0)
 				if err != nil {
 					fmt.Fprintf(&b, "%s: list %v: %v; ", tn, st, err)
 					n++
