@@ -244,7 +244,7 @@ func (b *batcher) groupOf(ctx context.Context, keys []string) any {
 func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
 	gk := b.groupOf(ctx, op.keys)
 	for {
-		r, err, g := b.wait(ctx, op, gk)
+		g, r, err := b.wait(ctx, op, gk)
 		if g != nil {
 			return r, err
 		}
@@ -261,7 +261,7 @@ func (b *batcher) do(ctx context.Context, op *bop) (reply, error) {
 // wait queues op in the group gk, runs a batch on this goroutine if the
 // group has room, and waits for op's answer. It returns the group, or nil
 // (and op kept) where op's batch left it to be routed again.
-func (b *batcher) wait(ctx context.Context, op *bop, gk any) (reply, error, *bgroup) {
+func (b *batcher) wait(ctx context.Context, op *bop, gk any) (*bgroup, reply, error) {
 	b.mu.Lock()
 	g := b.groups[gk]
 	if g == nil {
@@ -294,7 +294,7 @@ func (b *batcher) wait(ctx context.Context, op *bop, gk any) (reply, error, *bgr
 		}
 		r, err := op.r, op.err
 		putOp(op)
-		return r, err, g
+		return g, r, err
 	case <-ctx.Done():
 	case <-op.t.C:
 	}
@@ -310,19 +310,19 @@ func (b *batcher) wait(ctx context.Context, op *bop, gk any) (reply, error, *bgr
 		b.mu.Unlock()
 		putOp(op) // out of the queue, never sent: nothing else holds it
 		b.l.m.storeErrors.WithLabelValues("unavailable").Inc()
-		return nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable), g
+		return g, nil, fmt.Errorf("redis ledger: queued past the store timeout, not sent: %w", ledger.ErrUnavailable)
 	}
 	b.mu.Unlock()
 	select {
 	case <-op.done: // finished meanwhile (if it never ran, its error says so)
 		r, err := op.r, op.err
 		putOp(op)
-		return r, err, g
+		return g, r, err
 	default:
 	}
 	// The batch still holds op and will complete it: op is left to the GC.
 	b.l.m.storeErrors.WithLabelValues("ambiguous").Inc()
-	return nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous), g
+	return g, nil, fmt.Errorf("redis ledger: no reply within the store timeout: %w", ledger.ErrAmbiguous)
 }
 
 func (b *batcher) takeLocked(g *bgroup) []*bop {

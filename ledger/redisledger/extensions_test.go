@@ -211,8 +211,8 @@ type replyLost struct {
 func (h *replyLost) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
-		if err := next(ctx, cmd); err != nil || !h.armed.Load() ||
-			!(strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")) || h.n.Add(-1) != 0 {
+		script := strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")
+		if err := next(ctx, cmd); err != nil || !h.armed.Load() || !script || h.n.Add(-1) != 0 {
 			return err
 		}
 		err := fmt.Errorf("read tcp: i/o timeout (the reply was lost): %w", context.DeadlineExceeded)
