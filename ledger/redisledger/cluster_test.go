@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/testport"
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/ledger/redisledger"
 )
 
 // redisCluster is a real Redis Cluster of primaries on loopback, each its own
@@ -92,17 +93,24 @@ func nodeOf(t testing.TB, cc *redis.ClusterClient, tenant ledger.ScopeKey) *redi
 	return c
 }
 
+// clusterLedger starts a three-node Cluster and a Ledger on it, its scripts
+// loaded.
+func clusterLedger(t *testing.T) (*redisCluster, *redis.ClusterClient, *redisledger.Ledger) {
+	t.Helper()
+	c := startCluster(t, 3)
+	l := newLedgerAt(t, c.Addrs(), nil)
+	require.NoError(t, l.LoadScripts(t.Context()))
+	return c, c.Client(t), l
+}
+
 // TestClusterSpread: on a three-node Cluster, concurrent pairs of 24 tenants
 // that all share a global budget land on every node, and every count is
 // exact: each tenant's committed tokens and the global scope's equal the
 // actuals settled, nothing stays reserved, and every primary has the
 // function library the batches call.
 func TestClusterSpread(t *testing.T) {
-	c := startCluster(t, 3)
-	cc := c.Client(t)
+	_, cc, l := clusterLedger(t)
 	ctx := t.Context()
-	l := newLedgerAt(t, c.Addrs(), nil)
-	require.NoError(t, l.LoadScripts(ctx))
 	owner := ledger.NewOwner()
 	g := ledger.Scope{Kind: ledger.KindGlobal, Key: testKeyer.GlobalKey(),
 		Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 40}}}
@@ -158,11 +166,8 @@ func TestClusterSpread(t *testing.T) {
 // of them fails "unavailable" (it never ran; not ambiguous, not corrupt) or
 // succeeds, and once the slot has moved every count is exact.
 func TestClusterSlotMigrating(t *testing.T) {
-	c := startCluster(t, 3)
-	cc := c.Client(t)
+	c, cc, l := clusterLedger(t)
 	ctx := t.Context()
-	l := newLedgerAt(t, c.Addrs(), nil)
-	require.NoError(t, l.LoadScripts(ctx))
 	owner := ledger.NewOwner()
 	lim := ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1 << 30}
 	moving := []ledger.Scope{tenantScope("moving", lim)}

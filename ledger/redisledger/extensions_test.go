@@ -99,24 +99,32 @@ func TestUsageEventsOfExtensions(t *testing.T) {
 	assert.Equal(t, int64(14), u.Limits[0].Committed, "charge 9 + settle 5, each once")
 }
 
-// dieAfter lets the first n script calls through after it is armed and
-// fails every later one before it reaches Redis: a process that died
-// between the steps of a two-step operation.
-type dieAfter struct {
+// scriptFault fails script calls once armed, from the nth on: before they
+// reach Redis (a process that died there), or, with lost, after they ran
+// (the reply lost: ErrAmbiguous).
+type scriptFault struct {
 	commandHook
 	armed atomic.Bool
-	n     atomic.Int32
+	n     atomic.Int32 // calls still to let through, minus one
+	lost  bool
 }
 
-func (d *dieAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (f *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		name := strings.ToLower(cmd.Name())
-		if d.armed.Load() && (strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")) && d.n.Add(-1) < 0 {
-			err := errors.New("dead: the process stopped here")
-			cmd.SetErr(err)
-			return err
+		script := strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")
+		if !f.armed.Load() || !script || f.n.Add(-1) >= 0 {
+			return next(ctx, cmd)
 		}
-		return next(ctx, cmd)
+		err := errors.New("dead: the process stopped here")
+		if f.lost {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+			err = fmt.Errorf("read tcp: i/o timeout (the reply was lost): %w", context.DeadlineExceeded)
+		}
+		cmd.SetErr(err)
+		return err
 	}
 }
 
@@ -131,7 +139,7 @@ func TestGlobalHoldFollowsDispatch(t *testing.T) {
 	srv := startRedis(t)
 	var now atomic.Int64
 	now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
-	hook := &dieAfter{}
+	hook := &scriptFault{}
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	client.AddHook(hook)
 	t.Cleanup(func() { _ = client.Close() })
@@ -200,27 +208,6 @@ func TestGlobalHoldOfRefusedDispatchIsReleased(t *testing.T) {
 	assert.Equal(t, tu.Reserved, gu.Reserved, "the global scope holds what the tenant holds: the running request")
 }
 
-// replyLost runs the nth script call after it is armed and then reports a
-// timeout: the call applied, the caller cannot know (ErrAmbiguous).
-type replyLost struct {
-	commandHook
-	armed atomic.Bool
-	n     atomic.Int32
-}
-
-func (h *replyLost) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := strings.ToLower(cmd.Name())
-		script := strings.HasPrefix(name, "eval") || strings.HasPrefix(name, "fcall")
-		if err := next(ctx, cmd); err != nil || !h.armed.Load() || !script || h.n.Add(-1) != 0 {
-			return err
-		}
-		err := fmt.Errorf("read tcp: i/o timeout (the reply was lost): %w", context.DeadlineExceeded)
-		cmd.SetErr(err)
-		return err
-	}
-}
-
 // TestAmbiguousGlobalHoldIsReleased: a Reserve whose global step applied
 // but whose reply was lost (two steps, as on a Cluster) fails ambiguous and
 // leaves a dispatched global hold that no tenant record names. Ending the
@@ -232,7 +219,7 @@ func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
 	for _, end := range []string{"release", "charge"} {
 		t.Run(end, func(t *testing.T) {
 			srv := startRedis(t)
-			hook := &replyLost{}
+			hook := &scriptFault{lost: true}
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 			client.AddHook(hook)
 			t.Cleanup(func() { _ = client.Close() })
@@ -245,7 +232,7 @@ func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
 				{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
 			req := reserveReq(sc, held(60), ledger.NewOwner())
 			req.Dispatch = true
-			hook.n.Store(2) // the tenant side's check, then the global step
+			hook.n.Store(1) // the tenant side's check passes; the global step's reply is lost
 			hook.armed.Store(true)
 			_, err = l.Reserve(ctx, req)
 			require.ErrorIs(t, err, ledger.ErrAmbiguous)
