@@ -202,53 +202,63 @@ func TestClusterSlotMigrating(t *testing.T) {
 	require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", toPort, base+"s:"+moving[0].Key.String(), 0, 5000).Err())
 
 	// The open request settles and new ones arrive while the slot moves,
-	// among the neighbours' pairs.
+	// among the neighbours' pairs. The old node holds writes for a moment,
+	// so that they queue and go together in mixed batches.
 	var mu sync.Mutex
 	var ran, refused, settledOpen int
 	var wg sync.WaitGroup
-	for r := range 8 {
-		wg.Go(func() {
-			var err error
-			if r == 0 {
-				_, err = l.Settle(ctx, open.Ref, held(10), ledger.SourceFinal)
-			} else {
-				req := reserveReq(moving, held(100), owner)
-				req.Dispatch = true
-				_, err = l.Reserve(ctx, req)
-				if err == nil {
-					_, err = l.Settle(ctx, req.Ref, held(1), ledger.SourceFinal)
-				}
+	const waves = 3 // (each is likelier than not to put one of them after another slot's)
+	for wave := range waves {
+		require.NoError(t, from.Do(ctx, "CLIENT", "PAUSE", 200, "WRITE").Err())
+		// The neighbours first: the moving slot's operations then mostly queue
+		// behind them and go later in mixed batches, where only the probe
+		// guards them.
+		for range 8 {
+			for _, sc := range others {
+				wg.Go(func() {
+					req := reserveReq(sc, held(100), owner)
+					req.Dispatch = true
+					if _, err := l.Reserve(ctx, req); err != nil {
+						t.Errorf("neighbour reserve: %v", err)
+						return
+					}
+					if _, err := l.Settle(ctx, req.Ref, held(7), ledger.SourceFinal); err != nil {
+						t.Errorf("neighbour settle: %v", err)
+					}
+				})
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				ran++
-				if r == 0 {
-					settledOpen++
-				}
-			case errors.Is(err, ledger.ErrUnavailable):
-				refused++
-			default:
-				t.Errorf("an operation of the moving slot: %v (want success or unavailable)", err)
-			}
-		})
-		for _, sc := range others {
+		}
+		for r := range 8 {
 			wg.Go(func() {
-				req := reserveReq(sc, held(100), owner)
-				req.Dispatch = true
-				if _, err := l.Reserve(ctx, req); err != nil {
-					t.Errorf("neighbour reserve: %v", err)
-					return
+				var err error
+				if wave == 0 && r == 0 {
+					_, err = l.Settle(ctx, open.Ref, held(10), ledger.SourceFinal)
+				} else {
+					req := reserveReq(moving, held(100), owner)
+					req.Dispatch = true
+					_, err = l.Reserve(ctx, req)
+					if err == nil {
+						_, err = l.Settle(ctx, req.Ref, held(1), ledger.SourceFinal)
+					}
 				}
-				if _, err := l.Settle(ctx, req.Ref, held(7), ledger.SourceFinal); err != nil {
-					t.Errorf("neighbour settle: %v", err)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					ran++
+					if wave == 0 && r == 0 {
+						settledOpen++
+					}
+				case errors.Is(err, ledger.ErrUnavailable):
+					refused++
+				default:
+					t.Errorf("an operation of the moving slot: %v (want success or unavailable)", err)
 				}
 			})
 		}
+		wg.Wait()
 	}
-	wg.Wait()
-	require.Equal(t, 8, ran+refused)
+	require.Equal(t, 8*waves, ran+refused)
 	require.Positive(t, refused, "the moving slot's operations were refused while its keys were split")
 
 	// Finish the move: the rest of the slot's keys, then its new owner.
@@ -273,7 +283,7 @@ func TestClusterSlotMigrating(t *testing.T) {
 	for _, sc := range others {
 		u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
 		require.NoError(t, err)
-		assert.Equal(t, int64(8*7), u.Limits[0].Committed)
+		assert.Equal(t, int64(waves*8*7), u.Limits[0].Committed)
 		assert.Equal(t, ledger.Amounts{}, u.Reserved)
 	}
 }

@@ -17,7 +17,13 @@
 -- its keys gone), and such an operation answers TRYAGAIN without reading or
 -- writing anything. A slot cannot move while the call runs, so an operation
 -- whose probe passed finds every key it touches.
+-- probe answers why an operation's keys are not all served here, or false.
 local EXISTS = 'EXISTS'
+local function probe(keys)
+  local r = redis.pcall(EXISTS, unpack(keys))
+  if type(r) == 'table' and r.err then return tostring(r.err) end
+  return false
+end
 local function run_batch(ALLK, ALLA, a0, declared)
   begin(ALLA[#ALLA])
   local out = {}
@@ -29,13 +35,13 @@ local function run_batch(ALLK, ALLA, a0, declared)
     ai = ai + 3
     KEYS = {unpack(ALLK, ki, ki + nk - 1)}
     ARGV = {unpack(ALLA, ai, ai + na - 1)}
-    local probe = ki > declared and nk > 0 and redis.pcall(EXISTS, unpack(KEYS))
+    local refused = ki > declared and nk > 0 and probe(KEYS) -- (one server: false, no C call)
     ki, ai = ki + nk, ai + na
     local fn = OPS[name]
     if not fn then
       out[i] = {'LUAERR', 'unknown operation ' .. tostring(name)}
-    elseif type(probe) == 'table' then
-      out[i] = {'LUAERR', 'TRYAGAIN ' .. tostring(probe.err)}
+    elseif refused then
+      out[i] = {'LUAERR', 'TRYAGAIN ' .. refused}
     else
       local ok, r = pcall(fn)
       if ok then
