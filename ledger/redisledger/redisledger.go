@@ -43,8 +43,9 @@ type Ledger struct {
 	specs map[ledger.RequestID]*specKeys // scope spec of records reserved here
 	// holds are the global holds (two steps, global.go) of requests
 	// reserved here and not yet dispatched, which MarkDispatched dispatches
-	// before the record, and of Reserves whose tenant step was ambiguous,
-	// which the request's end drops unless its record carries them (endHold).
+	// before the record, and of Reserves whose global or tenant step was
+	// ambiguous, which the request's end releases unless its record carries
+	// them (endHold).
 	holds map[ledger.RequestID]knownHold
 
 	orphans atomic.Int64 // Settles that found no record
@@ -529,11 +530,11 @@ func (l *Ledger) ambiguousHold(id ledger.RequestID, gh *globalHold, err error) {
 	}
 }
 
-// endHold forgets the global hold remembered for request id and drops it
-// (settled at zero, not sent) unless the request's record carries it (g, as
-// the record's operation answered): a hold whose Reserve's tenant step was
-// ambiguous and never applied belongs to no record, and would otherwise wait
-// for its lease and, dispatched, be charged then.
+// endHold forgets the global hold remembered for request id and releases it
+// unless the request's record carries it (g, as the record's operation
+// answered): a hold of a Reserve whose global or tenant step was ambiguous
+// may belong to no record, and would otherwise wait for its lease and,
+// dispatched, be charged then.
 //
 // A release that fails keeps the hold remembered and returns the error, so
 // that the caller's retry of the request's end (the outbox's) releases it;
