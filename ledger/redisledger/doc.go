@@ -6,8 +6,9 @@
 // # One script per operation
 //
 // Every operation is one Lua script (reserve, dispatch, extend, settle,
-// release, expire, resolve; scan and snapshot are read-only and run with
-// EVALSHA_RO). Scripts run atomically but Redis has no rollback, so each one
+// release, expire, resolve; scan, snapshot and records are read-only and
+// run as read-only functions of the library with FCALL_RO, or EVALSHA_RO
+// where the server has no functions). Scripts run atomically but Redis has no rollback, so each one
 // first reads and validates everything it will touch (integers, ranges,
 // states, epoch, policy version, and that KEYS match the record's scopes)
 // and only then writes. Stored damage is refused

@@ -239,7 +239,9 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 	}
 	args = append(args, fl)
 	var cmd *redis.Cmd
-	if ro {
+	if fn := l.s.roFn[s]; ro && fn != "" && l.b != nil && !l.b.noFunc.Load() {
+		cmd = l.fcallRO(ctx, fn, s, keys, args)
+	} else if ro {
 		cmd = s.RunRO(ctx, l.c, keys, args...)
 	} else {
 		cmd = s.Run(ctx, l.c, keys, args...)
@@ -253,6 +255,25 @@ func (l *Ledger) run(ctx context.Context, s *redis.Script, ro bool, keys []strin
 		return nil, l.corrupt("unexpected script reply")
 	}
 	return reply(arr), nil
+}
+
+// fcallRO runs the reader s as the library's read-only function fn, loading
+// the library where the server lacks it, and as the script where the server
+// has no functions (or the ACL refuses them), as the batcher does.
+func (l *Ledger) fcallRO(ctx context.Context, fn string, s *redis.Script, keys []string, args []any) *redis.Cmd {
+	cmd := l.c.FCallRO(ctx, fn, keys, args...)
+	err := cmd.Err()
+	if funcMissing(err) {
+		if err = l.loadLibrary(ctx); err == nil {
+			cmd = l.c.FCallRO(ctx, fn, keys, args...)
+			err = cmd.Err()
+		}
+	}
+	if err != nil && funcUnsupported(err) {
+		l.b.noFunc.Store(true)
+		return s.RunRO(ctx, l.c, keys, args...)
+	}
+	return cmd
 }
 
 // runOp runs the write script s with op's keys and arguments, as run does,
@@ -1368,7 +1389,7 @@ func (l *Ledger) Run(ctx context.Context) error {
 // in state, ordered like the ZSET that indexes them: RESERVED and DISPATCHED
 // by lease expiry (L), UNRESOLVED by chargeable-at (U), ties by id. It never
 // writes: ZRANGE pages of the index, each followed by one read-only script
-// (EVALSHA_RO) that decodes the page's records (packed, or the older hash
+// (FCALL_RO, or EVALSHA_RO without functions) that decodes the page's records (packed, or the older hash
 // layout) and returns the fields List reports.
 //
 // # Design rationale
