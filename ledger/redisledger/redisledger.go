@@ -832,10 +832,7 @@ func (l *Ledger) MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledge
 	switch r.status() {
 	case "OK":
 		if first && r.str(4) == encodeHold(h) {
-			l.mu.Lock()
-			delete(l.holds, ref.ID)
-			l.mu.Unlock()
-			return nil
+			return l.endHold(ctx, ref.ID, r.str(4)) // (the record names it: only forgotten)
 		}
 		return l.followGlobal(ctx, r.str(4), func(g ledger.Ref) error { return l.globalDispatch(ctx, g, owner) })
 	case "DENIED":
