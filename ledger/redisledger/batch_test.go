@@ -214,10 +214,15 @@ func TestBatchScopeCacheAndLibrary(t *testing.T) {
 			assert.Equal(t, over, o, "%s: every overrun once", name)
 		}
 	}
-	fc, es := commandCalls(t, rc, "fcall"), commandCalls(t, rc, "evalsha")
+	fc, es, ro := commandCalls(t, rc, "fcall"), commandCalls(t, rc, "evalsha"), commandCalls(t, rc, "fcall_ro")
 	round("library")
 	assert.Greater(t, commandCalls(t, rc, "fcall"), fc, "batches ran as FCALL")
+	assert.Greater(t, commandCalls(t, rc, "fcall_ro"), ro, "snapshots ran as FCALL_RO")
 	require.NoError(t, rc.FunctionFlush(ctx).Err())
+	// A reader first: it loads the library again.
+	u, err := l.Snapshot(ctx, sc[0].Key, sc[0].Key)
+	require.NoError(t, err)
+	assert.Equal(t, committed, u.Limits[0].Committed, "a snapshot after FUNCTION FLUSH")
 	round("after FUNCTION FLUSH")
 	redisledger.UseBatchScript(l)
 	fc = commandCalls(t, rc, "fcall")
