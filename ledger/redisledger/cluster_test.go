@@ -287,3 +287,76 @@ func TestClusterSlotMigrating(t *testing.T) {
 		assert.Equal(t, ledger.Amounts{}, u.Reserved)
 	}
 }
+
+// TestClusterReclaimAll: one tick of Run on a Cluster scans each node's
+// partitions in one call and reclaims every due record exactly; a
+// partition whose slot is moving (its keys split between two nodes) is
+// left for a later tick, never half-read, and reclaimed once the move is
+// done; an idle tick then costs one scan call per node.
+func TestClusterReclaimAll(t *testing.T) {
+	c := startCluster(t, 3)
+	cc := c.Client(t)
+	ctx := t.Context()
+	crashed := newLedgerAt(t, c.Addrs(), nil)
+	w := newReclaimWorld(t, crashed, "cluster-reclaim", 90)
+
+	const moving = 3 // a RESERVED one
+	mkey := metaKey(w.refs[moving].Tenant)
+	from := nodeOf(t, cc, w.refs[moving].Tenant)
+	var to *redis.Client
+	for _, s := range c.nodes {
+		if n := s.Client(t); n.Options().Addr != from.Options().Addr {
+			to = n
+			break
+		}
+	}
+	// A partition of the same node goes first in its scan, so that the
+	// moving one's keys are undeclared ones of that node's call.
+	var first ledger.ScopeKey
+	for i, ref := range w.refs {
+		if i != moving && nodeOf(t, cc, ref.Tenant).Options().Addr == from.Options().Addr {
+			first = ref.Tenant
+			break
+		}
+	}
+	require.False(t, first.IsZero())
+	l := newLedgerAt(t, c.Addrs(), func(cfg *redisledger.Config) { cfg.Tenants = []ledger.ScopeKey{first} })
+	later := time.Now().Add(2 * time.Hour).UnixMilli()
+	redisledger.SetTimeFloor(l, func() int64 { return later })
+	require.NoError(t, l.LoadScripts(ctx))
+
+	slot := int(cc.ClusterKeySlot(ctx, mkey).Val())
+	fromID, toID := from.Do(ctx, "CLUSTER", "MYID").Val(), to.Do(ctx, "CLUSTER", "MYID").Val()
+	require.NoError(t, to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
+	require.NoError(t, from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
+	toPort := strings.TrimPrefix(to.Options().Addr, "127.0.0.1:")
+	require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", toPort, mkey, 0, 5000).Err())
+
+	redisledger.ReclaimAll(ctx, l)
+	w.check(t, l, cc, moving)
+
+	keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	require.NoError(t, err)
+	args := []any{"MIGRATE", "127.0.0.1", toPort, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	require.NoError(t, from.Do(ctx, args...).Err())
+	for _, s := range c.nodes {
+		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
+	}
+	redisledger.ReclaimAll(ctx, l)
+	w.check(t, l, cc, -1)
+
+	for _, s := range c.nodes {
+		require.NoError(t, s.Client(t).ConfigResetStat(ctx).Err())
+	}
+	redisledger.ReclaimAll(ctx, l)
+	var scans, writes int64
+	for _, s := range c.nodes {
+		scans += commandCalls(t, s.Client(t), "fcall_ro")
+		writes += commandCalls(t, s.Client(t), "fcall")
+	}
+	assert.Equal(t, int64(3), scans, "an idle tick: one scan call per node")
+	assert.Zero(t, writes)
+}

@@ -122,5 +122,9 @@
 // that empties the script cache only costs one EVAL per script. The read-only
 // Reclaim scan lists due ids; each id is then expired or charged by its own
 // script that rechecks due-ness, so a racing Extend or Settle wins or loses
-// atomically and Reclaim never acts early.
+// atomically and Reclaim never acts early. Run scans every partition each
+// tick from every instance, nearly all of them idle, so its pass scans up to
+// 128 partitions of one server or Cluster node in one read-only call (the
+// library's scans function, reclaim.go) and reclaims alone only those that
+// have due ids or that the call could not read.
 package redisledger

@@ -57,6 +57,9 @@ type Ledger struct {
 	// (see register).
 	registered sync.Map // ledger.ScopeKey → struct{}
 	pending    sync.Map // ledger.ScopeKey → struct{}: SADD failed, Run retries
+	// scanBatch is the most partitions one idle scan call of Run carries
+	// (reclaim.go); 1 scans each alone (tests compare both).
+	scanBatch int
 
 	// floor, when set (tests only, see export_test.go), pins ledger time:
 	// scripts use max(TIME, hwm, floor).
@@ -108,6 +111,7 @@ func New(client redis.UniversalClient, cfg Config) (*Ledger, error) {
 		specs:       make(map[ledger.RequestID]*specKeys),
 		holds:       make(map[ledger.RequestID]knownHold),
 		leaseMaxArg: cfg.MaxLeaseTTL.Milliseconds(), tombArg: cfg.TombstoneRetention.Milliseconds(),
+		scanBatch: scanBatch,
 	}
 	if cfg.MaxBatch > 1 {
 		l.b = newBatcher(l)
@@ -1094,90 +1098,6 @@ func (l *Ledger) resolve(ctx context.Context, ref ledger.Ref, admin bool) (ledge
 // for Reclaim, whose admission window is still open).
 var errNotDue = fmt.Errorf("record is not unresolved: %w", ledger.ErrConflict)
 
-// Reclaim expires due leases of one tenant (RESERVED → EXPIRED, DISPATCHED →
-// UNRESOLVED) and charges UNRESOLVED records whose first admission window has
-// closed, at most max ids of each kind per call. Each id is its own script,
-// which rechecks due-ness, so Reclaim may lag but never acts early.
-func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, limit int) (ledger.ReclaimStats, error) {
-	var st ledger.ReclaimStats
-	if tenant.IsZero() {
-		return st, fmt.Errorf("zero tenant: %w", ledger.ErrInvalid)
-	}
-	if limit <= 0 {
-		limit = l.cfg.ReclaimBatch
-	}
-	base := l.tenantBase(tenant)
-	r, err := l.run(ctx, l.s.scan, true, []string{base + "m", base + "L", base + "U"}, limit)
-	if err != nil {
-		return st, err
-	}
-	if r.status() != "OK" || len(r) < 4 {
-		return st, l.corrupt("reclaim scan")
-	}
-	due, _ := r[2].([]any)
-	unres, _ := r[3].([]any)
-	st.More = len(due) >= limit || len(unres) >= limit
-	for _, x := range due {
-		ref, ok := refOf(tenant, x)
-		if !ok {
-			return st, l.corrupt("lease entry id")
-		}
-		rr, _, err := l.runRecord(ctx, l.s.expire, ref)
-		if err != nil {
-			return st, err
-		}
-		switch rr.status() {
-		case "OK":
-			s, _ := rr.int(2)
-			_ = l.endHold(ctx, ref.ID, rr.str(5)) // (best effort: the owner's end of the request retries)
-			if ledger.State(s) == ledger.Expired {
-				st.Expired++
-				l.forgetSpec(ref.ID)
-				// Best effort: the global hold's own lease is the backstop.
-				// An EXPIRED record was never sent, so its hold goes at zero
-				// whatever its state (MarkDispatched may have dispatched it
-				// before dying).
-				_ = l.followGlobal(ctx, rr.str(5), func(g ledger.Ref) error {
-					return l.globalSettle(ctx, g, ledger.Amounts{}, ledger.SourceNotSent)
-				})
-			} else {
-				st.Unresolved++
-				// Chargeable at once when its first admission window has closed.
-				ra, _ := rr.int(3)
-				now, _ := rr.int(4)
-				if ra <= now {
-					if _, err := l.resolve(ctx, ref, false); err == nil {
-						st.Charged++
-					} else if !errors.Is(err, errNotDue) {
-						return st, err
-					}
-				}
-			}
-		case "NOTDUE":
-		default:
-			if err := l.statusErr(rr); err != nil {
-				return st, err
-			}
-			return st, l.corrupt("unknown expire reply " + rr.status())
-		}
-	}
-	for _, x := range unres {
-		ref, ok := refOf(tenant, x)
-		if !ok {
-			return st, l.corrupt("unresolved entry id")
-		}
-		_, err := l.resolve(ctx, ref, false)
-		switch {
-		case err == nil:
-			st.Charged++
-		case errors.Is(err, errNotDue), errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
-		default:
-			return st, err
-		}
-	}
-	return st, nil
-}
-
 func refOf(tenant ledger.ScopeKey, x any) (ledger.Ref, bool) {
 	s, ok := x.(string)
 	if !ok {
@@ -1350,36 +1270,6 @@ func (l *Ledger) partitions(ctx context.Context) []ledger.ScopeKey {
 		_ = l.storeErr(err) // counted; the next tick retries
 	}
 	return out
-}
-
-// Run reclaims every partition that may hold records (Config.Tenants, every
-// tenant and global partition any instance has registered, and the global
-// partitions this process reserved in) each ReclaimInterval until ctx ends,
-// then returns nil. Store errors are counted and retried next tick. Call it
-// once, inside the process's errgroup.
-func (l *Ledger) Run(ctx context.Context) error {
-	if l.cfg.ReclaimInterval <= 0 {
-		<-ctx.Done()
-		return nil
-	}
-	t := time.NewTicker(l.cfg.ReclaimInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		l.registerPending(ctx)
-		for _, tenant := range l.partitions(ctx) {
-			for range 64 { // bounded drain per tick
-				st, err := l.Reclaim(ctx, tenant, l.cfg.ReclaimBatch)
-				if err != nil || !st.More {
-					break
-				}
-			}
-		}
-	}
 }
 
 // List returns up to max (≤ 0: ledger.DefaultListMax) open records of tenant

@@ -32,6 +32,11 @@ type scripts struct {
 	// roFn names the library's read-only function of each reader (scan,
 	// snapshot, records), called with FCALL_RO.
 	roFn map[*redis.Script]string
+	// scans is the library's read-only function that scans several
+	// partitions in one call (lua/scans.lua; Run's idle pass), flagged
+	// allow-cross-slot-keys for a Cluster node's partitions. It has no
+	// script: without functions Run scans partition by partition.
+	scans string
 }
 
 // batchOps are the write scripts the batch script embeds.
@@ -136,7 +141,7 @@ func loadScripts() (*scripts, error) {
 	for _, r := range readers {
 		names = append(names, r.name)
 	}
-	if err := appendBodies(&ro, "RO", names); err != nil {
+	if err := appendBodies(&ro, "RO", append(names, "scans")); err != nil {
 		return nil, err
 	}
 	ro.WriteString("local function run_ro(name, K, A)\n  begin(A[#A])\n  KEYS, ARGV = K, A\n  return RO[name]()\nend\n")
@@ -165,6 +170,9 @@ func loadScripts() (*scripts, error) {
 		fmt.Fprintf(&lib, "redis.register_function{function_name = '%s', flags = {'no-writes'},\n"+
 			"  callback = function(keys, args)\n  init()\n  return runro(%q, keys, args)\nend}\n", fn, r.name)
 	}
+	s.scans = "sluice_scans_" + tag
+	fmt.Fprintf(&lib, "redis.register_function{function_name = '%s', flags = {'no-writes', 'allow-cross-slot-keys'},\n"+
+		"  callback = function(keys, args)\n  init()\n  return runro('scans', keys, args)\nend}\n", s.scans)
 	s.lib = lib.String()
 	return s, nil
 }
