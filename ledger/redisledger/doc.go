@@ -47,7 +47,8 @@
 //	               (chargeable at), ls (state before the terminal one), at
 //	               (admitted), o(wner), dg (digest), h (held), sp (scopes and
 //	               limits), wi (admission window per W), a (actual), src, g
-//	               (the global hold "G.gid", if any), na (attempt nonce).
+//	               (the global hold "G.gid", if any; in a global hold's own
+//	               record, its request "^T.id"), na (attempt nonce).
 //	               Records of the layout before it (a HASH of those fields as
 //	               text) are still read, and stored packed when next written.
 //	               A process of that earlier version refuses a packed record

@@ -257,3 +257,71 @@ func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestGlobalHoldFollowsItsRequestAfterACrash: a process that dies between
+// the end of a request and the end of its global hold (a global budget in
+// two steps, as on a Cluster) leaves the hold to its lease. Reclaim then
+// reads the request's record, named in the hold's, and ends the hold as the
+// request ended: settled for the request's actual, not charged its whole
+// hold once its window closes (the global scope charged 60 where the tenant
+// was charged 25). A hold that went UNRESOLVED while its request was still
+// open is settled the same way when its charge falls due.
+func TestGlobalHoldFollowsItsRequestAfterACrash(t *testing.T) {
+	for _, when := range []string{"at expiry", "at charge"} {
+		t.Run(when, func(t *testing.T) {
+			srv := startRedis(t)
+			var now atomic.Int64
+			now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
+			hook := &scriptFault{}
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+			client.AddHook(hook)
+			t.Cleanup(func() { _ = client.Close() })
+			dying, err := redisledger.New(client, redisledger.Config{LeaseTTL: time.Second, StoreTimeout: 5 * time.Second, MaxBatch: 1})
+			require.NoError(t, err)
+			redisledger.SetTimeFloor(dying, now.Load)
+			peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
+			redisledger.SetTimeFloor(peer, now.Load)
+			ctx := t.Context()
+			require.NoError(t, peer.LoadScripts(ctx))
+			g := testKeyer.GlobalKey()
+			sc := []ledger.Scope{tenantScope("dies-settling", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
+				{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
+			req := reserveReq(sc, held(60), ledger.NewOwner())
+			req.LeaseTTL, req.Dispatch = time.Second, true
+			_, err = dying.Reserve(ctx, req)
+			require.NoError(t, err)
+			now.Add(1500) // every lease has run out
+			if when == "at charge" {
+				_, err = peer.Reclaim(ctx, g, 10) // the request is still open: the hold waits
+				require.NoError(t, err)
+			}
+			holds, err := peer.List(ctx, g, ledger.Unresolved, 0)
+			require.NoError(t, err)
+			hook.n.Store(1) // the tenant step, then the process dies
+			hook.armed.Store(true)
+			_, err = dying.Settle(ctx, req.Ref, held(25), ledger.SourceFinal)
+			require.Error(t, err, "the process dies after one step")
+
+			if when == "at charge" {
+				require.Len(t, holds, 1)
+				now.Add(2 * time.Hour.Milliseconds()) // its window has closed
+			}
+			_, err = peer.Reclaim(ctx, g, 10)
+			require.NoError(t, err)
+			if when == "at charge" {
+				f, err := recordFields(ctx, srv.Client(t), "sluice:{"+g.String()+"}:q:"+ledger.ScopeKey(holds[0].Ref.ID).String())
+				require.NoError(t, err)
+				assert.Equal(t, fmt.Sprint(int(ledger.Settled)), f["st"], "settled, not charged its hold")
+				assert.True(t, strings.HasPrefix(f["a"], "1,25,0,25,"), "for the request's actual (requests, input, output, tokens...): %s", f["a"])
+				return
+			}
+			gu, err := peer.Snapshot(ctx, g, g)
+			require.NoError(t, err)
+			tu, err := peer.Snapshot(ctx, sc[0].Key, sc[0].Key)
+			require.NoError(t, err)
+			assert.Equal(t, ledger.Amounts{}, gu.Reserved, "nothing held")
+			assert.Equal(t, int64(25), tu.Limits[0].Committed)
+			assert.Equal(t, int64(25), gu.Limits[0].Committed, "the global scope is charged what the tenant is")
+		})
+	}
+}

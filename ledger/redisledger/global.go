@@ -100,7 +100,13 @@ import (
 // step whose tenant record was never written — is reclaimed like any other:
 // RESERVED → EXPIRED when its lease runs out (Run reclaims every global
 // partition this process has reserved in), DISPATCHED → UNRESOLVED →
-// CHARGED at the hold once its admission window closes. Every resolution of
+// CHARGED at the hold once its admission window closes — unless its request
+// has ended: a hold's record names its request (backMark), and Reclaim ends
+// the hold of a request that settled, was released or expired, or carries
+// another hold, as that request ended (followRequest), so a crash between a
+// request's end and its hold's no longer charges the global scope the whole
+// hold. A request whose record is missing (its step may still land) keeps
+// the backstop. Every resolution of
 // the global hold is the global record's own exactly-once transition, so
 // the global c rises at most once per request.
 //
@@ -189,7 +195,8 @@ func (l *Ledger) reserveGlobal(ctx context.Context, req *ledger.ReserveRequest, 
 	l.register(ctx, gk)
 	greq := ledger.ReserveRequest{Ref: ref, Owner: req.Owner, Scopes: req.Scopes[gi : gi+1], Held: req.Held,
 		Dispatch: req.Dispatch}
-	g, err := l.reserveTenant(ctx, &greq, l.recordName(ref), digest, ttl, nil, modeReserve)
+	back := &globalHold{enc: backRef(req.Ref)} // the hold record's g names its request
+	g, err := l.reserveTenant(ctx, &greq, l.recordName(ref), digest, ttl, back, modeReserve)
 	gh := &globalHold{ref: ref, enc: encodeHold(ref), owner: req.Owner, grant: g}
 	if err != nil {
 		return gh, err // (the hold, which an ambiguous error may have left)
@@ -221,7 +228,7 @@ func (l *Ledger) dropGlobal(ctx context.Context, gh *globalHold) {
 // followGlobal runs fn on the global hold named by a tenant record's field g
 // (nothing when g is empty).
 func (l *Ledger) followGlobal(_ context.Context, g string, fn func(ledger.Ref) error) error {
-	if g == "" {
+	if g == "" || strings.HasPrefix(g, backMark) { // (a hold's own record: its request)
 		return nil
 	}
 	ref, ok := parseHold(g)
@@ -398,4 +405,65 @@ func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Sco
 		return chargeResult{}, err
 	}
 	return chargeResult{}, l.corrupt("unknown charge reply " + r.status())
+}
+
+// A global hold's record names its request in its field g, as backMark
+// followed by the request's "T.id" (a hold's g is never a hold of its own).
+// A process killed between the end of a request and the end of its hold
+// (Settle, Release, Reclaim's EXPIRED follow) leaves the hold to its lease,
+// and a DISPATCHED hold would then be charged at its amount once
+// UNRESOLVED, though its request settled for less or never went out.
+// Reclaim, finding such a hold due, reads the request's record and ends the
+// hold as the request ended (followRequest). Holds written before this mark
+// existed have an empty g and keep the lease's backstop.
+const backMark = "^"
+
+func backRef(req ledger.Ref) string { return backMark + encodeHold(req) }
+
+// followRequest ends the global hold hold, whose record's g is g, the way
+// its request ended, and reports whether it did: settled with the
+// request's actual when the request settled; at zero, not sent, when the
+// request was released or expired, or when its record carries another
+// attempt's hold or none (this one can never be its). A request still open,
+// charged at its hold (the hold's own charge matches), or not found (its
+// step may still land) leaves the hold as it is.
+func (l *Ledger) followRequest(ctx context.Context, hold ledger.Ref, g string) bool {
+	enc, ok := strings.CutPrefix(g, backMark)
+	if !ok {
+		return false
+	}
+	req, ok := parseHold(enc)
+	if !ok {
+		return false
+	}
+	r, err := l.run(ctx, l.s.records, true, []string{l.recordName(req).key})
+	if err != nil {
+		return false
+	}
+	v, _ := r[0].([]any)
+	if len(v) < 8 {
+		return false // no record (or one that does not decode)
+	}
+	rec := reply(v)
+	st, _ := rec.int(0)
+	var actual ledger.Amounts
+	src := ledger.SourceNotSent
+	switch {
+	case rec.str(7) != encodeHold(hold):
+	case ledger.State(st) == ledger.Settled || ledger.State(st) == ledger.SettledLate:
+		a, ok := parseAmountsCSV(rec.str(5))
+		if !ok {
+			return false
+		}
+		actual, src = a, ledger.SourceFinal
+		for s := ledger.SourceFinal; s.Valid(); s++ {
+			if s.String() == rec.str(6) {
+				src = s
+			}
+		}
+	case ledger.State(st) == ledger.Released || ledger.State(st) == ledger.Expired:
+	default:
+		return false
+	}
+	return l.globalSettle(ctx, hold, actual, src) == nil
 }

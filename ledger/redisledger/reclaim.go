@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -64,6 +65,9 @@ func (l *Ledger) reclaimIDs(ctx context.Context, tenant ledger.ScopeKey, due, un
 				})
 			} else {
 				st.Unresolved++
+				if l.followRequest(ctx, ref, rr.str(5)) {
+					continue // a global hold, ended as its request ended
+				}
 				// Chargeable at once when its first admission window has closed.
 				ra, _ := rr.int(3)
 				now, _ := rr.int(4)
@@ -87,6 +91,9 @@ func (l *Ledger) reclaimIDs(ctx context.Context, tenant ledger.ScopeKey, due, un
 		ref, ok := refOf(tenant, x)
 		if !ok {
 			return st, l.corrupt("unresolved entry id")
+		}
+		if l.followUnresolved(ctx, ref) {
+			continue
 		}
 		_, err := l.resolve(ctx, ref, false)
 		switch {
@@ -262,4 +269,20 @@ func (l *Ledger) scanChunk(ctx context.Context, chunk []ledger.ScopeKey) (hits [
 		hits = append(hits, scanHit{tenant: p, due: due, unres: unres})
 	}
 	return hits, rest, nil
+}
+
+// followUnresolved is followRequest for an UNRESOLVED record found due for
+// its charge: a global hold its Reclaim could not end when it expired (the
+// request's record unreadable then, or the hold expired by a process of an
+// earlier version).
+func (l *Ledger) followUnresolved(ctx context.Context, ref ledger.Ref) bool {
+	r, err := l.run(ctx, l.s.records, true, []string{l.recordName(ref).key})
+	if err != nil {
+		return false
+	}
+	v, _ := r[0].([]any)
+	if len(v) < 8 || reply(v).str(0) != strconv.Itoa(int(ledger.Unresolved)) {
+		return false
+	}
+	return l.followRequest(ctx, ref, reply(v).str(7))
 }

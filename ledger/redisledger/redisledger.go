@@ -1329,7 +1329,7 @@ func (l *Ledger) List(ctx context.Context, tenant ledger.ScopeKey, state ledger.
 		}
 		for i, x := range recs {
 			v, _ := x.([]any)
-			if len(v) != 5 || i >= len(ids) {
+			if len(v) < 5 || i >= len(ids) {
 				continue
 			}
 			r := reply(v)
