@@ -131,11 +131,11 @@ func (l *Ledger) Run(ctx context.Context) error {
 
 // scanBatch is the most partitions one call of the scans function carries.
 // Every instance scans every partition each tick, and nearly all of them
-// are idle: alone, a scan costs Redis about 78 µs of CPU, most of it the
+// are idle: alone, a scan costs Redis about 70 µs of CPU, most of it the
 // call's own (reading the command, running the function, the reply), so
-// a thousand partitions and ten instances kept 0.8 of a core busy finding
-// nothing. In calls of 128 an idle partition costs a few µs
-// (docs/benchmarks/ledger-redis.md, round 11).
+// a thousand partitions and ten instances kept 0.7 of a core busy finding
+// nothing. In calls of 128 an idle partition costs about 10 µs
+// (BenchmarkReclaimIdle; docs/benchmarks/ledger-redis.md, round 11).
 const scanBatch = 128
 
 // reclaimAll is one tick of Run: every partition scanned, in calls of up to
@@ -260,7 +260,7 @@ func (l *Ledger) scanChunk(ctx context.Context, chunk []ledger.ScopeKey) (hits [
 			return nil, nil, l.corrupt("scans entry")
 		}
 		p := chunk[i-1]
-		if _, ok := e[1].(int64); !ok || len(e) < 4 {
+		if len(e) < 4 {
 			rest = append(rest, p) // CORRUPT or ERR: the lone scan says why
 			continue
 		}

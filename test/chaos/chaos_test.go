@@ -475,6 +475,7 @@ func (w *world) writeConfig(i int, withLate bool) {
 	b.WriteString("gpu: {telemetry: off}\n")
 	b.WriteString("server: {drain_timeout: 5s, max_wait: 5s}\n")
 	fmt.Fprintf(&b, "admin: {state_file: %q}\n", filepath.Join(w.dir, fmt.Sprintf("admin-%d.json", i)))
+	fmt.Fprintf(&b, "audit: {path: %q}\n", filepath.Join(w.dir, fmt.Sprintf("audit-%d.log", i)))
 	b.WriteString("tenants:\n")
 	for _, t := range tenants {
 		if t.name == "late" && !withLate {
@@ -633,6 +634,9 @@ func (w *world) attempt(ev event) {
 	if o.idem != "" {
 		req.Header.Set("Idempotency-Key", o.idem)
 	}
+	// Named in the instance's audit trail, which a request-count violation
+	// lists (chargedNotRun).
+	req.Header.Set("X-Request-Id", fmt.Sprintf("chaos-%d-%d", o.id, ev.attempt))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		r.transport = err.Error()
@@ -1044,15 +1048,19 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			b.tokHi += int64(len(o.body())) + 64 + n*int64(o.cap()+2)
 		}
 	}
-	// A client that left while Sluice was sending may be charged for a
-	// request the replica never read (Sluice cannot know it was not read).
+	// A client that left, or whose deadline passed (Sluice aborts the
+	// upstream request: 504 deadline_exceeded), while Sluice was sending may
+	// be charged for a request the replica never read: the abort closes the
+	// connection, and the replica's kernel may drop a request it had not yet
+	// read (seeds memory 402, 634 and 718 showed it: "charged, never run …
+	// reason=deadline"). Sluice cannot know it was not read.
 	for id, rs := range byOp {
 		o := w.p.ops[id]
 		if perOp[id] > 0 || want[o.tenant] == nil || o.badN {
 			continue
 		}
 		for _, r := range rs {
-			if r.cancelled || r.killed {
+			if r.cancelled || r.killed || r.code == "deadline_exceeded" {
 				b := want[o.tenant]
 				b.reqHi++
 				b.tokHi += int64(len(o.body())) + 64 + int64(max(1, o.n))*int64(o.cap()+2)
@@ -1122,8 +1130,8 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 		// replica did.
 		pendReq, pendTok := int64(len(unres)), held[ledger.Tokens]
 		if req+pendReq < b.reqLo || req > b.reqHi {
-			add("%s: %d requests charged (and %d pending in UNRESOLVED records), replicas executed %d (%d of them orphaned by a kill: ops %v)",
-				tn, req, pendReq, b.reqHi, b.reqHi-b.reqLo, b.orphans)
+			add("%s: %d requests charged (and %d pending in UNRESOLVED records), replicas executed %d (%d of them orphaned by a kill: ops %v)%s",
+				tn, req, pendReq, b.reqHi, b.reqHi-b.reqLo, b.orphans, w.chargedNotRun(tn, byOp, perOp))
 		}
 		if tok+pendTok < b.tokLo || tok > b.tokHi {
 			add("%s: %d tokens charged (and %d pending in UNRESOLVED records), outside [%d, %d] from what the replicas delivered (%d partial: %s)",
@@ -1173,4 +1181,36 @@ func committed(u ledger.Usage) (tok, req int64) {
 		}
 	}
 	return tok, req
+}
+
+// chargedNotRun lists, from the instances' audit trails, tenant's requests
+// charged (settled as sent) that no replica ran, with what their clients saw:
+// the evidence a request-count violation needs.
+func (w *world) chargedNotRun(tenant string, byOp map[int][]*result, perOp map[int]int) string {
+	var b strings.Builder
+	for i := range w.inst {
+		f, err := os.ReadFile(filepath.Join(w.dir, fmt.Sprintf("audit-%d.log", i)))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(f), "\n") {
+			var rec struct {
+				Kind, Tenant, Source, State, Reason, Code string
+				RequestID                                 string `json:"request_id"`
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || rec.Kind != "settle" || rec.Tenant != tenant || rec.Source == "not_sent" {
+				continue
+			}
+			var op, try int
+			if _, err := fmt.Sscanf(rec.RequestID, "chaos-%d-%d", &op, &try); err != nil || perOp[op] > 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "\n    charged, never run: inst %d %s source=%s state=%s reason=%q code=%q; clients:", i, rec.RequestID, rec.Source, rec.State, rec.Reason, rec.Code)
+			for _, r := range byOp[op] {
+				fmt.Fprintf(&b, " [try %d inst %d status %d %q transport %q cancelled=%v killed=%v done=%v]",
+					r.ev.attempt, r.ev.inst, r.status, r.code, r.transport, r.cancelled, r.killed, r.done)
+			}
+		}
+	}
+	return b.String()
 }
