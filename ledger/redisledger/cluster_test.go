@@ -103,6 +103,40 @@ func clusterLedger(t *testing.T) (*redisCluster, *redis.ClusterClient, *redisled
 	return c, c.Client(t), l
 }
 
+// beginMove starts moving slot from one node to another as redis-cli
+// --cluster reshard does (IMPORTING, MIGRATING) and migrates keys, the
+// slot's keys split between the two nodes until finishMove.
+func beginMove(t *testing.T, from, to *redis.Client, slot int, keys ...string) {
+	t.Helper()
+	ctx := t.Context()
+	fromID, toID := from.Do(ctx, "CLUSTER", "MYID").Val(), to.Do(ctx, "CLUSTER", "MYID").Val()
+	require.NoError(t, to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
+	require.NoError(t, from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
+	for _, k := range keys {
+		require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", port(to), k, 0, 5000).Err())
+	}
+}
+
+// finishMove migrates the rest of slot's keys and gives every node the
+// slot's new owner.
+func (c *redisCluster) finishMove(t *testing.T, from, to *redis.Client, slot int) {
+	t.Helper()
+	ctx := t.Context()
+	keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
+	require.NoError(t, err)
+	args := []any{"MIGRATE", "127.0.0.1", port(to), "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	require.NoError(t, from.Do(ctx, args...).Err())
+	toID := to.Do(ctx, "CLUSTER", "MYID").Val()
+	for _, s := range c.nodes {
+		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
+	}
+}
+
+func port(c *redis.Client) string { return strings.TrimPrefix(c.Options().Addr, "127.0.0.1:") }
+
 // TestClusterSpread: on a three-node Cluster, concurrent pairs of 24 tenants
 // that all share a global budget land on every node, and every count is
 // exact: each tenant's committed tokens and the global scope's equal the
@@ -195,11 +229,7 @@ func TestClusterSlotMigrating(t *testing.T) {
 
 	base := "sluice:{" + moving[0].Key.String() + "}:"
 	slot := int(cc.ClusterKeySlot(ctx, base+"m").Val())
-	fromID, toID := from.Do(ctx, "CLUSTER", "MYID").Val(), to.Do(ctx, "CLUSTER", "MYID").Val()
-	require.NoError(t, to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
-	require.NoError(t, from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
-	toPort := strings.TrimPrefix(to.Options().Addr, "127.0.0.1:")
-	require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", toPort, base+"s:"+moving[0].Key.String(), 0, 5000).Err())
+	beginMove(t, from, to, slot, base+"s:"+moving[0].Key.String())
 
 	// The open request settles and new ones arrive while the slot moves,
 	// among the neighbours' pairs. The old node holds writes for a moment,
@@ -262,16 +292,7 @@ func TestClusterSlotMigrating(t *testing.T) {
 	require.Positive(t, refused, "the moving slot's operations were refused while its keys were split")
 
 	// Finish the move: the rest of the slot's keys, then its new owner.
-	keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
-	require.NoError(t, err)
-	args := []any{"MIGRATE", "127.0.0.1", toPort, "", 0, 5000, "KEYS"}
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	require.NoError(t, from.Do(ctx, args...).Err())
-	for _, s := range c.nodes {
-		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
-	}
+	c.finishMove(t, from, to, slot)
 	if settledOpen == 0 {
 		_, err = l.Settle(ctx, open.Ref, held(10), ledger.SourceFinal)
 		require.NoError(t, err, "the open request settles on the slot's new node")
@@ -326,25 +347,12 @@ func TestClusterReclaimAll(t *testing.T) {
 	require.NoError(t, l.LoadScripts(ctx))
 
 	slot := int(cc.ClusterKeySlot(ctx, mkey).Val())
-	fromID, toID := from.Do(ctx, "CLUSTER", "MYID").Val(), to.Do(ctx, "CLUSTER", "MYID").Val()
-	require.NoError(t, to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err())
-	require.NoError(t, from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err())
-	toPort := strings.TrimPrefix(to.Options().Addr, "127.0.0.1:")
-	require.NoError(t, from.Do(ctx, "MIGRATE", "127.0.0.1", toPort, mkey, 0, 5000).Err())
+	beginMove(t, from, to, slot, mkey)
 
 	redisledger.ReclaimAll(ctx, l)
 	w.check(t, l, cc, moving)
 
-	keys, err := from.ClusterGetKeysInSlot(ctx, slot, 1000).Result()
-	require.NoError(t, err)
-	args := []any{"MIGRATE", "127.0.0.1", toPort, "", 0, 5000, "KEYS"}
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	require.NoError(t, from.Do(ctx, args...).Err())
-	for _, s := range c.nodes {
-		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
-	}
+	c.finishMove(t, from, to, slot)
 	redisledger.ReclaimAll(ctx, l)
 	w.check(t, l, cc, -1)
 

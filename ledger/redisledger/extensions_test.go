@@ -128,16 +128,14 @@ func (f *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestGlobalHoldFollowsDispatch: a process that dies between the two steps
-// of MarkDispatched (a global budget in two steps, as on a Cluster) leaves
-// the global scope holding and charging exactly what the tenant does, once
-// every lease has run out and Reclaim has run (the global partition's first,
-// then the tenant's: the less favourable order). Dispatching the tenant
-// record first left it UNRESOLVED (held, and charged later) while its global
-// hold expired uncharged.
-func TestGlobalHoldFollowsDispatch(t *testing.T) {
+// twoStepPair is a global budget in two steps (MaxBatch 1, as on a
+// Cluster) on one redis-server: a Ledger whose process dies where hook
+// says, a peer that survives it, and the ledger time both run at (a day
+// ahead, moved by the test), with one-second leases.
+func twoStepPair(t *testing.T) (*redisServer, *scriptFault, *atomic.Int64, *redisledger.Ledger, *redisledger.Ledger) {
+	t.Helper()
 	srv := startRedis(t)
-	var now atomic.Int64
+	now := &atomic.Int64{}
 	now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
 	hook := &scriptFault{}
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -148,14 +146,26 @@ func TestGlobalHoldFollowsDispatch(t *testing.T) {
 	redisledger.SetTimeFloor(dying, now.Load)
 	peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
 	redisledger.SetTimeFloor(peer, now.Load)
+	require.NoError(t, peer.LoadScripts(t.Context())) // one call per step: no NOSCRIPT fallback
+	return srv, hook, now, dying, peer
+}
+
+// TestGlobalHoldFollowsDispatch: a process that dies between the two steps
+// of MarkDispatched (a global budget in two steps, as on a Cluster) leaves
+// the global scope holding and charging exactly what the tenant does, once
+// every lease has run out and Reclaim has run (the global partition's first,
+// then the tenant's: the less favourable order). Dispatching the tenant
+// record first left it UNRESOLVED (held, and charged later) while its global
+// hold expired uncharged.
+func TestGlobalHoldFollowsDispatch(t *testing.T) {
+	_, hook, now, dying, peer := twoStepPair(t)
 	ctx := t.Context()
-	require.NoError(t, peer.LoadScripts(ctx)) // one call per step: no NOSCRIPT fallback
 	g := testKeyer.GlobalKey()
 	sc := []ledger.Scope{tenantScope("dies-dispatching", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
 		{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
 	req := reserveReq(sc, held(60), ledger.NewOwner())
 	req.LeaseTTL = time.Second
-	_, err = dying.Reserve(ctx, req)
+	_, err := dying.Reserve(ctx, req)
 	require.NoError(t, err)
 	hook.n.Store(1)
 	hook.armed.Store(true)
@@ -269,26 +279,14 @@ func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
 func TestGlobalHoldFollowsItsRequestAfterACrash(t *testing.T) {
 	for _, when := range []string{"at expiry", "at charge"} {
 		t.Run(when, func(t *testing.T) {
-			srv := startRedis(t)
-			var now atomic.Int64
-			now.Store(time.Now().Add(24 * time.Hour).UnixMilli())
-			hook := &scriptFault{}
-			client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-			client.AddHook(hook)
-			t.Cleanup(func() { _ = client.Close() })
-			dying, err := redisledger.New(client, redisledger.Config{LeaseTTL: time.Second, StoreTimeout: 5 * time.Second, MaxBatch: 1})
-			require.NoError(t, err)
-			redisledger.SetTimeFloor(dying, now.Load)
-			peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
-			redisledger.SetTimeFloor(peer, now.Load)
+			srv, hook, now, dying, peer := twoStepPair(t)
 			ctx := t.Context()
-			require.NoError(t, peer.LoadScripts(ctx))
 			g := testKeyer.GlobalKey()
 			sc := []ledger.Scope{tenantScope("dies-settling", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
 				{Kind: ledger.KindGlobal, Key: g, Limits: []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}}}}
 			req := reserveReq(sc, held(60), ledger.NewOwner())
 			req.LeaseTTL, req.Dispatch = time.Second, true
-			_, err = dying.Reserve(ctx, req)
+			_, err := dying.Reserve(ctx, req)
 			require.NoError(t, err)
 			now.Add(1500) // every lease has run out
 			if when == "at charge" {

@@ -73,7 +73,8 @@ func (w *reclaimWorld) check(t *testing.T, l *redisledger.Ledger, rc redis.Unive
 // crashed instance reclaims every due record exactly, scanning them in
 // three calls of the scans function, where scanning each alone takes 300;
 // a partition whose meta is damaged is scanned alone (and reported
-// corrupt) without holding up the others.
+// corrupt) without holding up the others, and reclaimed once it is
+// repaired.
 func TestReclaimAllScansInBatches(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -87,7 +88,7 @@ func TestReclaimAllScansInBatches(t *testing.T) {
 			ctx := t.Context()
 			crashed := newLedger(t, srv.Addr(), nil)
 			w := newReclaimWorld(t, crashed, "reclaim", 300)
-			const damaged = 299 // an idle one: its record stays SETTLED either way
+			const damaged = 297 // a RESERVED one
 			require.NoError(t, rc.HSet(ctx, metaKey(w.refs[damaged].Tenant), "hwm", "x").Err())
 
 			l := newLedger(t, srv.Addr(), nil)
@@ -100,10 +101,12 @@ func TestReclaimAllScansInBatches(t *testing.T) {
 			require.NoError(t, rc.ConfigResetStat(ctx).Err())
 			redisledger.ReclaimAll(ctx, l)
 			assert.Equal(t, tc.scans, commandCalls(t, rc, "fcall_ro"), "scan calls")
+			w.check(t, l, rc, damaged)
 			require.NoError(t, rc.HSet(ctx, metaKey(w.refs[damaged].Tenant), "hwm", "0").Err())
+			redisledger.ReclaimAll(ctx, l) // repaired
 			w.check(t, l, rc, -1)
 
-			// A second tick finds nothing to do.
+			// A third tick finds nothing to do.
 			require.NoError(t, rc.ConfigResetStat(ctx).Err())
 			redisledger.ReclaimAll(ctx, l)
 			assert.Equal(t, tc.idle, commandCalls(t, rc, "fcall_ro"), "scan calls, idle")
