@@ -129,6 +129,10 @@ type metrics struct {
 	corrupt     prometheus.Counter
 	orphans     prometheus.Counter
 	batchOps    prometheus.Histogram
+	// reclaimed counts Reclaim's outcomes by record (outcome: expired,
+	// unresolved, charged, followed: a global hold ended as its request).
+	reclaimed   *prometheus.CounterVec
+	reclaimPass prometheus.Histogram // one Run tick over every partition
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -150,9 +154,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Write operations carried by one Redis ledger script call (batching of concurrent operations).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_ledger_redis_reclaimed_total",
+			Help: "Records Reclaim ended, by outcome: expired (a lease that never dispatched), unresolved (a dispatched lease that ran out), charged (an unresolved record charged its hold), followed (a global hold ended as its request did).",
+		}, []string{"outcome"}),
+		reclaimPass: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_ledger_redis_reclaim_pass_seconds",
+			Help:    "Duration of one Reclaim pass over every partition (each second, from every instance); near 1 s, leases of crashed instances are reclaimed late.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+		}),
+	}
+	for _, o := range []string{"expired", "unresolved", "charged", "followed"} {
+		m.reclaimed.WithLabelValues(o) // every outcome exported from the start
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt, m.orphans, m.batchOps} {
+		for _, c := range []prometheus.Collector{m.storeErrors, m.corrupt, m.orphans, m.batchOps, m.reclaimed, m.reclaimPass} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register redis ledger metrics: %w", err)
 			}

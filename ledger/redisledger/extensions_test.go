@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -132,7 +133,7 @@ func (f *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // Cluster) on one redis-server: a Ledger whose process dies where hook
 // says, a peer that survives it, and the ledger time both run at (a day
 // ahead, moved by the test), with one-second leases.
-func twoStepPair(t *testing.T) (*redisServer, *scriptFault, *atomic.Int64, *redisledger.Ledger, *redisledger.Ledger) {
+func twoStepPair(t *testing.T) twoStep {
 	t.Helper()
 	srv := startRedis(t)
 	now := &atomic.Int64{}
@@ -144,10 +145,20 @@ func twoStepPair(t *testing.T) (*redisServer, *scriptFault, *atomic.Int64, *redi
 	dying, err := redisledger.New(client, redisledger.Config{LeaseTTL: time.Second, StoreTimeout: 5 * time.Second, MaxBatch: 1})
 	require.NoError(t, err)
 	redisledger.SetTimeFloor(dying, now.Load)
-	peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch = 1 })
+	reg := prometheus.NewRegistry()
+	peer := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.MaxBatch, c.Registerer = 1, reg })
 	redisledger.SetTimeFloor(peer, now.Load)
 	require.NoError(t, peer.LoadScripts(t.Context())) // one call per step: no NOSCRIPT fallback
-	return srv, hook, now, dying, peer
+	return twoStep{srv: srv, hook: hook, now: now, dying: dying, peer: peer, reg: reg}
+}
+
+// twoStep is what twoStepPair sets up (reg: the peer's metrics).
+type twoStep struct {
+	srv         *redisServer
+	hook        *scriptFault
+	now         *atomic.Int64
+	dying, peer *redisledger.Ledger
+	reg         *prometheus.Registry
 }
 
 // TestGlobalHoldFollowsDispatch: a process that dies between the two steps
@@ -158,7 +169,8 @@ func twoStepPair(t *testing.T) (*redisServer, *scriptFault, *atomic.Int64, *redi
 // record first left it UNRESOLVED (held, and charged later) while its global
 // hold expired uncharged.
 func TestGlobalHoldFollowsDispatch(t *testing.T) {
-	_, hook, now, dying, peer := twoStepPair(t)
+	p := twoStepPair(t)
+	hook, now, dying, peer := p.hook, p.now, p.dying, p.peer
 	ctx := t.Context()
 	g := testKeyer.GlobalKey()
 	sc := []ledger.Scope{tenantScope("dies-dispatching", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
@@ -279,7 +291,8 @@ func TestAmbiguousGlobalHoldIsReleased(t *testing.T) {
 func TestGlobalHoldFollowsItsRequestAfterACrash(t *testing.T) {
 	for _, when := range []string{"at expiry", "at charge"} {
 		t.Run(when, func(t *testing.T) {
-			srv, hook, now, dying, peer := twoStepPair(t)
+			p := twoStepPair(t)
+			srv, hook, now, dying, peer := p.srv, p.hook, p.now, p.dying, p.peer
 			ctx := t.Context()
 			g := testKeyer.GlobalKey()
 			sc := []ledger.Scope{tenantScope("dies-settling", ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 1000}),
@@ -306,6 +319,7 @@ func TestGlobalHoldFollowsItsRequestAfterACrash(t *testing.T) {
 			}
 			_, err = peer.Reclaim(ctx, g, 10)
 			require.NoError(t, err)
+			assert.Equal(t, float64(1), metricValue(t, p.reg, "sluice_ledger_redis_reclaimed_total", "followed"))
 			if when == "at charge" {
 				f, err := recordFields(ctx, srv.Client(t), "sluice:{"+g.String()+"}:q:"+ledger.ScopeKey(holds[0].Ref.ID).String())
 				require.NoError(t, err)

@@ -465,5 +465,9 @@ func (l *Ledger) followRequest(ctx context.Context, hold ledger.Ref, g string) b
 	default:
 		return false
 	}
-	return l.globalSettle(ctx, hold, actual, src) == nil
+	if l.globalSettle(ctx, hold, actual, src) != nil {
+		return false
+	}
+	l.m.reclaimed.WithLabelValues("followed").Inc()
+	return true
 }

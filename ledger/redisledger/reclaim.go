@@ -37,9 +37,13 @@ func (l *Ledger) Reclaim(ctx context.Context, tenant ledger.ScopeKey, limit int)
 
 // reclaimIDs is Reclaim after its scan of tenant found the due leases due
 // and the UNRESOLVED ids unres, at most limit of each.
-func (l *Ledger) reclaimIDs(ctx context.Context, tenant ledger.ScopeKey, due, unres []any, limit int) (ledger.ReclaimStats, error) {
-	var st ledger.ReclaimStats
+func (l *Ledger) reclaimIDs(ctx context.Context, tenant ledger.ScopeKey, due, unres []any, limit int) (st ledger.ReclaimStats, err error) {
 	st.More = len(due) >= limit || len(unres) >= limit
+	defer func() {
+		l.m.reclaimed.WithLabelValues("expired").Add(float64(st.Expired))
+		l.m.reclaimed.WithLabelValues("unresolved").Add(float64(st.Unresolved))
+		l.m.reclaimed.WithLabelValues("charged").Add(float64(st.Charged))
+	}()
 	for _, x := range due {
 		ref, ok := refOf(tenant, x)
 		if !ok {
@@ -143,6 +147,8 @@ const scanBatch = 128
 // functions (one call each where it has not), and each partition with due
 // ids reclaimed, up to 64 Reclaim passes of ReclaimBatch ids.
 func (l *Ledger) reclaimAll(ctx context.Context) {
+	start := time.Now()
+	defer func() { l.m.reclaimPass.Observe(time.Since(start).Seconds()) }()
 	l.registerPending(ctx)
 	alone := l.partitions(ctx)
 	if l.b != nil && l.scanBatch > 1 && !l.b.noFunc.Load() {

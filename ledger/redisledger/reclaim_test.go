@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,6 +70,31 @@ func (w *reclaimWorld) check(t *testing.T, l *redisledger.Ledger, rc redis.Unive
 	}
 }
 
+// metricValue is the value of the counter name{outcome=label}, or with
+// label "" the sample count of the histogram name.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "outcome" && lp.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no metric %s{%s}", name, label)
+	return 0
+}
+
 // TestReclaimAllScansInBatches: one tick of Run on 300 partitions left by a
 // crashed instance reclaims every due record exactly, scanning them in
 // three calls of the scans function, where scanning each alone takes 300;
@@ -91,7 +117,8 @@ func TestReclaimAllScansInBatches(t *testing.T) {
 			const damaged = 297 // a RESERVED one
 			require.NoError(t, rc.HSet(ctx, metaKey(w.refs[damaged].Tenant), "hwm", "x").Err())
 
-			l := newLedger(t, srv.Addr(), nil)
+			reg := prometheus.NewRegistry()
+			l := newLedger(t, srv.Addr(), func(c *redisledger.Config) { c.Registerer = reg })
 			later := time.Now().Add(2 * time.Hour).UnixMilli()
 			redisledger.SetTimeFloor(l, func() int64 { return later })
 			if tc.batch > 0 {
@@ -112,6 +139,10 @@ func TestReclaimAllScansInBatches(t *testing.T) {
 			assert.Equal(t, tc.idle, commandCalls(t, rc, "fcall_ro"), "scan calls, idle")
 			assert.Zero(t, commandCalls(t, rc, "fcall"), "nothing written")
 			w.check(t, l, rc, -1)
+			for outcome, n := range map[string]float64{"expired": 100, "unresolved": 100, "charged": 100, "followed": 0} {
+				assert.Equal(t, n, metricValue(t, reg, "sluice_ledger_redis_reclaimed_total", outcome), outcome)
+			}
+			assert.Equal(t, float64(3), metricValue(t, reg, "sluice_ledger_redis_reclaim_pass_seconds", ""), "passes")
 		})
 	}
 }
