@@ -48,7 +48,8 @@
 //	               (admitted), o(wner), dg (digest), h (held), sp (scopes and
 //	               limits), wi (admission window per W), a (actual), src, g
 //	               (the global hold "G.gid", if any; in a global hold's own
-//	               record, its request "^T.id"), na (attempt nonce).
+//	               record, its request "^T.id", dropped from its tombstone),
+//	               na (attempt nonce).
 //	               Records of the layout before it (a HASH of those fields as
 //	               text) are still read, and stored packed when next written.
 //	               A process of that earlier version refuses a packed record

@@ -324,6 +324,7 @@ func TestGlobalHoldFollowsItsRequestAfterACrash(t *testing.T) {
 				f, err := recordFields(ctx, srv.Client(t), "sluice:{"+g.String()+"}:q:"+ledger.ScopeKey(holds[0].Ref.ID).String())
 				require.NoError(t, err)
 				assert.Equal(t, fmt.Sprint(int(ledger.Settled)), f["st"], "settled, not charged its hold")
+				assert.Empty(t, f["g"], "its tombstone keeps no request")
 				assert.True(t, strings.HasPrefix(f["a"], "1,25,0,25,"), "for the request's actual (requests, input, output, tokens...): %s", f["a"])
 				return
 			}

@@ -630,6 +630,9 @@ end
 local function finalize(now, st, prev, r)
   r.st, r.te = st, now + ARGV[5]
   if st == S_SETTLED or st == S_SETTLED_LATE then r.sp, r.wi_s, r.o = '', '', '' end
+  -- A global hold's request ('^T.id', global.go) matters only while the
+  -- hold is open (Reclaim follows it); its tombstone keeps none.
+  if r.g and r.g ~= '' and byte(r.g, 1) == 94 then r.g = '' end
   store(r, ARGV[5])
   if prev == S_RESERVED or prev == S_DISPATCHED then
     rcall('ZREM', KEYS[2], ARGV[4])
