@@ -129,6 +129,7 @@ func TestReclaimAllScansInBatches(t *testing.T) {
 			redisledger.ReclaimAll(ctx, l)
 			assert.Equal(t, tc.scans, commandCalls(t, rc, "fcall_ro"), "scan calls")
 			w.check(t, l, rc, damaged)
+			assert.InDelta(t, 1, counterValue(t, reg, "sluice_ledger_corrupt_total"), 0, "the damaged meta, reported once")
 			require.NoError(t, rc.HSet(ctx, metaKey(w.refs[damaged].Tenant), "hwm", "0").Err())
 			redisledger.ReclaimAll(ctx, l) // repaired
 			w.check(t, l, rc, -1)
