@@ -436,15 +436,10 @@ func (l *Ledger) followRequest(ctx context.Context, hold ledger.Ref, g string) b
 	if !ok {
 		return false
 	}
-	r, err := l.run(ctx, l.s.records, true, []string{l.recordName(req).key})
-	if err != nil {
+	rec, ok := l.peekRecord(ctx, req)
+	if !ok {
 		return false
 	}
-	v, _ := r[0].([]any)
-	if len(v) < 8 {
-		return false // no record (or one that does not decode)
-	}
-	rec := reply(v)
 	st, _ := rec.int(0)
 	var actual ledger.Amounts
 	src := ledger.SourceNotSent
@@ -470,4 +465,16 @@ func (l *Ledger) followRequest(ctx context.Context, hold ledger.Ref, g string) b
 	}
 	l.m.reclaimed.WithLabelValues("followed").Inc()
 	return true
+}
+
+// peekRecord reads ref's record with the records reader: {state, owner,
+// lease expiry, held, admitted at, actual, source, g}; false when there is
+// none, it does not decode, or the store failed.
+func (l *Ledger) peekRecord(ctx context.Context, ref ledger.Ref) (reply, bool) {
+	r, err := l.run(ctx, l.s.records, true, []string{l.recordName(ref).key})
+	if err != nil {
+		return nil, false
+	}
+	v, _ := r[0].([]any)
+	return reply(v), len(v) >= 8
 }

@@ -282,13 +282,9 @@ func (l *Ledger) scanChunk(ctx context.Context, chunk []ledger.ScopeKey) (hits [
 // request's record unreadable then, or the hold expired by a process of an
 // earlier version).
 func (l *Ledger) followUnresolved(ctx context.Context, ref ledger.Ref) bool {
-	r, err := l.run(ctx, l.s.records, true, []string{l.recordName(ref).key})
-	if err != nil {
+	rec, ok := l.peekRecord(ctx, ref)
+	if !ok || rec.str(0) != strconv.Itoa(int(ledger.Unresolved)) {
 		return false
 	}
-	v, _ := r[0].([]any)
-	if len(v) < 8 || reply(v).str(0) != strconv.Itoa(int(ledger.Unresolved)) {
-		return false
-	}
-	return l.followRequest(ctx, ref, reply(v).str(7))
+	return l.followRequest(ctx, ref, rec.str(7))
 }
