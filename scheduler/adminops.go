@@ -193,13 +193,20 @@ func (s *Server) persistLocked() error {
 
 // writeFileAtomic replaces path with b: a synced temporary file renamed
 // over it, so a crash leaves the old or the new content, never a torn one.
-func writeFileAtomic(path string, b []byte) error {
+func writeFileAtomic(path string, b []byte) error { return replaceFile(path, b, true) }
+
+// replaceFile writes b to a temporary file beside path and renames it over
+// path, fsyncing it first when sync.
+func replaceFile(path string, b []byte, sync bool) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-*")
 	if err != nil {
 		return err
 	}
 	_, werr := tmp.Write(b)
-	serr := tmp.Sync()
+	var serr error
+	if sync {
+		serr = tmp.Sync()
+	}
 	cerr := tmp.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
 		_ = os.Remove(tmp.Name())

@@ -844,8 +844,10 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 }
 
 // settle charges the ledger once; a store failure goes to the outbox, which
-// retries with the same id (Settle is idempotent), and the lease is the
-// backstop if the process dies first.
+// retries with the same id (Settle is idempotent). The Settle is written
+// ahead to the outbox's file, where there is one, so a process killed
+// before the store answers settles it exactly when it starts again; the
+// lease is the backstop where there is no file.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	if c.outage {
 		if src != ledger.SourceNotSent {
@@ -860,6 +862,7 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.leases.untrack(c)
 	ended := phaseSettled
 	defer func() { _ = c.to(ended) }()
+	s.outbox.writeAhead(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
 	op := c.ledgerOp()
 	st, err := s.led.Settle(op, c.ref, actual, src)
 	op.cancel()
@@ -878,6 +881,7 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 		ended = phaseUnresolved
 		return
 	}
+	s.outbox.landed(c.ref.ID)
 	if err != nil {
 		s.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
 	}

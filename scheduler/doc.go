@@ -67,7 +67,9 @@
 //   - The outbox loop (outbox.go) owns unacknowledged endings (Release for
 //     never-dispatched holds, leaving a tombstone for an ambiguous Reserve
 //     that never applied; Settle for dispatched ones), kept in a file
-//     next to the owed outage charges so that a restart finishes them, and
+//     next to the owed outage charges so that a restart finishes them;
+//     every Settle is written there before it is sent, so a kill while
+//     it is in flight is finished the same way, and
 //     owed outage charges (outage.go), each under its own lock.
 //   - The clamp loop applies automatic clamps (off the request goroutine)
 //     and expires clamps; the admin loop installs admin changes other

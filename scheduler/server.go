@@ -217,6 +217,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.outbox.load(outboxFile(cfg), s.log); err != nil {
 		return nil, err
 	}
+	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	eff := effectiveConfig(cfg, &s.admin, s.now())
 	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
