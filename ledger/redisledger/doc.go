@@ -127,6 +127,7 @@
 // atomically and Reclaim never acts early. Run scans every partition each
 // tick from every instance, nearly all of them idle, so its pass scans up to
 // 128 partitions of one server or Cluster node in one read-only call (the
-// library's scans function, reclaim.go), reclaims the due ids it returns,
-// and scans alone only the partitions the call could not read.
+// library's scans function, reclaim.go; a Cluster's nodes in parallel),
+// reclaims the due ids it returns, and scans alone only the partitions the
+// call could not read.
 package redisledger

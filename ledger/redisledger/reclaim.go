@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -192,22 +193,40 @@ func (l *Ledger) scanAll(ctx context.Context, parts []ledger.ScopeKey) []ledger.
 		}
 		groups[g] = append(groups[g], p)
 	}
-	for _, g := range order {
-		ps := groups[g]
-		for len(ps) > 0 && ctx.Err() == nil {
-			chunk := ps[:min(len(ps), l.scanBatch)]
-			ps = ps[len(chunk):]
-			hits, rest, err := l.scanChunk(ctx, chunk)
-			if err != nil {
-				alone = append(alone, chunk...)
-				continue
-			}
-			alone = append(alone, rest...)
-			for _, h := range hits {
-				st, err := l.reclaimIDs(ctx, h.tenant, h.due, h.unres, l.cfg.ReclaimBatch)
-				if err == nil && st.More {
-					l.drain(ctx, h.tenant)
-				}
+	if len(order) == 1 {
+		return append(alone, l.scanGroup(ctx, groups[order[0]])...)
+	}
+	// One goroutine per Cluster node: each node scans its own partitions,
+	// so a pass takes the longest node's time, not the sum.
+	lefts := make([][]ledger.ScopeKey, len(order))
+	var wg sync.WaitGroup
+	for i, g := range order {
+		wg.Go(func() { lefts[i] = l.scanGroup(ctx, groups[g]) })
+	}
+	wg.Wait()
+	for _, left := range lefts {
+		alone = append(alone, left...)
+	}
+	return alone
+}
+
+// scanGroup scans ps, partitions of one server or one Cluster node, in
+// batches of scanBatch, one after another, reclaiming what they find; it
+// returns those left to scan alone.
+func (l *Ledger) scanGroup(ctx context.Context, ps []ledger.ScopeKey) (alone []ledger.ScopeKey) {
+	for len(ps) > 0 && ctx.Err() == nil {
+		chunk := ps[:min(len(ps), l.scanBatch)]
+		ps = ps[len(chunk):]
+		hits, rest, err := l.scanChunk(ctx, chunk)
+		if err != nil {
+			alone = append(alone, chunk...)
+			continue
+		}
+		alone = append(alone, rest...)
+		for _, h := range hits {
+			st, err := l.reclaimIDs(ctx, h.tenant, h.due, h.unres, l.cfg.ReclaimBatch)
+			if err == nil && st.More {
+				l.drain(ctx, h.tenant)
 			}
 		}
 	}
