@@ -284,3 +284,45 @@ func TestReplicaFresh(t *testing.T) {
 		})
 	}
 }
+
+// TestPollerMarks: a successful scrape keeps the caller's counters read as
+// its poll started and once /metrics answered; a failed one keeps the
+// previous pair with the previous metrics.
+func TestPollerMarks(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	cur, status := Mark{Sent: 5, Done: 2}, 200
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path == "/metrics" {
+			cur.Sent++ // sent and completed while the scrape is in flight
+			cur.Done++
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, "vllm:num_requests_running 3\n")
+		}
+	}))
+	defer srv.Close()
+	p, err := NewPoller(PollerConfig{Replicas: []Target{{Name: "r0", URL: srv.URL}},
+		Mark: func(name string) Mark {
+			assert.Equal(t, "r0", name)
+			mu.Lock()
+			defer mu.Unlock()
+			return cur
+		}}, nil, nil)
+	require.NoError(t, err)
+	p.PollOnce(t.Context())
+	r0, _ := p.Get("r0")
+	assert.True(t, r0.Marked)
+	assert.Equal(t, Mark{Sent: 5, Done: 2}, r0.PollMark)
+	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.ScrapeMark)
+
+	mu.Lock()
+	status = 500
+	mu.Unlock()
+	p.PollOnce(t.Context())
+	r0, _ = p.Get("r0")
+	assert.Equal(t, 1, r0.Failures)
+	assert.Equal(t, Mark{Sent: 5, Done: 2}, r0.PollMark, "kept with the metrics it belongs to")
+	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.ScrapeMark)
+}
