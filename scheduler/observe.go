@@ -63,10 +63,10 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		}
 		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
 		if snap.Marked {
-			o.sentAt, o.finishedAt = snap.Mark.Sent, snap.Mark.Done
+			o.sentAt, o.finishedAt = snap.PollMark.Sent, snap.ScrapeMark.Done
 		} else {
 			// A source without marks: the counts now (sends between the
-			// scrape and now are then missed until the next one).
+			// poll and now are then missed until the next scrape).
 			o.sentAt, o.finishedAt = r.sent.Load(), r.finished.Load()
 		}
 		if prev != nil {

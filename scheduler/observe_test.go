@@ -83,34 +83,31 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 
 // TestForeignSequencesCountWithOwnSends: a replica's batch holds sequences
 // this instance did not send (a replica that ignored aborts, or another
-// instance's). What this instance sends after a scrape answered is not in
-// it, so it adds to the scrape's count rather than competing with it for
-// the larger of the two: with 3 foreign sequences in a batch of 4, one
-// request is dispatched, not two, until a completion frees a slot. Observe
-// runs on its own tick, after the scrape: the counts are the poller's
-// (vllm.Replica.Mark), read when the scrape answered.
+// instance's). What this instance sends after a poll started is not in that
+// poll's scrape, so it adds to the scrape's count rather than competing with
+// it for the larger of the two: with 3 foreign sequences in a batch of 4,
+// one request is dispatched, not two, until a completion frees a slot.
 func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
 	r := s.reps.reps[0]
 	r.maxSeqs = 4
 	src := &snapSource{}
 	at := time.Unix(1_800_000_000, 0)
-	// scrape is a poll's answer: the running sequences and the mark.
-	scrape := func(running float64) *vllm.Replica {
+	// poll returns the poll's start mark; scraped publishes its answer
+	// (running sequences, the mark at the answer) with that start mark.
+	poll := func() vllm.Mark { return s.ReplicaMark("r0") }
+	scraped := func(start vllm.Mark, running float64) {
 		at = at.Add(time.Second)
-		return &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
+		src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
 			Metrics: vllm.Metrics{Running: vllm.Value{V: running, OK: true}, Waiting: vllm.Value{OK: true}},
-			Marked:  true, Mark: s.ReplicaMark("r0")}
-	}
-	observe := func(snap *vllm.Replica) {
-		src.snap = snap
+			Marked:  true, PollMark: start, ScrapeMark: s.ReplicaMark("r0")}
 		s.Observe(t.Context(), src, nil)
 	}
-	observe(scrape(3)) // three foreign sequences
-	snap := scrape(3)
+	scraped(poll(), 3) // three foreign sequences
+	start := poll()
 	require.Same(t, r, s.reps.choose(route{}, 1, nil), "a fourth fits")
-	observe(snap) // observed after the send
-	assert.Nil(t, s.reps.choose(route{}, 1, nil), "3 foreign + 1 sent since the scrape: full")
+	scraped(start, 3) // the scrape raced the send: it shows the three
+	assert.Nil(t, s.reps.choose(route{}, 1, nil), "3 foreign + 1 sent since the poll: full")
 
 	// The own request completes: its slot is free at once.
 	s.reps.release(r, 1)
@@ -118,8 +115,8 @@ func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	require.Same(t, r, s.reps.choose(route{}, 1, nil))
 	assert.Nil(t, s.reps.choose(route{}, 1, nil))
 	// A scrape that shows the four: still full; one foreign leaves: room.
-	observe(scrape(4))
+	scraped(poll(), 4)
 	assert.Nil(t, s.reps.choose(route{}, 1, nil))
-	observe(scrape(3))
+	scraped(poll(), 3)
 	assert.Same(t, r, s.reps.choose(route{}, 1, nil))
 }

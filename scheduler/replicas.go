@@ -55,8 +55,8 @@ type replicaObs struct {
 	// finishedAt is the replica's finished count once the scrape had
 	// answered: requests that completed since have surely left the batch.
 	finishedAt int64
-	// sentAt is its sent count once the scrape had answered: requests
-	// sent since are not in it.
+	// sentAt is its sent count as the scrape's poll started: requests sent
+	// since cannot be in the scrape.
 	sentAt int64
 }
 
@@ -177,15 +177,11 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
-		// Plus what this instance sent since the scrape answered: the
-		// scrape does not show it, and with sequences of others in the
-		// batch (another instance's, or a replica that ignored an abort)
-		// taking the larger of the two counts would let the batch overfill
-		// until the next scrape (TestForeignSequencesCountWithOwnSends). A
-		// send between vLLM rendering the scrape and its answer arriving is
-		// missed until the next scrape; reading the send count as the poll
-		// started instead would count those sent before the render twice,
-		// and a loaded vLLM answers /metrics late (vllm.Replica.TimedOut).
+		// Plus what this instance sent since the poll started: the scrape
+		// cannot show it, and with sequences of others in the batch
+		// (another instance's, or a replica that ignored an abort) taking
+		// the larger of the two counts would let the batch overfill until
+		// the next scrape (TestForeignSequencesCountWithOwnSends).
 		// Less what completed since the scrape answered: without that,
 		// slots freed by normal completions stay "full" until the next
 		// scrape (up to a scrape interval of idle batch). Aborted requests

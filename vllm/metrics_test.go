@@ -285,9 +285,9 @@ func TestReplicaFresh(t *testing.T) {
 	}
 }
 
-// TestPollerMarks: a successful scrape keeps the caller's counters read
-// once /metrics answered; a failed one keeps the previous reading with the
-// previous metrics.
+// TestPollerMarks: a successful scrape keeps the caller's counters read as
+// its poll started and once /metrics answered; a failed one keeps the
+// previous pair with the previous metrics.
 func TestPollerMarks(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -314,7 +314,8 @@ func TestPollerMarks(t *testing.T) {
 	p.PollOnce(t.Context())
 	r0, _ := p.Get("r0")
 	assert.True(t, r0.Marked)
-	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.Mark, "read after the answer")
+	assert.Equal(t, Mark{Sent: 5, Done: 2}, r0.PollMark)
+	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.ScrapeMark)
 
 	mu.Lock()
 	status = 500
@@ -322,5 +323,6 @@ func TestPollerMarks(t *testing.T) {
 	p.PollOnce(t.Context())
 	r0, _ = p.Get("r0")
 	assert.Equal(t, 1, r0.Failures)
-	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.Mark, "kept with the metrics it belongs to")
+	assert.Equal(t, Mark{Sent: 5, Done: 2}, r0.PollMark, "kept with the metrics it belongs to")
+	assert.Equal(t, Mark{Sent: 6, Done: 3}, r0.ScrapeMark)
 }
