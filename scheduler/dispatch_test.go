@@ -693,7 +693,7 @@ func TestRoomBetweenScrapes(t *testing.T) {
 	for range 4 {
 		require.NotNil(t, set.choose(route{}, 10, nil))
 	}
-	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load(), sentAt: r.sent.Load()})
+	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load()})
 	assert.False(t, set.fits(route{}, 10), "full")
 
 	set.release(r, 10) // aborted: vLLM may still run it
@@ -704,7 +704,7 @@ func TestRoomBetweenScrapes(t *testing.T) {
 	assert.True(t, set.fits(route{}, 10), "a completion frees its slot before the next scrape")
 	assert.Equal(t, int64(3), set.fleetOf(set.poolKeyOf("")).seqs, "4 scraped - 1 completed; the aborted one still counts")
 
-	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load(), sentAt: r.sent.Load()})
+	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
 	assert.Equal(t, int64(2), set.fleetOf(set.poolKeyOf("")).seqs, "the next scrape shows the abort honoured")
 }
 

@@ -61,14 +61,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage}
-		if snap.Marked {
-			o.sentAt, o.finishedAt = snap.PollMark.Sent, snap.ScrapeMark.Done
-		} else {
-			// A source without marks: the counts now (sends between the
-			// poll and now are then missed until the next scrape).
-			o.sentAt, o.finishedAt = r.sent.Load(), r.finished.Load()
-		}
+		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, finishedAt: r.finished.Load()}
 		if prev != nil {
 			o.models, o.parents = prev.models, prev.parents
 		}
@@ -112,18 +105,6 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 
 func (s *Server) exportReplica(r *replica) {
 	s.m.ReplicaInflight.WithLabelValues(r.name).Set(float64(r.load.Load()))
-}
-
-// ReplicaMark reads a replica's own counters for the poller
-// (vllm.PollerConfig.Mark): requests given room there and normal
-// completions seen.
-func (s *Server) ReplicaMark(name string) vllm.Mark {
-	for _, r := range s.reps.reps {
-		if r.name == name {
-			return vllm.Mark{Sent: r.sent.Load(), Done: r.finished.Load()}
-		}
-	}
-	return vllm.Mark{}
 }
 
 // ObserveLoop calls Observe every interval until ctx ends.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/vllm"
@@ -79,44 +78,4 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 		s.Observe(t.Context(), src, nil)
 	}
 	assert.Equal(t, gpu.StateDown, state(), "three polls of evidence in a row")
-}
-
-// TestForeignSequencesCountWithOwnSends: a replica's batch holds sequences
-// this instance did not send (a replica that ignored aborts, or another
-// instance's). What this instance sends after a poll started is not in that
-// poll's scrape, so it adds to the scrape's count rather than competing with
-// it for the larger of the two: with 3 foreign sequences in a batch of 4,
-// one request is dispatched, not two, until a completion frees a slot.
-func TestForeignSequencesCountWithOwnSends(t *testing.T) {
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-	r := s.reps.reps[0]
-	r.maxSeqs = 4
-	src := &snapSource{}
-	at := time.Unix(1_800_000_000, 0)
-	// poll returns the poll's start mark; scraped publishes its answer
-	// (running sequences, the mark at the answer) with that start mark.
-	poll := func() vllm.Mark { return s.ReplicaMark("r0") }
-	scraped := func(start vllm.Mark, running float64) {
-		at = at.Add(time.Second)
-		src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
-			Metrics: vllm.Metrics{Running: vllm.Value{V: running, OK: true}, Waiting: vllm.Value{OK: true}},
-			Marked:  true, PollMark: start, ScrapeMark: s.ReplicaMark("r0")}
-		s.Observe(t.Context(), src, nil)
-	}
-	scraped(poll(), 3) // three foreign sequences
-	start := poll()
-	require.Same(t, r, s.reps.choose(route{}, 1, nil), "a fourth fits")
-	scraped(start, 3) // the scrape raced the send: it shows the three
-	assert.Nil(t, s.reps.choose(route{}, 1, nil), "3 foreign + 1 sent since the poll: full")
-
-	// The own request completes: its slot is free at once.
-	s.reps.release(r, 1)
-	r.finished.Add(1)
-	require.Same(t, r, s.reps.choose(route{}, 1, nil))
-	assert.Nil(t, s.reps.choose(route{}, 1, nil))
-	// A scrape that shows the four: still full; one foreign leaves: room.
-	scraped(poll(), 4)
-	assert.Nil(t, s.reps.choose(route{}, 1, nil))
-	scraped(poll(), 3)
-	assert.Same(t, r, s.reps.choose(route{}, 1, nil))
 }

@@ -28,7 +28,6 @@ type replica struct {
 	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
 	count       atomic.Int64 // in-flight requests
-	sent        atomic.Int64 // requests given room here, ever (the scrape marks' Sent)
 	finished    atomic.Int64 // requests that completed normally (usage final)
 	obs         atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
@@ -52,12 +51,9 @@ type replicaObs struct {
 	models []string
 	// parents maps a LoRA adapter to its base model (vLLM's "parent").
 	parents map[string]string
-	// finishedAt is the replica's finished count once the scrape had
-	// answered: requests that completed since have surely left the batch.
+	// finishedAt is the replica's finished count when the scrape was taken
+	// in: requests that completed since have surely left the batch.
 	finishedAt int64
-	// sentAt is its sent count as the scrape's poll started: requests sent
-	// since cannot be in the scrape.
-	sentAt int64
 }
 
 // modelRefresh is how often a replica's /v1/models is read again, so that
@@ -177,21 +173,15 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
-		// Plus what this instance sent since the poll started: the scrape
-		// cannot show it, and with sequences of others in the batch
-		// (another instance's, or a replica that ignored an abort) taking
-		// the larger of the two counts would let the batch overfill until
-		// the next scrape (TestForeignSequencesCountWithOwnSends).
-		// Less what completed since the scrape answered: without that,
-		// slots freed by normal completions stay "full" until the next
-		// scrape (up to a scrape interval of idle batch). Aborted requests
-		// are not subtracted: a replica may ignore the abort (vLLM #54947)
-		// until a scrape shows it let them go. A request that left the batch
-		// before the scrape rendered but whose completion Sluice counted only
-		// after the scrape answered is subtracted twice: finish counts
-		// completions first thing, so that window is how late the request's
-		// goroutine runs after its last read.
-		if vs := o.running + o.waiting + (r.sent.Load() - o.sentAt) - (r.finished.Load() - o.finishedAt); vs > seqs {
+		// Less what completed since: without that, slots freed by normal
+		// completions stay "full" until the next scrape (up to a scrape
+		// interval of idle batch). Aborted requests are not subtracted: a
+		// replica may ignore the abort (vLLM #54947) until a scrape shows
+		// it let them go. A request that left the batch before the scrape
+		// rendered but whose completion Sluice counted after the scrape
+		// was stored is subtracted twice: finish counts completions first
+		// thing, so that window is a few microseconds.
+		if vs := o.running + o.waiting - (r.finished.Load() - o.finishedAt); vs > seqs {
 			seqs = vs
 		}
 	}
@@ -262,7 +252,6 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 	if best != nil && reserve {
 		best.load.Add(size)
 		best.count.Add(1)
-		best.sent.Add(1)
 		s.cursor = (s.cursor + 1) % n
 	}
 	return best

@@ -39,18 +39,7 @@ type PollerConfig struct {
 	Concurrency int
 	// Now is the clock. Optional; default time.Now.
 	Now func() time.Time
-	// Mark, when set, reads the caller's own counters for a replica. A
-	// poll calls it as it starts and again when /metrics has answered, and
-	// a successful scrape keeps both readings with its metrics (Replica's
-	// PollMark and ScrapeMark): what the caller sent after the first cannot
-	// be in the scrape, what it saw complete before the second is.
-	// Optional.
-	Mark func(replica string) Mark
 }
-
-// Mark is a caller's count of the requests it sent to a replica and of
-// those it saw complete there, read at a point of a poll.
-type Mark struct{ Sent, Done int64 }
 
 // Validate names every problem.
 func (c PollerConfig) Validate() error {
@@ -104,11 +93,6 @@ type Replica struct {
 	// counts such drops since the poller started.
 	Restarted bool
 	Restarts  int
-	// Marked reports that PollMark and ScrapeMark were read
-	// (PollerConfig.Mark), at the start of the poll that read Metrics and
-	// once its /metrics had answered.
-	Marked               bool
-	PollMark, ScrapeMark Mark
 	// LastError describes the last failure ("" after a good poll).
 	LastError string
 	// TimedOut reports that the last poll failed only by running out of
@@ -241,10 +225,6 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	r := *prev
 	r.CheckedAt = p.cfg.Now()
 	r.Restarted = false
-	var mark Mark
-	if p.cfg.Mark != nil {
-		mark = p.cfg.Mark(r.Name) // before the request: kept with its answer
-	}
 	base := strings.TrimSuffix(r.URL, "/")
 
 	var failed []string
@@ -266,9 +246,6 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 			r.Restarts++
 		}
 		r.Metrics = m
-		if p.cfg.Mark != nil {
-			r.Marked, r.PollMark, r.ScrapeMark = true, mark, p.cfg.Mark(r.Name)
-		}
 		r.ScrapedAt = p.cfg.Now()
 	}
 	hs, _, err := p.client.get(ctx, base+"/health")

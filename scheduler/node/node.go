@@ -81,11 +81,8 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	// A scrape may take longer than the interval on a loaded node; only a
 	// replica that stays silent for a second is a failed poll.
-	// (The poller reads the scheduler's own counters at each poll: Mark.)
-	var srv *scheduler.Server
 	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
-		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter,
-		Mark: func(name string) vllm.Mark { return srv.ReplicaMark(name) }}, client, reg)
+		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter}, client, reg)
 	if err != nil {
 		return err
 	}
@@ -144,7 +141,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		// node's next to the journal. Without either, admin.state_file.
 		deps.State = state
 	}
-	srv, err = scheduler.New(cfg, deps)
+	srv, err := scheduler.New(cfg, deps)
 	if err != nil {
 		return err
 	}
