@@ -844,10 +844,10 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 }
 
 // settle charges the ledger once; a store failure goes to the outbox, which
-// retries with the same id (Settle is idempotent). The Settle is written
-// ahead to the outbox's file, where there is one, so a process killed
-// before the store answers settles it exactly when it starts again; the
-// lease is the backstop where there is no file.
+// retries with the same id (Settle is idempotent). With a Redis ledger the
+// Settle is written ahead to the outbox's file, where there is one, so a
+// process killed before the store answers settles it exactly when it
+// starts again; otherwise the lease is the backstop.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	if c.outage {
 		if src != ledger.SourceNotSent {
