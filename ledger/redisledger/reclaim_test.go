@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/promsum"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/ledger/redisledger"
 )
@@ -70,29 +71,17 @@ func (w *reclaimWorld) check(t *testing.T, l *redisledger.Ledger, rc redis.Unive
 	}
 }
 
-// metricValue is the value of the counter name{outcome=label}, or with
-// label "" the sample count of the histogram name.
+// metricValue is the counter name{outcome=label}, or with label "" the
+// observation count of the histogram name.
 func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" {
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "outcome" && lp.GetValue() == label {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
+	var want map[string]string
+	if label != "" {
+		want = map[string]string{"outcome": label}
 	}
-	t.Fatalf("no metric %s{%s}", name, label)
-	return 0
+	v, err := promsum.Sum(reg, name, want)
+	require.NoError(t, err)
+	return v
 }
 
 // TestReclaimAllScansInBatches: one tick of Run on 300 partitions left by a
