@@ -207,10 +207,10 @@ func (o *outbox) landed(id ledger.RequestID) {
 func (o *outbox) add(e outboxEntry) {
 	o.mu.Lock()
 	o.pending = append(o.pending, e)
-	if a, ok := o.inflight[e.ref.ID]; ok && a.e.op == e.op && a.e.actual == e.actual && a.e.src == e.src {
-		delete(o.inflight, e.ref.ID) // the file has its line: pending now
-	} else if o.f != nil {
-		o.appendLine(&e)
+	a, ok := o.inflight[e.ref.ID]
+	delete(o.inflight, e.ref.ID) // pending now, whatever its answer was
+	if (!ok || a.e.op != e.op || a.e.actual != e.actual || a.e.src != e.src) && o.f != nil {
+		o.appendLine(&e) // the file has no line of this entry yet
 	}
 	o.mu.Unlock()
 	select {
