@@ -178,6 +178,34 @@ func TestPoller(t *testing.T) {
 	assert.Equal(t, "dead", snap[1].Name)
 }
 
+// TestPollerScrapeHook: the hook runs as /metrics is asked for; what it
+// returns gets the parsed metrics when they answer, and nothing when the
+// scrape fails.
+func TestPollerScrapeHook(t *testing.T) {
+	t.Parallel()
+	f := &fakeReplica{}
+	f.set("vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\n", 200)
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	var asked []string
+	got := map[string][]Metrics{}
+	p, err := NewPoller(PollerConfig{
+		Replicas:    []Target{{Name: "r0", URL: srv.URL}, {Name: "dead", URL: "http://127.0.0.1:1"}},
+		Concurrency: 1, // the hook's calls are then in order
+		Scrape: func(name string) func(*Metrics) {
+			asked = append(asked, name)
+			return func(m *Metrics) { got[name] = append(got[name], *m) }
+		},
+	}, NewClient(Config{DialTimeout: time.Second}), nil)
+	require.NoError(t, err)
+	p.PollOnce(t.Context())
+	assert.ElementsMatch(t, []string{"r0", "dead"}, asked)
+	require.Len(t, got["r0"], 1)
+	assert.Equal(t, v(3), got["r0"][0].Running)
+	assert.Equal(t, v(1), got["r0"][0].Waiting)
+	assert.Empty(t, got["dead"], "a failed scrape answers nothing")
+}
+
 // TestPollerTimedOut: a replica that answers nothing within the poll's
 // timeout fails the poll with TimedOut set (slow, not known dead).
 func TestPollerTimedOut(t *testing.T) {

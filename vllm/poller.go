@@ -39,6 +39,13 @@ type PollerConfig struct {
 	Concurrency int
 	// Now is the clock. Optional; default time.Now.
 	Now func() time.Time
+	// Scrape, when set, is called as a replica's /metrics request is sent;
+	// the function it returns (when not nil) is called with the parsed
+	// metrics as the answer arrives, before /health is read, and not at
+	// all when the scrape fails. The caller reads its own counters at
+	// both ends of the scrape: what it sent meanwhile may be missing from
+	// the metrics, what ended meanwhile may still be in them. Optional.
+	Scrape func(replica string) func(*Metrics)
 }
 
 // Validate names every problem.
@@ -229,6 +236,10 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 
 	var failed []string
 	definite := false // a failure that is not the deadline passing
+	var answered func(*Metrics)
+	if p.cfg.Scrape != nil {
+		answered = p.cfg.Scrape(r.Name)
+	}
 	status, body, err := p.client.get(ctx, base+"/metrics")
 	switch {
 	case err != nil:
@@ -247,6 +258,9 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 		}
 		r.Metrics = m
 		r.ScrapedAt = p.cfg.Now()
+		if answered != nil {
+			answered(&r.Metrics)
+		}
 	}
 	hs, _, err := p.client.get(ctx, base+"/health")
 	r.Healthy = err == nil && hs == http.StatusOK
