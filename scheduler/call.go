@@ -69,6 +69,7 @@ type call struct {
 
 	// Set once dispatched.
 	rep        *replica
+	seq        int64 // its number among the requests given room on rep (replicaSet.take)
 	ticket     gpu.Ticket
 	dispatchAt time.Time
 	firstByte  time.Time
@@ -704,7 +705,7 @@ func (s *Server) execute(c *call) error {
 		if !retry {
 			return err
 		}
-		next := s.reps.choose(c.route, c.size, c.rep)
+		next, seq := s.reps.take(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)
@@ -713,7 +714,7 @@ func (s *Server) execute(c *call) error {
 		}
 		s.moveClock(c, next)
 		s.reps.release(c.rep, c.size)
-		c.rep = next
+		c.rep, c.seq = next, seq
 		s.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
 	}
 }
@@ -748,9 +749,8 @@ func (s *Server) finish(c *call, err error) {
 		c.usage = sentUsage(c)
 	}
 	if c.usage.Final {
-		// It left the batch: room before the next scrape (roomOf). Counted
-		// first, before the ledger round trip: a completion counted after
-		// a scrape that already missed the request is subtracted twice.
+		// Completions while polls time out excuse a slow /metrics
+		// (Observe).
 		c.rep.finished.Add(1)
 	}
 	cause := context.Cause(c.ctx)
@@ -780,7 +780,7 @@ func (s *Server) finish(c *call, err error) {
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
-	s.reps.release(c.rep, c.size)
+	s.reps.leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
 	c.t.rt.inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.rt.inflightTokens.Add(-c.size)

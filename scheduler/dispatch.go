@@ -170,11 +170,11 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 		}
 		return s.full(c, true)
 	}
-	rep := s.reps.choose(c.route, c.size, nil)
+	rep, seq := s.reps.take(c.route, c.size, nil)
 	if rep == nil {
 		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.name, float64(t.cfg.Weight)))
 	}
-	c.rep = rep
+	c.rep, c.seq = rep, seq
 	s.pools.moveLocked(c, spotHeld)
 	return queue.Dispatch
 }

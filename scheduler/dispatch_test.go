@@ -683,31 +683,6 @@ func BenchmarkGateAssess(b *testing.B) {
 	}
 }
 
-// TestRoomBetweenScrapes: a scrape showing the batch full keeps it full
-// for requests that were aborted since (a replica may ignore the abort),
-// but not for requests that completed normally: their slots are free at
-// once, not at the next scrape.
-func TestRoomBetweenScrapes(t *testing.T) {
-	r := &replica{name: "r", maxSeqs: 4}
-	set := &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}
-	for range 4 {
-		require.NotNil(t, set.choose(route{}, 10, nil))
-	}
-	r.obs.Store(&replicaObs{ok: true, running: 4, finishedAt: r.finished.Load()})
-	assert.False(t, set.fits(route{}, 10), "full")
-
-	set.release(r, 10) // aborted: vLLM may still run it
-	assert.False(t, set.fits(route{}, 10), "an abort frees nothing until a scrape shows it")
-
-	set.release(r, 10) // completed normally
-	r.finished.Add(1)
-	assert.True(t, set.fits(route{}, 10), "a completion frees its slot before the next scrape")
-	assert.Equal(t, int64(3), set.fleetOf(set.poolKeyOf("")).seqs, "4 scraped - 1 completed; the aborted one still counts")
-
-	r.obs.Store(&replicaObs{ok: true, running: 2, finishedAt: r.finished.Load()})
-	assert.Equal(t, int64(2), set.fleetOf(set.poolKeyOf("")).seqs, "the next scrape shows the abort honoured")
-}
-
 // TestShedAtCapacity prices the standing-queue policy (newest first once
 // the head waited 1 s, shed at 2 s) at exactly 1× capacity over the
 // overload preset's full length (180 s after a 15 s warm-up, ten seeds),

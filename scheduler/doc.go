@@ -20,10 +20,11 @@
 //     429 queue_full at once and the hold is released.
 //  5. Dispatch: the queue picks by band, weighted virtual counters and FIFO;
 //     the predicate parks a tenant at its in-flight cap and blocks when no
-//     replica has room (SCHEDULING §7: load + size ≤ K_r, seqs < max_num_seqs,
-//     with vLLM's own running count and KV usage taken when larger, so work
-//     another instance or an abort-ignoring replica keeps running still
-//     counts), and the fair-share gate (dispatch.go) holds a heavy tenant
+//     replica has room (SCHEDULING §7: load + size ≤ K_r, with vLLM's KV
+//     usage taken when larger; seqs < max_num_seqs, seqs being this
+//     instance's own plus what the last scrape showed beyond its own, so
+//     work another instance or an abort-ignoring replica keeps running still
+//     counts: sizing.go), and the fair-share gate (dispatch.go) holds a heavy tenant
 //     back from its pool's light tenants' reserve; shares, reserve and room
 //     are per pool (pools.go). The request then takes a ledger slot
 //     (MarkDispatched) before its first upstream byte; a slot denial

@@ -141,7 +141,7 @@ func (s *Server) post(c *call) (*http.Response, error) {
 		if !retry {
 			return nil, err
 		}
-		next := s.reps.choose(c.route, c.size, c.rep)
+		next, seq := s.reps.take(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
 				s.reps.release(next, c.size)
@@ -150,7 +150,7 @@ func (s *Server) post(c *call) (*http.Response, error) {
 		}
 		s.moveClock(c, next)
 		s.reps.release(c.rep, c.size)
-		c.rep = next
+		c.rep, c.seq = next, seq
 	}
 }
 

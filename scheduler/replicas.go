@@ -29,6 +29,7 @@ type replica struct {
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
 	count       atomic.Int64 // in-flight requests
 	finished    atomic.Int64 // requests that completed normally (usage final)
+	batch       batch        // the batch between scrapes (sizing.go)
 	obs         atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
@@ -52,7 +53,7 @@ type replicaObs struct {
 	// parents maps a LoRA adapter to its base model (vLLM's "parent").
 	parents map[string]string
 	// finishedAt is the replica's finished count when the scrape was taken
-	// in: requests that completed since have surely left the batch.
+	// in: a poll that timed out while it rose is excused (Observe).
 	finishedAt int64
 }
 
@@ -164,25 +165,16 @@ func (s *replicaSet) pool(model string) []*replica {
 // roomOf computes r's effective capacity and load. Load counts what vLLM
 // itself reports when that is more than what this instance sent: requests
 // another instance (or a replica that ignored an abort) keeps running still
-// occupy KV and batch slots.
+// occupy KV. The batch's sequences are sizing.go's estimate.
 func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 	k, base, st := s.capacity(r.name)
 	load = r.load.Load()
-	seqs = r.count.Load()
-	if o := r.obs.Load(); o != nil && o.ok {
+	o := r.obs.Load()
+	ok := o != nil && o.ok
+	seqs = r.seqs(ok)
+	if ok {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
-		}
-		// Less what completed since: without that, slots freed by normal
-		// completions stay "full" until the next scrape (up to a scrape
-		// interval of idle batch). Aborted requests are not subtracted: a
-		// replica may ignore the abort (vLLM #54947) until a scrape shows
-		// it let them go. A request that left the batch before the scrape
-		// rendered but whose completion Sluice counted after the scrape
-		// was stored is subtracted twice: finish counts completions first
-		// thing, so that window is a few microseconds.
-		if vs := o.running + o.waiting - (r.finished.Load() - o.finishedAt); vs > seqs {
-			seqs = vs
 		}
 	}
 	return k, load, seqs, st
@@ -193,16 +185,24 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 // tried. It returns nil when nothing fits now. Fair shares are the dispatch
 // gate's (dispatch.go): every request that passes it may use any room.
 func (s *replicaSet) choose(rt route, size int64, exclude *replica) *replica {
+	r, _ := s.take(rt, size, exclude)
+	return r
+}
+
+// take is choose, also returning the request's seq on the replica (its
+// number among those given room there): leave needs it.
+func (s *replicaSet) take(rt route, size int64, exclude *replica) (*replica, int64) {
 	return s.pick(rt, size, exclude, true)
 }
 
 // fits reports whether some replica of rt's pool has room, without
 // reserving it.
 func (s *replicaSet) fits(rt route, size int64) bool {
-	return s.pick(rt, size, nil, false) != nil
+	r, _ := s.pick(rt, size, nil, false)
+	return r != nil
 }
 
-func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) *replica {
+func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) (*replica, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var best *replica
@@ -249,18 +249,27 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 		}
 		best.prefix.add(rt.prefix)
 	}
+	var seq int64
 	if best != nil && reserve {
 		best.load.Add(size)
 		best.count.Add(1)
+		seq = best.batch.sent.Add(1)
 		s.cursor = (s.cursor + 1) % n
 	}
-	return best
+	return best, seq
 }
 
-// release returns size tokens of room on r.
+// release returns the room of a request that never reached r.
 func (s *replicaSet) release(r *replica, size int64) {
 	r.load.Add(-size)
 	r.count.Add(-1)
+}
+
+// leave returns the room of request seq, which was sent to r. mayRun: it
+// did not complete, so r may still run it (sizing.go).
+func (s *replicaSet) leave(r *replica, size, seq int64, mayRun bool, now time.Time) {
+	r.load.Add(-size)
+	r.leave(seq, mayRun, now)
 }
 
 // up reports whether r can take work at all.

@@ -101,10 +101,13 @@ func TestReplicaChoice(t *testing.T) {
 	assert.Equal(t, int64(200), r0.load.Load())
 	assert.Equal(t, int64(100), r1.load.Load())
 
-	// vLLM's own running count counts when larger (ghosts).
-	r1.obs.Store(&replicaObs{ok: true, running: 4})
-	assert.NotEqual(t, r1, set.choose(route{}, 10, nil))
+	// Sequences vLLM runs beyond this instance's own (ghosts, another
+	// instance's) fill r1's batch.
+	scrapeShows(r1, r1.count.Load()+4, time.Now())
+	assert.Nil(t, set.choose(route{}, 10, r0), "r1 holds 1 of ours and 4 others")
+	assert.Equal(t, r0, set.choose(route{}, 10, nil))
 	r1.obs.Store(nil)
+	r1.batch.scr.Store(nil)
 
 	// Room is tokens and batch slots; the fair-share reserve is the
 	// dispatch gate's, not the replica choice's.

@@ -79,13 +79,6 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		targets = append(targets, vllm.Target{Name: r.Name, URL: r.URL})
 		gpuReps = append(gpuReps, gpu.Replica{Name: r.Name, GPUs: r.GPUs, CapacityTokens: r.CapacityTokens})
 	}
-	// A scrape may take longer than the interval on a loaded node; only a
-	// replica that stays silent for a second is a failed poll.
-	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
-		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter}, client, reg)
-	if err != nil {
-		return err
-	}
 	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, nil)
 	if err != nil {
 		return err
@@ -142,6 +135,15 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		deps.State = state
 	}
 	srv, err := scheduler.New(cfg, deps)
+	if err != nil {
+		return err
+	}
+	// A scrape may take longer than the interval on a loaded node; only a
+	// replica that stays silent for a second is a failed poll. Each scrape
+	// sizes its replica's batch as it answers (ScrapeHook).
+	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
+		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter,
+		Scrape: srv.ScrapeHook}, client, reg)
 	if err != nil {
 		return err
 	}

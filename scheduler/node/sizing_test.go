@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -136,4 +137,74 @@ func TestDrain(t *testing.T) {
 	require.NoError(t, n.stop())
 	assert.Equal(t, int64(0), rep.Stats().Running)
 	assert.Equal(t, int64(0), rep.Stats().Aborted)
+}
+
+// TestInstancesSharingAReplica: two instances in front of one replica of
+// four sequences. The first fills the batch; the second, started once its
+// scrape shows that, counts the first's sequences with its own sends and
+// does not overfill the batch into vLLM's own queue. (Counting the larger
+// of its own and the scrape, it sent up to four of its own at the first
+// gap a scrape caught, and 2 to 4 requests waited inside vLLM.) Both can
+// still take a slot that one completion freed before the other's next
+// scrape, or count a request of their own that vLLM had not queued yet
+// when the scrape rendered: then one waits there until the next scrape.
+func TestInstancesSharingAReplica(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs = 4
+	sc.DecodeStep = 5 * time.Millisecond
+	rep := startSim(t, sc)
+	var nodes [2]*node
+	for i := range nodes {
+		// Deadline order: the second instance's requests wait while the
+		// first's refill every slot they free (fair dispatch is per
+		// instance), and a FIFO queue would shed them at 2 s.
+		cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n    queue: {order: edf}\n", "")
+		cfg.Upstream.Replicas[0].MaxNumSeqs = 4
+		nodes[i] = startNode(t, cfg)
+	}
+
+	var maxWaiting atomic.Int64
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if w := rep.Stats().Waiting; w > maxWaiting.Load() {
+				maxWaiting.Store(w)
+			}
+			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
+		}
+	}()
+	var wg sync.WaitGroup
+	var ok atomic.Int64
+	load := func(n *node, clients int) {
+		for i := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range 4 {
+					body := fmt.Sprintf(`{"model":"sim-model","prompt":"work %d %d","max_tokens":%d,"ignore_eos":true}`, i, j, 20+10*((i+j)%5))
+					if resp := n.call(t, "/v1/completions", keyAcme, body, "X-Request-Timeout", "30"); resp.StatusCode == 200 {
+						ok.Add(1)
+					} else {
+						t.Logf("status %d: %s", resp.StatusCode, resp.Body)
+					}
+				}
+			}()
+		}
+	}
+	load(nodes[0], 6)
+	eventually(t, "the second instance scraped a full batch", func() bool { return nodes[1].replicaRunning(t) == 4 })
+	load(nodes[1], 6)
+	wg.Wait()
+	close(stop)
+	sampler.Wait()
+	assert.Equal(t, int64(48), ok.Load(), "every request served")
+	assert.LessOrEqual(t, maxWaiting.Load(), int64(2), "at most two requests waited inside vLLM")
 }

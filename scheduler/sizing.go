@@ -1,0 +1,182 @@
+package scheduler
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// A replica's batch between scrapes (SCHEDULING §7). vLLM's running +
+// waiting counts every sequence in the batch: this instance's, another
+// instance's, and those of requests whose abort the replica ignored
+// (vllm#54947). This instance knows its own exactly (replica.count), so
+// the estimate is its own now, plus what the last scrape showed that was
+// not its own then (foreign), plus aborted requests still held (below):
+//
+//	seqs = count + max(0, scraped − count at the scrape) + held
+//
+// Taking the larger of the own count and the scrape instead hides every
+// request sent since the scrape behind the others' sequences: two
+// instances sharing a replica each filled it to its max_num_seqs.
+//
+// An aborted request leaves count at once. Whether its slot is free is a
+// question of trust: a replica that ignores aborts keeps running it. A
+// replica is trusted until a scrape shows more sequences than this
+// instance can account for (its own, at most, over the scrape's flight,
+// and aborts within lingerGrace that vLLM may not have reached yet); from
+// then on, for distrustFor, an abort of a request the installed scrape
+// may show is held (counted) until the next scrape, which shows it either
+// gone or as foreign. Another instance's sequences look the same as
+// ignored aborts, so a shared replica is always distrusted: aborts there
+// wait for a scrape, as they did before trust existed.
+//
+// What remains inexact: a request sent before the scrape that vLLM had
+// not queued yet when it rendered (in flight, or in its tokenizer) is in
+// count at the scrape but not in the scrape, so foreign is one short until
+// the next scrape; and another instance's sequences that end are seen
+// only at the next scrape.
+
+const (
+	// lingerGrace is how long after Sluice let an aborted request go a
+	// scrape may still show it without the replica being suspected: vLLM
+	// frees it at its next engine step.
+	lingerGrace = time.Second
+	// distrustFor is how long a replica seen with sequences this instance
+	// cannot account for has its aborted requests' slots held.
+	distrustFor = 10 * time.Minute
+)
+
+// batchScrape is a scrape as the estimate reads it. Immutable.
+type batchScrape struct {
+	seqs    int64 // vLLM's running + waiting
+	countAt int64 // this instance's requests in flight there as it answered
+	sentAt  int64 // batch.sent as it answered: later requests are not in it
+	// foreign is what it showed beyond this instance's own.
+	foreign int64
+}
+
+// batch is this instance's account of a replica's batch between scrapes.
+type batch struct {
+	sent atomic.Int64 // requests given room, ever: each one's seq
+	held atomic.Int64 // aborts held until the next scrape (leave)
+	scr  atomic.Pointer[batchScrape]
+
+	mu            sync.Mutex // orders leave against install; guards below
+	distrustUntil time.Time
+	lingering     recentCount // aborted requests let go, by time
+}
+
+// seqs estimates the sequences in r's batch. Reads in this order (count,
+// held, scrape) against install's (scrape, then held reset) and leave's
+// (held, then count), so that a concurrent change only ever overestimates.
+func (r *replica) seqs(scraped bool) int64 {
+	n := r.count.Load()
+	held := r.batch.held.Load()
+	if !scraped {
+		return n
+	}
+	if sc := r.batch.scr.Load(); sc != nil {
+		n += sc.foreign
+	}
+	return n + held
+}
+
+// install makes a scrape that just answered the estimate's. count0 and
+// sent0 were read as it was asked for, at start. It reports whether the
+// scrape made a trusted replica distrusted.
+func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.Time) (distrusted bool) {
+	b := &r.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !m.Running.OK {
+		b.scr.Store(nil)
+		b.held.Store(0)
+		return false
+	}
+	sc := &batchScrape{seqs: int64(m.Running.V + m.Waiting.V), countAt: r.count.Load(), sentAt: b.sent.Load()}
+	sc.foreign = max(0, sc.seqs-sc.countAt)
+	// The most of this instance's own the scrape can show: what was in
+	// flight as it was asked for, what was sent during its flight, and
+	// aborts vLLM may not have reached.
+	own := count0 + (sc.sentAt - sent0) + b.lingering.since(start.Add(-lingerGrace))
+	if sc.seqs > own {
+		distrusted = !now.Before(b.distrustUntil)
+		b.distrustUntil = now.Add(distrustFor)
+	}
+	b.scr.Store(sc)
+	// Every abort held until now is in this scrape (as foreign: count no
+	// longer has it) or gone from the replica.
+	b.held.Store(0)
+	return distrusted
+}
+
+// leave takes request seq off r's count. mayRun: it was sent and did not
+// complete, so a replica that ignores aborts may still run it.
+func (r *replica) leave(seq int64, mayRun bool, now time.Time) {
+	if mayRun {
+		b := &r.batch
+		b.mu.Lock()
+		b.lingering.add(now)
+		if sc := b.scr.Load(); sc != nil && seq <= sc.sentAt && now.Before(b.distrustUntil) {
+			b.held.Add(1)
+		}
+		b.mu.Unlock()
+	}
+	r.count.Add(-1)
+}
+
+// distrusted reports whether r's aborts are held until a scrape.
+func (r *replica) distrusted(now time.Time) bool {
+	r.batch.mu.Lock()
+	defer r.batch.mu.Unlock()
+	return now.Before(r.batch.distrustUntil)
+}
+
+// ScrapeHook is vllm.PollerConfig.Scrape: it reads this instance's counts
+// for a replica as its /metrics is asked for and installs the answer for
+// the batch estimate as it arrives, not at the next Observe.
+func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
+	r := s.byName[name]
+	if r == nil {
+		return nil
+	}
+	count0, sent0, start := r.count.Load(), r.batch.sent.Load(), s.now()
+	return func(m *vllm.Metrics) {
+		if r.install(m, count0, sent0, start, s.now()) {
+			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
+				"replica", r.name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.count.Load())
+		}
+		s.signal(s.wake) // room may have changed
+	}
+}
+
+// recentCount counts events in 100 ms buckets over the last 1.6 s.
+type recentCount struct {
+	at [16]int64 // bucket number (unix ns / width) of n[i]
+	n  [16]int64
+}
+
+const recentWidth = int64(100 * time.Millisecond)
+
+func (c *recentCount) add(now time.Time) {
+	b := now.UnixNano() / recentWidth
+	i := b % int64(len(c.at))
+	if c.at[i] != b {
+		c.at[i], c.n[i] = b, 0
+	}
+	c.n[i]++
+}
+
+// since counts the events in buckets that end after t.
+func (c *recentCount) since(t time.Time) int64 {
+	from := t.UnixNano() / recentWidth
+	var n int64
+	for i, b := range c.at {
+		if b >= from {
+			n += c.n[i]
+		}
+	}
+	return n
+}

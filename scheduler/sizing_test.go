@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// scrapeShows installs a scrape of r showing seqs sequences, asked for and
+// answered at now with nothing sent or ended during its flight.
+func scrapeShows(r *replica, seqs int64, now time.Time) (distrusted bool) {
+	if o := r.obs.Load(); o == nil || !o.ok {
+		r.obs.Store(&replicaObs{ok: true})
+	}
+	m := &vllm.Metrics{Running: vllm.Value{V: float64(seqs), OK: true}, Waiting: vllm.Value{OK: true}}
+	return r.install(m, r.count.Load(), r.batch.sent.Load(), now, now)
+}
+
+func sizingSet(maxSeqs int64) (*replicaSet, *replica) {
+	r := &replica{name: "r", maxSeqs: maxSeqs}
+	return &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}, r
+}
+
+func seqsOf(set *replicaSet, r *replica) int64 {
+	_, _, n, _ := set.roomOf(r)
+	return n
+}
+
+// TestForeignSequencesCountWithOwnSends: what a scrape shows beyond this
+// instance's own stays counted while this instance sends more. Taking the
+// larger of the own count and the scrape (the old estimate) let two
+// instances sharing a replica each fill it to max_num_seqs.
+func TestForeignSequencesCountWithOwnSends(t *testing.T) {
+	set, r := sizingSet(4)
+	now := time.Unix(1_800_000_000, 0)
+	_, s1 := set.take(route{}, 10, nil)
+	assert.True(t, scrapeShows(r, 3, now), "2 sequences not ours: distrusted from now on")
+	assert.Equal(t, int64(3), seqsOf(set, r))
+
+	_, s2 := set.take(route{}, 10, nil)
+	assert.Equal(t, int64(4), seqsOf(set, r), "ours 2 + theirs 2 (the old estimate said max(2, 3) = 3)")
+	assert.False(t, set.fits(route{}, 10), "full")
+
+	set.leave(r, 10, s1, false, now) // completed
+	assert.Equal(t, int64(3), seqsOf(set, r), "a completion frees its slot before the next scrape")
+	assert.True(t, set.fits(route{}, 10))
+
+	// The next scrape shows one of theirs gone.
+	scrapeShows(r, 2, now.Add(time.Second))
+	assert.Equal(t, int64(2), seqsOf(set, r), "ours 1 + theirs 1")
+	set.leave(r, 10, s2, false, now)
+	assert.Equal(t, int64(1), seqsOf(set, r), "theirs 1, until a scrape shows it gone")
+
+	// A scrape that shows fewer than ours (sent, not yet queued by vLLM)
+	// never counts below our own.
+	set.take(route{}, 10, nil)
+	set.take(route{}, 10, nil)
+	scrapeShows(r, 0, now.Add(2*time.Second))
+	assert.Equal(t, int64(2), seqsOf(set, r))
+}
+
+// TestAbortTrust: an abort frees its slot at once on a replica whose
+// scrapes never showed more than this instance accounts for. Once one
+// did, an abort of a request the last scrape may show holds its slot until
+// the next scrape (vllm#54947: a replica may ignore it); one sent after
+// that scrape leaves as it came (the next scrape shows it if it stayed).
+func TestAbortTrust(t *testing.T) {
+	set, r := sizingSet(4)
+	now := time.Unix(1_800_000_000, 0)
+	var seq [4]int64
+	for i := range seq {
+		_, seq[i] = set.take(route{}, 10, nil)
+	}
+	assert.False(t, scrapeShows(r, 4, now), "all four are ours")
+	assert.False(t, set.fits(route{}, 10), "full")
+
+	set.leave(r, 10, seq[0], true, now) // aborted
+	assert.Equal(t, int64(3), seqsOf(set, r), "trusted: the abort frees its slot at once")
+	assert.False(t, r.distrusted(now))
+
+	// Inside lingerGrace vLLM may still show the aborted request: not
+	// evidence.
+	assert.False(t, scrapeShows(r, 4, now.Add(lingerGrace/2)), "the abort may not have reached vLLM yet")
+	// Past it, the same count is a request this instance let go and the
+	// replica kept: from now on aborts wait for a scrape.
+	assert.True(t, scrapeShows(r, 4, now.Add(2*lingerGrace)))
+	now = now.Add(2 * lingerGrace)
+	assert.True(t, r.distrusted(now))
+	assert.Equal(t, int64(4), seqsOf(set, r), "3 ours + the ghost")
+
+	set.leave(r, 10, seq[1], true, now)
+	assert.Equal(t, int64(4), seqsOf(set, r), "distrusted: an abort the scrape shows holds its slot")
+	scrapeShows(r, 3, now.Add(100*time.Millisecond))
+	assert.Equal(t, int64(3), seqsOf(set, r), "the next scrape shows it honoured: 2 ours + the ghost")
+
+	_, fresh := set.take(route{}, 10, nil)
+	assert.Equal(t, int64(4), seqsOf(set, r))
+	set.leave(r, 10, fresh, true, now)
+	assert.Equal(t, int64(3), seqsOf(set, r), "sent after the scrape: no scrape shows it, it leaves at once")
+
+	// Without evidence for distrustFor, aborts are trusted again.
+	later := now.Add(distrustFor + time.Second)
+	assert.False(t, scrapeShows(r, 2, later))
+	assert.False(t, r.distrusted(later))
+	set.leave(r, 10, seq[2], true, later)
+	assert.Equal(t, int64(1), seqsOf(set, r))
+}
+
+// TestScrapeFlightIsNotEvidence: requests sent while a scrape was in
+// flight may be in it; requests that ended during it too. Neither makes
+// the replica suspect.
+func TestScrapeFlightIsNotEvidence(t *testing.T) {
+	set, r := sizingSet(8)
+	now := time.Unix(1_800_000_000, 0)
+	r.obs.Store(&replicaObs{ok: true})
+	_, s1 := set.take(route{}, 10, nil)
+	count0, sent0 := r.count.Load(), r.batch.sent.Load()
+	// During the flight: two sent, the first completes.
+	set.take(route{}, 10, nil)
+	set.take(route{}, 10, nil)
+	set.leave(r, 10, s1, false, now)
+	// The scrape rendered after the sends and before the completion: 3.
+	m := &vllm.Metrics{Running: vllm.Value{V: 3, OK: true}, Waiting: vllm.Value{OK: true}}
+	require.False(t, r.install(m, count0, sent0, now, now))
+	assert.Equal(t, int64(3), seqsOf(set, r), "2 ours + 1 that looks foreign until the next scrape")
+	m.Running.V = 4
+	assert.True(t, r.install(m, r.count.Load(), r.batch.sent.Load(), now, now), "4 with 2 ours, none ended: 2 not ours")
+}
+
+func TestRecentCount(t *testing.T) {
+	var c recentCount
+	t0 := time.Unix(1_800_000_000, 0)
+	c.add(t0)
+	c.add(t0.Add(50 * time.Millisecond))
+	c.add(t0.Add(900 * time.Millisecond))
+	assert.Equal(t, int64(3), c.since(t0))
+	assert.Equal(t, int64(1), c.since(t0.Add(800*time.Millisecond)))
+	c.add(t0.Add(1650 * time.Millisecond)) // reuses t0's bucket
+	assert.Equal(t, int64(2), c.since(t0), "the bucket of t0 was overwritten")
+	assert.Equal(t, int64(0), c.since(t0.Add(2*time.Second)))
+}
