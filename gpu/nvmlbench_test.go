@@ -59,7 +59,7 @@ func (d *stubDev) GetRemappedRows() (int, int, bool, bool, nvml.Return) {
 func (d *stubDev) GetSupportedEventTypes() (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
 // GetSamples returns one new 87 % sample per call, from a fixed array.
-func (d *stubDev) GetSamples(_ nvml.SamplingType, last uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+func (d *stubDev) GetSamples(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
 	d.ts += 100_000
 	d.one[0] = nvml.Sample{TimeStamp: d.ts, SampleValue: [8]byte{87}}
 	return nvml.VALUE_TYPE_UNSIGNED_INT, d.one[:], nvml.SUCCESS

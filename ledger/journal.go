@@ -47,10 +47,10 @@ const (
 	opRetention  uint8 = 13 // tombstone retention (head of an online compaction)
 	opCharge     uint8 = 14 // Charge: encoded like opReserve (ttl holds At in ms, Held the amounts)
 
-	maxEntry = 1 << 16 // a longer length field is corruption, not a torn tail
+	opV2 uint8 = 0x80 // format 2 flag in the op byte
 
-	opV2       uint8 = 0x80 // format 2 flag in the op byte
-	legacyDims       = 7    // dimensions of a format 1 entry (before gpu_joules)
+	maxEntry   = 1 << 16 // a longer length field is corruption, not a torn tail
+	legacyDims = 7       // dimensions of a format 1 entry (before gpu_joules)
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -1,7 +1,6 @@
 package ledger_test
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -53,7 +52,7 @@ func TestJournalFormat1Replays(t *testing.T) {
 			_, err := m.Reserve(ctx, ledger.ReserveRequest{Ref: id(i), Owner: ledger.Owner{0x0c}, Held: held,
 				Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: tenant, Limits: []ledger.Limit{u.Limits[0].Limit}}}})
 			var fe *ledger.FinalError
-			require.True(t, errors.As(err, &fe), "record %d: %v", i, err)
+			require.ErrorAs(t, err, &fe, "record %d: %v", i, err)
 			assert.Equal(t, st, fe.State, "record %d", i)
 		}
 		require.NoError(t, m.Close())

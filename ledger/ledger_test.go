@@ -163,11 +163,11 @@ func TestGPUJoulesDimension(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, GPUJoules, d)
 	assert.Equal(t, "gpu_joules", GPUJoules.String())
-	assert.Equal(t, Dim(7), GPUJoules, "dimension numbers are stored: appended, never renumbered")
+	assert.EqualValues(t, 7, GPUJoules, "dimension numbers are stored: appended, never renumbered")
 	assert.True(t, GPUJoules.Windowed())
 	assert.False(t, Slots.Windowed())
-	assert.NoError(t, Limit{Dim: GPUJoules, Window: time.Hour, Max: 1 << 40}.Validate())
-	assert.ErrorIs(t, Limit{Dim: GPUJoules, Max: 1}.Validate(), ErrPolicy, "windowed: needs a window")
+	require.NoError(t, Limit{Dim: GPUJoules, Window: time.Hour, Max: 1 << 40}.Validate())
+	require.ErrorIs(t, Limit{Dim: GPUJoules, Max: 1}.Validate(), ErrPolicy, "windowed: needs a window")
 
 	r := ReserveRequest{Ref: Ref{Tenant: ScopeKey{1}, ID: RequestID{2}},
 		Scopes: []Scope{{Kind: KindTenant, Key: ScopeKey{1}}, {Kind: KindAPIKey, Key: ScopeKey{3}}},

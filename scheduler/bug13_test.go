@@ -43,7 +43,7 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 	defer cancel()
 	go s.dispatchLoop(ctx)
 
-	_, err := serve(s, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err, "no 409 without an Idempotency-Key")
 	assert.Equal(t, int64(1), up.runs.Load())
 	u := tenantUsage(t, s, led.Memory)
@@ -51,7 +51,7 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "settled once")
 
 	// The same lost reply under an Idempotency-Key is still this attempt.
-	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k1"})
+	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k1"})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), up.runs.Load())
 }
@@ -67,9 +67,9 @@ func TestBug13_2_DuplicateIsInFlight(t *testing.T) {
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
 		synctest.Wait()
-		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		ae := statusFor(err)
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details)
@@ -97,14 +97,14 @@ func TestBug13_3_QueuedHoldRenewed(t *testing.T) {
 		go func() { _ = s.heartbeatLoop(ctx) }()
 		go func() { _ = s.q.Run(ctx) }()
 		reclaim := func() {
-			_, err := led.Memory.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			_, err := led.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
 			require.NoError(t, err)
 		}
 
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
 		for i := range 2 {
-			wg.Go(func() { _, errs[i] = serve(s, ctx, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)}) })
+			wg.Go(func() { _, errs[i] = serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)}) })
 			synctest.Wait()
 		}
 		// The second waits behind the first (concurrency 1) for 10 lease
@@ -154,7 +154,7 @@ func TestBug13_10_FenceBeforeLapse(t *testing.T) {
 		var latest time.Duration
 		for i := range n {
 			wg.Go(func() {
-				_, err := serve(s, ctx, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)})
+				_, err := serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)})
 				mu.Lock()
 				defer mu.Unlock()
 				if errors.Is(err, ledger.ErrLeaseLost) {
@@ -188,7 +188,7 @@ func TestBug13_10_OutboxReleasesNeverDispatched(t *testing.T) {
 				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 			}
 			s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
-			_, err := serve(s, context.Background(), admission{body: chatBody("")})
+			_, err := serve(context.Background(), s, admission{body: chatBody("")})
 			assert.Equal(t, 503, statusFor(err).Status)
 			require.Equal(t, 1, s.outbox.len())
 			s.flushOutbox(context.Background())
@@ -234,7 +234,7 @@ func TestBug13_9_MultipliersBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.extra + `}`)
-			_, err := serve(s, context.Background(), admission{body: body})
+			_, err := serve(context.Background(), s, admission{body: body})
 			ae := statusFor(err)
 			assert.Equal(t, 400, ae.Status, "%v", err)
 			assert.Equal(t, "invalid_request", ae.Code)
@@ -263,11 +263,11 @@ func TestBug13_10_UnresolvedResolves(t *testing.T) {
 			Held:   ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 4, ledger.Tokens: 4}, LeaseTTL: 3 * time.Second})
 		require.NoError(t, err)
 		time.Sleep(4 * time.Second)
-		st, err := led.Memory.Reclaim(ctx, tn.key, 100)
+		st, err := led.Reclaim(ctx, tn.key, 100)
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Unresolved, "the owner died: UNRESOLVED")
 		time.Sleep(time.Hour)
-		st, err = led.Memory.Reclaim(ctx, tn.key, 100)
+		st, err = led.Reclaim(ctx, tn.key, 100)
 		require.NoError(t, err)
 		assert.Equal(t, 1, st.Charged, "charged at its hold once the window closed")
 		u := tenantUsage(t, s, led.Memory)
@@ -298,7 +298,7 @@ func TestSlotDenialRequeues(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := serve(s, ctx, admission{body: chatBody("")})
+			_, err := serve(ctx, s, admission{body: chatBody("")})
 			done <- err
 		}()
 		// Each denial requeues; the dispatch loop retries when woken.
@@ -325,14 +325,14 @@ func TestCancelWhileQueued(t *testing.T) {
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		first := make(chan error, 1)
-		go func() { _, err := serve(s, ctx, admission{body: chatBody("")}); first <- err }()
+		go func() { _, err := serve(ctx, s, admission{body: chatBody("")}); first <- err }()
 		synctest.Wait()
 		cctx, leave := context.WithCancelCause(ctx)
 		second := make(chan error, 1)
-		go func() { _, err := serve(s, cctx, admission{body: chatBody(""), reqID: "b"}); second <- err }()
+		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), reqID: "b"}); second <- err }()
 		synctest.Wait()
 		leave(ErrClientGone)
-		assert.ErrorIs(t, <-second, ErrClientGone)
+		require.ErrorIs(t, <-second, ErrClientGone)
 		close(up.gate)
 		require.NoError(t, <-first)
 		assert.Equal(t, int64(1), up.runs.Load(), "the cancelled call never ran")
@@ -355,7 +355,7 @@ func TestDrainTimeoutAborts(t *testing.T) {
 		errs := make(chan error, 3)
 		for i := range 3 {
 			go func() {
-				_, err := serve(s, context.Background(), admission{body: chatBody(""), reqID: fmt.Sprint(i)})
+				_, err := serve(context.Background(), s, admission{body: chatBody(""), reqID: fmt.Sprint(i)})
 				errs <- err
 			}()
 		}
@@ -363,7 +363,7 @@ func TestDrainTimeoutAborts(t *testing.T) {
 		start := time.Now()
 		stop()
 		for range 3 {
-			assert.ErrorIs(t, <-errs, ErrDraining)
+			require.ErrorIs(t, <-errs, ErrDraining)
 		}
 		assert.Equal(t, 5*time.Second, time.Since(start).Round(time.Second))
 		require.NoError(t, <-ran)
@@ -387,12 +387,12 @@ func TestIdempotencyRetryAfterNeverRanRuns(t *testing.T) {
 		// No dispatch loop yet: the first attempt stays queued.
 		cctx, leave := context.WithCancelCause(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(s, cctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
 		synctest.Wait()
 		leave(ErrClientGone)
-		assert.ErrorIs(t, <-first, ErrClientGone)
+		require.ErrorIs(t, <-first, ErrClientGone)
 		go s.dispatchLoop(ctx)
-		body, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		body, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		require.NoError(t, err, "a retry after a first attempt that never ran may run")
 		assert.NotEmpty(t, body)
 		assert.Equal(t, int64(1), up.runs.Load())
@@ -422,7 +422,7 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 	s.rememberResponse(c, body)
 	c.end()
 
-	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 	var replay *cachedResponse
 	require.ErrorAs(t, err, &replay)
 	assert.Equal(t, body, replay.body)
@@ -430,7 +430,7 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 
 	// Another instance (or after eviction): 409 completed, still no run.
 	s.idem = idemCache{}
-	_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 	ae := statusFor(err)
 	assert.Equal(t, 409, ae.Status)
 	assert.Equal(t, map[string]any{"state": "completed"}, ae.Details)
@@ -449,22 +449,22 @@ func TestIdempotencyCacheFollowsRetention(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
-		body, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		body, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		require.NoError(t, err)
 
 		time.Sleep(5 * time.Minute)
-		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		var replay *cachedResponse
 		require.ErrorAs(t, err, &replay, "within the retention: the cached body")
 		assert.Equal(t, body, replay.body)
 
 		time.Sleep(time.Second)
-		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		assert.Equal(t, 409, statusFor(err).Status, "past it: the cache forgot the body")
 		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
 
 		err = s.Reload(testConfig(t, "ledger: {tombstone_retention: 10m}\n", ""))
-		assert.ErrorContains(t, err, "ledger.tombstone_retention 10m0s differs from the ledger's 5m0s")
+		require.ErrorContains(t, err, "ledger.tombstone_retention 10m0s differs from the ledger's 5m0s")
 		require.NoError(t, s.Reload(testConfig(t, "", "")), "unset keeps the retention it started with")
 		assert.Equal(t, 5*time.Minute, s.retention)
 	})
@@ -499,26 +499,26 @@ func TestBug13_4_OutageNeverRunsAKeyTwice(t *testing.T) {
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	a := admission{body: chatBody(""), idemKey: "k"}
-	first, err := serve(s, ctx, a)
+	first, err := serve(ctx, s, a)
 	require.NoError(t, err)
 	down.Store(true)
 	for range 3 {
-		_, err = serve(s, ctx, a)
+		_, err = serve(ctx, s, a)
 		assert.Equal(t, 503, statusFor(err).Status, "a retry during the outage does not run: %v", err)
-		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "fresh"})
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "fresh"})
 		assert.Equal(t, 503, statusFor(err).Status, "nor does a new key: only the ledger could tell: %v", err)
 	}
-	_, err = serve(s, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err, "an unkeyed request runs on the outage allowance")
 	assert.Equal(t, int64(2), up.runs.Load())
 
 	down.Store(false)
-	_, err = serve(s, ctx, a)
+	_, err = serve(ctx, s, a)
 	var replay *cachedResponse
 	require.ErrorAs(t, err, &replay)
 	assert.Equal(t, first, replay.body, "recovered: the first response")
 	s.idem = idemCache{} // another instance: the ledger decides
-	_, err = serve(s, ctx, a)
+	_, err = serve(ctx, s, a)
 	assert.Equal(t, map[string]any{"state": "completed"}, statusFor(err).Details, "%v", err)
 	s.chargeOutages(ctx)
 	assert.Equal(t, 1, led.n("charge"))
@@ -542,7 +542,7 @@ func TestBug13_6_OutageUsagePersisted(t *testing.T) {
 	defer cancel()
 	go s1.dispatchLoop(ctx)
 	down.Store(true)
-	_, err := serve(s1, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s1, admission{body: chatBody("")})
 	require.NoError(t, err)
 	// A second call admitted and "running" when the process dies.
 	pol := s1.pol.Load()
@@ -585,7 +585,7 @@ func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
 	_, err = s1.Unclamp("acme")
 	require.NoError(t, err)
 	require.Equal(t, uint64(3), s1.pol.Load().version)
-	_, err = serve(s1, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, s1, admission{body: chatBody("")})
 	require.NoError(t, err)
 	require.NoError(t, m1.Close())
 
@@ -594,7 +594,7 @@ func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
 	s2 := newTestServer(t, cfg, &fakeLedger{Memory: m2, calls: map[string]int{}}, &fakeUpstream{out: 3})
 	go s2.dispatchLoop(ctx)
 	require.Equal(t, uint64(1), s2.pol.Load().version)
-	_, err = serve(s2, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, s2, admission{body: chatBody("")})
 	require.NoError(t, err, "served after the restart, not 500 ledger_error")
 	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
 }
@@ -635,9 +635,9 @@ func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
 	poll(b)
 	assert.Equal(t, 2, b.pol.Load().tenants["acme"].cfg.Concurrency, "A's clamp applies on B")
 
-	_, err = serve(b, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, b, admission{body: chatBody("")})
 	require.NoError(t, err)
-	_, err = serve(b, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, b, admission{body: chatBody("")})
 	assert.Equal(t, 429, statusFor(err).Status, "A's budget of 1 request is enforced by B: %v", err)
 
 	had, err := b.Unclamp("acme")
@@ -667,12 +667,12 @@ func TestBug13_10_LeaseTTLReload(t *testing.T) {
 
 		errs := make(chan error, 2)
 		for i := range 2 {
-			go func() { _, err := serve(s, ctx, admission{body: chatBody(""), reqID: fmt.Sprint(i)}); errs <- err }()
+			go func() { _, err := serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint(i)}); errs <- err }()
 			synctest.Wait()
 		}
 		for range 30 {
 			time.Sleep(time.Second)
-			_, err := led.Memory.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			_, err := led.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
 			require.NoError(t, err)
 		}
 		assert.Equal(t, int64(2), tenantUsage(t, s, led.Memory).Reserved[ledger.Requests], "both 3s leases renewed for 30s")
@@ -697,7 +697,7 @@ func TestCancelRacesDispatch(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), led, up)
 		cctx, leave := context.WithCancelCause(context.Background())
 		done := make(chan error, 1)
-		go func() { _, err := serve(s, cctx, admission{body: chatBody("")}); done <- err }()
+		go func() { _, err := serve(cctx, s, admission{body: chatBody("")}); done <- err }()
 		synctest.Wait()
 		// The dispatch loop's step, without delivering yet.
 		it, ok := s.q.NextView(s.admissible)
@@ -707,7 +707,7 @@ func TestCancelRacesDispatch(t *testing.T) {
 		leave(ErrClientGone)
 		synctest.Wait() // await lost the cancel race and waits for the hand-off
 		it.Payload.dispatched <- rep
-		assert.ErrorIs(t, <-done, ErrClientGone)
+		require.ErrorIs(t, <-done, ErrClientGone)
 		assert.Zero(t, rep.load.Load(), "replica room given back")
 		assert.Zero(t, up.runs.Load(), "never ran")
 		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")
@@ -737,7 +737,7 @@ func TestOutboxRetriesSettle(t *testing.T) {
 			return ledger.Settlement{}, nil, false
 		}
 	})
-	_, err := serve(s, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err, "the client's answer does not wait for the ledger")
 	require.Equal(t, 1, s.outbox.len())
 	s.flushOutbox(ctx)
@@ -766,14 +766,14 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
 		synctest.Wait()
 		led.set(func() {
 			led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
 				return ledger.Grant{}, fmt.Errorf("%w: timeout", ledger.ErrAmbiguous), true
 			}
 		})
-		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		assert.Equal(t, 503, statusFor(err).Status)
 		led.set(func() { led.reserve = nil })
 		s.flushOutbox(ctx)
@@ -793,14 +793,14 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 			}
 		})
-		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k2"})
 		assert.Equal(t, 503, statusFor(err).Status)
 		led.set(func() { led.reserve = nil })
 		s.flushOutbox(ctx)
 		assert.Equal(t, 1, led.n("release"))
 		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 		// And the key may run now: its first attempt never ran.
-		_, err = serve(s, ctx, admission{body: chatBody(""), idemKey: "k2"})
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k2"})
 		require.NoError(t, err)
 	})
 }
@@ -825,7 +825,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	})
 	s1 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
 	go s1.dispatchLoop(ctx)
-	_, err := serve(s1, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s1, admission{body: chatBody("")})
 	require.NoError(t, err)
 	led.set(func() {
 		led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
@@ -833,7 +833,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 			return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 		}
 	})
-	_, err = serve(s1, ctx, admission{body: chatBody("")})
+	_, err = serve(ctx, s1, admission{body: chatBody("")})
 	assert.Equal(t, 503, statusFor(err).Status)
 	require.Equal(t, 2, s1.outbox.len())
 	s1.flushOutbox(ctx)

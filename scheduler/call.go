@@ -490,7 +490,7 @@ func mulAmount(a, b int64) (int64, bool) {
 // dispatch.
 func (s *Server) release(c *call) {
 	if c.phase != phaseReserved && c.phase != phaseQueued {
-		s.log.Error("release skipped", "request_id", c.reqID, "err", errTransition{c.phase, phaseReleased})
+		s.log.Error("release skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseReleased})
 		return
 	}
 	if c.outage {
@@ -736,7 +736,7 @@ func (s *Server) moveClock(c *call, next *replica) {
 func (s *Server) finish(c *call, err error) {
 	if c.phase != phaseDispatched && c.phase != phaseStreaming {
 		if !c.phase.terminal() {
-			s.log.Error("finish skipped", "request_id", c.reqID, "err", errTransition{c.phase, phaseSettled})
+			s.log.Error("finish skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseSettled})
 		}
 		return
 	}

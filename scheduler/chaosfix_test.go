@@ -55,7 +55,7 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 	go s.dispatchLoop(ctx)
 
 	setDown(true)
-	_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: "k"})
+	_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 	require.Equal(t, 503, statusFor(err).Status, "%v", err)
 	setDown(false)
 
@@ -88,7 +88,7 @@ func TestChaosDispatchFinalIsLeaseLost(t *testing.T) {
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	for _, key := range []string{"", "k"} {
-		_, err := serve(s, ctx, admission{body: chatBody(""), idemKey: key})
+		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: key})
 		ae := statusFor(err)
 		assert.Equal(t, 503, ae.Status, "key %q: %v", key, err)
 		assert.Equal(t, "ledger_unavailable", ae.Code)
@@ -116,14 +116,14 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 				defer cancel()
 				go s.dispatchLoop(ctx)
 				setDown(true)
-				_, err := serve(s, ctx, admission{body: chatBody("")})
+				_, err := serve(ctx, s, admission{body: chatBody("")})
 				require.NoError(t, err, "admitted on the outage allowance")
 				setDown(false)
 				owed := s.outage.chargeable()
 				require.Len(t, owed, 1)
 				if tc.expire {
 					time.Sleep(2 * time.Minute) // past the 60s lease (synctest's clock)
-					_, err := led.Memory.Reclaim(ctx, s.pol.Load().tenants["acme"].key, 100)
+					_, err := led.Reclaim(ctx, s.pol.Load().tenants["acme"].key, 100)
 					require.NoError(t, err)
 				}
 				s.chargeOutages(ctx)

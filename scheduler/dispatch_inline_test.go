@@ -20,7 +20,7 @@ func TestInlineDispatchWithoutLoop(t *testing.T) {
 		up := &fakeUpstream{out: 2}
 		s := newTestServer(t, testConfig(t, "", ""), led, up)
 		s.loopOnly = false
-		body, err := serve(s, context.Background(), admission{body: chatBody("")})
+		body, err := serve(context.Background(), s, admission{body: chatBody("")})
 		require.NoError(t, err)
 		assert.NotEmpty(t, body)
 		assert.Equal(t, int64(1), up.runs.Load())
@@ -44,7 +44,7 @@ func TestInlineDispatchKeepsTheGate(t *testing.T) {
 		go s.dispatchLoop(ctx)
 		errs := make(chan error, 2)
 		for range 2 {
-			go func() { _, err := serve(s, context.Background(), admission{body: chatBody("")}); errs <- err }()
+			go func() { _, err := serve(context.Background(), s, admission{body: chatBody("")}); errs <- err }()
 			synctest.Wait()
 		}
 		assert.Equal(t, int64(1), up.runs.Load(), "one running, at the tenant's concurrency")
@@ -70,7 +70,7 @@ func TestInlineDispatchCountsHeldInPool(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), led, up)
 		s.loopOnly = false
 		done := make(chan error, 1)
-		go func() { _, err := serve(s, context.Background(), admission{body: chatBody("")}); done <- err }()
+		go func() { _, err := serve(context.Background(), s, admission{body: chatBody("")}); done <- err }()
 		synctest.Wait()
 		count := func() poolTenant {
 			s.pools.mu.Lock()
@@ -111,7 +111,7 @@ func TestInlineDispatchClientGoneSendsNothing(t *testing.T) {
 				return nil, false
 			}
 		})
-		_, err := serve(s, ctx, admission{body: chatBody("")})
+		_, err := serve(ctx, s, admission{body: chatBody("")})
 		require.ErrorIs(t, err, ErrClientGone)
 		assert.Equal(t, int64(0), up.runs.Load())
 		assert.Equal(t, 1, led.n("dispatch"))

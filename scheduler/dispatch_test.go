@@ -574,7 +574,7 @@ func TestGatePerPool(t *testing.T) {
 	t.Logf("flood on A %v; A utilization %.3f (fleet-wide %.3f); victims' worst p99 wait %v (fleet-wide %v)",
 		flood, r.poolUtilization(0), rw.poolUtilization(0), worstPer, worstWide)
 	assert.Greater(t, worstWide, worstPer+time.Second, "the fleet-wide gate lent B's slots as A's reserve")
-	assert.Greater(t, flood.served, int64(0), "squeezed, not starved")
+	assert.Positive(t, flood.served, "squeezed, not starved")
 	assert.Zero(t, r.poolPeak[1], "nothing runs on B")
 
 	// B's victims near B's capacity (3 × 3.3 rps of 12.5), a flood at 4×

@@ -66,7 +66,7 @@ func TestSSEBodyNeverWrittenSettlesOnClose(t *testing.T) {
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, phaseSettled, c.phase)
-	assert.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
 	assert.Equal(t, "client_disconnect", c.abortCause)
 	n, err := b.Read(make([]byte, 16))
 	assert.Zero(t, n)
@@ -90,7 +90,7 @@ func TestSSEBodyReadFallback(t *testing.T) {
 	read := make(chan error, 1)
 	go func() { _, err := b.Read(make([]byte, 64)); read <- err }()
 	require.NoError(t, b.Close()) // the pump waits upstream; Close must end it
-	assert.Error(t, <-read)
+	require.Error(t, <-read)
 	assert.Equal(t, 1, *ended)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, "client_disconnect", c.abortCause)
@@ -196,7 +196,7 @@ func TestPumpFailedCoalescedWriteIsDisconnect(t *testing.T) {
 	w := &writeLog{writes: make(chan string, 16), fail: io.ErrClosedPipe}
 	_, err := b.WriteTo(w)
 	require.ErrorIs(t, err, io.ErrClosedPipe)
-	assert.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
 	assert.Equal(t, 1, led.n("settle"))
 	require.NoError(t, b.Close())
 	assert.Equal(t, 1, led.n("settle"))

@@ -73,7 +73,7 @@ func (e *Edge) other(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		e.outcome(rc, c, err)
 		return
 	}
-	resp, err := s.post(c)
+	resp, err := s.post(c) //nolint:bodyclose // closed by pumpResponses (stream) or ReadBody (unary)
 	if err != nil {
 		s.finish(c, err)
 		e.outcome(rc, c, err)

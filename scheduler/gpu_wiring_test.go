@@ -36,7 +36,7 @@ func TestExpiredAtDispatchRecheckCounts(t *testing.T) {
 				return nil, false
 			}
 		})
-		_, err := serve(s, ctx, admission{body: chatBody(""), timeout: time.Second})
+		_, err := serve(ctx, s, admission{body: chatBody(""), timeout: time.Second})
 		require.ErrorIs(t, err, queue.ErrExpired)
 		var m dto.Metric
 		require.NoError(t, s.m.ExpiredDispatch.Write(&m))

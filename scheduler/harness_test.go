@@ -216,7 +216,7 @@ func chatBody(extra string) []byte {
 
 // serve runs one non-streamed request through the pipeline, as the edge
 // does, and returns its outcome.
-func serve(s *Server, ctx context.Context, a admission) ([]byte, error) {
+func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 	pol := s.pol.Load()
 	t := pol.tenants["acme"]
 	if a.ep == 0 {

@@ -83,7 +83,7 @@ var errIdemCompleted = &idemError{state: idemCompleted, msg: "a request with thi
 
 // cachedResponse is the original response of a completed non-streamed
 // first attempt, answered to its retry.
-type cachedResponse struct {
+type cachedResponse struct { //nolint:errname // a replay carrier returned as an error, not a failure
 	body []byte
 }
 

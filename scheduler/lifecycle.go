@@ -61,11 +61,11 @@ var transitions = func() (t [numPhases][numPhases]bool) {
 	return t
 }()
 
-// errTransition reports a transition the lifecycle does not have: a bug,
+// transitionError reports a transition the lifecycle does not have: a bug,
 // logged, and the operation it guards is skipped (never run twice).
-type errTransition struct{ from, to phase }
+type transitionError struct{ from, to phase }
 
-func (e errTransition) Error() string {
+func (e transitionError) Error() string {
 	return "call lifecycle: no transition " + e.from.String() + " → " + e.to.String()
 }
 
@@ -75,7 +75,7 @@ func (e errTransition) Error() string {
 // cancels its context, so no lock is needed.
 func (c *call) to(next phase) error {
 	if !transitions[c.phase][next] {
-		return errTransition{c.phase, next}
+		return transitionError{c.phase, next}
 	}
 	c.phase = next
 	return nil

@@ -18,11 +18,11 @@ func TestLifecycleTransitions(t *testing.T) {
 		require.NoError(t, c.to(p))
 	}
 	for p := range numPhases {
-		assert.Error(t, c.to(p), "a terminal phase has no way out (%s)", p)
+		require.Error(t, c.to(p), "a terminal phase has no way out (%s)", p)
 	}
 	c = &call{phase: phaseQueued}
-	assert.Error(t, c.to(phaseStreaming), "no streaming without a slot")
-	assert.Error(t, c.to(phaseSettled), "a queued call is released, never settled")
+	require.Error(t, c.to(phaseStreaming), "no streaming without a slot")
+	require.Error(t, c.to(phaseSettled), "a queued call is released, never settled")
 	assert.NoError(t, c.to(phaseReleased))
 }
 

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -29,7 +28,7 @@ func TestOpCtxIsWithTimeoutOfWithoutCancel(t *testing.T) {
 		assert.True(t, ok)
 		assert.Equal(t, time.Now().Add(time.Second), dl)
 		time.Sleep(time.Second)
-		assert.ErrorIs(t, c.Err(), context.DeadlineExceeded, "without Done: from the clock")
+		require.ErrorIs(t, c.Err(), context.DeadlineExceeded, "without Done: from the clock")
 
 		// With Done asked first: a real timer closes it at the deadline.
 		d, cancel2 := newOpCtx(parent, time.Second)
@@ -43,7 +42,7 @@ func TestOpCtxIsWithTimeoutOfWithoutCancel(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 		<-done
-		assert.ErrorIs(t, d.Err(), context.DeadlineExceeded)
+		require.ErrorIs(t, d.Err(), context.DeadlineExceeded)
 		assert.ErrorIs(t, context.Cause(d), context.DeadlineExceeded)
 	})
 }
@@ -52,15 +51,15 @@ func TestOpCtxCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, cancel := newOpCtx(context.Background(), time.Minute)
 		cancel()
-		assert.ErrorIs(t, c.Err(), context.Canceled)
+		require.ErrorIs(t, c.Err(), context.Canceled)
 		<-c.Done() // asked after the cancel: already closed
-		assert.ErrorIs(t, c.Err(), context.Canceled)
+		require.ErrorIs(t, c.Err(), context.Canceled)
 
 		d, cancel2 := newOpCtx(context.Background(), time.Minute)
 		done := d.Done()
 		cancel2()
 		<-done
-		assert.ErrorIs(t, d.Err(), context.Canceled)
+		require.ErrorIs(t, d.Err(), context.Canceled)
 		cancel2() // idempotent
 	})
 }
@@ -81,7 +80,7 @@ func TestOpCtxChildren(t *testing.T) {
 		time.Sleep(time.Second)
 		<-child.Done()
 		<-fired
-		assert.True(t, errors.Is(child.Err(), context.DeadlineExceeded))
+		require.ErrorIs(t, child.Err(), context.DeadlineExceeded)
 
 		e, cancel3 := newOpCtx(context.Background(), time.Hour)
 		grand, stop2 := context.WithCancel(e)

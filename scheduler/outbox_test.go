@@ -47,7 +47,7 @@ func TestOutboxWriteAheadSurvivesKill(t *testing.T) {
 	s1.outbox.ahead = true // as with ledger.backend redis (the fake is embedded)
 	go s1.dispatchLoop(ctx)
 
-	_, err := serve(s1, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s1, admission{body: chatBody("")})
 	require.NoError(t, err)
 	require.Equal(t, 1, lines(t, path), "the landed Settle's line stays until a pass")
 
@@ -60,7 +60,7 @@ func TestOutboxWriteAheadSurvivesKill(t *testing.T) {
 		}
 	})
 	done := make(chan error, 1)
-	go func() { _, err := serve(s1, ctx, admission{body: chatBody(""), reqID: "second"}); done <- err }()
+	go func() { _, err := serve(ctx, s1, admission{body: chatBody(""), reqID: "second"}); done <- err }()
 	<-entered
 	led.set(func() { led.settle = nil })
 	u := tenantUsage(t, s1, led.Memory)
@@ -97,13 +97,13 @@ func TestOutboxFileStaysSmall(t *testing.T) {
 	s := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
 	require.False(t, s.outbox.ahead, "the embedded ledger's Settles are not written ahead")
 	go s.dispatchLoop(ctx)
-	_, err := serve(s, ctx, admission{body: chatBody("")})
+	_, err := serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err)
 	require.Zero(t, lines(t, path))
 	s.outbox.ahead = true // as with ledger.backend redis
 
 	for range 3 {
-		_, err := serve(s, ctx, admission{body: chatBody("")})
+		_, err := serve(ctx, s, admission{body: chatBody("")})
 		require.NoError(t, err)
 	}
 	require.Equal(t, 3, lines(t, path))
@@ -116,7 +116,7 @@ func TestOutboxFileStaysSmall(t *testing.T) {
 			return ledger.Settlement{}, ledger.ErrUnavailable, true
 		}
 	})
-	_, err = serve(s, ctx, admission{body: chatBody(""), reqID: "refused"})
+	_, err = serve(ctx, s, admission{body: chatBody(""), reqID: "refused"})
 	require.NoError(t, err)
 	s.outbox.mu.Lock()
 	require.Len(t, s.outbox.pending, 1)
@@ -132,7 +132,7 @@ func TestOutboxFileStaysSmall(t *testing.T) {
 	})
 	n := 1
 	for fileSize(t, path) < compactAt {
-		_, err := serve(s, ctx, admission{body: chatBody("")})
+		_, err := serve(ctx, s, admission{body: chatBody("")})
 		require.NoError(t, err)
 		n++
 	}

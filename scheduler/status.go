@@ -30,8 +30,8 @@ var statusHTML []byte
 
 const statusCookie = "sluice_status"
 
-// statusAuth reports whether rc carries the admin or the status token.
-func (a *Admin) statusAuth(rc *fasthttp.RequestCtx, tok string) bool {
+// statusAuth reports whether tok is the admin or the status token.
+func (a *Admin) statusAuth(tok string) bool {
 	if tok == "" {
 		return false
 	}
@@ -58,7 +58,7 @@ func (a *Admin) status(rc *fasthttp.RequestCtx) {
 		return
 	}
 	if q := rc.QueryArgs().Peek("token"); len(q) > 0 && string(rc.Path()) == "/status" {
-		if !a.statusAuth(rc, string(q)) {
+		if !a.statusAuth(string(q)) {
 			a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token")
 			return
 		}
@@ -76,7 +76,7 @@ func (a *Admin) status(rc *fasthttp.RequestCtx) {
 	if !ok {
 		tok = string(rc.Request.Header.Cookie(statusCookie))
 	}
-	if !a.statusAuth(rc, tok) {
+	if !a.statusAuth(tok) {
 		a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or open /status?token=…)")
 		return
 	}

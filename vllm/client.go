@@ -200,7 +200,7 @@ func (c *Client) Stream(ctx context.Context, baseURL, path string, body []byte, 
 		return nil, c.errorFrom(resp.status, resp.body, replica)
 	}
 	if whole && strings.HasPrefix(resp.contentType, "application/json") {
-		defer resp.body.Close()
+		defer resp.body.close(true)
 		limit := max(c.cfg.MaxResponseBytes, c.cfg.MaxEventBytes, maxWholeBytes)
 		b, err := resp.body.readAll(limit)
 		if err != nil {

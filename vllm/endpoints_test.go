@@ -57,7 +57,7 @@ func TestParseOtherEndpoints(t *testing.T) {
 		{EndpointEmbeddings, `{"model":3,"input":"x"}`},
 	} {
 		_, err := Parse(bad.ep, []byte(bad.body), CountOptions{})
-		assert.ErrorIs(t, err, ErrInvalidRequest, bad.body)
+		require.ErrorIs(t, err, ErrInvalidRequest, bad.body)
 	}
 	ep, ok := EndpointForPath("/v2/rerank")
 	assert.True(t, ok)
@@ -100,12 +100,14 @@ func TestResponsesStream(t *testing.T) {
 	assert.Equal(t, full, got.String(), "events pass through byte for byte")
 	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 2, Known: true, Final: true}, s.Settle(99, 1, 100))
 
-	cut := NewResponsesStream(strings.NewReader(full[:strings.Index(full, "event: response.completed")]), 0)
+	head, _, found := strings.Cut(full, "event: response.completed")
+	require.True(t, found)
+	cut := NewResponsesStream(strings.NewReader(head), 0)
 	var err error
 	for err == nil {
 		_, err = cut.Next()
 	}
-	assert.ErrorIs(t, err, ErrStreamCut)
+	require.ErrorIs(t, err, ErrStreamCut)
 	assert.Equal(t, Usage{PromptTokens: 99, CompletionTokens: 3, Known: true}, cut.Settle(99, 1, 100), "two deltas plus the allowance")
 	assert.Equal(t, 2, cut.Settle(99, 1, 2).CompletionTokens, "never above the cap")
 }

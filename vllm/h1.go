@@ -166,7 +166,7 @@ func (h *h1Host) get(ctx context.Context, fresh bool) (*h1Conn, error) {
 			h.idle = h.idle[:n-1]
 			if now.Sub(cn.idleAt) >= h.c.cfg.IdleConnTimeout {
 				// The newest is too old: so are all the others.
-				stale = append(h.idle, cn)
+				stale = append(h.idle, cn) //nolint:gocritic // takes over h.idle's array, reset next
 				h.idle = nil
 				cn = nil
 			}
@@ -284,7 +284,7 @@ var reqBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b 
 func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requestID string, headerTimeout time.Duration, stream bool) (*h1Resp, bool, error) {
 	bp := reqBufs.Get().(*[]byte)
 	defer reqBufs.Put(bp)
-	head := append((*bp)[:0], "POST "...)
+	head := append((*bp)[:0], "POST "...) //nolint:gocritic // builds in the pooled buffer, stored back below
 	head = append(head, h.prefix...)
 	head = append(head, path...)
 	head = append(head, " HTTP/1.1\r\nHost: "...)
@@ -430,10 +430,10 @@ func (cn *h1Conn) readHead(b *h1Body) (*h1Resp, error) {
 		if status < 200 {
 			continue // 100 Continue and other interim answers
 		}
-		switch {
-		case conn == "close":
+		switch conn {
+		case "close":
 			keep = false
-		case conn == "keep-alive":
+		case "keep-alive":
 			keep = true
 		}
 		b.keep = keep

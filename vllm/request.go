@@ -857,7 +857,7 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 			c, p.Default, p.room = room, true, room
 		}
 	}
-	if r.MinTokens > 0 && c < r.MinTokens && !(clientSet && c == r.MaxTokens) {
+	if r.MinTokens > 0 && c < r.MinTokens && (!clientSet || c != r.MaxTokens) {
 		// vLLM would refuse the lowered cap with a 400 naming a max_tokens
 		// the client never sent; a client cap below its own min_tokens is
 		// vLLM's 400 to give.

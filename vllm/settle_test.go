@@ -90,7 +90,7 @@ data: [DONE]
 // passes through to the client and its usage is final.
 func TestClientNonStreamedIsWhole(t *testing.T) {
 	body := `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"x","prompt_logprobs":[null]}],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":null}}`
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, body)
 	}))
@@ -121,7 +121,7 @@ func TestClientNonStreamedIsWhole(t *testing.T) {
 // instead of failing (uvicorn closes idle connections after 5s).
 func TestClientRetriesOnServerClosedIdle(t *testing.T) {
 	var served atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		served.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
@@ -189,7 +189,7 @@ func TestPlanRefusesCapBelowMinTokens(t *testing.T) {
 	var ie *InvalidRequestError
 	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, "min_tokens", ie.Param)
-	assert.ErrorIs(t, err, ErrInvalidRequest)
+	require.ErrorIs(t, err, ErrInvalidRequest)
 	p, err := r.Plan(Limits{MaxModelLen: 1000, TenantMaxOutput: 60})
 	require.NoError(t, err)
 	assert.Equal(t, 60, p.Cap)

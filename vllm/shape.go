@@ -471,7 +471,8 @@ func (c *asmChoice) writeChat(b *bytes.Buffer) {
 	b.WriteString(`{"index":` + strconv.Itoa(c.index) + `,"message":{"role":`)
 	writeJSONString(b, c.role)
 	b.WriteString(`,"content":`)
-	if c.hasContent && !(len(c.tools) > 0 && c.content.Len() == 0) {
+	toolsOnly := len(c.tools) > 0 && c.content.Len() == 0
+	if c.hasContent && !toolsOnly {
 		writeJSONString(b, c.content.String())
 	} else {
 		b.WriteString("null")

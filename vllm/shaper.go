@@ -20,7 +20,8 @@ type Shaper struct {
 
 // NewShaper returns a Shaper for r's stream.
 func NewShaper(r *Request) *Shaper {
-	return &Shaper{r: r, hold: !(r.HasStreamOptions && r.IncludeUsage)}
+	wantsUsage := r.HasStreamOptions && r.IncludeUsage
+	return &Shaper{r: r, hold: !wantsUsage}
 }
 
 // Shape appends to dst what the client gets for ev (possibly nothing, or

@@ -241,6 +241,6 @@ func TestStreamBeforeReadOncePerRead(t *testing.T) {
 	assert.True(t, ev.Done)
 	assert.Equal(t, 2, calls)
 	_, err = s.Next()
-	assert.ErrorIs(t, err, io.EOF)
+	require.ErrorIs(t, err, io.EOF)
 	assert.Equal(t, 2, calls, "[DONE] ends the stream without a read")
 }

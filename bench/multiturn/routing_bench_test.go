@@ -176,7 +176,7 @@ func BenchmarkMultiTurnRouting(b *testing.B) {
 		name  string
 		setup func(b *testing.B, f *fleet) Config
 	}{
-		{"direct-roundrobin", func(b *testing.B, f *fleet) Config {
+		{"direct-roundrobin", func(_ *testing.B, f *fleet) Config {
 			var n atomic.Int64
 			return Config{Route: func(string, []byte) string { return f.urls[int(n.Add(1))%len(f.urls)] }}
 		}},
@@ -192,7 +192,7 @@ func BenchmarkMultiTurnRouting(b *testing.B) {
 		{"sluice-affinity", func(b *testing.B, f *fleet) Config {
 			return Config{BaseURL: startSluice(b, f.urls, "affinity"), APIKey: benchKey}
 		}},
-		{"oracle", func(b *testing.B, f *fleet) Config {
+		{"oracle", func(_ *testing.B, f *fleet) Config {
 			// The replica whose cache holds the longest prefix now; ties
 			// (a new conversation) go round robin.
 			var n atomic.Int64

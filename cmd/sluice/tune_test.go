@@ -121,6 +121,7 @@ func TestTuneBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			code, _, errOut := runCLI(t, "", tt.args...)
 			assert.Equal(t, 2, code)
 			assert.Contains(t, errOut, tt.errHas)

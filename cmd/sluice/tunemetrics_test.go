@@ -209,7 +209,7 @@ func TestTuneFromLiveServer(t *testing.T) {
 	f, err := config.Load(tuned)
 	require.NoError(t, err)
 	acme := f.Tenants[0]
-	assert.Greater(t, acme.Queue.MaxDepth, 0)
+	assert.Positive(t, acme.Queue.MaxDepth)
 	assert.Equal(t, 1900*time.Millisecond, acme.Queue.MaxWait, "2 s SLO less a few ms unqueued")
 	assert.GreaterOrEqual(t, acme.Concurrency, 1)
 	assert.LessOrEqual(t, acme.Concurrency, 4, "four closed-loop clients hold at most 4 in flight")

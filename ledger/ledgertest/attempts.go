@@ -1,7 +1,6 @@
 package ledgertest
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -83,7 +82,7 @@ func testSameAttempt(t *testing.T, f Factory) {
 		r.Attempt = attempt
 		_, err = l.Reserve(ctx, r)
 		var fe *ledger.FinalError
-		require.True(t, errors.As(err, &fe), "final: %v", err)
+		require.ErrorAs(t, err, &fe, "final: %v", err)
 		require.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		assert.Equal(t, want, fe.State)
 	}
@@ -97,7 +96,7 @@ func testSameAttempt(t *testing.T, f Factory) {
 	rel.Attempt = 2
 	_, err = l.Reserve(ctx, rel)
 	var fe *ledger.FinalError
-	require.True(t, errors.As(err, &fe), "final: %v", err)
+	require.ErrorAs(t, err, &fe, "final: %v", err)
 	assert.Equal(t, ledger.Released, fe.State)
 
 	// With a global scope: the same attempt takes the global hold once.

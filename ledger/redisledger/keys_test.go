@@ -235,7 +235,7 @@ func TestT17RawIDsNeverStored(t *testing.T) {
 			vals = rc.SMembers(ctx, k).Val()
 			for _, v := range vals {
 				_, err := ledger.ParseScopeKey(v)
-				assert.NoError(t, err, "registry members are scope keys")
+				require.NoError(t, err, "registry members are scope keys")
 			}
 		default:
 			t.Fatalf("unexpected %s key %s", typ, k)

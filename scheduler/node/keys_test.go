@@ -70,8 +70,8 @@ func TestKeyBudgetsAreTheirOwn(t *testing.T) {
 	assert.Equal(t, "tenant_budget_exceeded", code)
 	assert.Equal(t, "api_key", det["scope"])
 	assert.Equal(t, "ci-bot", det["key"])
-	assert.Equal(t, float64(40), det["limit"])
-	assert.Equal(t, float64(0), det["fits_output_tokens"], "nothing fits")
+	assert.InDelta(t, 40.0, det["limit"], 1e-9)
+	assert.InDelta(t, 0.0, det["fits_output_tokens"], 1e-9, "nothing fits")
 	assert.NotContains(t, string(r.Body), keyCI, "the raw key never appears")
 
 	for _, k := range []string{keyWeb, keyAcme} {
@@ -79,10 +79,10 @@ func TestKeyBudgetsAreTheirOwn(t *testing.T) {
 		assert.Equal(t, 200, r.StatusCode, string(r.Body))
 	}
 	assert.Equal(t, int64(4), rep.Stats().Received)
-	assert.Equal(t, float64(2), n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "ci-bot", "result": "admitted"}))
-	assert.Equal(t, float64(1), n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "ci-bot", "result": "denied"}))
-	assert.Equal(t, float64(1), n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "web", "result": "admitted"}))
-	assert.Equal(t, float64(1), n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "_unnamed", "result": "admitted"}))
+	assert.InDelta(t, 2.0, n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "ci-bot", "result": "admitted"}), 1e-9)
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "ci-bot", "result": "denied"}), 1e-9)
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "web", "result": "admitted"}), 1e-9)
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_api_key_admissions_total", map[string]string{"key": "_unnamed", "result": "admitted"}), 1e-9)
 }
 
 // burst sends n requests at once and counts 200s and budget 429s; any
@@ -177,7 +177,7 @@ func TestExplicitMaxTokensIsNeverLowered(t *testing.T) {
 		assert.Less(t, fits, 3000.0)
 		assert.Greater(t, fits, 2900.0)
 		if tc.path == "/v1/completions" {
-			assert.Equal(t, float64(2990), fits, "3000 minus 10 prompt tokens")
+			assert.InDelta(t, 2990.0, fits, 1e-9, "3000 minus 10 prompt tokens")
 		}
 		assert.Empty(t, r.Header.Get("X-Sluice-Output-Cap"))
 	}
@@ -244,8 +244,8 @@ func TestInjectedCapLoweredWithHeader(t *testing.T) {
 	r = n.call(t, "/v1/completions", keyAcme, body)
 	require.Equal(t, 429, r.StatusCode, string(r.Body))
 	_, det := errorCode(t, r.Body)
-	assert.Equal(t, float64(0), det["fits_output_tokens"])
-	assert.Equal(t, float64(4), det["min_output_tokens"])
+	assert.InDelta(t, 0.0, det["fits_output_tokens"], 1e-9)
+	assert.InDelta(t, 4.0, det["min_output_tokens"], 1e-9)
 }
 
 // TestKeyConcurrencyCap: a key with concurrency 1 runs one request at a
@@ -332,7 +332,7 @@ func TestRuntimeKeyFleetWide(t *testing.T) {
 	_, det := errorCode(t, r.Body)
 	assert.Equal(t, "api_key", det["scope"])
 	assert.Equal(t, "alice", det["key"])
-	assert.Equal(t, float64(950), det["fits_output_tokens"])
+	assert.InDelta(t, 950.0, det["fits_output_tokens"], 1e-9)
 
 	code, _, raw = a.adminDo(t, "DELETE", "/admin/keys/"+id, "")
 	require.Equal(t, 200, code, string(raw))

@@ -397,14 +397,14 @@ func TestRefusedAfterHeadersIsUncharged(t *testing.T) {
 	plain := n.call(t, cmplPath, keyAcme, `{"model":"sim-model","prompt":"a","logprobs":21}`)
 	require.Equal(t, http.StatusBadRequest, plain.StatusCode)
 	assert.JSONEq(t, `{"error":{"message":"Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)","type":"BadRequestError","param":"logprobs","code":400}}`, string(plain.Body))
-	assert.Equal(t, float64(2), n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_error"}))
+	assert.InDelta(t, 2.0, n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_error"}), 1e-9)
 	ok := n.call(t, cmplPath, keyAcme, `{"model":"sim-model","prompt":[1,2,3],"max_tokens":2,"ignore_eos":true}`)
 	require.Equal(t, http.StatusOK, ok.StatusCode)
-	assert.Equal(t, float64(1), n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}))
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "ok"}), 1e-9)
 	eventually(t, "holds released and the served request committed", func() bool {
 		return n.metric(t, "sluice_ledger_reserved", map[string]string{"tenant": "acme", "dimension": "tokens"}) == 0 &&
 			n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "requests"}) >= 1
 	})
-	assert.Equal(t, float64(1), n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "requests"}), "only the request that ran")
-	assert.Equal(t, float64(3+2), n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "tokens"}), "only its 3 + 2 tokens")
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "requests"}), 1e-9, "only the request that ran")
+	assert.InDelta(t, float64(3+2), n.metric(t, "sluice_ledger_committed", map[string]string{"tenant": "acme", "dimension": "tokens"}), 1e-9, "only its 3 + 2 tokens")
 }

@@ -511,7 +511,7 @@ func TestRoleChunkWithFirstToken(t *testing.T) {
 			synctest.Wait()
 		}
 		ev := rec.events()
-		assert.Equal(t, "", ev[0].data, "headers flushed first, alone")
+		assert.Empty(t, ev[0].data, "headers flushed first, alone")
 		assert.Equal(t, time.Duration(0), ev[0].at.Sub(start))
 		require.Contains(t, ev[1].data, `"role":"assistant"`)
 		// prompt 1000 tokens at 10000/s = 100ms, plus the 10ms step.

@@ -69,7 +69,7 @@ func TestResponsesEndpoint(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &out), string(b))
 	assert.Equal(t, "response", out.Object)
 	require.Len(t, out.Output, 1)
-	assert.Equal(t, out.Usage.Out, len(strings.Fields(out.Output[0].Content[0].Text)))
+	assert.Len(t, strings.Fields(out.Output[0].Content[0].Text), out.Usage.Out)
 	assert.LessOrEqual(t, out.Usage.Out, 5)
 	// The same prompt through chat counts the same input tokens.
 	_, cb := post(t, url+"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there"}],"max_tokens":1}`)
@@ -108,7 +108,7 @@ func TestResponsesEndpoint(t *testing.T) {
 			deltas += d.Delta
 		}
 	}
-	assert.Equal(t, last.Response.Usage.Out, len(strings.Fields(deltas)))
+	assert.Len(t, strings.Fields(deltas), last.Response.Usage.Out)
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
