@@ -183,13 +183,19 @@ type ReplicaStatus struct {
 	Overcommit     float64 `json:"overcommit"`
 	Running        int64   `json:"vllm_running"`
 	Waiting        int64   `json:"vllm_waiting"`
+	// AbortsHeld: a scrape showed sequences this instance cannot account
+	// for (another instance's, or aborts the replica ignored), so aborted
+	// requests keep their slot there until a scrape (SCHEDULING §7).
+	AbortsHeld bool `json:"aborts_held"`
 }
 
 func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	snap := a.s.gpu.Snapshot()
+	now := a.s.now()
 	out := []ReplicaStatus{}
 	for _, r := range a.s.reps.reps {
-		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown"}
+		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
+			AbortsHeld: r.distrusted(now)}
 		if v, ok := snap.Replica(r.name); ok {
 			st.State, st.Reason, st.CapacityTokens, st.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
 		}

@@ -17,38 +17,51 @@ import (
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
-// replicaRunning reads the replica's vLLM running count as Sluice last
-// scraped it, from the admin API.
-func (n *node) replicaRunning(t *testing.T) int64 {
+// replicaRow is the one replica's row of the admin API.
+type replicaRow struct {
+	Running    int64 `json:"vllm_running"`
+	AbortsHeld bool  `json:"aborts_held"`
+}
+
+func (n *node) replica(t *testing.T) replicaRow {
 	t.Helper()
 	req, _ := http.NewRequest("GET", n.adminURL+"/admin/replicas", nil)
 	req.Header.Set("Authorization", "Bearer "+keyAdmin)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	var rows []struct {
-		Running int64 `json:"vllm_running"`
-	}
+	var rows []replicaRow
 	require.NoError(t, json.Unmarshal(readAll(t, resp), &rows))
 	require.Len(t, rows, 1)
-	return rows[0].Running
+	return rows[0]
 }
 
+// replicaRunning reads the replica's vLLM running count as Sluice last
+// scraped it, from the admin API.
+func (n *node) replicaRunning(t *testing.T) int64 { return n.replica(t).Running }
+
 // TestIgnoringReplicaIsSizedDown: a replica that keeps generating after its
-// clients left (vllm#54947) still occupies its batch. Sluice sees vLLM's
-// running count exceed its own in-flight count and holds new work in its
-// own queue instead of letting it wait inside vLLM.
+// clients left (vllm#54947) still occupies its batch. Once a scrape shows
+// more sequences than Sluice can account for (aborts of the last second
+// excused: vLLM frees them at its next step), Sluice marks the replica and
+// holds new work in its own queue instead of letting it wait inside vLLM.
+// Until then the replica is trusted and its aborts free their slots at
+// once (sizing.go): the first ignored aborts may let new work into the
+// batch for about a second, which this test does not measure.
 func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs = 4
 	sc.DecodeStep = 5 * time.Millisecond
 	sc.OnDisconnect = sim.OnDisconnectIgnore
 	rep := startSim(t, sc)
-	cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n", "")
+	// Deadline order: the new requests wait up to two seconds for the
+	// ghosts, which a FIFO queue under overload would shed.
+	cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n    queue: {order: edf}\n", "")
 	cfg.Upstream.Replicas[0].MaxNumSeqs = 4
 	n := startNode(t, cfg)
 
 	// Four streams fill the batch; their clients hang up after one chunk.
-	ghost := `{"model":"sim-model","prompt":"ghost","max_tokens":300,"ignore_eos":true,"stream":true}`
+	// The ghosts run 3 s: past the second in which their aborts are excused.
+	ghost := `{"model":"sim-model","prompt":"ghost","max_tokens":600,"ignore_eos":true,"stream":true}`
 	for range 4 {
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(ghost))
@@ -60,7 +73,7 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 		cancel()
 		resp.Body.Close()
 	}
-	eventually(t, "sluice scraped the ghosts", func() bool { return n.replicaRunning(t) == 4 })
+	eventually(t, "sluice holds the replica's aborts", func() bool { r := n.replica(t); return r.Running == 4 && r.AbortsHeld })
 	require.Equal(t, int64(4), rep.Stats().Running, "the replica ignores disconnects")
 
 	// Sample the replica's waiting queue while new work arrives.
@@ -82,12 +95,8 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
 		}
 	}()
-	// The new requests outlast the ghosts' staggered ends (100 steps against
-	// the few the ghosts started apart), so none completes while a ghost
-	// still runs: a completion that straddles a scrape may be subtracted
-	// twice for one scrape interval (roomOf's comment), which this test is
-	// not about and which, with a ghost still running, would let one
-	// request wait inside vLLM.
+	// Each request enters as a scrape shows a ghost gone (sizing.go: the
+	// ghosts are foreign sequences once this instance has let them go).
 	var wg sync.WaitGroup
 	var ok atomic.Int64
 	for range 4 {
@@ -98,6 +107,8 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 				"X-Request-Timeout", "20")
 			if resp.StatusCode == 200 {
 				ok.Add(1)
+			} else {
+				t.Logf("status %d: %s", resp.StatusCode, resp.Body)
 			}
 		}()
 	}
@@ -140,14 +151,16 @@ func TestDrain(t *testing.T) {
 }
 
 // TestInstancesSharingAReplica: two instances in front of one replica of
-// four sequences. The first fills the batch; the second, started once its
-// scrape shows that, counts the first's sequences with its own sends and
-// does not overfill the batch into vLLM's own queue. (Counting the larger
-// of its own and the scrape, it sent up to four of its own at the first
-// gap a scrape caught, and 2 to 4 requests waited inside vLLM.) Both can
-// still take a slot that one completion freed before the other's next
-// scrape, or count a request of their own that vLLM had not queued yet
-// when the scrape rendered: then one waits there until the next scrape.
+// four sequences, three closed-loop clients each: six want in, four fit.
+// Each counts the other's sequences (the scrape's foreign ones) with its
+// own sends, so the overflow waits in Sluice's queues, not in vLLM's.
+// Counting the larger of its own and the scrape (the rule before
+// sizing.go), an instance's sends since a scrape hid behind the other's
+// sequences: vLLM's waiting count averaged 0.64–0.88 over the run (and
+// 0.69–0.86 with two busy loops beside it). It averages 0.09–0.27 now:
+// the scrape of one instance can still catch a slot the other just freed
+// and is about to refill, or miss a request vLLM had not queued yet, and
+// one request waits inside vLLM until the next scrape.
 func TestInstancesSharingAReplica(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs = 4
@@ -155,15 +168,17 @@ func TestInstancesSharingAReplica(t *testing.T) {
 	rep := startSim(t, sc)
 	var nodes [2]*node
 	for i := range nodes {
-		// Deadline order: the second instance's requests wait while the
-		// first's refill every slot they free (fair dispatch is per
+		// Deadline order: one instance's requests may wait while the
+		// other's refill every slot they free (fair dispatch is per
 		// instance), and a FIFO queue would shed them at 2 s.
 		cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n    queue: {order: edf}\n", "")
 		cfg.Upstream.Replicas[0].MaxNumSeqs = 4
 		nodes[i] = startNode(t, cfg)
 	}
 
-	var maxWaiting atomic.Int64
+	// The replica's waiting count, sampled: its mean over the run (its most
+	// is the two that do not fit, whatever the rule).
+	var maxWaiting, samples, sumWaiting atomic.Int64
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
 	sampler.Add(1)
@@ -175,9 +190,12 @@ func TestInstancesSharingAReplica(t *testing.T) {
 				return
 			default:
 			}
-			if w := rep.Stats().Waiting; w > maxWaiting.Load() {
+			w := rep.Stats().Waiting
+			if w > maxWaiting.Load() {
 				maxWaiting.Store(w)
 			}
+			samples.Add(1)
+			sumWaiting.Add(w)
 			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
 		}
 	}()
@@ -188,7 +206,7 @@ func TestInstancesSharingAReplica(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for j := range 4 {
+				for j := range 8 {
 					body := fmt.Sprintf(`{"model":"sim-model","prompt":"work %d %d","max_tokens":%d,"ignore_eos":true}`, i, j, 20+10*((i+j)%5))
 					if resp := n.call(t, "/v1/completions", keyAcme, body, "X-Request-Timeout", "30"); resp.StatusCode == 200 {
 						ok.Add(1)
@@ -199,12 +217,13 @@ func TestInstancesSharingAReplica(t *testing.T) {
 			}()
 		}
 	}
-	load(nodes[0], 6)
-	eventually(t, "the second instance scraped a full batch", func() bool { return nodes[1].replicaRunning(t) == 4 })
-	load(nodes[1], 6)
+	load(nodes[0], 3)
+	load(nodes[1], 3)
 	wg.Wait()
 	close(stop)
 	sampler.Wait()
+	mean := float64(sumWaiting.Load()) / float64(max(1, samples.Load()))
+	t.Logf("vLLM waiting: max %d, mean %.3f over %d samples", maxWaiting.Load(), mean, samples.Load())
 	assert.Equal(t, int64(48), ok.Load(), "every request served")
-	assert.LessOrEqual(t, maxWaiting.Load(), int64(2), "at most two requests waited inside vLLM")
+	assert.Less(t, mean, 0.45, "requests waiting inside vLLM, on average")
 }
