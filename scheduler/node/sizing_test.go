@@ -39,6 +39,32 @@ func (n *node) replica(t *testing.T) replicaRow {
 // scraped it, from the admin API.
 func (n *node) replicaRunning(t *testing.T) int64 { return n.replica(t).Running }
 
+// sampleWaiting samples rep's vLLM waiting count every millisecond until
+// the returned function is called, which answers the most it saw and its
+// mean over the samples.
+func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
+	var most, n, sum int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			w := rep.Stats().Waiting
+			most, n, sum = max(most, w), n+1, sum+w
+			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
+		}
+	})
+	return func() (int64, float64) {
+		close(done)
+		wg.Wait() // the sampler's writes happen before these reads
+		return most, float64(sum) / float64(max(1, n))
+	}
+}
+
 // TestIgnoringReplicaIsSizedDown: a replica that keeps generating after its
 // clients left (vllm#54947) still occupies its batch. Once a scrape shows
 // more sequences than Sluice can account for (aborts of the last second
@@ -77,24 +103,7 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 	require.Equal(t, int64(4), rep.Stats().Running, "the replica ignores disconnects")
 
 	// Sample the replica's waiting queue while new work arrives.
-	var maxWaiting atomic.Int64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Add(1)
-	go func() {
-		defer sampler.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if w := rep.Stats().Waiting; w > maxWaiting.Load() {
-				maxWaiting.Store(w)
-			}
-			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
-		}
-	}()
+	stopSampling := sampleWaiting(rep)
 	// Each request enters as a scrape shows a ghost gone (sizing.go: the
 	// ghosts are foreign sequences once this instance has let them go).
 	var wg sync.WaitGroup
@@ -113,10 +122,9 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	sampler.Wait()
+	most, _ := stopSampling()
 	assert.Equal(t, int64(4), ok.Load(), "the new requests run once the ghosts finish")
-	assert.Equal(t, int64(0), maxWaiting.Load(), "nothing Sluice dispatched waited inside vLLM")
+	assert.Equal(t, int64(0), most, "nothing Sluice dispatched waited inside vLLM")
 }
 
 // TestDrain: on drain, new requests get 503 draining while a running
@@ -178,27 +186,7 @@ func TestInstancesSharingAReplica(t *testing.T) {
 
 	// The replica's waiting count, sampled: its mean over the run (its most
 	// is the two that do not fit, whatever the rule).
-	var maxWaiting, samples, sumWaiting atomic.Int64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Add(1)
-	go func() {
-		defer sampler.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			w := rep.Stats().Waiting
-			if w > maxWaiting.Load() {
-				maxWaiting.Store(w)
-			}
-			samples.Add(1)
-			sumWaiting.Add(w)
-			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
-		}
-	}()
+	stopSampling := sampleWaiting(rep)
 	var wg sync.WaitGroup
 	var ok atomic.Int64
 	load := func(n *node, clients int) {
@@ -220,10 +208,8 @@ func TestInstancesSharingAReplica(t *testing.T) {
 	load(nodes[0], 3)
 	load(nodes[1], 3)
 	wg.Wait()
-	close(stop)
-	sampler.Wait()
-	mean := float64(sumWaiting.Load()) / float64(max(1, samples.Load()))
-	t.Logf("vLLM waiting: max %d, mean %.3f over %d samples", maxWaiting.Load(), mean, samples.Load())
+	most, mean := stopSampling()
+	t.Logf("vLLM waiting: max %d, mean %.3f", most, mean)
 	assert.Equal(t, int64(48), ok.Load(), "every request served")
 	assert.Less(t, mean, 0.45, "requests waiting inside vLLM, on average")
 }
