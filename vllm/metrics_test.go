@@ -113,12 +113,18 @@ func (f *fakeReplica) set(metrics string, health int) {
 	f.metrics, f.health = metrics, health
 }
 
+// startFake serves a fakeReplica answering metrics with /health 200.
+func startFake(t *testing.T, metrics string) (*fakeReplica, *httptest.Server) {
+	f := &fakeReplica{}
+	f.set(metrics, 200)
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	return f, srv
+}
+
 func TestPoller(t *testing.T) {
 	t.Parallel()
-	f := &fakeReplica{}
-	f.set("vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 2\nvllm:generation_tokens_total{model_name=\"m\"} 100\n", 200)
-	srv := httptest.NewServer(f)
-	defer srv.Close()
+	f, srv := startFake(t, "vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 2\nvllm:generation_tokens_total{model_name=\"m\"} 100\n")
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	reg := prometheus.NewRegistry()
 	p, err := NewPoller(PollerConfig{
@@ -183,10 +189,7 @@ func TestPoller(t *testing.T) {
 // scrape fails.
 func TestPollerScrapeHook(t *testing.T) {
 	t.Parallel()
-	f := &fakeReplica{}
-	f.set("vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\n", 200)
-	srv := httptest.NewServer(f)
-	defer srv.Close()
+	_, srv := startFake(t, "vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\n")
 	var asked []string
 	got := map[string][]Metrics{}
 	p, err := NewPoller(PollerConfig{
@@ -230,10 +233,7 @@ func TestPollerTimedOut(t *testing.T) {
 
 func TestPollerRunStopsOnCancel(t *testing.T) {
 	t.Parallel()
-	f := &fakeReplica{}
-	f.set("", 200)
-	srv := httptest.NewServer(f)
-	defer srv.Close()
+	_, srv := startFake(t, "")
 	p, err := NewPoller(PollerConfig{Replicas: []Target{{Name: "r0", URL: srv.URL}}, Interval: time.Hour}, nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := contextWithCancel(t)
