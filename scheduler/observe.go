@@ -20,12 +20,12 @@ type ModelLister interface {
 
 // Observe feeds one round of replica scrapes into the GPU monitor (health,
 // capacity, GPU clocks) and the dispatch gate, and wakes the dispatch loop
-// since room may have changed. ObserveLoop calls it every interval.
+// since room may have changed. ObserveLoop calls it as polls land.
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
 	for _, r := range s.reps.reps {
 		snap, ok := src.Get(r.name)
 		if !ok || snap.CheckedAt.Equal(r.polledAt) {
-			// No poll since the last Observe (it runs on its own ticker):
+			// No poll since the last Observe (its ticker also runs it):
 			// one poll is one observation. Seen again, a failure would count
 			// twice towards down_after, a waiting queue twice towards the
 			// overcommit cut, and the scrape's completions baseline
@@ -107,8 +107,11 @@ func (s *Server) exportReplica(r *replica) {
 	s.m.ReplicaInflight.WithLabelValues(r.name).Set(float64(r.load.Load()))
 }
 
-// ObserveLoop calls Observe every interval until ctx ends.
-func (s *Server) ObserveLoop(ctx context.Context, src ReplicaSource, models ModelLister, interval time.Duration) error {
+// ObserveLoop calls Observe as each round of polls lands (polled, the
+// poller's Polled; nil: none) and at least every interval, until ctx ends.
+// On the interval alone a poll's health and KV usage reached dispatch up to
+// an interval after the scrape.
+func (s *Server) ObserveLoop(ctx context.Context, src ReplicaSource, models ModelLister, interval time.Duration, polled <-chan struct{}) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -116,6 +119,7 @@ func (s *Server) ObserveLoop(ctx context.Context, src ReplicaSource, models Mode
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-polled:
 		case <-t.C:
 		}
 	}

@@ -79,3 +79,36 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 	}
 	assert.Equal(t, gpu.StateDown, state(), "three polls of evidence in a row")
 }
+
+// TestObserveLoopRunsAsPollsLand: a round of polls reaches dispatch as it
+// lands (the poller's Polled), not at the loop's next tick an interval on.
+func TestObserveLoopRunsAsPollsLand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		r := s.reps.reps[0]
+		src := &snapSource{}
+		at := time.Unix(1_800_000_000, 0)
+		poll := func(running float64) {
+			at = at.Add(time.Second)
+			src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
+				Metrics: vllm.Metrics{Running: vllm.Value{V: running, OK: true}, Waiting: vllm.Value{OK: true}}}
+		}
+		poll(1)
+		polled := make(chan struct{}, 1)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.ObserveLoop(ctx, src, nil, time.Hour, polled) }()
+		synctest.Wait() // the first round, observed at start
+		assert.Equal(t, int64(1), r.obs.Load().running)
+
+		poll(3)
+		synctest.Wait()
+		assert.Equal(t, int64(1), r.obs.Load().running, "not observed before it is signalled")
+		polled <- struct{}{}
+		synctest.Wait() // no time passes: the hour's tick is not what ran it
+		assert.Equal(t, int64(3), r.obs.Load().running)
+
+		cancel()
+		assert.NoError(t, <-done)
+	})
+}

@@ -136,7 +136,8 @@ func (r *replica) distrusted(now time.Time) bool {
 
 // ScrapeHook is vllm.PollerConfig.Scrape: it reads this instance's counts
 // for a replica as its /metrics is asked for and installs the answer for
-// the batch estimate as it arrives, not at the next Observe.
+// the batch estimate as it arrives, not when the round of polls lands
+// (Observe).
 func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 	r := s.byName[name]
 	if r == nil {

@@ -207,6 +207,21 @@ func TestPollerScrapeHook(t *testing.T) {
 	assert.Equal(t, v(3), got["r0"][0].Running)
 	assert.Equal(t, v(1), got["r0"][0].Waiting)
 	assert.Empty(t, got["dead"], "a failed scrape answers nothing")
+
+	// Each round is signalled; rounds nobody took yet leave one signal.
+	select {
+	case <-p.Polled():
+	default:
+		t.Fatal("a round of polls was not signalled")
+	}
+	p.PollOnce(t.Context())
+	p.PollOnce(t.Context())
+	<-p.Polled()
+	select {
+	case <-p.Polled():
+		t.Fatal("two rounds not taken left two signals")
+	default:
+	}
 }
 
 // TestPollerTimedOut: a replica that answers nothing within the poll's

@@ -123,6 +123,7 @@ type Poller struct {
 	client *Client
 	index  map[string]int
 	snap   atomic.Pointer[[]*Replica]
+	polled chan struct{} // Polled
 
 	errs *prometheus.CounterVec
 	up   *prometheus.GaugeVec
@@ -177,8 +178,14 @@ func NewPoller(cfg PollerConfig, client *Client, reg prometheus.Registerer) (*Po
 		rs[i] = &Replica{Name: t.Name, URL: t.URL, Model: t.Model}
 	}
 	p.snap.Store(&rs)
+	p.polled = make(chan struct{}, 1)
 	return p, nil
 }
+
+// Polled receives once a round of polls has been published (PollOnce): a
+// consumer acts on a scrape as it lands instead of on a ticker of its own,
+// which would see it up to an interval late. At most one signal waits.
+func (p *Poller) Polled() <-chan struct{} { return p.polled }
 
 // Snapshot returns the latest snapshots, in configuration order. The slice
 // and its elements are immutable and shared: do not modify them.
@@ -224,6 +231,10 @@ func (p *Poller) PollOnce(ctx context.Context) {
 	}
 	_ = g.Wait()
 	p.snap.Store(&next)
+	select {
+	case p.polled <- struct{}{}:
+	default: // one is already waiting: it covers this round too
+	}
 }
 
 func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {

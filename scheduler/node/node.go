@@ -197,7 +197,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	bgGroup.Go(func() error { return watch.Run(bg) })
 	bgGroup.Go(func() error { return poller.Run(bg) })
 	bgGroup.Go(func() error { return mon.Run(bg) })
-	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval) })
+	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled()) })
 	bgGroup.Go(func() error { return led.Run(bg) })
 	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
 	if trail != nil {
