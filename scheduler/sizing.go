@@ -30,7 +30,12 @@ import (
 // may show is held (counted) until the next scrape, which shows it either
 // gone or as foreign. Another instance's sequences look the same as
 // ignored aborts, so a shared replica is always distrusted: aborts there
-// wait for a scrape, as they did before trust existed.
+// wait for a scrape, as they did before trust existed. Trust's price: the
+// first aborts a replica ignores free their slots at once, so new work can
+// enter a batch still full of them until a scrape at least lingerGrace
+// later shows them (at most once per distrustFor). Holding every abort
+// instead costs a disconnect storm its survivors' latency on replicas that
+// honour aborts.
 //
 // What remains inexact: a request sent before the scrape that vLLM had
 // not queued yet when it rendered (in flight, or in its tokenizer) is in
