@@ -22,6 +22,7 @@ type Metrics struct {
 	LedgerErrors     *prometheus.CounterVec   // op, kind
 	UpstreamAborts   *prometheus.CounterVec   // replica, cause
 	ReplicaInflight  *prometheus.GaugeVec     // replica
+	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -59,6 +60,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Upstream requests aborted by closing the connection."}, []string{"replica", "cause"}),
 		ReplicaInflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_inflight_tokens",
 			Help: "Input plus allowed output tokens of requests running on the replica."}, []string{"replica"}),
+		ReplicaAborts: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_aborts_held",
+			Help: "1 while aborted requests keep their slot on the replica until a scrape: it showed sequences this instance cannot account for (another instance's, or ignored aborts)."}, []string{"replica"}),
 		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
 			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
@@ -79,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
-		m.ReplicaInflight, m.UpstreamLatency, m.TTFT,
+		m.ReplicaInflight, m.ReplicaAborts, m.UpstreamLatency, m.TTFT,
 		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -105,6 +105,11 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 
 func (s *Server) exportReplica(r *replica) {
 	s.m.ReplicaInflight.WithLabelValues(r.name).Set(float64(r.load.Load()))
+	held := 0.0
+	if r.distrusted(s.now()) {
+		held = 1
+	}
+	s.m.ReplicaAborts.WithLabelValues(r.name).Set(held)
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

@@ -100,6 +100,9 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 		resp.Body.Close()
 	}
 	eventually(t, "sluice holds the replica's aborts", func() bool { r := n.replica(t); return r.Running == 4 && r.AbortsHeld })
+	eventually(t, "the gauge says so", func() bool {
+		return n.metric(t, "sluice_replica_aborts_held", map[string]string{"replica": "r0"}) == 1
+	})
 	require.Equal(t, int64(4), rep.Stats().Running, "the replica ignores disconnects")
 
 	// Sample the replica's waiting queue while new work arrives.
