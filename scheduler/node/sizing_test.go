@@ -39,6 +39,38 @@ func (n *node) replica(t *testing.T) replicaRow {
 // scraped it, from the admin API.
 func (n *node) replicaRunning(t *testing.T) int64 { return n.replica(t).Running }
 
+// oneReplica starts a simulated replica of seqs sequences, step-long decode
+// steps and the given disconnect behaviour, and a node in front of it that
+// knows its max_num_seqs, with tenant as the tenant's extra config.
+func oneReplica(t *testing.T, seqs int, step time.Duration, onDisconnect, tenant string) (*simReplica, *node) {
+	t.Helper()
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep, sc.OnDisconnect = seqs, step, onDisconnect
+	rep := startSim(t, sc)
+	cfg := nodeConfig(t, []*simReplica{rep}, tenant, "")
+	cfg.Upstream.Replicas[0].MaxNumSeqs = sc.MaxNumSeqs
+	return rep, startNode(t, cfg)
+}
+
+// openStream starts a streamed request and reads its first chunk; leave
+// is its client hanging up.
+func (n *node) openStream(t *testing.T, body string) (leave func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+keyAcme)
+	resp, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed by leave
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	readChunks(t, resp.Body, 1)
+	return func() {
+		cancel()
+		resp.Body.Close()
+	}
+}
+
 // sampleWaiting samples rep's vLLM waiting count every millisecond until
 // the returned function is called, which answers the most it saw and its
 // mean over the samples.
@@ -74,30 +106,17 @@ func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
 // once (sizing.go): the first ignored aborts may let new work into the
 // batch for about a second, which this test does not measure.
 func TestIgnoringReplicaIsSizedDown(t *testing.T) {
-	sc := sim.DefaultConfig()
-	sc.MaxNumSeqs = 4
-	sc.DecodeStep = 5 * time.Millisecond
-	sc.OnDisconnect = sim.OnDisconnectIgnore
-	rep := startSim(t, sc)
 	// Deadline order: the new requests wait up to two seconds for the
 	// ghosts, which a FIFO queue under overload would shed.
-	cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n    queue: {order: edf}\n", "")
-	cfg.Upstream.Replicas[0].MaxNumSeqs = 4
-	n := startNode(t, cfg)
+	rep, n := oneReplica(t, 4, 5*time.Millisecond, sim.OnDisconnectIgnore, "    concurrency: 16\n    queue: {order: edf}\n")
 
 	// Four streams fill the batch; their clients hang up after one chunk.
 	// The ghosts run 3 s: past the second in which their aborts are excused.
 	ghost := `{"model":"sim-model","prompt":"ghost","max_tokens":600,"ignore_eos":true,"stream":true}`
 	for range 4 {
-		ctx, cancel := context.WithCancel(context.Background())
-		req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(ghost))
-		req.Header.Set("Authorization", "Bearer "+keyAcme)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		readChunks(t, resp.Body, 1)
+		leave := n.openStream(t, ghost)
 		eventually(t, "running seen", func() bool { return rep.Stats().Running >= 1 })
-		cancel()
-		resp.Body.Close()
+		leave()
 	}
 	eventually(t, "sluice holds the replica's aborts", func() bool { r := n.replica(t); return r.Running == 4 && r.AbortsHeld })
 	eventually(t, "the gauge says so", func() bool {
@@ -128,6 +147,38 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 	most, _ := stopSampling()
 	assert.Equal(t, int64(4), ok.Load(), "the new requests run once the ghosts finish")
 	assert.Equal(t, int64(0), most, "nothing Sluice dispatched waited inside vLLM")
+}
+
+// TestHonouringReplicaStaysTrusted: aborts on a replica that honours them
+// (vLLM's behaviour) never mark it. A scrape may still show an aborted
+// request for a step or two; one that lands while they linger is excused
+// (lingerGrace), so aborts keep freeing their slots at once and a
+// disconnect storm's survivors do not wait for a scrape.
+func TestHonouringReplicaStaysTrusted(t *testing.T) {
+	// Slow steps, and departures noticed at the next write: an aborted
+	// request stays in the batch for one to two steps, so the 50 ms
+	// scrapes see it linger.
+	rep, n := oneReplica(t, 8, 100*time.Millisecond, sim.OnDisconnectNextWrite, "    concurrency: 16\n")
+
+	// Eight streams fill the batch and are scraped; their clients leave.
+	body := `{"model":"sim-model","prompt":"storm","max_tokens":600,"ignore_eos":true,"stream":true}`
+	var leaves []func()
+	for range 8 {
+		leaves = append(leaves, n.openStream(t, body))
+	}
+	eventually(t, "sluice scraped the full batch", func() bool { return n.replicaRunning(t) == 8 })
+	for _, leave := range leaves {
+		leave()
+	}
+	// The replica lets them go; Sluice scrapes it empty, then once more.
+	eventually(t, "the replica let the aborted requests go", func() bool { return rep.Stats().Running == 0 })
+	// Every scrape that could show them has been installed (the scrape
+	// hook runs before the round is published to the admin API).
+	eventually(t, "sluice scraped it empty", func() bool { return n.replicaRunning(t) == 0 })
+
+	r := n.replica(t)
+	assert.False(t, r.AbortsHeld, "a replica that honours aborts is trusted")
+	assert.Zero(t, n.metric(t, "sluice_replica_aborts_held", map[string]string{"replica": "r0"}))
 }
 
 // TestDrain: on drain, new requests get 503 draining while a running
