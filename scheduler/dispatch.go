@@ -254,7 +254,7 @@ type fleetLoad struct {
 // with the fraction reserve of its sequences and tokens kept free.
 func (f fleetLoad) fitsBeyond(size int64, reserve float64) bool {
 	if reserve <= 0 {
-		return true // choose decides
+		return true // the replica choice (take) decides
 	}
 	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap) - 1e-9))
 	keepTokens := int64(math.Ceil(reserve*float64(f.tokensCap) - 1e-9))

@@ -93,7 +93,7 @@ type replicaSet struct {
 	reps     []*replica
 	capacity capacityFunc
 
-	mu     sync.Mutex // serializes choose+reserve; guards cursor
+	mu     sync.Mutex // serializes take (choice + reserve); guards cursor
 	cursor int
 
 	pools atomic.Pointer[poolCache] // poolKeyOf's memo
@@ -180,17 +180,11 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 	return k, load, seqs, st
 }
 
-// choose picks the least normalized-load replica of rt's pool that fits
-// size tokens and reserves the room on it. exclude skips replicas already
-// tried. It returns nil when nothing fits now. Fair shares are the dispatch
+// take picks the least normalized-load replica of rt's pool that fits a
+// request of size tokens and reserves the room, skipping exclude (a replica
+// already tried). It returns nil when nothing fits now, else also the
+// request's seq there (its number among those given room: leave needs it). Fair shares are the dispatch
 // gate's (dispatch.go): every request that passes it may use any room.
-func (s *replicaSet) choose(rt route, size int64, exclude *replica) *replica {
-	r, _ := s.take(rt, size, exclude)
-	return r
-}
-
-// take is choose, also returning the request's seq on the replica (its
-// number among those given room there): leave needs it.
 func (s *replicaSet) take(rt route, size int64, exclude *replica) (*replica, int64) {
 	return s.pick(rt, size, exclude, true)
 }

@@ -11,6 +11,12 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
+// choose is take without the seq: what the replica choice tests read.
+func (s *replicaSet) choose(rt route, size int64, exclude *replica) *replica {
+	r, _ := s.take(rt, size, exclude)
+	return r
+}
+
 func TestReplicaPools(t *testing.T) {
 	t.Parallel()
 	a := &replica{name: "a", maxSeqs: 8}

@@ -55,10 +55,9 @@ const (
 
 // batchScrape is a scrape as the estimate reads it. Immutable.
 type batchScrape struct {
-	seqs    int64 // vLLM's running + waiting
-	countAt int64 // this instance's requests in flight there as it answered
-	sentAt  int64 // batch.sent as it answered: later requests are not in it
-	// foreign is what it showed beyond this instance's own.
+	sentAt int64 // batch.sent as it answered: later requests are not in it
+	// foreign is what it showed beyond this instance's own (running +
+	// waiting less this instance's requests in flight as it answered).
 	foreign int64
 }
 
@@ -100,13 +99,13 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 		b.held.Store(0)
 		return false
 	}
-	sc := &batchScrape{seqs: int64(m.Running.V + m.Waiting.V), countAt: r.count.Load(), sentAt: b.sent.Load()}
-	sc.foreign = max(0, sc.seqs-sc.countAt)
+	seqs := int64(m.Running.V + m.Waiting.V)
+	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.count.Load())}
 	// The most of this instance's own the scrape can show: what was in
 	// flight as it was asked for, what was sent during its flight, and
 	// aborts vLLM may not have reached.
 	own := count0 + (sc.sentAt - sent0) + b.lingering.since(start.Add(-lingerGrace))
-	if sc.seqs > own {
+	if seqs > own {
 		distrusted = !now.Before(b.distrustUntil)
 		b.distrustUntil = now.Add(distrustFor)
 	}
