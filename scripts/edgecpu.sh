@@ -9,10 +9,20 @@
 #   whole   -c 16 non-streamed requests: proxy CPU µs per request and the
 #           replica's (simulator's) CPU µs per request;
 #   stream  -c 16 streamed requests of EDGE_STREAM_TOKENS tokens: proxy CPU
-#           µs per SSE chunk passed (chunks counted by the client).
+#           µs per SSE chunk passed (chunks counted by the client);
+#   rate    EDGE_RATE_N non-streamed requests, open loop at EDGE_RATE per
+#           second (800): the replica's CPU µs per request at one offered
+#           load for every target. At -c 16 closed loop a proxy's added
+#           latency lowers the replica's throughput and so its batch
+#           occupancy, and the simulator's per-step cost is then shared by
+#           fewer requests: that column measures the proxy's latency as much
+#           as the work it sends upstream. At a fixed rate every target's
+#           replica runs the same batches, and what is left is the request.
 # CPU is process time (the sum of /proc/PID/task/*/schedstat on-CPU ns, all
 # threads; ns resolution, utime+stime in effect), not wall time: steadier on
 # a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
+# EDGE_RATE (800), EDGE_RATE_N (2400), EDGE_SIM_ENV (environment for the
+# simulator, e.g. GOMAXPROCS=1),
 # EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
 # EDGE_RAW=1 (print every round), EDGE_SYSCALLS=1 (after the rounds, one
 # more pass per proxy under `perf stat`: system calls, context switches and
@@ -29,6 +39,8 @@ N=${EDGE_N:-3000}
 LIGHT_N=${EDGE_LIGHT_N:-400}
 SN=${EDGE_STREAM_N:-600}
 STOK=${EDGE_STREAM_TOKENS:-64}
+RATE=${EDGE_RATE:-800}
+RN=${EDGE_RATE_N:-2400}
 GO=${GO:-go}
 WORK=$(mktemp -d /tmp/sluice-edgecpu.XXXXXX)
 LIB_NAME=edgecpu LIB_KEEP_VAR=EDGE_KEEP
@@ -45,6 +57,17 @@ BASE_API_PORT=$((BASE + 8)) BASE_ADM_PORT=$((BASE + 9))
 cpu_ns() {
 	local p
 	for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done | awk '{s += $1} END {printf "%.0f\n", s}'
+}
+# work_ns PID: cpu_ns of a Go process less its runtime monitor (sysmon), the
+# thread runtime.main starts before any other (the second-lowest thread id).
+# Under CPU contention sysmon wakes every 20 µs to retake Ps stuck in system
+# calls, and its wake-ups, not the requests, were most of the simulator's
+# extra CPU behind a proxy (perf, BENCHMARKS §0.14). vLLM's Python server
+# has no such thread, so the replica's work per request is this figure.
+work_ns() {
+	local mon
+	mon=$(ls /proc/"$1"/task | sort -n | sed -n 2p)
+	for d in /proc/"$1"/task/*; do [ "${d##*/}" = "$mon" ] || cat "$d/schedstat" 2>/dev/null; done | awk '{s += $1} END {printf "%.0f\n", s}'
 }
 
 SLUICE=${SLUICE_BIN:-}
@@ -89,7 +112,7 @@ sized() {
 	return 1
 }
 
-"$SLUICE" sim --listen "127.0.0.1:$SIM_PORT" --replicas 2 --decode-step 1ms >"$WORK/sim.log" 2>&1 &
+${EDGE_SIM_CPUS:+taskset -c "$EDGE_SIM_CPUS"} env ${EDGE_SIM_ENV:-} "$SLUICE" sim --listen "127.0.0.1:$SIM_PORT" --replicas 2 --decode-step 1ms >"$WORK/sim.log" 2>&1 &
 SIM_PID=$!
 PIDS+=("$SIM_PID")
 for i in 0 1; do wait_http "http://127.0.0.1:$((SIM_PORT + i))/health"; done
@@ -165,17 +188,20 @@ for t in $TARGETS; do
 	"$WORK/loadloop.bin" -url "$(url_of "$t")" -n 50 -c 8 -body "$STREAM" -stream >/dev/null
 done
 # measure KIND TARGET ARGS...: one loadloop run; appends
-# "TARGET ok fail p50 p99 rps chunks proxy_ns sim_ns" to WORK/KIND.txt.
+# "TARGET ok fail p50 p99 rps chunks proxy_ns sim_ns sim_work_ns" to
+# WORK/KIND.txt (work_ns: without the simulator's sysmon thread).
 measure() {
-	local kind=$1 t=$2 pids c0=0 c1=0 s0 s1 out
+	local kind=$1 t=$2 pids c0=0 c1=0 s0 s1 w0 w1 out
 	shift 2
 	pids=$(proxy_pids "$t")
 	s0=$(cpu_ns "$SIM_PID")
+	w0=$(work_ns "$SIM_PID")
 	[ -n "$pids" ] && c0=$(cpu_ns $pids)
 	out=$("$WORK/loadloop.bin" -url "$(url_of "$t")" "$@")
 	[ -n "$pids" ] && c1=$(cpu_ns $pids)
 	s1=$(cpu_ns "$SIM_PID")
-	echo "$t $out $((c1 - c0)) $((s1 - s0))" >>"$WORK/$kind.txt"
+	w1=$(work_ns "$SIM_PID")
+	echo "$t $out $((c1 - c0)) $((s1 - s0)) $((w1 - w0))" >>"$WORK/$kind.txt"
 }
 # light_interleaved R: the light measurement of round R for every target at
 # once, request by request in turn (loadloop -names), so that each target's
@@ -202,7 +228,7 @@ light_interleaved() {
 	while read -r line; do
 		t=${line%% *}
 		pids=$(proxy_pids "$t")
-		[ -n "$pids" ] && echo "$line $(($(cpu_ns $pids) - c0[$t])) 0" >>"$WORK/light.txt" || echo "$line 0 0" >>"$WORK/light.txt"
+		[ -n "$pids" ] && echo "$line $(($(cpu_ns $pids) - c0[$t])) 0 0" >>"$WORK/light.txt" || echo "$line 0 0 0" >>"$WORK/light.txt"
 	done <"$WORK/light.round"
 }
 # Each round starts at the next target, so none is always measured first
@@ -215,11 +241,13 @@ for r in $(seq 1 "$ROUNDS"); do
 		[ "${EDGE_LIGHT_BLOCKS:-0}" = 1 ] && measure light "$t" -n "$LIGHT_N" -c 1 -body "$SMALL"
 		measure whole "$t" -n "$N" -c 16 -body "$SMALL"
 		measure stream "$t" -n "$SN" -c 16 -body "$STREAM" -stream
+		measure rate "$t" -n "$RN" -c 64 -rate "$RATE" -body "$SMALL"
 	done
 	log "round $r of $ROUNDS done"
 done
 # per KIND TARGET AWKEXPR: median over rounds of AWKEXPR (fields: $2 ok, $3
-# fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns).
+# fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns, $10 sim
+# ns without its sysmon thread).
 per() { awk -v t="$2" '$1 == t && $2 > 0 { printf "%.2f\n", '"$3"' }' "$WORK/$1.txt" | median; }
 fails=$(cat "$WORK"/*.txt | awk '{s += $3} END {print s + 0}')
 if [ "$fails" -gt 0 ]; then
@@ -230,10 +258,10 @@ if [ "$fails" -gt 0 ]; then
 	for f in "$WORK"/sluice*.log; do echo "edgecpu: tail of $f:" >&2; tail -20 "$f" >&2; done
 	for p in $SLUICE_PID $BASE_PID; do kill -0 "$p" 2>/dev/null || echo "edgecpu: process $p has exited" >&2; done
 fi
-echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
-echo "|---|---|---|---|---|---|---|"
+echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | replica CPU µs/req at $RATE/s | — without sysmon | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
-	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
+	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per rate "$t" '$9 / 1000 / $2') | $(per rate "$t" '$10 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
 done
 # ratio KIND TARGET REF AWKEXPR: median over rounds of TARGET's AWKEXPR ÷
 # REF's in the same round (paired: both ran in one round).
@@ -247,17 +275,17 @@ delta() {
 		END { for (i in a) if (i in b) printf "%.0f\n", a[i] - b[i] }' "$WORK/$1.txt" | median
 }
 echo
-echo "Paired per round (median over rounds): CPU ÷ HAProxy's; latency − HAProxy's; replica CPU ÷ direct."
+echo "Paired per round (median over rounds): CPU ÷ HAProxy's; latency − HAProxy's; replica CPU ÷ direct (-c 16 closed loop; open loop at $RATE/s, all threads and without the simulator's sysmon)."
 echo
-echo "| target | CPU/req ÷ HAProxy | CPU/chunk ÷ HAProxy | light p50 − HAProxy µs | light p99 − HAProxy µs | replica CPU/req ÷ direct |"
-echo "|---|---|---|---|---|---|"
+echo "| target | CPU/req ÷ HAProxy | CPU/chunk ÷ HAProxy | light p50 − HAProxy µs | light p99 − HAProxy µs | replica CPU/req ÷ direct | at $RATE/s | — without sysmon |"
+echo "|---|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
 	[ "$t" = direct ] && continue
-	echo "| $t | $(ratio whole "$t" haproxy '$8 / $2') | $(ratio stream "$t" haproxy '$8 / $7') | $(delta light "$t" haproxy '$4') | $(delta light "$t" haproxy '$5') | $(ratio whole "$t" direct '$9 / $2') |"
+	echo "| $t | $(ratio whole "$t" haproxy '$8 / $2') | $(ratio stream "$t" haproxy '$8 / $7') | $(delta light "$t" haproxy '$4') | $(delta light "$t" haproxy '$5') | $(ratio whole "$t" direct '$9 / $2') | $(ratio rate "$t" direct '$9 / $2') | $(ratio rate "$t" direct '$10 / $2') |"
 done
 echo
-echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-if [ "${EDGE_RAW:-0}" = 1 ]; then for k in light whole stream; do echo "## $k"; cat "$WORK/$k.txt"; done; fi
+echo "rounds $ROUNDS, $N non-streamed and $SN streamed requests per round and target (-c 16), $LIGHT_N at -c 1, $RN at $RATE/s; failed requests: $fails; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${EDGE_RAW:-0}" = 1 ]; then for k in light whole stream rate; do echo "## $k"; cat "$WORK/$k.txt"; done; fi
 # sysstat TARGET ARGS...: one loadloop run under perf stat on the proxy's
 # processes; prints "requests chunks" then perf's CSV lines.
 sysstat() {
