@@ -58,6 +58,9 @@ cpu_ns() {
 	local p
 	for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done | awk '{s += $1} END {printf "%.0f\n", s}'
 }
+# io_bytes PID: bytes the process read and wrote through system calls
+# (rchar + wchar): what the replica was sent and answered, headers included.
+io_bytes() { awk '/^(rchar|wchar):/ {s += $2} END {printf "%.0f\n", s}' /proc/"$1"/io; }
 # work_ns PID: cpu_ns of a Go process less its runtime monitor (sysmon), the
 # thread runtime.main starts before any other (the second-lowest thread id).
 # Under CPU contention sysmon wakes every 20 µs to retake Ps stuck in system
@@ -188,20 +191,22 @@ for t in $TARGETS; do
 	"$WORK/loadloop.bin" -url "$(url_of "$t")" -n 50 -c 8 -body "$STREAM" -stream >/dev/null
 done
 # measure KIND TARGET ARGS...: one loadloop run; appends
-# "TARGET ok fail p50 p99 rps chunks proxy_ns sim_ns sim_work_ns" to
+# "TARGET ok fail p50 p99 rps chunks proxy_ns sim_ns sim_work_ns sim_bytes" to
 # WORK/KIND.txt (work_ns: without the simulator's sysmon thread).
 measure() {
-	local kind=$1 t=$2 pids c0=0 c1=0 s0 s1 w0 w1 out
+	local kind=$1 t=$2 pids c0=0 c1=0 s0 s1 w0 w1 b0 b1 out
 	shift 2
 	pids=$(proxy_pids "$t")
 	s0=$(cpu_ns "$SIM_PID")
 	w0=$(work_ns "$SIM_PID")
+	b0=$(io_bytes "$SIM_PID")
 	[ -n "$pids" ] && c0=$(cpu_ns $pids)
 	out=$("$WORK/loadloop.bin" -url "$(url_of "$t")" "$@")
 	[ -n "$pids" ] && c1=$(cpu_ns $pids)
 	s1=$(cpu_ns "$SIM_PID")
 	w1=$(work_ns "$SIM_PID")
-	echo "$t $out $((c1 - c0)) $((s1 - s0)) $((w1 - w0))" >>"$WORK/$kind.txt"
+	b1=$(io_bytes "$SIM_PID")
+	echo "$t $out $((c1 - c0)) $((s1 - s0)) $((w1 - w0)) $((b1 - b0))" >>"$WORK/$kind.txt"
 }
 # light_interleaved R: the light measurement of round R for every target at
 # once, request by request in turn (loadloop -names), so that each target's
@@ -228,7 +233,7 @@ light_interleaved() {
 	while read -r line; do
 		t=${line%% *}
 		pids=$(proxy_pids "$t")
-		[ -n "$pids" ] && echo "$line $(($(cpu_ns $pids) - c0[$t])) 0 0" >>"$WORK/light.txt" || echo "$line 0 0 0" >>"$WORK/light.txt"
+		[ -n "$pids" ] && echo "$line $(($(cpu_ns $pids) - c0[$t])) 0 0 0" >>"$WORK/light.txt" || echo "$line 0 0 0 0" >>"$WORK/light.txt"
 	done <"$WORK/light.round"
 }
 # Each round starts at the next target, so none is always measured first
@@ -247,7 +252,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 # per KIND TARGET AWKEXPR: median over rounds of AWKEXPR (fields: $2 ok, $3
 # fail, $4 p50, $5 p99, $6 rps, $7 chunks, $8 proxy ns, $9 sim ns, $10 sim
-# ns without its sysmon thread).
+# ns without its sysmon thread, $11 bytes the sim read and wrote).
 per() { awk -v t="$2" '$1 == t && $2 > 0 { printf "%.2f\n", '"$3"' }' "$WORK/$1.txt" | median; }
 fails=$(cat "$WORK"/*.txt | awk '{s += $3} END {print s + 0}')
 if [ "$fails" -gt 0 ]; then
@@ -258,10 +263,10 @@ if [ "$fails" -gt 0 ]; then
 	for f in "$WORK"/sluice*.log; do echo "edgecpu: tail of $f:" >&2; tail -20 "$f" >&2; done
 	for p in $SLUICE_PID $BASE_PID; do kill -0 "$p" 2>/dev/null || echo "edgecpu: process $p has exited" >&2; done
 fi
-echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | replica CPU µs/req at $RATE/s | — without sysmon | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| target | light p50 µs | light p99 µs | proxy CPU µs/req (non-streamed) | replica CPU µs/req | replica CPU µs/req at $RATE/s | — without sysmon | replica bytes/req | proxy CPU µs/chunk (streamed, $STOK tokens) | chunks/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for t in $TARGETS; do
-	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per rate "$t" '$9 / 1000 / $2') | $(per rate "$t" '$10 / 1000 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
+	echo "| $t | $(per light "$t" '$4') | $(per light "$t" '$5') | $(per whole "$t" '$8 / 1000 / $2') | $(per whole "$t" '$9 / 1000 / $2') | $(per rate "$t" '$9 / 1000 / $2') | $(per rate "$t" '$10 / 1000 / $2') | $(per rate "$t" '$11 / $2') | $(per stream "$t" '$8 / 1000 / $7') | $(per stream "$t" '$7 / $2') |"
 done
 # ratio KIND TARGET REF AWKEXPR: median over rounds of TARGET's AWKEXPR ÷
 # REF's in the same round (paired: both ran in one round).
