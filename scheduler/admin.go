@@ -187,6 +187,11 @@ type ReplicaStatus struct {
 	// for (another instance's, or aborts the replica ignored), so aborted
 	// requests keep their slot there until a scrape (SCHEDULING §7).
 	AbortsHeld bool `json:"aborts_held"`
+	// Peers is how many other instances report demand on this replica (a
+	// Redis fleet); SeqShare is this instance's cap on its requests here
+	// while they do, its fair share of max_num_seqs (0: none; SCHEDULING §9).
+	Peers    int64 `json:"peers"`
+	SeqShare int64 `json:"seq_share"`
 }
 
 func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
@@ -195,7 +200,7 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	out := []ReplicaStatus{}
 	for _, r := range a.s.reps.reps {
 		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now)}
+			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load()}
 		if v, ok := snap.Replica(r.name); ok {
 			st.State, st.Reason, st.CapacityTokens, st.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
 		}

@@ -23,6 +23,7 @@ type Metrics struct {
 	UpstreamAborts   *prometheus.CounterVec   // replica, cause
 	ReplicaInflight  *prometheus.GaugeVec     // replica
 	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
+	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (share.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -62,6 +63,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Input plus allowed output tokens of requests running on the replica."}, []string{"replica"}),
 		ReplicaAborts: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_aborts_held",
 			Help: "1 while aborted requests keep their slot on the replica until a scrape: it showed sequences this instance cannot account for (another instance's, or ignored aborts)."}, []string{"replica"}),
+		ReplicaShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_seq_share",
+			Help: "This instance's cap on its requests on a replica other instances also use (its fair share of max_num_seqs); 0: no cap."}, []string{"replica"}),
 		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
 			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
@@ -82,7 +85,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
-		m.ReplicaInflight, m.ReplicaAborts, m.UpstreamLatency, m.TTFT,
+		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.UpstreamLatency, m.TTFT,
 		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -110,6 +110,7 @@ func (s *Server) exportReplica(r *replica) {
 		held = 1
 	}
 	s.m.ReplicaAborts.WithLabelValues(r.name).Set(held)
+	s.m.ReplicaShare.WithLabelValues(r.name).Set(float64(r.share.Load()))
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

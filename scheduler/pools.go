@@ -148,7 +148,7 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 			continue
 		}
 		f.seqs += seqs
-		f.seqsCap += r.maxSeqs
+		f.seqsCap += r.seqLimit(seqs)
 		f.tokens += load
 		f.tokensCap += k
 	}
@@ -166,7 +166,7 @@ func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
-		if st < gpu.StateDraining && k > 0 && seqs < r.maxSeqs && load+size <= k {
+		if st < gpu.StateDraining && k > 0 && seqs < r.seqLimit(seqs) && load+size <= k {
 			return true
 		}
 	}
@@ -278,6 +278,23 @@ func (p *poolTable) moveLocked(c *call, to spot) {
 	}
 	c.spot = to
 	// Entries stay (their counts are cumulative): one per tenant and pool.
+}
+
+// queuedOn is how many requests are queued in the pools replica i (in
+// config order) serves.
+func (p *poolTable) queuedOn(i int) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for k, pl := range p.pools {
+		if !k.has(i) {
+			continue
+		}
+		for _, pt := range pl.tenants {
+			n += pt.queued
+		}
+	}
+	return n
 }
 
 // parkFull records that tenant was parked because k's pool was full.

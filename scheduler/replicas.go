@@ -30,7 +30,11 @@ type replica struct {
 	count       atomic.Int64 // in-flight requests
 	finished    atomic.Int64 // requests that completed normally (usage final)
 	batch       batch        // the batch between scrapes (sizing.go)
-	obs         atomic.Pointer[replicaObs]
+	// share is this instance's cap on its requests here while other
+	// instances use the replica too (share.go); 0: none. peers is how many
+	// other instances reported demand here.
+	share, peers atomic.Int64
+	obs          atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
 	// polledAt is the poll time of the last scrape Observe fed to the
@@ -218,7 +222,7 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.maxSeqs || load+size > k {
+		if seqs >= r.seqLimit(seqs) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)

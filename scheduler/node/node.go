@@ -103,20 +103,21 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		return err
 	}
 
-	state, responses, closeState, err := openStateStore(cfg)
+	fleet, err := openStateStore(cfg)
 	if err != nil {
 		return fmt.Errorf("state store: %w", err)
 	}
+	state := fleet.state
 	defer func() {
-		if err := closeState(); err != nil {
+		if err := fleet.close(); err != nil {
 			log.Error("closing the state store", "err", err)
 		}
 	}()
 
 	var trail *audit.Log
 	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
-	if responses != nil {
-		deps.Responses = responses
+	if fleet.responses != nil {
+		deps.Responses = fleet.responses
 	}
 	if cfg.Audit.Path != "" {
 		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
@@ -199,6 +200,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	bgGroup.Go(func() error { return mon.Run(bg) })
 	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled()) })
 	bgGroup.Go(func() error { return led.Run(bg) })
+	if fleet.peers != nil {
+		bgGroup.Go(func() error { return srv.ShareLoop(bg, fleet.peers) })
+	}
 	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
 	if trail != nil {
 		bgGroup.Go(func() error { return trail.Run(bg) })

@@ -21,6 +21,8 @@ import (
 type replicaRow struct {
 	Running    int64 `json:"vllm_running"`
 	AbortsHeld bool  `json:"aborts_held"`
+	Peers      int64 `json:"peers"`
+	SeqShare   int64 `json:"seq_share"`
 }
 
 func (n *node) replica(t *testing.T) replicaRow {
@@ -266,4 +268,65 @@ func TestInstancesSharingAReplica(t *testing.T) {
 	t.Logf("vLLM waiting: max %d, mean %.3f", most, mean)
 	assert.Equal(t, int64(48), ok.Load(), "every request served")
 	assert.Less(t, mean, 0.45, "requests waiting inside vLLM, on average")
+}
+
+// TestInstancesSplitASharedReplica: two instances of a Redis fleet share a
+// replica of four sequences. The first has six clients and holds every
+// slot; then the second gets six clients too. Without the split (share.go)
+// the first refills each slot it frees before the second's next scrape,
+// and the second is served only when a scrape lands between a completion
+// and its refill. With it each takes half: the second's share of the
+// completions after it arrives is asserted at least 35 %.
+func TestInstancesSplitASharedReplica(t *testing.T) {
+	rds := startRedis(t)
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs = 4
+	sc.DecodeStep = 5 * time.Millisecond
+	rep := startSim(t, sc)
+	var nodes [2]*node
+	for i := range nodes {
+		cfg := nodeConfig(t, []*simReplica{rep}, "    concurrency: 16\n", redisTop(rds))
+		cfg.Upstream.Replicas[0].MaxNumSeqs = 4
+		nodes[i] = startNode(t, cfg)
+	}
+	var stop atomic.Bool
+	var served [2]atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	load := func(i int) {
+		for c := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := 0; !stop.Load(); j++ {
+					body := fmt.Sprintf(`{"model":"sim-model","prompt":"n%d c%d r%d","max_tokens":20,"ignore_eos":true}`, i, c, j)
+					if resp := nodes[i].call(t, "/v1/completions", keyAcme, body, "X-Request-Timeout", "60"); resp.StatusCode == 200 {
+						served[i].Add(1)
+					} else {
+						failed.Add(1)
+						t.Logf("instance %d: status %d: %s", i, resp.StatusCode, resp.Body)
+					}
+				}
+			}()
+		}
+	}
+	load(0)
+	eventually(t, "the first instance fills the replica", func() bool { return nodes[0].replicaRunning(t) == 4 })
+	load(1)
+	eventually(t, "both instances see each other's demand", func() bool {
+		ra, rb := nodes[0].replica(t), nodes[1].replica(t)
+		return ra.Peers == 1 && rb.Peers == 1 && ra.SeqShare == 2 && rb.SeqShare == 2 &&
+			nodes[0].metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}) == 2
+	})
+	eventually(t, "the second instance served", func() bool { return served[1].Load() > 0 })
+	a0, b0 := served[0].Load(), served[1].Load()
+	for served[0].Load()-a0+served[1].Load()-b0 < 120 {
+		time.Sleep(10 * time.Millisecond) // polling the counts the clients drive
+	}
+	stop.Store(true)
+	wg.Wait()
+	a, b := served[0].Load()-a0, served[1].Load()-b0
+	t.Logf("once both were served: first %d, second %d", a, b)
+	assert.Zero(t, failed.Load())
+	assert.InDelta(t, 0.5, float64(b)/float64(a+b), 0.05, "the second instance's share of the completions")
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/internal/testport"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
@@ -229,31 +227,8 @@ func TestFileKeepsJSONAndLeavesNoTempFiles(t *testing.T) {
 	require.ErrorContains(t, err, "corrupt")
 }
 
-// startRedis starts a real redis-server on a free loopback port; it is
-// killed at cleanup.
-func startRedis(t *testing.T) string {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redis-server not found: run `make test` (scripts/ensure-deps.sh installs it)")
-	}
-	port := testport.Free(t)
-	dir := t.TempDir()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"))
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(t.Context()).Err() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s not ready after 10s", addr)
-		}
-		time.Sleep(10 * time.Millisecond) // a starting child process has no readiness event
-	}
-	return addr
-}
+// startRedis starts a real redis-server (internal/redistest).
+func startRedis(t *testing.T) string { return redistest.Start(t) }
 
 // TestRedisBlobs: a blob put by one client is read by another, expires
 // with its TTL, and a missing one is not an error.

@@ -1,0 +1,138 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Report is one instance's demand on one replica.
+type Report struct {
+	Replica  string // the replica's URL: instances name replicas as they like
+	InFlight int64  // requests this instance has running there
+	Queued   int64  // requests it has queued that the replica could serve
+}
+
+// Entry is another instance's Report on a replica.
+type Entry struct {
+	Instance string
+	InFlight int64
+	Queued   int64
+}
+
+// Redis exchanges reports through one Redis hash. It is safe for
+// concurrent use; the client should have ContextTimeoutEnabled.
+type Redis struct {
+	c     redis.UniversalClient
+	key   string
+	id    string
+	stale time.Duration
+}
+
+// NewRedis returns the exchange of instance id under key prefix (the
+// ledger's key_prefix). Reports older than stale are ignored and removed.
+// It does not own c.
+func NewRedis(c redis.UniversalClient, prefix, id string, stale time.Duration) *Redis {
+	if prefix == "" {
+		prefix = "sluice"
+	}
+	return &Redis{c: c, key: prefix + ":{peers}", id: id, stale: stale}
+}
+
+// ID is this instance's id in the exchange.
+func (r *Redis) ID() string { return r.id }
+
+// exchangeScript: KEYS[1] the hash; ARGV 1 the instance id, 2 its report,
+// 3 the staleness bound in ms. It stamps the report with Redis's clock,
+// removes stale reports and answers the other live ones (id, report
+// pairs). The hash expires when no instance has written it for 10 bounds.
+var exchangeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stale = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], now .. ' ' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], 10 * stale)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local ts = tonumber(string.match(all[i + 1], '^(%d+)'))
+  if not ts or ts + stale < now then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] ~= ARGV[1] then
+    out[#out + 1] = all[i]
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+`)
+
+// Exchange publishes this instance's reports (replacing its previous ones)
+// and returns the other live instances' entries by replica URL. A report
+// that cannot be read is left out and named in an error wrapping
+// [ErrMalformed], returned with the entries of the rest; any other error
+// comes with no entries.
+func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]Entry, error) {
+	var b strings.Builder
+	for i, rp := range reports {
+		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" {
+			return nil, fmt.Errorf("peers: replica URL %q cannot be reported", rp.Replica)
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s %d %d", rp.Replica, rp.InFlight, rp.Queued)
+	}
+	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("peers: exchange: %w", err)
+	}
+	out := map[string][]Entry{}
+	var bad []error
+	for i := 0; i+1 < len(vals); i += 2 {
+		if err := parse(vals[i], vals[i+1], out); err != nil {
+			bad = append(bad, err)
+		}
+	}
+	return out, errors.Join(bad...)
+}
+
+// ErrMalformed marks a report Exchange could not read (another version's,
+// or a damaged one).
+var ErrMalformed = errors.New("malformed report")
+
+// parse adds instance id's report text ("<ms> (<url> <in flight> <queued>)*")
+// to out, whole or not at all.
+func parse(id, text string, out map[string][]Entry) error {
+	f := strings.Fields(text)
+	if len(f) == 0 || (len(f)-1)%3 != 0 {
+		return fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
+	}
+	es := make([]Entry, 0, (len(f)-1)/3)
+	for i := 1; i < len(f); i += 3 {
+		in, err1 := strconv.ParseInt(f[i+1], 10, 64)
+		q, err2 := strconv.ParseInt(f[i+2], 10, 64)
+		if errors.Join(err1, err2) != nil || in < 0 || q < 0 {
+			return fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
+		}
+		es = append(es, Entry{Instance: id, InFlight: in, Queued: q})
+	}
+	for i, e := range es {
+		url := f[1+3*i]
+		out[url] = append(out[url], e)
+	}
+	return nil
+}
+
+// Leave removes this instance's reports, so that the others stop sharing
+// with it at once rather than when its reports age out.
+func (r *Redis) Leave(ctx context.Context) error {
+	if err := r.c.HDel(ctx, r.key, r.id).Err(); err != nil {
+		return fmt.Errorf("peers: leave: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package peers_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/scheduler/peers"
+)
+
+func client(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestExchange: each instance sees the others' latest reports, never its
+// own; a report replaces the instance's previous one; Leave removes it.
+func TestExchange(t *testing.T) {
+	addr := redistest.Start(t)
+	ctx := t.Context()
+	a := peers.NewRedis(client(t, addr), "t", "a", time.Minute)
+	b := peers.NewRedis(client(t, addr), "t", "b", time.Minute)
+
+	got, err := a.Exchange(ctx, []peers.Report{{Replica: "http://r1:8000", InFlight: 3, Queued: 9}})
+	require.NoError(t, err)
+	assert.Empty(t, got, "alone")
+
+	got, err = b.Exchange(ctx, []peers.Report{{Replica: "http://r1:8000", InFlight: 1}, {Replica: "http://r2:8000", Queued: 2}})
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]peers.Entry{"http://r1:8000": {{Instance: "a", InFlight: 3, Queued: 9}}}, got)
+
+	got, err = a.Exchange(ctx, nil) // a now has nothing anywhere
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]peers.Entry{
+		"http://r1:8000": {{Instance: "b", InFlight: 1}},
+		"http://r2:8000": {{Instance: "b", Queued: 2}},
+	}, got)
+	got, err = b.Exchange(ctx, nil)
+	require.NoError(t, err)
+	assert.Empty(t, got, "a's earlier report was replaced")
+
+	require.NoError(t, b.Leave(ctx))
+	got, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1:8000", InFlight: 1}})
+	require.NoError(t, err)
+	assert.Empty(t, got, "b left")
+
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r 1"}})
+	require.ErrorContains(t, err, "cannot be reported")
+}
+
+// TestStaleReportsAgeOut: a report stamped (by Redis's clock) longer ago
+// than the bound is ignored and removed; a malformed one is left out
+// whole and named, and the others' still count.
+func TestStaleReportsAgeOut(t *testing.T) {
+	addr := redistest.Start(t)
+	ctx := t.Context()
+	c := client(t, addr)
+	a := peers.NewRedis(c, "t", "a", 2*time.Second)
+	tm, err := c.Time(ctx).Result()
+	require.NoError(t, err)
+	old := tm.Add(-3 * time.Second).UnixMilli()
+	fresh := tm.Add(-time.Second).UnixMilli()
+	require.NoError(t, c.HSet(ctx, "t:{peers}", "crashed", fmt.Sprintf("%d http://r1 4 4", old), "live", fmt.Sprintf("%d http://r1 2 0", fresh)).Err())
+
+	got, err := a.Exchange(ctx, nil)
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]peers.Entry{"http://r1": {{Instance: "live", InFlight: 2}}}, got)
+	ids, err := c.HKeys(ctx, "t:{peers}").Result()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"a", "live"}, ids, "the stale report is removed")
+
+	require.NoError(t, c.HSet(ctx, "t:{peers}", "bad", fmt.Sprintf("%d http://r2 1 1 http://r1 x 0", fresh)).Err())
+	got, err = a.Exchange(ctx, nil)
+	require.ErrorIs(t, err, peers.ErrMalformed)
+	require.ErrorContains(t, err, `instance "bad"`)
+	assert.Equal(t, map[string][]peers.Entry{"http://r1": {{Instance: "live", InFlight: 2}}}, got, "the others' still count; none of the bad one's")
+}

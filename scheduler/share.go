@@ -1,0 +1,160 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/sluicehq/sluice/scheduler/peers"
+)
+
+// Splitting a shared replica's batch among instances (SCHEDULING §9).
+// Without it an instance whose request completes refills the slot at once,
+// while another instance sees the slot free only at its next scrape, by
+// when it is taken again: the slots of a shared replica stay with the
+// instances that hold them, however much the others have queued. So every
+// instance of a Redis fleet reports, a few times a second, its requests in
+// flight on each replica and what it has queued that the replica could
+// serve (peers.Redis), and on a replica that others report too it takes at
+// most its max-min fair share of max_num_seqs (seqShare): an instance
+// needing less than an equal split keeps what it needs and the rest is
+// split evenly. The cap limits only this instance's own requests: the
+// batch estimate (sizing.go) still counts everything the replica runs.
+//
+// Handing slots over is not instant: an instance over its new share stops
+// refilling, and the freed slot waits for the other's next scrape. Once
+// the shares settle, each instance refills its own slots as before.
+
+// peerExchange is what the split needs of the fleet (peers.Redis).
+type peerExchange interface {
+	ID() string
+	Exchange(ctx context.Context, reports []peers.Report) (map[string][]peers.Entry, error)
+	Leave(ctx context.Context) error
+}
+
+// shareInterval is how often demand is exchanged.
+const shareInterval = 250 * time.Millisecond
+
+// ShareStale bounds the age of the news shares are made from: reports
+// older than this are not counted, and this instance's shares lapse (no
+// cap) when its exchange has failed for as long.
+const ShareStale = 2 * time.Second
+
+// seqShare is the most requests this instance may have in flight on a
+// replica of maxSeqs sequences that others also use: its max-min fair
+// share, with this instance's demand taken as unbounded (the cap is what it
+// may take if it wants more) and each other's as its in flight plus
+// queued. Integer shares: the remainder goes one each to the claimants
+// first by instance id, so instances computing from the same reports agree
+// and their shares sum to maxSeqs. At least 1, so no instance starves when
+// there are more instances than sequences.
+func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
+	es := slices.Clone(others)
+	slices.SortFunc(es, func(a, b peers.Entry) int {
+		return cmp.Compare(a.InFlight+a.Queued, b.InFlight+b.Queued)
+	})
+	remaining, k := maxSeqs, int64(len(es)+1)
+	i := 0
+	for ; i < len(es); i++ {
+		d := es[i].InFlight + es[i].Queued
+		if d*k >= remaining { // d is at least the level: it and all after it claim the level
+			break
+		}
+		remaining -= d
+		k--
+	}
+	if remaining <= 0 {
+		return 1
+	}
+	share := remaining / k
+	rank := int64(0)
+	for _, e := range es[i:] {
+		if e.Instance < self {
+			rank++
+		}
+	}
+	if rank < remaining%k {
+		share++
+	}
+	return max(share, 1)
+}
+
+// ShareLoop exchanges demand with the other instances every shareInterval
+// and sets each replica's share, until ctx ends; then it withdraws this
+// instance's reports.
+func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
+	t := time.NewTicker(shareInterval)
+	defer t.Stop()
+	var lastOK time.Time
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			if err := ex.Leave(lctx); err != nil {
+				s.log.Warn("withdrawing this instance's replica demand", "err", err)
+			}
+			s.applyShares(ex.ID(), nil)
+			return nil
+		case <-t.C:
+		}
+		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
+		got, err := ex.Exchange(xctx, s.demandReports())
+		cancel()
+		now := time.Now()
+		switch {
+		case got != nil:
+			lastOK = now
+			s.applyShares(ex.ID(), got)
+		case now.Sub(lastOK) >= ShareStale:
+			s.applyShares(ex.ID(), nil) // no news: no caps, as without a fleet
+		}
+		if err != nil && !failing {
+			s.log.Warn("exchanging replica demand with the other instances; shared replicas are not split while this fails", "err", err)
+		} else if err == nil && failing {
+			s.log.Info("exchanging replica demand again")
+		}
+		failing = err != nil
+	}
+}
+
+// demandReports is this instance's demand on each replica.
+func (s *Server) demandReports() []peers.Report {
+	out := make([]peers.Report, 0, len(s.reps.reps))
+	for i, r := range s.reps.reps {
+		out = append(out, peers.Report{Replica: r.url, InFlight: r.count.Load(), Queued: s.pools.queuedOn(i)})
+	}
+	return out
+}
+
+// applyShares sets each replica's share from the others' entries (nil:
+// none anywhere). A share that grows or goes lets queued work through, so
+// the dispatch loop is woken.
+func (s *Server) applyShares(self string, got map[string][]peers.Entry) {
+	wake := false
+	for _, r := range s.reps.reps {
+		others := got[r.url]
+		var share int64
+		if len(others) > 0 {
+			share = seqShare(r.maxSeqs, self, others)
+		}
+		prev := r.share.Swap(share)
+		r.peers.Store(int64(len(others)))
+		wake = wake || (prev > 0 && (share == 0 || share > prev))
+	}
+	if wake {
+		s.signal(s.wake)
+	}
+}
+
+// seqLimit is the sequence count at which r has no room for this
+// instance: max_num_seqs, or less where this instance's share (a replica
+// shared with other instances) binds. seqs is the batch estimate.
+func (r *replica) seqLimit(seqs int64) int64 {
+	if sh := r.share.Load(); sh > 0 {
+		return min(r.maxSeqs, seqs-r.count.Load()+sh)
+	}
+	return r.maxSeqs
+}
