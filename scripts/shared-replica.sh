@@ -8,7 +8,9 @@
 # expires. Usage:
 #   scripts/shared-replica.sh BIN [TAG]      (BIN: a sluice binary)
 # Knobs: SHARED_RATE (42 per instance), SHARED_DURATION (15s), SHARED_PORT
-# (18300; uses the next 20 ports), SHARED_KEEP=1 (keep the work directory).
+# (18300; uses the next 20 ports), SHARED_KEEP=1 (keep the work directory),
+# SHARED_REDIS=1 (both instances on one Redis ledger, a redis-server on
+# SHARED_PORT+19: a fleet, whose instances split the replica, SCHEDULING §9).
 # Prints the sim's waiting (mean, max, share of samples above 0) and each
 # instance's summary line.
 set -euo pipefail
@@ -30,12 +32,20 @@ wait_http() { for _ in $(seq 100); do curl -fs "$1" >/dev/null && return 0; slee
 PIDS+=($!)
 wait_http "http://127.0.0.1:$SIM/health"
 HASH=$(printf '%s\n' "$KEY" | "$BIN" key hash)
+LEDGER=""
+if [ "${SHARED_REDIS:-}" = 1 ]; then
+	redis-server --port $((SIM + 19)) --bind 127.0.0.1 --save "" --appendonly no --dir "$W" --logfile "$W/redis.log" &
+	PIDS+=($!)
+	for _ in $(seq 100); do redis-cli -p $((SIM + 19)) ping >/dev/null 2>&1 && break; sleep 0.1; done
+	LEDGER="ledger: {backend: redis, redis: {addrs: [\"127.0.0.1:$((SIM + 19))\"]}}"
+fi
 for i in 1 2; do
 	cat >"$W/s$i.yaml" <<YAML
 listen: 127.0.0.1:$((SIM + i))
 admin_listen: 127.0.0.1:$((SIM + 10 + i))
 gpu: {telemetry: off}
 server: {drain_timeout: 5s}
+$LEDGER
 upstream:
   scrape_interval: 200ms
   replicas:
