@@ -44,20 +44,23 @@ const ShareStale = 2 * time.Second
 // seqShare is the most requests this instance may have in flight on a
 // replica of maxSeqs sequences that others also use: its max-min fair
 // share, with this instance's demand taken as unbounded (the cap is what it
-// may take if it wants more) and each other's as its in flight plus
-// queued. Integer shares: the remainder goes one each to the claimants
-// first by instance id, so instances computing from the same reports agree
-// and their shares sum to maxSeqs. At least 1, so no instance starves when
-// there are more instances than sequences.
+// may take if it wants more) and each other's as its in flight plus queued
+// (at most maxSeqs: no instance can use more, and a report cannot
+// overflow the sums). Integer shares: the remainder goes one each to the
+// claimants first by instance id, so that instances which all want more
+// than an equal split agree and their shares sum to maxSeqs. Where one
+// wants less, each counts its own demand as unbounded, so the caps may sum
+// to more; the batch estimate (sizing.go) still keeps the replica within
+// maxSeqs. At least 1, so no instance starves when there are more
+// instances than sequences.
 func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
+	demand := func(e peers.Entry) int64 { return min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) }
 	es := slices.Clone(others)
-	slices.SortFunc(es, func(a, b peers.Entry) int {
-		return cmp.Compare(a.InFlight+a.Queued, b.InFlight+b.Queued)
-	})
+	slices.SortFunc(es, func(a, b peers.Entry) int { return cmp.Compare(demand(a), demand(b)) })
 	remaining, k := maxSeqs, int64(len(es)+1)
 	i := 0
 	for ; i < len(es); i++ {
-		d := es[i].InFlight + es[i].Queued
+		d := demand(es[i])
 		if d*k >= remaining { // d is at least the level: it and all after it claim the level
 			break
 		}

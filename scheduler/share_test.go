@@ -32,6 +32,7 @@ func TestSeqShare(t *testing.T) {
 		{"water-filling over three, seen by b", 10, "b", []peers.Entry{e("a", 1, 0), e("c", 20, 0)}, 5},
 		{"more instances than sequences: at least one", 2, "z", []peers.Entry{e("a", 9, 9), e("b", 9, 9), e("c", 9, 9)}, 1},
 		{"others exactly at the level claim it", 6, "a", []peers.Entry{e("b", 3, 0)}, 3},
+		{"a report past any sum counts as max_num_seqs", 4, "a", []peers.Entry{e("b", 1<<62, 1<<62)}, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
