@@ -123,11 +123,15 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 	}
 }
 
-// demandReports is this instance's demand on each replica.
+// demandReports is this instance's demand on each replica where it has
+// any: a replica it neither runs nor queues anything for is not reported,
+// so it shares nothing there and the exchange stays small.
 func (s *Server) demandReports() []peers.Report {
-	out := make([]peers.Report, 0, len(s.reps.reps))
+	var out []peers.Report
 	for i, r := range s.reps.reps {
-		out = append(out, peers.Report{Replica: r.url, InFlight: r.count.Load(), Queued: s.pools.queuedOn(i)})
+		if in, q := r.count.Load(), s.pools.queuedOn(i); in > 0 || q > 0 {
+			out = append(out, peers.Report{Replica: r.url, InFlight: in, Queued: q})
+		}
 	}
 	return out
 }

@@ -107,6 +107,7 @@ func TestShareLoop(t *testing.T) {
 		s.reps.reps = append(s.reps.reps, r2)
 		ex := &fakeExchange{}
 		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
+		r2.count.Store(1)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
 		go func() { done <- s.ShareLoop(ctx, ex) }()
@@ -118,7 +119,7 @@ func TestShareLoop(t *testing.T) {
 		assert.Equal(t, int64(0), r2.share.Load(), "nobody else on r2")
 		ex.mu.Lock()
 		require.NotEmpty(t, ex.reports)
-		assert.Equal(t, []peers.Report{{Replica: r1.url}, {Replica: r2.url}}, ex.reports[0])
+		assert.Equal(t, []peers.Report{{Replica: r2.url, InFlight: 1}}, ex.reports[0], "only where there is demand")
 		ex.mu.Unlock()
 
 		// The cap binds own requests only: with two in flight here r1 has
@@ -126,6 +127,7 @@ func TestShareLoop(t *testing.T) {
 		r1.count.Store(2)
 		assert.Equal(t, int64(2), r1.seqLimit(2))
 		r1.count.Store(0)
+		r2.count.Store(0)
 
 		ex.set(nil, errors.New("store down"))
 		time.Sleep(ShareStale - shareInterval)
