@@ -29,6 +29,7 @@ import (
 // peerExchange is what the split needs of the fleet (peers.Redis).
 type peerExchange interface {
 	ID() string
+	Key(url string) string // the replica's name in the exchange
 	Exchange(ctx context.Context, reports []peers.Report) (map[string][]peers.Entry, error)
 	Leave(ctx context.Context) error
 }
@@ -99,20 +100,20 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			if err := ex.Leave(lctx); err != nil {
 				s.log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			s.applyShares(ex.ID(), nil)
+			s.applyShares(ex, nil)
 			return nil
 		case <-t.C:
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, s.demandReports())
+		got, err := ex.Exchange(xctx, s.demandReports(ex))
 		cancel()
 		now := time.Now()
 		switch {
 		case got != nil:
 			lastOK = now
-			s.applyShares(ex.ID(), got)
+			s.applyShares(ex, got)
 		case now.Sub(lastOK) >= ShareStale:
-			s.applyShares(ex.ID(), nil) // no news: no caps, as without a fleet
+			s.applyShares(ex, nil) // no news: no caps, as without a fleet
 		}
 		if err != nil && !failing {
 			s.log.Warn("exchanging replica demand with the other instances; shared replicas are not split while this fails", "err", err)
@@ -126,11 +127,11 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 // demandReports is this instance's demand on each replica where it has
 // any: a replica it neither runs nor queues anything for is not reported,
 // so it shares nothing there and the exchange stays small.
-func (s *Server) demandReports() []peers.Report {
+func (s *Server) demandReports(ex peerExchange) []peers.Report {
 	var out []peers.Report
 	for i, r := range s.reps.reps {
 		if in, q := r.count.Load(), s.pools.queuedOn(i); in > 0 || q > 0 {
-			out = append(out, peers.Report{Replica: r.url, InFlight: in, Queued: q})
+			out = append(out, peers.Report{Replica: ex.Key(r.url), InFlight: in, Queued: q})
 		}
 	}
 	return out
@@ -139,13 +140,13 @@ func (s *Server) demandReports() []peers.Report {
 // applyShares sets each replica's share from the others' entries (nil:
 // none anywhere). A share that grows or goes lets queued work through, so
 // the dispatch loop is woken.
-func (s *Server) applyShares(self string, got map[string][]peers.Entry) {
+func (s *Server) applyShares(ex peerExchange, got map[string][]peers.Entry) {
 	wake := false
 	for _, r := range s.reps.reps {
-		others := got[r.url]
+		others := got[ex.Key(r.url)]
 		var share int64
 		if len(others) > 0 {
-			share = seqShare(r.maxSeqs, self, others)
+			share = seqShare(r.maxSeqs, ex.ID(), others)
 		}
 		prev := r.share.Swap(share)
 		r.peers.Store(int64(len(others)))

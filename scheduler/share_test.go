@@ -72,6 +72,8 @@ type fakeExchange struct {
 
 func (f *fakeExchange) ID() string { return "self" }
 
+func (f *fakeExchange) Key(url string) string { return url }
+
 func (f *fakeExchange) Exchange(_ context.Context, r []peers.Report) (map[string][]peers.Entry, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

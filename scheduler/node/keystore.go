@@ -41,7 +41,7 @@ func openStateStore(cfg *config.File) (fleetStores, error) {
 		}
 		c := redis.NewUniversalClient(opts)
 		return fleetStores{state: statestore.NewRedis(c, r.KeyPrefix), responses: statestore.NewRedisBlobs(c, r.KeyPrefix),
-			peers: peers.NewRedis(c, r.KeyPrefix, instanceID(), scheduler.ShareStale), close: c.Close}, nil
+			peers: peers.NewRedis(c, r.KeyPrefix, instanceID(), hostname(), scheduler.ShareStale), close: c.Close}, nil
 	case cfg.Ledger.Journal != "":
 		f, err := statestore.OpenFile(filepath.Dir(cfg.Ledger.Journal))
 		if err != nil {
@@ -56,8 +56,17 @@ func openStateStore(cfg *config.File) (fleetStores, error) {
 // instanceID names this process among a fleet's: host, pid and a random
 // part (a restarted process on a reused pid is another instance).
 func instanceID() string {
-	host, _ := os.Hostname()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
+	return fmt.Sprintf("%s-%d-%x", hostname(), os.Getpid(), b)
+}
+
+// hostname is this host's name, or "unknown-host" when the kernel does not
+// say (then every instance on such hosts shares loopback replicas' names).
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown-host"
+	}
+	return h
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +15,7 @@ import (
 
 // Report is one instance's demand on one replica.
 type Report struct {
-	Replica  string // the replica's URL: instances name replicas as they like
+	Replica  string // the replica's key (Redis.Key): instances name replicas as they like
 	InFlight int64  // requests this instance has running there
 	Queued   int64  // requests it has queued that the replica could serve
 }
@@ -31,21 +33,39 @@ type Redis struct {
 	c     redis.UniversalClient
 	key   string
 	id    string
+	host  string
 	stale time.Duration
 }
 
-// NewRedis returns the exchange of instance id under key prefix (the
-// ledger's key_prefix). Reports older than stale are ignored and removed.
-// It does not own c.
-func NewRedis(c redis.UniversalClient, prefix, id string, stale time.Duration) *Redis {
+// NewRedis returns the exchange of instance id, running on host, under key
+// prefix (the ledger's key_prefix). Reports older than stale are ignored
+// and removed. It does not own c.
+func NewRedis(c redis.UniversalClient, prefix, id, host string, stale time.Duration) *Redis {
 	if prefix == "" {
 		prefix = "sluice"
 	}
-	return &Redis{c: c, key: prefix + ":{peers}", id: id, stale: stale}
+	return &Redis{c: c, key: prefix + ":{peers}", id: id, host: host, stale: stale}
 }
 
 // ID is this instance's id in the exchange.
 func (r *Redis) ID() string { return r.id }
+
+// Key names the replica at url in the exchange: the URL, except that a
+// loopback one (localhost, 127.0.0.0/8, ::1) is qualified by this host's
+// name. Every node of a fleet may call its own vLLM http://127.0.0.1:8000;
+// those are different replicas, shared only by instances on one host.
+func (r *Redis) Key(url string) string {
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return url
+	}
+	h := u.Hostname()
+	ip := net.ParseIP(h)
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") || (ip != nil && ip.IsLoopback()) {
+		return "host=" + r.host + ":" + url
+	}
+	return url
+}
 
 // exchangeScript: KEYS[1] the hash; ARGV 1 the instance id, 2 its report,
 // 3 the staleness bound in ms. It stamps the report with Redis's clock,

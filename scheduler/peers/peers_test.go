@@ -24,8 +24,8 @@ func client(t *testing.T, addr string) *redis.Client {
 func TestExchange(t *testing.T) {
 	addr := redistest.Start(t)
 	ctx := t.Context()
-	a := peers.NewRedis(client(t, addr), "t", "a", time.Minute)
-	b := peers.NewRedis(client(t, addr), "t", "b", time.Minute)
+	a := peers.NewRedis(client(t, addr), "t", "a", "h1", time.Minute)
+	b := peers.NewRedis(client(t, addr), "t", "b", "h1", time.Minute)
 
 	got, err := a.Exchange(ctx, []peers.Report{{Replica: "http://r1:8000", InFlight: 3, Queued: 9}})
 	require.NoError(t, err)
@@ -61,7 +61,7 @@ func TestStaleReportsAgeOut(t *testing.T) {
 	addr := redistest.Start(t)
 	ctx := t.Context()
 	c := client(t, addr)
-	a := peers.NewRedis(c, "t", "a", 2*time.Second)
+	a := peers.NewRedis(c, "t", "a", "h1", 2*time.Second)
 	tm, err := c.Time(ctx).Result()
 	require.NoError(t, err)
 	old := tm.Add(-3 * time.Second).UnixMilli()
@@ -80,4 +80,19 @@ func TestStaleReportsAgeOut(t *testing.T) {
 	require.ErrorIs(t, err, peers.ErrMalformed)
 	require.ErrorContains(t, err, `instance "bad"`)
 	assert.Equal(t, map[string][]peers.Entry{"http://r1": {{Instance: "live", InFlight: 2}}}, got, "the others' still count; none of the bad one's")
+}
+
+// TestKey: a loopback URL is qualified by the host (every node's
+// 127.0.0.1:8000 is its own vLLM), any other URL is the replica's name.
+func TestKey(t *testing.T) {
+	a := peers.NewRedis(nil, "t", "a", "node-1", time.Minute)
+	b := peers.NewRedis(nil, "t", "b", "node-2", time.Minute)
+	for _, u := range []string{"http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000", "http://127.0.0.2:8000"} {
+		assert.NotEqual(t, a.Key(u), b.Key(u), u)
+		assert.Equal(t, a.Key(u), peers.NewRedis(nil, "t", "c", "node-1", time.Minute).Key(u), "one host: one replica (%s)", u)
+	}
+	for _, u := range []string{"http://10.0.0.7:8000", "http://vllm-0.vllm.svc:8000", "http://[fd00::7]:8000"} {
+		assert.Equal(t, u, a.Key(u))
+		assert.Equal(t, a.Key(u), b.Key(u))
+	}
 }
