@@ -116,7 +116,7 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			s.applyShares(ex, nil) // no news: no caps, as without a fleet
 		}
 		if err != nil && !failing {
-			s.log.Warn("exchanging replica demand with the other instances; shared replicas are not split while this fails", "err", err)
+			s.log.Warn("exchanging replica demand with the other instances (shares lapse 2 s after the last exchange that answered)", "err", err)
 		} else if err == nil && failing {
 			s.log.Info("exchanging replica demand again")
 		}
