@@ -63,10 +63,11 @@ cpu_ns() {
 io_bytes() { awk '/^(rchar|wchar):/ {s += $2} END {printf "%.0f\n", s}' /proc/"$1"/io; }
 # work_ns PID: cpu_ns of a Go process less its runtime monitor (sysmon), the
 # thread runtime.main starts before any other (the second-lowest thread id).
-# Under CPU contention sysmon wakes every 20 µs to retake Ps stuck in system
-# calls, and its wake-ups, not the requests, were most of the simulator's
-# extra CPU behind a proxy (perf, BENCHMARKS §0.14). vLLM's Python server
-# has no such thread, so the replica's work per request is this figure.
+# Behind a proxy, under CPU contention, the simulator's sysmon stays at its
+# shortest (20 µs) period, and its wake-ups, not the requests, were most of
+# the simulator's extra CPU (perf; docs/benchmarks/cpu-per-request.md,
+# 2026-12-03 and 2026-12-05). vLLM's Python server has no such thread, so
+# the replica's work per request is this figure.
 work_ns() {
 	local mon
 	mon=$(ls /proc/"$1"/task | sort -n | sed -n 2p)
