@@ -92,7 +92,7 @@ return out
 `)
 
 // Exchange publishes this instance's reports (replacing its previous ones)
-// and returns the other live instances' entries by replica URL. A report
+// and returns the other live instances' entries by replica key. A report
 // that cannot be read is left out and named in an error wrapping
 // [ErrMalformed], returned with the entries of the rest; any other error
 // comes with no entries.
