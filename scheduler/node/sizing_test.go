@@ -320,9 +320,7 @@ func TestInstancesSplitASharedReplica(t *testing.T) {
 	})
 	eventually(t, "the second instance served", func() bool { return served[1].Load() > 0 })
 	a0, b0 := served[0].Load(), served[1].Load()
-	for served[0].Load()-a0+served[1].Load()-b0 < 120 {
-		time.Sleep(10 * time.Millisecond) // polling the counts the clients drive
-	}
+	eventually(t, "120 more completions", func() bool { return served[0].Load()-a0+served[1].Load()-b0 >= 120 })
 	stop.Store(true)
 	wg.Wait()
 	a, b := served[0].Load()-a0, served[1].Load()-b0
