@@ -187,8 +187,9 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 // take picks the least normalized-load replica of rt's pool that fits a
 // request of size tokens and reserves the room, skipping exclude (a replica
 // already tried). It returns nil when nothing fits now, else also the
-// request's seq there (its number among those given room: leave needs it). Fair shares are the dispatch
-// gate's (dispatch.go): every request that passes it may use any room.
+// request's seq there (its number among those given room: leave needs
+// it). Fair shares are the dispatch gate's (dispatch.go): every request
+// that passes it may use any room.
 func (s *replicaSet) take(rt route, size int64, exclude *replica) (*replica, int64) {
 	return s.pick(rt, size, exclude, true)
 }

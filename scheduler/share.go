@@ -90,6 +90,10 @@ func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 	t := time.NewTicker(shareInterval)
 	defer t.Stop()
+	keys := make([]string, len(s.reps.reps)) // each replica's name in the exchange
+	for i, r := range s.reps.reps {
+		keys[i] = ex.Key(r.url)
+	}
 	var lastOK time.Time
 	failing := false
 	for {
@@ -100,20 +104,20 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			if err := ex.Leave(lctx); err != nil {
 				s.log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			s.applyShares(ex, nil)
+			s.applyShares(ex.ID(), keys, nil)
 			return nil
 		case <-t.C:
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, s.demandReports(ex))
+		got, err := ex.Exchange(xctx, s.demandReports(keys))
 		cancel()
 		now := time.Now()
 		switch {
 		case got != nil:
 			lastOK = now
-			s.applyShares(ex, got)
+			s.applyShares(ex.ID(), keys, got)
 		case now.Sub(lastOK) >= ShareStale:
-			s.applyShares(ex, nil) // no news: no caps, as without a fleet
+			s.applyShares(ex.ID(), keys, nil) // no news: no caps, as without a fleet
 		}
 		if err != nil && !failing {
 			s.log.Warn("exchanging replica demand with the other instances (shares lapse 2 s after the last exchange that answered)", "err", err)
@@ -125,13 +129,14 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 }
 
 // demandReports is this instance's demand on each replica where it has
-// any: a replica it neither runs nor queues anything for is not reported,
-// so it shares nothing there and the exchange stays small.
-func (s *Server) demandReports(ex peerExchange) []peers.Report {
+// any (keys: the replicas' names in the exchange): a replica it neither
+// runs nor queues anything for is not reported, so it shares nothing there
+// and the exchange stays small.
+func (s *Server) demandReports(keys []string) []peers.Report {
 	var out []peers.Report
 	for i, r := range s.reps.reps {
 		if in, q := r.count.Load(), s.pools.queuedOn(i); in > 0 || q > 0 {
-			out = append(out, peers.Report{Replica: ex.Key(r.url), InFlight: in, Queued: q})
+			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
 	}
 	return out
@@ -140,13 +145,13 @@ func (s *Server) demandReports(ex peerExchange) []peers.Report {
 // applyShares sets each replica's share from the others' entries (nil:
 // none anywhere). A share that grows or goes lets queued work through, so
 // the dispatch loop is woken.
-func (s *Server) applyShares(ex peerExchange, got map[string][]peers.Entry) {
+func (s *Server) applyShares(self string, keys []string, got map[string][]peers.Entry) {
 	wake := false
-	for _, r := range s.reps.reps {
-		others := got[ex.Key(r.url)]
+	for i, r := range s.reps.reps {
+		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = seqShare(r.maxSeqs, ex.ID(), others)
+			share = seqShare(r.maxSeqs, self, others)
 		}
 		prev := r.share.Swap(share)
 		r.peers.Store(int64(len(others)))
