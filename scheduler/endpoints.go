@@ -116,10 +116,7 @@ func (s *Server) post(c *call) (*http.Response, error) {
 	if !ok {
 		return nil, fmt.Errorf("the upstream client cannot serve %s: %w", c.ep.Path(), ErrUpstreamFailed)
 	}
-	body := c.req.Body()
-	if c.ep == vllm.EndpointResponses {
-		body = c.req.RewriteOutputCap(make([]byte, 0, len(body)+32), c.plan.Cap)
-	}
+	body := c.req.UpstreamBody(make([]byte, 0, len(c.req.Body())+32), c.plan.Cap, vllm.RewriteOptions{})
 	tried := map[*replica]bool{}
 	for {
 		tried[c.rep] = true

@@ -19,8 +19,11 @@ import (
 func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (*vllm.Request, vllm.Plan, error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
-	if pol.cfg.Upstream.TokenCount == "tokenize" && !req.InputExact && !tried {
+	if (pol.cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
 		req, tried = s.tokenize(ctx, req), true
+	}
+	if req.NeedsExactCount() && !req.Tokenized {
+		return req, vllm.Plan{}, invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
 	}
 	plan, err := s.planFor(t, req)
 	if (err != nil || plan.BoundCut) && !req.InputExact && !tried {

@@ -59,7 +59,9 @@ func (e Endpoint) RequestOnly() bool { return e == EndpointTokenize || e == Endp
 // /v1/responses: the model, the stream flag and output cap of responses,
 // and an upper bound of the input tokens, by the same bytes rule as chat
 // (every string's decoded bytes plus special tokens, token ids counted
-// as given).
+// as given, media parts at the media allowance). Every top-level member is
+// read: a body with a duplicate key, or nested past the scanner's depth,
+// is refused rather than forwarded unread (topMembers).
 func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 	if _, ok := extraPaths[e]; !ok {
 		return nil, fmt.Errorf("parse: unknown endpoint %d", e)
@@ -72,46 +74,75 @@ func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		return nil, invalid("", "body must be a JSON object")
 	}
 	opts = opts.withDefaults()
-	r := &Request{Endpoint: e, N: 1, body: body}
-	fields := map[string]span{}
-	_ = eachMember(body, i, func(m member) bool {
-		k, err := unquoteJSON(body[m.keyStart:m.keyEnd])
-		if err == nil {
-			fields[k] = span{m.valStart, m.valEnd}
-		}
-		return true
-	})
-	if v, ok := fields["model"]; ok && !isNull(body, v) {
+	r := &Request{Endpoint: e, N: 1, body: body, mediaTokens: opts.MediaTokensPerPart}
+	fields, err := topMembers(body, i)
+	if err != nil {
+		return nil, err
+	}
+	present := func(name string) (span, bool) {
+		v, ok := fields[name]
+		return v, ok && !isNull(body, v)
+	}
+	if v, ok := present("model"); ok {
 		s, err := unquoteJSON(body[v.start:v.end])
 		if body[v.start] != '"' || err != nil {
 			return nil, invalid("model", "must be a string")
 		}
 		r.Model = s
 	}
+	if v, ok := present("priority"); ok {
+		// Type-checked as vLLM would; never forwarded (UpstreamBody).
+		if r.Priority, _, err = optSignedInt(body, v, "priority"); err != nil {
+			return nil, err
+		}
+	}
 	sp := opts.SpecialTokensPerPrompt
 	need := func(name string) (span, error) {
-		v, ok := fields[name]
-		if !ok || isNull(body, v) {
+		v, ok := present(name)
+		if !ok {
 			return span{}, invalid(name, "is required")
 		}
 		return v, nil
+	}
+	media := func(b bound) {
+		if b.media > 0 {
+			r.HasMedia = true
+			r.MediaParts += b.media
+		}
 	}
 	switch e {
 	case EndpointTokenize, EndpointDetokenize:
 		r.InputTokens, r.InputExact = []int{0}, true
 	case EndpointEmbeddings, EndpointPooling, EndpointClassify:
+		_, hasIn := present("input")
+		_, hasMsgs := present("messages")
+		if hasIn && hasMsgs {
+			// vLLM's request type is a union of the completion and chat
+			// forms, both accepting extra fields: which one it runs is
+			// pydantic's choice, not the client's. Refuse the ambiguity.
+			return nil, invalid("messages", "send either input or messages, not both")
+		}
 		name := "input"
-		if _, ok := fields["messages"]; ok {
-			name = "messages" // vLLM's chat-style embedding request
+		if hasMsgs {
+			name = "messages" // vLLM's chat-style request
 		}
 		v, err := need(name)
 		if err != nil {
 			return nil, err
 		}
 		b := boundOf(body, v)
-		n := b.bytes + b.strings*sp + b.ints
+		media(b)
+		n := b.tokens(opts.MediaTokensPerPart) + b.strings*sp
 		if name == "messages" {
 			n += b.strings*opts.TemplateTokensPerMessage + opts.TemplateTokensPerRequest
+			for _, extra := range []string{"chat_template_kwargs", "documents", "tools"} {
+				if x, ok := present(extra); ok {
+					n += indentedLen(body[x.start:x.end])
+				}
+			}
+			if _, ok := present("chat_template"); ok {
+				return nil, invalid("chat_template", "is not accepted on this endpoint: Sluice cannot bound what it renders")
+			}
 		}
 		r.InputTokens = []int{n}
 	case EndpointScore, EndpointRerank:
@@ -120,8 +151,8 @@ func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			qn, dn = "query", "documents"
 		}
 		for _, alt := range [][2]string{{"queries", "documents"}, {"data_1", "data_2"}} {
-			if _, ok := fields[qn]; !ok {
-				if _, ok := fields[alt[0]]; ok {
+			if _, ok := present(qn); !ok {
+				if _, ok := present(alt[0]); ok {
 					qn, dn = alt[0], alt[1]
 				}
 			}
@@ -137,102 +168,83 @@ func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		// Each document is scored together with a query: n × the
 		// longest query bounds the query side.
 		qb, db := boundOf(body, q), boundOf(body, d)
+		media(qb)
+		media(db)
 		docs := max(1, db.items)
-		r.InputTokens = []int{docs*(qb.maxItem+2*sp) + db.bytes + db.ints}
+		r.InputTokens = []int{docs*(qb.maxItem+2*sp+qb.media*opts.MediaTokensPerPart) + db.tokens(opts.MediaTokensPerPart)}
 	case EndpointResponses:
-		v, err := need("input")
-		if err != nil {
+		if err := r.parseResponses(present, need, opts); err != nil {
 			return nil, err
 		}
-		b := boundOf(body, v)
-		n := b.bytes + b.ints + opts.TemplateTokensPerRequest + max(1, b.items)*opts.TemplateTokensPerMessage
-		if ins, ok := fields["instructions"]; ok && !isNull(body, ins) {
-			n += boundOf(body, ins).bytes + opts.TemplateTokensPerMessage
-		}
-		if t, ok := fields["tools"]; ok && !isNull(body, t) {
-			n += indentedLen(body[t.start:t.end])
-		}
-		r.InputTokens = []int{n}
-		var err2 error
-		if r.Stream, err2 = optBool(body, fields["stream"], "stream", false); err2 != nil {
-			return nil, err2
-		}
-		v2, set, err := optInt(body, fields["max_output_tokens"], "max_output_tokens")
-		if err != nil {
-			return nil, err
-		}
-		if set && v2 < 1 {
-			return nil, invalid("max_output_tokens", "must be at least 1")
-		}
-		r.MaxTokens = v2
 	}
 	return r, nil
 }
 
-// bound sums what a JSON value can contribute to a prompt.
-type bound struct {
-	bytes, strings, ints int
-	items                int // top-level array elements (1 for a scalar)
-	maxItem              int // largest top-level element's bytes + ints
-}
-
-// boundOf walks v: decoded string bytes, string count, integer count.
-func boundOf(b []byte, v span) bound {
-	var out bound
-	var walk func(start, end int) (int, int)
-	walk = func(start, end int) (int, int) { // bytes+ints, strings
-		switch b[start] {
-		case '"':
-			n, _ := stringLen(b[start:end])
-			out.bytes += n
-			out.strings++
-			return n, 1
-		case '[':
-			total, strs := 0, 0
-			_ = eachElement(b, start, func(s, e int) bool {
-				t, st := walk(s, e)
-				total, strs = total+t, strs+st
-				return true
-			})
-			return total, strs
-		case '{':
-			total, strs := 0, 0
-			_ = eachMember(b, start, func(m member) bool {
-				t, st := walk(m.valStart, m.valEnd)
-				total, strs = total+t, strs+st
-				return true
-			})
-			return total, strs
-		case 'n', 't', 'f':
-			return 0, 0
+// parseResponses bounds a /v1/responses body: input items (text, media,
+// tool calls and outputs), instructions and tools; its stream flag and
+// max_output_tokens.
+func (r *Request) parseResponses(present func(string) (span, bool), need func(string) (span, error), opts CountOptions) error {
+	body := r.body
+	if v, ok := present("background"); ok && string(body[v.start:v.end]) != "false" {
+		// vLLM runs a background response detached from its HTTP request
+		// (responses/serving.py): Sluice would free its slot and room while
+		// the replica still generates, and could not charge what ran.
+		return invalid("background", "background responses are not supported through Sluice; send the request in the foreground (stream it for long generations)")
+	}
+	for _, name := range []string{"previous_response_id", "conversation"} {
+		if _, ok := present(name); ok {
+			// The prompt then holds a stored conversation whose size the
+			// body does not show: it is bounded by the model's context
+			// (Plan), which vLLM enforces on the whole prompt.
+			r.ContextInput = true
 		}
-		out.ints++
-		return 1, 0
 	}
-	if b[v.start] == '[' {
-		_ = eachElement(b, v.start, func(s, e int) bool {
-			t, _ := walk(s, e)
-			out.items++
-			out.maxItem = max(out.maxItem, t)
-			return true
-		})
-		return out
+	v, err := need("input")
+	if err != nil {
+		return err
 	}
-	t, _ := walk(v.start, v.end)
-	out.items, out.maxItem = 1, t
-	return out
+	b := boundOf(body, v)
+	if b.media > 0 {
+		r.HasMedia, r.MediaParts = true, b.media
+	}
+	n := b.tokens(opts.MediaTokensPerPart) + opts.TemplateTokensPerRequest + max(1, b.items)*opts.TemplateTokensPerMessage
+	if ins, ok := present("instructions"); ok {
+		n += boundOf(body, ins).bytes + opts.TemplateTokensPerMessage
+	}
+	if t, ok := present("tools"); ok {
+		n += indentedLen(body[t.start:t.end])
+	}
+	r.InputTokens = []int{n}
+	st, _ := present("stream")
+	if r.Stream, err = optBool(body, st, "stream", false); err != nil {
+		return err
+	}
+	mo, _ := present("max_output_tokens")
+	v2, set, err := optInt(body, mo, "max_output_tokens")
+	if err != nil {
+		return err
+	}
+	if set && v2 < 1 {
+		return invalid("max_output_tokens", "must be at least 1")
+	}
+	r.MaxTokens = v2
+	return nil
 }
 
-// RewriteOutputCap appends to dst the body of a /v1/responses request
-// with max_output_tokens set to capTokens (every other member kept byte
-// for byte).
-func (r *Request) RewriteOutputCap(dst []byte, capTokens int) []byte {
+// UpstreamBody appends to dst the body sent upstream for the
+// non-generation endpoints and /v1/responses: the client's members byte
+// for byte, less its "priority" (Sluice's to set, see RewriteOptions) and,
+// for /v1/responses with capTokens > 0, with max_output_tokens set to
+// capTokens. Parse refused duplicates, so each member dropped is the only
+// one of its name.
+func (r *Request) UpstreamBody(dst []byte, capTokens int, o RewriteOptions) []byte {
 	b := r.body
+	setCap := r.Endpoint == EndpointResponses && capTokens > 0
 	start := skipSpace(b, 0)
 	dst = append(dst, '{')
 	first := true
 	_ = eachMember(b, start, func(m member) bool {
-		if m.keyIs(b, "max_output_tokens") {
+		if m.keyIs(b, "priority") || (setCap && m.keyIs(b, "max_output_tokens")) {
 			return true
 		}
 		if !first {
@@ -242,11 +254,22 @@ func (r *Request) RewriteOutputCap(dst []byte, capTokens int) []byte {
 		dst = append(dst, b[m.keyStart:m.valEnd]...)
 		return true
 	})
-	if !first {
-		dst = append(dst, ',')
+	sep := func() {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
 	}
-	dst = append(dst, `"max_output_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	if setCap {
+		sep()
+		dst = append(dst, `"max_output_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(capTokens), 10)
+	}
+	if o.SetPriority {
+		sep()
+		dst = append(dst, `"priority":`...)
+		dst = strconv.AppendInt(dst, int64(o.Priority), 10)
+	}
 	return append(dst, '}')
 }
 
@@ -354,13 +377,20 @@ func (c *Client) ReadBody(resp *http.Response) ([]byte, error) {
 // ResponsesStream reads a streamed /v1/responses answer: SSE events
 // "event: <type>\ndata: <json>" ending after response.completed (or
 // .incomplete/.failed) with no [DONE] (vllm/entrypoints/openai/responses/
-// api_router.py). It counts output_text deltas for an early end.
+// api_router.py). For a stream cut before its terminal event it bounds the
+// output from the deltas seen.
 type ResponsesStream struct {
-	br     *bufio.Reader
-	max    int
-	usage  Usage
-	deltas int
-	ended  bool
+	br    *bufio.Reader
+	max   int
+	usage Usage
+	// out bounds the output tokens of the deltas seen: each delta event
+	// (text, reasoning, tool-call arguments) counts its decoded bytes, at
+	// least one. A byte-level BPE token decodes to at least one byte, so
+	// the bytes bound what generated them, however many tokens one delta
+	// carries (a server --stream-interval above 1, a tool parser that
+	// sends a call's arguments whole).
+	out   int
+	ended bool
 }
 
 // NewResponsesStream reads events from r; maxEventBytes ≤ 0 is 1 MiB.
@@ -404,40 +434,51 @@ func (s *ResponsesStream) Next() ([]byte, error) {
 }
 
 func (s *ResponsesStream) track(data []byte) {
-	var typ []byte
+	var typ, delta []byte
 	resp := -1
 	_ = eachMember(data, 0, func(m member) bool {
 		switch {
 		case m.keyIs(data, "type"):
 			typ = data[m.valStart:m.valEnd]
+		case m.keyIs(data, "delta"):
+			delta = data[m.valStart:m.valEnd]
 		case m.keyIs(data, "response") && data[m.valStart] == '{':
 			resp = m.valStart
 		}
 		return true
 	})
-	switch string(typ) {
-	case `"response.output_text.delta"`, `"response.reasoning_text.delta"`:
-		s.deltas++
-	case `"response.completed"`, `"response.incomplete"`, `"response.failed"`:
+	switch t := string(typ); {
+	case t == `"response.completed"`, t == `"response.incomplete"`, t == `"response.failed"`:
 		s.ended = true
 		if resp >= 0 {
 			if u, ok := BodyUsage(data[resp:]); ok {
 				s.usage = u
 			}
 		}
-	case `"error"`:
+	case t == `"error"`:
 		s.ended = true
+	case strings.HasSuffix(t, `.delta"`):
+		n := 1
+		if len(delta) > 0 && delta[0] == '"' {
+			if l, err := stringLen(delta); err == nil {
+				n = max(1, l)
+			}
+		} else if len(delta) > 0 {
+			n = max(1, len(delta))
+		}
+		s.out += n
 	}
 }
 
 // Settle is the usage to charge: vLLM's own once the terminal event came,
-// else the prompt bound plus one token per delta seen plus allowance
-// (vLLM sends one delta per stream interval of at least one token).
+// else the prompt bound plus the deltas' output bound plus allowance per
+// unfinished output (what the engine may have generated past the last
+// delta read), never above capTokens.
 func (s *ResponsesStream) Settle(promptTokens, allowance, capTokens int) Usage {
 	if s.usage.Final {
 		return s.usage
 	}
-	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, s.deltas+allowance), Known: true}
+	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, s.out+allowance), Known: true}
 }
 
 // PromptBytes returns the raw JSON of what the prompt is built from (chat

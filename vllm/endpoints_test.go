@@ -42,7 +42,7 @@ func TestParseOtherEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 5, p.Cap, "min(client, tenant)")
 	var out map[string]any
-	require.NoError(t, json.Unmarshal(r.RewriteOutputCap(nil, p.Cap), &out))
+	require.NoError(t, json.Unmarshal(r.UpstreamBody(nil, p.Cap, RewriteOptions{}), &out))
 	assert.EqualValues(t, 5, out["max_output_tokens"])
 	assert.Equal(t, "be kind", out["instructions"])
 
@@ -108,6 +108,6 @@ func TestResponsesStream(t *testing.T) {
 		_, err = cut.Next()
 	}
 	require.ErrorIs(t, err, ErrStreamCut)
-	assert.Equal(t, Usage{PromptTokens: 99, CompletionTokens: 3, Known: true}, cut.Settle(99, 1, 100), "two deltas plus the allowance")
+	assert.Equal(t, Usage{PromptTokens: 99, CompletionTokens: 4, Known: true}, cut.Settle(99, 1, 100), "the deltas' bytes (1 + 2) plus the allowance")
 	assert.Equal(t, 2, cut.Settle(99, 1, 2).CompletionTokens, "never above the cap")
 }

@@ -186,15 +186,22 @@ type Request struct {
 	StreamInterval int
 	// ContinueFinalMessage is the client's "continue_final_message".
 	ContinueFinalMessage bool
+	// Tokenized reports counts that came from the replica's rendering
+	// (WithExactInput), even where an upper bound was added to them.
+	Tokenized bool
+	// ContextInput reports a /v1/responses prompt that includes a stored
+	// conversation (previous_response_id, conversation) the body does not
+	// show: Plan bounds its input by the model's context.
+	ContextInput bool
 	// TemplateMargin is the tokens a chat template may add beyond an exact
 	// /tokenize count (see WithTokenizedInput); 0 otherwise.
 	TemplateMargin int
 
 	body []byte
 	// spans of raw values, for /tokenize
-	messages, tools, chatTemplate, chatTemplateKwargs           span
-	addGenerationPrompt, continueFinalMessage, addSpecialTokens span
-	prompt                                                      span
+	messages, tools, chatTemplate, chatTemplateKwargs, documents span
+	addGenerationPrompt, continueFinalMessage, addSpecialTokens  span
+	prompt                                                       span
 	// textPrompts holds the spans of completions string prompts.
 	textPrompts []span
 	// inputOne and promptOne back InputTokens and textPrompts for the
@@ -235,6 +242,7 @@ func (r *Request) WithExactInput(perPrompt []int) (*Request, error) {
 	c.InputTokens = append([]int(nil), perPrompt...)
 	c.InputExact = true
 	c.TemplateMargin = 0
+	c.Tokenized = true
 	return &c, nil
 }
 
@@ -249,6 +257,12 @@ func (r *Request) WithTokenizedInput(perPrompt []int, margin int) (*Request, err
 	c, err := r.WithExactInput(perPrompt)
 	if err == nil && r.Endpoint == EndpointChat {
 		c.TemplateMargin = max(0, margin)
+		if r.documents.ok() && !isNull(r.body, r.documents) {
+			// /tokenize takes no documents: the count plus their bound
+			// is an upper bound again, never a reason for a 400.
+			c.InputTokens[0] += r.documentsBound(CountOptions{}.withDefaults())
+			c.InputExact = false
+		}
 	}
 	return c, err
 }
@@ -280,7 +294,10 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		model, ignoreEOS, priority span
 		minTokens, streamInterval  span
 	)
+	var keys [32]member
+	seen := keys[:0]
 	err := eachMember(body, i, func(m member) bool {
+		seen = append(seen, m)
 		v := span{m.valStart, m.valEnd}
 		switch {
 		case m.keyIs(body, "model"):
@@ -319,11 +336,16 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			r.continueFinalMessage = v
 		case m.keyIs(body, "add_special_tokens"):
 			r.addSpecialTokens = v
+		case m.keyIs(body, "documents"):
+			r.documents = v
 		}
 		return true
 	})
 	if err != nil {
-		return nil, invalid("", "body is not a JSON object")
+		return nil, invalid("", tooDeep)
+	}
+	if k, dup := dupKey(body, seen); dup {
+		return nil, invalid(k, "appears more than once in the body")
 	}
 	if model.ok() && !isNull(body, model) {
 		if body[model.start] != '"' {
@@ -533,8 +555,45 @@ func (r *Request) countChat(o CountOptions) error {
 		}
 		total += indentedLen(b[r.tools.start:r.tools.end])
 	}
+	total += r.renderedExtras(o)
 	r.InputTokens = append(r.inputOne[:0], total)
 	return nil
+}
+
+// renderedExtras bounds what a chat template renders besides messages and
+// tools: RAG documents (each with a message's allowance) and the values of
+// chat_template_kwargs, which a template may print anywhere
+// (vllm/entrypoints/chat_utils.py apply_hf_chat_template passes both to
+// the template). Both are counted as their JSON re-indented, which bounds
+// their decoded text and a tojson rendering alike.
+func (r *Request) renderedExtras(o CountOptions) int {
+	n := r.documentsBound(o)
+	if b := r.body; r.chatTemplateKwargs.ok() && !isNull(b, r.chatTemplateKwargs) {
+		n += indentedLen(b[r.chatTemplateKwargs.start:r.chatTemplateKwargs.end])
+	}
+	return n
+}
+
+func (r *Request) documentsBound(o CountOptions) int {
+	b, n := r.body, 0
+	if r.documents.ok() && !isNull(b, r.documents) {
+		n += indentedLen(b[r.documents.start:r.documents.end])
+		if b[r.documents.start] == '[' {
+			_ = eachElement(b, r.documents.start, func(int, int) bool {
+				n += o.TemplateTokensPerMessage
+				return true
+			})
+		}
+	}
+	return n
+}
+
+// NeedsExactCount reports a request whose prompt no bytes bound covers: a
+// chat_template sent in the body renders whatever it says (vLLM runs it
+// only with --trust-request-chat-template), so only the replica's own
+// rendering (/tokenize, which takes the template) counts it.
+func (r *Request) NeedsExactCount() bool {
+	return r.Endpoint == EndpointChat && r.chatTemplate.ok() && !isNull(r.body, r.chatTemplate)
 }
 
 // countMessage bounds one message's rendered bytes (without the allowance).
@@ -868,23 +927,35 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 	}
 	p.Cap = c
 	p.OutputTokens = c * p.Choices
+	if r.ContextInput {
+		// vLLM refuses a prompt plus cap beyond the context, so the stored
+		// conversation and the body's input together hold at most the
+		// context less the cap.
+		if l.MaxModelLen <= 0 {
+			return p, invalid("previous_response_id", "cannot be bounded yet: the model's context length is unknown; retry shortly")
+		}
+		p.InputTokens = max(p.InputTokens, l.MaxModelLen-c)
+	}
 	return p, nil
 }
 
 // RewriteOptions adjusts [Request.RewriteWith].
 type RewriteOptions struct {
-	// DropPriority removes the client's "priority" member, for replicas not
-	// started with --scheduling-policy priority (where a non-zero priority
-	// is an error).
-	DropPriority bool
-	keepCap      bool
+	// SetPriority writes "priority": Priority upstream, for replicas
+	// started with --scheduling-policy priority (vLLM orders and preempts
+	// by it, lower first). The client's own "priority" member is always
+	// dropped: on such a replica it would let one tenant preempt another's
+	// running work, and elsewhere a non-zero value is vLLM's 400.
+	SetPriority bool
+	Priority    int
+	keepCap     bool
 }
 
 // rewriteKey reports the members Rewrite replaces or drops.
 func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	b := r.body
 	switch {
-	case o.DropPriority && m.keyIs(b, "priority"):
+	case m.keyIs(b, "priority"):
 		return true
 	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
 		return true
@@ -949,7 +1020,14 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 		dst = append(dst, b[tail:closing]...)
 	}
 	var add []byte
+	if o.SetPriority {
+		add = append(add, `"priority":`...)
+		add = strconv.AppendInt(add, int64(o.Priority), 10)
+	}
 	if r.Stream {
+		if len(add) > 0 {
+			add = append(add, ',')
+		}
 		add = append(add, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
 	}
 	if !o.keepCap {

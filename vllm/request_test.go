@@ -201,7 +201,7 @@ func TestRewrite(t *testing.T) {
 		{
 			name: "first members dropped",
 			ep:   EndpointChat,
-			body: `{"stream":false,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}],"stream":true}`,
+			body: `{"stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`,
 			cap:  1,
 			want: `{"messages":[{"role":"user","content":"hi"}],"stream":true,` +
 				`"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_completion_tokens":1,"max_tokens":1}`,
@@ -346,11 +346,12 @@ func TestWithExactInputCountMismatch(t *testing.T) {
 	assert.Equal(t, []int{5, 5}, r.InputTokens, "the original is unchanged")
 }
 
-func TestRewriteDropPriority(t *testing.T) {
+func TestRewriteNeverForwardsTheClientsPriority(t *testing.T) {
 	t.Parallel()
-	r := mustParse(t, EndpointCompletions, `{"prompt":"x","priority":3,"seed":1,"stream":true}`)
-	got := r.RewriteWith(nil, 16, RewriteOptions{DropPriority: true})
+	r := mustParse(t, EndpointCompletions, `{"prompt":"x","priority":-100,"seed":1,"stream":true}`)
+	assert.Equal(t, -100, r.Priority, "type-checked as vLLM would")
+	got := r.Rewrite(nil, 16)
 	assert.Equal(t, `{"prompt":"x","seed":1,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
-	got = r.Rewrite(nil, 16)
-	assert.Equal(t, `{"prompt":"x","priority":3,"seed":1,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
+	got = r.RewriteWith(nil, 16, RewriteOptions{SetPriority: true, Priority: 2})
+	assert.Equal(t, `{"prompt":"x","seed":1,"priority":2,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":16}`, string(got))
 }
