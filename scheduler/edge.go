@@ -215,7 +215,14 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 		return clientReq{}, false
 	}
 	pol := s.pol.Load()
-	t, key, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
+	authz := rc.Request.Header.Peek("Authorization")
+	if len(authz) == 0 && ep.Anthropic() {
+		// Anthropic's clients send the key as x-api-key.
+		if k := rc.Request.Header.Peek("X-Api-Key"); len(k) > 0 {
+			authz = append([]byte("Bearer "), k...)
+		}
+	}
+	t, key, err := s.authenticate(pol, authz)
 	if err != nil {
 		e.reject(rc, "", err)
 		return clientReq{}, false
@@ -568,6 +575,10 @@ func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *ap
 		rc.Response.Header.Set("x-should-retry", "false")
 	}
 	rc.SetContentType("application/json")
+	if anthropicPath(rc.Path()) {
+		rc.SetBody(anthropicErrorBody(ae))
+		return ae
+	}
 	b, _ := marshal(errorBody(ae))
 	rc.SetBody(b)
 	return ae

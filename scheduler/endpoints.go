@@ -80,7 +80,7 @@ func (e *Edge) other(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		return
 	}
 	e.successHeaders(rc, c)
-	if ep == vllm.EndpointResponses && c.req.Stream {
+	if (ep == vllm.EndpointResponses || ep == vllm.EndpointMessages) && c.req.Stream {
 		streaming = true
 		rc.Response.ImmediateHeaderFlush = true
 		rc.SetContentType("text/event-stream")
@@ -196,7 +196,10 @@ func (e *Edge) pumpResponses(c *call, resp *http.Response, w *bufio.Writer) {
 			if end == nil {
 				end = fmt.Errorf("%w: %w", ErrUpstreamFailed, err)
 			}
-			if !errors.Is(end, ErrClientGone) {
+			if !errors.Is(end, ErrClientGone) && c.ep.Anthropic() {
+				_, _ = w.Write(anthropicSSEError(statusFor(end)))
+				_ = w.Flush()
+			} else if !errors.Is(end, ErrClientGone) {
 				_, _ = w.Write(sseError(statusFor(end)))
 				_ = w.Flush()
 			}

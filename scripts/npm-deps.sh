@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the official openai npm package that test/openaie2e drives
+# Installs the official openai and Anthropic npm packages that test/openaie2e drives
 # Sluice with: `npm ci` in test/openai-node when node_modules is missing or
 # older than package-lock.json. Idempotent; does nothing when up to date.
 # Needs Node.js >= 20 with npm (Debian 12's own nodejs, 18, is too old).

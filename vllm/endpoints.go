@@ -26,6 +26,8 @@ const (
 	EndpointRerank                         // POST /v1/rerank (/rerank, /v2/rerank)
 	EndpointPooling                        // POST /pooling
 	EndpointClassify                       // POST /classify
+	EndpointMessages                       // POST /v1/messages (Anthropic)
+	EndpointCountTokens                    // POST /v1/messages/count_tokens
 )
 
 var extraPaths = map[Endpoint]string{
@@ -33,6 +35,7 @@ var extraPaths = map[Endpoint]string{
 	EndpointTokenize: "/tokenize", EndpointDetokenize: "/detokenize",
 	EndpointScore: "/v1/score", EndpointRerank: "/v1/rerank",
 	EndpointPooling: "/pooling", EndpointClassify: "/classify",
+	EndpointMessages: "/v1/messages", EndpointCountTokens: "/v1/messages/count_tokens",
 }
 
 // extraEndpoints maps every path vLLM serves them under (vllm's
@@ -43,17 +46,25 @@ var extraEndpoints = map[string]Endpoint{
 	"/v1/score": EndpointScore, "/score": EndpointScore,
 	"/v1/rerank": EndpointRerank, "/rerank": EndpointRerank, "/v2/rerank": EndpointRerank,
 	"/pooling": EndpointPooling, "/classify": EndpointClassify,
+	"/v1/messages": EndpointMessages, "/v1/messages/count_tokens": EndpointCountTokens,
 }
 
 // HasOutput reports whether the endpoint generates tokens (and so gets an
 // output cap and an output reservation).
 func (e Endpoint) HasOutput() bool {
-	return e == EndpointChat || e == EndpointCompletions || e == EndpointResponses
+	return e == EndpointChat || e == EndpointCompletions || e == EndpointResponses || e == EndpointMessages
 }
 
 // RequestOnly reports endpoints that are counted as requests only (no
-// tokens held or charged): /tokenize and /detokenize run no model.
-func (e Endpoint) RequestOnly() bool { return e == EndpointTokenize || e == EndpointDetokenize }
+// tokens held or charged): /tokenize, /detokenize and Anthropic's
+// count_tokens run no model.
+func (e Endpoint) RequestOnly() bool {
+	return e == EndpointTokenize || e == EndpointDetokenize || e == EndpointCountTokens
+}
+
+// Anthropic reports the endpoints of Anthropic's Messages API, whose
+// refusals and stream errors take Anthropic's error shape.
+func (e Endpoint) Anthropic() bool { return e == EndpointMessages || e == EndpointCountTokens }
 
 // parseOther parses the bodies of the non-generation endpoints and of
 // /v1/responses: the model, the stream flag and output cap of responses,
@@ -176,6 +187,10 @@ func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		if err := r.parseResponses(present, need, opts); err != nil {
 			return nil, err
 		}
+	case EndpointMessages, EndpointCountTokens:
+		if err := r.parseMessages(present, need, opts); err != nil { // messages.go
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -234,17 +249,24 @@ func (r *Request) parseResponses(present func(string) (span, bool), need func(st
 // UpstreamBody appends to dst the body sent upstream for the
 // non-generation endpoints and /v1/responses: the client's members byte
 // for byte, less its "priority" (Sluice's to set, see RewriteOptions) and,
-// for /v1/responses with capTokens > 0, with max_output_tokens set to
-// capTokens. Parse refused duplicates, so each member dropped is the only
+// with capTokens > 0, with the output cap set to capTokens
+// (/v1/responses' max_output_tokens, /v1/messages' max_tokens). Parse refused duplicates, so each member dropped is the only
 // one of its name.
 func (r *Request) UpstreamBody(dst []byte, capTokens int, o RewriteOptions) []byte {
 	b := r.body
-	setCap := r.Endpoint == EndpointResponses && capTokens > 0
+	capKey := ""
+	switch r.Endpoint {
+	case EndpointResponses:
+		capKey = "max_output_tokens"
+	case EndpointMessages:
+		capKey = "max_tokens"
+	}
+	setCap := capKey != "" && capTokens > 0
 	start := skipSpace(b, 0)
 	dst = append(dst, '{')
 	first := true
 	_ = eachMember(b, start, func(m member) bool {
-		if m.keyIs(b, "priority") || (setCap && m.keyIs(b, "max_output_tokens")) {
+		if m.keyIs(b, "priority") || (setCap && m.keyIs(b, capKey)) {
 			return true
 		}
 		if !first {
@@ -262,7 +284,9 @@ func (r *Request) UpstreamBody(dst []byte, capTokens int, o RewriteOptions) []by
 	}
 	if setCap {
 		sep()
-		dst = append(dst, `"max_output_tokens":`...)
+		dst = append(dst, '"')
+		dst = append(dst, capKey...)
+		dst = append(dst, `":`...)
 		dst = strconv.AppendInt(dst, int64(capTokens), 10)
 	}
 	if o.SetPriority {
@@ -293,7 +317,7 @@ func BodyUsage(body []byte) (u Usage, ok bool) {
 
 func usageObject(b []byte, at int) (Usage, bool) {
 	var u Usage
-	var total int
+	var total, cacheRead, cacheWrite int
 	ok := false
 	num := func(v []byte) int {
 		n, good := parseInt(v)
@@ -312,6 +336,12 @@ func usageObject(b []byte, at int) (Usage, bool) {
 			u.CompletionTokens = num(v)
 		case m.keyIs(b, "total_tokens"):
 			total = num(v)
+		case m.keyIs(b, "cache_read_input_tokens"):
+			// Anthropic's input_tokens leaves out the cache's tokens
+			// (read and written), which were prompt all the same.
+			cacheRead = num(v)
+		case m.keyIs(b, "cache_creation_input_tokens"):
+			cacheWrite = num(v)
 		case (m.keyIs(b, "prompt_tokens_details") || m.keyIs(b, "input_tokens_details")) && v[0] == '{':
 			_ = eachMember(b, m.valStart, func(dm member) bool {
 				if dm.keyIs(b, "cached_tokens") {
@@ -324,6 +354,10 @@ func usageObject(b []byte, at int) (Usage, bool) {
 		}
 		return true
 	})
+	if cacheRead+cacheWrite > 0 {
+		u.PromptTokens += cacheRead + cacheWrite
+		u.CachedTokens = cacheRead
+	}
 	if u.PromptTokens == 0 && u.CompletionTokens == 0 && total > 0 {
 		u.PromptTokens = total // rerank reports total_tokens only
 	}
@@ -374,11 +408,12 @@ func (c *Client) ReadBody(resp *http.Response) ([]byte, error) {
 	return b, nil
 }
 
-// ResponsesStream reads a streamed /v1/responses answer: SSE events
-// "event: <type>\ndata: <json>" ending after response.completed (or
-// .incomplete/.failed) with no [DONE] (vllm/entrypoints/openai/responses/
-// api_router.py). For a stream cut before its terminal event it bounds the
-// output from the deltas seen.
+// ResponsesStream reads a streamed /v1/responses or /v1/messages answer:
+// SSE events "event: <type>\ndata: <json>" with no [DONE], ending after
+// response.completed (or .incomplete/.failed; vllm/entrypoints/openai/
+// responses/api_router.py) or Anthropic's message_stop, whose usage came
+// in message_delta (vllm/entrypoints/anthropic/serving.py). For a stream
+// cut before its end it bounds the output from the deltas seen.
 type ResponsesStream struct {
 	br    *bufio.Reader
 	max   int
@@ -391,6 +426,9 @@ type ResponsesStream struct {
 	// sends a call's arguments whole).
 	out   int
 	ended bool
+	// prompt is the engine's prompt count when the stream reported it
+	// first (Anthropic's message_start); 0 otherwise.
+	prompt int
 }
 
 // NewResponsesStream reads events from r; maxEventBytes ≤ 0 is 1 MiB.
@@ -435,7 +473,7 @@ func (s *ResponsesStream) Next() ([]byte, error) {
 
 func (s *ResponsesStream) track(data []byte) {
 	var typ, delta []byte
-	resp := -1
+	resp, msg := -1, -1
 	_ = eachMember(data, 0, func(m member) bool {
 		switch {
 		case m.keyIs(data, "type"):
@@ -444,10 +482,37 @@ func (s *ResponsesStream) track(data []byte) {
 			delta = data[m.valStart:m.valEnd]
 		case m.keyIs(data, "response") && data[m.valStart] == '{':
 			resp = m.valStart
+		case m.keyIs(data, "message") && data[m.valStart] == '{':
+			msg = m.valStart
 		}
 		return true
 	})
 	switch t := string(typ); {
+	case t == `"message_start"`:
+		// Anthropic: the prompt as the engine counted it.
+		if msg >= 0 {
+			if u, ok := BodyUsage(data[msg:]); ok {
+				s.prompt = u.PromptTokens
+			}
+		}
+	case t == `"message_delta"`:
+		if u, ok := BodyUsage(data); ok {
+			s.usage = u
+		}
+	case t == `"message_stop"`:
+		s.ended = true
+	case t == `"content_block_delta"`:
+		if len(delta) > 0 && delta[0] == '{' {
+			n := 0
+			_ = eachMember(delta, 0, func(m member) bool {
+				if !m.keyIs(delta, "type") && delta[m.valStart] == '"' {
+					l, _ := stringLen(delta[m.valStart:m.valEnd])
+					n += l
+				}
+				return true
+			})
+			s.out += max(1, n)
+		}
 	case t == `"response.completed"`, t == `"response.incomplete"`, t == `"response.failed"`:
 		s.ended = true
 		if resp >= 0 {
@@ -477,6 +542,9 @@ func (s *ResponsesStream) track(data []byte) {
 func (s *ResponsesStream) Settle(promptTokens, allowance, capTokens int) Usage {
 	if s.usage.Final {
 		return s.usage
+	}
+	if s.prompt > 0 {
+		promptTokens = s.prompt
 	}
 	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, s.out+allowance), Known: true}
 }

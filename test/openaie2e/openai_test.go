@@ -151,7 +151,7 @@ func requireNode(t *testing.T) string {
 func ensureNodeModules(t *testing.T) {
 	t.Helper()
 	want := pinnedOpenAI(t)
-	if installedOpenAI(t) == want {
+	if installedOpenAI(t) == want && installedAnthropic(t) == pinnedAnthropic(t) {
 		return
 	}
 	npm, err := exec.LookPath("npm")
@@ -326,4 +326,32 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond) // polling, not synchronising a race
 	}
+}
+
+// pinnedAnthropic and installedAnthropic are the Anthropic SDK's pin in
+// package.json and its version in node_modules ("" when none).
+func pinnedAnthropic(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(jsDir, "package.json"))
+	require.NoError(t, err)
+	var p struct {
+		Dependencies map[string]string `json:"dependencies"`
+	}
+	require.NoError(t, json.Unmarshal(b, &p))
+	return p.Dependencies["@anthropic-ai/sdk"]
+}
+
+func installedAnthropic(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(jsDir, "node_modules", "@anthropic-ai", "sdk", "package.json"))
+	if err != nil {
+		return ""
+	}
+	var p struct {
+		Version string `json:"version"`
+	}
+	if json.Unmarshal(b, &p) != nil {
+		return ""
+	}
+	return p.Version
 }

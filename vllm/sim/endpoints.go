@@ -27,6 +27,8 @@ func (r *Replica) registerEndpoints() {
 	}
 	r.mux.HandleFunc("POST /detokenize", r.handleDetokenize)
 	r.mux.HandleFunc("POST /v1/responses", r.handleResponses)
+	r.mux.HandleFunc("POST /v1/messages", r.handleMessages)
+	r.mux.HandleFunc("POST /v1/messages/count_tokens", r.handleCountTokens)
 }
 
 type poolKind int
