@@ -18,16 +18,16 @@ import (
 // The rest of vLLM's OpenAI surface (numbered after the generation
 // endpoints; values are never renumbered).
 const (
-	EndpointEmbeddings Endpoint = iota + 3 // POST /v1/embeddings
-	EndpointResponses                      // POST /v1/responses
-	EndpointTokenize                       // POST /tokenize
-	EndpointDetokenize                     // POST /detokenize
-	EndpointScore                          // POST /v1/score (/score)
-	EndpointRerank                         // POST /v1/rerank (/rerank, /v2/rerank)
-	EndpointPooling                        // POST /pooling
-	EndpointClassify                       // POST /classify
-	EndpointMessages                       // POST /v1/messages (Anthropic)
-	EndpointCountTokens                    // POST /v1/messages/count_tokens
+	EndpointEmbeddings  Endpoint = iota + 3 // POST /v1/embeddings
+	EndpointResponses                       // POST /v1/responses
+	EndpointTokenize                        // POST /tokenize
+	EndpointDetokenize                      // POST /detokenize
+	EndpointScore                           // POST /v1/score (/score)
+	EndpointRerank                          // POST /v1/rerank (/rerank, /v2/rerank)
+	EndpointPooling                         // POST /pooling
+	EndpointClassify                        // POST /classify
+	EndpointMessages                        // POST /v1/messages (Anthropic)
+	EndpointCountTokens                     // POST /v1/messages/count_tokens
 )
 
 var extraPaths = map[Endpoint]string{
