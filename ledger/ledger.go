@@ -206,6 +206,19 @@ func (k *Keyer) Key(kind Kind, id string) ScopeKey {
 // Key(KindGlobal, "").
 func (k *Keyer) GlobalKey() ScopeKey { return k.Key(KindGlobal, "") }
 
+// Derive returns HMAC-SHA256(IDKey, label‖0‖id): a value every instance
+// of a fleet derives alike and nobody without the key can, for secrets
+// that must be stable across instances (a tenant's prefix-cache salt).
+func (k *Keyer) Derive(label, id string) [32]byte {
+	m := hmac.New(sha256.New, k.idKey)
+	m.Write([]byte(label))
+	m.Write([]byte{0})
+	m.Write([]byte(id))
+	var out [32]byte
+	copy(out[:], m.Sum(nil))
+	return out
+}
+
 // IdempotentID returns the RequestID for a client Idempotency-Key within a
 // tenant: HMAC-SHA256(IDKey, "idem"‖0‖tenant‖key)[:16], so a retry on any
 // instance finds the first attempt.

@@ -37,7 +37,7 @@ const maxOverMean = 1.3
 var prefixSeed = maphash.MakeSeed()
 
 // prefixHashes chains the hashes of b's full chunks.
-func prefixHashes(b []byte) []uint64 {
+func prefixHashes(salt, b []byte) []uint64 {
 	n := min(len(b)/prefixChunkBytes, maxPrefixChunks)
 	if n == 0 {
 		return nil
@@ -46,6 +46,12 @@ func prefixHashes(b []byte) []uint64 {
 	var h maphash.Hash
 	h.SetSeed(prefixSeed)
 	var parent [8]byte
+	if len(salt) > 0 {
+		// Salted chains never meet unsalted ones, as in vLLM, where the
+		// salt is an extra key of the first block's hash.
+		_, _ = h.Write(salt)
+		binary.LittleEndian.PutUint64(parent[:], h.Sum64()|1)
+	}
 	for i := range n {
 		h.Reset()
 		_, _ = h.Write(parent[:])

@@ -20,11 +20,11 @@ func fourReplicas() (*replicaSet, []*replica) {
 
 func TestPrefixHashes(t *testing.T) {
 	t.Parallel()
-	a := prefixHashes([]byte(strings.Repeat("x", 150)))
+	a := prefixHashes(nil, []byte(strings.Repeat("x", 150)))
 	require.Len(t, a, 2, "only full chunks")
-	b := prefixHashes([]byte(strings.Repeat("x", 128) + "y"))
+	b := prefixHashes(nil, []byte(strings.Repeat("x", 128) + "y"))
 	assert.Equal(t, a, b)
-	c := prefixHashes([]byte("y" + strings.Repeat("x", 127)))
+	c := prefixHashes(nil, []byte("y" + strings.Repeat("x", 127)))
 	assert.NotEqual(t, a[1], c[1], "chained: a chunk's hash covers its prefix")
 }
 
@@ -32,7 +32,7 @@ func TestAffinityFollowsPrefix(t *testing.T) {
 	t.Parallel()
 	set, _ := fourReplicas()
 	conv := func(i int) route {
-		return route{prefix: prefixHashes([]byte(strings.Repeat(string(rune('a'+i)), 1024)))}
+		return route{prefix: prefixHashes(nil, []byte(strings.Repeat(string(rune('a'+i)), 1024)))}
 	}
 	// Four conversations spread by least load, then each turn returns to
 	// the replica of its conversation.
@@ -55,7 +55,7 @@ func TestAffinityFollowsPrefix(t *testing.T) {
 func TestAffinityHotPrefixSpreads(t *testing.T) {
 	t.Parallel()
 	set, reps := fourReplicas()
-	hot := route{prefix: prefixHashes([]byte(strings.Repeat("s", 4096)))}
+	hot := route{prefix: prefixHashes(nil, []byte(strings.Repeat("s", 4096)))}
 	for range 200 {
 		require.NotNil(t, set.choose(hot, 1000, nil)) // none released: all in flight
 	}
@@ -83,7 +83,7 @@ func TestLeastLoadWithoutPrefix(t *testing.T) {
 // BenchmarkChoose is one replica choice (choose + release) on 4 replicas,
 // by least load and by affinity with a 4 KiB prompt (64 chunk hashes).
 func BenchmarkChoose(b *testing.B) {
-	prompt := prefixHashes([]byte(strings.Repeat("s", 4096)))
+	prompt := prefixHashes(nil, []byte(strings.Repeat("s", 4096)))
 	for _, tc := range []struct {
 		name string
 		rt   route
@@ -104,6 +104,6 @@ func BenchmarkPrefixHashes(b *testing.B) {
 	p := []byte(strings.Repeat("s", 4096))
 	b.ReportAllocs()
 	for b.Loop() {
-		prefixHashes(p)
+		prefixHashes(nil, p)
 	}
 }

@@ -162,7 +162,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, req), plan: plan, reqID: a.reqID,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1),
 	}
@@ -676,9 +676,16 @@ func (s *Server) markDispatched(c *call) error {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.UpstreamCap())
+	body := make([]byte, 0, len(c.req.Body())+96)
+	built, bodyPrio := false, false
 	tried := map[*replica]bool{}
 	for {
+		if !built || bodyPrio != c.rep.prioritySched {
+			// A retry on a replica that schedules by priority differently
+			// needs its own body.
+			body = c.req.RewriteWith(body[:0], c.plan.UpstreamCap(), c.rewriteOptions())
+			built, bodyPrio = true, c.rep.prioritySched
+		}
 		tried[c.rep] = true
 		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
 		if err == nil {

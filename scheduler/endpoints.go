@@ -116,9 +116,14 @@ func (s *Server) post(c *call) (*http.Response, error) {
 	if !ok {
 		return nil, fmt.Errorf("the upstream client cannot serve %s: %w", c.ep.Path(), ErrUpstreamFailed)
 	}
-	body := c.req.UpstreamBody(make([]byte, 0, len(c.req.Body())+32), c.plan.Cap, vllm.RewriteOptions{})
+	body := make([]byte, 0, len(c.req.Body())+32)
+	built, bodyPrio := false, false
 	tried := map[*replica]bool{}
 	for {
+		if !built || bodyPrio != c.rep.prioritySched {
+			body = c.req.UpstreamBody(body[:0], c.plan.Cap, c.rewriteOptions())
+			built, bodyPrio = true, c.rep.prioritySched
+		}
 		tried[c.rep] = true
 		resp, err := p.Post(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
 		if err == nil {

@@ -40,12 +40,25 @@ func (s *Server) checkModel(t *tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *policy, req *vllm.Request) route {
+func (s *Server) routeOf(pol *policy, t *tenant, req *vllm.Request) route {
 	rt := route{model: req.Model}
 	if pol.cfg.Upstream.Routing != "least_load" {
-		rt.prefix = prefixHashes(req.PromptBytes())
+		// vLLM hits only blocks cached under the request's salt: the
+		// tenant's, else the client's own.
+		salt := req.CacheSalt()
+		if t.cacheSalt != "" {
+			salt = []byte(t.cacheSalt)
+		}
+		rt.prefix = prefixHashes(salt, req.PromptBytes())
 	}
 	return rt
+}
+
+// rewriteOptions are what Sluice writes into the call's upstream body on
+// its replica: the band as vLLM's priority where the replica schedules by
+// it, and the tenant's cache salt.
+func (c *call) rewriteOptions() vllm.RewriteOptions {
+	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.cacheSalt}
 }
 
 // weightOf is a tenant's fair-share weight under this policy (0 when the

@@ -237,7 +237,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.reps = &replicaSet{capacity: s.capacityOf}
 	for _, rc := range cfg.Upstream.Replicas {
 		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models,
-			upLatency: m.UpstreamLatency.WithLabelValues(rc.Name)}
+			upLatency: m.UpstreamLatency.WithLabelValues(rc.Name), prioritySched: rc.PriorityScheduling}
 		r.maxModelLen.Store(rc.MaxModelLen)
 		s.reps.reps = append(s.reps.reps, r)
 		s.byName[rc.Name] = r

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"fmt"
 	"math"
 	"slices"
@@ -44,6 +45,9 @@ type tenant struct {
 	rt     *tenantRuntime
 	// keys are the tenant's API keys (config and run time), by position.
 	keys []*apiKey
+	// cacheSalt is the vLLM cache_salt written into the tenant's requests
+	// (cache_isolation: salt); "" for the shared prefix cache.
+	cacheSalt string
 }
 
 // tenantRuntime is a tenant's live counters, kept across reloads.
@@ -115,6 +119,12 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 			runtimes[tc.Name] = rt
 		}
 		t := &tenant{name: tc.Name, cfg: tc, key: keyer.Key(ledger.KindTenant, tc.Name), rt: rt, warn: map[ledger.Dim]float64{}}
+		if tc.CacheIsolation == "salt" {
+			salt := keyer.Derive("cache_salt", tc.Name)
+			// 43 characters of base64 (256 bits), the length vLLM's docs ask
+			// of a salt (chat_completion/protocol.py, cache_salt).
+			t.cacheSalt = base64.RawURLEncoding.EncodeToString(salt[:])
+		}
 		for _, b := range tc.Budgets {
 			l, err := limitOf(b)
 			if err != nil {

@@ -101,6 +101,9 @@ func parseOther(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 		}
 		r.Model = s
 	}
+	if v, ok := present("cache_salt"); ok {
+		r.cacheSalt = v
+	}
 	if v, ok := present("priority"); ok {
 		// Type-checked as vLLM would; never forwarded (UpstreamBody).
 		if r.Priority, _, err = optSignedInt(body, v, "priority"); err != nil {
@@ -266,7 +269,7 @@ func (r *Request) UpstreamBody(dst []byte, capTokens int, o RewriteOptions) []by
 	dst = append(dst, '{')
 	first := true
 	_ = eachMember(b, start, func(m member) bool {
-		if m.keyIs(b, "priority") || (setCap && m.keyIs(b, capKey)) {
+		if m.keyIs(b, "priority") || (setCap && m.keyIs(b, capKey)) || (o.CacheSalt != "" && m.keyIs(b, "cache_salt")) {
 			return true
 		}
 		if !first {
@@ -293,6 +296,11 @@ func (r *Request) UpstreamBody(dst []byte, capTokens int, o RewriteOptions) []by
 		sep()
 		dst = append(dst, `"priority":`...)
 		dst = strconv.AppendInt(dst, int64(o.Priority), 10)
+	}
+	if o.CacheSalt != "" {
+		sep()
+		dst = append(dst, `"cache_salt":`...)
+		dst = strconv.AppendQuote(dst, o.CacheSalt)
 	}
 	return append(dst, '}')
 }

@@ -200,6 +200,7 @@ type Request struct {
 	body []byte
 	// spans of raw values, for /tokenize
 	messages, tools, chatTemplate, chatTemplateKwargs, documents span
+	cacheSalt                                                    span
 	addGenerationPrompt, continueFinalMessage, addSpecialTokens  span
 	prompt                                                       span
 	// textPrompts holds the spans of completions string prompts.
@@ -338,6 +339,8 @@ func Parse(e Endpoint, body []byte, opts CountOptions) (*Request, error) {
 			r.addSpecialTokens = v
 		case m.keyIs(body, "documents"):
 			r.documents = v
+		case m.keyIs(body, "cache_salt"):
+			r.cacheSalt = v
 		}
 		return true
 	})
@@ -948,7 +951,20 @@ type RewriteOptions struct {
 	// running work, and elsewhere a non-zero value is vLLM's 400.
 	SetPriority bool
 	Priority    int
-	keepCap     bool
+	// CacheSalt, when not empty, is written as vLLM's "cache_salt" in
+	// place of any the client sent (a tenant's prefix-cache namespace).
+	CacheSalt string
+	keepCap   bool
+}
+
+// CacheSalt returns the raw JSON of the client's "cache_salt" (nil when
+// absent): vLLM hits only blocks cached under the same salt, so prefix
+// affinity keys on it.
+func (r *Request) CacheSalt() []byte {
+	if !r.cacheSalt.ok() || isNull(r.body, r.cacheSalt) {
+		return nil
+	}
+	return r.body[r.cacheSalt.start:r.cacheSalt.end]
 }
 
 // rewriteKey reports the members Rewrite replaces or drops.
@@ -956,6 +972,8 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	b := r.body
 	switch {
 	case m.keyIs(b, "priority"):
+		return true
+	case o.CacheSalt != "" && m.keyIs(b, "cache_salt"):
 		return true
 	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
 		return true
@@ -1023,6 +1041,13 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 	if o.SetPriority {
 		add = append(add, `"priority":`...)
 		add = strconv.AppendInt(add, int64(o.Priority), 10)
+	}
+	if o.CacheSalt != "" {
+		if len(add) > 0 {
+			add = append(add, ',')
+		}
+		add = append(add, `"cache_salt":`...)
+		add = strconv.AppendQuote(add, o.CacheSalt)
 	}
 	if r.Stream {
 		if len(add) > 0 {

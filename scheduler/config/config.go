@@ -124,6 +124,12 @@ type Replica struct {
 	// routed here (the list alone until it answers). Optional; empty =
 	// everything its /v1/models lists.
 	Models []string `yaml:"models"`
+	// PriorityScheduling says the replica runs vLLM's
+	// --scheduling-policy priority: Sluice then writes each request's band
+	// (the tenant's priority, or the lower X-Priority) as vLLM's "priority"
+	// (lower runs first and may preempt). Optional; default false: no
+	// priority is sent (a client's is never forwarded).
+	PriorityScheduling bool `yaml:"priority_scheduling"`
 }
 
 // GPU tunes telemetry, sizing and GPU-ms attribution.
@@ -257,6 +263,13 @@ type Tenant struct {
 	// others answer 404 model_not_found and /v1/models hides them.
 	// Optional; empty = every model the replicas serve.
 	Models []string `yaml:"models"`
+	// CacheIsolation is "salt" to give the tenant's prompts a prefix-cache
+	// namespace of their own: Sluice writes vLLM's cache_salt, a keyed hash
+	// of the tenant (never its name), replacing any the client sent, so no
+	// other tenant can hit (or time) its cached prefixes. Optional; "" (the
+	// default) = the shared cache, with the client's own cache_salt passed
+	// through.
+	CacheIsolation string `yaml:"cache_isolation"`
 }
 
 // TenantQueue bounds a tenant's queue.
@@ -538,6 +551,7 @@ func (f *File) Validate() error {
 	keyIdx := map[string]string{}
 	for i, t := range f.Tenants {
 		p := fmt.Sprintf("tenants[%d]", i)
+		v.oneOf(p+".cache_isolation", t.CacheIsolation, "", "salt")
 		switch {
 		case t.Name == "":
 			v.add("%s.name must not be empty", p)

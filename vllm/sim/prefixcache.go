@@ -40,13 +40,21 @@ func newPrefixCache(blocks int) *prefixCache {
 }
 
 // blockHashes chains the hashes of ids' full blocks.
-func blockHashes(ids []int, blockSize int) []uint64 {
+func blockHashes(ids []int, blockSize int, salt string) []uint64 {
 	n := len(ids) / blockSize
 	if n == 0 {
 		return nil
 	}
 	out := make([]uint64, n)
 	var parent uint64
+	if salt != "" {
+		// vLLM adds cache_salt to the first block's extra keys
+		// (v1/core/kv_cache_utils.py generate_block_hash_extra_keys), so
+		// every block of a salted prompt hashes apart from unsalted ones.
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(salt))
+		parent = h.Sum64() | 1
+	}
 	buf := make([]byte, 8+4*blockSize)
 	for b := range n {
 		h := fnv.New64a()
@@ -147,7 +155,11 @@ func (r *Replica) promptHashes(k kind, w *wireRequest) []uint64 {
 			return nil
 		}
 	}
-	return blockHashes(sink.ids, r.cfg.BlockSize)
+	salt := ""
+	if w.CacheSalt != nil {
+		salt = *w.CacheSalt
+	}
+	return blockHashes(sink.ids, r.cfg.BlockSize, salt)
 }
 
 // messagesHashes is promptHashes for chat messages built by the handler
@@ -160,7 +172,7 @@ func (r *Replica) messagesHashes(msgs []chatMessage) []uint64 {
 	if _, e := chatPromptTokens(msgs, json.RawMessage(nil), true, sink); e != nil {
 		return nil
 	}
-	return blockHashes(sink.ids, r.cfg.BlockSize)
+	return blockHashes(sink.ids, r.cfg.BlockSize, "")
 }
 
 // cachedTokens is usage.prompt_tokens_details.cached_tokens: the request's

@@ -11,13 +11,20 @@ import (
 
 func TestBlockHashesChain(t *testing.T) {
 	t.Parallel()
-	a := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 8, 9}, 4)
+	a := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 8, 9}, 4, "")
 	require.Len(t, a, 2, "the partial last block is not hashed")
-	b := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 0}, 4)
+	b := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 0}, 4, "")
 	assert.Equal(t, a[0], b[0])
 	assert.NotEqual(t, a[1], b[1])
-	c := blockHashes([]int{9, 2, 3, 4, 5, 6, 7, 8}, 4)
+	c := blockHashes([]int{9, 2, 3, 4, 5, 6, 7, 8}, 4, "")
 	assert.NotEqual(t, a[1], c[1], "a block's hash covers its whole prefix")
+	s1 := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 8}, 4, "tenant-a")
+	s2 := blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 8}, 4, "tenant-b")
+	for i := range s1 {
+		assert.NotEqual(t, a[i], s1[i], "a salted block never matches an unsalted one")
+		assert.NotEqual(t, s1[i], s2[i], "nor one of another salt")
+	}
+	assert.Equal(t, s1, blockHashes([]int{1, 2, 3, 4, 5, 6, 7, 8}, 4, "tenant-a"))
 }
 
 func TestPrefixCacheLRU(t *testing.T) {

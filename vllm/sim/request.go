@@ -128,6 +128,7 @@ type wireRequest struct {
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	Priority            json.RawMessage `json:"priority"`
+	CacheSalt           *string         `json:"cache_salt"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	MinTokens           int             `json:"min_tokens"`
 	Logprobs            json.RawMessage `json:"logprobs"`
@@ -463,6 +464,11 @@ func mix(x uint64) uint64 {
 // the serving classes) or, for what the engine checks, in g.late.
 func parseSampling(k kind, w *wireRequest, cfg *Config, g *genRequest) *apiError {
 	stream := w.Stream != nil && *w.Stream
+	// cache_salt: a non-empty string when given (check_cache_salt_support,
+	// chat_completion/protocol.py).
+	if w.CacheSalt != nil && *w.CacheSalt == "" {
+		return badRequest("cache_salt", "Parameter 'cache_salt' must be non-empty if provided.")
+	}
 	// priority: any integer; ignored under fcfs (vLLM v1's FCFSRequestQueue).
 	if !isNull(w.Priority) {
 		var p int
