@@ -22,9 +22,9 @@ func TestPrefixHashes(t *testing.T) {
 	t.Parallel()
 	a := prefixHashes(nil, []byte(strings.Repeat("x", 150)))
 	require.Len(t, a, 2, "only full chunks")
-	b := prefixHashes(nil, []byte(strings.Repeat("x", 128) + "y"))
+	b := prefixHashes(nil, []byte(strings.Repeat("x", 128)+"y"))
 	assert.Equal(t, a, b)
-	c := prefixHashes(nil, []byte("y" + strings.Repeat("x", 127)))
+	c := prefixHashes(nil, []byte("y"+strings.Repeat("x", 127)))
 	assert.NotEqual(t, a[1], c[1], "chained: a chunk's hash covers its prefix")
 }
 

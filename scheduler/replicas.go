@@ -20,7 +20,7 @@ type replica struct {
 	// prioritySched: the replica runs --scheduling-policy priority, so
 	// requests carry their band as vLLM's priority.
 	prioritySched bool
-	clock   *gpu.Clock // nil without a GPU monitor
+	clock         *gpu.Clock // nil without a GPU monitor
 	// upLatency is sluice_upstream_latency_seconds{replica=name}, looked up
 	// once rather than per request; nil for replicas built by tests.
 	upLatency prometheus.Observer
