@@ -28,7 +28,8 @@
 # more pass per proxy under `perf stat`: system calls, context switches and
 # the main calls per request and per chunk), SLUICE_BIN (a prebuilt binary; default:
 # build bin/sluice), EDGE_BASE_BIN (a second build, target sluice-base, to
-# measure before/after in the same run).
+# measure before/after in the same run). Sluice inherits the environment:
+# SLUICE_GO_SYSMON=awake measures it with its opt-in sysmon re-exec.
 # Prints one table (medians over rounds) on stdout.
 set -euo pipefail
 

@@ -21,8 +21,10 @@ const sysmonGODEBUG = "schedtrace=2147483647"
 
 // tuneRuntime re-executes `sluice serve` (execve: same PID, nothing else
 // has run yet) with sysmonGODEBUG added to GODEBUG, which the runtime reads
-// only at start; see tunedEnv for when it does not. It returns only when it
-// did not re-execute.
+// only at start, when the operator opted in with SLUICE_GO_SYSMON=awake;
+// see tunedEnv. It is opt-in because a re-exec and a runtime trace setting
+// are side effects a supervisor, a debugger or a GODEBUG user should ask
+// for. It returns only when it did not re-execute.
 func tuneRuntime(args []string) {
 	env, ok := tunedEnv(args, os.Environ())
 	if !ok {
@@ -36,25 +38,27 @@ func tuneRuntime(args []string) {
 }
 
 // tunedEnv is environ with sysmonGODEBUG added to GODEBUG, and false when
-// there is nothing to do: a command other than serve, GODEBUG setting
-// schedtrace already (also after the re-exec), or SLUICE_GO_SYSMON=default.
+// there is nothing to do: SLUICE_GO_SYSMON is not "awake", a command other
+// than serve, or GODEBUG setting schedtrace already (also after the
+// re-exec).
 func tunedEnv(args, environ []string) ([]string, bool) {
 	if len(args) == 0 || args[0] != "serve" {
 		return nil, false
 	}
-	gd := ""
+	gd, awake := "", false
 	env := make([]string, 0, len(environ)+1)
 	for _, kv := range environ {
 		switch {
-		case kv == "SLUICE_GO_SYSMON=default":
-			return nil, false
+		case kv == "SLUICE_GO_SYSMON=awake":
+			awake = true
+			env = append(env, kv)
 		case strings.HasPrefix(kv, "GODEBUG="):
 			gd = strings.TrimPrefix(kv, "GODEBUG=")
 		default:
 			env = append(env, kv)
 		}
 	}
-	if strings.Contains(gd, "schedtrace=") {
+	if !awake || strings.Contains(gd, "schedtrace=") {
 		return nil, false
 	}
 	if gd != "" {
