@@ -77,8 +77,11 @@
 //     instances wrote to the shared state store. Server.polMu serializes
 //     every policy change.
 //
-// All loops run in one errgroup ([Server.Run]); a loop that fails is logged
-// and fails /readyz.
+// Every loop runs under [Server.Supervise]: the server's own in one
+// errgroup ([Server.Run]), the process's (poller, GPU monitor, ledger,
+// share exchange, key watch, audit trail) in node.Run's; a loop that fails
+// is logged, fails /readyz naming itself, and its error is returned when
+// the process stops.
 //
 // # Ledger ids and idempotency
 //

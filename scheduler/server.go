@@ -340,6 +340,24 @@ func (s *Server) Ready() (bool, string) {
 	return true, "ok"
 }
 
+// Supervise wraps a background loop for an errgroup: a loop that fails
+// while ctx is live fails readiness (/readyz names it) and is logged; one
+// that ends because ctx did is not a failure. Every long-lived loop of the
+// process runs under it, the server's own and those the node starts.
+func (s *Server) Supervise(ctx context.Context, name string, run func(context.Context) error) func() error {
+	return func() error {
+		err := run(ctx)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		err = fmt.Errorf("%s loop: %w", name, err)
+		s.loopErr.CompareAndSwap(nil, &err)
+		s.m.Ready.Set(0)
+		s.log.Error("background loop failed", "loop", name, "err", err)
+		return err
+	}
+}
+
 // StartDrain makes new requests fail with 503 draining and /readyz fail.
 func (s *Server) StartDrain() {
 	if !s.draining.Swap(true) {
@@ -372,17 +390,7 @@ func (s *Server) Run(ctx context.Context) error {
 		{"admin", s.adminLoop},
 	}
 	for _, l := range loops {
-		g.Go(func() error {
-			err := l.run(inner)
-			if err != nil && inner.Err() == nil {
-				err = fmt.Errorf("%s loop: %w", l.name, err)
-				s.loopErr.CompareAndSwap(nil, &err)
-				s.m.Ready.Set(0)
-				s.log.Error("scheduler loop failed", "loop", l.name, "err", err)
-				return err
-			}
-			return nil
-		})
+		g.Go(s.Supervise(inner, l.name, l.run))
 	}
 	<-ctx.Done()
 	s.StartDrain()

@@ -194,18 +194,23 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	// Background loops run until the server has drained.
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBg()
+	// Each fails readiness and is logged if it ends early (Supervise); the
+	// errors are returned with the server's at the end.
 	var bgGroup errgroup.Group
-	bgGroup.Go(func() error { return watch.Run(bg) })
-	bgGroup.Go(func() error { return poller.Run(bg) })
-	bgGroup.Go(func() error { return mon.Run(bg) })
-	bgGroup.Go(func() error { return srv.ObserveLoop(bg, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled()) })
-	bgGroup.Go(func() error { return led.Run(bg) })
+	loop := func(name string, run func(context.Context) error) { bgGroup.Go(srv.Supervise(bg, name, run)) }
+	loop("connwatch", watch.Run)
+	loop("poller", poller.Run)
+	loop("gpu", mon.Run)
+	loop("observe", func(ctx context.Context) error {
+		return srv.ObserveLoop(ctx, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled())
+	})
+	loop("ledger", led.Run)
 	if fleet.peers != nil {
-		bgGroup.Go(func() error { return srv.ShareLoop(bg, fleet.peers) })
+		loop("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
 	}
-	bgGroup.Go(func() error { return srv.WatchKeys(bg) })
+	loop("keys", srv.WatchKeys)
 	if trail != nil {
-		bgGroup.Go(func() error { return trail.Run(bg) })
+		loop("audit", trail.Run)
 	}
 
 	// srv.Run drains once runCtx ends (signal, admin drain, or a listener
@@ -238,7 +243,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	err = g.Wait()
 	stopBg()
-	_ = bgGroup.Wait()
+	err = errors.Join(err, bgGroup.Wait())
 	log.Info("sluice stopped")
 	return err
 }
