@@ -229,19 +229,6 @@ func ceilDiv(a, b int64) int64 {
 	return (a + b - 1) / b
 }
 
-// gpuMsHold is the admission hold for GPU-ms: the fleet's coefficients
-// times the margin, rounded up.
-func gpuMsHold(est func(in, out int64) int64, in, out int64) int64 {
-	if est == nil {
-		return 0
-	}
-	v := est(in, out)
-	if v < 0 || v > math.MaxInt32*int64(1000) {
-		return 0
-	}
-	return v
-}
-
 // limitOf converts a config budget to a ledger limit.
 func limitOf(b config.Budget) (ledger.Limit, error) {
 	d, err := ledger.ParseDim(b.Dimension)

@@ -18,7 +18,6 @@ const (
 	KindDeny      Kind = "deny"       // request refused; Code and Reason say why
 	KindSettle    Kind = "settle"     // usage charged exactly once
 	KindRelease   Kind = "release"    // hold released without charge (never dispatched)
-	KindExpire    Kind = "expire"     // reservation expired or deadline passed
 	KindResolve   Kind = "resolve"    // operator resolved an unresolved reservation
 	KindClamp     Kind = "clamp"      // tenant clamped by an operator
 	KindUnclamp   Kind = "unclamp"    // clamp lifted
