@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -29,6 +30,39 @@ type poster interface {
 }
 
 var _ poster = (*vllm.Client)(nil)
+
+// textCounter counts output text with a replica's tokenizer (vllm.Client):
+// a stream of events cut before its usage is charged the count of the
+// text it carried.
+type textCounter interface {
+	CountText(ctx context.Context, baseURL, model, text string) (int, error)
+}
+
+var _ textCounter = (*vllm.Client)(nil)
+
+// countSeen is the token count of the output a cut /v1/responses or
+// /v1/messages stream showed, by the replica's own tokenizer; -1 when the
+// stream ended by itself or no count could be had (Settle then bounds it
+// by bytes). The call's context is done by now (its client may have
+// left), so the count runs on a detached one of its own, bounded.
+func (s *Server) countSeen(c *call, rs *vllm.ResponsesStream) int {
+	tc, ok := s.up.(textCounter)
+	text, whole := rs.SeenText()
+	if rs.Ended() || !ok || !whole || c.rep == nil {
+		return -1
+	}
+	if text == "" {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), 2*time.Second)
+	defer cancel()
+	n, err := tc.CountText(ctx, c.rep.url, c.req.Model, text)
+	if err != nil {
+		s.log.Warn("counting a cut stream's output failed; charging its bytes bound", "request_id", c.reqID, "err", err)
+		return -1
+	}
+	return n
+}
 
 // isOther reports an endpoint served by other (not chat/completions).
 func isOther(ep vllm.Endpoint) bool {
@@ -224,7 +258,7 @@ func (e *Edge) pumpResponses(c *call, resp *http.Response, w *bufio.Writer) {
 		break
 	}
 	_ = resp.Body.Close()
-	c.usage = rs.Settle(c.plan.InputTokens, abortAllowance, c.plan.OutputTokens)
+	c.usage = rs.Settle(c.plan.InputTokens, abortAllowance, c.plan.OutputTokens, s.countSeen(c, rs))
 	s.finish(c, end)
 	if end == nil {
 		c.t.series(s.m).requestsOK.Inc()

@@ -432,8 +432,13 @@ type ResponsesStream struct {
 	// the bytes bound what generated them, however many tokens one delta
 	// carries (a server --stream-interval above 1, a tool parser that
 	// sends a call's arguments whole).
-	out   int
-	ended bool
+	out    int
+	deltas int
+	// text is the output text the deltas carried, up to maxSeenText
+	// bytes (textOver past it), for an exact count of a cut stream.
+	text     []byte
+	textOver bool
+	ended    bool
 	// prompt is the engine's prompt count when the stream reported it
 	// first (Anthropic's message_start); 0 otherwise.
 	prompt int
@@ -513,13 +518,15 @@ func (s *ResponsesStream) track(data []byte) {
 		if len(delta) > 0 && delta[0] == '{' {
 			n := 0
 			_ = eachMember(delta, 0, func(m member) bool {
-				if !m.keyIs(delta, "type") && delta[m.valStart] == '"' {
+				if !m.keyIs(delta, "type") && !m.keyIs(delta, "signature") && delta[m.valStart] == '"' {
 					l, _ := stringLen(delta[m.valStart:m.valEnd])
 					n += l
+					s.keep(delta[m.valStart:m.valEnd])
 				}
 				return true
 			})
 			s.out += max(1, n)
+			s.deltas++
 		}
 	case t == `"response.completed"`, t == `"response.incomplete"`, t == `"response.failed"`:
 		s.ended = true
@@ -536,25 +543,62 @@ func (s *ResponsesStream) track(data []byte) {
 			if l, err := stringLen(delta); err == nil {
 				n = max(1, l)
 			}
+			s.keep(delta)
 		} else if len(delta) > 0 {
 			n = max(1, len(delta))
+			s.textOver = true
 		}
 		s.out += n
+		s.deltas++
 	}
 }
 
+// maxSeenText bounds the output text a stream keeps for a cut stream's
+// count.
+const maxSeenText = 4 << 20
+
+// keep appends a delta's decoded text to the text seen.
+func (s *ResponsesStream) keep(quoted []byte) {
+	if s.textOver {
+		return
+	}
+	t, err := unquoteJSON(quoted)
+	if err != nil || len(s.text)+len(t) > maxSeenText {
+		s.textOver, s.text = true, nil
+		return
+	}
+	s.text = append(s.text, t...)
+}
+
+// Ended reports the stream's own end (its usage is then vLLM's).
+func (s *ResponsesStream) Ended() bool { return s.usage.Final }
+
+// SeenText returns the output text of the deltas read, for an exact count
+// of a cut stream; ok is false when it is incomplete (too long, or a delta
+// that was not text).
+func (s *ResponsesStream) SeenText() (text string, ok bool) {
+	return string(s.text), !s.textOver
+}
+
 // Settle is the usage to charge: vLLM's own once the terminal event came,
-// else the prompt bound plus the deltas' output bound plus allowance per
-// unfinished output (what the engine may have generated past the last
-// delta read), never above capTokens.
-func (s *ResponsesStream) Settle(promptTokens, allowance, capTokens int) Usage {
+// else the prompt (the engine's count when the stream gave it, else the
+// bound) plus the output seen plus allowance (what the engine may have
+// generated past the last delta read), never above capTokens. The output
+// seen is counted (the model's tokenizer on the text seen, at least one
+// token per delta) when counted ≥ 0, else bounded by the deltas' bytes:
+// a token decodes to at least one byte, however many one delta carries.
+func (s *ResponsesStream) Settle(promptTokens, allowance, capTokens, counted int) Usage {
 	if s.usage.Final {
 		return s.usage
 	}
 	if s.prompt > 0 {
 		promptTokens = s.prompt
 	}
-	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, s.out+allowance), Known: true}
+	out := s.out
+	if counted >= 0 {
+		out = max(counted, s.deltas)
+	}
+	return Usage{PromptTokens: promptTokens, CompletionTokens: min(capTokens, out+allowance), Known: true}
 }
 
 // PromptBytes returns the raw JSON of what the prompt is built from (chat

@@ -98,7 +98,7 @@ func TestResponsesStream(t *testing.T) {
 		got.Write(raw)
 	}
 	assert.Equal(t, full, got.String(), "events pass through byte for byte")
-	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 2, Known: true, Final: true}, s.Settle(99, 1, 100))
+	assert.Equal(t, Usage{PromptTokens: 5, CompletionTokens: 2, Known: true, Final: true}, s.Settle(99, 1, 100, -1))
 
 	head, _, found := strings.Cut(full, "event: response.completed")
 	require.True(t, found)
@@ -108,6 +108,11 @@ func TestResponsesStream(t *testing.T) {
 		_, err = cut.Next()
 	}
 	require.ErrorIs(t, err, ErrStreamCut)
-	assert.Equal(t, Usage{PromptTokens: 99, CompletionTokens: 4, Known: true}, cut.Settle(99, 1, 100), "the deltas' bytes (1 + 2) plus the allowance")
-	assert.Equal(t, 2, cut.Settle(99, 1, 2).CompletionTokens, "never above the cap")
+	assert.Equal(t, Usage{PromptTokens: 99, CompletionTokens: 4, Known: true}, cut.Settle(99, 1, 100, -1), "the deltas' bytes (1 + 2) plus the allowance")
+	assert.Equal(t, 2, cut.Settle(99, 1, 2, -1).CompletionTokens, "never above the cap")
+	text, whole := cut.SeenText()
+	assert.True(t, whole)
+	assert.Equal(t, "a b", text)
+	assert.Equal(t, 2+1, cut.Settle(99, 1, 100, 2).CompletionTokens, "the tokenizer's count of the text seen, plus the allowance")
+	assert.Equal(t, 2+1, cut.Settle(99, 1, 100, 1).CompletionTokens, "never below one token per delta")
 }

@@ -66,7 +66,7 @@ func TestAnthropicStreamSettle(t *testing.T) {
 		}
 		require.NoError(t, err)
 	}
-	assert.Equal(t, Usage{PromptTokens: 17, CompletionTokens: 2, Known: true, Final: true}, s.Settle(99, 1, 100))
+	assert.Equal(t, Usage{PromptTokens: 17, CompletionTokens: 2, Known: true, Final: true}, s.Settle(99, 1, 100, -1))
 
 	head, _, _ := strings.Cut(full, "event: content_block_stop")
 	cut := NewResponsesStream(strings.NewReader(head), 0)
@@ -75,8 +75,13 @@ func TestAnthropicStreamSettle(t *testing.T) {
 		_, err = cut.Next()
 	}
 	require.ErrorIs(t, err, ErrStreamCut)
-	assert.Equal(t, Usage{PromptTokens: 17, CompletionTokens: 3 + 3 + 1, Known: true}, cut.Settle(99, 1, 100),
+	assert.Equal(t, Usage{PromptTokens: 17, CompletionTokens: 3 + 3 + 1, Known: true}, cut.Settle(99, 1, 100, -1),
 		"the engine's prompt count, the deltas' bytes and the allowance")
+	text, whole := cut.SeenText()
+	assert.True(t, whole)
+	assert.Equal(t, "abc de", text)
+	assert.Equal(t, 17, cut.Settle(99, 1, 100, 2).PromptTokens)
+	assert.Equal(t, 3, cut.Settle(99, 1, 100, 2).CompletionTokens)
 }
 
 func TestAnthropicCacheUsage(t *testing.T) {

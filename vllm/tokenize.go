@@ -125,3 +125,19 @@ func (c *Client) Tokenize(ctx context.Context, baseURL, model string, r *Request
 	}
 	return counts, maxModelLen, nil
 }
+
+// CountText counts the tokens of text, a model's output, with the
+// replica's POST /tokenize (no special tokens): what a stream cut before
+// its usage showed of the output, re-counted by the model's own tokenizer.
+func (c *Client) CountText(ctx context.Context, baseURL, model, text string) (int, error) {
+	prompt, err := json.Marshal(text)
+	if err != nil {
+		return 0, err
+	}
+	in := tokenizeCompletion{Model: model, Prompt: prompt, AddSpecialTokens: json.RawMessage("false")}
+	var out tokenizeResponse
+	if err := c.doJSON(ctx, http.MethodPost, strings.TrimSuffix(baseURL, "/")+"/tokenize", in, &out); err != nil {
+		return 0, fmt.Errorf("tokenize %s: %w", baseURL, err)
+	}
+	return out.Count, nil
+}
