@@ -34,7 +34,11 @@ type ReplicaMetrics struct {
 	BatchTokens int64
 	// KVUsage is vllm:kv_cache_usage_perc (0–1).
 	KVUsage float64
-	// Waiting and Running are vllm:num_requests_waiting and _running.
+	// Waiting is the requests waiting for room: of
+	// vllm:num_requests_waiting, those the replica does not report as
+	// "deferred" (vllm:num_requests_waiting_by_reason); a request held back
+	// for a LoRA slot or a KV transfer is no sign of a full replica, so it
+	// does not cut the overcommit. Running is vllm:num_requests_running.
 	Waiting, Running int64
 	// Preemptions is the vllm:num_preemptions_total counter.
 	Preemptions float64
