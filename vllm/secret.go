@@ -152,3 +152,10 @@ func (t authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r2.Header.Set("Authorization", auth)
 	return t.base.RoundTrip(r2)
 }
+
+// CloseIdleConnections passes http.Client.CloseIdleConnections through.
+func (t authTransport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
