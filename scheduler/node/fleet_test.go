@@ -194,3 +194,42 @@ func TestHealthOnAPIPort(t *testing.T) {
 	_, body = health()
 	assert.Equal(t, "no healthy replica\n", body)
 }
+
+// TestLoRAAdapterGoesWhereResident: once a replica's
+// vllm:lora_requests_info shows an adapter running there, the next request
+// for it goes there although another replica is emptier; a base-model
+// request still goes by load.
+func TestLoRAAdapterGoesWhereResident(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.LoRAModules = []sim.LoRAModule{{Name: "ad-a", Path: "/a"}, {Name: "ad-b", Path: "/b"}}
+	sc.MaxLoRAs, sc.DecodeStep = 1, 5*time.Millisecond
+	reps := []*simReplica{startSim(t, sc), startSim(t, sc)}
+	cfg := nodeConfig(t, reps, "", "")
+	cfg.Upstream.Routing = "least_load"
+	n := startNode(t, cfg)
+
+	long := `{"model":"ad-a","prompt":"x","max_tokens":400,"ignore_eos":true}`
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.Equal(t, 200, n.call(t, "/v1/completions", keyAcme, long).StatusCode) })
+	var home string
+	eventually(t, "ad-a resident on one replica", func() bool {
+		for name, row := range n.replicaRows(t) {
+			if res, ok := row["lora_resident"].([]any); ok && len(res) == 1 && res[0] == "ad-a" {
+				home = name
+				return true
+			}
+		}
+		return false
+	})
+	at := map[string]*simReplica{"r0": reps[0], "r1": reps[1]}
+	other := map[string]string{"r0": "r1", "r1": "r0"}[home]
+	short := `{"model":"ad-a","prompt":"x","max_tokens":2}`
+	r := n.call(t, "/v1/completions", keyAcme, short)
+	require.Equal(t, 200, r.StatusCode, string(r.Body))
+	assert.Equal(t, int64(2), at[home].Stats().Received, "the adapter's second request joins the first")
+	assert.Zero(t, at[other].Stats().Received)
+	r = n.call(t, "/v1/completions", keyAcme, `{"model":"sim-model","prompt":"x","max_tokens":2}`)
+	require.Equal(t, 200, r.StatusCode, string(r.Body))
+	assert.Equal(t, int64(1), at[other].Stats().Received, "a base-model request goes to the emptier replica")
+	wg.Wait()
+}
