@@ -26,9 +26,19 @@ type ReplicaMetrics struct {
 	Excused bool
 	// NumGPUBlocks and BlockSize come from vllm:cache_config_info.
 	NumGPUBlocks, BlockSize int64
+	// BatchTokens stands in for the KV capacity of a replica whose metrics
+	// lack vllm:cache_config_info (older vLLM releases, vLLM-compatible
+	// engines): the scheduler sizes it on its batch (max_num_seqs) and
+	// passes a token bound that batch always reaches first. Used only while
+	// no KV capacity is known and no override is configured.
+	BatchTokens int64
 	// KVUsage is vllm:kv_cache_usage_perc (0–1).
 	KVUsage float64
-	// Waiting and Running are vllm:num_requests_waiting and _running.
+	// Waiting is the requests waiting for room: of
+	// vllm:num_requests_waiting, those the replica does not report as
+	// "deferred" (vllm:num_requests_waiting_by_reason); a request held back
+	// for a LoRA slot or a KV transfer is no sign of a full replica, so it
+	// does not cut the overcommit. Running is vllm:num_requests_running.
 	Waiting, Running int64
 	// Preemptions is the vllm:num_preemptions_total counter.
 	Preemptions float64
@@ -86,9 +96,13 @@ type ReplicaView struct {
 	Reason string
 	// CapacityTokens is K_r = base × health factor × overcommit.
 	CapacityTokens int64
-	// BaseTokens is the override, else num_gpu_blocks × block_size, times
-	// the target occupancy; 0 before the first scrape without an override.
-	BaseTokens   int64
+	// BaseTokens is the override, else num_gpu_blocks × block_size, else
+	// the batch bound (ReplicaMetrics.BatchTokens), times the target
+	// occupancy; 0 before the first scrape without an override.
+	BaseTokens int64
+	// Sizing says where BaseTokens comes from: SizingConfig, SizingKV,
+	// SizingBatch, or "" while unknown.
+	Sizing       string
 	HealthFactor float64
 	Overcommit   float64
 	// Utilization is the replica's current busy fraction (mean over its
@@ -133,6 +147,7 @@ type replica struct {
 	obs         ReplicaMetrics
 	obsAt       time.Time
 	kvTokens    int64
+	batchTokens int64
 	fails       int
 	failReason  string
 	prevPreempt float64
@@ -496,6 +511,9 @@ func (m *Monitor) ObserveReplica(name string, obs ReplicaMetrics) error {
 	if obs.NumGPUBlocks > 0 && obs.BlockSize > 0 {
 		r.kvTokens = obs.NumGPUBlocks * obs.BlockSize
 	}
+	if obs.BatchTokens > 0 {
+		r.batchTokens = obs.BatchTokens
+	}
 	// AIMD overcommit (SCHEDULING §7).
 	rising := r.havePreempt && obs.Preemptions > r.prevPreempt
 	r.prevPreempt, r.havePreempt = obs.Preemptions, true
@@ -540,11 +558,34 @@ func (m *Monitor) Drain(name, reason string) error {
 	return nil
 }
 
+// Where a replica's base capacity comes from (ReplicaView.Sizing).
+const (
+	SizingConfig = "config" // upstream.replicas[].capacity_tokens
+	SizingKV     = "kv"     // vllm:cache_config_info
+	SizingBatch  = "batch"  // max_num_seqs: the metrics lack KV capacity
+)
+
+// sizingLocked reports where r's base capacity comes from. Caller holds mu.
+func sizingLocked(r *replica) string {
+	switch {
+	case r.cfg.CapacityTokens > 0:
+		return SizingConfig
+	case r.kvTokens > 0:
+		return SizingKV
+	case r.batchTokens > 0:
+		return SizingBatch
+	}
+	return ""
+}
+
 // capacityLocked computes r's base and K_r. Caller holds mu.
 func (m *Monitor) capacityLocked(r *replica) (base, k int64, factor float64) {
 	base = r.cfg.CapacityTokens
 	if base == 0 {
 		base = r.kvTokens
+	}
+	if base == 0 {
+		base = r.batchTokens
 	}
 	base = int64(math.Floor(float64(base) * m.cfg.TargetOccupancy))
 	switch r.state {
@@ -566,7 +607,7 @@ func (m *Monitor) publishLocked(now time.Time) {
 		base, k, f := m.capacityLocked(r)
 		scrapeStale := r.haveObs && now.Sub(r.obsAt) > m.cfg.StaleAfter
 		s.Replicas[i] = ReplicaView{Name: r.cfg.Name, State: r.state, Reason: r.reason, CapacityTokens: k,
-			BaseTokens: base, HealthFactor: f, Overcommit: r.oc, Utilization: r.util, GPUCount: r.g,
+			BaseTokens: base, Sizing: sizingLocked(r), HealthFactor: f, Overcommit: r.oc, Utilization: r.util, GPUCount: r.g,
 			ScrapeStale: scrapeStale, KVUsage: r.obs.KVUsage, Waiting: r.obs.Waiting}
 		s.index[r.cfg.Name] = i
 		if m.met != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/sluicehq/sluice/gpu"
 )
 
 // AdminHooks are the process-level actions the admin API can trigger.
@@ -192,6 +194,27 @@ type ReplicaStatus struct {
 	// while they do, its fair share of max_num_seqs (0: none; SCHEDULING §9).
 	Peers    int64 `json:"peers"`
 	SeqShare int64 `json:"seq_share"`
+	// Sizing is where capacity_tokens comes from: "kv" (the replica's
+	// vllm:cache_config_info), "batch" (its metrics lack that: it is sized
+	// on max_num_seqs and capacity_tokens is only a bound), "config"
+	// (capacity_tokens in the config), or "" before the first scrape.
+	Sizing string `json:"sizing"`
+	// WaitingDeferred is the part of vllm_waiting held back by a
+	// transient constraint (LoRA budget, KV transfer, grammar), not room.
+	WaitingDeferred int64 `json:"vllm_waiting_deferred"`
+	// LoRAResident is the LoRA adapters of the replica's running requests
+	// (vllm:lora_requests_info); requests for them prefer this replica.
+	LoRAResident []string `json:"lora_resident,omitempty"`
+}
+
+// fillReplica adds what the monitor and the last scrape know of r.
+func fillReplica(st *ReplicaStatus, r *replica, v gpu.ReplicaView, known bool) {
+	if known {
+		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
+	}
+	if o := r.obs.Load(); o != nil {
+		st.Running, st.Waiting, st.WaitingDeferred, st.LoRAResident = o.running, o.waiting, o.deferred, o.loras
+	}
 }
 
 func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
@@ -201,12 +224,8 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	for _, r := range a.s.reps.reps {
 		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
 			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load()}
-		if v, ok := snap.Replica(r.name); ok {
-			st.State, st.Reason, st.CapacityTokens, st.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
-		}
-		if o := r.obs.Load(); o != nil {
-			st.Running, st.Waiting = o.running, o.waiting
-		}
+		v, ok := snap.Replica(r.name)
+		fillReplica(&st, r, v, ok)
 		out = append(out, st)
 	}
 	WriteJSON(rc, out)

@@ -95,6 +95,19 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 			rc.SetStatusCode(503)
 		}
 		rc.SetBodyString(why + "\n")
+	case string(p) == "/health":
+		// vLLM's own path, for load balancers that probe it: 200 with an
+		// empty body (vllm/entrypoints/serve/instrumentator/health.py)
+		// while /readyz passes, else 503 with /readyz's reason.
+		if !rc.IsGet() && !rc.IsHead() {
+			e.methodNotAllowed(rc)
+			return
+		}
+		if ok, why := e.s.Ready(); !ok {
+			rc.SetStatusCode(503)
+			rc.SetContentType("text/plain")
+			rc.SetBodyString(why + "\n")
+		}
 	case string(p) == "/v1/chat/completions" || string(p) == "/v1/completions":
 		if !rc.IsPost() {
 			e.methodNotAllowed(rc)

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"time"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -47,7 +49,9 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		obs.Excused = !obs.OK && snap.TimedOut && prev != nil && r.finished.Load() > prev.finishedAt
 		obs.NumGPUBlocks, obs.BlockSize = int64(m.NumGPUBlocks.V), int64(m.BlockSize.V)
 		obs.KVUsage = m.KVUsage.V
-		obs.Waiting, obs.Running = int64(m.Waiting.V), int64(m.Running.V)
+		// Deferred requests (LoRA budget, KV transfer, grammar) wait on
+		// something other than room: they do not cut the overcommit.
+		obs.Waiting, obs.Running = int64(m.CapacityWaiting().V), int64(m.Running.V)
 		obs.Preemptions = m.PreemptionsTotal.V
 		// The simulator's utilisation stands in for NVML only when telemetry
 		// comes from vLLM metrics; otherwise a replica is busy while it runs
@@ -61,7 +65,8 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: obs.Waiting, kvUsage: obs.KVUsage, finishedAt: r.finished.Load()}
+		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: int64(m.Waiting.V), deferred: int64(m.WaitingDeferred.V),
+			kvUsage: obs.KVUsage, finishedAt: r.finished.Load(), loras: m.LoRARunning}
 		if prev != nil {
 			o.models, o.parents = prev.models, prev.parents
 		}
@@ -73,11 +78,37 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 				r.obs.Store(&replicaObs{models: o.models, parents: o.parents})
 			}
 		}
+		if obs.OK && !m.KVCapacityTokens.OK {
+			obs.BatchTokens = r.batchTokens() // after /v1/models: its context length
+		}
 		_ = s.gpu.ObserveReplica(r.name, obs)
+		if v, ok := s.gpu.Snapshot().Replica(r.name); ok {
+			o.sizing = v.Sizing
+			if v.Sizing == gpu.SizingBatch && !r.batchWarned {
+				r.batchWarned = true
+				s.log.Warn("replica metrics lack vllm:cache_config_info: sized on its batch (max_num_seqs) instead of its KV cache; set upstream.replicas[].capacity_tokens to size it in tokens",
+					"replica", r.name, "missing_metric", "vllm:cache_config_info", "max_num_seqs", r.maxSeqs)
+			}
+		}
 		r.obs.Store(o)
 		s.exportReplica(r)
 	}
 	s.signal(s.wake)
+}
+
+// batchSeqTokens bounds one sequence's tokens in a batch-sized replica's
+// token bound while its context length is unknown.
+const batchSeqTokens = 1 << 24
+
+// batchTokens is the token bound of a replica sized on its batch:
+// max_num_seqs sequences of the context length at most, so that the
+// sequence limit, not tokens, decides its room (SCHEDULING §7).
+func (r *replica) batchTokens() int64 {
+	per := r.maxModelLen.Load()
+	if per <= 0 {
+		per = batchSeqTokens
+	}
+	return max(r.maxSeqs, 1) * per
 }
 
 // readModels reads r's /v1/models into o: base models and LoRA adapters
@@ -86,9 +117,18 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ms, err := models.Models(mctx, r.url)
+	var ue *vllm.UpstreamError
+	if errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden) && !r.authWarned {
+		// vLLM's --api-key guards /v1 only: /health and /metrics answer, so
+		// the replica looks up while every request to it would fail.
+		r.authWarned = true
+		s.log.Warn("replica refuses Sluice's credential on /v1/models: set or correct upstream.replicas[].api_key_env or api_key_file",
+			"replica", r.name, "status", ue.Status)
+	}
 	if err != nil {
 		return
 	}
+	r.authWarned = false
 	o.models = make([]string, 0, len(ms))
 	o.parents = map[string]string{}
 	for _, md := range ms {

@@ -41,8 +41,11 @@ type replica struct {
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
 	// polledAt is the poll time of the last scrape Observe fed to the
-	// monitor; only Observe's goroutine touches it.
-	polledAt time.Time
+	// monitor; only Observe's goroutine touches it, batchWarned (the
+	// warning that the replica is sized on its batch was logged) and
+	// authWarned (that it refused the credential, until it accepts one).
+	polledAt                time.Time
+	batchWarned, authWarned bool
 	// prefix is what Sluice recently sent here (affinity.go); guarded by
 	// replicaSet.mu.
 	prefix *prefixIndex
@@ -53,8 +56,15 @@ type replica struct {
 type replicaObs struct {
 	ok      bool
 	running int64
-	waiting int64
-	kvUsage float64
+	waiting int64 // all of vllm:num_requests_waiting
+	// deferred is the waiting requests held back by a transient
+	// constraint, not room (vllm:num_requests_waiting_by_reason).
+	deferred int64
+	kvUsage  float64
+	// loras is the LoRA adapters of the replica's running requests
+	// (vllm:lora_requests_info): resident, so a request for one of them
+	// neither loads an adapter nor waits for a LoRA slot.
+	loras []string
 	// models is what /v1/models listed (base models, then LoRA adapters).
 	models []string
 	// parents maps a LoRA adapter to its base model (vLLM's "parent").
@@ -62,6 +72,8 @@ type replicaObs struct {
 	// finishedAt is the replica's finished count when the scrape was taken
 	// in: a poll that timed out while it rose is excused (Observe).
 	finishedAt int64
+	// sizing is where the replica's capacity comes from (gpu.Sizing*).
+	sizing string
 }
 
 // modelRefresh is how often a replica's /v1/models is read again, so that
@@ -179,7 +191,9 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 	o := r.obs.Load()
 	ok := o != nil && o.ok
 	seqs = r.seqs(ok)
-	if ok {
+	// A batch-sized replica's base is a bound, not its KV cache: a KV
+	// usage fraction of it says nothing.
+	if ok && o.sizing != gpu.SizingBatch {
 		if kv := int64(o.kvUsage * float64(base)); kv > load {
 			load = kv
 		}
@@ -234,6 +248,9 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 		if st == gpu.StateDegraded {
 			bias = 0.01 // ties within 1% go to healthy replicas
 		}
+		if !loraResident(r, rt.model) {
+			bias += loraBias
+		}
 		score += bias
 		if best == nil || score < bestScore {
 			best, bestScore = r, score
@@ -259,6 +276,22 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 		s.cursor = (s.cursor + 1) % n
 	}
 	return best, seq
+}
+
+// loraBias is the load (a fraction of capacity) a replica where a
+// request's LoRA adapter is not known resident must be below the others
+// by to win it: loading an adapter costs the request time, and on a
+// replica whose LoRA slots (--max-loras) are taken it waits deferred.
+const loraBias = 0.1
+
+// loraResident reports whether model is not a LoRA adapter at r, or one
+// r's last scrape showed among its running requests' adapters.
+func loraResident(r *replica, model string) bool {
+	o := r.obs.Load()
+	if o == nil || model == "" || o.parents[model] == "" {
+		return true
+	}
+	return slices.Contains(o.loras, model)
 }
 
 // release returns the room of a request that never reached r.

@@ -190,12 +190,10 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 	r.Keys = a.keyReports(ctx, pol, &r)
 	for _, rep := range s.reps.reps {
 		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: rep.url, InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
-		if v, ok := snap.Replica(rep.name); ok {
-			rr.State, rr.Reason, rr.CapacityTokens, rr.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
+		v, ok := snap.Replica(rep.name)
+		fillReplica(&rr.ReplicaStatus, rep, v, ok)
+		if ok {
 			rr.HealthFactor, rr.Utilization, rr.GPUCount, rr.KVUsage, rr.Stale = v.HealthFactor, v.Utilization, v.GPUCount, v.KVUsage, v.ScrapeStale
-		}
-		if o := rep.obs.Load(); o != nil {
-			rr.Running, rr.Waiting = o.running, o.waiting
 		}
 		r.Replicas = append(r.Replicas, rr)
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -114,6 +115,8 @@ type Client struct {
 	tr  *http.Transport
 	// h1 carries the generation requests (h1.go).
 	h1 *h1
+	// creds are the replicas' credentials (secret.go).
+	creds atomic.Pointer[credentials]
 }
 
 // NewClient builds a Client. Call Validate on cfg first; invalid values fall
@@ -133,7 +136,9 @@ func NewClient(cfg Config) *Client {
 		DisableCompression:    true,
 		ExpectContinueTimeout: 0,
 	}
-	return &Client{cfg: cfg, tr: tr, hc: &http.Client{Transport: tr}, h1: newH1(cfg)}
+	c := &Client{cfg: cfg, tr: tr, h1: newH1(cfg)}
+	c.hc = &http.Client{Transport: authTransport{base: tr, creds: &c.creds}}
+	return c
 }
 
 // CloseIdleConnections closes idle keep-alive connections.

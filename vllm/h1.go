@@ -35,6 +35,8 @@ type h1 struct {
 	roots  *x509.CertPool // nil: the system's (tests set their own)
 	mu     sync.Mutex
 	hosts  map[string]*h1Host // by base URL
+	// creds are the replicas' credentials (Client.SetCredentials).
+	creds atomic.Pointer[credentials]
 }
 
 func newH1(cfg Config) *h1 {
@@ -44,6 +46,7 @@ func newH1(cfg Config) *h1 {
 // h1Host is one replica's pool of idle keep-alive connections.
 type h1Host struct {
 	c      *h1
+	base   string // the base URL, as the caller passes it
 	addr   string // host:port
 	host   string // the Host header
 	prefix string // the base URL's path, without a trailing slash
@@ -129,7 +132,7 @@ func (c *h1) host(baseURL string) (*h1Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &h1Host{c: c, host: u.Host, prefix: strings.TrimSuffix(u.Path, "/")}
+	h := &h1Host{c: c, base: baseURL, host: u.Host, prefix: strings.TrimSuffix(u.Path, "/")}
 	port := u.Port()
 	switch u.Scheme {
 	case "http":
@@ -297,6 +300,11 @@ func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requ
 	if requestID != "" {
 		head = append(head, "X-Request-Id: "...)
 		head = append(head, requestID...)
+		head = append(head, "\r\n"...)
+	}
+	if auth := c.creds.Load().byBase(h.base); auth != "" {
+		head = append(head, "Authorization: "...)
+		head = append(head, auth...)
 		head = append(head, "\r\n"...)
 	}
 	head = append(head, "Content-Length: "...)

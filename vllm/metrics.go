@@ -2,7 +2,9 @@ package vllm
 
 import (
 	"bytes"
+	"math"
 	"strconv"
+	"strings"
 )
 
 // Value is a metric reading that may be unknown. A metric missing from a
@@ -23,6 +25,24 @@ func (v *Value) add(x float64) {
 type Metrics struct {
 	// Running and Waiting are vllm:num_requests_running / _waiting.
 	Running, Waiting Value
+	// WaitingCapacity and WaitingDeferred split Waiting by
+	// vllm:num_requests_waiting_by_reason's reason label: "capacity"
+	// (waiting for a slot or KV) and "deferred" (held back by a transient
+	// constraint: LoRA budget, KV transfer, a grammar being compiled).
+	// vllm/v1/metrics/loggers.py (WAITING_REASON_CAPACITY/_DEFERRED);
+	// unknown on releases without the metric.
+	WaitingCapacity, WaitingDeferred Value
+	// LoRARunning and LoRAWaiting are the LoRA adapters of the running and
+	// the waiting requests, from the newest vllm:lora_requests_info series:
+	// vLLM sets the series of the current lists to the time at each
+	// scheduler update and never removes older lists' series
+	// (loggers.py: gauge_lora_info ... set_to_current_time()), so the
+	// largest value is the current one. LoRAKnown reports that the series
+	// was present (vLLM started with --enable-lora); MaxLoRA is its
+	// max_lora label (vLLM's --max-loras).
+	LoRARunning, LoRAWaiting []string
+	LoRAKnown                bool
+	MaxLoRA                  Value
 	// KVUsage is vllm:kv_cache_usage_perc (0–1), or the deprecated
 	// vllm:gpu_cache_usage_perc when the former is absent; the mean over
 	// engines.
@@ -87,6 +107,7 @@ type label struct{ name, value []byte }
 func ParseMetrics(text []byte, model string) Metrics {
 	var m Metrics
 	var kvNew, kvOld Value
+	loraAt := math.Inf(-1)
 	var kvNewN, kvOldN int
 	var labels [maxLabels]label
 	for len(text) > 0 {
@@ -122,6 +143,26 @@ func ParseMetrics(text []byte, model string) Metrics {
 			m.Running.add(v)
 		case mWaiting:
 			m.Waiting.add(v)
+		case mWaitingByReason:
+			switch r, _ := labelValue(ls, "reason"); string(r) {
+			case "capacity":
+				m.WaitingCapacity.add(v)
+			case "deferred":
+				m.WaitingDeferred.add(v)
+			}
+		case mLoRAInfo:
+			if v < loraAt {
+				continue
+			}
+			loraAt = v
+			run, _ := labelValue(ls, "running_lora_adapters")
+			wait, _ := labelValue(ls, "waiting_lora_adapters")
+			m.LoRARunning, m.LoRAWaiting, m.LoRAKnown = splitList(run), splitList(wait), true
+			if ml, ok := labelValue(ls, "max_lora"); ok {
+				if x, err := strconv.ParseFloat(string(ml), 64); err == nil {
+					m.MaxLoRA = Value{V: x, OK: true}
+				}
+			}
 		case mKVUsage:
 			kvNew.add(v)
 			kvNewN++
@@ -180,12 +221,34 @@ func ParseMetrics(text []byte, model string) Metrics {
 	return m
 }
 
+// CapacityWaiting is the requests waiting for room (a slot or KV):
+// vllm:num_requests_waiting_by_reason{reason="capacity"} where the replica
+// reports it, else all of vllm:num_requests_waiting. Deferred requests
+// wait on something else (a LoRA slot, a KV transfer, a grammar), so they
+// are no sign that the replica is full.
+func (m *Metrics) CapacityWaiting() Value {
+	if m.WaitingCapacity.OK || m.WaitingDeferred.OK {
+		return Value{V: m.WaitingCapacity.V, OK: true}
+	}
+	return m.Waiting
+}
+
+// splitList splits a comma-joined label value; "" is no element.
+func splitList(b []byte) []string {
+	if len(b) == 0 {
+		return nil
+	}
+	return strings.Split(string(b), ",")
+}
+
 type mKind uint8
 
 const (
 	mNone mKind = iota
 	mRunning
 	mWaiting
+	mWaitingByReason
+	mLoRAInfo
 	mKVUsage
 	mGPUCacheUsage
 	mPreemptions
@@ -205,6 +268,10 @@ func metricKind(name []byte) mKind {
 		return mRunning
 	case "vllm:num_requests_waiting":
 		return mWaiting
+	case "vllm:num_requests_waiting_by_reason":
+		return mWaitingByReason
+	case "vllm:lora_requests_info":
+		return mLoRAInfo
 	case "vllm:kv_cache_usage_perc":
 		return mKVUsage
 	case "vllm:gpu_cache_usage_perc":

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +60,9 @@ func runSim(ctx context.Context, e env, args []string) error {
 	fs.Int64Var(&cfg.Seed, "seed", d.Seed, "seed of every random stream")
 	fs.StringVar(&cfg.OnDisconnect, "on-disconnect", d.OnDisconnect, "abort, next-write or ignore")
 	fs.BoolVar(&cfg.MetricsCompat, "metrics-compat", false, "emit the older vLLM metric variants")
+	fs.BoolVar(&cfg.NoKVMetrics, "no-kv-metrics", false, "leave vllm:cache_config_info and the KV usage gauge out of /metrics, as older vLLM releases and vLLM-compatible engines")
+	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("VLLM_API_KEY"), "require Authorization: Bearer KEY on /v1 paths, as vLLM's --api-key (default $VLLM_API_KEY)")
+	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 0, "distinct LoRA adapters in the running batch; others wait deferred (0: no bound)")
 	fs.Float64Var(&cfg.Faults.ErrorRate, "fault-error-rate", 0, "chance of an error before the stream")
 	fs.IntVar(&cfg.Faults.ErrorStatus, "fault-error-status", d.Faults.ErrorStatus, "status of injected errors")
 	fs.Float64Var(&cfg.Faults.SpikeRate, "fault-spike-rate", 0, "chance of a latency spike per step")

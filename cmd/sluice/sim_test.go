@@ -71,3 +71,57 @@ func TestRunSimServesReplicas(t *testing.T) {
 	go func() { _, _ = io.Copy(io.Discard, pr) }()
 	assert.NoError(t, <-done)
 }
+
+// TestRunSimAPIKeyAndNoKVMetrics: --api-key guards /v1 as vLLM's flag (and
+// $VLLM_API_KEY is its default); --no-kv-metrics drops cache_config_info.
+func TestRunSimAPIKeyAndNoKVMetrics(t *testing.T) {
+	t.Setenv("VLLM_API_KEY", "from-env")
+	for _, tt := range []struct {
+		args []string
+		key  string
+	}{
+		{[]string{"--api-key", "k1", "--no-kv-metrics"}, "k1"},
+		{[]string{"--no-kv-metrics"}, "from-env"},
+	} {
+		ctx, cancel := context.WithCancel(t.Context())
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			done <- runSim(ctx, env{stdout: pw, stderr: io.Discard}, append([]string{"--listen", "127.0.0.1:0", "--decode-step", "1ms"}, tt.args...))
+			pw.Close()
+		}()
+		sc := bufio.NewScanner(pr)
+		var url string
+		for url == "" && sc.Scan() {
+			for _, w := range strings.Fields(sc.Text()) {
+				if strings.HasPrefix(w, "http://") {
+					url = w
+				}
+			}
+		}
+		require.NotEmpty(t, url)
+		get := func(path, key string) (int, string) {
+			req, err := http.NewRequest(http.MethodGet, url+path, nil)
+			require.NoError(t, err)
+			if key != "" {
+				req.Header.Set("Authorization", "Bearer "+key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		st, _ := get("/v1/models", "")
+		assert.Equal(t, http.StatusUnauthorized, st)
+		st, _ = get("/v1/models", tt.key)
+		assert.Equal(t, http.StatusOK, st)
+		st, body := get("/metrics", "")
+		assert.Equal(t, http.StatusOK, st)
+		assert.NotContains(t, body, "vllm:cache_config_info")
+		assert.Contains(t, body, "vllm:num_requests_running")
+		cancel()
+		go func() { _, _ = io.Copy(io.Discard, pr) }()
+		assert.NoError(t, <-done)
+	}
+}

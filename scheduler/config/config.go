@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/scheduler/abuse"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // File is the whole configuration file.
@@ -130,6 +131,52 @@ type Replica struct {
 	// (lower runs first and may preempt). Optional; default false: no
 	// priority is sent (a client's is never forwarded).
 	PriorityScheduling bool `yaml:"priority_scheduling"`
+	// APIKeyEnv names the environment variable that holds the replica's
+	// API key (vLLM's --api-key), sent as "Authorization: Bearer <key>" on
+	// every call to it. Optional; not together with APIKeyFile.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// APIKeyFile is a file that holds it (surrounding whitespace trimmed);
+	// a reload reads it again, so a rotated key applies without a
+	// restart. Optional.
+	APIKeyFile string `yaml:"api_key_file"`
+}
+
+// APIKey reads the replica's upstream credential from APIKeyEnv or
+// APIKeyFile; a zero Secret when neither is set. The error names the
+// variable or file, never the key.
+func (r *Replica) APIKey() (vllm.Secret, error) {
+	switch {
+	case r.APIKeyEnv != "" && r.APIKeyFile != "":
+		return vllm.Secret{}, errors.New("set api_key_env or api_key_file, not both")
+	case r.APIKeyEnv != "":
+		v := strings.TrimSpace(os.Getenv(r.APIKeyEnv))
+		if v == "" {
+			return vllm.Secret{}, fmt.Errorf("api_key_env: environment variable %s is not set or empty", r.APIKeyEnv)
+		}
+		return checkKey(v, "api_key_env "+r.APIKeyEnv)
+	case r.APIKeyFile != "":
+		b, err := os.ReadFile(r.APIKeyFile)
+		if err != nil {
+			// The path error names the file and the cause, not its content.
+			return vllm.Secret{}, fmt.Errorf("api_key_file: %w", err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return vllm.Secret{}, fmt.Errorf("api_key_file: %s is empty", r.APIKeyFile)
+		}
+		return checkKey(v, "api_key_file "+r.APIKeyFile)
+	}
+	return vllm.Secret{}, nil
+}
+
+// checkKey refuses a key that cannot be an HTTP header value.
+func checkKey(v, from string) (vllm.Secret, error) {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' || c == 0x7f {
+			return vllm.Secret{}, fmt.Errorf("%s: the key holds a control character (one key on one line)", from)
+		}
+	}
+	return vllm.NewSecret(v), nil
 }
 
 // GPU tunes telemetry, sizing and GPU-ms attribution.
@@ -496,6 +543,9 @@ func (f *File) Validate() error {
 			v.add("%s.max_num_seqs must be >= 1", p)
 		}
 		v.modelList(p+".models", r.Models)
+		if _, err := r.APIKey(); err != nil {
+			v.add("%s: %v", p, err)
+		}
 	}
 	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
 	v.oneOf("upstream.routing", f.Upstream.Routing, "affinity", "least_load")

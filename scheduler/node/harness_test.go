@@ -102,6 +102,13 @@ func startNode(t testing.TB, cfg *config.File) *node {
 // startNodeWith runs a node whose reloads read configPath.
 func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 	t.Helper()
+	return startNodeOpts(t, cfg, Options{ConfigPath: configPath})
+}
+
+// startNodeOpts runs a node with o (its listeners, admin token and
+// registry are the harness's).
+func startNodeOpts(t testing.TB, cfg *config.File, o Options) *node {
+	t.Helper()
 	clearOfHourEdge(t)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -111,7 +118,8 @@ func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, cfg, Options{APIListener: apiLn, AdminListener: adminLn, AdminToken: keyAdmin, Registry: n.reg, ConfigPath: configPath})
+		o.APIListener, o.AdminListener, o.AdminToken, o.Registry = apiLn, adminLn, keyAdmin, n.reg
+		done <- Run(ctx, cfg, o)
 	}()
 	stopped := false
 	n.stop = func() error {

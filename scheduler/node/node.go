@@ -73,6 +73,19 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}()
 
 	client := vllm.NewClient(vllm.Config{})
+	// Replicas are fixed at start; a reload re-reads their credentials
+	// (api_key_env / api_key_file) for the URLs they started with.
+	urls := map[string]string{}
+	for _, r := range cfg.Upstream.Replicas {
+		urls[r.Name] = r.URL
+	}
+	creds, err := readCredentials(cfg, urls)
+	if err != nil {
+		return err
+	}
+	if err := client.SetCredentials(creds); err != nil {
+		return err
+	}
 	targets := make([]vllm.Target, 0, len(cfg.Upstream.Replicas))
 	gpuReps := make([]gpu.Replica, 0, len(cfg.Upstream.Replicas))
 	for _, r := range cfg.Upstream.Replicas {
@@ -180,7 +193,14 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		if err != nil {
 			return err
 		}
-		return srv.Reload(next)
+		creds, err := readCredentials(next, urls)
+		if err != nil {
+			return err
+		}
+		if err := srv.Reload(next); err != nil {
+			return err
+		}
+		return client.SetCredentials(creds)
 	}
 	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
 	api := edge.HTTPServer()
@@ -326,4 +346,23 @@ func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer
 		}
 		return m, nil
 	}
+}
+
+// readCredentials reads every replica's API key (config.Replica.APIKey),
+// by the URL each replica started with. A replica the running server does
+// not have is ignored.
+func readCredentials(cfg *config.File, urls map[string]string) (map[string]vllm.Secret, error) {
+	creds := map[string]vllm.Secret{}
+	for _, r := range cfg.Upstream.Replicas {
+		u, ok := urls[r.Name]
+		if !ok {
+			continue
+		}
+		k, err := r.APIKey()
+		if err != nil {
+			return nil, fmt.Errorf("upstream.replicas %s: %w", r.Name, err)
+		}
+		creds[u] = k
+	}
+	return creds, nil
 }

@@ -164,6 +164,25 @@ type Config struct {
 	// current names: finish_reason label, no engine label,
 	// vllm:gpu_cache_usage_perc, vllm:time_per_output_token_seconds.
 	MetricsCompat bool
+	// NoKVMetrics leaves vllm:cache_config_info and the KV usage gauge out
+	// of /metrics, as older vLLM releases and vLLM-compatible engines do;
+	// Sluice then sizes the replica on its batch (max_num_seqs).
+	NoKVMetrics bool
+	// APIKey, when set, is required as "Authorization: Bearer <key>" on
+	// every path that starts with /v1, as vLLM's --api-key (or
+	// VLLM_API_KEY): vLLM's AuthenticationMiddleware
+	// (vllm/entrypoints/openai/server_utils.py) lets /health, /metrics,
+	// /tokenize and the other non-/v1 paths through, and answers 401
+	// {"error":"Unauthorized"} otherwise.
+	APIKey string
+	// MaxLoRAs bounds the distinct LoRA adapters in the running batch
+	// (vLLM's --max-loras). A waiting request whose adapter would exceed
+	// it is skipped for requests behind it and counted as waiting
+	// "deferred" in vllm:num_requests_waiting_by_reason (vLLM's scheduler
+	// skips it the same way: vllm/v1/core/sched/scheduler.py). Default 0:
+	// no bound. vllm:lora_requests_info is emitted when adapters are
+	// configured.
+	MaxLoRAs int
 	// Faults configures fault injection; the zero value injects none.
 	Faults Faults
 	// Clock is the engine's time source. Default: the real clock.
@@ -301,6 +320,9 @@ func (c Config) Validate() error {
 	}
 	if c.OutputLenMin < 0 || c.OutputLenMin > c.OutputLenMax {
 		bad("output_len_min must be in [0, output_len_max (%d)], got %d", c.OutputLenMax, c.OutputLenMin)
+	}
+	if c.MaxLoRAs < 0 {
+		bad("max_loras must be >= 0, got %d", c.MaxLoRAs)
 	}
 	if c.MaxNumQueuedReqs < 0 || c.MaxNumQueuedTokens < 0 {
 		bad("max_num_queued_reqs and max_num_queued_tokens must be >= 0")

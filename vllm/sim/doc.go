@@ -25,10 +25,18 @@
 //     prefill chunk (vLLM v1); when a step is short of KV the newest (or
 //     worst-priority) running sequence is preempted: its KV is freed and it
 //     goes back to the front of the queue, to be recomputed;
+//   - with MaxLoRAs, a waiting request whose LoRA adapter would make the
+//     running batch's distinct adapters exceed it is skipped (counted
+//     "deferred" in vllm:num_requests_waiting_by_reason) and those behind it
+//     may run;
 //   - a step lasts DecodeStep + DecodeStepPerSeq × decoding sequences +
 //     prompt tokens prefilled in the step / PrefillTPS. A newly admitted
 //     sequence gets its first token at the end of its prefill step, then one
 //     token per step.
+//
+// Config.APIKey guards the /v1 paths as vLLM's --api-key; Config.NoKVMetrics
+// drops vllm:cache_config_info and the KV usage gauge, as servers that lack
+// them (see docs/VLLM.md §1.7 and §1.7a).
 //
 // Aborts: an HTTP handler sees its client go through the request context
 // (net/http notices a closed connection without a write, as uvicorn does for

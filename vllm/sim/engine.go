@@ -6,6 +6,8 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,8 +53,10 @@ type request struct {
 	seqs     []*seq
 	priority int
 	arrived  time.Time
-	notify   chan struct{} // size 1: the engine has news for the handler
-	cancel   atomic.Bool   // set by the handler: drop this request
+	// lora is the LoRA adapter the request asked for ("" for a base model).
+	lora   string
+	notify chan struct{} // size 1: the engine has news for the handler
+	cancel atomic.Bool   // set by the handler: drop this request
 
 	counted bool // engine-owned: counted in sim_aborted_requests_total
 }
@@ -100,6 +104,9 @@ type engine struct {
 	// waitingTokens is published for MaxNumQueuedTokens checks.
 	waitingTokens atomic.Int64
 	cache         *prefixCache // nil with DisablePrefixCaching
+	// deferred counts the waiting sequences the last schedule skipped for
+	// the LoRA budget (MaxLoRAs).
+	deferred int
 }
 
 func newEngine(cfg *Config, m *metrics, st *counters) *engine {
@@ -372,17 +379,38 @@ func (e *engine) schedule() (prefill, decoding int) {
 			prefill += s.chunk
 		}
 	}
-	for !preempted && budget > 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+	// With a LoRA budget, a waiting request whose adapter is not running
+	// while MaxLoRAs adapters are is skipped, and those behind it may run
+	// (vllm/v1/core/sched/scheduler.py skips it and counts it deferred).
+	var active map[string]bool
+	if e.cfg.MaxLoRAs > 0 {
+		active = e.runningLoRAs()
+	}
+	e.deferred = 0
+	i := 0
+	for !preempted && budget > 0 && i < len(e.waiting) && len(e.running) < e.cfg.MaxNumSeqs {
 		// As vLLM, no new admissions in a step that had to preempt. vLLM v1
 		// admits a request when its first chunk fits, not its whole
 		// prompt (vllm/v1/core/sched/scheduler.py: allocate_slots for
 		// num_new_tokens of this step).
-		s := e.waiting[0]
+		s := e.waiting[i]
+		if l := s.req.lora; active != nil && l != "" && !active[l] && len(active) >= e.cfg.MaxLoRAs {
+			e.deferred++
+			i++
+			continue
+		}
 		chunk := min(s.prompt+s.gen, budget)
 		if e.blocksFor(e.chunkTokens(s, chunk)) > e.freeBlocks {
 			break
 		}
-		e.waiting = e.waiting[1:]
+		if i == 0 {
+			e.waiting = e.waiting[1:]
+		} else {
+			e.waiting = slices.Delete(e.waiting, i, i+1)
+		}
+		if active != nil && s.req.lora != "" {
+			active[s.req.lora] = true
+		}
 		e.waitingTokens.Add(-int64(s.prompt))
 		s.blocks = 0
 		s.prefilled = false
@@ -536,10 +564,41 @@ func (e *engine) finishStep(dur time.Duration, end time.Time) {
 
 func (e *engine) publishGauges() {
 	waiting := len(e.waiting)
+	deferred := min(e.deferred, waiting)
 	e.st.running.Store(int64(len(e.running)))
 	e.st.waiting.Store(int64(waiting))
+	e.st.deferred.Store(int64(deferred))
 	e.st.kvUsedBlocks.Store(int64(e.totalBlocks - e.freeBlocks))
 	e.m.running.Set(float64(len(e.running)))
 	e.m.waiting.Set(float64(waiting))
+	e.m.waitingCapacity.Set(float64(waiting - deferred))
+	e.m.waitingDeferred.Set(float64(deferred))
 	e.m.kvUsage.Set(float64(e.totalBlocks-e.freeBlocks) / float64(e.totalBlocks))
+	if e.m.loraInfo != nil {
+		e.m.loraInfo.WithLabelValues(strconv.Itoa(e.cfg.MaxLoRAs), e.loraList(e.waiting), e.loraList(e.running)).
+			Set(float64(e.clk.Now().UnixNano()) / 1e9)
+	}
+}
+
+// runningLoRAs is the set of adapters in the running batch.
+func (e *engine) runningLoRAs() map[string]bool {
+	m := map[string]bool{}
+	for _, s := range e.running {
+		if s.req.lora != "" {
+			m[s.req.lora] = true
+		}
+	}
+	return m
+}
+
+// loraList is the distinct adapters of seqs, comma-joined in first-seen
+// order, as vLLM's lora_requests_info labels (",".join of a dict's keys).
+func (e *engine) loraList(seqs []*seq) string {
+	var out []string
+	for _, s := range seqs {
+		if l := s.req.lora; l != "" && !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, ",")
 }

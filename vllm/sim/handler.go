@@ -96,6 +96,7 @@ func (r *Replica) prepare(k kind, w http.ResponseWriter, hr *http.Request) (*gen
 		return fail(g.late)
 	}
 	req := newRequest(g.priority, r.clk.Now())
+	req.lora = r.cfg.loraOf(wire.Model)
 	req.seqs = make([]*seq, 0, len(g.prompts)*g.n)
 	var hashes []uint64
 	if len(g.prompts) == 1 {

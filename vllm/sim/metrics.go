@@ -33,6 +33,11 @@ const utilWindow = 10 * time.Second
 // registry.
 type metrics struct {
 	running, waiting, kvUsage prometheus.Gauge
+	// waitingCapacity and waitingDeferred are
+	// vllm:num_requests_waiting_by_reason{reason="capacity"|"deferred"}.
+	waitingCapacity, waitingDeferred prometheus.Gauge
+	// loraInfo is vllm:lora_requests_info (nil without LoRA adapters).
+	loraInfo                  *prometheus.GaugeVec
 	promptTokens, genTokens   prometheus.Counter
 	preemptions               prometheus.Counter
 	prefixQueries, prefixHits prometheus.Counter
@@ -102,10 +107,35 @@ func newMetrics(cfg *Config, reg prometheus.Registerer, busyNanos func() int64) 
 		Name: "sim_gpu_busy_seconds_total", Help: "Simulated GPU time with a non-empty batch (sum of step durations).", ConstLabels: labels,
 	}, func() float64 { return time.Duration(busyNanos()).Seconds() })
 	m.power = &powerModel{clk: cfg.Clock, start: m.util.start, busy: busyNanos, util: m.util.ratio}
-	for _, c := range append([]prometheus.Collector{
-		m.running, m.waiting, m.kvUsage, m.promptTokens, m.genTokens, m.preemptions,
-		m.prefixQueries, m.prefixHits, m.successVec, ttft, itl, e2e, info, m.aborted, busy, util,
-	}, m.power.collectors(labels)...) {
+	// vllm:num_requests_waiting_by_reason splits waiting into "capacity"
+	// and "deferred" (LoRA budget, KV transfer, blocked), summing to
+	// vllm:num_requests_waiting (vllm/v1/metrics/loggers.py,
+	// WAITING_REASON_CAPACITY / _DEFERRED); older releases lack it.
+	byReason := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vllm:num_requests_waiting_by_reason", Help: "Number of waiting requests by reason.", ConstLabels: labels,
+	}, []string{"reason"})
+	m.waitingCapacity, m.waitingDeferred = byReason.WithLabelValues("capacity"), byReason.WithLabelValues("deferred")
+	cs := []prometheus.Collector{
+		m.running, m.waiting, m.promptTokens, m.genTokens, m.preemptions,
+		m.prefixQueries, m.prefixHits, m.successVec, ttft, itl, e2e, m.aborted, busy, util,
+	}
+	if !cfg.MetricsCompat {
+		cs = append(cs, byReason)
+	}
+	if !cfg.NoKVMetrics {
+		cs = append(cs, m.kvUsage, info)
+	}
+	if len(cfg.LoRAModules) > 0 {
+		// vllm:lora_requests_info has no model_name or engine label; each
+		// scheduler update sets the series of the current adapter lists to
+		// the time, and old lists' series stay with older times
+		// (loggers.py: gauge_lora_info ... set_to_current_time()).
+		m.loraInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vllm:lora_requests_info", Help: "Running stats on lora requests.",
+		}, []string{"max_lora", "waiting_lora_adapters", "running_lora_adapters"})
+		cs = append(cs, m.loraInfo)
+	}
+	for _, c := range append(cs, m.power.collectors(labels)...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -40,6 +40,14 @@ func (c *Config) serves(model string) bool {
 	return slices.ContainsFunc(c.LoRAModules, func(l LoRAModule) bool { return l.Name == model })
 }
 
+// loraOf returns model when it names a LoRA adapter, else "".
+func (c *Config) loraOf(model string) string {
+	if slices.ContainsFunc(c.LoRAModules, func(l LoRAModule) bool { return l.Name == model }) {
+		return model
+	}
+	return ""
+}
+
 // validateModels checks names are unique across base models and adapters.
 func (c *Config) validateModels() []error {
 	var errs []error

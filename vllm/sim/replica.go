@@ -27,6 +27,7 @@ type Replica struct {
 	st      *counters
 	eng     *engine
 	mux     *http.ServeMux
+	h       http.Handler // mux behind the API key check
 	created int64
 	running atomic.Bool
 	done    chan struct{} // closed when Run returns
@@ -36,7 +37,7 @@ type Replica struct {
 type counters struct {
 	received, rejected, admitted, completed, aborted atomic.Int64
 	abortedSeqs, finishedSeqs                        atomic.Int64
-	running, waiting, kvUsedBlocks                   atomic.Int64
+	running, waiting, deferred, kvUsedBlocks         atomic.Int64
 	promptTokens, genTokens, preemptions, steps      atomic.Int64
 	busy                                             atomic.Int64 // nanoseconds
 	prefixQueries, prefixHits                        atomic.Int64
@@ -59,8 +60,9 @@ type Stats struct {
 	Aborted int64
 	// FinishedSeqs and AbortedSeqs count sequences (choices).
 	FinishedSeqs, AbortedSeqs int64
-	// Running and Waiting are sequences in the batch and in the queue.
-	Running, Waiting int64
+	// Running and Waiting are sequences in the batch and in the queue;
+	// Deferred is those of Waiting skipped for the LoRA budget.
+	Running, Waiting, Deferred int64
 	// PromptTokens counts prefilled tokens (recomputation included) and
 	// prefix-cache hits, as vllm:prompt_tokens_total.
 	PromptTokens int64
@@ -109,6 +111,7 @@ func New(cfg Config) (*Replica, error) {
 	r.mux.HandleFunc("GET /v1/models", r.handleModels)
 	r.mux.HandleFunc("GET /health", r.handleHealth)
 	r.mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
+	r.h = requireKey(r.cfg.APIKey, r.mux)
 	return r, nil
 }
 
@@ -117,7 +120,7 @@ func (r *Replica) Config() Config { return r.cfg }
 
 // Handler returns the replica's HTTP API. Generation requests wait for the
 // engine, so [Replica.Run] must be running for them to complete.
-func (r *Replica) Handler() http.Handler { return r.mux }
+func (r *Replica) Handler() http.Handler { return r.h }
 
 // Run steps the engine until ctx ends, then returns nil; in-flight handlers
 // then return without completing. Call it exactly once.
@@ -133,7 +136,7 @@ func (r *Replica) Run(ctx context.Context) error {
 // closes ln and every connection. It calls Run, so do not call Run too.
 // Faults.StartupDelay delays serving (connections wait in the backlog).
 func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: r.mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: r.h, ReadHeaderTimeout: 10 * time.Second}
 	if d := r.cfg.KeepAliveTimeout; d > 0 {
 		srv.IdleTimeout = d // uvicorn's timeout_keep_alive
 	}
@@ -181,6 +184,7 @@ func (r *Replica) Stats() Stats {
 		AbortedSeqs:       s.abortedSeqs.Load(),
 		Running:           s.running.Load(),
 		Waiting:           s.waiting.Load(),
+		Deferred:          s.deferred.Load(),
 		PromptTokens:      s.promptTokens.Load(),
 		PrefixQueryTokens: s.prefixQueries.Load(),
 		PrefixHitTokens:   s.prefixHits.Load(),

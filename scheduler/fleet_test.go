@@ -1,0 +1,116 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// TestDeferredWaitingKeepsOvercommit: requests vLLM reports waiting
+// "deferred" (a LoRA slot, a KV transfer) are no sign of a full replica:
+// they do not cut the overcommit, while the same number waiting for
+// capacity halves it.
+func TestDeferredWaitingKeepsOvercommit(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	src := &snapSource{}
+	at := time.Unix(1_800_000_000, 0)
+	poll := func(capacity, deferred float64) float64 {
+		at = at.Add(time.Second)
+		ok := func(x float64) vllm.Value { return vllm.Value{V: x, OK: true} }
+		src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
+			Metrics: vllm.Metrics{Running: ok(4), Waiting: ok(capacity + deferred), WaitingCapacity: ok(capacity), WaitingDeferred: ok(deferred)}}
+		s.Observe(t.Context(), src, nil)
+		v, _ := s.gpu.Snapshot().Replica("r0")
+		return v.Overcommit
+	}
+	var oc float64
+	for range 10 {
+		oc = poll(0, 0)
+	}
+	require.Greater(t, oc, 1.2, "overcommit grew while nothing waited")
+	for range 5 {
+		assert.GreaterOrEqual(t, poll(0, 5), oc, "deferred waiting does not mean full")
+	}
+	before := poll(0, 0)
+	poll(5, 0)
+	assert.Less(t, poll(5, 0), before, "waiting for capacity cuts it")
+}
+
+// TestBatchSizedReplica: a scrape without vllm:cache_config_info sizes the
+// replica on max_num_seqs × its context length (the sequence limit binds
+// first), marks it "batch", and its KV usage, a fraction of nothing known,
+// adds no load. With KV metrics it is "kv".
+func TestBatchSizedReplica(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0"}}}, gpu.Deps{})
+	require.NoError(t, err)
+	s.gpu = mon
+	s.reps.capacity = s.capacityOf
+	r := s.reps.reps[0]
+	r.maxSeqs = 4
+	r.maxModelLen.Store(1000)
+	src := &snapSource{}
+	at := time.Unix(1_800_000_000, 0)
+	ok := func(x float64) vllm.Value { return vllm.Value{V: x, OK: true} }
+	observe := func(m vllm.Metrics) gpu.ReplicaView {
+		at = at.Add(time.Second)
+		src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at, Metrics: m}
+		s.Observe(t.Context(), src, nil)
+		v, _ := s.gpu.Snapshot().Replica("r0")
+		return v
+	}
+	k, _, _ := s.capacityOf("r0")
+	require.Zero(t, k, "unknown before a scrape")
+
+	v := observe(vllm.Metrics{Running: ok(0), Waiting: ok(0), KVUsage: ok(0.5)})
+	assert.Equal(t, gpu.SizingBatch, v.Sizing)
+	assert.Equal(t, int64(float64(4*1000)*s.gpu.Config().TargetOccupancy), v.BaseTokens)
+	k, load, _, _ := s.reps.roomOf(r)
+	assert.Positive(t, k)
+	assert.Zero(t, load, "KV usage of a batch-sized replica is no load")
+	assert.True(t, s.reps.up(r))
+
+	v = observe(vllm.Metrics{Running: ok(0), Waiting: ok(0), KVUsage: ok(0.5), NumGPUBlocks: ok(100), BlockSize: ok(16), KVCapacityTokens: ok(1600)})
+	assert.Equal(t, gpu.SizingKV, v.Sizing)
+	assert.Equal(t, int64(float64(1600)*s.gpu.Config().TargetOccupancy), v.BaseTokens)
+	_, load, _, _ = s.reps.roomOf(r)
+	assert.Equal(t, int64(0.5*float64(v.BaseTokens)), load)
+}
+
+// TestLoRAResidentPreferred: a request for a LoRA adapter goes to the
+// replica whose running requests already use it unless another is more
+// than loraBias emptier; base-model requests are unaffected.
+func TestLoRAResidentPreferred(t *testing.T) {
+	t.Parallel()
+	a := &replica{name: "a", maxSeqs: 64}
+	b := &replica{name: "b", maxSeqs: 64}
+	set := &replicaSet{reps: []*replica{a, b}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000})}
+	models := []string{"base", "ad"}
+	parents := map[string]string{"ad": "base"}
+	a.obs.Store(&replicaObs{ok: true, models: models, parents: parents})
+	b.obs.Store(&replicaObs{ok: true, models: models, parents: parents, loras: []string{"ad"}})
+	a.load.Store(100)
+	b.load.Store(150) // 5% of capacity more than a
+
+	assert.Equal(t, b, set.pick0(route{model: "ad"}, 10), "adapter resident on b")
+	assert.Equal(t, a, set.pick0(route{model: "base"}, 10), "base model: least load")
+	b.load.Store(250) // 15% more: the load wins
+	assert.Equal(t, a, set.pick0(route{model: "ad"}, 10))
+	// Known nowhere: least load, as before.
+	b.obs.Store(&replicaObs{ok: true, models: models, parents: parents})
+	b.load.Store(150)
+	assert.Equal(t, a, set.pick0(route{model: "ad"}, 10))
+}
+
+// pick0 chooses without reserving.
+func (s *replicaSet) pick0(rt route, size int64) *replica {
+	r, _ := s.pick(rt, size, nil, false)
+	return r
+}
