@@ -856,6 +856,7 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 // process killed before the store answers settles it exactly when it
 // starts again; otherwise the lease is the backstop.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
+	s.countUsage(c, actual)
 	if c.outage {
 		if src != ledger.SourceNotSent {
 			s.oweOutage(c, actual, src)
