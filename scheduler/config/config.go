@@ -269,6 +269,18 @@ type TenantQueue struct {
 	MaxWait time.Duration `yaml:"max_wait"`
 	// Order is fifo (default) or edf.
 	Order string `yaml:"order"`
+	// LIFOAfter opts a fifo queue into adaptive LIFO: once its oldest
+	// request has waited this long (a standing queue) the newest are
+	// served first, so what is served starts within an SLO shorter than
+	// max_wait while the oldest wait on to their deadlines. Optional;
+	// unset (the default) keeps arrival order.
+	LIFOAfter time.Duration `yaml:"lifo_after"`
+	// ShedAfter opts a fifo queue into shedding: when dispatch reaches a
+	// request that has waited this long it is refused (503 queue_shed,
+	// details.reason shed_after, Retry-After) instead of served late,
+	// before its max_wait. Optional; unset (the default) keeps every
+	// request until its deadline.
+	ShedAfter time.Duration `yaml:"shed_after"`
 }
 
 // Budget is one windowed limit on a dimension.
@@ -571,6 +583,17 @@ func (f *File) Validate() error {
 		v.positive(p+".queue.max_bytes", t.Queue.MaxBytes)
 		v.positiveDur(p+".queue.max_wait", t.Queue.MaxWait)
 		v.oneOf(p+".queue.order", t.Queue.Order, "fifo", "edf")
+		for _, d := range []struct {
+			key string
+			d   time.Duration
+		}{{"lifo_after", t.Queue.LIFOAfter}, {"shed_after", t.Queue.ShedAfter}} {
+			switch {
+			case d.d < 0:
+				v.add("%s.queue.%s must be >= 0 (0: off)", p, d.key)
+			case d.d > 0 && t.Queue.Order == "edf":
+				v.add("%s.queue.%s applies to order fifo only (edf keeps deadline order)", p, d.key)
+			}
+		}
 		validateBudgets(&v, p+".budgets", t.Budgets)
 		w := t.Workflow
 		wp := p + ".workflow_defaults"
