@@ -192,6 +192,11 @@ type ReplicaStatus struct {
 	// while they do, its fair share of max_num_seqs (0: none; SCHEDULING §9).
 	Peers    int64 `json:"peers"`
 	SeqShare int64 `json:"seq_share"`
+	// MaxNumSeqs is the configured bound (default 256); LearnedBatch is
+	// the batch learned from the replica's scrapes, which Sluice fills
+	// instead while it is set (0: none learned; SCHEDULING §7).
+	MaxNumSeqs   int64 `json:"max_num_seqs"`
+	LearnedBatch int64 `json:"learned_batch"`
 }
 
 func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
@@ -200,7 +205,8 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	out := []ReplicaStatus{}
 	for _, r := range a.s.reps.reps {
 		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load()}
+			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
+			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}
 		if v, ok := snap.Replica(r.name); ok {
 			st.State, st.Reason, st.CapacityTokens, st.Overcommit = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit
 		}

@@ -115,7 +115,10 @@ type Replica struct {
 	// CapacityTokens overrides the KV capacity read from vLLM's metrics.
 	// Optional; 0 = from vllm:cache_config_info.
 	CapacityTokens int64 `yaml:"capacity_tokens"`
-	// MaxNumSeqs mirrors vLLM's --max-num-seqs. Optional; default 256.
+	// MaxNumSeqs bounds the sequences Sluice keeps on the replica, as
+	// vLLM's --max-num-seqs. An upper bound, not a promise: the batch the
+	// replica really runs is learned from its scrapes when smaller
+	// (SCHEDULING §7). Optional; default 256.
 	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// MaxModelLen overrides the context length read from /v1/models.
 	MaxModelLen int64 `yaml:"max_model_len"`
