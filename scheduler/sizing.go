@@ -131,8 +131,9 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 // promise: a replica started with a smaller --max-num-seqs, or one whose
 // KV cache or token budget admits fewer, keeps the excess in its own FCFS
 // queue, where no fairness applies. vLLM publishes its counts after each
-// step's scheduling pass (vllm/v1/core/sched/scheduler.py, make_stats, as
-// vllm/v1/engine/core.py's step ends), so num_requests_waiting counts only
+// step's scheduling pass (vllm/v1/core/sched/scheduler.py: make_stats, from
+// update_from_output, which ends each step of vllm/v1/engine/core.py), so
+// num_requests_waiting counts only
 // requests that pass could not admit: a replica that shows waiting
 // requests is full, and its running count then is its batch.
 //
