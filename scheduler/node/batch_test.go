@@ -118,9 +118,9 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 // keep vLLM's queue near empty instead of 16 deep. Without the exchange
 // (no Redis) the flood's synchronous completions let one instance's
 // scrape catch the other's slots freed and about to be refilled, and it
-// fills them too: vLLM's waiting count averaged 1.0–1.4 over 2 s in three
-// runs, with learned and configured batches alike (sizing.go, "What
-// remains inexact").
+// fills them too: vLLM's waiting count averaged 0–1.4 over 2 s in four
+// runs, and 0.17–1.34 in three with max_num_seqs: 8 configured instead
+// (sizing.go, "What remains inexact").
 func TestLearnedBatchTwoInstances(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
