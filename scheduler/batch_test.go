@@ -37,7 +37,9 @@ func TestLearnedBatch(t *testing.T) {
 	scrapeRW(r, 10, 3, now.Add(2*time.Second))
 	assert.Equal(t, int64(10), r.batchLimit(), "waiting twice with running flat: the batch is 10")
 	scrapeRW(r, 8, 4, now.Add(3*time.Second))
-	assert.Equal(t, int64(8), r.batchLimit(), "running fell while requests wait: 8 (KV or preemption)")
+	assert.Equal(t, int64(10), r.batchLimit(), "running fell while requests wait (preemptions): the 10 it ran stand")
+	scrapeRW(r, 8, 4, now.Add(4*time.Second))
+	assert.Equal(t, int64(8), r.batchLimit(), "a pair at 8: the batch shrank")
 	assert.False(t, set.fits(route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
 
 	// A transient (a burst of prefills held back by the token budget)

@@ -142,7 +142,7 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 // still has room. So a batch is learned from two scrapes in a row that
 // both show waiting requests, the second with no more running than the
 // first (running flat or falling: the replica admits nothing more):
-// learned = that running count, within [1, max_num_seqs]. A learned batch
+// learned = the first's running count, within [1, max_num_seqs]. A learned batch
 // is probed upwards, since a replica's batch can grow (a restart with a
 // larger --max-num-seqs, a KV-bound batch whose long requests ended):
 // once probeHold has passed since the last confirmation, each scrape
@@ -170,7 +170,11 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		return
 	}
 	if b.full && running <= b.fullRunning {
-		b.learned.Store(min(max(running, 1), r.maxSeqs))
+		// The larger of the pair: a batch that fell while requests wait
+		// (preemptions as the KV cache fills) ran the first count a scrape
+		// ago; the KV sizing (gpu, overcommit) answers the rest. A batch
+		// that really shrank shows the smaller count in the next pair.
+		b.learned.Store(min(max(b.fullRunning, 1), r.maxSeqs))
 		b.confirmedAt = now
 	}
 	b.full, b.fullRunning = true, running
