@@ -16,8 +16,6 @@ const (
 	DefaultMaxWait     = 5 * time.Minute
 	DefaultIdleTTL     = 5 * time.Minute
 	DefaultParkBackoff = 100 * time.Millisecond
-	DefaultLIFOAfter   = time.Second
-	DefaultShedAfter   = 2 * time.Second
 	// MinRetryAfter and MaxRetryAfter clamp the Retry-After estimate of a
 	// [FullError].
 	MinRetryAfter = time.Second
@@ -85,6 +83,12 @@ type TenantConfig struct {
 	MaxWait time.Duration
 	// Order is the order within the tenant: FIFO (default) or EDF.
 	Order Order
+	// LIFOAfter and ShedAfter opt the tenant into the standing-queue
+	// policies of [Config.LIFOAfter] and [Config.ShedAfter] with its own
+	// thresholds. Optional; 0 takes the Config's, negative turns the
+	// policy off for this tenant. They apply to FIFO order only.
+	LIFOAfter time.Duration
+	ShedAfter time.Duration
 }
 
 // Config is the reloadable configuration of a [Queue]. Apply a new one at
@@ -115,14 +119,19 @@ type Config struct {
 	// LIFO, as in Facebook's "Fail at scale"): under overload what is
 	// served starts in time and the oldest expire at their deadlines,
 	// instead of every request waiting the whole queue. EDF flows are left
-	// alone. Optional; default 1s; negative keeps strict FIFO.
+	// alone. An opt-in: it reorders what the operator's deadlines would
+	// otherwise serve in arrival order. Optional; 0 or negative (the
+	// default) keeps strict FIFO; a tenant's own [TenantConfig.LIFOAfter]
+	// overrides it.
 	LIFOAfter time.Duration
-	// ShedAfter: in such a standing queue, an entry that has waited this
-	// long is expired (504) when dispatch reaches it instead of being served
-	// late: the batch stays as full, the queue stops adding delay (CoDel's
-	// "bad queue"). Optional; default 2s (two LIFOAfter); negative keeps
-	// entries until their deadlines. A tenant's `queue.order: edf` opts out
-	// of both.
+	// ShedAfter: when dispatch reaches a FIFO flow whose oldest entry has
+	// waited this long, that entry is shed (reported to Deps.OnExpire with
+	// [ReasonShed]) instead of being served late: the batch stays as full
+	// and the queue stops adding delay (CoDel's "bad queue"). An opt-in
+	// rule of its own, earlier than the entry's deadline when shorter than
+	// its max_wait. Optional; 0 or negative (the default) keeps every entry
+	// until its deadline; a tenant's own [TenantConfig.ShedAfter]
+	// overrides it. EDF flows are never shed.
 	ShedAfter time.Duration
 	// ExpirySpin makes [Queue.Run] wake this long before each due time and
 	// poll, yielding the processor, until it arrives. Go's runtime timers on
@@ -144,21 +153,25 @@ func (c Config) withDefaults() Config {
 	if c.ParkBackoff == 0 {
 		c.ParkBackoff = DefaultParkBackoff
 	}
-	if c.LIFOAfter == 0 {
-		c.LIFOAfter = DefaultLIFOAfter
-	}
-	if c.ShedAfter == 0 {
-		c.ShedAfter = DefaultShedAfter
-	}
 	ts := make([]TenantConfig, len(c.Tenants))
 	for i, t := range c.Tenants {
 		if t.Weight == 0 {
 			t.Weight = 1
 		}
+		// Resolved per tenant: > 0 is on with that threshold, else off.
+		t.LIFOAfter = inherit(t.LIFOAfter, c.LIFOAfter)
+		t.ShedAfter = inherit(t.ShedAfter, c.ShedAfter)
 		ts[i] = t
 	}
 	c.Tenants = ts
 	return c
+}
+
+func inherit(own, base time.Duration) time.Duration {
+	if own == 0 {
+		own = base
+	}
+	return max(own, 0)
 }
 
 // Validate reports every problem of c, naming the field path.

@@ -17,20 +17,22 @@
 //     under any concurrency; a refusal is a [*FullError] (wrapping [ErrFull])
 //     with the bound and a Retry-After estimate. The newest arrival is refused.
 //   - Every entry has a deadline: min(client deadline, arrival + tenant
-//     max_wait, arrival + server max_wait). In a standing FIFO queue it is
-//     also shed once it has waited ShedAfter, when dispatch reaches it.
+//     max_wait, arrival + server max_wait), and it waits until then unless
+//     the operator opted its tenant into shedding ([Config.ShedAfter]).
+//     An expiry names the bound that set the deadline ([Reason]).
 //   - A flow is eligible when it has queued entries and its tenant is not
 //     parked. Each band keeps a 4-ary min-heap of its eligible flows keyed by
 //     (v, eligibility sequence); keys sit inline in the heap slots and heap
 //     positions in a dense array, so sifting touches no flow.
 //   - [Queue.Next] scans bands from 0 and, within the first band with an
-//     eligible flow, takes the heap's minimum flow and its head; a FIFO
-//     flow whose head has waited [Config.LIFOAfter] (1 s) offers its newest
-//     entry instead (adaptive LIFO: under a standing queue what is served
-//     still starts in time), and sheds (expires) a head that has waited
-//     [Config.ShedAfter] (2 s): a standing queue adds delay, never
-//     throughput (CoDel's "bad queue"). EDF flows are exempt. The
-//     predicate answers Dispatch (charge v += cost/w and hand it out), Park
+//     eligible flow, takes the heap's minimum flow and its head. Two
+//     standing-queue policies are opt-ins, off unless configured (per
+//     tenant or for all): a FIFO flow whose head has waited
+//     [Config.LIFOAfter] offers its newest entry instead (adaptive LIFO:
+//     under a standing queue what is served still starts in time), and a
+//     head that has waited [Config.ShedAfter] is shed ([ReasonShed]): a
+//     standing queue adds delay, never throughput (CoDel's "bad queue").
+//     EDF flows are exempt. The predicate answers Dispatch (charge v += cost/w and hand it out), Park
 //     (the tenant leaves every band heap and keeps its entries; it rejoins on
 //     [Queue.Unpark] or after the park backoff) or Block (stop; nothing is
 //     dispatched, not even a smaller request of another tenant or band).
@@ -139,8 +141,9 @@
 // more would starve a peer the counters favour). The work-conserving
 // exception is the start: a tenant alone on an idle pool takes it all, and
 // a light tenant that arrives then waits for those requests to finish.
-// Under overload the adaptive LIFO above keeps what is served within its
-// deadline without per-tenant max_wait tuning.
+// Under overload a tenant's requests wait up to their deadlines; the opt-in
+// adaptive LIFO above keeps what is served within an SLO shorter than
+// max_wait.
 // Idle tenants' reserve ages out within the peak window (30 s), or sooner
 // once a tenant has been silent for ten of its mean inter-arrival gaps
 // (it has left; a Poisson tenant pauses that long with probability e^-10),

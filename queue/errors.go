@@ -21,6 +21,38 @@ var (
 	ErrInvalidRequest = errors.New("invalid queue request")
 )
 
+// Reason names what set an entry's deadline or, once it left the queue
+// unserved, the rule that removed it.
+type Reason uint8
+
+const (
+	// ReasonServerMaxWait: the server's [Config.MaxWait].
+	ReasonServerMaxWait Reason = iota + 1
+	// ReasonMaxWait: the tenant's [TenantConfig.MaxWait].
+	ReasonMaxWait
+	// ReasonClientDeadline: the client's own deadline ([Request.Deadline]).
+	ReasonClientDeadline
+	// ReasonShed: shed by [Config.ShedAfter] (or the tenant's), before its
+	// deadline.
+	ReasonShed
+)
+
+// String returns the label the scheduler puts in details.reason.
+func (r Reason) String() string {
+	switch r {
+	case ReasonServerMaxWait:
+		return "server_max_wait"
+	case ReasonMaxWait:
+		return "max_wait"
+	case ReasonClientDeadline:
+		return "client_deadline"
+	case ReasonShed:
+		return "shed_after"
+	default:
+		return fmt.Sprintf("reason(%d)", uint8(r))
+	}
+}
+
 // Bound names the queue bound that refused a request.
 type Bound uint8
 

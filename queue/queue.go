@@ -74,7 +74,15 @@ type Item[T any] struct {
 	Arrival   time.Time
 	// Deadline is the effective deadline.
 	Deadline time.Time
-	Payload  T
+	// Reason names the bound that set Deadline or, for an entry reported
+	// to Deps.OnExpire, the rule that removed it: a deadline's bound, or
+	// [ReasonShed].
+	Reason Reason
+	// RetryAfter is set on expired and shed entries: when the tenant's
+	// queued work ahead could be served at its recent rate, clamped like
+	// a [FullError]'s.
+	RetryAfter time.Duration
+	Payload    T
 }
 
 // Handle names one queued entry for [Queue.Cancel], [Queue.Requeue] and
@@ -120,6 +128,7 @@ type node[T any] struct {
 	bytes int64
 	arr   time.Time
 	dlt   time.Time
+	why   Reason // which bound set dl; ReasonShed once shed
 	pay   T
 }
 
@@ -287,14 +296,14 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 	if arr.IsZero() {
 		arr = now
 	}
-	dl := arr.Add(q.cfg.MaxWait)
+	dl, why := arr.Add(q.cfg.MaxWait), ReasonServerMaxWait
 	if t.cfg.MaxWait > 0 {
-		if d := arr.Add(t.cfg.MaxWait); d.Before(dl) {
-			dl = d
+		if d := arr.Add(t.cfg.MaxWait); !d.After(dl) {
+			dl, why = d, ReasonMaxWait
 		}
 	}
 	if !r.Deadline.IsZero() && r.Deadline.Before(dl) {
-		dl = r.Deadline
+		dl, why = r.Deadline, ReasonClientDeadline
 	}
 
 	n := q.allocLocked()
@@ -307,6 +316,7 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 	n.bytes = r.BodyBytes
 	n.arr = arr
 	n.dlt = dl
+	n.why = why
 	n.pay = r.Payload
 	f := q.flowLocked(t, bi)
 	n.f = f
@@ -462,6 +472,7 @@ func (q *Queue[T]) itemOf(n *node[T]) Item[T] {
 		BodyBytes: n.bytes,
 		Arrival:   n.arr,
 		Deadline:  n.dlt,
+		Reason:    n.why,
 		Payload:   n.pay,
 	}
 }
@@ -557,17 +568,21 @@ func (q *Queue[T]) NextView(pred func(Item[T], View[T]) Verdict) (Item[T], bool)
 				q.expireLocked(n, nowN)
 				continue
 			}
-			if lifo := q.cfg.LIFOAfter; lifo > 0 && f.t.cfg.Order == OrderFIFO && nowN-n.arr.UnixNano() > int64(lifo) {
-				// A standing queue: it adds delay, not throughput (CoDel).
-				// Shed what has waited ShedAfter, serve the newest, which
-				// can still start in time, and let the rest wait.
-				if shed := q.cfg.ShedAfter; shed > 0 && nowN-n.arr.UnixNano() >= int64(shed) {
+			if tc := &f.t.cfg; tc.Order == OrderFIFO && (tc.ShedAfter > 0 || tc.LIFOAfter > 0) {
+				// The operator's opt-in standing-queue policies: shed what
+				// has waited ShedAfter, and once the head has waited
+				// LIFOAfter serve the newest, which can still start in time.
+				waited := nowN - n.arr.UnixNano()
+				if tc.ShedAfter > 0 && waited >= int64(tc.ShedAfter) {
+					n.why = ReasonShed
 					q.expireLocked(n, nowN)
 					continue
 				}
-				if n = f.newest(); n.dl <= nowN {
-					q.expireLocked(n, nowN)
-					continue
+				if tc.LIFOAfter > 0 && waited > int64(tc.LIFOAfter) {
+					if n = f.newest(); n.dl <= nowN {
+						q.expireLocked(n, nowN)
+						continue
+					}
 				}
 			}
 			it := q.itemOf(n)
@@ -641,8 +656,13 @@ func (q *Queue[T]) rebaseLocked(b int, base float64) {
 func (q *Queue[T]) expireLocked(n *node[T], nowN int64) {
 	t := n.f.t
 	q.unlinkLocked(n, nowN)
-	t.counters.Expired++
+	if n.why == ReasonShed {
+		t.counters.Shed++
+	} else {
+		t.counters.Expired++
+	}
 	it := q.itemOf(n)
+	it.RetryAfter = q.retryAfterLocked(t, BoundTenantDepth, nowN)
 	q.freeLocked(n)
 	q.maybeDropLocked(t)
 	if q.onExpire != nil {

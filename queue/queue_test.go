@@ -562,17 +562,38 @@ func TestAdaptiveLIFO(t *testing.T) {
 	it, ok = strict.Next(always)
 	require.True(t, ok)
 	assert.Equal(t, 1, it.Payload, "negative LIFOAfter: strict FIFO")
+
+	// Newest-first is an opt-in: the default keeps arrival order however
+	// long the queue stands, and a tenant may opt in on its own.
+	plain := newTestQueue(t, Config{Tenants: []TenantConfig{{Name: "a"}, {Name: "b", LIFOAfter: time.Second}}}, clk)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, plain, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+		mustEnqueue(t, plain, Request[int]{Tenant: "b", Cost: 1, Payload: 10 + i})
+	}
+	clk.Advance(2 * time.Minute)
+	got = got[:0]
+	for range 4 {
+		it, ok := plain.Next(always)
+		require.True(t, ok)
+		got = append(got, it.Payload)
+	}
+	assert.ElementsMatch(t, []int{1, 2, 13, 12}, got, "default FIFO for a; b opted in: newest first")
 }
 
-// TestStandingQueueSheds: in a standing queue (head waited LIFOAfter), an
-// entry that has waited ShedAfter is expired when dispatch reaches it, not
-// served late; younger ones are served newest first; nothing younger than
-// ShedAfter is shed.
+// TestStandingQueueSheds: with ShedAfter set, an entry that has waited
+// ShedAfter is shed (reported with ReasonShed and a Retry-After) when
+// dispatch reaches it, not served late; younger ones are served newest
+// first; nothing younger than ShedAfter is shed.
 func TestStandingQueueSheds(t *testing.T) {
 	clk := newManualClock()
 	var expired []int
+	var reasons []Reason
 	q, err := New[int](Config{Tenants: tenants("a"), LIFOAfter: time.Second, ShedAfter: 2 * time.Second},
-		Deps[int]{Clock: clk, OnExpire: func(it Item[int]) { expired = append(expired, it.Payload) }})
+		Deps[int]{Clock: clk, OnExpire: func(it Item[int]) {
+			expired = append(expired, it.Payload)
+			reasons = append(reasons, it.Reason)
+			assert.GreaterOrEqual(t, it.RetryAfter, MinRetryAfter)
+		}})
 	require.NoError(t, err)
 	for i := 1; i <= 6; i++ {
 		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: i})
@@ -583,10 +604,59 @@ func TestStandingQueueSheds(t *testing.T) {
 	it, ok := q.Next(always)
 	require.True(t, ok)
 	assert.Equal(t, 6, it.Payload, "newest first")
-	assert.Equal(t, []int{1, 2, 3}, expired, "waited >= 2 s in a standing queue: shed")
+	assert.Equal(t, []int{1, 2, 3}, expired, "waited >= 2 s: shed")
+	assert.Equal(t, []Reason{ReasonShed, ReasonShed, ReasonShed}, reasons)
 	st, _ := q.Stats("a")
-	assert.Equal(t, uint64(3), st.Expired)
+	assert.Equal(t, uint64(3), st.Shed)
+	assert.Equal(t, uint64(0), st.Expired, "shed is counted apart from deadline expiry")
 	assert.Equal(t, 2, st.Depth)
+}
+
+// TestNoShedByDefault: without ShedAfter a standing queue keeps every
+// entry until its own deadline: an entry with a 30 s max_wait queued
+// behind others is still served after 10 s, and when it does expire the
+// expiry names the bound that set its deadline. A tenant's own ShedAfter
+// turns shedding on for it alone.
+func TestNoShedByDefault(t *testing.T) {
+	clk := newManualClock()
+	var expired []Item[int]
+	q, err := New[int](Config{MaxWait: time.Minute, Tenants: []TenantConfig{
+		{Name: "a", MaxWait: 30 * time.Second},
+		{Name: "s", MaxWait: 30 * time.Second, ShedAfter: 2 * time.Second},
+	}}, Deps[int]{Clock: clk, OnExpire: func(it Item[int]) { expired = append(expired, it) }})
+	require.NoError(t, err)
+	for i := 1; i <= 3; i++ {
+		mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: i})
+		mustEnqueue(t, q, Request[int]{Tenant: "s", Cost: 1, Payload: 10 + i})
+	}
+	clk.Advance(10 * time.Second)
+	var got []int
+	for {
+		it, ok := q.Next(always)
+		if !ok {
+			break
+		}
+		got = append(got, it.Payload)
+	}
+	assert.Equal(t, []int{1, 2, 3}, got, "a: served in order after 10 s; s: shed")
+	require.Len(t, expired, 3)
+	for _, it := range expired {
+		assert.Equal(t, "s", it.Tenant)
+		assert.Equal(t, ReasonShed, it.Reason)
+	}
+
+	expired = expired[:0]
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 4})
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Cost: 1, Payload: 5, Deadline: clk.Now().Add(5 * time.Second)})
+	clk.Advance(29 * time.Second)
+	q.Tick()
+	require.Len(t, expired, 1)
+	assert.Equal(t, ReasonClientDeadline, expired[0].Reason)
+	clk.Advance(time.Second)
+	q.Tick()
+	require.Len(t, expired, 2)
+	assert.Equal(t, ReasonMaxWait, expired[1].Reason, "the tenant's max_wait, at 30 s")
+	assert.Equal(t, "max_wait", expired[1].Reason.String())
 }
 
 // A Deferred arrival wakes neither the Ready waiter nor the expiry loop;

@@ -95,7 +95,8 @@ type TenantStats struct {
 	Enqueued   uint64
 	Rejected   uint64
 	Dispatched uint64
-	Expired    uint64
+	Expired    uint64 // at their deadlines
+	Shed       uint64 // by the tenant's shed_after, before their deadlines
 	Cancelled  uint64
 	Requeued   uint64
 	Parks      uint64

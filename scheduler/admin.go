@@ -205,6 +205,11 @@ type ReplicaStatus struct {
 	// LoRAResident is the LoRA adapters of the replica's running requests
 	// (vllm:lora_requests_info); requests for them prefer this replica.
 	LoRAResident []string `json:"lora_resident,omitempty"`
+	// MaxNumSeqs is the configured bound (default 256); LearnedBatch is
+	// the batch learned from the replica's scrapes, which Sluice fills
+	// instead while it is set (0: none learned; SCHEDULING §7).
+	MaxNumSeqs   int64 `json:"max_num_seqs"`
+	LearnedBatch int64 `json:"learned_batch"`
 }
 
 // fillReplica adds what the monitor and the last scrape know of r.
@@ -223,7 +228,8 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	out := []ReplicaStatus{}
 	for _, r := range a.s.reps.reps {
 		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load()}
+			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
+			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}
 		v, ok := snap.Replica(r.name)
 		fillReplica(&st, r, v, ok)
 		out = append(out, st)

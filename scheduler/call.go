@@ -66,6 +66,10 @@ type call struct {
 	// stay in the queue: the replica it was dispatched to, or nil when it
 	// expired there (one channel, not two: one allocation fewer per call).
 	dispatched chan *replica // size 1
+	// exitReason and exitRetry are the queue's account of an expiry,
+	// written by onExpire before it delivers nil on dispatched.
+	exitReason queue.Reason
+	exitRetry  time.Duration
 
 	// Set once dispatched.
 	rep        *replica
@@ -539,6 +543,7 @@ func (s *Server) forget(c *call) {
 
 // onExpire is the queue's expiry callback (queue mutex held: hand off only).
 func (s *Server) onExpire(it queue.Item[*call]) {
+	it.Payload.exitReason, it.Payload.exitRetry = it.Reason, it.RetryAfter
 	select {
 	case it.Payload.dispatched <- nil:
 	default:
@@ -582,10 +587,10 @@ func (s *Server) await(c *call) (err error) {
 				}
 			}
 		}
-		if rep == nil { // expired in the queue
+		if rep == nil { // expired or shed in the queue
 			s.release(c)
 			s.forget(c)
-			return queue.ErrExpired
+			return c.queueExit(s.now())
 		}
 		err := s.markDispatched(c)
 		if d := deniedOf(err); d != nil && d.Dim == ledger.Slots {
@@ -629,8 +634,9 @@ func (s *Server) await(c *call) (err error) {
 		// first upstream byte.
 		if dl := c.queueDeadline(); !dl.IsZero() && !c.dispatchAt.Before(dl) {
 			s.m.ExpiredDispatch.Inc()
-			s.finish(c, queue.ErrExpired)
-			return queue.ErrExpired
+			err := c.queueExit(c.dispatchAt)
+			s.finish(c, err)
+			return err
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
 			// The client left (or its deadline passed) as the dispatch

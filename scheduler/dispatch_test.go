@@ -94,7 +94,8 @@ type desRun struct {
 	// noGate dispatches whenever a slot is free (the work-conserving
 	// baseline: what vLLM alone would run).
 	noGate bool
-	// shedAfter and lifoAfter set queue.Config's (0: its defaults).
+	// shedAfter and lifoAfter set queue.Config's opt-in standing-queue
+	// policies (0: off, the default).
 	shedAfter, lifoAfter time.Duration
 	// pools are the slots of each pool (model); nil: one pool of slots.
 	// A tenant's requests go to its pool. fleetWide runs the gate as it
@@ -683,8 +684,8 @@ func BenchmarkGateAssess(b *testing.B) {
 	}
 }
 
-// TestShedAtCapacity prices the standing-queue policy (newest first once
-// the head waited 1 s, shed at 2 s) at exactly 1× capacity over the
+// TestShedAtCapacity prices the opt-in standing-queue policy
+// (`queue.lifo_after: 1s`, `queue.shed_after: 2s`) at exactly 1× capacity over the
 // overload preset's full length (180 s after a 15 s warm-up, ten seeds),
 // against FIFO with no limit, which is what vLLM alone does. The queue
 // random-walks: both targets stand for seconds at a time. Pairing each
@@ -692,7 +693,7 @@ func BenchmarkGateAssess(b *testing.B) {
 // requests within 1.95 s (the bench's 2 s TTFT SLO less the unqueued
 // TTFT), but some requests it sheds would have started in time in FIFO:
 // the newer ones it served first pushed them past 2 s. That share is the
-// price of the default, logged and bounded here so that it cannot grow
+// price of the policy, logged and bounded here so that it cannot grow
 // unnoticed (measured: 389 of 22,442 arrivals, 1.7 %; a later LIFO switch
 // cuts it, 24 at 1.9 s, but loses half the starts within 1.5 s at 2×,
 // where the SLO is tighter than the shed).
@@ -709,6 +710,7 @@ func TestShedAtCapacity(t *testing.T) {
 		}
 		g, d := presetRun(seed), presetRun(seed)
 		g.duration, g.warmup = 195*time.Second, 15*time.Second
+		g.shedAfter, g.lifoAfter = 2*time.Second, time.Second // the opt-in policy priced here
 		d.duration, d.warmup = 195*time.Second, 15*time.Second
 		d.noGate, d.shedAfter, d.lifoAfter, d.maxWait = true, -1, -1, time.Hour
 		gt, dt := mk(), mk()

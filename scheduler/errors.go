@@ -77,6 +77,7 @@ func statusFor(err error) *apiError {
 		ie      *idemError
 		bd      *budgetDeniedError
 		unknown *modelError
+		qe      *queueExitError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -116,6 +117,8 @@ func statusFor(err error) *apiError {
 		// Before the deadline case: a store timeout is an unknown ledger
 		// outcome, not the client's deadline.
 		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
+	case errors.As(err, &qe):
+		return qe.apiError()
 	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
 		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
 	case errors.As(err, &ie):

@@ -24,6 +24,7 @@ type Metrics struct {
 	ReplicaInflight  *prometheus.GaugeVec     // replica
 	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
 	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (share.go)
+	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (sizing.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -66,6 +67,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "1 while aborted requests keep their slot on the replica until a scrape: it showed sequences this instance cannot account for (another instance's, or ignored aborts)."}, []string{"replica"}),
 		ReplicaShare: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_seq_share",
 			Help: "This instance's cap on its requests on a replica other instances also use (its fair share of max_num_seqs); 0: no cap."}, []string{"replica"}),
+		ReplicaBatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_learned_batch",
+			Help: "The sequences the replica really runs, learned from scrapes that show requests waiting inside vLLM while running stays flat; Sluice dispatches only into that room. 0: none learned (max_num_seqs applies)."}, []string{"replica"}),
 		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
 			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
@@ -87,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
-		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.UpstreamLatency, m.TTFT,
+		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
 		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

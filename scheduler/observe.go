@@ -151,6 +151,7 @@ func (s *Server) exportReplica(r *replica) {
 	}
 	s.m.ReplicaAborts.WithLabelValues(r.name).Set(held)
 	s.m.ReplicaShare.WithLabelValues(r.name).Set(float64(r.share.Load()))
+	s.m.ReplicaBatch.WithLabelValues(r.name).Set(float64(r.batch.learned.Load()))
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

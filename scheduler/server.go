@@ -267,6 +267,7 @@ func queueConfig(cfg *config.File) queue.Config {
 		qc.Tenants = append(qc.Tenants, queue.TenantConfig{
 			Name: t.Name, Weight: float64(t.Weight), Band: t.Priority,
 			MaxDepth: t.Queue.MaxDepth, MaxBytes: t.Queue.MaxBytes, MaxWait: t.Queue.MaxWait, Order: order,
+			LIFOAfter: t.Queue.LIFOAfter, ShedAfter: t.Queue.ShedAfter,
 		})
 	}
 	return qc

@@ -151,7 +151,7 @@ func (s *Server) applyShares(self string, keys []string, got map[string][]peers.
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = seqShare(r.maxSeqs, self, others)
+			share = seqShare(r.batchLimit(), self, others)
 		}
 		prev := r.share.Swap(share)
 		r.peers.Store(int64(len(others)))
@@ -163,11 +163,13 @@ func (s *Server) applyShares(self string, keys []string, got map[string][]peers.
 }
 
 // seqLimit is the sequence count at which r has no room for this
-// instance: max_num_seqs, or less where this instance's share (a replica
-// shared with other instances) binds. seqs is the batch estimate.
+// instance: its batch (learned, else max_num_seqs; sizing.go), or less
+// where this instance's share (a replica shared with other instances)
+// binds. seqs is the batch estimate.
 func (r *replica) seqLimit(seqs int64) int64 {
+	lim := r.batchLimit()
 	if sh := r.share.Load(); sh > 0 {
-		return min(r.maxSeqs, seqs-r.count.Load()+sh)
+		return min(lim, seqs-r.count.Load()+sh)
 	}
-	return r.maxSeqs
+	return lim
 }

@@ -70,6 +70,15 @@ type batch struct {
 	mu            sync.Mutex // orders leave against install; guards below
 	distrustUntil time.Time
 	lingering     recentCount // aborted requests let go, by time
+
+	// learned is the batch the replica really runs, learned from its
+	// scrapes (learnBatch); 0 while none is learned (max_num_seqs rules).
+	learned atomic.Int64
+	// full: the last scrape showed waiting requests, with fullRunning
+	// running; confirmedAt is when a pair of such scrapes last set learned.
+	full        bool
+	fullRunning int64
+	confirmedAt time.Time
 }
 
 // seqs estimates the sequences in r's batch. Reads in this order (count,
@@ -100,6 +109,9 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 		return false
 	}
 	seqs := int64(m.Running.V + m.Waiting.V)
+	// Only waiting for room means full: requests deferred for a LoRA
+	// budget, a KV transfer or a grammar wait with room to spare.
+	r.learnBatch(int64(m.Running.V), int64(m.CapacityWaiting().V), now)
 	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.count.Load())}
 	// The most of this instance's own the scrape can show: what was in
 	// flight as it was asked for, what was sent during its flight, and
@@ -114,6 +126,69 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 	// longer has it) or gone from the replica.
 	b.held.Store(0)
 	return distrusted
+}
+
+// The batch a replica really runs (SCHEDULING §7, "The real batch").
+// max_num_seqs in the config (default 256) is an upper bound, not a
+// promise: a replica started with a smaller --max-num-seqs, or one whose
+// KV cache or token budget admits fewer, keeps the excess in its own FCFS
+// queue, where no fairness applies. vLLM publishes its counts after each
+// step's scheduling pass (vllm/v1/core/sched/scheduler.py: make_stats, from
+// update_from_output, which ends each step of vllm/v1/engine/core.py), so
+// num_requests_waiting counts only
+// requests that pass could not admit: a replica that shows waiting
+// requests is full, and its running count then is its batch.
+//
+// One scrape is not proof: a burst of long prompts can leave requests
+// waiting for the step's token budget for a few steps while the batch
+// still has room. So a batch is learned from two scrapes in a row that
+// both show waiting requests, the second with no more running than the
+// first (running flat or falling: the replica admits nothing more):
+// learned = the first's running count, within [1, max_num_seqs]. A learned batch
+// is probed upwards, since a replica's batch can grow (a restart with a
+// larger --max-num-seqs, a KV-bound batch whose long requests ended):
+// once probeHold has passed since the last confirmation, each scrape
+// that shows the replica running at the learned batch with nothing
+// waiting raises it by an eighth (at least one). A probe past the real
+// batch leaves one or a few requests waiting inside vLLM for two scrapes,
+// after which the pair confirms the batch again; at a steady overload
+// that is two scrape intervals in every probeHold. Reaching max_num_seqs
+// forgets the learned batch.
+const probeHold = 30 * time.Second
+
+// learnBatch applies one scrape's running and waiting counts to r's
+// learned batch. b.mu is held.
+func (r *replica) learnBatch(running, waiting int64, now time.Time) {
+	b := &r.batch
+	if waiting <= 0 {
+		b.full = false
+		l := b.learned.Load()
+		if l > 0 && running >= l && now.Sub(b.confirmedAt) >= probeHold {
+			if l += max(1, l/8); l >= r.maxSeqs {
+				l = 0
+			}
+			b.learned.Store(l)
+		}
+		return
+	}
+	if b.full && running <= b.fullRunning {
+		// The larger of the pair: a batch that fell while requests wait
+		// (preemptions as the KV cache fills) ran the first count a scrape
+		// ago; the KV sizing (gpu, overcommit) answers the rest. A batch
+		// that really shrank shows the smaller count in the next pair.
+		b.learned.Store(min(max(b.fullRunning, 1), r.maxSeqs))
+		b.confirmedAt = now
+	}
+	b.full, b.fullRunning = true, running
+}
+
+// batchLimit is the most sequences r runs: its learned batch, else
+// max_num_seqs.
+func (r *replica) batchLimit() int64 {
+	if l := r.batch.learned.Load(); l > 0 {
+		return min(l, r.maxSeqs)
+	}
+	return r.maxSeqs
 }
 
 // leave takes request seq off r's count. mayRun: it was sent and did not
@@ -149,7 +224,15 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 	}
 	count0, sent0, start := r.count.Load(), r.batch.sent.Load(), s.now()
 	return func(m *vllm.Metrics) {
-		if r.install(m, count0, sent0, start, s.now()) {
+		learned0 := r.batch.learned.Load()
+		distrusted := r.install(m, count0, sent0, start, s.now())
+		if l := r.batch.learned.Load(); l != learned0 && (l == 0 || learned0 == 0 || l < learned0) {
+			// Learned, lowered or forgotten: worth a line; a probe upwards
+			// is not.
+			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
+				"replica", r.name, "batch", l, "previous", learned0, "max_num_seqs", r.maxSeqs)
+		}
+		if distrusted {
 			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
 				"replica", r.name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.count.Load())
 		}

@@ -55,7 +55,9 @@ var knownErrorCodes = map[string]bool{
 // a code missing from the outcome table, which the report warns about.
 func Classify(status int, code string) (o Outcome, reason string, unknown bool) {
 	switch {
-	case code == "deadline_exceeded":
+	case code == "deadline_exceeded", code == "queue_shed":
+		// A shed (the tenant's opt-in queue.shed_after) is a request that
+		// waited and was not served, like an expiry, by its own reason.
 		return Expired, code, false
 	case rejectCodes[code]:
 		return Rejected, code, false

@@ -80,6 +80,7 @@ func TestOutcomeClassification(t *testing.T) {
 		{name: "http 429 no code", handler: func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(429) }, want: Rejected, reason: "http_429"},
 		{name: "http 503 numeric code", handler: func(w http.ResponseWriter, _ *http.Request) { errBody(w, 503, `503`) }, want: Rejected, reason: "http_503"},
 		{name: "deadline_exceeded", handler: func(w http.ResponseWriter, _ *http.Request) { errBody(w, 504, `"deadline_exceeded"`) }, want: Expired, reason: "deadline_exceeded"},
+		{name: "queue_shed", handler: func(w http.ResponseWriter, _ *http.Request) { errBody(w, 503, `"queue_shed"`) }, want: Expired, reason: "queue_shed"},
 		{name: "deadline mid-stream", handler: func(w http.ResponseWriter, _ *http.Request) { sse(w, c1, `{"error":{"code":"deadline_exceeded"}}`) }, want: Expired, reason: "deadline_exceeded"},
 		{name: "http 504", handler: func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(504) }, want: Expired, reason: "http_504"},
 		{name: "http 408", handler: func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(408) }, want: Expired, reason: "http_408"},

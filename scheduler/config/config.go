@@ -116,7 +116,10 @@ type Replica struct {
 	// CapacityTokens overrides the KV capacity read from vLLM's metrics.
 	// Optional; 0 = from vllm:cache_config_info.
 	CapacityTokens int64 `yaml:"capacity_tokens"`
-	// MaxNumSeqs mirrors vLLM's --max-num-seqs. Optional; default 256.
+	// MaxNumSeqs bounds the sequences Sluice keeps on the replica, as
+	// vLLM's --max-num-seqs. An upper bound, not a promise: the batch the
+	// replica really runs is learned from its scrapes when smaller
+	// (SCHEDULING §7). Optional; default 256.
 	MaxNumSeqs int `yaml:"max_num_seqs"`
 	// MaxModelLen overrides the context length read from /v1/models.
 	MaxModelLen int64 `yaml:"max_model_len"`
@@ -329,6 +332,18 @@ type TenantQueue struct {
 	MaxWait time.Duration `yaml:"max_wait"`
 	// Order is fifo (default) or edf.
 	Order string `yaml:"order"`
+	// LIFOAfter opts a fifo queue into adaptive LIFO: once its oldest
+	// request has waited this long (a standing queue) the newest are
+	// served first, so what is served starts within an SLO shorter than
+	// max_wait while the oldest wait on to their deadlines. Optional;
+	// unset (the default) keeps arrival order.
+	LIFOAfter time.Duration `yaml:"lifo_after"`
+	// ShedAfter opts a fifo queue into shedding: when dispatch reaches a
+	// request that has waited this long it is refused (503 queue_shed,
+	// details.reason shed_after, Retry-After) instead of served late,
+	// before its max_wait. Optional; unset (the default) keeps every
+	// request until its deadline.
+	ShedAfter time.Duration `yaml:"shed_after"`
 }
 
 // Budget is one windowed limit on a dimension.
@@ -635,6 +650,17 @@ func (f *File) Validate() error {
 		v.positive(p+".queue.max_bytes", t.Queue.MaxBytes)
 		v.positiveDur(p+".queue.max_wait", t.Queue.MaxWait)
 		v.oneOf(p+".queue.order", t.Queue.Order, "fifo", "edf")
+		for _, d := range []struct {
+			key string
+			d   time.Duration
+		}{{"lifo_after", t.Queue.LIFOAfter}, {"shed_after", t.Queue.ShedAfter}} {
+			switch {
+			case d.d < 0:
+				v.add("%s.queue.%s must be >= 0 (0: off)", p, d.key)
+			case d.d > 0 && t.Queue.Order == "edf":
+				v.add("%s.queue.%s applies to order fifo only (edf keeps deadline order)", p, d.key)
+			}
+		}
 		validateBudgets(&v, p+".budgets", t.Budgets)
 		w := t.Workflow
 		wp := p + ".workflow_defaults"

@@ -49,6 +49,8 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, int64(1024), tn.MaxOutputTokens)
 	assert.Equal(t, 256, tn.Queue.MaxDepth)
 	assert.Equal(t, 10*time.Second, tn.Queue.MaxWait)
+	assert.Zero(t, tn.Queue.LIFOAfter, "unset: arrival order")
+	assert.Zero(t, tn.Queue.ShedAfter, "unset: no shedding before the deadline")
 }
 
 func TestPinnedExampleParses(t *testing.T) {
@@ -131,6 +133,8 @@ func TestValidationRules(t *testing.T) {
 		{"bad concurrency", tenantWith("    concurrency: -2\n"), []string{"tenants[0].concurrency must be >= 0 (0: no cap)"}},
 		{"negative max input", tenantWith("    max_input_tokens: -1\n"), []string{"tenants[0].max_input_tokens must be > 0"}},
 		{"bad order", tenantWith("    queue: {order: lifo}\n"), []string{"tenants[0].queue.order must be one of fifo, edf"}},
+		{"negative shed_after", tenantWith("    queue: {shed_after: -1s}\n"), []string{"tenants[0].queue.shed_after must be >= 0 (0: off)"}},
+		{"lifo with edf", tenantWith("    queue: {order: edf, lifo_after: 1s}\n"), []string{"tenants[0].queue.lifo_after applies to order fifo only"}},
 		{"raw api key", strings.Replace(minimal, keyA, "sk-live-123", 1), []string{"tenants[0].api_keys[0] must be \"sha256:<64 hex digits>\""}},
 		{"no keys", strings.Replace(minimal, `["`+keyA+`"]`, "[]", 1), []string{"tenants[0].api_keys must list at least one"}},
 		{"duplicate tenant", minimal + "  - name: acme\n    api_keys: [\"" + keyB + "\"]\n", []string{"tenants[1].name \"acme\" duplicates tenants[0]"}},

@@ -108,8 +108,8 @@ func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
 // once (sizing.go): the first ignored aborts may let new work into the
 // batch for about a second, which this test does not measure.
 func TestIgnoringReplicaIsSizedDown(t *testing.T) {
-	// Deadline order: the new requests wait up to two seconds for the
-	// ghosts, which a FIFO queue under overload would shed.
+	// Deadline order, which these waits exercise: the new requests wait
+	// up to two seconds for the ghosts.
 	rep, n := oneReplica(t, 4, 5*time.Millisecond, sim.OnDisconnectIgnore, "    concurrency: 16\n    queue: {order: edf}\n")
 
 	// Four streams fill the batch; their clients hang up after one chunk.
@@ -244,9 +244,9 @@ func twoOnOneReplica(t *testing.T, tenant, top string) (*simReplica, [2]*node) {
 // and is about to refill, or miss a request vLLM had not queued yet, and
 // one request waits inside vLLM until the next scrape.
 func TestInstancesSharingAReplica(t *testing.T) {
-	// Deadline order: one instance's requests may wait while the other's
-	// refill every slot they free (each has its own ledger, so no split),
-	// and a FIFO queue would shed them at 2 s.
+	// Deadline order: one instance's requests may wait seconds while the
+	// other's refill every slot they free (each has its own ledger, so no
+	// split); they wait to their deadlines in either order.
 	rep, nodes := twoOnOneReplica(t, "    concurrency: 16\n    queue: {order: edf}\n", "")
 
 	// The replica's waiting count, sampled: its mean over the run (its most

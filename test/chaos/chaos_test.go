@@ -483,8 +483,8 @@ func (w *world) writeConfig(i int, withLate bool) {
 		}
 		fmt.Fprintf(&b, "  - name: %s\n    api_keys: [%q]\n    concurrency: %d\n    max_output_tokens: %d\n", t.name, config.HashKey(rawKey(t.name)), t.concurrency, maxOut)
 		// max_wait above lease_ttl: a queued hold must be renewed. Beta
-		// queues in EDF order, so that its queue can outlive the lease (a
-		// FIFO queue sheds what has stood 2 s).
+		// queues in EDF order, the others FIFO, so both orders hold
+		// queues that outlive the lease.
 		order := ""
 		if t.name == "beta" {
 			order = ", order: edf"

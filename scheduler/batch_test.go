@@ -1,0 +1,107 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/sluicehq/sluice/scheduler/peers"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// scrapeRW installs a scrape of r showing running and waiting at now.
+func scrapeRW(r *replica, running, waiting int64, now time.Time) {
+	if o := r.obs.Load(); o == nil || !o.ok {
+		r.obs.Store(&replicaObs{ok: true})
+	}
+	m := &vllm.Metrics{Running: vllm.Value{V: float64(running), OK: true}, Waiting: vllm.Value{V: float64(waiting), OK: true}}
+	r.install(m, r.count.Load(), r.batch.sent.Load(), now, now)
+}
+
+// TestLearnedBatch: a replica configured (or defaulted) to 256 sequences
+// that runs 8 keeps the excess waiting in vLLM. Two scrapes in a row with
+// waiting requests and running flat teach Sluice the batch of 8, and it
+// dispatches only into that room. One such scrape, or running still
+// growing, teaches nothing.
+func TestLearnedBatch(t *testing.T) {
+	set, r := sizingSet(256)
+	now := time.Unix(1_800_000_000, 0)
+	for range 12 {
+		set.take(route{}, 10, nil)
+	}
+	scrapeRW(r, 8, 4, now)
+	assert.Equal(t, int64(256), r.batchLimit(), "one scrape with waiting requests is not proof")
+	scrapeRW(r, 10, 2, now.Add(time.Second))
+	assert.Equal(t, int64(256), r.batchLimit(), "running grew: the batch was still filling")
+	scrapeRW(r, 10, 3, now.Add(2*time.Second))
+	assert.Equal(t, int64(10), r.batchLimit(), "waiting twice with running flat: the batch is 10")
+	scrapeRW(r, 8, 4, now.Add(3*time.Second))
+	assert.Equal(t, int64(10), r.batchLimit(), "running fell while requests wait (preemptions): the 10 it ran stand")
+	scrapeRW(r, 8, 4, now.Add(4*time.Second))
+	assert.Equal(t, int64(8), r.batchLimit(), "a pair at 8: the batch shrank")
+	assert.False(t, set.fits(route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
+
+	// A transient (a burst of prefills held back by the token budget)
+	// followed by a scrape with nothing waiting teaches nothing.
+	set2, r2 := sizingSet(256)
+	set2.take(route{}, 10, nil)
+	scrapeRW(r2, 3, 40, now)
+	scrapeRW(r2, 43, 0, now.Add(time.Second))
+	assert.Equal(t, int64(256), r2.batchLimit())
+	scrapeRW(r2, 0, 5, now.Add(2*time.Second))
+	scrapeRW(r2, 0, 5, now.Add(3*time.Second))
+	assert.Equal(t, int64(1), r2.batchLimit(), "never below one")
+}
+
+// TestLearnedBatchProbesUp: a learned batch is probed upwards once
+// probeHold has passed since it was last confirmed: each scrape at the
+// learned batch with nothing waiting raises it by an eighth (at least
+// one), back to max_num_seqs (then forgotten); a probe past the real
+// batch is caught by the next pair of full scrapes.
+func TestLearnedBatchProbesUp(t *testing.T) {
+	_, r := sizingSet(32)
+	now := time.Unix(1_800_000_000, 0)
+	scrapeRW(r, 8, 3, now)
+	scrapeRW(r, 8, 3, now.Add(time.Second))
+	assert.Equal(t, int64(8), r.batchLimit())
+
+	at := now.Add(2 * time.Second)
+	scrapeRW(r, 8, 0, at)
+	assert.Equal(t, int64(8), r.batchLimit(), "within probeHold of the confirmation")
+	at = now.Add(time.Second + probeHold)
+	scrapeRW(r, 5, 0, at)
+	assert.Equal(t, int64(8), r.batchLimit(), "below the batch: nothing to learn")
+	scrapeRW(r, 8, 0, at.Add(time.Second))
+	assert.Equal(t, int64(9), r.batchLimit(), "at the batch, nothing waiting: +1")
+	scrapeRW(r, 9, 1, at.Add(2*time.Second))
+	scrapeRW(r, 9, 1, at.Add(3*time.Second))
+	assert.Equal(t, int64(9), r.batchLimit(), "confirmed at 9")
+
+	// The real batch grew (a restart with a larger --max-num-seqs).
+	at = at.Add(3*time.Second + probeHold)
+	var got []int64
+	for i := range 12 {
+		scrapeRW(r, r.batchLimit(), 0, at.Add(time.Duration(i)*time.Second))
+		got = append(got, r.batchLimit())
+	}
+	assert.Equal(t, []int64{10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 27}, got)
+	for i := range 6 {
+		scrapeRW(r, r.batchLimit(), 0, at.Add(time.Duration(12+i)*time.Second))
+	}
+	assert.Equal(t, int64(32), r.batchLimit(), "back at max_num_seqs")
+	assert.Equal(t, int64(0), r.batch.learned.Load(), "forgotten")
+}
+
+// TestLearnedBatchBoundsShare: instances sharing a replica split its
+// learned batch, not the configured max_num_seqs.
+func TestLearnedBatchBoundsShare(t *testing.T) {
+	_, r := sizingSet(256)
+	now := time.Unix(1_800_000_000, 0)
+	scrapeRW(r, 8, 6, now)
+	scrapeRW(r, 8, 6, now.Add(time.Second))
+	assert.Equal(t, int64(8), r.seqLimit(0))
+	s := &Server{reps: &replicaSet{reps: []*replica{r}}}
+	s.applyShares("a", []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
+	assert.Equal(t, int64(4), r.share.Load(), "half of the learned 8, not of 256")
+}
