@@ -116,10 +116,14 @@ func TestResponsesInputBound(t *testing.T) {
 
 	chatImg := mustParse(t, EndpointChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":`+url+`}}]}]}`)
 	assert.Equal(t, 1, chatImg.MediaParts, "the same image on chat")
+	counted, err := chatImg.WithTokenizedInput([]int{12}, 64)
+	require.NoError(t, err)
+	assert.Equal(t, 12+DefaultMediaTokensPerPart, counted.TotalInputTokens(), "/tokenize counts a placeholder, not the image's tokens")
+	assert.False(t, counted.InputExact)
 	emb := mustParse(t, EndpointEmbeddings, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":`+url+`}}]}]}`)
 	assert.Equal(t, 1, emb.MediaParts, "and on the embeddings chat form")
 
-	_, err := Parse(EndpointResponses, []byte(`{"input":"hi","background":true}`), CountOptions{})
+	_, err = Parse(EndpointResponses, []byte(`{"input":"hi","background":true}`), CountOptions{})
 	var ie *InvalidRequestError
 	require.ErrorAs(t, err, &ie)
 	assert.Equal(t, "background", ie.Param)

@@ -264,6 +264,12 @@ func (r *Request) WithTokenizedInput(perPrompt []int, margin int) (*Request, err
 			c.InputTokens[0] += r.documentsBound(CountOptions{}.withDefaults())
 			c.InputExact = false
 		}
+		if r.MediaParts > 0 {
+			// /tokenize renders a media part's placeholder, not the
+			// tokens its processor expands it to: the allowance stays.
+			c.InputTokens[0] += r.MediaParts * r.mediaTokens
+			c.InputExact = false
+		}
 	}
 	return c, err
 }
