@@ -112,3 +112,30 @@ func TestResponsesEndpoint(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestPoolingChatForm: embeddings, pooling and classify take messages
+// (vLLM's chat form of the pooling requests) and report the rendered
+// prompt's tokens, without the generation prompt unless asked.
+func TestPoolingChatForm(t *testing.T) {
+	t.Parallel()
+	_, url := startReplica(t, fastConfig())
+	var out struct {
+		Usage struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	for _, p := range []string{"/v1/embeddings", "/pooling", "/classify"} {
+		rep, b := post(t, url+p, `{"model":"sim-model","messages":[{"role":"user","content":"one two"}]}`)
+		require.Equal(t, 200, rep.StatusCode, p+string(b))
+		require.NoError(t, json.Unmarshal(b, &out))
+		assert.Equal(t, msgOverheadTokens+2, out.Usage.Prompt, p)
+	}
+	rep, b := post(t, url+"/v1/embeddings", `{"messages":[{"role":"user","content":"one two"}],"add_generation_prompt":true}`)
+	require.Equal(t, 200, rep.StatusCode, string(b))
+	require.NoError(t, json.Unmarshal(b, &out))
+	assert.Equal(t, msgOverheadTokens+2+genPromptTokens, out.Usage.Prompt)
+	rep, b = post(t, url+"/v1/embeddings", `{"input":"a","messages":[{"role":"user","content":"one two three"}]}`)
+	require.Equal(t, 200, rep.StatusCode, string(b))
+	require.NoError(t, json.Unmarshal(b, &out))
+	assert.Equal(t, 1, out.Usage.Prompt, "with both, input runs")
+}
