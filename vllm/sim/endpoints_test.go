@@ -139,3 +139,25 @@ func TestPoolingChatForm(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &out))
 	assert.Equal(t, 1, out.Usage.Prompt, "with both, input runs")
 }
+
+// TestChatDocuments: a chat request's documents are rendered into its
+// prompt, as a RAG chat template does with what vLLM passes it.
+func TestChatDocuments(t *testing.T) {
+	t.Parallel()
+	_, url := startReplica(t, fastConfig())
+	var out struct {
+		Usage struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	prompt := func(extra string) int {
+		rep, b := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1`+extra+`}`)
+		require.Equal(t, 200, rep.StatusCode, string(b))
+		require.NoError(t, json.Unmarshal(b, &out))
+		return out.Usage.Prompt
+	}
+	plain := prompt("")
+	docs := `[{"title":"a","text":"one two three four"}]`
+	assert.Equal(t, plain+countText(docs), prompt(`,"documents":`+docs))
+	assert.Greater(t, countText(docs), 4)
+}

@@ -118,10 +118,14 @@ type contentPart struct {
 }
 
 type wireRequest struct {
-	Model               string          `json:"model"`
-	Messages            []chatMessage   `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Tools               json.RawMessage `json:"tools"`
+	Model    string          `json:"model"`
+	Messages []chatMessage   `json:"messages"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Tools    json.RawMessage `json:"tools"`
+	// Documents are a chat request's RAG documents, which vLLM hands to
+	// the chat template (serving_engine.py _preprocess_chat passes them to
+	// apply_hf_chat_template); the simulator's template renders them.
+	Documents           json.RawMessage `json:"documents"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	N                   *int            `json:"n"`
@@ -363,6 +367,9 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 		n, e := chatPromptTokens(w.Messages, w.Tools, addGen, nil)
 		if e != nil {
 			return nil, e
+		}
+		if !isNull(w.Documents) {
+			n += countText(string(w.Documents))
 		}
 		g.prompts = []int{n}
 	default:
