@@ -240,6 +240,26 @@ func chatPromptTokens(msgs []chatMessage, tools json.RawMessage, addGen bool, si
 	return n, nil
 }
 
+// mediaParts counts the content parts of msgs that are not text (the
+// image_url, input_audio, … parts that a multimodal processor expands).
+func mediaParts(msgs []chatMessage) int {
+	n := 0
+	for _, m := range msgs {
+		var parts []contentPart
+		if isNull(m.Content) || json.Unmarshal(m.Content, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			switch p.Type {
+			case "", "text", "input_text", "output_text", "refusal", "thinking":
+			default:
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // completionPrompts returns the token counts of a completions prompt:
 // a string, a list of strings, a list of token ids or a list of such lists.
 func completionPrompts(raw json.RawMessage, sink *tokenSink) ([]int, *apiError) {
@@ -371,6 +391,7 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 		if !isNull(w.Documents) {
 			n += countText(string(w.Documents))
 		}
+		n += cfg.MediaTokens * mediaParts(w.Messages)
 		g.prompts = []int{n}
 	default:
 		p, e := completionPrompts(w.Prompt, nil)
