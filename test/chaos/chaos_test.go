@@ -431,6 +431,7 @@ func newWorld(t *testing.T, p *plan) *world {
 		cfg.Seed = int64(p.seed)
 		cfg.ReplicaIndex = i
 		cfg.ServedModelNames = []string{otherModel}
+		cfg.MediaTokens = mediaTokens
 		cfg.Faults = f
 		if cfg.Faults.ErrorStatus == 0 {
 			cfg.Faults.ErrorStatus = 500

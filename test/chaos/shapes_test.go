@@ -85,8 +85,11 @@ const (
 	deepLevels = 600
 	// maxInputTokens is every tenant's max_input_tokens.
 	maxInputTokens = 2000
-	// mediaAllowance is the config's server.media_allowance.
+	// mediaAllowance is the config's server.media_allowance, and
+	// mediaTokens what the replicas' processor makes of a media part: a
+	// bound that missed a part would fall short of what ran.
 	mediaAllowance = 256
+	mediaTokens    = 200
 	// otherModel is the replicas' second served model name, which beta may
 	// not use.
 	otherModel = "sim-premium"
