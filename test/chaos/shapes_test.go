@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -12,6 +13,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // The request shapes of the simulator: every endpoint family Sluice bounds
@@ -143,28 +147,40 @@ func pickShape(rng *rand.Rand, k opKind) shape {
 	var cands []shape
 	switch f := rng.Float64(); {
 	case f < 0.08:
-		cands = []shape{shDupModel, shDupModelEsc, shDupInput, shDeep}
-		if k == kChat || k == kCompletion || k == kResponses {
-			cands = append(cands, shDupMaxTokens)
-		}
-		if k.embedFamily() {
-			cands = append(cands, shMixed, shMixed)
-		}
-		if k == kResponses {
-			cands = append(cands, shBackground, shBackground)
-		}
+		cands = hostileShapes(k)
 	case f < 0.18:
-		cands = []shape{shPriority}
-		if k == kChat {
-			cands = append(cands, shDocuments, shDocuments, shImage)
-		}
-		if k == kResponses {
-			cands = append(cands, shImage)
-		}
+		cands = countedShapes(k)
 	default:
 		return shPlain
 	}
 	return cands[rng.IntN(len(cands))]
+}
+
+// hostileShapes are the hostile shapes of kind k (repeats weigh a draw).
+func hostileShapes(k opKind) []shape {
+	out := []shape{shDupModel, shDupModelEsc, shDupInput, shDeep}
+	if k.generates() {
+		out = append(out, shDupMaxTokens)
+	}
+	if k.embedFamily() {
+		out = append(out, shMixed, shMixed)
+	}
+	if k == kResponses {
+		out = append(out, shBackground, shBackground)
+	}
+	return out
+}
+
+// countedShapes are the admitted extras of kind k.
+func countedShapes(k opKind) []shape {
+	out := []shape{shPriority}
+	if k == kChat {
+		out = append(out, shDocuments, shDocuments, shImage)
+	}
+	if k == kResponses {
+		out = append(out, shImage)
+	}
+	return out
 }
 
 func words(prefix string, n int) string {
@@ -524,4 +540,68 @@ func (w *world) checkAdmitted(execs []*execution, byOp map[int][]*result) []stri
 		}
 	}
 	return v
+}
+
+// TestShapes pins the generator: every hostile body is one Sluice's parser
+// refuses with 400 invalid_request and one that json.loads (encoding/json
+// into a map: the last duplicate wins) reads as the shape says; every
+// counted shape parses. It needs no sluice build: run it with
+// -chaos.seeds=0.
+func TestShapes(t *testing.T) {
+	eps := map[opKind]vllm.Endpoint{kCompletion: vllm.EndpointCompletions, kChat: vllm.EndpointChat,
+		kEmbed: vllm.EndpointEmbeddings, kEmbedChat: vllm.EndpointEmbeddings, kScore: vllm.EndpointScore,
+		kRerank: vllm.EndpointRerank, kPooling: vllm.EndpointPooling, kClassify: vllm.EndpointClassify,
+		kResponses: vllm.EndpointResponses}
+	prompt := map[opKind]string{kCompletion: "prompt", kChat: "messages", kEmbedChat: "messages", kScore: "text_1", kRerank: "query"}
+	for k := kCompletion; k <= kResponses; k++ {
+		shapes := append([]shape{shPlain}, countedShapes(k)...)
+		seen := map[shape]bool{}
+		for _, s := range append(shapes, hostileShapes(k)...) {
+			if seen[s] {
+				continue
+			}
+			seen[s] = true
+			o := &opSpec{id: 7, kind: k, shape: s, n: 1, words: 10, items: 2, docWords: 30, maxTokens: 8}
+			name := fmt.Sprintf("%s/%s", k, s)
+			body := o.body()
+			var m map[string]any
+			if err := json.Unmarshal(body, &m); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			_, err := vllm.Parse(eps[k], body, vllm.CountOptions{})
+			if !s.hostile() {
+				if err != nil {
+					t.Errorf("%s: refused: %v", name, err)
+				}
+				continue
+			}
+			var ie *vllm.InvalidRequestError
+			if !errors.As(err, &ie) {
+				t.Errorf("%s: want an invalid request, got %v", name, err)
+			}
+			key := prompt[k]
+			if key == "" || s == shMixed {
+				key = "input"
+			}
+			pj, _ := json.Marshal(m[key])
+			switch s {
+			case shDupModel, shDupModelEsc:
+				if m["model"] != otherModel {
+					t.Errorf("%s: json.loads reads model %v", name, m["model"])
+				}
+			case shDupInput, shDeep, shMixed:
+				if !strings.Contains(string(pj), "hidden") || (s == shDeep && m["model"] != otherModel) {
+					t.Errorf("%s: json.loads does not run the hidden prompt: model %v, %s %.60s", name, m["model"], key, pj)
+				}
+			case shDupMaxTokens:
+				if m[o.capKey()] != float64(4000) {
+					t.Errorf("%s: json.loads reads %s %v", name, o.capKey(), m[o.capKey()])
+				}
+			case shBackground:
+				if m["background"] != true {
+					t.Errorf("%s: no background", name)
+				}
+			}
+		}
+	}
 }
