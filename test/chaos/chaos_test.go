@@ -851,7 +851,7 @@ func (w *world) check() []string {
 
 	v = append(v, w.checkLedger(byOp, execs, perOp)...)
 	v = append(v, w.checkAdmitted(execs, byOp)...)
-	w.t.Logf("answers by endpoint/shape (status: count; 0 = no answer): %s", w.tally())
+	w.t.Logf("answers by endpoint/shape (status code: count; 0 = no answer): %s", w.tally())
 	for _, in := range w.inst { // every instance has stopped by now
 		v = append(v, in.logProblems()...)
 	}

@@ -407,13 +407,20 @@ func (w *world) tally() string {
 		k opKind
 		s shape
 	}
-	counts := map[key]map[int]int{}
+	counts := map[key]map[string]int{}
 	for _, r := range w.results {
 		k := key{r.ev.op.kind, r.ev.op.shape}
 		if counts[k] == nil {
-			counts[k] = map[int]int{}
+			counts[k] = map[string]int{}
 		}
-		counts[k][r.status]++
+		o := fmt.Sprint(r.status)
+		if r.code != "" {
+			o += " " + r.code
+		}
+		if r.ev.op.badN {
+			o += " (n out of range)"
+		}
+		counts[k][o]++
 	}
 	var lines []string
 	for k, c := range counts {
