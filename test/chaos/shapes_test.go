@@ -84,7 +84,7 @@ const (
 	// 6,000 of the simulator's tokens: far above every tenant's
 	// max_input_tokens and beta's block budget, within the replicas'
 	// context, so a replica sent it runs it.
-	hiddenWords = 3000
+	hiddenWords = 3600
 	// deepLevels nests a member past the request scanner's 512 levels.
 	deepLevels = 600
 	// maxInputTokens is every tenant's max_input_tokens.
