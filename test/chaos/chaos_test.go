@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -163,7 +164,12 @@ var evNames = [...]string{"attempt", "kill-9", "restart", "kill-9 (no restart)",
 type opSpec struct {
 	id         int
 	tenant     string
-	chat       bool
+	kind       opKind
+	shape      shape
+	model      string // "": the replicas' first model
+	items      int    // list inputs, score/rerank documents, chat documents
+	docWords   int    // words per chat document
+	cutFirst   bool   // streamed responses: the client leaves at the first delta
 	stream     bool
 	n          int
 	maxTokens  int // 0: unset
@@ -173,37 +179,6 @@ type opSpec struct {
 	disconnect time.Duration // 0: never
 	badN       bool
 	slow       time.Duration // the replica holds the request this long first (a long generation)
-}
-
-func (o *opSpec) body() []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, "chaos-op-%d", o.id)
-	for i := range o.words {
-		fmt.Fprintf(&b, " w%d", i)
-	}
-	m := map[string]any{"model": "sim-model", "stream": o.stream}
-	if o.chat {
-		m["messages"] = []map[string]string{{"role": "user", "content": b.String()}}
-	} else {
-		m["prompt"] = b.String()
-	}
-	if o.maxTokens > 0 {
-		m["max_tokens"] = o.maxTokens
-	}
-	if o.badN {
-		m["n"] = 1 << 30
-	} else if o.n > 1 {
-		m["n"] = o.n
-	}
-	out, _ := json.Marshal(m)
-	return out
-}
-
-func (o *opSpec) cap() int {
-	if o.maxTokens > 0 {
-		return min(o.maxTokens, maxOut)
-	}
-	return maxOut
 }
 
 type event struct {
@@ -221,8 +196,17 @@ func (e event) String() string {
 	s := fmt.Sprintf("%7.3fs %-20s inst=%d", e.at.Seconds(), evNames[e.kind], e.inst)
 	if e.op != nil {
 		o := e.op
-		s += fmt.Sprintf(" op=%d try=%d tenant=%s chat=%v stream=%v n=%d max_tokens=%d timeout=%v idem=%q disconnect=%v badN=%v",
-			o.id, e.attempt, o.tenant, o.chat, o.stream, o.n, o.maxTokens, o.timeout, o.idem, o.disconnect, o.badN)
+		s += fmt.Sprintf(" op=%d try=%d tenant=%s kind=%s shape=%s stream=%v n=%d max_tokens=%d timeout=%v idem=%q disconnect=%v badN=%v",
+			o.id, e.attempt, o.tenant, o.kind, o.shape, o.stream, o.n, o.maxTokens, o.timeout, o.idem, o.disconnect, o.badN)
+		if o.model != "" {
+			s += " model=" + o.model
+		}
+		if o.items > 0 {
+			s += fmt.Sprintf(" items=%d doc_words=%d", o.items, o.docWords)
+		}
+		if o.cutFirst {
+			s += " cut-at-first-delta"
+		}
 		if o.slow > 0 {
 			s += fmt.Sprintf(" slow=%v", o.slow)
 		}
@@ -323,7 +307,7 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 		t0 := at(0.05, 0.3)
 		for k := range 4 {
 			id++
-			o := &opSpec{id: id, tenant: "beta", chat: true, stream: k%2 == 0, n: 1, words: 8, maxTokens: 4}
+			o := &opSpec{id: id, tenant: "beta", kind: kChat, stream: k%2 == 0, n: 1, words: 8, maxTokens: 4}
 			if k < 2 {
 				o.slow = leaseTTL + 300*time.Millisecond
 			}
@@ -342,12 +326,29 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 		if reloadAt >= 0 && t > reloadAt+200*time.Millisecond && rng.IntN(4) == 0 {
 			tn = "late"
 		}
-		o := &opSpec{id: id, tenant: tn, chat: rng.IntN(2) == 0, stream: rng.IntN(2) == 0, n: 1, words: 5 + rng.IntN(60)}
-		if rng.IntN(6) == 0 {
+		o := &opSpec{id: id, tenant: tn, kind: pickKind(rng), n: 1, words: 5 + rng.IntN(60)}
+		o.shape = pickShape(rng, o.kind)
+		if o.kind.generates() {
+			o.stream = rng.IntN(2) == 0
+			if rng.IntN(2) == 0 {
+				o.maxTokens = 1 + rng.IntN(40)
+			}
+		}
+		if (o.kind == kChat || o.kind == kCompletion) && rng.IntN(6) == 0 {
 			o.n = 2
 		}
-		if rng.IntN(2) == 0 {
-			o.maxTokens = 1 + rng.IntN(40)
+		if tn != "beta" && rng.IntN(5) == 0 {
+			o.model = otherModel
+		}
+		switch o.kind {
+		case kEmbed, kPooling, kClassify, kScore, kRerank:
+			o.items = 1 + rng.IntN(3)
+		case kChat:
+			if o.shape == shDocuments {
+				o.items, o.docWords = 1+rng.IntN(3), 20+rng.IntN(200)
+			}
+		case kResponses:
+			o.cutFirst = o.stream && rng.IntN(4) == 0
 		}
 		if rng.Float64() < 0.3 {
 			o.timeout = time.Duration(150+rng.IntN(1350)) * time.Millisecond
@@ -355,15 +356,22 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 		if rng.Float64() < 0.15 {
 			o.disconnect = time.Duration(rng.IntN(250)+1) * time.Millisecond
 		}
-		if rng.Float64() < 0.02 {
+		if rng.Float64() < 0.02 && (o.kind == kChat || o.kind == kCompletion) {
 			o.badN = true
 		}
 		if rng.Float64() < 0.04 {
 			o.slow = time.Duration(1500+rng.IntN(1500)) * time.Millisecond // queues its tenant past the lease
 		}
+		if o.shape.hostile() {
+			// Refused before admission whatever the timing: nothing to cut.
+			o.timeout, o.disconnect, o.badN, o.slow, o.n, o.cutFirst = 0, 0, false, 0, 1, false
+			if o.shape == shDupMaxTokens && o.maxTokens == 0 {
+				o.maxTokens = 8 // the first of the two caps
+			}
+		}
 		p.ops[id] = o
 		inst := rng.IntN(p.instances)
-		if rng.Float64() < 0.25 {
+		if rng.Float64() < 0.25 && !o.shape.hostile() {
 			o.idem = fmt.Sprintf("idem-%d-%d", seed, id)
 			p.events = append(p.events, event{at: t, kind: evAttempt, op: o, inst: inst})
 			if rng.Float64() < 0.6 {
@@ -418,9 +426,12 @@ func newWorld(t *testing.T, p *plan) *world {
 		cfg := sim.DefaultConfig()
 		cfg.MaxNumSeqs = 16
 		cfg.OutputLenMax = 32
+		cfg.MaxModelLen = 16384 // a hidden prompt of hiddenWords fits: the replica runs what it is sent
 		cfg.DecodeStep = 3 * time.Millisecond
 		cfg.Seed = int64(p.seed)
 		cfg.ReplicaIndex = i
+		cfg.ServedModelNames = []string{otherModel}
+		cfg.MediaTokens = mediaTokens
 		cfg.Faults = f
 		if cfg.Faults.ErrorStatus == 0 {
 			cfg.Faults.ErrorStatus = 500
@@ -473,7 +484,7 @@ func (w *world) writeConfig(i int, withLate bool) {
 		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", j, u)
 	}
 	b.WriteString("gpu: {telemetry: off}\n")
-	b.WriteString("server: {drain_timeout: 5s, max_wait: 5s}\n")
+	fmt.Fprintf(&b, "server: {drain_timeout: 5s, max_wait: 5s, media_allowance: %d}\n", mediaAllowance)
 	fmt.Fprintf(&b, "admin: {state_file: %q}\n", filepath.Join(w.dir, fmt.Sprintf("admin-%d.json", i)))
 	fmt.Fprintf(&b, "audit: {path: %q}\n", filepath.Join(w.dir, fmt.Sprintf("audit-%d.log", i)))
 	b.WriteString("tenants:\n")
@@ -481,7 +492,11 @@ func (w *world) writeConfig(i int, withLate bool) {
 		if t.name == "late" && !withLate {
 			continue
 		}
-		fmt.Fprintf(&b, "  - name: %s\n    api_keys: [%q]\n    concurrency: %d\n    max_output_tokens: %d\n", t.name, config.HashKey(rawKey(t.name)), t.concurrency, maxOut)
+		fmt.Fprintf(&b, "  - name: %s\n    api_keys: [%q]\n    concurrency: %d\n    max_output_tokens: %d\n    max_input_tokens: %d\n",
+			t.name, config.HashKey(rawKey(t.name)), t.concurrency, maxOut, maxInputTokens)
+		if ms := tenantModels[t.name]; len(ms) > 0 {
+			fmt.Fprintf(&b, "    models: [%s]\n", strings.Join(ms, ", "))
+		}
 		// max_wait above lease_ttl: a queued hold must be renewed. Beta
 		// queues in EDF order, the others FIFO, so both orders hold
 		// queues that outlive the lease.
@@ -621,11 +636,7 @@ func (w *world) attempt(ev event) {
 		tm := time.AfterFunc(o.disconnect, func() { cancelled.Store(true); cancel() })
 		defer tm.Stop()
 	}
-	path := "/v1/completions"
-	if o.chat {
-		path = "/v1/chat/completions"
-	}
-	req, _ := http.NewRequestWithContext(ctx, "POST", in.api+path, strings.NewReader(string(o.body())))
+	req, _ := http.NewRequestWithContext(ctx, "POST", in.api+kindPaths[o.kind], bytes.NewReader(o.body()))
 	req.Header.Set("Authorization", "Bearer "+rawKey(o.tenant))
 	req.Header.Set("Content-Type", "application/json")
 	if o.timeout > 0 {
@@ -654,6 +665,18 @@ func (w *world) attempt(ev event) {
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.Code != nil {
 			r.code = fmt.Sprint(e.Error.Code)
+		}
+		return
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && o.kind == kResponses {
+		var cut func()
+		if o.cutFirst {
+			cut = func() { cancelled.Store(true); cancel() }
+		}
+		code, done, err := readEvents(resp.Body, cut)
+		r.code, r.done = code, done
+		if err != nil {
+			r.transport = err.Error()
 		}
 		return
 	}
@@ -827,6 +850,8 @@ func (w *world) check() []string {
 	}
 
 	v = append(v, w.checkLedger(byOp, execs, perOp)...)
+	v = append(v, w.checkAdmitted(execs, byOp)...)
+	w.t.Logf("answers by endpoint/shape (status code: count; 0 = no answer): %s", w.tally())
 	for _, in := range w.inst { // every instance has stopped by now
 		v = append(v, in.logProblems()...)
 	}
@@ -1003,6 +1028,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 
 	type bounds struct {
 		reqLo, reqHi, tokLo, tokHi, partial int64
+		allowance                           int64    // the abort allowance of the partial executions
 		partials                            []string // what a token-bound violation names
 		orphans                             []int    // what a request-bound violation names
 	}
@@ -1045,7 +1071,8 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			if !orphan {
 				b.tokLo += max(0, got-2*n)
 			}
-			b.tokHi += int64(len(o.body())) + 64 + n*int64(o.cap()+2)
+			b.tokHi += o.inputUpper() + n*int64(o.cap()+2)
+			b.allowance += n * abortAllowance
 		}
 	}
 	// A client that left, or whose deadline passed (Sluice aborts the
@@ -1063,7 +1090,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			if r.cancelled || r.killed || r.code == "deadline_exceeded" {
 				b := want[o.tenant]
 				b.reqHi++
-				b.tokHi += int64(len(o.body())) + 64 + int64(max(1, o.n))*int64(o.cap()+2)
+				b.tokHi += o.inputUpper() + int64(max(1, o.n))*int64(o.cap()+2)
 				break
 			}
 		}
@@ -1137,9 +1164,19 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			add("%s: %d tokens charged (and %d pending in UNRESOLVED records), outside [%d, %d] from what the replicas delivered (%d partial: %s)",
 				tn, tok, pendTok, b.tokLo, b.tokHi, b.partial, strings.Join(b.partials, " | "))
 		}
-		if tn == "beta" {
-			if lim := w.budgetX.Load(); tok > lim+2*2*b.partial {
-				add("beta: %d tokens charged against a block budget of %d", tok, lim)
+		if spec := tenantByName(tn); spec.tokens < 1<<40 {
+			// A block budget holds up to the ledger's overrun (LEDGER.md
+			// I1: c + r ≤ max + overrun, r = 0 now). A hold covers the
+			// input bound and the cap sent upstream, so the overrun is at
+			// most the abort allowance of the requests settled without a
+			// final usage: one token per unfinished choice (VLLM.md).
+			lim := spec.tokens
+			if tn == "beta" {
+				lim = w.budgetX.Load() // the highest limit the admin API set
+			}
+			if tok > lim+b.allowance {
+				add("%s: %d tokens charged against a block budget of %d (+%d abort allowance of %d partial requests: %s)",
+					tn, tok, lim, b.allowance, b.partial, strings.Join(b.partials, " | "))
 			}
 		}
 	}

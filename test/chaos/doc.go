@@ -5,8 +5,16 @@
 // journal, two instances sharing a real redis-server, or two sharing a real
 // three-node Redis Cluster) in front of
 // in-process simulator replicas, with a random but seed-reproducible
-// schedule of events: streamed and non-streamed chat and completion
-// requests, Idempotency-Key retries, client disconnects at every stage
+// schedule of events: requests to every endpoint family Sluice bounds
+// (streamed and non-streamed chat and completions; /v1/embeddings with
+// input a string or a list, and its chat form; /v1/score, /v1/rerank,
+// /pooling, /classify; /v1/responses, streamed, non-streamed and cut by
+// its client at the first delta), some with counted extras (RAG
+// documents, image parts, a client priority, a second served model name)
+// and some hostile (a duplicate model, escaped "mod\u0065l", prompt or
+// output-cap key; a member nested past 512 levels before a second model
+// and prompt; input together with messages; background: true),
+// Idempotency-Key retries, client disconnects at every stage
 // (queued, prefill, decode), client deadlines, out-of-range parameters,
 // admin clamps and budget changes, reloads that add a tenant, instance
 // kill -9 (with and without restart), Redis reply loss (a proxy swallows the
@@ -37,7 +45,16 @@
 //     aborted ones;
 //   - zero reserved holds and zero slots after quiescence except the holds
 //     of UNRESOLVED records;
-//   - a block token budget is never exceeded beyond the abort allowance;
+//   - a hostile body is answered 400 invalid_request, reaches no replica
+//     and is neither admitted nor charged (the instances' audit trails);
+//   - what a replica ran was admitted: each body it received, read as vLLM
+//     reads it (the last of duplicate keys), names a model the tenant may
+//     use and carries no priority and no background run, and the prompt
+//     the replica counted is within the tenant's max_input_tokens and,
+//     with the output, within the tokens held at its admission;
+//   - a block token budget's committed tokens stay within its limit plus
+//     the documented overshoot, the abort allowance (one token per
+//     unfinished choice of each request settled without a final usage);
 //   - the global budget holds and is charged exactly what the tenants are.
 //
 // A failing seed prints the seed and the event log; running the same seed

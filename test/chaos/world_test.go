@@ -314,6 +314,9 @@ func (p *replyLossProxy) serve(c net.Conn) {
 // execution is one request as a replica saw it.
 type execution struct {
 	op         int
+	path       string
+	reqID      string // X-Request-Id: Sluice's request id, the client's "chaos-<op>-<try>"
+	body       []byte // as received
 	arrival    time.Time
 	end        time.Time // [DONE] or body written; zero when aborted
 	status     int
@@ -324,7 +327,8 @@ type execution struct {
 	errEvent   bool // the stream carried an error event
 }
 
-// replicaLog records every generation request the replicas receive.
+// replicaLog records every request the replicas receive to run (not
+// /tokenize and /detokenize, which Sluice may send to count a body).
 type replicaLog struct {
 	mu     sync.Mutex
 	execs  []*execution
@@ -336,7 +340,7 @@ var opMarker = regexp.MustCompile(`chaos-op-(\d+)`)
 // wrap records each request carrying an op marker.
 func (l *replicaLog) wrap(next http.Handler, slow func(op int) time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
+		if r.Method != http.MethodPost || r.URL.Path == "/tokenize" || r.URL.Path == "/detokenize" {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -348,7 +352,7 @@ func (l *replicaLog) wrap(next http.Handler, slow func(op int) time.Duration) ht
 			return
 		}
 		op, _ := strconv.Atoi(string(m[1]))
-		ex := &execution{op: op, arrival: time.Now()}
+		ex := &execution{op: op, arrival: time.Now(), path: r.URL.Path, reqID: r.Header.Get("X-Request-Id"), body: body}
 		l.active.Add(1)
 		defer l.active.Done()
 		l.mu.Lock()
@@ -375,17 +379,24 @@ func (l *replicaLog) wrap(next http.Handler, slow func(op int) time.Duration) ht
 				Usage *usage `json:"usage"`
 			}
 			if json.Unmarshal(rw.body.Bytes(), &u) == nil && u.Usage != nil {
-				ex.prompt, ex.completion = u.Usage.Prompt, u.Usage.Completion
+				ex.prompt, ex.completion = u.Usage.prompt(), u.Usage.completion()
 				ex.completed = !ex.gone
 			}
 		}
 	})
 }
 
+// usage is vLLM's usage object: prompt_tokens and completion_tokens, or
+// the Responses API's input_tokens and output_tokens.
 type usage struct {
 	Prompt     int `json:"prompt_tokens"`
 	Completion int `json:"completion_tokens"`
+	Input      int `json:"input_tokens"`
+	Output     int `json:"output_tokens"`
 }
+
+func (u *usage) prompt() int     { return max(u.Prompt, u.Input) }
+func (u *usage) completion() int { return max(u.Completion, u.Output) }
 
 // recorder watches a replica's response: usage from each SSE data line (or
 // the JSON body), and the moment the answer is complete, taken before the
@@ -451,12 +462,28 @@ func (r *recorder) scan(p []byte) {
 			var ch struct {
 				Usage *usage          `json:"usage"`
 				Err   json.RawMessage `json:"error"`
+				// A /v1/responses event: its type, and the response of
+				// the terminal one, with the usage (no [DONE] follows).
+				Type     string `json:"type"`
+				Response *struct {
+					Usage *usage `json:"usage"`
+				} `json:"response"`
 			}
 			if json.Unmarshal(data, &ch) == nil {
 				if ch.Usage != nil {
-					r.ex.prompt, r.ex.completion = ch.Usage.Prompt, max(r.ex.completion, ch.Usage.Completion)
+					r.ex.prompt, r.ex.completion = ch.Usage.prompt(), max(r.ex.completion, ch.Usage.completion())
 				}
 				if len(ch.Err) > 0 && string(ch.Err) != "null" {
+					r.ex.errEvent = true
+				}
+				switch ch.Type {
+				case "response.completed", "response.incomplete":
+					if ch.Response != nil && ch.Response.Usage != nil {
+						r.ex.prompt, r.ex.completion = ch.Response.Usage.prompt(), ch.Response.Usage.completion()
+						r.ex.completed = true
+					}
+					r.ex.end = time.Now()
+				case "error", "response.failed":
 					r.ex.errEvent = true
 				}
 			}

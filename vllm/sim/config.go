@@ -82,6 +82,12 @@ type Config struct {
 	// LoRAModules are adapters served as extra model names (vLLM's
 	// --lora-modules). Optional.
 	LoRAModules []LoRAModule
+	// MediaTokens is the prompt tokens each media content part (image,
+	// audio, video, file) adds, as a multimodal model's processor expands
+	// it (vllm/entrypoints/chat_utils.py hands media parts to the
+	// processor, not the tokenizer). Optional; 0 plays a text-only
+	// template, which renders media parts as nothing.
+	MediaTokens int
 	// DisablePrefixCaching turns off automatic prefix caching (vLLM's
 	// --no-enable-prefix-caching; on by default in v1). See prefixcache.go.
 	DisablePrefixCaching bool

@@ -44,15 +44,20 @@ const (
 // poolWire is the union of the pooling bodies' fields the simulator reads
 // (vllm/entrypoints/openai/protocol.py: EmbeddingCompletionRequest,
 // PoolingRequest, ClassificationRequest, ScoreRequest, RerankRequest).
+// Embeddings, pooling and classify also take the chat form, messages
+// rendered by the chat template with add_generation_prompt false by
+// default (ChatRequestMixin in vllm/entrypoints/pooling/base/protocol.py).
 type poolWire struct {
-	Model      string          `json:"model"`
-	Input      json.RawMessage `json:"input"`
-	Dimensions *int            `json:"dimensions"`
-	Text1      json.RawMessage `json:"text_1"`
-	Text2      json.RawMessage `json:"text_2"`
-	Query      json.RawMessage `json:"query"`
-	Documents  json.RawMessage `json:"documents"`
-	TopN       int             `json:"top_n"`
+	Model               string          `json:"model"`
+	Input               json.RawMessage `json:"input"`
+	Messages            json.RawMessage `json:"messages"`
+	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	Dimensions          *int            `json:"dimensions"`
+	Text1               json.RawMessage `json:"text_1"`
+	Text2               json.RawMessage `json:"text_2"`
+	Query               json.RawMessage `json:"query"`
+	Documents           json.RawMessage `json:"documents"`
+	TopN                int             `json:"top_n"`
 	// EncodingFormat "base64" packs embeddings as little-endian float32
 	// (serving_embedding.py); the openai SDKs ask for it by default.
 	EncodingFormat string `json:"encoding_format"`
@@ -109,6 +114,20 @@ func poolPrompts(k poolKind, w *poolWire) ([]int, []string, *apiError) {
 			out[i] = qc[min(i, len(qc)-1)] + dc[i] + 2 // [CLS] q [SEP] d
 		}
 		return out, docs, nil
+	}
+	if isNull(w.Input) && !isNull(w.Messages) {
+		// The chat form: one prompt, the rendered conversation. With input
+		// present too, the completion form wins (the union's first member
+		// validates first), so input is what runs.
+		var msgs []chatMessage
+		if err := json.Unmarshal(w.Messages, &msgs); err != nil || len(msgs) == 0 {
+			return nil, nil, badRequest("messages", "messages must be a non-empty list of messages")
+		}
+		n, e := chatPromptTokens(msgs, nil, w.AddGenerationPrompt, nil)
+		if e != nil {
+			return nil, nil, e
+		}
+		return []int{n}, []string{""}, nil
 	}
 	return textsOf(w.Input, "input")
 }

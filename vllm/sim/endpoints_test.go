@@ -112,3 +112,92 @@ func TestResponsesEndpoint(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestPoolingChatForm: embeddings, pooling and classify take messages
+// (vLLM's chat form of the pooling requests) and report the rendered
+// prompt's tokens, without the generation prompt unless asked.
+func TestPoolingChatForm(t *testing.T) {
+	t.Parallel()
+	_, url := startReplica(t, fastConfig())
+	var out struct {
+		Usage struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	for _, p := range []string{"/v1/embeddings", "/pooling", "/classify"} {
+		rep, b := post(t, url+p, `{"model":"sim-model","messages":[{"role":"user","content":"one two"}]}`)
+		require.Equal(t, 200, rep.StatusCode, p+string(b))
+		require.NoError(t, json.Unmarshal(b, &out))
+		assert.Equal(t, msgOverheadTokens+2, out.Usage.Prompt, p)
+	}
+	rep, b := post(t, url+"/v1/embeddings", `{"messages":[{"role":"user","content":"one two"}],"add_generation_prompt":true}`)
+	require.Equal(t, 200, rep.StatusCode, string(b))
+	require.NoError(t, json.Unmarshal(b, &out))
+	assert.Equal(t, msgOverheadTokens+2+genPromptTokens, out.Usage.Prompt)
+	rep, b = post(t, url+"/v1/embeddings", `{"input":"a","messages":[{"role":"user","content":"one two three"}]}`)
+	require.Equal(t, 200, rep.StatusCode, string(b))
+	require.NoError(t, json.Unmarshal(b, &out))
+	assert.Equal(t, 1, out.Usage.Prompt, "with both, input runs")
+}
+
+// TestChatDocuments: a chat request's documents are rendered into its
+// prompt, as a RAG chat template does with what vLLM passes it.
+func TestChatDocuments(t *testing.T) {
+	t.Parallel()
+	_, url := startReplica(t, fastConfig())
+	var out struct {
+		Usage struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	prompt := func(extra string) int {
+		rep, b := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1`+extra+`}`)
+		require.Equal(t, 200, rep.StatusCode, string(b))
+		require.NoError(t, json.Unmarshal(b, &out))
+		return out.Usage.Prompt
+	}
+	plain := prompt("")
+	docs := `[{"title":"a","text":"one two three four"}]`
+	assert.Equal(t, plain+countText(docs), prompt(`,"documents":`+docs))
+	assert.Greater(t, countText(docs), 4)
+}
+
+// TestMediaTokens: each media part adds MediaTokens to a chat or
+// Responses prompt, as a multimodal processor expands it; text parts and
+// a text-only template (MediaTokens 0) add nothing.
+func TestMediaTokens(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MediaTokens = 100
+	_, url := startReplica(t, cfg)
+	_, text := startReplica(t, fastConfig())
+	chat := func(base, content string) int {
+		rep, b := post(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":`+content+`}],"max_tokens":1}`)
+		require.Equal(t, 200, rep.StatusCode, string(b))
+		var out struct {
+			Usage struct {
+				Prompt int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal(b, &out))
+		return out.Usage.Prompt
+	}
+	img := `{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="}}`
+	plain := chat(url, `[{"type":"text","text":"hi"}]`)
+	assert.Equal(t, plain+200, chat(url, `[{"type":"text","text":"hi"},`+img+`,`+img+`]`))
+	assert.Equal(t, plain, chat(text, `[{"type":"text","text":"hi"},`+img+`]`))
+
+	resp := func(input string) int {
+		rep, b := post(t, url+"/v1/responses", `{"input":`+input+`,"max_output_tokens":1}`)
+		require.Equal(t, 200, rep.StatusCode, string(b))
+		var out struct {
+			Usage struct {
+				In int `json:"input_tokens"`
+			} `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal(b, &out))
+		return out.Usage.In
+	}
+	rplain := resp(`[{"role":"user","content":[{"type":"input_text","text":"hi"}]}]`)
+	assert.Equal(t, rplain+100, resp(`[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"data:image/png;base64,AA=="}]}]`))
+}

@@ -118,10 +118,14 @@ type contentPart struct {
 }
 
 type wireRequest struct {
-	Model               string          `json:"model"`
-	Messages            []chatMessage   `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Tools               json.RawMessage `json:"tools"`
+	Model    string          `json:"model"`
+	Messages []chatMessage   `json:"messages"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Tools    json.RawMessage `json:"tools"`
+	// Documents are a chat request's RAG documents, which vLLM hands to
+	// the chat template (serving_engine.py _preprocess_chat passes them to
+	// apply_hf_chat_template); the simulator's template renders them.
+	Documents           json.RawMessage `json:"documents"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	N                   *int            `json:"n"`
@@ -235,6 +239,26 @@ func chatPromptTokens(msgs []chatMessage, tools json.RawMessage, addGen bool, si
 		}
 	}
 	return n, nil
+}
+
+// mediaParts counts the content parts of msgs that are not text (the
+// image_url, input_audio, … parts that a multimodal processor expands).
+func mediaParts(msgs []chatMessage) int {
+	n := 0
+	for _, m := range msgs {
+		var parts []contentPart
+		if isNull(m.Content) || json.Unmarshal(m.Content, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			switch p.Type {
+			case "", "text", "input_text", "output_text", "refusal", "thinking":
+			default:
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // completionPrompts returns the token counts of a completions prompt:
@@ -365,6 +389,10 @@ func parseGeneration(k kind, w *wireRequest, cfg *Config) (*genRequest, *apiErro
 		if e != nil {
 			return nil, e
 		}
+		if !isNull(w.Documents) {
+			n += countText(string(w.Documents))
+		}
+		n += cfg.MediaTokens * mediaParts(w.Messages)
 		g.prompts = []int{n}
 	default:
 		p, e := completionPrompts(w.Prompt, nil)

@@ -20,8 +20,9 @@ type responsesWire struct {
 }
 
 // responsesMessages turns input (a string, or a list of messages whose
-// content is a string or input_text/output_text parts) into chat messages.
-func responsesMessages(w *responsesWire) ([]chatMessage, *apiError) {
+// content is a string or input_text/output_text parts) into chat messages,
+// and counts its media parts (input_image, input_file, …).
+func responsesMessages(w *responsesWire) ([]chatMessage, int, *apiError) {
 	var msgs []chatMessage
 	text := func(s string) json.RawMessage { b, _ := json.Marshal(s); return b }
 	if w.Instructions != nil {
@@ -29,32 +30,34 @@ func responsesMessages(w *responsesWire) ([]chatMessage, *apiError) {
 	}
 	var one string
 	if json.Unmarshal(w.Input, &one) == nil {
-		return append(msgs, chatMessage{Role: "user", Content: text(one)}), nil
+		return append(msgs, chatMessage{Role: "user", Content: text(one)}), 0, nil
 	}
+	media := 0
 	var items []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(w.Input, &items); err != nil || len(items) == 0 {
-		return nil, badRequest("input", "input must be a string or a non-empty list of messages")
+		return nil, 0, badRequest("input", "input must be a string or a non-empty list of messages")
 	}
 	for i, it := range items {
 		if it.Role == "" {
-			return nil, badRequest("input", "input[%d].role is required", i)
+			return nil, 0, badRequest("input", "input[%d].role is required", i)
 		}
 		var s string
 		if json.Unmarshal(it.Content, &s) != nil {
 			var parts []contentPart
 			if err := json.Unmarshal(it.Content, &parts); err != nil {
-				return nil, badRequest("input", "input[%d].content must be a string or a list of parts", i)
+				return nil, 0, badRequest("input", "input[%d].content must be a string or a list of parts", i)
 			}
 			for _, p := range parts {
 				s += p.Text
 			}
+			media += mediaParts([]chatMessage{{Content: it.Content}})
 		}
 		msgs = append(msgs, chatMessage{Role: it.Role, Content: text(s)})
 	}
-	return msgs, nil
+	return msgs, media, nil
 }
 
 func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
@@ -77,7 +80,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 		fail(newAPIError(http.StatusNotFound, "model", "The model `%s` does not exist.", rw.Model))
 		return
 	}
-	msgs, e := responsesMessages(&rw)
+	msgs, media, e := responsesMessages(&rw)
 	if e != nil {
 		fail(e)
 		return
@@ -87,6 +90,7 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 		fail(e)
 		return
 	}
+	prompt += r.cfg.MediaTokens * media
 	if prompt >= r.cfg.MaxModelLen {
 		fail(badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your request has %d input tokens.", r.cfg.MaxModelLen, prompt))
 		return
