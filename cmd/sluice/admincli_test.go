@@ -302,7 +302,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget set: --dimension must be one of ` + dims + `, got "cpu"` + "\n"},
 		{name: "set no limit", args: with(set, "--dimension", "tokens", "--window", "1h"), errOut: "sluice budget set: --limit is required\n"},
 		{name: "set negative limit", args: with(set, "--dimension", "tokens", "--limit", "-1", "--window", "1h"), errOut: "sluice budget set: --limit must be >= 0, got -1\n"},
-		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag -limit: parse error` + "\n", usage: true},
+		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag --limit: parse error` + "\n", usage: true},
 		{name: "set no window", args: with(set, "--dimension", "tokens", "--limit", "1"), errOut: "sluice budget set: --window is required (a duration like 30m or 1h)\n"},
 		{name: "set zero window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "0s"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "0s"` + "\n"},
 		{name: "set bad window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1d"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "1d"` + "\n"},
@@ -334,7 +334,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "clamp negative for", args: with(clamp, "--weight", "1", "--reason", "x", "--for", "-5m"), errOut: `sluice tenant clamp: --for must be a positive duration like 30m or 1h, got "-5m"` + "\n"},
 		{name: "unclamp no name", args: []string{"tenant", "unclamp"}, errOut: "sluice tenant unclamp: usage: sluice tenant unclamp NAME\n"},
 		{name: "drain stray arg", args: []string{"drain", "now"}, errOut: `sluice drain: unexpected argument "now"` + "\n", usage: true},
-		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: flag provided but not defined: -force\n", usage: true},
+		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: unknown flag --force\n", usage: true},
 		{name: "bad admin url", args: []string{"drain", "--admin", "127.0.0.1:8081"}, errOut: `sluice drain: --admin must be an http(s) URL like http://127.0.0.1:8081, got "127.0.0.1:8081"` + "\n"},
 	}
 	for _, tc := range tests {
@@ -381,7 +381,7 @@ func TestAdminCLIHelp(t *testing.T) {
 		assert.Empty(t, errOut, "%v", args)
 		assert.True(t, strings.HasPrefix(out, "usage: sluice tenant clamp NAME "), "%v: %s", args, out)
 		assert.Contains(t, out, "-for string")
-		assert.NotContains(t, out, "\n  -token", "the token is never a flag")
+		assert.NotContains(t, out, "\n  --token", "the token is never a flag")
 		assert.NotContains(t, out, "-admin-token", "the token is never a flag")
 	}
 }

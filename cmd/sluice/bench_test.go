@@ -23,7 +23,7 @@ func TestBenchUsageErrors(t *testing.T) {
 	}{
 		{"no subcommand", []string{"bench"}, "sluice bench: missing command", true},
 		{"unknown subcommand", []string{"bench", "frob"}, `unknown command "bench frob"`, true},
-		{"bad flag", []string{"bench", "run", "--nope"}, "flag provided but not defined: -nope", true},
+		{"bad flag", []string{"bench", "run", "--nope"}, "unknown flag --nope", true},
 		{"stray arg", []string{"bench", "run", "extra"}, `unexpected argument "extra"`, true},
 		{"save-result with a file", []string{"bench", "run", "--save-result", "out.json"},
 			`sluice bench run: unexpected argument "out.json": --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},

@@ -24,5 +24,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return usageError{err}
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: "+w.Msg, "file", *path, "line", w.Line)
+	}
 	return node.Run(ctx, cfg, node.Options{ConfigPath: *path, Log: log, AdminToken: os.Getenv("SLUICE_ADMIN_TOKEN")})
 }
