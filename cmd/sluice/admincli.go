@@ -391,7 +391,7 @@ func runBudgetRm(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return usagef("usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)")
+		return usagef("usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:24h)")
 	}
 	c, err := o.client()
 	if err != nil {
@@ -399,12 +399,17 @@ func runBudgetRm(ctx context.Context, e env, args []string) error {
 	}
 	return c.call(ctx, e, o, http.MethodDelete, "/admin/budgets/"+url.PathEscape(pos[0]), nil, nil, func(w io.Writer, data []byte) error {
 		var r struct {
-			Deleted string `json:"deleted"`
+			Deleted  string     `json:"deleted"`
+			Restored *budgetRow `json:"restored"`
 		}
 		if err := decodeInto(data, &r); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "deleted %s\n", r.Deleted)
+		if b := r.Restored; b != nil {
+			_, err := fmt.Fprintf(w, "deleted the override %s; the config's budget applies again: %d per %s (%s)\n", r.Deleted, b.Limit, b.Window, b.Mode)
+			return err
+		}
+		_, err := fmt.Fprintf(w, "deleted the override %s; the config sets no budget with this id\n", r.Deleted)
 		return err
 	})
 }

@@ -145,7 +145,14 @@ func TestAdminCLICalls(t *testing.T) {
 			args:   []string{"budget", "rm", "acme:tokens:1h0m0s"},
 			reply:  `{"deleted":"acme:tokens:1h0m0s"}`,
 			method: "DELETE", uri: "/admin/budgets/acme:tokens:1h0m0s",
-			stdout: "deleted acme:tokens:1h0m0s\n",
+			stdout: "deleted the override acme:tokens:1h0m0s; the config sets no budget with this id\n",
+		},
+		{
+			name:   "budget rm restores the config's budget",
+			args:   []string{"budget", "rm", "acme:tokens:24h"},
+			reply:  `{"deleted":"acme:tokens:24h0m0s","restored":{"id":"acme:tokens:24h0m0s","tenant":"acme","dimension":"tokens","limit":200000,"window":"24h0m0s","mode":"block","source":"config"}}`,
+			method: "DELETE", uri: "/admin/budgets/acme:tokens:24h",
+			stdout: "deleted the override acme:tokens:24h0m0s; the config's budget applies again: 200000 per 24h0m0s (block)\n",
 		},
 		{
 			name:   "budget rm flags after id",
@@ -308,7 +315,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "set bad window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1d"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "1d"` + "\n"},
 		{name: "set bad mode", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "--mode", "soft"), errOut: `sluice budget set: --mode must be one of block|warn, got "soft"` + "\n"},
 		{name: "set stray arg", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "extra"), errOut: `sluice budget set: unexpected argument "extra"` + "\n", usage: true},
-		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget rm: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)\n"},
+		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget rm: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:24h)\n"},
 		{name: "rm two ids", args: []string{"budget", "rm", "a", "b"}, errOut: `sluice budget rm: unexpected argument "b"` + "\n", usage: true},
 		{name: "list bad state", args: []string{"reservations", "list", "--state", "settled"}, errOut: `sluice reservations list: --state must be one of unresolved|dispatched|reserved, got "settled"` + "\n"},
 		{name: "resolve no id", args: []string{"reservations", "resolve", "--tenant", "acme", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations resolve: usage: sluice reservations resolve ID --tenant T --charge held|actual|zero [--actual dim=N,...] --reason TEXT\n"},
@@ -589,7 +596,7 @@ func TestAdminCLIAgainstServer(t *testing.T) {
 	}{
 		{name: "set", args: []string{"budget", "set", "--tenant", "acme", "--dimension", "tokens", "--limit", "5000", "--window", "1h"}, stdout: budgetTable},
 		{name: "list", args: []string{"budget", "list", "--tenant", "acme"}, stdout: budgetTable},
-		{name: "rm", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, stdout: "deleted acme:tokens:1h0m0s\n"},
+		{name: "rm", args: []string{"budget", "rm", "acme:tokens:60m"}, stdout: "deleted the override acme:tokens:1h0m0s; the config sets no budget with this id\n"},
 		{name: "list after rm", args: []string{"budget", "list", "--tenant", "acme"}, stdout: "no budgets\n"},
 		{name: "rm again", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, code: 1,
 			stderr: `sluice budget rm: budget "acme:tokens:1h0m0s": not found` + "\n"},

@@ -86,12 +86,12 @@ func commands() map[string]*command {
 		"gpus": {summary: "one NVML sample of the node's GPUs and their health; --watch polls and reports deltas", usage: "[--json] [--watch DUR [--interval DUR]]",
 			example: "sluice gpus --json", run: runGPUs},
 		"budget": {summary: "admin: a running server's budgets", subs: map[string]*command{
-			"set": {summary: "set one budget (runtime override)",
+			"set": {summary: "set one budget: an override on top of the config's budget with the same dimension and window",
 				usage:   "--tenant T --dimension D --limit N --window DUR [--mode block|warn]",
 				example: "sluice budget set --tenant acme --dimension tokens --limit 500000 --window 1h", run: runBudgetSet},
 			"list": {summary: "list budgets", usage: "[--tenant T]", example: "sluice budget list --tenant acme", run: runBudgetList},
-			"rm": {summary: "remove a runtime budget", usage: "ID",
-				example: "sluice budget rm acme:tokens:1h0m0s", run: runBudgetRm},
+			"rm": {summary: "remove a budget override: the config's budget with that id (if any) applies again; ID's window in any duration spelling", usage: "ID",
+				example: "sluice budget rm acme:tokens:24h", run: runBudgetRm},
 		}},
 		"reservations": {summary: "admin: a running server's ledger reservations", subs: map[string]*command{
 			"list": {summary: "list open reservations", usage: "[--state S] [--tenant T]",
