@@ -166,7 +166,9 @@ func (a *Admin) reload(rc *fasthttp.RequestCtx) {
 		a.fail(rc, http.StatusBadRequest, "invalid_config", oneLine(err))
 		return
 	}
-	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version})
+	// restart_needed: restart-only fields (listen, ledger, replicas, ...)
+	// the file changes; they keep their start-up value until a restart.
+	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version, "restart_needed": a.s.RestartNeeded()})
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

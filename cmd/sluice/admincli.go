@@ -789,17 +789,24 @@ func runReload(ctx context.Context, e env, args []string) error {
 	}
 	return c.call(ctx, e, o, http.MethodPost, "/admin/reload", nil, nil, func(w io.Writer, data []byte) error {
 		var r struct {
-			Status  string `json:"status"`
-			Version *int64 `json:"version"`
+			Status        string   `json:"status"`
+			Version       *int64   `json:"version"`
+			RestartNeeded []string `json:"restart_needed"`
 		}
 		if err := decodeInto(data, &r); err != nil {
 			return err
 		}
 		if r.Version != nil {
-			_, err := fmt.Fprintf(w, "%s (config version %d)\n", r.Status, *r.Version)
-			return err
+			fmt.Fprintf(w, "%s (config version %d)\n", r.Status, *r.Version)
+		} else {
+			fmt.Fprintln(w, r.Status)
 		}
-		_, err := fmt.Fprintln(w, r.Status)
-		return err
+		if len(r.RestartNeeded) > 0 {
+			fmt.Fprintln(w, "not applied: these fields take effect only at a restart (the server still runs with its start-up values):")
+			for _, f := range r.RestartNeeded {
+				fmt.Fprintf(w, "  %s\n", f)
+			}
+		}
+		return nil
 	})
 }

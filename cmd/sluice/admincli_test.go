@@ -251,6 +251,13 @@ func TestAdminCLICalls(t *testing.T) {
 			stdout: "reloaded (config version 7)\n",
 		},
 		{
+			name:   "reload names the fields that need a restart",
+			args:   []string{"reload"},
+			reply:  `{"status":"reloaded","version":8,"restart_needed":["listen (127.0.0.1:8080 → 0.0.0.0:8080)"]}`,
+			method: "POST", uri: "/admin/reload",
+			stdout: "reloaded (config version 8)\nnot applied: these fields take effect only at a restart (the server still runs with its start-up values):\n  listen (127.0.0.1:8080 → 0.0.0.0:8080)\n",
+		},
+		{
 			name:   "reload json",
 			args:   []string{"reload", "--json"},
 			reply:  `{"status":"reloaded","version":7}`,
