@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -34,6 +35,9 @@ type Admin struct {
 	routes  map[string]fasthttp.RequestHandler
 	// gatherer feeds the status page the counters /metrics serves.
 	gatherer prometheus.Gatherer
+	// sessionKey signs status page sessions (status.go); random per
+	// process, so a restart ends them.
+	sessionKey [32]byte
 }
 
 // NewAdmin builds the admin handler. base is the parent of every operation's
@@ -50,6 +54,9 @@ func NewAdmin(base context.Context, s *Server, token string, g prometheus.Gather
 		// finishes what it runs and gets nothing new); DELETE undrains.
 		"POST /admin/replicas/":   a.drainReplica,
 		"DELETE /admin/replicas/": a.drainReplica,
+	}
+	if _, err := rand.Read(a.sessionKey[:]); err != nil {
+		panic("crypto/rand: " + err.Error()) // never fails on supported platforms
 	}
 	a.registerOps()
 	a.registerKeys()
@@ -82,7 +89,7 @@ func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 		}
 		rc.SetBodyString(why + "\n")
 		return
-	case "/status", "/status.json":
+	case "/status", "/status.json", "/status/report.json", "/status/login":
 		a.status(rc)
 		return
 	}
