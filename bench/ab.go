@@ -85,6 +85,9 @@ func abWarnings(r *ABResult, replicas, maxSeqs int) []string {
 // then waits Settle.
 func AB(ctx context.Context, o ABOptions) (*ABResult, error) {
 	o.defaults()
+	if err := makeOutputDirs(&o.Options); err != nil {
+		return nil, err
+	}
 	if len(o.A) == 0 || o.B == "" {
 		return nil, usage("ab needs --a URL[,URL…] and --b URL")
 	}
@@ -288,8 +291,16 @@ func baseRate(o Options) (float64, error) {
 // reports the knee: the rate with the highest goodput, with p99 TTFT there.
 func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 	o.defaults()
+	if err := makeOutputDirs(&o.Options); err != nil {
+		return nil, err
+	}
 	if len(o.Rates) == 0 {
 		return nil, usage("sweep needs --rates")
+	}
+	if o.Workload == "" {
+		// The flags' one tenant: --rates sets each run's total, so its
+		// base rate is only the unit the scale applies to.
+		o.RequestRate = "1"
 	}
 	base, err := baseRate(o.Options)
 	if err != nil {

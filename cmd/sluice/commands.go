@@ -317,7 +317,7 @@ func flagMessage(err error, fs *flag.FlagSet) error {
 		}
 		return errors.New(msg)
 	}
-	for _, p := range []string{"flag needs an argument: -", " for flag -", "bad flag syntax: -"} {
+	for _, p := range []string{"flag needs an argument: -", " for flag -", " for -", "bad flag syntax: -"} {
 		msg = strings.Replace(msg, p, p+"-", 1)
 	}
 	return errors.New(msg)
