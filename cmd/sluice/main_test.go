@@ -106,6 +106,11 @@ tenants:
 		"sluice config check: 3 problem(s) in " + bad,
 	}, strings.Split(strings.TrimSuffix(errOut, "\n"), "\n"))
 
+	// serve refuses the same file with the same lines.
+	code, _, serveErr := runCLI(t, "", "serve", "--config", bad)
+	assert.Equal(t, 2, code)
+	assert.Equal(t, strings.Replace(errOut, "sluice config check:", "sluice serve:", 1), serveErr)
+
 	dup := filepath.Join(dir, "dup.yaml")
 	os.WriteFile(dup, []byte(`upstream:
   replicas:
