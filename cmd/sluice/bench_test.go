@@ -39,8 +39,6 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"compare one file", []string{"bench", "compare", "a.json"}, "compare needs two result files", false},
 		{"request-rate with a workload", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--workload", "flood", "--capacity", "4", "--request-rate", "10"},
 			"sluice bench run: --request-rate does not apply with --workload", false},
-		{"num-prompts with a workload", []string{"bench", "ab", "--workload", "overhead", "--num-prompts", "10"},
-			"sluice bench ab: --num-prompts does not apply with --workload", false},
 		{"request-rate in a sweep", []string{"bench", "sweep", "--rates", "2,4", "--request-rate", "3"},
 			"sluice bench sweep: --request-rate does not apply to a sweep", false},
 	} {
