@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -10,9 +11,9 @@ import (
 )
 
 // TestBudgetRmRestoresConfig: removing an admin override of a config
-// budget puts the config's limit back in force (it used to leave the
-// tenant with no budget on that dimension); the id's window may be
-// spelled any way; a budget only the config sets is not removable.
+// budget puts the config's limit back in force, never leaves the tenant
+// without a budget on that dimension; the id's window may be spelled any
+// way; a budget only the config sets is not removable.
 func TestBudgetRmRestoresConfig(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, "", "    budgets: [{dimension: tokens, limit: 200000, window: 24h}]\n")
@@ -25,7 +26,7 @@ func TestBudgetRmRestoresConfig(t *testing.T) {
 		return rows[0].Limit, rows[0].Source, 1
 	}
 
-	_, err := s.SetBudget("acme", config.Budget{Dimension: "tokens", Limit: 500000, Window: 24 * 60 * 60 * 1e9})
+	_, err := s.SetBudget("acme", config.Budget{Dimension: "tokens", Limit: 500000, Window: 24 * time.Hour})
 	require.NoError(t, err)
 	limit, src, n := limitOf()
 	require.Equal(t, 1, n)
@@ -52,7 +53,7 @@ func TestBudgetRmRestoresConfig(t *testing.T) {
 	assert.Equal(t, 1, n)
 
 	// An override with no config budget under it goes away entirely.
-	_, err = s.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 5, Window: 3600e9})
+	_, err = s.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 5, Window: time.Hour})
 	require.NoError(t, err)
 	out, err = s.RemoveBudget("acme:requests:60m")
 	require.NoError(t, err)
