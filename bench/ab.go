@@ -85,6 +85,9 @@ func abWarnings(r *ABResult, replicas, maxSeqs int) []string {
 // then waits Settle.
 func AB(ctx context.Context, o ABOptions) (*ABResult, error) {
 	o.defaults()
+	if err := makeOutputDirs(&o.Options); err != nil {
+		return nil, err
+	}
 	if len(o.A) == 0 || o.B == "" {
 		return nil, usage("ab needs --a URL[,URL…] and --b URL")
 	}
@@ -260,7 +263,14 @@ type SweepResult struct {
 	Rates []float64
 	Docs  []report.Doc
 	Knee  int // index of the highest goodput
+	// Saturated: some rate's goodput fell below SaturatedBelow of it, so
+	// Knee is a knee; otherwise it is only the best rate tried.
+	Saturated bool
 }
+
+// SaturatedBelow: a run whose goodput is less than this share of its
+// offered rate was past the knee.
+const SaturatedBelow = 0.95
 
 // baseRate is the total finite rate of the schedule at scale 1.
 func baseRate(o Options) (float64, error) {
@@ -288,8 +298,16 @@ func baseRate(o Options) (float64, error) {
 // reports the knee: the rate with the highest goodput, with p99 TTFT there.
 func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 	o.defaults()
+	if err := makeOutputDirs(&o.Options); err != nil {
+		return nil, err
+	}
 	if len(o.Rates) == 0 {
 		return nil, usage("sweep needs --rates")
+	}
+	if o.Workload == "" {
+		// The flags' one tenant: --rates sets each run's total, so its
+		// base rate is only the unit the scale applies to.
+		o.RequestRate = "1"
 	}
 	base, err := baseRate(o.Options)
 	if err != nil {
@@ -343,7 +361,23 @@ func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 		fmt.Fprintf(o.Stdout, "%-10g %10.2f %10.2f %7.1f%% %12.0f\n", out.Rates[i], rt, g, 100*at, t)
 	}
 	kt, _ := out.Docs[out.Knee].F("p99_ttft_ms")
-	fmt.Fprintf(o.Stdout, "Knee: %g rps (goodput %.2f req/s, p99 TTFT %.0f ms)\n", out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
+	// A knee is where more offered load stops being served in time; when
+	// every rate was (nearly) all served, the sweep never reached it.
+	for i, g := range gp["goodput (req/s)"] {
+		offered := out.Rates[i]
+		if sent, ok := out.Docs[i].F("schedule", "sent_rate"); ok && sent > 0 {
+			offered = min(offered, sent) // a lagging generator offered less
+		}
+		if g < SaturatedBelow*offered {
+			out.Saturated = true
+		}
+	}
+	if out.Saturated {
+		fmt.Fprintf(o.Stdout, "Knee: %g rps (goodput %.2f req/s, p99 TTFT %.0f ms)\n", out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
+	} else {
+		fmt.Fprintf(o.Stdout, "No knee: every rate's goodput was at least %.0f%% of it; capacity is above %g rps (goodput %.2f req/s, p99 TTFT %.0f ms): sweep higher rates\n",
+			100*SaturatedBelow, out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
+	}
 	sections := []report.Section{{Heading: "Sweep", SVGs: []string{
 		report.LineChart("Goodput vs rate", "offered rate (rps)", "goodput (req/s)", out.Rates, gp, []string{"goodput (req/s)"}),
 		report.LineChart("p99 TTFT vs rate", "offered rate (rps)", "p99 TTFT (ms)", out.Rates, p99, []string{"p99 TTFT (ms)"}),

@@ -559,6 +559,9 @@ func isolation(o *Options, an *stats.Result) (map[string]any, error) {
 // error returned.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	o.defaults()
+	if err := makeOutputDirs(&o); err != nil {
+		return nil, err
+	}
 	sched, err := BuildSchedule(o)
 	if err != nil {
 		return nil, err
@@ -604,7 +607,32 @@ func resultPath(o *Options, suffix string) string {
 	return filepath.Join(o.ResultDir, name)
 }
 
+// makeOutputDirs creates the directories the output files go to before a
+// run starts, as vllm bench serve creates --result-dir
+// (compute_result_filename, vllm/benchmarks/serve.py): a missing directory
+// must not cost a whole run, and one that cannot be made fails at once.
+func makeOutputDirs(o *Options) error {
+	var dirs []string
+	if o.SaveResult && o.ResultDir != "" {
+		dirs = append(dirs, o.ResultDir)
+	}
+	for _, f := range []string{o.CSV, o.HTML, o.SaveRequests} {
+		if f != "" {
+			dirs = append(dirs, filepath.Dir(f))
+		}
+	}
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("output directory: %w", err)
+		}
+	}
+	return nil
+}
+
 func writeFile(path string, fn func(io.Writer) error) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -619,6 +647,13 @@ func writeFile(path string, fn func(io.Writer) error) error {
 	return nil
 }
 
+// runName names run i of several in file names and CSV rows: its label
+// and its index apart ("rate10-run2"), so a label ending in a digit never
+// runs into the index ("rate102").
+func runName(d report.Doc, i int) string {
+	return fmt.Sprintf("%v-run%d", d["label"], i)
+}
+
 // writeOutputs writes --save-result, --csv, --save-requests (last run) and
 // --html for one or more results.
 func writeOutputs(o *Options, last *Result, sections []report.Section, docs []report.Doc, title string) error {
@@ -627,7 +662,7 @@ func writeOutputs(o *Options, last *Result, sections []report.Section, docs []re
 		for i, d := range docs {
 			suffix := ""
 			if len(docs) > 1 {
-				suffix = fmt.Sprintf("%v%d", d["label"], i)
+				suffix = runName(d, i)
 			}
 			errs = append(errs, writeFile(resultPath(o, suffix), func(w io.Writer) error {
 				enc := json.NewEncoder(w)
@@ -643,7 +678,7 @@ func writeOutputs(o *Options, last *Result, sections []report.Section, docs []re
 				for i, d := range docs {
 					run := fmt.Sprintf("%v", d["label"])
 					if len(docs) > 1 {
-						run = fmt.Sprintf("%s%d", run, i)
+						run = runName(d, i)
 					}
 					if err := report.WriteCSV(w, rw, run, d, i == 0); err != nil {
 						return err

@@ -201,16 +201,32 @@ func TestSweep(t *testing.T) {
 	t.Parallel()
 	srv := sseServer(t, 0, 200, "")
 	var out bytes.Buffer
-	res, err := Sweep(t.Context(), SweepOptions{Options: Options{BaseURL: srv.URL, NumPrompts: 10, RequestRate: "100",
+	res, err := Sweep(t.Context(), SweepOptions{Options: Options{BaseURL: srv.URL, NumPrompts: 10,
 		RandomInputLen: 16, RandomOutputLen: 3, Stdout: &out, Now: fixedNow}, Rates: []float64{50, 200}})
 	require.NoError(t, err)
 	require.Len(t, res.Docs, 2)
 	assert.Equal(t, "50", res.Docs[0]["request_rate"])
-	assert.Contains(t, out.String(), "Knee:")
+	assert.False(t, res.Saturated)
+	assert.Contains(t, out.String(), "No knee: every rate's goodput was at least 95% of it; capacity is above 200 rps", "an instant server never saturates: the best rate is no knee")
+	assert.NotContains(t, out.String(), "Knee:")
 	var cfg map[string]any
 	b, _ := json.Marshal(res.Docs[1]["config"])
 	require.NoError(t, json.Unmarshal(b, &cfg))
-	assert.InDelta(t, 2.0, cfg["rate_scale"], 1e-9)
+	assert.InDelta(t, 200.0, cfg["rate_scale"], 1e-9, "without a workload the one tenant's base is 1 rps: --rates alone sets the rate")
+}
+
+// TestSweepKnee: a run whose goodput falls below 95 % of its rate (here
+// none meets a TTFT SLO the server's delay breaks) is past the knee.
+func TestSweepKnee(t *testing.T) {
+	t.Parallel()
+	srv := sseServer(t, 20*time.Millisecond, 200, "")
+	var out bytes.Buffer
+	res, err := Sweep(t.Context(), SweepOptions{Options: Options{BaseURL: srv.URL, NumPrompts: 4, Goodput: map[string]float64{"ttft": 5},
+		RandomInputLen: 16, RandomOutputLen: 3, Stdout: &out, Now: fixedNow}, Rates: []float64{50, 100}})
+	require.NoError(t, err)
+	assert.True(t, res.Saturated)
+	assert.Contains(t, out.String(), "Knee: ")
+	assert.NotContains(t, out.String(), "No knee")
 }
 
 func TestCompare(t *testing.T) {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -36,6 +37,9 @@ type Admin struct {
 	routes  map[string]fasthttp.RequestHandler
 	// gatherer feeds the status page the counters /metrics serves.
 	gatherer prometheus.Gatherer
+	// sessionKey signs status page sessions (status.go); random per
+	// process, so a restart ends them.
+	sessionKey [32]byte
 }
 
 // NewAdmin builds the admin handler. base is the parent of every operation's
@@ -52,6 +56,9 @@ func NewAdmin(base context.Context, s *Server, token string, g prometheus.Gather
 		// finishes what it runs and gets nothing new); DELETE undrains.
 		"POST /admin/replicas/":   a.drainReplica,
 		"DELETE /admin/replicas/": a.drainReplica,
+	}
+	if _, err := rand.Read(a.sessionKey[:]); err != nil {
+		panic("crypto/rand: " + err.Error()) // never fails on supported platforms
 	}
 	a.registerOps()
 	a.registerKeys()
@@ -84,7 +91,7 @@ func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 		}
 		rc.SetBodyString(why + "\n")
 		return
-	case "/status", "/status.json":
+	case "/status", "/status.json", "/status/report.json", "/status/login":
 		a.status(rc)
 		return
 	}
@@ -168,7 +175,9 @@ func (a *Admin) reload(rc *fasthttp.RequestCtx) {
 		a.fail(rc, http.StatusBadRequest, "invalid_config", oneLine(err))
 		return
 	}
-	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version})
+	// restart_needed: restart-only fields (listen, ledger, replicas, ...)
+	// the file changes; they keep their start-up value until a restart.
+	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version, "restart_needed": a.s.RestartNeeded()})
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

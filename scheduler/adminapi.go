@@ -44,6 +44,8 @@ func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
 		rc.SetBody(b)
 	case errors.Is(err, ErrNotFound), errors.Is(err, ledger.ErrNotFound):
 		a.fail(rc, http.StatusNotFound, "not_found", oneLine(err))
+	case errors.Is(err, ErrConfigBudget):
+		a.fail(rc, http.StatusConflict, "config_budget", oneLine(err))
 	case errors.Is(err, ledger.ErrAlreadyFinal):
 		a.fail(rc, http.StatusConflict, "already_final", oneLine(err))
 	case ledger.IsStoreError(err):
@@ -104,11 +106,12 @@ func (a *Admin) putBudget(rc *fasthttp.RequestCtx) {
 
 func (a *Admin) deleteBudget(rc *fasthttp.RequestCtx) {
 	id := strings.TrimPrefix(string(rc.Path()), "/admin/budgets/")
-	if err := a.s.RemoveBudget(id); err != nil {
+	out, err := a.s.RemoveBudget(id)
+	if err != nil {
 		a.inputError(rc, err)
 		return
 	}
-	WriteJSON(rc, map[string]string{"deleted": id})
+	WriteJSON(rc, out)
 }
 
 // tenantPath splits /admin/tenants/{name}/{what}.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/audit"
@@ -297,40 +298,76 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	return BudgetRow{ID: id, Tenant: tenant, Dimension: b.Dimension, Limit: b.Limit, Window: b.Window.String(), Mode: b.Mode, Source: "admin"}, nil
 }
 
-// RemoveBudget removes a budget by id (a config budget is masked).
-func (s *Server) RemoveBudget(id string) error {
-	var found *BudgetRow
-	for _, r := range s.budgetRows() {
-		if r.ID == id {
-			found = &r
-			break
-		}
-	}
-	if found == nil {
-		return fmt.Errorf("budget %q: %w", id, ErrNotFound)
-	}
-	if err := s.changeAdmin(func(st *adminState) error {
-		st.Budgets[id] = BudgetOverride{Tenant: found.Tenant, Removed: true}
-		return nil
-	}); err != nil {
-		return err
-	}
-	s.record(audit.Record{Kind: audit.KindBudgetRm, Tenant: found.Tenant, Reason: id})
-	return nil
+// ErrConfigBudget refuses to remove a budget that only the config file
+// sets: overrides sit on top of the config, and removing one is how an
+// operator goes back to the config's limit, never to no limit.
+var ErrConfigBudget = errors.New("the budget comes from the config file")
+
+// BudgetRemoval is the answer to RemoveBudget: the override removed and
+// the config budget in force again, if the config has one with that id.
+type BudgetRemoval struct {
+	Deleted  string     `json:"deleted"`
+	Restored *BudgetRow `json:"restored,omitempty"`
 }
 
-func (s *Server) budgetRows() []BudgetRow {
-	var rows []BudgetRow
-	pol := s.pol.Load()
-	for _, b := range pol.cfg.Global.Budgets {
-		rows = append(rows, BudgetRow{ID: config.BudgetID(GlobalTenant, b), Tenant: GlobalTenant})
+// NormalizeBudgetID writes the window of an id <tenant>:<dimension>:<window>
+// the way BudgetID does, so "acme:tokens:24h" and "acme:tokens:1440m" name
+// the budget listed as acme:tokens:24h0m0s.
+func NormalizeBudgetID(id string) (string, error) {
+	i := strings.LastIndexByte(id, ':')
+	if i < 0 || !strings.Contains(id[:i], ":") {
+		return "", inputErr("id", "a budget id is <tenant>:<dimension>:<window>, like acme:tokens:24h (got %q)", id)
 	}
-	for _, t := range pol.order {
-		for _, b := range t.cfg.Budgets {
-			rows = append(rows, BudgetRow{ID: config.BudgetID(t.name, b), Tenant: t.name})
+	w, err := time.ParseDuration(id[i+1:])
+	if err != nil || w <= 0 {
+		return "", inputErr("id", "the window of budget id %q must be a duration such as 24h", id)
+	}
+	return id[:i+1] + w.String(), nil
+}
+
+// RemoveBudget removes the admin override with that id (any spelling of
+// its window). A config budget the override replaced applies again; a
+// budget only the config sets is not removed (ErrConfigBudget): set an
+// override instead, or edit the config and reload.
+func (s *Server) RemoveBudget(id string) (BudgetRemoval, error) {
+	id, err := NormalizeBudgetID(id)
+	if err != nil {
+		return BudgetRemoval{}, err
+	}
+	var tenant string
+	errNone := errors.New("no override")
+	err = s.changeAdmin(func(st *adminState) error {
+		o, ok := st.Budgets[id]
+		if !ok {
+			return errNone
+		}
+		tenant = o.Tenant
+		delete(st.Budgets, id)
+		return nil
+	})
+	if errors.Is(err, errNone) {
+		for _, r := range s.Budgets("") {
+			if r.ID == id {
+				return BudgetRemoval{}, fmt.Errorf("budget %s: %w; change its limit with 'sluice budget set' (an override), or edit the config and reload", id, ErrConfigBudget)
+			}
+		}
+		return BudgetRemoval{}, fmt.Errorf("budget %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return BudgetRemoval{}, err
+	}
+	out := BudgetRemoval{Deleted: id}
+	for _, r := range s.Budgets(tenant) {
+		if r.ID == id {
+			out.Restored = &r
 		}
 	}
-	return rows
+	reason := id + ": override removed, no config budget with this id"
+	if r := out.Restored; r != nil {
+		reason = fmt.Sprintf("%s: override removed, the config's %d per %s applies", id, r.Limit, r.Window)
+	}
+	s.record(audit.Record{Kind: audit.KindBudgetRm, Tenant: tenant, Reason: reason})
+	return out, nil
 }
 
 // SetClamp applies (or replaces) a tenant clamp.

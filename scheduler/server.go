@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +87,10 @@ type Auditor interface {
 // Server is the admission pipeline and its dispatch loop. Create it with
 // [New], run it with [Server.Run]; the fasthttp edge calls into it.
 type Server struct {
+	// boot is the config file the process started with: what the
+	// restart-only fields still run with (RestartNeeded).
+	boot *config.File
+
 	// loopOnly: only the dispatch loop dispatches (unit tests that hold a
 	// call queued by not running it); see call.go dispatchInline.
 	loopOnly bool
@@ -162,6 +167,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	s := &Server{
+		boot:       cfg,
 		led:        deps.Ledger,
 		up:         deps.Upstream,
 		keyer:      deps.Keyer,
@@ -294,7 +300,13 @@ func (s *Server) Reload(cfg *config.File) error {
 		return err
 	}
 	s.log.Info("config reloaded", "version", s.pol.Load().version, "tenants", len(cfg.Tenants))
-	s.record(audit.Record{Kind: audit.KindReload, Reason: fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().version, len(cfg.Tenants))})
+	reason := fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().version, len(cfg.Tenants))
+	if pending := s.RestartNeeded(); len(pending) > 0 {
+		s.log.Warn("config reloaded, but these fields apply only at a restart and still run with their start-up value",
+			"fields", strings.Join(pending, "; "))
+		reason += "; needs a restart: " + strings.Join(pending, "; ")
+	}
+	s.record(audit.Record{Kind: audit.KindReload, Reason: reason})
 	return nil
 }
 

@@ -1,13 +1,18 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
+	"fmt"
+	"html"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,16 +24,43 @@ import (
 
 // The status page (README "Status page"): GET /status on the admin
 // listener is one self-contained HTML page (no external assets) that
-// renders GET /status.json and refreshes it every 2 s. Either the admin
-// token or the read-only admin.status_token opens both: as
-// "Authorization: Bearer <token>", or in the sluice_status cookie, which
-// GET /status?token=<token> sets (HttpOnly, SameSite=Strict) before
-// redirecting to /status, so the token leaves the address bar.
+// renders its report, /status/report.json (also /status.json), every 2 s.
+// Either the admin token or the read-only admin.status_token opens them:
+// as "Authorization: Bearer <token>" on each request, or through a
+// session. POST /status/login with the token in a form field (token=…)
+// or in the Authorization header sets the sluice_status cookie: HttpOnly,
+// SameSite=Strict, Path=/status, valid statusSessionTTL, holding an HMAC
+// of its expiry and of the credential under a key of this process, never
+// the token. A token in the URL is refused: it would stay in the browser's
+// history, proxy logs and Referer headers. Changing either token, or a
+// restart, ends the sessions it opened.
 
 //go:embed status.html
 var statusHTML []byte
 
-const statusCookie = "sluice_status"
+//go:embed statuslogin.html
+var statusLoginHTML []byte
+
+const (
+	statusCookie     = "sluice_status"
+	statusCookiePath = "/status"
+	statusSessionTTL = 12 * time.Hour
+)
+
+// statusCreds are the credentials that open the status page, each as the
+// "sha256:<hex>" form the config stores: the admin token's and
+// admin.status_token.
+func (a *Admin) statusCreds() []string {
+	var out []string
+	if len(a.token) > 0 {
+		sum := sha256.Sum256(a.token)
+		out = append(out, "sha256:"+hex.EncodeToString(sum[:]))
+	}
+	if want := a.s.pol.Load().file.Admin.StatusToken; want != "" {
+		out = append(out, strings.ToLower(want))
+	}
+	return out
+}
 
 // statusAuth reports whether tok is the admin or the status token.
 func (a *Admin) statusAuth(tok string) bool {
@@ -47,41 +79,81 @@ func (a *Admin) statusAuth(tok string) bool {
 	return subtle.ConstantTimeCompare([]byte(got), []byte(strings.ToLower(want))) == 1
 }
 
-// status serves /status and /status.json.
-func (a *Admin) status(rc *fasthttp.RequestCtx) {
-	if !rc.IsGet() && !rc.IsHead() {
-		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
-		return
+// credOf is the credential form (statusCreds) of a token statusAuth took.
+func credOf(tok string) string {
+	sum := sha256.Sum256([]byte(tok))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// sessionMAC binds a session's expiry to one credential under the
+// process's session key.
+func (a *Admin) sessionMAC(exp int64, cred string) string {
+	m := hmac.New(sha256.New, a.sessionKey[:])
+	fmt.Fprintf(m, "sluice status session|%d|%s", exp, cred)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// newSession is a cookie value for a credential: "<expiry unix>.<mac>".
+func (a *Admin) newSession(cred string) string {
+	exp := a.s.now().Add(statusSessionTTL).Unix()
+	return strconv.FormatInt(exp, 10) + "." + a.sessionMAC(exp, cred)
+}
+
+// sessionValid checks a cookie value: unexpired, and made for a
+// credential that still opens the page.
+func (a *Admin) sessionValid(v string) bool {
+	e, mac, ok := strings.Cut(v, ".")
+	if !ok {
+		return false
 	}
+	exp, err := strconv.ParseInt(e, 10, 64)
+	if err != nil || a.s.now().Unix() >= exp {
+		return false
+	}
+	for _, c := range a.statusCreds() {
+		if hmac.Equal([]byte(mac), []byte(a.sessionMAC(exp, c))) {
+			return true
+		}
+	}
+	return false
+}
+
+// status serves /status, /status/report.json (and /status.json) and
+// /status/login.
+func (a *Admin) status(rc *fasthttp.RequestCtx) {
+	path := string(rc.Path())
 	if len(a.token) == 0 && a.s.pol.Load().file.Admin.StatusToken == "" {
 		a.fail(rc, http.StatusForbidden, "status_disabled", "the status page is disabled: set SLUICE_ADMIN_TOKEN or admin.status_token")
 		return
 	}
-	if q := rc.QueryArgs().Peek("token"); len(q) > 0 && string(rc.Path()) == "/status" {
-		if !a.statusAuth(string(q)) {
-			a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token")
-			return
-		}
-		var c fasthttp.Cookie
-		c.SetKey(statusCookie)
-		c.SetValue(string(q))
-		c.SetPath("/")
-		c.SetHTTPOnly(true)
-		c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-		rc.Response.Header.SetCookie(&c)
-		rc.Redirect("/status", http.StatusSeeOther)
+	if path == "/status/login" {
+		a.statusLogin(rc)
 		return
 	}
-	tok, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
-	if !ok {
-		tok = string(rc.Request.Header.Cookie(statusCookie))
+	if !rc.IsGet() && !rc.IsHead() {
+		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+		return
 	}
-	if !a.statusAuth(tok) {
-		a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or open /status?token=…)")
+	if rc.QueryArgs().Has("token") {
+		a.fail(rc, http.StatusBadRequest, "token_in_url",
+			"a token is not accepted in a URL (browser history, proxy logs and Referer headers keep it): log in at /status with the form, or send Authorization: Bearer")
+		return
+	}
+	tok, bearer := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	ok := bearer && a.statusAuth(tok)
+	if !bearer {
+		ok = a.sessionValid(string(rc.Request.Header.Cookie(statusCookie)))
+	}
+	if !ok {
+		if path == "/status" {
+			a.loginPage(rc, http.StatusUnauthorized, "")
+			return
+		}
+		a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or log in at /status)")
 		return
 	}
 	rc.Response.Header.Set("Cache-Control", "no-store")
-	if string(rc.Path()) == "/status.json" {
+	if path != "/status" {
 		ctx, cancel := a.opContext(2 * time.Second)
 		defer cancel()
 		WriteJSON(rc, a.statusReport(ctx))
@@ -90,6 +162,47 @@ func (a *Admin) status(rc *fasthttp.RequestCtx) {
 	rc.Response.Header.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
 	rc.SetContentType("text/html; charset=utf-8")
 	rc.SetBody(statusHTML)
+}
+
+// statusLogin is POST /status/login: the token from the form field or the
+// Authorization header opens a session (the cookie) and redirects to
+// /status.
+func (a *Admin) statusLogin(rc *fasthttp.RequestCtx) {
+	if !rc.IsPost() {
+		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use POST with the token in a form field or Authorization: Bearer")
+		return
+	}
+	if rc.QueryArgs().Has("token") {
+		a.fail(rc, http.StatusBadRequest, "token_in_url", "a token is not accepted in a URL: send it in the form body or Authorization: Bearer")
+		return
+	}
+	tok, bearer := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	if !bearer {
+		tok = string(rc.PostArgs().Peek("token"))
+	}
+	if !a.statusAuth(tok) {
+		a.loginPage(rc, http.StatusUnauthorized, "wrong token")
+		return
+	}
+	var c fasthttp.Cookie
+	c.SetKey(statusCookie)
+	c.SetValue(a.newSession(credOf(tok)))
+	c.SetPath(statusCookiePath)
+	c.SetMaxAge(int(statusSessionTTL / time.Second))
+	c.SetHTTPOnly(true)
+	c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
+	rc.Response.Header.SetCookie(&c)
+	rc.Response.Header.Set("Cache-Control", "no-store")
+	rc.Redirect("/status", http.StatusSeeOther)
+}
+
+// loginPage answers with the login form (and why it is shown again).
+func (a *Admin) loginPage(rc *fasthttp.RequestCtx, status int, msg string) {
+	rc.SetStatusCode(status)
+	rc.Response.Header.Set("Cache-Control", "no-store")
+	rc.Response.Header.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	rc.SetContentType("text/html; charset=utf-8")
+	rc.SetBody(bytes.Replace(statusLoginHTML, []byte("<!--msg-->"), []byte(html.EscapeString(msg)), 1))
 }
 
 // StatusReport is GET /status.json.

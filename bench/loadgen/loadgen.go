@@ -70,6 +70,12 @@ type Record struct {
 	Sent         time.Duration
 	First        time.Duration // first event with non-empty choices (TTFT)
 	FirstContent time.Duration // first event with non-empty text
+	// EarlyEmpty: before the first text came a choices event with no
+	// text, no role, no tool call and no finish_reason, an empty chunk
+	// some hop sent. vLLM's own chat role chunk ({"role":"assistant",
+	// "content":""}, sent with the first output by
+	// vllm/entrypoints/openai/chat_completion/serving.py) is not one.
+	EarlyEmpty   bool
 	Done         time.Duration // last choices event (E2EL); for failures, when it ended
 	ITL          []time.Duration
 	ClientQueue  time.Duration
@@ -450,9 +456,12 @@ type chunk struct {
 	Choices []struct {
 		Text  nonEmpty `json:"text"`
 		Delta struct {
-			Content          nonEmpty `json:"content"`
-			ReasoningContent nonEmpty `json:"reasoning_content"`
+			Role             nonEmpty        `json:"role"`
+			Content          nonEmpty        `json:"content"`
+			ReasoningContent nonEmpty        `json:"reasoning_content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
+		FinishReason nonEmpty `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
@@ -557,8 +566,13 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, cancel context.
 			rec.Done = ev.At
 			rec.Chunks++
 			ch := c.Choices[0]
-			if rec.FirstContent < 0 && bool(ch.Text || ch.Delta.Content || ch.Delta.ReasoningContent) {
-				rec.FirstContent = ev.At
+			if rec.FirstContent < 0 {
+				switch {
+				case bool(ch.Text || ch.Delta.Content || ch.Delta.ReasoningContent):
+					rec.FirstContent = ev.At
+				case !bool(ch.Delta.Role || ch.FinishReason) && (len(ch.Delta.ToolCalls) == 0 || string(ch.Delta.ToolCalls) == "null"):
+					rec.EarlyEmpty = true
+				}
 			}
 			if q.CancelAfter > 0 && rec.Chunks >= q.CancelAfter {
 				cancel(errPlannedCancel)

@@ -262,6 +262,7 @@ func TestDispatcherTiming(t *testing.T) {
 			assert.Equal(t, 70*ms, rec.E2EL(), "e2el %d", i)
 			assert.Equal(t, []time.Duration{10 * ms, 10 * ms}, rec.ITL)
 			assert.Equal(t, rec.First+10*ms, rec.FirstContent, "first non-empty text one chunk later")
+			assert.True(t, rec.EarlyEmpty, "an empty chunk before the text")
 			assert.Equal(t, Success, rec.Outcome)
 		}
 		assert.Equal(t, time.Duration(0), res.Records[0].ClientQueue)
@@ -349,6 +350,41 @@ func TestBodyDataset(t *testing.T) {
 			t.Parallel()
 			q := &workload.Request{Entry: tc.entry, OutputLen: sc.Dataset[tc.entry-1].OutputLen}
 			assert.Equal(t, tc.want, string(Body(tc.backend, "m", sc, q, 9, false)))
+		})
+	}
+}
+
+// TestRoleChunkIsNotEarlyEmpty: vLLM's chat role chunk before the first
+// text (vllm/entrypoints/openai/chat_completion/serving.py sends it with
+// the first output) moves ttft before ttft_content but is not an empty
+// chunk from a hop; a chunk with nothing in it is; a tool-call-only
+// answer has no text at all and is not either.
+func TestRoleChunkIsNotEarlyEmpty(t *testing.T) {
+	t.Parallel()
+	const (
+		role  = `{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`
+		text  = `{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`
+		empty = `{"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}`
+		tool  = `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]},"finish_reason":null}]}`
+		stop  = `{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`
+	)
+	for _, tc := range []struct {
+		name   string
+		chunks []string
+		early  bool
+	}{
+		{"role chunk", []string{role, text, text}, false},
+		{"empty chunk", []string{role, empty, text}, true},
+		{"tool calls only", []string{role, tool, stop}, false},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			f := &fakeSSE{ttft: 50 * time.Millisecond, itl: 10 * time.Millisecond, chunks: tc.chunks, t0: time.Now()}
+			res, err := Run(t.Context(), oneTenant("t", time.Second, workload.Request{At: 0}),
+				Config{Targets: []string{"http://fake"}, Model: "m", Client: &http.Client{Transport: f}})
+			require.NoError(t, err)
+			rec := res.Records[0]
+			assert.Equal(t, Success, rec.Outcome, tc.name)
+			assert.Equal(t, tc.early, rec.EarlyEmpty, tc.name)
 		})
 	}
 }

@@ -102,6 +102,10 @@ func TestHandComputedMetrics(t *testing.T) {
 	assert.InDelta(t, 4.0, s.MaxOutputTokensPerS, 0)
 	assert.Equal(t, 2, s.MaxConcurrentRequests)
 	assert.Equal(t, 1, s.TTFTContentDiffers)
+	assert.Zero(t, s.EarlyEmptyChunks)
+	for _, w := range res.Schedule.Warnings {
+		assert.NotContains(t, w, "empty chunk", "ttft ≠ ttft_content alone (vLLM's chat role chunk) warns of nothing")
+	}
 	assert.Equal(t, map[string]map[string]int{"success": {"": 2}, "rejected": {"queue_full": 1}}, s.Outcomes)
 	// From arrival: B was sent on time, so same as TTFT here.
 	assert.InDelta(t, 150.0, res.FromArrival.TTFT.Mean, 1e-9)

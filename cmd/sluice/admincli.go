@@ -391,7 +391,7 @@ func runBudgetRm(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return usagef("usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)")
+		return usagef("usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:24h)")
 	}
 	c, err := o.client()
 	if err != nil {
@@ -399,12 +399,17 @@ func runBudgetRm(ctx context.Context, e env, args []string) error {
 	}
 	return c.call(ctx, e, o, http.MethodDelete, "/admin/budgets/"+url.PathEscape(pos[0]), nil, nil, func(w io.Writer, data []byte) error {
 		var r struct {
-			Deleted string `json:"deleted"`
+			Deleted  string     `json:"deleted"`
+			Restored *budgetRow `json:"restored"`
 		}
 		if err := decodeInto(data, &r); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "deleted %s\n", r.Deleted)
+		if b := r.Restored; b != nil {
+			_, err := fmt.Fprintf(w, "deleted the override %s; the config's budget applies again: %d per %s (%s)\n", r.Deleted, b.Limit, b.Window, b.Mode)
+			return err
+		}
+		_, err := fmt.Fprintf(w, "deleted the override %s; the config sets no budget with this id\n", r.Deleted)
 		return err
 	})
 }
@@ -741,60 +746,6 @@ func runTenantUnclamp(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		_, err := fmt.Fprintf(w, "unclamped %s\n", r.Tenant)
-		return err
-	})
-}
-
-// ---- drain, reload ----
-
-// runDrain implements `sluice drain`: the server stops admitting, finishes
-// what it runs and exits.
-func runDrain(ctx context.Context, e env, args []string) error {
-	fs := newFlags("drain")
-	o := addAdminFlags(fs)
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
-		return err
-	}
-	c, err := o.client()
-	if err != nil {
-		return err
-	}
-	return c.call(ctx, e, o, http.MethodPost, "/admin/drain", nil, nil, func(w io.Writer, data []byte) error {
-		var r struct {
-			Status string `json:"status"`
-		}
-		if err := decodeInto(data, &r); err != nil {
-			return err
-		}
-		_, err := fmt.Fprintln(w, r.Status)
-		return err
-	})
-}
-
-// runReload implements `sluice reload`: the server re-reads its config file.
-func runReload(ctx context.Context, e env, args []string) error {
-	fs := newFlags("reload")
-	o := addAdminFlags(fs)
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
-		return err
-	}
-	c, err := o.client()
-	if err != nil {
-		return err
-	}
-	return c.call(ctx, e, o, http.MethodPost, "/admin/reload", nil, nil, func(w io.Writer, data []byte) error {
-		var r struct {
-			Status  string `json:"status"`
-			Version *int64 `json:"version"`
-		}
-		if err := decodeInto(data, &r); err != nil {
-			return err
-		}
-		if r.Version != nil {
-			_, err := fmt.Fprintf(w, "%s (config version %d)\n", r.Status, *r.Version)
-			return err
-		}
-		_, err := fmt.Fprintln(w, r.Status)
 		return err
 	})
 }

@@ -145,7 +145,14 @@ func TestAdminCLICalls(t *testing.T) {
 			args:   []string{"budget", "rm", "acme:tokens:1h0m0s"},
 			reply:  `{"deleted":"acme:tokens:1h0m0s"}`,
 			method: "DELETE", uri: "/admin/budgets/acme:tokens:1h0m0s",
-			stdout: "deleted acme:tokens:1h0m0s\n",
+			stdout: "deleted the override acme:tokens:1h0m0s; the config sets no budget with this id\n",
+		},
+		{
+			name:   "budget rm restores the config's budget",
+			args:   []string{"budget", "rm", "acme:tokens:24h"},
+			reply:  `{"deleted":"acme:tokens:24h0m0s","restored":{"id":"acme:tokens:24h0m0s","tenant":"acme","dimension":"tokens","limit":200000,"window":"24h0m0s","mode":"block","source":"config"}}`,
+			method: "DELETE", uri: "/admin/budgets/acme:tokens:24h",
+			stdout: "deleted the override acme:tokens:24h0m0s; the config's budget applies again: 200000 per 24h0m0s (block)\n",
 		},
 		{
 			name:   "budget rm flags after id",
@@ -244,6 +251,13 @@ func TestAdminCLICalls(t *testing.T) {
 			stdout: "reloaded (config version 7)\n",
 		},
 		{
+			name:   "reload names the fields that need a restart",
+			args:   []string{"reload"},
+			reply:  `{"status":"reloaded","version":8,"restart_needed":["listen (127.0.0.1:8080 → 0.0.0.0:8080)"]}`,
+			method: "POST", uri: "/admin/reload",
+			stdout: "reloaded (config version 8)\nnot applied: these fields take effect only at a restart (the server still runs with its start-up values):\n  listen (127.0.0.1:8080 → 0.0.0.0:8080)\n",
+		},
+		{
 			name:   "reload json",
 			args:   []string{"reload", "--json"},
 			reply:  `{"status":"reloaded","version":7}`,
@@ -302,13 +316,13 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "set bad dimension", args: with(set, "--dimension", "cpu", "--limit", "1", "--window", "1h"), errOut: `sluice budget set: --dimension must be one of ` + dims + `, got "cpu"` + "\n"},
 		{name: "set no limit", args: with(set, "--dimension", "tokens", "--window", "1h"), errOut: "sluice budget set: --limit is required\n"},
 		{name: "set negative limit", args: with(set, "--dimension", "tokens", "--limit", "-1", "--window", "1h"), errOut: "sluice budget set: --limit must be >= 0, got -1\n"},
-		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag -limit: parse error` + "\n", usage: true},
+		{name: "set non-integer limit", args: with(set, "--dimension", "tokens", "--limit", "1.5", "--window", "1h"), errOut: `sluice budget set: invalid value "1.5" for flag --limit: parse error` + "\n", usage: true},
 		{name: "set no window", args: with(set, "--dimension", "tokens", "--limit", "1"), errOut: "sluice budget set: --window is required (a duration like 30m or 1h)\n"},
 		{name: "set zero window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "0s"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "0s"` + "\n"},
 		{name: "set bad window", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1d"), errOut: `sluice budget set: --window must be a positive duration like 30m or 1h, got "1d"` + "\n"},
 		{name: "set bad mode", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "--mode", "soft"), errOut: `sluice budget set: --mode must be one of block|warn, got "soft"` + "\n"},
 		{name: "set stray arg", args: with(set, "--dimension", "tokens", "--limit", "1", "--window", "1h", "extra"), errOut: `sluice budget set: unexpected argument "extra"` + "\n", usage: true},
-		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget rm: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:1h0m0s)\n"},
+		{name: "rm no id", args: []string{"budget", "rm", "--admin", f.srv.URL}, errOut: "sluice budget rm: usage: sluice budget rm ID (an id from 'sluice budget list', like tenant:tokens:24h)\n"},
 		{name: "rm two ids", args: []string{"budget", "rm", "a", "b"}, errOut: `sluice budget rm: unexpected argument "b"` + "\n", usage: true},
 		{name: "list bad state", args: []string{"reservations", "list", "--state", "settled"}, errOut: `sluice reservations list: --state must be one of unresolved|dispatched|reserved, got "settled"` + "\n"},
 		{name: "resolve no id", args: []string{"reservations", "resolve", "--tenant", "acme", "--charge", "held", "--reason", "x"}, errOut: "sluice reservations resolve: usage: sluice reservations resolve ID --tenant T --charge held|actual|zero [--actual dim=N,...] --reason TEXT\n"},
@@ -334,7 +348,7 @@ func TestAdminCLIFlagValidation(t *testing.T) {
 		{name: "clamp negative for", args: with(clamp, "--weight", "1", "--reason", "x", "--for", "-5m"), errOut: `sluice tenant clamp: --for must be a positive duration like 30m or 1h, got "-5m"` + "\n"},
 		{name: "unclamp no name", args: []string{"tenant", "unclamp"}, errOut: "sluice tenant unclamp: usage: sluice tenant unclamp NAME\n"},
 		{name: "drain stray arg", args: []string{"drain", "now"}, errOut: `sluice drain: unexpected argument "now"` + "\n", usage: true},
-		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: flag provided but not defined: -force\n", usage: true},
+		{name: "reload unknown flag", args: []string{"reload", "--force"}, errOut: "sluice reload: unknown flag --force\n", usage: true},
 		{name: "bad admin url", args: []string{"drain", "--admin", "127.0.0.1:8081"}, errOut: `sluice drain: --admin must be an http(s) URL like http://127.0.0.1:8081, got "127.0.0.1:8081"` + "\n"},
 	}
 	for _, tc := range tests {
@@ -381,7 +395,7 @@ func TestAdminCLIHelp(t *testing.T) {
 		assert.Empty(t, errOut, "%v", args)
 		assert.True(t, strings.HasPrefix(out, "usage: sluice tenant clamp NAME "), "%v: %s", args, out)
 		assert.Contains(t, out, "-for string")
-		assert.NotContains(t, out, "\n  -token", "the token is never a flag")
+		assert.NotContains(t, out, "\n  --token", "the token is never a flag")
 		assert.NotContains(t, out, "-admin-token", "the token is never a flag")
 	}
 }
@@ -589,7 +603,7 @@ func TestAdminCLIAgainstServer(t *testing.T) {
 	}{
 		{name: "set", args: []string{"budget", "set", "--tenant", "acme", "--dimension", "tokens", "--limit", "5000", "--window", "1h"}, stdout: budgetTable},
 		{name: "list", args: []string{"budget", "list", "--tenant", "acme"}, stdout: budgetTable},
-		{name: "rm", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, stdout: "deleted acme:tokens:1h0m0s\n"},
+		{name: "rm", args: []string{"budget", "rm", "acme:tokens:60m"}, stdout: "deleted the override acme:tokens:1h0m0s; the config sets no budget with this id\n"},
 		{name: "list after rm", args: []string{"budget", "list", "--tenant", "acme"}, stdout: "no budgets\n"},
 		{name: "rm again", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, code: 1,
 			stderr: `sluice budget rm: budget "acme:tokens:1h0m0s": not found` + "\n"},

@@ -51,7 +51,7 @@ func TestAuditVerifyCLI(t *testing.T) {
 		{name: "no subcommand", args: []string{"audit"}, code: 2, errHas: "usage: sluice audit verify"},
 		{name: "unknown subcommand", args: []string{"audit", "check", good}, code: 2, errHas: "usage: sluice audit verify"},
 		{name: "no files", args: []string{"audit", "verify"}, code: 2, errHas: "usage: sluice audit verify"},
-		{name: "bad flag", args: []string{"audit", "verify", "--nope", good}, code: 2, errHas: "flag provided but not defined"},
+		{name: "bad flag", args: []string{"audit", "verify", "--nope", good}, code: 2, errHas: "unknown flag --nope"},
 		{name: "discovers rotated files", args: []string{"audit", "verify", good}, code: 0,
 			outHas: fmt.Sprintf("ok: 300 lines, seq 1..300, %d file(s), head ", len(files))},
 		{name: "explicit files", args: append([]string{"audit", "verify"}, files...), code: 0, outHas: "ok: 300 lines"},

@@ -185,7 +185,22 @@ func parseBench(fs *flag.FlagSet, b *benchFlags, args []string) error {
 			return fe
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return contradictions(fs, b)
+}
+
+// contradictions refuses flags another flag makes meaningless, which a
+// run would otherwise ignore without a word.
+func contradictions(fs *flag.FlagSet, b *benchFlags) error {
+	if b.o.Workload != "" && flagSet(fs, "request-rate") {
+		return usagef("--request-rate does not apply with --workload: the workload sets each tenant's rate (scale its rates with --capacity and Nx rates, or run 'sluice bench sweep --rates')")
+	}
+	if fs.Lookup("rates") != nil && flagSet(fs, "request-rate") {
+		return usagef("--request-rate does not apply to a sweep: --rates sets each run's total rate")
+	}
+	return nil
 }
 
 func runBenchRun(ctx context.Context, e env, args []string) error {

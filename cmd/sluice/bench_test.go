@@ -23,12 +23,12 @@ func TestBenchUsageErrors(t *testing.T) {
 	}{
 		{"no subcommand", []string{"bench"}, "sluice bench: missing command", true},
 		{"unknown subcommand", []string{"bench", "frob"}, `unknown command "bench frob"`, true},
-		{"bad flag", []string{"bench", "run", "--nope"}, "flag provided but not defined: -nope", true},
+		{"bad flag", []string{"bench", "run", "--nope"}, "unknown flag --nope", true},
 		{"stray arg", []string{"bench", "run", "extra"}, `unexpected argument "extra"`, true},
 		{"save-result with a file", []string{"bench", "run", "--save-result", "out.json"},
 			`sluice bench run: unexpected argument "out.json": --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},
 		{"save-result=file", []string{"bench", "sweep", "--save-result=out.json"},
-			`sluice bench sweep: invalid boolean value "out.json" for -save-result: --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},
+			`sluice bench sweep: invalid boolean value "out.json" for --save-result: --save-result is a switch, as in vllm bench serve: name the file with --result-dir DIR and --result-filename NAME`, true},
 		{"bad goodput", []string{"bench", "run", "--goodput", "ttft"}, "--goodput: want metric:ms", false},
 		{"bad metric", []string{"bench", "run", "--percentile-metrics", "ttft,xyz"}, `unknown metric "xyz"`, false},
 		{"bad rate", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--request-rate", "fast"}, "--request-rate", false},
@@ -37,6 +37,10 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"ab needs targets", []string{"bench", "ab", "--workload", "overhead", "--capacity", "4"}, "ab needs --a", false},
 		{"sweep bad rates", []string{"bench", "sweep", "--rates", "2,x"}, `--rates: bad rate "x"`, false},
 		{"compare one file", []string{"bench", "compare", "a.json"}, "compare needs two result files", false},
+		{"request-rate with a workload", []string{"bench", "run", "--base-url", "http://127.0.0.1:1", "--workload", "flood", "--capacity", "4", "--request-rate", "10"},
+			"sluice bench run: --request-rate does not apply with --workload", false},
+		{"request-rate in a sweep", []string{"bench", "sweep", "--rates", "2,4", "--request-rate", "3"},
+			"sluice bench sweep: --request-rate does not apply to a sweep", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -83,4 +87,25 @@ func TestBenchRunSimAndCompare(t *testing.T) {
 	assert.Contains(t, out, "request_throughput")
 	_, err := os.Stat(filepath.Join(dir, "a.json"))
 	require.NoError(t, err)
+}
+
+// TestBenchSweepFiles: --result-dir is created when missing (a run is
+// never lost to it), and each run's file names its rate and its index
+// apart: rate 10, run 1 is rate10-run1, never rate101.
+func TestBenchSweepFiles(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	code, out, stderr := runCLI(t, "", "bench", "sweep", "--sim-replicas", "1", "--rates", "100,10", "--num-prompts", "4",
+		"--random-input-len", "8", "--random-output-len", "2", "--progress", "0",
+		"--save-result", "--result-dir", dir, "--result-filename", "s.json")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "### rate 10 rps")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err, "the result directory was created")
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{"s-rate100-run0.json", "s-rate10-run1.json"}, names)
+	assert.NotContains(t, stderr+out, "empty chunk", "no warning about Sluice's or vLLM's own chunks")
 }

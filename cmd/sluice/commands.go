@@ -6,12 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/suggest"
 )
 
-// version is set at link time (-ldflags "-X main.version=...").
-var version = "dev"
+// version is set at link time (-ldflags "-X main.version=..."); without
+// it `sluice version` reports the module version from the build info.
+var version = ""
 
 // env carries the process's standard streams to a subcommand.
 type env struct {
@@ -81,12 +86,12 @@ func commands() map[string]*command {
 		"gpus": {summary: "one NVML sample of the node's GPUs and their health; --watch polls and reports deltas", usage: "[--json] [--watch DUR [--interval DUR]]",
 			example: "sluice gpus --json", run: runGPUs},
 		"budget": {summary: "admin: a running server's budgets", subs: map[string]*command{
-			"set": {summary: "set one budget (runtime override)",
+			"set": {summary: "set one budget: an override on top of the config's budget with the same dimension and window",
 				usage:   "--tenant T --dimension D --limit N --window DUR [--mode block|warn]",
 				example: "sluice budget set --tenant acme --dimension tokens --limit 500000 --window 1h", run: runBudgetSet},
 			"list": {summary: "list budgets", usage: "[--tenant T]", example: "sluice budget list --tenant acme", run: runBudgetList},
-			"rm": {summary: "remove a runtime budget", usage: "ID",
-				example: "sluice budget rm acme:tokens:1h0m0s", run: runBudgetRm},
+			"rm": {summary: "remove a budget override: the config's budget with that id (if any) applies again; ID's window in any duration spelling", usage: "ID",
+				example: "sluice budget rm acme:tokens:24h", run: runBudgetRm},
 		}},
 		"reservations": {summary: "admin: a running server's ledger reservations", subs: map[string]*command{
 			"list": {summary: "list open reservations", usage: "[--state S] [--tenant T]",
@@ -169,6 +174,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	e := env{stdin: stdin, stdout: stdout, stderr: stderr}
 	root := &command{summary: "the Sluice scheduler, its vLLM simulator, its load generator and the admin clients",
 		usage: "<command> [flags]", subs: commands()}
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	if len(args) > 0 && args[0] == "help" {
 		// `sluice help budget set` is `sluice budget set -h`.
 		args = append(slices.Clone(args[1:]), "-h")
@@ -189,7 +197,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		sub, ok := c.subs[args[0]]
 		if !ok {
+			if strings.HasPrefix(args[0], "-") {
+				// A flag where a command belongs: say so, not "unknown command".
+				fmt.Fprintf(stderr, "%s: %s is a flag; name a command first (%s)\n", cmdLine(path, ""), dashed(args[0]), strings.Join(sortedKeys(c.subs), ", "))
+				printGroupHelp(stderr, path, c)
+				return 2
+			}
 			fmt.Fprintf(stderr, "sluice: unknown command %q\n", joinPath(append(path, args[0])))
+			if s := suggest.Closest(args[0], sortedKeys(c.subs)); s != "" {
+				fmt.Fprintf(stderr, "Did you mean %q?\n", joinPath(append(slices.Clone(path), s)))
+			}
 			if len(path) == 0 {
 				fmt.Fprintln(stderr, "Run 'sluice help' for the list of commands.")
 			} else {
@@ -243,10 +260,67 @@ func printLeafHelp(w io.Writer, path []string, c *command, fs *flag.FlagSet) {
 		return
 	}
 	fmt.Fprintln(w, "\nflags:")
-	out := fs.Output()
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(out)
+	printFlags(w, fs)
+}
+
+// printFlags lists a FlagSet's flags as the flag package's PrintDefaults
+// does, but spelled --name, as the usage lines and examples spell them.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		name, usage := flag.UnquoteUsage(f)
+		if name != "" {
+			b.WriteString(" " + name)
+		}
+		b.WriteString("\n    \t")
+		b.WriteString(strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if !zeroDefault(f) {
+			if g, ok := f.Value.(flag.Getter); ok && isString(g.Get()) {
+				fmt.Fprintf(&b, " (default %q)", f.DefValue)
+			} else {
+				fmt.Fprintf(&b, " (default %v)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	})
+}
+
+func isString(v any) bool { _, ok := v.(string); return ok }
+
+// zeroDefault reports whether a flag's default is its type's zero value,
+// which PrintDefaults leaves unsaid too.
+func zeroDefault(f *flag.Flag) bool {
+	switch f.DefValue {
+	case "", "0", "0s", "false", "[]", "<nil>":
+		return true
+	}
+	return false
+}
+
+// dashed spells a flag argument ("-x", "--x=1") as --x.
+func dashed(arg string) string {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	return "--" + name
+}
+
+// flagMessage rewrites the flag package's error text in the --name
+// spelling and adds a "did you mean" for an unknown flag.
+func flagMessage(err error, fs *flag.FlagSet) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		msg = "unknown flag --" + name
+		if s := suggest.Closest(name, names); s != "" {
+			msg += " (did you mean --" + s + "?)"
+		}
+		return errors.New(msg)
+	}
+	for _, p := range []string{"flag needs an argument: -", " for flag -", " for -", "bad flag syntax: -"} {
+		msg = strings.Replace(msg, p, p+"-", 1)
+	}
+	return errors.New(msg)
 }
 
 // printGroupHelp lists a group's commands, down to the leaves.
@@ -310,7 +384,7 @@ func parseFlags(fs *flag.FlagSet, args []string, maxPos int) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return helpError{fs}
 		}
-		return flagError{usageError{err}, fs}
+		return flagError{usageError{flagMessage(err, fs)}, fs}
 	}
 	rest := fs.Args()
 	if used := len(args) - len(rest); used == 0 || args[used-1] != "--" {
@@ -328,6 +402,46 @@ func runVersion(_ context.Context, e env, args []string) error {
 	if err := parseFlags(newFlags("version"), args, 0); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "sluice %s\n", version)
+	bi, _ := debug.ReadBuildInfo()
+	fmt.Fprint(e.stdout, versionText(version, bi))
 	return nil
+}
+
+// versionText is what `sluice version` prints: the module version (a
+// link-time -X main.version wins over the module's), the VCS revision the
+// binary was built from (and whether the tree had uncommitted changes) and
+// the Go toolchain. go build records the revision when it runs inside a
+// git checkout; `go run` and test binaries do not.
+func versionText(linked string, bi *debug.BuildInfo) string {
+	v, rev, at, dirty, goVer := linked, "unknown", "", false, runtime.Version()
+	if bi != nil {
+		if (v == "" || v == "dev") && bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		goVer = bi.GoVersion
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.time":
+				at = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "sluice %s\n", v)
+	fmt.Fprintf(&b, "revision: %s", rev)
+	if at != "" {
+		fmt.Fprintf(&b, " (%s)", at)
+	}
+	if dirty {
+		b.WriteString(" with uncommitted changes")
+	}
+	fmt.Fprintf(&b, "\ngo: %s\n", goVer)
+	return b.String()
 }

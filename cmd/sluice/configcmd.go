@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/sluicehq/sluice/scheduler/config"
@@ -20,13 +22,34 @@ func runConfigCheck(_ context.Context, e env, args []string) error {
 	if fs.NArg() != 1 {
 		return usagef("usage: sluice config check FILE")
 	}
-	f, err := config.Load(fs.Arg(0))
+	path := fs.Arg(0)
+	f, err := config.Load(path)
 	if err != nil {
-		return usageError{err}
+		if pe := (*os.PathError)(nil); errors.As(err, &pe) {
+			return usageError{err}
+		}
+		// One problem a line, as a compiler lists them: FILE:LINE: message.
+		ps := config.Problems(err)
+		for _, p := range ps {
+			fmt.Fprintln(e.stderr, problemLine(path, p, ""))
+		}
+		return usagef("%d problem(s) in %s", len(ps), path)
+	}
+	for _, w := range f.Warnings() {
+		fmt.Fprintln(e.stderr, problemLine(path, w, "warning: "))
 	}
 	fmt.Fprintf(e.stdout, "%s: ok (%d tenants, %d replicas, ledger %s)\n",
-		fs.Arg(0), len(f.Tenants), len(f.Upstream.Replicas), f.Ledger.Backend)
+		path, len(f.Tenants), len(f.Upstream.Replicas), f.Ledger.Backend)
 	return nil
+}
+
+// problemLine is FILE:LINE: message, or FILE: message for a problem with
+// no line (a field left to its default).
+func problemLine(file string, p config.Problem, kind string) string {
+	if p.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s%s", file, p.Line, kind, p.Msg)
+	}
+	return fmt.Sprintf("%s: %s%s", file, kind, p.Msg)
 }
 
 // runKeyHash implements `sluice key hash`: reads one key on stdin and

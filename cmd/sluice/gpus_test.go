@@ -46,7 +46,7 @@ func TestGPUsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown flag", []string{"gpus", "--yaml"}, "sluice gpus: flag provided but not defined: -yaml\n"},
+		{"unknown flag", []string{"gpus", "--yaml"}, "sluice gpus: unknown flag --yaml\n"},
 		{"stray argument", []string{"gpus", "0"}, "sluice gpus: unexpected argument \"0\"\n"},
 		{"negative watch", []string{"gpus", "--watch", "-1s"}, "sluice gpus: --watch must be ≥ 0 and --interval > 0\n"},
 		{"zero interval", []string{"gpus", "--watch", "1s", "--interval", "0s"}, "sluice gpus: --watch must be ≥ 0 and --interval > 0\n"},

@@ -107,7 +107,7 @@ func TestEveryCommandHasHelp(t *testing.T) {
 				assert.True(t, strings.HasPrefix(out, "usage: sluice "+name), "%s %s: %q", name, h, out)
 				assert.Contains(t, out, "\nexample:\n  "+c.example+"\n")
 				for _, f := range flags {
-					assert.Contains(t, out, "\n  -"+f, "%s %s lists --%s", name, h, f)
+					assert.Contains(t, out, "\n  --"+f, "%s %s lists --%s", name, h, f)
 				}
 				if len(flags) > 0 {
 					assert.Contains(t, out, "\nflags:\n")
@@ -118,10 +118,10 @@ func TestEveryCommandHasHelp(t *testing.T) {
 			assert.Equal(t, 2, code)
 			assert.Empty(t, out)
 			first, rest, _ := strings.Cut(errOut, "\n")
-			assert.Equal(t, "sluice "+name+": flag provided but not defined: -no-such-flag", first)
+			assert.Equal(t, "sluice "+name+": unknown flag --no-such-flag", first)
 			assert.True(t, strings.HasPrefix(rest, "usage: sluice "+name), "the usage follows the error: %q", errOut)
 			for _, f := range flags {
-				assert.Contains(t, rest, "\n  -"+f)
+				assert.Contains(t, rest, "\n  --"+f)
 			}
 
 			// The example's flags exist: -h after them exits 0 only when
@@ -177,5 +177,5 @@ func TestHelpPrintedOnce(t *testing.T) {
 	assert.Empty(t, out.String(), "the flag package printed nothing while parsing")
 	printLeafHelp(&out, []string{"t"}, c, help.fs)
 	assert.Equal(t, 1, strings.Count(out.String(), "usage: sluice t"), out.String())
-	assert.Contains(t, out.String(), "\n  -x int\n")
+	assert.Contains(t, out.String(), "\n  --x int\n")
 }

@@ -20,9 +20,9 @@ func TestKeyCLIHelp(t *testing.T) {
 		sub   string
 		flags []string
 	}{
-		{"create", []string{"-tenant", "-name", "-expires-in", "-budget", "-concurrency", "-admin", "-json"}},
-		{"list", []string{"-tenant", "-admin", "-json"}},
-		{"revoke", []string{"-admin", "-json"}},
+		{"create", []string{"--tenant", "--name", "--expires-in", "--budget", "--concurrency", "--admin", "--json"}},
+		{"list", []string{"--tenant", "--admin", "--json"}},
+		{"revoke", []string{"--admin", "--json"}},
 	} {
 		code, out, errOut := runCLI(t, "", "key", tc.sub, "-h")
 		assert.Equal(t, 0, code, errOut)

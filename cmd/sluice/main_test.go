@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -32,7 +34,7 @@ func TestCLIUsage(t *testing.T) {
 		{name: "no command", args: nil, code: 2, errHas: "usage: sluice"},
 		{name: "unknown command", args: []string{"frobnicate"}, code: 2, errHas: `unknown command "frobnicate"`},
 		{name: "version", args: []string{"version"}, code: 0, outHas: "sluice "},
-		{name: "version bad flag", args: []string{"version", "--nope"}, code: 2, errHas: "flag provided but not defined: -nope"},
+		{name: "version bad flag", args: []string{"version", "--nope"}, code: 2, errHas: "unknown flag --nope"},
 		{name: "key hash", args: []string{"key", "hash"}, stdin: "foo\n", code: 0,
 			outHas: "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"},
 		{name: "key hash empty", args: []string{"key", "hash"}, stdin: "\n", code: 2, errHas: "no key on stdin"},
@@ -70,8 +72,91 @@ func TestConfigCheck(t *testing.T) {
 
 	code, _, errOut := runCLI(t, "", "config", "check", bad)
 	assert.Equal(t, 2, code)
-	assert.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
-	assert.Contains(t, errOut, "tenants[0].weight must be >= 1")
-	assert.Contains(t, errOut, "tenants[0].api_keys[0] must be")
-	assert.Contains(t, errOut, "upstream.replicas must list at least one replica")
+	assert.Equal(t, []string{
+		bad + `:1: tenants[0].api_keys[0] must be "sha256:<64 hex digits>" (run 'sluice key hash'); raw keys are never stored`,
+		bad + ":1: tenants[0].weight must be >= 1",
+		bad + ": upstream.replicas must list at least one replica",
+		"sluice config check: 3 problem(s) in " + bad,
+	}, strings.Split(strings.TrimSuffix(errOut, "\n"), "\n"), "one problem a line, each with its line")
+}
+
+// TestConfigCheckListsEveryProblem: an unknown key does not hide the
+// validation problems after it; each problem is on its own line with the
+// line of the file that sets it; duplicate replica URLs are a warning.
+func TestConfigCheckListsEveryProblem(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte(`upstream:
+  replicas:
+    - {url: "http://127.0.0.1:8100"}
+tenants:
+  - name: a
+    wieght: 2
+    api_keys: [raw]
+    queue:
+      max_wait: -1s
+`), 0o600)
+	code, _, errOut := runCLI(t, "", "config", "check", bad)
+	assert.Equal(t, 2, code)
+	assert.Equal(t, []string{
+		bad + ":6: tenants[0].wieght is not a known key (did you mean weight?)",
+		bad + `:7: tenants[0].api_keys[0] must be "sha256:<64 hex digits>" (run 'sluice key hash'); raw keys are never stored`,
+		bad + ":9: tenants[0].queue.max_wait must be > 0",
+		"sluice config check: 3 problem(s) in " + bad,
+	}, strings.Split(strings.TrimSuffix(errOut, "\n"), "\n"))
+
+	// serve refuses the same file with the same lines.
+	code, _, serveErr := runCLI(t, "", "serve", "--config", bad)
+	assert.Equal(t, 2, code)
+	assert.Equal(t, strings.Replace(errOut, "sluice config check:", "sluice serve:", 1), serveErr)
+
+	dup := filepath.Join(dir, "dup.yaml")
+	os.WriteFile(dup, []byte(`upstream:
+  replicas:
+    - {name: a, url: "http://127.0.0.1:8100"}
+    - {name: b, url: "http://127.0.0.1:8101"}
+    - {name: c, url: "HTTP://127.0.0.1:8100/"}
+tenants: [{name: a, api_keys: ["sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"]}]
+`), 0o600)
+	code, out, errOut := runCLI(t, "", "config", "check", dup)
+	assert.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "ok (1 tenants, 3 replicas")
+	assert.Equal(t, dup+`:5: warning: upstream.replicas[2].url "HTTP://127.0.0.1:8100/" is the same server as upstream.replicas[0] (a): its capacity would be counted twice`+"\n", errOut)
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		code, out, errOut := runCLI(t, "", args...)
+		assert.Equal(t, 0, code, "%v: %s", args, errOut)
+		assert.Regexp(t, `^sluice \S+\nrevision: \S+.*\ngo: go1\.\d+`, out, args)
+		assert.Contains(t, out, "go: "+runtime.Version(), args)
+	}
+	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/sluicehq/sluice", Version: "v0.4.1"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "c3b532e0"}, {Key: "vcs.time", Value: "2026-12-05T08:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}
+	assert.Equal(t, "sluice v0.4.1\nrevision: c3b532e0 (2026-12-05T08:00:00Z) with uncommitted changes\ngo: go1.26.8\n", versionText("", bi))
+	assert.Equal(t, "sluice v1.0.0\nrevision: c3b532e0 (2026-12-05T08:00:00Z) with uncommitted changes\ngo: go1.26.8\n", versionText("v1.0.0", bi), "a link-time version wins")
+}
+
+// TestDidYouMean: a mistyped command or flag gets the likely one; a flag
+// where a group needs its command is reported as such.
+func TestDidYouMean(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args   []string
+		errHas string
+	}{
+		{[]string{"verison"}, "sluice: unknown command \"verison\"\nDid you mean \"version\"?\n"},
+		{[]string{"budget", "lsit"}, "sluice: unknown command \"budget lsit\"\nDid you mean \"budget list\"?\n"},
+		{[]string{"bench", "run", "--base-ur", "x"}, "sluice bench run: unknown flag --base-ur (did you mean --base-url?)\n"},
+		{[]string{"bench", "--bogus"}, "sluice bench: --bogus is a flag; name a command first (ab, compare, run, sweep)\n"},
+		{[]string{"--bogus"}, "sluice: --bogus is a flag; name a command first ("},
+	} {
+		code, out, errOut := runCLI(t, "", tc.args...)
+		assert.Equal(t, 2, code, tc.args)
+		assert.Empty(t, out)
+		assert.True(t, strings.HasPrefix(errOut, tc.errHas), "%v: %q", tc.args, errOut)
+		assert.NotContains(t, errOut, "unknown command \"bench --bogus\"")
+	}
 }

@@ -18,7 +18,7 @@ func TestRunSimFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown flag", []string{"--nope"}, "flag provided but not defined"},
+		{"unknown flag", []string{"--nope"}, "unknown flag --nope"},
 		{"positional", []string{"extra"}, `unexpected argument "extra"`},
 		{"replicas zero", []string{"--replicas", "0"}, "--replicas must be >= 1"},
 		{"model len over kv", []string{"--max-model-len", "8192", "--kv-tokens", "4096"}, "exceeds the KV cache"},

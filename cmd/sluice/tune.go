@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/sluicehq/sluice/bench/report"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
@@ -103,7 +101,7 @@ func runTune(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usagef("--config: %v", err)
 	}
-	merged, err := applyTune(raw, recs)
+	merged, changes, err := applyTune(raw, recs)
 	if err != nil {
 		return usagef("--config %s: %v", *cfgPath, err)
 	}
@@ -111,6 +109,16 @@ func runTune(ctx context.Context, e env, args []string) error {
 		return usagef("--config %s with the recommendations: %v", *cfgPath, err)
 	}
 	fmt.Fprintf(e.stdout, "# checked: %s with these values passes 'sluice config check'\n", *cfgPath)
+	if len(changes) > 0 {
+		if *outPath != "" {
+			fmt.Fprintf(e.stdout, "# %s changes values %s sets:\n", *outPath, *cfgPath)
+		} else {
+			fmt.Fprintf(e.stdout, "# --out would change values %s sets:\n", *cfgPath)
+		}
+		for _, c := range changes {
+			fmt.Fprintf(e.stdout, "#   %s\n", c)
+		}
+	}
 	if *outPath != "" {
 		if err := os.WriteFile(*outPath, merged, 0o600); err != nil {
 			return err
@@ -154,6 +162,10 @@ func loadTuneRun(path string) (tuneRun, error) {
 	return r, nil
 }
 
+// saturatedBelow: a run that served less than this share of its offered
+// rate within the SLO was past the knee.
+const saturatedBelow = 0.95
+
 // tune derives the recommendations. The knee is the run that served the
 // most requests within the SLO per second of arrivals; its per-tenant rate
 // of those is the service rate μ. The wait the
@@ -179,8 +191,25 @@ func tune(runs []tuneRun, slo time.Duration, limit bool) ([]tuneRec, []string, e
 	if wait < 100*time.Millisecond {
 		return nil, nil, fmt.Errorf("the SLO %s leaves no queue wait: unqueued median TTFT is already %s", slo, base.Round(time.Millisecond))
 	}
-	notes := []string{fmt.Sprintf("knee: %s (%.2f req/s served within the SLO per second of arrivals); SLO TTFT %s; unqueued median TTFT %s (%s)",
-		k.path, k.served, slo, base.Round(time.Millisecond), runs[light].path)}
+	// A knee is where more offered load stops being served in time. When
+	// every run served (nearly) all it was offered, none reached it: the
+	// best run's rate is only a lower bound of the service rate.
+	saturated := false
+	for _, r := range runs {
+		if r.offered > 0 && r.served < saturatedBelow*r.offered {
+			saturated = true
+		}
+	}
+	at := "at the knee"
+	var notes []string
+	if saturated {
+		notes = append(notes, fmt.Sprintf("knee: %s (%.2f req/s served within the SLO per second of arrivals); SLO TTFT %s; unqueued median TTFT %s (%s)",
+			k.path, k.served, slo, base.Round(time.Millisecond), runs[light].path))
+	} else {
+		at = "at the best run"
+		notes = append(notes, fmt.Sprintf("no knee: no run saturated (each served at least %.0f%% of its offered rate within the SLO), so capacity is above %.2f req/s (%s); the values below use that rate and are a lower bound: sweep higher rates to find the knee; SLO TTFT %s; unqueued median TTFT %s (%s)",
+			100*saturatedBelow, k.served, k.path, slo, base.Round(time.Millisecond), runs[light].path))
+	}
 	names := make([]string, 0, len(k.tenants))
 	for n := range k.tenants {
 		names = append(names, n)
@@ -190,15 +219,15 @@ func tune(runs []tuneRun, slo time.Duration, limit bool) ([]tuneRec, []string, e
 	for _, n := range names {
 		t := k.tenants[n]
 		if t.served <= 0 {
-			return nil, nil, fmt.Errorf("tenant %s served nothing at the knee (%s)", n, k.path)
+			return nil, nil, fmt.Errorf("tenant %s served nothing %s (%s)", n, at, k.path)
 		}
 		depth := max(1, int(math.Ceil(t.served*wait.Seconds())))
 		rec := tuneRec{name: n, maxWait: wait, maxDepth: depth}
 		rec.why[0] = fmt.Sprintf("SLO TTFT %s - unqueued median TTFT %s: a request that cannot start in time is refused (504), not served late", slo, base.Round(time.Millisecond))
-		rec.why[1] = fmt.Sprintf("Little's law: %.2f req/s served in time at the knee x %s acceptable wait", t.served, wait)
+		rec.why[1] = fmt.Sprintf("Little's law: %.2f req/s served in time %s x %s acceptable wait", t.served, at, wait)
 		if limit {
 			rec.concurrency = max(1, int(math.Ceil(t.maxConcurrent)))
-			rec.why[2] = fmt.Sprintf("peak in flight at the knee (mean %.1f): more only queues inside vLLM", t.concurrency)
+			rec.why[2] = fmt.Sprintf("peak in flight %s (mean %.1f): more only queues inside vLLM", at, t.concurrency)
 		}
 		recs = append(recs, rec)
 	}
@@ -232,39 +261,4 @@ func tuneSnippet(recs []tuneRec, notes []string) string {
 		}
 	}
 	return b.String()
-}
-
-// applyTune sets the recommended values on the config's tenants of the
-// same name (others are left alone) and returns the new YAML.
-func applyTune(raw []byte, recs []tuneRec) ([]byte, error) {
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		return nil, err
-	}
-	ts, _ := doc["tenants"].([]any)
-	byName := map[string]map[string]any{}
-	for _, t := range ts {
-		if m, ok := t.(map[string]any); ok {
-			if n, ok := m["name"].(string); ok {
-				byName[n] = m
-			}
-		}
-	}
-	for _, r := range recs {
-		m := byName[r.name]
-		if m == nil {
-			return nil, fmt.Errorf("no tenant %q in the config", r.name)
-		}
-		q, _ := m["queue"].(map[string]any)
-		if q == nil {
-			q = map[string]any{}
-		}
-		q["max_wait"] = r.maxWait.String()
-		q["max_depth"] = r.maxDepth
-		m["queue"] = q
-		if r.concurrency > 0 {
-			m["concurrency"] = r.concurrency
-		}
-	}
-	return yaml.Marshal(doc)
 }

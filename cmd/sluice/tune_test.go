@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,5 +137,97 @@ func TestTuneHelp(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "usage: sluice tune")
 	assert.Contains(t, out, "example:")
-	assert.Contains(t, out, "-slo-ttft")
+	assert.Contains(t, out, "--slo-ttft")
+}
+
+// TestTuneOutEditsOnlyTunedValues: --out changes the lines of the values
+// it tunes and no other byte (comments, blank lines, key order, quoting,
+// flow style stay), and says which values the operator had set that it
+// changes.
+func TestTuneOutEditsOnlyTunedValues(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	base, tuned := filepath.Join(dir, "sluice.yaml"), filepath.Join(dir, "tuned.yaml")
+	orig := `# lab node
+listen: 127.0.0.1:8080
+
+upstream:
+  replicas:
+    - {name: a, url: "http://127.0.0.1:8100", max_num_seqs: 32}
+
+server:
+  max_wait: 60s   # global ceiling
+
+tenants:
+  # the interactive product
+  - name: solo
+    weight: 2
+    concurrency: 8  # agreed with the product team
+    api_keys: ["` + config.HashKey("sk-solo") + `"]
+    queue: {order: edf, max_wait: "10s"}
+  - name: other
+    api_keys:
+      - "` + config.HashKey("sk-other") + `"
+`
+	require.NoError(t, os.WriteFile(base, []byte(orig), 0o600))
+	code, out, errOut := runCLI(t, "", append([]string{"tune", "--limit", "--config", base, "--out", tuned}, sweepFixture(t)...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "# "+tuned+" changes values "+base+" sets:\n#   tenant solo: queue.max_wait 10s -> 1.9s\n#   tenant solo: concurrency 8 -> 32\n")
+	got, err := os.ReadFile(tuned)
+	require.NoError(t, err)
+	want := strings.Replace(orig, "concurrency: 8  #", "concurrency: 32  #", 1)
+	want = strings.Replace(want, `queue: {order: edf, max_wait: "10s"}`, `queue: {order: edf, max_wait: "1.9s", max_depth: 22}`, 1)
+	assert.Equal(t, want, string(got), "only the tuned values change")
+
+	// Without --out it says what --out would change.
+	code, out, errOut = runCLI(t, "", append([]string{"tune", "--limit", "--config", base}, sweepFixture(t)...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "# --out would change values "+base+" sets:\n#   tenant solo: queue.max_wait 10s -> 1.9s\n")
+}
+
+// TestApplyTuneInsertsInPlace: missing keys are added beside the tenant's
+// name (block style) or at the end of a flow mapping; values already right
+// are not reported as changes.
+func TestApplyTuneInsertsInPlace(t *testing.T) {
+	t.Parallel()
+	in := "tenants:\n" +
+		"  - name: a   # first\n    weight: 1\n\n" +
+		"  - name: b\n    queue:\n      order: fifo\n      max_depth: 22\n" +
+		"  - {name: c, weight: 3}\n"
+	recs := []tuneRec{
+		{name: "a", maxWait: 1900 * time.Millisecond, maxDepth: 22, concurrency: 4},
+		{name: "b", maxWait: 1900 * time.Millisecond, maxDepth: 22},
+		{name: "c", maxWait: 2 * time.Second, maxDepth: 5, concurrency: 2},
+	}
+	out, changes, err := applyTune([]byte(in), recs)
+	require.NoError(t, err)
+	assert.Equal(t, "tenants:\n"+
+		"  - name: a   # first\n    queue: {max_wait: 1.9s, max_depth: 22}\n    concurrency: 4\n    weight: 1\n\n"+
+		"  - name: b\n    queue:\n      order: fifo\n      max_wait: 1.9s\n      max_depth: 22\n"+
+		"  - {name: c, weight: 3, queue: {max_wait: 2s, max_depth: 5}, concurrency: 2}\n", string(out))
+	assert.Empty(t, changes, "nothing the file set was changed")
+}
+
+// TestTuneNoKnee: when every run served what it was offered, none
+// saturated: tune names no knee and says its values are a lower bound.
+func TestTuneNoKnee(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	var paths []string
+	for i, r := range []struct{ sent, good, p50 float64 }{{5, 5, 40}, {10, 9.9, 45}, {20, 19.8, 60}} {
+		doc := map[string]any{"good": r.good * 10, "median_ttft_ms": r.p50, "window": map[string]any{"start_s": 0, "end_s": 10},
+			"schedule": map[string]any{"sent_rate": r.sent},
+			"tenants":  map[string]any{"solo": map[string]any{"good": r.good * 10, "offered_rate": r.sent, "concurrency": 2.0, "max_concurrent_requests": 4.0}}}
+		b, err := json.Marshal(doc)
+		require.NoError(t, err)
+		p := filepath.Join(dir, fmt.Sprintf("r%d.json", i))
+		require.NoError(t, os.WriteFile(p, b, 0o600))
+		paths = append(paths, p)
+	}
+	code, out, errOut := runCLI(t, "", append([]string{"tune"}, paths...)...)
+	require.Equal(t, 0, code, errOut)
+	assert.NotContains(t, out, "# knee:")
+	assert.NotContains(t, out, "at the knee")
+	assert.Contains(t, out, "# no knee: no run saturated (each served at least 95% of its offered rate within the SLO), so capacity is above 19.80 req/s")
+	assert.Contains(t, out, "19.80 req/s served in time at the best run")
 }

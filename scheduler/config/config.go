@@ -40,6 +40,8 @@ type File struct {
 	Admin   Admin    `yaml:"admin"`
 	Global  Global   `yaml:"global"`
 	Tenants []Tenant `yaml:"tenants"`
+
+	lines lineIndex // where Parse found each field, for Warnings
 }
 
 // Ledger selects and tunes the budget ledger.
@@ -407,16 +409,23 @@ func Parse(b []byte) (*File, error) {
 		}
 		return nil, fmt.Errorf("config is not valid YAML: %w", err)
 	}
-	if errs := checkShape(&root); len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
+	// Every problem is reported, not the first: the shape walk's (unknown
+	// keys, wrong types), then validation of what did decode, less what a
+	// shape problem already explains. Each carries its line.
+	shape := checkShape(&root)
 	var f File
-	if err := root.Decode(&f); err != nil {
+	if err := root.Decode(&f); err != nil && len(shape) == 0 {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	f.lines = indexLines(&root)
 	f.applyDefaults()
-	if err := f.Validate(); err != nil {
-		return nil, err
+	errs := make([]error, 0, len(shape))
+	for _, p := range shape {
+		errs = append(errs, p)
+	}
+	errs = append(errs, f.lines.located(f.Validate(), shape)...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return &f, nil
 }

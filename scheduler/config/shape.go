@@ -18,7 +18,7 @@ var (
 // checkShape walks the YAML tree against File's fields and reports every
 // unknown key and wrongly typed value by field path, before decoding. yaml's
 // own errors name lines, not paths, and stop at the first unknown key.
-func checkShape(root *yaml.Node) []error {
+func checkShape(root *yaml.Node) []Problem {
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = root.Content[0]
 	}
@@ -31,7 +31,7 @@ func checkShape(root *yaml.Node) []error {
 const maxNodes = 100000
 
 type walker struct {
-	errs   []error
+	errs   []Problem
 	budget int
 }
 
@@ -41,13 +41,13 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	}
 	if w.budget--; w.budget < 0 {
 		if w.budget == -1 {
-			w.errs = append(w.errs, fmt.Errorf("config is too large or has too many aliases"))
+			w.errs = append(w.errs, Problem{Line: n.Line, Msg: "config is too large or has too many aliases"})
 		}
 		return
 	}
 	errs := &w.errs
 	bad := func(want string) {
-		*errs = append(*errs, fmt.Errorf("%s must be %s (line %d)", orRoot(path), want, n.Line))
+		*errs = append(*errs, Problem{Path: path, Line: n.Line, Msg: fmt.Sprintf("%s must be %s", orRoot(path), want)})
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // explicit null keeps the default
@@ -83,12 +83,12 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			k, v := n.Content[i].Value, n.Content[i+1]
 			p := join(path, k)
 			if seen[k] {
-				*errs = append(*errs, fmt.Errorf("%s is set twice (line %d)", p, n.Content[i].Line))
+				*errs = append(*errs, Problem{Path: p, Line: n.Content[i].Line, Msg: p + " is set twice"})
 			}
 			seen[k] = true
 			f, ok := fields[k]
 			if !ok {
-				*errs = append(*errs, fmt.Errorf("%s is not a known key (line %d)", p, n.Content[i].Line))
+				*errs = append(*errs, Problem{Path: p, Line: n.Content[i].Line, Msg: p + " is not a known key" + suggestKey(k, fields)})
 				continue
 			}
 			w.walk(v, f.Type, p)

@@ -33,9 +33,16 @@ func statusNode(t *testing.T) (*node, *simReplica) {
 func TestStatusAuth(t *testing.T) {
 	n, _ := statusNode(t)
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	get := func(path, bearer, cookie string) (int, http.Header) {
-		req, err := http.NewRequest(http.MethodGet, n.adminURL+path, nil)
+	do := func(method, path, bearer, cookie, form string) (int, http.Header, string) {
+		var body io.Reader
+		if form != "" {
+			body = strings.NewReader(form)
+		}
+		req, err := http.NewRequest(method, n.adminURL+path, body)
 		require.NoError(t, err)
+		if form != "" {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
 		if bearer != "" {
 			req.Header.Set("Authorization", "Bearer "+bearer)
 		}
@@ -44,10 +51,39 @@ func TestStatusAuth(t *testing.T) {
 		}
 		resp, err := noRedirect.Do(req)
 		require.NoError(t, err)
-		_, _ = io.Copy(io.Discard, resp.Body)
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		return resp.StatusCode, resp.Header
+		return resp.StatusCode, resp.Header, string(b)
 	}
+	get := func(path, bearer, cookie string) int {
+		code, _, _ := do("GET", path, bearer, cookie, "")
+		return code
+	}
+
+	// Logging in with the token in a form body, or in the header, sets a
+	// session cookie that holds no token.
+	var sessions []string
+	for _, login := range []struct{ bearer, form string }{{"", "token=" + statusToken}, {keyAdmin, ""}} {
+		code, h, _ := do("POST", "/status/login", login.bearer, "", login.form)
+		require.Equal(t, 303, code)
+		assert.True(t, strings.HasSuffix(h.Get("Location"), "/status"), h.Get("Location"))
+		var c *http.Cookie
+		for _, k := range (&http.Response{Header: h}).Cookies() {
+			if k.Name == "sluice_status" {
+				c = k
+			}
+		}
+		require.NotNil(t, c, "a session cookie: %v", h)
+		assert.True(t, c.HttpOnly)
+		assert.Equal(t, http.SameSiteStrictMode, c.SameSite)
+		assert.Equal(t, "/status", c.Path, "scoped to the status page")
+		assert.Equal(t, 12*3600, c.MaxAge)
+		for _, tok := range []string{statusToken, keyAdmin, config.HashKey(statusToken)} {
+			assert.NotContains(t, c.Value, tok, "the cookie never holds the token or its hash")
+		}
+		sessions = append(sessions, c.Value)
+	}
+
 	for _, tc := range []struct {
 		name, path, bearer, cookie string
 		want                       int
@@ -56,22 +92,30 @@ func TestStatusAuth(t *testing.T) {
 		{"wrong token", "/status.json", "nope", "", 401},
 		{"a tenant key is not a status token", "/status.json", keyAcme, "", 401},
 		{"admin token", "/status.json", keyAdmin, "", 200},
-		{"status token", "/status.json", statusToken, "", 200},
-		{"status token cookie", "/status", "", statusToken, 200},
-		{"wrong cookie", "/status", "", "nope", 401},
-		{"query token sets the cookie", "/status?token=" + statusToken, "", "", 303},
-		{"wrong query token", "/status?token=nope", "", "", 401},
+		{"status token", "/status/report.json", statusToken, "", 200},
+		{"status session", "/status", "", sessions[0], 200},
+		{"status session, report", "/status/report.json", "", sessions[0], 200},
+		{"admin session", "/status/report.json", "", sessions[1], 200},
+		{"the raw token is not a session", "/status", "", statusToken, 401},
+		{"a forged session", "/status", "", "99999999999.00ff", 401},
+		{"a token in the URL is refused", "/status?token=" + statusToken, "", "", 400},
+		{"even with a session", "/status/report.json?token=" + statusToken, "", sessions[0], 400},
 	} {
-		code, h := get(tc.path, tc.bearer, tc.cookie)
-		assert.Equal(t, tc.want, code, tc.name)
-		if tc.want == 303 {
-			assert.True(t, strings.HasSuffix(h.Get("Location"), "/status"), "redirects to /status without the token: %s", h.Get("Location"))
-			assert.Contains(t, h.Get("Set-Cookie"), "sluice_status="+statusToken)
-			assert.Contains(t, h.Get("Set-Cookie"), "HttpOnly")
-		}
+		assert.Equal(t, tc.want, get(tc.path, tc.bearer, tc.cookie), tc.name)
 	}
+	code, _, body := do("GET", "/status", "", "", "")
+	assert.Equal(t, 401, code)
+	assert.Contains(t, body, `<form method="post" action="/status/login">`, "the page asks for the token with a form")
+	code, h, _ := do("POST", "/status/login", "", "", "token=nope")
+	assert.Equal(t, 401, code)
+	assert.Empty(t, h.Get("Set-Cookie"))
+	code, _, _ = do("POST", "/status/login?token="+statusToken, "", "", "")
+	assert.Equal(t, 400, code, "not in the URL of a POST either")
+	code, _, _ = do("GET", "/status/login", "", "", "")
+	assert.Equal(t, 405, code)
+
 	// The status token opens nothing else.
-	code, _, _ := n.adminDo(t, "GET", "/admin/tenants", "", statusToken)
+	code, _, _ = n.adminDo(t, "GET", "/admin/tenants", "", statusToken)
 	assert.Equal(t, 401, code)
 }
 
@@ -152,7 +196,12 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	n, rep := statusNode(t)
 	b := startBrowser(t, bin)
-	b.navigate(t, n.adminURL+"/status?token="+statusToken)
+	b.navigate(t, n.adminURL+"/status")
+	eventually(t, "the login form", func() bool {
+		v, _ := b.eval(t, `document.querySelector('input[name="token"]') !== null`).(bool)
+		return v
+	})
+	b.eval(t, fmt.Sprintf(`(function(){document.querySelector('input[name="token"]').value=%q;document.querySelector("form").submit();return true;})()`, statusToken))
 
 	text := func(sel string) string {
 		v := b.eval(t, fmt.Sprintf(`(function(){var e=document.querySelector(%q);return e?e.textContent:"";})()`, sel))
