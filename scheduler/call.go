@@ -74,6 +74,7 @@ type call struct {
 	dispatchAt time.Time
 	firstByte  time.Time
 	stream     *vllm.Stream
+	upInterval int  // > 0: a non-streamed request sent upstream as a stream of this interval
 	sent       bool // a request may have reached the replica
 	usage      vllm.Usage
 	abortCause string
@@ -676,7 +677,8 @@ func (s *Server) markDispatched(c *call) error {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := c.req.Rewrite(make([]byte, 0, len(c.req.Body())+96), c.plan.UpstreamCap())
+	c.upInterval = upstreamInterval(c)
+	body := c.req.RewriteWith(make([]byte, 0, len(c.req.Body())+128), c.plan.UpstreamCap(), vllm.RewriteOptions{StreamInterval: c.upInterval})
 	tried := map[*replica]bool{}
 	for {
 		tried[c.rep] = true
@@ -691,9 +693,10 @@ func (s *Server) execute(c *call) error {
 		}
 		var ue *vllm.UpstreamError
 		retry := errors.Is(err, vllm.ErrNotSent) || (errors.As(err, &ue) && ue.Retryable())
-		if !errors.Is(err, vllm.ErrNotSent) && !errors.As(err, &ue) {
+		if !errors.Is(err, vllm.ErrNotSent) && (ue == nil || upstreamRan(c, ue)) {
 			// The replica may have started it. A non-200 answer, by
-			// contrast, is vLLM refusing before it queued anything.
+			// contrast, is vLLM refusing before it queued anything,
+			// except a 5xx to a non-streamed request (upstreamRan).
 			c.sent = true
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
@@ -808,12 +811,6 @@ func (s *Server) finish(c *call, err error) {
 	}
 }
 
-// abortAllowance is the tokens per unfinished choice charged for what vLLM
-// may have generated between the last chunk read and the abort: one stream
-// interval at vLLM's default --stream-interval of 1 (VLLM.md, left to the
-// implementer).
-const abortAllowance = 1
-
 // actual derives the amounts to settle from the usage vLLM reported (or the
 // stream's early-end estimate, see vllm.Stream.Settle).
 func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
@@ -910,6 +907,14 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 			return nil, err
 		}
 		if ev.Err != nil {
+			if c.upInterval > 0 {
+				// Sent as a stream for the evidence only: the client gets
+				// vLLM's error as vLLM answers a non-streamed request,
+				// its status and body.
+				e := *ev.Err
+				e.InStream = false
+				return nil, &e
+			}
 			return nil, ev.Err
 		}
 		if ev.Whole {

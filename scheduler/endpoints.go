@@ -219,7 +219,7 @@ func (e *Edge) pumpResponses(c *call, resp *http.Response, w *bufio.Writer) {
 		break
 	}
 	_ = resp.Body.Close()
-	c.usage = rs.Settle(c.plan.InputTokens, abortAllowance, c.plan.OutputTokens)
+	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.cfg.Upstream.StreamInterval), c.plan.OutputTokens)
 	s.finish(c, end)
 	if end == nil {
 		c.t.series(s.m).requestsOK.Inc()

@@ -877,7 +877,13 @@ type RewriteOptions struct {
 	// started with --scheduling-policy priority (where a non-zero priority
 	// is an error).
 	DropPriority bool
-	keepCap      bool
+	// StreamInterval > 0 sends a non-streamed request upstream as a stream
+	// of that many tokens per chunk (its "stream_interval"), with
+	// continuous usage, for [NewAssembler] to rebuild vLLM's body: an
+	// abort is then charged from the usage that arrived. See
+	// [Request.Reassemblable] for the requests this is faithful for.
+	StreamInterval int
+	keepCap        bool
 }
 
 // rewriteKey reports the members Rewrite replaces or drops.
@@ -886,7 +892,11 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 	switch {
 	case o.DropPriority && m.keyIs(b, "priority"):
 		return true
-	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
+	case (r.Stream || o.StreamInterval > 0) && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
+		return true
+	case !r.Stream && o.StreamInterval > 0 && m.keyIs(b, "stream_interval"):
+		// vLLM ignores it on a non-streamed request; Sluice's interval
+		// replaces it.
 		return true
 	case !o.keepCap && m.keyIs(b, "max_tokens"):
 		return true
@@ -949,8 +959,12 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 		dst = append(dst, b[tail:closing]...)
 	}
 	var add []byte
-	if r.Stream {
+	if r.Stream || o.StreamInterval > 0 {
 		add = append(add, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
+	}
+	if !r.Stream && o.StreamInterval > 0 {
+		add = append(add, `,"stream_interval":`...)
+		add = strconv.AppendInt(add, int64(o.StreamInterval), 10)
 	}
 	if !o.keepCap {
 		if len(add) > 0 {

@@ -104,7 +104,23 @@ type Upstream struct {
 	// replica likely to hold the longest prompt prefix in its prefix cache,
 	// balanced against load) or least_load.
 	Routing string `yaml:"routing"`
+	// StreamInterval is the replicas' --stream-interval: the most tokens
+	// one usage chunk of a stream advances by, and so what an aborted
+	// choice may have generated past the last usage Sluice read. Default 1
+	// (vLLM's default).
+	StreamInterval int `yaml:"stream_interval"`
+	// NonStreamedInterval sends a non-streamed request upstream as a
+	// stream with this stream_interval, re-assembled into vLLM's body,
+	// so that a client that leaves is charged what ran (within one
+	// interval per choice) instead of its hold. Only requests whose
+	// output cap is larger and whose members a stream carries faithfully
+	// (vllm.Request.Reassemblable) go so. Default 64; 0 sends every
+	// non-streamed request upstream non-streamed.
+	NonStreamedInterval *int `yaml:"non_streamed_interval"`
 }
+
+// DefaultNonStreamedInterval is upstream.non_streamed_interval's default.
+const DefaultNonStreamedInterval = 64
 
 // Replica is one vLLM server.
 type Replica struct {
@@ -377,6 +393,11 @@ func (f *File) applyDefaults() {
 	def(&u.ScrapeInterval, time.Second)
 	def(&u.DownAfter, 3)
 	def(&u.Routing, "affinity")
+	def(&u.StreamInterval, 1)
+	if u.NonStreamedInterval == nil {
+		v := DefaultNonStreamedInterval
+		u.NonStreamedInterval = &v
+	}
 	for i := range u.Replicas {
 		def(&u.Replicas[i].MaxNumSeqs, 256)
 		if u.Replicas[i].Name == "" {
@@ -489,6 +510,12 @@ func (f *File) Validate() error {
 	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
+	}
+	if f.Upstream.StreamInterval < 1 {
+		v.add("upstream.stream_interval must be >= 1")
+	}
+	if n := f.Upstream.NonStreamedInterval; n != nil && (*n < 0 || *n > 1<<20) {
+		v.add("upstream.non_streamed_interval must be between 0 and 1048576")
 	}
 	v.oneOf("gpu.telemetry", f.GPU.Telemetry, "auto", "nvml", "vllm", "off")
 	v.positiveDur("gpu.interval", f.GPU.Interval)

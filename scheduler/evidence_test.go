@@ -1,0 +1,103 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// bodyUpstream records the bodies sent upstream and answers like
+// fakeUpstream.
+type bodyUpstream struct {
+	fakeUpstream
+	mu     sync.Mutex
+	bodies []string
+}
+
+func (u *bodyUpstream) Stream(ctx context.Context, url, path string, body []byte, id string) (*vllm.Stream, error) {
+	u.mu.Lock()
+	u.bodies = append(u.bodies, string(body))
+	u.mu.Unlock()
+	return u.fakeUpstream.Stream(ctx, url, path, body, id)
+}
+
+func (u *bodyUpstream) last() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.bodies[len(u.bodies)-1]
+}
+
+// A non-streamed request goes upstream as a stream of
+// upstream.non_streamed_interval tokens per chunk when its cap is larger
+// and a stream carries its members faithfully; otherwise as it came.
+func TestNonStreamedSentAsStreamForEvidence(t *testing.T) {
+	up := &bodyUpstream{fakeUpstream: fakeUpstream{out: 3}}
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), up)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	for _, tc := range []struct {
+		body     string
+		interval int
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`, 64},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64}`, 0},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 64}, // the tenant's cap, 1024
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"tools":[{"type":"function","function":{"name":"f"}}]}`, 0},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"stream":true}`, 0},
+	} {
+		c, _, err := s.start(context.Background(), s.pol.Load().tenants["acme"], s.pol.Load(),
+			admission{ep: vllm.EndpointChat, body: []byte(tc.body), reqID: "r"})
+		require.NoError(t, err, tc.body)
+		if c.req.Stream {
+			s.finish(c, nil)
+		}
+		c.end()
+		assert.Equal(t, tc.interval, c.upInterval, tc.body)
+		assert.Equal(t, tc.interval > 0, strings.Contains(up.last(), `"stream_interval":64`), up.last())
+		assert.Equal(t, tc.interval > 0 || c.req.Stream, strings.Contains(up.last(), `"continuous_usage_stats":true`), up.last())
+	}
+}
+
+// vLLM answers a non-streamed request only once generation ended, and a
+// choice that ended in error is a 500 then: the request may have generated
+// up to its cap and reported nothing, so it is charged its hold, never 0.
+// A 4xx is a refusal before any generation: nothing is charged.
+func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
+	for _, tc := range []struct {
+		status  int
+		in, out int
+	}{
+		{500, -1, 8},
+		{400, 0, 0},
+	} {
+		up := &fakeUpstream{fail: &vllm.UpstreamError{Replica: "r0", Status: tc.status, Body: []byte(`{"error":{"message":"x","type":"x","code":500}}`)}}
+		led := newFakeLedger(t)
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		pol := s.pol.Load()
+		c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+			admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "r"})
+		require.Error(t, err)
+		require.NotNil(t, c)
+		t.Logf("status %d: %v", tc.status, err)
+		c.end()
+		assert.Equal(t, 0, c.upInterval, "a cap of 8 is within one interval: non-streamed upstream")
+		in := tc.in
+		if in < 0 {
+			in = c.plan.InputTokens
+		}
+		assert.Equal(t, in, c.usage.PromptTokens, "status %d", tc.status)
+		assert.Equal(t, tc.out, c.usage.CompletionTokens, "status %d: the cap × choices", tc.status)
+		assert.Equal(t, 1, led.n("settle")+led.n("release"), "status %d", tc.status)
+		assert.Equal(t, phaseSettled, c.phase)
+	}
+}
