@@ -759,6 +759,8 @@ func (s *Server) finish(c *call, err error) {
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
 	switch {
+	case aborted && errors.Is(cause, ErrClientStalled):
+		c.abortCause = "client_stalled"
 	case aborted && errors.Is(cause, ErrClientGone):
 		c.abortCause = "client_disconnect"
 	case aborted && (errors.Is(cause, ErrDeadline) || errors.Is(err, ErrDeadline)):

@@ -25,6 +25,10 @@ var (
 	ErrNoReplica      = errors.New("no healthy replica")
 	ErrDraining       = errors.New("server is draining")
 	ErrClientGone     = errors.New("client disconnected")
+	// ErrClientStalled is a streaming client that stopped reading: a write
+	// to it blocked for server.stream_write_timeout. It is a client
+	// disconnect (errors.Is ErrClientGone) with its own abort cause.
+	ErrClientStalled = fmt.Errorf("%w: stopped reading (server.stream_write_timeout)", ErrClientGone)
 	ErrDeadline       = errors.New("deadline exceeded")
 	ErrNotFound       = errors.New("not found")
 	ErrInProgress     = errors.New("a request with this Idempotency-Key is in flight or unresolved")

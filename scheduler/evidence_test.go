@@ -2,6 +2,9 @@ package scheduler
 
 import (
 	"context"
+	"io"
+	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -100,4 +103,62 @@ func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
 		assert.Equal(t, 1, led.n("settle")+led.n("release"), "status %d", tc.status)
 		assert.Equal(t, phaseSettled, c.phase)
 	}
+}
+
+// ctxPipeUpstream streams what the test writes to its pipe; cancelling the
+// request closes it, as closing a replica connection does.
+type ctxPipeUpstream struct {
+	fakeUpstream
+	pr *io.PipeReader
+}
+
+func (u *ctxPipeUpstream) Stream(ctx context.Context, _, _ string, _ []byte, _ string) (*vllm.Stream, error) {
+	context.AfterFunc(ctx, func() { _ = u.pr.CloseWithError(context.Cause(ctx)) })
+	return vllm.NewStream(u.pr, "r0", 0), nil
+}
+
+// A streaming client that stops reading: the write that cannot complete
+// within server.stream_write_timeout ends the call as client_stalled, its
+// upstream aborted, charged what ran (the usage read plus one interval),
+// its slot freed, the deadline the connection's (net.Pipe: a write blocks
+// until the reader reads).
+func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
+	led := newFakeLedger(t)
+	pr, pw := io.Pipe()
+	s := newTestServer(t, testConfig(t, "server: {stream_write_timeout: 50ms}\n", ""), led, &ctxPipeUpstream{pr: pr})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	pol := s.pol.Load()
+	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
+	require.NoError(t, err)
+	client, server := net.Pipe()
+	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
+	b := &sseBody{e: &Edge{s: s}, c: c, conn: server, end: c.end}
+	done := make(chan error, 1)
+	go func() { _, err := b.WriteTo(server); done <- err }()
+
+	events := strings.SplitAfter(sseCompletion(8), "\n\n")
+	_, err = io.WriteString(pw, events[0])
+	require.NoError(t, err)
+	got := make([]byte, 4096)
+	n, err := client.Read(got) // the client reads the first event
+	require.NoError(t, err)
+	assert.Contains(t, string(got[:n]), `"content":"x"`)
+	// Then it stops reading: the next event's write blocks until the
+	// deadline.
+	_, err = io.WriteString(pw, events[1])
+	require.NoError(t, err)
+	require.ErrorIs(t, <-done, os.ErrDeadlineExceeded)
+	require.ErrorIs(t, context.Cause(c.ctx), ErrClientStalled)
+	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	assert.Equal(t, "client_stalled", c.abortCause)
+	assert.Equal(t, phaseSettled, c.phase)
+	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 5, c.usage.PromptTokens)
+	assert.Equal(t, 2+1, c.usage.CompletionTokens, "two tokens ran and were read, plus one interval")
+	assert.Zero(t, c.t.rt.inflight.Load(), "its slot is free")
+	assert.Zero(t, c.t.rt.inflightTokens.Load(), "its replica room is free")
+	require.NoError(t, b.Close())
 }

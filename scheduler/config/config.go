@@ -192,6 +192,11 @@ type Server struct {
 	// or video content part, whose real count the model's processor
 	// decides. Default 4096.
 	MediaAllowance int64 `yaml:"media_allowance"`
+	// StreamWriteTimeout bounds each write to a streaming client: a client
+	// that stops reading until a write has blocked this long has its call
+	// ended (upstream aborted, charged what ran, its slot and replica room
+	// freed) and its connection closed. Default 30s.
+	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
 }
 
 // Cost configures fair-share costing.
@@ -425,6 +430,7 @@ func (f *File) applyDefaults() {
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
 	def(&s.MediaAllowance, 4096)
+	def(&s.StreamWriteTimeout, 30*time.Second)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -541,6 +547,7 @@ func (f *File) Validate() error {
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
 	v.nonNeg("server.media_allowance", s.MediaAllowance)
+	v.positiveDur("server.stream_write_timeout", s.StreamWriteTimeout)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)
