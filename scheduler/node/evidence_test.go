@@ -187,4 +187,3 @@ func BenchmarkAbortedCharge(b *testing.B) {
 func (r abortRun) String() string {
 	return fmt.Sprintf("%d requests, %d aborted, generated %d, charged %d (%.2f over per abort)", r.Requests, r.Aborted, r.Generated, r.Charged, r.Over())
 }
-
