@@ -31,7 +31,7 @@ func (r abortRun) Over() float64 {
 	return float64(r.Charged-r.Generated) / float64(max(1, r.Aborted))
 }
 
-const evidenceTenant = "    max_output_tokens: 4096\n    concurrency: 1024\n" + budgets +
+const evidenceTenant = "    max_output_tokens: 4096\n    concurrency: 1024\n    queue: {max_depth: 2048, max_wait: 60s, order: edf}\n" + budgets +
 	"      - {dimension: requests, limit: 100000000, window: 1h}\n"
 
 // settledCharge waits for every one of requests to be settled (in the
@@ -50,11 +50,13 @@ func settledCharge(t testing.TB, n *node, rep *simReplica, requests int) (gen, c
 
 // runNonStreamedAborts sends clients non-streamed requests of a 3,000-token
 // cap (ignore_eos) and hangs every one up once the simulator has generated
-// about ran tokens for each.
-func runNonStreamedAborts(t testing.TB, clients, ran int) abortRun {
+// about ran tokens for each. interval is upstream.non_streamed_interval.
+func runNonStreamedAborts(t testing.TB, clients, ran, interval int) abortRun {
 	t.Helper()
 	rep := startSim(t, sim.DefaultConfig())
-	n := startNode(t, nodeConfig(t, []*simReplica{rep}, evidenceTenant, ""))
+	cfg := nodeConfig(t, []*simReplica{rep}, evidenceTenant, "")
+	cfg.Upstream.NonStreamedInterval = &interval
+	n := startNode(t, cfg)
 	body := `{"model":"sim-model","prompt":"tell me a very long story please","max_tokens":3000,"ignore_eos":true}`
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -106,6 +108,10 @@ func runStreamStorm(t testing.TB, clients int) abortRun {
 				return
 			}
 			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("client %d: status %d", i, resp.StatusCode)
+				return
+			}
 			if i%2 == 1 {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				return
@@ -136,11 +142,11 @@ func runStreamStorm(t testing.TB, clients int) abortRun {
 // upstream as a stream of upstream.non_streamed_interval tokens per chunk,
 // whose usage is the evidence.
 func TestNonStreamedAbortChargedWithinOneInterval(t *testing.T) {
-	r := runNonStreamedAborts(t, 1, 262)
-	k := int64(config.DefaultNonStreamedInterval)
+	k := config.DefaultNonStreamedInterval
+	r := runNonStreamedAborts(t, 1, 262, k)
 	t.Logf("generated %d, charged %d", r.Generated, r.Charged)
 	assert.GreaterOrEqual(t, r.Charged, r.Generated, "never below what ran")
-	assert.LessOrEqual(t, r.Charged, r.Generated+k, "within one interval of what ran (the hold is 3,000)")
+	assert.LessOrEqual(t, r.Charged, r.Generated+int64(k), "within one interval of what ran (the hold is 3,000)")
 }
 
 // Aborted streams at stream_interval 1 are charged at most one token per
@@ -156,7 +162,9 @@ func TestStreamStormChargedWithinOneToken(t *testing.T) {
 
 // BenchmarkAbortedCharge measures, against the simulator's own counter of
 // generated tokens, what aborted requests are charged: non-streamed
-// requests (cap 3,000) whose clients all leave after about 262 tokens, and
+// requests (cap 3,000) whose clients all leave after about 262 tokens, sent
+// upstream as streams of upstream.non_streamed_interval 64 or 16 tokens per
+// chunk or non-streamed (interval 0, charged the hold), and
 // a storm of streamed requests (300 tokens, stream_interval 1) of which
 // half hang up after 1 to 50 chunks. over/abort is (charged − generated) ÷
 // aborted requests. Results: BENCHMARKS.md, "Charging aborted requests".
@@ -167,13 +175,16 @@ func BenchmarkAbortedCharge(b *testing.B) {
 		b.ReportMetric(float64(r.Aborted), "aborted")
 		b.ReportMetric(r.Over(), "over/abort")
 	}
-	b.Run("non-streamed", func(b *testing.B) {
-		var r abortRun
-		for b.Loop() {
-			r = runNonStreamedAborts(b, 16, 262)
-		}
-		report(b, r)
-	})
+	for _, k := range []int{config.DefaultNonStreamedInterval, 16, 0} {
+		// 0: sent non-streamed, charged the hold.
+		b.Run(fmt.Sprintf("non-streamed/interval=%d", k), func(b *testing.B) {
+			var r abortRun
+			for b.Loop() {
+				r = runNonStreamedAborts(b, 16, 262, k)
+			}
+			report(b, r)
+		})
+	}
 	b.Run("streamed", func(b *testing.B) {
 		var r abortRun
 		for b.Loop() {
