@@ -74,7 +74,8 @@ type call struct {
 	dispatchAt time.Time
 	firstByte  time.Time
 	stream     *vllm.Stream
-	upInterval int  // > 0: a non-streamed request sent upstream as a stream of this interval
+	upInterval int    // > 0: a non-streamed request sent upstream as a stream of this interval
+	peeked     peeked // an evidence stream's first event, read by execute
 	sent       bool // a request may have reached the replica
 	usage      vllm.Usage
 	abortCause string
@@ -683,6 +684,9 @@ func (s *Server) execute(c *call) error {
 	for {
 		tried[c.rep] = true
 		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
+		if err == nil && c.upInterval > 0 {
+			err = c.peekRefusal(st)
+		}
 		if err == nil {
 			_ = c.to(phaseStreaming)
 			c.sent = true
@@ -892,7 +896,7 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 	var asm *vllm.Assembler
 	var whole []byte
 	for {
-		ev, err := c.stream.Next()
+		ev, err := c.next()
 		if errors.Is(err, io.EOF) {
 			if whole != nil {
 				return whole, nil

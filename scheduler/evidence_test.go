@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -161,4 +162,54 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	assert.Zero(t, c.t.rt.inflight.Load(), "its slot is free")
 	assert.Zero(t, c.t.rt.inflightTokens.Load(), "its replica room is free")
 	require.NoError(t, b.Close())
+}
+
+// fullQueueUpstream answers streams on r0 with vLLM's in-stream refusal of
+// a full waiting queue, and like fakeUpstream elsewhere.
+type fullQueueUpstream struct {
+	fakeUpstream
+	mu    sync.Mutex
+	tried []string
+}
+
+func (u *fullQueueUpstream) Stream(ctx context.Context, url, path string, body []byte, id string) (*vllm.Stream, error) {
+	u.mu.Lock()
+	u.tried = append(u.tried, url)
+	u.mu.Unlock()
+	if strings.Contains(url, "r0") {
+		sse := "data: {\"error\":{\"message\":\"The waiting queue is full.\",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"
+		return vllm.NewStream(io.NopCloser(strings.NewReader(sse)), url, 0), nil
+	}
+	return u.fakeUpstream.Stream(ctx, url, path, body, id)
+}
+
+// An evidence stream refused by a full queue (an error event where a
+// non-streamed request gets a 503 response) goes to another replica, as
+// the non-streamed request would have: nothing ran on the first.
+func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
+	y := "upstream:\n  routing: least_load\n  replicas:\n    - {name: r0, url: \"http://r0.invalid\"}\n    - {name: r1, url: \"http://r1.invalid\"}\ngpu: {telemetry: off}\n" +
+		"tenants:\n  - name: acme\n    api_keys: [\"" + config.HashKey("sk-acme") + "\"]\n"
+	cfg, err := config.Parse([]byte(y))
+	require.NoError(t, err)
+	up := &fullQueueUpstream{fakeUpstream: fakeUpstream{out: 3}}
+	led := newFakeLedger(t)
+	s := newTestServer(t, cfg, led, up)
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	pol := s.pol.Load()
+	for range 4 { // whichever replica the route picks first
+		c, body, err := s.start(context.Background(), pol.tenants["acme"], pol,
+			admission{ep: vllm.EndpointChat, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`), reqID: "r"})
+		require.NoError(t, err)
+		c.end()
+		assert.Contains(t, string(body), `"content":"xxx"`)
+		assert.Equal(t, "r1", c.rep.name)
+		assert.Equal(t, 3, c.usage.CompletionTokens)
+		assert.True(t, c.usage.Final)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	assert.Contains(t, up.tried, "http://r0.invalid", "r0 was tried: %v", up.tried)
 }

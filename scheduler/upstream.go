@@ -148,3 +148,41 @@ func (c *call) minTokens() int64 {
 	}
 	return int64(c.req.MinTokens)
 }
+
+// peeked holds the first event of an evidence stream (upstreamInterval),
+// which execute reads before it counts the stream as opened.
+type peeked struct {
+	ev  vllm.Event
+	err error
+	ok  bool
+}
+
+// peekRefusal reads an evidence stream's first event. vLLM's engine refuses
+// a streamed request it cannot queue (503, a full waiting queue:
+// vllm/v1/engine/admission_control.py) with an error event after the 200
+// headers, where it answers a non-streamed request with a 503 response,
+// which another replica may take: such a first event is returned as that
+// non-streamed 503 (the stream closed), so that execute retries as it
+// would have. Anything else is kept for drainStream (call.next).
+func (c *call) peekRefusal(st *vllm.Stream) error {
+	ev, err := st.Next()
+	if err == nil && ev.Err != nil && ev.Err.Status == 503 {
+		ue := *ev.Err
+		ue.InStream = false
+		_ = st.Close()
+		return &ue
+	}
+	c.peeked = peeked{ev: ev, err: err, ok: true}
+	return nil
+}
+
+// next is the stream's next event, the peeked one first. The peeked
+// event's bytes are the stream's until its next read, which comes after.
+func (c *call) next() (vllm.Event, error) {
+	if c.peeked.ok {
+		p := c.peeked
+		c.peeked = peeked{}
+		return p.ev, p.err
+	}
+	return c.stream.Next()
+}
