@@ -76,7 +76,7 @@ type call struct {
 	stream     *vllm.Stream
 	upInterval int    // > 0: a non-streamed request sent upstream as a stream of this interval
 	peeked     peeked // an evidence stream's first event, read by execute
-	sent       bool // a request may have reached the replica
+	sent       bool   // a request may have reached the replica
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
