@@ -102,9 +102,15 @@ func startNode(t testing.TB, cfg *config.File) *node {
 // startNodeWith runs a node whose reloads read configPath.
 func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 	t.Helper()
-	clearOfHourEdge(t)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return startNodeOn(t, cfg, configPath, apiLn)
+}
+
+// startNodeOn runs a node serving its API on apiLn.
+func startNodeOn(t testing.TB, cfg *config.File, configPath string, apiLn net.Listener) *node {
+	t.Helper()
+	clearOfHourEdge(t)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	n := &node{api: "http://" + apiLn.Addr().String(), adminURL: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
