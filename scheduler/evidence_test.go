@@ -213,3 +213,39 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 	defer up.mu.Unlock()
 	assert.Contains(t, up.tried, "http://r0.invalid", "r0 was tried: %v", up.tried)
 }
+
+// sseUpstream answers every stream with its fixed SSE body.
+type sseUpstream struct {
+	fakeUpstream
+	sse string
+}
+
+func (u *sseUpstream) Stream(_ context.Context, url, _ string, _ []byte, _ string) (*vllm.Stream, error) {
+	return vllm.NewStream(io.NopCloser(strings.NewReader(u.sse)), url, 0), nil
+}
+
+// A 500 inside an evidence stream after output (vLLM's finish_reason
+// "error"): the client gets vLLM's status as for a non-streamed request,
+// and the charge is the usage so far plus one interval, not 0 nor the hold.
+func TestEvidenceStreamErrorAfterOutputChargedUsage(t *testing.T) {
+	chunks := strings.SplitAfter(sseCompletion(3), "\n\n")[:3] // three content chunks
+	sse := strings.Join(chunks, "") + "data: {\"error\":{\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n"
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, &sseUpstream{sse: sse})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	pol := s.pol.Load()
+	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+		admission{ep: vllm.EndpointChat, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`), reqID: "r"})
+	require.Error(t, err)
+	c.end()
+	var ue *vllm.UpstreamError
+	require.ErrorAs(t, err, &ue)
+	assert.Equal(t, 500, ue.Status)
+	assert.False(t, ue.InStream, "answered as vLLM answers a non-streamed request")
+	assert.Equal(t, 64, c.upInterval)
+	assert.Equal(t, 5, c.usage.PromptTokens)
+	assert.Equal(t, 3+64, c.usage.CompletionTokens, "the usage so far plus one interval")
+	assert.Equal(t, 1, led.n("settle"))
+}
