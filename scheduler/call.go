@@ -78,7 +78,9 @@ type call struct {
 	dispatchAt time.Time
 	firstByte  time.Time
 	stream     *vllm.Stream
-	sent       bool // a request may have reached the replica
+	upInterval int    // > 0: a non-streamed request sent upstream as a stream of this interval
+	peeked     peeked // an evidence stream's first event, read by execute
+	sent       bool   // a request may have reached the replica
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
@@ -682,7 +684,8 @@ func (s *Server) markDispatched(c *call) error {
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with c.stream open (200 headers received) or an error.
 func (s *Server) execute(c *call) error {
-	body := make([]byte, 0, len(c.req.Body())+96)
+	c.upInterval = upstreamInterval(c)
+	body := make([]byte, 0, len(c.req.Body())+128)
 	built, bodyPrio := false, false
 	tried := map[*replica]bool{}
 	for {
@@ -694,6 +697,9 @@ func (s *Server) execute(c *call) error {
 		}
 		tried[c.rep] = true
 		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
+		if err == nil && c.upInterval > 0 {
+			err = c.peekRefusal(st)
+		}
 		if err == nil {
 			_ = c.to(phaseStreaming)
 			c.sent = true
@@ -704,9 +710,10 @@ func (s *Server) execute(c *call) error {
 		}
 		var ue *vllm.UpstreamError
 		retry := errors.Is(err, vllm.ErrNotSent) || (errors.As(err, &ue) && ue.Retryable())
-		if !errors.Is(err, vllm.ErrNotSent) && !errors.As(err, &ue) {
+		if !errors.Is(err, vllm.ErrNotSent) && (ue == nil || upstreamRan(c, ue)) {
 			// The replica may have started it. A non-200 answer, by
-			// contrast, is vLLM refusing before it queued anything.
+			// contrast, is vLLM refusing before it queued anything,
+			// except a 5xx to a non-streamed request (upstreamRan).
 			c.sent = true
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
@@ -769,6 +776,8 @@ func (s *Server) finish(c *call, err error) {
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
 	switch {
+	case aborted && errors.Is(cause, ErrClientStalled):
+		c.abortCause = "client_stalled"
 	case aborted && errors.Is(cause, ErrClientGone):
 		c.abortCause = "client_disconnect"
 	case aborted && (errors.Is(cause, ErrDeadline) || errors.Is(err, ErrDeadline)):
@@ -820,12 +829,6 @@ func (s *Server) finish(c *call, err error) {
 		s.signal(s.wake)
 	}
 }
-
-// abortAllowance is the tokens per unfinished choice charged for what vLLM
-// may have generated between the last chunk read and the abort: one stream
-// interval at vLLM's default --stream-interval of 1 (VLLM.md, left to the
-// implementer).
-const abortAllowance = 1
 
 // actual derives the amounts to settle from the usage vLLM reported (or the
 // stream's early-end estimate, see vllm.Stream.Settle).
@@ -907,7 +910,7 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 	var asm *vllm.Assembler
 	var whole []byte
 	for {
-		ev, err := c.stream.Next()
+		ev, err := c.next()
 		if errors.Is(err, io.EOF) {
 			if whole != nil {
 				return whole, nil
@@ -924,6 +927,14 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 			return nil, err
 		}
 		if ev.Err != nil {
+			if c.upInterval > 0 {
+				// Sent as a stream for the evidence only: the client gets
+				// vLLM's error as vLLM answers a non-streamed request,
+				// its status and body.
+				e := *ev.Err
+				e.InStream = false
+				return nil, &e
+			}
 			return nil, ev.Err
 		}
 		if ev.Whole {

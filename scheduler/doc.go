@@ -29,12 +29,18 @@
 //     are per pool (pools.go). The request then takes a ledger slot
 //     (MarkDispatched) before its first upstream byte; a slot denial
 //     requeues it at its head.
-//  6. Execute: the body goes upstream with stream and continuous usage
-//     forced on; streaming clients get vLLM's chunks passed through with the
-//     usage they did not ask for removed, others a re-assembled body.
+//  6. Execute: a streamed request goes upstream with continuous usage
+//     forced on, and its client gets vLLM's chunks passed through with the
+//     usage it did not ask for removed; a non-streamed one goes upstream
+//     non-streamed and its body passes through, or, when its cap is above
+//     upstream.non_streamed_interval and a stream carries it faithfully,
+//     as a stream of that interval whose body Sluice re-assembles, so that
+//     an abort has usage to settle from (upstream.go).
 //  7. Settle: once, from vLLM's final usage or, for an aborted stream, the
-//     last cumulative usage plus one token per unfinished choice; fair-share
-//     counters are reconciled and replica room and slots freed.
+//     last cumulative usage plus one stream interval per unfinished choice
+//     (allowanceFor); a non-streamed request that reported nothing is
+//     charged its hold; fair-share counters are reconciled and replica
+//     room and slots freed.
 //
 // # Call lifecycle
 //
@@ -114,7 +120,9 @@
 //     queue at once and release; running calls close the upstream
 //     connection (vLLM's abort signal) and settle from what was streamed.
 //     fasthttp reports no disconnects, so [connwatch] watches each client
-//     connection with EPOLLRDHUP; a failed streaming write does the same.
+//     connection with EPOLLRDHUP; a failed streaming write does the same,
+//     and so does one that blocks for server.stream_write_timeout (a client
+//     that stopped reading: abort cause client_stalled).
 //   - Ledger store errors fail closed (503 ledger_unavailable); failed
 //     endings are retried by the outbox with the same id, and every held
 //     record's lease is extended every lease_ttl/3 and fenced before it can

@@ -11,6 +11,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -320,7 +321,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 	rc.Response.ImmediateHeaderFlush = true
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	rc.SetBodyStream(&sseBody{e: e, c: c, end: func() {
+	rc.SetBodyStream(&sseBody{e: e, c: c, conn: rc.Conn(), end: func() {
 		c.end()
 		stopWatch()
 		gone(nil)
@@ -336,9 +337,10 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 // ends the call, also when the body was never written (the client left
 // before the headers went out).
 type sseBody struct {
-	e   *Edge
-	c   *call
-	end func() // call.end, stop watching, release the client context
+	e    *Edge
+	c    *call
+	conn writeDeadliner // the client's connection; nil: no write deadline
+	end  func()         // call.end, stop watching, release the client context
 
 	mu     sync.Mutex
 	pumped bool           // WriteTo or Read started the pump
@@ -357,7 +359,7 @@ func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	}
 	b.pumped = true
 	b.mu.Unlock()
-	return b.e.pump(b.c, w)
+	return b.e.pump(b.c, w, b.conn)
 }
 
 func (b *sseBody) Read(p []byte) (int, error) {
@@ -372,7 +374,7 @@ func (b *sseBody) Read(p []byte) (int, error) {
 		b.pr, b.done = pr, make(chan struct{})
 		go func() { // joined by Close
 			defer close(b.done)
-			_, err := b.e.pump(b.c, pw)
+			_, err := b.e.pump(b.c, pw, nil) // the pipe's reader writes to the client
 			_ = pw.CloseWithError(err)
 		}()
 	}
@@ -423,23 +425,51 @@ func (c *call) end() {
 // reads the replica again (Stream.BeforeRead), so no event waits on the
 // replica; under load, when several events arrive in one read, that is one
 // client write per upstream read instead of one per event. A failed write
-// is a client disconnect. It returns the bytes written and the write error.
-func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
+// is a client disconnect. Each write must complete within
+// server.stream_write_timeout (conn's write deadline, when conn is set): a
+// client that stops reading fills its socket buffers, the write blocks,
+// and the deadline ends the call as ErrClientStalled, so that it does not
+// hold its slot and replica room for as long as it does not read. It
+// returns the bytes written and the write error.
+func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, werr error) {
 	s := e.s
 	var buf []byte // shaped events not yet written
 	first := true
 	shaper := vllm.NewShaper(c.req)
+	timeout := c.pol.cfg.Server.StreamWriteTimeout
+	if timeout <= 0 {
+		conn = nil
+	}
+	write := func(b []byte) {
+		if conn != nil {
+			_ = conn.SetWriteDeadline(time.Now().Add(timeout))
+		}
+		n, err := w.Write(b)
+		written += int64(n)
+		if err != nil {
+			werr = err
+			cause := ErrClientGone
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				cause = ErrClientStalled
+			}
+			c.cancel(cause) // closes upstream: the read after this returns
+		}
+	}
 	flush := func() {
 		if len(buf) == 0 || werr != nil {
 			return
 		}
-		n, err := w.Write(buf)
-		written += int64(n)
+		write(buf)
 		buf = buf[:0]
-		if err != nil {
-			werr = err
-			c.cancel(ErrClientGone) // closes upstream: the read after this returns
-		}
+	}
+	if conn != nil {
+		defer func() {
+			if werr == nil {
+				// The connection may serve the next request, with no
+				// deadline of this one's.
+				_ = conn.SetWriteDeadline(time.Time{})
+			}
+		}()
 	}
 	c.stream.BeforeRead(flush)
 	defer c.stream.BeforeRead(nil)
@@ -474,9 +504,7 @@ func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 			s.finish(c, cause)
 			se := &streamError{cause: cause}
 			if !errors.Is(cause, ErrClientGone) {
-				n, err := w.Write(sseError(statusFor(se)))
-				written += int64(n)
-				werr = err
+				write(sseError(statusFor(se)))
 			}
 			o, _ := outcomeFor(se)
 			s.m.count(c.t.name, o, nil)
@@ -499,6 +527,9 @@ func (e *Edge) pump(c *call, w io.Writer) (written int64, werr error) {
 		}
 	}
 }
+
+// writeDeadliner is the part of the client's net.Conn pump uses.
+type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
 
 // maxCoalesce bounds the events pump holds for one write.
 const maxCoalesce = 32 << 10

@@ -258,7 +258,7 @@ func (e *Edge) pumpResponses(c *call, resp *http.Response, w *bufio.Writer) {
 		break
 	}
 	_ = resp.Body.Close()
-	c.usage = rs.Settle(c.plan.InputTokens, abortAllowance, c.plan.OutputTokens, s.countSeen(c, rs))
+	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.cfg.Upstream.StreamInterval), c.plan.OutputTokens, s.countSeen(c, rs))
 	s.finish(c, end)
 	if end == nil {
 		c.t.series(s.m).requestsOK.Inc()

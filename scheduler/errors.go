@@ -17,14 +17,18 @@ import (
 // Sentinel errors of the admission pipeline. statusFor maps them (and the
 // errors of queue, ledger and vllm) to HTTP responses.
 var (
-	ErrUnauthorized   = errors.New("missing or unknown API key")
-	ErrTooLarge       = errors.New("request body too large")
-	ErrBadRequest     = errors.New("invalid request")
-	ErrUnknownModel   = errors.New("unknown model")
-	ErrContextLength  = errors.New("context length exceeded")
-	ErrNoReplica      = errors.New("no healthy replica")
-	ErrDraining       = errors.New("server is draining")
-	ErrClientGone     = errors.New("client disconnected")
+	ErrUnauthorized  = errors.New("missing or unknown API key")
+	ErrTooLarge      = errors.New("request body too large")
+	ErrBadRequest    = errors.New("invalid request")
+	ErrUnknownModel  = errors.New("unknown model")
+	ErrContextLength = errors.New("context length exceeded")
+	ErrNoReplica     = errors.New("no healthy replica")
+	ErrDraining      = errors.New("server is draining")
+	ErrClientGone    = errors.New("client disconnected")
+	// ErrClientStalled is a streaming client that stopped reading: a write
+	// to it blocked for server.stream_write_timeout. It is a client
+	// disconnect (errors.Is ErrClientGone) with its own abort cause.
+	ErrClientStalled  = fmt.Errorf("%w: stopped reading (server.stream_write_timeout)", ErrClientGone)
 	ErrDeadline       = errors.New("deadline exceeded")
 	ErrNotFound       = errors.New("not found")
 	ErrInProgress     = errors.New("a request with this Idempotency-Key is in flight or unresolved")

@@ -56,9 +56,10 @@ func (s *Server) routeOf(pol *policy, t *tenant, req *vllm.Request) route {
 
 // rewriteOptions are what Sluice writes into the call's upstream body on
 // its replica: the band as vLLM's priority where the replica schedules by
-// it, and the tenant's cache salt.
+// it, the tenant's cache salt, and the evidence stream's interval of a
+// non-streamed request (execute).
 func (c *call) rewriteOptions() vllm.RewriteOptions {
-	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.cacheSalt}
+	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.cacheSalt, StreamInterval: c.upInterval}
 }
 
 // weightOf is a tenant's fair-share weight under this policy (0 when the

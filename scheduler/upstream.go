@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -44,40 +45,95 @@ func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
 }
 
 // settleUsage is what a dispatched call whose stream opened is charged
-// (vllm.Stream.SettleFor): per prompt, with an abort allowance of at least
-// one stream interval per unfinished choice.
+// (vllm.Stream.SettleFor): per prompt, with an abort allowance of one
+// stream interval per unfinished choice.
 func (s *Server) settleUsage(c *call) vllm.Usage {
 	return c.stream.SettleFor(vllm.Shape{N: c.req.N, Inputs: c.req.InputTokens, Allowance: allowanceFor(c), Cap: c.plan.Cap})
 }
 
-// allowanceFor is the abort allowance per unfinished choice: the tokens
-// vLLM may generate between two usage chunks. That is its effective stream
-// interval, the larger of the server's --stream-interval and the request's
-// stream_interval (vllm/entrypoints/openai/completion/protocol.py), so a
-// client cannot shrink its charge by asking for a large interval; the
-// stream raises it further to the largest step it saw. A tool parser can
-// hold chunks back for a whole call (chat_completion/serving.py skips
-// chunks whose parsed delta is empty), so with tools the allowance is the
-// cap: the reservation, never more.
+// allowanceFor is the abort allowance per unfinished choice: what vLLM may
+// have generated past the last usage chunk Sluice read. That is one stream
+// interval, the effective one of the request: the largest of the replicas'
+// --stream-interval (upstream.stream_interval) and the request's own
+// stream_interval, which raises the server's, never lowers it
+// (vllm/entrypoints/openai/completion/protocol.py), so a client cannot
+// shrink its charge by asking for a large interval.
+//
+// # Why one interval
+//
+// vLLM's output processor (vllm/v1/engine/output_processor.py,
+// RequestState.make_request_output) hands a choice's output on as soon as
+// stream_interval tokens have accumulated since the last output it handed
+// on, so at most interval − 1 generated tokens wait unsent; the engine step
+// in flight when the abort reaches the engine core adds one token, and
+// outputs of an aborted request are dropped after that (abort_requests).
+// The chunks vLLM wrote before the connection closed are read before
+// settling (Stream.takeArrived). At interval 1 the charge is therefore the
+// last cumulative count plus one per unfinished choice: at most one token
+// above what ran. What it can miss is an undercharge, never an overcharge:
+// outputs vLLM's API server had merged but not yet written when it saw the
+// disconnect (RequestOutputCollector, under load), and several tokens of
+// one speculative-decoding step. A step between two usage chunks larger
+// than the interval is that merging, not a larger interval, so it does not
+// raise the allowance.
+//
+// A tool parser can hold chunks back for a whole call
+// (chat_completion/serving.py skips chunks whose parsed delta is empty),
+// so with tools the allowance is the cap: the reservation, never more.
 func allowanceFor(c *call) int {
-	a := max(abortAllowance, c.req.StreamInterval)
+	a := max(1, c.pol.cfg.Upstream.StreamInterval, c.upInterval)
+	if c.req.Stream {
+		a = max(a, c.req.StreamInterval)
+	}
 	if c.req.HasTools() {
 		a = max(a, c.plan.Cap)
 	}
 	return a
 }
 
+// upstreamInterval is the stream_interval a non-streamed call is sent
+// upstream with as a stream (upstream.non_streamed_interval), 0 to send it
+// non-streamed: so when the setting is 0, when its cap is no larger than
+// the interval (its hold is then within one interval per choice of what
+// can run), and when a stream cannot rebuild vLLM's body faithfully
+// (vllm.Request.Reassemblable).
+func upstreamInterval(c *call) int {
+	if c.req.Stream {
+		return 0
+	}
+	k := config.DefaultNonStreamedInterval
+	if p := c.pol.cfg.Upstream.NonStreamedInterval; p != nil {
+		k = *p
+	}
+	if k <= 0 || c.plan.Cap <= k || !c.req.Reassemblable() {
+		return 0
+	}
+	return k
+}
+
 // sentUsage is the charge of a call sent upstream whose response never
-// opened. A streamed request gets its headers before prefill, so nothing
-// but prefill can have run; a non-streamed one answers only when it is
-// done, so vLLM may have generated up to its cap and reports nothing: it is
-// charged its hold.
+// opened. A stream gets its headers before prefill, so nothing but prefill
+// can have run; a non-streamed request answers only when it is done, so
+// vLLM may have generated up to its cap and reports nothing: it is charged
+// its hold. That includes a non-200 answer to a non-streamed request that
+// vLLM may give after generating (upstreamRan).
 func sentUsage(c *call) vllm.Usage {
 	u := vllm.Usage{PromptTokens: c.plan.InputTokens}
-	if !c.req.Stream {
+	if !c.req.Stream && c.upInterval == 0 {
 		u.CompletionTokens = c.plan.Cap * c.plan.Choices
 	}
 	return u
+}
+
+// upstreamRan reports whether a non-200 answer may come after vLLM ran the
+// request. A stream's errors after generation come inside it (its usage so
+// far is then the evidence); a non-streamed request is answered once
+// generation ended, and a choice that ended with finish_reason "error" is
+// answered 500 (vllm/entrypoints/openai/chat_completion/serving.py and
+// completion/serving.py, GenerationError). A 4xx is a refusal before any
+// generation, a 503 vLLM's admission control refusing to queue it.
+func upstreamRan(c *call, ue *vllm.UpstreamError) bool {
+	return !c.req.Stream && c.upInterval == 0 && ue.Status >= 500 && ue.Status != 503
 }
 
 // ran reports whether vLLM may have run the call: it was sent, and the
@@ -94,4 +150,42 @@ func (c *call) minTokens() int64 {
 		return 0
 	}
 	return int64(c.req.MinTokens)
+}
+
+// peeked holds the first event of an evidence stream (upstreamInterval),
+// which execute reads before it counts the stream as opened.
+type peeked struct {
+	ev  vllm.Event
+	err error
+	ok  bool
+}
+
+// peekRefusal reads an evidence stream's first event. vLLM's engine refuses
+// a streamed request it cannot queue (503, a full waiting queue:
+// vllm/v1/engine/admission_control.py) with an error event after the 200
+// headers, where it answers a non-streamed request with a 503 response,
+// which another replica may take: such a first event is returned as that
+// non-streamed 503 (the stream closed), so that execute retries as it
+// would have. Anything else is kept for drainStream (call.next).
+func (c *call) peekRefusal(st *vllm.Stream) error {
+	ev, err := st.Next()
+	if err == nil && ev.Err != nil && ev.Err.Status == 503 {
+		ue := *ev.Err
+		ue.InStream = false
+		_ = st.Close()
+		return &ue
+	}
+	c.peeked = peeked{ev: ev, err: err, ok: true}
+	return nil
+}
+
+// next is the stream's next event, the peeked one first. The peeked
+// event's bytes are the stream's until its next read, which comes after.
+func (c *call) next() (vllm.Event, error) {
+	if c.peeked.ok {
+		p := c.peeked
+		c.peeked = peeked{}
+		return p.ev, p.err
+	}
+	return c.stream.Next()
 }

@@ -23,7 +23,9 @@
 # a shared machine. Knobs: EDGE_ROUNDS (5), EDGE_N (3000), EDGE_LIGHT_N (400),
 # EDGE_RATE (800), EDGE_RATE_N (2400), EDGE_SIM_ENV (environment for the
 # simulator, e.g. GOMAXPROCS=1),
-# EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_TARGETS, EDGE_KEEP=1,
+# EDGE_STREAM_N (600), EDGE_STREAM_TOKENS (64), EDGE_WHOLE_TOKENS (4: the
+# non-streamed requests' max_tokens; above upstream.non_streamed_interval,
+# 64 by default, Sluice sends them upstream as coarse streams), EDGE_TARGETS, EDGE_KEEP=1,
 # EDGE_RAW=1 (print every round), EDGE_SYSCALLS=1 (after the rounds, one
 # more pass per proxy under `perf stat`: system calls, context switches and
 # the main calls per request and per chunk), SLUICE_BIN (a prebuilt binary; default:
@@ -40,6 +42,7 @@ N=${EDGE_N:-3000}
 LIGHT_N=${EDGE_LIGHT_N:-400}
 SN=${EDGE_STREAM_N:-600}
 STOK=${EDGE_STREAM_TOKENS:-64}
+WTOK=${EDGE_WHOLE_TOKENS:-4}
 RATE=${EDGE_RATE:-800}
 RN=${EDGE_RATE_N:-2400}
 GO=${GO:-go}
@@ -185,7 +188,7 @@ proxy_pids() {
 	sluice-base) echo "$BASE_PID" ;;
 	esac
 }
-SMALL='{"model":"sim-model","prompt":"hello there","max_tokens":4,"ignore_eos":true}'
+SMALL="{\"model\":\"sim-model\",\"prompt\":\"hello there\",\"max_tokens\":$WTOK,\"ignore_eos\":true}"
 STREAM="{\"model\":\"sim-model\",\"prompt\":\"hello there\",\"max_tokens\":$STOK,\"ignore_eos\":true,\"stream\":true}"
 export LOADLOOP_KEY=$KEY
 for t in $TARGETS; do

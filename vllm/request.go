@@ -960,7 +960,13 @@ type RewriteOptions struct {
 	// CacheSalt, when not empty, is written as vLLM's "cache_salt" in
 	// place of any the client sent (a tenant's prefix-cache namespace).
 	CacheSalt string
-	keepCap   bool
+	// StreamInterval > 0 sends a non-streamed request upstream as a stream
+	// of that many tokens per chunk (its "stream_interval"), with
+	// continuous usage, for [NewAssembler] to rebuild vLLM's body: an
+	// abort is then charged from the usage that arrived. See
+	// [Request.Reassemblable] for the requests this is faithful for.
+	StreamInterval int
+	keepCap        bool
 }
 
 // CacheSalt returns the raw JSON of the client's "cache_salt" (nil when
@@ -981,7 +987,11 @@ func (r *Request) rewriteKey(m member, o RewriteOptions) bool {
 		return true
 	case o.CacheSalt != "" && m.keyIs(b, "cache_salt"):
 		return true
-	case r.Stream && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
+	case (r.Stream || o.StreamInterval > 0) && (m.keyIs(b, "stream") || m.keyIs(b, "stream_options")):
+		return true
+	case !r.Stream && o.StreamInterval > 0 && m.keyIs(b, "stream_interval"):
+		// vLLM ignores it on a non-streamed request; Sluice's interval
+		// replaces it.
 		return true
 	case !o.keepCap && m.keyIs(b, "max_tokens"):
 		return true
@@ -1055,11 +1065,15 @@ func (r *Request) RewriteWith(dst []byte, capTokens int, o RewriteOptions) []byt
 		add = append(add, `"cache_salt":`...)
 		add = strconv.AppendQuote(add, o.CacheSalt)
 	}
-	if r.Stream {
+	if r.Stream || o.StreamInterval > 0 {
 		if len(add) > 0 {
 			add = append(add, ',')
 		}
 		add = append(add, `"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`...)
+	}
+	if !r.Stream && o.StreamInterval > 0 {
+		add = append(add, `,"stream_interval":`...)
+		add = strconv.AppendInt(add, int64(o.StreamInterval), 10)
 	}
 	if !o.keepCap {
 		if len(add) > 0 {

@@ -257,9 +257,11 @@ func TestTokenizeContinueFinalMessage(t *testing.T) {
 	assert.Equal(t, true, got["continue_final_message"])
 }
 
-// Issue 19 item 5: the allowance covers the stream interval vLLM is using,
-// as seen between usage chunks, so a large interval cannot shrink a charge.
-func TestSettleAllowanceCoversObservedInterval(t *testing.T) {
+// An aborted stream is charged its last cumulative usage plus the
+// allowance (one stream interval) per unfinished choice. A step of 8
+// between two usage chunks at interval 1 is vLLM's API server catching up
+// with merged outputs, not an interval of 8: it does not raise the charge.
+func TestSettleAllowanceIsOneInterval(t *testing.T) {
 	s := streamOf(`data: {"choices":[{"index":0,"text":"a","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}
 
 data: {"choices":[{"index":0,"text":"b c d e f g h i","finish_reason":null}],"usage":{"prompt_tokens":4,"completion_tokens":9,"total_tokens":13}}
@@ -268,8 +270,9 @@ data: {"choices":[{"index":0,"text":"b c d e f g h i","finish_reason":null}],"us
 	_, err := drain(t, s)
 	require.ErrorIs(t, err, ErrStreamCut)
 	u := s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 1, Cap: 100})
-	assert.Equal(t, 9+8, u.CompletionTokens, "one observed interval of 8 tokens after the last usage")
-	assert.Equal(t, 12, s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 1, Cap: 12}).CompletionTokens, "capped")
+	assert.Equal(t, 9+1, u.CompletionTokens, "one token past the last usage at interval 1")
+	assert.Equal(t, 9+16, s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 16, Cap: 100}).CompletionTokens, "one interval of 16")
+	assert.Equal(t, 12, s.SettleFor(Shape{N: 1, Inputs: []int{4}, Allowance: 16, Cap: 12}).CompletionTokens, "capped")
 }
 
 // Plan.Default: a chat request without a cap keeps vLLM's own default, so

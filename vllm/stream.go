@@ -123,7 +123,6 @@ type Stream struct {
 	// chunked reports a chunk of the choice, with or without usage.
 	chunked  []bool
 	nSeen    int
-	maxStep  int // largest completion_tokens step between usage chunks
 	final    ChunkUsage
 	hasFinal bool
 
@@ -559,17 +558,12 @@ func (s *Stream) track(ev *Event) {
 		return
 	}
 	s.grow(c)
-	if s.seen[c] {
-		s.maxStep = max(s.maxStep, ev.Usage.CompletionTokens-s.perChoice[c])
-	} else {
+	if !s.seen[c] {
 		s.seen[c] = true
 		s.nSeen++
 	}
 	s.promptOf[c] = ev.Usage.PromptTokens
-	// Cumulative per choice: keep the largest (values never shrink). The
-	// largest step between two usage chunks is the stream interval vLLM is
-	// using (the server's --stream-interval or the request's, whichever is
-	// larger), which the abort allowance must cover.
+	// Cumulative per choice: keep the largest (values never shrink).
 	s.perChoice[c] = max(s.perChoice[c], ev.Usage.CompletionTokens)
 }
 
@@ -600,8 +594,11 @@ type Shape struct {
 	// prompt none of whose choices reported usage is charged this.
 	Inputs []int
 	// Allowance is the tokens an unfinished choice may have generated after
-	// its last usage (see the scheduler's abort allowance); SettleFor raises
-	// it to the largest step seen between two usage chunks.
+	// its last usage: one stream interval (see the scheduler's
+	// allowanceFor). A step larger than the interval between two usage
+	// chunks is vLLM's API server catching up with outputs it had merged
+	// (output_processor.py RequestOutputCollector), not a larger interval,
+	// so it does not raise the allowance.
 	Allowance int
 	// Cap is the per-choice output cap (0: none).
 	Cap int
@@ -636,7 +633,6 @@ func (s *Stream) SettleFor(sh Shape) Usage {
 	if s.refused != nil {
 		return Usage{}
 	}
-	sh.Allowance = max(sh.Allowance, s.maxStep)
 	prompts := max(1, len(sh.Inputs))
 	n := max(1, sh.N)
 	choices := max(n*prompts, len(s.perChoice))

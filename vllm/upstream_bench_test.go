@@ -23,7 +23,10 @@ func cpuNanos() int64 {
 // BenchmarkNonStreamedClient compares the two ways to serve a non-streamed
 // client (issue 19 item 4): forcing stream:true upstream and re-assembling
 // the body from the chunks (before), or sending the request non-streamed
-// and passing vLLM's body through (now). One simulated replica in process:
+// and passing vLLM's body through, or, for the abort evidence, sending it
+// as a stream of a coarse stream_interval (sse-interval-N, what
+// upstream.non_streamed_interval does) and re-assembling that. One
+// simulated replica in process:
 // cpu-ns/op is the CPU of Sluice's client side and the replica together,
 // wire-B/op the response bytes. 200 output tokens per request.
 func BenchmarkNonStreamedClient(b *testing.B) {
@@ -47,9 +50,10 @@ func BenchmarkNonStreamedClient(b *testing.B) {
 	client := vllm.NewClient(vllm.Config{})
 	const body = `{"model":"m","messages":[{"role":"user","content":"tell me a long story"}],"max_tokens":200,"ignore_eos":true}`
 	for _, mode := range []struct {
-		name   string
-		stream bool
-	}{{"sse-assembled", true}, {"whole", false}} {
+		name     string
+		stream   bool
+		interval int // > 0: the non-streamed request sent as a stream of this interval
+	}{{"sse-assembled", true, 0}, {"whole", false, 0}, {"sse-interval-16", false, 16}, {"sse-interval-64", false, 64}} {
 		b.Run(mode.name, func(b *testing.B) {
 			client.CloseIdleConnections()
 			cb := body
@@ -60,7 +64,7 @@ func BenchmarkNonStreamedClient(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			up := req.Rewrite(nil, 200)
+			up := req.RewriteWith(nil, 200, vllm.RewriteOptions{StreamInterval: mode.interval})
 			var wire int64
 			b.ReportAllocs()
 			start := cpuNanos()

@@ -107,7 +107,23 @@ type Upstream struct {
 	// replica likely to hold the longest prompt prefix in its prefix cache,
 	// balanced against load) or least_load.
 	Routing string `yaml:"routing"`
+	// StreamInterval is the replicas' --stream-interval: the most tokens
+	// one usage chunk of a stream advances by, and so what an aborted
+	// choice may have generated past the last usage Sluice read. Default 1
+	// (vLLM's default).
+	StreamInterval int `yaml:"stream_interval"`
+	// NonStreamedInterval sends a non-streamed request upstream as a
+	// stream with this stream_interval, re-assembled into vLLM's body,
+	// so that a client that leaves is charged what ran (within one
+	// interval per choice) instead of its hold. Only requests whose
+	// output cap is larger and whose members a stream carries faithfully
+	// (vllm.Request.Reassemblable) go so. Default 64; 0 sends every
+	// non-streamed request upstream non-streamed.
+	NonStreamedInterval *int `yaml:"non_streamed_interval"`
 }
+
+// DefaultNonStreamedInterval is upstream.non_streamed_interval's default.
+const DefaultNonStreamedInterval = 64
 
 // Replica is one vLLM server.
 type Replica struct {
@@ -234,6 +250,11 @@ type Server struct {
 	// or video content part, whose real count the model's processor
 	// decides. Default 4096.
 	MediaAllowance int64 `yaml:"media_allowance"`
+	// StreamWriteTimeout bounds each write to a streaming client: a client
+	// that stops reading until a write has blocked this long has its call
+	// ended (upstream aborted, charged what ran, its slot and replica room
+	// freed) and its connection closed. Default 30s.
+	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
 }
 
 // Cost configures fair-share costing.
@@ -461,6 +482,11 @@ func (f *File) applyDefaults() {
 	def(&u.ScrapeInterval, time.Second)
 	def(&u.DownAfter, 3)
 	def(&u.Routing, "affinity")
+	def(&u.StreamInterval, 1)
+	if u.NonStreamedInterval == nil {
+		v := DefaultNonStreamedInterval
+		u.NonStreamedInterval = &v
+	}
 	for i := range u.Replicas {
 		def(&u.Replicas[i].MaxNumSeqs, 256)
 		if u.Replicas[i].Name == "" {
@@ -488,6 +514,7 @@ func (f *File) applyDefaults() {
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
 	def(&s.MediaAllowance, 4096)
+	def(&s.StreamWriteTimeout, 30*time.Second)
 	def(&f.Audit.MaxBytes, 64<<20)
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
@@ -577,6 +604,12 @@ func (f *File) Validate() error {
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
 	}
+	if f.Upstream.StreamInterval < 1 {
+		v.add("upstream.stream_interval must be >= 1")
+	}
+	if n := f.Upstream.NonStreamedInterval; n != nil && (*n < 0 || *n > 1<<20) {
+		v.add("upstream.non_streamed_interval must be between 0 and 1048576")
+	}
 	v.oneOf("gpu.telemetry", f.GPU.Telemetry, "auto", "nvml", "vllm", "off")
 	v.positiveDur("gpu.interval", f.GPU.Interval)
 	v.rangeF("gpu.degraded_factor", f.GPU.DegradedFactor, 0, 1)
@@ -601,6 +634,7 @@ func (f *File) Validate() error {
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
 	v.nonNeg("server.media_allowance", s.MediaAllowance)
+	v.positiveDur("server.stream_write_timeout", s.StreamWriteTimeout)
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)

@@ -209,3 +209,34 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The abort-evidence keys: defaults, an explicit 0 that turns the evidence
+// stream off, and refusals naming the key.
+func TestEvidenceKeys(t *testing.T) {
+	t.Parallel()
+	f, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, 1, f.Upstream.StreamInterval)
+	require.NotNil(t, f.Upstream.NonStreamedInterval)
+	assert.Equal(t, DefaultNonStreamedInterval, *f.Upstream.NonStreamedInterval)
+	assert.Equal(t, 30*time.Second, f.Server.StreamWriteTimeout)
+	cfg := strings.Replace(minimal, "upstream:\n", "upstream:\n  non_streamed_interval: 0\n  stream_interval: 4\n", 1)
+	f, err = Parse([]byte("server: {stream_write_timeout: 2s}\n" + cfg))
+	require.NoError(t, err)
+	assert.Equal(t, 0, *f.Upstream.NonStreamedInterval, "0 sends non-streamed requests non-streamed")
+	assert.Equal(t, 4, f.Upstream.StreamInterval)
+	assert.Equal(t, 2*time.Second, f.Server.StreamWriteTimeout)
+	for key, bad := range map[string]string{
+		"upstream.non_streamed_interval": "upstream:\n  non_streamed_interval: -1\n",
+		"upstream.stream_interval":       "upstream:\n  stream_interval: -2\n",
+		"server.stream_write_timeout":    "upstream:\n",
+	} {
+		body := strings.Replace(minimal, "upstream:\n", bad, 1)
+		if key == "server.stream_write_timeout" {
+			body = "server: {stream_write_timeout: -1s}\n" + minimal
+		}
+		_, err := Parse([]byte(body))
+		require.Error(t, err, key)
+		assert.Contains(t, err.Error(), key)
+	}
+}

@@ -109,9 +109,20 @@ func startNodeWith(t testing.TB, cfg *config.File, configPath string) *node {
 // registry are the harness's).
 func startNodeOpts(t testing.TB, cfg *config.File, o Options) *node {
 	t.Helper()
-	clearOfHourEdge(t)
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return startNodeOnOpts(t, cfg, o, apiLn)
+}
+
+// startNodeOn runs a node serving its API on apiLn.
+func startNodeOn(t testing.TB, cfg *config.File, configPath string, apiLn net.Listener) *node {
+	t.Helper()
+	return startNodeOnOpts(t, cfg, Options{ConfigPath: configPath}, apiLn)
+}
+
+func startNodeOnOpts(t testing.TB, cfg *config.File, o Options, apiLn net.Listener) *node {
+	t.Helper()
+	clearOfHourEdge(t)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	n := &node{api: "http://" + apiLn.Addr().String(), adminURL: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
