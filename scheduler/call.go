@@ -29,28 +29,30 @@ type call struct {
 	ops          [3]opCtx           // the first ledgerOps' contexts (reserve, mark dispatched, settle)
 	nops         uint8              // ops handed out
 
-	pol      *policy
-	t        *tenant
-	key      *apiKey // the key that authenticated the request
-	ep       vllm.Endpoint
-	req      *vllm.Request
-	route    route     // model (pool) and prefix for the replica choice
-	pool     poolKey   // the pool its share is counted in (fixed at admission)
-	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
-	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
-	plan     vllm.Plan
-	reqID    string
-	idemKey  string // the client's Idempotency-Key; "" none
-	ref      ledger.Ref
-	held     ledger.Amounts
-	grant    ledger.Grant
-	cost     int64 // predicted fair-share cost
-	size     int64 // replica room: input + allowed output
-	band     int
-	arrival  time.Time
-	deadline time.Time // the client's overall deadline; zero when none
-	handle   queue.Handle[*call]
-	wf       *workflow // nil without X-Workflow-Id
+	pol     *policy
+	t       *tenant
+	key     *apiKey // the key that authenticated the request
+	ep      vllm.Endpoint
+	req     *vllm.Request
+	route   route     // model (pool) and prefix for the replica choice
+	pool    poolKey   // the pool its share is counted in (fixed at admission)
+	spot    spot      // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt  time.Time // when it last took replica room; guarded by Server.pools.mu
+	plan    vllm.Plan
+	reqID   string
+	idemKey string // the client's Idempotency-Key; "" none
+	// idemDigest is the requestDigest of the request under idemKey (0 none).
+	idemDigest uint64
+	ref        ledger.Ref
+	held       ledger.Amounts
+	grant      ledger.Grant
+	cost       int64 // predicted fair-share cost
+	size       int64 // replica room: input + allowed output
+	band       int
+	arrival    time.Time
+	deadline   time.Time // the client's overall deadline; zero when none
+	handle     queue.Handle[*call]
+	wf         *workflow // nil without X-Workflow-Id
 	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
@@ -199,6 +201,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
 	c.idemKey = a.idemKey
+	if a.idemKey != "" {
+		c.idemDigest = requestDigest(a.ep, a.body)
+	}
 	if err := s.reserve(c, a); err != nil {
 		c.cancel(err)
 		return nil, err
@@ -298,6 +303,9 @@ func (s *Server) reserve(c *call, a admission) error {
 			// A label for audit lines only: the ledger never orders policy
 			// versions (limits travel with each Reserve).
 			PolicyVersion: c.pol.version,
+			// A keyed retry is the same payload when the client's request
+			// is, whatever the holds (idem.go).
+			RequestDigest: c.idemDigest,
 			// A fresh nonce per attempt tells the store client's own retry
 			// of this Reserve (lost reply: Replayed false) from another
 			// attempt holding the id (Replayed true).
@@ -338,9 +346,9 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 			continue
 		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return s.completed(c.ctx, c.ref.ID)
+			return s.completed(c.ctx, c.ref.ID, c.idemDigest)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
-			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
+			return errIdemConflict
 		case ledger.IsStoreError(err):
 			// A keyed request is never admitted without the ledger: only
 			// the ledger knows whether an earlier attempt of the key ran
