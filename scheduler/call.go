@@ -57,6 +57,9 @@ type call struct {
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
 	lease       leaseEntry                     // leases.m's entry for the call; guarded by leases.mu
+	// counted: the input is exact, or the replica's /tokenize was asked
+	// for it already (countAndPlan).
+	counted bool
 	// capReason is why Sluice lowered the output cap to fit a budget
 	// (budget, workflow); "" when it did not.
 	capReason string
@@ -159,12 +162,12 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
-	req, plan, err := s.countAndPlan(ctx, t, pol, req)
+	req, plan, counted, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, req), plan: plan, reqID: a.reqID,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, req), plan: plan, reqID: a.reqID, counted: counted,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1),
 	}
@@ -371,6 +374,16 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 		default:
 			if d := deniedOf(err); d != nil {
+				if d.Dim == ledger.Tokens && !c.counted {
+					// A token budget refused a hold sized on the bytes
+					// bound: count exactly before refusing or lowering.
+					if again, err := s.recount(c); err != nil || again {
+						if err != nil {
+							return err
+						}
+						continue
+					}
+				}
 				if !lowered && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens) {
 					// Send what the budgets still allow rather than refuse.
 					lowered = true
@@ -383,6 +396,27 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		return err
 	}
+}
+
+// recount replaces the call's bytes bound with the replica's exact count
+// (once per call), re-planning the cap on it. It reports whether the holds
+// are to be sized and reserved again; an error is the exact count's verdict
+// on the request (a 400 comes before any budget).
+func (s *Server) recount(c *call) (bool, error) {
+	c.counted = true
+	if isOther(c.req.Endpoint) {
+		return false, nil
+	}
+	exact := s.tokenize(c.ctx, c.req)
+	if !exact.InputExact {
+		return false, nil // the documented fallback: the bound decides
+	}
+	plan, err := s.planFor(c.t, exact)
+	if err != nil {
+		return false, err
+	}
+	c.req, c.plan = exact, plan
+	return true, nil
 }
 
 // deniedOf and endedUnrun unwrap reserve's errors out of line: an
