@@ -241,7 +241,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.loopOnly {
 		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
 	}
-	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
+	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: s.atCap(c)})
 	if s.trail != nil { // the reason's text costs two allocations: only with a trail
 		s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 			TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -468,8 +468,8 @@ func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
 // client-controlled multiplier cannot take a hold out of the ledger's range.
 const maxChoices = 128
 
-// sizeHolds derives the ledger holds, queue cost and replica size from the
-// plan. Every product is overflow-checked: a hold outside the ledger's
+// sizeHolds derives the ledger holds (the worst case), queue cost and
+// replica size (the expected use, expected.go) from the plan. Every product is overflow-checked: a hold outside the ledger's
 // range is the client's 400, naming the parameter that made it so, never a
 // ledger_error.
 func (s *Server) sizeHolds(c *call) error {
@@ -497,19 +497,7 @@ func (s *Server) sizeHolds(c *call) error {
 		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
 	}
 	c.held = h
-	c.size = in + out
-	cost := c.pol.cfg.Server.Cost
-	if cost.Unit == "gpu_ms" {
-		c.cost = max(1, h[ledger.GPUMs])
-	} else {
-		wi, ok1 := mulAmount(cost.WIn, in)
-		wo, ok2 := mulAmount(cost.WOut, out)
-		if !ok1 || !ok2 || wi > ledger.MaxAmount-wo {
-			return invalidf("max_tokens", "the request's fair-share cost is out of range; lower max_tokens")
-		}
-		c.cost = wi + wo
-	}
-	return nil
+	return s.sizeExpected(c, in) // expected.go
 }
 
 // mulAmount multiplies two non-negative amounts, reporting false when the

@@ -46,7 +46,8 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, 1, tn.Weight)
 	assert.Equal(t, 0, tn.Concurrency, "unset: no per-tenant cap")
 	assert.Equal(t, int64(8192), tn.MaxInputTokens)
-	assert.Equal(t, int64(1024), tn.MaxOutputTokens)
+	assert.Equal(t, int64(0), tn.MaxOutputTokens, "unset: no cap; the client gets vLLM's own default")
+	assert.Equal(t, int64(256), f.Server.ExpectedOutputTokens)
 	assert.Equal(t, 256, tn.Queue.MaxDepth)
 	assert.Equal(t, 10*time.Second, tn.Queue.MaxWait)
 }
