@@ -211,10 +211,6 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		c.cancel(err)
 		return nil, err
 	}
-	if k := s.reps.maxCapacity(req.Model); k > 0 && c.size > k {
-		s.release(c)
-		return nil, fmt.Errorf("input plus output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
-	}
 	s.mu.Lock()
 	s.queued[c] = struct{}{}
 	s.mu.Unlock()
@@ -298,6 +294,10 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		if err := s.sizeHolds(c); err != nil {
 			return err
+		}
+		if k := s.reps.maxCapacity(c.req.Model); k > 0 && c.size > k {
+			// Before any budget: a request no replica can run is invalid.
+			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
 		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,

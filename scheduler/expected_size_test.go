@@ -122,3 +122,15 @@ func TestAtCapWithoutATenantCap(t *testing.T) {
 		s.forget(c)
 	}
 }
+
+// A request no replica can run is refused as invalid before any budget.
+func TestOverCapacityIsInvalidBeforeTheBudget(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &fakeUpstream{out: 1})
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	_, err := serve(context.Background(), s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
+	ae := statusFor(err)
+	assert.Equal(t, 400, ae.Status)
+	assert.Equal(t, "context_length_exceeded", ae.Code)
+	assert.Zero(t, led.n("reserve"), "the ledger is never asked")
+}
