@@ -398,27 +398,6 @@ func (s *Server) reserve(c *call, a admission) error {
 	}
 }
 
-// recount replaces the call's bytes bound with the replica's exact count
-// (once per call), re-planning the cap on it. It reports whether the holds
-// are to be sized and reserved again; an error is the exact count's verdict
-// on the request (a 400 comes before any budget).
-func (s *Server) recount(c *call) (bool, error) {
-	c.counted = true
-	if isOther(c.req.Endpoint) {
-		return false, nil
-	}
-	exact := s.tokenize(c.ctx, c.req)
-	if !exact.InputExact {
-		return false, nil // the documented fallback: the bound decides
-	}
-	plan, err := s.planFor(c.t, exact)
-	if err != nil {
-		return false, err
-	}
-	c.req, c.plan = exact, plan
-	return true, nil
-}
-
 // deniedOf and endedUnrun unwrap reserve's errors out of line: an
 // errors.As target escapes, and reserve's success path should not pay for
 // it.

@@ -50,6 +50,27 @@ func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
 	return plan, nil
 }
 
+// recount replaces the call's bytes bound with the replica's exact count
+// (once per call), re-planning the cap on it. It reports whether the holds
+// are to be sized and reserved again; an error is the exact count's verdict
+// on the request (a 400 comes before any budget).
+func (s *Server) recount(c *call) (bool, error) {
+	c.counted = true
+	if isOther(c.req.Endpoint) {
+		return false, nil
+	}
+	exact := s.tokenize(c.ctx, c.req)
+	if !exact.InputExact {
+		return false, nil // the documented fallback: the bound decides
+	}
+	plan, err := s.planFor(c.t, exact)
+	if err != nil {
+		return false, err
+	}
+	c.req, c.plan = exact, plan
+	return true, nil
+}
+
 // settleUsage is what a dispatched call whose stream opened is charged
 // (vllm.Stream.SettleFor): per prompt, with an abort allowance of at least
 // one stream interval per unfinished choice.
