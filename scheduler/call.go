@@ -374,7 +374,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 		default:
 			if d := deniedOf(err); d != nil {
-				if d.Dim == ledger.Tokens && !c.counted {
+				if d.Dim == ledger.Tokens && !c.counted && exactMayFit(c, d, c.pol.cfg.Server.MinOutputTokens) {
 					// A token budget refused a hold sized on the bytes
 					// bound: count exactly before refusing or lowering.
 					if again, err := s.recount(c); err != nil || again {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -69,6 +70,21 @@ func (s *Server) recount(c *call) (bool, error) {
 	}
 	c.req, c.plan = exact, plan
 	return true, nil
+}
+
+// exactMayFit reports whether an exact input count could turn a token
+// budget's denial into a grant: the budget has room for at least one input
+// token plus the least output the call could go with (its cap, or for a cap
+// Sluice may lower, the floor). An exhausted budget is refused without
+// asking a replica to count, so a flood of refused requests costs the
+// replicas nothing.
+func exactMayFit(c *call, d *ledger.DeniedError, floor int64) bool {
+	free := d.Limit - d.Committed - d.Reserved
+	out := int64(c.plan.Cap)
+	if c.req.MaxTokens == 0 || d.Scope == ledger.KindWorkflow {
+		out = min(out, max(1, floor, c.minTokens()))
+	}
+	return free > out*int64(max(1, c.plan.Choices))
 }
 
 // settleUsage is what a dispatched call whose stream opened is charged
