@@ -29,30 +29,28 @@ type call struct {
 	ops          [3]opCtx           // the first ledgerOps' contexts (reserve, mark dispatched, settle)
 	nops         uint8              // ops handed out
 
-	pol     *policy
-	t       *tenant
-	key     *apiKey // the key that authenticated the request
-	ep      vllm.Endpoint
-	req     *vllm.Request
-	route   route     // model (pool) and prefix for the replica choice
-	pool    poolKey   // the pool its share is counted in (fixed at admission)
-	spot    spot      // where it counts in the pool's load; guarded by Server.pools.mu
-	heldAt  time.Time // when it last took replica room; guarded by Server.pools.mu
-	plan    vllm.Plan
-	reqID   string
-	idemKey string // the client's Idempotency-Key; "" none
-	// idemDigest is the requestDigest of the request under idemKey (0 none).
-	idemDigest uint64
-	ref        ledger.Ref
-	held       ledger.Amounts
-	grant      ledger.Grant
-	cost       int64 // predicted fair-share cost
-	size       int64 // replica room: input + allowed output
-	band       int
-	arrival    time.Time
-	deadline   time.Time // the client's overall deadline; zero when none
-	handle     queue.Handle[*call]
-	wf         *workflow // nil without X-Workflow-Id
+	pol      *policy
+	t        *tenant
+	key      *apiKey // the key that authenticated the request
+	ep       vllm.Endpoint
+	req      *vllm.Request
+	route    route     // model (pool) and prefix for the replica choice
+	pool     poolKey   // the pool its share is counted in (fixed at admission)
+	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
+	plan     vllm.Plan
+	reqID    string
+	idemKey  string // the client's Idempotency-Key; "" none
+	ref      ledger.Ref
+	held     ledger.Amounts
+	grant    ledger.Grant
+	cost     int64 // predicted fair-share cost (expected use, expected.go)
+	size     int64 // replica room: input + expected output (expected.go)
+	band     int
+	arrival  time.Time
+	deadline time.Time // the client's overall deadline; zero when none
+	handle   queue.Handle[*call]
+	wf       *workflow // nil without X-Workflow-Id
 	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
@@ -60,6 +58,8 @@ type call struct {
 	// counted: the input is exact, or the replica's /tokenize was asked
 	// for it already (countAndPlan).
 	counted bool
+	// idemDigest is the requestDigest of the request under idemKey (0 none).
+	idemDigest uint64
 	// capReason is why Sluice lowered the output cap to fit a budget
 	// (budget, workflow); "" when it did not.
 	capReason string
