@@ -49,6 +49,12 @@ const (
 
 	opV2 uint8 = 0x80 // format 2 flag in the op byte
 
+	// flagRequestDigest in a Reserve entry's dispatch byte (bit 0: Dispatch)
+	// says a RequestDigest follows the nonce. Entries without one are
+	// written as before, so a journal without request digests stays
+	// readable by earlier builds.
+	flagRequestDigest uint8 = 0x02
+
 	maxEntry   = 1 << 16 // a longer length field is corruption, not a torn tail
 	legacyDims = 7       // dimensions of a format 1 entry (before gpu_joules)
 )
@@ -94,9 +100,15 @@ func (e *entry) encode(b []byte) []byte {
 		if r.Dispatch {
 			d = 1
 		}
+		if r.RequestDigest != 0 {
+			d |= flagRequestDigest
+		}
 		b = append(b, d)
 		b = binary.LittleEndian.AppendUint64(b, r.PolicyVersion)
 		b = binary.LittleEndian.AppendUint64(b, r.Attempt)
+		if r.RequestDigest != 0 {
+			b = binary.LittleEndian.AppendUint64(b, r.RequestDigest)
+		}
 		for _, v := range r.Held {
 			i64(v)
 		}
@@ -197,10 +209,14 @@ func decodeEntry(body []byte) (entry, error) {
 		r.id16(q.Owner[:])
 		e.ttl = r.i64()
 		q.LeaseTTL = time.Duration(e.ttl) * time.Millisecond
-		q.Dispatch = r.u8() == 1
+		flags := r.u8()
+		q.Dispatch = flags&1 != 0
 		q.PolicyVersion = uint64(r.i64())
 		if !e.v1 {
 			q.Attempt = uint64(r.i64())
+		}
+		if flags&flagRequestDigest != 0 {
+			q.RequestDigest = uint64(r.i64())
 		}
 		r.amounts(&q.Held)
 		ns := int(r.u8())

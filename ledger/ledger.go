@@ -337,6 +337,14 @@ type ReserveRequest struct {
 	// never compared, so any value is accepted (see the package doc, "Policy
 	// versions"). At most MaxCounter.
 	PolicyVersion uint64
+	// RequestDigest, when non-zero, is the caller's digest of what it was
+	// asked to do (a client's request under an Idempotency-Key), and the
+	// payload digest is derived from it alone: a later attempt whose holds
+	// or scopes differ only because limits, prices or estimates changed
+	// meanwhile is the same payload (a replay), while another request under
+	// the same id is ErrConflict even when its holds happen to be equal.
+	// 0 means none: the digest covers scopes and Held.
+	RequestDigest uint64
 }
 
 // Validate checks the request's shape (not the backend's state): ErrInvalid
@@ -415,13 +423,24 @@ func (r *ReserveRequest) hasGlobal() bool {
 
 // Digest is the payload digest that decides whether a Reserve with a known id
 // is a replay (same digest) or a conflict: FNV-1a over the scopes (kind and
-// key, order-independent) and Held (without Slots). Limits, LeaseTTL, Owner
-// and Dispatch are not part of it.
+// key, order-independent) and Held (without Slots), or over RequestDigest
+// alone when it is set. Limits, LeaseTTL, Owner and Dispatch are never part
+// of it.
 func (r *ReserveRequest) Digest() uint64 {
 	const (
 		offset = 14695981039346656037
 		prime  = 1099511628211
 	)
+	if r.RequestDigest != 0 {
+		// A leading marker byte (no scope-kind sum starts a digest this
+		// way on purpose) keeps the two kinds of digest apart.
+		h := uint64(offset)
+		h = (h ^ 0xd1) * prime
+		for s := 0; s < 64; s += 8 {
+			h = (h ^ (r.RequestDigest >> s & 0xff)) * prime
+		}
+		return h
+	}
 	var sum uint64
 	for i := range r.Scopes {
 		h := uint64(offset)

@@ -77,7 +77,7 @@ func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.F
 			if c.Weight > 0 && c.Weight < t.Weight {
 				t.Weight = c.Weight
 			}
-			if c.MaxOutputTokens > 0 && c.MaxOutputTokens < t.MaxOutputTokens {
+			if c.MaxOutputTokens > 0 && (t.MaxOutputTokens == 0 || c.MaxOutputTokens < t.MaxOutputTokens) { // 0: uncapped
 				t.MaxOutputTokens = c.MaxOutputTokens
 			}
 		}

@@ -44,8 +44,8 @@ type call struct {
 	ref      ledger.Ref
 	held     ledger.Amounts
 	grant    ledger.Grant
-	cost     int64 // predicted fair-share cost
-	size     int64 // replica room: input + allowed output
+	cost     int64 // predicted fair-share cost (expected use, expected.go)
+	size     int64 // replica room: input + expected output (expected.go)
 	band     int
 	arrival  time.Time
 	deadline time.Time // the client's overall deadline; zero when none
@@ -55,6 +55,11 @@ type call struct {
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
 	lease       leaseEntry                     // leases.m's entry for the call; guarded by leases.mu
+	// counted: the input is exact, or the replica's /tokenize was asked
+	// for it already (countAndPlan).
+	counted bool
+	// idemDigest is the requestDigest of the request under idemKey (0 none).
+	idemDigest uint64
 	// capReason is why Sluice lowered the output cap to fit a budget
 	// (budget, workflow); "" when it did not.
 	capReason string
@@ -163,12 +168,12 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.reps.anyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
-	req, plan, err := s.countAndPlan(ctx, t, pol, req)
+	req, plan, counted, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID, counted: counted,
 		arrival: arrival, band: t.cfg.Priority,
 		dispatched: make(chan *replica, 1),
 	}
@@ -205,13 +210,12 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
 	c.idemKey = a.idemKey
+	if a.idemKey != "" {
+		c.idemDigest = requestDigest(a.ep, a.body)
+	}
 	if err := s.reserve(c, a); err != nil {
 		c.cancel(err)
 		return nil, err
-	}
-	if k := s.reps.maxCapacity(req.Model); k > 0 && c.size > k {
-		s.release(c)
-		return nil, fmt.Errorf("input plus output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
 	}
 	s.mu.Lock()
 	s.queued[c] = struct{}{}
@@ -239,7 +243,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !s.loopOnly {
 		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
 	}
-	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: int64(c.plan.Cap) >= t.cfg.MaxOutputTokens})
+	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: s.atCap(c)})
 	if s.trail != nil { // the reason's text costs two allocations: only with a trail
 		s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 			TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
@@ -297,6 +301,10 @@ func (s *Server) reserve(c *call, a admission) error {
 		if err := s.sizeHolds(c); err != nil {
 			return err
 		}
+		if k := s.reps.maxCapacity(c.req.Model); k > 0 && c.size > k {
+			// Before any budget: a request no replica can run is invalid.
+			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
+		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,
 			Scopes:   append(c.scopes[:0], ledger.Scope{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}),
@@ -304,6 +312,9 @@ func (s *Server) reserve(c *call, a admission) error {
 			// A label for audit lines only: the ledger never orders policy
 			// versions (limits travel with each Reserve).
 			PolicyVersion: c.pol.version,
+			// A keyed retry is the same payload when the client's request
+			// is, whatever the holds (idem.go).
+			RequestDigest: c.idemDigest,
 			// A fresh nonce per attempt tells the store client's own retry
 			// of this Reserve (lost reply: Replayed false) from another
 			// attempt holding the id (Replayed true).
@@ -344,9 +355,9 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 			continue
 		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return s.completed(c.ctx, c.ref.ID)
+			return s.completed(c.ctx, c.ref.ID, c.idemDigest)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
-			return &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
+			return errIdemConflict
 		case ledger.IsStoreError(err):
 			// A keyed request is never admitted without the ledger: only
 			// the ledger knows whether an earlier attempt of the key ran
@@ -369,6 +380,16 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 		default:
 			if d := deniedOf(err); d != nil {
+				if d.Dim == ledger.Tokens && !c.counted && exactMayFit(c, d, c.pol.cfg.Server.MinOutputTokens) {
+					// A token budget refused a hold sized on the bytes
+					// bound: count exactly before refusing or lowering.
+					if again, err := s.recount(c); err != nil || again {
+						if err != nil {
+							return err
+						}
+						continue
+					}
+				}
 				if !lowered && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens) {
 					// Send what the budgets still allow rather than refuse.
 					lowered = true
@@ -432,8 +453,8 @@ func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
 // client-controlled multiplier cannot take a hold out of the ledger's range.
 const maxChoices = 128
 
-// sizeHolds derives the ledger holds, queue cost and replica size from the
-// plan. Every product is overflow-checked: a hold outside the ledger's
+// sizeHolds derives the ledger holds (the worst case), queue cost and
+// replica size (the expected use, expected.go) from the plan. Every product is overflow-checked: a hold outside the ledger's
 // range is the client's 400, naming the parameter that made it so, never a
 // ledger_error.
 func (s *Server) sizeHolds(c *call) error {
@@ -461,19 +482,7 @@ func (s *Server) sizeHolds(c *call) error {
 		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
 	}
 	c.held = h
-	c.size = in + out
-	cost := c.pol.cfg.Server.Cost
-	if cost.Unit == "gpu_ms" {
-		c.cost = max(1, h[ledger.GPUMs])
-	} else {
-		wi, ok1 := mulAmount(cost.WIn, in)
-		wo, ok2 := mulAmount(cost.WOut, out)
-		if !ok1 || !ok2 || wi > ledger.MaxAmount-wo {
-			return invalidf("max_tokens", "the request's fair-share cost is out of range; lower max_tokens")
-		}
-		c.cost = wi + wo
-	}
-	return nil
+	return s.sizeExpected(c, in) // expected.go
 }
 
 // mulAmount multiplies two non-negative amounts, reporting false when the

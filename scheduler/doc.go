@@ -99,7 +99,9 @@
 // record's state (409 idempotency_conflict, details.state in_flight or
 // unresolved). A completed non-streamed attempt's body is kept per instance
 // (LRU, 32 MiB, 1 h) and returned to its retries; elsewhere a retry gets
-// 409 details.state completed. A keyed request is never admitted on an
+// 409 details.state completed. Replay or conflict is decided on the
+// client's request (endpoint and body), never on the holds: another body
+// under the key is 409 details.state conflict. A keyed request is never admitted on an
 // outage allowance (only the ledger knows whether the key ran): 503.
 //
 // Policy versions only label audit lines: the ledger never orders them

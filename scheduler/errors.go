@@ -135,6 +135,11 @@ func statusFor(err error) *apiError {
 		return &apiError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
 	case errors.Is(err, ErrClamped):
 		return &apiError{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
+	case errors.Is(err, vllm.ErrNoCap):
+		// No cap from the client or the tenant, and no replica has told
+		// the model's context length yet: nothing can size the hold.
+		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable",
+			Message: "the model's context length is not known yet (no replica has reported max_model_len): send max_tokens, or retry", RetryAfter: time.Second}
 	case errors.Is(err, ErrNoReplica):
 		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
 	case errors.Is(err, ErrNotFound):

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"container/list"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // Idempotency-Key (Build item 3 of issue 13). A key maps to ledger ids
@@ -29,6 +32,16 @@ import (
 //     in idemCache and Deps.Responses before the call settles, so a retry
 //     that sees the record charged finds it), else 409 with details.state
 //     "completed".
+//
+// What a key names is the client's request alone (requestDigest: the
+// endpoint and the body's bytes; the tenant is in the id): the ledger
+// decides replay or conflict on it (ledger.ReserveRequest.RequestDigest),
+// not on the holds, which a reload, an admin change or the GPU estimator
+// may size differently between two attempts of the same request. Another
+// body under a key is 409 details.state "conflict" while its record is
+// open, and when it completed (the kept response carries the digest of the
+// request it answers); one whose record never ran may run as the next
+// generation, since the key has executed nothing yet.
 //
 // While the ledger cannot answer, a keyed request is 503: it is never
 // admitted on an outage allowance (outage.go), since only the ledger knows
@@ -81,6 +94,20 @@ func idemStateErr(st ledger.State) error {
 
 var errIdemCompleted = &idemError{state: idemCompleted, msg: "a request with this Idempotency-Key already completed"}
 
+var errIdemConflict = &idemError{state: idemConflict, msg: "Idempotency-Key reused with a different request"}
+
+// requestDigest is the digest of the client's request an Idempotency-Key
+// names: the endpoint and the body's bytes (SHA-256, its first 8 bytes;
+// never 0, which would mean none).
+func requestDigest(ep vllm.Endpoint, body []byte) uint64 {
+	h := sha256.New()
+	_, _ = h.Write([]byte(ep.Path()))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(body)
+	var sum [sha256.Size]byte
+	return max(1, binary.BigEndian.Uint64(h.Sum(sum[:0])))
+}
+
 // cachedResponse is the original response of a completed non-streamed
 // first attempt, answered to its retry.
 type cachedResponse struct { //nolint:errname // a replay carrier returned as an error, not a failure
@@ -107,12 +134,13 @@ type idemCache struct {
 }
 
 type idemEntry struct {
-	id   ledger.RequestID
-	body []byte
-	at   time.Time
+	id     ledger.RequestID
+	digest uint64 // requestDigest of the request the body answers
+	body   []byte
+	at     time.Time
 }
 
-func (c *idemCache) put(id ledger.RequestID, body []byte, now time.Time) {
+func (c *idemCache) put(id ledger.RequestID, digest uint64, body []byte, now time.Time) {
 	if len(body) > idemMaxEntryBytes {
 		return
 	}
@@ -124,27 +152,27 @@ func (c *idemCache) put(id ledger.RequestID, body []byte, now time.Time) {
 	if el, ok := c.m[id]; ok {
 		c.remove(el)
 	}
-	c.m[id] = c.ll.PushFront(&idemEntry{id: id, body: body, at: now})
+	c.m[id] = c.ll.PushFront(&idemEntry{id: id, digest: digest, body: body, at: now})
 	c.bytes += len(body)
 	for c.bytes > idemCacheBytes {
 		c.remove(c.ll.Back())
 	}
 }
 
-func (c *idemCache) get(id ledger.RequestID, now time.Time, ttl time.Duration) ([]byte, bool) {
+func (c *idemCache) get(id ledger.RequestID, now time.Time, ttl time.Duration) ([]byte, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.m[id]
 	if !ok {
-		return nil, false
+		return nil, 0, false
 	}
 	e := el.Value.(*idemEntry)
 	if now.Sub(e.at) > ttl {
 		c.remove(el)
-		return nil, false
+		return nil, 0, false
 	}
 	c.ll.MoveToFront(el)
-	return e.body, true
+	return e.body, e.digest, true
 }
 
 func (c *idemCache) remove(el *list.Element) {
@@ -167,25 +195,55 @@ const responseStoreTimeout = time.Second
 
 func responseName(id ledger.RequestID) string { return "idem:" + hex.EncodeToString(id[:]) }
 
+// storedMagic heads a response in the fleet's store, followed by the
+// 8-byte requestDigest of the request it answers and the body. A value
+// without it (kept by an earlier build) answers nobody: 409 completed.
+const storedMagic = "sluice-idem-2\x00"
+
+func storedResponse(digest uint64, body []byte) []byte {
+	b := make([]byte, 0, len(storedMagic)+8+len(body))
+	b = append(b, storedMagic...)
+	b = binary.BigEndian.AppendUint64(b, digest)
+	return append(b, body...)
+}
+
+func parseStoredResponse(v []byte) (uint64, []byte, bool) {
+	if len(v) < len(storedMagic)+8 || string(v[:len(storedMagic)]) != storedMagic {
+		return 0, nil, false
+	}
+	v = v[len(storedMagic):]
+	return binary.BigEndian.Uint64(v), v[8:], true
+}
+
 // completed answers a retry of a completed id: its original response when
-// kept here or in the fleet's store, else 409 completed.
-func (s *Server) completed(ctx context.Context, id ledger.RequestID) error {
-	if body, ok := s.idem.get(id, s.now(), s.retention); ok {
-		return &cachedResponse{body: body}
+// kept here or in the fleet's store and it answers this very request
+// (digest), 409 conflict when it answers another, else 409 completed.
+func (s *Server) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
+	if body, d, ok := s.idem.get(id, s.now(), s.retention); ok {
+		return replayOf(body, d, digest)
 	}
 	if s.responses != nil {
 		gctx, cancel := context.WithTimeout(ctx, responseStoreTimeout)
-		body, ok, err := s.responses.Get(gctx, responseName(id))
+		v, ok, err := s.responses.Get(gctx, responseName(id))
 		cancel()
 		if err != nil {
 			s.log.Warn("idempotent response store unreadable; answering 409 completed", "err", err)
 		}
-		if ok {
-			s.idem.put(id, body, s.now())
-			return &cachedResponse{body: body}
+		if d, body, parsed := parseStoredResponse(v); ok && parsed {
+			s.idem.put(id, d, body, s.now())
+			return replayOf(body, d, digest)
 		}
 	}
 	return errIdemCompleted
+}
+
+// replayOf is the answer to a retry whose request has digest want, from a
+// kept response of the request with digest have.
+func replayOf(body []byte, have, want uint64) error {
+	if have != want {
+		return errIdemConflict
+	}
+	return &cachedResponse{body: body}
 }
 
 // rememberResponse keeps a completed non-streamed idempotent call's body,
@@ -194,11 +252,11 @@ func (s *Server) rememberResponse(c *call, body []byte) {
 	if c.idemKey == "" || len(body) > idemMaxEntryBytes {
 		return
 	}
-	s.idem.put(c.ref.ID, body, s.now())
+	s.idem.put(c.ref.ID, c.idemDigest, body, s.now())
 	if s.responses != nil {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), responseStoreTimeout)
 		defer cancel()
-		if err := s.responses.Put(pctx, responseName(c.ref.ID), body, s.retention); err != nil {
+		if err := s.responses.Put(pctx, responseName(c.ref.ID), storedResponse(c.idemDigest, body), s.retention); err != nil {
 			s.log.Warn("idempotent response not shared with the fleet; a retry elsewhere gets 409 completed", "err", err)
 		}
 	}

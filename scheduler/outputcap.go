@@ -24,6 +24,8 @@ type budgetDeniedError struct {
 	key   string // label of the key, when the api_key scope refused
 	fits  int64  // output tokens per choice that fit; -1 when not a token budget
 	floor int64  // server.min_output_tokens, when fits is below it
+	input int64  // the request's input tokens
+	bound string // ", an upper bound" when input is not an exact count
 }
 
 func (e *budgetDeniedError) Error() string { return e.d.Error() }
@@ -37,6 +39,16 @@ func (e *budgetDeniedError) apiError() *apiError {
 	if e.fits >= 0 {
 		ae.Details["fits_output_tokens"] = e.fits
 		switch {
+		case e.fits == 0:
+			// No max_tokens can help: only the window's reset can.
+			if e.floor > 0 {
+				ae.Details["min_output_tokens"] = e.floor
+			}
+			if e.d.Dim == ledger.Tokens {
+				ae.Message += fmt.Sprintf("; the input alone (%d tokens%s) leaves no room for output: retry after the window resets", e.input, e.bound)
+			} else {
+				ae.Message += "; no output tokens are left: retry after the window resets"
+			}
 		case e.floor > 0:
 			ae.Details["min_output_tokens"] = e.floor
 			ae.Message += fmt.Sprintf("; %d output tokens would fit, below the server's minimum of %d", e.fits, e.floor)
@@ -49,7 +61,10 @@ func (e *budgetDeniedError) apiError() *apiError {
 
 // refusal wraps a reserve denial for the edge.
 func refusal(c *call, d *ledger.DeniedError, floor int64) error {
-	e := &budgetDeniedError{d: d, fits: fitsOutput(c, d)}
+	e := &budgetDeniedError{d: d, fits: fitsOutput(c, d), input: int64(c.plan.InputTokens)}
+	if c.req != nil && !c.req.InputExact {
+		e.bound = ", an upper bound"
+	}
 	if d.Scope == ledger.KindAPIKey && c.key != nil {
 		e.key = c.key.label
 	}

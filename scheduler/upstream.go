@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -14,34 +15,80 @@ import (
 
 // countAndPlan bounds the request's input and plans its output cap. The
 // bytes bound may size a hold, but it is never the reason a request is
-// refused or its cap cut (docs/VLLM.md Part 2): when it would be, the
-// replica's /tokenize counts exactly first, and only a failed count leaves
-// the bound's answer (the documented fallback).
-func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (*vllm.Request, vllm.Plan, error) {
+// refused or its cap cut (docs/VLLM.md Part 2): when it would be, or when
+// the request may not fit the model's context at all (vLLM's 400, which
+// comes before any tenant limit or budget), the replica's /tokenize counts
+// exactly first, and only a failed count leaves the bound's answer (the
+// documented fallback). counted reports that /tokenize was asked (or has
+// nothing to render), so a later budget denial need not ask again.
+func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
 	if (pol.cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
 		req, tried = s.tokenize(ctx, req), true
 	}
 	if req.NeedsExactCount() && !req.Tokenized {
-		return req, vllm.Plan{}, invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
+		return req, vllm.Plan{}, tried, invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
 	}
 	plan, err := s.planFor(t, req)
-	if (err != nil || plan.BoundCut) && !req.InputExact && !tried {
+	if (err != nil || plan.BoundCut || plan.BoundOver) && !req.InputExact && !tried {
+		tried = true
 		if exact := s.tokenize(ctx, req); exact.InputExact {
 			req = exact
 			plan, err = s.planFor(t, req)
 		}
 	}
-	return req, plan, err
+	return req, plan, tried || req.InputExact, err
 }
 
-// planFor checks the tenant's input limit and plans the cap.
+// planFor plans the cap and checks the tenant's input limit, in vLLM's
+// order: a request the model cannot take is its 400 before a tenant limit
+// (Request.Plan).
 func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
-	if in := int64(req.TotalInputTokens()); in > t.cfg.MaxInputTokens {
-		return vllm.Plan{}, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
+	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	if err != nil {
+		return plan, err
 	}
-	return req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+	if in := int64(req.TotalInputTokens()); in > t.cfg.MaxInputTokens {
+		return plan, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
+	}
+	return plan, nil
+}
+
+// recount replaces the call's bytes bound with the replica's exact count
+// (once per call), re-planning the cap on it. It reports whether the holds
+// are to be sized and reserved again; an error is the exact count's verdict
+// on the request (a 400 comes before any budget).
+func (s *Server) recount(c *call) (bool, error) {
+	c.counted = true
+	if isOther(c.req.Endpoint) {
+		return false, nil
+	}
+	exact := s.tokenize(c.ctx, c.req)
+	if !exact.InputExact {
+		return false, nil // the documented fallback: the bound decides
+	}
+	plan, err := s.planFor(c.t, exact)
+	if err != nil {
+		return false, err
+	}
+	c.req, c.plan = exact, plan
+	return true, nil
+}
+
+// exactMayFit reports whether an exact input count could turn a token
+// budget's denial into a grant: the budget has room for at least one input
+// token plus the least output the call could go with (its cap, or for a cap
+// Sluice may lower, the floor). An exhausted budget is refused without
+// asking a replica to count, so a flood of refused requests costs the
+// replicas nothing.
+func exactMayFit(c *call, d *ledger.DeniedError, floor int64) bool {
+	free := d.Limit - d.Committed - d.Reserved
+	out := int64(c.plan.Cap)
+	if c.req.MaxTokens == 0 || d.Scope == ledger.KindWorkflow {
+		out = min(out, max(1, floor, c.minTokens()))
+	}
+	return free > out*int64(max(1, c.plan.Choices))
 }
 
 // settleUsage is what a dispatched call whose stream opened is charged

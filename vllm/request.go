@@ -832,6 +832,10 @@ type Plan struct {
 	// BoundCut reports a cap lowered to the remaining context computed from
 	// an upper-bound input count: count exactly before relying on it.
 	BoundCut bool
+	// BoundOver reports a client cap (or a prompt) that does not fit the
+	// model's context by an upper-bound input count: an exact count decides
+	// whether the request is vLLM's 400, before any limit or budget.
+	BoundOver bool
 	// Default reports that no cap is written upstream: a chat request
 	// without a cap, counted exactly, whose limits all allow the whole
 	// remaining context, gets vLLM's own default (the remaining context, or
@@ -858,9 +862,13 @@ func (p Plan) UpstreamCap() int {
 // min(client value or vLLM's default, tenant cap, budget cap). vLLM's default
 // is 16 for completions and the remaining context max_model_len − prompt for
 // chat. With exact input counts, a client cap that cannot fit the context is
-// ErrContextLength (vLLM's 400); a cap Sluice injected is clamped to the
-// remaining context instead. With upper-bound counts no request is refused
-// here: the chat default uses the bound (never below 1 token).
+// ErrContextLength (vLLM's 400) whatever the tenant or budget caps would
+// lower it to: vLLM validates the request it is sent before anything else
+// (vllm/entrypoints/openai/engine/serving.py _validate_input), so an
+// invalid request is refused as invalid before any limit is consulted. A
+// cap Sluice injected is clamped to the remaining context instead. With
+// upper-bound counts no request is refused here (BoundOver asks for an
+// exact count): the chat default uses the bound (never below 1 token).
 func (r *Request) Plan(l Limits) (Plan, error) {
 	if !r.Endpoint.HasOutput() {
 		return Plan{Choices: 1, InputTokens: r.TotalInputTokens()}, nil
@@ -876,6 +884,16 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 	chatDefault := r.Endpoint == EndpointChat && r.MaxTokens == 0
 	if r.InputExact && l.MaxModelLen > 0 && (maxIn > l.MaxModelLen || (maxIn == l.MaxModelLen && !chatDefault)) {
 		return p, fmt.Errorf("prompt of %d tokens, model context %d: %w", maxIn, l.MaxModelLen, ErrContextLength)
+	}
+	if r.MaxTokens > 0 && l.MaxModelLen > 0 && r.MaxTokens > l.MaxModelLen-maxIn {
+		if r.InputExact {
+			return p, fmt.Errorf("prompt of %d tokens plus %d output tokens, model context %d: %w",
+				maxIn, r.MaxTokens, l.MaxModelLen, ErrContextLength)
+		}
+		p.BoundOver = true
+	}
+	if !r.InputExact && l.MaxModelLen > 0 && maxIn >= l.MaxModelLen {
+		p.BoundOver = true
 	}
 	remaining := 0 // 0: unknown
 	if l.MaxModelLen > 0 {
@@ -903,10 +921,6 @@ func (r *Request) Plan(l Limits) (Plan, error) {
 		return p, fmt.Errorf("plan: %w", ErrNoCap)
 	}
 	if remaining > 0 && c > remaining {
-		if clientSet && r.InputExact && c == r.MaxTokens && c > l.MaxModelLen-maxIn {
-			return p, fmt.Errorf("prompt of %d tokens plus %d output tokens, model context %d: %w",
-				maxIn, c, l.MaxModelLen, ErrContextLength)
-		}
 		if !clientSet || c != r.MaxTokens {
 			c = remaining
 			fromBound = true

@@ -278,11 +278,26 @@ func TestPlan(t *testing.T) {
 			wantErr: ErrContextLength,
 		},
 		{
-			name:   "bound prompt plus client cap over context is not refused",
+			name:   "bound prompt plus client cap over context is not refused, but counted",
 			ep:     EndpointCompletions,
 			body:   `{"prompt":"` + string(make([]byte, 0)) + `abc","max_tokens":4095}`,
 			limits: Limits{MaxModelLen: 4096},
-			want:   Plan{Cap: 4095, Choices: 1, InputTokens: 7, OutputTokens: 4095},
+			want:   Plan{Cap: 4095, Choices: 1, InputTokens: 7, OutputTokens: 4095, BoundOver: true},
+		},
+		{
+			name:    "exact client cap over context is vLLM's 400 before the tenant's cap",
+			ep:      EndpointChat,
+			body:    chat(`,"max_tokens":5000`),
+			exact:   []int{10},
+			limits:  Limits{MaxModelLen: 4096, TenantMaxOutput: 1024, BudgetMaxOutput: 100},
+			wantErr: ErrContextLength,
+		},
+		{
+			name:   "bound prompt over context is counted",
+			ep:     EndpointChat,
+			body:   chat(`,"max_tokens":5`),
+			limits: Limits{MaxModelLen: 64},
+			want:   Plan{Cap: 5, Choices: 1, InputTokens: 77, OutputTokens: 5, BoundOver: true},
 		},
 		{
 			name:    "exact prompt fills context",

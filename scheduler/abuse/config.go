@@ -51,7 +51,9 @@ type Config struct {
 	// disables; else > 1.
 	GPUMsRateFactor float64 `yaml:"gpu_ms_rate_factor"`
 	// MaxCapBurst fires on many admissions at the tenant's maximum output
-	// cap within the window. Optional; Count 0 disables.
+	// cap within the window: its max_output_tokens, or without one a
+	// client cap that fills the model's remaining context (a request
+	// without a cap is never at it). Optional; Count 0 disables.
 	MaxCapBurst MaxCapBurst `yaml:"max_cap_burst"`
 	// DisconnectShare fires when a high share of the requests that
 	// finished within the window were client disconnects. Optional; Share

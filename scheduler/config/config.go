@@ -246,6 +246,13 @@ type Server struct {
 	// remaining output) to fit a budget; below it the request is refused.
 	// Default 16.
 	MinOutputTokens int64 `yaml:"min_output_tokens"`
+	// ExpectedOutputTokens is the output per choice a request is expected
+	// to generate when its cap allows more: replica room and the
+	// fair-share cost are sized on input + min(cap, this) per choice (the
+	// whole cap with ignore_eos; at least min_tokens), since vLLM admits
+	// by the KV a request holds, not by its cap. Ledger holds stay the
+	// worst case (the cap). Default 256.
+	ExpectedOutputTokens int64 `yaml:"expected_output_tokens"`
 	// MediaAllowance is the tokens the bytes counter adds per image, audio
 	// or video content part, whose real count the model's processor
 	// decides. Default 4096.
@@ -320,8 +327,11 @@ type Tenant struct {
 	InflightTokens int64 `yaml:"inflight_tokens"`
 	// MaxInputTokens per request. Default 8192.
 	MaxInputTokens int64 `yaml:"max_input_tokens"`
-	// MaxOutputTokens per request; injected when the client sends none.
-	// Default 1024.
+	// MaxOutputTokens caps each request's output (per choice): a larger
+	// client cap is lowered to it, and it is injected when the client
+	// sends none. Optional; 0 (the default) = none: the client's cap, or
+	// without one vLLM's own default (the remaining context for chat, 16
+	// for completions), reaches the replica as sent.
 	MaxOutputTokens int64         `yaml:"max_output_tokens"`
 	Queue           TenantQueue   `yaml:"queue"`
 	Budgets         []Budget      `yaml:"budgets"`
@@ -513,6 +523,7 @@ func (f *File) applyDefaults() {
 	def(&s.Cost.WOut, 2)
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
+	def(&s.ExpectedOutputTokens, 256)
 	def(&s.MediaAllowance, 4096)
 	def(&s.StreamWriteTimeout, 30*time.Second)
 	def(&f.Audit.MaxBytes, 64<<20)
@@ -523,7 +534,6 @@ func (f *File) applyDefaults() {
 		t := &f.Tenants[i]
 		def(&t.Weight, 1)
 		def(&t.MaxInputTokens, 8192)
-		def(&t.MaxOutputTokens, 1024)
 		def(&t.Queue.MaxDepth, 256)
 		def(&t.Queue.MaxBytes, 16<<20)
 		def(&t.Queue.MaxWait, 10*time.Second)
@@ -633,6 +643,7 @@ func (f *File) Validate() error {
 	v.positive("server.cost.w_out", s.Cost.WOut)
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
+	v.positive("server.expected_output_tokens", s.ExpectedOutputTokens)
 	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	v.positiveDur("server.stream_write_timeout", s.StreamWriteTimeout)
 	models := map[string]int{}
@@ -688,7 +699,7 @@ func (f *File) Validate() error {
 		}
 		v.nonNeg(p+".inflight_tokens", t.InflightTokens)
 		v.positive(p+".max_input_tokens", t.MaxInputTokens)
-		v.positive(p+".max_output_tokens", t.MaxOutputTokens)
+		v.nonNeg(p+".max_output_tokens", t.MaxOutputTokens)
 		v.positive(p+".queue.max_depth", int64(t.Queue.MaxDepth))
 		v.positive(p+".queue.max_bytes", t.Queue.MaxBytes)
 		v.positiveDur(p+".queue.max_wait", t.Queue.MaxWait)

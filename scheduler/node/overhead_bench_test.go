@@ -190,8 +190,8 @@ func BenchmarkDisconnectToUpstreamClose(b *testing.B) {
 	// A long generation (4000 tokens × 2 ms = 8 s, the tenant's output cap
 	// raised to match) that is always cut short, even on a loaded machine:
 	// a stream that ends by itself before the hang-up reaches the replica
-	// has no abort to time (500 tokens, 1 s, did under load, and so did the
-	// default 1024-token cap through Sluice: "never saw the abort").
+	// has no abort to time (500 tokens, 1 s, did under load, and so did a
+	// 1024-token cap through Sluice: "never saw the abort").
 	const stream = `{"model":"sim-model","prompt":"tell me a long story","max_tokens":4000,"ignore_eos":true,"stream":true}`
 	clock := &abortClock{ended: make(chan time.Time, 1)}
 	cfg := sim.DefaultConfig()

@@ -341,6 +341,8 @@ var opMarker = regexp.MustCompile(`chaos-op-(\d+)`)
 func (l *replicaLog) wrap(next http.Handler, slow func(op int) time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.URL.Path == "/tokenize" || r.URL.Path == "/detokenize" {
+			// Counting a prompt (before a refusal or on a budget) executes
+			// nothing.
 			next.ServeHTTP(w, r)
 			return
 		}

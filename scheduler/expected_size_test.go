@@ -1,0 +1,136 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/ledger"
+)
+
+// Ledger holds are a request's worst case; replica room and the fair-share
+// cost are what it is expected to use: input + min(cap,
+// server.expected_output_tokens) per choice.
+
+func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "server: {expected_output_tokens: 100}\n", ""), led, &fakeUpstream{out: 1})
+	pol := s.pol.Load()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		body     string
+		wantOut  int64 // expected output over all choices
+		wantHold int64 // output held
+	}{
+		{"cap above the expectation", `,"max_tokens":2000`, 100, 2000},
+		{"cap below it", `,"max_tokens":40`, 40, 40},
+		{"n multiplies", `,"max_tokens":2000,"n":3`, 300, 6000},
+		{"ignore_eos runs to the cap", `,"max_tokens":2000,"ignore_eos":true`, 2000, 2000},
+		{"min_tokens raises it", `,"max_tokens":2000,"min_tokens":500`, 500, 2000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
+			c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
+			require.NoError(t, err)
+			defer func() { s.release(c); s.forget(c) }()
+			in := int64(c.plan.InputTokens)
+			assert.Equal(t, tc.wantHold, c.held[ledger.OutputTokens], "the hold is the worst case")
+			assert.Equal(t, in+tc.wantHold, c.held[ledger.Tokens])
+			assert.Equal(t, in+tc.wantOut, c.size, "replica room: the expected use")
+			assert.Equal(t, in+2*tc.wantOut, c.cost, "fair-share cost: w_in·in + w_out·expected")
+		})
+	}
+}
+
+// A request whose hold is more than any replica's KV capacity is admitted
+// when its expected use fits: vLLM admits by the KV a request holds.
+func TestHoldOverCapacityIsAdmittedWhenExpectedFits(t *testing.T) {
+	led := newFakeLedger(t)
+	up := &fakeUpstream{out: 3}
+	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	_, err := serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`)})
+	require.NoError(t, err, "hold 4000+ over a capacity of 1000, expected 256+ under it")
+	assert.Equal(t, int64(1), up.runs.Load())
+
+	// Expected use over every replica's capacity is still refused.
+	_, err = serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
+	assert.Equal(t, 400, statusFor(err).Status)
+}
+
+// Two requests whose caps together exceed a replica's room, but whose
+// expected use fits, run side by side.
+func TestRoomIsSizedOnExpectedUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 2000})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range 2 {
+			wg.Go(func() {
+				_, errs[i] = serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1024}`), reqID: fmt.Sprint("r", i)})
+			})
+		}
+		synctest.Wait()
+		assert.Equal(t, int64(2), up.runs.Load(), "both dispatched: 2 × (in + 256) fit 2000, 2 × (in + 1024) would not")
+		close(up.gate)
+		wg.Wait()
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+	})
+}
+
+// Without a tenant max_output_tokens, the abuse detector's "at the cap" is
+// a client cap that fills the model's context, never every request.
+func TestAtCapWithoutATenantCap(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
+	s.reps.reps[0].maxModelLen.Store(4096)
+	pol := s.pol.Load()
+	require.Zero(t, pol.tenants["acme"].cfg.MaxOutputTokens, "unset: none")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`,"max_tokens":8`, false},
+		{`,"max_tokens":4090`, true},
+	} {
+		body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
+		c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: "r"})
+		if err != nil {
+			// A cap over the context on the bytes bound is counted; the
+			// fake cannot, so the bound's answer stands.
+			require.NoError(t, err)
+		}
+		assert.Equal(t, tc.want, s.atCap(c), tc.body)
+		s.release(c)
+		s.forget(c)
+	}
+}
+
+// A request no replica can run is refused as invalid before any budget.
+func TestOverCapacityIsInvalidBeforeTheBudget(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &fakeUpstream{out: 1})
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	_, err := serve(context.Background(), s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
+	ae := statusFor(err)
+	assert.Equal(t, 400, ae.Status)
+	assert.Equal(t, "context_length_exceeded", ae.Code)
+	assert.Zero(t, led.n("reserve"), "the ledger is never asked")
+}

@@ -1,0 +1,116 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// An Idempotency-Key names the client's request, not the holds Sluice
+// sized for it: a retry of the same body after a reload that changes its
+// holds is the same request (in flight, then its original response), and
+// another body under the key is a conflict even when its holds are equal.
+
+// chatWith is chatBody with another message text.
+func chatWith(text string) []byte {
+	return []byte(`{"model":"m","messages":[{"role":"user","content":"` + text + `"}],"max_tokens":8}`)
+}
+
+func TestIdempotencySameBodyAfterReloadIsTheSameRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		first := make(chan error, 1)
+		var firstBody []byte
+		go func() {
+			var err error
+			firstBody, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+			first <- err
+		}()
+		synctest.Wait()
+
+		// The tenant's output cap drops below the request's max_tokens:
+		// the same request is now held at 4 output tokens, not 8.
+		require.NoError(t, s.Reload(testConfig(t, "", "    max_output_tokens: 4\n")))
+		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+		ae := statusFor(err)
+		assert.Equal(t, 409, ae.Status)
+		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details, "the same request, still running: not a different request")
+
+		close(up.gate)
+		require.NoError(t, <-first)
+		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+		var replay *cachedResponse
+		require.ErrorAs(t, err, &replay, "completed: its original response")
+		assert.Equal(t, firstBody, replay.body)
+		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
+	})
+}
+
+func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
+		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		store := &memResponses{m: map[string][]byte{}}
+		s.responses = store
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		a, b := chatWith("hi"), chatWith("ho") // same length: the same bytes bound and holds
+
+		first := make(chan error, 1)
+		go func() { _, err := serve(ctx, s, admission{body: a, idemKey: "k"}); first <- err }()
+		synctest.Wait()
+		_, err := serve(ctx, s, admission{body: b, idemKey: "k"})
+		ae := statusFor(err)
+		assert.Equal(t, 409, ae.Status)
+		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details, "in flight: another body is a conflict")
+
+		close(up.gate)
+		require.NoError(t, <-first)
+		_, err = serve(ctx, s, admission{body: b, idemKey: "k"})
+		ae = statusFor(err)
+		assert.Equal(t, 409, ae.Status, "completed: never the first body's response")
+		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details)
+
+		// Another instance of the fleet (only the shared store has it).
+		s.idem = idemCache{}
+		_, err = serve(ctx, s, admission{body: b, idemKey: "k"})
+		assert.Equal(t, map[string]any{"state": "conflict"}, statusFor(err).Details)
+		s.idem = idemCache{}
+		_, err = serve(ctx, s, admission{body: a, idemKey: "k"})
+		var replay *cachedResponse
+		require.ErrorAs(t, err, &replay, "the first body still gets its response")
+		assert.Equal(t, int64(1), up.runs.Load())
+	})
+}
+
+// memResponses is an in-memory ResponseStore.
+type memResponses struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (r *memResponses) Put(_ context.Context, name string, data []byte, _ time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[name] = append([]byte(nil), data...)
+	return nil
+}
+
+func (r *memResponses) Get(_ context.Context, name string) ([]byte, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v, ok := r.m[name]
+	return v, ok, nil
+}
