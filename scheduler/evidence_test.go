@@ -42,7 +42,7 @@ func (u *bodyUpstream) last() string {
 // and a stream carries its members faithfully; otherwise as it came.
 func TestNonStreamedSentAsStreamForEvidence(t *testing.T) {
 	up := &bodyUpstream{fakeUpstream: fakeUpstream{out: 3}}
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), up)
+	s := newTestServer(t, testConfig(t, "", "    max_output_tokens: 1024\n"), newFakeLedger(t), up)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
