@@ -1081,9 +1081,27 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 	// connection, and the replica's kernel may drop a request it had not yet
 	// read (seeds memory 402, 634 and 718 showed it: "charged, never run …
 	// reason=deadline"). Sluice cannot know it was not read.
+	//
+	// A 5xx other than 503 to a request sent upstream non-streamed is
+	// charged its hold (README, Settlement): vLLM answers 500 after
+	// generating when a choice ends in error, and reports nothing of what
+	// ran, so Sluice cannot tell it from a failure before any step (the
+	// simulator's injected errors are those).
+	failedWhole := map[int]bool{}
+	for _, ex := range execs {
+		if ex.status >= 500 && ex.status != http.StatusServiceUnavailable && !bytes.Contains(ex.body, []byte(`"stream":true`)) {
+			failedWhole[ex.op] = true
+		}
+	}
 	for id, rs := range byOp {
 		o := w.p.ops[id]
 		if perOp[id] > 0 || want[o.tenant] == nil || o.badN {
+			continue
+		}
+		if failedWhole[id] {
+			b := want[o.tenant]
+			b.reqHi++
+			b.tokHi += o.inputUpper() + int64(max(1, o.n))*int64(o.cap()+2)
 			continue
 		}
 		for _, r := range rs {
