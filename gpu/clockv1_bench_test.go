@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// clockV1 is the virtual GPU clock before issue 15 (V advances at u·g/n,
+// clockV1 is the earlier virtual GPU clock (V advances at u·g/n,
 // u held from the last sample), kept only as the benchmark baseline for
 // the interval attribution that replaced it. Its conservation was wrong;
 // its cost per request is the bar.

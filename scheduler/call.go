@@ -340,8 +340,8 @@ func (s *Server) reserve(c *call, a admission) error {
 		switch {
 		case err == nil && (!g.Replayed || a.idemKey == ""):
 			// Replayed false with our nonce is this very Reserve, retried
-			// by the store client after its reply was lost (issue 13 item
-			// 2); a random id is never another attempt's.
+			// by the store client after its reply was lost; a random id
+			// is never another attempt's.
 			c.grant = g
 			_ = c.to(phaseReserved)
 			s.leases.track(c, sent, c.pol.leaseTTL)

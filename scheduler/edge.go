@@ -332,7 +332,7 @@ func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string)
 // connection's own goroutine, and each Write is one HTTP chunk, flushed:
 // SetBodyStreamWriter instead runs the writer on a goroutine of its own
 // and passes every chunk through a pipe, a goroutine hand-off per SSE
-// event (issue 18). Read is a fallback for a path that reads the stream
+// event. Read is a fallback for a path that reads the stream
 // (none in this fasthttp version). Close, which fasthttp always calls,
 // ends the call, also when the body was never written (the client left
 // before the headers went out).

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// Idempotency-Key (Build item 3 of issue 13). A key maps to ledger ids
+// Idempotency-Key. A key maps to ledger ids
 // Keyer.IdempotentID(tenant, key) for generation 0 and key‖0‖g for later
 // generations, so every instance of a fleet derives the same ids. A retry
 // walks the generations with Reserve and the ledger's answer decides:

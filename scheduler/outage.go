@@ -14,7 +14,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// The outage allowance (issue 10): by default a ledger outage stops
+// The outage allowance: by default a ledger outage stops
 // admission (503 ledger_unavailable). A tenant with an outage_allowance may
 // go on while the ledger cannot answer, up to that many requests and tokens
 // per outage and per clock hour (so a flapping ledger cannot multiply it).
@@ -23,8 +23,7 @@ import (
 // exactly once (ledger Charge is idempotent by id). They take no ledger
 // slot; the tenant's local concurrency cap still applies.
 //
-// A request with an Idempotency-Key is never outage-admitted (issue 13
-// item 4): only the ledger knows whether an earlier attempt of the key ran,
+// A request with an Idempotency-Key is never outage-admitted: only the ledger knows whether an earlier attempt of the key ran,
 // on this instance or another, and the seeded fault simulator (test/chaos)
 // showed that a key whose first attempt ran before the outage executes
 // again when its retry is admitted blind. It gets 503 ledger_unavailable
@@ -36,7 +35,7 @@ import (
 // Owed charges are persisted (outageFile) from admission on, so a restart
 // still bills them exactly once: a call that was still running when the
 // process died is charged at its hold, the honest charge without usage
-// evidence (issue 13 item 6).
+// evidence.
 
 // Charger is the ledger capability that settles outage usage afterwards.
 type Charger interface {

@@ -159,8 +159,8 @@ func buildPolicy(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes
 
 // resolutionLimit gives a tenant without a windowed budget one window that
 // never binds: the ledger charges an UNRESOLVED record at its hold when its
-// first admission window closes, and without any window it never would
-// (issue 13 item 10). Warn mode at the ledger's maximum never warns either.
+// first admission window closes, and without any window it never would.
+// Warn mode at the ledger's maximum never warns either.
 var resolutionLimit = ledger.Limit{Dim: ledger.Requests, Window: time.Hour, Max: ledger.MaxAmount, Mode: ledger.Warn}
 
 // authenticate maps a bearer token to its tenant and key: a key of the

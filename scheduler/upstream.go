@@ -9,7 +9,7 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// The scheduler's side of vLLM transparency (issue 19): counting before a
+// The scheduler's side of vLLM transparency: counting before a
 // refusal or a cut, settling what vLLM reported, and telling a request vLLM
 // refused apart from one it ran.
 

@@ -26,7 +26,7 @@ import (
 // the end of its body, on the caller's goroutine: net/http's transport
 // hands every request to a per-connection write goroutine and every
 // response to a read goroutine, and on a loopback replica those hand-offs
-// were the largest part of Sluice's CPU per request (issue 18). Cancelling
+// were the largest part of Sluice's CPU per request. Cancelling
 // the request's context closes its connection: the abort signal vLLM
 // understands (VLLM.md §1.4).
 type h1 struct {

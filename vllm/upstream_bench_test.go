@@ -21,7 +21,7 @@ func cpuNanos() int64 {
 }
 
 // BenchmarkNonStreamedClient compares the two ways to serve a non-streamed
-// client (issue 19 item 4): forcing stream:true upstream and re-assembling
+// client: forcing stream:true upstream and re-assembling
 // the body from the chunks (before), or sending the request non-streamed
 // and passing vLLM's body through, or, for the abort evidence, sending it
 // as a stream of a coarse stream_interval (sse-interval-N, what
@@ -105,7 +105,7 @@ func BenchmarkNonStreamedClient(b *testing.B) {
 
 // BenchmarkExactCount is the cost Sluice adds when the bytes bound would
 // refuse or cut a request and the replica's /tokenize counts it exactly
-// (issue 19 item 2): a 2,000-word chat message, against the in-process
+// : a 2,000-word chat message, against the in-process
 // simulator (loopback HTTP plus the replica's tokenizer), next to the bytes
 // bound itself.
 func BenchmarkExactCount(b *testing.B) {

@@ -11,7 +11,7 @@ import (
 )
 
 // testSameAttempt: a Reserve repeated with the same Attempt (a retry after a
-// lost reply, issue 13 item 2) answers the original grant as a success; a
+// lost reply) answers the original grant as a success; a
 // different Attempt is Replayed with the record's State; a terminal record
 // answers a *ledger.FinalError naming its state. Holds are taken once.
 func testSameAttempt(t *testing.T, f Factory) {

@@ -110,7 +110,7 @@ func globalReq(tenant, g ledger.ScopeKey, h ledger.Amounts, dispatch bool, glim 
 // frontEnds returns the backend's ledger and its peers.
 func frontEnds(b *Backend) []ledger.Ledger { return append([]ledger.Ledger{b.Ledger}, b.Peers...) }
 
-// testGlobal: fleet-wide budgets (issue 10) on top of tenant budgets.
+// testGlobal: fleet-wide budgets on top of tenant budgets.
 func testGlobal(t *testing.T, f Factory) {
 	b := f(t, DefaultConfig())
 	ctx := t.Context()

@@ -10,8 +10,8 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 )
 
-// testPolicyVersionUnordered: an older PolicyVersion is accepted (issue 13
-// item 1: the version counter restarts at 1 with the process and differs
+// testPolicyVersionUnordered: an older PolicyVersion is accepted (the
+// version counter restarts at 1 with the process and differs
 // between instances), on every front end and after a restart, and Snapshot
 // reports the version of the last admitted Reserve.
 func testPolicyVersionUnordered(t *testing.T, f Factory) {
@@ -53,7 +53,7 @@ func testPolicyVersionUnordered(t *testing.T, f Factory) {
 	assert.Equal(t, 2*want, u.Reserved[ledger.Tokens])
 }
 
-// testGPUJoules: gpu_joules (issue 15 item 2, integer millijoules) is a
+// testGPUJoules: gpu_joules is a
 // windowed budget like gpu_ms: held, denied when full, charged at Settle,
 // reported by Snapshot and Headroom.
 func testGPUJoules(t *testing.T, f Factory) {

@@ -66,7 +66,7 @@ func TestRunReclaimsConfiguredTenants(t *testing.T) {
 	assert.NoError(t, l.Release(context.Background(), req.Ref, req.Owner), "releasing an EXPIRED record is a no-op")
 }
 
-// TestRunReclaimsTenantsItWasNotConfiguredWith (issue 13 item 5): instance
+// TestRunReclaimsTenantsItWasNotConfiguredWith: instance
 // A reserves for a tenant that instance B's configuration never named (a
 // reload added it on A), with a dispatched and a reserved hold, and dies.
 // B's Run finds the tenant in the store's registry and reclaims both: the

@@ -92,7 +92,7 @@ func (p *dropProxy) close() {
 	p.wg.Wait()
 }
 
-// TestLostReplyIsNotADuplicate (issue 13 item 2): the reply of a Reserve
+// TestLostReplyIsNotADuplicate: the reply of a Reserve
 // that Redis applied is lost with its connection; go-redis retries the
 // EVALSHA, which finds the record it just wrote. With the attempt's nonce
 // the retry answers the original grant (Replayed false) and the holds are

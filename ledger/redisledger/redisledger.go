@@ -1196,9 +1196,8 @@ func (l *Ledger) usageOf(now, pv int64, flat []any) (ledger.Usage, error) {
 func (l *Ledger) registryKey() string { return l.prefix + ":partitions" }
 
 // register adds a partition to the registry before this process first
-// writes a record in it, so that every instance's Run reclaims it (issue 13
-// item 5: tenants added by a reload, and tenants only another, crashed
-// instance knew). One SADD per partition per process, before its first
+// writes a record in it, so that every instance's Run reclaims it (tenants
+// added by a reload, and tenants only another, crashed instance knew). One SADD per partition per process, before its first
 // Reserve there. A failed SADD does not fail the Reserve (the store is the
 // same, so the script usually fails too); the partition stays pending and
 // Run retries it every tick, and every later Reserve there tries again. The

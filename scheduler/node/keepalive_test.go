@@ -37,7 +37,7 @@ func startSimServing(tb testing.TB, cfg sim.Config) *simReplica {
 	return &simReplica{Replica: r, url: "http://" + ln.Addr().String()}
 }
 
-// TestIdleUpstreamConnectionsNeverFailClients (issue 19 item 4): the
+// TestIdleUpstreamConnectionsNeverFailClients: the
 // replica closes keep-alive connections idle for its timeout (uvicorn's
 // timeout_keep_alive, 5s in vLLM; 200ms here, the same schedule scaled
 // 25×), and a client sends one request every 1.2–2 timeouts, plus some

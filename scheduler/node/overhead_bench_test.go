@@ -1,6 +1,6 @@
 package node
 
-// Benchmarks of issue 5 (server overhead): latency Sluice adds to a small
+// Benchmarks of the server's overhead: latency Sluice adds to a small
 // non-streamed completion, time from a client's hang-up to the upstream
 // abort, and heap per queued request. Each b.Loop iteration is a batch of
 // requests, so percentiles are meaningful at -benchtime=1x (make verify).

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
-// The differential transparency test (issue 19): every request shape goes
+// The differential transparency test: every request shape goes
 // to a simulator replica directly and through a real Sluice server in front
 // of the same replica, with the same X-Request-Id (the simulator keys its
 // output on it, so both answers are the same generation), and the answers
@@ -346,7 +346,7 @@ func postDirect(t *testing.T, url, body, id string) reply {
 	return reply{StatusCode: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
-// TestTwoThousandWordsOn8k (issue 19 item 2): in the default bytes mode
+// TestTwoThousandWordsOn8k: in the default bytes mode
 // and with the tenant's default max_input_tokens of 8192, a 2,000-word chat
 // message on an 8k-context model (its byte bound is over 10,000) is served
 // like direct vLLM, with and without max_tokens: the bound is never the
@@ -383,7 +383,7 @@ func TestTwoThousandWordsOn8k(t *testing.T) {
 	}
 }
 
-// TestRefusedAfterHeadersIsUncharged (issue 19 item 1): a request vLLM's
+// TestRefusedAfterHeadersIsUncharged: a request vLLM's
 // engine refuses (logprobs over --max-logprobs) is answered as vLLM answers
 // it — a streamed one 200 with the error event then [DONE], counted as an
 // error; a non-streamed one vLLM's 400 — and neither is charged: vLLM never

@@ -20,14 +20,15 @@ import (
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
-// Regression tests of issue 13, named after the item they pin. Each fails
-// on 6099134 and passes after.
+// Faults of a call's lifecycle against the ledger: lost replies, leases and
+// fencing, ambiguous endings, outages, restarts and fleet-shared admin
+// state.
 
-// TestBug13_2_LostReplyIsSuccess: the store client retries a Reserve whose
+// TestLostReplyIsSuccess: the store client retries a Reserve whose
 // reply was lost; the retry finds the record it just wrote (Replayed). For
 // a request without an Idempotency-Key that is this very request: it runs,
 // and nothing stays held.
-func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
+func TestLostReplyIsSuccess(t *testing.T) {
 	led := newFakeLedger(t)
 	led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 		if _, err := led.Memory.Reserve(ctx, req); err != nil {
@@ -56,9 +57,9 @@ func TestBug13_2_LostReplyIsSuccess(t *testing.T) {
 	assert.Equal(t, int64(2), up.runs.Load())
 }
 
-// TestBug13_2_DuplicateIsInFlight: another attempt holding the key's id (a
+// TestDuplicateIsInFlight: another attempt holding the key's id (a
 // concurrent duplicate) is 409 with details.state in_flight; it never runs.
-func TestBug13_2_DuplicateIsInFlight(t *testing.T) {
+func TestDuplicateIsInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
@@ -79,13 +80,13 @@ func TestBug13_2_DuplicateIsInFlight(t *testing.T) {
 	})
 }
 
-// TestBug13_3_QueuedHoldRenewed: a request queued longer than lease_ttl
+// TestQueuedHoldRenewed: a request queued longer than lease_ttl
 // keeps its hold (its lease is renewed while it waits) and is dispatched
 // with a live lease, not 502.
 //
 // The tenant queues in EDF order: a FIFO queue sheds what has stood 2 s
 // (queue.ShedAfter), and this test is about the lease, not the queue.
-func TestBug13_3_QueuedHoldRenewed(t *testing.T) {
+func TestQueuedHoldRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
@@ -126,10 +127,10 @@ func TestBug13_3_QueuedHoldRenewed(t *testing.T) {
 	})
 }
 
-// TestBug13_10_FenceBeforeLapse: with the store unable to extend, every
+// TestFenceBeforeLapse: with the store unable to extend, every
 // running call is fenced (aborted upstream) before its lease can lapse —
 // with many calls at once and Extends that hang to their timeout.
-func TestBug13_10_FenceBeforeLapse(t *testing.T) {
+func TestFenceBeforeLapse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
@@ -171,11 +172,11 @@ func TestBug13_10_FenceBeforeLapse(t *testing.T) {
 	})
 }
 
-// TestBug13_10_OutboxReleasesNeverDispatched: an ambiguous Reserve (the
+// TestOutboxReleasesNeverDispatched: an ambiguous Reserve (the
 // store applied it, the reply was lost) without an outage allowance is
 // 503 and its hold is ended by Release, not Settle(0); an ambiguous
 // Reserve that never applied leaves a tombstone.
-func TestBug13_10_OutboxReleasesNeverDispatched(t *testing.T) {
+func TestOutboxReleasesNeverDispatched(t *testing.T) {
 	for _, applied := range []bool{true, false} {
 		t.Run(fmt.Sprint("applied=", applied), func(t *testing.T) {
 			led := newFakeLedger(t)
@@ -207,9 +208,9 @@ func TestBug13_10_OutboxReleasesNeverDispatched(t *testing.T) {
 	}
 }
 
-// TestBug13_10_LeaseLostStatus: a lost lease is a proper status, not the
+// TestLeaseLostStatus: a lost lease is a proper status, not the
 // 502 fallthrough.
-func TestBug13_10_LeaseLostStatus(t *testing.T) {
+func TestLeaseLostStatus(t *testing.T) {
 	ae := statusFor(ledger.ErrLeaseLost)
 	assert.Equal(t, 503, ae.Status)
 	assert.Equal(t, "ledger_unavailable", ae.Code)
@@ -218,9 +219,9 @@ func TestBug13_10_LeaseLostStatus(t *testing.T) {
 	assert.Equal(t, 502, statusFor(&streamError{cause: &badRequestError{msg: "x"}}).Status, "never a 4xx after the 200")
 }
 
-// TestBug13_9_MultipliersBounded: n and every product of client values
+// TestMultipliersBounded: n and every product of client values
 // are bounded: 400 invalid_request naming the parameter, never a 500.
-func TestBug13_9_MultipliersBounded(t *testing.T) {
+func TestMultipliersBounded(t *testing.T) {
 	led := newFakeLedger(t)
 	cfg := testConfig(t, "prices:\n  - {model: m, input_per_mtok: 1000000000000, output_per_mtok: 1000000000000}\n",
 		"    max_output_tokens: 100000000000000\n    max_input_tokens: 1000000000000\n")
@@ -249,9 +250,9 @@ func TestBug13_9_MultipliersBounded(t *testing.T) {
 	assert.Equal(t, int64(1<<50), v)
 }
 
-// TestBug13_10_UnresolvedResolves: a tenant without a windowed budget
+// TestUnresolvedResolves: a tenant without a windowed budget
 // still gets its UNRESOLVED records charged when a window closes.
-func TestBug13_10_UnresolvedResolves(t *testing.T) {
+func TestUnresolvedResolves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
@@ -485,13 +486,13 @@ func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
 
 const outageTenant = "    outage_allowance: {requests: 10, tokens: 100000}\n    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n"
 
-// TestBug13_4_OutageNeverRunsAKeyTwice: one Idempotency-Key ran four
+// TestOutageNeverRunsAKeyTwice: one Idempotency-Key ran four
 // times on 6099134 (outage admission replaced its id). Now a key whose
 // first attempt ran is never run again during an outage (the ledger alone
 // knows it ran: a keyed request is 503 while the ledger is down), and after
 // recovery its retries get the first response. An unkeyed request is
 // outage-admitted and charged once under its own id.
-func TestBug13_4_OutageNeverRunsAKeyTwice(t *testing.T) {
+func TestOutageNeverRunsAKeyTwice(t *testing.T) {
 	led, down := outageLedger(t)
 	up := &fakeUpstream{out: 3}
 	s := newTestServer(t, testConfig(t, "", outageTenant), led, up)
@@ -528,10 +529,10 @@ func TestBug13_4_OutageNeverRunsAKeyTwice(t *testing.T) {
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
-// TestBug13_6_OutageUsagePersisted: outage usage not yet charged survives
+// TestOutageUsagePersisted: outage usage not yet charged survives
 // a restart and is billed exactly once; a call still running at the crash
 // is billed at its hold.
-func TestBug13_6_OutageUsagePersisted(t *testing.T) {
+func TestOutageUsagePersisted(t *testing.T) {
 	dir := t.TempDir()
 	led, down := outageLedger(t)
 	up := &fakeUpstream{out: 3}
@@ -563,10 +564,10 @@ func TestBug13_6_OutageUsagePersisted(t *testing.T) {
 	assert.Equal(t, int64(5+3)+held, committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
 }
 
-// TestBug13_1_RestartAfterAdminChange: clamp and unclamp (policy version
+// TestRestartAfterAdminChange: clamp and unclamp (policy version
 // 3 on this process), restart on the same journal (version 1 again): the
 // tenant is served, and the committed usage is kept.
-func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
+func TestRestartAfterAdminChange(t *testing.T) {
 	dir := t.TempDir()
 	open := func() *ledger.Memory {
 		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: dir + "/journal", LeaseTTL: 60 * time.Second})
@@ -599,10 +600,10 @@ func TestBug13_1_RestartAfterAdminChange(t *testing.T) {
 	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
 }
 
-// TestBug13_10_AdminSharedFleetWide: a budget set and a clamp applied
+// TestAdminSharedFleetWide: a budget set and a clamp applied
 // through instance A are enforced by instance B (shared state store), and
 // B's unclamp is seen by A.
-func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
+func TestAdminSharedFleetWide(t *testing.T) {
 	store, err := statestore.OpenFile(t.TempDir())
 	require.NoError(t, err)
 	led := newFakeLedger(t)
@@ -648,10 +649,10 @@ func TestBug13_10_AdminSharedFleetWide(t *testing.T) {
 	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
 }
 
-// TestBug13_10_LeaseTTLReload: a reload that shortens ledger.lease_ttl
+// TestLeaseTTLReload: a reload that shortens ledger.lease_ttl
 // applies to the heartbeat period at once: a call admitted after it, with
 // the new 3s lease, keeps its hold while it waits 30s.
-func TestBug13_10_LeaseTTLReload(t *testing.T) {
+func TestLeaseTTLReload(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
