@@ -53,7 +53,7 @@ func testPolicyVersionUnordered(t *testing.T, f Factory) {
 	assert.Equal(t, 2*want, u.Reserved[ledger.Tokens])
 }
 
-// testGPUJoules: gpu_joules is a
+// testGPUJoules: gpu_joules (integer millijoules) is a
 // windowed budget like gpu_ms: held, denied when full, charged at Settle,
 // reported by Snapshot and Headroom.
 func testGPUJoules(t *testing.T, f Factory) {
