@@ -48,7 +48,7 @@
 // stream's charge. net/http's transport runs a read and a
 // write goroutine per connection and hands every request and response
 // between them; on a loopback replica those hand-offs cost more CPU than the
-// rest of Sluice's upstream path.
+// rest of Sluice's upstream path (docs/benchmarks/cpu-per-request.md).
 //
 // [Stream.Next]
 // yields each SSE event with its raw bytes and parsed usage, and
