@@ -157,23 +157,10 @@ func (r *Replica) handleMessages(w http.ResponseWriter, hr *http.Request) {
 		r.streamMessages(w, hr, req, enc)
 		return
 	}
-	var ctxDone <-chan struct{}
-	if r.cfg.OnDisconnect != OnDisconnectIgnore {
-		ctxDone = hr.Context().Done()
-	}
-	for req.seqs[0].state.Load() == stActive {
-		select {
-		case <-req.notify:
-		case <-ctxDone:
-			r.cancel(req)
-			return
-		case <-r.done:
-			return
+	if done, answer := r.awaitOne(hr, req); !done {
+		if answer {
+			writeAnthropicError(w, newAPIError(http.StatusInternalServerError, "", "The engine died."))
 		}
-	}
-	if req.seqs[0].state.Load() != stFinished {
-		r.cancel(req)
-		writeAnthropicError(w, newAPIError(http.StatusInternalServerError, "", "The engine died."))
 		return
 	}
 	writeJSON(w, http.StatusOK, enc.message(nil, true))

@@ -121,23 +121,10 @@ func (r *Replica) handleResponses(w http.ResponseWriter, hr *http.Request) {
 		r.streamResponse(w, hr, req, enc)
 		return
 	}
-	var ctxDone <-chan struct{}
-	if r.cfg.OnDisconnect != OnDisconnectIgnore {
-		ctxDone = hr.Context().Done()
-	}
-	for req.seqs[0].state.Load() == stActive {
-		select {
-		case <-req.notify:
-		case <-ctxDone:
-			r.cancel(req)
-			return
-		case <-r.done:
-			return
+	if done, answer := r.awaitOne(hr, req); !done {
+		if answer {
+			writeError(w, newAPIError(http.StatusInternalServerError, "", "The engine died."))
 		}
-	}
-	if req.seqs[0].state.Load() != stFinished {
-		r.cancel(req)
-		writeError(w, newAPIError(http.StatusInternalServerError, "", "The engine died."))
 		return
 	}
 	writeJSON(w, http.StatusOK, enc.response(nil, true))
@@ -316,4 +303,30 @@ func (r *Replica) streamResponse(w http.ResponseWriter, hr *http.Request, req *r
 	if flush() {
 		r.st.completed.Add(1)
 	}
+}
+
+// awaitOne waits for a one-sequence request answered whole (Responses and
+// Messages): done when it finished; otherwise the request was cancelled,
+// and answer says whether the client still waits for an error (the engine
+// ended it) rather than having left or the replica stopping.
+func (r *Replica) awaitOne(hr *http.Request, req *request) (done, answer bool) {
+	var ctxDone <-chan struct{}
+	if r.cfg.OnDisconnect != OnDisconnectIgnore {
+		ctxDone = hr.Context().Done()
+	}
+	for req.seqs[0].state.Load() == stActive {
+		select {
+		case <-req.notify:
+		case <-ctxDone:
+			r.cancel(req)
+			return false, false
+		case <-r.done:
+			return false, false
+		}
+	}
+	if req.seqs[0].state.Load() != stFinished {
+		r.cancel(req)
+		return false, true
+	}
+	return true, false
 }
