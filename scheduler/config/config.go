@@ -355,6 +355,14 @@ type Tenant struct {
 	CacheIsolation string `yaml:"cache_isolation"`
 }
 
+// DefaultLIFOAfter is the standing-queue age after which a fifo queue
+// serves its newest request first. Under overload arrival order serves
+// every request late (each waits the whole queue) and no request meets a
+// latency SLO; newest-first serves what it serves in time, and the oldest
+// still wait to their own deadlines (nothing is refused early). Measured:
+// BENCHMARKS.md, the dominance table (overload 2× and 3×).
+const DefaultLIFOAfter = time.Second
+
 // TenantQueue bounds a tenant's queue.
 type TenantQueue struct {
 	// MaxDepth queued requests. Default 256.
@@ -365,11 +373,13 @@ type TenantQueue struct {
 	MaxWait time.Duration `yaml:"max_wait"`
 	// Order is fifo (default) or edf.
 	Order string `yaml:"order"`
-	// LIFOAfter opts a fifo queue into adaptive LIFO: once its oldest
+	// LIFOAfter is adaptive LIFO for a fifo queue: once its oldest
 	// request has waited this long (a standing queue) the newest are
-	// served first, so what is served starts within an SLO shorter than
-	// max_wait while the oldest wait on to their deadlines. Optional;
-	// unset (the default) keeps arrival order.
+	// served first, so what is served starts in time under overload while
+	// the oldest wait on to their deadlines. It refuses nothing: every
+	// request still waits up to its max_wait (or the client's deadline).
+	// Optional; default 1s (DefaultLIFOAfter); negative (e.g. -1s) keeps
+	// arrival order. Not with order edf.
 	LIFOAfter time.Duration `yaml:"lifo_after"`
 	// ShedAfter opts a fifo queue into shedding: when dispatch reaches a
 	// request that has waited this long it is refused (503 queue_shed,
@@ -538,6 +548,9 @@ func (f *File) applyDefaults() {
 		def(&t.Queue.MaxBytes, 16<<20)
 		def(&t.Queue.MaxWait, 10*time.Second)
 		def(&t.Queue.Order, "fifo")
+		if t.Queue.Order == "fifo" {
+			def(&t.Queue.LIFOAfter, DefaultLIFOAfter)
+		}
 		for j := range t.Budgets {
 			t.Budgets[j].applyDefaults()
 		}
@@ -709,6 +722,8 @@ func (f *File) Validate() error {
 			d   time.Duration
 		}{{"lifo_after", t.Queue.LIFOAfter}, {"shed_after", t.Queue.ShedAfter}} {
 			switch {
+			case d.d < 0 && d.key == "lifo_after":
+				// Negative keeps arrival order.
 			case d.d < 0:
 				v.add("%s.queue.%s must be >= 0 (0: off)", p, d.key)
 			case d.d > 0 && t.Queue.Order == "edf":

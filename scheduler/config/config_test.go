@@ -50,7 +50,7 @@ func TestParseDefaults(t *testing.T) {
 	assert.Equal(t, int64(256), f.Server.ExpectedOutputTokens)
 	assert.Equal(t, 256, tn.Queue.MaxDepth)
 	assert.Equal(t, 10*time.Second, tn.Queue.MaxWait)
-	assert.Zero(t, tn.Queue.LIFOAfter, "unset: arrival order")
+	assert.Equal(t, DefaultLIFOAfter, tn.Queue.LIFOAfter, "unset: newest first once the queue stands a second")
 	assert.Zero(t, tn.Queue.ShedAfter, "unset: no shedding before the deadline")
 }
 
