@@ -3,7 +3,10 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -167,4 +170,28 @@ func TestTracingSpansAndTraceparent(t *testing.T) {
 	assert.Equal(t, root2.SpanContext().SpanID(), second.SpanID())
 	assert.Equal(t, "beta", spanAttrs(root2)["sluice.tenant"].AsString())
 	assert.True(t, spanAttrs(root2)["sluice.stream"].AsBool())
+}
+
+// With tracing.endpoint set, the spans reach the collector over OTLP/HTTP:
+// a protobuf POST to the URL's /v1/traces, the last batch at shutdown.
+func TestTracingExportsOTLPHTTP(t *testing.T) {
+	t.Parallel()
+	type export struct{ path, contentType string }
+	got := make(chan export, 16)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- export{r.URL.Path, r.Header.Get("Content-Type")}
+	}))
+	defer collector.Close()
+	rep := startSim(t, sim.DefaultConfig())
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "", "tracing: {endpoint: "+strconv.Quote(collector.URL)+"}\n"))
+	r := n.call(t, "/v1/chat/completions", keyAcme, `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, 200, r.StatusCode, string(r.Body))
+	require.NoError(t, n.stop())
+	select {
+	case e := <-got:
+		assert.Equal(t, export{"/v1/traces", "application/x-protobuf"}, e)
+	default:
+		t.Fatal("no spans reached the collector by the end of shutdown")
+	}
 }
