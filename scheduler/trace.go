@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -101,10 +102,16 @@ func (s *Server) startTrace(c *call, a admission) {
 	}
 }
 
-// traceRefused ends the trace of a call refused at its reservation.
+// traceRefused ends the trace of a call that ended at its reservation:
+// refused, or an idempotent retry answered with the kept response.
 func (s *Server) traceRefused(c *call, err error) {
 	end := s.now()
 	s.child(c, spanAdmit, c.arrival, end)
+	var replay *cachedResponse
+	if errors.As(err, &replay) {
+		c.tr.span.SetAttributes(attribute.Bool("sluice.replayed", true))
+		err = nil // the edge answers 200 with the kept body
+	}
 	s.endTrace(c, err, end, false)
 }
 
@@ -112,7 +119,8 @@ func (s *Server) traceRefused(c *call, err error) {
 // is when its release began.
 func (s *Server) traceReleased(c *call, from time.Time) {
 	s.stages(c, from)
-	s.child(c, spanSettle, from, s.now())
+	end := s.now()
+	s.child(c, spanSettle, from, end)
 	err := c.tr.err
 	if cause := context.Cause(c.ctx); cause != nil {
 		err = cause
@@ -120,7 +128,7 @@ func (s *Server) traceReleased(c *call, from time.Time) {
 		err = c.queueExit(from)
 	}
 	c.tr.span.SetAttributes(attribute.Bool("sluice.released", true))
-	s.endTrace(c, err, s.now(), false)
+	s.endTrace(c, err, end, false)
 }
 
 // traceFinished ends the trace of a dispatched call; from is when its
@@ -138,7 +146,8 @@ func (s *Server) traceFinished(c *call, err error, from time.Time) {
 		}
 		up.End(trace.WithTimestamp(from))
 	}
-	s.child(c, spanSettle, from, s.now())
+	end := s.now()
+	s.child(c, spanSettle, from, end)
 	sp := c.tr.span
 	sp.SetAttributes(attribute.String("sluice.replica", c.rep.name))
 	if c.usage.Known {
@@ -152,7 +161,7 @@ func (s *Server) traceFinished(c *call, err error, from time.Time) {
 	}
 	// A streamed answer's 200 went out with its first event; what ends
 	// the stream later is in the span's status, not a second status code.
-	s.endTrace(c, err, s.now(), c.req.Stream && c.stream != nil)
+	s.endTrace(c, err, end, c.req.Stream && c.stream != nil)
 }
 
 // stages adds the admission, queue and dispatch children; end closes the

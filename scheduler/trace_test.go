@@ -120,3 +120,23 @@ func TestTraceRefusedAtReservation(t *testing.T) {
 	assert.Equal(t, "tenant_budget_exceeded", attrOf(root, "error.type").AsString())
 	assert.Equal(t, "rejected", attrOf(root, "sluice.outcome").AsString())
 }
+
+// An idempotent retry of a completed request is answered 200 with the
+// kept response: its trace says so, not a failure.
+func TestTraceReplayedRetry(t *testing.T) {
+	t.Parallel()
+	s, rec := tracedServer(t, "", &fakeUpstream{out: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.dispatchLoop(ctx)
+	go func() { _ = s.q.Run(ctx) }()
+	_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k", reqID: "first"})
+	require.NoError(t, err)
+	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k", reqID: "retry"})
+	var replay *cachedResponse
+	require.ErrorAs(t, err, &replay)
+	root, _ := requestTrace(t, rec.Ended(), "retry")
+	assert.True(t, attrOf(root, "sluice.replayed").AsBool())
+	assert.Equal(t, "ok", attrOf(root, "sluice.outcome").AsString())
+	assert.Equal(t, int64(200), attrOf(root, "http.response.status_code").AsInt64())
+}
