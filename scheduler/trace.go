@@ -16,8 +16,9 @@ import (
 // Tracing (README "Tracing"): one trace per admitted request, a request
 // span with a child per stage (admission, queue wait, dispatch, upstream,
 // settlement). The request path only records times it keeps anyway; the
-// children are built once the call has ended (endTrace), from those times,
-// so a server without a tracer pays one nil check per step. Only the
+// children are built once the call has ended (traceFinished, traceReleased,
+// traceRefused), from those times, so a server without a tracer pays a nil
+// check per step and the upstream client one context lookup. Only the
 // request span is started live, at admission, because its context must
 // exist before the upstream request carries it as traceparent.
 
