@@ -66,6 +66,7 @@ type call struct {
 	// outage: admitted on the tenant's outage allowance, without a ledger
 	// record; settled later with a ledger Charge.
 	outage bool
+	tr     *callTrace // nil unless tracing is on (trace.go)
 
 	// dispatched delivers the queue's verdict on a queued call, once per
 	// stay in the queue: the replica it was dispatched to, or nil when it
@@ -108,6 +109,9 @@ type admission struct {
 	// deadline the call then runs on it instead of deriving a second
 	// cancel context (a cancelCtx, a children map, a registration).
 	cancel context.CancelCauseFunc
+	// traceparent and tracestate are the client's W3C trace context,
+	// read only when tracing is on.
+	traceparent, tracestate string
 }
 
 // start runs a call's request path up to its response (steps 2–7 for a
@@ -213,9 +217,18 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if a.idemKey != "" {
 		c.idemDigest = requestDigest(a.ep, a.body)
 	}
+	if s.tracer != nil {
+		s.startTrace(c, a)
+	}
 	if err := s.reserve(c, a); err != nil {
+		if c.tr != nil {
+			s.traceRefused(c, err)
+		}
 		c.cancel(err)
 		return nil, err
+	}
+	if c.tr != nil {
+		c.tr.queuedAt = s.now()
 	}
 	s.mu.Lock()
 	s.queued[c] = struct{}{}
@@ -231,6 +244,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	})
 	if err != nil {
 		s.pools.move(c, spotNone)
+		c.traceErr(err)
 		s.release(c)
 		s.forget(c)
 		return nil, err
@@ -508,6 +522,9 @@ func (s *Server) release(c *call) {
 		s.log.Error("release skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseReleased})
 		return
 	}
+	if c.tr != nil {
+		defer s.traceReleased(c, s.now())
+	}
 	if c.outage {
 		s.outageNotRun(c)
 		_ = c.to(phaseReleased)
@@ -603,6 +620,9 @@ func (s *Server) await(c *call) (err error) {
 			s.forget(c)
 			return c.queueExit(s.now())
 		}
+		if c.tr != nil {
+			c.tr.handedAt = s.now()
+		}
 		err := s.markDispatched(c)
 		if d := deniedOf(err); d != nil && d.Dim == ledger.Slots {
 			// Another instance holds the tenant's slots: back to the head
@@ -620,6 +640,7 @@ func (s *Server) await(c *call) (err error) {
 		}
 		if err != nil {
 			s.reps.release(rep, c.size)
+			c.traceErr(err)
 			s.release(c)
 			s.forget(c)
 			s.signal(s.wake)
@@ -770,6 +791,9 @@ func (s *Server) finish(c *call, err error) {
 		return
 	}
 	now := s.now()
+	if c.tr != nil {
+		defer s.traceFinished(c, err, now)
+	}
 	if c.stream != nil {
 		c.usage = s.settleUsage(c)
 		_ = c.stream.Close()

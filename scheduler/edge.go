@@ -169,7 +169,7 @@ func printable(b []byte) bool {
 }
 
 // parseAdmission reads the request headers that shape admission.
-func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (admission, error) {
+func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string, traced bool) (admission, error) {
 	a := admission{ep: ep, reqID: reqID, body: bytes.Clone(rc.PostBody())}
 	h := &rc.Request.Header
 	for _, name := range []string{"X-Request-Timeout", "X-Stainless-Timeout"} {
@@ -206,6 +206,9 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (ad
 	if v := h.Peek("X-Stainless-Retry-Count"); len(v) > 0 && string(v) != "0" {
 		a.retry = true
 	}
+	if traced {
+		a.traceparent, a.tracestate = string(h.Peek("Traceparent")), string(h.Peek("Tracestate"))
+	}
 	return a, nil
 }
 
@@ -241,7 +244,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 		e.reject(rc, "", err)
 		return clientReq{}, false
 	}
-	a, err := parseAdmission(rc, ep, reqID)
+	a, err := parseAdmission(rc, ep, reqID, e.s.tracer != nil)
 	if err != nil {
 		e.reject(rc, t.name, err)
 		return clientReq{}, false

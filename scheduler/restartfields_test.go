@@ -35,3 +35,14 @@ func TestReloadNamesRestartFields(t *testing.T) {
 	require.NoError(t, s.Reload(boot))
 	assert.Empty(t, s.RestartNeeded(), "back to the start-up values: nothing pending")
 }
+
+// The trace exporter is built once, at start-up: a reload that changes
+// tracing names it.
+func TestReloadNamesTracing(t *testing.T) {
+	t.Parallel()
+	boot := testConfig(t, "", "")
+	s := newTestServer(t, boot, newFakeLedger(t), &fakeUpstream{out: 1})
+	next := testConfig(t, "tracing: {endpoint: \"http://127.0.0.1:4318\"}\n", "")
+	require.NoError(t, s.Reload(next))
+	assert.Equal(t, []string{"tracing.endpoint ( → http://127.0.0.1:4318)"}, s.RestartNeeded())
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -56,6 +57,9 @@ type Deps struct {
 	// Audit receives every admission decision, settlement and admin change.
 	// Optional; nil keeps no trail.
 	Audit Auditor
+	// Tracer records one trace per admitted request (trace.go). Optional;
+	// nil traces nothing.
+	Tracer trace.Tracer
 	// Logger. Optional; nil discards.
 	Logger *slog.Logger
 	// Now is the clock. Optional; nil means time.Now.
@@ -101,6 +105,7 @@ type Server struct {
 	gpu    *gpu.Monitor
 	attr   *gpu.AttributionMetrics
 	trail  Auditor
+	tracer trace.Tracer // nil: tracing off
 	m      *Metrics
 	log    *slog.Logger
 	now    func() time.Time
@@ -174,6 +179,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		gpu:        deps.GPU,
 		attr:       deps.Attribution,
 		trail:      deps.Audit,
+		tracer:     deps.Tracer,
 		m:          m,
 		log:        deps.Logger,
 		now:        deps.Now,

@@ -390,6 +390,9 @@ func (c *Client) Post(ctx context.Context, baseURL, path string, body []byte, re
 	if requestID != "" {
 		req.Header["X-Request-Id"] = []string{requestID}
 	}
+	if tp := traceparentOf(ctx); tp != "" {
+		req.Header["Traceparent"] = []string{tp}
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if !gotConn.Load() {

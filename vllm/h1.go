@@ -302,6 +302,11 @@ func (c *h1) post(ctx context.Context, h *h1Host, path string, body []byte, requ
 		head = append(head, requestID...)
 		head = append(head, "\r\n"...)
 	}
+	if tp := traceparentOf(ctx); tp != "" {
+		head = append(head, "Traceparent: "...)
+		head = append(head, tp...)
+		head = append(head, "\r\n"...)
+	}
 	if auth := c.creds.Load().byBase(h.base); auth != "" {
 		head = append(head, "Authorization: "...)
 		head = append(head, auth...)

@@ -37,6 +37,7 @@ type File struct {
 	// price costs 0 (and a usd_micros budget then never binds for it).
 	Prices  []Price  `yaml:"prices"`
 	Audit   Audit    `yaml:"audit"`
+	Tracing Tracing  `yaml:"tracing"`
 	Admin   Admin    `yaml:"admin"`
 	Global  Global   `yaml:"global"`
 	Tenants []Tenant `yaml:"tenants"`
@@ -282,6 +283,21 @@ type Price struct {
 	// cache (usage.prompt_tokens_details.cached_tokens). Optional; 0 =
 	// cached tokens cost input_per_mtok like the rest.
 	CachedInputPerMTok int64 `yaml:"cached_input_per_mtok"`
+}
+
+// Tracing exports one OpenTelemetry trace per admitted request over
+// OTLP/HTTP (README "Tracing"). Off while Endpoint is empty.
+type Tracing struct {
+	// Endpoint is the collector's OTLP/HTTP base URL, e.g.
+	// "http://127.0.0.1:4318" (spans go to its /v1/traces; an https URL
+	// uses TLS). "" disables tracing.
+	Endpoint string `yaml:"endpoint"`
+	// SampleRatio is the fraction of new traces recorded, in (0, 1].
+	// A request whose client sent a traceparent follows that sampling
+	// decision. Default 1.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// ServiceName is the service.name resource attribute. Default "sluice".
+	ServiceName string `yaml:"service_name"`
 }
 
 // Audit configures the hash-chained audit trail.
@@ -537,6 +553,8 @@ func (f *File) applyDefaults() {
 	def(&s.MediaAllowance, 4096)
 	def(&s.StreamWriteTimeout, 30*time.Second)
 	def(&f.Audit.MaxBytes, 64<<20)
+	def(&f.Tracing.SampleRatio, 1)
+	def(&f.Tracing.ServiceName, "sluice")
 	for i := range f.Global.Budgets {
 		f.Global.Budgets[i].applyDefaults()
 	}
@@ -672,6 +690,13 @@ func (f *File) Validate() error {
 		v.nonNeg(path+".cached_input_per_mtok", p.CachedInputPerMTok)
 	}
 	v.nonNeg("audit.max_bytes", f.Audit.MaxBytes)
+	if f.Tracing.Endpoint != "" {
+		v.url("tracing.endpoint", f.Tracing.Endpoint)
+		if f.Tracing.SampleRatio <= 0 || f.Tracing.SampleRatio > 1 || f.Tracing.SampleRatio != f.Tracing.SampleRatio {
+			v.add("tracing.sample_ratio must be in (0, 1] (got %g)", f.Tracing.SampleRatio)
+		}
+		v.nonEmpty("tracing.service_name", f.Tracing.ServiceName)
+	}
 	if f.Admin.StatusToken != "" && !validKeyHash(f.Admin.StatusToken) {
 		v.add("admin.status_token must be \"sha256:<64 hex digits>\" (run 'sluice key hash'); the raw token is never stored")
 	}

@@ -161,6 +161,9 @@ func TestValidationRules(t *testing.T) {
 		{"global budget", "global: {budgets: [{dimension: usd_micros, limit: -3, window: 24h}]}\n" + minimal, []string{"global.budgets[0].limit must be >= 0"}},
 		{"workflow defaults", tenantWith("    workflow_defaults: {max_calls: -1}\n"), []string{"tenants[0].workflow_defaults.max_calls must be >= 0"}},
 		{"outage allowance", tenantWith("    outage_allowance: {requests: -1}\n"), []string{"tenants[0].outage_allowance.requests must be >= 0"}},
+		{"tracing endpoint not a url", "tracing: {endpoint: \"127.0.0.1:4318\"}\n" + minimal, []string{"tracing.endpoint must be an http(s) URL"}},
+		{"tracing sample ratio", "tracing: {endpoint: \"http://127.0.0.1:4318\", sample_ratio: 1.5}\n" + minimal, []string{"tracing.sample_ratio must be in (0, 1] (got 1.5)"}},
+		{"tracing unknown key", "tracing: {endpoint: \"http://127.0.0.1:4318\", protocol: grpc}\n" + minimal, []string{"tracing.protocol is not a known key"}},
 		{"every problem at once", tenantWith("    weight: -1\n    concurrency: -1\n    budgets: [{dimension: tokens, limit: -1, window: 1h}]\n"),
 			[]string{"tenants[0].weight", "tenants[0].concurrency", "tenants[0].budgets[0].limit"}},
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/valyala/fasthttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -44,6 +45,9 @@ type Options struct {
 	APIListener, AdminListener net.Listener
 	// Ready, when set, is called once both listeners accept.
 	Ready func(api, admin string)
+	// TraceExporter, when set, receives the spans instead of the OTLP
+	// exporter of tracing.endpoint, and turns tracing on (tests).
+	TraceExporter sdktrace.SpanExporter
 }
 
 // Run runs a Sluice server until ctx ends, then drains and returns.
@@ -129,6 +133,19 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 
 	var trail *audit.Log
 	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
+	tracer, err := newTracing(cfg.Tracing, o.TraceExporter)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// After the drain: the last requests' spans are batched by now.
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.DrainTimeout)
+		defer cancel()
+		if err := tracer.shutdown(ctx); err != nil {
+			log.Error("exporting the last spans", "err", err)
+		}
+	}()
+	deps.Tracer = tracer.tracer()
 	if fleet.responses != nil {
 		deps.Responses = fleet.responses
 	}
