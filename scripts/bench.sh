@@ -665,7 +665,7 @@ EOF
 
 Every preset above ran through Sluice with the same tenant settings: weights (all 1), no
 \`concurrency\`, no queue tuning (defaults: \`max_depth\` 256, \`max_wait\` 10 s; a standing queue serves
-newest first after 1 s and sheds what waited 2 s, \`queue/doc.go\`). Below 1.00 is
+newest first after 1 s, \`queue.lifo_after\`; nothing is shed before its deadline, \`queue.shed_after\` being an opt-in). Below 1.00 is
 better for latencies, above 1.00 better for goodput and throughput.
 
 | scenario | metric | direct | sluice | sluice ÷ direct | goal |
