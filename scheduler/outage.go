@@ -75,6 +75,13 @@ type outages struct {
 // config.StatePaths); "" keeps them in memory only.
 func outageFile(cfg *config.File) string { return cfg.Paths().Outage }
 
+// count is how many charges are owed.
+func (o *outages) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.owed)
+}
+
 // load reads the owed charges a previous process left. Every entry is
 // chargeable now: a call still running then is charged at its hold.
 func (o *outages) load(path string) error {

@@ -295,6 +295,13 @@ func (o *outbox) len() int {
 	return len(o.pending)
 }
 
+// count is every ending not yet acknowledged: pending and in flight.
+func (o *outbox) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.pending) + len(o.inflight)
+}
+
 // queueRelease hands the ending of c's never-dispatched hold to the outbox.
 func (s *Server) queueRelease(c *call) {
 	s.leases.untrack(c)

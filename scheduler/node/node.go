@@ -58,6 +58,13 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	if dir := cfg.Paths().Dir; dir != "" {
+		// The packaged layouts name a directory the image or unit may not
+		// have created; the files inside it are created as they are written.
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("data_dir: %w", err)
+		}
+	}
 	keyer, err := ledger.NewKeyer(idKey(cfg, log))
 	if err != nil {
 		return err
