@@ -283,8 +283,15 @@ func TestSystemdUnit(t *testing.T) {
 				assert.Contains(t, rw, "/var/lib/"+d, "StateDirectory %s is the writable path", d)
 			}
 		}
-		writes := map[string]string{"ledger.journal": cfg.Ledger.Journal, "audit.path": cfg.Audit.Path}
-		require.NotEmpty(t, cfg.Ledger.Journal, "the node config journals its ledger")
+		writes := map[string]string{"audit.path": cfg.Audit.Path}
+		for _, d := range cfg.Durability() {
+			require.NotEmpty(t, d.Path, "%s is kept in memory only: the node config keeps it in data_dir", d.What)
+			writes[d.What] = filepath.Join(d.Path, "x") // a directory (shared_state) or a file: its parent must be writable
+			if d.What != "shared_state" {
+				writes[d.What] = d.Path
+			}
+		}
+		assert.Equal(t, config.DefaultDataDir, cfg.Paths().Dir, "data_dir is the unit's state directory")
 		for field, p := range writes {
 			if p == "" {
 				continue
