@@ -16,6 +16,7 @@ const (
 	KeysName        = "api-keys.json"    // API keys minted through the admin API, next to the journal
 	OutageName      = "outage.json"      // owed outage charges
 	OutboxName      = "outbox.jsonl"     // ledger endings not yet acknowledged
+	LockName        = "lock"             // held by the process that owns the directory
 )
 
 // DefaultDataDir is the data directory of the packaged layouts (container

@@ -1,11 +1,13 @@
 package node
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,4 +86,24 @@ func TestMemoryOnlyIsSaid(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	assert.Len(t, entries, 1, "nothing written beside the config")
+}
+
+// TestDataDirOneProcess: a second process on a data directory the first
+// keeps its files in is refused at start, naming the lock, instead of
+// overwriting the first one's owed charges and pending endings.
+func TestDataDirOneProcess(t *testing.T) {
+	rep := startSim(t, sim.DefaultConfig())
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "sluice.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte(oneReplicaYAML(rep.url, "")), 0o600))
+	cfg, err := config.Load(cfgFile)
+	require.NoError(t, err)
+	startNode(t, cfg)
+	// Bounded: a second process that did start would serve until ctx ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	err = Run(ctx, cfg, Options{ConfigPath: cfgFile})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), filepath.Join(dir, config.LockName))
+	assert.Contains(t, err.Error(), "give each process its own data_dir")
 }
