@@ -88,6 +88,8 @@ func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 		ok, why := a.s.Ready()
 		if !ok {
 			rc.SetStatusCode(503)
+		} else if d := a.s.ReadyDetail(); d != "" {
+			why += "\n" + d
 		}
 		rc.SetBodyString(why + "\n")
 		return

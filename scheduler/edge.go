@@ -94,6 +94,8 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 		rc.SetContentType("text/plain")
 		if !ok {
 			rc.SetStatusCode(503)
+		} else if d := e.s.ReadyDetail(); d != "" {
+			why += "\n" + d
 		}
 		rc.SetBodyString(why + "\n")
 	case string(p) == "/health":

@@ -34,6 +34,7 @@ type Metrics struct {
 	ExpiredDispatch  prometheus.Counter
 	Ready            prometheus.Gauge
 	Usage            *prometheus.CounterVec // tenant, key, model, dimension (usage.go)
+	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -86,12 +87,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Requests dispatched after their deadline; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
 			Help: "1 while /readyz passes."}),
-		Usage: newUsageCounter(),
+		Usage:   newUsageCounter(),
+		Durable: newDurableGauge(),
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage, m.Durable} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -71,17 +71,15 @@ type outages struct {
 	path     string // where owed is persisted; "" keeps it in memory only
 }
 
-// outageFile is where owed outage charges are persisted: next to the admin
-// state file, else next to the memory ledger's journal; "" (memory only)
-// when neither is configured.
-func outageFile(cfg *config.File) string {
-	switch {
-	case cfg.Admin.StateFile != "":
-		return cfg.Admin.StateFile + ".outage.json"
-	case cfg.Ledger.Journal != "":
-		return cfg.Ledger.Journal + ".outage.json"
-	}
-	return ""
+// outageFile is where owed outage charges are persisted (see
+// config.StatePaths); "" keeps them in memory only.
+func outageFile(cfg *config.File) string { return cfg.Paths().Outage }
+
+// count is how many charges are owed.
+func (o *outages) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.owed)
 }
 
 // load reads the owed charges a previous process left. Every entry is

@@ -109,14 +109,9 @@ type aheadEntry struct {
 // in flight, which at light load is every pass.
 const compactAt = 64 << 10
 
-// outboxFile is where pending endings are kept across a restart: next to
-// the owed outage charges; "" (memory only) where those are.
-func outboxFile(cfg *config.File) string {
-	if p := outageFile(cfg); p != "" {
-		return p[:len(p)-len(".outage.json")] + ".outbox.jsonl"
-	}
-	return ""
-}
+// outboxFile is where pending endings are kept across a restart (see
+// config.StatePaths); "" keeps them in memory only.
+func outboxFile(cfg *config.File) string { return cfg.Paths().Outbox }
 
 // load takes the endings a previous process left in path and opens it for
 // appending. A line that does not parse (a write cut by a crash) is
@@ -298,6 +293,13 @@ func (o *outbox) len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.pending)
+}
+
+// count is every ending not yet acknowledged: pending and in flight.
+func (o *outbox) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.pending) + len(o.inflight)
 }
 
 // queueRelease hands the ending of c's never-dispatched hold to the outbox.

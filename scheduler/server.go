@@ -143,6 +143,7 @@ type Server struct {
 
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
 	retention  time.Duration         // ledger.tombstone_retention, fixed at start (idempotent replays)
+	memoryOnly []string              // state kept in memory only, for /readyz (durable.go)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 }
@@ -230,6 +231,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.outbox.ahead = cfg.Ledger.Backend != "memory"
+	s.noteDurability(cfg)
 	eff := effectiveConfig(cfg, &s.admin, s.now())
 	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
@@ -418,6 +420,7 @@ func (s *Server) Run(ctx context.Context) error {
 	err := g.Wait()
 	s.flushOutbox(context.WithoutCancel(ctx))
 	s.chargeOutages(context.WithoutCancel(ctx))
+	s.logOwedAtExit(s.boot)
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,6 +26,10 @@ import (
 
 // File is the whole configuration file.
 type File struct {
+	// DataDir holds the durable state under fixed names (see StatePaths).
+	// Default: the config file's directory; "" keeps everything in memory
+	// that no path key places elsewhere.
+	DataDir string `yaml:"data_dir"`
 	// Listen is the OpenAI-compatible API address. Default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
 	// AdminListen serves the admin API and /metrics. Default 127.0.0.1:8081.
@@ -42,7 +47,8 @@ type File struct {
 	Global  Global   `yaml:"global"`
 	Tenants []Tenant `yaml:"tenants"`
 
-	lines lineIndex // where Parse found each field, for Warnings
+	lines lineIndex   // where Parse found each field, for Warnings
+	paths *StatePaths // resolved by Load and Parse
 }
 
 // Ledger selects and tunes the budget ledger.
@@ -449,12 +455,16 @@ func Load(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return Parse(b)
+	return parse(b, filepath.Dir(path), true)
 }
 
 // Parse parses, defaults and validates config bytes. Every problem is
 // reported, joined; unknown keys and wrong types name their field path.
-func Parse(b []byte) (*File, error) {
+// Bytes have no directory, so there is no default data_dir: the state
+// that data_dir and the path keys do not place is kept in memory only.
+func Parse(b []byte) (*File, error) { return parse(b, "", false) }
+
+func parse(b []byte, dir string, fromFile bool) (*File, error) {
 	if len(b) > maxFileBytes {
 		return nil, fmt.Errorf("config is larger than %d bytes", maxFileBytes)
 	}
@@ -476,6 +486,7 @@ func Parse(b []byte) (*File, error) {
 	}
 	f.lines = indexLines(&root)
 	f.applyDefaults()
+	f.resolvePaths(dir, fromFile)
 	errs := make([]error, 0, len(shape))
 	for _, p := range shape {
 		errs = append(errs, p)
@@ -597,6 +608,7 @@ func (f *File) Validate() error {
 	var v validator
 	v.nonEmpty("listen", f.Listen)
 	v.nonEmpty("admin_listen", f.AdminListen)
+	f.checkPaths(&v)
 	v.oneOf("ledger.backend", f.Ledger.Backend, "memory", "redis")
 	v.oneOf("ledger.fsync", f.Ledger.Fsync, "every_op", "group")
 	v.positiveDur("ledger.fsync_interval", f.Ledger.FsyncInterval)

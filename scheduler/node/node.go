@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -62,6 +63,20 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	if dir := cfg.Paths().Dir; dir != "" {
+		// The packaged layouts name a directory the image or unit may not
+		// have created; the files inside it are created as they are written.
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("data_dir: %w", err)
+		}
+		if ownsDataFiles(cfg) {
+			unlock, err := lockDataDir(filepath.Join(dir, config.LockName))
+			if err != nil {
+				return fmt.Errorf("data_dir: %w", err)
+			}
+			defer unlock()
+		}
+	}
 	keyer, err := ledger.NewKeyer(idKey(cfg, log))
 	if err != nil {
 		return err
@@ -382,4 +397,21 @@ func readCredentials(cfg *config.File, urls map[string]string) (map[string]vllm.
 		creds[u] = k
 	}
 	return creds, nil
+}
+
+// ownsDataFiles reports whether this process keeps a file of its own in
+// data_dir under a fixed name (a path key placing every one elsewhere
+// leaves the directory to be shared).
+func ownsDataFiles(cfg *config.File) bool {
+	p := cfg.Paths()
+	fixed := map[string]bool{}
+	for _, name := range []string{config.JournalName, config.AdminStateName, config.OutageName, config.OutboxName} {
+		fixed[filepath.Join(p.Dir, name)] = true
+	}
+	for _, f := range []string{p.Journal, p.AdminState, p.Outage, p.Outbox} {
+		if f != "" && fixed[filepath.Clean(f)] {
+			return true
+		}
+	}
+	return false
 }

@@ -159,10 +159,17 @@ func TestDockerfile(t *testing.T) {
 		assert.NotContains(t, []string{"0", "root", ""}, u)
 		_, out, err := df.goBuildLine()
 		require.NoError(t, err)
+		// Two COPYs: the binary, and the empty data directory owned by the
+		// runtime user (a volume mounted there starts with its owner).
 		copies := final.all("COPY")
-		require.Len(t, copies, 1)
+		require.Len(t, copies, 2)
 		w := strings.Fields(copies[0])
 		require.Len(t, w, 3, "COPY --from=build SRC DST")
+		d := strings.Fields(copies[1])
+		require.Len(t, d, 4, "COPY --from=build --chown=USER SRC DST")
+		assert.Equal(t, "--chown="+users[len(users)-1], d[1], "the data directory belongs to the runtime user")
+		assert.Equal(t, config.DefaultDataDir, d[3])
+		assert.Equal(t, []string{`["` + config.DefaultDataDir + `"]`}, final.all("VOLUME"), "the data directory is a volume")
 		assert.Equal(t, "--from=build", w[0])
 		assert.Equal(t, out, w[1], "COPY takes what go build wrote")
 		ep := execForm(t, final.all("ENTRYPOINT")[0])
@@ -276,8 +283,15 @@ func TestSystemdUnit(t *testing.T) {
 				assert.Contains(t, rw, "/var/lib/"+d, "StateDirectory %s is the writable path", d)
 			}
 		}
-		writes := map[string]string{"ledger.journal": cfg.Ledger.Journal, "audit.path": cfg.Audit.Path}
-		require.NotEmpty(t, cfg.Ledger.Journal, "the node config journals its ledger")
+		writes := map[string]string{"audit.path": cfg.Audit.Path}
+		for _, d := range cfg.Durability() {
+			require.NotEmpty(t, d.Path, "%s is kept in memory only: the node config keeps it in data_dir", d.What)
+			writes[d.What] = filepath.Join(d.Path, "x") // a directory (shared_state) or a file: its parent must be writable
+			if d.What != "shared_state" {
+				writes[d.What] = d.Path
+			}
+		}
+		assert.Equal(t, config.DefaultDataDir, cfg.Paths().Dir, "data_dir is the unit's state directory")
 		for field, p := range writes {
 			if p == "" {
 				continue

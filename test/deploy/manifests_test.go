@@ -476,8 +476,23 @@ func checkSluicePod(t *testing.T, bin string, l *layout, w workload, c container
 		}
 	})
 	t.Run("writable paths persist", func(t *testing.T) {
-		for field, p := range map[string]string{"ledger.journal": cfg.Ledger.Journal, "audit.path": cfg.Audit.Path} {
-			if p == "" || (field == "ledger.journal" && cfg.Ledger.Backend != "memory") {
+		// Everything the process keeps across a restart (the journal, the
+		// admin state, owed outage charges, pending ledger endings) and the
+		// audit trail sit on a PersistentVolumeClaim of the pod.
+		writes := map[string]string{"audit.path": cfg.Audit.Path}
+		for _, d := range cfg.Durability() {
+			if d.Path != "" && d.Path != "redis" && d.What != "shared_state" {
+				writes[d.What] = d.Path
+			}
+		}
+		for _, d := range cfg.Durability() {
+			if d.Path == "" {
+				t.Errorf("%s is kept in memory only: set data_dir to a persistent volume", d.What)
+			}
+		}
+		assert.Equal(t, config.DefaultDataDir, cfg.Paths().Dir, "the packaged layouts keep their state in data_dir %s", config.DefaultDataDir)
+		for field, p := range writes {
+			if p == "" {
 				continue
 			}
 			vname, _, ro, ok := mountFor(c, path.Dir(p))
@@ -485,10 +500,7 @@ func checkSluicePod(t *testing.T, bin string, l *layout, w workload, c container
 			assert.False(t, ro, "%s %s is on a read-only mount", field, p)
 			assert.True(t, persistent(w, vname), "%s %s is on volume %s, which is not a PersistentVolumeClaim", field, p, vname)
 		}
-		if cfg.Ledger.Backend == "memory" {
-			assert.NotEmpty(t, cfg.Ledger.Journal, "an embedded ledger without a journal forgets all spend on restart")
-			assert.Equal(t, "StatefulSet", w.Kind, "a journal on a PVC needs a stable identity")
-		}
+		assert.Equal(t, "StatefulSet", w.Kind, "a data directory on a PVC per pod needs a stable identity")
 	})
 	t.Run("upstream replicas exist", func(t *testing.T) {
 		for _, r := range cfg.Upstream.Replicas {

@@ -1,0 +1,81 @@
+package scheduler
+
+import (
+	"log/slog"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+)
+
+// Durability: what the process keeps across a restart, and what it keeps
+// only in memory. A piece kept in memory only is said at start (a log
+// line), in /readyz's body and in sluice_durable_state; the process stays
+// ready, since memory-only is a choice the config may make
+// (data_dir: "").
+
+// newDurableGauge is sluice_durable_state{what}: 1 where that state
+// survives a restart, 0 where it is kept in memory only.
+func newDurableGauge() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_durable_state",
+		Help: "1 where this state survives a restart (kept in data_dir, a path key's file, or Redis), 0 where it is kept in memory only: ledger, shared_state, admin_state, outage_charges, pending_endings."},
+		[]string{"what"})
+}
+
+// noteDurability sets the gauge, keeps the memory-only list for /readyz
+// and logs where each piece is kept.
+func (s *Server) noteDurability(cfg *config.File) {
+	p := cfg.Paths()
+	attrs := []any{"data_dir", p.Dir, "data_dir_from", p.DirFrom}
+	var mem []string
+	for _, d := range cfg.Durability() {
+		v := 1.0
+		where := d.Path
+		if d.Path == "" {
+			v, where = 0, "memory only"
+			mem = append(mem, d.What)
+		}
+		s.m.Durable.WithLabelValues(d.What).Set(v)
+		attrs = append(attrs, d.What, where)
+	}
+	s.memoryOnly = mem
+	s.log.Info("durable state", attrs...)
+	if len(mem) > 0 {
+		s.log.Warn("state kept in memory only is lost on a restart; set data_dir (or the path keys) to keep it",
+			"memory_only", strings.Join(mem, ","), "data_dir_from", p.DirFrom)
+	}
+}
+
+// ReadyDetail is the line /readyz adds to a ready answer: the state kept
+// in memory only, or "" when everything is durable.
+func (s *Server) ReadyDetail() string {
+	if len(s.memoryOnly) == 0 {
+		return ""
+	}
+	return "memory only (lost on restart): " + strings.Join(s.memoryOnly, ", ")
+}
+
+// logOwedAtExit says, at shutdown, what is still owed to the ledger and
+// where it waits for the next start (or that it is lost, in memory).
+func (s *Server) logOwedAtExit(cfg *config.File) {
+	p := cfg.Paths()
+	owed := s.outage.count()
+	pending := s.outbox.count()
+	if owed == 0 && pending == 0 {
+		return
+	}
+	where := func(path string) string {
+		if path == "" {
+			return "memory only: lost with this process"
+		}
+		return path
+	}
+	lvl := slog.LevelWarn
+	if (owed > 0 && p.Outage == "") || (pending > 0 && p.Outbox == "") {
+		lvl = slog.LevelError
+	}
+	s.log.Log(nil, lvl, "stopping with usage the ledger has not recorded; what a file keeps is charged at the next start",
+		"owed_outage_charges", owed, "outage_file", where(p.Outage),
+		"pending_endings", pending, "pending_file", where(p.Outbox))
+}
