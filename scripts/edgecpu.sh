@@ -105,8 +105,10 @@ write_config() {
 }
 # start_sluice BIN API_PORT ADMIN_PORT NAME: prints the pid.
 start_sluice() {
-	write_config "$WORK/$4.yaml" "$2" "$3"
-	"$1" serve --config "$WORK/$4.yaml" >"$WORK/$4.log" 2>&1 &
+	# A directory per instance: its data_dir (the config's directory) is its own.
+	mkdir -p "$WORK/$4"
+	write_config "$WORK/$4/sluice.yaml" "$2" "$3"
+	"$1" serve --config "$WORK/$4/sluice.yaml" >"$WORK/$4.log" 2>&1 &
 	echo $!
 }
 # sized ADMIN_PORT: every replica scraped and sized.

@@ -40,7 +40,9 @@ if [ "${SHARED_REDIS:-}" = 1 ]; then
 	LEDGER="ledger: {backend: redis, redis: {addrs: [\"127.0.0.1:$((SIM + 19))\"]}}"
 fi
 for i in 1 2; do
-	cat >"$W/s$i.yaml" <<YAML
+	# A directory per instance: its data_dir (the config's directory) is its own.
+	mkdir -p "$W/s$i"
+	cat >"$W/s$i/sluice.yaml" <<YAML
 listen: 127.0.0.1:$((SIM + i))
 admin_listen: 127.0.0.1:$((SIM + 10 + i))
 gpu: {telemetry: off}
@@ -54,7 +56,7 @@ tenants:
   - name: t$i
     api_keys: ["$HASH"]
 YAML
-	"$BIN" serve --config "$W/s$i.yaml" >"$W/s$i.log" 2>&1 &
+	"$BIN" serve --config "$W/s$i/sluice.yaml" >"$W/s$i.log" 2>&1 &
 	PIDS+=($!)
 done
 for i in 1 2; do wait_http "http://127.0.0.1:$((SIM + i))/readyz"; done
