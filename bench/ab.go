@@ -375,8 +375,17 @@ func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 	if out.Saturated {
 		fmt.Fprintf(o.Stdout, "Knee: %g rps (goodput %.2f req/s, p99 TTFT %.0f ms)\n", out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
 	} else {
+		// Nothing saturated: the capacity is above the highest rate tried,
+		// whichever rate's goodput happened to measure highest.
+		hi := 0
+		for i, r := range out.Rates {
+			if r > out.Rates[hi] {
+				hi = i
+			}
+		}
+		ht, _ := out.Docs[hi].F("p99_ttft_ms")
 		fmt.Fprintf(o.Stdout, "No knee: every rate's goodput was at least %.0f%% of it; capacity is above %g rps (goodput %.2f req/s, p99 TTFT %.0f ms): sweep higher rates\n",
-			100*SaturatedBelow, out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
+			100*SaturatedBelow, out.Rates[hi], gp["goodput (req/s)"][hi], ht)
 	}
 	sections := []report.Section{{Heading: "Sweep", SVGs: []string{
 		report.LineChart("Goodput vs rate", "offered rate (rps)", "goodput (req/s)", out.Rates, gp, []string{"goodput (req/s)"}),
