@@ -146,6 +146,7 @@ type Server struct {
 	memoryOnly []string              // state kept in memory only, for /readyz (durable.go)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
+	usage      sync.Map              // usageKey → *usageCounters (usage.go)
 }
 
 // settler owns what a call leaves behind it: its lease from Reserve to its

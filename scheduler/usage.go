@@ -26,22 +26,40 @@ func newUsageCounter() *prometheus.CounterVec {
 		[]string{"tenant", "key", "model", "dimension"})
 }
 
+// usageKey names one tenant, key and model's usage counters.
+type usageKey struct{ tenant, key, model string }
+
+// usageCounters are one usageKey's counters, resolved once: label hashing
+// and the vector's lookup per dimension would otherwise run on every
+// settlement. The last is cached input tokens.
+type usageCounters [len(usageDims) + 1]prometheus.Counter
+
 // countUsage adds a settled call's charge to the usage counters. A call
 // that never ran (nothing charged) adds nothing.
 func (s *Server) countUsage(c *call, actual ledger.Amounts) {
 	if actual[ledger.Requests] == 0 {
 		return
 	}
-	key := "_unnamed"
+	k := usageKey{tenant: c.t.name, key: "_unnamed", model: c.req.Model}
 	if c.key != nil {
-		key = c.key.metricLabel()
+		k.key = c.key.metricLabel()
 	}
-	for _, d := range usageDims {
+	uc, ok := s.usage.Load(k)
+	if !ok {
+		var fresh usageCounters
+		for i, d := range usageDims {
+			fresh[i] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, d.String())
+		}
+		fresh[len(usageDims)] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, usageCachedInput)
+		uc, _ = s.usage.LoadOrStore(k, &fresh)
+	}
+	ctrs := uc.(*usageCounters)
+	for i, d := range usageDims {
 		if v := actual[d]; v > 0 {
-			s.m.Usage.WithLabelValues(c.t.name, key, c.req.Model, d.String()).Add(float64(v))
+			ctrs[i].Add(float64(v))
 		}
 	}
 	if v := c.usage.CachedTokens; v > 0 {
-		s.m.Usage.WithLabelValues(c.t.name, key, c.req.Model, usageCachedInput).Add(float64(v))
+		ctrs[len(usageDims)].Add(float64(v))
 	}
 }
