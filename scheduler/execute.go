@@ -1,0 +1,131 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// A dispatched call on the wire: the one send-and-retry loop of chat and
+// completions, and the non-streamed answer read from the stream.
+
+// execute sends the call upstream: on the chosen replica, or on another
+// with room if the chosen one refused the connection before any byte was
+// sent. It returns with c.stream open (200 headers received) or an error.
+func (s *Server) execute(c *call) error {
+	c.upInterval = upstreamInterval(c)
+	body := make([]byte, 0, len(c.req.Body())+128)
+	built, bodyPrio := false, false
+	tried := map[*replica]bool{}
+	for {
+		if !built || bodyPrio != c.rep.prioritySched {
+			// A retry on a replica that schedules by priority differently
+			// needs its own body.
+			body = c.req.RewriteWith(body[:0], c.plan.UpstreamCap(), c.rewriteOptions())
+			built, bodyPrio = true, c.rep.prioritySched
+		}
+		tried[c.rep] = true
+		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
+		if err == nil && c.upInterval > 0 {
+			err = c.peekRefusal(st)
+		}
+		if err == nil {
+			_ = c.to(phaseStreaming)
+			c.sent = true
+			c.stream = st
+			c.firstByte = s.now()
+			s.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
+			return nil
+		}
+		var ue *vllm.UpstreamError
+		retry := errors.Is(err, vllm.ErrNotSent) || (errors.As(err, &ue) && ue.Retryable())
+		if !errors.Is(err, vllm.ErrNotSent) && (ue == nil || upstreamRan(c, ue)) {
+			// The replica may have started it. A non-200 answer, by
+			// contrast, is vLLM refusing before it queued anything,
+			// except a 5xx to a non-streamed request (upstreamRan).
+			c.sent = true
+		}
+		if cause := context.Cause(c.ctx); cause != nil {
+			// The client left or its deadline passed (a non-streamed
+			// answer is read whole inside Stream): that, not the read's
+			// context error, is the outcome (504, or a disconnect).
+			return cause
+		}
+		if !retry {
+			return err
+		}
+		next, seq := s.reps.take(c.route, c.size, c.rep)
+		if next == nil || tried[next] {
+			if next != nil {
+				s.reps.release(next, c.size)
+			}
+			return fmt.Errorf("%w: %w", ErrNoReplica, err)
+		}
+		s.moveClock(c, next)
+		s.reps.release(c.rep, c.size)
+		c.rep, c.seq = next, seq
+		s.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
+	}
+}
+
+// moveClock restarts GPU-ms attribution on the replica that will run c.
+func (s *Server) moveClock(c *call, next *replica) {
+	now := s.now()
+	if c.rep.clock != nil {
+		c.rep.clock.End(now, c.ticket)
+	}
+	if next.clock != nil {
+		c.ticket = next.clock.Start(now, c.t.name)
+	}
+}
+
+// drainStream reads an upstream stream to its end for a non-streaming
+// client, assembling vLLM's non-stream body.
+func (s *Server) drainStream(c *call) ([]byte, error) {
+	var asm *vllm.Assembler
+	var whole []byte
+	for {
+		ev, err := c.next()
+		if errors.Is(err, io.EOF) {
+			if whole != nil {
+				return whole, nil
+			}
+			if asm == nil {
+				asm = vllm.NewAssembler(c.ep)
+			}
+			return asm.Body()
+		}
+		if err != nil {
+			if cause := context.Cause(c.ctx); cause != nil {
+				return nil, cause
+			}
+			return nil, err
+		}
+		if ev.Err != nil {
+			if c.upInterval > 0 {
+				// Sent as a stream for the evidence only: the client gets
+				// vLLM's error as vLLM answers a non-streamed request,
+				// its status and body.
+				e := *ev.Err
+				e.InStream = false
+				return nil, &e
+			}
+			return nil, ev.Err
+		}
+		if ev.Whole {
+			// vLLM's non-streamed body, the client's as is: the stream
+			// owns the buffer, so no Assembler and no copy.
+			whole = ev.Raw
+			continue
+		}
+		if asm == nil {
+			asm = vllm.NewAssembler(c.ep)
+		}
+		if err := asm.Add(ev); err != nil {
+			return nil, err
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/abuse"
+	"github.com/sluicehq/sluice/scheduler/audit"
+)
+
+// The end of a dispatched call: settlement exactly once, from what the
+// replica reported, and the release of its room and slots.
+
+// finish settles a dispatched call exactly once from the usage it reported,
+// reconciles fair share, frees room and slots, and records metrics. err is
+// the call's outcome (nil on success).
+func (s *Server) finish(c *call, err error) {
+	if c.phase != phaseDispatched && c.phase != phaseStreaming {
+		if !c.phase.terminal() {
+			s.log.Error("finish skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseSettled})
+		}
+		return
+	}
+	now := s.now()
+	if c.tr != nil {
+		defer s.traceFinished(c, err, now)
+	}
+	if c.stream != nil {
+		c.usage = s.settleUsage(c)
+		_ = c.stream.Close()
+	} else if c.sent && !c.usage.Known {
+		// Sent, but no stream nor answer usage: prefill may have run.
+		c.usage = sentUsage(c)
+	}
+	if c.usage.Final {
+		// Completions while polls time out excuse a slow /metrics
+		// (Observe).
+		c.rep.finished.Add(1)
+	}
+	cause := context.Cause(c.ctx)
+	aborted := err != nil && c.sent && !c.usage.Final
+	switch {
+	case aborted && errors.Is(cause, ErrClientStalled):
+		c.abortCause = "client_stalled"
+	case aborted && errors.Is(cause, ErrClientGone):
+		c.abortCause = "client_disconnect"
+	case aborted && (errors.Is(cause, ErrDeadline) || errors.Is(err, ErrDeadline)):
+		c.abortCause = "deadline"
+	case aborted && errors.Is(cause, ErrDraining):
+		c.abortCause = "shutdown"
+	case aborted && errors.Is(cause, ledger.ErrLeaseLost):
+		c.abortCause = "lease_lost"
+	}
+	if c.abortCause != "" {
+		s.m.UpstreamAborts.WithLabelValues(c.rep.name, c.abortCause).Inc()
+	}
+	var use gpu.Use
+	if c.rep.clock != nil {
+		use = c.rep.clock.End(now, c.ticket)
+	}
+	gpuMs := gpu.GPUMs(use.GPUNs)
+	actual, src := s.actual(c, gpuMs)
+	if src != ledger.SourceNotSent {
+		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
+	}
+	c.actualCost = s.costOf(c, actual)
+	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
+	s.settle(c, actual, src)
+	s.reps.leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
+	c.t.rt.inflight.Add(-1)
+	c.keyInflight(-1)
+	c.t.rt.inflightTokens.Add(-c.size)
+	s.pools.move(c, spotNone)
+	c.t.series(s.m).inflight.Dec()
+	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
+	if c.sent {
+		kind := abuse.Settled
+		if c.abortCause == "client_disconnect" {
+			kind = abuse.Disconnected
+		}
+		s.observeAbuse(c.t.name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
+	}
+	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
+		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
+	}
+	s.forget(c)
+	s.q.Unpark(c.t.name)
+	s.pools.unparkFull(c.pool, s.q)
+	// Freed room matters only to queued work; an empty queue's next
+	// arrival signals the loop itself (Queue.Ready). A wake per completion
+	// readied the loop's goroutine, often on an idle thread: a futex round.
+	if depth, _ := s.q.Len(); depth > 0 {
+		s.signal(s.wake)
+	}
+}
+
+// actual derives the amounts to settle from the usage vLLM reported (or the
+// stream's early-end estimate, see vllm.Stream.Settle).
+func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
+	var a ledger.Amounts
+	if !c.ran() {
+		return a, ledger.SourceNotSent
+	}
+	src := ledger.SourceFinal
+	if !c.usage.Final {
+		src = ledger.SourcePartial
+	}
+	in, out := int64(c.usage.PromptTokens), int64(c.usage.CompletionTokens)
+	a[ledger.Requests] = 1
+	a[ledger.InputTokens] = in
+	a[ledger.OutputTokens] = out
+	a[ledger.Tokens] = in + out
+	a[ledger.GPUMs] = gpuMs
+	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
+	return a, src
+}
+
+func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
+	cost := c.pol.cfg.Server.Cost
+	if cost.Unit == "gpu_ms" {
+		return a[ledger.GPUMs]
+	}
+	return cost.WIn*a[ledger.InputTokens] + cost.WOut*a[ledger.OutputTokens]
+}
+
+// settle charges the ledger once; a store failure goes to the outbox, which
+// retries with the same id (Settle is idempotent). With a Redis ledger the
+// Settle is written ahead to the outbox's file, where there is one, so a
+// process killed before the store answers settles it exactly when it
+// starts again; otherwise the lease is the backstop.
+func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
+	s.countUsage(c, actual)
+	if c.outage {
+		if src != ledger.SourceNotSent {
+			s.oweOutage(c, actual, src)
+			_ = c.to(phaseUnresolved) // the owed charge ends it
+		} else {
+			s.outageNotRun(c)
+			_ = c.to(phaseSettled)
+		}
+		return
+	}
+	s.leases.untrack(c)
+	ended := phaseSettled
+	defer func() { _ = c.to(ended) }()
+	s.outbox.writeAhead(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
+	op := c.ledgerOp()
+	st, err := s.led.Settle(op, c.ref, actual, src)
+	op.cancel()
+	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.name, RequestID: c.reqID, Source: src.String(),
+		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
+		Reason: c.abortCause}
+	if err == nil {
+		rec.State = st.State.String()
+	} else {
+		rec.Code = "settle_failed"
+	}
+	s.record(rec)
+	s.noteLedger("settle", err)
+	if err != nil && ledger.IsStoreError(err) {
+		s.queueSettle(c, actual, src)
+		ended = phaseUnresolved
+		return
+	}
+	s.outbox.landed(c.ref.ID)
+	if err != nil {
+		s.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
+	}
+}
