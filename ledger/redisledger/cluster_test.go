@@ -133,6 +133,32 @@ func (c *redisCluster) finishMove(t *testing.T, from, to *redis.Client, slot int
 	for _, s := range c.nodes {
 		require.NoError(t, s.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", toID).Err())
 	}
+	// Gossip can briefly bring the old owner back on a node that heard of
+	// the move late, and a client then bounces between MOVED answers past
+	// its redirect limit: wait until every node names the new owner.
+	clients := make([]*redis.Client, len(c.nodes))
+	for i, s := range c.nodes {
+		clients[i] = s.Client(t)
+	}
+	require.Eventually(t, func() bool {
+		for _, cl := range clients {
+			slots, err := cl.ClusterSlots(ctx).Result()
+			if err != nil || ownerOf(slots, slot) != toID {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "every node agrees slot %d moved", slot)
+}
+
+// ownerOf is the id of the primary serving slot in a CLUSTER SLOTS answer.
+func ownerOf(slots []redis.ClusterSlot, slot int) string {
+	for _, r := range slots {
+		if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 {
+			return r.Nodes[0].ID
+		}
+	}
+	return ""
 }
 
 func port(c *redis.Client) string { return strings.TrimPrefix(c.Options().Addr, "127.0.0.1:") }
