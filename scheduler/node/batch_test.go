@@ -156,10 +156,14 @@ func TestLearnedBatchTwoInstances(t *testing.T) {
 		})
 	}
 	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
-	stop := sampleWaiting(rep)
+	stop := sampleQueue(rep)
 	time.Sleep(2 * time.Second) // the span sampled, not synchronisation
-	most, mean := stop()
-	t.Logf("vLLM waiting over 2 s: mean %.3f, most %d", mean, most)
+	most, mean, running := stop()
+	t.Logf("vLLM over 2 s: waiting mean %.3f, most %d; running mean %.2f", mean, most, running)
 	assert.Less(t, mean, 0.5, "without the learned batch: 16 waiting")
-	assert.Equal(t, int64(8), rep.Stats().Running, "the batch stays full")
+	// Each completion frees a slot that the next dispatch refills a few
+	// milliseconds later (a round trip through an instance), so one
+	// instant may read 6 or 7; a batch that lost a slot for good would
+	// average 7 or less; measured 7.83–7.89, also with both cores busy.
+	assert.Greater(t, running, 7.0, "the batch stays full")
 }

@@ -77,7 +77,19 @@ func (n *node) openStream(t *testing.T, body string) (leave func()) {
 // the returned function is called, which answers the most it saw and its
 // mean over the samples.
 func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
-	var most, n, sum int64
+	s := sampleQueue(rep)
+	return func() (int64, float64) {
+		most, mean, _ := s()
+		return most, mean
+	}
+}
+
+// sampleQueue is sampleWaiting that also averages the replica's running
+// count: one instant's running count may fall between a completion and the
+// refill that follows it, so a batch that "stays full" is judged by its
+// mean over the span.
+func sampleQueue(rep *simReplica) (stop func() (most int64, mean, meanRunning float64)) {
+	var most, n, sum, running int64
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -87,15 +99,16 @@ func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
 				return
 			default:
 			}
-			w := rep.Stats().Waiting
-			most, n, sum = max(most, w), n+1, sum+w
+			st := rep.Stats()
+			most, n, sum, running = max(most, st.Waiting), n+1, sum+st.Waiting, running+st.Running
 			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
 		}
 	})
-	return func() (int64, float64) {
+	return func() (int64, float64, float64) {
 		close(done)
 		wg.Wait() // the sampler's writes happen before these reads
-		return most, float64(sum) / float64(max(1, n))
+		d := float64(max(1, n))
+		return most, float64(sum) / d, float64(running) / d
 	}
 }
 
