@@ -182,3 +182,14 @@ func BenchmarkParseDeepBody(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkValidJSON: the strict walk every admitted body takes.
+func BenchmarkValidJSON(b *testing.B) {
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant.\n"},{"role":"user","content":"Write a haiku about the sea, with \"quotes\" and \u00e9 and numbers 12.5e3 -0 true false null"}],"max_tokens":256,"temperature":0.7,"stream":true,"stream_options":{"include_usage":true}}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if !validJSON(body) {
+			b.Fatal("invalid")
+		}
+	}
+}

@@ -57,14 +57,32 @@ func skipValue(b []byte, i int) (int, error) {
 }
 
 func skipValueDepth(b []byte, i, depth int) (int, error) {
-	if i >= len(b) {
-		return 0, errScan
-	}
-	if depth > maxDepth {
+	return scanValue(b, i, depth, false)
+}
+
+// validJSON reports whether b is one valid JSON value (surrounding
+// whitespace allowed), as json.Valid does, without allocating. It gives up
+// (false) past maxDepth nesting; callers then fall back to encoding/json.
+func validJSON(b []byte) bool {
+	i, err := scanValue(b, skipSpace(b, 0), 0, true)
+	return err == nil && skipSpace(b, i) == len(b)
+}
+
+// scanValue is the one grammar of the request and chunk paths: it returns
+// the index just past the value at b[i]. Loose (strict false), a string is
+// found by its closing quote and a scalar by the delimiter that ends it,
+// which is all that locating members needs. Strict, every string, number
+// and literal is checked as json.Valid checks it, so one walk both
+// validates a body and is the same structure the member scanner reads.
+func scanValue(b []byte, i, depth int, strict bool) (int, error) {
+	if i >= len(b) || depth > maxDepth {
 		return 0, errScan
 	}
 	switch c := b[i]; c {
 	case '"':
+		if strict {
+			return validString(b, i)
+		}
 		end, _, err := skipString(b, i)
 		return end, err
 	case '{', '[':
@@ -78,7 +96,13 @@ func skipValueDepth(b []byte, i, depth int) (int, error) {
 		}
 		for {
 			if c == '{' {
-				end, _, err := skipString(b, i)
+				var end int
+				var err error
+				if strict {
+					end, err = validString(b, i)
+				} else {
+					end, _, err = skipString(b, i)
+				}
 				if err != nil {
 					return 0, err
 				}
@@ -88,7 +112,7 @@ func skipValueDepth(b []byte, i, depth int) (int, error) {
 				}
 				i = skipSpace(b, i+1)
 			}
-			end, err := skipValueDepth(b, i, depth+1)
+			end, err := scanValue(b, i, depth+1, strict)
 			if err != nil {
 				return 0, err
 			}
@@ -104,21 +128,117 @@ func skipValueDepth(b []byte, i, depth int) (int, error) {
 			}
 			i = skipSpace(b, i+1)
 		}
-	default:
-		// number, true, false, null
-		j := i
-		for j < len(b) {
-			c := b[j]
-			if c == ',' || c == '}' || c == ']' || isSpace(c) {
-				break
-			}
-			j++
+	}
+	if strict {
+		return validScalar(b, i)
+	}
+	j := i // number, true, false, null: up to the delimiter
+	for j < len(b) {
+		c := b[j]
+		if c == ',' || c == '}' || c == ']' || isSpace(c) {
+			break
 		}
-		if j == i {
+		j++
+	}
+	if j == i {
+		return 0, errScan
+	}
+	return j, nil
+}
+
+func validScalar(b []byte, i int) (int, error) {
+	switch b[i] {
+	case 't':
+		return validLit(b, i, "true")
+	case 'f':
+		return validLit(b, i, "false")
+	case 'n':
+		return validLit(b, i, "null")
+	}
+	return validNumber(b, i)
+}
+
+func validLit(b []byte, i int, lit string) (int, error) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return 0, errScan
+	}
+	return i + len(lit), nil
+}
+
+// validString checks what skipString does not: no raw control characters
+// and only JSON's escapes. Invalid UTF-8 passes, as in json.Valid.
+func validString(b []byte, i int) (int, error) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, errScan
+	}
+	for i++; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, nil
+		case c < 0x20:
+			return 0, errScan
+		case c == '\\':
+			i++
+			if i >= len(b) {
+				return 0, errScan
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(b) {
+					return 0, errScan
+				}
+				if _, ok := hex4(b[i+1 : i+5]); !ok {
+					return 0, errScan
+				}
+				i += 4
+			default:
+				return 0, errScan
+			}
+		}
+	}
+	return 0, errScan
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func validNumber(b []byte, i int) (int, error) {
+	digits := func() bool {
+		if i >= len(b) || !isDigit(b[i]) {
+			return false
+		}
+		for i < len(b) && isDigit(b[i]) {
+			i++
+		}
+		return true
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(b):
+		return 0, errScan
+	case b[i] == '0':
+		i++
+	case !digits():
+		return 0, errScan
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
 			return 0, errScan
 		}
-		return j, nil
 	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return 0, errScan
+		}
+	}
+	return i, nil
 }
 
 // member is one top-level member of a JSON object: the byte offsets of its key
