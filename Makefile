@@ -34,7 +34,7 @@ demo: build
 	./bin/sluice demo
 
 # Side-by-side benchmarks (direct, HAProxy, nginx, Sluice) and the Go
-# benchmarks; rewrites BENCHMARKS.md. About ten minutes.
+# benchmarks; writes docs/benchmarks/report.md. About ten minutes.
 bench: build
 	./scripts/bench.sh
 

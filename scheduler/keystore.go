@@ -17,7 +17,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
-// Keys at run time (README "API keys at run time"): POST /admin/keys
+// Keys at run time (docs/operations.md "API keys at run time"): POST /admin/keys
 // creates a key, returns it once and stores only its hash in the shared
 // state store (Redis with the Redis ledger, a file next to the journal
 // with the embedded one); every instance polls the document and swaps in

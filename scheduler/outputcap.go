@@ -9,7 +9,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 )
 
-// The honest output cap (README "Output caps"): a max_tokens or
+// The honest output cap (docs/api.md "Output caps"): a max_tokens or
 // max_completion_tokens the client chose is never lowered to fit a
 // tenant, key or global budget; the request is refused with 429 and
 // details.fits_output_tokens. Sluice lowers only the cap it injected

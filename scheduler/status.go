@@ -22,7 +22,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 )
 
-// The status page (README "Status page"): GET /status on the admin
+// The status page (docs/operations.md "Status page"): GET /status on the admin
 // listener is one self-contained HTML page (no external assets) that
 // renders its report, /status/report.json (also /status.json), every 2 s.
 // Either the admin token or the read-only admin.status_token opens them:

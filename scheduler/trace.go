@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// Tracing (README "Tracing"): one trace per admitted request, a request
+// Tracing (docs/operations.md "Tracing"): one trace per admitted request, a request
 // span with a child per stage (admission, queue wait, dispatch, upstream,
 // settlement). The request path only records times it keeps anyway; the
 // children are built once the call has ended (traceFinished, traceReleased,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# scripts/bench.sh: what `make bench` runs. Writes BENCHMARKS.md (override
-# with BENCH_OUT=FILE) from:
+# scripts/bench.sh: what `make bench` runs. Writes docs/benchmarks/report.md
+# (override with BENCH_OUT=FILE; BENCHMARKS.md holds the current figures,
+# taken from such a report by hand) from:
 #   1. the Go benchmarks: scheduler/node (issue 5) always, and every other
 #      package without figures in docs/benchmarks/*.md, with -count=5;
 #      packages with such a file are merged from it (BENCH_ALL=1 reruns them);
@@ -19,7 +20,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=${BENCH_OUT:-BENCHMARKS.md}
+OUT=${BENCH_OUT:-docs/benchmarks/report.md}
 SCEN_S=${BENCH_SCENARIO_S:-12}
 ROUNDS=${BENCH_ROUNDS:-3}
 GO=${GO:-go}
@@ -483,7 +484,7 @@ else
 	source "$WORK/state.sh"
 fi
 
-# ---------------------------------------------------------------- 4. BENCHMARKS.md
+# ---------------------------------------------------------------- 4. the report
 log "writing $OUT"
 v() { # v LABEL TENANT FIELD: one number from a saved result, 1 decimal
 	jget "$1" ".tenants[\"$2\"].$3 // empty | if type == \"number\" then (. * 10 | round / 10) else . end" | sed 's/^$/n\/a/'

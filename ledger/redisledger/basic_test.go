@@ -128,7 +128,7 @@ func TestBasicLifecycle(t *testing.T) {
 }
 
 // TestUnixSocket: an address that starts with "/" is the server's Unix
-// socket (README, "Redis on the node"), with the same semantics.
+// socket (docs/configuration.md, `ledger.redis.addrs`), with the same semantics.
 func TestUnixSocket(t *testing.T) {
 	srv := startRedisUnix(t)
 	l := newLedger(t, srv.Sock(), nil)

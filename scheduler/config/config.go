@@ -292,7 +292,7 @@ type Price struct {
 }
 
 // Tracing exports one OpenTelemetry trace per admitted request over
-// OTLP/HTTP (README "Tracing"). Off while Endpoint is empty.
+// OTLP/HTTP (docs/operations.md "Tracing"). Off while Endpoint is empty.
 type Tracing struct {
 	// Endpoint is the collector's OTLP/HTTP base URL, e.g.
 	// "http://127.0.0.1:4318" (spans go to its /v1/traces; an https URL

@@ -76,7 +76,7 @@ func TestDataDirMemoryOnly(t *testing.T) {
 }
 
 // admin.state_file named like the shared document next to the journal
-// (the name the README gives it) makes two writers of one file: a budget
+// (the name docs/operations.md gives it) makes two writers of one file: a budget
 // set through the admin API is acknowledged and not in force. Refused.
 func TestDataDirCollisionRefused(t *testing.T) {
 	t.Parallel()

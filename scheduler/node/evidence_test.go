@@ -153,7 +153,7 @@ func TestNonStreamedAbortChargedWithinOneInterval(t *testing.T) {
 // Aborted streams at stream_interval 1 are charged at most one token per
 // aborted choice above what the simulator generated. Below it by what the
 // simulator generated after the last chunk Sluice read and before it saw
-// the abort: tokens never reported, as in vLLM (README, "Settlement").
+// the abort: tokens never reported, as in vLLM (docs/api.md, "Transparency to vLLM's clients").
 func TestStreamStormChargedWithinOneToken(t *testing.T) {
 	r := runStreamStorm(t, 200)
 	t.Log(r)

@@ -20,7 +20,7 @@ import (
 // of the same replica, with the same X-Request-Id (the simulator keys its
 // output on it, so both answers are the same generation), and the answers
 // must match: status, error type, code and param, and the body modulo
-// "created". Shapes whose difference is documented (README, "Transparency
+// "created". Shapes whose difference is documented (docs/api.md, "Transparency
 // to vLLM's clients") compare status and param only. Each simulated
 // behaviour cites the vLLM file it follows (vllm/sim).
 

@@ -1083,7 +1083,7 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 	// reason=deadline"). Sluice cannot know it was not read.
 	//
 	// A 5xx other than 503 to a request sent upstream non-streamed is
-	// charged its hold (README, Settlement): vLLM answers 500 after
+	// charged its hold (docs/api.md, "Transparency to vLLM's clients"): vLLM answers 500 after
 	// generating when a choice ends in error, and reports nothing of what
 	// ran, so Sluice cannot tell it from a failure before any step (the
 	// simulator's injected errors are those).
