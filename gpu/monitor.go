@@ -224,7 +224,7 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 	now := deps.Now()
 	m := &Monitor{
 		cfg: cfg, src: deps.Source, log: deps.Logger, now: deps.Now, met: deps.Metrics,
-		shared: deps.SharedReplicas,
+		shared:     deps.SharedReplicas,
 		lastGoodAt: now, prevByUUID: map[string]GPUStat{},
 	}
 	m.obsSrc, _ = deps.Source.(replicaObserver)

@@ -114,7 +114,7 @@ type Server struct {
 	reps   *replicaSet
 	// memberMu orders replicas joining and leaving (membership.go).
 	memberMu sync.Mutex
-	pools  poolTable // per-pool loads and the dispatch gate's memory (pools.go)
+	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
 	pol      atomic.Pointer[policy]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
