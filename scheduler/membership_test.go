@@ -1,0 +1,78 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+)
+
+// TestReplicaLeavesAfterItsRequests: a replica that joins is routed to; once
+// it leaves no choice picks it, while the request holding room there keeps
+// it until that request leaves; only then is it removed, from the set and
+// the GPU monitor. Its pool slot is reused by the next replica to join.
+func TestReplicaLeavesAfterItsRequests(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
+	r1 := s.reps.get("r1")
+	require.NotNil(t, r1)
+	assert.Equal(t, 1, r1.slot)
+	_, known := s.gpu.Snapshot().Replica("r1")
+	assert.True(t, known, "the GPU monitor sizes it")
+
+	// r0 carries load: r1, empty, wins.
+	s.reps.list()[0].load.Store(500)
+	rep, seq := s.reps.take(route{}, 100, nil)
+	require.Equal(t, "r1", rep.name, "a replica that joined takes requests")
+
+	require.NoError(t, s.RemoveReplica("r1", "test"))
+	for range 5 {
+		next, _ := s.reps.take(route{}, 100, nil)
+		require.NotNil(t, next)
+		assert.NotEqual(t, "r1", next.name, "a replica that left gets no new request")
+		s.reps.release(next, 100)
+	}
+	assert.Empty(t, s.ReapReplicas(), "not removed while a request holds room there")
+	assert.NotNil(t, s.reps.get("r1"))
+
+	s.reps.leave(r1, 100, seq, false, time.Now())
+	assert.Equal(t, []string{"r1"}, s.ReapReplicas())
+	assert.Nil(t, s.reps.get("r1"))
+	_, known = s.gpu.Snapshot().Replica("r1")
+	assert.False(t, known, "removed from the GPU monitor")
+
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r2", URL: "http://r2.invalid", MaxNumSeqs: 8}))
+	assert.Equal(t, 1, s.reps.get("r2").slot, "the free slot is reused")
+	var both poolKey
+	both.set(0)
+	both.set(1)
+	assert.Equal(t, both, s.reps.poolKeyOf("m"), "nothing known: one pool of both members")
+}
+
+// TestReplicaComesBackWhileLeaving: a replica listed again before it was
+// removed is routed to again; with another URL under its name it is
+// refused until the old one is gone.
+func TestReplicaComesBackWhileLeaving(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	rc := config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}
+	require.NoError(t, s.AddReplica(rc))
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
+	r1 := s.reps.get("r1")
+	_, _ = s.reps.take(route{}, 100, nil) // room held: not reaped
+	r1.count.Store(1)
+	require.NoError(t, s.RemoveReplica("r1", "test"))
+	assert.False(t, s.reps.up(r1))
+	moved := rc
+	moved.URL = "http://elsewhere.invalid"
+	assert.Error(t, s.AddReplica(moved))
+	require.NoError(t, s.AddReplica(rc))
+	assert.True(t, s.reps.up(r1), "back in the choice")
+	assert.Same(t, r1, s.reps.get("r1"))
+	assert.Empty(t, s.ReapReplicas())
+}
