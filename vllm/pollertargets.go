@@ -39,6 +39,11 @@ func (p *Poller) publish(polled []*Replica) {
 			next[i] = r
 		}
 	}
+	for name := range byName {
+		if _, kept := cur.index[name]; !kept {
+			p.up.DeleteLabelValues(name) // set by this round after SetTargets dropped it
+		}
+	}
 	p.snap.Store(newPollSnap(next))
 }
 
