@@ -1,13 +1,16 @@
 package scheduler
 
 import (
+	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
 // TestReplicaLeavesAfterItsRequests: a replica that joins is routed to; once
@@ -75,4 +78,32 @@ func TestReplicaComesBackWhileLeaving(t *testing.T) {
 	assert.True(t, s.reps.up(r1), "back in the choice")
 	assert.Same(t, r1, s.reps.get("r1"))
 	assert.Empty(t, s.ReapReplicas())
+}
+
+// TestShareLoopFollowsMembers: a replica that joins while the demand
+// exchange runs is reported and capped under its own key from the next
+// exchange on.
+func TestShareLoopFollowsMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		ex := &fakeExchange{}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- s.ShareLoop(ctx, ex) }()
+		time.Sleep(shareInterval)
+		synctest.Wait()
+
+		require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 4}))
+		r1 := s.reps.get("r1")
+		r1.count.Store(1)
+		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4}}}, nil)
+		time.Sleep(shareInterval)
+		synctest.Wait()
+		ex.mu.Lock()
+		assert.Equal(t, []peers.Report{{Replica: r1.url, InFlight: 1}}, ex.reports[len(ex.reports)-1])
+		ex.mu.Unlock()
+		assert.Equal(t, int64(2), r1.share.Load(), "half of the joined replica's four")
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
