@@ -131,7 +131,7 @@ tenants:
 	codes := make([]int, streams)
 	for i := range streams {
 		wg.Go(func() {
-			r := n.call(t, "/v1/completions", keyAcme, fmt.Sprintf(`{"model":"sim-model","prompt":"story %d","max_tokens":60,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`, i))
+			r := n.call(t, "/v1/completions", keyAcme, fmt.Sprintf(`{"model":"sim-model","prompt":"story %d","max_tokens":150,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`, i))
 			codes[i], bodies[i] = r.StatusCode, string(r.Body)
 		})
 	}
