@@ -95,6 +95,7 @@ func (s *Server) AddReplica(rc config.Replica) error {
 	cur := s.reps.list()
 	r.slot = freeSlot(cur)
 	s.reps.setMembers(append(slices.Clone(cur), r))
+	s.membersChanged()
 	s.log.Info("replica joined: routed to once a scrape answers", "replica", rc.Name, "url", rc.URL)
 	return nil
 }
@@ -116,6 +117,7 @@ func (s *Server) RemoveReplica(name, reason string) error {
 	s.reps.mu.Unlock()
 	if !was {
 		_ = s.gpu.Drain(name, reason)
+		s.membersChanged()
 		s.log.Info("replica left: no new work; removed once its requests finish", "replica", name, "reason", reason, "in_flight", r.count.Load())
 	}
 	return nil
@@ -140,6 +142,9 @@ func (s *Server) ReapReplicas() []string {
 		s.reps.setMembers(keep)
 	}
 	s.reps.mu.Unlock()
+	if len(gone) > 0 {
+		s.membersChanged()
+	}
 	var errs []error
 	for _, name := range gone {
 		errs = append(errs, s.gpu.RemoveReplica(name))
@@ -152,6 +157,43 @@ func (s *Server) ReapReplicas() []string {
 		s.log.Error("removing replicas from the GPU monitor", "err", err)
 	}
 	return gone
+}
+
+// repool counts a queued call in the pool its model has now when that
+// changed while it waited (a replica joined or left, a model list
+// changed), so that it is gated, parked and woken with the replicas that
+// can serve it, not those it was admitted with: a pool whose replicas all
+// left would never complete a request to wake it. Only the dispatch
+// predicate writes c.pool after admission.
+func (s *Server) repool(c *call) {
+	k := s.reps.poolKeyOf(c.req.Model)
+	if k == c.pool {
+		return
+	}
+	s.pools.mu.Lock()
+	defer s.pools.mu.Unlock()
+	if c.spot != spotQueued {
+		return
+	}
+	s.pools.moveLocked(c, spotNone)
+	c.pool = k
+	s.pools.moveLocked(c, spotQueued)
+}
+
+// membersChanged lets every tenant parked on a full pool compete again
+// (its pool may have changed: repool) and wakes the dispatch loop.
+func (s *Server) membersChanged() {
+	s.pools.mu.Lock()
+	var names []string
+	for _, pl := range s.pools.pools {
+		names = append(names, pl.parked...)
+		pl.parked = pl.parked[:0]
+	}
+	s.pools.mu.Unlock()
+	for _, n := range names {
+		s.q.Unpark(n)
+	}
+	s.signal(s.wake)
 }
 
 // ReplicaTargets is what the poller scrapes: every member, leaving ones

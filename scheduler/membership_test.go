@@ -107,3 +107,30 @@ func TestShareLoopFollowsMembers(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 }
+
+// TestQueuedCallFollowsItsPool: a call queued for a pool whose replicas
+// left is counted, gated and woken in the pool its model has now.
+func TestQueuedCallFollowsItsPool(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	pol := s.pol.Load()
+	c, err := s.admit(t.Context(), pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
+	require.NoError(t, err)
+	defer func() { s.release(c); s.forget(c) }()
+	if c.spot == spotNone {
+		s.pools.move(c, spotQueued)
+	}
+	old := c.pool
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
+	require.NoError(t, s.RemoveReplica("r0", "test"))
+	require.Equal(t, []string{"r0"}, s.ReapReplicas())
+
+	s.repool(c)
+	assert.NotEqual(t, old, c.pool)
+	assert.Equal(t, s.reps.poolKeyOf("m"), c.pool)
+	s.pools.mu.Lock()
+	assert.Equal(t, int64(0), s.pools.pools[old].tenants["acme"].queued, "out of the pool it was admitted to")
+	assert.Equal(t, int64(1), s.pools.pools[c.pool].tenants["acme"].queued, "queued in its model's pool")
+	s.pools.mu.Unlock()
+	s.pools.move(c, spotNone)
+}
