@@ -111,7 +111,7 @@ func (m *Monitor) meterCountersLocked(r *replica, obs ReplicaMetrics, now time.T
 // holds mu.
 func (m *Monitor) updateWattsLocked() {
 	w := 0.0
-	for _, r := range m.reps {
+	for _, r := range m.set.Load().reps {
 		t := r.clock.Totals()
 		busy, uj := t.BusyGPUNs-t.UnattributedGPUNs, t.EnergyUJ-t.UnattributedEnergyUJ
 		if busy >= 1e9 && uj > 0 {

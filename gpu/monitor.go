@@ -186,9 +186,10 @@ type Monitor struct {
 	log    *slog.Logger
 	now    func() time.Time
 	met    *Metrics
+	attr   *AttributionMetrics
 	shared bool
-	reps   []*replica          // immutable after New
-	byName map[string]*replica // immutable after New
+	// set is the replicas; replaced whole under mu (membership.go).
+	set atomic.Pointer[repSet]
 
 	snap       atomic.Pointer[Snapshot]
 	lastGoodNs atomic.Int64 // lastGoodAt as Unix ns, for the metrics' lock-free read
@@ -223,7 +224,7 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 	now := deps.Now()
 	m := &Monitor{
 		cfg: cfg, src: deps.Source, log: deps.Logger, now: deps.Now, met: deps.Metrics,
-		shared: deps.SharedReplicas, byName: make(map[string]*replica, len(cfg.Replicas)),
+		shared:     deps.SharedReplicas,
 		lastGoodAt: now, prevByUUID: map[string]GPUStat{},
 	}
 	m.obsSrc, _ = deps.Source.(replicaObserver)
@@ -236,22 +237,14 @@ func NewMonitor(cfg Config, deps Deps) (*Monitor, error) {
 		}
 		m.met.telemetry.Store(&f)
 	}
+	m.attr = deps.Attribution
+	set := &repSet{byName: make(map[string]*replica, len(cfg.Replicas))}
 	for _, rc := range cfg.Replicas {
-		a, b := rc.GPUMsPerInputToken, rc.GPUMsPerOutputToken
-		if a == 0 {
-			a = cfg.GPUMsPerInputToken
-		}
-		if b == 0 {
-			b = cfg.GPUMsPerOutputToken
-		}
-		r := &replica{cfg: rc, g: rc.gpuCount(), clock: NewClock(rc.gpuCount(), now),
-			est: NewEstimator(a, b, cfg.Forgetting), oc: 1}
-		if deps.Attribution != nil {
-			r.clock.sink = deps.Attribution.add
-		}
-		m.reps = append(m.reps, r)
-		m.byName[rc.Name] = r
+		r := m.newReplica(rc, now)
+		set.reps = append(set.reps, r)
+		set.byName[rc.Name] = r
 	}
+	m.set.Store(set)
 	m.mu.Lock()
 	m.publishLocked(now)
 	m.mu.Unlock()
@@ -312,7 +305,7 @@ func (m *Monitor) step(ctx context.Context) {
 			m.log.Info("gpu telemetry fresh again")
 		}
 	}
-	for _, r := range m.reps {
+	for _, r := range m.set.Load().reps {
 		m.evaluateLocked(r, now, fresh)
 		m.meterLocked(r, now, fresh)
 	}
@@ -337,7 +330,7 @@ func (m *Monitor) step(ctx context.Context) {
 				}
 			}
 		}
-		for _, r := range m.reps {
+		for _, r := range m.set.Load().reps {
 			t, e := r.clock.Totals(), r.exported
 			name := r.cfg.Name
 			m.met.busy.WithLabelValues(name).Add(float64(t.BusyGPUNs-e.BusyGPUNs) / 1e9)
@@ -488,7 +481,7 @@ func (m *Monitor) transitionLocked(r *replica, to State, reason string) {
 // of the named replica. The scheduler calls it after every scrape; it
 // updates the overcommit controller at once and health at the next poll.
 func (m *Monitor) ObserveReplica(name string, obs ReplicaMetrics) error {
-	r, ok := m.byName[name]
+	r, ok := m.set.Load().byName[name]
 	if !ok {
 		return fmt.Errorf("observe %q: %w", name, ErrUnknownReplica)
 	}
@@ -543,7 +536,7 @@ func (m *Monitor) ObserveReplica(name string, obs ReplicaMetrics) error {
 // the published snapshot at once) with an operator reason; "" undrains,
 // after which it recovers through the usual hysteresis.
 func (m *Monitor) Drain(name, reason string) error {
-	r, ok := m.byName[name]
+	r, ok := m.set.Load().byName[name]
 	if !ok {
 		return fmt.Errorf("drain %q: %w", name, ErrUnknownReplica)
 	}
@@ -602,8 +595,8 @@ func (m *Monitor) capacityLocked(r *replica) (base, k int64, factor float64) {
 // publishLocked builds and stores a new [Snapshot]. Caller holds mu.
 func (m *Monitor) publishLocked(now time.Time) {
 	s := &Snapshot{At: now, Source: m.last.Source, TelemetryStale: m.stale, GPUs: m.last.GPUs,
-		Replicas: make([]ReplicaView, len(m.reps)), index: make(map[string]int, len(m.reps))}
-	for i, r := range m.reps {
+		Replicas: make([]ReplicaView, len(m.set.Load().reps)), index: make(map[string]int, len(m.set.Load().reps))}
+	for i, r := range m.set.Load().reps {
 		base, k, f := m.capacityLocked(r)
 		scrapeStale := r.haveObs && now.Sub(r.obsAt) > m.cfg.StaleAfter
 		s.Replicas[i] = ReplicaView{Name: r.cfg.Name, State: r.state, Reason: r.reason, CapacityTokens: k,
@@ -636,7 +629,7 @@ func (m *Monitor) Capacity(name string) (tokens int64, state State, reason strin
 
 // Clock returns the named replica's GPU clock, or nil if unknown.
 func (m *Monitor) Clock(name string) *Clock {
-	if r, ok := m.byName[name]; ok {
+	if r, ok := m.set.Load().byName[name]; ok {
 		return r.clock
 	}
 	return nil
@@ -644,7 +637,7 @@ func (m *Monitor) Clock(name string) *Clock {
 
 // Estimator returns the named replica's GPU-ms estimator, or nil if unknown.
 func (m *Monitor) Estimator(name string) *Estimator {
-	if r, ok := m.byName[name]; ok {
+	if r, ok := m.set.Load().byName[name]; ok {
 		return r.est
 	}
 	return nil
@@ -655,7 +648,7 @@ func (m *Monitor) Estimator(name string) *Estimator {
 // Lock-free.
 func (m *Monitor) Hold(input, output int64) int64 {
 	var a, b float64
-	for _, r := range m.reps {
+	for _, r := range m.set.Load().reps {
 		ra, rb := r.est.Coefficients()
 		a, b = max(a, ra), max(b, rb)
 	}

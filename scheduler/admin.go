@@ -237,7 +237,7 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	snap := a.s.gpu.Snapshot()
 	now := a.s.now()
 	out := []ReplicaStatus{}
-	for _, r := range a.s.reps.reps {
+	for _, r := range a.s.reps.list() {
 		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
 			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
 			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}

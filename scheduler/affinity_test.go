@@ -15,7 +15,7 @@ func fourReplicas() (*replicaSet, []*replica) {
 		reps = append(reps, &replica{name: n, maxSeqs: 1000})
 		k[n] = 100_000
 	}
-	return &replicaSet{reps: reps, capacity: fixedCapacity(k)}, reps
+	return newSet(fixedCapacity(k), reps...), reps
 }
 
 func TestPrefixHashes(t *testing.T) {

@@ -101,7 +101,7 @@ func TestLearnedBatchBoundsShare(t *testing.T) {
 	scrapeRW(r, 8, 6, now)
 	scrapeRW(r, 8, 6, now.Add(time.Second))
 	assert.Equal(t, int64(8), r.seqLimit(0))
-	s := &Server{reps: &replicaSet{reps: []*replica{r}}}
-	s.applyShares("a", []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
+	s := &Server{reps: newSet(nil, r)}
+	s.applyShares("a", s.reps.list(), []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
 	assert.Equal(t, int64(4), r.share.Load(), "half of the learned 8, not of 256")
 }

@@ -158,6 +158,7 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
+	s.repool(c)
 	f := s.reps.fleetOf(c.pool)
 	s.pools.mu.Lock()
 	defer s.pools.mu.Unlock()

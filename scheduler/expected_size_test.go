@@ -99,7 +99,7 @@ func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 func TestAtCapWithoutATenantCap(t *testing.T) {
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
-	s.reps.reps[0].maxModelLen.Store(4096)
+	s.reps.list()[0].maxModelLen.Store(4096)
 	pol := s.pol.Load()
 	require.Zero(t, pol.tenants["acme"].cfg.MaxOutputTokens, "unset: none")
 	ctx := context.Background()

@@ -53,7 +53,7 @@ func TestBatchSizedReplica(t *testing.T) {
 	require.NoError(t, err)
 	s.gpu = mon
 	s.reps.capacity = s.capacityOf
-	r := s.reps.reps[0]
+	r := s.reps.list()[0]
 	r.maxSeqs = 4
 	r.maxModelLen.Store(1000)
 	src := &snapSource{}
@@ -91,7 +91,7 @@ func TestLoRAResidentPreferred(t *testing.T) {
 	t.Parallel()
 	a := &replica{name: "a", maxSeqs: 64}
 	b := &replica{name: "b", maxSeqs: 64}
-	set := &replicaSet{reps: []*replica{a, b}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000})}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
 	models := []string{"base", "ad"}
 	parents := map[string]string{"ad": "base"}
 	a.obs.Store(&replicaObs{ok: true, models: models, parents: parents})

@@ -202,7 +202,7 @@ func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream) *Ser
 	s, err := New(cfg, Deps{Ledger: led, Upstream: up, Keyer: keyer, GPU: mon})
 	require.NoError(t, err)
 	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
-	for _, r := range s.reps.reps {
+	for _, r := range s.reps.list() {
 		r.maxSeqs = 1 << 20
 	}
 	s.loopOnly = true // tests hold calls queued by not running the loop
@@ -250,4 +250,14 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 		}
 	}
 	return -1
+}
+
+// newSet is a replica set of reps, each in the slot of its position.
+func newSet(capacity capacityFunc, reps ...*replica) *replicaSet {
+	s := &replicaSet{capacity: capacity}
+	for i, r := range reps {
+		r.slot = i
+	}
+	s.setMembers(reps)
+	return s
 }

@@ -24,7 +24,7 @@ type ModelLister interface {
 // capacity, GPU clocks) and the dispatch gate, and wakes the dispatch loop
 // since room may have changed. ObserveLoop calls it as polls land.
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
-	for _, r := range s.reps.reps {
+	for _, r := range s.reps.list() {
 		snap, ok := src.Get(r.name)
 		if !ok || snap.CheckedAt.Equal(r.polledAt) {
 			// No poll since the last Observe (its ticker also runs it):

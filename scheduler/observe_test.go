@@ -37,7 +37,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 		time.Sleep(s.gpu.Config().PollInterval)
 		synctest.Wait()
 	}
-	r := s.reps.reps[0]
+	r := s.reps.list()[0]
 	src := &snapSource{}
 	at := time.Unix(1_800_000_000, 0)
 	poll := func(ok, timedOut bool) {
@@ -85,7 +85,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 func TestObserveLoopRunsAsPollsLand(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-		r := s.reps.reps[0]
+		r := s.reps.list()[0]
 		src := &snapSource{}
 		at := time.Unix(1_800_000_000, 0)
 		poll := func(running float64) {

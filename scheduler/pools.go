@@ -16,9 +16,9 @@ import (
 // replicas alone (an idle model B neither holds it back nor lends it room
 // that is not A's), and B's light tenants are reserved for on B's.
 
-// poolKey identifies a pool: a bit per replica in config order (replicas
-// past the 256th share the last bit, which can only merge pools, never
-// split one).
+// poolKey identifies a pool: a bit per replica, its slot (the lowest
+// free when it joined; slots past the 256th share the last bit, which can
+// only merge pools, never split one).
 type poolKey [4]uint64
 
 func (k *poolKey) set(i int) {
@@ -42,27 +42,29 @@ func (k poolKey) has(i int) bool {
 // memoised per list state (poolCache): computing one is O(replicas²).
 func (s *replicaSet) poolKeyOf(model string) poolKey {
 	c := s.pools.Load()
-	if c != nil && c.current(s.reps) {
+	set := s.members.Load()
+	reps := set.list()
+	if c != nil && c.set == set && c.current(reps) {
 		if k, ok := c.keys[model]; ok {
 			return k
 		}
 	}
 	// The lists are taken before computing: a list read meanwhile then
 	// invalidates the entry instead of hiding under it.
-	lists := make([]modelList, len(s.reps))
-	for i, r := range s.reps {
+	lists := make([]modelList, len(reps))
+	for i, r := range reps {
 		lists[i] = listOf(r)
 	}
-	k := s.computePoolKey(model)
+	k := s.computePoolKey(reps, model)
 	keys := map[string]poolKey{}
-	if c != nil && slices.Equal(c.lists, lists) {
+	if c != nil && c.set == set && slices.Equal(c.lists, lists) {
 		if len(c.keys) >= maxCachedPools {
 			return k
 		}
 		keys = maps.Clone(c.keys)
 	}
 	keys[model] = k
-	s.pools.Store(&poolCache{lists: lists, keys: keys})
+	s.pools.Store(&poolCache{set: set, lists: lists, keys: keys})
 	return k
 }
 
@@ -72,7 +74,8 @@ const maxCachedPools = 1024
 // poolCache is poolKeyOf's memo for one state of the replicas' model lists.
 // Immutable.
 type poolCache struct {
-	lists []modelList // per replica, in s.reps order
+	set   *repList    // the members it was computed for
+	lists []modelList // per replica, in set order
 	keys  map[string]poolKey
 }
 
@@ -104,15 +107,15 @@ func (c *poolCache) current(reps []*replica) bool {
 	return true
 }
 
-func (s *replicaSet) computePoolKey(model string) poolKey {
+func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 	var k poolKey
 	known := s.anyKnown()
-	served := make([][]string, len(s.reps))
+	served := make([][]string, len(reps))
 	var models []string
-	for i, r := range s.reps {
+	for i, r := range reps {
 		served[i] = r.served()
 		if s.serves(r, model, known) {
-			k.set(i)
+			k.set(r.slot)
 			models = append(models, served[i]...)
 		}
 	}
@@ -121,11 +124,11 @@ func (s *replicaSet) computePoolKey(model string) poolKey {
 	}
 	for grown := true; grown; {
 		grown = false
-		for i := range s.reps {
-			if k.has(i) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
+		for i, r := range reps {
+			if k.has(r.slot) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
 				continue
 			}
-			k.set(i)
+			k.set(r.slot)
 			models = append(models, served[i]...)
 			grown = true
 		}
@@ -139,8 +142,8 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f fleetLoad
-	for i, r := range s.reps {
-		if !key.has(i) {
+	for _, r := range s.list() {
+		if !key.has(r.slot) {
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
@@ -161,8 +164,8 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i, r := range s.reps {
-		if key.has(i) {
+	for _, r := range s.list() {
+		if key.has(r.slot) {
 			continue
 		}
 		k, load, seqs, st := s.roomOf(r)
@@ -280,8 +283,8 @@ func (p *poolTable) moveLocked(c *call, to spot) {
 	// Entries stay (their counts are cumulative): one per tenant and pool.
 }
 
-// queuedOn is how many requests are queued in the pools replica i (in
-// config order) serves.
+// queuedOn is how many requests are queued in the pools the replica in
+// slot i serves.
 func (p *poolTable) queuedOn(i int) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()

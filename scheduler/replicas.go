@@ -27,6 +27,11 @@ type replica struct {
 	// pinned is the config's models list: it restricts what is routed
 	// here and stands in until /v1/models answers. nil: no restriction.
 	pinned []string
+	// slot is the replica's bit in pool keys (pools.go), unique among the
+	// members; gone: it left the fleet (discovery) and takes no new work
+	// while what runs there finishes (membership.go).
+	slot int
+	gone atomic.Bool
 
 	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
 	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
@@ -109,7 +114,9 @@ type capacityFunc func(name string) (k, base int64, state gpu.State)
 // replicaSet chooses a replica with room for a request (SCHEDULING §7)
 // among the pool of replicas serving its model.
 type replicaSet struct {
-	reps     []*replica
+	// members is the replicas, replaced whole when one joins or leaves
+	// (membership.go); readers take one list and use it throughout.
+	members  atomic.Pointer[repList]
 	capacity capacityFunc
 
 	mu     sync.Mutex // serializes take (choice + reserve); guards cursor
@@ -136,7 +143,7 @@ type room struct {
 // /v1/models or config). Until then every replica is taken to serve every
 // model, as before pools existed.
 func (s *replicaSet) anyKnown() bool {
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if len(r.served()) > 0 {
 			return true
 		}
@@ -148,7 +155,7 @@ func (s *replicaSet) anyKnown() bool {
 // its first --served-model-name then, so Sluice routes it to the replicas
 // whose first model is the first known replica's (in config order).
 func (s *replicaSet) defaultModel() string {
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if ms := r.served(); len(ms) > 0 {
 			return ms[0]
 		}
@@ -169,11 +176,12 @@ func (s *replicaSet) serves(r *replica, model string, known bool) bool {
 }
 
 // pool returns the replicas serving model, in config order. It allocates:
-// the per-request checks loop over s.reps with serves instead.
+// the per-request checks loop over the members with serves instead.
 func (s *replicaSet) pool(model string) []*replica {
 	known := s.anyKnown()
-	out := make([]*replica, 0, len(s.reps))
-	for _, r := range s.reps {
+	reps := s.list()
+	out := make([]*replica, 0, len(reps))
+	for _, r := range reps {
 		if s.serves(r, model, known) {
 			out = append(out, r)
 		}
@@ -187,6 +195,9 @@ func (s *replicaSet) pool(model string) []*replica {
 // occupy KV. The batch's sequences are sizing.go's estimate.
 func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 	k, base, st := s.capacity(r.name)
+	if r.gone.Load() {
+		st = max(st, gpu.StateDraining)
+	}
 	load = r.load.Load()
 	o := r.obs.Load()
 	ok := o != nil && o.ok
@@ -224,13 +235,14 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 	var best *replica
 	var bestScore float64
 	known := s.anyKnown()
-	n := len(s.reps)
+	reps := s.list()
+	n := len(reps)
 	var candBuf [8]candidate
 	cands := candBuf[:0] // with a prefix: every replica with room
 	var loadSum float64
 	up := 0
 	for i := range n {
-		r := s.reps[(s.cursor+i)%n]
+		r := reps[(s.cursor+i)%n]
 		if r == exclude || !s.serves(r, rt.model, known) {
 			continue
 		}
@@ -310,18 +322,18 @@ func (s *replicaSet) leave(r *replica, size, seq int64, mayRun bool, now time.Ti
 // up reports whether r can take work at all.
 func (s *replicaSet) up(r *replica) bool {
 	k, _, st := s.capacity(r.name)
-	return st < gpu.StateDraining && k > 0
+	return st < gpu.StateDraining && k > 0 && !r.gone.Load()
 }
 
 // anyUp reports whether some replica can take work at all.
 func (s *replicaSet) anyUp() bool {
-	return slices.ContainsFunc(s.reps, s.up)
+	return slices.ContainsFunc(s.list(), s.up)
 }
 
 // anyUpFor reports whether some replica serving model can take work.
 func (s *replicaSet) anyUpFor(model string) bool {
 	known := s.anyKnown()
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if s.serves(r, model, known) && s.up(r) {
 			return true
 		}
@@ -334,11 +346,11 @@ func (s *replicaSet) anyUpFor(model string) bool {
 func (s *replicaSet) maxCapacity(model string) int64 {
 	var m int64
 	known := s.anyKnown()
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if !s.serves(r, model, known) {
 			continue
 		}
-		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > m {
+		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > m && !r.gone.Load() {
 			m = k
 		}
 	}
@@ -350,7 +362,7 @@ func (s *replicaSet) maxCapacity(model string) int64 {
 func (s *replicaSet) maxModelLen(model string) int64 {
 	var m int64
 	known := s.anyKnown()
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if !s.serves(r, model, known) {
 			continue
 		}
@@ -367,10 +379,11 @@ func (s *replicaSet) maxModelLen(model string) int64 {
 // a replica or gets 503, not a 404 that a moment later would be wrong. A
 // replica that is down and has no models in config serves nothing.
 func (s *replicaSet) knowsModel(model string) bool {
-	if !s.anyKnown() || slices.ContainsFunc(s.reps, func(r *replica) bool { return s.serves(r, model, true) }) {
+	reps := s.list()
+	if !s.anyKnown() || slices.ContainsFunc(reps, func(r *replica) bool { return s.serves(r, model, true) }) {
 		return true
 	}
-	return slices.ContainsFunc(s.reps, func(r *replica) bool { return len(r.served()) == 0 && s.up(r) })
+	return slices.ContainsFunc(reps, func(r *replica) bool { return len(r.served()) == 0 && s.up(r) })
 }
 
 // modelEntry is one model of the fleet as /v1/models shows it.
@@ -385,7 +398,7 @@ type modelEntry struct {
 func (s *replicaSet) models() []modelEntry {
 	var out []modelEntry
 	at := map[string]int{}
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		var parents map[string]string
 		if o := r.obs.Load(); o != nil {
 			parents = o.parents
@@ -414,7 +427,7 @@ func (s *replicaSet) gpuHold(mon *gpu.Monitor, model string, in, out int64) int6
 	var a, b float64
 	found := false
 	known := s.anyKnown()
-	for _, r := range s.reps {
+	for _, r := range s.list() {
 		if !s.serves(r, model, known) {
 			continue
 		}

@@ -22,7 +22,7 @@ func TestReplicaPools(t *testing.T) {
 	a := &replica{name: "a", maxSeqs: 8}
 	b := &replica{name: "b", maxSeqs: 8}
 	c := &replica{name: "c", maxSeqs: 8, pinned: []string{"small", "lora"}}
-	set := &replicaSet{reps: []*replica{a, b, c}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000})}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000}), []*replica{a, b, c}...)
 
 	// c's config list stands in until /v1/models answers; a and b are
 	// unknown and, being up, keep unknown models from being a 404.
@@ -61,7 +61,7 @@ func TestPoolKeys(t *testing.T) {
 	b := &replica{name: "b", maxSeqs: 8}
 	c := &replica{name: "c", maxSeqs: 8}
 	d := &replica{name: "d", maxSeqs: 4}
-	set := &replicaSet{reps: []*replica{a, b, c, d}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500})}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500}), []*replica{a, b, c, d}...)
 	var all poolKey
 	for i := range 4 {
 		all.set(i)
@@ -148,7 +148,7 @@ func TestPoolKeysFollowModelLists(t *testing.T) {
 	t.Parallel()
 	a := &replica{name: "a", maxSeqs: 8}
 	b := &replica{name: "b", maxSeqs: 8}
-	set := &replicaSet{reps: []*replica{a, b}, capacity: fixedCapacity(map[string]int64{"a": 1000, "b": 1000})}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
 	var ka, kb, both poolKey
 	ka.set(0)
 	kb.set(1)
@@ -180,12 +180,13 @@ func TestPoolKeysFollowModelLists(t *testing.T) {
 // BenchmarkPoolKeyOf: a request's pool on a fleet of 128 replicas, each
 // serving one of 8 models (the memo's hit, and the computation it saves).
 func BenchmarkPoolKeyOf(b *testing.B) {
-	set := &replicaSet{}
+	var reps []*replica
 	for i := range 128 {
 		r := &replica{name: fmt.Sprint("r", i), maxSeqs: 8}
 		r.obs.Store(&replicaObs{ok: true, models: []string{fmt.Sprint("m", i%8)}})
-		set.reps = append(set.reps, r)
+		reps = append(reps, r)
 	}
+	set := newSet(nil, reps...)
 	b.Run("memo", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -195,7 +196,7 @@ func BenchmarkPoolKeyOf(b *testing.B) {
 	b.Run("compute", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = set.computePoolKey("m3")
+			_ = set.computePoolKey(set.list(), "m3")
 		}
 	})
 }

@@ -92,7 +92,7 @@ func TestReplicaChoice(t *testing.T) {
 	t.Parallel()
 	r0 := &replica{name: "r0", maxSeqs: 4}
 	r1 := &replica{name: "r1", maxSeqs: 4}
-	set := &replicaSet{reps: []*replica{r0, r1}, capacity: fixedCapacity(map[string]int64{"r0": 1000, "r1": 500})}
+	set := newSet(fixedCapacity(map[string]int64{"r0": 1000, "r1": 500}), []*replica{r0, r1}...)
 
 	// Least normalized load: r0 twice as big gets two for r1's one.
 	for range 3 {
@@ -117,7 +117,7 @@ func TestReplicaChoice(t *testing.T) {
 	assert.Nil(t, set.choose(route{}, 2000, nil), "fits nowhere")
 
 	r2 := &replica{name: "r2", maxSeqs: 10}
-	seqSet := &replicaSet{reps: []*replica{r2}, capacity: fixedCapacity(map[string]int64{"r2": 1 << 20})}
+	seqSet := newSet(fixedCapacity(map[string]int64{"r2": 1 << 20}), []*replica{r2}...)
 	for range 10 {
 		require.NotNil(t, seqSet.choose(route{}, 1, nil))
 	}

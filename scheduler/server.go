@@ -112,8 +112,9 @@ type Server struct {
 	owner  ledger.Owner
 	q      *queue.Queue[*call]
 	reps   *replicaSet
-	byName map[string]*replica
-	pools  poolTable // per-pool loads and the dispatch gate's memory (pools.go)
+	// memberMu orders replicas joining and leaving (membership.go).
+	memberMu sync.Mutex
+	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
 	pol      atomic.Pointer[policy]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
@@ -186,7 +187,6 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		log:        deps.Logger,
 		now:        deps.Now,
 		owner:      ledger.NewOwner(),
-		byName:     map[string]*replica{},
 		runtimes:   map[string]*tenantRuntime{},
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
@@ -250,13 +250,12 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	}
 	s.configureAbuse(eff)
 	s.reps = &replicaSet{capacity: s.capacityOf}
-	for _, rc := range cfg.Upstream.Replicas {
-		r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models,
-			upLatency: m.UpstreamLatency.WithLabelValues(rc.Name), prioritySched: rc.PriorityScheduling}
-		r.maxModelLen.Store(rc.MaxModelLen)
-		s.reps.reps = append(s.reps.reps, r)
-		s.byName[rc.Name] = r
+	reps := make([]*replica, len(cfg.Upstream.Replicas))
+	for i, rc := range cfg.Upstream.Replicas {
+		reps[i] = s.newReplica(rc)
+		reps[i].slot = i
 	}
+	s.reps.setMembers(reps)
 	m.Ready.Set(0)
 	return s, nil
 }

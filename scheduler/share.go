@@ -90,10 +90,17 @@ func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 	t := time.NewTicker(shareInterval)
 	defer t.Stop()
-	keys := make([]string, len(s.reps.reps)) // each replica's name in the exchange
-	for i, r := range s.reps.reps {
-		keys[i] = ex.Key(r.url)
+	// Each replica's name in the exchange, for the members as they are
+	// (replicas join and leave: membership.go).
+	reps, keys := s.reps.list(), []string(nil)
+	rekey := func() {
+		reps = s.reps.list()
+		keys = make([]string, len(reps))
+		for i, r := range reps {
+			keys[i] = ex.Key(r.url)
+		}
 	}
+	rekey()
 	var lastOK time.Time
 	failing := false
 	for {
@@ -104,20 +111,23 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			if err := ex.Leave(lctx); err != nil {
 				s.log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			s.applyShares(ex.ID(), keys, nil)
+			s.applyShares(ex.ID(), reps, keys, nil)
 			return nil
 		case <-t.C:
 		}
+		if cur := s.reps.list(); len(cur) != len(reps) || (len(cur) > 0 && &cur[0] != &reps[0]) {
+			rekey()
+		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, s.demandReports(keys))
+		got, err := ex.Exchange(xctx, s.demandReports(reps, keys))
 		cancel()
 		now := time.Now()
 		switch {
 		case got != nil:
 			lastOK = now
-			s.applyShares(ex.ID(), keys, got)
+			s.applyShares(ex.ID(), reps, keys, got)
 		case now.Sub(lastOK) >= ShareStale:
-			s.applyShares(ex.ID(), keys, nil) // no news: no caps, as without a fleet
+			s.applyShares(ex.ID(), reps, keys, nil) // no news: no caps, as without a fleet
 		}
 		if err != nil && !failing {
 			s.log.Warn("exchanging replica demand with the other instances (shares lapse 2 s after the last exchange that answered)", "err", err)
@@ -132,10 +142,10 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 // any (keys: the replicas' names in the exchange): a replica it neither
 // runs nor queues anything for is not reported, so it shares nothing there
 // and the exchange stays small.
-func (s *Server) demandReports(keys []string) []peers.Report {
+func (s *Server) demandReports(reps []*replica, keys []string) []peers.Report {
 	var out []peers.Report
-	for i, r := range s.reps.reps {
-		if in, q := r.count.Load(), s.pools.queuedOn(i); in > 0 || q > 0 {
+	for i, r := range reps {
+		if in, q := r.count.Load(), s.pools.queuedOn(r.slot); in > 0 || q > 0 {
 			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
 	}
@@ -145,9 +155,9 @@ func (s *Server) demandReports(keys []string) []peers.Report {
 // applyShares sets each replica's share from the others' entries (nil:
 // none anywhere). A share that grows or goes lets queued work through, so
 // the dispatch loop is woken.
-func (s *Server) applyShares(self string, keys []string, got map[string][]peers.Entry) {
+func (s *Server) applyShares(self string, reps []*replica, keys []string, got map[string][]peers.Entry) {
 	wake := false
-	for i, r := range s.reps.reps {
+	for i, r := range reps {
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {

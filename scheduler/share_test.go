@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -103,10 +104,10 @@ func (f *fakeExchange) set(answer map[string][]peers.Entry, err error) {
 func TestShareLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-		r1 := s.reps.reps[0]
+		r1 := s.reps.list()[0]
 		r1.maxSeqs = 4
-		r2 := &replica{name: "r1", url: "http://r1.invalid", maxSeqs: 4}
-		s.reps.reps = append(s.reps.reps, r2)
+		r2 := &replica{name: "r1", url: "http://r1.invalid", maxSeqs: 4, slot: 1}
+		s.reps.setMembers(append(slices.Clone(s.reps.list()), r2))
 		ex := &fakeExchange{}
 		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
 		r2.count.Store(1)

@@ -218,7 +218,7 @@ func (r *replica) distrusted(now time.Time) bool {
 // the batch estimate as it arrives, not when the round of polls lands
 // (Observe).
 func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
-	r := s.byName[name]
+	r := s.reps.get(name)
 	if r == nil {
 		return nil
 	}

@@ -22,7 +22,7 @@ func scrapeShows(r *replica, seqs int64, now time.Time) (distrusted bool) {
 
 func sizingSet(maxSeqs int64) (*replicaSet, *replica) {
 	r := &replica{name: "r", maxSeqs: maxSeqs}
-	return &replicaSet{reps: []*replica{r}, capacity: fixedCapacity(map[string]int64{"r": 1 << 20})}, r
+	return newSet(fixedCapacity(map[string]int64{"r": 1 << 20}), []*replica{r}...), r
 }
 
 func seqsOf(set *replicaSet, r *replica) int64 {

@@ -301,7 +301,7 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 		r.Tenants = append(r.Tenants, tr)
 	}
 	r.Keys = a.keyReports(ctx, pol, &r)
-	for _, rep := range s.reps.reps {
+	for _, rep := range s.reps.list() {
 		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: rep.url, InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
 		v, ok := snap.Replica(rep.name)
 		fillReplica(&rr.ReplicaStatus, rep, v, ok)

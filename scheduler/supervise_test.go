@@ -14,7 +14,7 @@ import (
 func TestSuperviseFailsReadiness(t *testing.T) {
 	t.Parallel()
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-	s.reps.reps[0].obs.Store(&replicaObs{ok: true})
+	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := s.Supervise(ctx, "quiet", func(ctx context.Context) error { cancel(); return ctx.Err() })
 	require.NoError(t, stopped())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,9 +122,11 @@ func (r *Replica) Fresh(now time.Time, maxAge time.Duration) bool {
 type Poller struct {
 	cfg    PollerConfig
 	client *Client
-	index  map[string]int
-	snap   atomic.Pointer[[]*Replica]
+	snap   atomic.Pointer[pollSnap]
 	polled chan struct{} // Polled
+	// mu orders publishing a round of polls against SetTargets, so that
+	// neither loses the other's change (pollertargets.go).
+	mu sync.Mutex
 
 	errs *prometheus.CounterVec
 	up   *prometheus.GaugeVec
@@ -155,7 +158,6 @@ func NewPoller(cfg PollerConfig, client *Client, reg prometheus.Registerer) (*Po
 	p := &Poller{
 		cfg:    cfg,
 		client: client,
-		index:  make(map[string]int, len(cfg.Replicas)),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_vllm_poll_errors_total",
 			Help: "Failed replica polls, by replica and what failed (metrics, health).",
@@ -174,10 +176,9 @@ func NewPoller(cfg PollerConfig, client *Client, reg prometheus.Registerer) (*Po
 	}
 	rs := make([]*Replica, len(cfg.Replicas))
 	for i, t := range cfg.Replicas {
-		p.index[t.Name] = i
 		rs[i] = &Replica{Name: t.Name, URL: t.URL, Model: t.Model}
 	}
-	p.snap.Store(&rs)
+	p.snap.Store(newPollSnap(rs))
 	p.polled = make(chan struct{}, 1)
 	return p, nil
 }
@@ -189,15 +190,16 @@ func (p *Poller) Polled() <-chan struct{} { return p.polled }
 
 // Snapshot returns the latest snapshots, in configuration order. The slice
 // and its elements are immutable and shared: do not modify them.
-func (p *Poller) Snapshot() []*Replica { return *p.snap.Load() }
+func (p *Poller) Snapshot() []*Replica { return p.snap.Load().reps }
 
 // Get returns the latest snapshot of the named replica.
 func (p *Poller) Get(name string) (*Replica, bool) {
-	i, ok := p.index[name]
+	sn := p.snap.Load()
+	i, ok := sn.index[name]
 	if !ok {
 		return nil, false
 	}
-	return (*p.snap.Load())[i], true
+	return sn.reps[i], true
 }
 
 // Run polls at once and then every Interval until ctx is cancelled; it
@@ -219,7 +221,7 @@ func (p *Poller) Run(ctx context.Context) error {
 // calls it; tests and a startup readiness check may call it directly (not
 // concurrently with itself).
 func (p *Poller) PollOnce(ctx context.Context) {
-	prev := *p.snap.Load()
+	prev := p.snap.Load().reps
 	next := make([]*Replica, len(prev))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(p.cfg.Concurrency)
@@ -230,7 +232,7 @@ func (p *Poller) PollOnce(ctx context.Context) {
 		})
 	}
 	_ = g.Wait()
-	p.snap.Store(&next)
+	p.publish(next)
 	select {
 	case p.polled <- struct{}{}:
 	default: // one is already waiting: it covers this round too

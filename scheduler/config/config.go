@@ -104,6 +104,8 @@ type Redis struct {
 // Upstream lists the vLLM replicas.
 type Upstream struct {
 	Replicas []Replica `yaml:"replicas"`
+	// Discovery finds more replicas at run time (discovery.go).
+	Discovery Discovery `yaml:"discovery"`
 	// TokenCount is bytes (upper bound, default) or tokenize (exact).
 	TokenCount string `yaml:"token_count"`
 	// ScrapeInterval is how often /metrics and /health are read. Default 1s.
@@ -534,6 +536,7 @@ func (f *File) applyDefaults() {
 		v := DefaultNonStreamedInterval
 		u.NonStreamedInterval = &v
 	}
+	u.Discovery.applyDefaults()
 	for i := range u.Replicas {
 		def(&u.Replicas[i].MaxNumSeqs, 256)
 		if u.Replicas[i].Name == "" {

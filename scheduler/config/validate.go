@@ -108,8 +108,8 @@ func (f *File) Validate() error {
 			v.add("ledger.redis.key_prefix must not contain { or }")
 		}
 	}
-	if len(f.Upstream.Replicas) == 0 {
-		v.add("upstream.replicas must list at least one replica")
+	if len(f.Upstream.Replicas) == 0 && !f.Upstream.Discovery.Enabled() {
+		v.add("upstream.replicas must list at least one replica (or upstream.discovery a source)")
 	}
 	names := map[string]int{}
 	for i, r := range f.Upstream.Replicas {
@@ -118,17 +118,9 @@ func (f *File) Validate() error {
 			v.add("%s.name %q duplicates upstream.replicas[%d]", p, r.Name, j)
 		}
 		names[r.Name] = i
-		v.url(p+".url", r.URL)
-		v.nonNeg(p+".capacity_tokens", r.CapacityTokens)
-		v.nonNeg(p+".max_model_len", r.MaxModelLen)
-		if r.MaxNumSeqs < 1 {
-			v.add("%s.max_num_seqs must be >= 1", p)
-		}
-		v.modelList(p+".models", r.Models)
-		if _, err := r.APIKey(); err != nil {
-			v.add("%s: %v", p, err)
-		}
+		v.replica(p, r)
 	}
+	v.discovery(&f.Upstream.Discovery)
 	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
 	v.oneOf("upstream.routing", f.Upstream.Routing, "affinity", "least_load")
 	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -31,6 +32,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/scheduler/discovery"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -49,6 +51,8 @@ type Options struct {
 	// TraceExporter, when set, receives the spans instead of the OTLP
 	// exporter of tracing.endpoint, and turns tracing on (tests).
 	TraceExporter sdktrace.SpanExporter
+	// Resolver, when set, answers replica discovery's DNS lookups (tests).
+	Resolver discovery.Resolver
 }
 
 // Run runs a Sluice server until ctx ends, then drains and returns.
@@ -193,6 +197,14 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if err != nil {
 		return err
 	}
+	// Replicas found at run time join and leave through the fleet; the
+	// static ones' credentials stay as read above until a reload.
+	staticCreds := creds
+	fl, discoveryLoops, err := startDiscovery(ctx, cfg, srv, poller, client,
+		func() map[string]vllm.Secret { return maps.Clone(staticCreds) }, reg, o.Resolver, log)
+	if err != nil {
+		return err
+	}
 	watch, err := connwatch.NewPerConn() // the edge reports closed connections (Edge.HTTPServer)
 	if err != nil {
 		return err
@@ -232,7 +244,11 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		if err := srv.Reload(next); err != nil {
 			return err
 		}
-		return client.SetCredentials(creds)
+		// With the discovered replicas' keys, read again.
+		fl.mu.Lock()
+		defer fl.mu.Unlock()
+		staticCreds = creds
+		return fl.setCredentialsLocked()
 	}
 	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
 	api := edge.HTTPServer()
@@ -261,6 +277,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		loop("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
 	}
 	loop("keys", srv.WatchKeys)
+	for _, run := range discoveryLoops {
+		loop("discovery", run)
+	}
 	if trail != nil {
 		loop("audit", trail.Run)
 	}

@@ -1,0 +1,218 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// Replicas join and leave at run time through replica discovery
+// (scheduler/discovery): one that joins is added here and to the GPU
+// monitor with no capacity, so nothing is routed to it before its first
+// scrape has answered; one that leaves is marked gone, which takes it out
+// of every choice at once (pick and the gate read gone under the set's
+// lock), lets what runs there finish and settle as usual (a call keeps its
+// *replica to the end), and is removed once nothing is in flight there.
+
+// repList is the members of a replicaSet, in the order they joined
+// (config order first). Immutable.
+type repList struct {
+	reps   []*replica
+	byName map[string]*replica
+}
+
+func (l *repList) list() []*replica {
+	if l == nil {
+		return nil
+	}
+	return l.reps
+}
+
+// list is the current members. The slice is shared: do not modify it.
+func (s *replicaSet) list() []*replica { return s.members.Load().list() }
+
+// get is the member named name, or nil.
+func (s *replicaSet) get(name string) *replica {
+	if l := s.members.Load(); l != nil {
+		return l.byName[name]
+	}
+	return nil
+}
+
+// setMembers stores reps as the members, giving each replica without a
+// slot the lowest free one. Callers serialise (Server.memberMu, or tests).
+func (s *replicaSet) setMembers(reps []*replica) {
+	l := &repList{reps: reps, byName: make(map[string]*replica, len(reps))}
+	for _, r := range reps {
+		l.byName[r.name] = r
+	}
+	s.members.Store(l)
+}
+
+// freeSlot is the lowest slot no member holds.
+func freeSlot(reps []*replica) int {
+	for i := 0; ; i++ {
+		if !slices.ContainsFunc(reps, func(r *replica) bool { return r.slot == i }) {
+			return i
+		}
+	}
+}
+
+// newReplica builds the scheduler's state for a configured or discovered
+// replica. The GPU monitor must know it already (its clock).
+func (s *Server) newReplica(rc config.Replica) *replica {
+	r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models,
+		upLatency: s.m.UpstreamLatency.WithLabelValues(rc.Name), prioritySched: rc.PriorityScheduling}
+	r.maxModelLen.Store(rc.MaxModelLen)
+	return r
+}
+
+// AddReplica adds a replica found at run time: to the GPU monitor (no
+// capacity until a scrape of it is observed) and to the set routed to. A
+// replica of that name that is leaving comes back instead when its URL is
+// the same; with another URL it is refused until the old one is gone.
+func (s *Server) AddReplica(rc config.Replica) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	if r := s.reps.get(rc.Name); r != nil {
+		if r.url != rc.URL {
+			return fmt.Errorf("replica %s: still draining at %s", rc.Name, r.url)
+		}
+		if r.gone.Swap(false) {
+			_ = s.gpu.Drain(rc.Name, "")
+			s.log.Info("replica back in its discovery source: routed to again", "replica", rc.Name, "url", rc.URL)
+		}
+		return nil
+	}
+	if err := s.gpu.AddReplica(gpu.Replica{Name: rc.Name, GPUs: rc.GPUs, CapacityTokens: rc.CapacityTokens}); err != nil {
+		return err
+	}
+	r := s.newReplica(rc)
+	cur := s.reps.list()
+	r.slot = freeSlot(cur)
+	s.reps.setMembers(append(slices.Clone(cur), r))
+	s.membersChanged()
+	s.log.Info("replica joined: routed to once a scrape answers", "replica", rc.Name, "url", rc.URL)
+	return nil
+}
+
+// RemoveReplica takes a replica out of every choice: it gets no new work,
+// what runs there finishes and settles, and ReapReplicas removes it once
+// nothing is in flight. reason is logged and shown as its drain reason.
+func (s *Server) RemoveReplica(name, reason string) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	r := s.reps.get(name)
+	if r == nil {
+		return fmt.Errorf("remove replica %q: %w", name, gpu.ErrUnknownReplica)
+	}
+	// Under the set's lock: a pick that reserved room on r before this is
+	// counted in r.count, one after it sees gone.
+	s.reps.mu.Lock()
+	was := r.gone.Swap(true)
+	s.reps.mu.Unlock()
+	if !was {
+		_ = s.gpu.Drain(name, reason)
+		s.membersChanged()
+		s.log.Info("replica left: no new work; removed once its requests finish", "replica", name, "reason", reason, "in_flight", r.count.Load())
+	}
+	return nil
+}
+
+// ReapReplicas removes the replicas that left and have nothing in flight,
+// and returns their names.
+func (s *Server) ReapReplicas() []string {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	cur := s.reps.list()
+	var gone []string
+	s.reps.mu.Lock()
+	keep := slices.DeleteFunc(slices.Clone(cur), func(r *replica) bool {
+		if r.gone.Load() && r.count.Load() == 0 {
+			gone = append(gone, r.name)
+			return true
+		}
+		return false
+	})
+	if len(gone) > 0 {
+		s.reps.setMembers(keep)
+	}
+	s.reps.mu.Unlock()
+	if len(gone) > 0 {
+		s.membersChanged()
+	}
+	var errs []error
+	for _, name := range gone {
+		errs = append(errs, s.gpu.RemoveReplica(name))
+		for _, v := range []interface{ DeleteLabelValues(...string) bool }{s.m.ReplicaInflight, s.m.ReplicaAborts, s.m.ReplicaShare, s.m.ReplicaBatch} {
+			v.DeleteLabelValues(name)
+		}
+		s.log.Info("replica removed: its requests have finished", "replica", name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.log.Error("removing replicas from the GPU monitor", "err", err)
+	}
+	return gone
+}
+
+// repool counts a queued call in the pool its model has now when that
+// changed while it waited (a replica joined or left, a model list
+// changed), so that it is gated, parked and woken with the replicas that
+// can serve it, not those it was admitted with: a pool whose replicas all
+// left would never complete a request to wake it. Only the dispatch
+// predicate writes c.pool after admission.
+func (s *Server) repool(c *call) {
+	k := s.reps.poolKeyOf(c.req.Model)
+	if k == c.pool {
+		return
+	}
+	s.pools.mu.Lock()
+	defer s.pools.mu.Unlock()
+	if c.spot != spotQueued {
+		return
+	}
+	s.pools.moveLocked(c, spotNone)
+	c.pool = k
+	s.pools.moveLocked(c, spotQueued)
+}
+
+// membersChanged lets every tenant parked on a full pool compete again
+// (its pool may have changed: repool) and wakes the dispatch loop.
+func (s *Server) membersChanged() {
+	s.pools.mu.Lock()
+	var names []string
+	for _, pl := range s.pools.pools {
+		names = append(names, pl.parked...)
+		pl.parked = pl.parked[:0]
+	}
+	s.pools.mu.Unlock()
+	for _, n := range names {
+		s.q.Unpark(n)
+	}
+	s.signal(s.wake)
+}
+
+// ReplicaTargets is what the poller scrapes: every member, leaving ones
+// included (their requests still run).
+func (s *Server) ReplicaTargets() []vllm.Target {
+	reps := s.reps.list()
+	out := make([]vllm.Target, len(reps))
+	for i, r := range reps {
+		out[i] = vllm.Target{Name: r.name, URL: r.url}
+	}
+	return out
+}
+
+// ReplicaNames is the members' names, leaving ones included.
+func (s *Server) ReplicaNames() []string {
+	reps := s.reps.list()
+	out := make([]string, len(reps))
+	for i, r := range reps {
+		out[i] = r.name
+	}
+	return out
+}

@@ -1,0 +1,136 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/peers"
+)
+
+// TestReplicaLeavesAfterItsRequests: a replica that joins is routed to; once
+// it leaves no choice picks it, while the request holding room there keeps
+// it until that request leaves; only then is it removed, from the set and
+// the GPU monitor. Its pool slot is reused by the next replica to join.
+func TestReplicaLeavesAfterItsRequests(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
+	r1 := s.reps.get("r1")
+	require.NotNil(t, r1)
+	assert.Equal(t, 1, r1.slot)
+	_, known := s.gpu.Snapshot().Replica("r1")
+	assert.True(t, known, "the GPU monitor sizes it")
+
+	// r0 carries load: r1, empty, wins.
+	s.reps.list()[0].load.Store(500)
+	rep, seq := s.reps.take(route{}, 100, nil)
+	require.Equal(t, "r1", rep.name, "a replica that joined takes requests")
+
+	require.NoError(t, s.RemoveReplica("r1", "test"))
+	for range 5 {
+		next, _ := s.reps.take(route{}, 100, nil)
+		require.NotNil(t, next)
+		assert.NotEqual(t, "r1", next.name, "a replica that left gets no new request")
+		s.reps.release(next, 100)
+	}
+	assert.Empty(t, s.ReapReplicas(), "not removed while a request holds room there")
+	assert.NotNil(t, s.reps.get("r1"))
+
+	s.reps.leave(r1, 100, seq, false, time.Now())
+	assert.Equal(t, []string{"r1"}, s.ReapReplicas())
+	assert.Nil(t, s.reps.get("r1"))
+	_, known = s.gpu.Snapshot().Replica("r1")
+	assert.False(t, known, "removed from the GPU monitor")
+
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r2", URL: "http://r2.invalid", MaxNumSeqs: 8}))
+	assert.Equal(t, 1, s.reps.get("r2").slot, "the free slot is reused")
+	var both poolKey
+	both.set(0)
+	both.set(1)
+	assert.Equal(t, both, s.reps.poolKeyOf("m"), "nothing known: one pool of both members")
+}
+
+// TestReplicaComesBackWhileLeaving: a replica listed again before it was
+// removed is routed to again; with another URL under its name it is
+// refused until the old one is gone.
+func TestReplicaComesBackWhileLeaving(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	rc := config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}
+	require.NoError(t, s.AddReplica(rc))
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
+	r1 := s.reps.get("r1")
+	_, _ = s.reps.take(route{}, 100, nil) // room held: not reaped
+	r1.count.Store(1)
+	require.NoError(t, s.RemoveReplica("r1", "test"))
+	assert.False(t, s.reps.up(r1))
+	moved := rc
+	moved.URL = "http://elsewhere.invalid"
+	assert.Error(t, s.AddReplica(moved))
+	require.NoError(t, s.AddReplica(rc))
+	assert.True(t, s.reps.up(r1), "back in the choice")
+	assert.Same(t, r1, s.reps.get("r1"))
+	assert.Empty(t, s.ReapReplicas())
+}
+
+// TestShareLoopFollowsMembers: a replica that joins while the demand
+// exchange runs is reported and capped under its own key from the next
+// exchange on.
+func TestShareLoopFollowsMembers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		ex := &fakeExchange{}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- s.ShareLoop(ctx, ex) }()
+		time.Sleep(shareInterval)
+		synctest.Wait()
+
+		require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 4}))
+		r1 := s.reps.get("r1")
+		r1.count.Store(1)
+		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4}}}, nil)
+		time.Sleep(shareInterval)
+		synctest.Wait()
+		ex.mu.Lock()
+		assert.Equal(t, []peers.Report{{Replica: r1.url, InFlight: 1}}, ex.reports[len(ex.reports)-1])
+		ex.mu.Unlock()
+		assert.Equal(t, int64(2), r1.share.Load(), "half of the joined replica's four")
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+// TestQueuedCallFollowsItsPool: a call queued for a pool whose replicas
+// left is counted, gated and woken in the pool its model has now.
+func TestQueuedCallFollowsItsPool(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	pol := s.pol.Load()
+	c, err := s.admit(t.Context(), pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
+	require.NoError(t, err)
+	defer func() { s.release(c); s.forget(c) }()
+	if c.spot == spotNone {
+		s.pools.move(c, spotQueued)
+	}
+	old := c.pool
+	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
+	require.NoError(t, s.RemoveReplica("r0", "test"))
+	require.Equal(t, []string{"r0"}, s.ReapReplicas())
+
+	s.repool(c)
+	assert.NotEqual(t, old, c.pool)
+	assert.Equal(t, s.reps.poolKeyOf("m"), c.pool)
+	s.pools.mu.Lock()
+	assert.Equal(t, int64(0), s.pools.pools[old].tenants["acme"].queued, "out of the pool it was admitted to")
+	assert.Equal(t, int64(1), s.pools.pools[c.pool].tenants["acme"].queued, "queued in its model's pool")
+	s.pools.mu.Unlock()
+	s.pools.move(c, spotNone)
+}
