@@ -15,10 +15,14 @@ import "github.com/sluicehq/sluice/ledger"
 // choices: per choice min(cap, server.expected_output_tokens), raised to
 // the client's min_tokens, and the whole cap with ignore_eos (it runs to
 // the cap).
-func expectedOutput(c *call) int64 {
+func (s *Server) expectedOutput(c *call) int64 {
 	per := int64(c.plan.Cap)
 	if c.req == nil || !c.req.IgnoreEOS {
 		floor := c.pol.cfg.Server.ExpectedOutputTokens
+		if c.pol.cfg.Server.HoldPrediction.On() && c.req != nil && c.ep.HasOutput() {
+			// The same prediction the hold is sized on (predict.go).
+			floor = s.predictedOutput(c)
+		}
 		if c.req != nil {
 			floor = max(floor, int64(c.req.MinTokens))
 		}
@@ -31,7 +35,7 @@ func expectedOutput(c *call) int64 {
 // sizeExpected sets the call's replica room (size) and fair-share cost
 // from its input and expected output.
 func (s *Server) sizeExpected(c *call, in int64) error {
-	out := expectedOutput(c)
+	out := s.expectedOutput(c)
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {

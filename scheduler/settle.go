@@ -65,6 +65,7 @@ func (s *Server) finish(c *call, err error) {
 	if src != ledger.SourceNotSent {
 		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
 	}
+	s.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)

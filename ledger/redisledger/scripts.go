@@ -20,7 +20,7 @@ var luaFS embed.FS
 // are read-only functions of the library too, called with FCALL_RO).
 type scripts struct {
 	reserve, dispatch, extend, settle, release, expire, resolve, charge, grow *redis.Script
-	scan, snapshot, records                                             *redis.Script
+	scan, snapshot, records                                                   *redis.Script
 	// batch runs several write operations in one script call (batch.go).
 	batch *redis.Script
 	// names maps each write script to its operation name in batch.
