@@ -4,15 +4,17 @@ import "github.com/sluicehq/sluice/ledger"
 
 // Expected use (docs/SCHEDULING.md §7). A call's ledger hold is its worst
 // case, input + cap × choices, where cap is the remaining context when
-// neither the client, the tenant nor a budget set one. Replica room and the
-// fair-share cost are sized on what it is expected to use instead: vLLM's
+// neither the client, the tenant nor a budget set one, or with
+// server.hold_prediction a prediction that grows as it runs (predict.go).
+// Replica room and the fair-share cost are sized on what it is expected
+// to use: the same prediction, or without it expected_output_tokens. vLLM's
 // scheduler admits a request by the KV it holds now, not by its cap
 // (vllm/v1/core/sched/scheduler.py allocates blocks as tokens are
 // computed), so sizing room on caps would leave replicas idle that vLLM
 // would fill, and an uncapped chat would count as a whole context.
 
 // expectedOutput is the output a call is expected to generate over all its
-// choices: per choice min(cap, server.expected_output_tokens), raised to
+// choices: per choice min(cap, the prediction or server.expected_output_tokens), raised to
 // the client's min_tokens, and the whole cap with ignore_eos (it runs to
 // the cap).
 func (s *Server) expectedOutput(c *call) int64 {
