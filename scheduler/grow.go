@@ -26,10 +26,14 @@ import (
 // admitted like a Reserve), and a call asks for its next step while a
 // whole step of its hold is still unused. A stopped call is charged what
 // ran: the output seen, plus what vLLM generated before the abort reached
-// it (one stream interval per unfinished choice, allowanceFor). The step
-// is at least twice the largest interval (config validation), so a stopped
-// call's charge passes its hold by less than one step, and a budget is
-// passed by less than one step per request running when it ran out.
+// it (one stream interval per unfinished choice, allowanceFor), and the
+// chunks that arrived meanwhile. That is within a step of its hold as long
+// as the abort lands within a step's worth of decoding; a replica that
+// decodes faster than Sluice aborts (a stalled front end, a simulator at
+// 50 µs a token) could run further, so the charge of a stopped call is
+// bounded at its hold plus one step (boundStopped): a budget is passed by
+// at most one step per request running when it ran out, whatever the
+// timing, and what ran past that is logged, not charged.
 
 // errBudgetEnded is the cause a call's context is cancelled with when
 // Sluice stops its generation at a budget.
@@ -62,7 +66,7 @@ type growStop struct {
 // ev is the event just read.
 func (s *Server) growHold(c *call, ev *vllm.Event) bool {
 	g := c.growth
-	if g == nil || g.stop != nil || c.stream == nil {
+	if g == nil || g.stop != nil || c.stream == nil || ev.Done {
 		return false
 	}
 	if !g.meta && !ev.Done && ev.Err == nil && !ev.Whole && len(ev.Data) > 0 {
@@ -162,4 +166,26 @@ func stoppedBody(c *call, asm *vllm.Assembler) ([]byte, error) {
 	}
 	asm.EndAtLimit(c.plan.Choices)
 	return asm.Body()
+}
+
+// boundStopped bounds the charge of a call stopped at a budget at its hold
+// plus one step of output (the stated overshoot); the output past it, if
+// any ran, is logged and not charged.
+func (s *Server) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
+	g := c.growth
+	if g == nil || g.stop == nil {
+		return a
+	}
+	most := c.held[ledger.OutputTokens] + g.step
+	out := a[ledger.OutputTokens]
+	if out <= most {
+		return a
+	}
+	s.log.Warn("generation stopped at a budget ran past its hold plus one step; the excess is not charged",
+		"request_id", c.reqID, "tenant", c.t.name, "ran", out, "charged", most)
+	in := a[ledger.InputTokens]
+	a[ledger.OutputTokens] = most
+	a[ledger.Tokens] = in + most
+	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), most)
+	return a
 }

@@ -62,6 +62,7 @@ func (s *Server) finish(c *call, err error) {
 	}
 	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
+	actual = s.boundStopped(c, actual) // grow.go
 	if src != ledger.SourceNotSent {
 		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
 	}
