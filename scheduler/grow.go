@@ -107,9 +107,8 @@ func (s *Server) growHold(c *call, ev *vllm.Event) bool {
 	return true
 }
 
-// stopValue is the X-Sluice-Stopped value (and the stream's "sluice"
-// member's content): the reason, then the scope, dimension and window of
-// the budget that ended it.
+// header is the X-Sluice-Stopped value: the reason, then the scope,
+// dimension and window of the budget that ended it.
 func (st *growStop) header() []byte {
 	b := []byte(st.reason)
 	if d := st.denied; d != nil {
