@@ -46,6 +46,7 @@ const (
 	opSnapRecord uint8 = 12
 	opRetention  uint8 = 13 // tombstone retention (head of an online compaction)
 	opCharge     uint8 = 14 // Charge: encoded like opReserve (ttl holds At in ms, Held the amounts)
+	opGrow       uint8 = 15 // Grow: id, owner, the hold it grows from, the hold it grows to
 
 	opV2 uint8 = 0x80 // format 2 flag in the op byte
 
@@ -71,6 +72,7 @@ type entry struct {
 	req    *ReserveRequest
 	ttl    int64 // lease ttl ms (Reserve, Extend); window ms (Adjust)
 	actual Amounts
+	grow   Amounts // Grow: the hold it grows to (actual: the hold it grows from)
 	src    Source
 	max    int64 // Reclaim max; Adjust delta; Open retention ms
 	scope  ScopeKey
@@ -130,6 +132,15 @@ func (e *entry) encode(b []byte) []byte {
 		b = append(b, e.ref.ID[:]...)
 		b = append(b, e.owner[:]...)
 		i64(e.ttl)
+	case opGrow:
+		b = append(b, e.ref.ID[:]...)
+		b = append(b, e.owner[:]...)
+		for _, v := range e.actual {
+			i64(v)
+		}
+		for _, v := range e.grow {
+			i64(v)
+		}
 	case opSettle:
 		b = append(b, e.ref.ID[:]...)
 		for _, v := range e.actual {
@@ -249,6 +260,11 @@ func decodeEntry(body []byte) (entry, error) {
 		r.id16(e.ref.ID[:])
 		r.id16(e.owner[:])
 		e.ttl = r.i64()
+	case opGrow:
+		r.id16(e.ref.ID[:])
+		r.id16(e.owner[:])
+		r.amounts(&e.actual)
+		r.amounts(&e.grow)
 	case opSettle:
 		r.id16(e.ref.ID[:])
 		r.amounts(&e.actual)
@@ -470,6 +486,8 @@ func (m *Memory) apply(e *entry) error {
 		_, err = m.markLocked(t, e)
 	case opExtend:
 		_, _, err = m.extendLocked(t, e)
+	case opGrow:
+		_, err = m.growLocked(t, e)
 	case opSettle:
 		var ev UsageEvent
 		_, _, _, err = m.settleLocked(t, e, &ev)

@@ -684,6 +684,14 @@ type Ledger interface {
 	Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 	MarkDispatched(ctx context.Context, ref Ref, owner Owner) error
 	Extend(ctx context.Context, ref Ref, owner Owner, ttl time.Duration) (leaseExpiry time.Time, err error)
+	// Grow raises the hold of an open RESERVED or DISPATCHED record of
+	// owner from from to to (to ≥ from in every dimension), admitted like
+	// a Reserve of the difference against every block-mode limit of every
+	// scope of the record (a *DeniedError when one has no room; nothing
+	// changes then). It is a compare-and-set: a record already holding to
+	// answers nil (a retry), one holding neither is ErrConflict. EXPIRED,
+	// UNRESOLVED or another owner's record is ErrLeaseLost (grow.go).
+	Grow(ctx context.Context, ref Ref, owner Owner, from, to Amounts) error
 	Settle(ctx context.Context, ref Ref, actual Amounts, src Source) (Settlement, error)
 	Release(ctx context.Context, ref Ref, owner Owner) error
 	Reclaim(ctx context.Context, tenant ScopeKey, limit int) (ReclaimStats, error)

@@ -89,6 +89,9 @@ type call struct {
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
+	// growth is the state of a hold sized on a prediction (grow.go); nil
+	// for a worst-case hold.
+	growth *growth
 }
 
 // admission is what the edge learned from the HTTP request.
@@ -466,10 +469,11 @@ func lowerCap(c *call, d *ledger.DeniedError, floor int64) bool {
 // client-controlled multiplier cannot take a hold out of the ledger's range.
 const maxChoices = 128
 
-// sizeHolds derives the ledger holds (the worst case), queue cost and
-// replica size (the expected use, expected.go) from the plan. Every product is overflow-checked: a hold outside the ledger's
-// range is the client's 400, naming the parameter that made it so, never a
-// ledger_error.
+// sizeHolds derives the ledger holds (the worst case, or a prediction the
+// hold grows from: predict.go), queue cost and replica size (the expected
+// use, expected.go) from the plan. Every product is overflow-checked: a
+// hold outside the ledger's range is the client's 400, naming the
+// parameter that made it so, never a ledger_error.
 func (s *Server) sizeHolds(c *call) error {
 	in := int64(c.plan.InputTokens)
 	out, ok := mulAmount(int64(c.plan.Cap), int64(c.plan.Choices))
@@ -480,6 +484,17 @@ func (s *Server) sizeHolds(c *call) error {
 		}
 		return invalidf(param, "the output cap times the number of choices (%d × %d) plus the input is more than a request may hold", c.plan.Cap, c.plan.Choices)
 	}
+	h, err := s.holdFor(c, in, s.holdOutput(c))
+	if err != nil {
+		return err
+	}
+	c.held = h
+	return s.sizeExpected(c, in) // expected.go
+}
+
+// holdFor is the hold of a call's input and out output tokens: tokens,
+// GPU time, price and energy.
+func (s *Server) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	var h ledger.Amounts
 	h[ledger.Requests] = 1
 	h[ledger.InputTokens] = in
@@ -488,14 +503,13 @@ func (s *Server) sizeHolds(c *call) error {
 	h[ledger.GPUMs] = s.reps.gpuHold(s.gpu, c.req.Model, in, out)
 	usd, ok := c.pol.priceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
-		return invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
+		return h, invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
 	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
-		return invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
+		return h, invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
 	}
-	c.held = h
-	return s.sizeExpected(c, in) // expected.go
+	return h, nil
 }
 
 // mulAmount multiplies two non-negative amounts, reporting false when the

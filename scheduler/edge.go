@@ -519,6 +519,15 @@ func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, w
 		}
 		var ok bool
 		buf, ok = shaper.Shape(buf, ev)
+		if s.growHold(c, &ev) {
+			// Stopped at a budget (grow.go): what was generated, then the
+			// chunk that ends it.
+			buf = appendStopped(buf, c)
+			flush()
+			s.finish(c, errBudgetEnded)
+			c.t.series(s.m).requestsOK.Inc()
+			return written, werr
+		}
 		if !ok {
 			continue
 		}

@@ -127,5 +127,8 @@ func (s *Server) drainStream(c *call) ([]byte, error) {
 		if err := asm.Add(ev); err != nil {
 			return nil, err
 		}
+		if s.growHold(c, &ev) {
+			return stoppedBody(c, asm) // stopped at a budget (grow.go)
+		}
 	}
 }

@@ -4,21 +4,27 @@ import "github.com/sluicehq/sluice/ledger"
 
 // Expected use (docs/SCHEDULING.md §7). A call's ledger hold is its worst
 // case, input + cap × choices, where cap is the remaining context when
-// neither the client, the tenant nor a budget set one. Replica room and the
-// fair-share cost are sized on what it is expected to use instead: vLLM's
+// neither the client, the tenant nor a budget set one, or with
+// server.hold_prediction a prediction that grows as it runs (predict.go).
+// Replica room and the fair-share cost are sized on what it is expected
+// to use: the same prediction, or without it expected_output_tokens. vLLM's
 // scheduler admits a request by the KV it holds now, not by its cap
 // (vllm/v1/core/sched/scheduler.py allocates blocks as tokens are
 // computed), so sizing room on caps would leave replicas idle that vLLM
 // would fill, and an uncapped chat would count as a whole context.
 
 // expectedOutput is the output a call is expected to generate over all its
-// choices: per choice min(cap, server.expected_output_tokens), raised to
+// choices: per choice min(cap, the prediction or server.expected_output_tokens), raised to
 // the client's min_tokens, and the whole cap with ignore_eos (it runs to
 // the cap).
-func expectedOutput(c *call) int64 {
+func (s *Server) expectedOutput(c *call) int64 {
 	per := int64(c.plan.Cap)
 	if c.req == nil || !c.req.IgnoreEOS {
 		floor := c.pol.cfg.Server.ExpectedOutputTokens
+		if c.pol.cfg.Server.HoldPrediction.On() && c.req != nil && c.ep.HasOutput() {
+			// The same prediction the hold is sized on (predict.go).
+			floor = s.predictedOutput(c)
+		}
 		if c.req != nil {
 			floor = max(floor, int64(c.req.MinTokens))
 		}
@@ -31,7 +37,7 @@ func expectedOutput(c *call) int64 {
 // sizeExpected sets the call's replica room (size) and fair-share cost
 // from its input and expected output.
 func (s *Server) sizeExpected(c *call, in int64) error {
-	out := expectedOutput(c)
+	out := s.expectedOutput(c)
 	c.size = in + out
 	cost := c.pol.cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {

@@ -19,7 +19,7 @@ import (
 
 func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
 	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "server: {expected_output_tokens: 100}\n", ""), led, &fakeUpstream{out: 1})
+	s := newTestServer(t, testConfig(t, "server: {expected_output_tokens: 100, hold_prediction: {enabled: false}}\n", ""), led, &fakeUpstream{out: 1})
 	pol := s.pol.Load()
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -46,6 +46,49 @@ func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
 			assert.Equal(t, in+2*tc.wantOut, c.cost, "fair-share cost: w_in·in + w_out·expected")
 		})
 	}
+}
+
+// With hold_prediction (the default) the hold is the prediction where the
+// cap allows more, and replica room and cost are sized on the same.
+func TestHoldRoomAndCostArePredicted(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "server: {hold_prediction: {floor_tokens: 100, step_tokens: 128}}\n", ""), led, &fakeUpstream{out: 1})
+	pol := s.pol.Load()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		body     string
+		wantOut  int64 // expected output over all choices
+		wantHold int64 // output held
+	}{
+		{"cap above the prediction", `,"max_tokens":2000`, 100, 100},
+		{"cap below it", `,"max_tokens":40`, 40, 40},
+		{"n multiplies", `,"max_tokens":2000,"n":3`, 300, 300},
+		{"ignore_eos: room for the cap, hold the prediction", `,"max_tokens":2000,"ignore_eos":true`, 2000, 100},
+		{"min_tokens raises it", `,"max_tokens":2000,"min_tokens":500`, 500, 500},
+		{"tools: the worst case", `,"max_tokens":2000,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`, 100, 2000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
+			c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
+			require.NoError(t, err)
+			defer func() { s.release(c); s.forget(c) }()
+			in := int64(c.plan.InputTokens)
+			assert.Equal(t, tc.wantHold, c.held[ledger.OutputTokens], "the hold")
+			assert.Equal(t, in+tc.wantHold, c.held[ledger.Tokens])
+			assert.Equal(t, in+tc.wantOut, c.size, "replica room: the prediction")
+			assert.Equal(t, in+2*tc.wantOut, c.cost, "fair-share cost: w_in·in + w_out·predicted")
+		})
+	}
+	// What the tenant's requests produced raises the prediction to its
+	// percentile (0.95 of 20 outputs: the 19th smallest).
+	for i := range 20 {
+		s.pol.Load().tenants["acme"].rt.pred.observe("m", int64(100+10*i), 64)
+	}
+	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`), reqID: "learned"})
+	require.NoError(t, err)
+	defer func() { s.release(c); s.forget(c) }()
+	assert.Equal(t, int64(280), c.held[ledger.OutputTokens], "the 95th percentile of 100..290")
 }
 
 // A request whose hold is more than any replica's KV capacity is admitted

@@ -93,6 +93,7 @@ func fitsOutput(c *call, d *ledger.DeniedError) int64 {
 // (lowered at admission), tenant (the tenant's max_output_tokens or a
 // clamp), model_len (the model's remaining context).
 func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
+	stoppedHeader(h, c) // grow.go
 	reason := c.capReason
 	if reason == "" && c.req != nil && c.req.MaxTokens > 0 && c.plan.Cap < c.req.MaxTokens {
 		reason = "model_len"

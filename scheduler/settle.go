@@ -62,9 +62,11 @@ func (s *Server) finish(c *call, err error) {
 	}
 	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
+	actual = s.boundStopped(c, actual) // grow.go
 	if src != ledger.SourceNotSent {
 		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
 	}
+	s.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)

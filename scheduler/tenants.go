@@ -59,6 +59,8 @@ type tenantRuntime struct {
 	// keys are the live counters of the tenant's API keys by hash; written
 	// only by buildPolicy (under the server's polMu), read through apiKey.rt.
 	keys map[[32]byte]*keyRuntime
+	// pred is the tenant's recent outputs, for predicted holds (predict.go).
+	pred predictor
 }
 
 // tenantSeries holds a tenant's per-request metric children, resolved once

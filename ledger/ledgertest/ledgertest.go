@@ -123,6 +123,7 @@ func Run(t *testing.T, f Factory) {
 		{"Global", testGlobal},
 		{"Charge", testCharge},
 		{"ExtensionsRestart", testExtensionsRestart},
+		{"Grow", testGrow},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

@@ -11,7 +11,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 )
 
-// T16: a seeded random state machine over Reserve, MarkDispatched, Extend,
+// T16: a seeded random state machine over Reserve, MarkDispatched, Extend, Grow,
 // Settle, Release, Advance, Reclaim, Resolve, CrashOwner and Restart, checked
 // step by step against a plain-map reference model. Every sequence uses a
 // fresh tenant. A failure prints its seed; LEDGERTEST_SEED=<seed> replays
@@ -596,6 +596,34 @@ func runSequence(t *testing.T, b *Backend, seed uint64, restarts bool) int {
 			owner := pickOwner(id)
 			op = func() string { return fmt.Sprintf("MarkDispatched(%s)", id) }
 			err, werr := b.Ledger.MarkDispatched(ctx, ledger.Ref{Tenant: tenant, ID: id}, owner), m.mark(id, owner)
+			eq = errEq(err, werr)
+			got, want = func() string { return describe(err) }, func() string { return describe(werr) }
+		case r < 46:
+			// Grow: mostly from the record's hold, sometimes from a stale
+			// or other one; by a random step, sometimes none (a retry) or
+			// a shrink (ErrInvalid).
+			owner := pickOwner(id)
+			from := randAmounts()
+			if rec := m.recs[id]; rec != nil && rng.IntN(5) != 0 {
+				from = rec.held
+			}
+			to := from
+			switch rng.IntN(6) {
+			case 0:
+			case 1:
+				if to[ledger.OutputTokens] > 0 {
+					to[ledger.OutputTokens]--
+					to[ledger.Tokens]--
+				}
+			default:
+				x := rng.Int64N(80)
+				to[ledger.OutputTokens] += x
+				to[ledger.Tokens] += x
+				to[ledger.GPUMs] += rng.Int64N(40)
+			}
+			op = func() string { return fmt.Sprintf("Grow(%s, %v → %v)", id, from, to) }
+			err := b.Ledger.Grow(ctx, ledger.Ref{Tenant: tenant, ID: id}, owner, from, to)
+			werr := m.grow(id, owner, from, to)
 			eq = errEq(err, werr)
 			got, want = func() string { return describe(err) }, func() string { return describe(werr) }
 		case r < 50:

@@ -163,7 +163,7 @@ func (l *Ledger) Close() error {
 // calls fall back to EVAL on NOSCRIPT anyway.
 func (l *Ledger) LoadScripts(ctx context.Context) error {
 	for _, s := range []*redis.Script{l.s.reserve, l.s.dispatch, l.s.extend, l.s.settle, l.s.release,
-		l.s.expire, l.s.resolve, l.s.charge, l.s.scan, l.s.snapshot, l.s.batch} {
+		l.s.expire, l.s.resolve, l.s.charge, l.s.grow, l.s.scan, l.s.snapshot, l.s.batch} {
 		if err := s.Load(ctx, l.c).Err(); err != nil {
 			return fmt.Errorf("load ledger script: %w", l.storeErr(err))
 		}

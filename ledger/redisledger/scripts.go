@@ -19,8 +19,8 @@ var luaFS embed.FS
 // refuses them up front; readers are flagged no-writes for EVALSHA_RO (and
 // are read-only functions of the library too, called with FCALL_RO).
 type scripts struct {
-	reserve, dispatch, extend, settle, release, expire, resolve, charge *redis.Script
-	scan, snapshot, records                                             *redis.Script
+	reserve, dispatch, extend, settle, release, expire, resolve, charge, grow *redis.Script
+	scan, snapshot, records                                                   *redis.Script
 	// batch runs several write operations in one script call (batch.go).
 	batch *redis.Script
 	// names maps each write script to its operation name in batch.
@@ -40,7 +40,7 @@ type scripts struct {
 }
 
 // batchOps are the write scripts the batch script embeds.
-var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge"}
+var batchOps = []string{"reserve", "dispatch", "extend", "settle", "release", "expire", "resolve", "charge", "grow"}
 
 // dimsHeader defines NDIMS and SLOTS for the prelude, and constructors of
 // tables presized for one value per dimension (index 0..NDIMS-1): ZA for
@@ -99,7 +99,7 @@ func loadScripts() (*scripts, error) {
 	}{
 		{&s.reserve, "reserve", false}, {&s.dispatch, "dispatch", false}, {&s.extend, "extend", false},
 		{&s.settle, "settle", false}, {&s.release, "release", false}, {&s.expire, "expire", false},
-		{&s.resolve, "resolve", false}, {&s.charge, "charge", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
+		{&s.resolve, "resolve", false}, {&s.charge, "charge", false}, {&s.grow, "grow", false}, {&s.scan, "scan", true}, {&s.snapshot, "snapshot", true},
 		{&s.records, "records", true},
 	} {
 		sc, err := mk(x.name, x.ro)

@@ -262,6 +262,9 @@ type Server struct {
 	// by the KV a request holds, not by its cap. Ledger holds stay the
 	// worst case (the cap). Default 256.
 	ExpectedOutputTokens int64 `yaml:"expected_output_tokens"`
+	// HoldPrediction sizes ledger holds on recent outputs and grows them
+	// as requests generate (predict.go).
+	HoldPrediction HoldPrediction `yaml:"hold_prediction"`
 	// MediaAllowance is the tokens the bytes counter adds per image, audio
 	// or video content part, whose real count the model's processor
 	// decides. Default 4096.
@@ -564,6 +567,7 @@ func (f *File) applyDefaults() {
 	def(&s.TemplateAllowance, 8)
 	def(&s.MinOutputTokens, 16)
 	def(&s.ExpectedOutputTokens, 256)
+	s.HoldPrediction.applyDefaults()
 	def(&s.MediaAllowance, 4096)
 	def(&s.StreamWriteTimeout, 30*time.Second)
 	def(&f.Audit.MaxBytes, 64<<20)

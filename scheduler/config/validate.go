@@ -157,6 +157,7 @@ func (f *File) Validate() error {
 	v.nonNeg("server.template_allowance", s.TemplateAllowance)
 	v.positive("server.min_output_tokens", s.MinOutputTokens)
 	v.positive("server.expected_output_tokens", s.ExpectedOutputTokens)
+	s.HoldPrediction.validate(&v, f.Upstream.StreamInterval, derefInt(f.Upstream.NonStreamedInterval))
 	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	v.positiveDur("server.stream_write_timeout", s.StreamWriteTimeout)
 	models := map[string]int{}

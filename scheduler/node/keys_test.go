@@ -161,8 +161,12 @@ func TestKeyBurstAdmitsExactly(t *testing.T) {
 // budget is refused with what would fit, and nothing is sent upstream.
 func TestExplicitMaxTokensIsNeverLowered(t *testing.T) {
 	rep := startSim(t, sim.DefaultConfig())
+	// Worst-case holds: a hold of the cap does not fit. (With predicted
+	// holds such a request runs on its prediction and is stopped at the
+	// budget if it gets there: TestRunawayRequestsAreStoppedAtTheBudget.)
 	n := startNode(t, nodeConfig(t, []*simReplica{rep},
-		"    max_output_tokens: 4000\n    budgets: [{dimension: tokens, limit: 3000, window: 24h}]\n", ""))
+		"    max_output_tokens: 4000\n    budgets: [{dimension: tokens, limit: 3000, window: 24h}]\n",
+		"server: {drain_timeout: 5s, hold_prediction: {enabled: false}}\n"))
 	for _, tc := range []struct{ path, body string }{
 		{"/v1/completions", `{"model":"sim-model","prompt":[1,2,3,4,5,6,7,8,9,10],"max_tokens":3500}`},
 		{"/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3500}`},
@@ -291,7 +295,8 @@ func TestKeyConcurrencyCap(t *testing.T) {
 func TestRuntimeKeyFleetWide(t *testing.T) {
 	rds := startRedis(t)
 	rep := startSim(t, sim.DefaultConfig())
-	top := fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%q], store_timeout: 5s}}\n", rds.addr)
+	// Worst-case holds, so that the key's budget refuses a cap it cannot hold.
+	top := fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%q], store_timeout: 5s}}\nserver: {drain_timeout: 5s, hold_prediction: {enabled: false}}\n", rds.addr)
 	auditPath := t.TempDir() + "/audit.jsonl"
 	cfgA := nodeConfig(t, []*simReplica{rep}, "", top+fmt.Sprintf("audit: {path: %q}\n", auditPath))
 	a := startNode(t, cfgA)

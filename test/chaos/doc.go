@@ -51,10 +51,14 @@
 //     reads it (the last of duplicate keys), names a model the tenant may
 //     use and carries no priority and no background run, and the prompt
 //     the replica counted is within the tenant's max_input_tokens and,
-//     with the output, within the tokens held at its admission;
+//     with the output, within the tokens held at its admission or grown
+//     to (plus one step for a generation stopped at a budget);
 //   - a block token budget's committed tokens stay within its limit plus
-//     the documented overshoot, the abort allowance (one token per
-//     unfinished choice of each request settled without a final usage);
+//     the documented overshoot: the abort allowance (one token per
+//     unfinished choice of each request settled without a final usage)
+//     and one hold-prediction step per request stopped at the budget
+//     (LEDGER.md §12; the servers hold predictions with a floor of 8
+//     tokens, so streamed generations grow their holds through the ledger);
 //   - the global budget holds and is charged exactly what the tenants are.
 //
 // A failing seed prints the seed and the event log; running the same seed

@@ -102,6 +102,10 @@ const (
 	// a request settled without vLLM's final usage (VLLM.md, "Post-abort
 	// allowance").
 	abortAllowance = 1
+	// predictStep is server.hold_prediction.step_tokens (its default): a
+	// generation stopped at a budget passes its hold, and the budget, by
+	// less than one step (LEDGER.md §12).
+	predictStep = 256
 )
 
 // tenantModels are the models a tenant may use (nil: every served one).
@@ -434,12 +438,16 @@ func (w *world) tally() string {
 
 // auditTrail is what the instances' audit trails say of each request id.
 type auditTrail struct {
-	held    map[string]int64    // admit / outage_admit: the tokens held
+	held    map[string]int64    // admit / outage_admit, and settle (a grown hold): the most tokens held
 	charged map[string][]string // kinds that reserve or charge: admit, outage_admit, settle (with tokens)
+	// stopped names the requests whose generation Sluice stopped at a
+	// budget (settle reason "budget"), and stoppedBy counts them per tenant.
+	stopped   map[string]bool
+	stoppedBy map[string]int64
 }
 
 func (w *world) readAudit() auditTrail {
-	a := auditTrail{held: map[string]int64{}, charged: map[string][]string{}}
+	a := auditTrail{held: map[string]int64{}, charged: map[string][]string{}, stopped: map[string]bool{}, stoppedBy: map[string]int64{}}
 	for i := range w.inst {
 		paths, _ := filepath.Glob(filepath.Join(w.dir, fmt.Sprintf("audit-%d.log*", i)))
 		for _, p := range paths {
@@ -453,6 +461,8 @@ func (w *world) readAudit() auditTrail {
 			for line := range strings.SplitSeq(string(f), "\n") {
 				var rec struct {
 					Kind          string `json:"kind"`
+					Tenant        string `json:"tenant"`
+					Reason        string `json:"reason"`
 					RequestID     string `json:"request_id"`
 					TokensHeld    int64  `json:"tokens_held"`
 					TokensCharged int64  `json:"tokens_charged"`
@@ -465,6 +475,13 @@ func (w *world) readAudit() auditTrail {
 					a.held[rec.RequestID] = max(a.held[rec.RequestID], rec.TokensHeld)
 					a.charged[rec.RequestID] = append(a.charged[rec.RequestID], rec.Kind)
 				case "settle", "outage_charge":
+					// A predicted hold grows as its request runs: its
+					// settle names the hold it grew to.
+					a.held[rec.RequestID] = max(a.held[rec.RequestID], rec.TokensHeld)
+					if rec.Reason == "budget" && !a.stopped[rec.RequestID] {
+						a.stopped[rec.RequestID] = true
+						a.stoppedBy[rec.Tenant]++
+					}
 					if rec.TokensCharged > 0 {
 						a.charged[rec.RequestID] = append(a.charged[rec.RequestID], fmt.Sprintf("%s of %d tokens", rec.Kind, rec.TokensCharged))
 					}
@@ -524,8 +541,11 @@ func (w *world) checkAdmitted(execs []*execution, byOp map[int][]*result) []stri
 		switch {
 		case !ok && executed(ex) && !w.killedAny():
 			add("op %d (%s): a replica ran %s, which no audit trail admitted", o.id, o.kind, ex.reqID)
-		case ok && int64(max(0, ex.prompt)+max(0, ex.completion)) > held:
-			add("op %d (%s %s, tenant %s): the replica ran %d prompt + %d completion tokens, above the %d tokens held at admission",
+		case ok && trail.stopped[ex.reqID] && int64(max(0, ex.prompt)+max(0, ex.completion)) > held+predictStep:
+			add("op %d (%s %s, tenant %s): stopped at a budget, the replica ran %d prompt + %d completion tokens, above the %d tokens held plus one step (%d)",
+				o.id, o.kind, o.shape, o.tenant, ex.prompt, ex.completion, held, predictStep)
+		case ok && !trail.stopped[ex.reqID] && int64(max(0, ex.prompt)+max(0, ex.completion)) > held:
+			add("op %d (%s %s, tenant %s): the replica ran %d prompt + %d completion tokens, above the %d tokens held at admission or grown to",
 				o.id, o.kind, o.shape, o.tenant, ex.prompt, ex.completion, held)
 		}
 	}
