@@ -225,12 +225,11 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.loadSharedAdmin(); err != nil {
 		return nil, err
 	}
-	if err := s.outage.load(outageFile(cfg)); err != nil {
+	owed, err := s.outbox.load(cfg.Paths(), s.log)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.outbox.load(outboxFile(cfg), s.log); err != nil {
-		return nil, err
-	}
+	s.outage.restore(owed, &s.outbox)
 	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	s.noteDurability(cfg)
 	eff := effectiveConfig(cfg, &s.admin, s.now())
@@ -419,8 +418,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
 	cancel()
 	err := g.Wait()
-	s.flushOutbox(context.WithoutCancel(ctx))
 	s.chargeOutages(context.WithoutCancel(ctx))
+	s.flushOutbox(context.WithoutCancel(ctx))
 	s.logOwedAtExit(s.boot)
 	return err
 }

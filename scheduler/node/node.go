@@ -405,10 +405,10 @@ func readCredentials(cfg *config.File, urls map[string]string) (map[string]vllm.
 func ownsDataFiles(cfg *config.File) bool {
 	p := cfg.Paths()
 	fixed := map[string]bool{}
-	for _, name := range []string{config.JournalName, config.AdminStateName, config.OutageName, config.OutboxName} {
+	for _, name := range []string{config.JournalName, config.AdminStateName, config.PendingName, config.OutageName, config.OutboxName} {
 		fixed[filepath.Join(p.Dir, name)] = true
 	}
-	for _, f := range []string{p.Journal, p.AdminState, p.Outage, p.Outbox} {
+	for _, f := range []string{p.Journal, p.AdminState, p.Pending, p.LegacyOutage, p.LegacyOutbox} {
 		if f != "" && fixed[filepath.Clean(f)] {
 			return true
 		}
