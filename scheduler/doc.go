@@ -71,13 +71,13 @@
 //     min(2s, lease_ttl/6) later, whatever the rounds do. Fencing cancels
 //     the call's context with ErrLeaseLost: queued calls release (503
 //     ledger_unavailable), running ones abort upstream.
-//   - The outbox loop (outbox.go) owns unacknowledged endings (Release for
-//     never-dispatched holds, leaving a tombstone for an ambiguous Reserve
-//     that never applied; Settle for dispatched ones), kept in a file
-//     next to the owed outage charges so that a restart finishes them;
-//     every Settle is written there before it is sent, so a kill while
-//     it is in flight is finished the same way, and
-//     owed outage charges (outage.go), each under its own lock.
+//   - The outbox loop (outbox.go) owns the pending-writes log: the
+//     unacknowledged endings (Release for never-dispatched holds, leaving
+//     a tombstone for an ambiguous Reserve that never applied; Settle for
+//     dispatched ones) and the owed outage charges (outage.go), in one
+//     file so that a restart finishes them; every Settle is written there
+//     before it is sent, so a kill while it is in flight is finished the
+//     same way.
 //   - The clamp loop applies automatic clamps (off the request goroutine)
 //     and expires clamps; the admin loop installs admin changes other
 //     instances wrote to the shared state store. Server.polMu serializes
