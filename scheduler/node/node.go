@@ -49,6 +49,13 @@ type Options struct {
 	// TraceExporter, when set, receives the spans instead of the OTLP
 	// exporter of tracing.endpoint, and turns tracing on (tests).
 	TraceExporter sdktrace.SpanExporter
+	// Clock is the time of the scheduler and of the embedded ledger: budget
+	// windows, leases, deadlines, queue expiry, clamps. It must advance like
+	// the runtime's clock (an offset is fine; tests start it just past an
+	// hour so that no budget window rolls over under them). The Redis
+	// ledger keeps Redis's TIME, and GPU and scrape telemetry the runtime
+	// clock. Optional; nil means time.Now.
+	Clock func() time.Time
 }
 
 // Run runs a Sluice server until ctx ends, then drains and returns.
@@ -81,7 +88,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	led, err := openLedger(cfg, keyer, reg, log)
+	led, err := openLedger(cfg, keyer, reg, log, o.Clock)
 	if err != nil {
 		return err
 	}
@@ -147,7 +154,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}()
 
 	var trail *audit.Log
-	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state, Now: o.Clock}
 	tracer, err := newTracing(cfg.Tracing, o.TraceExporter)
 	if err != nil {
 		return err
@@ -347,7 +354,7 @@ type closableLedger interface {
 	io.Closer
 }
 
-func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer, log *slog.Logger) (closableLedger, error) {
+func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer, log *slog.Logger, clock func() time.Time) (closableLedger, error) {
 	switch cfg.Ledger.Backend {
 	case "redis":
 		r := cfg.Ledger.Redis
@@ -372,7 +379,7 @@ func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer
 			fsync = ledger.Group(cfg.Ledger.FsyncInterval)
 		}
 		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: cfg.Ledger.Journal, Fsync: fsync,
-			LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(), Logger: log, Registerer: reg})
+			LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(), Logger: log, Registerer: reg, Clock: clock})
 		if err != nil {
 			return nil, fmt.Errorf("embedded ledger: %w", err)
 		}
