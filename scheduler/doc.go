@@ -83,11 +83,14 @@
 //     instances wrote to the shared state store. Server.polMu serializes
 //     every policy change.
 //
-// Every loop runs under [Server.Supervise]: the server's own in one
-// errgroup ([Server.Run]), the process's (poller, GPU monitor, ledger,
-// share exchange, key watch, audit trail) in node.Run's; a loop that fails
-// is logged, fails /readyz naming itself, and its error is returned when
-// the process stops.
+// Every loop runs under one supervisor, [Server.Run] (supervise.go): the
+// server's own and the process's, which node.Run hands over with
+// [Server.Attach] (connection watch, poller, GPU monitor, observation,
+// ledger, share exchange, key watch, audit trail). Each is wrapped by
+// [Server.Supervise]: a loop that fails is logged, fails /readyz naming
+// itself, and its error is returned when the process stops. The server's
+// own loops stop after the drain, the attached ones after the
+// pending-writes log's last pass, which needs the ledger's.
 //
 // # Ledger ids and idempotency
 //

@@ -250,33 +250,31 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	// Background loops run until the server has drained.
-	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBg()
-	// Each fails readiness and is logged if it ends early (Supervise); the
-	// errors are returned with the server's at the end.
-	var bgGroup errgroup.Group
-	loop := func(name string, run func(context.Context) error) { bgGroup.Go(srv.Supervise(bg, name, run)) }
-	loop("connwatch", watch.Run)
-	loop("poller", poller.Run)
-	loop("gpu", mon.Run)
-	loop("observe", func(ctx context.Context) error {
+	// The process's loops run under the server's supervisor (srv.Run):
+	// each fails readiness and is logged if it ends early, stops after the
+	// drain's last settlements, and its error is returned with the
+	// server's.
+	srv.Attach("connwatch", watch.Run)
+	srv.Attach("poller", poller.Run)
+	srv.Attach("gpu", mon.Run)
+	srv.Attach("observe", func(ctx context.Context) error {
 		return srv.ObserveLoop(ctx, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled())
 	})
-	loop("ledger", led.Run)
+	srv.Attach("ledger", led.Run)
 	if fleet.peers != nil {
-		loop("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
+		srv.Attach("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
 	}
-	loop("keys", srv.WatchKeys)
+	srv.Attach("keys", srv.WatchKeys)
 	if trail != nil {
-		loop("audit", trail.Run)
+		srv.Attach("audit", trail.Run)
 	}
 
 	// srv.Run drains once runCtx ends (signal, admin drain, or a listener
 	// failing); then the listeners close.
 	g, gctx := errgroup.WithContext(runCtx)
 	drained := make(chan struct{})
-	g.Go(func() error { defer close(drained); return srv.Run(gctx) })
+	var runErr error // every loop's failure, not only the group's first error
+	g.Go(func() error { defer close(drained); runErr = srv.Run(gctx); return nil })
 	g.Go(func() error { return api.Serve(apiLn) })
 	g.Go(func() error { return adminSrv.Serve(adminLn) })
 	g.Go(func() error {
@@ -300,9 +298,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if o.Ready != nil {
 		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}
-	err = g.Wait()
-	stopBg()
-	err = errors.Join(err, bgGroup.Wait())
+	err = errors.Join(g.Wait(), runErr)
 	log.Info("sluice stopped")
 	return err
 }
