@@ -65,7 +65,7 @@ type outages struct {
 	hour     map[string]outageUse // this clock hour, by tenant
 	hourIdx  int64
 	owed     map[ledger.RequestID]*outageCharge
-	log      *outbox // where owed is persisted
+	log      *outbox // the pending-writes log, where owed is persisted
 }
 
 // count is how many charges are owed.

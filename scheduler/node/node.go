@@ -49,8 +49,9 @@ type Options struct {
 	// TraceExporter, when set, receives the spans instead of the OTLP
 	// exporter of tracing.endpoint, and turns tracing on (tests).
 	TraceExporter sdktrace.SpanExporter
-	// Clock is the time of the scheduler and of the embedded ledger: budget
-	// windows, leases, deadlines, queue expiry, clamps. It must advance like
+	// Clock is the time of the scheduler, of the embedded ledger and of
+	// the audit trail's lines: budget windows, leases, deadlines, queue
+	// expiry, clamps. It must advance like
 	// the runtime's clock (an offset is fine; tests start it just past an
 	// hour so that no budget window rolls over under them). The Redis
 	// ledger keeps Redis's TIME, and GPU and scrape telemetry the runtime
@@ -172,7 +173,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		deps.Responses = fleet.responses
 	}
 	if cfg.Audit.Path != "" {
-		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
+		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes, Now: o.Clock}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)
 		}
 		defer func() {
