@@ -49,13 +49,13 @@ type Options struct {
 	// TraceExporter, when set, receives the spans instead of the OTLP
 	// exporter of tracing.endpoint, and turns tracing on (tests).
 	TraceExporter sdktrace.SpanExporter
-	// Clock is the time of the scheduler, of the embedded ledger and of
-	// the audit trail's lines: budget windows, leases, deadlines, queue
-	// expiry, clamps. It must advance like
-	// the runtime's clock (an offset is fine; tests start it just past an
-	// hour so that no budget window rolls over under them). The Redis
-	// ledger keeps Redis's TIME, and GPU and scrape telemetry the runtime
-	// clock. Optional; nil means time.Now.
+	// Clock is the time of the scheduler, of the embedded ledger, of the
+	// GPU monitor and the replica poller (whose times meet the scheduler's
+	// on each replica's GPU-ms clock) and of the audit trail's lines:
+	// budget windows, leases, deadlines, queue expiry, clamps, GPU-ms. It
+	// must advance like the runtime's clock (an offset is fine; tests start
+	// it just past an hour so that no budget window rolls over under them).
+	// The Redis ledger keeps Redis's TIME. Optional; nil means time.Now.
 	Clock func() time.Time
 }
 
@@ -119,7 +119,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		targets = append(targets, vllm.Target{Name: r.Name, URL: r.URL})
 		gpuReps = append(gpuReps, gpu.Replica{Name: r.Name, GPUs: r.GPUs, CapacityTokens: r.CapacityTokens})
 	}
-	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, nil)
+	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, o.Clock)
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		GPUMsMargin: cfg.GPU.Margin,
 		StaleAfter:  max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
 		Replicas:    gpuReps,
-	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis"})
+	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis", Now: o.Clock})
 	if err != nil {
 		return err
 	}
@@ -197,7 +197,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	// sizes its replica's batch as it answers (ScrapeHook).
 	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
 		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter,
-		Scrape: srv.ScrapeHook}, client, reg)
+		Scrape: srv.ScrapeHook, Now: o.Clock}, client, reg)
 	if err != nil {
 		return err
 	}
