@@ -206,7 +206,9 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if !c.deadline.IsZero() {
 		// The client's deadline bounds queueing and running alike.
 		var stop context.CancelFunc
-		ctx, stop = context.WithDeadlineCause(ctx, c.deadline, ErrDeadline)
+		// A context's deadline is on the runtime's clock, the deadline on
+		// the server's: hand over what is left, not the instant.
+		ctx, stop = context.WithTimeoutCause(ctx, c.deadline.Sub(s.now()), ErrDeadline)
 		c.stopDeadline = stop
 	}
 	if c.stopDeadline == nil && a.cancel != nil {

@@ -71,23 +71,26 @@
 //     min(2s, lease_ttl/6) later, whatever the rounds do. Fencing cancels
 //     the call's context with ErrLeaseLost: queued calls release (503
 //     ledger_unavailable), running ones abort upstream.
-//   - The outbox loop (outbox.go) owns unacknowledged endings (Release for
-//     never-dispatched holds, leaving a tombstone for an ambiguous Reserve
-//     that never applied; Settle for dispatched ones), kept in a file
-//     next to the owed outage charges so that a restart finishes them;
-//     every Settle is written there before it is sent, so a kill while
-//     it is in flight is finished the same way, and
-//     owed outage charges (outage.go), each under its own lock.
+//   - The outbox loop (outbox.go) owns the pending-writes log: the
+//     unacknowledged endings (Release for never-dispatched holds, leaving
+//     a tombstone for an ambiguous Reserve that never applied; Settle for
+//     dispatched ones) and the owed outage charges (outage.go), in one
+//     file so that a restart finishes them; every Settle is written there
+//     before it is sent, so a kill while it is in flight is finished the
+//     same way.
 //   - The clamp loop applies automatic clamps (off the request goroutine)
 //     and expires clamps; the admin loop installs admin changes other
 //     instances wrote to the shared state store. Server.polMu serializes
 //     every policy change.
 //
-// Every loop runs under [Server.Supervise]: the server's own in one
-// errgroup ([Server.Run]), the process's (poller, GPU monitor, ledger,
-// share exchange, key watch, audit trail) in node.Run's; a loop that fails
-// is logged, fails /readyz naming itself, and its error is returned when
-// the process stops.
+// Every loop runs under one supervisor, [Server.Run] (supervise.go): the
+// server's own and the process's, which node.Run hands over with
+// [Server.Attach] (connection watch, poller, GPU monitor, observation,
+// ledger, share exchange, key watch, audit trail). Each is wrapped by
+// [Server.Supervise]: a loop that fails is logged, fails /readyz naming
+// itself, and its error is returned when the process stops. The server's
+// own loops stop after the drain, the attached ones after the
+// pending-writes log's last pass, which needs the ledger's.
 //
 // # Ledger ids and idempotency
 //

@@ -65,17 +65,11 @@ func (s *Server) logOwedAtExit(cfg *config.File) {
 	if owed == 0 && pending == 0 {
 		return
 	}
-	where := func(path string) string {
-		if path == "" {
-			return "memory only: lost with this process"
-		}
-		return path
-	}
+	where := p.Pending
 	lvl := slog.LevelWarn
-	if (owed > 0 && p.Outage == "") || (pending > 0 && p.Outbox == "") {
-		lvl = slog.LevelError
+	if where == "" {
+		where, lvl = "memory only: lost with this process", slog.LevelError
 	}
-	s.log.Log(nil, lvl, "stopping with usage the ledger has not recorded; what a file keeps is charged at the next start",
-		"owed_outage_charges", owed, "outage_file", where(p.Outage),
-		"pending_endings", pending, "pending_file", where(p.Outbox))
+	s.log.Log(nil, lvl, "stopping with usage the ledger has not recorded; what the pending-writes log keeps is charged at the next start",
+		"owed_outage_charges", owed, "pending_endings", pending, "pending_file", where)
 }

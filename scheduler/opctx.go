@@ -17,7 +17,9 @@ const ledgerOpTimeout = 5 * time.Second
 // three runtime timers; a ledger that waits on Done (Redis, fakes) gets a
 // real timer context, created on that first call, and a context derived
 // from this one registers with it directly (Value hands out its cancelCtx),
-// never through a watcher goroutine.
+// never through a watcher goroutine. Its deadline is a context's, so it is
+// on the runtime's clock (time.Now), not the server's: a context's timer
+// and every Deadline reader (go-redis, net) measure against that one.
 type opCtx struct {
 	parent   context.Context // WithoutCancel of the request's context
 	deadline time.Time

@@ -2,16 +2,13 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
-	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 // The outage allowance: by default a ledger outage stops
@@ -32,10 +29,10 @@ import (
 // and the charge settles that reservation instead (Charge answers
 // ErrConflict), so the usage lands once either way.
 //
-// Owed charges are persisted (outageFile) from admission on, so a restart
-// still bills them exactly once: a call that was still running when the
-// process died is charged at its hold, the honest charge without usage
-// evidence.
+// Owed charges are persisted in the pending-writes log (outbox.go) from
+// admission on, so a restart still bills them exactly once: a call that
+// was still running when the process died is charged at its hold, the
+// honest charge without usage evidence.
 
 // Charger is the ledger capability that settles outage usage afterwards.
 type Charger interface {
@@ -68,12 +65,8 @@ type outages struct {
 	hour     map[string]outageUse // this clock hour, by tenant
 	hourIdx  int64
 	owed     map[ledger.RequestID]*outageCharge
-	path     string // where owed is persisted; "" keeps it in memory only
+	log      *outbox // the pending-writes log, where owed is persisted
 }
-
-// outageFile is where owed outage charges are persisted (see
-// config.StatePaths); "" keeps them in memory only.
-func outageFile(cfg *config.File) string { return cfg.Paths().Outage }
 
 // count is how many charges are owed.
 func (o *outages) count() int {
@@ -82,49 +75,12 @@ func (o *outages) count() int {
 	return len(o.owed)
 }
 
-// load reads the owed charges a previous process left. Every entry is
-// chargeable now: a call still running then is charged at its hold.
-func (o *outages) load(path string) error {
+// restore takes the owed charges the pending-writes log returned at start
+// and persists later changes there.
+func (o *outages) restore(owed map[ledger.RequestID]*outageCharge, log *outbox) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.path, o.owed = path, map[ledger.RequestID]*outageCharge{}
-	if path == "" {
-		return nil
-	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("outage charges: %w", err)
-	}
-	var list []*outageCharge
-	if err := json.Unmarshal(b, &list); err != nil {
-		return fmt.Errorf("outage charges %s are corrupt: %w", path, err)
-	}
-	for _, ch := range list {
-		if ch.Running {
-			ch.Running, ch.Source = false, ledger.SourceHeld
-		}
-		o.owed[ch.Req.Ref.ID] = ch
-	}
-	return nil
-}
-
-// persistLocked writes the owed charges atomically (o.mu held).
-func (o *outages) persistLocked() error {
-	if o.path == "" {
-		return nil
-	}
-	list := make([]*outageCharge, 0, len(o.owed))
-	for _, ch := range o.owed {
-		list = append(list, ch)
-	}
-	b, err := json.Marshal(list)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(o.path, b)
+	o.owed, o.log = owed, log
 }
 
 // admit takes one request of tokens from the tenant's allowance, if both the
@@ -178,7 +134,7 @@ func (o *outages) recovered() bool {
 	return was
 }
 
-// put records (or updates) an owed charge and persists.
+// put records (or updates) an owed charge and persists it.
 func (o *outages) put(ch *outageCharge) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -186,18 +142,25 @@ func (o *outages) put(ch *outageCharge) error {
 		o.owed = map[ledger.RequestID]*outageCharge{}
 	}
 	o.owed[ch.Req.Ref.ID] = ch
-	return o.persistLocked()
+	if o.log == nil {
+		return nil
+	}
+	return o.log.putCharge(ch)
 }
 
-// drop removes an owed charge and persists.
+// drop removes an owed charge and persists that it is no longer owed.
 func (o *outages) drop(id ledger.RequestID) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, ok := o.owed[id]; !ok {
+	ch, ok := o.owed[id]
+	if !ok {
 		return nil
 	}
 	delete(o.owed, id)
-	return o.persistLocked()
+	if o.log == nil {
+		return nil
+	}
+	return o.log.dropCharge(ch.Req.Ref, ch.ReqID)
 }
 
 // chargeable returns the owed charges whose usage is known.

@@ -17,26 +17,41 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// The outbox ends, by id, ledger records whose ending the store did not
-// acknowledge: retried every second (and at shutdown) until definite. A
-// never-dispatched hold ends with Release (a Release of an unknown id
-// leaves a tombstone, so an ambiguous Reserve that never applied cannot
-// apply later); a dispatched one with Settle (Settle is idempotent by id).
+// The outbox is the pending-writes log: every write the ledger owes this
+// process and has not acknowledged, in one file (config.StatePaths.Pending,
+// one JSON line per write) retried by one loop (outboxLoop) every second
+// and at shutdown until definite. Two kinds of writes wait in it:
 //
-// Where the outage charges are persisted (outageFile), pending endings are
-// too (outboxFile): each is appended as a JSON line when queued, and the
-// file is rewritten with what is left after a pass that ended one. With a
-// networked ledger every Settle is also written there before it is sent
-// (writeAhead), so a process killed while a Settle was in flight, or with
-// endings pending (a store outage is when they pile up), settles them
-// when it starts again, with the usage it had: without the file the
-// records' leases end them, a dispatched one charged its whole hold when
-// its window closes. Settle is idempotent by id, so a restart that
-// re-sends one that had landed only replays it; the lines of landed
-// Settles are dropped when the file is emptied (nothing pending or in
-// flight at a pass) or rewritten (past compactAt bytes). The appends and
-// rewrites are not fsynced: they survive a killed process, not a lost
-// machine. The lease stays the backstop.
+//   - Endings, by id, of ledger records whose ending the store did not
+//     acknowledge. A never-dispatched hold ends with Release (a Release of
+//     an unknown id leaves a tombstone, so an ambiguous Reserve that never
+//     applied cannot apply later); a dispatched one with Settle (Settle is
+//     idempotent by id).
+//   - Owed outage charges (outage.go): usage admitted on an outage
+//     allowance, charged once the ledger answers (Charge is idempotent by
+//     id). A charge's line is written, and fsynced, when it is admitted and
+//     again when its usage is known (the last line of an id wins); a line
+//     saying it is no longer owed (opChargeDone, fsynced too) follows when
+//     it is charged or refunded, so a restart never bills a refunded call.
+//
+// Each ending is appended as a line when queued, and the file is rewritten
+// with what is left after a pass that ended one. With a networked ledger
+// every Settle is also written there before it is sent (writeAhead), so a
+// process killed while a Settle was in flight, or with endings pending (a
+// store outage is when they pile up), settles them when it starts again,
+// with the usage it had: without the file the records' leases end them, a
+// dispatched one charged its whole hold when its window closes. Settle is
+// idempotent by id, so a restart that re-sends one that had landed only
+// replays it; the lines of landed Settles are dropped when the file is
+// emptied (nothing pending, in flight or owed at a pass) or rewritten
+// (past compactAt bytes). The endings' appends and rewrites are not
+// fsynced: they survive a killed process, not a lost machine, and the
+// lease stays the backstop. An owed charge has no lease behind it, so its
+// lines, and a rewrite that keeps one, are fsynced.
+//
+// Older versions kept the owed charges in a JSON document (outage.json)
+// and the endings in outbox.jsonl; load reads both once, writes what they
+// hold into the log, and removes them (docs/upgrading.md).
 
 // outboxOp says how an outbox entry ends its record.
 type outboxOp uint8
@@ -49,6 +64,12 @@ const (
 	// not released blind: the same attempt (same nonce) is replayed, and
 	// only a record it turns out to own is released.
 	opReplay
+	// opCharge: an owed outage charge (the line's charge); the last line
+	// of an id wins.
+	opCharge
+	// opChargeDone: the outage charge of the line's ref is no longer owed
+	// (charged, or refunded because the call never ran).
+	opChargeDone
 )
 
 // outboxEntry is one pending ending.
@@ -71,6 +92,7 @@ type outboxLine struct {
 	Actual  ledger.Amounts         `json:"actual"`
 	Source  ledger.Source          `json:"source"`
 	ReqID   string                 `json:"request_id"`
+	Charge  *outageCharge          `json:"charge,omitempty"` // opCharge
 }
 
 func (e *outboxEntry) line() outboxLine {
@@ -92,7 +114,8 @@ type outbox struct {
 	ahead    bool                            // write Settles ahead (a networked ledger), set after load
 	inflight map[ledger.RequestID]aheadEntry // Settles written ahead and not yet answered
 	written  int64                           // bytes appended since the file was last rewritten or emptied
-	dirty    bool                            // the last rewrite failed: the file holds ended entries
+	dirty    bool                            // the file holds ended entries (a failed rewrite, a charge no longer owed)
+	charges  map[ledger.RequestID][]byte     // the owed outage charges' last lines, with a file
 	log      *slog.Logger
 }
 
@@ -109,47 +132,184 @@ type aheadEntry struct {
 // in flight, which at light load is every pass.
 const compactAt = 64 << 10
 
-// outboxFile is where pending endings are kept across a restart (see
-// config.StatePaths); "" keeps them in memory only.
-func outboxFile(cfg *config.File) string { return cfg.Paths().Outbox }
-
-// load takes the endings a previous process left in path and opens it for
-// appending. A line that does not parse (a write cut by a crash) is
-// skipped, and said.
-func (o *outbox) load(path string, log *slog.Logger) error {
+// load takes the writes a previous process left in paths.Pending, and in
+// the files of older versions (paths.LegacyOutbox, paths.LegacyOutage),
+// and opens the log for appending. It returns the owed outage charges,
+// each chargeable now: a call still running then is charged at its hold.
+// A line that does not parse (a write cut by a crash) is skipped, and
+// said. What the older files held is written into the log (fsynced)
+// before they are removed, so a crash in between reads it twice, which
+// the ids make harmless.
+func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.RequestID]*outageCharge, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.path, o.log = path, log
-	if path == "" {
-		return nil
+	o.path, o.log = paths.Pending, log
+	owed := map[ledger.RequestID]*outageCharge{}
+	if o.path == "" {
+		return owed, nil
 	}
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(o.path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("outbox: %w", err)
+		return nil, fmt.Errorf("pending-writes log: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var l outboxLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.Op < opRelease || l.Op > opReplay {
-			log.Warn("outbox: skipping an unreadable entry", "path", path, "err", err)
-			continue
+	o.readLines(o.path, b, owed)
+	var legacy []string
+	if lb, err := os.ReadFile(paths.LegacyOutbox); err == nil {
+		o.readLines(paths.LegacyOutbox, lb, owed)
+		legacy = append(legacy, paths.LegacyOutbox)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("pending endings of an older version: %w", err)
+	}
+	if ob, err := os.ReadFile(paths.LegacyOutage); err == nil {
+		var list []*outageCharge
+		if err := json.Unmarshal(ob, &list); err != nil {
+			return nil, fmt.Errorf("outage charges %s are corrupt: %w", paths.LegacyOutage, err)
 		}
-		o.pending = append(o.pending, l.entry())
+		for _, ch := range list {
+			owed[ch.Req.Ref.ID] = ch
+		}
+		legacy = append(legacy, paths.LegacyOutage)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("outage charges of an older version: %w", err)
 	}
-	if len(o.pending) > 0 {
-		log.Info("outbox: endings left by the previous process", "count", len(o.pending))
+	o.charges = make(map[ledger.RequestID][]byte, len(owed))
+	for id, ch := range owed {
+		if ch.Running {
+			ch.Running, ch.Source = false, ledger.SourceHeld
+		}
+		line, err := chargeLine(ch)
+		if err != nil {
+			return nil, fmt.Errorf("pending-writes log: %w", err)
+		}
+		o.charges[id] = line
+	}
+	o.inflight = map[ledger.RequestID]aheadEntry{}
+	o.written = int64(len(b))
+	if len(legacy) > 0 {
+		// Migrate: the log first, then the older files go.
+		if err := replaceFile(o.path, o.liveLines(), true); err != nil {
+			return nil, fmt.Errorf("pending-writes log: moving the older files in: %w", err)
+		}
+		for _, f := range legacy {
+			if err := os.Remove(f); err != nil {
+				return nil, fmt.Errorf("pending-writes log: %s moved in, not removed: %w", f, err)
+			}
+		}
+		o.written = 0
+		log.Info("pending-writes log: moved in the files of an older version", "from", legacy, "to", o.path,
+			"pending_endings", len(o.pending), "owed_outage_charges", len(owed))
+	}
+	if len(o.pending) > 0 || len(owed) > 0 {
+		log.Info("pending-writes log: writes left by the previous process", "pending_endings", len(o.pending), "owed_outage_charges", len(owed))
 		select {
 		case o.kick <- struct{}{}:
 		default:
 		}
 	}
-	if o.f, err = os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+	if o.f, err = os.OpenFile(o.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err != nil {
+		return nil, fmt.Errorf("pending-writes log: %w", err)
 	}
-	o.inflight = map[ledger.RequestID]aheadEntry{}
-	o.written = int64(len(b))
+	return owed, nil
+}
+
+// readLines adds the lines of b (read from path) to the pending endings
+// and to owed.
+func (o *outbox) readLines(path string, b []byte, owed map[ledger.RequestID]*outageCharge) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l outboxLine
+		err := json.Unmarshal(sc.Bytes(), &l)
+		switch {
+		case err != nil || l.Op < opRelease || l.Op > opChargeDone || (l.Op == opCharge && l.Charge == nil):
+			o.log.Warn("pending-writes log: skipping an unreadable entry", "path", path, "err", err)
+		case l.Op == opCharge:
+			owed[l.Charge.Req.Ref.ID] = l.Charge
+		case l.Op == opChargeDone:
+			delete(owed, l.Ref.ID)
+		default:
+			o.pending = append(o.pending, l.entry())
+		}
+	}
+}
+
+func chargeLine(ch *outageCharge) ([]byte, error) {
+	b, err := json.Marshal(outboxLine{Op: opCharge, Ref: ch.Req.Ref, ReqID: ch.ReqID, Charge: ch})
+	return append(b, '\n'), err
+}
+
+// putCharge appends (and fsyncs) the line of an owed outage charge; an
+// error means a restart would not find it.
+func (o *outbox) putCharge(ch *outageCharge) error {
+	line, err := chargeLine(ch)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.f == nil {
+		return nil // memory only
+	}
+	if err := o.appendSynced(line); err != nil {
+		return err
+	}
+	o.charges[ch.Req.Ref.ID] = line
 	return nil
+}
+
+// dropCharge appends (and fsyncs) that the outage charge id is no longer
+// owed; an error means a restart may charge it again (a replay by id, or
+// a refunded call billed at its hold).
+func (o *outbox) dropCharge(ref ledger.Ref, reqID string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.f == nil {
+		return nil
+	}
+	if _, ok := o.charges[ref.ID]; !ok {
+		return nil
+	}
+	b, err := json.Marshal(outboxLine{Op: opChargeDone, Ref: ref, ReqID: reqID})
+	if err != nil {
+		return err
+	}
+	if err := o.appendSynced(append(b, '\n')); err != nil {
+		return err
+	}
+	delete(o.charges, ref.ID)
+	o.dirty = true // the charge's lines are dead: the next pass rewrites
+	return nil
+}
+
+// appendSynced appends line and fsyncs the file (o.mu held, o.f set).
+func (o *outbox) appendSynced(line []byte) error {
+	n, err := o.f.Write(line)
+	o.written += int64(n)
+	if err != nil {
+		return err
+	}
+	return o.f.Sync()
+}
+
+// liveLines is the log as a rewrite leaves it: the pending endings, the
+// Settles in flight and the owed charges (o.mu held).
+func (o *outbox) liveLines() []byte {
+	var buf bytes.Buffer
+	for i := range o.pending {
+		b, err := json.Marshal(o.pending[i].line())
+		if err != nil {
+			continue
+		}
+		buf.Write(b)
+		buf.WriteByte('\n')
+	}
+	for _, a := range o.inflight {
+		buf.Write(a.line)
+	}
+	for _, line := range o.charges {
+		buf.Write(line)
+	}
+	return buf.Bytes()
 }
 
 // appendLine appends e's line to the file (o.mu held, o.f set) and returns
@@ -162,7 +322,7 @@ func (o *outbox) appendLine(e *outboxEntry) []byte {
 		o.written += int64(len(b))
 	}
 	if err != nil {
-		o.log.Error("outbox: entry not persisted; a restart leaves it to the lease", "request_id", e.reqID, "err", err)
+		o.log.Error("pending-writes log: entry not persisted; a restart leaves it to the lease", "request_id", e.reqID, "err", err)
 		return nil
 	}
 	return b
@@ -214,12 +374,13 @@ func (o *outbox) add(e outboxEntry) {
 	}
 }
 
-// compact brings the file down to the entries still pending or in flight:
-// it rewrites it when a pass ended or changed one (changed), an earlier
-// rewrite failed (dirty) or the appended lines passed compactAt, and
-// empties it when nothing is pending or in flight. Both hold o.mu, so a
-// Settle waits for them: the rewrite is one write of the live lines and a
-// rename, not fsynced (the appends are not either).
+// compact brings the file down to the writes still pending, in flight or
+// owed: it rewrites it when a pass ended or changed one (changed), an
+// earlier rewrite failed or a charge stopped being owed (dirty) or the
+// appended lines passed compactAt, and empties it when nothing is
+// pending, in flight or owed. Both hold o.mu, so a Settle waits for them:
+// the rewrite is one write of the live lines and a rename, fsynced only
+// when it keeps an owed charge (the endings' appends are not).
 func (o *outbox) compact(changed bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -227,9 +388,9 @@ func (o *outbox) compact(changed bool) {
 	if o.f == nil || (!o.dirty && o.written == 0) {
 		return
 	}
-	if len(o.pending) == 0 && len(o.inflight) == 0 {
+	if len(o.pending) == 0 && len(o.inflight) == 0 && len(o.charges) == 0 {
 		if err := o.f.Truncate(0); err != nil {
-			o.log.Error("outbox: not emptied; ended entries may be retried after a restart", "err", err)
+			o.log.Error("pending-writes log not emptied; ended entries may be retried after a restart", "err", err)
 			return
 		}
 		o.written, o.dirty = 0, false
@@ -238,32 +399,21 @@ func (o *outbox) compact(changed bool) {
 	if !o.dirty && o.written < compactAt {
 		return
 	}
-	var buf bytes.Buffer
-	for i := range o.pending {
-		b, err := json.Marshal(o.pending[i].line())
-		if err != nil {
-			continue
-		}
-		buf.Write(b)
-		buf.WriteByte('\n')
-	}
-	for _, a := range o.inflight {
-		buf.Write(a.line)
-	}
-	if err := replaceFile(o.path, buf.Bytes(), false); err != nil {
-		o.log.Error("outbox: not rewritten; ended entries may be retried after a restart", "err", err)
+	live := o.liveLines()
+	if err := replaceFile(o.path, live, len(o.charges) > 0); err != nil {
+		o.log.Error("pending-writes log not rewritten; ended entries may be retried after a restart", "err", err)
 		return
 	}
 	f, err := os.OpenFile(o.path, os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		o.log.Error("outbox: reopen", "err", err)
+		o.log.Error("pending-writes log: reopen", "err", err)
 		return
 	}
 	_ = o.f.Close()
-	o.f, o.dirty, o.written = f, false, int64(buf.Len())
+	o.f, o.dirty, o.written = f, false, int64(len(live))
 }
 
-// kickNow wakes the outbox loop (owed outage usage to charge).
+// kickNow wakes the loop (owed outage usage to charge).
 func (o *outbox) kickNow() {
 	select {
 	case o.kick <- struct{}{}:
@@ -321,8 +471,9 @@ func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) 
 	s.outbox.add(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
 }
 
-// outboxLoop retries pending endings every second until they land, and
-// charges owed outage usage.
+// outboxLoop is the pending-writes log's one retry loop: every second (or
+// when kicked) it retries the pending endings and charges the owed outage
+// usage, each until the store answers definitely.
 func (s *Server) outboxLoop(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -333,8 +484,8 @@ func (s *Server) outboxLoop(ctx context.Context) error {
 		case <-t.C:
 		case <-s.outbox.kick:
 		}
-		s.flushOutbox(ctx)
 		s.chargeOutages(ctx)
+		s.flushOutbox(ctx) // after the charges: its compaction drops theirs
 	}
 }
 

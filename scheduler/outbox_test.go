@@ -16,13 +16,13 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// outboxTestConfig is a node with a state file (so an outbox file) and
+// outboxTestConfig is a node with a state file (so a pending-writes log) and
 // hourly tokens and requests budgets on acme.
 func outboxTestConfig(t *testing.T) (*config.File, string) {
 	dir := t.TempDir()
 	cfg := testConfig(t, fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json"),
 		"    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n      - {dimension: requests, limit: 1000, window: 1h}\n")
-	return cfg, dir + "/admin.json.outbox.jsonl"
+	return cfg, dir + "/admin.json.pending.jsonl"
 }
 
 // lines counts the outbox file's lines.
@@ -162,7 +162,8 @@ func fileSize(t *testing.T, path string) int64 {
 // pass every 1,000 calls as the loop's second would at that rate.
 func BenchmarkOutboxWriteAhead(b *testing.B) {
 	o := outbox{kick: make(chan struct{}, 1)}
-	require.NoError(b, o.load(b.TempDir()+"/x.outbox.jsonl", slog.New(slog.DiscardHandler)))
+	_, err := o.load(config.StatePaths{Pending: b.TempDir() + "/x.pending.jsonl"}, slog.New(slog.DiscardHandler))
+	require.NoError(b, err)
 	o.ahead = true
 	e := outboxEntry{op: opSettle, ref: ledger.Ref{Tenant: ledger.ScopeKey{1, 2, 3}, ID: ledger.NewRequestID()},
 		actual: ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 812, ledger.OutputTokens: 230, ledger.Tokens: 1042, ledger.GPUMs: 431},

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
@@ -147,6 +146,7 @@ type Server struct {
 	memoryOnly []string              // state kept in memory only, for /readyz (durable.go)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
+	attached   attached              // the process's loops Run supervises (supervise.go)
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
 }
 
@@ -225,12 +225,11 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.loadSharedAdmin(); err != nil {
 		return nil, err
 	}
-	if err := s.outage.load(outageFile(cfg)); err != nil {
+	owed, err := s.outbox.load(cfg.Paths(), s.log)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.outbox.load(outboxFile(cfg), s.log); err != nil {
-		return nil, err
-	}
+	s.outage.restore(owed, &s.outbox)
 	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	s.noteDurability(cfg)
 	eff := effectiveConfig(cfg, &s.admin, s.now())
@@ -361,24 +360,6 @@ func (s *Server) Ready() (bool, string) {
 	return true, "ok"
 }
 
-// Supervise wraps a background loop for an errgroup: a loop that fails
-// while ctx is live fails readiness (/readyz names it) and is logged; one
-// that ends because ctx did is not a failure. Every long-lived loop of the
-// process runs under it, the server's own and those the node starts.
-func (s *Server) Supervise(ctx context.Context, name string, run func(context.Context) error) func() error {
-	return func() error {
-		err := run(ctx)
-		if err == nil || ctx.Err() != nil {
-			return nil
-		}
-		err = fmt.Errorf("%s loop: %w", name, err)
-		s.loopErr.CompareAndSwap(nil, &err)
-		s.m.Ready.Set(0)
-		s.log.Error("background loop failed", "loop", name, "err", err)
-		return err
-	}
-}
-
 // StartDrain makes new requests fail with 503 draining and /readyz fail.
 func (s *Server) StartDrain() {
 	if !s.draining.Swap(true) {
@@ -388,40 +369,13 @@ func (s *Server) StartDrain() {
 	}
 }
 
-// Run drives the queue's expiry, the dispatch loop, lease heartbeats, the
-// settlement outbox and the admin-state refresh in one errgroup until ctx
-// ends, then drains: running requests get up to drain timeout to finish,
-// the rest are aborted and settled. A loop that fails is logged and fails
-// /readyz (the others keep running: calls in flight still need their
-// leases and settlements).
+// Run supervises every background loop of the process (supervise.go)
+// until ctx ends, then drains: running requests get up to drain timeout to
+// finish, the rest are aborted and settled. A loop that fails is logged
+// and fails /readyz (the others keep running: calls in flight still need
+// their leases and settlements); Run returns every loop's failure.
 func (s *Server) Run(ctx context.Context) error {
-	inner, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	var g errgroup.Group
-	loops := []struct {
-		name string
-		run  func(context.Context) error
-	}{
-		{"queue", s.q.Run},
-		{"dispatch", func(ctx context.Context) error { s.dispatchLoop(ctx); return nil }},
-		{"heartbeat", s.heartbeatLoop},
-		{"outbox", s.outboxLoop},
-		{"ready", s.readyLoop},
-		{"clamps", s.clampLoop},
-		{"admin", s.adminLoop},
-	}
-	for _, l := range loops {
-		g.Go(s.Supervise(inner, l.name, l.run))
-	}
-	<-ctx.Done()
-	s.StartDrain()
-	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
-	cancel()
-	err := g.Wait()
-	s.flushOutbox(context.WithoutCancel(ctx))
-	s.chargeOutages(context.WithoutCancel(ctx))
-	s.logOwedAtExit(s.boot)
-	return err
+	return s.supervise(ctx)
 }
 
 // drain waits for queued and running requests up to timeout, then aborts

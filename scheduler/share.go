@@ -121,7 +121,7 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
 		got, err := ex.Exchange(xctx, s.demandReports(reps, keys))
 		cancel()
-		now := time.Now()
+		now := s.now()
 		switch {
 		case got != nil:
 			lastOK = now

@@ -14,8 +14,9 @@ const (
 	AdminStateName  = "admin-local.json" // admin.state_file
 	SharedAdminName = "admin-state.json" // the node's shared admin state, next to the journal
 	KeysName        = "api-keys.json"    // API keys minted through the admin API, next to the journal
-	OutageName      = "outage.json"      // owed outage charges
-	OutboxName      = "outbox.jsonl"     // ledger endings not yet acknowledged
+	PendingName     = "pending.jsonl"    // the pending-writes log: ledger endings not yet acknowledged and owed outage charges
+	OutageName      = "outage.json"      // owed outage charges of older versions: read once and moved into PendingName
+	OutboxName      = "outbox.jsonl"     // pending endings of older versions: read once and moved into PendingName
 	LockName        = "lock"             // held by the process that owns the directory
 )
 
@@ -36,8 +37,14 @@ type StatePaths struct {
 	// whose state Redis keeps).
 	Journal    string
 	AdminState string
-	Outage     string
-	Outbox     string
+	// Pending is the pending-writes log: ledger endings the store has not
+	// acknowledged and outage charges still owed to the ledger.
+	Pending string
+	// LegacyOutage and LegacyOutbox are where older versions kept the
+	// owed charges and the pending endings; a start moves what they hold
+	// into Pending and removes them. "" where Pending is "".
+	LegacyOutage string
+	LegacyOutbox string
 }
 
 // Durable is one piece of state and where it is kept ("" = memory only).
@@ -48,6 +55,8 @@ type Durable struct {
 
 // Durability lists what the process keeps and where, in a fixed order:
 // ledger, shared_state, admin_state, outage_charges, pending_endings.
+// The last two are kept in one file, the pending-writes log; both names
+// stay so that dashboards reading either keep working.
 func (f *File) Durability() []Durable {
 	p := f.Paths()
 	ledger, shared := p.Journal, ""
@@ -58,12 +67,12 @@ func (f *File) Durability() []Durable {
 		shared = filepath.Dir(p.Journal)
 	}
 	return []Durable{{"ledger", ledger}, {"shared_state", shared}, {"admin_state", p.AdminState},
-		{"outage_charges", p.Outage}, {"pending_endings", p.Outbox}}
+		{"outage_charges", p.Pending}, {"pending_endings", p.Pending}}
 }
 
 // Paths returns where durable state is kept. A File that Load or Parse did
 // not resolve (one built in code) keeps ledger.journal and
-// admin.state_file as set and the outage files next to them.
+// admin.state_file as set and the pending-writes log next to them.
 func (f *File) Paths() StatePaths {
 	if f.paths != nil {
 		return *f.paths
@@ -74,12 +83,9 @@ func (f *File) Paths() StatePaths {
 	}
 	switch {
 	case f.Admin.StateFile != "":
-		p.Outage = f.Admin.StateFile + ".outage.json"
+		p.setPending(f.Admin.StateFile, false)
 	case f.Ledger.Journal != "":
-		p.Outage = f.Ledger.Journal + ".outage.json"
-	}
-	if p.Outage != "" {
-		p.Outbox = p.Outage[:len(p.Outage)-len(".outage.json")] + ".outbox.jsonl"
+		p.setPending(f.Ledger.Journal, false)
 	}
 	return p
 }
@@ -89,9 +95,10 @@ func (f *File) Paths() StatePaths {
 // config file's directory; fromFile is false for bytes with no file (then
 // there is no default data directory).
 //
-// An explicit ledger.journal or admin.state_file keeps its outage files
-// next to it (<path>.outage.json, <path>.outbox.jsonl), where a
-// configuration without data_dir kept them, so an upgrade finds them.
+// An explicit ledger.journal or admin.state_file keeps the pending-writes
+// log next to it (<path>.pending.jsonl), where a configuration without
+// data_dir kept the older files (<path>.outage.json, <path>.outbox.jsonl),
+// so an upgrade finds them.
 func (f *File) resolvePaths(cfgDir string, fromFile bool) {
 	_, dirSet := f.lines["data_dir"]
 	_, journalSet := f.lines["ledger.journal"]
@@ -121,17 +128,27 @@ func (f *File) resolvePaths(cfgDir string, fromFile bool) {
 	p.AdminState = f.Admin.StateFile
 	switch {
 	case stateSet && f.Admin.StateFile != "":
-		p.Outage = f.Admin.StateFile + ".outage.json"
+		p.setPending(f.Admin.StateFile, false)
 	case journalSet && f.Ledger.Journal != "" && f.Ledger.Backend != "redis":
-		p.Outage = f.Ledger.Journal + ".outage.json"
+		p.setPending(f.Ledger.Journal, false)
 	case p.Dir != "":
-		p.Outage = filepath.Join(p.Dir, OutageName)
-		p.Outbox = filepath.Join(p.Dir, OutboxName)
-	}
-	if p.Outage != "" && p.Outbox == "" {
-		p.Outbox = p.Outage[:len(p.Outage)-len(".outage.json")] + ".outbox.jsonl"
+		p.setPending(p.Dir, true)
 	}
 	f.paths = &p
+}
+
+// setPending places the pending-writes log and the older files it
+// replaces: inside dir (in, the fixed names), or next to the file base.
+func (p *StatePaths) setPending(base string, in bool) {
+	if in {
+		p.Pending = filepath.Join(base, PendingName)
+		p.LegacyOutage = filepath.Join(base, OutageName)
+		p.LegacyOutbox = filepath.Join(base, OutboxName)
+		return
+	}
+	p.Pending = base + "." + PendingName
+	p.LegacyOutage = base + "." + OutageName
+	p.LegacyOutbox = base + "." + OutboxName
 }
 
 // checkPaths refuses two pieces of state kept in one file: each writer
@@ -153,8 +170,10 @@ func (f *File) checkPaths(v *validator) {
 		add("the API key store ("+KeysName+" next to ledger.journal)", filepath.Join(dir, KeysName))
 	}
 	add("admin.state_file", p.AdminState)
-	add("the owed outage charges", p.Outage)
-	add("the pending ledger endings", p.Outbox)
+	add("the pending-writes log", p.Pending)
+	// Read once at start and then removed: no other file may be named so.
+	add("older versions' owed outage charges", p.LegacyOutage)
+	add("older versions' pending endings", p.LegacyOutbox)
 	add("audit.path", f.Audit.Path)
 	seen := map[string]string{}
 	var dups []string

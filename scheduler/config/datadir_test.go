@@ -28,8 +28,9 @@ func TestDataDirDefaultsToConfigDir(t *testing.T) {
 	assert.Equal(t, dir, p.Dir)
 	assert.Equal(t, filepath.Join(dir, JournalName), f.Ledger.Journal)
 	assert.Equal(t, filepath.Join(dir, AdminStateName), f.Admin.StateFile)
-	assert.Equal(t, filepath.Join(dir, OutageName), p.Outage)
-	assert.Equal(t, filepath.Join(dir, OutboxName), p.Outbox)
+	assert.Equal(t, filepath.Join(dir, PendingName), p.Pending)
+	assert.Equal(t, filepath.Join(dir, OutageName), p.LegacyOutage, "older versions' files are found where they were kept")
+	assert.Equal(t, filepath.Join(dir, OutboxName), p.LegacyOutbox)
 	for _, d := range f.Durability() {
 		assert.NotEmpty(t, d.Path, "%s is durable by default", d.What)
 	}
@@ -43,15 +44,16 @@ func TestDataDirExplicitAndOverrides(t *testing.T) {
 	p := f.Paths()
 	assert.Equal(t, "/elsewhere/j.log", p.Journal, "an explicit key overrides data_dir")
 	assert.Equal(t, filepath.Join(data, AdminStateName), p.AdminState)
-	assert.Equal(t, "/elsewhere/j.log.outage.json", p.Outage, "kept next to an explicit journal, where it always was")
-	assert.Equal(t, "/elsewhere/j.log.outbox.jsonl", p.Outbox)
+	assert.Equal(t, "/elsewhere/j.log.pending.jsonl", p.Pending, "kept next to an explicit journal")
+	assert.Equal(t, "/elsewhere/j.log.outage.json", p.LegacyOutage, "where older versions kept it")
+	assert.Equal(t, "/elsewhere/j.log.outbox.jsonl", p.LegacyOutbox)
 
 	// The Redis ledger has no journal; the process's own state still goes
 	// to the data directory.
 	f, _, err = loadText(t, "data_dir: "+data+"\nledger: {backend: redis}\n"+minimal)
 	require.NoError(t, err)
 	assert.Empty(t, f.Paths().Journal)
-	assert.Equal(t, filepath.Join(data, OutageName), f.Paths().Outage)
+	assert.Equal(t, filepath.Join(data, PendingName), f.Paths().Pending)
 	assert.Equal(t, Durable{"ledger", "redis"}, f.Durability()[0])
 }
 
@@ -67,11 +69,11 @@ func TestDataDirMemoryOnly(t *testing.T) {
 	f, dir, err := loadText(t, "ledger: {journal: \"\"}\n"+minimal)
 	require.NoError(t, err)
 	assert.Empty(t, f.Ledger.Journal, "an explicit empty journal keeps the ledger in memory")
-	assert.Equal(t, filepath.Join(dir, OutageName), f.Paths().Outage)
+	assert.Equal(t, filepath.Join(dir, PendingName), f.Paths().Pending)
 	f, err = Parse([]byte(minimal))
 	require.NoError(t, err)
 	assert.Empty(t, f.Ledger.Journal)
-	assert.Empty(t, f.Paths().Outage)
+	assert.Empty(t, f.Paths().Pending)
 	assert.Contains(t, f.Paths().DirFrom, "no config file path")
 }
 
@@ -96,4 +98,8 @@ func TestDataDirCollisionRefused(t *testing.T) {
 	_, _, err = loadText(t, "data_dir: "+dir+"\naudit: {path: "+dir+"/outage.json}\n"+minimal)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "audit.path")
+
+	_, _, err = loadText(t, "data_dir: "+dir+"\naudit: {path: "+dir+"/pending.jsonl}\n"+minimal)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "same file as the pending-writes log")
 }

@@ -35,8 +35,8 @@ func TestOutageChargesSurviveRestartByDefault(t *testing.T) {
 
 	var logs logBuffer
 	n := startNodeOpts(t, cfg, Options{ConfigPath: cfgFile, Log: logs.logger()})
-	outageFile := filepath.Join(dir, config.OutageName)
-	assert.Contains(t, logs.String(), "outage_charges="+outageFile, "the start log says where owed charges are kept")
+	pendingFile := filepath.Join(dir, config.PendingName)
+	assert.Contains(t, logs.String(), "outage_charges="+pendingFile, "the start log says where owed charges are kept")
 	assert.InDelta(t, 1.0, n.metric(t, "sluice_durable_state", map[string]string{"what": "outage_charges"}), 1e-9)
 	assert.InDelta(t, 1.0, n.metric(t, "sluice_durable_state", map[string]string{"what": "pending_endings"}), 1e-9)
 	r := n.call(t, "/v1/chat/completions", keyAcme, chatBody)
@@ -55,7 +55,7 @@ func TestOutageChargesSurviveRestartByDefault(t *testing.T) {
 	}
 	assert.Equal(t, int64(4), rep.Stats().Received, "all four ran on the GPUs")
 	require.NoError(t, n.stop())
-	assert.Contains(t, logs.String(), "owed_outage_charges=3 outage_file="+outageFile, "shutdown names the count and the file")
+	assert.Contains(t, logs.String(), "owed_outage_charges=3 pending_endings=0 pending_file="+pendingFile, "shutdown names the count and the file")
 
 	require.NoError(t, rds.cmd.Process.Signal(syscall.SIGCONT))
 	resumed = true

@@ -122,7 +122,13 @@ func startNodeOn(t testing.TB, cfg *config.File, configPath string, apiLn net.Li
 
 func startNodeOnOpts(t testing.TB, cfg *config.File, o Options, apiLn net.Listener) *node {
 	t.Helper()
-	clearOfHourEdge(t)
+	if o.Clock == nil {
+		if cfg.Ledger.Backend == "redis" {
+			clearOfHourEdge(t) // Redis's TIME decides its windows
+		} else {
+			o.Clock = testClock
+		}
+	}
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	n := &node{api: "http://" + apiLn.Addr().String(), adminURL: "http://" + adminLn.Addr().String(), reg: prometheus.NewRegistry()}
@@ -301,17 +307,30 @@ func (n *node) get(t *testing.T, path, key string) (string, error) {
 	return string(readAll(t, resp)), nil
 }
 
+// testClock is the clock of the embedded-ledger nodes the tests start: the
+// runtime's, shifted so that the test binary starts just past an hour.
+// Budget windows tumble on it aligned to the Unix epoch, and every window
+// these tests use (1h, 24h) ends on the hour, so a test asserting exact
+// committed amounts would fail if its charges straddled one (CI saw
+// TestIdempotentReplayOnAnotherInstance run across 20:00 UTC and its 1h
+// window show one of its two charges); on this clock none does before the
+// binary has run for 59 minutes. Every node of the binary shares it, so
+// nodes restarted on one journal agree on the time.
+func testClock() time.Time { return time.Now().Add(testClockOffset) }
+
+var testClockOffset = func() time.Duration {
+	now := time.Now()
+	return now.Truncate(time.Hour).Add(30 * time.Second).Sub(now)
+}()
+
 // hourEdgeMargin is longer than any test of this package runs on a loaded
 // CI machine.
 const hourEdgeMargin = 45 * time.Second
 
-// clearOfHourEdge keeps a test's budget windows from rolling over under it.
-// Windows tumble on real time (the process clock or Redis TIME) aligned to
-// the Unix epoch, and every window these tests use (1h, 24h) ends on the
-// hour, so a test that asserts exact committed amounts fails when its
-// charges straddle one: CI saw TestIdempotentReplayOnAnotherInstance run
-// across 20:00 UTC and its 1h window show one of its two charges. A node
-// started within hourEdgeMargin of the hour waits for the hour to pass.
+// clearOfHourEdge keeps a Redis-ledger test's budget windows from rolling
+// over under it: they tumble on Redis's TIME, which no clock of the node
+// moves. A node started within hourEdgeMargin of the hour waits for the
+// hour to pass.
 func clearOfHourEdge(t testing.TB) {
 	now := time.Now()
 	next := now.Truncate(time.Hour).Add(time.Hour)

@@ -53,6 +53,14 @@ type Options struct {
 	TraceExporter sdktrace.SpanExporter
 	// Resolver, when set, answers replica discovery's DNS lookups (tests).
 	Resolver discovery.Resolver
+	// Clock is the time of the scheduler, of the embedded ledger, of the
+	// GPU monitor and the replica poller (whose times meet the scheduler's
+	// on each replica's GPU-ms clock) and of the audit trail's lines:
+	// budget windows, leases, deadlines, queue expiry, clamps, GPU-ms. It
+	// must advance like the runtime's clock (an offset is fine; tests start
+	// it just past an hour so that no budget window rolls over under them).
+	// The Redis ledger keeps Redis's TIME. Optional; nil means time.Now.
+	Clock func() time.Time
 }
 
 // Run runs a Sluice server until ctx ends, then drains and returns.
@@ -85,7 +93,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if err != nil {
 		return err
 	}
-	led, err := openLedger(cfg, keyer, reg, log)
+	led, err := openLedger(cfg, keyer, reg, log, o.Clock)
 	if err != nil {
 		return err
 	}
@@ -115,7 +123,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		targets = append(targets, vllm.Target{Name: r.Name, URL: r.URL})
 		gpuReps = append(gpuReps, gpu.Replica{Name: r.Name, GPUs: r.GPUs, CapacityTokens: r.CapacityTokens})
 	}
-	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, nil)
+	src, mode, err := gpu.OpenSource(gpu.Mode(cfg.GPU.Telemetry), log, o.Clock)
 	if err != nil {
 		return err
 	}
@@ -134,7 +142,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		GPUMsMargin: cfg.GPU.Margin,
 		StaleAfter:  max(3*time.Second, 3*cfg.Upstream.ScrapeInterval),
 		Replicas:    gpuReps,
-	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis"})
+	}, gpu.Deps{Source: src, Logger: log, Metrics: gm, Attribution: attr, SharedReplicas: cfg.Ledger.Backend == "redis", Now: o.Clock})
 	if err != nil {
 		return err
 	}
@@ -151,7 +159,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}()
 
 	var trail *audit.Log
-	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state}
+	deps := scheduler.Deps{Ledger: led, Upstream: client, Keyer: keyer, GPU: mon, Attribution: attr, Registerer: reg, Logger: log, Keys: state, Now: o.Clock}
 	tracer, err := newTracing(cfg.Tracing, o.TraceExporter)
 	if err != nil {
 		return err
@@ -169,7 +177,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		deps.Responses = fleet.responses
 	}
 	if cfg.Audit.Path != "" {
-		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes}); err != nil {
+		if trail, err = audit.Open(audit.Config{Path: cfg.Audit.Path, MaxBytes: cfg.Audit.MaxBytes, Now: o.Clock}); err != nil {
 			return fmt.Errorf("audit trail: %w", err)
 		}
 		defer func() {
@@ -193,7 +201,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	// sizes its replica's batch as it answers (ScrapeHook).
 	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
 		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter,
-		Scrape: srv.ScrapeHook}, client, reg)
+		Scrape: srv.ScrapeHook, Now: o.Clock}, client, reg)
 	if err != nil {
 		return err
 	}
@@ -259,36 +267,34 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	// Background loops run until the server has drained.
-	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBg()
-	// Each fails readiness and is logged if it ends early (Supervise); the
-	// errors are returned with the server's at the end.
-	var bgGroup errgroup.Group
-	loop := func(name string, run func(context.Context) error) { bgGroup.Go(srv.Supervise(bg, name, run)) }
-	loop("connwatch", watch.Run)
-	loop("poller", poller.Run)
-	loop("gpu", mon.Run)
-	loop("observe", func(ctx context.Context) error {
+	// The process's loops run under the server's supervisor (srv.Run):
+	// each fails readiness and is logged if it ends early, stops after the
+	// drain's last settlements, and its error is returned with the
+	// server's.
+	srv.Attach("connwatch", watch.Run)
+	srv.Attach("poller", poller.Run)
+	srv.Attach("gpu", mon.Run)
+	srv.Attach("observe", func(ctx context.Context) error {
 		return srv.ObserveLoop(ctx, poller, client, cfg.Upstream.ScrapeInterval, poller.Polled())
 	})
-	loop("ledger", led.Run)
+	srv.Attach("ledger", led.Run)
 	if fleet.peers != nil {
-		loop("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
+		srv.Attach("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
 	}
-	loop("keys", srv.WatchKeys)
+	srv.Attach("keys", srv.WatchKeys)
 	for _, run := range discoveryLoops {
-		loop("discovery", run)
+		srv.Attach("discovery", run)
 	}
 	if trail != nil {
-		loop("audit", trail.Run)
+		srv.Attach("audit", trail.Run)
 	}
 
 	// srv.Run drains once runCtx ends (signal, admin drain, or a listener
 	// failing); then the listeners close.
 	g, gctx := errgroup.WithContext(runCtx)
 	drained := make(chan struct{})
-	g.Go(func() error { defer close(drained); return srv.Run(gctx) })
+	var runErr error // every loop's failure, not only the group's first error
+	g.Go(func() error { defer close(drained); runErr = srv.Run(gctx); return nil })
 	g.Go(func() error { return api.Serve(apiLn) })
 	g.Go(func() error { return adminSrv.Serve(adminLn) })
 	g.Go(func() error {
@@ -312,9 +318,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	if o.Ready != nil {
 		o.Ready(apiLn.Addr().String(), adminLn.Addr().String())
 	}
-	err = g.Wait()
-	stopBg()
-	err = errors.Join(err, bgGroup.Wait())
+	err = errors.Join(g.Wait(), runErr)
 	log.Info("sluice stopped")
 	return err
 }
@@ -366,7 +370,7 @@ type closableLedger interface {
 	io.Closer
 }
 
-func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer, log *slog.Logger) (closableLedger, error) {
+func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer, log *slog.Logger, clock func() time.Time) (closableLedger, error) {
 	switch cfg.Ledger.Backend {
 	case "redis":
 		r := cfg.Ledger.Redis
@@ -391,7 +395,7 @@ func openLedger(cfg *config.File, keyer *ledger.Keyer, reg prometheus.Registerer
 			fsync = ledger.Group(cfg.Ledger.FsyncInterval)
 		}
 		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: cfg.Ledger.Journal, Fsync: fsync,
-			LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(), Logger: log, Registerer: reg})
+			LeaseTTL: cfg.Ledger.LeaseTTL, TombstoneRetention: cfg.Ledger.Retention(), Logger: log, Registerer: reg, Clock: clock})
 		if err != nil {
 			return nil, fmt.Errorf("embedded ledger: %w", err)
 		}
@@ -424,10 +428,10 @@ func readCredentials(cfg *config.File, urls map[string]string) (map[string]vllm.
 func ownsDataFiles(cfg *config.File) bool {
 	p := cfg.Paths()
 	fixed := map[string]bool{}
-	for _, name := range []string{config.JournalName, config.AdminStateName, config.OutageName, config.OutboxName} {
+	for _, name := range []string{config.JournalName, config.AdminStateName, config.PendingName, config.OutageName, config.OutboxName} {
 		fixed[filepath.Join(p.Dir, name)] = true
 	}
-	for _, f := range []string{p.Journal, p.AdminState, p.Outage, p.Outbox} {
+	for _, f := range []string{p.Journal, p.AdminState, p.Pending, p.LegacyOutage, p.LegacyOutbox} {
 		if f != "" && fixed[filepath.Clean(f)] {
 			return true
 		}

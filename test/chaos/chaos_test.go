@@ -929,17 +929,39 @@ func (w *world) strandedOutage() []strandedCharge {
 		if !in.isDown() {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(w.dir, fmt.Sprintf("admin-%d.json.outage.json", i)))
+		b, err := os.ReadFile(filepath.Join(w.dir, fmt.Sprintf("admin-%d.json.pending.jsonl", i)))
 		if err != nil {
 			continue
 		}
-		var list []strandedCharge
-		if err := json.Unmarshal(b, &list); err != nil {
-			w.t.Errorf("%s: outage charges: %v", in.name, err)
-			continue
+		// The pending-writes log (scheduler/outbox.go): an owed charge's
+		// last line (op 4) wins; op 5 says it is no longer owed.
+		owed := map[ledger.RequestID]strandedCharge{}
+		var order []ledger.RequestID
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			var l struct {
+				Op     int             `json:"op"`
+				Ref    ledger.Ref      `json:"ref"`
+				Charge *strandedCharge `json:"charge"`
+			}
+			if len(line) == 0 {
+				continue
+			}
+			if err := json.Unmarshal(line, &l); err != nil {
+				w.t.Errorf("%s: pending-writes log: %v", in.name, err)
+				continue
+			}
+			switch {
+			case l.Op == 4 && l.Charge != nil:
+				if _, ok := owed[l.Ref.ID]; !ok {
+					order = append(order, l.Ref.ID)
+				}
+				owed[l.Ref.ID] = *l.Charge
+			case l.Op == 5:
+				delete(owed, l.Ref.ID)
+			}
 		}
-		for _, ch := range list {
-			if !ch.Running {
+		for _, id := range order {
+			if ch, ok := owed[id]; ok && !ch.Running {
 				out = append(out, ch)
 			}
 		}
