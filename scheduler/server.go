@@ -121,13 +121,14 @@ type Server struct {
 	admin    adminState
 	keys     statestore.Store
 	// responses is the fleet-shared idempotent response store; nil: none.
-	responses ResponseStore
-	rtKeys    atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
-	keysMu    sync.Mutex               // orders applyKeys
-	adminRev  uint64                   // revision of admin in state (0: none yet)
-	state     statestore.Store         // shared admin state; nil: this instance's own
-	wfs       workflows
-	abuse     *abuse.Detector
+	responses    ResponseStore
+	rtKeys       atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
+	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
+	adminApplied statestore.Doc           // the shared admin document admin came from (Rev 0: none yet)
+	state        statestore.Store         // shared admin state; nil: this instance's own
+	wfs          workflows
+	abuse        *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
 
