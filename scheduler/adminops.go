@@ -229,6 +229,13 @@ type BudgetRow struct {
 	Window    string `json:"window"`
 	Mode      string `json:"mode"`
 	Source    string `json:"source"` // config | admin
+	// The budget's use in its current window, from the ledger (GET
+	// /admin/budgets); UsageError when the ledger could not say.
+	Committed  *int64 `json:"committed,omitempty"`
+	Reserved   *int64 `json:"reserved,omitempty"`
+	Remaining  *int64 `json:"remaining,omitempty"`
+	ResetsAt   string `json:"resets_at,omitempty"`
+	UsageError string `json:"usage_error,omitempty"`
 }
 
 // Budgets lists the budgets in force, optionally for one tenant.

@@ -148,6 +148,7 @@ type Server struct {
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
+	started    time.Time             // when New ran: usage counts and uptime start
 }
 
 // settler owns what a call leaves behind it: its lease from Reserve to its
@@ -208,6 +209,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.started = s.now()
 	s.leases.now = s.now
 	s.pools.now = s.now
 	s.leases.kick = make(chan struct{}, 1)

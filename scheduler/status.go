@@ -370,13 +370,16 @@ func label(m *dto.Metric, name string) string {
 func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 	rows := []UsageRow{}
 	for _, l := range limits {
-		if l.Dim == ledger.Slots {
+		if l.Dim == ledger.Slots || l == resolutionLimit {
 			continue
 		}
+		// The limit and mode are the policy's: the ledger's copy is the
+		// one of the last request, stale after a reload.
 		row := UsageRow{Dimension: l.Dim.String(), Window: ledger.FormatWindow(l.Window), Limit: l.Max, Mode: l.Mode.String(), Remaining: l.Max}
 		for _, ul := range u.Limits {
 			if ul.Limit.Dim == l.Dim && ul.Limit.Window == l.Window {
-				row.Limit, row.Committed, row.Reserved, row.Remaining = ul.Limit.Max, ul.Committed, ul.Reserved, ul.Remaining
+				row.Committed, row.Reserved = ul.Committed, ul.Reserved
+				row.Remaining = max(l.Max-ul.Committed-ul.Reserved, 0)
 				if !ul.ResetsAt.IsZero() {
 					row.ResetsAt = ul.ResetsAt.UTC().Format(time.RFC3339)
 				}

@@ -93,6 +93,9 @@ func commands() map[string]*command {
 			"rm": {summary: "remove a budget override: the config's budget with that id (if any) applies again; ID's window in any duration spelling", usage: "ID",
 				example: "sluice budget rm acme:tokens:24h", run: runBudgetRm},
 		}},
+		"usage": {summary: "admin: a running server's cumulative usage per tenant, key and model (chargeback)",
+			usage:   "[--tenant T] [--key NAME] [--model M] [--dimension D] [--window DUR] [--csv]",
+			example: "sluice usage --window 720h --csv > november.csv", run: runUsage},
 		"reservations": {summary: "admin: a running server's ledger reservations", subs: map[string]*command{
 			"list": {summary: "list open reservations", usage: "[--state S] [--tenant T]",
 				example: "sluice reservations list --state unresolved", run: runReservationsList},
