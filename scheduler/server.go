@@ -149,6 +149,7 @@ type Server struct {
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
 	started    time.Time             // when New ran: usage counts and uptime start
+	ops        opsSampler            // the status page's samples (statusops.go)
 }
 
 // settler owns what a call leaves behind it: its lease from Reserve to its
@@ -470,6 +471,7 @@ func (s *Server) readyLoop(ctx context.Context) error {
 			s.m.Ready.Set(0)
 		}
 		s.exportLedger(ctx)
+		s.sampleOps(s.now())
 		select {
 		case <-ctx.Done():
 			return nil
