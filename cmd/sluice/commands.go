@@ -65,8 +65,8 @@ func commands() map[string]*command {
 				example: "sluice bench sweep --base-url http://127.0.0.1:8080 --rates 2,4,8,16 --duration 60s",
 				run:     runBenchSweep},
 		}},
-		"demo": {summary: "simulated replicas + a server + a short multi-tenant bench with one flooding tenant",
-			usage: "[--duration DUR] [--html FILE]", example: "sluice demo --duration 10s", run: runDemo},
+		"demo": {summary: "the same flood against simulated replicas directly and through Sluice, contrasted in one table",
+			usage: "[--duration DUR] [--html FILE] [--verbose] [--keep]", example: "sluice demo --duration 10s --keep", run: runDemo},
 		"config": {summary: "config files", subs: map[string]*command{
 			"check": {summary: "validate a config file: every problem with its field path (exit 0 or 2)", usage: "FILE",
 				example: "sluice config check sluice.yaml", run: runConfigCheck},
