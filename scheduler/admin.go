@@ -22,6 +22,9 @@ type AdminHooks struct {
 	Reload func() error
 	// Drain starts a graceful shutdown.
 	Drain func()
+	// ConfigPath is the config file the process reads ("" none), shown
+	// on the status page.
+	ConfigPath string
 }
 
 // Admin serves /metrics and the admin API on the admin listener. Every
@@ -95,6 +98,10 @@ func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 		return
 	case "/status", "/status.json", "/status/report.json", "/status/login":
 		a.status(rc)
+		return
+	case "/":
+		// The listener's root is where an operator's browser lands first.
+		rc.Redirect("/status", http.StatusFound)
 		return
 	}
 	if !strings.HasPrefix(path, "/admin/") {

@@ -31,6 +31,7 @@ func (a *Admin) registerOps() {
 	a.routes["DELETE /admin/tenants/"] = a.unclamp
 	a.routes["POST /admin/reservations/"] = a.resolve
 	a.routes["GET /admin/reservations"] = a.listReservations
+	a.routes["GET /admin/usage"] = a.usage
 }
 
 // inputError answers a bad admin request: 400 with the field path.
@@ -66,7 +67,11 @@ func decode(rc *fasthttp.RequestCtx, v any) error {
 }
 
 func (a *Admin) listBudgets(rc *fasthttp.RequestCtx) {
-	WriteJSON(rc, a.s.Budgets(string(rc.QueryArgs().Peek("tenant"))))
+	rows := a.s.Budgets(string(rc.QueryArgs().Peek("tenant")))
+	ctx, cancel := a.opContext(2 * time.Second)
+	defer cancel()
+	a.budgetUsage(ctx, rows)
+	WriteJSON(rc, rows)
 }
 
 func (a *Admin) putBudget(rc *fasthttp.RequestCtx) {
@@ -161,14 +166,10 @@ func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
 		}
 		out.Reserved[d.String()] = u.Reserved[d]
 	}
-	for _, l := range u.Limits {
-		row := UsageRow{Dimension: l.Limit.Dim.String(), Window: ledger.FormatWindow(l.Limit.Window), Limit: l.Limit.Max,
-			Mode: l.Limit.Mode.String(), Committed: l.Committed, Reserved: l.Reserved, Remaining: l.Remaining}
-		if !l.ResetsAt.IsZero() {
-			row.ResetsAt = l.ResetsAt.UTC().Format(time.RFC3339)
-		}
-		out.Limits = append(out.Limits, row)
-	}
+	// The limits in force (the policy's), not only those the ledger has
+	// seen a request under: a tenant is listed before its first request,
+	// and a reloaded limit shows at once.
+	out.Limits = budgetRows(t.limits, u)
 	if c, ok := a.s.pol.Load().clampOf(name, a.s.now()); ok {
 		out.Clamp = &c
 	}

@@ -229,6 +229,13 @@ type BudgetRow struct {
 	Window    string `json:"window"`
 	Mode      string `json:"mode"`
 	Source    string `json:"source"` // config | admin
+	// The budget's use in its current window, from the ledger (GET
+	// /admin/budgets); UsageError when the ledger could not say.
+	Committed  *int64 `json:"committed,omitempty"`
+	Reserved   *int64 `json:"reserved,omitempty"`
+	Remaining  *int64 `json:"remaining,omitempty"`
+	ResetsAt   string `json:"resets_at,omitempty"`
+	UsageError string `json:"usage_error,omitempty"`
 }
 
 // Budgets lists the budgets in force, optionally for one tenant.
@@ -456,7 +463,7 @@ func (s *Server) expireClamps() {
 			}
 		}
 		if len(expired) > 0 {
-			if err := s.installAdminLocked(next, s.adminRev); err != nil {
+			if err := s.installAdminLocked(next, s.adminApplied); err != nil {
 				s.log.Error("rebuilding policy after clamp expiry", "err", err)
 			}
 		}
@@ -533,7 +540,7 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 		if err := validate(&next); err != nil {
 			return err
 		}
-		return s.installAdminLocked(next, 0)
+		return s.installAdminLocked(next, statestore.Doc{})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -559,22 +566,23 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 	if err != nil {
 		return err
 	}
-	if next == nil || doc.Rev <= s.adminRev {
-		return nil // unchanged, or the poll already installed it
+	if next == nil || s.adminApplied.After(doc) {
+		return nil // unchanged, or the poll already installed a later one
 	}
-	return s.installAdminLocked(*next, doc.Rev)
+	return s.installAdminLocked(*next, doc)
 }
 
-// installAdminLocked makes st the admin state of revision rev (s.polMu
-// held): rebuilds the policy and keeps the local copy.
-func (s *Server) installAdminLocked(st adminState, rev uint64) error {
+// installAdminLocked makes st the admin state of the shared document's
+// revision doc (s.polMu held; the zero Doc without a shared store):
+// rebuilds the policy and keeps the local copy.
+func (s *Server) installAdminLocked(st adminState, doc statestore.Doc) error {
 	prev := s.admin
 	s.admin = st
 	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
 		s.admin = prev
 		return err
 	}
-	s.adminRev = rev
+	s.adminApplied = doc
 	if err := s.persistLocked(); err != nil {
 		s.log.Error("admin state not written to admin.state_file", "err", err)
 	}
@@ -604,7 +612,7 @@ func (s *Server) loadSharedAdmin() error {
 	if err != nil {
 		return err
 	}
-	s.admin, s.adminRev = st, doc.Rev
+	s.admin, s.adminApplied = st, doc
 	return nil
 }
 
@@ -624,8 +632,64 @@ func (s *Server) adminLoop(ctx context.Context) error {
 	return err
 }
 
-// applySharedAdmin installs a revision of the shared admin state.
+// applySharedAdmin installs a read d of the shared admin state when it
+// is a later revision than the one applied. A read that is neither that
+// nor the applied one is read again (it may have raced this instance's own
+// write); when the store really went back, the instance converges on it:
+// a document the store forgot, or an older revision of the same history,
+// is rewritten with the state this instance applied (a failover or a
+// restart without persistence does not silently drop budget overrides and
+// clamps), and another history someone already wrote is adopted as is.
 func (s *Server) applySharedAdmin(d statestore.Doc) {
+	s.polMu.Lock()
+	applied := s.adminApplied
+	s.polMu.Unlock()
+	if d.Same(applied) {
+		return
+	}
+	if d.After(applied) {
+		s.adoptSharedAdmin(d, applied)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d2, err := s.state.Get(ctx, adminDoc)
+	if err != nil {
+		return // the next poll reads again
+	}
+	s.polMu.Lock()
+	applied = s.adminApplied
+	s.polMu.Unlock()
+	switch {
+	case d2.Same(applied):
+		return
+	case d2.After(applied):
+		s.adoptSharedAdmin(d2, applied)
+		return
+	}
+	s.log.Warn("the shared admin state went back (failover, restart without persistence or a deleted document)",
+		"applied_rev", applied.Rev, "applied_epoch", applied.Epoch, "store_rev", d2.Rev, "store_epoch", d2.Epoch)
+	if d2.Rev > 0 && (d2.Epoch != applied.Epoch || d2.Rev >= applied.Rev) {
+		s.adoptSharedAdmin(d2, applied) // another history, already written by someone: it is the fleet's
+		return
+	}
+	s.polMu.Lock()
+	b, err := json.Marshal(s.admin)
+	s.polMu.Unlock()
+	if err != nil {
+		return
+	}
+	nd, err := s.state.CompareAndSet(ctx, adminDoc, d2.Rev, b)
+	if err != nil {
+		s.log.Info("shared admin state repair not written; reading it again at the next poll", "err", err)
+		return
+	}
+	s.log.Info("shared admin state rewritten with this instance's", "rev", nd.Rev, "epoch", nd.Epoch)
+	s.adoptSharedAdmin(nd, applied)
+}
+
+// adoptSharedAdmin installs d if the applied revision is still expect.
+func (s *Server) adoptSharedAdmin(d statestore.Doc, expect statestore.Doc) {
 	st, err := decodeAdmin(d.Data)
 	if err != nil {
 		s.log.Error("shared admin state refused", "err", err)
@@ -633,11 +697,11 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 	}
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	if d.Rev <= s.adminRev {
-		return
+	if !s.adminApplied.Same(expect) {
+		return // a write or another read installed something meanwhile
 	}
 	prev := s.admin.Clamps
-	if err := s.installAdminLocked(st, d.Rev); err != nil {
+	if err := s.installAdminLocked(st, d); err != nil {
 		s.log.Error("shared admin state refused by this instance's config", "rev", d.Rev, "err", err)
 		return
 	}

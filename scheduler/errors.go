@@ -82,12 +82,15 @@ func statusFor(err error) *apiError {
 		bd      *budgetDeniedError
 		unknown *modelError
 		qe      *queueExitError
+		kse     *keysStaleError
 	)
 	switch {
 	case errors.As(err, &se):
 		return streamStatus(se)
 	case errors.Is(err, ErrDraining):
 		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+	case errors.As(err, &kse):
+		return kse.apiError()
 	case errors.Is(err, ErrUnauthorized):
 		return &apiError{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
 	case errors.Is(err, ErrTooLarge):

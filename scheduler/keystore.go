@@ -57,6 +57,21 @@ type storedKey struct {
 
 type keysState struct {
 	Keys []storedKey `json:"keys"`
+	// Revoked keeps a tombstone of every revoked key, so that a revocation
+	// survives a store that goes back: an instance merging what it
+	// applied into what the store holds never brings a revoked key back
+	// (keysync.go).
+	Revoked []revokedKey `json:"revoked,omitempty"`
+}
+
+// revokedKey is a revoked key's tombstone. One whose key had an expiry is
+// dropped once that passed: the key cannot authenticate any more anyway.
+type revokedKey struct {
+	ID        string    `json:"id"`
+	Tenant    string    `json:"tenant"`
+	Hash      string    `json:"hash"`
+	RevokedAt time.Time `json:"revoked_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 func (k storedKey) config() (config.APIKey, error) {
@@ -150,7 +165,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 		return CreatedKey{}, inputErr("name", "tenant %q already has a key named %q in its config", in.Tenant, in.Name)
 	}
 	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
-		st, err := decodeKeys(old)
+		st, err := s.keysToWrite(old, now)
 		if err != nil {
 			return nil, err
 		}
@@ -163,19 +178,22 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 	if err != nil {
 		return CreatedKey{}, keyStoreErr(err)
 	}
-	s.applyKeys(doc)
+	s.installWritten(doc)
 	s.log.Info("api key created", "tenant", sk.Tenant, "key_id", sk.ID, "name", sk.Name)
 	s.record(audit.Record{Kind: audit.KindKeyCreate, Tenant: sk.Tenant, Source: "admin",
 		Reason: keyAuditReason(sk)})
 	return CreatedKey{KeyRow: s.storedRow(sk, true), Key: raw}, nil
 }
 
-// RevokeKey deletes a run-time key by id. New requests with it get 401 at
-// once on this instance and within a poll interval on the others.
+// RevokeKey deletes a run-time key by id and keeps its tombstone. New
+// requests with it get 401 at once on this instance and within a poll
+// interval on the others. A key this instance authenticates is revocable
+// even when the store lost it (keysync.go).
 func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 	var gone storedKey
+	now := s.now().UTC()
 	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
-		st, err := decodeKeys(old)
+		st, err := s.keysToWrite(old, now)
 		if err != nil {
 			return nil, err
 		}
@@ -185,12 +203,13 @@ func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 		}
 		gone = st.Keys[i]
 		st.Keys = slices.Delete(st.Keys, i, i+1)
+		st.Revoked = append(st.Revoked, revokedKey{ID: gone.ID, Tenant: gone.Tenant, Hash: gone.Hash, RevokedAt: now, ExpiresAt: gone.ExpiresAt})
 		return json.Marshal(st)
 	})
 	if err != nil {
 		return KeyRow{}, keyStoreErr(err)
 	}
-	s.applyKeys(doc)
+	s.installWritten(doc)
 	s.log.Info("api key revoked", "tenant", gone.Tenant, "key_id", gone.ID, "name", gone.Name)
 	s.record(audit.Record{Kind: audit.KindKeyRevoke, Tenant: gone.Tenant, Source: "admin", Reason: keyAuditReason(gone)})
 	return s.storedRow(gone, true), nil
@@ -282,90 +301,4 @@ func decodeKeys(b []byte) (keysState, error) {
 		return st, fmt.Errorf("keys document is corrupt: %w", err)
 	}
 	return st, nil
-}
-
-// SyncKeys loads the run-time keys once (before the listeners open).
-func (s *Server) SyncKeys(ctx context.Context) error {
-	d, err := s.keys.Get(ctx, keysDoc)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrKeyStore, err)
-	}
-	s.applyKeys(d)
-	return nil
-}
-
-// WatchKeys polls the keys document until ctx ends and applies every new
-// revision. It belongs to the process's background group.
-func (s *Server) WatchKeys(ctx context.Context) error {
-	failing := false
-	err := statestore.Watch(ctx, s.keys, keysDoc, keysPoll, func(d statestore.Doc) {
-		if failing {
-			s.log.Info("key store answers again")
-			failing = false
-		}
-		s.applyKeys(d)
-	}, func(err error) {
-		if !failing {
-			s.log.Warn("key store unreachable; keeping the keys last seen", "err", err)
-			failing = true
-		}
-	})
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
-
-// keyIndex is an immutable snapshot of the run-time keys at one revision
-// of the keys document.
-type keyIndex struct {
-	rev   uint64
-	keys  []storedKey
-	byKey map[[32]byte]*apiKey
-}
-
-// authenticate maps a bearer token to its tenant and key under pol, with
-// the run-time keys in force now.
-func (s *Server) authenticate(pol *policy, authz []byte) (*tenant, *apiKey, error) {
-	return pol.authenticate(authz, s.now(), s.rtKeys.Load())
-}
-
-// applyKeys installs a revision of the keys document; an older revision
-// than the one applied is ignored. The policy is not rebuilt: a run-time
-// key names its tenant, resolved at each authentication, and its limits
-// travel in its own api_key scope.
-func (s *Server) applyKeys(d statestore.Doc) {
-	st, err := decodeKeys(d.Data)
-	if err != nil {
-		s.log.Error("ignoring the keys document", "rev", d.Rev, "err", err)
-		return
-	}
-	s.keysMu.Lock()
-	defer s.keysMu.Unlock()
-	old := s.rtKeys.Load()
-	if old != nil && d.Rev <= old.rev {
-		return
-	}
-	idx := &keyIndex{rev: d.Rev, keys: st.Keys, byKey: make(map[[32]byte]*apiKey, len(st.Keys))}
-	for _, sk := range st.Keys {
-		ck, err := sk.config()
-		if err == nil {
-			err = config.ValidateKey("key", ck)
-		}
-		var k *apiKey
-		if err == nil {
-			k, err = buildKey(sk.Tenant, ck, s.keyer, nil)
-		}
-		if err != nil {
-			s.log.Warn("skipping a run-time key", "tenant", sk.Tenant, "key_id", sk.ID, "err", oneLine(err))
-			continue
-		}
-		if old != nil {
-			if prev := old.byKey[k.hash]; prev != nil {
-				k.rt = prev.rt // in-flight counts survive the swap
-			}
-		}
-		idx.byKey[k.hash] = k
-	}
-	s.rtKeys.Store(idx)
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -35,6 +36,8 @@ type Metrics struct {
 	Ready            prometheus.Gauge
 	Usage            *prometheus.CounterVec // tenant, key, model, dimension (usage.go)
 	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
+
+	recent refusalLog // the last refusals, for the status page (statusops.go)
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -141,6 +144,7 @@ func (m *Metrics) count(tenant string, o outcome, ae *apiError) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()
+		m.recent.add(Refusal{At: time.Now().UTC(), Tenant: tenant, Status: ae.Status, Code: ae.Code, Message: ae.Message})
 	}
 }
 

@@ -121,13 +121,14 @@ type Server struct {
 	admin    adminState
 	keys     statestore.Store
 	// responses is the fleet-shared idempotent response store; nil: none.
-	responses ResponseStore
-	rtKeys    atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
-	keysMu    sync.Mutex               // orders applyKeys
-	adminRev  uint64                   // revision of admin in state (0: none yet)
-	state     statestore.Store         // shared admin state; nil: this instance's own
-	wfs       workflows
-	abuse     *abuse.Detector
+	responses    ResponseStore
+	rtKeys       atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
+	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
+	adminApplied statestore.Doc           // the shared admin document admin came from (Rev 0: none yet)
+	state        statestore.Store         // shared admin state; nil: this instance's own
+	wfs          workflows
+	abuse        *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
 
@@ -148,6 +149,8 @@ type Server struct {
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 	attached   attached              // the process's loops Run supervises (supervise.go)
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
+	started    time.Time             // when New ran: usage counts and uptime start
+	ops        opsSampler            // the status page's samples (statusops.go)
 }
 
 // settler owns what a call leaves behind it: its lease from Reserve to its
@@ -207,6 +210,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.started = s.now()
 	s.leases.now = s.now
 	s.pools.now = s.now
 	s.leases.kick = make(chan struct{}, 1)
@@ -420,6 +424,7 @@ func (s *Server) readyLoop(ctx context.Context) error {
 			s.m.Ready.Set(0)
 		}
 		s.exportLedger(ctx)
+		s.sampleOps(s.now())
 		select {
 		case <-ctx.Done():
 			return nil

@@ -217,6 +217,12 @@ type StatusReport struct {
 	Replicas      []ReplicaReport   `json:"replicas"`
 	Keys          []KeyReport       `json:"keys"`             // keys with budgets or a concurrency of their own
 	Errors        map[string]string `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
+	Version       string            `json:"version"`          // module version, revision, Go version
+	StartedAt     time.Time         `json:"started_at"`
+	UptimeS       int64             `json:"uptime_s"`
+	ConfigFile    string            `json:"config_file"`
+	// Refusals are the last 20 refused or expired requests, newest first.
+	Refusals []Refusal `json:"refusals"`
 }
 
 // TenantReport is one tenant's row of the status page.
@@ -233,6 +239,11 @@ type TenantReport struct {
 	AutoClamps     int64            `json:"auto_clamps"`
 	Clamp          *Clamp           `json:"clamp"`
 	Budgets        []UsageRow       `json:"budgets"`
+	// The queue's bounds next to its depth: queue.max_depth and
+	// queue.max_wait in force (a clamp included).
+	MaxDepth int    `json:"max_depth"`
+	MaxWait  string `json:"max_wait"`
+	TenantOps
 }
 
 // KeyReport is one API key with limits of its own: its label (name or
@@ -255,6 +266,10 @@ type ReplicaReport struct {
 	GPUCount     int     `json:"gpus"`
 	KVUsage      float64 `json:"kv_usage"`
 	Stale        bool    `json:"scrape_stale"`
+	// StateSince is when this process saw the replica enter its state
+	// (sampled each second; the process start for the first state).
+	StateSince *time.Time `json:"state_since,omitempty"`
+	StateForS  int64      `json:"state_for_s"`
 }
 
 func (a *Admin) statusReport(ctx context.Context) StatusReport {
@@ -264,7 +279,9 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 	ready, why := s.Ready()
 	snap := s.gpu.Snapshot()
 	r := StatusReport{GeneratedAt: now.UTC(), PolicyVersion: pol.version, Ready: ready, ReadyReason: why,
-		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{}}
+		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{},
+		Version: buildVersion(), StartedAt: s.started.UTC(), UptimeS: int64(now.Sub(s.started) / time.Second),
+		ConfigFile: a.hooks.ConfigPath, Refusals: s.m.recent.recent()}
 	counts := a.counters()
 	rtKeys := map[string]int{}
 	if idx := s.rtKeys.Load(); idx != nil {
@@ -275,7 +292,8 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 	for _, t := range pol.order {
 		tr := TenantReport{Name: t.name, Weight: t.cfg.Weight, Concurrency: t.cfg.Concurrency,
 			Inflight: t.rt.inflight.Load(), InflightTokens: t.rt.inflightTokens.Load(), Keys: len(t.keys) + rtKeys[t.name],
-			Requests: counts.requests[t.name], Rejections: counts.rejections[t.name], AutoClamps: counts.clamps[t.name], Budgets: []UsageRow{}}
+			Requests: counts.requests[t.name], Rejections: counts.rejections[t.name], AutoClamps: counts.clamps[t.name], Budgets: []UsageRow{},
+			MaxDepth: t.cfg.Queue.MaxDepth, MaxWait: t.cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.name)}
 		if tr.Requests == nil {
 			tr.Requests = map[string]int64{}
 		}
@@ -307,6 +325,10 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 		fillReplica(&rr.ReplicaStatus, rep, v, ok)
 		if ok {
 			rr.HealthFactor, rr.Utilization, rr.GPUCount, rr.KVUsage, rr.Stale = v.HealthFactor, v.Utilization, v.GPUCount, v.KVUsage, v.ScrapeStale
+		}
+		if since, ok := s.replicaSince(rep.name); ok {
+			since = since.UTC()
+			rr.StateSince, rr.StateForS = &since, int64(now.Sub(since)/time.Second)
 		}
 		r.Replicas = append(r.Replicas, rr)
 	}
@@ -370,13 +392,16 @@ func label(m *dto.Metric, name string) string {
 func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 	rows := []UsageRow{}
 	for _, l := range limits {
-		if l.Dim == ledger.Slots {
+		if l.Dim == ledger.Slots || l == resolutionLimit {
 			continue
 		}
+		// The limit and mode are the policy's: the ledger's copy is the
+		// one of the last request, stale after a reload.
 		row := UsageRow{Dimension: l.Dim.String(), Window: ledger.FormatWindow(l.Window), Limit: l.Max, Mode: l.Mode.String(), Remaining: l.Max}
 		for _, ul := range u.Limits {
 			if ul.Limit.Dim == l.Dim && ul.Limit.Window == l.Window {
-				row.Limit, row.Committed, row.Reserved, row.Remaining = ul.Limit.Max, ul.Committed, ul.Reserved, ul.Remaining
+				row.Committed, row.Reserved = ul.Committed, ul.Reserved
+				row.Remaining = max(l.Max-ul.Committed-ul.Reserved, 0)
 				if !ul.ResetsAt.IsZero() {
 					row.ResetsAt = ul.ResetsAt.UTC().Format(time.RFC3339)
 				}

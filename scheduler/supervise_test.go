@@ -41,7 +41,7 @@ func TestRunSupervisesAttachedLoops(t *testing.T) {
 	cfg, _ := outboxTestConfig(t)
 	led := newFakeLedger(t)
 	s := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	s.reps.reps[0].obs.Store(&replicaObs{ok: true})
+	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
 	var running atomic.Bool
 	led.set(func() {
 		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {

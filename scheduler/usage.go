@@ -1,6 +1,9 @@
 package scheduler
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -29,10 +32,45 @@ func newUsageCounter() *prometheus.CounterVec {
 // usageKey names one tenant, key and model's usage counters.
 type usageKey struct{ tenant, key, model string }
 
+// numUsage is the number of usage dimensions: usageDims and cached input.
+const numUsage = len(usageDims) + 1
+
+// usageHours is how many hourly buckets a usageKey keeps for GET
+// /admin/usage?window= (31 days: a monthly export).
+const usageHours = 31 * 24
+
 // usageCounters are one usageKey's counters, resolved once: label hashing
 // and the vector's lookup per dimension would otherwise run on every
-// settlement. The last is cached input tokens.
-type usageCounters [len(usageDims) + 1]prometheus.Counter
+// settlement. The last is cached input tokens. Besides the Prometheus
+// counters they keep the totals and hourly buckets that GET /admin/usage
+// reads (usageview.go).
+type usageCounters struct {
+	prom [numUsage]prometheus.Counter
+
+	mu    sync.Mutex // guards the fields below
+	total [numUsage]int64
+	hours [usageHours]usageHour
+}
+
+// usageHour is one hour's usage (hour: Unix hours; 0 unused).
+type usageHour struct {
+	hour int64
+	v    [numUsage]int64
+}
+
+func (uc *usageCounters) add(now time.Time, v *[numUsage]int64) {
+	h := now.Unix() / 3600
+	uc.mu.Lock()
+	defer uc.mu.Unlock()
+	b := &uc.hours[h%usageHours]
+	if b.hour != h {
+		*b = usageHour{hour: h}
+	}
+	for i, x := range v {
+		uc.total[i] += x
+		b.v[i] += x
+	}
+}
 
 // countUsage adds a settled call's charge to the usage counters. A call
 // that never ran (nothing charged) adds nothing.
@@ -46,20 +84,24 @@ func (s *Server) countUsage(c *call, actual ledger.Amounts) {
 	}
 	uc, ok := s.usage.Load(k)
 	if !ok {
-		var fresh usageCounters
+		fresh := &usageCounters{}
 		for i, d := range usageDims {
-			fresh[i] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, d.String())
+			fresh.prom[i] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, d.String())
 		}
-		fresh[len(usageDims)] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, usageCachedInput)
-		uc, _ = s.usage.LoadOrStore(k, &fresh)
+		fresh.prom[len(usageDims)] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, usageCachedInput)
+		uc, _ = s.usage.LoadOrStore(k, fresh)
 	}
 	ctrs := uc.(*usageCounters)
+	var add [numUsage]int64
 	for i, d := range usageDims {
 		if v := actual[d]; v > 0 {
-			ctrs[i].Add(float64(v))
+			ctrs.prom[i].Add(float64(v))
+			add[i] = v
 		}
 	}
 	if v := c.usage.CachedTokens; v > 0 {
-		ctrs[len(usageDims)].Add(float64(v))
+		ctrs.prom[len(usageDims)].Add(float64(v))
+		add[len(usageDims)] = int64(v)
 	}
+	ctrs.add(s.now(), &add)
 }

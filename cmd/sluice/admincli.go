@@ -286,6 +286,11 @@ type budgetRow struct {
 	Window    string `json:"window"`
 	Mode      string `json:"mode"`
 	Source    string `json:"source"`
+	// The current window's use (GET /admin/budgets; absent from a set).
+	Committed  *int64 `json:"committed"`
+	Reserved   *int64 `json:"reserved"`
+	Remaining  *int64 `json:"remaining"`
+	UsageError string `json:"usage_error"`
 }
 
 func runBudgetSet(ctx context.Context, e env, args []string) error {
@@ -376,11 +381,41 @@ func runTenantList[T any](ctx context.Context, e env, args []string, cmd, what, 
 
 func writeBudgets(w io.Writer, rows []budgetRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTENANT\tDIMENSION\tLIMIT\tWINDOW\tMODE\tSOURCE")
-	for _, b := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", b.ID, b.Tenant, b.Dimension, b.Limit, b.Window, b.Mode, b.Source)
+	withUse := slices.ContainsFunc(rows, func(b budgetRow) bool { return b.Committed != nil || b.UsageError != "" })
+	if !withUse {
+		fmt.Fprintln(tw, "ID\tTENANT\tDIMENSION\tLIMIT\tWINDOW\tMODE\tSOURCE")
+	} else {
+		fmt.Fprintln(tw, "ID\tTENANT\tDIMENSION\tLIMIT\tWINDOW\tMODE\tSOURCE\tUSED\tREMAINING")
 	}
-	return tw.Flush()
+	for _, b := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s", b.ID, b.Tenant, b.Dimension, b.Limit, b.Window, b.Mode, b.Source)
+		switch {
+		case !withUse:
+		case b.Committed != nil && b.Remaining != nil:
+			used := *b.Committed
+			if b.Reserved != nil {
+				used += *b.Reserved
+			}
+			pct := ""
+			if b.Limit > 0 {
+				pct = fmt.Sprintf(" (%.0f%%)", 100*float64(used)/float64(b.Limit))
+			}
+			fmt.Fprintf(tw, "\t%d%s\t%d", used, pct, *b.Remaining)
+		default:
+			fmt.Fprint(tw, "\t?\t?")
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, b := range rows {
+		if b.UsageError != "" {
+			_, err := fmt.Fprintf(w, "use of %s unknown: %s\n", b.ID, b.UsageError)
+			return err
+		}
+	}
+	return nil
 }
 
 func runBudgetRm(ctx context.Context, e env, args []string) error {

@@ -119,6 +119,34 @@ func TestAdminCLICalls(t *testing.T) {
 				"acme:usd_micros:720h0m0s  acme    usd_micros  5000000  720h0m0s  warn   admin\n",
 		},
 		{
+			name: "budget list with use",
+			args: []string{"budget", "list"},
+			reply: `[{"id":"acme:tokens:24h0m0s","tenant":"acme","dimension":"tokens","limit":200000,"window":"24h0m0s","mode":"block","source":"config","committed":49000,"reserved":1000,"remaining":150000},` +
+				`{"id":"beta:tokens:24h0m0s","tenant":"beta","dimension":"tokens","limit":100,"window":"24h0m0s","mode":"block","source":"config","usage_error":"ledger unreachable"}]`,
+			method: "GET", uri: "/admin/budgets",
+			stdout: "ID                   TENANT  DIMENSION  LIMIT   WINDOW   MODE   SOURCE  USED         REMAINING\n" +
+				"acme:tokens:24h0m0s  acme    tokens     200000  24h0m0s  block  config  50000 (25%)  150000\n" +
+				"beta:tokens:24h0m0s  beta    tokens     100     24h0m0s  block  config  ?            ?\n" +
+				"use of beta:tokens:24h0m0s unknown: ledger unreachable\n",
+		},
+		{
+			name: "usage",
+			args: []string{"usage", "--tenant", "acme", "--window", "720h"},
+			reply: `{"since":"2026-11-05T12:00:00Z","until":"2026-12-05T12:30:00Z","window":"720h0m0s","rows":[` +
+				`{"tenant":"acme","key":"ci-bot","model":"llama-8b","usage":{"requests":3,"input_tokens":30,"cached_input_tokens":8,"output_tokens":45,"gpu_ms":120,"gpu_joules":5000,"usd_micros":77}}]}`,
+			method: "GET", uri: "/admin/usage?tenant=acme&window=720h",
+			stdout: "usage over the last 720h0m0s, from 2026-11-05T12:00:00Z (this instance; sum a fleet's instances)\n" +
+				"TENANT  KEY     MODEL     REQUESTS  INPUT  CACHED  OUTPUT  GPU_MS  GPU_MJ  USD_MICROS\n" +
+				"acme    ci-bot  llama-8b  3         30     8       45      120     5000    77\n",
+		},
+		{
+			name:   "usage csv",
+			args:   []string{"usage", "--csv", "--dimension", "output_tokens"},
+			reply:  "since,until,tenant,key,model,output_tokens\n",
+			method: "GET", uri: "/admin/usage?dimension=output_tokens&format=csv",
+			stdout: "since,until,tenant,key,model,output_tokens\n",
+		},
+		{
 			name:   "budget list tenant",
 			args:   []string{"budget", "list", "--tenant", "a&b"},
 			reply:  `[]`,
@@ -602,7 +630,9 @@ func TestAdminCLIAgainstServer(t *testing.T) {
 		stderr string
 	}{
 		{name: "set", args: []string{"budget", "set", "--tenant", "acme", "--dimension", "tokens", "--limit", "5000", "--window", "1h"}, stdout: budgetTable},
-		{name: "list", args: []string{"budget", "list", "--tenant", "acme"}, stdout: budgetTable},
+		{name: "list", args: []string{"budget", "list", "--tenant", "acme"},
+			stdout: "ID                  TENANT  DIMENSION  LIMIT  WINDOW  MODE   SOURCE  USED    REMAINING\n" +
+				"acme:tokens:1h0m0s  acme    tokens     5000   1h0m0s  block  admin   0 (0%)  5000\n"},
 		{name: "rm", args: []string{"budget", "rm", "acme:tokens:60m"}, stdout: "deleted the override acme:tokens:1h0m0s; the config sets no budget with this id\n"},
 		{name: "list after rm", args: []string{"budget", "list", "--tenant", "acme"}, stdout: "no budgets\n"},
 		{name: "rm again", args: []string{"budget", "rm", "acme:tokens:1h0m0s"}, code: 1,

@@ -65,8 +65,8 @@ func commands() map[string]*command {
 				example: "sluice bench sweep --base-url http://127.0.0.1:8080 --rates 2,4,8,16 --duration 60s",
 				run:     runBenchSweep},
 		}},
-		"demo": {summary: "simulated replicas + a server + a short multi-tenant bench with one flooding tenant",
-			usage: "[--duration DUR] [--html FILE]", example: "sluice demo --duration 10s", run: runDemo},
+		"demo": {summary: "the same flood against simulated replicas directly and through Sluice, contrasted in one table",
+			usage: "[--duration DUR] [--html FILE] [--verbose] [--keep]", example: "sluice demo --duration 10s --keep", run: runDemo},
 		"config": {summary: "config files", subs: map[string]*command{
 			"check": {summary: "validate a config file: every problem with its field path (exit 0 or 2)", usage: "FILE",
 				example: "sluice config check sluice.yaml", run: runConfigCheck},
@@ -93,6 +93,9 @@ func commands() map[string]*command {
 			"rm": {summary: "remove a budget override: the config's budget with that id (if any) applies again; ID's window in any duration spelling", usage: "ID",
 				example: "sluice budget rm acme:tokens:24h", run: runBudgetRm},
 		}},
+		"usage": {summary: "admin: a running server's cumulative usage per tenant, key and model (chargeback)",
+			usage:   "[--tenant T] [--key NAME] [--model M] [--dimension D] [--window DUR] [--csv]",
+			example: "sluice usage --window 720h --csv > november.csv", run: runUsage},
 		"reservations": {summary: "admin: a running server's ledger reservations", subs: map[string]*command{
 			"list": {summary: "list open reservations", usage: "[--state S] [--tenant T]",
 				example: "sluice reservations list --state unresolved", run: runReservationsList},

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -18,13 +19,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/bench"
+	"github.com/sluicehq/sluice/bench/stats"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/node"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
 
 // demoTenants: three victims at a modest rate and one tenant flooding at
-// ten times a victim's rate.
+// twenty times a victim's rate, more than the two replicas hold.
 var demoTenants = []struct {
 	name string
 	rate float64
@@ -33,16 +35,20 @@ var demoTenants = []struct {
 	{"chat-a", 2, "victim"},
 	{"chat-b", 2, "victim"},
 	{"chat-c", 2, "victim"},
-	{"flood", 20, "aggressor"},
+	{"flood", 40, "aggressor"},
 }
 
-// runDemo implements `sluice demo`: two simulated replicas, a Sluice server
-// with the embedded ledger, and a short multi-tenant bench with one
-// flooding tenant; it prints the report and exits 0.
+// runDemo implements `sluice demo`: two simulated replicas, then the same
+// seeded multi-tenant load twice, once sent to the replicas directly and
+// once through a Sluice server with the embedded ledger, and one table
+// contrasting what each tenant got both ways. --keep leaves the server and
+// its status page up until interrupted.
 func runDemo(ctx context.Context, e env, args []string) error {
 	fs := newFlags("demo")
-	dur := fs.Duration("duration", 20*time.Second, "how long load is offered")
-	html := fs.String("html", "", "also write the HTML report here")
+	dur := fs.Duration("duration", 20*time.Second, "how long load is offered, each way")
+	html := fs.String("html", "", "also write the HTML report of the run through Sluice here")
+	verbose := fs.Bool("verbose", false, "also print both full bench reports")
+	keep := fs.Bool("keep", false, "after the runs, keep the server and its status page up until interrupted")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -81,7 +87,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	cfgText.WriteString("gpu: {telemetry: off}\nserver: {drain_timeout: 5s}\ntenants:\n")
 	for _, t := range demoTenants {
 		keys[t.name] = randomKey()
-		fmt.Fprintf(&cfgText, "  - {name: %s, api_keys: [%q], concurrency: 8, queue: {max_depth: 32, max_wait: 5s},\n"+
+		fmt.Fprintf(&cfgText, "  - {name: %s, api_keys: [%q], concurrency: 12, queue: {max_depth: 16, max_wait: 2s},\n"+
 			"     budgets: [{dimension: tokens, limit: 100000000, window: 1h}]}\n", t.name, config.HashKey(keys[t.name]))
 	}
 	cfg, err := config.Parse([]byte(cfgText.String()))
@@ -96,20 +102,6 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	nodeCtx, stopNode := context.WithCancel(ctx)
-	defer stopNode()
-	nodeDone := make(chan error, 1)
-	go func() {
-		nodeDone <- node.Run(nodeCtx, cfg, node.Options{APIListener: apiLn, AdminListener: adminLn, Registry: reg})
-	}()
-	api := "http://" + apiLn.Addr().String()
-	if err := waitReady(ctx, api); err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "sluice demo: 2 simulated replicas, Sluice on %s, %d tenants (flood sends 10x a victim's rate) for %s\n\n",
-		apiLn.Addr(), len(demoTenants), *dur)
-
 	var wl strings.Builder
 	fmt.Fprintf(&wl, "seed: 7\nduration: %s\ndefaults:\n  input: {dist: uniform, mean: 256, range_ratio: 0.25}\n"+
 		"  output: {dist: uniform, mean: 64, range_ratio: 0.25}\n  deadline: 10s\n  slo: {ttft_ms: 1000}\ntenants:\n", *dur)
@@ -120,12 +112,47 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	if err := os.WriteFile(wlPath, []byte(wl.String()), 0o600); err != nil {
 		return err
 	}
-	_, err = bench.Run(ctx, bench.Options{BaseURL: api, Workload: wlPath, Stdout: e.stdout, Stderr: e.stderr,
+	// The bench reports go to stdout only with --verbose: the demo's
+	// output is the contrast, and the generator's own diagnostics (its
+	// connection pool, its send lag) are about the demo's client, not
+	// about what is measured.
+	out, errOut := io.Discard, io.Discard
+	if *verbose {
+		out, errOut = e.stdout, e.stderr
+	}
+	fmt.Fprintf(e.stdout, "sluice demo: 2 simulated replicas (16 sequences each), %d tenants (flood sends 20x a victim's rate), %s each way\n",
+		len(demoTenants), *dur)
+	fmt.Fprintln(e.stdout, "1/2 the load sent to the replicas directly…")
+	direct, err := bench.Run(ctx, bench.Options{BaseURL: strings.Join(urls, ","), Workload: wlPath, Stdout: out, Stderr: errOut,
+		DrainTimeout: 15 * time.Second, Label: "direct"})
+	if err != nil {
+		return fmt.Errorf("demo load, direct: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	nodeCtx, stopNode := context.WithCancel(ctx)
+	defer stopNode()
+	nodeDone := make(chan error, 1)
+	adminToken := randomKey()
+	go func() {
+		nodeDone <- node.Run(nodeCtx, cfg, node.Options{APIListener: apiLn, AdminListener: adminLn, Registry: reg, AdminToken: adminToken})
+	}()
+	api := "http://" + apiLn.Addr().String()
+	if err := waitReady(ctx, api); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "2/2 the same load through Sluice on %s…\n\n", apiLn.Addr())
+	through, err := bench.Run(ctx, bench.Options{BaseURL: api, Workload: wlPath, Stdout: out, Stderr: errOut,
 		DrainTimeout: 15 * time.Second, HTML: *html, Label: "sluice"})
 	if err != nil {
-		return fmt.Errorf("demo load: %w", err)
+		return fmt.Errorf("demo load, through Sluice: %w", err)
 	}
+	printContrast(e.stdout, direct, through)
 	printSluiceView(e, reg)
+	if *keep {
+		fmt.Fprintf(e.stdout, "\nstatus page: http://%s/status (log in with the admin token %s); Ctrl-C stops the demo\n", adminLn.Addr(), adminToken)
+		<-ctx.Done()
+	}
 	stopNode()
 	if err := <-nodeDone; err != nil {
 		return fmt.Errorf("demo server: %w", err)
@@ -135,6 +162,61 @@ func runDemo(ctx context.Context, e env, args []string) error {
 		<-simDone
 	}
 	return nil
+}
+
+// printContrast prints one row per tenant: what it got from the replicas
+// directly and through Sluice (requests served, failures with their
+// codes, TTFT p50/p99), then the victims pooled.
+func printContrast(w io.Writer, direct, through *bench.Result) {
+	type side struct {
+		sent, ok, failed int
+		why              string
+		ttft             stats.Dist
+	}
+	of := func(s stats.Summary) side {
+		var why []string
+		for o, reasons := range s.Outcomes {
+			if o == "success" || o == "late" {
+				continue
+			}
+			for r, n := range reasons {
+				if r == "" {
+					r = o
+				}
+				why = append(why, fmt.Sprintf("%s=%d", r, n))
+			}
+		}
+		sort.Strings(why)
+		return side{sent: s.Sent, ok: s.Completed, failed: s.Failed, why: strings.Join(why, " "), ttft: s.TTFT}
+	}
+	p99 := func(d stats.Dist) float64 { return d.P[stats.PWord(99)] }
+	fmt.Fprintln(w, "What each tenant got (TTFT in ms):")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "tenant\trole\tdirect: ok/sent\tfailed\tTTFT p50\tTTFT p99\t|\tSluice: ok/sent\trefused or failed\tTTFT p50\tTTFT p99")
+	row := func(name, role string, d, s side) {
+		fail := func(x side) string {
+			if x.failed == 0 {
+				return "0"
+			}
+			return fmt.Sprintf("%d (%s)", x.failed, x.why)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%.0f\t%.0f\t|\t%d/%d\t%s\t%.0f\t%.0f\n", name, role, d.ok, d.sent, fail(d),
+			d.ttft.Median, p99(d.ttft), s.ok, s.sent, fail(s), s.ttft.Median, p99(s.ttft))
+	}
+	byName := map[string]stats.Tenant{}
+	for _, t := range through.Analysis.Tenants {
+		byName[t.Name] = t
+	}
+	for _, t := range direct.Analysis.Tenants {
+		row(t.Name, t.Role, of(t.Summary), of(byName[t.Name].Summary))
+	}
+	if direct.Analysis.Victims != nil && through.Analysis.Victims != nil {
+		row("victims", "pooled", of(*direct.Analysis.Victims), of(*through.Analysis.Victims))
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "Directly, the flood fills the replicas' batches and vLLM's queue, and every tenant waits behind it.\n"+
+		"Through Sluice, the flood is capped at its concurrency and queue (its excess refused at once, 429 queue_full\n"+
+		"or 504 deadline_exceeded), and the victims keep their first tokens fast.")
 }
 
 func randomKey() string {

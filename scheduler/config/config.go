@@ -328,6 +328,12 @@ type Admin struct {
 	// StatusToken is the "sha256:<hex>" hash of a read-only token that
 	// opens /status and /status.json (besides the admin token). Optional.
 	StatusToken string `yaml:"status_token"`
+	// KeysMaxStaleness bounds how long an instance that cannot read the
+	// shared run-time keys document keeps authenticating the run-time keys
+	// it last read: past it those keys get 503 key_store_stale (keys of
+	// the config file still work), so a key revoked meanwhile on another
+	// instance stops working here too. Default 30s; at least 1s.
+	KeysMaxStaleness time.Duration `yaml:"keys_max_staleness"`
 }
 
 // Global holds fleet-wide budgets applied to every request.
@@ -560,6 +566,7 @@ func (f *File) applyDefaults() {
 	def(&s.MaxDepth, 4096)
 	def(&s.MaxBytes, 256<<20)
 	def(&s.DrainTimeout, 30*time.Second)
+	def(&f.Admin.KeysMaxStaleness, 30*time.Second)
 	def(&s.Headroom, 0.1)
 	def(&s.Cost.Unit, "tokens")
 	def(&s.Cost.WIn, 1)

@@ -180,6 +180,9 @@ func (f *File) Validate() error {
 		}
 		v.nonEmpty("tracing.service_name", f.Tracing.ServiceName)
 	}
+	if f.Admin.KeysMaxStaleness < time.Second {
+		v.add("admin.keys_max_staleness must be at least 1s (got %s)", f.Admin.KeysMaxStaleness)
+	}
 	if f.Admin.StatusToken != "" && !validKeyHash(f.Admin.StatusToken) {
 		v.add("admin.status_token must be \"sha256:<64 hex digits>\" (run 'sluice key hash'); the raw token is never stored")
 	}

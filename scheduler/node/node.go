@@ -260,7 +260,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
 	api := edge.HTTPServer()
-	admin := scheduler.NewAdmin(context.WithoutCancel(ctx), srv, o.AdminToken, reg, scheduler.AdminHooks{Reload: reload, Drain: stopRun})
+	admin := scheduler.NewAdmin(context.WithoutCancel(ctx), srv, o.AdminToken, reg, scheduler.AdminHooks{Reload: reload, Drain: stopRun, ConfigPath: o.ConfigPath})
 	adminSrv := admin.HTTPServer()
 
 	hup := make(chan os.Signal, 1)

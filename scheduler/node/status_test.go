@@ -225,6 +225,32 @@ func TestStatusPageInBrowser(t *testing.T) {
 		return text(`#tenants tr[data-tenant="acme"] td.ok`) == "3" && text(`#tenants tr[data-tenant="beta"] td.ok`) == "1"
 	})
 	assert.NotEqual(t, "0", text(`#budgets tr[data-tenant="acme"] td.committed`), "budget use updated")
+
+	// The operator's columns: queue bounds, rates, percentiles, refusals,
+	// version and uptime, replica state age; no horizontal overflow.
+	assert.Equal(t, "256", text(`#tenants tr[data-tenant="acme"] td.max-depth`))
+	assert.Equal(t, "no cap", text(`#tenants tr[data-tenant="acme"] td.conc`), "concurrency 0 is no cap, not zero")
+	require.Equal(t, 404, n.call(t, "/v1/chat/completions", keyAcme, `{"model":"nope","messages":[{"role":"user","content":"x"}]}`).StatusCode)
+	eventually(t, "the refusal, rates and percentiles on the page", func() bool {
+		return text(`#refusals tr[data-refusal-tenant="acme"] td.code`) == "model_not_found" &&
+			text(`#tenants tr[data-tenant="acme"] td.ttft50`) != "-" && text(`#tenants tr[data-tenant="acme"] td.rps`) != "0.00"
+	})
+	assert.Contains(t, text("#meta"), "sluice ")
+	assert.Contains(t, text("#meta"), " · up ")
+	assert.NotEqual(t, "-", text(`tr[data-replica="r0"] td.state-for`))
+	overflow, _ := b.eval(t, `document.documentElement.scrollWidth <= window.innerWidth`).(bool)
+	assert.True(t, overflow, "wide tables scroll inside their box; the page itself does not overflow")
+
+	// SLUICE_STATUS_SCREENSHOT=FILE keeps a picture of the page
+	// (docs/status-page.png is one).
+	if out := os.Getenv("SLUICE_STATUS_SCREENSHOT"); out != "" {
+		b.send(t, b.session, "Emulation.setDeviceMetricsOverride", map[string]any{"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false}, nil)
+		var shot struct {
+			Data []byte `json:"data"`
+		}
+		b.send(t, b.session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &shot)
+		require.NoError(t, os.WriteFile(out, shot.Data, 0o644))
+	}
 	assert.Equal(t, int64(4), rep.Stats().Received)
 }
 

@@ -17,6 +17,11 @@
 //     Cluster (a document is one key, hence one slot). It is the store of
 //     the Redis-ledger layout: every instance sees a write at its next poll.
 //
+// Every document also has an epoch, a random id given when it is created
+// and kept by every later write, so that a reader can tell a backend that
+// went back (a failover that lost writes, a restart without persistence)
+// from one that moved on: see [Doc.After].
+//
 // # Design rationale
 //
 // Documents are small (kilobytes) and change rarely (an operator creates a

@@ -12,7 +12,7 @@ import (
 )
 
 // File is a [Store] on a local directory. Each document is
-// <dir>/<name>.json holding {"rev": N, "data": <the document>}; data must
+// <dir>/<name>.json holding {"rev": N, "epoch": E, "data": <the document>}; data must
 // therefore be JSON, which keeps the files readable by an operator. A
 // write goes to a temporary file that is fsynced, renamed over the
 // document and followed by an fsync of the directory, so a crash leaves
@@ -40,8 +40,9 @@ func OpenFile(dir string) (*File, error) {
 func (f *File) Dir() string { return f.dir }
 
 type fileDoc struct {
-	Rev  uint64          `json:"rev"`
-	Data json.RawMessage `json:"data"`
+	Rev   uint64          `json:"rev"`
+	Epoch string          `json:"epoch,omitempty"`
+	Data  json.RawMessage `json:"data"`
 }
 
 func (f *File) path(name string) string { return filepath.Join(f.dir, name+".json") }
@@ -66,7 +67,7 @@ func (f *File) read(name string) (Doc, error) {
 	if err := json.Unmarshal(b, &fd); err != nil {
 		return Doc{}, fmt.Errorf("statestore: %s: corrupt document: %w", f.path(name), err)
 	}
-	return Doc{Name: name, Rev: fd.Rev, Data: []byte(fd.Data)}, nil
+	return Doc{Name: name, Rev: fd.Rev, Epoch: fd.Epoch, Data: []byte(fd.Data)}, nil
 }
 
 // CompareAndSet writes data as revision rev+1 if name is at rev.
@@ -91,8 +92,11 @@ func (f *File) CompareAndSet(_ context.Context, name string, rev uint64, data []
 	if cur.Rev != rev {
 		return Doc{}, fmt.Errorf("%s at revision %d, not %d: %w", name, cur.Rev, rev, ErrConflict)
 	}
-	next := Doc{Name: name, Rev: rev + 1, Data: append([]byte(nil), data...)}
-	b, err := json.Marshal(fileDoc{Rev: next.Rev, Data: next.Data})
+	if cur.Epoch == "" {
+		cur.Epoch = newEpoch()
+	}
+	next := Doc{Name: name, Rev: rev + 1, Epoch: cur.Epoch, Data: append([]byte(nil), data...)}
+	b, err := json.Marshal(fileDoc{Rev: next.Rev, Epoch: next.Epoch, Data: next.Data})
 	if err != nil {
 		return Doc{}, fmt.Errorf("statestore: %s: %w", name, err)
 	}

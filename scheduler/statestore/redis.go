@@ -9,7 +9,7 @@ import (
 )
 
 // Redis is a [Store] on Redis (standalone, Sentinel or Cluster). Document
-// name lives in the hash <prefix>:{state:<name>} with fields rev and data;
+// name lives in the hash <prefix>:{state:<name>} with fields rev, epoch and data;
 // the braces make the whole key the Cluster hash tag, and every script
 // touches that one key only. Redis is safe for concurrent use. The client
 // should have ContextTimeoutEnabled, so that ctx bounds every round trip.
@@ -30,13 +30,17 @@ func NewRedis(c redis.UniversalClient, prefix string) *Redis {
 func (r *Redis) key(name string) string { return r.prefix + ":{state:" + name + "}" }
 
 // casScript sets rev+1 and data when the stored rev equals ARGV[1] and
-// returns the new rev; otherwise it writes nothing and returns -(stored
-// rev)-1, so a conflict is told apart from any success.
+// returns {new rev, epoch}; otherwise it writes nothing and returns
+// {-(stored rev)-1}, so a conflict is told apart from any success. A hash
+// without an epoch (a new document, or one written before epochs) takes
+// ARGV[3].
 var casScript = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
-if cur ~= tonumber(ARGV[1]) then return -cur - 1 end
-redis.call('HSET', KEYS[1], 'rev', cur + 1, 'data', ARGV[2])
-return cur + 1
+if cur ~= tonumber(ARGV[1]) then return {-cur - 1} end
+local ep = redis.call('HGET', KEYS[1], 'epoch')
+if not ep then ep = ARGV[3] end
+redis.call('HSET', KEYS[1], 'rev', cur + 1, 'epoch', ep, 'data', ARGV[2])
+return {cur + 1, ep}
 `)
 
 // Get reads the current revision of name.
@@ -44,7 +48,7 @@ func (r *Redis) Get(ctx context.Context, name string) (Doc, error) {
 	if err := checkName(name); err != nil {
 		return Doc{}, err
 	}
-	vals, err := r.c.HMGet(ctx, r.key(name), "rev", "data").Result()
+	vals, err := r.c.HMGet(ctx, r.key(name), "rev", "data", "epoch").Result()
 	if err != nil {
 		return Doc{}, fmt.Errorf("statestore: get %s: %w", name, err)
 	}
@@ -57,7 +61,8 @@ func (r *Redis) Get(ctx context.Context, name string) (Doc, error) {
 		return Doc{}, fmt.Errorf("statestore: %s: corrupt revision %q", name, rs)
 	}
 	ds, _ := vals[1].(string)
-	return Doc{Name: name, Rev: rev, Data: []byte(ds)}, nil
+	ep, _ := vals[2].(string)
+	return Doc{Name: name, Rev: rev, Epoch: ep, Data: []byte(ds)}, nil
 }
 
 // CompareAndSet writes data as revision rev+1 if name is at rev.
@@ -65,12 +70,17 @@ func (r *Redis) CompareAndSet(ctx context.Context, name string, rev uint64, data
 	if err := checkName(name); err != nil {
 		return Doc{}, err
 	}
-	n, err := casScript.Run(ctx, r.c, []string{r.key(name)}, rev, data).Int64()
+	res, err := casScript.Run(ctx, r.c, []string{r.key(name)}, rev, data, newEpoch()).Slice()
 	if err != nil {
 		return Doc{}, fmt.Errorf("statestore: set %s: %w", name, err)
 	}
+	n, _ := res[0].(int64)
 	if n < 0 {
 		return Doc{}, fmt.Errorf("%s at revision %d, not %d: %w", name, -n-1, rev, ErrConflict)
 	}
-	return Doc{Name: name, Rev: uint64(n), Data: append([]byte(nil), data...)}, nil
+	var ep string
+	if len(res) > 1 {
+		ep, _ = res[1].(string)
+	}
+	return Doc{Name: name, Rev: uint64(n), Epoch: ep, Data: append([]byte(nil), data...)}, nil
 }

@@ -1,7 +1,10 @@
 package statestore
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -9,10 +12,42 @@ import (
 
 // Doc is one revision of a named document. Rev 0 means the document does
 // not exist yet (Data is then nil).
+//
+// Epoch names the document's history: a random id given when the document
+// is created and kept by every later write. A backend that forgets writes
+// (a Redis failover that loses acknowledged writes, a restart without
+// persistence, a deleted key or file) makes the revision go back; when it
+// forgot the document altogether, the next write creates it under a new
+// epoch. A reader that remembers the (Epoch, Rev, Data) it applied can
+// therefore tell "a newer revision" from "a different history" (see
+// [Doc.After]). A document written before epochs existed has Epoch "" until
+// its next write gives it one.
 type Doc struct {
-	Name string
-	Rev  uint64
-	Data []byte
+	Name  string
+	Rev   uint64
+	Epoch string
+	Data  []byte
+}
+
+// Same reports whether d and o are the same revision of the same history
+// with the same bytes.
+func (d Doc) Same(o Doc) bool {
+	return d.Rev == o.Rev && d.Epoch == o.Epoch && bytes.Equal(d.Data, o.Data)
+}
+
+// After reports whether d continues the history that applied belongs to:
+// same epoch (or applied had none yet) and a higher revision. A Doc that is
+// neither Same as applied nor After it is older, or from another history:
+// the backend went back, or the read raced a newer write of this process.
+func (d Doc) After(applied Doc) bool {
+	return d.Rev > applied.Rev && (d.Epoch == applied.Epoch || applied.Epoch == "" || applied.Rev == 0)
+}
+
+// newEpoch returns a random epoch id.
+func newEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail (Go 1.24+)
+	return hex.EncodeToString(b[:])
 }
 
 // Store is a shared store of named documents. Implementations are safe for
@@ -71,17 +106,32 @@ func Update(ctx context.Context, s Store, name string, fn func(old []byte) ([]by
 }
 
 // Watch calls fn with the current revision of name, then again each time
-// a poll every interval finds a different revision, until ctx ends; then
+// a poll every interval reads a document that is not [Doc.Same] as the
+// previous read (another revision, epoch or content: a backend that went
+// back is reported too, not only one that moved on), until ctx ends; then
 // it returns ctx's error. A failed poll (the backend unreachable) is
 // retried at the next tick and reported through onErr when it is non-nil.
 // fn runs on the caller's goroutine, one call at a time.
 func Watch(ctx context.Context, s Store, name string, every time.Duration, fn func(Doc), onErr func(error)) error {
-	if every <= 0 {
+	return Watcher{Every: every, OnChange: fn, OnError: onErr}.Run(ctx, s, name)
+}
+
+// Watcher polls one document; see [Watch].
+type Watcher struct {
+	Every    time.Duration
+	OnChange func(Doc)   // a read that differs from the previous one
+	OnError  func(error) // a failed read; may be nil
+	OnRead   func(Doc)   // every successful read, before OnChange; may be nil
+}
+
+// Run polls name until ctx ends and returns ctx's error.
+func (w Watcher) Run(ctx context.Context, s Store, name string) error {
+	if w.Every <= 0 {
 		return fmt.Errorf("watch %q: interval must be > 0", name)
 	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(w.Every)
 	defer t.Stop()
-	var last uint64
+	var last Doc
 	first := true
 	for {
 		d, err := s.Get(ctx, name)
@@ -90,12 +140,17 @@ func Watch(ctx context.Context, s Store, name string, every time.Duration, fn fu
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if onErr != nil {
-				onErr(err)
+			if w.OnError != nil {
+				w.OnError(err)
 			}
-		case first || d.Rev != last:
-			first, last = false, d.Rev
-			fn(d)
+		default:
+			if w.OnRead != nil {
+				w.OnRead(d)
+			}
+			if first || !d.Same(last) {
+				first, last = false, d
+				w.OnChange(d)
+			}
 		}
 		select {
 		case <-ctx.Done():

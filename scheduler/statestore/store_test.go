@@ -213,7 +213,15 @@ func TestFileKeepsJSONAndLeavesNoTempFiles(t *testing.T) {
 	require.NoError(t, err)
 	b, err := os.ReadFile(filepath.Join(dir, "keys.json"))
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"rev":1,"data":{"a":1}}`, string(b))
+	var fd struct {
+		Rev   uint64
+		Epoch string
+		Data  json.RawMessage
+	}
+	require.NoError(t, json.Unmarshal(b, &fd))
+	assert.Equal(t, uint64(1), fd.Rev)
+	assert.Len(t, fd.Epoch, 16, "a new document gets an epoch")
+	assert.JSONEq(t, `{"a":1}`, string(fd.Data))
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	var names []string
@@ -256,4 +264,90 @@ func TestRedisBlobs(t *testing.T) {
 	assert.Greater(t, ttl, 59*time.Minute, "stored with its TTL")
 	require.NoError(t, raw.PExpire(ctx, "test:{blob:x}", time.Millisecond).Err())
 	require.Eventually(t, func() bool { _, ok, _ := b.Get(ctx, "x"); return !ok }, 5*time.Second, 5*time.Millisecond, "expired")
+}
+
+// TestEpochNamesTheHistory pins what lets an instance notice that its
+// backend forgot writes: every write keeps the document's epoch, a
+// document forgotten and written again gets a new one, and Watch reports a
+// revision that went back (not only one that moved on).
+func TestEpochNamesTheHistory(t *testing.T) {
+	t.Parallel()
+	type forgetful struct {
+		name string
+		open func(t *testing.T) (s statestore.Store, forget func(name string), restore func(d statestore.Doc))
+	}
+	cases := []forgetful{
+		{"memory", func(*testing.T) (statestore.Store, func(string), func(statestore.Doc)) {
+			m := statestore.NewMemory()
+			return m, m.Delete, m.Restore
+		}},
+		{"file", func(t *testing.T) (statestore.Store, func(string), func(statestore.Doc)) {
+			dir := t.TempDir()
+			f, err := statestore.OpenFile(dir)
+			require.NoError(t, err)
+			return f, func(name string) { require.NoError(t, os.Remove(filepath.Join(dir, name+".json"))) },
+				func(d statestore.Doc) {
+					b, err := json.Marshal(map[string]any{"rev": d.Rev, "epoch": d.Epoch, "data": json.RawMessage(d.Data)})
+					require.NoError(t, err)
+					require.NoError(t, os.WriteFile(filepath.Join(dir, d.Name+".json"), b, 0o600))
+				}
+		}},
+		{"redis", func(t *testing.T) (statestore.Store, func(string), func(statestore.Doc)) {
+			c := redis.NewClient(&redis.Options{Addr: startRedis(t), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			key := func(name string) string { return "test:{state:" + name + "}" }
+			return statestore.NewRedis(c, "test"),
+				func(name string) { require.NoError(t, c.Del(context.Background(), key(name)).Err()) },
+				func(d statestore.Doc) {
+					require.NoError(t, c.HSet(context.Background(), key(d.Name), "rev", d.Rev, "epoch", d.Epoch, "data", d.Data).Err())
+				}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, forget, restore := tc.open(t)
+			ctx := t.Context()
+			d1, err := statestore.Update(ctx, s, "w", incr)
+			require.NoError(t, err)
+			require.NotEmpty(t, d1.Epoch)
+			d2, err := statestore.Update(ctx, s, "w", incr)
+			require.NoError(t, err)
+			assert.Equal(t, d1.Epoch, d2.Epoch, "a write keeps the epoch")
+			got, err := s.Get(ctx, "w")
+			require.NoError(t, err)
+			assert.True(t, got.Same(d2))
+			assert.True(t, d2.After(d1))
+			assert.False(t, d1.After(d2))
+
+			// A failover to a replica that missed d2: same epoch, lower rev.
+			changes := make(chan statestore.Doc, 16)
+			wctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- statestore.Watch(wctx, s, "w", 5*time.Millisecond, func(d statestore.Doc) { changes <- d }, nil)
+			}()
+			assert.Equal(t, uint64(2), recv(t, changes).Rev)
+			restore(d1)
+			back := recv(t, changes)
+			assert.Equal(t, uint64(1), back.Rev, "Watch reports a revision that went back")
+			assert.False(t, back.After(d2))
+			assert.False(t, back.Same(d2))
+
+			// A restart without persistence: the document is gone, and its
+			// next creation is another history even at a higher revision.
+			forget("w")
+			assert.Equal(t, uint64(0), recv(t, changes).Rev)
+			var d3 statestore.Doc
+			for range 3 {
+				d3, err = statestore.Update(ctx, s, "w", incr)
+				require.NoError(t, err)
+			}
+			assert.Equal(t, uint64(3), d3.Rev)
+			assert.NotEqual(t, d2.Epoch, d3.Epoch, "a recreated document has a new epoch")
+			assert.False(t, d3.After(d2), "a higher revision of another history does not continue it")
+			cancel()
+			require.ErrorIs(t, <-done, context.Canceled)
+		})
+	}
 }
