@@ -275,10 +275,8 @@ func queueConfig(cfg *config.File) queue.Config {
 	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait,
 		ExpirySpin: queueExpirySpin}
 	for _, t := range cfg.Tenants {
-		order := queue.OrderFIFO
-		if t.Queue.Order == "edf" {
-			order = queue.OrderEDF
-		}
+		// The config's validation refused any other order (fifo or edf).
+		order, _ := queue.ParseOrder(t.Queue.Order)
 		qc.Tenants = append(qc.Tenants, queue.TenantConfig{
 			Name: t.Name, Weight: float64(t.Weight), Band: t.Priority,
 			MaxDepth: t.Queue.MaxDepth, MaxBytes: t.Queue.MaxBytes, MaxWait: t.Queue.MaxWait, Order: order,
