@@ -1,16 +1,25 @@
 GO ?= go
 GOLANGCI_VERSION ?= v2.6.2
+# staticcheck 2026.2.2 (module honnef.co/go/tools), fetched from the Go module proxy by `go run`.
+STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: test deps vet verify lint fmt-check bench bench-long bench-smoke demo build node-test gpu-check chaos fairness-sweep
+.PHONY: test deps vet verify lint unused fmt-check bench bench-long bench-smoke demo build node-test gpu-check chaos fairness-sweep
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
 
 # The test command of the README and CI: installs what a fresh machine lacks,
-# then vets and runs every test with the race detector.
-test: deps
+# then vets, checks that no code is left that nothing uses, and runs every
+# test with the race detector.
+test: deps unused
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# Code nothing uses (staticcheck's U1000, the `unused` check), so that what
+# was deleted stays deleted. Part of `make test`; `go run` builds the pinned
+# staticcheck from the module proxy on first use.
+unused:
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -checks U1000 ./...
 
 deps:
 	./scripts/ensure-deps.sh

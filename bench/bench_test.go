@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/sluicehq/sluice/internal/schematest"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -67,7 +69,7 @@ func TestRunAgainstSimulator(t *testing.T) {
 
 	saved, err := report.Load(filepath.Join(dir, "r.json"))
 	require.NoError(t, err)
-	require.NoError(t, report.ValidateSchema(ResultSchema, saved))
+	require.NoError(t, schematest.ValidateSchema(ResultSchema, saved))
 	raw, err := os.ReadFile(filepath.Join(dir, "r.json"))
 	require.NoError(t, err)
 	assert.NotContains(t, string(raw), "sk-aaaaaaaaaaaa", "keys masked")
@@ -164,7 +166,7 @@ func TestIsolationBaseline(t *testing.T) {
 	require.NotNil(t, iso)
 	assert.Positive(t, f(res.Doc, "isolation", "p99_ttft_ratio"))
 	assert.InDelta(t, 1.0, f(res.Doc, "isolation", "attainment_ratio"), 1e-9)
-	require.NoError(t, report.ValidateSchema(ResultSchema, res.Doc))
+	require.NoError(t, schematest.ValidateSchema(ResultSchema, res.Doc))
 	base, err := report.Load(filepath.Join(dir, "base.json"))
 	require.NoError(t, err)
 	assert.InDelta(t, 0.0, f(base, "tenants", "flood", "sent"), 0, "excluded tenant sends nothing")

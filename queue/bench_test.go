@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-type benchPayload struct{ id int }
+type benchPayload struct{ _ int } // not zero-size: each payload has its own address
 
 func benchQueue(tb testing.TB, tenantsN, perTenant int) (*Queue[*benchPayload], []string, []int64) {
 	tb.Helper()

@@ -73,10 +73,6 @@ func (a *Admin) HTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{Handler: a.Handle, Name: "sluice-admin", ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 }
 
-// Route adds an admin route ("METHOD /admin/path"); later issues extend the
-// API through it.
-func (a *Admin) Route(pattern string, h fasthttp.RequestHandler) { a.routes[pattern] = h }
-
 // Handle routes admin-listener requests.
 func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())

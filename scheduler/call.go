@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"time"
 
@@ -82,10 +83,11 @@ type call struct {
 	ticket     gpu.Ticket
 	dispatchAt time.Time
 	firstByte  time.Time
-	stream     *vllm.Stream
-	upInterval int    // > 0: a non-streamed request sent upstream as a stream of this interval
-	peeked     peeked // an evidence stream's first event, read by execute
-	sent       bool   // a request may have reached the replica
+	stream     *vllm.Stream   // chat and completions: the answer, opened by execute
+	resp       *http.Response // the other endpoints: the answer, opened by execute
+	upInterval int            // > 0: a non-streamed request sent upstream as a stream of this interval
+	peeked     peeked         // an evidence stream's first event, read by execute
+	sent       bool           // a request may have reached the replica
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
@@ -114,42 +116,6 @@ type admission struct {
 	// traceparent and tracestate are the client's W3C trace context,
 	// read only when tracing is on.
 	traceparent, tracestate string
-}
-
-// start runs a call's request path up to its response (steps 2–7 for a
-// non-streamed call, whose assembled body it returns; up to the replica's
-// 200 for a streamed one, whose stream the edge then pumps). A nil call
-// means nothing was admitted; otherwise the call has reached a terminal
-// phase unless it is streaming, and the caller ends it (call.end).
-func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission) (*call, []byte, error) {
-	c, err := s.admit(ctx, t, pol, a)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := s.await(c); err != nil {
-		return c, nil, err
-	}
-	if err := s.execute(c); err != nil {
-		s.finish(c, err)
-		return c, nil, err
-	}
-	if c.req.Stream {
-		return c, nil, nil
-	}
-	body, err := s.drainStream(c)
-	if err == nil {
-		// Before the settlement: a retry that finds the record charged
-		// must find the response too.
-		s.rememberResponse(c, body)
-	}
-	s.finish(c, err)
-	if err != nil {
-		return c, nil, err
-	}
-	if c.wf != nil {
-		c.wf.countToolCalls(toolCallsIn(body))
-	}
-	return c, body, nil
 }
 
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
@@ -254,7 +220,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 		return nil, err
 	}
 	c.handle = it.Handle
-	_ = c.to(phaseQueued)
+	s.to(c, phaseQueued)
 	t.rt.queued.Add(1)
 	s.countKey(c, "admitted")
 	s.dispatchInline()
@@ -361,7 +327,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			// by the store client after its reply was lost; a random id
 			// is never another attempt's.
 			c.grant = g
-			_ = c.to(phaseReserved)
+			s.to(c, phaseReserved)
 			s.leases.track(c, sent, c.pol.leaseTTL)
 			return nil
 		case err == nil:
@@ -384,7 +350,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			if a.idemKey == "" && s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
 				// ambiguous Reserve applied (outage.go).
-				_ = c.to(phaseReserved)
+				s.to(c, phaseReserved)
 				return nil
 			}
 			switch {
@@ -534,7 +500,7 @@ func mulAmount(a, b int64) (int64, bool) {
 // dispatch.
 func (s *Server) release(c *call) {
 	if c.phase != phaseReserved && c.phase != phaseQueued {
-		s.log.Error("release skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseReleased})
+		s.illegal(c, transitionError{c.phase, phaseReleased})
 		return
 	}
 	if c.tr != nil {
@@ -542,12 +508,12 @@ func (s *Server) release(c *call) {
 	}
 	if c.outage {
 		s.outageNotRun(c)
-		_ = c.to(phaseReleased)
+		s.to(c, phaseReleased)
 		return
 	}
 	s.leases.untrack(c)
 	ended := phaseReleased
-	defer func() { _ = c.to(ended) }()
+	defer func() { s.to(c, ended) }()
 	op := c.ledgerOp()
 	defer op.cancel()
 	err := s.led.Release(op, c.ref, s.owner)
@@ -663,7 +629,7 @@ func (s *Server) await(c *call) (err error) {
 		}
 		c.rep = rep
 		c.dispatchAt = s.now()
-		_ = c.to(phaseDispatched)
+		s.to(c, phaseDispatched)
 		c.t.rt.inflight.Add(1)
 		c.keyInflight(1)
 		c.t.rt.inflightTokens.Add(c.size)

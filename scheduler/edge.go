@@ -110,16 +110,10 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 			rc.SetContentType("text/plain")
 			rc.SetBodyString(why + "\n")
 		}
-	case string(p) == "/v1/chat/completions" || string(p) == "/v1/completions":
-		if !rc.IsPost() {
-			e.methodNotAllowed(rc)
-			return
-		}
-		ep := vllm.EndpointChat
-		if string(p) == "/v1/completions" {
-			ep = vllm.EndpointCompletions
-		}
-		e.generate(rc, ep, reqID)
+	case string(p) == "/v1/chat/completions":
+		e.serve(rc, vllm.EndpointChat, reqID)
+	case string(p) == "/v1/completions":
+		e.serve(rc, vllm.EndpointCompletions, reqID)
 	case string(p) == "/v1/workflows" || bytes.HasPrefix(p, []byte("/v1/workflows/")):
 		e.workflowAPI(rc, strings.TrimPrefix(strings.TrimPrefix(string(p), "/v1/workflows"), "/"))
 	case string(p) == "/v1/models":
@@ -130,8 +124,8 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 		e.models(rc)
 	default:
 		path := string(p)
-		if ep, ok := vllm.EndpointForPath(path); ok && isOther(ep) {
-			e.other(rc, ep, reqID) // endpoints.go
+		if ep, ok := vllm.EndpointForPath(path); ok {
+			e.serve(rc, ep, reqID) // the rest of vLLM's surface (endpoints.go)
 			return
 		}
 		e.writeError(rc, "", fmt.Errorf("no route %s: %w", path, ErrNotFound))
@@ -272,84 +266,84 @@ func (e *Edge) replayed(rc *fasthttp.RequestCtx, tenant string, r *cachedRespons
 	e.s.m.count(tenant, outcomeOK, nil)
 }
 
-// generate serves one chat or completions request end to end.
-func (e *Edge) generate(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
-	s := e.s
+// serve answers one request of vLLM's API end to end: the edge's part of
+// the call (authenticate, read the admission headers, watch the client's
+// connection, write the answer) around the call's owner, Start and
+// Finish (ticket.go).
+func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
+	if !rc.IsPost() {
+		e.methodNotAllowed(rc)
+		return
+	}
 	cr, ok := e.accept(rc, ep, reqID)
 	if !ok {
 		return
 	}
-	t, pol, a, cctx, gone, stopWatch := cr.t, cr.pol, cr.a, cr.ctx, cr.gone, cr.stopWatch
-	streaming := false
-	defer func() {
-		if !streaming {
-			stopWatch()
-			gone(nil)
+	tk, err := e.s.Start(cr.ctx, cr.t, cr.pol, cr.a)
+	if tk == nil || !tk.Streaming() {
+		if tk != nil {
+			tk.Finish(&wholeSink{e: e, rc: rc})
+		} else if replay := asReplay(err); replay != nil {
+			e.replayed(rc, cr.t.name, replay)
+		} else {
+			e.reject(rc, cr.t.name, err)
 		}
-	}()
-
-	c, body, err := s.start(cctx, t, pol, a)
-	if err != nil {
-		// Declared here: an errors.As target escapes.
-		var replay *cachedResponse
-		if errors.As(err, &replay) {
-			e.replayed(rc, t.name, replay)
-			return
-		}
-	}
-	if c == nil {
-		e.reject(rc, t.name, err)
+		cr.stopWatch()
+		cr.gone(nil)
 		return
 	}
-	defer func() {
-		if !streaming {
-			c.end()
-		}
-	}()
-	if err != nil {
-		e.outcome(rc, c, err)
-		return
-	}
-	e.successHeaders(rc, c)
-	if !c.req.Stream {
-		ts := t.series(s.m)
-		ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
-		ts.requestsOK.Inc()
-		rc.SetContentType("application/json")
-		rc.SetBody(body)
-		return
-	}
-	streaming = true
+	e.successHeaders(rc, tk.c)
 	// Send the 200 headers at once, as vLLM does right after validation:
 	// the first chunk may be a long prefill away.
 	rc.Response.ImmediateHeaderFlush = true
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	rc.SetBodyStream(&sseBody{e: e, c: c, conn: rc.Conn(), end: func() {
-		c.end()
-		stopWatch()
-		gone(nil)
-	}}, -1)
+	rc.SetBodyStream(&sseBody{tk: tk, conn: rc.Conn(), stopWatch: cr.stopWatch, gone: cr.gone}, -1)
 }
 
+// asReplay is the completed response an Idempotency-Key retry is answered
+// with, or nil (out of line: an errors.As target escapes).
+func asReplay(err error) *cachedResponse {
+	var replay *cachedResponse
+	if errors.As(err, &replay) {
+		return replay
+	}
+	return nil
+}
+
+// wholeSink answers a non-streamed call, or a call that failed before its
+// answer opened, on the request's response.
+type wholeSink struct {
+	e  *Edge
+	rc *fasthttp.RequestCtx
+}
+
+func (w *wholeSink) whole(c *call, body []byte) {
+	w.e.successHeaders(w.rc, c)
+	w.rc.SetContentType("application/json")
+	w.rc.SetBody(body)
+}
+
+func (w *wholeSink) refuse(c *call, err error) *apiError { return w.e.refuse(w.rc, c, err) }
+
+func (w *wholeSink) stream() (io.Writer, writeDeadliner) { return io.Discard, nil } // never streamed
+
 // sseBody is a streamed response's body. fasthttp calls WriteTo on the
-// connection's own goroutine, and each Write is one HTTP chunk, flushed:
-// SetBodyStreamWriter instead runs the writer on a goroutine of its own
-// and passes every chunk through a pipe, a goroutine hand-off per SSE
-// event. Read is a fallback for a path that reads the stream
-// (none in this fasthttp version). Close, which fasthttp always calls,
-// ends the call, also when the body was never written (the client left
-// before the headers went out).
+// connection's own goroutine, and each Write is one HTTP chunk, flushed
+// (SetBodyStreamWriter instead runs a writer on a goroutine of its own and
+// passes every chunk through a pipe, a goroutine hand-off per event).
+// WriteTo runs the call's Finish into the connection; Close, which
+// fasthttp always calls, runs it with no sink when the body was never
+// written (the client left before the headers went out), then stops
+// watching the client.
 type sseBody struct {
-	e    *Edge
-	c    *call
-	conn writeDeadliner // the client's connection; nil: no write deadline
-	end  func()         // call.end, stop watching, release the client context
+	tk        *Ticket
+	conn      writeDeadliner // the client's connection; nil: no write deadline
+	stopWatch func()         // stops watching the client's connection
+	gone      context.CancelCauseFunc
 
 	mu     sync.Mutex
-	pumped bool           // WriteTo or Read started the pump
-	pr     *io.PipeReader // the Read fallback's pipe
-	done   chan struct{}  // closed when the Read fallback's pump returned
+	pumped bool // WriteTo ran Finish
 	closed bool
 }
 
@@ -363,28 +357,15 @@ func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	}
 	b.pumped = true
 	b.mu.Unlock()
-	return b.e.pump(b.c, w, b.conn)
+	out := sseSink{w: w, conn: b.conn}
+	b.tk.Finish(&out)
+	return out.n, out.err
 }
 
-func (b *sseBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	if b.pr == nil {
-		if b.pumped || b.closed {
-			b.mu.Unlock()
-			return 0, io.EOF
-		}
-		b.pumped = true
-		pr, pw := io.Pipe()
-		b.pr, b.done = pr, make(chan struct{})
-		go func() { // joined by Close
-			defer close(b.done)
-			_, err := b.e.pump(b.c, pw, nil) // the pipe's reader writes to the client
-			_ = pw.CloseWithError(err)
-		}()
-	}
-	pr := b.pr
-	b.mu.Unlock()
-	return pr.Read(p)
+// Read is never called: fasthttp writes a body whose SupportsBodyWriteTo
+// is true through WriteTo, and SetBodyStream takes an io.Reader.
+func (b *sseBody) Read([]byte) (int, error) {
+	return 0, errors.New("sse body: fasthttp reads it through WriteTo")
 }
 
 func (b *sseBody) Close() error {
@@ -394,25 +375,45 @@ func (b *sseBody) Close() error {
 		return nil
 	}
 	b.closed = true
-	pumped, pr, done := b.pumped, b.pr, b.done
+	pumped := b.pumped
 	b.mu.Unlock()
-	if pr != nil {
-		// Stop a pump still running (the reader gave up: the client
-		// left), whether it waits upstream or on the pipe.
-		b.c.cancel(ErrClientGone)
-		_ = pr.CloseWithError(ErrClientGone)
-		<-done
-	}
 	if !pumped {
-		// Never written: the client left before the headers did.
-		c := b.c
-		c.cancel(ErrClientGone)
-		b.e.s.finish(c, ErrClientGone)
-		b.e.s.m.count(c.t.name, outcomeCancelled, nil)
+		b.tk.Finish(nil)
 	}
-	b.end()
+	if b.stopWatch != nil {
+		b.stopWatch()
+	}
+	if b.gone != nil {
+		b.gone(nil)
+	}
 	return nil
 }
+
+// sseSink is a streamed answer's sink: the chunked body writer fasthttp
+// gives WriteTo, and what was written to it.
+type sseSink struct {
+	w    io.Writer
+	conn writeDeadliner
+	n    int64
+	err  error
+}
+
+func (o *sseSink) Write(b []byte) (int, error) {
+	n, err := o.w.Write(b)
+	o.n += int64(n)
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	return n, err
+}
+
+func (o *sseSink) stream() (io.Writer, writeDeadliner) { return o, o.conn }
+
+// whole and refuse do not happen to a streamed answer, whose 200 headers
+// went out before Finish.
+func (o *sseSink) whole(*call, []byte) {}
+
+func (o *sseSink) refuse(*call, error) *apiError { return nil }
 
 // end releases the call's context resources; the call must be settled or
 // released already.
@@ -423,7 +424,8 @@ func (c *call) end() {
 	}
 }
 
-// pump passes the upstream stream to a streaming client, then settles.
+// pump passes a chat or completions stream to a streaming client, then
+// settles (Finish, for a streamed answer).
 // Events already in the stream's read buffer are written together, in one
 // write (one HTTP chunk, flushed: sseBody) made just before the stream
 // reads the replica again (Stream.BeforeRead), so no event waits on the
@@ -434,46 +436,20 @@ func (c *call) end() {
 // client that stops reading fills its socket buffers, the write blocks,
 // and the deadline ends the call as ErrClientStalled, so that it does not
 // hold its slot and replica room for as long as it does not read. It
-// returns the bytes written and the write error.
-func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, werr error) {
-	s := e.s
+// returns the outcome it counted.
+func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 	var buf []byte // shaped events not yet written
 	first := true
 	shaper := vllm.NewShaper(c.req)
-	timeout := c.pol.cfg.Server.StreamWriteTimeout
-	if timeout <= 0 {
-		conn = nil
-	}
-	write := func(b []byte) {
-		if conn != nil {
-			_ = conn.SetWriteDeadline(time.Now().Add(timeout))
-		}
-		n, err := w.Write(b)
-		written += int64(n)
-		if err != nil {
-			werr = err
-			cause := ErrClientGone
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				cause = ErrClientStalled
-			}
-			c.cancel(cause) // closes upstream: the read after this returns
-		}
-	}
+	cw := newClientWriter(c, w, conn)
+	defer cw.done()
+	write := cw.write
 	flush := func() {
-		if len(buf) == 0 || werr != nil {
+		if len(buf) == 0 || cw.err != nil {
 			return
 		}
 		write(buf)
 		buf = buf[:0]
-	}
-	if conn != nil {
-		defer func() {
-			if werr == nil {
-				// The connection may serve the next request, with no
-				// deadline of this one's.
-				_ = conn.SetWriteDeadline(time.Time{})
-			}
-		}()
 	}
 	c.stream.BeforeRead(flush)
 	defer c.stream.BeforeRead(nil)
@@ -483,22 +459,22 @@ func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, w
 		if err != nil {
 			flush() // what was read goes out before the end or the error event
 		}
-		if werr != nil {
+		if cw.err != nil {
 			c.cancel(ErrClientGone)
 			s.finish(c, ErrClientGone)
 			s.m.count(c.t.name, outcomeCancelled, nil)
-			return written, werr
+			return outcomeCancelled
 		}
 		if errors.Is(err, io.EOF) {
 			if ref := c.stream.Refused(); ref != nil {
 				// vLLM refused it after the headers: an error, uncharged.
 				s.finish(c, ref)
 				s.m.count(c.t.name, outcomeUpstreamError, nil)
-				return written, nil
+				return outcomeUpstreamError
 			}
 			s.finish(c, nil)
 			c.t.series(s.m).requestsOK.Inc()
-			return written, nil
+			return outcomeOK
 		}
 		if err != nil {
 			cause := context.Cause(c.ctx)
@@ -506,16 +482,15 @@ func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, w
 				cause = err
 			}
 			s.finish(c, cause)
-			se := &streamError{cause: cause}
 			if !errors.Is(cause, ErrClientGone) {
-				write(sseError(statusFor(se)))
+				write(streamErrorEvent(c, cause))
 			}
-			o, _ := outcomeFor(se)
+			o, _ := outcomeFor(&streamError{cause: cause})
 			s.m.count(c.t.name, o, nil)
-			return written, werr
+			return o
 		}
 		if c.wf != nil {
-			c.wf.countToolCalls(toolCallsIn(ev.Data))
+			c.wf.countToolCalls(toolCallsFor(c.ep, ev.Data))
 		}
 		var ok bool
 		buf, ok = shaper.Shape(buf, ev)
@@ -526,7 +501,7 @@ func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, w
 			flush()
 			s.finish(c, errBudgetEnded)
 			c.t.series(s.m).requestsOK.Inc()
-			return written, werr
+			return outcomeOK
 		}
 		if !ok {
 			continue
@@ -543,6 +518,52 @@ func (e *Edge) pump(c *call, w io.Writer, conn writeDeadliner) (written int64, w
 
 // writeDeadliner is the part of the client's net.Conn pump uses.
 type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
+
+// clientWriter writes a streamed answer to the client. Each write must
+// complete within server.stream_write_timeout (conn's write deadline, when
+// conn is set); a failed write cancels the call, as a disconnect or, past
+// the deadline, a stalled client (which closes its upstream), and ends
+// the writing (err).
+type clientWriter struct {
+	c       *call
+	w       io.Writer
+	conn    writeDeadliner
+	timeout time.Duration
+	err     error // the first failed write's
+}
+
+func newClientWriter(c *call, w io.Writer, conn writeDeadliner) *clientWriter {
+	cw := &clientWriter{c: c, w: w, conn: conn, timeout: c.pol.cfg.Server.StreamWriteTimeout}
+	if cw.timeout <= 0 {
+		cw.conn = nil
+	}
+	return cw
+}
+
+func (cw *clientWriter) write(b []byte) {
+	if cw.err != nil {
+		return
+	}
+	if cw.conn != nil {
+		_ = cw.conn.SetWriteDeadline(time.Now().Add(cw.timeout))
+	}
+	if _, err := cw.w.Write(b); err != nil {
+		cw.err = err
+		cause := ErrClientGone
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			cause = ErrClientStalled
+		}
+		cw.c.cancel(cause) // closes upstream: the read after this returns
+	}
+}
+
+// done clears the write deadline: the connection may serve the next
+// request, with no deadline of this one's.
+func (cw *clientWriter) done() {
+	if cw.conn != nil && cw.err == nil {
+		_ = cw.conn.SetWriteDeadline(time.Time{})
+	}
+}
 
 // maxCoalesce bounds the events pump holds for one write.
 const maxCoalesce = 32 << 10

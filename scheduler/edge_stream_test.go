@@ -17,6 +17,11 @@ import (
 // streamedCall admits and dispatches one streamed chat call on the fakes
 // and returns it with its upstream stream open, and its sseBody.
 func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *call, *sseBody, *int) {
+	return streamedCallOn(t, up, vllm.EndpointChat, chatBody(`,"stream":true`))
+}
+
+// streamedCallOn is streamedCall for a streamed body on any endpoint.
+func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*Server, *fakeLedger, *call, *sseBody, *int) {
 	t.Helper()
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", ""), led, up)
@@ -24,13 +29,12 @@ func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *call, *sseB
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
-		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
+	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol, admission{ep: ep, body: body, reqID: "r"})
 	require.NoError(t, err)
-	require.NotNil(t, c.stream)
+	require.True(t, tk.Streaming())
 	ended := 0
-	b := &sseBody{e: &Edge{s: s}, c: c, end: func() { c.end(); ended++ }}
-	return s, led, c, b, &ended
+	b := &sseBody{tk: tk, stopWatch: func() { ended++ }}
+	return s, led, tk.c, b, &ended
 }
 
 // fasthttp writes a streamed body through WriteTo on the connection's
@@ -67,32 +71,6 @@ func TestSSEBodyNeverWrittenSettlesOnClose(t *testing.T) {
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, phaseSettled, c.phase)
 	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
-	assert.Equal(t, "client_disconnect", c.abortCause)
-	n, err := b.Read(make([]byte, 16))
-	assert.Zero(t, n)
-	assert.ErrorIs(t, err, io.EOF, "nothing to read after Close")
-}
-
-// The Read fallback passes the same bytes; a Close while its pump still
-// waits upstream stops it (no hang) and settles once.
-func TestSSEBodyReadFallback(t *testing.T) {
-	_, led, _, b, ended := streamedCall(t, &fakeUpstream{out: 2})
-	got, err := io.ReadAll(b)
-	require.NoError(t, err)
-	assert.Equal(t, 4, strings.Count(string(got), "data: "))
-	require.NoError(t, b.Close())
-	assert.Equal(t, 1, *ended)
-	assert.Equal(t, 1, led.n("settle"))
-
-	gate := make(chan struct{})
-	defer close(gate)
-	_, led, c, b, ended := streamedCall(t, &fakeUpstream{out: 2, gate: gate})
-	read := make(chan error, 1)
-	go func() { _, err := b.Read(make([]byte, 64)); read <- err }()
-	require.NoError(t, b.Close()) // the pump waits upstream; Close must end it
-	require.Error(t, <-read)
-	assert.Equal(t, 1, *ended)
-	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, "client_disconnect", c.abortCause)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/vllm"
 	"github.com/valyala/fasthttp"
 )
@@ -20,12 +19,22 @@ func sseError(ae *apiError) []byte {
 	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
 }
 
-// outcome answers a call that ended in err.
-func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
+// streamErrorEvent renders a mid-stream failure in the endpoint's shape:
+// Anthropic's error event on its routes, vLLM's (sseError) elsewhere.
+func streamErrorEvent(c *call, cause error) []byte {
+	ae := statusFor(&streamError{cause: cause})
+	if c.ep.Anthropic() {
+		return anthropicSSEError(ae)
+	}
+	return sseError(ae)
+}
+
+// refuse answers a call that ended in err before its answer (the sink's
+// refuse, edge.go); nil when the client left.
+func (e *Edge) refuse(rc *fasthttp.RequestCtx, c *call, err error) *apiError {
 	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
-		e.s.m.count(c.t.name, outcomeCancelled, nil)
 		rc.SetConnectionClose()
-		return
+		return nil
 	}
 	if c.rep != nil && c.sent {
 		e.successHeaders(rc, c) // Server-Timing and budget headers still apply
@@ -36,26 +45,13 @@ func (e *Edge) outcome(rc *fasthttp.RequestCtx, c *call, err error) {
 		// models again.
 		c.rep.modelsAt.Store(0)
 	}
-	e.reject(rc, c.t.name, err)
+	return e.writeError(rc, c.t.name, err)
 }
 
 // reject writes err in the pinned error shape, audits and counts it.
 func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
 	ae := e.writeError(rc, tenant, err)
-	if ae.Status != 499 && ae.Raw == nil {
-		e.s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: string(rc.Response.Header.Peek("X-Request-Id")),
-			Code: ae.Code, Reason: ae.Message})
-	}
-	label := tenant
-	if label == "" {
-		label = "_unauthenticated"
-	}
-	o, _ := outcomeFor(err)
-	if ae.Raw != nil {
-		// vLLM's refusal passed through: not Sluice's rejection.
-		o = outcomeUpstreamError
-	}
-	e.s.m.count(label, o, ae)
+	e.s.countRefusal(tenant, string(rc.Response.Header.Peek("X-Request-Id")), err, ae)
 }
 
 type errorJSON struct {

@@ -131,12 +131,13 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol,
 		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
 	require.NoError(t, err)
+	c := tk.c
 	client, server := net.Pipe()
 	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
-	b := &sseBody{e: &Edge{s: s}, c: c, conn: server, end: c.end}
+	b := &sseBody{tk: tk, conn: server}
 	done := make(chan error, 1)
 	go func() { _, err := b.WriteTo(server); done <- err }()
 

@@ -9,12 +9,13 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// A dispatched call on the wire: the one send-and-retry loop of chat and
-// completions, and the non-streamed answer read from the stream.
+// A dispatched call on the wire: the one send-and-retry loop of every
+// endpoint, and the non-streamed answer read from the stream.
 
 // execute sends the call upstream: on the chosen replica, or on another
 // with room if the chosen one refused the connection before any byte was
-// sent. It returns with c.stream open (200 headers received) or an error.
+// sent. It returns with the answer open (200 headers received: c.stream
+// for chat and completions, c.resp for the other endpoints) or an error.
 func (s *Server) execute(c *call) error {
 	c.upInterval = upstreamInterval(c)
 	body := make([]byte, 0, len(c.req.Body())+128)
@@ -24,18 +25,14 @@ func (s *Server) execute(c *call) error {
 		if !built || bodyPrio != c.rep.prioritySched {
 			// A retry on a replica that schedules by priority differently
 			// needs its own body.
-			body = c.req.RewriteWith(body[:0], c.plan.UpstreamCap(), c.rewriteOptions())
+			body = upstreamBody(c, body[:0])
 			built, bodyPrio = true, c.rep.prioritySched
 		}
 		tried[c.rep] = true
-		st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
-		if err == nil && c.upInterval > 0 {
-			err = c.peekRefusal(st)
-		}
+		err := s.open(c, body)
 		if err == nil {
-			_ = c.to(phaseStreaming)
+			s.to(c, phaseStreaming)
 			c.sent = true
-			c.stream = st
 			c.firstByte = s.now()
 			s.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
 			return nil
@@ -69,6 +66,35 @@ func (s *Server) execute(c *call) error {
 		c.rep, c.seq = next, seq
 		s.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
 	}
+}
+
+// upstreamBody is the body the call is sent upstream with: chat and
+// completions rewritten with their cap and stream options, the other
+// endpoints with their cap (those with output) and Sluice's options.
+func upstreamBody(c *call, dst []byte) []byte {
+	if isOther(c.ep) {
+		return c.req.UpstreamBody(dst, c.plan.Cap, c.rewriteOptions())
+	}
+	return c.req.RewriteWith(dst, c.plan.UpstreamCap(), c.rewriteOptions())
+}
+
+// open sends body to c's replica once and keeps the answer it opened.
+func (s *Server) open(c *call, body []byte) error {
+	if isOther(c.ep) {
+		resp, err := s.up.Post(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
+		if err == nil {
+			c.resp = resp
+		}
+		return err
+	}
+	st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
+	if err == nil && c.upInterval > 0 {
+		err = c.peekRefusal(st)
+	}
+	if err == nil {
+		c.stream = st
+	}
+	return err
 }
 
 // moveClock restarts GPU-ms attribution on the replica that will run c.

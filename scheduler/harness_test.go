@@ -1,9 +1,12 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,10 +139,11 @@ func (f *fakeLedger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledg
 // tokens, or, when gate is set, a stream that blocks until gate closes or
 // the call's context ends.
 type fakeUpstream struct {
-	runs atomic.Int64 // Stream calls that reached the "replica"
-	out  int
-	gate chan struct{}
-	fail error // returned by Stream when set
+	runs  atomic.Int64 // Stream calls that reached the "replica"
+	out   int
+	gate  chan struct{}
+	fail  error // returned by Stream and Post when set
+	tools int   // tool calls in every answer of the other endpoints (Post)
 }
 
 func (u *fakeUpstream) Stream(ctx context.Context, _, _ string, _ []byte, _ string) (*vllm.Stream, error) {
@@ -166,6 +170,109 @@ func (u *fakeUpstream) Stream(ctx context.Context, _, _ string, _ []byte, _ stri
 
 func (u *fakeUpstream) Tokenize(context.Context, string, string, *vllm.Request) ([]int, int, error) {
 	return nil, 0, fmt.Errorf("no tokenizer")
+}
+
+func (u *fakeUpstream) CountText(context.Context, string, string, string) (int, error) {
+	return 0, fmt.Errorf("no tokenizer")
+}
+
+// Post answers the endpoints other than chat and completions as vLLM
+// does: a whole JSON answer with its usage (otherAnswer), or for a
+// streamed /v1/responses or /v1/messages their SSE events (otherStream),
+// each with out output tokens and tools tool calls; gate and fail as for
+// Stream.
+func (u *fakeUpstream) Post(ctx context.Context, _, path string, body []byte, _ string) (*http.Response, error) {
+	if u.fail != nil {
+		return nil, u.fail
+	}
+	u.runs.Add(1)
+	ans := otherAnswer(path, u.out, u.tools)
+	if bytes.Contains(body, []byte(`"stream":true`)) {
+		ans = otherStream(path, u.out, u.tools)
+	}
+	var r io.ReadCloser = io.NopCloser(strings.NewReader(ans))
+	if u.gate != nil {
+		pr, pw := io.Pipe()
+		go func() {
+			select {
+			case <-u.gate:
+				_, _ = io.WriteString(pw, ans)
+				_ = pw.Close()
+			case <-ctx.Done():
+				_ = pw.CloseWithError(context.Cause(ctx))
+			}
+		}()
+		r = pr
+	}
+	return &http.Response{StatusCode: 200, Body: r}, nil
+}
+
+func (u *fakeUpstream) ReadBody(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
+
+// otherAnswer is vLLM's whole answer on path: 5 prompt tokens, out output
+// tokens where the endpoint generates, tools tool calls.
+func otherAnswer(path string, out, tools int) string {
+	switch path {
+	case "/v1/embeddings":
+		return `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"m","usage":{"prompt_tokens":5,"total_tokens":5,"completion_tokens":0}}`
+	case "/v1/responses":
+		items := []string{`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"` + strings.Repeat("x", out) + `"}]}`}
+		for i := range tools {
+			items = append(items, fmt.Sprintf(`{"type":"function_call","call_id":"c%d","name":"f","arguments":"{}"}`, i))
+		}
+		return fmt.Sprintf(`{"id":"resp_1","object":"response","model":"m","status":"completed","output":[%s],"usage":{"input_tokens":5,"output_tokens":%d,"total_tokens":%d}}`,
+			strings.Join(items, ","), out, 5+out)
+	case "/v1/messages":
+		blocks := []string{`{"type":"text","text":"` + strings.Repeat("x", out) + `"}`}
+		for i := range tools {
+			blocks = append(blocks, fmt.Sprintf(`{"type":"tool_use","id":"t%d","name":"f","input":{}}`, i))
+		}
+		return fmt.Sprintf(`{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[%s],"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":%d}}`,
+			strings.Join(blocks, ","), out)
+	default: // /tokenize and the other request-only endpoints
+		return `{"count":5,"max_model_len":4096,"tokens":[1,2,3,4,5]}`
+	}
+}
+
+// otherStream is vLLM's streamed /v1/responses (response.completed with
+// its usage last: vllm/entrypoints/openai/responses/serving.py) or
+// Anthropic /v1/messages answer (usage in message_delta:
+// vllm/entrypoints/anthropic/serving.py) of out tokens and tools calls.
+func otherStream(path string, out, tools int) string {
+	var b strings.Builder
+	ev := func(typ, data string) { fmt.Fprintf(&b, "event: %s\ndata: %s\n\n", typ, data) }
+	if path == "/v1/messages" {
+		ev("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":5,"output_tokens":0}}}`)
+		ev("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
+		for range out {
+			ev("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}`)
+		}
+		ev("content_block_stop", `{"type":"content_block_stop","index":0}`)
+		for i := range tools {
+			ev("content_block_start", fmt.Sprintf(`{"type":"content_block_start","index":%d,"content_block":{"type":"tool_use","id":"t%d","name":"f","input":{}}}`, i+1, i))
+			ev("content_block_stop", fmt.Sprintf(`{"type":"content_block_stop","index":%d}`, i+1))
+		}
+		ev("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":5,"output_tokens":%d}}`, out))
+		ev("message_stop", `{"type":"message_stop"}`)
+		return b.String()
+	}
+	ev("response.created", `{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}`)
+	for range out {
+		ev("response.output_text.delta", `{"type":"response.output_text.delta","item_id":"m1","output_index":0,"content_index":0,"delta":"x"}`)
+	}
+	var items []string
+	for i := range tools {
+		item := fmt.Sprintf(`{"type":"function_call","call_id":"c%d","name":"f","arguments":"{}"}`, i)
+		items = append(items, item)
+		ev("response.output_item.added", fmt.Sprintf(`{"type":"response.output_item.added","output_index":%d,"item":%s}`, i+1, item))
+		ev("response.output_item.done", fmt.Sprintf(`{"type":"response.output_item.done","output_index":%d,"item":%s}`, i+1, item))
+	}
+	ev("response.completed", fmt.Sprintf(`{"type":"response.completed","response":{"id":"resp_1","object":"response","status":"completed","output":[%s],"usage":{"input_tokens":5,"output_tokens":%d,"total_tokens":%d}}}`,
+		strings.Join(items, ","), out, 5+out))
+	return b.String()
 }
 
 // sseCompletion is vLLM's stream of a chat completion of out tokens with
@@ -231,6 +338,46 @@ func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 	}
 	return body, err
 }
+
+// start runs a call as the edge does: Start, then, unless the call
+// streams, Finish into a recordingSink. It returns the call (nil: nothing
+// was admitted), the answer's body and the error that ended it. A
+// streaming call is returned with its answer open, for the test to finish
+// and end (tests of the streamed delivery use Start and sseBody).
+func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission) (*call, []byte, error) {
+	tk, err := s.Start(ctx, t, pol, a)
+	if tk == nil {
+		return nil, nil, err
+	}
+	if tk.Streaming() {
+		return tk.c, nil, nil
+	}
+	var out recordingSink
+	tk.Finish(&out)
+	return tk.c, out.body, out.err
+}
+
+// recordingSink keeps what Finish delivered: the body, or the error it
+// answered (with its classification), or the streamed bytes.
+type recordingSink struct {
+	body     []byte
+	err      error
+	refusals int
+	streamed bytes.Buffer
+}
+
+func (r *recordingSink) whole(_ *call, body []byte) { r.body = body }
+
+func (r *recordingSink) refuse(c *call, err error) *apiError {
+	r.err = err
+	r.refusals++
+	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
+		return nil
+	}
+	return statusFor(err)
+}
+
+func (r *recordingSink) stream() (io.Writer, writeDeadliner) { return &r.streamed, nil }
 
 // tenantUsage reads acme's tenant scope from the Memory.
 func tenantUsage(t testing.TB, s *Server, m *ledger.Memory) ledger.Usage {

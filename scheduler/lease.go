@@ -108,17 +108,6 @@ func (l *leases) snapshot() ([]*call, time.Duration) {
 	return calls, short
 }
 
-// lastGood returns the send time of c's last acknowledged lease grant.
-func (l *leases) lastGood(c *call) (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.m[c]
-	if !ok {
-		return time.Time{}, false
-	}
-	return e.lastGood, true
-}
-
 // fence cancels c with ErrLeaseLost if its lease is still tracked (a call
 // that ended meanwhile keeps its own outcome).
 func (l *leases) fence(c *call) {

@@ -1,6 +1,9 @@
 package scheduler
 
-import "fmt"
+import (
+	"fmt"
+	"testing"
+)
 
 // phase is a call's place in its lifecycle:
 //
@@ -62,7 +65,8 @@ var transitions = func() (t [numPhases][numPhases]bool) {
 }()
 
 // transitionError reports a transition the lifecycle does not have: a bug,
-// logged, and the operation it guards is skipped (never run twice).
+// counted and logged (Server.illegal), and the operation it guards is
+// skipped (never run twice).
 type transitionError struct{ from, to phase }
 
 func (e transitionError) Error() string {
@@ -79,4 +83,34 @@ func (c *call) to(next phase) error {
 	}
 	c.phase = next
 	return nil
+}
+
+// to moves c to next (call.to), or reports the move it refused as a bug.
+func (s *Server) to(c *call, next phase) bool {
+	err := c.to(next)
+	if err != nil {
+		s.illegal(c, err)
+	}
+	return err == nil
+}
+
+// illegal reports a lifecycle move the lifecycle does not have: counted in
+// sluice_lifecycle_illegal_transitions_total, logged, and handed to
+// s.onIllegal, which in a test binary fails the test (panics unless the
+// test set its own).
+func (s *Server) illegal(c *call, err error) {
+	s.m.IllegalMoves.Inc()
+	s.log.Error("call lifecycle: illegal transition refused", "request_id", c.reqID, "err", err)
+	if f := s.onIllegal; f != nil {
+		f(err)
+	}
+}
+
+// panicInTests is the default onIllegal: nothing in production, a panic in
+// any test binary, so that no test passes over an illegal move.
+func panicInTests() func(error) {
+	if !testing.Testing() {
+		return nil
+	}
+	return func(err error) { panic(err) }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -44,11 +45,18 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 	assert.Equal(t, phaseStreaming, c.phase)
 	_, err = s.drainStream(c)
 	require.NoError(t, err)
+	var illegal []error
+	s.onIllegal = func(err error) { illegal = append(illegal, err) }
 	s.finish(c, nil)
-	s.finish(c, ErrClientGone)
-	s.release(c)
+	s.finish(c, ErrClientGone) // an ended call's finish is a no-op
+	s.release(c)               // a settled call released: a bug, counted
 	c.end()
 	assert.Equal(t, phaseSettled, c.phase)
+	require.Len(t, illegal, 1)
+	assert.Equal(t, transitionError{phaseSettled, phaseReleased}, illegal[0])
+	var m dto.Metric
+	require.NoError(t, s.m.IllegalMoves.Write(&m))
+	assert.InDelta(t, 1.0, m.GetCounter().GetValue(), 0, "sluice_lifecycle_illegal_transitions_total")
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)

@@ -33,6 +33,7 @@ type Metrics struct {
 	OutageAdmissions *prometheus.CounterVec   // tenant
 	APIKeyAdmissions *prometheus.CounterVec   // tenant, key (configured name), result
 	ExpiredDispatch  prometheus.Counter
+	IllegalMoves     prometheus.Counter // call lifecycle transitions it does not have (lifecycle.go)
 	Ready            prometheus.Gauge
 	Usage            *prometheus.CounterVec // tenant, key, model, dimension (usage.go)
 	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
@@ -88,6 +89,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			[]string{"tenant", "key", "result"}),
 		ExpiredDispatch: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_expired_dispatch_total",
 			Help: "Requests dispatched after their deadline; must stay 0."}),
+		IllegalMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_lifecycle_illegal_transitions_total",
+			Help: "Call lifecycle transitions the lifecycle does not have, refused and logged: a bug; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
 			Help: "1 while /readyz passes."}),
 		Usage:   newUsageCounter(),
@@ -96,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage, m.Durable} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.IllegalMoves, m.Ready, m.Usage, m.Durable} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -133,12 +133,6 @@ type route struct {
 	prefix []uint64
 }
 
-// room is one replica's free room as the gate sees it.
-type room struct {
-	k, load int64
-	ok      bool
-}
-
 // anyKnown reports whether some replica's models are known (from
 // /v1/models or config). Until then every replica is taken to serve every
 // model, as before pools existed.

@@ -62,15 +62,6 @@ func (c *call) rewriteOptions() vllm.RewriteOptions {
 	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.cacheSalt, StreamInterval: c.upInterval}
 }
 
-// weightOf is a tenant's fair-share weight under this policy (0 when the
-// tenant is gone).
-func (p *policy) weightOf(name string) int64 {
-	if t := p.tenants[name]; t != nil {
-		return int64(t.cfg.Weight)
-	}
-	return 0
-}
-
 // modelCard is one entry of GET /v1/models, in vLLM's shape
 // (vllm/entrypoints/openai/serving_models.py, show_available_models: LoRA
 // adapters are listed after the base models with "parent" set and no

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,11 +36,19 @@ type Ledger interface {
 	Resolve(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error)
 }
 
-// Upstream is what the scheduler needs from the vLLM client.
+// Upstream is what the scheduler needs from the vLLM client
+// (vllm.Client): Stream for chat and completions, Post and ReadBody for the
+// rest of vLLM's surface (an answer read whole, or as the SSE events of
+// /v1/responses and /v1/messages), Tokenize and CountText for exact counts.
 type Upstream interface {
 	Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*vllm.Stream, error)
+	Post(ctx context.Context, baseURL, path string, body []byte, requestID string) (*http.Response, error)
+	ReadBody(resp *http.Response) ([]byte, error)
 	Tokenize(ctx context.Context, baseURL, model string, r *vllm.Request) ([]int, int, error)
+	CountText(ctx context.Context, baseURL, model, text string) (int, error)
 }
+
+var _ Upstream = (*vllm.Client)(nil)
 
 // Deps are the scheduler's collaborators. Ledger and Upstream are required.
 type Deps struct {
@@ -97,6 +106,9 @@ type Server struct {
 	// loopOnly: only the dispatch loop dispatches (unit tests that hold a
 	// call queued by not running it); see call.go dispatchInline.
 	loopOnly bool
+
+	// onIllegal hears of every illegal lifecycle move (lifecycle.go).
+	onIllegal func(error)
 
 	led    Ledger
 	up     Upstream
@@ -199,6 +211,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		wfs:        workflows{m: map[string]*workflow{}},
 		keys:       deps.Keys,
 		responses:  deps.Responses,
+		onIllegal:  panicInTests(),
 	}
 	if s.keys == nil {
 		s.keys = statestore.NewMemory()
@@ -277,10 +290,8 @@ func queueConfig(cfg *config.File) queue.Config {
 	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait,
 		ExpirySpin: queueExpirySpin}
 	for _, t := range cfg.Tenants {
-		order := queue.OrderFIFO
-		if t.Queue.Order == "edf" {
-			order = queue.OrderEDF
-		}
+		// The config's validation refused any other order (fifo or edf).
+		order, _ := queue.ParseOrder(t.Queue.Order)
 		qc.Tenants = append(qc.Tenants, queue.TenantConfig{
 			Name: t.Name, Weight: float64(t.Weight), Band: t.Priority,
 			MaxDepth: t.Queue.MaxDepth, MaxBytes: t.Queue.MaxBytes, MaxWait: t.Queue.MaxWait, Order: order,

@@ -19,7 +19,7 @@ import (
 func (s *Server) finish(c *call, err error) {
 	if c.phase != phaseDispatched && c.phase != phaseStreaming {
 		if !c.phase.terminal() {
-			s.log.Error("finish skipped", "request_id", c.reqID, "err", transitionError{c.phase, phaseSettled})
+			s.illegal(c, transitionError{c.phase, phaseSettled})
 		}
 		return
 	}
@@ -33,6 +33,9 @@ func (s *Server) finish(c *call, err error) {
 	} else if c.sent && !c.usage.Known {
 		// Sent, but no stream nor answer usage: prefill may have run.
 		c.usage = sentUsage(c)
+	}
+	if c.resp != nil {
+		_ = c.resp.Body.Close() // read whole, or cut: vLLM aborts it
 	}
 	if c.usage.Final {
 		// Completions while polls time out excuse a slow /metrics
@@ -137,16 +140,16 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	if c.outage {
 		if src != ledger.SourceNotSent {
 			s.oweOutage(c, actual, src)
-			_ = c.to(phaseUnresolved) // the owed charge ends it
+			s.to(c, phaseUnresolved) // the owed charge ends it
 		} else {
 			s.outageNotRun(c)
-			_ = c.to(phaseSettled)
+			s.to(c, phaseSettled)
 		}
 		return
 	}
 	s.leases.untrack(c)
 	ended := phaseSettled
-	defer func() { _ = c.to(ended) }()
+	defer func() { s.to(c, ended) }()
 	s.outbox.writeAhead(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
 	op := c.ledgerOp()
 	st, err := s.led.Settle(op, c.ref, actual, src)

@@ -145,7 +145,7 @@ func allowanceFor(c *call) int {
 // can run), and when a stream cannot rebuild vLLM's body faithfully
 // (vllm.Request.Reassemblable).
 func upstreamInterval(c *call) int {
-	if c.req.Stream {
+	if c.req.Stream || isOther(c.ep) {
 		return 0
 	}
 	k := config.DefaultNonStreamedInterval
@@ -179,8 +179,11 @@ func sentUsage(c *call) vllm.Usage {
 // answered 500 (vllm/entrypoints/openai/chat_completion/serving.py and
 // completion/serving.py, GenerationError). A 4xx is a refusal before any
 // generation, a 503 vLLM's admission control refusing to queue it.
+//
+// The other endpoints are charged only from an answer that opened: their
+// non-200 answers count as refusals.
 func upstreamRan(c *call, ue *vllm.UpstreamError) bool {
-	return !c.req.Stream && c.upInterval == 0 && ue.Status >= 500 && ue.Status != 503
+	return !isOther(c.ep) && !c.req.Stream && c.upInterval == 0 && ue.Status >= 500 && ue.Status != 503
 }
 
 // ran reports whether vLLM may have run the call: it was sent, and the

@@ -50,12 +50,6 @@ func skipString(b []byte, i int) (int, bool, error) {
 	}
 }
 
-// skipValue returns the index just past the JSON value starting at b[i]
-// (leading whitespace allowed).
-func skipValue(b []byte, i int) (int, error) {
-	return skipValueDepth(b, skipSpace(b, i), 0)
-}
-
 func skipValueDepth(b []byte, i, depth int) (int, error) {
 	return scanValue(b, i, depth, false)
 }

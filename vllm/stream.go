@@ -126,11 +126,9 @@ type Stream struct {
 	final    ChunkUsage
 	hasFinal bool
 
-	// whole holds a non-streamed response (see Event.Whole); wholeSent
-	// reports that Next returned it.
-	whole     []byte
-	isWhole   bool
-	wholeSent bool
+	// whole holds a non-streamed response (see Event.Whole).
+	whole   []byte
+	isWhole bool
 	// refused is an error event that came before any chunk: the engine
 	// refused the request when it added it (VLLM.md §1.5), so nothing ran.
 	refused *UpstreamError

@@ -137,7 +137,6 @@ type runner struct {
 	t0       time.Time
 	sem      chan struct{}
 	newConns atomic.Int64
-	endpoint string
 	prog     *progress
 }
 

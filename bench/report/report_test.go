@@ -1,6 +1,8 @@
 package report
 
 import (
+	"github.com/sluicehq/sluice/internal/schematest"
+
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
@@ -58,7 +60,7 @@ func TestResultValidatesAgainstSchema(t *testing.T) {
 	t.Parallel()
 	_, _, d := fixture(t)
 	schema := loadSchema(t)
-	require.NoError(t, ValidateSchema(schema, d))
+	require.NoError(t, schematest.ValidateSchema(schema, d))
 	// vLLM keys present with vLLM's names.
 	for _, k := range []string{"duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
 		"request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests",
@@ -96,7 +98,7 @@ func TestSchemaRejectsBadDocs(t *testing.T) {
 			t.Parallel()
 			_, _, d := fixture(t)
 			tc.mutate(d)
-			err := ValidateSchema(schema, d)
+			err := schematest.ValidateSchema(schema, d)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 		})

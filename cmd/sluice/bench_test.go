@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/sluicehq/sluice/internal/schematest"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,7 +79,7 @@ func TestBenchRunSimAndCompare(t *testing.T) {
 	for _, n := range []string{"a.json", "b.json"} {
 		d, err := report.Load(filepath.Join(dir, n))
 		require.NoError(t, err)
-		require.NoError(t, report.ValidateSchema(bench.ResultSchema, d))
+		require.NoError(t, schematest.ValidateSchema(bench.ResultSchema, d))
 		v, _ := d.F("completed")
 		assert.InDelta(t, 8.0, v, 0)
 		assert.Equal(t, "4", d.M("metadata")["queue_depth"])

@@ -19,13 +19,6 @@ import (
 //	<prefix>:{T}:q:<id>   HASH  one record
 //	<prefix>:{T}:s:<S>    HASH  per scope: r:<d>, n, o:<d>, c:<d>:<W>, w:<d>:<W>, lim
 //	<prefix>:partitions   SET   every T (and global G) with records, for Run
-const (
-	idxMeta = iota
-	idxLeases
-	idxUnresolved
-	idxRecord
-	numFixedKeys
-)
 
 // encLen is the length of a 16-byte id or key in unpadded base64url.
 const encLen = 22

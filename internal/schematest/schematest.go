@@ -1,4 +1,6 @@
-package report
+// Package schematest validates documents against the JSON Schema subset
+// that Sluice's benchmark results use; only tests import it.
+package schematest
 
 import (
 	"encoding/json"

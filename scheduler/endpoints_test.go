@@ -1,0 +1,235 @@
+package scheduler
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/vllm"
+)
+
+// The endpoints other than chat and completions run the same lifecycle
+// (Start, Finish) on the same fakes: these pin what they are charged, how
+// their answers are delivered and what their tool calls count.
+
+// otherServer is a test server on up whose dispatch loop runs.
+func otherServer(t *testing.T, tenantExtra string, up Upstream) (*Server, *fakeLedger) {
+	t.Helper()
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", tenantExtra), led, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	return s, led
+}
+
+// A whole answer of each family is the client's as vLLM sent it, and the
+// call settles once from the answer's usage: input only where nothing is
+// generated, the request alone where no model runs.
+func TestOtherEndpointsSettleFromTheirAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		ep       vllm.Endpoint
+		body     string
+		in, out  int64
+		contains string
+	}{
+		{vllm.EndpointEmbeddings, `{"model":"m","input":"hello there"}`, 5, 0, `"embedding":[0.5]`},
+		{vllm.EndpointResponses, `{"model":"m","input":"hi","max_output_tokens":16}`, 5, 3, `"output_text"`},
+		{vllm.EndpointMessages, `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`, 5, 3, `"type":"message"`},
+		{vllm.EndpointTokenize, `{"model":"m","prompt":"hi"}`, 0, 0, `"count":5`},
+	} {
+		t.Run(tc.ep.Path(), func(t *testing.T) {
+			up := &fakeUpstream{out: 3}
+			s, led := otherServer(t, "    budgets: [{dimension: tokens, limit: 100000, window: 1h}, {dimension: requests, limit: 100, window: 1h}]\n", up)
+			body, err := serve(context.Background(), s, admission{ep: tc.ep, body: []byte(tc.body)})
+			require.NoError(t, err)
+			assert.Contains(t, string(body), tc.contains)
+			assert.Equal(t, int64(1), up.runs.Load())
+			assert.Equal(t, 1, led.n("settle"))
+			u := tenantUsage(t, s, led.Memory)
+			assert.Equal(t, ledger.Amounts{}, u.Reserved, "nothing left held")
+			assert.Equal(t, tc.in+tc.out, committed(u, ledger.Tokens, time.Hour), "tokens charged")
+			assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		})
+	}
+}
+
+// notSentOnce refuses the first Post before sending it (a connection
+// refused), then answers as fakeUpstream.
+type notSentOnce struct {
+	fakeUpstream
+	mu    sync.Mutex
+	tried []string
+}
+
+func (u *notSentOnce) Post(ctx context.Context, url, path string, body []byte, id string) (*http.Response, error) {
+	u.mu.Lock()
+	u.tried = append(u.tried, url)
+	first := len(u.tried) == 1
+	u.mu.Unlock()
+	if first {
+		return nil, vllm.ErrNotSent
+	}
+	return u.fakeUpstream.Post(ctx, url, path, body, id)
+}
+
+// The other endpoints are sent by execute's one loop: a replica that
+// refused before anything was sent is retried on another of the pool.
+func TestOtherEndpointRetriedOnAnotherReplica(t *testing.T) {
+	up := &notSentOnce{fakeUpstream: fakeUpstream{out: 1}}
+	cfg := testConfig(t, "", "")
+	cfg.Upstream.Replicas = append(cfg.Upstream.Replicas, cfg.Upstream.Replicas[0])
+	cfg.Upstream.Replicas[1].Name, cfg.Upstream.Replicas[1].URL = "r1", "http://r1.invalid"
+	led := newFakeLedger(t)
+	s := newTestServer(t, cfg, led, up)
+	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.dispatchLoop(ctx)
+	body, err := serve(ctx, s, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`)})
+	require.NoError(t, err)
+	assert.Contains(t, string(body), `"embedding"`)
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	require.Len(t, up.tried, 2)
+	assert.NotEqual(t, up.tried[0], up.tried[1], "the retry went to the other replica")
+	assert.Equal(t, 1, led.n("settle"))
+}
+
+// A streamed /v1/responses or /v1/messages answer is written through
+// sseBody.WriteTo like chat's: every event passes, the call settles once
+// from the final usage, and each tool call counts once in the workflow
+// (response.output_item.done and response.completed repeat the items).
+func TestOtherStreamsDeliveredThroughSSEBody(t *testing.T) {
+	for _, tc := range []struct {
+		ep   vllm.Endpoint
+		body string
+		last string
+	}{
+		{vllm.EndpointResponses, `{"model":"m","input":"hi","max_output_tokens":16,"stream":true}`, "event: response.completed\n"},
+		{vllm.EndpointMessages, `{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "event: message_stop\n"},
+	} {
+		t.Run(tc.ep.Path(), func(t *testing.T) {
+			s, led, c, b, ended := streamedCallOn(t, &fakeUpstream{out: 4, tools: 2}, tc.ep, []byte(tc.body))
+			wf := &workflow{created: s.now()}
+			c.wf = wf
+			var buf bytes.Buffer
+			n, err := b.WriteTo(&buf)
+			require.NoError(t, err)
+			assert.Equal(t, int64(buf.Len()), n)
+			assert.Contains(t, buf.String(), tc.last)
+			assert.Equal(t, strings.Count(otherStream(tc.ep.Path(), 4, 2), "event: "), strings.Count(buf.String(), "event: "), "every event passed")
+			require.NoError(t, b.Close())
+			assert.Equal(t, 1, *ended)
+			assert.Equal(t, phaseSettled, c.phase)
+			assert.Equal(t, 1, led.n("settle"))
+			assert.True(t, c.usage.Final)
+			assert.Equal(t, 4, c.usage.CompletionTokens)
+			wf.mu.Lock()
+			defer wf.mu.Unlock()
+			assert.Equal(t, int64(2), wf.toolCalls)
+		})
+	}
+}
+
+// A streamed /v1/responses body fasthttp never wrote (the client left
+// before the headers went out) is ended by Close: settled once as a
+// client disconnect, its upstream answer closed.
+func TestResponsesStreamNeverWrittenSettlesOnClose(t *testing.T) {
+	gate := make(chan struct{})
+	defer close(gate)
+	_, led, c, b, ended := streamedCallOn(t, &fakeUpstream{out: 3, gate: gate}, vllm.EndpointResponses,
+		[]byte(`{"model":"m","input":"hi","max_output_tokens":16,"stream":true}`))
+	require.NoError(t, b.Close())
+	assert.Equal(t, 1, *ended)
+	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, phaseSettled, c.phase)
+	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	assert.Equal(t, "client_disconnect", c.abortCause)
+}
+
+// failAfter writes to the client until its budget of writes is spent,
+// then fails as a closed connection.
+type failAfter struct {
+	bytes.Buffer
+	left int
+}
+
+func (w *failAfter) Write(p []byte) (int, error) {
+	if w.left == 0 {
+		return 0, errors.New("broken pipe")
+	}
+	w.left--
+	return w.Buffer.Write(p)
+}
+
+// A client that leaves mid-stream ends a /v1/messages call as chat's: a
+// client disconnect, the upstream answer cancelled, settled once from the
+// deltas seen.
+func TestMessagesStreamClientLeaves(t *testing.T) {
+	gate := make(chan struct{})
+	close(gate)
+	s, led, c, b, _ := streamedCallOn(t, &fakeUpstream{out: 6, gate: gate}, vllm.EndpointMessages,
+		[]byte(`{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	w := &failAfter{left: 4} // message_start, the block's start, two deltas
+	_, err := b.WriteTo(w)
+	require.Error(t, err)
+	require.NoError(t, b.Close())
+	assert.Equal(t, phaseSettled, c.phase)
+	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, "client_disconnect", c.abortCause)
+	assert.False(t, c.usage.Final)
+	assert.GreaterOrEqual(t, c.usage.CompletionTokens, 2, "at least the deltas the client saw")
+	_ = s
+}
+
+// max_tool_calls holds on /v1/responses as on chat: a whole answer's
+// function_call items count, and the envelope refuses the call after the
+// limit.
+func TestResponsesToolCallsEnforceMaxToolCalls(t *testing.T) {
+	for _, ep := range []vllm.Endpoint{vllm.EndpointResponses, vllm.EndpointMessages} {
+		t.Run(ep.Path(), func(t *testing.T) {
+			up := &fakeUpstream{out: 2, tools: 2}
+			s, _ := otherServer(t, "    workflow_defaults: {max_tool_calls: 3}\n", up)
+			body := `{"model":"m","input":"hi","max_output_tokens":16}`
+			if ep == vllm.EndpointMessages {
+				body = `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
+			}
+			a := admission{ep: ep, body: []byte(body), workflow: "agent-1"}
+			for range 2 { // 2 then 4 tool calls: past the limit of 3
+				_, err := serve(context.Background(), s, a)
+				require.NoError(t, err)
+			}
+			_, err := serve(context.Background(), s, a)
+			require.ErrorIs(t, err, ErrWorkflow)
+			assert.Contains(t, err.Error(), "tool_calls exhausted: 4 of 3 used")
+			assert.Equal(t, int64(2), up.runs.Load(), "the refused call never went upstream")
+		})
+	}
+}
+
+// An illegal lifecycle move is refused, counted and reported: a second
+// Finish of one ticket.
+func TestFinishTwiceIsIllegal(t *testing.T) {
+	s, led := otherServer(t, "", &fakeUpstream{out: 1})
+	var illegal []error
+	s.onIllegal = func(err error) { illegal = append(illegal, err) }
+	pol := s.pol.Load()
+	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`), reqID: "r"})
+	require.NoError(t, err)
+	var out recordingSink
+	assert.Equal(t, outcomeOK, tk.Finish(&out))
+	tk.Finish(&out)
+	require.Len(t, illegal, 1)
+	assert.ErrorIs(t, illegal[0], errFinishedTwice)
+	assert.Equal(t, 1, led.n("settle"))
+}

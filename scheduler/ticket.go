@@ -1,0 +1,156 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/sluicehq/sluice/scheduler/audit"
+)
+
+// One owner per call. Start runs a call from admission to its upstream's
+// first byte; Finish delivers its answer (streamed or whole) to a sink,
+// settles it, records its outcome (metrics, audit, the workflow's tool
+// calls) and ends it. Every endpoint goes through the pair, and Finish is
+// the one place an admitted call ends: it runs whether or not its answer is
+// ever written (a nil sink: the client left before the headers went out).
+
+// Ticket is an admitted call between Start and Finish.
+type Ticket struct {
+	s   *Server
+	c   *call
+	err error // the call ended before its answer opened; Finish answers it
+	// finished: Finish ran (a second one is an illegal move).
+	finished bool
+}
+
+// sink is where Finish delivers a call's answer: the client's response.
+// Finish calls exactly one of its methods, once.
+type sink interface {
+	// whole writes a non-streamed answer: the success headers and body.
+	whole(c *call, body []byte)
+	// refuse writes the answer of a call that ended in err before any
+	// byte of its answer was written, and returns its classification;
+	// nil when the client left (there is no one to answer).
+	refuse(c *call, err error) *apiError
+	// stream returns the writer of a streamed answer, whose headers went
+	// out already (each Write one chunk, flushed), and the connection
+	// whose write deadline bounds each write (nil: none).
+	stream() (io.Writer, writeDeadliner)
+}
+
+// Start admits a call and runs it to its upstream's first byte: bound,
+// reserve, queue, dispatch, send (with the retry on another replica). A nil
+// Ticket means nothing was admitted: err is the refusal, or a
+// *cachedResponse to replay. Otherwise err is nil and the caller must call
+// Finish exactly once, also when the call failed before its answer opened
+// (Finish answers that failure).
+func (s *Server) Start(ctx context.Context, t *tenant, pol *policy, a admission) (*Ticket, error) {
+	c, err := s.admit(ctx, t, pol, a)
+	if err != nil {
+		return nil, err
+	}
+	tk := &Ticket{s: s, c: c}
+	if err := s.await(c); err != nil {
+		tk.err = err
+		return tk, nil
+	}
+	if err := s.execute(c); err != nil {
+		s.finish(c, err)
+		tk.err = err
+	}
+	return tk, nil
+}
+
+// Streaming reports a call whose answer opened as a stream for the client:
+// the caller sends the stream's headers, then Finish writes its events.
+func (tk *Ticket) Streaming() bool { return tk.err == nil && tk.c.req.Stream }
+
+// Finish delivers the call's answer to out, settles the call, records its
+// outcome and ends it; out nil means the answer will never be written (the
+// client left before the headers went out). It returns the outcome as
+// counted in sluice_requests_total.
+func (tk *Ticket) Finish(out sink) outcome {
+	s, c := tk.s, tk.c
+	if tk.finished {
+		s.illegal(c, errFinishedTwice)
+		return outcomeCancelled
+	}
+	tk.finished = true
+	defer c.end()
+	switch {
+	case out == nil:
+		c.cancel(ErrClientGone)
+		s.finish(c, ErrClientGone) // nothing to do if it ended in Start
+		s.m.count(c.t.name, outcomeCancelled, nil)
+		return outcomeCancelled
+	case tk.err != nil:
+		return s.refused(c, out, tk.err)
+	case c.req.Stream:
+		w, conn := out.stream()
+		if c.stream != nil {
+			return s.pump(c, w, conn)
+		}
+		return s.pumpEvents(c, w, conn)
+	}
+	body, err := s.readWhole(c)
+	if err == nil {
+		// Before the settlement: a retry that finds the record charged
+		// must find the response too.
+		s.rememberResponse(c, body)
+	}
+	s.finish(c, err)
+	if err != nil {
+		return s.refused(c, out, err)
+	}
+	if c.wf != nil {
+		c.wf.countToolCalls(toolCallsFor(c.ep, body))
+	}
+	ts := c.t.series(s.m)
+	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
+	ts.requestsOK.Inc()
+	out.whole(c, body)
+	return outcomeOK
+}
+
+// errFinishedTwice is a second Finish of one ticket.
+var errFinishedTwice = errors.New("call lifecycle: Finish called twice")
+
+// readWhole reads a non-streamed answer whole: chat and completions
+// assembled from their stream (drainStream), the other endpoints' body as
+// vLLM sent it (readOther).
+func (s *Server) readWhole(c *call) ([]byte, error) {
+	if c.stream != nil {
+		return s.drainStream(c)
+	}
+	return s.readOther(c)
+}
+
+// refused has out answer a call that ended in err, and counts and audits
+// the outcome.
+func (s *Server) refused(c *call, out sink, err error) outcome {
+	ae := out.refuse(c, err)
+	if ae == nil {
+		s.m.count(c.t.name, outcomeCancelled, nil)
+		return outcomeCancelled
+	}
+	return s.countRefusal(c.t.name, c.reqID, err, ae)
+}
+
+// countRefusal audits and counts a refusal answered as ae: every endpoint's,
+// whether before admission (Edge.reject) or after (Finish).
+func (s *Server) countRefusal(tenant, reqID string, err error, ae *apiError) outcome {
+	if ae.Status != 499 && ae.Raw == nil {
+		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
+	}
+	if tenant == "" {
+		tenant = "_unauthenticated"
+	}
+	o, _ := outcomeFor(err)
+	if ae.Raw != nil {
+		// vLLM's refusal passed through: not Sluice's rejection.
+		o = outcomeUpstreamError
+	}
+	s.m.count(tenant, o, ae)
+	return o
+}
