@@ -104,7 +104,11 @@ func TestBurstWithoutMaxTokensIsServedOnPredictedHolds(t *testing.T) {
 		n := predictNode(t, 8192, budget, "server: {drain_timeout: 5s, hold_prediction: {enabled: false}}\n")
 		served, _, refused := chatBurst(t, n, 40, false)
 		t.Logf("worst-case holds: %d of 40 served, refused %v", served, refused)
-		assert.Less(t, served, 10, "each holds the rest of the context: %v", refused)
+		// Each holds the rest of the context, so only a few fit at once;
+		// how many more are admitted as earlier ones finish follows the
+		// machine's speed (7–10 seen), so the assertion is the goal it
+		// misses, not a count.
+		assert.Less(t, served, 38, "each holds the rest of the context: %v", refused)
 	})
 }
 
