@@ -35,6 +35,7 @@ type Metrics struct {
 	Ready            prometheus.Gauge
 	Usage            *prometheus.CounterVec // tenant, key, model, dimension (usage.go)
 	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
+	FairShareFleet   prometheus.Gauge       // 1 fleet-wide fair share, 0 local (fairshare.go)
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -88,12 +89,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
 			Help: "1 while /readyz passes."}),
 		Usage:   newUsageCounter(),
-		Durable: newDurableGauge(),
+		Durable:        newDurableGauge(),
+		FairShareFleet: newFairShareGauge(),
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage, m.Durable} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.Ready, m.Usage, m.Durable,
+		m.FairShareFleet} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

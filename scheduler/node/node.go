@@ -259,6 +259,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	loop("ledger", led.Run)
 	if fleet.peers != nil {
 		loop("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
+		if cfg.Server.FairShare == "fleet" {
+			loop("fairshare", func(ctx context.Context) error { return srv.FairShareLoop(ctx, fleet.peers) })
+		}
 	}
 	loop("keys", srv.WatchKeys)
 	if trail != nil {

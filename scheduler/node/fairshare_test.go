@@ -1,0 +1,166 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
+)
+
+// fairTenant is a tenant of a fleet fair-share run: its weight and the
+// instances (by index) its clients send to.
+type fairTenant struct {
+	name   string
+	weight int
+	at     []int
+}
+
+func (ft fairTenant) key() string { return "sk-" + ft.name + "-fair-test-key" }
+
+// fairConfig renders an instance's config: one replica, the Redis ledger
+// (top), fair_share as given, and the tenants.
+func fairConfig(t *testing.T, rep *simReplica, top, fairShare string, tenants []fairTenant) *config.File {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "upstream:\n  scrape_interval: 50ms\n  replicas:\n    - {name: r0, url: %q}\n", rep.url)
+	b.WriteString("gpu: {telemetry: off}\n")
+	fmt.Fprintf(&b, "server: {drain_timeout: 5s, fair_share: %s}\n", fairShare)
+	b.WriteString(top)
+	b.WriteString("tenants:\n")
+	for _, ft := range tenants {
+		fmt.Fprintf(&b, "  - name: %s\n    weight: %d\n    api_keys: [%q]\n", ft.name, ft.weight, config.HashKey(ft.key()))
+	}
+	cfg, err := config.Parse([]byte(b.String()))
+	require.NoError(t, err, b.String())
+	return cfg
+}
+
+// fairRun is what one fleet run served.
+type fairRun struct {
+	served  map[string]float64 // completions per tenant in the window
+	seconds float64
+}
+
+// perWeight is each tenant's completions over its weight, relative to the
+// least of them.
+func (r fairRun) perWeight(tenants []fairTenant) map[string]float64 {
+	out := map[string]float64{}
+	least := 0.0
+	for i, ft := range tenants {
+		x := r.served[ft.name] / float64(ft.weight)
+		out[ft.name] = x
+		if i == 0 || x < least {
+			least = x
+		}
+	}
+	for k := range out {
+		out[k] /= max(least, 1)
+	}
+	return out
+}
+
+func (r fairRun) goodput() float64 {
+	total := 0.0
+	for _, v := range r.served {
+		total += v
+	}
+	return total / r.seconds
+}
+
+// runFairFleet starts n instances on one Redis in front of one simulated
+// replica (8 sequences), keeps every tenant backlogged at each instance it
+// reaches (clients per instance each sending one request after another),
+// and counts the completions of each over window once every instance has
+// exchanged (fair_share: fleet) or has run a while (local). top is the
+// ledger's config (one Redis or a cluster).
+func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTenant, window time.Duration) fairRun {
+	t.Helper()
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 8, 2*time.Millisecond
+	rep := startSim(t, sc)
+	nodes := make([]*node, n)
+	for i := range nodes {
+		nodes[i] = startNode(t, fairConfig(t, rep, top, fairShare, tenants))
+		// Stop them as this run ends, so that runs in one test do not share a fleet.
+		defer func() { require.NoError(t, nodes[i].stop()) }()
+	}
+	body := `{"model":"sim-model","prompt":"fair","max_tokens":24,"ignore_eos":true}`
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	counts := map[string]*atomic.Int64{}
+	for _, ft := range tenants {
+		c := &atomic.Int64{}
+		counts[ft.name] = c
+		for _, i := range ft.at {
+			for range 10 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						req, _ := http.NewRequestWithContext(ctx, "POST", nodes[i].api+"/v1/completions", strings.NewReader(body))
+						req.Header.Set("Authorization", "Bearer "+ft.key())
+						resp, err := http.DefaultClient.Do(req)
+						if err != nil {
+							continue
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode == http.StatusOK {
+							c.Add(1)
+						}
+					}
+				})
+			}
+		}
+	}
+	defer func() { cancel(); wg.Wait() }()
+	for i, nd := range nodes {
+		want := 0.0
+		if fairShare == "fleet" {
+			want = 1
+		}
+		eventually(t, fmt.Sprintf("instance %d's fair-share gauge reads %v", i, want), func() bool {
+			return nd.metric(t, "sluice_fair_share_fleet", nil) == want && nd.metric(t, "sluice_replica_learned_batch", nil) == 8
+		})
+	}
+	time.Sleep(time.Second) // the shares and counters settle; a span, not synchronisation
+	start := map[string]int64{}
+	for k, c := range counts {
+		start[k] = c.Load()
+	}
+	t0 := time.Now()
+	time.Sleep(window) // the span measured, not synchronisation
+	run := fairRun{served: map[string]float64{}, seconds: time.Since(t0).Seconds()}
+	for k, c := range counts {
+		run.served[k] = float64(c.Load() - start[k])
+	}
+	return run
+}
+
+// TestFleetFairShareTwoInstances: two instances on one Redis in front of
+// one replica; acme sends to both, beta (equally weighted) to the first
+// only, both far past capacity. Fair among each instance's own requests
+// (fair_share: local, the scheduler without the exchange) acme gets the
+// second instance's half of the batch and half of the first's: three
+// times beta. With the fleet's counters they are served alike.
+func TestFleetFairShareTwoInstances(t *testing.T) {
+	tenants := []fairTenant{{name: "acme", weight: 1, at: []int{0, 1}}, {name: "beta", weight: 1, at: []int{0}}}
+	local := runFairFleet(t, 2, redisTop(startRedis(t)), "local", tenants, 4*time.Second)
+	fleet := runFairFleet(t, 2, redisTop(startRedis(t)), "fleet", tenants, 4*time.Second)
+	lr := local.served["acme"] / local.served["beta"]
+	fr := fleet.served["acme"] / fleet.served["beta"]
+	t.Logf("local: %v (acme/beta %.2f, %.1f req/s); fleet: %v (acme/beta %.2f, %.1f req/s; goodput %.3f of local)",
+		local.served, lr, local.goodput(), fleet.served, fr, fleet.goodput(), fleet.goodput()/local.goodput())
+	assert.Greater(t, lr, 2.0, "per instance, acme is served about three times beta")
+	assert.InDelta(t, 1, fr, 0.25, "fleet-wide, acme and beta within 1.25 of each other")
+	assert.Greater(t, fleet.goodput()/local.goodput(), 0.9, "no loss of throughput")
+}
