@@ -88,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Requests dispatched after their deadline; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
 			Help: "1 while /readyz passes."}),
-		Usage:   newUsageCounter(),
+		Usage:          newUsageCounter(),
 		Durable:        newDurableGauge(),
 		FairShareFleet: newFairShareGauge(),
 	}
