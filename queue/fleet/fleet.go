@@ -60,8 +60,9 @@
 // the interval difference is φ_i − φ_j at t2 minus at t1 (lifted is
 // constant), at most the sum of the two one-sided bounds. ∎
 //
-// The same step gives, for any topology: no instance hands a tenant a slot
-// while its fleet counter leads that of a tenant queued there by more than
+// The same step gives, for any topology and once D has passed since
+// either flow was lifted: no instance hands a tenant a slot while its
+// fleet counter leads that of a tenant queued there by more than
 // C_i/w_i + ε_i + ε_j. What it cannot do is serve a tenant that is not
 // queued at the instance: how a shared replica's batch is split between
 // instances (§9, by the instances' demand) sets what a tenant alone on an
