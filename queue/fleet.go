@@ -29,6 +29,9 @@ type FlowState struct {
 	Lifted float64
 	// Backlogged: the flow has queued entries here.
 	Backlogged bool
+	// Gen tells flows of one name apart: a tenant removed and configured
+	// again has new flows, whose Charged starts again at 0.
+	Gen int32
 }
 
 // AppendFlows appends every flow of every known tenant to dst.
@@ -46,7 +49,7 @@ func (q *Queue[T]) AppendFlows(dst []FlowState) []FlowState {
 			dst = append(dst, FlowState{
 				Tenant: t.cfg.Name, Band: b, Weight: t.cfg.Weight,
 				Counter: f.v + q.bands[b].rebased, Charged: f.charged, Lifted: f.lifted,
-				Backlogged: f.entries.len() > 0,
+				Backlogged: f.entries.len() > 0, Gen: f.id,
 			})
 		}
 	}

@@ -13,7 +13,9 @@
 // charged service, R_k the other instances' service it has added, lifted
 // every raise that was not service. Instances report S and lifted per
 // flow; k adds the growth of each other's S since the last report it
-// applied (a PN counter per instance: refunds are negative growth) and
+// applied (a PN counter per instance: refunds are negative growth; a flow
+// created again, its tenant removed and configured again, counts from 0)
+// and
 // adopts the largest lifted (a max register), so that a lift made at one
 // instance is made once, not once per instance. Service of an instance
 // that went away stays counted; its entries are forgotten after
@@ -91,6 +93,9 @@ type Flow struct {
 	Lifted float64
 	// Backlogged: the flow has queued entries at the instance.
 	Backlogged bool
+	// Gen tells apart the instance's flows of one name
+	// ([queue.FlowState.Gen]): Service of a new one counts from 0.
+	Gen int32
 }
 
 // Key names a flow.
@@ -130,14 +135,19 @@ type Merger struct {
 
 type peer struct {
 	seen    time.Time
-	service map[Key]float64 // last applied Service per flow
+	service map[Key]applied // last applied Service per flow
+}
+
+type applied struct {
+	service float64
+	gen     int32
 }
 
 // Report is this instance's report from its flows.
 func Report(local []queue.FlowState) []Flow {
 	out := make([]Flow, 0, len(local))
 	for _, f := range local {
-		out = append(out, Flow{Tenant: f.Tenant, Band: f.Band, Service: float64(f.Charged), Lifted: f.Lifted, Backlogged: f.Backlogged})
+		out = append(out, Flow{Tenant: f.Tenant, Band: f.Band, Service: float64(f.Charged), Lifted: f.Lifted, Backlogged: f.Backlogged, Gen: f.Gen})
 	}
 	return out
 }
@@ -182,7 +192,7 @@ func (m *Merger) Merge(now time.Time, local []queue.FlowState, weight func(strin
 	for id, flows := range others {
 		p := m.peers[id]
 		if p == nil {
-			p = &peer{service: map[Key]float64{}}
+			p = &peer{service: map[Key]applied{}}
 			m.peers[id] = p
 		}
 		p.seen = now
@@ -192,8 +202,12 @@ func (m *Merger) Merge(now time.Time, local []queue.FlowState, weight func(strin
 			if v == nil || math.IsNaN(f.Service) || math.IsInf(f.Service, 0) || math.IsNaN(f.Lifted) {
 				continue
 			}
-			a.Service += f.Service - p.service[k]
-			p.service[k] = f.Service
+			last := p.service[k]
+			if last.gen != f.Gen {
+				last = applied{gen: f.Gen} // a new flow: its service counts from 0
+			}
+			a.Service += f.Service - last.service
+			p.service[k] = applied{service: f.Service, gen: f.Gen}
 			a.Lifted = max(a.Lifted, f.Lifted)
 			v.backlogged = v.backlogged || f.Backlogged
 		}

@@ -34,8 +34,8 @@ func (r *Redis) ExchangeFlows(ctx context.Context, flows []fleet.Flow) (map[stri
 			bl = 1
 		}
 		// Tenant names are escaped so that a report is space-separated.
-		fmt.Fprintf(&b, "%s %d %s %s %d", neturl.PathEscape(f.Tenant), f.Band,
-			strconv.FormatFloat(f.Service, 'g', -1, 64), strconv.FormatFloat(f.Lifted, 'g', -1, 64), bl)
+		fmt.Fprintf(&b, "%s %d %s %s %d %d", neturl.PathEscape(f.Tenant), f.Band,
+			strconv.FormatFloat(f.Service, 'g', -1, 64), strconv.FormatFloat(f.Lifted, 'g', -1, 64), bl, f.Gen)
 	}
 	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key + ":fair"}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
 	if err != nil {
@@ -55,24 +55,26 @@ func (r *Redis) ExchangeFlows(ctx context.Context, flows []fleet.Flow) (map[stri
 }
 
 // parseFlows reads instance id's report "<ms> (<tenant> <band> <service>
-// <lifted> <0|1>)*", whole or not at all.
+// <lifted> <backlogged 0|1> <gen>)*", whole or not at all.
 func parseFlows(id, text string) ([]fleet.Flow, error) {
 	f := strings.Fields(text)
 	bad := fmt.Errorf("peers: instance %q: %w flows %q", id, ErrMalformed, text)
-	if len(f) == 0 || (len(f)-1)%5 != 0 {
+	const fields = 6
+	if len(f) == 0 || (len(f)-1)%fields != 0 {
 		return nil, bad
 	}
-	out := make([]fleet.Flow, 0, (len(f)-1)/5)
-	for i := 1; i < len(f); i += 5 {
+	out := make([]fleet.Flow, 0, (len(f)-1)/fields)
+	for i := 1; i < len(f); i += fields {
 		tenant, err0 := neturl.PathUnescape(f[i])
 		band, err1 := strconv.Atoi(f[i+1])
 		svc, err2 := strconv.ParseFloat(f[i+2], 64)
 		lifted, err3 := strconv.ParseFloat(f[i+3], 64)
-		if errors.Join(err0, err1, err2, err3) != nil || (f[i+4] != "0" && f[i+4] != "1") ||
+		gen, err4 := strconv.ParseInt(f[i+5], 10, 32)
+		if errors.Join(err0, err1, err2, err3, err4) != nil || (f[i+4] != "0" && f[i+4] != "1") ||
 			math.IsNaN(svc) || math.IsInf(svc, 0) || math.IsNaN(lifted) || math.IsInf(lifted, 0) {
 			return nil, bad
 		}
-		out = append(out, fleet.Flow{Tenant: tenant, Band: band, Service: svc, Lifted: lifted, Backlogged: f[i+4] == "1"})
+		out = append(out, fleet.Flow{Tenant: tenant, Band: band, Service: svc, Lifted: lifted, Backlogged: f[i+4] == "1", Gen: int32(gen)})
 	}
 	return out, nil
 }

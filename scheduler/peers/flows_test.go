@@ -24,7 +24,7 @@ func TestExchangeFlows(t *testing.T) {
 	a := peers.NewRedis(c, "t", "a", "h1", time.Minute)
 	b := peers.NewRedis(client(t, addr), "t", "b", "h1", time.Minute)
 	mine := []fleet.Flow{
-		{Tenant: "team a/b c%", Band: 2, Service: 1234.5, Lifted: 1e12 + 0.25, Backlogged: true},
+		{Tenant: "team a/b c%", Band: 2, Service: 1234.5, Lifted: 1e12 + 0.25, Backlogged: true, Gen: 7},
 		{Tenant: "acme", Service: -3},
 	}
 	got, err := a.ExchangeFlows(ctx, mine)
@@ -36,7 +36,7 @@ func TestExchangeFlows(t *testing.T) {
 
 	tm, err := c.Time(ctx).Result()
 	require.NoError(t, err)
-	require.NoError(t, c.HSet(ctx, "t:{peers}:fair", "bad", fmt.Sprintf("%d acme 0 1 NaN 0", tm.UnixMilli())).Err())
+	require.NoError(t, c.HSet(ctx, "t:{peers}:fair", "bad", fmt.Sprintf("%d acme 0 1 NaN 0 1", tm.UnixMilli())).Err())
 	got, err = b.ExchangeFlows(ctx, nil)
 	require.ErrorIs(t, err, peers.ErrMalformed)
 	require.ErrorContains(t, err, `instance "bad"`)
