@@ -56,6 +56,7 @@ func fairConfig(t *testing.T, rep *simReplica, top, fairShare string, tenants []
 type fairRun struct {
 	served  map[string]float64 // completions per tenant in the window
 	seconds float64
+	running float64 // the replica's mean running sequences over the window
 }
 
 // perWeight is each tenant's completions over its weight, relative to the
@@ -144,8 +145,10 @@ func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTena
 		start[k] = c.Load()
 	}
 	t0 := time.Now()
+	stop := sampleQueue(rep)
 	time.Sleep(window) // the span measured, not synchronisation
-	run := fairRun{served: map[string]float64{}, seconds: time.Since(t0).Seconds()}
+	_, _, running := stop()
+	run := fairRun{served: map[string]float64{}, seconds: time.Since(t0).Seconds(), running: running}
 
 	for k, c := range counts {
 		run.served[k] = float64(c.Load() - start[k])
@@ -165,14 +168,17 @@ func TestFleetFairShareTwoInstances(t *testing.T) {
 	fleet := runFairFleet(t, 2, redisTop(startRedis(t)), "fleet", tenants, 10, 4*time.Second)
 	lr := local.served["acme"] / local.served["beta"]
 	fr := fleet.served["acme"] / fleet.served["beta"]
-	t.Logf("local: %v (acme/beta %.2f, %.1f req/s); fleet: %v (acme/beta %.2f, %.1f req/s; goodput %.3f of local)",
-		local.served, lr, local.goodput(), fleet.served, fr, fleet.goodput(), fleet.goodput()/local.goodput())
+	t.Logf("local: %v (acme/beta %.2f, %.1f req/s, batch %.2f); fleet: %v (acme/beta %.2f, %.1f req/s, batch %.2f; goodput %.3f of local)",
+		local.served, lr, local.goodput(), local.running, fleet.served, fr, fleet.goodput(), fleet.running, fleet.goodput()/local.goodput())
 	assert.Greater(t, lr, 2.0, "per instance, acme is served about three times beta")
 	assert.InDelta(t, 1, fr, 0.25, "fleet-wide, acme and beta within 1.25 of each other")
-	// Goodput is compared in BENCHMARKS.md over repeated runs: on a
-	// shared CPU one 4 s window varies by ±15 %; this only catches a
-	// collapse (slots left idle).
-	assert.Greater(t, fleet.goodput()/local.goodput(), 0.75, "no loss of throughput")
+	// Requests per second in one window follow the shared CPU's load (the
+	// two arms run one after the other); BENCHMARKS.md compares them over
+	// repeated runs. What the order must not do is leave the batch idle
+	// (the order only chooses among queued requests, so it cannot; this
+	// guards that). Measured 6.1–7.2 with both arms at a load average near
+	// 30 on 2 cores, where each instance's refill lags.
+	assert.Greater(t, fleet.running, 5.5, "the replica's 8 sequences stay busy")
 }
 
 // TestFleetFairShareThreeInstancesWeighted: three instances in front of
@@ -187,9 +193,13 @@ func TestFleetFairShareTwoInstances(t *testing.T) {
 func TestFleetFairShareThreeInstancesWeighted(t *testing.T) {
 	tenants := []fairTenant{{name: "one", weight: 1, at: []int{0}}, {name: "two", weight: 2, at: []int{0, 1}}, {name: "four", weight: 4, at: []int{0, 1, 2}}}
 	local := runFairFleet(t, 3, redisTop(startRedis(t)), "local", tenants, 24, 4*time.Second)
-	fleet := runFairFleet(t, 3, redisTop(startRedis(t)), "fleet", tenants, 24, 4*time.Second)
-	t.Logf("local: %v, per weight %v, %.1f req/s; fleet: %v, per weight %v, %.1f req/s (goodput %.3f of local)",
-		local.served, local.perWeight(tenants), local.goodput(), fleet.served, fleet.perWeight(tenants), fleet.goodput(), fleet.goodput()/local.goodput())
+	// The lightest tenant gets a seventh: about 20 requests a second. A
+	// window is off by up to the service not yet exchanged (the bound's
+	// 2(N−1)·U, half a second of an instance's dispatches); 8 s keeps
+	// that within a few percent.
+	fleet := runFairFleet(t, 3, redisTop(startRedis(t)), "fleet", tenants, 24, 8*time.Second)
+	t.Logf("local: %v, per weight %v, %.1f req/s, batch %.2f; fleet: %v, per weight %v, %.1f req/s, batch %.2f (goodput %.3f of local)",
+		local.served, local.perWeight(tenants), local.goodput(), local.running, fleet.served, fleet.perWeight(tenants), fleet.goodput(), fleet.running, fleet.goodput()/local.goodput())
 	for name, x := range fleet.perWeight(tenants) {
 		assert.InDeltaf(t, 1, x, 0.1, "%s: served per weight, relative to the least", name)
 	}
@@ -203,7 +213,7 @@ func TestFleetFairShareOnCluster(t *testing.T) {
 	tenants := []fairTenant{{name: "acme", weight: 1, at: []int{0, 1}}, {name: "beta", weight: 1, at: []int{0}}}
 	fleet := runFairFleet(t, 2, top, "fleet", tenants, 10, 4*time.Second)
 	r := fleet.served["acme"] / fleet.served["beta"]
-	t.Logf("cluster: %v (acme/beta %.2f, %.1f req/s)", fleet.served, r, fleet.goodput())
+	t.Logf("cluster: %v (acme/beta %.2f, %.1f req/s, batch %.2f)", fleet.served, r, fleet.goodput(), fleet.running)
 	assert.InDelta(t, 1, r, 0.25, "fleet-wide, acme and beta within 1.25 of each other")
 }
 
