@@ -27,7 +27,10 @@ type FlowState struct {
 	// Lifted is the sum of the raises of the counter that were not
 	// service, in cost units per unit weight.
 	Lifted float64
-	// Backlogged: the flow has queued entries here.
+	// Backlogged: the flow has queued entries here and its tenant is not
+	// parked (it competes here). A parked tenant is left out so that, as
+	// on one instance, time parked earns no credit: it is lifted when it
+	// rejoins, unless it competes at another instance meanwhile.
 	Backlogged bool
 	// Gen tells flows of one name apart: a tenant removed and configured
 	// again has new flows, whose Charged starts again at 0.
@@ -49,7 +52,7 @@ func (q *Queue[T]) AppendFlows(dst []FlowState) []FlowState {
 			dst = append(dst, FlowState{
 				Tenant: t.cfg.Name, Band: b, Weight: t.cfg.Weight,
 				Counter: f.v + q.bands[b].rebased, Charged: f.charged, Lifted: f.lifted,
-				Backlogged: f.entries.len() > 0, Gen: f.id,
+				Backlogged: f.entries.len() > 0 && !t.parked, Gen: f.id,
 			})
 		}
 	}

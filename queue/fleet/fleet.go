@@ -22,9 +22,10 @@
 // [ForgetAfter].
 //
 // The floor of a band is the least counter, in k's view, of a flow that is
-// backlogged at some instance. A flow that becomes eligible at k is lifted
-// to at most the floor, so a tenant backlogged elsewhere (not idle) keeps
-// its counter, while one idle everywhere gets no credit.
+// eligible (queued, not parked) at some instance. A flow that becomes
+// eligible at k is lifted to at most the floor, so a tenant competing
+// elsewhere (not idle) keeps its counter, while one idle or parked
+// everywhere gets no credit.
 //
 // # Fleet fairness bound
 //

@@ -111,3 +111,19 @@ func TestFleetFloorKeepsBusyTenantsCounter(t *testing.T) {
 		}
 	}
 }
+
+// TestParkedIsNotCompeting: a tenant parked here (at a cap) is reported
+// as not competing, so that it does not hold the fleet's floor down and,
+// as on one instance, is lifted when it rejoins.
+func TestParkedIsNotCompeting(t *testing.T) {
+	clk := &stepClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	q := newQueue(t, clk, queue.TenantConfig{Name: "a"})
+	_, err := q.Enqueue(queue.Request[int]{Tenant: "a", Cost: 1})
+	require.NoError(t, err)
+	require.True(t, q.AppendFlows(nil)[0].Backlogged)
+	_, ok := q.Next(func(queue.Item[int]) queue.Verdict { return queue.Park })
+	require.False(t, ok)
+	assert.False(t, q.AppendFlows(nil)[0].Backlogged, "parked")
+	q.Unpark("a")
+	assert.True(t, q.AppendFlows(nil)[0].Backlogged)
+}
