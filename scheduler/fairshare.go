@@ -55,6 +55,7 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		local  []queue.FlowState
 		lastOK time.Time
 		on     bool
+		warned bool
 	)
 	goLocal := func() {
 		s.q.SetFleetFloors([queue.NumBands]float64{}, [queue.NumBands]bool{})
@@ -85,8 +86,14 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		xctx, cancel := context.WithTimeout(ctx, timeout)
 		others, err := ex.ExchangeFlows(xctx, fleet.Report(local))
 		cancel()
-		if err != nil && (others == nil || on) {
-			s.log.Debug("exchanging fair-share counters", "err", err)
+		if err != nil {
+			if lastOK.IsZero() && !warned {
+				// Never answered yet: the fallback timer is not running.
+				s.log.Warn("exchanging fair-share counters with the other instances: fair share is local to this instance until an exchange answers", "err", err)
+				warned = true
+			} else {
+				s.log.Debug("exchanging fair-share counters", "err", err)
+			}
 		}
 		if others == nil {
 			continue

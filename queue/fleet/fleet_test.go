@@ -219,7 +219,7 @@ func (s *sim) windowMax(tenant string, d int) float64 {
 // the floors). Each step one random instance dispatches.
 func TestFleetBound(t *testing.T) {
 	seeds := 40
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 10
 	}
 	if n, err := strconv.Atoi(os.Getenv("FLEET_SEEDS")); err == nil && n > 0 {
