@@ -71,7 +71,7 @@
 // instances (§9, by the instances' demand) sets what a tenant alone on an
 // instance gets.
 //
-// TestFleetBound (fleet_test.go) checks the bound at every event of
+// TestFleetBound (fleet_test.go) checks the bound over every interval of
 // seeded runs of real queues exchanging through a model of the driver, over
 // many shapes (instances, weights, costs, periods, refunds, tenants coming
 // and going).
