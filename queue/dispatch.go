@@ -140,6 +140,7 @@ func (q *Queue[T]) rebaseLocked(b int, base float64) {
 		h.s[i].k -= base
 	}
 	q.bands[b].lastV -= base
+	q.bands[b].rebased += base
 }
 
 // Release ends the Queue's interest in a dispatched entry (it went out);

@@ -109,7 +109,9 @@
 //
 // Delivered service (tokens as produced) lags charged service by at most what
 // is in flight, which adds at most H_i/w_i + H_j/w_j. Several front-end
-// instances each keep this bound for their own arrivals (SCHEDULING §9).
+// instances each keep this bound for their own arrivals; package
+// queue/fleet merges their counters and states the fleet-wide bound
+// (SCHEDULING §9).
 //
 // # Work conservation (the scheduler's dispatch gate)
 //

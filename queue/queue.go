@@ -138,8 +138,9 @@ type flow[T any] struct {
 	v       float64                // virtual counter, cost units per unit weight
 	t       *tenant[T]
 	band    uint8
-	eseq    uint64 // when it last became eligible, for ties
-	last    int64  // last time it had or lost a queued entry, Unix ns
+	eseq    uint64  // when it last became eligible, for ties
+	last    int64   // last time it had or lost a queued entry, Unix ns
+	lifted  float64 // every raise of v that was not service: lifts, fleet lifts (fleet.go)
 	charged int64
 }
 
@@ -165,6 +166,13 @@ type tenant[T any] struct {
 type band[T any] struct {
 	heap  dheap[float64, *flow[T]] // key: v, then eseq
 	lastV float64
+	// rebased is the sum of every shift of this band's counters, so that
+	// v + rebased is comparable with another instance's (fleet.go).
+	rebased float64
+	// floor, when hasFloor, caps the lift: the fleet's least counter of a
+	// backlogged flow (fleet.go), in v + rebased units.
+	floor    float64
+	hasFloor bool
 }
 
 // Queue holds per-tenant bounded queues in priority bands, dispatches them
@@ -430,9 +438,16 @@ func (q *Queue[T]) joinLocked(f *flow[T], nowN int64, fresh bool) {
 	if bd.heap.len() > 0 {
 		lift = bd.heap.top().k
 	}
+	if bd.hasFloor {
+		// A tenant backlogged at another instance is not idle: the fleet's
+		// floor is at most its counter, so it is not lifted.
+		lift = min(lift, bd.floor-bd.rebased)
+	}
 	if fresh && q.cfg.IdleTTL > 0 && f.entries.len() == 1 && nowN-f.last > int64(q.cfg.IdleTTL) {
+		f.lifted += lift - f.v
 		f.v = lift // idle past the TTL: the flow re-enters fresh, deficit dropped
 	} else if f.v < lift {
+		f.lifted += lift - f.v
 		f.v = lift
 	}
 	q.eseq++
@@ -508,3 +523,4 @@ func (q *Queue[T]) Cancel(h Handle[T]) bool {
 	q.maybeDropLocked(t)
 	return true
 }
+

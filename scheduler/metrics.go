@@ -37,6 +37,7 @@ type Metrics struct {
 	Ready            prometheus.Gauge
 	Usage            *prometheus.CounterVec // tenant, key, model, dimension (usage.go)
 	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
+	FairShareFleet   prometheus.Gauge       // 1 fleet-wide fair share, 0 local (fairshare.go)
 
 	recent refusalLog // the last refusals, for the status page (statusops.go)
 }
@@ -93,13 +94,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Call lifecycle transitions the lifecycle does not have, refused and logged: a bug; must stay 0."}),
 		Ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_ready",
 			Help: "1 while /readyz passes."}),
-		Usage:   newUsageCounter(),
-		Durable: newDurableGauge(),
+		Usage:          newUsageCounter(),
+		Durable:        newDurableGauge(),
+		FairShareFleet: newFairShareGauge(),
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
 		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
-		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.IllegalMoves, m.Ready, m.Usage, m.Durable} {
+		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.IllegalMoves, m.Ready, m.Usage, m.Durable,
+		m.FairShareFleet} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

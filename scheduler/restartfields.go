@@ -12,13 +12,14 @@ import (
 // restartOnly are the config fields read once, when the process starts
 // (scheduler.New and node.Run): the listeners, the ledger and its store,
 // the replica set and its poller, GPU telemetry, the audit trail, the trace exporter, the
-// admin state file and the API listener's body limit. A reload cannot
+// admin state file, the API listener's body limit and the fair-share scope. A reload cannot
 // apply them; RestartNeeded names those that differ. ledger.lease_ttl is
 // applied by a reload, and a changed ledger.tombstone_retention is refused
 // (checkLeaseConfig), so neither is listed.
 var restartOnly = []string{
 	"listen", "admin_listen", "data_dir", "ledger", "upstream.replicas", "upstream.discovery", "upstream.scrape_interval",
 	"upstream.down_after", "gpu", "audit", "tracing", "admin.state_file", "server.max_body_bytes",
+	"server.fair_share",
 }
 
 var reloadable = []string{"ledger.lease_ttl", "ledger.tombstone_retention"}

@@ -274,6 +274,12 @@ type Server struct {
 	// ended (upstream aborted, charged what ran, its slot and replica room
 	// freed) and its connection closed. Default 30s.
 	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
+	// FairShare is the scope of weighted fair share: fleet (instances on
+	// one Redis ledger exchange their tenants' service and order by the
+	// fleet's counters) or local (each instance is fair among its own
+	// requests). Without a Redis ledger it is local either way. Default
+	// fleet.
+	FairShare string `yaml:"fair_share"`
 }
 
 // Cost configures fair-share costing.
@@ -577,6 +583,7 @@ func (f *File) applyDefaults() {
 	s.HoldPrediction.applyDefaults()
 	def(&s.MediaAllowance, 4096)
 	def(&s.StreamWriteTimeout, 30*time.Second)
+	def(&s.FairShare, "fleet")
 	def(&f.Audit.MaxBytes, 64<<20)
 	def(&f.Tracing.SampleRatio, 1)
 	def(&f.Tracing.ServiceName, "sluice")

@@ -160,6 +160,7 @@ func (f *File) Validate() error {
 	s.HoldPrediction.validate(&v, f.Upstream.StreamInterval, derefInt(f.Upstream.NonStreamedInterval))
 	v.nonNeg("server.media_allowance", s.MediaAllowance)
 	v.positiveDur("server.stream_write_timeout", s.StreamWriteTimeout)
+	v.oneOf("server.fair_share", s.FairShare, "fleet", "local")
 	models := map[string]int{}
 	for i, p := range f.Prices {
 		path := fmt.Sprintf("prices[%d]", i)

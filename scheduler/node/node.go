@@ -280,6 +280,9 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	srv.Attach("ledger", led.Run)
 	if fleet.peers != nil {
 		srv.Attach("share", func(ctx context.Context) error { return srv.ShareLoop(ctx, fleet.peers) })
+		if cfg.Server.FairShare == "fleet" {
+			srv.Attach("fairshare", func(ctx context.Context) error { return srv.FairShareLoop(ctx, fleet.peers) })
+		}
 	}
 	srv.Attach("keys", srv.WatchKeys)
 	for _, run := range discoveryLoops {
