@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -51,10 +52,20 @@ var (
 	fairgenWarn = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
 )
 
+// fgTrace (FG_TRACE=1 with one seed) prints each light arrival with the
+// gate's view of every tenant, and each light request that waited.
+var fgTrace = os.Getenv("FG_TRACE") != ""
+
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9,
 // 10, 15 and 19 (max_num_seqs left out over a smaller batch) fail without
-// the learned batch, 3, 17 have caps, 4 fits the replica (goodput).
-var fairgenSeeds = []uint64{1, 3, 4, 9, 10, 15, 17, 19}
+// the learned batch, 3, 17 have caps, 4 fits the replica (goodput). 8 and
+// 134 (a light tenant sending bursts, forecast heavy from one burst or its
+// reserve lent between bursts), 16 and 43 (a light tenant's peak lent
+// after a pause of a few of its gaps), 11 (two floods each keeping one
+// request in flight on a batch of four) and 98 (slow light tenants) fail
+// without the long-run rate, the burst-aware pause and the per-pool floor
+// (dispatch.go).
+var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 19, 43, 98, 134}
 
 type fgTenant struct {
 	name   string
@@ -229,6 +240,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	loads := make([]tenantLoad, 0, len(ts))
 	start := func(r fgReq) {
 		running++
+		if fgTrace && r.t.light && !direct && len(ts) > 1 && now-r.arrival > 0 {
+			fmt.Printf("%8.3f START %s waited %v\n", now.Seconds(), r.t.name, now-r.arrival)
+		}
 		if r.arrival >= sc.warmup && r.arrival < sc.duration {
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 		}
@@ -284,6 +298,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			}
 		}
 	}
+	qd := func(name string) int {
+		st, _ := q.Stats(name)
+		return st.Depth
+	}
 	nextTick := time.Duration(-1)
 	for ev.Len() > 0 {
 		e := heap.Pop(&ev).(fgEvent)
@@ -301,6 +319,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					_, err := q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out}})
 					if err == nil {
 						tn.arrived++
+						if fgTrace && tn.light && !direct && len(ts) > 1 {
+							var hs []string
+							for _, o := range ts {
+								m := gate.mem[o.name]
+								if m != nil {
+									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.heavy, m.load, m.peakCur, m.peakPrev, float64(m.goneAfter)/1e9, m.longRate, float64(m.peakStart)/1e9-1767225600))
+								}
+							}
+							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.batchLimit(), strings.Join(hs, "; "))
+						}
 					} else if now >= sc.warmup {
 						tn.full++
 					}
