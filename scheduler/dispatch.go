@@ -43,16 +43,21 @@ import (
 //     forecastK). A light tenant idle right now keeps its peak reserved
 //     until it ages out; one with a backlog is reserved what it lacks of
 //     its claim, no more (a heavy peer keeps what the level leaves it).
-//   - With nothing in flight on the pool a heavy tenant may start one
-//     request, unless a light tenant waits, where that leaves the light
+//   - With no heavy request in flight on the pool a heavy tenant may start
+//     one, unless a light tenant waits, where that leaves the light
 //     tenants floorK standard deviations of room over what they hold:
 //     squeezed, never starved, and the floor costs their peaks one slot,
 //     not a share (a quarter of its share did: the victims' p99 wait in
 //     the flood preset doubled).
-//   - An idle tenant's peak ages out within peakWindow, or once it has
-//     been silent for idleGaps of its mean inter-arrival gaps, so its share is lent;
-//     when it returns its new demand enters the reserve at once, heavy
-//     tenants stop starting work, and the next completions go to it.
+//   - An idle tenant's peak is kept while it may only be pausing: idleGaps
+//     of its mean gaps between arrivals (between bursts, for a tenant that
+//     sends several at once), the gap from the larger of its recent and its
+//     long-run rate (over server.reserve_hold), at least peakWindow and at
+//     most server.reserve_hold. After that its share is lent; when it
+//     returns its new demand enters the reserve at once, heavy tenants stop
+//     starting work, and the next completions go to it.
+//   - The forecast's rate is at most longK × the long-run rate: one burst
+//     of a light tenant is not forecast as a flood.
 //   - A full pool parks a tenant above its share when another pool has room
 //     (the queue goes on to that pool's requests), and blocks the queue
 //     for one within its share (full).
@@ -82,9 +87,9 @@ const peakWindow = 30 * time.Second
 // fleet under them; only a tenant asking several times its share is heavy.
 const lightMargin = 3.0
 
-// idleGaps is how many of its mean inter-arrival gaps (1/λ at its last
-// arrival) an idle light tenant may be silent before its peak stops being
-// reserved, within peakWindow. A Poisson tenant is silent that long with
+// idleGaps is how many of its mean inter-arrival gaps an idle light
+// tenant may be silent before its peak stops being reserved, within
+// server.reserve_hold. A Poisson tenant is silent that long with
 // probability e^-10, so one still sending keeps its reserve; one that has
 // left lends its share within seconds instead of half a minute (a lone
 // flood used to run below the pool's capacity for peakWindow after the
@@ -332,8 +337,9 @@ type gateCls struct {
 }
 
 // rateNow is the arrival rate, divided by the part of the window the
-// tenant has been active for (at least a second, to bound the noise of its
-// first arrivals).
+// tenant has been active for (at least the window, to bound the noise of
+// its first arrivals: one burst after a pause read as a flood with one
+// second).
 func (m *gateMem) rateNow(nowN int64) float64 {
 	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
 	if age > 10*forecastWindow.Seconds() {
@@ -367,7 +373,7 @@ func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
 	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
 	tau := forecastWindow.Seconds()
 	if da := l.arrived - m.arrived; da > 0 && m.rate*tau < 0.01 && (m.lastArrN == 0 || nowN-m.lastArrN > int64(peakWindow)) {
-		m.firstN = nowN // active again after idling: a young estimate
+		m.firstN = nowN // back after idling longer than a peak window: a young estimate
 	}
 	// An exponentially weighted count of arrivals per second: each adds
 	// 1/τ and the sum decays with τ.
