@@ -254,15 +254,21 @@ type tenantLoad struct {
 type fleetLoad struct {
 	seqs, seqsCap     int64
 	tokens, tokensCap int64
+	// probe: sequences of seqsCap that are an unconfirmed probe of a
+	// learned batch (replica.probeExcess).
+	probe int64
 }
 
 // fitsBeyond reports whether one more request of size tokens fits the fleet
-// with the fraction reserve of its sequences and tokens kept free.
+// with the fraction reserve of its sequences and tokens kept free, within
+// the confirmed batches: sequences that only probe a learned batch upwards
+// are kept free too while anything is reserved, so that the reserve is
+// room the replicas really run.
 func (f fleetLoad) fitsBeyond(size int64, reserve float64) bool {
 	if reserve <= 0 {
 		return true // the replica choice (take) decides
 	}
-	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap) - 1e-9))
+	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap)-1e-9)) + f.probe
 	keepTokens := int64(math.Ceil(reserve*float64(f.tokensCap) - 1e-9))
 	return f.seqs+1+keepSeqs <= f.seqsCap && f.tokens+size+keepTokens <= f.tokensCap
 }
@@ -438,6 +444,12 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	for i, l := range loads {
 		held := max(float64(l.held)/seqsCap, float64(l.tokens)/tokensCap)
 		demand := max(float64(l.held+l.queued)/seqsCap, held)
+		if l.held > 0 && l.queued > 0 {
+			// Its queue in tokens too, at the mean size of what it holds: on
+			// a pool whose KV cache binds before its sequences (max_num_seqs
+			// left out), a flood's queue in sequences is a small fraction.
+			demand = max(demand, float64(l.tokens)/tokensCap*float64(l.held+l.queued)/float64(l.held))
+		}
 		m := g.mem[l.name]
 		if m == nil {
 			m = &gateMem{lastN: nowN, firstN: nowN, seenN: nowN, arrived: l.arrived, served: l.served, servedSec: l.servedSec}
