@@ -136,9 +136,9 @@ done
 
 jget() { jq -r "$2" "$WORK/res/$1.json" 2>/dev/null || echo "n/a"; }
 p99() { jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.p99_ttft_ms] | max | . * 10 | round / 10'; }
-lost() { jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.outcomes | (.rejected // {}), (.failed // {}) | to_entries[] | .value] | add // 0'; }
-share504() {
-	jget "$1" '.tenants.flood | ((.outcomes.rejected // {}) | to_entries | map(select(.key | test("deadline"))) | map(.value) | add // 0) as $d | ($d * 1000 / ([.outcomes[] | if type == "object" then (to_entries | map(.value) | add // 0) else . end] | add) | round / 10)'
+lost() { jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.outcomes | to_entries[] | select(.key != "success" and .key != "late") | .value | to_entries[] | .value] | add // 0'; }
+share504() { # the flood's requests answered 504 deadline_exceeded, % of its requests
+	jget "$1" '[.tenants.flood.outcomes[] | to_entries[]] | ((map(select(.key == "deadline_exceeded") | .value) | add // 0) * 1000 / (map(.value) | add) | round / 10)'
 }
 echo "| target | victims' worst p99 TTFT alone (ms) | flooded (ms) | flooded ÷ alone | victim requests lost | flood answered 504 (%) |"
 echo "|---|---|---|---|---|---|"
