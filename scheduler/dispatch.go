@@ -51,9 +51,9 @@ import (
 //     the flood preset doubled).
 //   - An idle tenant's peak is kept while it may only be pausing: idleGaps
 //     of its mean gaps between arrivals (between bursts, for a tenant that
-//     sends several at once), the gap from the larger of its recent and its
-//     long-run rate (over server.reserve_hold), at least peakWindow and at
-//     most server.reserve_hold. After that its share is lent; when it
+//     sends several at once), the larger of its recent and its long-run
+//     mean gap (over server.reserve_hold), at most server.reserve_hold; the
+//     peak kept spans at least peakWindow. After that its share is lent; when it
 //     returns its new demand enters the reserve at once, heavy tenants stop
 //     starting work, and the next completions go to it.
 //   - The forecast's rate is at most longK × the long-run rate: one burst
@@ -392,8 +392,6 @@ func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
 	m.longEvents *= decay
 	if l.arrived > m.arrived {
 		m.longEvents += 1 / hold
-	}
-	if l.arrived > m.arrived {
 		// Its mean gap: the larger of the recent one and the long-run one.
 		// The recent rate alone says a tenant that sent a few requests
 		// close together and then paused as usual is gone.
