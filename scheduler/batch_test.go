@@ -72,11 +72,14 @@ func TestLearnedBatchProbesUp(t *testing.T) {
 	at = now.Add(time.Second + probeHold)
 	scrapeRW(r, 5, 0, at)
 	assert.Equal(t, int64(8), r.batchLimit(), "below the batch: nothing to learn")
+	assert.Zero(t, r.probeExcess())
 	scrapeRW(r, 8, 0, at.Add(time.Second))
 	assert.Equal(t, int64(9), r.batchLimit(), "at the batch, nothing waiting: +1")
+	assert.Equal(t, int64(1), r.probeExcess(), "the ninth is a probe until confirmed")
 	scrapeRW(r, 9, 1, at.Add(2*time.Second))
 	scrapeRW(r, 9, 1, at.Add(3*time.Second))
 	assert.Equal(t, int64(9), r.batchLimit(), "confirmed at 9")
+	assert.Zero(t, r.probeExcess())
 
 	// The real batch grew (a restart with a larger --max-num-seqs).
 	at = at.Add(3*time.Second + probeHold)

@@ -43,16 +43,21 @@ import (
 //     forecastK). A light tenant idle right now keeps its peak reserved
 //     until it ages out; one with a backlog is reserved what it lacks of
 //     its claim, no more (a heavy peer keeps what the level leaves it).
-//   - With nothing in flight on the pool a heavy tenant may start one
-//     request, unless a light tenant waits, where that leaves the light
+//   - With no heavy request in flight on the pool a heavy tenant may start
+//     one, unless a light tenant waits, where that leaves the light
 //     tenants floorK standard deviations of room over what they hold:
 //     squeezed, never starved, and the floor costs their peaks one slot,
 //     not a share (a quarter of its share did: the victims' p99 wait in
 //     the flood preset doubled).
-//   - An idle tenant's peak ages out within peakWindow, or once it has
-//     been silent for idleGaps of its mean inter-arrival gaps, so its share is lent;
-//     when it returns its new demand enters the reserve at once, heavy
-//     tenants stop starting work, and the next completions go to it.
+//   - An idle tenant's peak is kept while it may only be pausing: idleGaps
+//     of its mean gaps between arrivals (between bursts, for a tenant that
+//     sends several at once), the larger of its recent and its long-run
+//     mean gap (over server.reserve_hold), at most server.reserve_hold; the
+//     peak kept spans at least peakWindow. After that its share is lent; when it
+//     returns its new demand enters the reserve at once, heavy tenants stop
+//     starting work, and the next completions go to it.
+//   - The forecast's rate is at most longK × the long-run rate: one burst
+//     of a light tenant is not forecast as a flood.
 //   - A full pool parks a tenant above its share when another pool has room
 //     (the queue goes on to that pool's requests), and blocks the queue
 //     for one within its share (full).
@@ -82,9 +87,9 @@ const peakWindow = 30 * time.Second
 // fleet under them; only a tenant asking several times its share is heavy.
 const lightMargin = 3.0
 
-// idleGaps is how many of its mean inter-arrival gaps (1/λ at its last
-// arrival) an idle light tenant may be silent before its peak stops being
-// reserved, within peakWindow. A Poisson tenant is silent that long with
+// idleGaps is how many of its mean inter-arrival gaps an idle light
+// tenant may be silent before its peak stops being reserved, within
+// server.reserve_hold. A Poisson tenant is silent that long with
 // probability e^-10, so one still sending keeps its reserve; one that has
 // left lends its share within seconds instead of half a minute (a lone
 // flood used to run below the pool's capacity for peakWindow after the
@@ -216,6 +221,7 @@ func (s *Server) belowFairShare(c *call, f fleetLoad) (light bool, reserve float
 		loads = append(loads, pl.load(t.name, float64(t.cfg.Weight)))
 	}
 	g.loads = loads
+	g.hold = pol.cfg.Server.ReserveHold
 	if cand < 0 {
 		return true, 0 // removed by a reload: its queued work drains freely
 	}
@@ -249,15 +255,21 @@ type tenantLoad struct {
 type fleetLoad struct {
 	seqs, seqsCap     int64
 	tokens, tokensCap int64
+	// probe: sequences of seqsCap that are an unconfirmed probe of a
+	// learned batch (replica.probeExcess).
+	probe int64
 }
 
 // fitsBeyond reports whether one more request of size tokens fits the fleet
-// with the fraction reserve of its sequences and tokens kept free.
+// with the fraction reserve of its sequences and tokens kept free, within
+// the confirmed batches: sequences that only probe a learned batch upwards
+// are kept free too while anything is reserved, so that the reserve is
+// room the replicas really run.
 func (f fleetLoad) fitsBeyond(size int64, reserve float64) bool {
 	if reserve <= 0 {
 		return true // the replica choice (take) decides
 	}
-	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap) - 1e-9))
+	keepSeqs := int64(math.Ceil(reserve*float64(f.seqsCap)-1e-9)) + f.probe
 	keepTokens := int64(math.Ceil(reserve*float64(f.tokensCap) - 1e-9))
 	return f.seqs+1+keepSeqs <= f.seqsCap && f.tokens+size+keepTokens <= f.tokensCap
 }
@@ -274,11 +286,23 @@ type shareGate struct {
 	noSticky   bool          // no heavy hysteresis, idle tenants' peaks unreserved (tests)
 	k          float64       // 0: burstK; negative: none (tests)
 	mem        map[string]*gateMem
-	loads      []tenantLoad // reused by belowFairShare
-	cls        []gateCls    // reused by assess
-	idx        []int        // reused by waterLevel
-	snap       gateSnap     // the last full assessment
-	svc        float64      // mean service time on the pool (s), 0 unknown
+	loads      []tenantLoad  // reused by belowFairShare
+	cls        []gateCls     // reused by assess
+	idx        []int         // reused by waterLevel
+	snap       gateSnap      // the last full assessment
+	svc        float64       // mean service time on the pool (s), 0 unknown
+	hold       time.Duration // server.reserve_hold; 0: defaultReserveHold
+}
+
+// defaultReserveHold is server.reserve_hold's default.
+const defaultReserveHold = 2 * time.Minute
+
+// holdFor is the longest a quiet light tenant's peak stays reserved.
+func (g *shareGate) holdFor() time.Duration {
+	if g.hold > 0 {
+		return g.hold
+	}
+	return defaultReserveHold
 }
 
 type gateMem struct {
@@ -301,6 +325,13 @@ type gateMem struct {
 	// lastArrN is its last arrival; goneAfter how long after it, idle, the
 	// tenant counts as gone (idleGaps of its mean gaps then).
 	lastArrN, goneAfter int64
+	// longRate is its arrival rate averaged over the reserve hold, counted
+	// from seenN (when the gate first saw it).
+	longRate float64
+	// longEvents counts its arrival events (samples with arrivals: a
+	// burst is one) per second the same way.
+	longEvents float64
+	seenN      int64
 }
 
 // gateCls is one tenant's classification inputs.
@@ -313,32 +344,63 @@ type gateCls struct {
 }
 
 // rateNow is the arrival rate, divided by the part of the window the
-// tenant has been active for (at least a second, to bound the noise of its
-// first arrivals).
+// tenant has been active for (at least the window, to bound the noise of
+// its first arrivals: one burst after a pause read as a flood with one
+// second).
 func (m *gateMem) rateNow(nowN int64) float64 {
-	age := max(float64(nowN-m.firstN)/float64(time.Second), 1)
+	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
 	if age > 10*forecastWindow.Seconds() {
 		return m.rate // the correction is below 5e-5
 	}
 	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
 }
 
+// longRateNow is the long-run arrival rate over hold, divided by the part
+// of it the tenant has been seen for (at least 10 s, to bound the noise of
+// its first arrivals).
+func (m *gateMem) longRateNow(nowN int64, hold time.Duration) float64 {
+	return m.longRate / m.longCorrection(nowN, hold)
+}
+
+// longCorrection is the part of hold the tenant has been seen for.
+func (m *gateMem) longCorrection(nowN int64, hold time.Duration) float64 {
+	age := max(float64(nowN-m.seenN)/float64(time.Second), 10)
+	return 1 - math.Exp(-age/hold.Seconds())
+}
+
+// longK bounds the forecast's rate by this multiple of the long-run rate:
+// a tenant that sends a few requests close together now and then is not
+// forecast to keep sending at that pace, while a flood that starts is
+// forecast at several times its share within a second or two.
+const longK = 4.0
+
 // observe folds l's arrivals and completions since m's last sample into
 // m's arrival rate and service time, and the pool's.
 func (g *shareGate) observe(m *gateMem, l tenantLoad, nowN int64) {
 	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
 	tau := forecastWindow.Seconds()
-	if da := l.arrived - m.arrived; da > 0 && m.rate*tau < 0.01 {
-		m.firstN = nowN // active again after idling: a young estimate
+	if da := l.arrived - m.arrived; da > 0 && m.rate*tau < 0.01 && (m.lastArrN == 0 || nowN-m.lastArrN > int64(peakWindow)) {
+		m.firstN = nowN // back after idling longer than a peak window: a young estimate
 	}
 	// An exponentially weighted count of arrivals per second: each adds
 	// 1/τ and the sum decays with τ.
 	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.arrived-m.arrived, 0))/tau
+	// The long-run rate: over the hold, from when it was first seen (at
+	// least 10 s, to bound the noise of its first arrivals).
+	hold := g.holdFor().Seconds()
+	decay := math.Exp(-dt / hold)
+	m.longRate = m.longRate*decay + float64(max(l.arrived-m.arrived, 0))/hold
+	m.longEvents *= decay
 	if l.arrived > m.arrived {
+		m.longEvents += 1 / hold
+		// Its mean gap: the larger of the recent one and the long-run one.
+		// The recent rate alone says a tenant that sent a few requests
+		// close together and then paused as usual is gone.
 		m.lastArrN = nowN
-		// Within peakWindow (its peak ages out then anyway), which also
-		// keeps the conversion in range.
-		m.goneAfter = int64(min(idleGaps/max(m.rateNow(nowN), 1e-9), peakWindow.Seconds()) * float64(time.Second))
+		mean := 1 / max(min(m.rateNow(nowN), m.longRateNow(nowN, g.holdFor())), 1e-9)
+		// A tenant that sends bursts pauses between bursts, not requests.
+		mean = max(mean, 1/max(m.longEvents/m.longCorrection(nowN, g.holdFor()), 1e-9))
+		m.goneAfter = int64(min(idleGaps*mean, g.holdFor().Seconds()) * float64(time.Second))
 	}
 	m.arrived = l.arrived
 	if dn := l.served - m.served; dn > 0 {
@@ -381,9 +443,15 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	for i, l := range loads {
 		held := max(float64(l.held)/seqsCap, float64(l.tokens)/tokensCap)
 		demand := max(float64(l.held+l.queued)/seqsCap, held)
+		if l.held > 0 && l.queued > 0 {
+			// Its queue in tokens too, at the mean size of what it holds: on
+			// a pool whose KV cache binds before its sequences (max_num_seqs
+			// left out), a flood's queue in sequences is a small fraction.
+			demand = max(demand, float64(l.tokens)/tokensCap*float64(l.held+l.queued)/float64(l.held))
+		}
 		m := g.mem[l.name]
 		if m == nil {
-			m = &gateMem{lastN: nowN, firstN: nowN, arrived: l.arrived, served: l.served, servedSec: l.servedSec}
+			m = &gateMem{lastN: nowN, firstN: nowN, seenN: nowN, arrived: l.arrived, served: l.served, servedSec: l.servedSec}
 			g.mem[l.name] = m
 		}
 		g.observe(m, l, nowN)
@@ -414,7 +482,7 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		if svc == 0 {
 			svc = g.svc
 		}
-		cs[i].forecast = m.rateNow(nowN) * svc / seqsCap
+		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * svc / seqsCap
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight
@@ -434,11 +502,13 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 	if pw <= 0 {
 		pw = peakWindow
 	}
-	half := int64(pw) / 2
-	var lightPeak, lightForecast, lightHeld, backlogNeed float64
+	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
 	others, lightWaiting := false, false
 	for i, x := range cs {
 		m := x.m
+		// A tenant's peak is kept while it may only be pausing (goneAfter),
+		// at least for the peak window.
+		half := max(int64(pw), m.goneAfter) / 2
 		if nowN-m.peakStart >= half {
 			if nowN-m.peakStart >= 2*half {
 				m.peakPrev = 0
@@ -459,7 +529,11 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		if !x.active && m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter {
 			m.peakCur, m.peakPrev = 0, 0 // gone: its share is lent
 		}
-		if m.heavy || (!x.active && (g.noSticky || max(m.peakCur, m.peakPrev) == 0)) {
+		if m.heavy {
+			heavyHeld += x.held
+			continue
+		}
+		if !x.active && (g.noSticky || max(m.peakCur, m.peakPrev) == 0) {
 			continue
 		}
 		if loads[i].queued > 0 {
@@ -483,7 +557,7 @@ func (g *shareGate) assess(nowN int64, loads []tenantLoad, cand int, f fleetLoad
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
-		others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
+		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
 	return g.decide(g.mem[loads[cand].name].heavy, cs[cand].held)
 }
 
@@ -493,6 +567,7 @@ type gateSnap struct {
 	level                float64
 	lightPeak, lightHeld float64
 	backlogNeed          float64
+	heavyHeld            float64 // held by heavy tenants
 	lightForecast        float64
 	others, lightWaiting bool
 	seqsCap, minReserve  float64
@@ -531,10 +606,13 @@ func (g *shareGate) decide(heavy bool, held float64) (light bool, reserve float6
 	if !heavy {
 		return true, 0
 	}
-	if !sn.lightWaiting && held == 0 && !g.noFloor {
-		// One request in flight, unless a light one waits, and only where
-		// it leaves the light tenants room for their Poisson noise over what
-		// they hold now: it runs a whole service time.
+	if !sn.lightWaiting && held == 0 && sn.heavyHeld == 0 && !g.noFloor {
+		// One heavy request in flight on the pool, unless a light one
+		// waits, and only where it leaves the light tenants room for their
+		// Poisson noise over what they hold now: it runs a whole service
+		// time. One per pool, not per heavy tenant: two floods each keeping
+		// one in flight took half of a four-sequence batch from light
+		// tenants whose peaks were reserved.
 		return false, min(floorK*math.Sqrt(sn.lightHeld*sn.seqsCap)/sn.seqsCap, 1)
 	}
 	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a

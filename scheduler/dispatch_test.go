@@ -647,6 +647,14 @@ func TestFitsBeyond(t *testing.T) {
 	assert.False(t, f.fitsBeyond(901, 0.1), "901 tokens + 100 reserved > 1000")
 	assert.True(t, f.fitsBeyond(900, 0.1))
 	assert.True(t, fleetLoad{seqs: 32, seqsCap: 32}.fitsBeyond(1, 0), "no reserve: the replica choice decides")
+	// A learned batch of 8 probed to 9: the reserve is kept within the 8
+	// the replica is known to run, so a heavy request never takes the
+	// probe's sequence while light tenants have room reserved.
+	p := fleetLoad{seqs: 7, seqsCap: 9, tokensCap: 1000, probe: 1}
+	assert.False(t, p.fitsBeyond(1, 0.1), "7 + 1 + ⌈0.9⌉ + 1 probed > 9")
+	p.seqs = 6
+	assert.True(t, p.fitsBeyond(1, 0.1))
+	assert.True(t, fleetLoad{seqs: 8, seqsCap: 9, probe: 1}.fitsBeyond(1, 0), "no reserve: the probe goes ahead")
 }
 
 // BenchmarkGateAssess: one dispatch decision's share computation with

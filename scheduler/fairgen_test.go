@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -37,9 +38,12 @@ import (
 //   - where demand fits the replica, goodput is within 5 % of sending to
 //     the replica directly.
 //
-// Not modelled: two instances (the share exchange is covered by
-// TestInstancesSplitASharedReplica and TestLearnedBatchBoundsShare), KV
-// limits (the batch is the only limit), prefill time.
+// A third of the seeds also draw a KV-limited replica (its cache below a
+// full batch of mean-sized requests), which Sluice sizes by tokens as
+// well. Not modelled: two instances (the share exchange is covered by
+// TestInstancesSplitASharedReplica and TestLearnedBatchBoundsShare),
+// preemption (the replica admits by each request's whole KV use),
+// prefill time.
 //
 // `go test -run TestFairnessScenarios ./scheduler/` runs fairgenSeeds
 // seeds; `-fairgen.seeds=N -fairgen.base=B` runs N from B (make
@@ -51,10 +55,21 @@ var (
 	fairgenWarn = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
 )
 
+// fgTrace (FG_TRACE=1 with one seed) prints each light arrival with the
+// gate's view of every tenant, and each light request that waited.
+var fgTrace = os.Getenv("FG_TRACE") != ""
+
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9,
 // 10, 15 and 19 (max_num_seqs left out over a smaller batch) fail without
-// the learned batch, 3, 17 have caps, 4 fits the replica (goodput).
-var fairgenSeeds = []uint64{1, 3, 4, 9, 10, 15, 17, 19}
+// the learned batch, 3, 17 have caps, 4 fits the replica (goodput). 8 and
+// 134 (a light tenant sending bursts, forecast heavy from one burst or its
+// reserve lent between bursts), 16 and 43 (a light tenant's peak lent
+// after a pause of a few of its gaps), 11 (two floods each keeping one
+// request in flight on a batch of four) and 98 (slow light tenants) fail
+// without the long-run rate, the burst-aware pause and the per-pool floor
+// (dispatch.go); 1 (KV-limited, max_num_seqs left out) fails without a
+// queue counted in tokens.
+var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 19, 43, 98, 134}
 
 type fgTenant struct {
 	name   string
@@ -66,6 +81,7 @@ type fgTenant struct {
 
 	rng                   *rand.Rand
 	held                  int64 // dispatched by Sluice, not completed
+	heldTokens            int64 // their KV tokens
 	arrived, done         int64
 	doneSec               float64
 	ttft                  []time.Duration // measured arrivals
@@ -75,6 +91,7 @@ type fgTenant struct {
 type fgScenario struct {
 	seed       uint64
 	batch      int64 // what the replica really runs
+	kv         int64 // its KV cache in tokens (0: the batch is the only limit)
 	configured int64 // max_num_seqs as configured (256: left out)
 	step       time.Duration
 	outLo      int
@@ -92,7 +109,7 @@ func (sc *fgScenario) meanSvc() time.Duration {
 
 func (sc *fgScenario) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d step %v out %d–%d scrape %v;", sc.seed, sc.batch, sc.configured, sc.step, sc.outLo, sc.outHi, sc.scrape)
+	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape)
 	for _, t := range sc.tenants {
 		kind := "heavy"
 		if t.light {
@@ -141,8 +158,24 @@ func genScenario(seed uint64) *fgScenario {
 			t.cap = max(1, int64(math.Round(share)))
 		}
 	}
+	// Drawn last, so the draws above (and the seeds' scenarios without
+	// it) are unchanged: a third of the replicas are KV-limited, their
+	// cache holding 70–100 % of a full batch of mean-sized requests, so
+	// long requests leave the batch short of its sequences (Sluice knows
+	// the cache's size, as from vllm:cache_config_info).
+	if rng.IntN(3) == 0 {
+		mean := float64(fgPrompt) + float64(sc.outLo+sc.outHi)/2
+		sc.kv = int64(float64(sc.batch) * mean * (0.7 + 0.3*rng.Float64()))
+	}
 	return sc
 }
+
+// fgPrompt is every request's prompt in tokens.
+const fgPrompt = 512
+
+// kvNeed is a request's KV cache use in tokens (all of its output, as
+// vLLM's blocks hold by its end).
+func (r fgReq) kvNeed() int64 { return int64(fgPrompt + r.out) }
 
 type fgReq struct {
 	t       *fgTenant
@@ -156,6 +189,7 @@ type fgEvent struct {
 	seq  int
 	t    *fgTenant
 	svc  time.Duration
+	kv   int64 // a completion's KV tokens
 }
 
 type fgHeap []fgEvent
@@ -222,18 +256,25 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		push(fgEvent{at: gap(tn), t: tn})
 	}
 	push(fgEvent{at: sc.scrape, kind: 3})
-	var sent int64     // dispatched to the replica, not completed
-	var running int64  // running inside the replica
-	var inside []fgReq // waiting inside the replica (its FCFS queue)
+	var sent int64       // dispatched to the replica, not completed
+	var sentTokens int64 // their KV tokens
+	var running int64    // running inside the replica
+	var kvUsed int64     // KV tokens of the running requests
+	var inside []fgReq   // waiting inside the replica (its FCFS queue)
 	var gate shareGate
 	loads := make([]tenantLoad, 0, len(ts))
+	fits := func(r fgReq) bool { return running < sc.batch && (sc.kv == 0 || kvUsed+r.kvNeed() <= sc.kv) }
 	start := func(r fgReq) {
 		running++
+		kvUsed += r.kvNeed()
+		if fgTrace && r.t.light && !direct && len(ts) > 1 && now-r.arrival > 0 {
+			fmt.Printf("%8.3f START %s waited %v\n", now.Seconds(), r.t.name, now-r.arrival)
+		}
 		if r.arrival >= sc.warmup && r.arrival < sc.duration {
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 		}
 		svc := time.Duration(r.out) * sc.step
-		push(fgEvent{at: now + svc, kind: 1, t: r.t, svc: svc})
+		push(fgEvent{at: now + svc, kind: 1, t: r.t, svc: svc, kv: r.kvNeed()})
 	}
 	pred := func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
 		tn := it.Payload.t
@@ -250,18 +291,23 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			if o == tn {
 				cand = len(loads)
 			}
-			loads = append(loads, tenantLoad{name: o.name, weight: o.weight, held: o.held + int64(v.Pending(o.name)), queued: int64(v.Queued(o.name)),
+			loads = append(loads, tenantLoad{name: o.name, weight: o.weight, held: o.held + int64(v.Pending(o.name)), queued: int64(v.Queued(o.name)), tokens: o.heldTokens,
 				arrived: o.arrived, served: o.done, servedSec: o.doneSec})
 		}
-		f := fleetLoad{seqs: sent, seqsCap: limit, tokensCap: 1 << 40}
+		f := fleetLoad{seqs: sent, seqsCap: limit, tokens: sentTokens, tokensCap: 1 << 40, probe: rep.probeExcess()}
+		if sc.kv > 0 {
+			f.tokensCap = sc.kv
+		}
+		need := it.Payload.kvNeed()
+		room := sent < limit && sentTokens+need <= f.tokensCap
 		light, reserve := gate.assess(clk.Now().UnixNano(), loads, cand, f, 0.1)
-		if !light && !f.fitsBeyond(1, reserve) {
-			if sent < limit {
+		if !light && !f.fitsBeyond(need, reserve) {
+			if room {
 				return queue.Park
 			}
 			return queue.Block
 		}
-		if sent >= limit {
+		if !room {
 			return queue.Block
 		}
 		return queue.Dispatch
@@ -275,14 +321,20 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			q.Release(it.Handle)
 			tn := it.Payload.t
 			tn.held++
+			tn.heldTokens += it.Payload.kvNeed()
 			sent++
-			if running < sc.batch {
+			sentTokens += it.Payload.kvNeed()
+			if len(inside) == 0 && fits(it.Payload) {
 				start(it.Payload)
 			} else {
 				inside = append(inside, it.Payload)
 				res.maxInside = max(res.maxInside, len(inside))
 			}
 		}
+	}
+	qd := func(name string) int {
+		st, _ := q.Stats(name)
+		return st.Depth
 	}
 	nextTick := time.Duration(-1)
 	for ev.Len() > 0 {
@@ -301,6 +353,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					_, err := q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out}})
 					if err == nil {
 						tn.arrived++
+						if fgTrace && tn.light && !direct && len(ts) > 1 {
+							var hs []string
+							for _, o := range ts {
+								m := gate.mem[o.name]
+								if m != nil {
+									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.heavy, m.load, m.peakCur, m.peakPrev, float64(m.goneAfter)/1e9, m.longRate, float64(m.peakStart)/1e9-1767225600))
+								}
+							}
+							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.batchLimit(), strings.Join(hs, "; "))
+						}
 					} else if now >= sc.warmup {
 						tn.full++
 					}
@@ -310,12 +372,15 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		case 1:
 			tn := e.t
 			running--
+			kvUsed -= e.kv
 			sent--
+			sentTokens -= e.kv
 			tn.held--
+			tn.heldTokens -= e.kv
 			tn.done++
 			tn.doneSec += e.svc.Seconds()
 			tn.served++
-			if len(inside) > 0 {
+			for len(inside) > 0 && fits(inside[0]) { // FCFS, as vLLM's waiting queue
 				r := inside[0]
 				inside = inside[1:]
 				start(r)

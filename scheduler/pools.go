@@ -152,6 +152,7 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 		}
 		f.seqs += seqs
 		f.seqsCap += r.seqLimit(seqs)
+		f.probe += r.probeExcess()
 		f.tokens += load
 		f.tokensCap += k
 	}

@@ -74,6 +74,9 @@ type batch struct {
 	// learned is the batch the replica really runs, learned from its
 	// scrapes (learnBatch); 0 while none is learned (max_num_seqs rules).
 	learned atomic.Int64
+	// confirmed is the learned batch as a pair of full scrapes last set
+	// it; learned above it is a probe not yet confirmed.
+	confirmed atomic.Int64
 	// full: the last scrape showed waiting requests, with fullRunning
 	// running; confirmedAt is when a pair of such scrapes last set learned.
 	full        bool
@@ -166,6 +169,7 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		if l > 0 && running >= l && now.Sub(b.confirmedAt) >= probeHold {
 			if l += max(1, l/8); l >= r.maxSeqs {
 				l = 0
+				b.confirmed.Store(0)
 			}
 			b.learned.Store(l)
 		}
@@ -177,6 +181,7 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		// ago; the KV sizing (gpu, overcommit) answers the rest. A batch
 		// that really shrank shows the smaller count in the next pair.
 		b.learned.Store(min(max(b.fullRunning, 1), r.maxSeqs))
+		b.confirmed.Store(b.learned.Load())
 		b.confirmedAt = now
 	}
 	b.full, b.fullRunning = true, running
@@ -189,6 +194,19 @@ func (r *replica) batchLimit() int64 {
 		return min(l, r.maxSeqs)
 	}
 	return r.maxSeqs
+}
+
+// probeExcess is how far r's batch limit is above its confirmed batch: a
+// probe upwards that no scrape has confirmed yet. The dispatch gate keeps
+// these sequences out of the light tenants' reserve (fitsBeyond): a probe
+// past the real batch waits in vLLM's FCFS queue, and a light request sent
+// after it would wait behind it.
+func (r *replica) probeExcess() int64 {
+	l, c := r.batch.learned.Load(), r.batch.confirmed.Load()
+	if l <= 0 || c <= 0 {
+		return 0
+	}
+	return max(min(l, r.maxSeqs)-c, 0)
 }
 
 // leave takes request seq off r's count. mayRun: it was sent and did not

@@ -244,6 +244,12 @@ type Server struct {
 	// free while a light tenant of the pool has demand (scheduler/dispatch.go;
 	// the reserve grows with the light tenants' demand peaks). Default 0.1.
 	Headroom float64 `yaml:"headroom"`
+	// ReserveHold is the longest a light tenant that has gone quiet keeps
+	// its recent demand peak reserved (heavy tenants do not fill it): it is
+	// kept for ten of the tenant's mean gaps between requests (bursts),
+	// at most this long, so a tenant sending every few seconds finds room
+	// after an ordinary pause. Default 2m.
+	ReserveHold time.Duration `yaml:"reserve_hold"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
 	// or gpu_ms. Defaults tokens, 1, 2.
 	Cost Cost `yaml:"cost"`
@@ -574,6 +580,7 @@ func (f *File) applyDefaults() {
 	def(&s.DrainTimeout, 30*time.Second)
 	def(&f.Admin.KeysMaxStaleness, 30*time.Second)
 	def(&s.Headroom, 0.1)
+	def(&s.ReserveHold, 2*time.Minute)
 	def(&s.Cost.Unit, "tokens")
 	def(&s.Cost.WIn, 1)
 	def(&s.Cost.WOut, 2)

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# scripts/isolation-rows.sh: the three configurations of the isolation rows
+# in BENCHMARKS.md ("Isolation on shapes a user might write"), side by side
+# with direct vLLM (the simulator), in one run.
+#
+# Fleet: two `sluice sim` replicas, each really running ISO_SEQS (16)
+# sequences at 20 ms a step: 2 × 16 / (128 × 20 ms) = 12.5 rps. Workload:
+# the flood preset's shape (three victims at 0.2× capacity = 2.5 rps each,
+# one flood at 2× = 25 rps, burstiness 0.25), equal weights, with a 90 s
+# client deadline so that the tenants' `queue.max_wait: 60s` is the bound.
+# Configurations:
+#   a  max_num_seqs correct, per-tenant concurrency = the fleet's batch (32)
+#   b  max_num_seqs correct, weights only
+#   c  max_num_seqs left out (256 assumed; the replicas run 16), weights only
+# Each is run without the flood (alone) and with it. Knobs: ISO_S (20)
+# seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_KEEP=1 keeps
+# the work dir. Prints a Markdown table and the exact commands.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SLUICE=$ROOT/bin/sluice
+WORK=$(mktemp -d /tmp/sluice-iso.XXXXXX)
+SECS=${ISO_S:-20}
+SEQS=${ISO_SEQS:-16}
+CAP=$(awk -v s="$SEQS" 'BEGIN { printf "%g", 2 * s / (128 * 0.02) }')
+
+LIB_NAME=isolation LIB_KEEP_VAR=ISO_KEEP
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+
+go build -o "$SLUICE" ./cmd/sluice
+
+BASE=$((21000 + ($$ % 1000) * 10))
+ports_free "$BASE" 6
+SIM_PORT=$BASE API_PORT=$((BASE + 4)) ADM_PORT=$((BASE + 5))
+
+for t in chat-a chat-b chat-c flood; do
+	v=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
+	export "$v=sk-iso-$t-$RANDOM$RANDOM"
+done
+
+cat >"$WORK/rows.yaml" <<'EOF'
+seed: 3
+defaults:
+  input:  {dist: uniform, mean: 512, range_ratio: 0.25}
+  output: {dist: uniform, mean: 128, range_ratio: 0.25}
+  arrival: {burstiness: 1.0}
+  deadline: 90s
+  slo: {ttft_ms: 2000, tpot_ms: 100}
+tenants:
+  - {name: chat-a, api_key: "${KEY_CHAT_A}", weight: 1, rate: 0.2x}
+  - {name: chat-b, api_key: "${KEY_CHAT_B}", weight: 1, rate: 0.2x}
+  - {name: chat-c, api_key: "${KEY_CHAT_C}", weight: 1, rate: 0.2x}
+  - {name: flood,  api_key: "${KEY_FLOOD}", role: aggressor, weight: 1, rate: 2x, arrival: {burstiness: 0.25}}
+EOF
+
+# config VARIANT: the Sluice config of row a, b or c.
+config() {
+	local v=$1 t k i
+	echo "listen: 127.0.0.1:$API_PORT"
+	echo "admin_listen: 127.0.0.1:$ADM_PORT"
+	echo "gpu: {telemetry: off}"
+	echo "server: {drain_timeout: 2s}"
+	echo "upstream:"
+	echo "  replicas:"
+	for i in 0 1; do
+		if [ "$v" = c ]; then
+			echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\"}"
+		else
+			echo "    - {name: r$i, url: \"http://127.0.0.1:$((SIM_PORT + i))\", max_num_seqs: $SEQS}"
+		fi
+	done
+	echo "tenants:"
+	for t in chat-a chat-b chat-c flood; do
+		k=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
+		echo "  - name: $t"
+		echo "    api_keys: [\"$(printf '%s\n' "${!k}" | "$SLUICE" key hash)\"]"
+		echo "    queue: {max_depth: 4096, max_wait: 60s}"
+		[ "$v" = a ] && echo "    concurrency: $((2 * SEQS))"
+	done
+	return 0
+}
+
+"$SLUICE" sim --listen "127.0.0.1:$SIM_PORT" --replicas 2 --max-num-seqs "$SEQS" --decode-step 20ms >"$WORK/sim.log" 2>&1 &
+PIDS+=("$!")
+wait_http "http://127.0.0.1:$SIM_PORT/health"
+wait_http "http://127.0.0.1:$((SIM_PORT + 1))/health"
+
+wait_idle() {
+	local i m
+	for i in $(seq 1 240); do
+		m=0
+		for p in $SIM_PORT $((SIM_PORT + 1)); do
+			m=$((m + $(curl -fs "http://127.0.0.1:$p/metrics" | awk '/^vllm:num_requests_(running|waiting)[{ ]/ { s += $NF } END { print s + 0 }')))
+		done
+		[ "$m" = 0 ] && return 0
+		sleep 0.5
+	done
+}
+
+CMDS=()
+# run LABEL URL ARGS...
+run() {
+	local label=$1 url=$2
+	shift 2
+	wait_idle
+	echo "isolation: $label" >&2
+	local args=(--workload "$WORK/rows.yaml" --capacity "$CAP" --duration "${SECS}s" --warmup-duration 5s
+		--drain-timeout 65s --progress 0 --save-result --result-dir "$WORK/res" --result-filename "$label.json" "$@")
+	"$SLUICE" bench run --base-url "$url" "${args[@]}" >"$WORK/$label.txt" 2>&1 || echo "isolation: $label failed" >&2
+	CMDS+=("| $label | \`sluice bench run --base-url <$url> ${args[*]//$WORK/\$WORK}\` |")
+}
+
+direct="http://127.0.0.1:$SIM_PORT"
+# Direct vLLM: the load generator spreads over one replica URL only, so
+# the direct rows use one replica with both replicas' batch.
+"$SLUICE" sim --listen "127.0.0.1:$((SIM_PORT + 2))" --replicas 1 --max-num-seqs $((2 * SEQS)) --decode-step 20ms >"$WORK/sim1.log" 2>&1 &
+PIDS+=("$!")
+wait_http "http://127.0.0.1:$((SIM_PORT + 2))/health"
+direct="http://127.0.0.1:$((SIM_PORT + 2))"
+run direct-alone "$direct" --exclude-tenant flood
+run direct-flooded "$direct"
+
+for v in a b c; do
+	config "$v" >"$WORK/sluice-$v.yaml"
+	"$SLUICE" serve --config "$WORK/sluice-$v.yaml" >"$WORK/sluice-$v.log" 2>&1 &
+	SP=$!
+	PIDS+=("$SP")
+	wait_http "http://127.0.0.1:$API_PORT/readyz"
+	sleep 2 # every replica scraped once
+	run "$v-alone" "http://127.0.0.1:$API_PORT" --exclude-tenant flood
+	run "$v-flooded" "http://127.0.0.1:$API_PORT"
+	stop "$SP"
+done
+
+jget() { jq -r "$2" "$WORK/res/$1.json" 2>/dev/null || echo "n/a"; }
+p99() { jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.p99_ttft_ms] | max | . * 10 | round / 10'; }
+lost() { jget "$1" '[.tenants | to_entries[] | select(.key | startswith("chat-")) | .value.outcomes | to_entries[] | select(.key != "success" and .key != "late") | .value | to_entries[] | .value] | add // 0'; }
+share504() { # the flood's requests answered 504 deadline_exceeded, % of its requests
+	jget "$1" '[.tenants.flood.outcomes[] | to_entries[]] | ((map(select(.key == "deadline_exceeded") | .value) | add // 0) * 1000 / (map(.value) | add) | round / 10)'
+}
+echo "| target | victims' worst p99 TTFT alone (ms) | flooded (ms) | flooded ÷ alone | victim requests lost | flood answered 504 (%) |"
+echo "|---|---|---|---|---|---|"
+for r in direct a b c; do
+	a=$(p99 "$r-alone")
+	f=$(p99 "$r-flooded")
+	echo "| $r | $a | $f | $(awk -v a="$a" -v b="$f" 'BEGIN { if (a + 0 > 0) printf "%.2f", b / a; else print "n/a" }') | $(lost "$r-flooded") | $(share504 "$r-flooded") |"
+done
+echo
+echo "| run | command |"
+echo "|---|---|"
+printf '%s\n' "${CMDS[@]}"
+[ "${ISO_KEEP:-0}" = 1 ] && echo "work dir: $WORK" >&2
+exit 0
