@@ -363,15 +363,11 @@ func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 	kt, _ := out.Docs[out.Knee].F("p99_ttft_ms")
 	// A knee is where more offered load stops being served in time; when
 	// every rate was (nearly) all served, the sweep never reached it.
-	for i, g := range gp["goodput (req/s)"] {
-		offered := out.Rates[i]
-		if sent, ok := out.Docs[i].F("schedule", "sent_rate"); ok && sent > 0 {
-			offered = min(offered, sent) // a lagging generator offered less
-		}
-		if g < SaturatedBelow*offered {
-			out.Saturated = true
-		}
+	sent := make([]float64, len(out.Docs))
+	for i, d := range out.Docs {
+		sent[i], _ = d.F("schedule", "sent_rate")
 	}
+	out.Saturated = saturated(out.Rates, gp["goodput (req/s)"], sent)
 	if out.Saturated {
 		fmt.Fprintf(o.Stdout, "Knee: %g rps (goodput %.2f req/s, p99 TTFT %.0f ms)\n", out.Rates[out.Knee], gp["goodput (req/s)"][out.Knee], kt)
 	} else {
@@ -398,4 +394,20 @@ func Sweep(ctx context.Context, o SweepOptions) (*SweepResult, error) {
 		err = werr
 	}
 	return out, err
+}
+
+// saturated reports whether any rate's goodput fell below SaturatedBelow
+// of what was offered: the rate, or what a lagging generator really sent
+// (sent[i] > 0).
+func saturated(rates, goodput, sent []float64) bool {
+	for i, g := range goodput {
+		offered := rates[i]
+		if sent[i] > 0 {
+			offered = min(offered, sent[i])
+		}
+		if g < SaturatedBelow*offered {
+			return true
+		}
+	}
+	return false
 }

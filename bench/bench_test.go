@@ -208,13 +208,31 @@ func TestSweep(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res.Docs, 2)
 	assert.Equal(t, "50", res.Docs[0]["request_rate"])
-	assert.False(t, res.Saturated)
-	assert.Contains(t, out.String(), "No knee: every rate's goodput was at least 95% of it; capacity is above 200 rps", "an instant server never saturates: the best rate is no knee")
-	assert.NotContains(t, out.String(), "Knee:")
+	// An instant server does not saturate, but ten requests' goodput on a
+	// loaded machine includes the last one's latency (hundreds of ms under
+	// make test's load), so the verdict is checked on given figures in
+	// TestSaturated; here, that the report says the verdict it reached.
+	if res.Saturated {
+		assert.Contains(t, out.String(), "Knee: ")
+	} else {
+		assert.Contains(t, out.String(), "No knee: every rate's goodput was at least 95% of it; capacity is above 200 rps")
+		assert.NotContains(t, out.String(), "Knee:")
+	}
 	var cfg map[string]any
 	b, _ := json.Marshal(res.Docs[1]["config"])
 	require.NoError(t, json.Unmarshal(b, &cfg))
 	assert.InDelta(t, 200.0, cfg["rate_scale"], 1e-9, "without a workload the one tenant's base is 1 rps: --rates alone sets the rate")
+}
+
+// TestSaturated: a sweep is past its knee when some rate's goodput is
+// under 95 % of what was offered, the rate or, from a lagging generator,
+// what it sent.
+func TestSaturated(t *testing.T) {
+	rates := []float64{50, 200}
+	assert.False(t, saturated(rates, []float64{49, 199}, []float64{0, 0}), "every rate served")
+	assert.True(t, saturated(rates, []float64{49, 150}, []float64{0, 0}), "200 offered, 150 served")
+	assert.False(t, saturated(rates, []float64{49, 150}, []float64{0, 155}), "the generator sent only 155")
+	assert.True(t, saturated(rates, []float64{30, 199}, []float64{0, 0}), "the lower rate fell short")
 }
 
 // TestSweepKnee: a run whose goodput falls below 95 % of its rate (here

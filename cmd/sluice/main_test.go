@@ -75,7 +75,7 @@ func TestConfigCheck(t *testing.T) {
 	assert.Equal(t, []string{
 		bad + `:1: tenants[0].api_keys[0] must be "sha256:<64 hex digits>" (run 'sluice key hash'); raw keys are never stored`,
 		bad + ":1: tenants[0].weight must be >= 1",
-		bad + ": upstream.replicas must list at least one replica",
+		bad + ": upstream.replicas must list at least one replica (or upstream.discovery a source)",
 		"sluice config check: 3 problem(s) in " + bad,
 	}, strings.Split(strings.TrimSuffix(errOut, "\n"), "\n"), "one problem a line, each with its line")
 }
