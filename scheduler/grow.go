@@ -47,6 +47,9 @@ type growth struct {
 	stop *growStop
 	// grown counts the steps taken.
 	grown int
+	// refused is why the last step was refused: the generation then runs
+	// on to the hold it has, and stops there.
+	refused *growStop
 	// The stream's id, created and model, for the chunk that ends it.
 	id      string
 	created int64
@@ -77,6 +80,15 @@ func (s *Server) growHold(c *call, ev *vllm.Event) bool {
 		return false
 	}
 	seen, held := int64(u.CompletionTokens), c.held[ledger.OutputTokens]
+	if g.refused != nil {
+		// What is held is the client's to use: stop only at the hold, not
+		// when a step is refused (a small budget left would otherwise end
+		// a generation a step before its hold).
+		if seen < held {
+			return false
+		}
+		return s.stopGrowth(c, g.refused)
+	}
 	if held-seen >= g.step || held >= g.worst {
 		return false
 	}
@@ -94,14 +106,25 @@ func (s *Server) growHold(c *call, ev *vllm.Event) bool {
 		g.grown++
 		return false
 	}
-	g.stop = &growStop{reason: "budget", denied: deniedOf(err)}
-	if g.stop.denied == nil {
-		g.stop.reason = "ledger_unavailable"
+	why := &growStop{reason: "budget", denied: deniedOf(err)}
+	if why.denied == nil {
+		why.reason = "ledger_unavailable"
 		if !ledger.IsStoreError(err) {
-			s.log.Error("ledger grow refused; stopping the generation", "request_id", c.reqID, "err", err)
-			g.stop.reason = "ledger_error"
+			s.log.Error("ledger grow refused; the generation stops at its hold", "request_id", c.reqID, "err", err)
+			why.reason = "ledger_error"
 		}
 	}
+	if seen < held {
+		g.refused = why
+		return false
+	}
+	return s.stopGrowth(c, why)
+}
+
+// stopGrowth ends a generation at its hold: upstream is aborted and the
+// client is told why.
+func (s *Server) stopGrowth(c *call, why *growStop) bool {
+	c.growth.stop = why
 	c.abortCause = "budget"
 	c.cancel(errBudgetEnded)
 	return true

@@ -78,20 +78,23 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	require.NoError(t, runErr, "node --test in test/openai-node failed (its output is above)")
 
 	// The cancelled stream was aborted upstream, and nothing still runs.
-	eventually(t, "the simulator aborts the cancelled stream", func() bool {
+	// The cancelled stream and capped's call stopped at its budget were
+	// aborted upstream, and nothing still runs.
+	eventually(t, "the simulator aborts the cancelled stream and the stopped call", func() bool {
 		s := rep.Stats()
-		return s.Aborted == 1 && s.Running == 0
+		return s.Aborted == 2 && s.Running == 0
 	})
 	s := rep.Stats()
 	// Generations that reached the replica: acme's non-streamed, streamed
-	// and cancelled calls, limited's first call and capped's call that
-	// fits; the 429s never do. The three transparency cases each send one
-	// request through Sluice and one directly; the out-of-range logprobs
-	// pair is refused by vLLM.
+	// and cancelled calls, limited's first call and capped's call; the 429s
+	// never do. The three transparency cases each send one request through
+	// Sluice and one directly; the out-of-range logprobs pair is refused by
+	// vLLM.
 	assert.Equal(t, int64(5+6), s.Received, "generation requests at the simulator")
-	assert.Equal(t, int64(4+4), s.Completed, "completed generations at the simulator")
+	assert.Equal(t, int64(3+4), s.Completed, "completed generations at the simulator")
 	assert.Equal(t, int64(2), s.Rejected, "the out-of-range logprobs pair")
 	assert.InDelta(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "client_disconnect"}), 1e-9)
+	assert.InDelta(t, 1.0, n.metric(t, "sluice_upstream_aborts_total", map[string]string{"cause": "budget"}), 1e-9)
 
 	// Every hold is released and usage was settled (the ledger gauges are
 	// exported once a second).
@@ -251,7 +254,7 @@ func nodeConfig(t *testing.T, repURL string) *config.File {
 	fmt.Fprintf(&b, "  - name: limited\n    api_keys: [%q]\n", config.HashKey(keyLimited))
 	b.WriteString("    budgets: [{dimension: requests, limit: 1, window: 1h}]\n")
 	fmt.Fprintf(&b, "  - name: capped\n    api_keys: [%q]\n    max_output_tokens: 4000\n", config.HashKey(keyCapped))
-	b.WriteString("    budgets: [{dimension: tokens, limit: 3000, window: 24h}]\n")
+	b.WriteString("    budgets: [{dimension: tokens, limit: 600, window: 24h}]\n")
 	cfg, err := config.Parse([]byte(b.String()))
 	require.NoError(t, err, b.String())
 	return cfg
