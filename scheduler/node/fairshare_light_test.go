@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -168,6 +170,7 @@ func pct(ds []time.Duration, q float64) time.Duration {
 // reports the light tenant's p99 TTFT in each mode and the heavy goodput
 // of fleet over local per round (completions per second and the replica's
 // mean running sequences), with the median of the rounds.
+// FLEET_LIGHT_ROUNDS sets the number of rounds (3).
 //
 // What it asserts holds on a loaded 2-core machine: no light request is
 // lost, and with the fleet's counters the light tenant's p99 TTFT stays
@@ -176,7 +179,11 @@ func pct(ds []time.Duration, q float64) time.Duration {
 // fleet floor, never past it, so it is first in line at the next free
 // slot). The ratios are logged for BENCHMARKS.md.
 func TestFleetFairShareLightTenant(t *testing.T) {
-	const rounds, clients = 3, 10
+	const clients = 10
+	rounds := 3
+	if v, err := strconv.Atoi(os.Getenv("FLEET_LIGHT_ROUNDS")); err == nil && v > 0 {
+		rounds = v // BENCHMARKS.md's figures: more rounds
+	}
 	window := 4 * time.Second
 	modes := []struct {
 		name string
@@ -185,7 +192,7 @@ func TestFleetFairShareLightTenant(t *testing.T) {
 	}{{"fleet", 2, "fleet"}, {"local", 2, "local"}, {"single", 1, "local"}}
 	ttft := map[string][]time.Duration{}
 	var servedRatio, batchRatio []float64
-	lost := 0
+	lost, sent := 0, map[string]int{}
 	for r := range rounds {
 		got := map[string]lightRun{}
 		for k := range modes {
@@ -194,6 +201,7 @@ func TestFleetFairShareLightTenant(t *testing.T) {
 			got[m.name] = run
 			ttft[m.name] = append(ttft[m.name], run.ttft...)
 			lost += run.lost
+			sent[m.name] += run.sent
 			t.Logf("round %d %s: light p50 %v p99 %v (%d sent, %d lost); heavy %.1f req/s, batch %.2f",
 				r, m.name, pct(run.ttft, 0.5), pct(run.ttft, 0.99), run.sent, run.lost, run.served, run.running)
 		}
@@ -211,10 +219,15 @@ func TestFleetFairShareLightTenant(t *testing.T) {
 		servedRatio, median(servedRatio), batchRatio, median(batchRatio))
 	assert.Zero(t, lost, "no light request lost")
 	for _, name := range []string{"fleet", "local", "single"} {
-		assert.GreaterOrEqual(t, len(ttft[name]), rounds*int(window/(200*time.Millisecond))*9/10, "%s: light requests answered", name)
+		assert.Equal(t, sent[name], len(ttft[name]), "%s: every light request answered", name)
 	}
-	// Eight heavy completions of 24 steps each is about 400 ms of decode
-	// on an idle machine; a light request first in line waits for one.
-	assert.Less(t, p99["fleet"], 400*time.Millisecond, "fleet: the light tenant's p99 TTFT within a few heavy completions")
+	// A light request first in line waits for one heavy completion (24
+	// decode steps, about 50 ms on an idle machine). Both arms follow the
+	// machine's load, so the fleet arm is judged against the local arm's
+	// rounds beside it: a light tenant lifted past the heavy tenants'
+	// counters (the floor misapplied: measured 210–440 ms against local's
+	// 50–60 ms) fails this; measured 47–53 ms against local's 38–79 ms.
+	assert.Less(t, p99["fleet"], 2*p99["local"]+100*time.Millisecond, "fleet: the light tenant's p99 TTFT near local fair share's")
+	assert.Less(t, p99["fleet"], time.Second, "fleet: the light tenant's p99 TTFT within a few heavy completions")
 	assert.Greater(t, median(batchRatio), 0.8, "fleet keeps the replica's batch about as busy as local")
 }
