@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // AdminHooks are the process-level actions the admin API can trigger.
@@ -241,7 +242,7 @@ func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
 	now := a.s.now()
 	out := []ReplicaStatus{}
 	for _, r := range a.s.reps.list() {
-		st := ReplicaStatus{Name: r.name, URL: r.url, InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
+		st := ReplicaStatus{Name: r.name, URL: vllm.RedactURL(r.url), InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
 			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
 			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}
 		v, ok := snap.Replica(r.name)

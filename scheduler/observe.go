@@ -35,6 +35,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			continue
 		}
 		r.polledAt = snap.CheckedAt
+		r.notePoll(snap)
 		m := snap.Metrics
 		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
 		if !snap.Up || !snap.Healthy {
@@ -125,6 +126,7 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 		s.log.Warn("replica refuses Sluice's credential on /v1/models: set or correct upstream.replicas[].api_key_env or api_key_file",
 			"replica", r.name, "status", ue.Status)
 	}
+	r.noteModels(err, s.now())
 	if err != nil {
 		return
 	}

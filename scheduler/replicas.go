@@ -45,6 +45,9 @@ type replica struct {
 	obs          atomic.Pointer[replicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	modelsAt atomic.Int64
+	// pollFail and modelsFail are the last failed poll and /v1/models
+	// read, for the status page (scrapeerr.go).
+	pollFail, modelsFail atomic.Pointer[scrapeFail]
 	// polledAt is the poll time of the last scrape Observe fed to the
 	// monitor; only Observe's goroutine touches it, batchWarned (the
 	// warning that the replica is sized on its batch was logged) and

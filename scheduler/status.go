@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // The status page (docs/operations.md "Status page"): GET /status on the admin
@@ -270,6 +271,9 @@ type ReplicaReport struct {
 	// (sampled each second; the process start for the first state).
 	StateSince *time.Time `json:"state_since,omitempty"`
 	StateForS  int64      `json:"state_for_s"`
+	// LastScrapeError is the last failed poll or /v1/models read (null:
+	// none since the process started).
+	LastScrapeError *ScrapeErrorReport `json:"last_scrape_error"`
 }
 
 func (a *Admin) statusReport(ctx context.Context) StatusReport {
@@ -320,7 +324,7 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 	}
 	r.Keys = a.keyReports(ctx, pol, &r)
 	for _, rep := range s.reps.list() {
-		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: rep.url, InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
+		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: vllm.RedactURL(rep.url), InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
 		v, ok := snap.Replica(rep.name)
 		fillReplica(&rr.ReplicaStatus, rep, v, ok)
 		if ok {
@@ -330,6 +334,7 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 			since = since.UTC()
 			rr.StateSince, rr.StateForS = &since, int64(now.Sub(since)/time.Second)
 		}
+		rr.LastScrapeError = rep.lastScrapeError(now)
 		r.Replicas = append(r.Replicas, rr)
 	}
 	sort.SliceStable(r.Replicas, func(i, j int) bool { return r.Replicas[i].Name < r.Replicas[j].Name })

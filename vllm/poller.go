@@ -101,8 +101,14 @@ type Replica struct {
 	// counts such drops since the poller started.
 	Restarted bool
 	Restarts  int
-	// LastError describes the last failure ("" after a good poll).
+	// LastError describes the last failure ("" after a good poll); it
+	// joins Failed, so it names no URL or credential either.
 	LastError string
+	// Failed are the endpoints that failed in the last poll that had a
+	// failure, at FailedAt (zero: none since the poller started). Kept
+	// after later good polls; Failures > 0 says the last poll failed too.
+	Failed   []ScrapeFailure
+	FailedAt time.Time
 	// TimedOut reports that the last poll failed only by running out of
 	// Timeout: no refused connection, no error status. Under heavy load
 	// vLLM's API server answers /metrics late on the same event loop that
@@ -247,7 +253,7 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	r.Restarted = false
 	base := strings.TrimSuffix(r.URL, "/")
 
-	var failed []string
+	var failed []ScrapeFailure
 	definite := false // a failure that is not the deadline passing
 	var answered func(*Metrics)
 	if p.cfg.Scrape != nil {
@@ -257,11 +263,11 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	switch {
 	case err != nil:
 		definite = definite || ctx.Err() == nil
-		failed = append(failed, "metrics: "+err.Error())
+		failed = append(failed, ScrapeFailure{"/metrics", ShowError(err)})
 		p.errs.WithLabelValues(r.Name, "metrics").Inc()
 	case status != http.StatusOK:
 		definite = true
-		failed = append(failed, fmt.Sprintf("metrics: status %d", status))
+		failed = append(failed, ScrapeFailure{"/metrics", fmt.Sprintf("status %d", status)})
 		p.errs.WithLabelValues(r.Name, "metrics").Inc()
 	default:
 		m := ParseMetrics(body, r.Model)
@@ -280,10 +286,10 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 	if !r.Healthy {
 		if err != nil {
 			definite = definite || ctx.Err() == nil
-			failed = append(failed, "health: "+err.Error())
+			failed = append(failed, ScrapeFailure{"/health", ShowError(err)})
 		} else {
 			definite = true
-			failed = append(failed, fmt.Sprintf("health: status %d", hs))
+			failed = append(failed, ScrapeFailure{"/health", fmt.Sprintf("status %d", hs)})
 		}
 		p.errs.WithLabelValues(r.Name, "health").Inc()
 	}
@@ -294,7 +300,12 @@ func (p *Poller) pollReplica(ctx context.Context, prev *Replica) *Replica {
 		r.Up = true
 	} else {
 		r.Failures++
-		r.LastError = strings.Join(failed, "; ")
+		msgs := make([]string, len(failed))
+		for i, f := range failed {
+			msgs[i] = f.String()
+		}
+		r.LastError = strings.Join(msgs, "; ")
+		r.Failed, r.FailedAt = failed, r.CheckedAt
 		if r.Failures >= p.cfg.DownAfter {
 			r.Up = false
 		}

@@ -214,6 +214,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	assert.Equal(t, "0", text(`#tenants tr[data-tenant="acme"] td.ok`))
 	assert.Equal(t, "r0", text(`tr[data-replica="r0"] td.n`))
 	assert.Contains(t, text(`tr[data-replica="r0"] td.healthy`), "healthy")
+	assert.Equal(t, "-", text(`tr[data-replica="r0"] td.scrape-error`), "no scrape error yet")
 	assert.Equal(t, "100,000", text(`#budgets tr[data-tenant="acme"] td:nth-child(5)`))
 	assert.Empty(t, text("#err"))
 

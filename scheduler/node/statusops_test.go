@@ -2,12 +2,19 @@ package node
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/vllm/sim"
 )
 
 // opsReport is the part of /status/report.json an operator watches over
@@ -119,4 +126,96 @@ func TestStatusReportOps(t *testing.T) {
 	assert.Equal(t, n.adminURL+"/status", resp.Header.Get("Location"))
 	require.NotNil(t, r.Replicas[0].StateSince, "when the replica entered its state")
 	assert.GreaterOrEqual(t, r.Replicas[0].StateForS, int64(0))
+}
+
+// TestStatusReportScrapeError pins each replica's last scrape error on
+// the status page: when, and which of /metrics, /health and /v1/models
+// failed with what, and never a credential: not the replica's API key
+// (sent as Authorization) nor the userinfo of its URL.
+func TestStatusReportScrapeError(t *testing.T) {
+	const apiKey = "sk-upstream-very-secret"
+	t.Setenv("SLUICE_TEST_UPSTREAM_KEY", apiKey)
+	good := startSim(t, sim.DefaultConfig())
+	noModels := startSimWrapped(t, sim.DefaultConfig(), func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/models" {
+				http.Error(w, `{"error":"Unauthorized"}`, http.StatusUnauthorized)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := "http://ops:hunter2@" + ln.Addr().String() // nothing listens there
+	require.NoError(t, ln.Close())
+	cfg, err := config.Parse([]byte(fmt.Sprintf(`upstream:
+  scrape_interval: 50ms
+  replicas:
+    - {name: good, url: %q}
+    - {name: nomodels, url: %q, api_key_env: SLUICE_TEST_UPSTREAM_KEY}
+    - {name: dead, url: %q, api_key_env: SLUICE_TEST_UPSTREAM_KEY}
+gpu: {telemetry: off}
+server: {drain_timeout: 5s}
+admin: {status_token: %q}
+tenants:
+  - name: acme
+    api_keys: [%q]
+`, good.url, noModels.url, dead, config.HashKey(statusToken), config.HashKey(keyAcme))))
+	require.NoError(t, err)
+	n := startNode(t, cfg)
+
+	type scrapeErr struct {
+		At      time.Time `json:"at"`
+		AgoS    *int64    `json:"ago_s"`
+		Current bool      `json:"current"`
+		Failed  []struct {
+			Endpoint string `json:"endpoint"`
+			Message  string `json:"message"`
+		} `json:"failed"`
+	}
+	var body []byte
+	var reps map[string]*scrapeErr
+	urls := map[string]string{}
+	eventually(t, "both failures on the page", func() bool {
+		req, err := http.NewRequest(http.MethodGet, n.adminURL+"/status/report.json", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+statusToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var r struct {
+			Replicas []struct {
+				Name string     `json:"name"`
+				URL  string     `json:"url"`
+				Last *scrapeErr `json:"last_scrape_error"`
+			} `json:"replicas"`
+		}
+		require.NoError(t, json.Unmarshal(body, &r))
+		reps = map[string]*scrapeErr{}
+		for _, x := range r.Replicas {
+			reps[x.Name], urls[x.Name] = x.Last, x.URL
+		}
+		return reps["dead"] != nil && reps["nomodels"] != nil
+	})
+	assert.Nil(t, reps["good"], "no error: null")
+	d := reps["dead"]
+	assert.True(t, d.Current)
+	assert.WithinDuration(t, testClock(), d.At, time.Minute, "the node's clock")
+	require.NotNil(t, d.AgoS)
+	require.Len(t, d.Failed, 2, "%+v", d.Failed)
+	assert.Equal(t, "/metrics", d.Failed[0].Endpoint)
+	assert.Equal(t, "/health", d.Failed[1].Endpoint)
+	assert.Contains(t, d.Failed[0].Message, "connection refused")
+	m := reps["nomodels"]
+	assert.True(t, m.Current)
+	require.Len(t, m.Failed, 1, "%+v", m.Failed)
+	assert.Equal(t, "/v1/models", m.Failed[0].Endpoint)
+	assert.Equal(t, "status 401", m.Failed[0].Message)
+
+	assert.Equal(t, "http://"+strings.TrimPrefix(dead, "http://ops:hunter2@"), urls["dead"], "the URL without its userinfo")
+	for _, secret := range []string{apiKey, "hunter2", "ops:", "Bearer"} {
+		assert.NotContains(t, string(body), secret, "the status report leaks a credential")
+	}
 }
