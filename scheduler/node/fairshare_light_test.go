@@ -60,21 +60,7 @@ func runLightFleet(t *testing.T, n int, mode string, clients int, window time.Du
 	for _, ft := range tenants[:2] {
 		for _, i := range ft.at {
 			for range perInstance {
-				wg.Go(func() {
-					for ctx.Err() == nil {
-						req, _ := http.NewRequestWithContext(ctx, "POST", nodes[i].api+"/v1/completions", strings.NewReader(heavy))
-						req.Header.Set("Authorization", "Bearer "+ft.key())
-						resp, err := http.DefaultClient.Do(req)
-						if err != nil {
-							continue
-						}
-						_, _ = io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						if resp.StatusCode == http.StatusOK {
-							served.Add(1)
-						}
-					}
-				})
+				closedLoop(ctx, &wg, nodes[i].api, ft.key(), heavy, &served)
 			}
 		}
 	}

@@ -114,21 +114,7 @@ func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTena
 		counts[ft.name] = c
 		for _, i := range ft.at {
 			for range clients {
-				wg.Go(func() {
-					for ctx.Err() == nil {
-						req, _ := http.NewRequestWithContext(ctx, "POST", nodes[i].api+"/v1/completions", strings.NewReader(body))
-						req.Header.Set("Authorization", "Bearer "+ft.key())
-						resp, err := http.DefaultClient.Do(req)
-						if err != nil {
-							continue
-						}
-						_, _ = io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						if resp.StatusCode == http.StatusOK {
-							c.Add(1)
-						}
-					}
-				})
+				closedLoop(ctx, &wg, nodes[i].api, ft.key(), body, c)
 			}
 		}
 	}
@@ -285,4 +271,24 @@ func startRedisCluster(t *testing.T, n int) []string {
 		})
 	}
 	return addrs
+}
+
+// closedLoop starts one client that sends body to api's completions with
+// key until ctx ends, counting the 200s in ok.
+func closedLoop(ctx context.Context, wg *sync.WaitGroup, api, key, body string, ok *atomic.Int64) {
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			req, _ := http.NewRequestWithContext(ctx, "POST", api+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				continue
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				ok.Add(1)
+			}
+		}
+	})
 }
