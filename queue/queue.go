@@ -523,4 +523,3 @@ func (q *Queue[T]) Cancel(h Handle[T]) bool {
 	q.maybeDropLocked(t)
 	return true
 }
-

@@ -27,7 +27,7 @@ import (
 // queue, as vLLM does. What a seed draws: tenant count, weights, rates
 // (Poisson or bursts), output sizes, the real batch, whether the config's
 // max_num_seqs is correct or left out (256), whether tenants have caps
-// (`concurrency`), and the scrape interval. What it checks (the issue's
+// (`concurrency`), and the scrape interval. What it checks (the isolation
 // invariants):
 //
 //   - a light tenant (demand below half its weighted share) sees p99 TTFT

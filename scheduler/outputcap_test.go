@@ -56,7 +56,7 @@ func TestLowerCapNeverLowersAClientCap(t *testing.T) {
 	}
 }
 
-// Issue 19 item 6: a cap Sluice may lower never goes below the client's
+// A cap Sluice may lower never goes below the client's
 // min_tokens (vLLM would refuse with a 400 naming a max_tokens the client
 // never sent): the request is refused instead.
 func TestLowerCapKeepsMinTokens(t *testing.T) {

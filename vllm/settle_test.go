@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Issue 13 item 7: an aborted multi-prompt completion is charged the sum of
+// An aborted multi-prompt completion is charged the sum of
 // its prompts' prompt_tokens, each as its own choices reported it (vLLM's
 // continuous usage carries the choice's prompt's count), not the last
 // chunk's.
@@ -38,7 +38,7 @@ data: {"choices":[{"index":2,"text":"b","finish_reason":null}],"usage":{"prompt_
 	assert.False(t, u.Final)
 }
 
-// Issue 13 item 8: a stream that ended with [DONE] but carried no usage
+// A stream that ended with [DONE] but carried no usage
 // does not settle its finished choices at 0 output: the cap is charged.
 func TestSettleDoneWithoutUsageChargesCap(t *testing.T) {
 	sse := `data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}
@@ -164,7 +164,7 @@ func TestClientRetriesOnServerClosedIdle(t *testing.T) {
 	assert.Equal(t, int32(21), served.Load(), "each request ran exactly once")
 }
 
-// Issue 19 item 6: image parts add the configured per-part allowance to
+// Image parts add the configured per-part allowance to
 // the bytes bound.
 func TestMediaPartsAddAllowance(t *testing.T) {
 	body := `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"http://x/a.png"}},{"type":"input_audio","input_audio":{"data":"AAAA"}}]}]}`
@@ -180,7 +180,7 @@ func TestMediaPartsAddAllowance(t *testing.T) {
 	assert.Equal(t, plain.InputTokens[0]+2*DefaultMediaTokensPerPart, def.InputTokens[0])
 }
 
-// Issue 19 item 6: a cap lowered by Sluice never goes below the client's
+// A cap lowered by Sluice never goes below the client's
 // min_tokens; the request is refused instead (naming min_tokens).
 func TestPlanRefusesCapBelowMinTokens(t *testing.T) {
 	r, err := Parse(EndpointCompletions, []byte(`{"prompt":[1,2,3],"max_tokens":100,"min_tokens":50}`), CountOptions{})
@@ -201,7 +201,7 @@ func TestPlanRefusesCapBelowMinTokens(t *testing.T) {
 	assert.Equal(t, 5, p.Cap)
 }
 
-// Issue 19 items 2 and 6: a cap cut from the bytes bound is flagged (the
+// A cap cut from the bytes bound is flagged (the
 // scheduler then counts exactly); a /tokenize count keeps the template
 // margin free when Sluice injects the cap, but a client cap that fits the
 // exact count is never refused for the margin.
@@ -286,7 +286,7 @@ func TestRewriteKeepsVLLMDefaultCap(t *testing.T) {
 	assert.Equal(t, `{"messages":[{"role":"user","content":"hi"}]}`, string(r.Rewrite(nil, 0)))
 }
 
-// Issue 19 item 4: a streaming client that did not ask for usage gets
+// A streaming client that did not ask for usage gets
 // vLLM's system_fingerprint on each choice's finish chunk, as vLLM writes it
 // when no usage chunk follows; the usage chunk itself stays stripped.
 func TestShaperRestoresFingerprint(t *testing.T) {

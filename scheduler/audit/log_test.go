@@ -150,7 +150,7 @@ func TestOpenValidates(t *testing.T) {
 	assert.ErrorContains(t, err, "audit.flush_interval must be >= 0")
 }
 
-// TestConcurrentMixedVerifies is the acceptance run: 10,000 mixed
+// TestConcurrentMixedVerifies is the acceptance run: 10,000 mixed
 // records from 8 goroutines, rotating along the way, verify end to end.
 func TestConcurrentMixedVerifies(t *testing.T) {
 	t.Parallel()

@@ -68,7 +68,7 @@ func TestIdleUpstreamConnectionsNeverFailClients(t *testing.T) {
 	assert.InDelta(t, 0.0, n.metric(t, "sluice_requests_total", map[string]string{"tenant": "acme", "outcome": "upstream_error"}), 1e-9)
 }
 
-// TestIdleUpstreamConnectionsTwoMinutes is the schedule in real
+// TestIdleUpstreamConnectionsTwoMinutes is the idle schedule in real
 // time: the replica closes connections idle 5s (uvicorn's default), the
 // client sends one request every 6–10s for 2 minutes. It takes 2 minutes,
 // so it runs only with SLUICE_LONG_TESTS=1 (the scaled test above runs in

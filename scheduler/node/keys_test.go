@@ -193,7 +193,7 @@ func TestExplicitMaxTokensIsNeverLowered(t *testing.T) {
 	assert.Empty(t, r.Header.Get("X-Sluice-Output-Cap"), "nothing was lowered")
 }
 
-// TestBurstOfTwentyTokenRequestsAdmits142: the example on a tenant
+// TestBurstOfTwentyTokenRequestsAdmits142: the burst example on a tenant
 // budget, with and without a client cap: 200 requests of 20 tokens against
 // 2,859 admit exactly 142 (before, the 143rd was cut to 19 tokens).
 func TestBurstOfTwentyTokenRequestsAdmits142(t *testing.T) {

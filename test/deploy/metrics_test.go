@@ -258,7 +258,7 @@ func TestDashboardShape(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"datasource", "namespace", "instance", "tenant", "replica"}, vars)
-	// The panels, by the metric each must show.
+	// The required panels, by the metric each must show.
 	for _, want := range []struct{ what, metric string }{
 		{"queue depth", "sluice_queue_depth"}, {"queue wait", "sluice_queue_wait_seconds_bucket"},
 		{"admissions", "sluice_requests_total"}, {"rejections by reason", "sluice_rejections_total"},
