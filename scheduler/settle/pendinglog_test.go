@@ -1,4 +1,4 @@
-package scheduler
+package settle
 
 import (
 	"context"
@@ -11,15 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// owedCharge is an outage charge of acme's, as admitOutage builds it.
-func owedCharge(s *Server, amounts ledger.Amounts, running bool) *outageCharge {
-	t := s.pol.Load().tenants["acme"]
-	return &outageCharge{Tenant: "acme", ReqID: "owed", Running: running, Source: ledger.SourceFinal,
-		Req: ledger.ChargeRequest{Ref: ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()},
-			Scopes:  []ledger.Scope{{Kind: ledger.KindTenant, Key: t.key, Limits: t.limits}},
-			Amounts: amounts, At: s.now()}}
+// owedCharge is an outage charge of acme's, as the scheduler's outage
+// admission builds it.
+func owedCharge(amounts ledger.Amounts, running bool) *OwedCharge {
+	return &OwedCharge{Tenant: "acme", ReqID: "owed", Running: running, Source: ledger.SourceFinal,
+		Req: ledger.ChargeRequest{Ref: ledger.Ref{Tenant: acme, ID: ledger.NewRequestID()},
+			Scopes: acmeScopes, Amounts: amounts, At: time.Now()}}
 }
 
 // TestPendingLogMigratesOlderFiles: a process of an older version left a
@@ -28,64 +28,52 @@ func owedCharge(s *Server, amounts ledger.Amounts, running bool) *outageCharge {
 // files; a crash before anything is retried reads them from the log
 // again; each lands exactly once.
 func TestPendingLogMigratesOlderFiles(t *testing.T) {
-	cfg, path := outboxTestConfig(t)
-	p := cfg.Paths()
-	require.Equal(t, path, p.Pending)
-	led := newFakeLedger(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	p := testPaths(t)
+	led := newHookLedger(t)
+	ctx := context.Background()
 
 	// An ending the store refused, as the older version would have kept it.
-	s1 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	go s1.dispatchLoop(ctx)
-	led.set(func() {
-		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
-			return ledger.Settlement{}, ledger.ErrUnavailable, true
-		}
-	})
-	_, err := serve(ctx, s1, admission{body: chatBody("")})
-	require.NoError(t, err)
+	s1 := newRoom(t, led, p, false)
+	ref := reserve(t, led, s1.owner)
+	led.set(func() { led.settle = func(ledger.Ref) error { return ledger.ErrUnavailable } })
+	settleCall(t, s1, ref, used)
 	led.set(func() { led.settle = nil })
-	require.Equal(t, 1, s1.outbox.len())
-	endings, err := os.ReadFile(path)
+	require.Equal(t, 1, s1.Pending())
+	endings, err := os.ReadFile(p.Pending)
 	require.NoError(t, err)
-	require.Equal(t, 1, lines(t, path))
+	require.Equal(t, 1, lines(t, p.Pending))
 	require.NoError(t, os.WriteFile(p.LegacyOutbox, endings, 0o600))
-	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.Remove(p.Pending))
 	// A charge still running when the older process stopped: billed at
 	// its hold.
-	ch := owedCharge(s1, ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 100, ledger.Tokens: 100}, true)
-	doc, err := json.Marshal([]*outageCharge{ch})
+	ch := owedCharge(ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 100, ledger.Tokens: 100}, true)
+	doc, err := json.Marshal([]*OwedCharge{ch})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(p.LegacyOutage, doc, 0o600))
-	cancel()
 
-	ctx, cancel = context.WithCancel(context.Background())
-	defer cancel()
-	s2 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	s2 := newRoom(t, led, p, false)
 	assert.NoFileExists(t, p.LegacyOutbox, "moved in, then removed")
 	assert.NoFileExists(t, p.LegacyOutage)
-	assert.Equal(t, 2, lines(t, path), "the ending and the charge, one line each")
-	assert.Equal(t, 1, s2.outbox.len())
-	require.Len(t, s2.outage.chargeable(), 1, "the running charge is chargeable at its hold")
-	assert.Equal(t, ledger.SourceHeld, s2.outage.chargeable()[0].Source)
+	assert.Equal(t, 2, lines(t, p.Pending), "the ending and the charge, one line each")
+	assert.Equal(t, 1, s2.Pending())
+	require.Len(t, s2.Chargeable(), 1, "the running charge is chargeable at its hold")
+	assert.Equal(t, ledger.SourceHeld, s2.Chargeable()[0].Source)
 
 	// Killed before a pass: the next start reads the log alone.
-	s3 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	assert.Equal(t, 1, s3.outbox.len())
-	assert.Len(t, s3.outage.chargeable(), 1)
-	s3.chargeOutages(ctx)
-	s3.flushOutbox(ctx)
-	assert.Zero(t, s3.outbox.count())
-	assert.Zero(t, s3.outage.count())
-	assert.Zero(t, lines(t, path), "nothing pending or owed: emptied")
+	s3 := newRoom(t, led, p, false)
+	assert.Equal(t, 1, s3.Pending())
+	assert.Len(t, s3.Chargeable(), 1)
+	s3.Pass(ctx)
+	assert.Zero(t, s3.Unacked())
+	assert.Zero(t, s3.Owed())
+	assert.Zero(t, lines(t, p.Pending), "nothing pending or owed: emptied")
 
-	s4 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	assert.Zero(t, s4.outbox.count())
-	assert.Zero(t, s4.outage.count())
-	u := tenantUsage(t, s4, led.Memory)
-	assert.Equal(t, int64(2), committed(u, ledger.Requests, time.Hour), "the settled call and the charged one, once each")
-	assert.Equal(t, int64(5+3+100), committed(u, ledger.Tokens, time.Hour))
+	s4 := newRoom(t, led, p, false)
+	assert.Zero(t, s4.Unacked())
+	assert.Zero(t, s4.Owed())
+	u := acmeUsage(t, led.Memory)
+	assert.Equal(t, int64(2), committed(u, ledger.Requests), "the settled call and the charged one, once each")
+	assert.Equal(t, int64(5+3+100), committed(u, ledger.Tokens))
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
@@ -93,29 +81,59 @@ func TestPendingLogMigratesOlderFiles(t *testing.T) {
 // restart (its usage, once known, not its hold), and a charge no longer
 // owed (refunded: the call never ran) is not billed by the next process.
 func TestPendingLogOwedCharges(t *testing.T) {
-	cfg, path := outboxTestConfig(t)
-	led := newFakeLedger(t)
-	s1 := newTestServer(t, cfg, led, &fakeUpstream{})
-	used := owedCharge(s1, ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 500, ledger.Tokens: 500}, true)
-	require.NoError(t, s1.outage.put(used))
-	settled := *used
+	p := testPaths(t)
+	led := newHookLedger(t)
+	s1 := newRoom(t, led, p, false)
+	hold := ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 500, ledger.Tokens: 500}
+	first := owedCharge(hold, true)
+	require.NoError(t, s1.outage.put(first))
+	settled := *first
 	settled.Running, settled.Req.Amounts = false, ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 40, ledger.OutputTokens: 2, ledger.Tokens: 42}
-	require.NoError(t, s1.outage.put(&settled))
-	refunded := owedCharge(s1, ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 500, ledger.Tokens: 500}, true)
+	s1.OweOutage(&settled)
+	refunded := owedCharge(hold, true)
 	require.NoError(t, s1.outage.put(refunded))
-	require.NoError(t, s1.outage.drop(refunded.Req.Ref.ID))
-	assert.Equal(t, 4, lines(t, path), "two lines of one charge, one of another and that it is no longer owed")
+	s1.OutageNotRun("acme", 500, refunded.Req.Ref, refunded.ReqID)
+	assert.Equal(t, 4, lines(t, p.Pending), "two lines of one charge, one of another and that it is no longer owed")
 
-	s2 := newTestServer(t, cfg, led, &fakeUpstream{})
-	owed := s2.outage.chargeable()
+	s2 := newRoom(t, led, p, false)
+	owed := s2.Chargeable()
 	require.Len(t, owed, 1, "the refunded charge is not owed")
-	assert.Equal(t, used.Req.Ref.ID, owed[0].Req.Ref.ID)
+	assert.Equal(t, first.Req.Ref.ID, owed[0].Req.Ref.ID)
 	assert.Equal(t, int64(42), owed[0].Req.Amounts[ledger.Tokens], "the usage, not the hold")
-	ctx := context.Background()
-	s2.chargeOutages(ctx)
-	s2.flushOutbox(ctx)
-	assert.Zero(t, lines(t, path))
-	u := tenantUsage(t, s2, led.Memory)
-	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
-	assert.Equal(t, int64(42), committed(u, ledger.Tokens, time.Hour))
+	s2.Pass(context.Background())
+	assert.Zero(t, lines(t, p.Pending))
+	u := acmeUsage(t, led.Memory)
+	assert.Equal(t, int64(1), committed(u, ledger.Requests))
+	assert.Equal(t, int64(42), committed(u, ledger.Tokens))
+	assert.Equal(t, 1, led.n("charge"))
+}
+
+// TestOutageAllowance: the allowance bounds requests and tokens per outage
+// and per clock hour; a refund gives a request back; the ledger's answer
+// ends the outage, and the next one starts with a full allowance (the
+// hour's count goes on).
+func TestOutageAllowance(t *testing.T) {
+	led := newHookLedger(t)
+	s := newRoom(t, led, testPaths(t), false)
+	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	s.now = func() time.Time { return now }
+	al := config.OutageAllowance{Requests: 2, Tokens: 300}
+	admit := func(tokens int64) bool {
+		_, ok := s.AdmitOutage(al, tokens, owedCharge(ledger.Amounts{ledger.Tokens: tokens}, true))
+		return ok
+	}
+	require.True(t, admit(100))
+	require.False(t, admit(250), "tokens: 100+250 > 300")
+	require.True(t, admit(200))
+	require.False(t, admit(1), "requests: 2 per outage")
+	assert.Equal(t, 2, s.Owed())
+
+	s.outage.refund("acme", 200)
+	require.True(t, admit(200), "a refunded request's room is free again")
+
+	assert.True(t, s.LedgerAnswered(), "an outage was in progress")
+	assert.False(t, s.LedgerAnswered())
+	require.False(t, admit(100), "a new outage, but this hour has used its allowance")
+	now = now.Add(time.Hour)
+	require.True(t, admit(100), "the next hour: room again")
 }
