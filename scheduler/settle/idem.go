@@ -36,7 +36,7 @@ type idemCache struct {
 
 type idemEntry struct {
 	id     ledger.RequestID
-	digest uint64 // requestDigest of the request the body answers
+	digest uint64 // the digest of the request the body answers (the scheduler's requestDigest)
 	body   []byte
 	at     time.Time
 }

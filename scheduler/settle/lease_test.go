@@ -28,12 +28,12 @@ func TestLeaseFence(t *testing.T) {
 		defer cancel()
 		go func() { _ = s.Heartbeat(ctx) }()
 
-		type call struct {
+		type holder struct { // what a call keeps of its lease
 			lease  Lease
 			fenced atomic.Pointer[time.Time]
 		}
-		track := func() *call {
-			c := &call{}
+		track := func() *holder {
+			c := &holder{}
 			ref := reserve(t, led, s.owner)
 			s.Track(&c.lease, ref, func(cause error) {
 				assert.ErrorIs(t, cause, ledger.ErrLeaseLost)
