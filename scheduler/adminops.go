@@ -145,7 +145,7 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	commit()
 	s.pol.Store(pol)
 	if pol.leaseTTL < old.leaseTTL {
-		s.leases.rearm() // the heartbeat period follows a shorter lease_ttl now
+		s.settler.Rearm() // the heartbeat period follows a shorter lease_ttl now
 	}
 	s.signal(s.wake)
 	return nil

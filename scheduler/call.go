@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -54,7 +55,7 @@ type call struct {
 	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
-	lease       leaseEntry                     // leases.m's entry for the call; guarded by leases.mu
+	lease       settle.Lease                   // the call's lease, kept by the settlement room
 	// counted: the input is exact, or the replica's /tokenize was asked
 	// for it already (countAndPlan).
 	counted bool
@@ -297,7 +298,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			// versions (limits travel with each Reserve).
 			PolicyVersion: c.pol.version,
 			// A keyed retry is the same payload when the client's request
-			// is, whatever the holds (idem.go).
+			// is, whatever the holds (idempotency.go).
 			RequestDigest: c.idemDigest,
 			// A fresh nonce per attempt tells the store client's own retry
 			// of this Reserve (lost reply: Replayed false) from another
@@ -328,7 +329,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			// is never another attempt's.
 			c.grant = g
 			s.to(c, phaseReserved)
-			s.leases.track(c, sent, c.pol.leaseTTL)
+			s.settler.Track(&c.lease, c.ref, c.cancel, sent, c.pol.leaseTTL)
 			return nil
 		case err == nil:
 			return idemStateErr(g.State)
@@ -349,14 +350,14 @@ func (s *Server) reserve(c *call, a admission) error {
 			// execute the key twice. It gets 503 and may be retried.
 			if a.idemKey == "" && s.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
-				// ambiguous Reserve applied (outage.go).
+				// ambiguous Reserve applied (settle/outage.go).
 				s.to(c, phaseReserved)
 				return nil
 			}
 			switch {
 			case errors.Is(err, ledger.ErrAmbiguous) && a.idemKey != "":
 				// The hold may exist, or be another attempt's: replay
-				// this attempt once the store answers (outbox.go).
+				// this attempt once the store answers (settle/outbox.go).
 				s.queueReplay(c, rr)
 			case errors.Is(err, ledger.ErrAmbiguous):
 				// The hold may exist: end it by id once the store answers.
@@ -511,7 +512,7 @@ func (s *Server) release(c *call) {
 		s.to(c, phaseReleased)
 		return
 	}
-	s.leases.untrack(c)
+	s.settler.Untrack(&c.lease)
 	ended := phaseReleased
 	defer func() { s.to(c, ended) }()
 	op := c.ledgerOp()

@@ -15,7 +15,7 @@
 //     workflow envelope (X-Workflow-Id) and the fleet-wide global scope when
 //     configured. A token budget that cannot fit the cap lowers the cap to
 //     what it still allows. While the ledger cannot answer, a tenant with an
-//     outage allowance is admitted without it and charged later (outage.go).
+//     outage allowance is admitted without it and charged later (settle/outage.go).
 //  4. Enqueue: the tenant's bounded queue (package queue); a full queue is
 //     429 queue_full at once and the hold is released.
 //  5. Dispatch: the queue picks by band, weighted virtual counters and FIFO;
@@ -63,19 +63,20 @@
 //   - The dispatch loop (dispatch.go) owns nothing of a call: under the
 //     queue's mutex it reserves replica room and hands the replica over the
 //     call's dispatched channel; expiry arrives on expired.
-//   - The heartbeat (lease.go) owns the leases: each tracked call's last
-//     acknowledged grant and its fence timer, under leases.mu. It extends
-//     every lease from Reserve to the terminal transition (queued calls
-//     too), in parallel with bounded concurrency, and a call's fence fires
+//   - The heartbeat (settle/lease.go) owns the leases: each tracked call's
+//     last acknowledged grant and its fence timer, under the room's lock.
+//     It extends every lease from Reserve to the terminal transition
+//     (queued calls too), in parallel with bounded concurrency, and a
+//     call's fence fires
 //     from the send time of its last acknowledged grant, lease_ttl −
 //     min(2s, lease_ttl/6) later, whatever the rounds do. Fencing cancels
 //     the call's context with ErrLeaseLost: queued calls release (503
 //     ledger_unavailable), running ones abort upstream.
-//   - The outbox loop (outbox.go) owns the pending-writes log: the
+//   - The outbox loop (settle/outbox.go) owns the pending-writes log: the
 //     unacknowledged endings (Release for never-dispatched holds, leaving
 //     a tombstone for an ambiguous Reserve that never applied; Settle for
-//     dispatched ones) and the owed outage charges (outage.go), in one
-//     file so that a restart finishes them; every Settle is written there
+//     dispatched ones) and the owed outage charges (settle/outage.go), in
+//     one file so that a restart finishes them; every Settle is written there
 //     before it is sent, so a kill while it is in flight is finished the
 //     same way.
 //   - The clamp loop applies automatic clamps (off the request goroutine)
@@ -96,7 +97,7 @@
 //
 // A call without an Idempotency-Key has a random ledger id; one with a key
 // has Keyer.IdempotentID of the key, then of key‖generation after
-// attempts that never ran (idem.go). Every Reserve attempt carries a fresh
+// attempts that never ran (idempotency.go). Every Reserve attempt carries a fresh
 // nonce: the store client's own retry after a lost reply answers the
 // original grant (never a 409), another attempt answers Replayed with the
 // record's state (409 idempotency_conflict, details.state in_flight or

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"log/slog"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,22 +53,4 @@ func (s *Server) ReadyDetail() string {
 		return ""
 	}
 	return "memory only (lost on restart): " + strings.Join(s.memoryOnly, ", ")
-}
-
-// logOwedAtExit says, at shutdown, what is still owed to the ledger and
-// where it waits for the next start (or that it is lost, in memory).
-func (s *Server) logOwedAtExit(cfg *config.File) {
-	p := cfg.Paths()
-	owed := s.outage.count()
-	pending := s.outbox.count()
-	if owed == 0 && pending == 0 {
-		return
-	}
-	where := p.Pending
-	lvl := slog.LevelWarn
-	if where == "" {
-		where, lvl = "memory only: lost with this process", slog.LevelError
-	}
-	s.log.Log(nil, lvl, "stopping with usage the ledger has not recorded; what the pending-writes log keeps is charged at the next start",
-		"owed_outage_charges", owed, "pending_endings", pending, "pending_file", where)
 }

@@ -299,14 +299,19 @@ func testConfig(t testing.TB, top, tenantExtra string) *config.File {
 	return cfg
 }
 
-// newTestServer builds a Server on the fakes with a fixed-size replica.
-func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream) *Server {
+// newTestServer builds a Server on the fakes with a fixed-size replica;
+// opts set further Deps.
+func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream, opts ...func(*Deps)) *Server {
 	t.Helper()
 	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
 	require.NoError(t, err)
-	s, err := New(cfg, Deps{Ledger: led, Upstream: up, Keyer: keyer, GPU: mon})
+	deps := Deps{Ledger: led, Upstream: up, Keyer: keyer, GPU: mon}
+	for _, o := range opts {
+		o(&deps)
+	}
+	s, err := New(cfg, deps)
 	require.NoError(t, err)
 	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
 	for _, r := range s.reps.list() {

@@ -60,9 +60,9 @@ func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
 		store := &memResponses{m: map[string][]byte{}}
-		s.responses = store
+		withStore := func(d *Deps) { d.Responses = store }
+		s := newTestServer(t, testConfig(t, "", ""), led, up, withStore)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
@@ -84,11 +84,11 @@ func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details)
 
 		// Another instance of the fleet (only the shared store has it).
-		s.idem = idemCache{}
-		_, err = serve(ctx, s, admission{body: b, idemKey: "k"})
+		other := newTestServer(t, testConfig(t, "", ""), led, up, withStore)
+		_, err = serve(ctx, other, admission{body: b, idemKey: "k"})
 		assert.Equal(t, map[string]any{"state": "conflict"}, statusFor(err).Details)
-		s.idem = idemCache{}
-		_, err = serve(ctx, s, admission{body: a, idemKey: "k"})
+		other = newTestServer(t, testConfig(t, "", ""), led, up, withStore)
+		_, err = serve(ctx, other, admission{body: a, idemKey: "k"})
 		var replay *cachedResponse
 		require.ErrorAs(t, err, &replay, "the first body still gets its response")
 		assert.Equal(t, int64(1), up.runs.Load())

@@ -63,7 +63,7 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "retry"})
 	require.NoError(t, err)
 	defer c.end()
-	s.flushOutbox(ctx) // whatever the first attempt left lands now
+	s.settler.Flush(ctx) // whatever the first attempt left lands now
 	require.NoError(t, s.await(c), "the retry's reservation is its own")
 	require.NoError(t, s.execute(c))
 	_, err = s.drainStream(c)
@@ -119,20 +119,20 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 				_, err := serve(ctx, s, admission{body: chatBody("")})
 				require.NoError(t, err, "admitted on the outage allowance")
 				setDown(false)
-				owed := s.outage.chargeable()
+				owed := s.settler.Chargeable()
 				require.Len(t, owed, 1)
 				if tc.expire {
 					time.Sleep(2 * time.Minute) // past the 60s lease (synctest's clock)
 					_, err := led.Reclaim(ctx, s.pol.Load().tenants["acme"].key, 100)
 					require.NoError(t, err)
 				}
-				s.chargeOutages(ctx)
-				require.Empty(t, s.outage.chargeable())
+				s.settler.ChargeOutages(ctx)
+				require.Empty(t, s.settler.Chargeable())
 				// A retry of the same charge (its reply lost, or a restart
 				// before the drop persisted) is answered, never charged again.
-				require.NoError(t, s.outage.put(&owed[0]))
-				s.chargeOutages(ctx)
-				require.Empty(t, s.outage.chargeable())
+				s.settler.OweOutage(&owed[0])
+				s.settler.ChargeOutages(ctx)
+				require.Empty(t, s.settler.Chargeable())
 				u := tenantUsage(t, s, led.Memory)
 				assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
 				assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour))
@@ -145,26 +145,36 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 
 // TestChaosRecoveryKicksOutbox (chaos seed 219 on redis: an instance killed
 // shortly after a stall had not charged its owed outage usage yet): the
-// first ledger answer after store errors wakes the outbox at once, so owed
-// charges and pending endings do not wait for the next tick.
+// first ledger answer after store errors wakes the pending-writes log's
+// loop at once, so owed charges and pending endings do not wait for the
+// next tick; an answer while the ledger was answering wakes nothing.
 func TestChaosRecoveryKicksOutbox(t *testing.T) {
-	s := newTestServer(t, testConfig(t, "", budgets), newFakeLedger(t), &fakeUpstream{out: 1})
-	drain := func() bool {
-		select {
-		case <-s.outbox.kick:
-			return true
-		default:
-			return false
+	synctest.Test(t, func(t *testing.T) {
+		led := newFakeLedger(t)
+		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+			return ledger.Settlement{}, ledger.ErrUnavailable, true
 		}
-	}
-	drain()
-	s.noteLedger("reserve", nil)
-	assert.False(t, drain(), "no kick while the ledger was answering")
-	s.noteLedger("reserve", ledger.ErrUnavailable)
-	s.noteLedger("reserve", ledger.ErrUnavailable)
-	assert.False(t, drain())
-	s.noteLedger("reserve", nil)
-	assert.True(t, drain(), "recovery kicks the outbox")
-	s.noteLedger("settle", nil)
-	assert.False(t, drain(), "once per recovery")
+		s := newTestServer(t, testConfig(t, "", budgets), led, &fakeUpstream{out: 1})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _ = s.settler.Loop(ctx) }()
+		// A pending ending the store keeps refusing: each pass of the loop
+		// tries it once, so the Settles sent count the passes.
+		s.settler.QueueSettle(ledger.Ref{ID: ledger.NewRequestID()}, ledger.Amounts{}, ledger.SourceNotSent, "pending")
+		synctest.Wait()
+		require.Equal(t, 1, led.n("settle"), "queued: one pass")
+		require.Equal(t, 1, s.settler.Pending())
+
+		s.ledgerErrs.Store(0) // the ledger was answering
+		s.noteLedger("reserve", nil)
+		synctest.Wait()
+		assert.Equal(t, 1, led.n("settle"), "no pass while the ledger was answering")
+		s.noteLedger("reserve", ledger.ErrUnavailable)
+		s.noteLedger("reserve", ledger.ErrUnavailable)
+		synctest.Wait()
+		assert.Equal(t, 1, led.n("settle"), "nor on its errors")
+		s.noteLedger("reserve", nil)
+		synctest.Wait()
+		assert.Equal(t, 2, led.n("settle"), "recovery: a pass at once, not at the next tick")
+	})
 }

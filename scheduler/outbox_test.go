@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -44,7 +43,9 @@ func TestOutboxWriteAheadSurvivesKill(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s1 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	s1.outbox.ahead = true // as with ledger.backend redis (the fake is embedded)
+	// As with ledger.backend redis (the fake is embedded): Settles written
+	// ahead.
+	require.NoError(t, s1.openSettler(cfg.Paths(), true, nil))
 	go s1.dispatchLoop(ctx)
 
 	_, err := serve(ctx, s1, admission{body: chatBody("")})
@@ -70,9 +71,9 @@ func TestOutboxWriteAheadSurvivesKill(t *testing.T) {
 
 	// s1 is gone; s2 starts on its files.
 	s2 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	require.Equal(t, 2, s2.outbox.len(), "both lines read")
-	s2.flushOutbox(ctx)
-	assert.Zero(t, s2.outbox.len())
+	require.Equal(t, 2, s2.settler.Pending(), "both lines read")
+	s2.settler.Flush(ctx)
+	assert.Zero(t, s2.settler.Pending())
 	u = tenantUsage(t, s2, led.Memory)
 	assert.Equal(t, int64(2), committed(u, ledger.Requests, time.Hour), "each call charged once")
 	assert.Equal(t, int64(2*(5+3)), committed(u, ledger.Tokens, time.Hour), "with the usage each had, not the hold")
@@ -86,96 +87,18 @@ func TestOutboxWriteAheadSurvivesKill(t *testing.T) {
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s2, led.Memory).Reserved)
 }
 
-// TestOutboxFileStaysSmall: the lines of landed Settles are dropped by the
-// next pass, which empties the file when nothing is pending and rewrites it
-// with what is pending once the appended lines pass compactAt.
-func TestOutboxFileStaysSmall(t *testing.T) {
+// TestOutboxEmbeddedLedgerNotWrittenAhead: the embedded ledger's Settle is
+// a function call that applied or did not when the process dies, so a
+// node on it writes no Settle ahead.
+func TestOutboxEmbeddedLedgerNotWrittenAhead(t *testing.T) {
 	cfg, path := outboxTestConfig(t)
 	led := newFakeLedger(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	require.False(t, s.outbox.ahead, "the embedded ledger's Settles are not written ahead")
 	go s.dispatchLoop(ctx)
 	_, err := serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err)
-	require.Zero(t, lines(t, path))
-	s.outbox.ahead = true // as with ledger.backend redis
-
-	for range 3 {
-		_, err := serve(ctx, s, admission{body: chatBody("")})
-		require.NoError(t, err)
-	}
-	require.Equal(t, 3, lines(t, path))
-	s.flushOutbox(ctx)
 	assert.Zero(t, lines(t, path))
-
-	// One Settle the store refuses: pending, its line kept.
-	led.set(func() {
-		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
-			return ledger.Settlement{}, ledger.ErrUnavailable, true
-		}
-	})
-	_, err = serve(ctx, s, admission{body: chatBody(""), reqID: "refused"})
-	require.NoError(t, err)
-	s.outbox.mu.Lock()
-	require.Len(t, s.outbox.pending, 1)
-	refused := s.outbox.pending[0].ref.ID
-	s.outbox.mu.Unlock()
-	led.set(func() {
-		led.settle = func(_ context.Context, ref ledger.Ref) (ledger.Settlement, error, bool) {
-			if ref.ID == refused { // still refused below
-				return ledger.Settlement{}, ledger.ErrUnavailable, true
-			}
-			return ledger.Settlement{}, nil, false
-		}
-	})
-	n := 1
-	for fileSize(t, path) < compactAt {
-		_, err := serve(ctx, s, admission{body: chatBody("")})
-		require.NoError(t, err)
-		n++
-	}
-	require.Equal(t, n, lines(t, path), "one line per Settle, the refused one once")
-	s.flushOutbox(ctx)
-	assert.Equal(t, 1, s.outbox.len())
-	assert.Equal(t, 1, lines(t, path), "rewritten with the pending entry only")
-
-	led.set(func() { led.settle = nil })
-	s.flushOutbox(ctx)
-	assert.Zero(t, s.outbox.len())
-	assert.Zero(t, lines(t, path))
-	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(1+3+n), committed(u, ledger.Requests, time.Hour), "every call charged once")
-	assert.Equal(t, ledger.Amounts{}, u.Reserved)
-}
-
-func fileSize(t *testing.T, path string) int64 {
-	t.Helper()
-	fi, err := os.Stat(path)
-	require.NoError(t, err)
-	return fi.Size()
-}
-
-// BenchmarkOutboxWriteAhead: what writing a Settle ahead costs a call on a
-// node with an outbox file (one JSON line appended, then forgotten), with a
-// pass every 1,000 calls as the loop's second would at that rate.
-func BenchmarkOutboxWriteAhead(b *testing.B) {
-	o := outbox{kick: make(chan struct{}, 1)}
-	_, err := o.load(config.StatePaths{Pending: b.TempDir() + "/x.pending.jsonl"}, slog.New(slog.DiscardHandler))
-	require.NoError(b, err)
-	o.ahead = true
-	e := outboxEntry{op: opSettle, ref: ledger.Ref{Tenant: ledger.ScopeKey{1, 2, 3}, ID: ledger.NewRequestID()},
-		actual: ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 812, ledger.OutputTokens: 230, ledger.Tokens: 1042, ledger.GPUMs: 431},
-		src:    ledger.SourceFinal, reqID: "3f1c2a9e-7b0d-4c55-9a51-0c2b8f3e6d71"}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		e.ref.ID = ledger.NewRequestID()
-		o.writeAhead(e)
-		o.landed(e.ref.ID)
-		if i++; i%1000 == 0 {
-			o.compact(false)
-		}
-	}
+	assert.Equal(t, 1, led.n("settle"))
 }

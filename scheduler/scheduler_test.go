@@ -203,7 +203,4 @@ func TestAuthenticate(t *testing.T) {
 	}
 }
 
-var (
-	_ ReservationLister = (*ledger.Memory)(nil)
-	_ Charger           = (*ledger.Memory)(nil)
-)
+var _ ReservationLister = (*ledger.Memory)(nil)

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -88,7 +89,7 @@ type Deps struct {
 	// a fleet (statestore.RedisBlobs in the Redis layout), so that a retry
 	// landing on another instance gets the original response. Optional;
 	// nil keeps them per instance.
-	Responses ResponseStore
+	Responses settle.ResponseStore
 }
 
 // Auditor is the audit trail (scheduler/audit.Log).
@@ -132,8 +133,7 @@ type Server struct {
 	runtimes map[string]*tenantRuntime
 	admin    adminState
 	keys     statestore.Store
-	// responses is the fleet-shared idempotent response store; nil: none.
-	responses    ResponseStore
+
 	rtKeys       atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
 	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
 	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
@@ -147,7 +147,9 @@ type Server struct {
 	draining atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
-	settler // leases, outbox, outage charges, idempotent responses
+	// settler is the settlement room: leases, the pending-writes log,
+	// outage charges, idempotent responses (scheduler/settle).
+	settler *settle.Settler
 
 	mu      sync.Mutex // guards running, queued
 	running map[*call]struct{}
@@ -163,17 +165,6 @@ type Server struct {
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
 	started    time.Time             // when New ran: usage counts and uptime start
 	ops        opsSampler            // the status page's samples (statusops.go)
-}
-
-// settler owns what a call leaves behind it: its lease from Reserve to its
-// terminal transition, the endings the store has not acknowledged, the
-// usage owed from outage admissions, and completed idempotent responses.
-// Each part has its own lock; none is held across a ledger call.
-type settler struct {
-	leases leases    // lease.go
-	outbox outbox    // outbox.go
-	outage outages   // outage.go
-	idem   idemCache // idem.go
 }
 
 // New builds a Server from a validated config.
@@ -205,12 +196,10 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		runtimes:   map[string]*tenantRuntime{},
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
-		settler:    settler{outbox: outbox{kick: make(chan struct{}, 1)}},
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
 		keys:       deps.Keys,
-		responses:  deps.Responses,
 		onIllegal:  panicInTests(),
 	}
 	if s.keys == nil {
@@ -224,9 +213,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.now = time.Now
 	}
 	s.started = s.now()
-	s.leases.now = s.now
 	s.pools.now = s.now
-	s.leases.kick = make(chan struct{}, 1)
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
@@ -242,12 +229,11 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.loadSharedAdmin(); err != nil {
 		return nil, err
 	}
-	owed, err := s.outbox.load(cfg.Paths(), s.log)
-	if err != nil {
+	// A networked ledger's Settle may land after the process died: write
+	// it ahead.
+	if err := s.openSettler(cfg.Paths(), cfg.Ledger.Backend != "memory", deps.Responses); err != nil {
 		return nil, err
 	}
-	s.outage.restore(owed, &s.outbox)
-	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	s.noteDurability(cfg)
 	eff := effectiveConfig(cfg, &s.admin, s.now())
 	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
@@ -338,7 +324,7 @@ func (s *Server) Reload(cfg *config.File) error {
 // pass it, and a reload may not change the retention the ledger keeps
 // tombstones for (the response cache follows it). queue.max_wait needs no
 // bound against lease_ttl: queued calls' leases are renewed like running
-// ones (lease.go), and the heartbeat period follows a reloaded lease_ttl.
+// ones (settle/lease.go), and the heartbeat period follows a reloaded lease_ttl.
 func (s *Server) checkLeaseConfig(cfg *config.File) error {
 	if ttl := cfg.Ledger.LeaseTTL; ttl > s.maxLease {
 		return fmt.Errorf("ledger.lease_ttl %s is more than the ledger's lease bound %s, fixed when it opened; restart to raise it", ttl, s.maxLease)
@@ -351,6 +337,22 @@ func (s *Server) checkLeaseConfig(cfg *config.File) error {
 
 // Policy returns the current config.
 func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
+
+// openSettler builds the settlement room on the ledger and opens its
+// pending-writes log at paths.Pending.
+func (s *Server) openSettler(paths config.StatePaths, writeAhead bool, responses settle.ResponseStore) error {
+	st, err := settle.New(settle.Deps{Ledger: s.led, Owner: s.owner, LeaseTTL: s.leaseTTL, Now: s.now, Log: s.log,
+		NoteLedger: s.noteLedger, Record: s.record, Responses: responses, Retention: s.retention}, paths, writeAhead)
+	if err != nil {
+		return err
+	}
+	s.settler = st
+	return nil
+}
+
+// leaseTTL is the ledger.lease_ttl in force (the settlement room's
+// heartbeat follows a reload).
+func (s *Server) leaseTTL() time.Duration { return s.pol.Load().leaseTTL }
 
 // Metrics returns the server's metrics.
 func (s *Server) Metrics() *Metrics { return s.m }
@@ -458,8 +460,7 @@ func (s *Server) noteLedger(op string, err error) {
 		if s.ledgerErrs.Swap(0) > 0 {
 			// End pending records and charge owed usage now, not at the
 			// next tick: the instance may die meanwhile.
-			s.outbox.kickNow()
-			if s.outage.recovered() {
+			if s.settler.LedgerAnswered() {
 				s.log.Info("ledger reachable again: outage allowances reset; owed usage is being charged")
 			}
 		}

@@ -3,11 +3,13 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/settle"
 )
 
 // The end of a dispatched call: settlement exactly once, from what the
@@ -130,9 +132,10 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 	return cost.WIn*a[ledger.InputTokens] + cost.WOut*a[ledger.OutputTokens]
 }
 
-// settle charges the ledger once; a store failure goes to the outbox, which
-// retries with the same id (Settle is idempotent). With a Redis ledger the
-// Settle is written ahead to the outbox's file, where there is one, so a
+// settle charges the ledger once; a store failure goes to the pending-writes
+// log (scheduler/settle), which retries with the same id (Settle is
+// idempotent). With a Redis ledger the Settle is written ahead to the log's
+// file, where there is one, so a
 // process killed before the store answers settles it exactly when it
 // starts again; otherwise the lease is the backstop.
 func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
@@ -147,10 +150,10 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 		}
 		return
 	}
-	s.leases.untrack(c)
+	s.settler.Untrack(&c.lease)
 	ended := phaseSettled
 	defer func() { s.to(c, ended) }()
-	s.outbox.writeAhead(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
+	s.settler.WriteAhead(c.ref, actual, src, c.reqID)
 	op := c.ledgerOp()
 	st, err := s.led.Settle(op, c.ref, actual, src)
 	op.cancel()
@@ -169,8 +172,72 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 		ended = phaseUnresolved
 		return
 	}
-	s.outbox.landed(c.ref.ID)
+	s.settler.Landed(c.ref.ID)
 	if err != nil {
 		s.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
 	}
+}
+
+// The call's side of the settlement room (scheduler/settle): the room
+// takes ledger values, the lifecycle knows the call they come from.
+
+// queueRelease hands the ending of c's never-dispatched hold to the
+// pending-writes log.
+func (s *Server) queueRelease(c *call) {
+	s.settler.Untrack(&c.lease)
+	s.settler.QueueRelease(c.ref, c.reqID)
+}
+
+// queueReplay hands the ending of an ambiguous keyed Reserve to the log.
+func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
+	s.settler.Untrack(&c.lease)
+	s.settler.QueueReplay(c.ref, rr, c.reqID)
+}
+
+// queueSettle hands the settlement of c to the log.
+func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
+	s.settler.Untrack(&c.lease)
+	s.settler.QueueSettle(c.ref, actual, src, c.reqID)
+}
+
+// outageScopes are the scopes an outage charge of c lands in: those of its
+// Reserve.
+func outageScopes(c *call) []ledger.Scope {
+	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
+	return append(scopes, c.extraScopes...)
+}
+
+// admitOutage lets c run on its tenant's allowance while the ledger is
+// unreachable (settle/outage.go); it reports false when the tenant has
+// none left.
+func (s *Server) admitOutage(c *call, cause error) bool {
+	held := c.held
+	held[ledger.Slots] = 0
+	ch := &settle.OwedCharge{Tenant: c.t.name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
+		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
+		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: held, At: c.arrival}}
+	al := c.t.cfg.OutageAllowance
+	used, ok := s.settler.AdmitOutage(al, c.held[ledger.Tokens], ch)
+	if !ok {
+		return false
+	}
+	c.outage = true
+	s.m.OutageAdmissions.WithLabelValues(c.t.name).Inc()
+	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.name,
+		"used_requests", used.Requests, "allowance_requests", al.Requests, "err", cause)
+	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
+		Reason: fmt.Sprintf("ledger unreachable; allowance %d/%d requests", used.Requests, al.Requests)})
+	return true
+}
+
+// oweOutage records an outage-admitted call's usage for the later Charge.
+func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
+	actual[ledger.Slots] = 0
+	s.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.name, ReqID: c.reqID, Source: src,
+		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: actual, At: c.arrival}})
+}
+
+// outageNotRun ends an outage-admitted call that never ran.
+func (s *Server) outageNotRun(c *call) {
+	s.settler.OutageNotRun(c.t.name, c.held[ledger.Tokens], c.ref, c.reqID)
 }

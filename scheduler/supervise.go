@@ -76,8 +76,8 @@ func (s *Server) supervise(ctx context.Context) error {
 	for _, l := range []loop{
 		{"queue", s.q.Run},
 		{"dispatch", func(ctx context.Context) error { s.dispatchLoop(ctx); return nil }},
-		{"heartbeat", s.heartbeatLoop},
-		{"outbox", s.outboxLoop},
+		{"heartbeat", s.settler.Heartbeat},
+		{"outbox", s.settler.Loop},
 		{"ready", s.readyLoop},
 		{"clamps", s.clampLoop},
 		{"admin", s.adminLoop},
@@ -92,9 +92,8 @@ func (s *Server) supervise(ctx context.Context) error {
 	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
 	stopCore()
 	err := own.Wait()
-	s.chargeOutages(context.WithoutCancel(ctx))
-	s.flushOutbox(context.WithoutCancel(ctx))
-	s.logOwedAtExit(s.boot)
+	s.settler.Pass(context.WithoutCancel(ctx))
+	s.settler.LogOwedAtExit(s.boot.Paths().Pending)
 	stopProc()
 	return errors.Join(err, others.Wait())
 }

@@ -67,7 +67,7 @@ func TestRunSupervisesAttachedLoops(t *testing.T) {
 	<-started
 	_, err := serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err)
-	require.Equal(t, 1, s.outbox.count(), "the Settle waits for the store")
+	require.Equal(t, 1, s.settler.Unacked(), "the Settle waits for the store")
 	require.Eventually(t, func() bool { ok, _ := s.Ready(); return !ok }, 10*time.Second, time.Millisecond, "the failed loop fails readiness")
 	_, why := s.Ready()
 	assert.Contains(t, why, "boom loop: scrape client gone")
@@ -77,7 +77,7 @@ func TestRunSupervisesAttachedLoops(t *testing.T) {
 	err = <-done
 	require.ErrorContains(t, err, "boom loop: scrape client gone")
 	assert.False(t, running.Load())
-	assert.Zero(t, s.outbox.count(), "the last pass ran while the attached loop still did")
+	assert.Zero(t, s.settler.Unacked(), "the last pass ran while the attached loop still did")
 	u := tenantUsage(t, s, led.Memory)
 	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)

@@ -910,7 +910,7 @@ func peakOverlap[T any](xs []T, iv func(T) (time.Time, time.Time)) int {
 }
 
 // strandedCharge is an entry of an instance's owed outage charges
-// (scheduler/outage.go outageCharge).
+// (scheduler/settle/outage.go OwedCharge).
 type strandedCharge struct {
 	Req     ledger.ChargeRequest `json:"req"`
 	Tenant  string               `json:"tenant"`
@@ -933,7 +933,7 @@ func (w *world) strandedOutage() []strandedCharge {
 		if err != nil {
 			continue
 		}
-		// The pending-writes log (scheduler/outbox.go): an owed charge's
+		// The pending-writes log (scheduler/settle/outbox.go): an owed charge's
 		// last line (op 4) wins; op 5 says it is no longer owed.
 		owed := map[ledger.RequestID]strandedCharge{}
 		var order []ledger.RequestID

@@ -1,14 +1,14 @@
-package scheduler
+package settle
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
 // The outage allowance: by default a ledger outage stops
@@ -39,13 +39,14 @@ type Charger interface {
 	Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.Settlement, error)
 }
 
-// outageUse is what a tenant used of its allowance.
-type outageUse struct {
-	requests, tokens int64
+// OutageUse is what a tenant used of its allowance.
+type OutageUse struct {
+	Requests, Tokens int64
 }
 
-// outageCharge is one outage-admitted request waiting to be charged.
-type outageCharge struct {
+// OwedCharge is one outage-admitted request waiting to be charged, as the
+// pending-writes log keeps it (its JSON is the log's format).
+type OwedCharge struct {
 	Req    ledger.ChargeRequest `json:"req"`
 	Tenant string               `json:"tenant"`
 	ReqID  string               `json:"request_id"`
@@ -61,10 +62,10 @@ type outageCharge struct {
 type outages struct {
 	mu       sync.Mutex // guards everything below
 	inOutage bool
-	outage   map[string]outageUse // this outage, by tenant
-	hour     map[string]outageUse // this clock hour, by tenant
+	outage   map[string]OutageUse // this outage, by tenant
+	hour     map[string]OutageUse // this clock hour, by tenant
 	hourIdx  int64
-	owed     map[ledger.RequestID]*outageCharge
+	owed     map[ledger.RequestID]*OwedCharge
 	log      *outbox // the pending-writes log, where owed is persisted
 }
 
@@ -77,38 +78,37 @@ func (o *outages) count() int {
 
 // restore takes the owed charges the pending-writes log returned at start
 // and persists later changes there.
-func (o *outages) restore(owed map[ledger.RequestID]*outageCharge, log *outbox) {
+func (o *outages) restore(owed map[ledger.RequestID]*OwedCharge, log *outbox) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.owed, o.log = owed, log
 }
 
-// admit takes one request of tokens from the tenant's allowance, if both the
-// per-outage and the per-hour allowance have room.
-func (o *outages) admit(t *tenant, tokens int64, now time.Time) (outageUse, bool) {
-	al := t.cfg.OutageAllowance
+// admit takes one request of tokens from the tenant's allowance al, if
+// both the per-outage and the per-hour allowance have room.
+func (o *outages) admit(tenant string, al config.OutageAllowance, tokens int64, now time.Time) (OutageUse, bool) {
 	if al.Requests <= 0 {
-		return outageUse{}, false
+		return OutageUse{}, false
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.outage == nil {
-		o.outage, o.hour = map[string]outageUse{}, map[string]outageUse{}
+		o.outage, o.hour = map[string]OutageUse{}, map[string]OutageUse{}
 	}
 	if idx := now.Unix() / 3600; idx != o.hourIdx {
-		o.hourIdx, o.hour = idx, map[string]outageUse{}
+		o.hourIdx, o.hour = idx, map[string]OutageUse{}
 	}
 	o.inOutage = true
-	cur, hr := o.outage[t.name], o.hour[t.name]
-	fits := func(u outageUse) bool {
-		return u.requests+1 <= al.Requests && (al.Tokens <= 0 || u.tokens+tokens <= al.Tokens)
+	cur, hr := o.outage[tenant], o.hour[tenant]
+	fits := func(u OutageUse) bool {
+		return u.Requests+1 <= al.Requests && (al.Tokens <= 0 || u.Tokens+tokens <= al.Tokens)
 	}
 	if !fits(cur) || !fits(hr) {
 		return cur, false
 	}
-	cur.requests, cur.tokens = cur.requests+1, cur.tokens+tokens
-	hr.requests, hr.tokens = hr.requests+1, hr.tokens+tokens
-	o.outage[t.name], o.hour[t.name] = cur, hr
+	cur.Requests, cur.Tokens = cur.Requests+1, cur.Tokens+tokens
+	hr.Requests, hr.Tokens = hr.Requests+1, hr.Tokens+tokens
+	o.outage[tenant], o.hour[tenant] = cur, hr
 	return cur, true
 }
 
@@ -116,9 +116,9 @@ func (o *outages) admit(t *tenant, tokens int64, now time.Time) (outageUse, bool
 func (o *outages) refund(tenant string, tokens int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, m := range []map[string]outageUse{o.outage, o.hour} {
+	for _, m := range []map[string]OutageUse{o.outage, o.hour} {
 		if u, ok := m[tenant]; ok {
-			u.requests, u.tokens = max(0, u.requests-1), max(0, u.tokens-tokens)
+			u.Requests, u.Tokens = max(0, u.Requests-1), max(0, u.Tokens-tokens)
 			m[tenant] = u
 		}
 	}
@@ -135,11 +135,11 @@ func (o *outages) recovered() bool {
 }
 
 // put records (or updates) an owed charge and persists it.
-func (o *outages) put(ch *outageCharge) error {
+func (o *outages) put(ch *OwedCharge) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.owed == nil {
-		o.owed = map[ledger.RequestID]*outageCharge{}
+		o.owed = map[ledger.RequestID]*OwedCharge{}
 	}
 	o.owed[ch.Req.Ref.ID] = ch
 	if o.log == nil {
@@ -164,10 +164,10 @@ func (o *outages) drop(id ledger.RequestID) error {
 }
 
 // chargeable returns the owed charges whose usage is known.
-func (o *outages) chargeable() []outageCharge {
+func (o *outages) chargeable() []OwedCharge {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var out []outageCharge
+	var out []OwedCharge
 	for _, ch := range o.owed {
 		if !ch.Running {
 			out = append(out, *ch)
@@ -176,74 +176,59 @@ func (o *outages) chargeable() []outageCharge {
 	return out
 }
 
-// admitOutage lets c run on its tenant's allowance while the ledger is
-// unreachable; it reports false when the tenant has none left.
-func (s *Server) admitOutage(c *call, cause error) bool {
-	used, ok := s.outage.admit(c.t, c.held[ledger.Tokens], s.now())
+// AdmitOutage takes one request of tokens from the tenant's outage
+// allowance al and records ch, the charge owed for it (Running, charged at
+// its hold until OweOutage says its usage), persisted before it runs. It
+// reports what the tenant has used of its allowance in this outage, and
+// false when the allowance has no room or the charge could not be
+// persisted (a restart would lose it: the call is refused instead).
+func (s *Settler) AdmitOutage(al config.OutageAllowance, tokens int64, ch *OwedCharge) (OutageUse, bool) {
+	used, ok := s.outage.admit(ch.Tenant, al, tokens, s.now())
 	if !ok {
-		return false
+		return used, false
 	}
-	al := c.t.cfg.OutageAllowance
-	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
-	scopes = append(scopes, c.extraScopes...)
-	held := c.held
-	held[ledger.Slots] = 0
-	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
-		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
-		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: held, At: c.arrival}}
 	if err := s.outage.put(ch); err != nil {
-		// Unpersisted, a restart would lose the charge: refuse instead.
-		s.outage.refund(c.t.name, c.held[ledger.Tokens])
-		_ = s.outage.drop(c.ref.ID)
-		s.log.Error("outage admission refused: owed charges cannot be persisted", "tenant", c.t.name, "err", err)
-		return false
+		s.outage.refund(ch.Tenant, tokens)
+		_ = s.outage.drop(ch.Req.Ref.ID)
+		s.log.Error("outage admission refused: owed charges cannot be persisted", "tenant", ch.Tenant, "err", err)
+		return used, false
 	}
-	c.outage = true
-	s.m.OutageAdmissions.WithLabelValues(c.t.name).Inc()
-	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.name,
-		"used_requests", used.requests, "allowance_requests", al.Requests, "err", cause)
-	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
-		Reason: fmt.Sprintf("ledger unreachable; allowance %d/%d requests", used.requests, al.Requests)})
-	return true
+	return used, true
 }
 
-// oweOutage records an outage-admitted call's usage for the later Charge.
-func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
-	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
-	scopes = append(scopes, c.extraScopes...)
-	actual[ledger.Slots] = 0
-	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Source: src,
-		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: actual, At: c.arrival}}
+// OweOutage records an outage-admitted call's usage for the later Charge:
+// ch replaces the charge AdmitOutage recorded under its id.
+func (s *Settler) OweOutage(ch *OwedCharge) {
 	s.outage.mu.Lock()
-	if prev := s.outage.owed[c.ref.ID]; prev != nil {
+	if prev := s.outage.owed[ch.Req.Ref.ID]; prev != nil {
 		ch.Ambiguous = prev.Ambiguous
 	}
 	s.outage.mu.Unlock()
 	if err := s.outage.put(ch); err != nil {
-		s.log.Error("owed outage charge not persisted; a restart before it is charged bills the hold", "request_id", c.reqID, "err", err)
+		s.log.Error("owed outage charge not persisted; a restart before it is charged bills the hold", "request_id", ch.ReqID, "err", err)
 	}
 	s.outbox.kickNow()
 }
 
-// outageNotRun ends an outage-admitted call that never ran: the allowance
-// is refunded and nothing is owed (an ambiguous Reserve that may have
-// applied is released by id).
-func (s *Server) outageNotRun(c *call) {
-	s.outage.refund(c.t.name, c.held[ledger.Tokens])
+// OutageNotRun ends an outage-admitted call of ref that never ran: the
+// tenant's allowance gets its tokens back and nothing is owed (an
+// ambiguous Reserve that may have applied is released by id).
+func (s *Settler) OutageNotRun(tenant string, tokens int64, ref ledger.Ref, reqID string) {
+	s.outage.refund(tenant, tokens)
 	s.outage.mu.Lock()
-	ch := s.outage.owed[c.ref.ID]
+	ch := s.outage.owed[ref.ID]
 	s.outage.mu.Unlock()
 	if ch != nil && ch.Ambiguous {
-		s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, owner: s.owner, reqID: c.reqID})
+		s.QueueRelease(ref, reqID)
 	}
-	if err := s.outage.drop(c.ref.ID); err != nil {
+	if err := s.outage.drop(ref.ID); err != nil {
 		s.log.Error("outage charges not persisted", "err", err)
 	}
 }
 
-// chargeOutages settles owed outage usage once the ledger answers; it runs
-// with the outbox.
-func (s *Server) chargeOutages(ctx context.Context) {
+// ChargeOutages settles owed outage usage once the ledger answers; it runs
+// with the pending endings (Pass).
+func (s *Settler) ChargeOutages(ctx context.Context) {
 	pending := s.outage.chargeable()
 	if len(pending) == 0 {
 		return
@@ -267,7 +252,7 @@ func (s *Server) chargeOutages(ctx context.Context) {
 			_, err = s.led.Settle(cctx, p.Req.Ref, p.Req.Amounts, src)
 		}
 		cancel()
-		s.noteLedger("charge", err)
+		s.note("charge", err)
 		switch {
 		case err == nil || errors.Is(err, ledger.ErrAlreadyFinal):
 			s.record(audit.Record{Kind: "outage_charge", Tenant: p.Tenant, RequestID: p.ReqID,

@@ -1,15 +1,11 @@
 package scheduler
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/vllm"
@@ -29,9 +25,9 @@ import (
 //     may run (at most maxIdemGenerations attempts per key);
 //   - a record that was charged: the original response when this instance
 //     or the fleet's response store still has it (a non-streamed 200, kept
-//     in idemCache and Deps.Responses before the call settles, so a retry
-//     that sees the record charged finds it), else 409 with details.state
-//     "completed".
+//     by the settlement room, settle.Settler.KeepResponse, before the call
+//     settles, so a retry that sees the record charged finds it), else 409
+//     with details.state "completed".
 //
 // What a key names is the client's request alone (requestDigest: the
 // endpoint and the body's bytes; the tenant is in the id): the ledger
@@ -44,7 +40,7 @@ import (
 // generation, since the key has executed nothing yet.
 //
 // While the ledger cannot answer, a keyed request is 503: it is never
-// admitted on an outage allowance (outage.go), since only the ledger knows
+// admitted on an outage allowance (settle/outage.go), since only the ledger knows
 // whether the key ran.
 
 // maxIdemGenerations bounds the attempts of one Idempotency-Key that never
@@ -116,123 +112,12 @@ type cachedResponse struct { //nolint:errname // a replay carrier returned as an
 
 func (c *cachedResponse) Error() string { return "idempotent replay of a completed request" }
 
-// Response retention: per instance, least recently used out first, within
-// a byte budget and the ledger's tombstone retention (Server.retention,
-// from ledger.tombstone_retention: after it the ledger forgets the id and
-// the key may run again anyway); the fleet's store keeps each for as long.
-const (
-	idemCacheBytes    = 32 << 20
-	idemMaxEntryBytes = 1 << 20
-)
-
-// idemCache keeps the bodies of completed non-streamed idempotent calls.
-type idemCache struct {
-	mu    sync.Mutex
-	ll    *list.List // front: most recently used
-	m     map[ledger.RequestID]*list.Element
-	bytes int
-}
-
-type idemEntry struct {
-	id     ledger.RequestID
-	digest uint64 // requestDigest of the request the body answers
-	body   []byte
-	at     time.Time
-}
-
-func (c *idemCache) put(id ledger.RequestID, digest uint64, body []byte, now time.Time) {
-	if len(body) > idemMaxEntryBytes {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m, c.ll = map[ledger.RequestID]*list.Element{}, list.New()
-	}
-	if el, ok := c.m[id]; ok {
-		c.remove(el)
-	}
-	c.m[id] = c.ll.PushFront(&idemEntry{id: id, digest: digest, body: body, at: now})
-	c.bytes += len(body)
-	for c.bytes > idemCacheBytes {
-		c.remove(c.ll.Back())
-	}
-}
-
-func (c *idemCache) get(id ledger.RequestID, now time.Time, ttl time.Duration) ([]byte, uint64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	el, ok := c.m[id]
-	if !ok {
-		return nil, 0, false
-	}
-	e := el.Value.(*idemEntry)
-	if now.Sub(e.at) > ttl {
-		c.remove(el)
-		return nil, 0, false
-	}
-	c.ll.MoveToFront(el)
-	return e.body, e.digest, true
-}
-
-func (c *idemCache) remove(el *list.Element) {
-	e := el.Value.(*idemEntry)
-	c.ll.Remove(el)
-	delete(c.m, e.id)
-	c.bytes -= len(e.body)
-}
-
-// ResponseStore keeps response bodies for a fleet, each for a TTL
-// (statestore.RedisBlobs).
-type ResponseStore interface {
-	Put(ctx context.Context, name string, data []byte, ttl time.Duration) error
-	Get(ctx context.Context, name string) ([]byte, bool, error)
-}
-
-// responseStoreTimeout bounds one round trip to the response store; the
-// store is an optimisation over 409 completed, never a reason to fail.
-const responseStoreTimeout = time.Second
-
-func responseName(id ledger.RequestID) string { return "idem:" + hex.EncodeToString(id[:]) }
-
-// storedMagic heads a response in the fleet's store, followed by the
-// 8-byte requestDigest of the request it answers and the body. A value
-// without it (kept by an earlier build) answers nobody: 409 completed.
-const storedMagic = "sluice-idem-2\x00"
-
-func storedResponse(digest uint64, body []byte) []byte {
-	b := make([]byte, 0, len(storedMagic)+8+len(body))
-	b = append(b, storedMagic...)
-	b = binary.BigEndian.AppendUint64(b, digest)
-	return append(b, body...)
-}
-
-func parseStoredResponse(v []byte) (uint64, []byte, bool) {
-	if len(v) < len(storedMagic)+8 || string(v[:len(storedMagic)]) != storedMagic {
-		return 0, nil, false
-	}
-	v = v[len(storedMagic):]
-	return binary.BigEndian.Uint64(v), v[8:], true
-}
-
 // completed answers a retry of a completed id: its original response when
 // kept here or in the fleet's store and it answers this very request
 // (digest), 409 conflict when it answers another, else 409 completed.
 func (s *Server) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
-	if body, d, ok := s.idem.get(id, s.now(), s.retention); ok {
+	if body, d, ok := s.settler.Response(ctx, id); ok {
 		return replayOf(body, d, digest)
-	}
-	if s.responses != nil {
-		gctx, cancel := context.WithTimeout(ctx, responseStoreTimeout)
-		v, ok, err := s.responses.Get(gctx, responseName(id))
-		cancel()
-		if err != nil {
-			s.log.Warn("idempotent response store unreadable; answering 409 completed", "err", err)
-		}
-		if d, body, parsed := parseStoredResponse(v); ok && parsed {
-			s.idem.put(id, d, body, s.now())
-			return replayOf(body, d, digest)
-		}
 	}
 	return errIdemCompleted
 }
@@ -249,17 +134,10 @@ func replayOf(body []byte, have, want uint64) error {
 // rememberResponse keeps a completed non-streamed idempotent call's body,
 // here and in the fleet's store. Callers run it before the call settles.
 func (s *Server) rememberResponse(c *call, body []byte) {
-	if c.idemKey == "" || len(body) > idemMaxEntryBytes {
+	if c.idemKey == "" {
 		return
 	}
-	s.idem.put(c.ref.ID, c.idemDigest, body, s.now())
-	if s.responses != nil {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), responseStoreTimeout)
-		defer cancel()
-		if err := s.responses.Put(pctx, responseName(c.ref.ID), storedResponse(c.idemDigest, body), s.retention); err != nil {
-			s.log.Warn("idempotent response not shared with the fleet; a retry elsewhere gets 409 completed", "err", err)
-		}
-	}
+	s.settler.KeepResponse(c.ctx, c.ref.ID, c.idemDigest, body)
 }
 
 func idemExhaustedErr() error {

@@ -1,4 +1,4 @@
-package scheduler
+package settle
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -19,7 +20,7 @@ import (
 
 // The outbox is the pending-writes log: every write the ledger owes this
 // process and has not acknowledged, in one file (config.StatePaths.Pending,
-// one JSON line per write) retried by one loop (outboxLoop) every second
+// one JSON line per write) retried by one loop (Settler.Loop) every second
 // and at shutdown until definite. Two kinds of writes wait in it:
 //
 //   - Endings, by id, of ledger records whose ending the store did not
@@ -92,7 +93,7 @@ type outboxLine struct {
 	Actual  ledger.Amounts         `json:"actual"`
 	Source  ledger.Source          `json:"source"`
 	ReqID   string                 `json:"request_id"`
-	Charge  *outageCharge          `json:"charge,omitempty"` // opCharge
+	Charge  *OwedCharge            `json:"charge,omitempty"` // opCharge
 }
 
 func (e *outboxEntry) line() outboxLine {
@@ -140,11 +141,11 @@ const compactAt = 64 << 10
 // said. What the older files held is written into the log (fsynced)
 // before they are removed, so a crash in between reads it twice, which
 // the ids make harmless.
-func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.RequestID]*outageCharge, error) {
+func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.RequestID]*OwedCharge, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.path, o.log = paths.Pending, log
-	owed := map[ledger.RequestID]*outageCharge{}
+	owed := map[ledger.RequestID]*OwedCharge{}
 	if o.path == "" {
 		return owed, nil
 	}
@@ -161,7 +162,7 @@ func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.Req
 		return nil, fmt.Errorf("pending endings of an older version: %w", err)
 	}
 	if ob, err := os.ReadFile(paths.LegacyOutage); err == nil {
-		var list []*outageCharge
+		var list []*OwedCharge
 		if err := json.Unmarshal(ob, &list); err != nil {
 			return nil, fmt.Errorf("outage charges %s are corrupt: %w", paths.LegacyOutage, err)
 		}
@@ -214,7 +215,7 @@ func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.Req
 
 // readLines adds the lines of b (read from path) to the pending endings
 // and to owed.
-func (o *outbox) readLines(path string, b []byte, owed map[ledger.RequestID]*outageCharge) {
+func (o *outbox) readLines(path string, b []byte, owed map[ledger.RequestID]*OwedCharge) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -233,14 +234,14 @@ func (o *outbox) readLines(path string, b []byte, owed map[ledger.RequestID]*out
 	}
 }
 
-func chargeLine(ch *outageCharge) ([]byte, error) {
+func chargeLine(ch *OwedCharge) ([]byte, error) {
 	b, err := json.Marshal(outboxLine{Op: opCharge, Ref: ch.Req.Ref, ReqID: ch.ReqID, Charge: ch})
 	return append(b, '\n'), err
 }
 
 // putCharge appends (and fsyncs) the line of an owed outage charge; an
 // error means a restart would not find it.
-func (o *outbox) putCharge(ch *outageCharge) error {
+func (o *outbox) putCharge(ch *OwedCharge) error {
 	line, err := chargeLine(ch)
 	if err != nil {
 		return err
@@ -452,45 +453,36 @@ func (o *outbox) count() int {
 	return len(o.pending) + len(o.inflight)
 }
 
-// queueRelease hands the ending of c's never-dispatched hold to the outbox.
-func (s *Server) queueRelease(c *call) {
-	s.leases.untrack(c)
-	s.outbox.add(outboxEntry{op: opRelease, ref: c.ref, owner: s.owner, reqID: c.reqID})
+// QueueRelease hands the ending of a never-dispatched hold to the log:
+// Release by id until definite.
+func (s *Settler) QueueRelease(ref ledger.Ref, reqID string) {
+	s.outbox.add(outboxEntry{op: opRelease, ref: ref, owner: s.owner, reqID: reqID})
 }
 
-// queueReplay hands the ending of an ambiguous keyed Reserve to the outbox.
-func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
-	s.leases.untrack(c)
+// QueueReplay hands the ending of an ambiguous keyed Reserve rr of ref to
+// the log.
+func (s *Settler) QueueReplay(ref ledger.Ref, rr ledger.ReserveRequest, reqID string) {
 	rr.Scopes = slices.Clone(rr.Scopes) // off the call's array, which reserve reuses
-	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: c.ref, owner: rr.Owner, reqID: c.reqID})
+	s.outbox.add(outboxEntry{op: opReplay, reserve: &rr, ref: ref, owner: rr.Owner, reqID: reqID})
 }
 
-// queueSettle hands the settlement of c to the outbox.
-func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
-	s.leases.untrack(c)
-	s.outbox.add(outboxEntry{op: opSettle, ref: c.ref, actual: actual, src: src, reqID: c.reqID})
+// QueueSettle hands the settlement of ref to the log.
+func (s *Settler) QueueSettle(ref ledger.Ref, actual ledger.Amounts, src ledger.Source, reqID string) {
+	s.outbox.add(outboxEntry{op: opSettle, ref: ref, actual: actual, src: src, reqID: reqID})
 }
 
-// outboxLoop is the pending-writes log's one retry loop: every second (or
-// when kicked) it retries the pending endings and charges the owed outage
-// usage, each until the store answers definitely.
-func (s *Server) outboxLoop(ctx context.Context) error {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-s.outbox.kick:
-		}
-		s.chargeOutages(ctx)
-		s.flushOutbox(ctx) // after the charges: its compaction drops theirs
-	}
+// WriteAhead persists the Settle of ref before it is sent (see
+// outbox.writeAhead); the caller reports the answer with Landed or, on a
+// store error, QueueSettle with the same values.
+func (s *Settler) WriteAhead(ref ledger.Ref, actual ledger.Amounts, src ledger.Source, reqID string) {
+	s.outbox.writeAhead(outboxEntry{op: opSettle, ref: ref, actual: actual, src: src, reqID: reqID})
 }
 
-// flushOutbox tries every pending ending once, bounded per entry.
-func (s *Server) flushOutbox(ctx context.Context) {
+// Landed: the store answered the Settle written ahead for id definitely.
+func (s *Settler) Landed(id ledger.RequestID) { s.outbox.landed(id) }
+
+// Flush tries every pending ending once, bounded per entry.
+func (s *Settler) Flush(ctx context.Context) {
 	var keep []outboxEntry
 	changed := false // an entry ended, or goes on as another operation
 	for _, e := range s.outbox.take() {
@@ -508,12 +500,12 @@ func (s *Server) flushOutbox(ctx context.Context) {
 
 // endRecord applies one outbox entry; it reports whether the entry is done
 // (definite outcome) or must be retried (store error).
-func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
+func (s *Settler) endRecord(ctx context.Context, e *outboxEntry) bool {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if e.op == opReplay {
 		g, err := s.led.Reserve(sctx, *e.reserve)
-		s.noteLedger("reserve", err)
+		s.note("reserve", err)
 		switch {
 		case err == nil && !g.Replayed:
 			// Ours (it applied then, or now): release it.
@@ -528,7 +520,7 @@ func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
 	}
 	if e.op == opRelease {
 		err := s.led.Release(sctx, e.ref, e.owner)
-		s.noteLedger("release", err)
+		s.note("release", err)
 		switch {
 		case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
 			return true
@@ -544,7 +536,7 @@ func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
 		return true
 	}
 	_, err := s.led.Settle(sctx, e.ref, e.actual, e.src)
-	s.noteLedger("settle", err)
+	s.note("settle", err)
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrAlreadyFinal):
 		// AlreadyFinal: ended meanwhile (lease expiry charged it).
@@ -559,4 +551,29 @@ func (s *Server) endRecord(ctx context.Context, e *outboxEntry) bool {
 	}
 	s.log.Error("outbox settle refused", "request_id", e.reqID, "err", err)
 	return true
+}
+
+// replaceFile writes b to path through a temporary file and a rename, so
+// a crash leaves the old file or the new one, never a torn one; sync
+// fsyncs the temporary file before the rename.
+func replaceFile(path string, b []byte, sync bool) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-*")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(b)
+	var serr error
+	if sync {
+		serr = tmp.Sync()
+	}
+	cerr := tmp.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	return nil
 }
