@@ -1,24 +1,74 @@
-package scheduler
+// Package adminapi serves the admin listener: /metrics, /healthz, /readyz,
+// the admin API under /admin/ and the status page under /status
+// (docs/operations.md). It is plain net/http: the admin listener carries
+// a few operator requests a minute, where fasthttp's zero-allocation
+// design buys nothing and its recycled request contexts cost care (a
+// context or a slice kept past the handler is a data race); net/http's
+// ServeMux gives method patterns, http.Server a Shutdown that waits for
+// the requests in flight, and httptest unit tests without a listener.
+//
+// It reads and changes the server only through [Scheduler], the exported,
+// value-returning methods of *scheduler.Server: imports point one way,
+// from this package to package scheduler.
+package adminapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 
-	"github.com/sluicehq/sluice/gpu"
-	"github.com/sluicehq/sluice/vllm"
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// AdminHooks are the process-level actions the admin API can trigger.
-type AdminHooks struct {
+// Scheduler is what the admin API reads and changes of the server;
+// *scheduler.Server implements it. Every method returns values (copies),
+// never the server's own state.
+type Scheduler interface {
+	Now() time.Time
+	Ready() (bool, string)
+	ReadyDetail() string
+	StartDrain()
+	PolicyVersion() uint64
+	RestartNeeded() []string
+	StatusToken() string
+	HasTenant(name string) bool
+
+	ReplicaStatuses() []scheduler.ReplicaStatus
+	DrainReplica(name, reason string) error
+	TenantStatuses() []scheduler.TenantStatus
+	TenantUsage(ctx context.Context, name string) (scheduler.TenantUsage, error)
+
+	BudgetsInUse(ctx context.Context, tenant string) []scheduler.BudgetRow
+	SetBudget(tenant string, b config.Budget) (scheduler.BudgetRow, error)
+	RemoveBudget(id string) (scheduler.BudgetRemoval, error)
+	SetClamp(c scheduler.Clamp) (scheduler.Clamp, error)
+	Unclamp(tenant string) (bool, error)
+
+	CreateKey(ctx context.Context, in scheduler.KeyRequest) (scheduler.CreatedKey, error)
+	ListKeys(tenant string) []scheduler.KeyRow
+	RevokeKey(ctx context.Context, id string) (scheduler.KeyRow, error)
+
+	ResolveReservation(ctx context.Context, r scheduler.Resolution) (scheduler.Resolved, error)
+	ListsReservations() bool
+	Reservations(ctx context.Context, tenant string, state ledger.State) ([]scheduler.Reservation, error)
+	Usage(f scheduler.UsageFilter) scheduler.UsageReport
+	StatusSnapshot(ctx context.Context) scheduler.StatusSnapshot
+}
+
+var _ Scheduler = (*scheduler.Server)(nil)
+
+// Hooks are the process-level actions the admin API can trigger.
+type Hooks struct {
 	// Reload re-reads and applies the config file.
 	Reload func() error
 	// Drain starts a graceful shutdown.
@@ -33,12 +83,11 @@ type AdminHooks struct {
 // token configured the admin API is disabled (403) and only /metrics,
 // /healthz and /readyz answer.
 type Admin struct {
-	s       *Server
-	base    context.Context // parent of every operation's context (opContext)
-	token   []byte
-	hooks   AdminHooks
-	metrics fasthttp.RequestHandler
-	routes  map[string]fasthttp.RequestHandler
+	s     Scheduler
+	base  context.Context // parent of every operation's context (opContext)
+	token []byte
+	hooks Hooks
+	mux   *http.ServeMux
 	// gatherer feeds the status page the counters /metrics serves.
 	gatherer prometheus.Gatherer
 	// sessionKey signs status page sessions (status.go); random per
@@ -46,12 +95,34 @@ type Admin struct {
 	sessionKey [32]byte
 }
 
-// NewAdmin builds the admin handler. base is the parent of every operation's
+// New builds the admin handler. base is the parent of every operation's
 // context (the server's lifetime, as the edge's).
-func NewAdmin(base context.Context, s *Server, token string, g prometheus.Gatherer, hooks AdminHooks) *Admin {
-	a := &Admin{s: s, base: base, token: []byte(token), hooks: hooks, gatherer: g,
-		metrics: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{}))}
-	a.routes = map[string]fasthttp.RequestHandler{
+func New(base context.Context, s Scheduler, token string, g prometheus.Gatherer, hooks Hooks) *Admin {
+	a := &Admin{s: s, base: base, token: []byte(token), hooks: hooks, gatherer: g, mux: http.NewServeMux()}
+	if _, err := rand.Read(a.sessionKey[:]); err != nil {
+		panic("crypto/rand: " + err.Error()) // never fails on supported platforms
+	}
+	// The paths outside /admin/ answer any method, as they always have.
+	a.mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	a.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok\n") })
+	a.mux.HandleFunc("/readyz", a.readyz)
+	for _, p := range []string{"/status", "/status.json", "/status/report.json", "/status/login"} {
+		a.mux.HandleFunc(p, a.status)
+	}
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			// The listener's root is where an operator's browser lands first.
+			http.Redirect(w, r, "/status", http.StatusFound)
+			return
+		}
+		fail(w, http.StatusNotFound, "not_found", "no such endpoint")
+	})
+	// Without this, ServeMux would redirect /admin to /admin/.
+	a.mux.HandleFunc("/admin", func(w http.ResponseWriter, _ *http.Request) {
+		fail(w, http.StatusNotFound, "not_found", "no such endpoint")
+	})
+
+	routes := map[string]http.HandlerFunc{
 		"POST /admin/drain":   a.drain,
 		"POST /admin/reload":  a.reload,
 		"GET /admin/replicas": a.replicas,
@@ -60,253 +131,189 @@ func NewAdmin(base context.Context, s *Server, token string, g prometheus.Gather
 		// finishes what it runs and gets nothing new); DELETE undrains.
 		"POST /admin/replicas/":   a.drainReplica,
 		"DELETE /admin/replicas/": a.drainReplica,
+		// Run-time keys: create (answers the key once), list (?tenant=,
+		// never a secret), revoke.
+		"POST /admin/keys":    a.createKey,
+		"GET /admin/keys":     a.listKeys,
+		"DELETE /admin/keys/": a.revokeKey,
+
+		"GET /admin/budgets":        a.listBudgets,
+		"PUT /admin/budgets":        a.putBudget,
+		"DELETE /admin/budgets/":    a.deleteBudget,
+		"GET /admin/tenants/":       a.tenantUsage,
+		"POST /admin/tenants/":      a.clamp,
+		"DELETE /admin/tenants/":    a.unclamp,
+		"POST /admin/reservations/": a.resolve,
+		"GET /admin/reservations":   a.listReservations,
+		"GET /admin/usage":          a.usage,
 	}
-	if _, err := rand.Read(a.sessionKey[:]); err != nil {
-		panic("crypto/rand: " + err.Error()) // never fails on supported platforms
+	notFound := func(w http.ResponseWriter, _ *http.Request) {
+		fail(w, http.StatusNotFound, "not_found", "no such admin endpoint")
 	}
-	a.registerOps()
-	a.registerKeys()
+	for p, h := range routes {
+		a.mux.Handle(p, a.authed(h))
+		// A subtree's root without its slash, for the same method, is no
+		// endpoint: ServeMux would otherwise redirect it into the subtree.
+		if root, ok := strings.CutSuffix(p, "/"); ok && routes[root] == nil {
+			a.mux.Handle(root, a.authed(notFound))
+		}
+	}
+	// Any other /admin/ path or method: authenticated first, then 404,
+	// so a caller without the token learns nothing of the routes.
+	a.mux.Handle("/admin/", a.authed(notFound))
 	return a
 }
 
-// HTTPServer returns the admin listener's fasthttp.Server.
-func (a *Admin) HTTPServer() *fasthttp.Server {
-	return &fasthttp.Server{Handler: a.Handle, Name: "sluice-admin", ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
+// HTTPServer returns the admin listener's server.
+func (a *Admin) HTTPServer() *http.Server {
+	return &http.Server{Handler: a, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
 }
 
-// Handle routes admin-listener requests.
-func (a *Admin) Handle(rc *fasthttp.RequestCtx) {
-	path := string(rc.Path())
-	switch path {
-	case "/metrics":
-		a.metrics(rc)
-		return
-	case "/healthz":
-		rc.SetBodyString("ok\n")
-		return
-	case "/readyz":
-		ok, why := a.s.Ready()
-		if !ok {
-			rc.SetStatusCode(503)
-		} else if d := a.s.ReadyDetail(); d != "" {
-			why += "\n" + d
+// ServeHTTP routes admin-listener requests.
+func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Server", "sluice-admin")
+	a.mux.ServeHTTP(w, r)
+}
+
+func (a *Admin) readyz(w http.ResponseWriter, _ *http.Request) {
+	ok, why := a.s.Ready()
+	status := http.StatusOK
+	if !ok {
+		status = http.StatusServiceUnavailable
+	} else if d := a.s.ReadyDetail(); d != "" {
+		why += "\n" + d
+	}
+	writeText(w, status, why+"\n")
+}
+
+// authed admits a request with the admin token.
+func (a *Admin) authed(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(a.token) == 0 {
+			fail(w, http.StatusForbidden, "admin_disabled", "the admin API is disabled: set SLUICE_ADMIN_TOKEN")
+			return
 		}
-		rc.SetBodyString(why + "\n")
-		return
-	case "/status", "/status.json", "/status/report.json", "/status/login":
-		a.status(rc)
-		return
-	case "/":
-		// The listener's root is where an operator's browser lands first.
-		rc.Redirect("/status", http.StatusFound)
-		return
-	}
-	if !strings.HasPrefix(path, "/admin/") {
-		a.fail(rc, http.StatusNotFound, "not_found", "no such endpoint")
-		return
-	}
-	if len(a.token) == 0 {
-		a.fail(rc, http.StatusForbidden, "admin_disabled", "the admin API is disabled: set SLUICE_ADMIN_TOKEN")
-		return
-	}
-	got, ok := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
-		a.fail(rc, http.StatusUnauthorized, "invalid_admin_token", "missing or wrong admin token")
-		return
-	}
-	h, found := a.routes[string(rc.Method())+" "+path]
-	if !found {
-		h = a.prefixRoute(string(rc.Method()), path)
-	}
-	if h == nil {
-		a.fail(rc, http.StatusNotFound, "not_found", "no such admin endpoint")
-		return
-	}
-	h(rc)
-}
-
-// prefixRoute finds a route registered as "METHOD /admin/x/" for paths
-// with an id below it.
-func (a *Admin) prefixRoute(method, path string) fasthttp.RequestHandler {
-	var best string
-	for p := range a.routes {
-		m, rest, _ := strings.Cut(p, " ")
-		if m == method && strings.HasSuffix(rest, "/") && strings.HasPrefix(path, rest) && len(rest) > len(best) {
-			best = rest
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
+			fail(w, http.StatusUnauthorized, "invalid_admin_token", "missing or wrong admin token")
+			return
 		}
+		h(w, r)
+	})
+}
+
+// errorJSON is the pinned error shape (README "Errors"), as the client
+// edge writes it.
+type errorJSON struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Param   *string `json:"param"`
+	} `json:"error"`
+}
+
+// fail writes an admin error in the pinned shape.
+func fail(w http.ResponseWriter, status int, code, msg string) {
+	failParam(w, status, code, msg, "")
+}
+
+func failParam(w http.ResponseWriter, status int, code, msg, param string) {
+	var e errorJSON
+	e.Error.Message, e.Error.Type, e.Error.Code = msg, "admin_error", code
+	if param != "" {
+		e.Error.Param = &param
 	}
-	if best == "" {
-		return nil
+	b, _ := marshal(e)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(bytes.TrimSuffix(b, []byte("\n")))
+}
+
+// marshal encodes v as one line of JSON ending in "\n", leaving <, > and &
+// as they are.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
 	}
-	return a.routes[method+" "+best]
+	return b.Bytes(), nil
 }
 
-func (a *Admin) fail(rc *fasthttp.RequestCtx, status int, code, msg string) {
-	a.s.adminError(rc, status, code, msg)
-}
-
-// adminError writes an admin error in the pinned shape.
-func (s *Server) adminError(rc *fasthttp.RequestCtx, status int, code, msg string) {
-	rc.SetStatusCode(status)
-	rc.SetContentType("application/json")
-	b, _ := marshal(errorBody(&apiError{Status: status, Code: code, Type: "admin_error", Message: msg}))
-	rc.SetBody(b)
-}
-
-// WriteJSON writes v as a 200 JSON response.
-func WriteJSON(rc *fasthttp.RequestCtx, v any) {
+// writeJSON writes v as a 200 JSON response.
+func writeJSON(w http.ResponseWriter, v any) {
 	b, err := marshal(v)
 	if err != nil {
-		rc.SetStatusCode(500)
+		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
-	rc.SetContentType("application/json")
-	rc.SetBody(append(b, '\n'))
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
 }
 
-func (a *Admin) drain(rc *fasthttp.RequestCtx) {
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body))
+}
+
+func (a *Admin) drain(w http.ResponseWriter, _ *http.Request) {
 	a.s.StartDrain()
 	if a.hooks.Drain != nil {
 		a.hooks.Drain()
 	}
-	WriteJSON(rc, map[string]string{"status": "draining"})
+	writeJSON(w, map[string]string{"status": "draining"})
 }
 
-func (a *Admin) reload(rc *fasthttp.RequestCtx) {
+func (a *Admin) reload(w http.ResponseWriter, _ *http.Request) {
 	if a.hooks.Reload == nil {
-		a.fail(rc, http.StatusNotImplemented, "not_supported", "reload is not wired")
+		fail(w, http.StatusNotImplemented, "not_supported", "reload is not wired")
 		return
 	}
 	if err := a.hooks.Reload(); err != nil {
-		a.fail(rc, http.StatusBadRequest, "invalid_config", oneLine(err))
+		fail(w, http.StatusBadRequest, "invalid_config", oneLine(err))
 		return
 	}
 	// restart_needed: restart-only fields (listen, ledger, replicas, ...)
 	// the file changes; they keep their start-up value until a restart.
-	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version, "restart_needed": a.s.RestartNeeded()})
+	writeJSON(w, map[string]any{"status": "reloaded", "version": a.s.PolicyVersion(), "restart_needed": a.s.RestartNeeded()})
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
-// ReplicaStatus is one row of GET /admin/replicas.
-type ReplicaStatus struct {
-	Name           string  `json:"name"`
-	URL            string  `json:"url"`
-	State          string  `json:"state"`
-	Reason         string  `json:"reason,omitempty"`
-	CapacityTokens int64   `json:"capacity_tokens"`
-	InflightTokens int64   `json:"inflight_tokens"`
-	Inflight       int64   `json:"inflight_requests"`
-	Overcommit     float64 `json:"overcommit"`
-	Running        int64   `json:"vllm_running"`
-	Waiting        int64   `json:"vllm_waiting"`
-	// AbortsHeld: a scrape showed sequences this instance cannot account
-	// for (another instance's, or aborts the replica ignored), so aborted
-	// requests keep their slot there until a scrape (SCHEDULING §7).
-	AbortsHeld bool `json:"aborts_held"`
-	// Peers is how many other instances report demand on this replica (a
-	// Redis fleet); SeqShare is this instance's cap on its requests here
-	// while they do, its fair share of max_num_seqs (0: none; SCHEDULING §9).
-	Peers    int64 `json:"peers"`
-	SeqShare int64 `json:"seq_share"`
-	// Sizing is where capacity_tokens comes from: "kv" (the replica's
-	// vllm:cache_config_info), "batch" (its metrics lack that: it is sized
-	// on max_num_seqs and capacity_tokens is only a bound), "config"
-	// (capacity_tokens in the config), or "" before the first scrape.
-	Sizing string `json:"sizing"`
-	// WaitingDeferred is the part of vllm_waiting held back by a
-	// transient constraint (LoRA budget, KV transfer, grammar), not room.
-	WaitingDeferred int64 `json:"vllm_waiting_deferred"`
-	// LoRAResident is the LoRA adapters of the replica's running requests
-	// (vllm:lora_requests_info); requests for them prefer this replica.
-	LoRAResident []string `json:"lora_resident,omitempty"`
-	// MaxNumSeqs is the configured bound (default 256); LearnedBatch is
-	// the batch learned from the replica's scrapes, which Sluice fills
-	// instead while it is set (0: none learned; SCHEDULING §7).
-	MaxNumSeqs   int64 `json:"max_num_seqs"`
-	LearnedBatch int64 `json:"learned_batch"`
+func (a *Admin) replicas(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, a.s.ReplicaStatuses())
 }
 
-// fillReplica adds what the monitor and the last scrape know of r.
-func fillReplica(st *ReplicaStatus, r *replica, v gpu.ReplicaView, known bool) {
-	if known {
-		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
-	}
-	if o := r.obs.Load(); o != nil {
-		st.Running, st.Waiting, st.WaitingDeferred, st.LoRAResident = o.running, o.waiting, o.deferred, o.loras
-	}
-}
-
-func (a *Admin) replicas(rc *fasthttp.RequestCtx) {
-	snap := a.s.gpu.Snapshot()
-	now := a.s.now()
-	out := []ReplicaStatus{}
-	for _, r := range a.s.reps.list() {
-		st := ReplicaStatus{Name: r.name, URL: vllm.RedactURL(r.url), InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
-			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}
-		v, ok := snap.Replica(r.name)
-		fillReplica(&st, r, v, ok)
-		out = append(out, st)
-	}
-	WriteJSON(rc, out)
-}
-
-func (a *Admin) drainReplica(rc *fasthttp.RequestCtx) {
-	rest := strings.TrimPrefix(string(rc.Path()), "/admin/replicas/")
+func (a *Admin) drainReplica(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/replicas/")
 	name, ok := strings.CutSuffix(rest, "/drain")
 	if !ok || name == "" || strings.Contains(name, "/") {
-		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/replicas/{name}/drain")
+		fail(w, http.StatusNotFound, "not_found", "use /admin/replicas/{name}/drain")
 		return
 	}
 	reason := ""
-	if rc.IsPost() {
-		reason = string(rc.QueryArgs().Peek("reason"))
-		if reason == "" {
+	if r.Method == http.MethodPost {
+		if reason = r.URL.Query().Get("reason"); reason == "" {
 			reason = "operator"
 		}
 	}
-	if err := a.s.gpu.Drain(name, reason); err != nil {
-		a.fail(rc, http.StatusNotFound, "not_found", err.Error())
+	if err := a.s.DrainReplica(name, reason); err != nil {
+		fail(w, http.StatusNotFound, "not_found", err.Error())
 		return
 	}
-	a.s.log.Info("replica drain changed by admin", "replica", name, "drained", reason != "", "reason", reason)
-	a.s.signal(a.s.wake)
-	WriteJSON(rc, map[string]any{"replica": name, "drained": reason != ""})
+	writeJSON(w, map[string]any{"replica": name, "drained": reason != ""})
 }
 
-// TenantStatus is one row of GET /admin/tenants.
-type TenantStatus struct {
-	Name        string `json:"name"`
-	Weight      int    `json:"weight"`
-	Priority    int    `json:"priority"`
-	Concurrency int    `json:"concurrency"`
-	Inflight    int64  `json:"inflight_requests"`
-	Queued      int    `json:"queued"`
-	Charged     int64  `json:"charged_cost"`
-	Clamp       *Clamp `json:"clamp"`
-}
-
-func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
-	out := []TenantStatus{}
-	for _, t := range a.s.pol.Load().order {
-		ts := TenantStatus{Name: t.name, Weight: t.cfg.Weight, Priority: t.cfg.Priority, Concurrency: t.cfg.Concurrency, Inflight: t.rt.inflight.Load()}
-		if qs, ok := a.s.q.Stats(t.name); ok {
-			ts.Queued, ts.Charged = qs.Depth, qs.Charged
-		}
-		if c, ok := a.s.pol.Load().clampOf(t.name, a.s.now()); ok {
-			ts.Clamp = &c
-		}
-		out = append(out, ts)
-	}
-	WriteJSON(rc, out)
+func (a *Admin) tenants(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, a.s.TenantStatuses())
 }
 
 // opContext bounds one admin operation's store calls. It is parented on the
-// server's lifetime, never on the *fasthttp.RequestCtx: fasthttp recycles
-// that once the handler returns, and a context.WithTimeout child of it leaves
-// a goroutine that may still read its user values on server shutdown (a data
-// race the race detector caught in TestKeyCLIAgainstServer).
+// server's lifetime, not on the request's: a change the operator sent is
+// carried through (and persisted) even if the client goes away mid-call.
 func (a *Admin) opContext(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(a.base, d)
 }

@@ -1,64 +1,54 @@
-package scheduler
+package adminapi
 
 import (
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// ReservationLister is the optional ledger capability behind
-// GET /admin/reservations (see [Admin.listReservations]).
-type ReservationLister interface {
-	List(ctx context.Context, tenant ledger.ScopeKey, state ledger.State, limit int) ([]ledger.ReservationInfo, error)
-}
-
-func (a *Admin) registerOps() {
-	a.routes["GET /admin/budgets"] = a.listBudgets
-	a.routes["PUT /admin/budgets"] = a.putBudget
-	a.routes["DELETE /admin/budgets/"] = a.deleteBudget
-	a.routes["GET /admin/tenants/"] = a.tenantUsage
-	a.routes["POST /admin/tenants/"] = a.clamp
-	a.routes["DELETE /admin/tenants/"] = a.unclamp
-	a.routes["POST /admin/reservations/"] = a.resolve
-	a.routes["GET /admin/reservations"] = a.listReservations
-	a.routes["GET /admin/usage"] = a.usage
-}
+// maxBody bounds an admin request body, as the admin listener always has.
+const maxBody = 4 << 20
 
 // inputError answers a bad admin request: 400 with the field path.
-func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
-	var ai *adminInputError
+func inputError(w http.ResponseWriter, err error) {
+	if param, msg, ok := scheduler.AdminInputField(err); ok {
+		failParam(w, http.StatusBadRequest, "invalid_request", msg, param)
+		return
+	}
 	switch {
-	case errors.As(err, &ai):
-		rc.SetStatusCode(http.StatusBadRequest)
-		rc.SetContentType("application/json")
-		b, _ := marshal(errorBody(&apiError{Code: "invalid_request", Type: "admin_error", Message: ai.msg, Param: ai.param}))
-		rc.SetBody(b)
-	case errors.Is(err, ErrNotFound), errors.Is(err, ledger.ErrNotFound):
-		a.fail(rc, http.StatusNotFound, "not_found", oneLine(err))
-	case errors.Is(err, ErrConfigBudget):
-		a.fail(rc, http.StatusConflict, "config_budget", oneLine(err))
+	case errors.Is(err, scheduler.ErrNotFound), errors.Is(err, ledger.ErrNotFound):
+		fail(w, http.StatusNotFound, "not_found", oneLine(err))
+	case errors.Is(err, scheduler.ErrConfigBudget):
+		fail(w, http.StatusConflict, "config_budget", oneLine(err))
 	case errors.Is(err, ledger.ErrAlreadyFinal):
-		a.fail(rc, http.StatusConflict, "already_final", oneLine(err))
+		fail(w, http.StatusConflict, "already_final", oneLine(err))
 	case ledger.IsStoreError(err):
-		a.fail(rc, http.StatusServiceUnavailable, "ledger_unavailable", oneLine(err))
+		fail(w, http.StatusServiceUnavailable, "ledger_unavailable", oneLine(err))
 	default:
-		a.fail(rc, http.StatusInternalServerError, "admin_error", oneLine(err))
+		fail(w, http.StatusInternalServerError, "admin_error", oneLine(err))
 	}
 }
 
+var inputErr = scheduler.AdminInputError
+
 // decode parses a JSON body strictly.
-func decode(rc *fasthttp.RequestCtx, v any) error {
-	dec := json.NewDecoder(strings.NewReader(string(rc.PostBody())))
+func decode(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err == nil && len(body) > maxBody {
+		err = errors.New("request body too large")
+	}
+	if err != nil {
+		return inputErr("body", "%v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return inputErr("body", "%v", err)
@@ -66,15 +56,13 @@ func decode(rc *fasthttp.RequestCtx, v any) error {
 	return nil
 }
 
-func (a *Admin) listBudgets(rc *fasthttp.RequestCtx) {
-	rows := a.s.Budgets(string(rc.QueryArgs().Peek("tenant")))
+func (a *Admin) listBudgets(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	a.budgetUsage(ctx, rows)
-	WriteJSON(rc, rows)
+	writeJSON(w, a.s.BudgetsInUse(ctx, r.URL.Query().Get("tenant")))
 }
 
-func (a *Admin) putBudget(rc *fasthttp.RequestCtx) {
+func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
 	var in struct {
 		Tenant    string  `json:"tenant"`
 		Dimension string  `json:"dimension"`
@@ -83,103 +71,68 @@ func (a *Admin) putBudget(rc *fasthttp.RequestCtx) {
 		Mode      string  `json:"mode"`
 		WarnRatio float64 `json:"warn_ratio"`
 	}
-	if err := decode(rc, &in); err != nil {
-		a.inputError(rc, err)
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
 		return
 	}
 	if in.Tenant == "" {
-		a.inputError(rc, inputErr("tenant", "required"))
+		inputError(w, inputErr("tenant", "required"))
 		return
 	}
 	if in.Limit == nil {
-		a.inputError(rc, inputErr("limit", "required"))
+		inputError(w, inputErr("limit", "required"))
 		return
 	}
-	w, err := time.ParseDuration(in.Window)
+	win, err := time.ParseDuration(in.Window)
 	if err != nil {
-		a.inputError(rc, inputErr("window", "must be a duration such as 1h (got %q)", in.Window))
+		inputError(w, inputErr("window", "must be a duration such as 1h (got %q)", in.Window))
 		return
 	}
-	b := config.Budget{Dimension: in.Dimension, Limit: *in.Limit, Window: w, Mode: in.Mode, WarnRatio: in.WarnRatio}
+	b := config.Budget{Dimension: in.Dimension, Limit: *in.Limit, Window: win, Mode: in.Mode, WarnRatio: in.WarnRatio}
 	row, err := a.s.SetBudget(in.Tenant, b)
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
-	WriteJSON(rc, row)
+	writeJSON(w, row)
 }
 
-func (a *Admin) deleteBudget(rc *fasthttp.RequestCtx) {
-	id := strings.TrimPrefix(string(rc.Path()), "/admin/budgets/")
-	out, err := a.s.RemoveBudget(id)
+func (a *Admin) deleteBudget(w http.ResponseWriter, r *http.Request) {
+	out, err := a.s.RemoveBudget(strings.TrimPrefix(r.URL.Path, "/admin/budgets/"))
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
-	WriteJSON(rc, out)
+	writeJSON(w, out)
 }
 
 // tenantPath splits /admin/tenants/{name}/{what}.
-func tenantPath(rc *fasthttp.RequestCtx) (name, what string) {
-	rest := strings.TrimPrefix(string(rc.Path()), "/admin/tenants/")
+func tenantPath(r *http.Request) (name, what string) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/tenants/")
 	name, what, _ = strings.Cut(rest, "/")
 	return name, what
 }
 
-// UsageRow is one limit of GET /admin/tenants/{name}/usage.
-type UsageRow struct {
-	Dimension string `json:"dimension"`
-	Window    string `json:"window"`
-	Limit     int64  `json:"limit"`
-	Mode      string `json:"mode"`
-	Committed int64  `json:"committed"`
-	Reserved  int64  `json:"reserved"`
-	Remaining int64  `json:"remaining"`
-	ResetsAt  string `json:"resets_at,omitempty"`
-}
-
-func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
-	name, what := tenantPath(rc)
-	t := a.s.pol.Load().tenants[name]
-	if what != "usage" || t == nil {
-		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
+func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
+	if what != "usage" || !a.s.HasTenant(name) {
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
 		return
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	u, err := a.s.led.Snapshot(ctx, t.key, t.key)
+	u, err := a.s.TenantUsage(ctx, name)
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
-	out := struct {
-		Tenant     string           `json:"tenant"`
-		Reserved   map[string]int64 `json:"reserved"`
-		SlotsInUse int64            `json:"slots_in_use"`
-		Unresolved int              `json:"unresolved"`
-		Limits     []UsageRow       `json:"limits"`
-		Clamp      *Clamp           `json:"clamp"`
-	}{Tenant: name, Reserved: map[string]int64{}, SlotsInUse: u.SlotsInUse, Unresolved: u.Unresolved, Limits: []UsageRow{}}
-	for d := range ledger.NumDims {
-		if !d.Windowed() {
-			continue
-		}
-		out.Reserved[d.String()] = u.Reserved[d]
-	}
-	// The limits in force (the policy's), not only those the ledger has
-	// seen a request under: a tenant is listed before its first request,
-	// and a reloaded limit shows at once.
-	out.Limits = budgetRows(t.limits, u)
-	if c, ok := a.s.pol.Load().clampOf(name, a.s.now()); ok {
-		out.Clamp = &c
-	}
-	WriteJSON(rc, out)
+	writeJSON(w, u)
 }
 
-func (a *Admin) clamp(rc *fasthttp.RequestCtx) {
-	name, what := tenantPath(rc)
+func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
 	if what != "clamp" {
-		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
 		return
 	}
 	var in struct {
@@ -190,132 +143,81 @@ func (a *Admin) clamp(rc *fasthttp.RequestCtx) {
 		Reason          string   `json:"reason"`
 		ExpiresIn       string   `json:"expires_in"`
 	}
-	if err := decode(rc, &in); err != nil {
-		a.inputError(rc, err)
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
 		return
 	}
 	d, err := time.ParseDuration(in.ExpiresIn)
 	if err != nil || d <= 0 {
-		a.inputError(rc, inputErr("expires_in", "must be a positive duration such as 30m (got %q)", in.ExpiresIn))
+		inputError(w, inputErr("expires_in", "must be a positive duration such as 30m (got %q)", in.ExpiresIn))
 		return
 	}
-	c, err := a.s.SetClamp(Clamp{Tenant: name, Concurrency: in.Concurrency, Weight: in.Weight, MaxOutputTokens: in.MaxOutputTokens,
-		Models: in.Models, Reason: in.Reason, ExpiresAt: a.s.now().Add(d), Source: "admin"})
+	c, err := a.s.SetClamp(scheduler.Clamp{Tenant: name, Concurrency: in.Concurrency, Weight: in.Weight, MaxOutputTokens: in.MaxOutputTokens,
+		Models: in.Models, Reason: in.Reason, ExpiresAt: a.s.Now().Add(d), Source: "admin"})
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
-	WriteJSON(rc, c)
+	writeJSON(w, c)
 }
 
-func (a *Admin) unclamp(rc *fasthttp.RequestCtx) {
-	name, what := tenantPath(rc)
+func (a *Admin) unclamp(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
 	if what != "clamp" {
-		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
 		return
 	}
 	had, err := a.s.Unclamp(name)
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
 	if !had {
-		a.fail(rc, http.StatusNotFound, "not_found", "tenant "+name+" has no clamp")
+		fail(w, http.StatusNotFound, "not_found", "tenant "+name+" has no clamp")
 		return
 	}
-	WriteJSON(rc, map[string]any{"tenant": name, "unclamped": true})
+	writeJSON(w, map[string]any{"tenant": name, "unclamped": true})
 }
 
 // resolve handles POST /admin/reservations/{id}/resolve: charge an
 // UNRESOLVED (or dispatched, abandoned) hold at its held amount, at given
 // actual amounts, or at zero.
-func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
-	rest := strings.TrimPrefix(string(rc.Path()), "/admin/reservations/")
+func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/reservations/")
 	idHex, ok := strings.CutSuffix(rest, "/resolve")
-	var id ledger.RequestID
-	if b, err := hex.DecodeString(idHex); !ok || err != nil || len(b) != len(id) {
-		a.inputError(rc, inputErr("id", "must be a 32-hex-digit ledger request id"))
+	if b, err := hex.DecodeString(idHex); !ok || err != nil || len(b) != len(ledger.RequestID{}) {
+		inputError(w, inputErr("id", "must be a 32-hex-digit ledger request id"))
 		return
 	}
-	_, _ = hex.Decode(id[:], []byte(idHex))
 	var in struct {
 		Tenant string           `json:"tenant"`
 		Charge string           `json:"charge"`
 		Actual map[string]int64 `json:"actual"`
 		Reason string           `json:"reason"`
 	}
-	if err := decode(rc, &in); err != nil {
-		a.inputError(rc, err)
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
 		return
 	}
-	t := a.s.pol.Load().tenants[in.Tenant]
-	switch {
-	case t == nil:
-		a.inputError(rc, inputErr("tenant", "unknown tenant %q", in.Tenant))
-		return
-	case in.Reason == "":
-		a.inputError(rc, inputErr("reason", "required"))
-		return
-	}
-	ref := ledger.Ref{Tenant: t.key, ID: id}
 	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
-	var st ledger.Settlement
-	var err error
-	switch in.Charge {
-	case "held":
-		st, err = a.s.led.Resolve(ctx, ref)
-	case "zero", "actual":
-		var amt ledger.Amounts
-		for k, v := range in.Actual {
-			if in.Charge == "zero" {
-				break
-			}
-			d, perr := ledger.ParseDim(k)
-			if perr != nil || d == ledger.Slots {
-				a.inputError(rc, inputErr("actual."+k, "unknown dimension"))
-				return
-			}
-			amt[d] = v
-		}
-		if in.Charge == "actual" && amt[ledger.Tokens] == 0 {
-			amt[ledger.Tokens] = amt[ledger.InputTokens] + amt[ledger.OutputTokens]
-		}
-		if verr := amt.Validate(); verr != nil {
-			a.inputError(rc, inputErr("actual", "%v", verr))
-			return
-		}
-		st, err = a.s.led.Settle(ctx, ref, amt, ledger.SourceResolved)
-	default:
-		a.inputError(rc, inputErr("charge", "must be held, actual or zero (got %q)", in.Charge))
-		return
-	}
+	st, err := a.s.ResolveReservation(ctx, scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Actual: in.Actual, Reason: in.Reason})
 	if err != nil {
-		a.inputError(rc, err)
+		inputError(w, err)
 		return
 	}
-	a.s.log.Warn("reservation resolved by admin", "tenant", in.Tenant, "id", idHex, "charge", in.Charge, "reason", in.Reason)
-	a.s.record(audit.Record{Kind: audit.KindResolve, Tenant: in.Tenant, RequestID: idHex, Source: "operator", State: st.State.String(),
-		Reason: in.Charge + ": " + in.Reason, TokensCharged: st.Charged[ledger.Tokens], GPUMs: st.Charged[ledger.GPUMs], USDMicros: st.Charged[ledger.USDMicros]})
-	charged := map[string]int64{}
-	for d := range ledger.NumDims {
-		if !d.Windowed() {
-			continue
-		}
-		charged[d.String()] = st.Charged[d]
-	}
-	WriteJSON(rc, map[string]any{"id": idHex, "state": st.State.String(), "charged": charged})
+	writeJSON(w, map[string]any{"id": idHex, "state": st.State, "charged": st.Charged})
 }
 
-func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
-	lister, ok := a.s.led.(ReservationLister)
-	if !ok {
-		a.fail(rc, http.StatusNotImplemented, "not_supported",
-			"this ledger backend cannot list reservations yet; resolve by the id in the audit trail or logs")
+func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
+	const unsupported = "this ledger backend cannot list reservations yet; resolve by the id in the audit trail or logs"
+	if !a.s.ListsReservations() {
+		fail(w, http.StatusNotImplemented, "not_supported", unsupported)
 		return
 	}
 	var state ledger.State
-	switch string(rc.QueryArgs().Peek("state")) {
+	q := r.URL.Query()
+	switch q.Get("state") {
 	case "", "unresolved":
 		state = ledger.Unresolved
 	case "dispatched":
@@ -323,42 +225,18 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 	case "reserved":
 		state = ledger.Reserved
 	default:
-		a.inputError(rc, inputErr("state", "must be unresolved, dispatched or reserved"))
+		inputError(w, inputErr("state", "must be unresolved, dispatched or reserved"))
 		return
 	}
-	type row struct {
-		ID          string           `json:"id"`
-		Tenant      string           `json:"tenant"`
-		State       string           `json:"state"`
-		Held        map[string]int64 `json:"held"`
-		LeaseExpiry string           `json:"lease_expiry"`
-		AdmittedAt  string           `json:"admitted_at"`
+	ctx, cancel := a.opContext(time.Minute)
+	defer cancel()
+	out, err := a.s.Reservations(ctx, q.Get("tenant"), state)
+	switch {
+	case errors.Is(err, scheduler.ErrNotSupported):
+		fail(w, http.StatusNotImplemented, "not_supported", unsupported)
+	case err != nil:
+		inputError(w, err)
+	default:
+		writeJSON(w, out)
 	}
-	out := []row{}
-	for _, t := range a.s.pol.Load().order {
-		if want := string(rc.QueryArgs().Peek("tenant")); want != "" && want != t.name {
-			continue
-		}
-		ctx, cancel := a.opContext(2 * time.Second)
-		refs, err := lister.List(ctx, t.key, state, 1000)
-		cancel()
-		if err != nil {
-			a.inputError(rc, err)
-			return
-		}
-		for _, r := range refs {
-			held := map[string]int64{}
-			for d := range ledger.NumDims {
-				if !d.Windowed() {
-					continue
-				}
-				if r.Held[d] != 0 {
-					held[d.String()] = r.Held[d]
-				}
-			}
-			out = append(out, row{ID: r.Ref.ID.String(), Tenant: t.name, State: r.State.String(), Held: held,
-				LeaseExpiry: r.LeaseExpiry.UTC().Format(time.RFC3339), AdmittedAt: r.AdmittedAt.UTC().Format(time.RFC3339)})
-		}
-	}
-	WriteJSON(rc, out)
 }

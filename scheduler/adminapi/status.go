@@ -1,4 +1,4 @@
-package scheduler
+package adminapi
 
 import (
 	"bytes"
@@ -11,16 +11,15 @@ import (
 	"fmt"
 	"html"
 	"net/http"
-	"sort"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/vllm"
+	"github.com/sluicehq/sluice/scheduler"
 )
 
 // The status page (docs/operations.md "Status page"): GET /status on the admin
@@ -57,7 +56,7 @@ func (a *Admin) statusCreds() []string {
 		sum := sha256.Sum256(a.token)
 		out = append(out, "sha256:"+hex.EncodeToString(sum[:]))
 	}
-	if want := a.s.pol.Load().file.Admin.StatusToken; want != "" {
+	if want := a.s.StatusToken(); want != "" {
 		out = append(out, strings.ToLower(want))
 	}
 	return out
@@ -71,13 +70,11 @@ func (a *Admin) statusAuth(tok string) bool {
 	if len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1 {
 		return true
 	}
-	want := a.s.pol.Load().file.Admin.StatusToken
+	want := a.s.StatusToken()
 	if want == "" {
 		return false
 	}
-	sum := sha256.Sum256([]byte(tok))
-	got := "sha256:" + hex.EncodeToString(sum[:])
-	return subtle.ConstantTimeCompare([]byte(got), []byte(strings.ToLower(want))) == 1
+	return subtle.ConstantTimeCompare([]byte(credOf(tok)), []byte(strings.ToLower(want))) == 1
 }
 
 // credOf is the credential form (statusCreds) of a token statusAuth took.
@@ -96,7 +93,7 @@ func (a *Admin) sessionMAC(exp int64, cred string) string {
 
 // newSession is a cookie value for a credential: "<expiry unix>.<mac>".
 func (a *Admin) newSession(cred string) string {
-	exp := a.s.now().Add(statusSessionTTL).Unix()
+	exp := a.s.Now().Add(statusSessionTTL).Unix()
 	return strconv.FormatInt(exp, 10) + "." + a.sessionMAC(exp, cred)
 }
 
@@ -108,7 +105,7 @@ func (a *Admin) sessionValid(v string) bool {
 		return false
 	}
 	exp, err := strconv.ParseInt(e, 10, 64)
-	if err != nil || a.s.now().Unix() >= exp {
+	if err != nil || a.s.Now().Unix() >= exp {
 		return false
 	}
 	for _, c := range a.statusCreds() {
@@ -121,223 +118,134 @@ func (a *Admin) sessionValid(v string) bool {
 
 // status serves /status, /status/report.json (and /status.json) and
 // /status/login.
-func (a *Admin) status(rc *fasthttp.RequestCtx) {
-	path := string(rc.Path())
-	if len(a.token) == 0 && a.s.pol.Load().file.Admin.StatusToken == "" {
-		a.fail(rc, http.StatusForbidden, "status_disabled", "the status page is disabled: set SLUICE_ADMIN_TOKEN or admin.status_token")
+func (a *Admin) status(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	if len(a.token) == 0 && a.s.StatusToken() == "" {
+		fail(w, http.StatusForbidden, "status_disabled", "the status page is disabled: set SLUICE_ADMIN_TOKEN or admin.status_token")
 		return
 	}
 	if path == "/status/login" {
-		a.statusLogin(rc)
+		a.statusLogin(w, r)
 		return
 	}
-	if !rc.IsGet() && !rc.IsHead() {
-		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		fail(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
 		return
 	}
-	if rc.QueryArgs().Has("token") {
-		a.fail(rc, http.StatusBadRequest, "token_in_url",
+	if r.URL.Query().Has("token") {
+		fail(w, http.StatusBadRequest, "token_in_url",
 			"a token is not accepted in a URL (browser history, proxy logs and Referer headers keep it): log in at /status with the form, or send Authorization: Bearer")
 		return
 	}
-	tok, bearer := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	tok, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	ok := bearer && a.statusAuth(tok)
 	if !bearer {
-		ok = a.sessionValid(string(rc.Request.Header.Cookie(statusCookie)))
+		if c, err := r.Cookie(statusCookie); err == nil {
+			ok = a.sessionValid(c.Value)
+		}
 	}
 	if !ok {
 		if path == "/status" {
-			a.loginPage(rc, http.StatusUnauthorized, "")
+			loginPage(w, http.StatusUnauthorized, "")
 			return
 		}
-		a.fail(rc, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or log in at /status)")
+		fail(w, http.StatusUnauthorized, "invalid_status_token", "missing or wrong status token (Authorization: Bearer, or log in at /status)")
 		return
 	}
-	rc.Response.Header.Set("Cache-Control", "no-store")
+	w.Header().Set("Cache-Control", "no-store")
 	if path != "/status" {
 		ctx, cancel := a.opContext(2 * time.Second)
 		defer cancel()
-		WriteJSON(rc, a.statusReport(ctx))
+		writeJSON(w, a.statusReport(ctx))
 		return
 	}
-	rc.Response.Header.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
-	rc.SetContentType("text/html; charset=utf-8")
-	rc.SetBody(statusHTML)
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(statusHTML)
 }
 
 // statusLogin is POST /status/login: the token from the form field or the
 // Authorization header opens a session (the cookie) and redirects to
 // /status.
-func (a *Admin) statusLogin(rc *fasthttp.RequestCtx) {
-	if !rc.IsPost() {
-		a.fail(rc, http.StatusMethodNotAllowed, "method_not_allowed", "use POST with the token in a form field or Authorization: Bearer")
+func (a *Admin) statusLogin(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		fail(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST with the token in a form field or Authorization: Bearer")
 		return
 	}
-	if rc.QueryArgs().Has("token") {
-		a.fail(rc, http.StatusBadRequest, "token_in_url", "a token is not accepted in a URL: send it in the form body or Authorization: Bearer")
+	if r.URL.Query().Has("token") {
+		fail(w, http.StatusBadRequest, "token_in_url", "a token is not accepted in a URL: send it in the form body or Authorization: Bearer")
 		return
 	}
-	tok, bearer := strings.CutPrefix(string(rc.Request.Header.Peek("Authorization")), "Bearer ")
+	tok, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !bearer {
-		tok = string(rc.PostArgs().Peek("token"))
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		tok = r.PostFormValue("token")
 	}
 	if !a.statusAuth(tok) {
-		a.loginPage(rc, http.StatusUnauthorized, "wrong token")
+		loginPage(w, http.StatusUnauthorized, "wrong token")
 		return
 	}
-	var c fasthttp.Cookie
-	c.SetKey(statusCookie)
-	c.SetValue(a.newSession(credOf(tok)))
-	c.SetPath(statusCookiePath)
-	c.SetMaxAge(int(statusSessionTTL / time.Second))
-	c.SetHTTPOnly(true)
-	c.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-	rc.Response.Header.SetCookie(&c)
-	rc.Response.Header.Set("Cache-Control", "no-store")
-	rc.Redirect("/status", http.StatusSeeOther)
+	http.SetCookie(w, &http.Cookie{Name: statusCookie, Value: a.newSession(credOf(tok)), Path: statusCookiePath,
+		MaxAge: int(statusSessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, "/status", http.StatusSeeOther)
 }
 
 // loginPage answers with the login form (and why it is shown again).
-func (a *Admin) loginPage(rc *fasthttp.RequestCtx, status int, msg string) {
-	rc.SetStatusCode(status)
-	rc.Response.Header.Set("Cache-Control", "no-store")
-	rc.Response.Header.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
-	rc.SetContentType("text/html; charset=utf-8")
-	rc.SetBody(bytes.Replace(statusLoginHTML, []byte("<!--msg-->"), []byte(html.EscapeString(msg)), 1))
+func loginPage(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(bytes.Replace(statusLoginHTML, []byte("<!--msg-->"), []byte(html.EscapeString(msg)), 1))
 }
 
-// StatusReport is GET /status.json.
+// StatusReport is GET /status/report.json (and /status.json).
 type StatusReport struct {
-	GeneratedAt   time.Time         `json:"generated_at"`
-	PolicyVersion uint64            `json:"policy_version"`
-	Ready         bool              `json:"ready"`
-	ReadyReason   string            `json:"ready_reason"`
-	Ledger        string            `json:"ledger"`
-	GPUSource     string            `json:"gpu_source"`
-	Tenants       []TenantReport    `json:"tenants"`
-	Replicas      []ReplicaReport   `json:"replicas"`
-	Keys          []KeyReport       `json:"keys"`             // keys with budgets or a concurrency of their own
-	Errors        map[string]string `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
-	Version       string            `json:"version"`          // module version, revision, Go version
-	StartedAt     time.Time         `json:"started_at"`
-	UptimeS       int64             `json:"uptime_s"`
-	ConfigFile    string            `json:"config_file"`
+	GeneratedAt   time.Time                 `json:"generated_at"`
+	PolicyVersion uint64                    `json:"policy_version"`
+	Ready         bool                      `json:"ready"`
+	ReadyReason   string                    `json:"ready_reason"`
+	Ledger        string                    `json:"ledger"`
+	GPUSource     string                    `json:"gpu_source"`
+	Tenants       []TenantReport            `json:"tenants"`
+	Replicas      []scheduler.ReplicaReport `json:"replicas"`
+	Keys          []scheduler.KeyReport     `json:"keys"`             // keys with budgets or a concurrency of their own
+	Errors        map[string]string         `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
+	Version       string                    `json:"version"`          // module version, revision, Go version
+	StartedAt     time.Time                 `json:"started_at"`
+	UptimeS       int64                     `json:"uptime_s"`
+	ConfigFile    string                    `json:"config_file"`
 	// Refusals are the last 20 refused or expired requests, newest first.
-	Refusals []Refusal `json:"refusals"`
+	Refusals []scheduler.Refusal `json:"refusals"`
 }
 
-// TenantReport is one tenant's row of the status page.
+// TenantReport is one tenant's row of the status page: the server's state
+// and the counters of the metrics registry.
 type TenantReport struct {
-	Name           string           `json:"name"`
-	Weight         int              `json:"weight"`
-	Concurrency    int              `json:"concurrency"`
-	Queued         int              `json:"queued"`
-	Inflight       int64            `json:"inflight"`
-	InflightTokens int64            `json:"inflight_tokens"`
-	Keys           int              `json:"keys"`
-	Requests       map[string]int64 `json:"requests"`   // by outcome
-	Rejections     map[string]int64 `json:"rejections"` // by reason (error code)
-	AutoClamps     int64            `json:"auto_clamps"`
-	Clamp          *Clamp           `json:"clamp"`
-	Budgets        []UsageRow       `json:"budgets"`
-	// The queue's bounds next to its depth: queue.max_depth and
-	// queue.max_wait in force (a clamp included).
-	MaxDepth int    `json:"max_depth"`
-	MaxWait  string `json:"max_wait"`
-	TenantOps
-}
-
-// KeyReport is one API key with limits of its own: its label (name or
-// short hash, never the key), in flight on this instance and budget use.
-type KeyReport struct {
-	Tenant      string     `json:"tenant"`
-	Label       string     `json:"label"`
-	Source      string     `json:"source"` // config | admin
-	Concurrency int64      `json:"concurrency,omitempty"`
-	Inflight    int64      `json:"inflight"`
-	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
-	Budgets     []UsageRow `json:"budgets"`
-}
-
-// ReplicaReport is one replica's row of the status page.
-type ReplicaReport struct {
-	ReplicaStatus
-	HealthFactor float64 `json:"health_factor"`
-	Utilization  float64 `json:"gpu_utilization"`
-	GPUCount     int     `json:"gpus"`
-	KVUsage      float64 `json:"kv_usage"`
-	Stale        bool    `json:"scrape_stale"`
-	// StateSince is when this process saw the replica enter its state
-	// (sampled each second; the process start for the first state).
-	StateSince *time.Time `json:"state_since,omitempty"`
-	StateForS  int64      `json:"state_for_s"`
-	// LastScrapeError is the last failed poll or /v1/models read (null:
-	// none since the process started).
-	LastScrapeError *ScrapeErrorReport `json:"last_scrape_error"`
+	scheduler.TenantState
+	Requests   map[string]int64 `json:"requests"`   // by outcome
+	Rejections map[string]int64 `json:"rejections"` // by reason (error code)
+	AutoClamps int64            `json:"auto_clamps"`
 }
 
 func (a *Admin) statusReport(ctx context.Context) StatusReport {
-	s := a.s
-	pol := s.pol.Load()
-	now := s.now()
-	ready, why := s.Ready()
-	snap := s.gpu.Snapshot()
-	r := StatusReport{GeneratedAt: now.UTC(), PolicyVersion: pol.version, Ready: ready, ReadyReason: why,
-		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{},
-		Version: buildVersion(), StartedAt: s.started.UTC(), UptimeS: int64(now.Sub(s.started) / time.Second),
-		ConfigFile: a.hooks.ConfigPath, Refusals: s.m.recent.recent()}
+	st := a.s.StatusSnapshot(ctx)
+	r := StatusReport{GeneratedAt: st.At, PolicyVersion: st.PolicyVersion, Ready: st.Ready, ReadyReason: st.ReadyReason,
+		Ledger: st.Ledger, GPUSource: st.GPUSource, Tenants: make([]TenantReport, 0, len(st.Tenants)), Replicas: st.Replicas,
+		Keys: st.Keys, Errors: st.Errors, Version: buildVersion(), StartedAt: st.StartedAt,
+		UptimeS: int64(st.At.Sub(st.StartedAt) / time.Second), ConfigFile: a.hooks.ConfigPath, Refusals: st.Refusals}
 	counts := a.counters()
-	rtKeys := map[string]int{}
-	if idx := s.rtKeys.Load(); idx != nil {
-		for _, k := range idx.byKey {
-			rtKeys[k.tenant]++
-		}
-	}
-	for _, t := range pol.order {
-		tr := TenantReport{Name: t.name, Weight: t.cfg.Weight, Concurrency: t.cfg.Concurrency,
-			Inflight: t.rt.inflight.Load(), InflightTokens: t.rt.inflightTokens.Load(), Keys: len(t.keys) + rtKeys[t.name],
-			Requests: counts.requests[t.name], Rejections: counts.rejections[t.name], AutoClamps: counts.clamps[t.name], Budgets: []UsageRow{},
-			MaxDepth: t.cfg.Queue.MaxDepth, MaxWait: t.cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.name)}
+	for _, t := range st.Tenants {
+		tr := TenantReport{TenantState: t, Requests: counts.requests[t.Name], Rejections: counts.rejections[t.Name], AutoClamps: counts.clamps[t.Name]}
 		if tr.Requests == nil {
 			tr.Requests = map[string]int64{}
 		}
 		if tr.Rejections == nil {
 			tr.Rejections = map[string]int64{}
 		}
-		if qs, ok := s.q.Stats(t.name); ok {
-			tr.Queued = qs.Depth
-		}
-		if c, ok := pol.clampOf(t.name, now); ok {
-			tr.Clamp = &c
-		}
-		if len(t.limits) > 1 { // more than the slots limit
-			u, err := s.led.Snapshot(ctx, t.key, t.key)
-			if err != nil {
-				if r.Errors == nil {
-					r.Errors = map[string]string{}
-				}
-				r.Errors["budgets "+t.name] = oneLine(err)
-			}
-			tr.Budgets = budgetRows(t.limits, u)
-		}
 		r.Tenants = append(r.Tenants, tr)
 	}
-	r.Keys = a.keyReports(ctx, pol, &r)
-	for _, rep := range s.reps.list() {
-		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: vllm.RedactURL(rep.url), InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
-		v, ok := snap.Replica(rep.name)
-		fillReplica(&rr.ReplicaStatus, rep, v, ok)
-		if ok {
-			rr.HealthFactor, rr.Utilization, rr.GPUCount, rr.KVUsage, rr.Stale = v.HealthFactor, v.Utilization, v.GPUCount, v.KVUsage, v.ScrapeStale
-		}
-		if since, ok := s.replicaSince(rep.name); ok {
-			since = since.UTC()
-			rr.StateSince, rr.StateForS = &since, int64(now.Sub(since)/time.Second)
-		}
-		rr.LastScrapeError = rep.lastScrapeError(now)
-		r.Replicas = append(r.Replicas, rr)
-	}
-	sort.SliceStable(r.Replicas, func(i, j int) bool { return r.Replicas[i].Name < r.Replicas[j].Name })
 	return r
 }
 
@@ -392,71 +300,18 @@ func label(m *dto.Metric, name string) string {
 	return ""
 }
 
-// budgetRows lists the tenant's configured budgets with the ledger's use;
-// a window the ledger has not seen yet shows zero use.
-func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
-	rows := []UsageRow{}
-	for _, l := range limits {
-		if l.Dim == ledger.Slots || l == resolutionLimit {
-			continue
-		}
-		// The limit and mode are the policy's: the ledger's copy is the
-		// one of the last request, stale after a reload.
-		row := UsageRow{Dimension: l.Dim.String(), Window: ledger.FormatWindow(l.Window), Limit: l.Max, Mode: l.Mode.String(), Remaining: l.Max}
-		for _, ul := range u.Limits {
-			if ul.Limit.Dim == l.Dim && ul.Limit.Window == l.Window {
-				row.Committed, row.Reserved = ul.Committed, ul.Reserved
-				row.Remaining = max(l.Max-ul.Committed-ul.Reserved, 0)
-				if !ul.ResetsAt.IsZero() {
-					row.ResetsAt = ul.ResetsAt.UTC().Format(time.RFC3339)
-				}
-			}
-		}
-		rows = append(rows, row)
+// buildVersion is the binary's module version and VCS revision, as
+// `sluice version` prints them.
+var buildVersion = sync.OnceValue(func() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
 	}
-	return rows
-}
-
-// keyReports lists the keys that have limits of their own, config keys
-// first, with their ledger use.
-func (a *Admin) keyReports(ctx context.Context, pol *policy, r *StatusReport) []KeyReport {
-	keys := []*apiKey{}
-	for _, t := range pol.order {
-		keys = append(keys, t.keys...)
+	v := bi.Main.Version
+	for _, st := range bi.Settings {
+		if st.Key == "vcs.revision" && len(st.Value) >= 12 {
+			v += " " + st.Value[:12]
+		}
 	}
-	if idx := a.s.rtKeys.Load(); idx != nil {
-		var rt []*apiKey
-		for _, k := range idx.byKey {
-			if pol.tenants[k.tenant] != nil {
-				rt = append(rt, k)
-			}
-		}
-		sort.Slice(rt, func(i, j int) bool { return rt[i].tenant+rt[i].label < rt[j].tenant+rt[j].label })
-		keys = append(keys, rt...)
-	}
-	out := []KeyReport{}
-	for _, k := range keys {
-		if len(k.scope.Limits) == 0 {
-			continue
-		}
-		kr := KeyReport{Tenant: k.tenant, Label: k.label, Source: "config", Concurrency: k.slots, Inflight: k.rt.inflight.Load(), Budgets: []UsageRow{}}
-		if k.runtime {
-			kr.Source = "admin"
-		}
-		if !k.expiresAt.IsZero() {
-			e := k.expiresAt.UTC()
-			kr.ExpiresAt = &e
-		}
-		t := pol.tenants[k.tenant]
-		u, err := a.s.led.Snapshot(ctx, t.key, k.scope.Key)
-		if err != nil {
-			if r.Errors == nil {
-				r.Errors = map[string]string{}
-			}
-			r.Errors["key budgets "+k.tenant+"/"+k.label] = oneLine(err)
-		}
-		kr.Budgets = budgetRows(k.scope.Limits, u)
-		out = append(out, kr)
-	}
-	return out
-}
+	return v + " " + bi.GoVersion
+})
