@@ -112,7 +112,7 @@ func New(base context.Context, s Scheduler, token string, g prometheus.Gatherer,
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/" {
 			// The listener's root is where an operator's browser lands first.
-			http.Redirect(w, r, "/status", http.StatusFound)
+			redirect(w, r, "/status", http.StatusFound)
 			return
 		}
 		fail(w, http.StatusNotFound, "not_found", "no such endpoint")
@@ -251,6 +251,17 @@ func writeJSON(w http.ResponseWriter, v any) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
+}
+
+// redirect answers with an absolute Location on the host the client
+// asked for, as the admin listener always has.
+func redirect(w http.ResponseWriter, r *http.Request, path string, status int) {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	w.Header().Set("Location", scheme+"://"+r.Host+path)
+	writeText(w, status, "")
 }
 
 func writeText(w http.ResponseWriter, status int, body string) {

@@ -188,7 +188,7 @@ func (a *Admin) statusLogin(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: statusCookie, Value: a.newSession(credOf(tok)), Path: statusCookiePath,
 		MaxAge: int(statusSessionTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode})
 	w.Header().Set("Cache-Control", "no-store")
-	http.Redirect(w, r, "/status", http.StatusSeeOther)
+	redirect(w, r, "/status", http.StatusSeeOther)
 }
 
 // loginPage answers with the login form (and why it is shown again).
