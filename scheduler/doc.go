@@ -1,6 +1,7 @@
 // Package scheduler is Sluice's admission pipeline: the fasthttp edge, the
-// dispatch loop, settlement and the admin API. It turns each OpenAI-style
-// request into exactly one ledger outcome.
+// dispatch loop, settlement and the operations the admin API (package
+// scheduler/adminapi) calls. It turns each OpenAI-style request into
+// exactly one ledger outcome.
 //
 // # Request path
 //

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"math"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -248,19 +247,3 @@ func (l *refusalLog) recent() []Refusal {
 	}
 	return out
 }
-
-// buildVersion is the binary's module version and VCS revision, as
-// `sluice version` prints them.
-var buildVersion = sync.OnceValue(func() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, st := range bi.Settings {
-		if st.Key == "vcs.revision" && len(st.Value) >= 12 {
-			v += " " + st.Value[:12]
-		}
-	}
-	return v + " " + bi.GoVersion
-})

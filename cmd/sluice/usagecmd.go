@@ -11,7 +11,7 @@ import (
 )
 
 // usageDims are GET /admin/usage's dimensions in the order the table
-// prints them (scheduler/usageview.go).
+// prints them (scheduler/adminapi/usage.go).
 var usageDims = []string{"requests", "input_tokens", "cached_input_tokens", "output_tokens", "gpu_ms", "gpu_joules", "usd_micros"}
 
 // runUsage prints GET /admin/usage: a running server's cumulative usage

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/valyala/fasthttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 
@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/ledger/redisledger"
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/adminapi"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
@@ -260,7 +261,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
 	api := edge.HTTPServer()
-	admin := scheduler.NewAdmin(context.WithoutCancel(ctx), srv, o.AdminToken, reg, scheduler.AdminHooks{Reload: reload, Drain: stopRun, ConfigPath: o.ConfigPath})
+	admin := adminapi.New(context.WithoutCancel(ctx), srv, o.AdminToken, reg, adminapi.Hooks{Reload: reload, Drain: stopRun, ConfigPath: o.ConfigPath})
 	adminSrv := admin.HTTPServer()
 
 	hup := make(chan os.Signal, 1)
@@ -299,10 +300,16 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	var runErr error // every loop's failure, not only the group's first error
 	g.Go(func() error { defer close(drained); runErr = srv.Run(gctx); return nil })
 	g.Go(func() error { return api.Serve(apiLn) })
-	g.Go(func() error { return adminSrv.Serve(adminLn) })
+	g.Go(func() error {
+		if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
 	g.Go(func() error {
 		<-drained
-		return stopServing(servedBy{api, apiLn}, servedBy{adminSrv, adminLn})
+		return stopServing(servedBy{api.Shutdown, apiLn},
+			servedBy{func() error { return adminSrv.Shutdown(context.Background()) }, adminLn})
 	})
 	g.Go(func() error {
 		for {
@@ -326,21 +333,21 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	return err
 }
 
-// servedBy is a fasthttp server and the listener its Serve is given.
+// servedBy is a server's Shutdown and the listener its Serve is given.
 type servedBy struct {
-	srv *fasthttp.Server
-	ln  net.Listener
+	shutdown func() error
+	ln       net.Listener
 }
 
 // stopServing shuts each server down, then closes its listener: fasthttp's
 // Shutdown closes only the listeners Serve has registered, so a Serve whose
 // goroutine had not run yet (a drain right after start, on a loaded
 // machine) would accept forever and Run would never return. On a closed
-// listener Serve returns nil at once.
+// listener Serve returns at once (net/http's after its Shutdown, too).
 func stopServing(s ...servedBy) error {
 	var errs []error
 	for _, x := range s {
-		errs = append(errs, x.srv.Shutdown())
+		errs = append(errs, x.shutdown())
 		if err := x.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}

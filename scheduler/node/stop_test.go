@@ -1,7 +1,10 @@
 package node
 
 import (
+	"context"
+	"errors"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -19,12 +22,30 @@ func TestStopServingBeforeServe(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := &fasthttp.Server{Handler: func(*fasthttp.RequestCtx) {}}
-	require.NoError(t, stopServing(servedBy{srv, ln}))
+	require.NoError(t, stopServing(servedBy{srv.Shutdown, ln}))
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve after stopServing is still accepting")
+	}
+}
+
+// TestStopServingAdminBeforeServe: the same for the admin listener's
+// net/http server, whose Serve after Shutdown answers ErrServerClosed
+// (which Run takes as a clean stop).
+func TestStopServingAdminBeforeServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	require.NoError(t, stopServing(servedBy{func() error { return srv.Shutdown(context.Background()) }, ln}))
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed), "%v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve after stopServing is still accepting")
 	}

@@ -1,0 +1,241 @@
+package adminapi
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/config"
+)
+
+// maxBody bounds an admin request body, as the admin listener always has.
+const maxBody = 4 << 20
+
+// inputError answers a bad admin request: 400 with the field path.
+func inputError(w http.ResponseWriter, err error) {
+	if param, msg, ok := scheduler.AdminInputField(err); ok {
+		failParam(w, http.StatusBadRequest, "invalid_request", msg, param)
+		return
+	}
+	switch {
+	case errors.Is(err, scheduler.ErrNotFound), errors.Is(err, ledger.ErrNotFound):
+		fail(w, http.StatusNotFound, "not_found", oneLine(err))
+	case errors.Is(err, scheduler.ErrConfigBudget):
+		fail(w, http.StatusConflict, "config_budget", oneLine(err))
+	case errors.Is(err, ledger.ErrAlreadyFinal):
+		fail(w, http.StatusConflict, "already_final", oneLine(err))
+	case ledger.IsStoreError(err):
+		fail(w, http.StatusServiceUnavailable, "ledger_unavailable", oneLine(err))
+	default:
+		fail(w, http.StatusInternalServerError, "admin_error", oneLine(err))
+	}
+}
+
+var inputErr = scheduler.AdminInputError
+
+// decode parses a JSON body strictly.
+func decode(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err == nil && len(body) > maxBody {
+		err = errors.New("request body too large")
+	}
+	if err != nil {
+		return inputErr("body", "%v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return inputErr("body", "%v", err)
+	}
+	return nil
+}
+
+func (a *Admin) listBudgets(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := a.opContext(2 * time.Second)
+	defer cancel()
+	writeJSON(w, a.s.BudgetsInUse(ctx, r.URL.Query().Get("tenant")))
+}
+
+func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Tenant    string  `json:"tenant"`
+		Dimension string  `json:"dimension"`
+		Limit     *int64  `json:"limit"`
+		Window    string  `json:"window"`
+		Mode      string  `json:"mode"`
+		WarnRatio float64 `json:"warn_ratio"`
+	}
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
+		return
+	}
+	if in.Tenant == "" {
+		inputError(w, inputErr("tenant", "required"))
+		return
+	}
+	if in.Limit == nil {
+		inputError(w, inputErr("limit", "required"))
+		return
+	}
+	win, err := time.ParseDuration(in.Window)
+	if err != nil {
+		inputError(w, inputErr("window", "must be a duration such as 1h (got %q)", in.Window))
+		return
+	}
+	b := config.Budget{Dimension: in.Dimension, Limit: *in.Limit, Window: win, Mode: in.Mode, WarnRatio: in.WarnRatio}
+	row, err := a.s.SetBudget(in.Tenant, b)
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	writeJSON(w, row)
+}
+
+func (a *Admin) deleteBudget(w http.ResponseWriter, r *http.Request) {
+	out, err := a.s.RemoveBudget(strings.TrimPrefix(r.URL.Path, "/admin/budgets/"))
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	writeJSON(w, out)
+}
+
+// tenantPath splits /admin/tenants/{name}/{what}.
+func tenantPath(r *http.Request) (name, what string) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/tenants/")
+	name, what, _ = strings.Cut(rest, "/")
+	return name, what
+}
+
+func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
+	if what != "usage" || !a.s.HasTenant(name) {
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
+		return
+	}
+	ctx, cancel := a.opContext(2 * time.Second)
+	defer cancel()
+	u, err := a.s.TenantUsage(ctx, name)
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	writeJSON(w, u)
+}
+
+func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
+	if what != "clamp" {
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+		return
+	}
+	var in struct {
+		Concurrency     int      `json:"concurrency"`
+		Weight          int      `json:"weight"`
+		MaxOutputTokens int64    `json:"max_output_tokens"`
+		Models          []string `json:"models"`
+		Reason          string   `json:"reason"`
+		ExpiresIn       string   `json:"expires_in"`
+	}
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
+		return
+	}
+	d, err := time.ParseDuration(in.ExpiresIn)
+	if err != nil || d <= 0 {
+		inputError(w, inputErr("expires_in", "must be a positive duration such as 30m (got %q)", in.ExpiresIn))
+		return
+	}
+	c, err := a.s.SetClamp(scheduler.Clamp{Tenant: name, Concurrency: in.Concurrency, Weight: in.Weight, MaxOutputTokens: in.MaxOutputTokens,
+		Models: in.Models, Reason: in.Reason, ExpiresAt: a.s.Now().Add(d), Source: "admin"})
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	writeJSON(w, c)
+}
+
+func (a *Admin) unclamp(w http.ResponseWriter, r *http.Request) {
+	name, what := tenantPath(r)
+	if what != "clamp" {
+		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+		return
+	}
+	had, err := a.s.Unclamp(name)
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	if !had {
+		fail(w, http.StatusNotFound, "not_found", "tenant "+name+" has no clamp")
+		return
+	}
+	writeJSON(w, map[string]any{"tenant": name, "unclamped": true})
+}
+
+// resolve handles POST /admin/reservations/{id}/resolve: charge an
+// UNRESOLVED (or dispatched, abandoned) hold at its held amount, at given
+// actual amounts, or at zero.
+func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/reservations/")
+	idHex, ok := strings.CutSuffix(rest, "/resolve")
+	if b, err := hex.DecodeString(idHex); !ok || err != nil || len(b) != len(ledger.RequestID{}) {
+		inputError(w, inputErr("id", "must be a 32-hex-digit ledger request id"))
+		return
+	}
+	var in struct {
+		Tenant string           `json:"tenant"`
+		Charge string           `json:"charge"`
+		Actual map[string]int64 `json:"actual"`
+		Reason string           `json:"reason"`
+	}
+	if err := decode(r, &in); err != nil {
+		inputError(w, err)
+		return
+	}
+	ctx, cancel := a.opContext(5 * time.Second)
+	defer cancel()
+	st, err := a.s.ResolveReservation(ctx, scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Actual: in.Actual, Reason: in.Reason})
+	if err != nil {
+		inputError(w, err)
+		return
+	}
+	writeJSON(w, map[string]any{"id": idHex, "state": st.State, "charged": st.Charged})
+}
+
+func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
+	const unsupported = "this ledger backend cannot list reservations yet; resolve by the id in the audit trail or logs"
+	if !a.s.ListsReservations() {
+		fail(w, http.StatusNotImplemented, "not_supported", unsupported)
+		return
+	}
+	var state ledger.State
+	q := r.URL.Query()
+	switch q.Get("state") {
+	case "", "unresolved":
+		state = ledger.Unresolved
+	case "dispatched":
+		state = ledger.Dispatched
+	case "reserved":
+		state = ledger.Reserved
+	default:
+		inputError(w, inputErr("state", "must be unresolved, dispatched or reserved"))
+		return
+	}
+	// Each tenant's read is bounded by the server (2 s), not the whole list.
+	out, err := a.s.Reservations(a.base, q.Get("tenant"), state)
+	switch {
+	case errors.Is(err, scheduler.ErrNotSupported):
+		fail(w, http.StatusNotImplemented, "not_supported", unsupported)
+	case err != nil:
+		inputError(w, err)
+	default:
+		writeJSON(w, out)
+	}
+}
