@@ -183,7 +183,7 @@ func (a *Admin) reload(rc *fasthttp.RequestCtx) {
 	}
 	// restart_needed: restart-only fields (listen, ledger, replicas, ...)
 	// the file changes; they keep their start-up value until a restart.
-	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().version, "restart_needed": a.s.RestartNeeded()})
+	WriteJSON(rc, map[string]any{"status": "reloaded", "version": a.s.pol.Load().Version, "restart_needed": a.s.RestartNeeded()})
 }
 
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
@@ -289,12 +289,12 @@ type TenantStatus struct {
 
 func (a *Admin) tenants(rc *fasthttp.RequestCtx) {
 	out := []TenantStatus{}
-	for _, t := range a.s.pol.Load().order {
-		ts := TenantStatus{Name: t.name, Weight: t.cfg.Weight, Priority: t.cfg.Priority, Concurrency: t.cfg.Concurrency, Inflight: t.rt.inflight.Load()}
-		if qs, ok := a.s.q.Stats(t.name); ok {
+	for _, t := range a.s.pol.Load().Order {
+		ts := TenantStatus{Name: t.Name, Weight: t.Cfg.Weight, Priority: t.Cfg.Priority, Concurrency: t.Cfg.Concurrency, Inflight: t.RT.Inflight.Load()}
+		if qs, ok := a.s.q.Stats(t.Name); ok {
 			ts.Queued, ts.Charged = qs.Depth, qs.Charged
 		}
-		if c, ok := a.s.pol.Load().clampOf(t.name, a.s.now()); ok {
+		if c, ok := a.s.pol.Load().ClampOf(t.Name, a.s.now()); ok {
 			ts.Clamp = &c
 		}
 		out = append(out, ts)

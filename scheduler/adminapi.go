@@ -36,12 +36,12 @@ func (a *Admin) registerOps() {
 
 // inputError answers a bad admin request: 400 with the field path.
 func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
-	var ai *adminInputError
+	var ai *InputError
 	switch {
 	case errors.As(err, &ai):
 		rc.SetStatusCode(http.StatusBadRequest)
 		rc.SetContentType("application/json")
-		b, _ := marshal(errorBody(&apiError{Code: "invalid_request", Type: "admin_error", Message: ai.msg, Param: ai.param}))
+		b, _ := marshal(errorBody(&apiError{Code: "invalid_request", Type: "admin_error", Message: ai.Msg, Param: ai.Param}))
 		rc.SetBody(b)
 	case errors.Is(err, ErrNotFound), errors.Is(err, ledger.ErrNotFound):
 		a.fail(rc, http.StatusNotFound, "not_found", oneLine(err))
@@ -140,14 +140,14 @@ type UsageRow struct {
 
 func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
 	name, what := tenantPath(rc)
-	t := a.s.pol.Load().tenants[name]
+	t := a.s.pol.Load().Tenants[name]
 	if what != "usage" || t == nil {
 		a.fail(rc, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
 		return
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	u, err := a.s.led.Snapshot(ctx, t.key, t.key)
+	u, err := a.s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
 	if err != nil {
 		a.inputError(rc, err)
 		return
@@ -169,8 +169,8 @@ func (a *Admin) tenantUsage(rc *fasthttp.RequestCtx) {
 	// The limits in force (the policy's), not only those the ledger has
 	// seen a request under: a tenant is listed before its first request,
 	// and a reloaded limit shows at once.
-	out.Limits = budgetRows(t.limits, u)
-	if c, ok := a.s.pol.Load().clampOf(name, a.s.now()); ok {
+	out.Limits = budgetRows(t.Limits, u)
+	if c, ok := a.s.pol.Load().ClampOf(name, a.s.now()); ok {
 		out.Clamp = &c
 	}
 	WriteJSON(rc, out)
@@ -248,7 +248,7 @@ func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
 		a.inputError(rc, err)
 		return
 	}
-	t := a.s.pol.Load().tenants[in.Tenant]
+	t := a.s.pol.Load().Tenants[in.Tenant]
 	switch {
 	case t == nil:
 		a.inputError(rc, inputErr("tenant", "unknown tenant %q", in.Tenant))
@@ -257,7 +257,7 @@ func (a *Admin) resolve(rc *fasthttp.RequestCtx) {
 		a.inputError(rc, inputErr("reason", "required"))
 		return
 	}
-	ref := ledger.Ref{Tenant: t.key, ID: id}
+	ref := ledger.Ref{Tenant: t.ScopeKey, ID: id}
 	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
 	var st ledger.Settlement
@@ -335,12 +335,12 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 		AdmittedAt  string           `json:"admitted_at"`
 	}
 	out := []row{}
-	for _, t := range a.s.pol.Load().order {
-		if want := string(rc.QueryArgs().Peek("tenant")); want != "" && want != t.name {
+	for _, t := range a.s.pol.Load().Order {
+		if want := string(rc.QueryArgs().Peek("tenant")); want != "" && want != t.Name {
 			continue
 		}
 		ctx, cancel := a.opContext(2 * time.Second)
-		refs, err := lister.List(ctx, t.key, state, 1000)
+		refs, err := lister.List(ctx, t.ScopeKey, state, 1000)
 		cancel()
 		if err != nil {
 			a.inputError(rc, err)
@@ -356,7 +356,7 @@ func (a *Admin) listReservations(rc *fasthttp.RequestCtx) {
 					held[d.String()] = r.Held[d]
 				}
 			}
-			out = append(out, row{ID: r.Ref.ID.String(), Tenant: t.name, State: r.State.String(), Held: held,
+			out = append(out, row{ID: r.Ref.ID.String(), Tenant: t.Name, State: r.State.String(), Held: held,
 				LeaseExpiry: r.LeaseExpiry.UTC().Format(time.RFC3339), AdmittedAt: r.AdmittedAt.UTC().Format(time.RFC3339)})
 		}
 	}

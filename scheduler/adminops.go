@@ -40,8 +40,8 @@ type BudgetOverride struct {
 	Removed bool          `json:"removed,omitempty"`
 }
 
-// adminState is what the admin API changed, persisted in admin.state_file.
-type adminState struct {
+// AdminState is what the admin API changed, persisted in admin.state_file.
+type AdminState struct {
 	Budgets map[string]BudgetOverride `json:"budgets"` // by budget id
 	Clamps  map[string]Clamp          `json:"clamps"`  // by tenant
 }
@@ -49,22 +49,22 @@ type adminState struct {
 // ErrAdminInput marks a bad admin request (400 with a field path).
 var ErrAdminInput = errors.New("invalid admin input")
 
-// adminInputError is an admin input error naming its field.
-type adminInputError struct {
-	param, msg string
+// InputError is an admin input error naming its field.
+type InputError struct {
+	Param, Msg string
 }
 
-func (e *adminInputError) Error() string        { return e.param + ": " + e.msg }
-func (e *adminInputError) Is(target error) bool { return target == ErrAdminInput }
+func (e *InputError) Error() string        { return e.Param + ": " + e.Msg }
+func (e *InputError) Is(target error) bool { return target == ErrAdminInput }
 
 func inputErr(param, format string, a ...any) error {
-	return &adminInputError{param: param, msg: fmt.Sprintf(format, a...)}
+	return &InputError{Param: param, Msg: fmt.Sprintf(format, a...)}
 }
 
-// effectiveConfig applies the admin state to the file config: budget
+// EffectiveConfig applies the admin state to the file config: budget
 // overrides replace or remove file budgets by id; clamps lower concurrency,
 // weight and output caps. The result is what the policy is built from.
-func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.File {
+func EffectiveConfig(file *config.File, st *AdminState, now time.Time) *config.File {
 	cfg := *file
 	cfg.Global.Budgets = applyOverrides(GlobalTenant, file.Global.Budgets, st)
 	cfg.Tenants = make([]config.Tenant, len(file.Tenants))
@@ -92,7 +92,7 @@ const GlobalTenant = "_global"
 
 // applyOverrides applies the admin budget overrides of one tenant (or of
 // GlobalTenant) to a copy of its file budgets.
-func applyOverrides(tenant string, file []config.Budget, st *adminState) []config.Budget {
+func applyOverrides(tenant string, file []config.Budget, st *AdminState) []config.Budget {
 	out := slices.Clone(file)
 	ids := make([]string, 0, len(st.Budgets))
 	for id := range st.Budgets {
@@ -121,21 +121,21 @@ func applyOverrides(tenant string, file []config.Budget, st *adminState) []confi
 // admin state (s.polMu held). Queued and running requests keep the policy
 // they were admitted under.
 func (s *Server) rebuildLocked(file *config.File) error {
-	eff := effectiveConfig(file, &s.admin, s.now())
+	eff := EffectiveConfig(file, &s.admin, s.now())
 	if err := eff.Validate(); err != nil {
 		return err
 	}
 	s.configureAbuse(eff)
 	old := s.pol.Load()
-	pol, err := buildPolicy(eff, old.version+1, s.keyer, s.runtimes)
+	pol, err := Build(eff, old.Version+1, s.keyer, s.runtimes)
 	if err != nil {
 		return err
 	}
-	pol.file = file
-	pol.clamps = map[string]Clamp{}
+	pol.File = file
+	pol.Clamps = map[string]Clamp{}
 	for k, c := range s.admin.Clamps {
 		if s.now().Before(c.ExpiresAt) {
-			pol.clamps[k] = c
+			pol.Clamps[k] = c
 		}
 	}
 	commit, err := s.q.Prepare(queueConfig(eff))
@@ -144,16 +144,16 @@ func (s *Server) rebuildLocked(file *config.File) error {
 	}
 	commit()
 	s.pol.Store(pol)
-	if pol.leaseTTL < old.leaseTTL {
+	if pol.LeaseTTL < old.LeaseTTL {
 		s.leases.rearm() // the heartbeat period follows a shorter lease_ttl now
 	}
 	s.signal(s.wake)
 	return nil
 }
 
-// loadAdminState reads admin.state_file; a missing file is an empty state.
-func loadAdminState(path string) (adminState, error) {
-	st := adminState{Budgets: map[string]BudgetOverride{}, Clamps: map[string]Clamp{}}
+// LoadAdminState reads admin.state_file; a missing file is an empty state.
+func LoadAdminState(path string) (AdminState, error) {
+	st := AdminState{Budgets: map[string]BudgetOverride{}, Clamps: map[string]Clamp{}}
 	if path == "" {
 		return st, nil
 	}
@@ -178,7 +178,7 @@ func loadAdminState(path string) (adminState, error) {
 
 // persistLocked writes the admin state atomically (s.polMu held).
 func (s *Server) persistLocked() error {
-	path := s.pol.Load().file.Admin.StateFile
+	path := s.pol.Load().File.Admin.StateFile
 	if path == "" {
 		return nil
 	}
@@ -243,7 +243,7 @@ func (s *Server) Budgets(tenant string) []BudgetRow {
 	pol := s.pol.Load()
 	rows := []BudgetRow{}
 	if tenant == "" || tenant == GlobalTenant {
-		for _, b := range pol.cfg.Global.Budgets {
+		for _, b := range pol.Cfg.Global.Budgets {
 			id := config.BudgetID(GlobalTenant, b)
 			src := "config"
 			s.polMu.Lock()
@@ -255,19 +255,19 @@ func (s *Server) Budgets(tenant string) []BudgetRow {
 				Window: b.Window.String(), Mode: b.Mode, Source: src})
 		}
 	}
-	for _, t := range pol.order {
-		if tenant != "" && t.name != tenant {
+	for _, t := range pol.Order {
+		if tenant != "" && t.Name != tenant {
 			continue
 		}
-		for _, b := range t.cfg.Budgets {
-			id := config.BudgetID(t.name, b)
+		for _, b := range t.Cfg.Budgets {
+			id := config.BudgetID(t.Name, b)
 			src := "config"
 			s.polMu.Lock()
 			if _, ok := s.admin.Budgets[id]; ok {
 				src = "admin"
 			}
 			s.polMu.Unlock()
-			rows = append(rows, BudgetRow{ID: id, Tenant: t.name, Dimension: b.Dimension, Limit: b.Limit,
+			rows = append(rows, BudgetRow{ID: id, Tenant: t.Name, Dimension: b.Dimension, Limit: b.Limit,
 				Window: b.Window.String(), Mode: b.Mode, Source: src})
 		}
 	}
@@ -285,18 +285,18 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	if b.WarnRatio == 0 {
 		b.WarnRatio = 0.8
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	if tenant != GlobalTenant && !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == tenant }) {
 		return BudgetRow{}, inputErr("tenant", "unknown tenant %q", tenant)
 	}
 	id := config.BudgetID(tenant, b)
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *AdminState) error {
 		st.Budgets[id] = BudgetOverride{Tenant: tenant, Budget: b}
 		return nil
 	})
-	var ae *adminInputError
-	if errors.As(err, &ae) || errors.Is(err, errInvalidAdmin) {
-		return BudgetRow{}, &adminInputError{param: "budget", msg: oneLine(err)}
+	var ae *InputError
+	if errors.As(err, &ae) || errors.Is(err, ErrInvalidAdmin) {
+		return BudgetRow{}, &InputError{Param: "budget", Msg: oneLine(err)}
 	}
 	if err != nil {
 		return BudgetRow{}, err
@@ -343,7 +343,7 @@ func (s *Server) RemoveBudget(id string) (BudgetRemoval, error) {
 	}
 	var tenant string
 	errNone := errors.New("no override")
-	err = s.changeAdmin(func(st *adminState) error {
+	err = s.changeAdmin(func(st *AdminState) error {
 		o, ok := st.Budgets[id]
 		if !ok {
 			return errNone
@@ -392,11 +392,11 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 	if c.Source == "" {
 		c.Source = "admin"
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	if !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == c.Tenant }) {
 		return c, fmt.Errorf("tenant %q: %w", c.Tenant, ErrNotFound)
 	}
-	if err := s.changeAdmin(func(st *adminState) error {
+	if err := s.changeAdmin(func(st *AdminState) error {
 		st.Clamps[c.Tenant] = c
 		return nil
 	}); err != nil {
@@ -414,7 +414,7 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 // Unclamp lifts a tenant's clamp; it reports whether there was one.
 func (s *Server) Unclamp(tenant string) (bool, error) {
 	had := false
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *AdminState) error {
 		if _, had = st.Clamps[tenant]; !had {
 			return statestore.ErrUnchanged
 		}
@@ -437,7 +437,7 @@ func (s *Server) Unclamp(tenant string) (bool, error) {
 func (s *Server) expireClamps() {
 	now := s.now()
 	var expired []Clamp
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *AdminState) error {
 		expired = expired[:0]
 		for name, c := range st.Clamps {
 			if !now.Before(c.ExpiresAt) {
@@ -454,7 +454,7 @@ func (s *Server) expireClamps() {
 		// The shared store is unreachable: expire locally all the same.
 		s.log.Warn("clamp expiry not written to the shared admin state", "err", err)
 		s.polMu.Lock()
-		next := s.admin.clone()
+		next := s.admin.Clone()
 		expired = expired[:0]
 		for name, c := range next.Clamps {
 			if !now.Before(c.ExpiresAt) {
@@ -478,19 +478,19 @@ func (s *Server) expireClamps() {
 // The admin state's source of truth. Without a shared store it is this
 // instance's (persisted in admin.state_file). With one (the Redis layout:
 // Redis; the embedded layout: files next to the journal) it is the
-// document adminDoc, written by compare-and-set and polled every
-// adminPoll, so a budget or clamp set through any instance applies on
+// document AdminDoc, written by compare-and-set and polled every
+// AdminPoll, so a budget or clamp set through any instance applies on
 // every instance; admin.state_file then keeps a local copy.
 const (
-	adminDoc  = "admin-state"
-	adminPoll = time.Second
+	AdminDoc  = "admin-state"
+	AdminPoll = time.Second
 )
 
-// errInvalidAdmin marks an admin change the policy refuses.
-var errInvalidAdmin = errors.New("admin change refused")
+// ErrInvalidAdmin marks an admin change the policy refuses.
+var ErrInvalidAdmin = errors.New("admin change refused")
 
-func (st adminState) clone() adminState {
-	out := adminState{Budgets: maps.Clone(st.Budgets), Clamps: maps.Clone(st.Clamps)}
+func (st AdminState) Clone() AdminState {
+	out := AdminState{Budgets: maps.Clone(st.Budgets), Clamps: maps.Clone(st.Clamps)}
 	if out.Budgets == nil {
 		out.Budgets = map[string]BudgetOverride{}
 	}
@@ -500,14 +500,14 @@ func (st adminState) clone() adminState {
 	return out
 }
 
-func decodeAdmin(b []byte) (adminState, error) {
-	var st adminState
+func DecodeAdmin(b []byte) (AdminState, error) {
+	var st AdminState
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &st); err != nil {
 			return st, fmt.Errorf("shared admin state is corrupt: %w", err)
 		}
 	}
-	return st.clone(), nil
+	return st.Clone(), nil
 }
 
 // changeAdmin applies change to the admin state and rebuilds the policy:
@@ -515,22 +515,22 @@ func decodeAdmin(b []byte) (adminState, error) {
 // on conflict, so changes on two instances never lose one), else locally.
 // A change the policy refuses is errInvalidAdmin and changes nothing.
 // change may return statestore.ErrUnchanged.
-func (s *Server) changeAdmin(change func(st *adminState) error) error {
+func (s *Server) changeAdmin(change func(st *AdminState) error) error {
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	file := s.pol.Load().file
-	validate := func(st *adminState) error {
-		eff := effectiveConfig(file, st, s.now())
+	file := s.pol.Load().File
+	validate := func(st *AdminState) error {
+		eff := EffectiveConfig(file, st, s.now())
 		if err := eff.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
+			return fmt.Errorf("%w: %w", ErrInvalidAdmin, err)
 		}
-		if _, err := buildPolicy(eff, 0, s.keyer, map[string]*tenantRuntime{}); err != nil {
-			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
+		if _, err := Build(eff, 0, s.keyer, map[string]*TenantRuntime{}); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidAdmin, err)
 		}
 		return nil
 	}
 	if s.state == nil {
-		next := s.admin.clone()
+		next := s.admin.Clone()
 		if err := change(&next); err != nil {
 			if errors.Is(err, statestore.ErrUnchanged) {
 				return nil
@@ -544,15 +544,15 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var next *adminState
-	doc, err := statestore.Update(ctx, s.state, adminDoc, func(old []byte) ([]byte, error) {
+	var next *AdminState
+	doc, err := statestore.Update(ctx, s.state, AdminDoc, func(old []byte) ([]byte, error) {
 		next = nil
-		st, err := decodeAdmin(old)
+		st, err := DecodeAdmin(old)
 		if err != nil {
 			return nil, err
 		}
 		if old == nil {
-			st = s.admin.clone() // first write seeds the fleet with this instance's state
+			st = s.admin.Clone() // first write seeds the fleet with this instance's state
 		}
 		if err := change(&st); err != nil {
 			return nil, err
@@ -575,10 +575,10 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 // installAdminLocked makes st the admin state of the shared document's
 // revision doc (s.polMu held; the zero Doc without a shared store):
 // rebuilds the policy and keeps the local copy.
-func (s *Server) installAdminLocked(st adminState, doc statestore.Doc) error {
+func (s *Server) installAdminLocked(st AdminState, doc statestore.Doc) error {
 	prev := s.admin
 	s.admin = st
-	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
+	if err := s.rebuildLocked(s.pol.Load().File); err != nil {
 		s.admin = prev
 		return err
 	}
@@ -600,7 +600,7 @@ func (s *Server) loadSharedAdmin() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	doc, err := s.state.Get(ctx, adminDoc)
+	doc, err := s.state.Get(ctx, AdminDoc)
 	if err != nil {
 		s.log.Warn("shared admin state unreachable at start; using admin.state_file until it answers", "err", err)
 		return nil
@@ -608,7 +608,7 @@ func (s *Server) loadSharedAdmin() error {
 	if doc.Rev == 0 {
 		return nil
 	}
-	st, err := decodeAdmin(doc.Data)
+	st, err := DecodeAdmin(doc.Data)
 	if err != nil {
 		return err
 	}
@@ -623,7 +623,7 @@ func (s *Server) adminLoop(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	err := statestore.Watch(ctx, s.state, adminDoc, adminPoll, s.applySharedAdmin, func(err error) {
+	err := statestore.Watch(ctx, s.state, AdminDoc, AdminPoll, s.applySharedAdmin, func(err error) {
 		s.log.Warn("shared admin state unreadable; keeping the last one", "err", err)
 	})
 	if ctx.Err() != nil {
@@ -653,7 +653,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d2, err := s.state.Get(ctx, adminDoc)
+	d2, err := s.state.Get(ctx, AdminDoc)
 	if err != nil {
 		return // the next poll reads again
 	}
@@ -679,7 +679,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 	if err != nil {
 		return
 	}
-	nd, err := s.state.CompareAndSet(ctx, adminDoc, d2.Rev, b)
+	nd, err := s.state.CompareAndSet(ctx, AdminDoc, d2.Rev, b)
 	if err != nil {
 		s.log.Info("shared admin state repair not written; reading it again at the next poll", "err", err)
 		return
@@ -690,7 +690,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 
 // adoptSharedAdmin installs d if the applied revision is still expect.
 func (s *Server) adoptSharedAdmin(d statestore.Doc, expect statestore.Doc) {
-	st, err := decodeAdmin(d.Data)
+	st, err := DecodeAdmin(d.Data)
 	if err != nil {
 		s.log.Error("shared admin state refused", "err", err)
 		return
@@ -718,9 +718,9 @@ func (s *Server) adoptSharedAdmin(d statestore.Doc, expect statestore.Doc) {
 	s.log.Info("admin state changed by another instance", "rev", d.Rev, "budgets", len(st.Budgets), "clamps", len(st.Clamps))
 }
 
-// clampOf returns the tenant's clamp in force at now, if any.
-func (p *policy) clampOf(tenant string, now time.Time) (Clamp, bool) {
-	c, ok := p.clamps[tenant]
+// ClampOf returns the tenant's clamp in force at now, if any.
+func (p *Snapshot) ClampOf(tenant string, now time.Time) (Clamp, bool) {
+	c, ok := p.Clamps[tenant]
 	if !ok || !now.Before(c.ExpiresAt) {
 		return Clamp{}, false
 	}

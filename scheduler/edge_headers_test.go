@@ -51,7 +51,7 @@ func TestSuccessHeaders(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e := &Edge{s: &Server{now: func() time.Time { return t0 }}}
-			c := &call{t: &tenant{}, arrival: tt.arrival, dispatchAt: tt.dispatch, firstByte: tt.firstByte,
+			c := &call{t: &Tenant{}, arrival: tt.arrival, dispatchAt: tt.dispatch, firstByte: tt.firstByte,
 				grant: ledger.Grant{Headroom: tt.headroom}}
 			var rc fasthttp.RequestCtx
 			e.successHeaders(&rc, c)

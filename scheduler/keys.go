@@ -13,67 +13,67 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// apiKey is one API key of a tenant in a policy: its hash, how it is shown
+// Key is one API key of a tenant in a policy: its hash, how it is shown
 // (name or short hash, never the key), and its own ledger scope when it
 // has budgets or a concurrency cap. Immutable; rt survives reloads.
-type apiKey struct {
-	hash      [32]byte
-	name      string // configured name; "" when none
-	label     string // name, else a short hash prefix
-	tenant    string
-	scope     ledger.Scope // KindAPIKey; Limits empty when the key has none
-	slots     int64        // key concurrency; 0 = none of its own
-	expiresAt time.Time    // zero: never
-	runtime   bool         // created through the admin API
-	rt        *keyRuntime
-	// admitted caches sluice_api_key_admissions_total{result="admitted"}
+type Key struct {
+	Hash      [32]byte
+	Name      string // configured name; "" when none
+	Label     string // name, else a short hash prefix
+	Tenant    string
+	Scope     ledger.Scope // KindAPIKey; Limits empty when the key has none
+	Slots     int64        // key concurrency; 0 = none of its own
+	ExpiresAt time.Time    // zero: never
+	Runtime   bool         // created through the admin API
+	RT        *KeyRuntime
+	// Admitted caches sluice_api_key_admissions_total{result="Admitted"}
 	// of this key (a policy's key, so a reload's rename gets its own).
-	admitted atomic.Pointer[prometheus.Counter]
+	Admitted atomic.Pointer[prometheus.Counter]
 }
 
-// keyRuntime is a key's live counters, kept across reloads.
-type keyRuntime struct {
-	inflight atomic.Int64 // dispatched, not yet settled (this instance)
+// KeyRuntime is a key's live counters, kept across reloads.
+type KeyRuntime struct {
+	Inflight atomic.Int64 // dispatched, not yet settled (this instance)
 }
 
-// metricLabel is the key's value of the "key" metric label: only
+// MetricLabel is the key's value of the "key" metric label: only
 // configured names become label values (bounded, chosen by operators).
-func (k *apiKey) metricLabel() string {
-	if k.name == "" {
+func (k *Key) MetricLabel() string {
+	if k.Name == "" {
 		return "_unnamed"
 	}
-	return k.name
+	return k.Name
 }
 
-// buildKey turns a config key into a policy key. The ledger scope key is
+// BuildKey turns a config key into a policy key. The ledger scope key is
 // the Keyer of the key's hash, never of the key.
-func buildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *tenantRuntime) (*apiKey, error) {
+func BuildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *TenantRuntime) (*Key, error) {
 	norm := strings.ToLower(kc.Hash)
-	k := &apiKey{name: kc.Name, label: kc.Label(), tenant: tenant, slots: int64(kc.Concurrency), expiresAt: kc.ExpiresAt, runtime: kc.Runtime}
-	if _, err := hex.Decode(k.hash[:], []byte(strings.TrimPrefix(norm, "sha256:"))); err != nil {
+	k := &Key{Name: kc.Name, Label: kc.Label(), Tenant: tenant, Slots: int64(kc.Concurrency), ExpiresAt: kc.ExpiresAt, Runtime: kc.Runtime}
+	if _, err := hex.Decode(k.Hash[:], []byte(strings.TrimPrefix(norm, "sha256:"))); err != nil {
 		return nil, fmt.Errorf("bad key hash")
 	}
-	k.scope = ledger.Scope{Kind: ledger.KindAPIKey, Key: keyer.Key(ledger.KindAPIKey, norm)}
+	k.Scope = ledger.Scope{Kind: ledger.KindAPIKey, Key: keyer.Key(ledger.KindAPIKey, norm)}
 	for _, b := range kc.Budgets {
-		l, err := limitOf(b)
+		l, err := LimitOf(b)
 		if err != nil {
 			return nil, err
 		}
-		k.scope.Limits = append(k.scope.Limits, l)
+		k.Scope.Limits = append(k.Scope.Limits, l)
 	}
-	if k.slots > 0 {
-		k.scope.Limits = append(k.scope.Limits, ledger.Limit{Dim: ledger.Slots, Max: k.slots})
+	if k.Slots > 0 {
+		k.Scope.Limits = append(k.Scope.Limits, ledger.Limit{Dim: ledger.Slots, Max: k.Slots})
 	}
 	if trt == nil {
-		k.rt = &keyRuntime{}
+		k.RT = &KeyRuntime{}
 		return k, nil
 	}
-	if k.rt = trt.keys[k.hash]; k.rt == nil {
-		k.rt = &keyRuntime{}
-		if trt.keys == nil {
-			trt.keys = map[[32]byte]*keyRuntime{}
+	if k.RT = trt.Keys[k.Hash]; k.RT == nil {
+		k.RT = &KeyRuntime{}
+		if trt.Keys == nil {
+			trt.Keys = map[[32]byte]*KeyRuntime{}
 		}
-		trt.keys[k.hash] = k.rt
+		trt.Keys[k.Hash] = k.RT
 	}
 	return k, nil
 }
@@ -81,10 +81,10 @@ func buildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *tenantR
 // keyScope is the call's api_key scope for the Reserve, if its key has
 // limits of its own.
 func (c *call) keyScope() (ledger.Scope, bool) {
-	if c.key == nil || len(c.key.scope.Limits) == 0 {
+	if c.key == nil || len(c.key.Scope.Limits) == 0 {
 		return ledger.Scope{}, false
 	}
-	return c.key.scope, true
+	return c.key.Scope, true
 }
 
 // keyAtCap reports whether the call's key has its concurrency in flight on
@@ -92,12 +92,12 @@ func (c *call) keyScope() (ledger.Scope, bool) {
 // slot enforces the cap fleet-wide).
 func (c *call) keyAtCap() bool {
 	k := c.key
-	return k != nil && k.slots > 0 && k.rt.inflight.Load() >= k.slots
+	return k != nil && k.Slots > 0 && k.RT.Inflight.Load() >= k.Slots
 }
 
 // keyInflight moves the call's key in-flight count by d.
 func (c *call) keyInflight(d int64) {
 	if c.key != nil {
-		c.key.rt.inflight.Add(d)
+		c.key.RT.Inflight.Add(d)
 	}
 }

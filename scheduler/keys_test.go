@@ -23,39 +23,39 @@ func TestAuthenticateKeys(t *testing.T) {
 			Budgets: []config.Budget{{Dimension: "tokens", Limit: 100, Window: time.Hour, Mode: "block"}}},
 		{Hash: config.HashKey("sk-plain")},
 	}}}}
-	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
+	pol, err := Build(cfg, 1, keyer, map[string]*TenantRuntime{})
 	require.NoError(t, err)
 	now := time.Unix(1_000_000, 0)
 	exp := now.Add(time.Minute)
-	rt, err := buildKey("a", config.APIKey{Hash: config.HashKey("sk-rt"), ExpiresAt: exp}, keyer, nil)
+	rt, err := BuildKey("a", config.APIKey{Hash: config.HashKey("sk-rt"), ExpiresAt: exp}, keyer, nil)
 	require.NoError(t, err)
-	orphan, err := buildKey("gone", config.APIKey{Hash: config.HashKey("sk-orphan")}, keyer, nil)
+	orphan, err := BuildKey("gone", config.APIKey{Hash: config.HashKey("sk-orphan")}, keyer, nil)
 	require.NoError(t, err)
-	idx := &keyIndex{byKey: map[[32]byte]*apiKey{rt.hash: rt, orphan.hash: orphan}}
+	idx := &KeyIndex{ByKey: map[[32]byte]*Key{rt.Hash: rt, orphan.Hash: orphan}}
 
-	tn, k, err := pol.authenticate([]byte("Bearer sk-ci"), now, idx)
+	tn, k, err := pol.Authenticate([]byte("Bearer sk-ci"), now, idx)
 	require.NoError(t, err)
-	assert.Equal(t, "a", tn.name)
-	assert.Equal(t, "ci", k.label)
-	assert.Equal(t, ledger.KindAPIKey, k.scope.Kind)
-	assert.Equal(t, keyer.Key(ledger.KindAPIKey, config.HashKey("sk-ci")), k.scope.Key, "the scope key derives from the hash, never the key")
-	assert.Equal(t, []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 100, Mode: ledger.Block}, {Dim: ledger.Slots, Max: 2}}, k.scope.Limits)
+	assert.Equal(t, "a", tn.Name)
+	assert.Equal(t, "ci", k.Label)
+	assert.Equal(t, ledger.KindAPIKey, k.Scope.Kind)
+	assert.Equal(t, keyer.Key(ledger.KindAPIKey, config.HashKey("sk-ci")), k.Scope.Key, "the scope key derives from the hash, never the key")
+	assert.Equal(t, []ledger.Limit{{Dim: ledger.Tokens, Window: time.Hour, Max: 100, Mode: ledger.Block}, {Dim: ledger.Slots, Max: 2}}, k.Scope.Limits)
 
-	_, k, err = pol.authenticate([]byte("Bearer sk-plain"), now, idx)
+	_, k, err = pol.Authenticate([]byte("Bearer sk-plain"), now, idx)
 	require.NoError(t, err)
-	assert.Empty(t, k.scope.Limits, "a key without limits adds no scope")
-	assert.Equal(t, "_unnamed", k.metricLabel())
-	assert.Equal(t, config.ShortHash(config.HashKey("sk-plain")), k.label)
+	assert.Empty(t, k.Scope.Limits, "a key without limits adds no scope")
+	assert.Equal(t, "_unnamed", k.MetricLabel())
+	assert.Equal(t, config.ShortHash(config.HashKey("sk-plain")), k.Label)
 
-	tn, k, err = pol.authenticate([]byte("Bearer sk-rt"), now, idx)
+	tn, k, err = pol.Authenticate([]byte("Bearer sk-rt"), now, idx)
 	require.NoError(t, err)
-	assert.Equal(t, "a", tn.name)
+	assert.Equal(t, "a", tn.Name)
 	assert.Same(t, rt, k)
-	_, _, err = pol.authenticate([]byte("Bearer sk-rt"), exp, idx)
+	_, _, err = pol.Authenticate([]byte("Bearer sk-rt"), exp, idx)
 	require.ErrorIs(t, err, ErrUnauthorized, "a key is unknown from its expiry on")
-	_, _, err = pol.authenticate([]byte("Bearer sk-rt"), now, nil)
+	_, _, err = pol.Authenticate([]byte("Bearer sk-rt"), now, nil)
 	require.ErrorIs(t, err, ErrUnauthorized, "run-time keys only through the index")
-	_, _, err = pol.authenticate([]byte("Bearer sk-orphan"), now, idx)
+	_, _, err = pol.Authenticate([]byte("Bearer sk-orphan"), now, idx)
 	require.ErrorIs(t, err, ErrUnauthorized, "a key of an unconfigured tenant")
 }
 
@@ -66,14 +66,14 @@ func TestKeyRuntimeSurvivesRebuild(t *testing.T) {
 	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", Concurrency: 1, APIKeys: []config.APIKey{{Hash: config.HashKey("sk"), Concurrency: 1}}}}}
-	runtimes := map[string]*tenantRuntime{}
-	p1, err := buildPolicy(cfg, 1, keyer, runtimes)
+	runtimes := map[string]*TenantRuntime{}
+	p1, err := Build(cfg, 1, keyer, runtimes)
 	require.NoError(t, err)
-	p2, err := buildPolicy(cfg, 2, keyer, runtimes)
+	p2, err := Build(cfg, 2, keyer, runtimes)
 	require.NoError(t, err)
-	c := &call{key: p1.tenants["a"].keys[0]}
+	c := &call{key: p1.Tenants["a"].Keys[0]}
 	c.keyInflight(1)
-	assert.True(t, (&call{key: p2.tenants["a"].keys[0]}).keyAtCap(), "the rebuilt policy sees the key's request in flight")
+	assert.True(t, (&call{key: p2.Tenants["a"].Keys[0]}).keyAtCap(), "the rebuilt policy sees the key's request in flight")
 	c.keyInflight(-1)
-	assert.False(t, (&call{key: p2.tenants["a"].keys[0]}).keyAtCap())
+	assert.False(t, (&call{key: p2.Tenants["a"].Keys[0]}).keyAtCap())
 }

@@ -27,11 +27,11 @@ import (
 // revoked key is refused from the next request; requests already admitted
 // finish.
 
-// keysDoc is the state-store document holding the run-time keys.
-const keysDoc = "api-keys"
+// KeysDoc is the state-store document holding the run-time keys.
+const KeysDoc = "api-keys"
 
-// keysPoll is how often instances poll the keys document.
-const keysPoll = 250 * time.Millisecond
+// KeysPoll is how often instances poll the keys document.
+const KeysPoll = 250 * time.Millisecond
 
 // KeyBudget is a budget in the admin API's JSON form.
 type KeyBudget struct {
@@ -42,9 +42,9 @@ type KeyBudget struct {
 	WarnRatio float64 `json:"warn_ratio,omitempty"`
 }
 
-// storedKey is one run-time key as the state store keeps it: its hash,
+// StoredKey is one run-time key as the state store keeps it: its hash,
 // never the key.
-type storedKey struct {
+type StoredKey struct {
 	ID          string      `json:"id"`
 	Tenant      string      `json:"tenant"`
 	Name        string      `json:"name,omitempty"`
@@ -55,18 +55,18 @@ type storedKey struct {
 	Concurrency int         `json:"concurrency,omitempty"`
 }
 
-type keysState struct {
-	Keys []storedKey `json:"keys"`
+type KeysState struct {
+	Keys []StoredKey `json:"keys"`
 	// Revoked keeps a tombstone of every revoked key, so that a revocation
 	// survives a store that goes back: an instance merging what it
 	// applied into what the store holds never brings a revoked key back
 	// (keysync.go).
-	Revoked []revokedKey `json:"revoked,omitempty"`
+	Revoked []RevokedKey `json:"revoked,omitempty"`
 }
 
-// revokedKey is a revoked key's tombstone. One whose key had an expiry is
+// RevokedKey is a revoked key's tombstone. One whose key had an expiry is
 // dropped once that passed: the key cannot authenticate any more anyway.
-type revokedKey struct {
+type RevokedKey struct {
 	ID        string    `json:"id"`
 	Tenant    string    `json:"tenant"`
 	Hash      string    `json:"hash"`
@@ -74,7 +74,7 @@ type revokedKey struct {
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
-func (k storedKey) config() (config.APIKey, error) {
+func (k StoredKey) Config() (config.APIKey, error) {
 	ck := config.APIKey{Hash: k.Hash, Name: k.Name, Concurrency: k.Concurrency, ExpiresAt: k.ExpiresAt, Runtime: true}
 	for i, b := range k.Budgets {
 		w, err := time.ParseDuration(b.Window)
@@ -128,7 +128,7 @@ var ErrKeyStore = errors.New("key store unavailable")
 // CreateKey creates a run-time key for a configured tenant.
 func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, error) {
 	now := s.now().UTC()
-	sk := storedKey{Tenant: in.Tenant, Name: in.Name, CreatedAt: now, Budgets: in.Budgets, Concurrency: in.Concurrency}
+	sk := StoredKey{Tenant: in.Tenant, Name: in.Name, CreatedAt: now, Budgets: in.Budgets, Concurrency: in.Concurrency}
 	switch {
 	case in.ExpiresIn != "" && in.ExpiresAt != nil:
 		return CreatedKey{}, inputErr("expires_in", "set expires_in or expires_at, not both")
@@ -144,7 +144,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 		}
 		sk.ExpiresAt = in.ExpiresAt.UTC()
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	ti := slices.IndexFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == in.Tenant })
 	if ti < 0 {
 		return CreatedKey{}, inputErr("tenant", "unknown tenant %q", in.Tenant)
@@ -154,7 +154,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 		return CreatedKey{}, err
 	}
 	sk.ID, sk.Hash = id, config.HashKey(raw)
-	ck, err := sk.config()
+	ck, err := sk.Config()
 	if err != nil {
 		return CreatedKey{}, err
 	}
@@ -164,12 +164,12 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 	if in.Name != "" && slices.ContainsFunc(file.Tenants[ti].APIKeys, func(k config.APIKey) bool { return k.Name == in.Name }) {
 		return CreatedKey{}, inputErr("name", "tenant %q already has a key named %q in its config", in.Tenant, in.Name)
 	}
-	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
+	doc, err := statestore.Update(ctx, s.keys, KeysDoc, func(old []byte) ([]byte, error) {
 		st, err := s.keysToWrite(old, now)
 		if err != nil {
 			return nil, err
 		}
-		if in.Name != "" && slices.ContainsFunc(st.Keys, func(k storedKey) bool { return k.Tenant == in.Tenant && k.Name == in.Name }) {
+		if in.Name != "" && slices.ContainsFunc(st.Keys, func(k StoredKey) bool { return k.Tenant == in.Tenant && k.Name == in.Name }) {
 			return nil, inputErr("name", "tenant %q already has a key named %q", in.Tenant, in.Name)
 		}
 		st.Keys = append(st.Keys, sk)
@@ -190,20 +190,20 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 // interval on the others. A key this instance authenticates is revocable
 // even when the store lost it (keysync.go).
 func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
-	var gone storedKey
+	var gone StoredKey
 	now := s.now().UTC()
-	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
+	doc, err := statestore.Update(ctx, s.keys, KeysDoc, func(old []byte) ([]byte, error) {
 		st, err := s.keysToWrite(old, now)
 		if err != nil {
 			return nil, err
 		}
-		i := slices.IndexFunc(st.Keys, func(k storedKey) bool { return k.ID == id })
+		i := slices.IndexFunc(st.Keys, func(k StoredKey) bool { return k.ID == id })
 		if i < 0 {
 			return nil, fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, ErrNotFound)
 		}
 		gone = st.Keys[i]
 		st.Keys = slices.Delete(st.Keys, i, i+1)
-		st.Revoked = append(st.Revoked, revokedKey{ID: gone.ID, Tenant: gone.Tenant, Hash: gone.Hash, RevokedAt: now, ExpiresAt: gone.ExpiresAt})
+		st.Revoked = append(st.Revoked, RevokedKey{ID: gone.ID, Tenant: gone.Tenant, Hash: gone.Hash, RevokedAt: now, ExpiresAt: gone.ExpiresAt})
 		return json.Marshal(st)
 	})
 	if err != nil {
@@ -220,7 +220,7 @@ func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 func (s *Server) ListKeys(tenant string) []KeyRow {
 	pol := s.pol.Load()
 	rows := []KeyRow{}
-	for _, t := range pol.file.Tenants {
+	for _, t := range pol.File.Tenants {
 		if tenant != "" && t.Name != tenant {
 			continue
 		}
@@ -229,21 +229,21 @@ func (s *Server) ListKeys(tenant string) []KeyRow {
 				Source: "config", Budgets: keyBudgets(k.Budgets), Concurrency: k.Concurrency})
 		}
 	}
-	var stored []storedKey
+	var stored []StoredKey
 	if idx := s.rtKeys.Load(); idx != nil {
-		stored = idx.keys
+		stored = idx.Keys
 	}
 	for _, k := range stored {
 		if tenant == "" || k.Tenant == tenant {
-			rows = append(rows, s.storedRow(k, pol.tenants[k.Tenant] != nil))
+			rows = append(rows, s.storedRow(k, pol.Tenants[k.Tenant] != nil))
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Tenant < rows[j].Tenant })
 	return rows
 }
 
-func (s *Server) storedRow(k storedKey, tenantKnown bool) KeyRow {
-	ck, _ := k.config()
+func (s *Server) storedRow(k StoredKey, tenantKnown bool) KeyRow {
+	ck, _ := k.Config()
 	r := KeyRow{ID: k.ID, Tenant: k.Tenant, Name: k.Name, Label: ck.Label(), Hash: config.ShortHash(k.Hash), Source: "admin",
 		Budgets: keyBudgets(ck.Budgets), Concurrency: k.Concurrency, Orphaned: !tenantKnown}
 	created := k.CreatedAt
@@ -263,7 +263,7 @@ func keyBudgets(bs []config.Budget) []KeyBudget {
 	return out
 }
 
-func keyAuditReason(k storedKey) string {
+func keyAuditReason(k StoredKey) string {
 	r := "key " + k.ID
 	if k.Name != "" {
 		r += " name " + k.Name
@@ -292,8 +292,8 @@ func newKeySecret() (raw, id string, err error) {
 	return "sk-sluice-" + base64.RawURLEncoding.EncodeToString(b[:32]), "key_" + hex.EncodeToString(b[32:]), nil
 }
 
-func decodeKeys(b []byte) (keysState, error) {
-	var st keysState
+func DecodeKeys(b []byte) (KeysState, error) {
+	var st KeysState
 	if len(b) == 0 {
 		return st, nil
 	}

@@ -35,22 +35,22 @@ import (
 // through another instance must not keep working here. Keys of the config
 // file do not depend on the store.
 
-// defaultKeysMaxStaleness is admin.keys_max_staleness's default, for a
+// DefaultKeysMaxStaleness is admin.keys_max_staleness's default, for a
 // config built without defaults.
-const defaultKeysMaxStaleness = 30 * time.Second
+const DefaultKeysMaxStaleness = 30 * time.Second
 
-// keyIndex is an immutable snapshot of the run-time keys at one revision
+// KeyIndex is an immutable snapshot of the run-time keys at one revision
 // of the keys document.
-type keyIndex struct {
-	doc   statestore.Doc // the revision applied, bytes included
-	state keysState
-	keys  []storedKey // state.Keys
-	byKey map[[32]byte]*apiKey
+type KeyIndex struct {
+	Doc   statestore.Doc // the revision applied, bytes included
+	State KeysState
+	Keys  []StoredKey // state.Keys
+	ByKey map[[32]byte]*Key
 }
 
 // SyncKeys loads the run-time keys once (before the listeners open).
 func (s *Server) SyncKeys(ctx context.Context) error {
-	d, err := s.keys.Get(ctx, keysDoc)
+	d, err := s.keys.Get(ctx, KeysDoc)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrKeyStore, err)
 	}
@@ -64,7 +64,7 @@ func (s *Server) SyncKeys(ctx context.Context) error {
 func (s *Server) WatchKeys(ctx context.Context) error {
 	failing := false
 	err := statestore.Watcher{
-		Every: keysPoll,
+		Every: KeysPoll,
 		OnRead: func(statestore.Doc) {
 			s.keysSeen.Store(s.now().UnixNano())
 			if failing {
@@ -80,7 +80,7 @@ func (s *Server) WatchKeys(ctx context.Context) error {
 				failing = true
 			}
 		},
-	}.Run(ctx, s.keys, keysDoc)
+	}.Run(ctx, s.keys, KeysDoc)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -91,24 +91,24 @@ func (s *Server) WatchKeys(ctx context.Context) error {
 func (s *Server) keysRead(ctx context.Context, d statestore.Doc) {
 	cur := s.rtKeys.Load()
 	switch {
-	case cur == nil || d.After(cur.doc):
+	case cur == nil || d.After(cur.Doc):
 		s.installKeys(d, cur)
 		return
-	case d.Same(cur.doc):
+	case d.Same(cur.Doc):
 		return
 	}
 	// Neither what is applied nor later: a read that raced a write of this
 	// instance, or a store that went back. A read issued now follows every
 	// write this instance applied, so it tells the two apart.
-	d2, err := s.keys.Get(ctx, keysDoc)
+	d2, err := s.keys.Get(ctx, KeysDoc)
 	if err != nil {
 		return // the next poll reads again
 	}
 	cur = s.rtKeys.Load()
 	switch {
-	case d2.After(cur.doc):
+	case d2.After(cur.Doc):
 		s.installKeys(d2, cur)
-	case d2.Same(cur.doc):
+	case d2.Same(cur.Doc):
 	default:
 		s.recoverKeys(ctx, cur, d2)
 	}
@@ -116,18 +116,18 @@ func (s *Server) keysRead(ctx context.Context, d statestore.Doc) {
 
 // recoverKeys repairs a keys document that went back from cur's revision
 // to d: the union of both is written over d and installed.
-func (s *Server) recoverKeys(ctx context.Context, cur *keyIndex, d statestore.Doc) {
-	st, err := decodeKeys(d.Data)
+func (s *Server) recoverKeys(ctx context.Context, cur *KeyIndex, d statestore.Doc) {
+	st, err := DecodeKeys(d.Data)
 	if err != nil {
 		s.log.Error("the keys document is corrupt; rewriting it with the keys this instance applied", "err", err)
-		st = keysState{}
+		st = KeysState{}
 	}
 	now := s.now()
-	merged := mergeKeys(st, cur.state, now)
+	merged := MergeKeys(st, cur.State, now)
 	s.log.Warn("the key store went back (failover, restart without persistence or a deleted document); re-adopting it with the keys and revocations this instance had applied",
-		"applied_rev", cur.doc.Rev, "applied_epoch", cur.doc.Epoch, "store_rev", d.Rev, "store_epoch", d.Epoch,
+		"applied_rev", cur.Doc.Rev, "applied_epoch", cur.Doc.Epoch, "store_rev", d.Rev, "store_epoch", d.Epoch,
 		"store_keys", len(st.Keys), "merged_keys", len(merged.Keys), "merged_revocations", len(merged.Revoked))
-	if b1, b2 := mustJSON(merged), mustJSON(mergeKeys(st, keysState{}, now)); err == nil && bytes.Equal(b1, b2) {
+	if b1, b2 := mustJSON(merged), mustJSON(MergeKeys(st, KeysState{}, now)); err == nil && bytes.Equal(b1, b2) {
 		s.installKeys(d, cur) // the store holds everything this instance knew
 		return
 	}
@@ -135,7 +135,7 @@ func (s *Server) recoverKeys(ctx context.Context, cur *keyIndex, d statestore.Do
 	if err != nil {
 		return
 	}
-	nd, err := s.keys.CompareAndSet(ctx, keysDoc, d.Rev, b)
+	nd, err := s.keys.CompareAndSet(ctx, KeysDoc, d.Rev, b)
 	if err != nil {
 		// Another instance repaired it first, or the store failed: the
 		// next poll reads the outcome.
@@ -151,13 +151,13 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// mergeKeys is the union of a and b as a two-phase set: every tombstone
+// MergeKeys is the union of a and b as a two-phase set: every tombstone
 // of either (less those whose key has expired), and every key of either
 // that no tombstone names, in a's order then b's.
-func mergeKeys(a, b keysState, now time.Time) keysState {
-	var out keysState
+func MergeKeys(a, b KeysState, now time.Time) KeysState {
+	var out KeysState
 	deadID, deadHash := map[string]bool{}, map[string]bool{}
-	for _, r := range append(append([]revokedKey(nil), a.Revoked...), b.Revoked...) {
+	for _, r := range append(append([]RevokedKey(nil), a.Revoked...), b.Revoked...) {
 		if deadID[r.ID] {
 			continue
 		}
@@ -167,7 +167,7 @@ func mergeKeys(a, b keysState, now time.Time) keysState {
 		}
 	}
 	seen := map[string]bool{}
-	for _, k := range append(append([]storedKey(nil), a.Keys...), b.Keys...) {
+	for _, k := range append(append([]StoredKey(nil), a.Keys...), b.Keys...) {
 		if seen[k.ID] || deadID[k.ID] || deadHash[k.Hash] {
 			continue
 		}
@@ -181,13 +181,13 @@ func mergeKeys(a, b keysState, now time.Time) keysState {
 // stored one merged with what this instance applied, so that a write to a
 // store that went back (before a poll noticed) restores what it lost, and
 // a key this instance still authenticates can be revoked.
-func (s *Server) keysToWrite(old []byte, now time.Time) (keysState, error) {
-	st, err := decodeKeys(old)
+func (s *Server) keysToWrite(old []byte, now time.Time) (KeysState, error) {
+	st, err := DecodeKeys(old)
 	if err != nil {
 		return st, err
 	}
 	if cur := s.rtKeys.Load(); cur != nil {
-		st = mergeKeys(st, cur.state, now)
+		st = MergeKeys(st, cur.State, now)
 	}
 	return st, nil
 }
@@ -198,14 +198,14 @@ func (s *Server) installWritten(d statestore.Doc) {
 	s.keysSeen.Store(s.now().UnixNano())
 	s.keysMu.Lock()
 	defer s.keysMu.Unlock()
-	if cur := s.rtKeys.Load(); cur != nil && cur.doc.After(d) {
+	if cur := s.rtKeys.Load(); cur != nil && cur.Doc.After(d) {
 		return
 	}
 	s.installKeysLocked(d)
 }
 
 // installKeys installs d if the applied snapshot is still expect.
-func (s *Server) installKeys(d statestore.Doc, expect *keyIndex) {
+func (s *Server) installKeys(d statestore.Doc, expect *KeyIndex) {
 	s.keysMu.Lock()
 	defer s.keysMu.Unlock()
 	if s.rtKeys.Load() != expect {
@@ -218,33 +218,33 @@ func (s *Server) installKeys(d statestore.Doc, expect *keyIndex) {
 // The policy is not rebuilt: a run-time key names its tenant, resolved at
 // each authentication, and its limits travel in its own api_key scope.
 func (s *Server) installKeysLocked(d statestore.Doc) {
-	st, err := decodeKeys(d.Data)
+	st, err := DecodeKeys(d.Data)
 	if err != nil {
 		s.log.Error("ignoring the keys document", "rev", d.Rev, "err", err)
 		return
 	}
-	st = mergeKeys(st, keysState{}, s.now()) // a key and its tombstone both present: revoked
+	st = MergeKeys(st, KeysState{}, s.now()) // a key and its tombstone both present: revoked
 	old := s.rtKeys.Load()
-	idx := &keyIndex{doc: d, state: st, keys: st.Keys, byKey: make(map[[32]byte]*apiKey, len(st.Keys))}
+	idx := &KeyIndex{Doc: d, State: st, Keys: st.Keys, ByKey: make(map[[32]byte]*Key, len(st.Keys))}
 	for _, sk := range st.Keys {
-		ck, err := sk.config()
+		ck, err := sk.Config()
 		if err == nil {
 			err = config.ValidateKey("key", ck)
 		}
-		var k *apiKey
+		var k *Key
 		if err == nil {
-			k, err = buildKey(sk.Tenant, ck, s.keyer, nil)
+			k, err = BuildKey(sk.Tenant, ck, s.keyer, nil)
 		}
 		if err != nil {
 			s.log.Warn("skipping a run-time key", "tenant", sk.Tenant, "key_id", sk.ID, "err", oneLine(err))
 			continue
 		}
 		if old != nil {
-			if prev := old.byKey[k.hash]; prev != nil {
-				k.rt = prev.rt // in-flight counts survive the swap
+			if prev := old.ByKey[k.Hash]; prev != nil {
+				k.RT = prev.RT // in-flight counts survive the swap
 			}
 		}
-		idx.byKey[k.hash] = k
+		idx.ByKey[k.Hash] = k
 	}
 	s.rtKeys.Store(idx)
 }
@@ -265,20 +265,20 @@ func (e *keysStaleError) apiError() *apiError {
 		Details: map[string]any{"stale_for_ms": e.age.Milliseconds(), "bound_ms": e.bound.Milliseconds()}}
 }
 
-func (s *Server) keysMaxStaleness(pol *policy) time.Duration {
-	if b := pol.file.Admin.KeysMaxStaleness; b > 0 {
+func (s *Server) keysMaxStaleness(pol *Snapshot) time.Duration {
+	if b := pol.File.Admin.KeysMaxStaleness; b > 0 {
 		return b
 	}
-	return defaultKeysMaxStaleness
+	return DefaultKeysMaxStaleness
 }
 
 // authenticate maps a bearer token to its tenant and key under pol, with
 // the run-time keys in force now; a run-time key fails closed once the
 // keys document is staler than admin.keys_max_staleness.
-func (s *Server) authenticate(pol *policy, authz []byte) (*tenant, *apiKey, error) {
+func (s *Server) authenticate(pol *Snapshot, authz []byte) (*Tenant, *Key, error) {
 	now := s.now()
-	t, k, err := pol.authenticate(authz, now, s.rtKeys.Load())
-	if err != nil || !k.runtime {
+	t, k, err := pol.Authenticate(authz, now, s.rtKeys.Load())
+	if err != nil || !k.Runtime {
 		return t, k, err
 	}
 	if age, bound := now.Sub(time.Unix(0, s.keysSeen.Load())), s.keysMaxStaleness(pol); age > bound {

@@ -91,7 +91,7 @@ func TestKeysSurviveAStoreThatGoesBack(t *testing.T) {
 	ctx := t.Context()
 
 	k1, k2 := createKey(t, a, "k1"), createKey(t, a, "k2")
-	before, err := mem.Get(ctx, keysDoc)
+	before, err := mem.Get(ctx, KeysDoc)
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), before.Rev)
 	poll(t, b)
@@ -110,9 +110,9 @@ func TestKeysSurviveAStoreThatGoesBack(t *testing.T) {
 		assert.Equal(t, "invalid_api_key", authCode(s, k1.Key), "a key revoked before the loss stays revoked")
 		assert.Equal(t, "", authCode(s, k2.Key), "a key handed out before the loss keeps working")
 	}
-	repaired, err := mem.Get(ctx, keysDoc)
+	repaired, err := mem.Get(ctx, KeysDoc)
 	require.NoError(t, err)
-	st, err := decodeKeys(repaired.Data)
+	st, err := DecodeKeys(repaired.Data)
 	require.NoError(t, err)
 	require.Len(t, st.Revoked, 1, "the store learns the revocation again")
 	assert.Equal(t, k1.ID, st.Revoked[0].ID)
@@ -132,7 +132,7 @@ func TestKeysSurviveAStoreThatGoesBack(t *testing.T) {
 	// since (B), and a key they know survives.
 	k3, k4 := createKey(t, a, "k3"), createKey(t, a, "k4")
 	poll(t, b)
-	mem.Delete(keysDoc)
+	mem.Delete(KeysDoc)
 	_, err = b.RevokeKey(ctx, k3.ID)
 	require.NoError(t, err, "a key missing from the store but authenticating is revocable")
 	assert.Equal(t, "invalid_api_key", authCode(b, k3.Key))
@@ -142,10 +142,10 @@ func TestKeysSurviveAStoreThatGoesBack(t *testing.T) {
 		assert.Equal(t, "", authCode(s, k4.Key), "a key created before the restart keeps working")
 		assert.Equal(t, "invalid_api_key", authCode(s, k1.Key))
 	}
-	now, err := mem.Get(ctx, keysDoc)
+	now, err := mem.Get(ctx, KeysDoc)
 	require.NoError(t, err)
 	assert.NotEqual(t, before.Epoch, now.Epoch, "the recreated document is another history")
-	st, err = decodeKeys(now.Data)
+	st, err = DecodeKeys(now.Data)
 	require.NoError(t, err)
 	assert.Len(t, st.Keys, 1, "k4 only")
 	assert.Len(t, st.Revoked, 3)
@@ -153,8 +153,8 @@ func TestKeysSurviveAStoreThatGoesBack(t *testing.T) {
 	// Both instances converged on the store's document.
 	poll(t, a)
 	poll(t, b)
-	assert.True(t, a.rtKeys.Load().doc.Same(now))
-	assert.True(t, b.rtKeys.Load().doc.Same(now))
+	assert.True(t, a.rtKeys.Load().Doc.Same(now))
+	assert.True(t, b.rtKeys.Load().Doc.Same(now))
 }
 
 // TestKeysReadRacingOwnWriteIsNoRegression: a poll that read the document
@@ -165,13 +165,13 @@ func TestKeysReadRacingOwnWriteIsNoRegression(t *testing.T) {
 	f := newKeysFleet(t, mem, mem)
 	ctx := t.Context()
 	k := createKey(t, f.a, "k")
-	stale, err := mem.Get(ctx, keysDoc)
+	stale, err := mem.Get(ctx, KeysDoc)
 	require.NoError(t, err)
 	_, err = f.a.RevokeKey(ctx, k.ID)
 	require.NoError(t, err)
 	f.a.keysRead(ctx, stale) // the watch loop's read from before the revoke
 	assert.Equal(t, "invalid_api_key", authCode(f.a, k.Key))
-	cur, err := mem.Get(ctx, keysDoc)
+	cur, err := mem.Get(ctx, KeysDoc)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), cur.Rev, "nothing rewritten: the store never went back")
 }

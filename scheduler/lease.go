@@ -126,7 +126,7 @@ func (l *leases) fence(c *call) {
 func (s *Server) heartbeatLoop(ctx context.Context) error {
 	due := s.now()
 	for {
-		ttl := s.pol.Load().leaseTTL
+		ttl := s.pol.Load().LeaseTTL
 		if _, short := s.leases.snapshot(); short > 0 && short < ttl {
 			ttl = short
 		}
@@ -154,7 +154,7 @@ func (s *Server) heartbeatLoop(ctx context.Context) error {
 // current policy's lease_ttl.
 func (s *Server) extendAll(ctx context.Context) {
 	calls, _ := s.leases.snapshot()
-	ttl := s.pol.Load().leaseTTL
+	ttl := s.pol.Load().LeaseTTL
 	var g errgroup.Group
 	g.SetLimit(extendParallelism)
 	for _, c := range calls {

@@ -85,8 +85,8 @@ func (o *outages) restore(owed map[ledger.RequestID]*outageCharge, log *outbox) 
 
 // admit takes one request of tokens from the tenant's allowance, if both the
 // per-outage and the per-hour allowance have room.
-func (o *outages) admit(t *tenant, tokens int64, now time.Time) (outageUse, bool) {
-	al := t.cfg.OutageAllowance
+func (o *outages) admit(t *Tenant, tokens int64, now time.Time) (outageUse, bool) {
+	al := t.Cfg.OutageAllowance
 	if al.Requests <= 0 {
 		return outageUse{}, false
 	}
@@ -99,7 +99,7 @@ func (o *outages) admit(t *tenant, tokens int64, now time.Time) (outageUse, bool
 		o.hourIdx, o.hour = idx, map[string]outageUse{}
 	}
 	o.inOutage = true
-	cur, hr := o.outage[t.name], o.hour[t.name]
+	cur, hr := o.outage[t.Name], o.hour[t.Name]
 	fits := func(u outageUse) bool {
 		return u.requests+1 <= al.Requests && (al.Tokens <= 0 || u.tokens+tokens <= al.Tokens)
 	}
@@ -108,7 +108,7 @@ func (o *outages) admit(t *tenant, tokens int64, now time.Time) (outageUse, bool
 	}
 	cur.requests, cur.tokens = cur.requests+1, cur.tokens+tokens
 	hr.requests, hr.tokens = hr.requests+1, hr.tokens+tokens
-	o.outage[t.name], o.hour[t.name] = cur, hr
+	o.outage[t.Name], o.hour[t.Name] = cur, hr
 	return cur, true
 }
 
@@ -183,36 +183,36 @@ func (s *Server) admitOutage(c *call, cause error) bool {
 	if !ok {
 		return false
 	}
-	al := c.t.cfg.OutageAllowance
-	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
+	al := c.t.Cfg.OutageAllowance
+	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.ScopeKey, Limits: c.t.Limits}}
 	scopes = append(scopes, c.extraScopes...)
 	held := c.held
 	held[ledger.Slots] = 0
-	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
+	ch := &outageCharge{Tenant: c.t.Name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
 		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
 		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: held, At: c.arrival}}
 	if err := s.outage.put(ch); err != nil {
 		// Unpersisted, a restart would lose the charge: refuse instead.
-		s.outage.refund(c.t.name, c.held[ledger.Tokens])
+		s.outage.refund(c.t.Name, c.held[ledger.Tokens])
 		_ = s.outage.drop(c.ref.ID)
-		s.log.Error("outage admission refused: owed charges cannot be persisted", "tenant", c.t.name, "err", err)
+		s.log.Error("outage admission refused: owed charges cannot be persisted", "tenant", c.t.Name, "err", err)
 		return false
 	}
 	c.outage = true
-	s.m.OutageAdmissions.WithLabelValues(c.t.name).Inc()
-	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.name,
+	s.m.OutageAdmissions.WithLabelValues(c.t.Name).Inc()
+	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.Name,
 		"used_requests", used.requests, "allowance_requests", al.Requests, "err", cause)
-	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
+	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.Name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
 		Reason: fmt.Sprintf("ledger unreachable; allowance %d/%d requests", used.requests, al.Requests)})
 	return true
 }
 
 // oweOutage records an outage-admitted call's usage for the later Charge.
 func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
-	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
+	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.ScopeKey, Limits: c.t.Limits}}
 	scopes = append(scopes, c.extraScopes...)
 	actual[ledger.Slots] = 0
-	ch := &outageCharge{Tenant: c.t.name, ReqID: c.reqID, Source: src,
+	ch := &outageCharge{Tenant: c.t.Name, ReqID: c.reqID, Source: src,
 		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: scopes, Amounts: actual, At: c.arrival}}
 	s.outage.mu.Lock()
 	if prev := s.outage.owed[c.ref.ID]; prev != nil {
@@ -229,7 +229,7 @@ func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
 // is refunded and nothing is owed (an ambiguous Reserve that may have
 // applied is released by id).
 func (s *Server) outageNotRun(c *call) {
-	s.outage.refund(c.t.name, c.held[ledger.Tokens])
+	s.outage.refund(c.t.Name, c.held[ledger.Tokens])
 	s.outage.mu.Lock()
 	ch := s.outage.owed[c.ref.ID]
 	s.outage.mu.Unlock()

@@ -70,7 +70,7 @@ func TestLowerCapKeepsMinTokens(t *testing.T) {
 
 func TestRefusalDetails(t *testing.T) {
 	t.Parallel()
-	k := &apiKey{name: "ci-bot", label: "ci-bot"}
+	k := &Key{Name: "ci-bot", Label: "ci-bot"}
 	c := &call{key: k, req: &vllm.Request{MaxTokens: 3500}, plan: vllm.Plan{Cap: 3500, Choices: 1, InputTokens: 12}}
 	ae := statusFor(refusal(c, &ledger.DeniedError{Scope: ledger.KindAPIKey, Dim: ledger.Tokens, Limit: 3000}, 16))
 	assert.Equal(t, 429, ae.Status)

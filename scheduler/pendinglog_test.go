@@ -15,10 +15,10 @@ import (
 
 // owedCharge is an outage charge of acme's, as admitOutage builds it.
 func owedCharge(s *Server, amounts ledger.Amounts, running bool) *outageCharge {
-	t := s.pol.Load().tenants["acme"]
+	t := s.pol.Load().Tenants["acme"]
 	return &outageCharge{Tenant: "acme", ReqID: "owed", Running: running, Source: ledger.SourceFinal,
-		Req: ledger.ChargeRequest{Ref: ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()},
-			Scopes:  []ledger.Scope{{Kind: ledger.KindTenant, Key: t.key, Limits: t.limits}},
+		Req: ledger.ChargeRequest{Ref: ledger.Ref{Tenant: t.ScopeKey, ID: ledger.NewRequestID()},
+			Scopes:  []ledger.Scope{{Kind: ledger.KindTenant, Key: t.ScopeKey, Limits: t.Limits}},
 			Amounts: amounts, At: s.now()}}
 }
 

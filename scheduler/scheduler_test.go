@@ -134,7 +134,7 @@ func TestEffectiveConfig(t *testing.T) {
 	now := time.Unix(1000, 0)
 	file := &config.File{Tenants: []config.Tenant{{Name: "a", Weight: 4, Concurrency: 8, MaxOutputTokens: 1024,
 		Budgets: []config.Budget{{Dimension: "tokens", Limit: 10, Window: time.Hour}, {Dimension: "requests", Limit: 5, Window: time.Hour}}}}}
-	st := &adminState{
+	st := &AdminState{
 		Budgets: map[string]BudgetOverride{
 			"a:tokens:1h0m0s":   {Tenant: "a", Budget: config.Budget{Dimension: "tokens", Limit: 99, Window: time.Hour}},
 			"a:requests:1h0m0s": {Tenant: "a", Removed: true},
@@ -142,7 +142,7 @@ func TestEffectiveConfig(t *testing.T) {
 		},
 		Clamps: map[string]Clamp{"a": {Concurrency: 2, Weight: 1, MaxOutputTokens: 16, ExpiresAt: now.Add(time.Minute)}},
 	}
-	eff := effectiveConfig(file, st, now)
+	eff := EffectiveConfig(file, st, now)
 	ta := eff.Tenants[0]
 	require.Len(t, ta.Budgets, 2)
 	assert.Equal(t, int64(99), ta.Budgets[0].Limit)
@@ -153,7 +153,7 @@ func TestEffectiveConfig(t *testing.T) {
 	assert.Len(t, file.Tenants[0].Budgets, 2, "the file config is not modified")
 	assert.Equal(t, 8, file.Tenants[0].Concurrency)
 
-	expired := effectiveConfig(file, st, now.Add(time.Hour))
+	expired := EffectiveConfig(file, st, now.Add(time.Hour))
 	assert.Equal(t, 8, expired.Tenants[0].Concurrency, "an expired clamp no longer applies")
 }
 
@@ -192,13 +192,13 @@ func TestAuthenticate(t *testing.T) {
 	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: config.Keys(config.HashKey("sk-a")), Concurrency: 1}}}
-	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
+	pol, err := Build(cfg, 1, keyer, map[string]*TenantRuntime{})
 	require.NoError(t, err)
-	tn, _, err := pol.authenticate([]byte("Bearer sk-a"), time.Now(), nil)
+	tn, _, err := pol.Authenticate([]byte("Bearer sk-a"), time.Now(), nil)
 	require.NoError(t, err)
-	assert.Equal(t, "a", tn.name)
+	assert.Equal(t, "a", tn.Name)
 	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
-		_, _, err := pol.authenticate([]byte(h), time.Now(), nil)
+		_, _, err := pol.Authenticate([]byte(h), time.Now(), nil)
 		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
 	}
 }

@@ -127,14 +127,14 @@ type Server struct {
 	memberMu sync.Mutex
 	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
-	pol      atomic.Pointer[policy]
+	pol      atomic.Pointer[Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
-	runtimes map[string]*tenantRuntime
-	admin    adminState
+	runtimes map[string]*TenantRuntime
+	admin    AdminState
 	keys     statestore.Store
 	// responses is the fleet-shared idempotent response store; nil: none.
 	responses    ResponseStore
-	rtKeys       atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
+	rtKeys       atomic.Pointer[KeyIndex] // run-time keys, swapped whole by applyKeys
 	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
 	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
 	adminApplied statestore.Doc           // the shared admin document admin came from (Rev 0: none yet)
@@ -202,7 +202,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		log:        deps.Logger,
 		now:        deps.Now,
 		owner:      ledger.NewOwner(),
-		runtimes:   map[string]*tenantRuntime{},
+		runtimes:   map[string]*TenantRuntime{},
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
 		settler:    settler{outbox: outbox{kick: make(chan struct{}, 1)}},
@@ -235,7 +235,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}
-	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+	if s.admin, err = LoadAdminState(cfg.Admin.StateFile); err != nil {
 		return nil, err
 	}
 	s.state = deps.State
@@ -249,12 +249,12 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.outage.restore(owed, &s.outbox)
 	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	s.noteDurability(cfg)
-	eff := effectiveConfig(cfg, &s.admin, s.now())
-	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
+	eff := EffectiveConfig(cfg, &s.admin, s.now())
+	pol, err := Build(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
 		return nil, err
 	}
-	pol.file, pol.clamps = cfg, s.admin.Clamps
+	pol.File, pol.Clamps = cfg, s.admin.Clamps
 	s.pol.Store(pol)
 	q, err := queue.New(queueConfig(eff), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
 	if err != nil {
@@ -321,8 +321,8 @@ func (s *Server) Reload(cfg *config.File) error {
 	if err := s.rebuildLocked(cfg); err != nil {
 		return err
 	}
-	s.log.Info("config reloaded", "version", s.pol.Load().version, "tenants", len(cfg.Tenants))
-	reason := fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().version, len(cfg.Tenants))
+	s.log.Info("config reloaded", "version", s.pol.Load().Version, "tenants", len(cfg.Tenants))
+	reason := fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().Version, len(cfg.Tenants))
 	if pending := s.RestartNeeded(); len(pending) > 0 {
 		s.log.Warn("config reloaded, but these fields apply only at a restart and still run with their start-up value",
 			"fields", strings.Join(pending, "; "))
@@ -350,7 +350,7 @@ func (s *Server) checkLeaseConfig(cfg *config.File) error {
 }
 
 // Policy returns the current config.
-func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
+func (s *Server) Policy() *config.File { return s.pol.Load().Cfg }
 
 // Metrics returns the server's metrics.
 func (s *Server) Metrics() *Metrics { return s.m }
@@ -483,11 +483,11 @@ func (s *Server) exportLedger(ctx context.Context) {
 		name string
 		key  ledger.ScopeKey
 	}
-	scopes := make([]scope, 0, len(pol.order)+1)
-	for _, t := range pol.order {
-		scopes = append(scopes, scope{t.name, t.key})
+	scopes := make([]scope, 0, len(pol.Order)+1)
+	for _, t := range pol.Order {
+		scopes = append(scopes, scope{t.Name, t.ScopeKey})
 	}
-	if len(pol.global) > 0 {
+	if len(pol.Global) > 0 {
 		scopes = append(scopes, scope{GlobalTenant, s.keyer.GlobalKey()})
 	}
 	for _, t := range scopes {
@@ -513,7 +513,7 @@ func (s *Server) exportLedger(ctx context.Context) {
 				continue
 			}
 			committed[d] = max(committed[d], l.Committed)
-			if l.Limit.Max > 0 && l.Limit != resolutionLimit {
+			if l.Limit.Max > 0 && l.Limit != ResolutionLimit {
 				s.m.BudgetUsed.WithLabelValues(t.name, d.String(), ledger.FormatWindow(l.Limit.Window)).
 					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
 			}

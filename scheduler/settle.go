@@ -71,27 +71,27 @@ func (s *Server) finish(c *call, err error) {
 	}
 	s.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
 	c.actualCost = s.costOf(c, actual)
-	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
+	s.q.Reconcile(c.t.Name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
 	s.reps.leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
-	c.t.rt.inflight.Add(-1)
+	c.t.RT.Inflight.Add(-1)
 	c.keyInflight(-1)
-	c.t.rt.inflightTokens.Add(-c.size)
+	c.t.RT.InflightTokens.Add(-c.size)
 	s.pools.move(c, spotNone)
 	c.t.series(s.m).inflight.Dec()
-	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
+	s.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
 		if c.abortCause == "client_disconnect" {
 			kind = abuse.Disconnected
 		}
-		s.observeAbuse(c.t.name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
+		s.observeAbuse(c.t.Name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
 	}
 	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}
 	s.forget(c)
-	s.q.Unpark(c.t.name)
+	s.q.Unpark(c.t.Name)
 	s.pools.unparkFull(c.pool, s.q)
 	// Freed room matters only to queued work; an empty queue's next
 	// arrival signals the loop itself (Queue.Ready). A wake per completion
@@ -118,12 +118,12 @@ func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	a[ledger.OutputTokens] = out
 	a[ledger.Tokens] = in + out
 	a[ledger.GPUMs] = gpuMs
-	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
+	a[ledger.USDMicros] = c.pol.PriceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
 	return a, src
 }
 
 func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
-	cost := c.pol.cfg.Server.Cost
+	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		return a[ledger.GPUMs]
 	}
@@ -154,7 +154,7 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	op := c.ledgerOp()
 	st, err := s.led.Settle(op, c.ref, actual, src)
 	op.cancel()
-	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.name, RequestID: c.reqID, Source: src.String(),
+	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.Name, RequestID: c.reqID, Source: src.String(),
 		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
 		Reason: c.abortCause}
 	if err == nil {

@@ -57,7 +57,7 @@ func (a *Admin) statusCreds() []string {
 		sum := sha256.Sum256(a.token)
 		out = append(out, "sha256:"+hex.EncodeToString(sum[:]))
 	}
-	if want := a.s.pol.Load().file.Admin.StatusToken; want != "" {
+	if want := a.s.pol.Load().File.Admin.StatusToken; want != "" {
 		out = append(out, strings.ToLower(want))
 	}
 	return out
@@ -71,7 +71,7 @@ func (a *Admin) statusAuth(tok string) bool {
 	if len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1 {
 		return true
 	}
-	want := a.s.pol.Load().file.Admin.StatusToken
+	want := a.s.pol.Load().File.Admin.StatusToken
 	if want == "" {
 		return false
 	}
@@ -123,7 +123,7 @@ func (a *Admin) sessionValid(v string) bool {
 // /status/login.
 func (a *Admin) status(rc *fasthttp.RequestCtx) {
 	path := string(rc.Path())
-	if len(a.token) == 0 && a.s.pol.Load().file.Admin.StatusToken == "" {
+	if len(a.token) == 0 && a.s.pol.Load().File.Admin.StatusToken == "" {
 		a.fail(rc, http.StatusForbidden, "status_disabled", "the status page is disabled: set SLUICE_ADMIN_TOKEN or admin.status_token")
 		return
 	}
@@ -282,43 +282,43 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 	now := s.now()
 	ready, why := s.Ready()
 	snap := s.gpu.Snapshot()
-	r := StatusReport{GeneratedAt: now.UTC(), PolicyVersion: pol.version, Ready: ready, ReadyReason: why,
-		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{},
+	r := StatusReport{GeneratedAt: now.UTC(), PolicyVersion: pol.Version, Ready: ready, ReadyReason: why,
+		Ledger: pol.Cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantReport{}, Replicas: []ReplicaReport{},
 		Version: buildVersion(), StartedAt: s.started.UTC(), UptimeS: int64(now.Sub(s.started) / time.Second),
 		ConfigFile: a.hooks.ConfigPath, Refusals: s.m.recent.recent()}
 	counts := a.counters()
 	rtKeys := map[string]int{}
 	if idx := s.rtKeys.Load(); idx != nil {
-		for _, k := range idx.byKey {
-			rtKeys[k.tenant]++
+		for _, k := range idx.ByKey {
+			rtKeys[k.Tenant]++
 		}
 	}
-	for _, t := range pol.order {
-		tr := TenantReport{Name: t.name, Weight: t.cfg.Weight, Concurrency: t.cfg.Concurrency,
-			Inflight: t.rt.inflight.Load(), InflightTokens: t.rt.inflightTokens.Load(), Keys: len(t.keys) + rtKeys[t.name],
-			Requests: counts.requests[t.name], Rejections: counts.rejections[t.name], AutoClamps: counts.clamps[t.name], Budgets: []UsageRow{},
-			MaxDepth: t.cfg.Queue.MaxDepth, MaxWait: t.cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.name)}
+	for _, t := range pol.Order {
+		tr := TenantReport{Name: t.Name, Weight: t.Cfg.Weight, Concurrency: t.Cfg.Concurrency,
+			Inflight: t.RT.Inflight.Load(), InflightTokens: t.RT.InflightTokens.Load(), Keys: len(t.Keys) + rtKeys[t.Name],
+			Requests: counts.requests[t.Name], Rejections: counts.rejections[t.Name], AutoClamps: counts.clamps[t.Name], Budgets: []UsageRow{},
+			MaxDepth: t.Cfg.Queue.MaxDepth, MaxWait: t.Cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.Name)}
 		if tr.Requests == nil {
 			tr.Requests = map[string]int64{}
 		}
 		if tr.Rejections == nil {
 			tr.Rejections = map[string]int64{}
 		}
-		if qs, ok := s.q.Stats(t.name); ok {
+		if qs, ok := s.q.Stats(t.Name); ok {
 			tr.Queued = qs.Depth
 		}
-		if c, ok := pol.clampOf(t.name, now); ok {
+		if c, ok := pol.ClampOf(t.Name, now); ok {
 			tr.Clamp = &c
 		}
-		if len(t.limits) > 1 { // more than the slots limit
-			u, err := s.led.Snapshot(ctx, t.key, t.key)
+		if len(t.Limits) > 1 { // more than the slots limit
+			u, err := s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
 			if err != nil {
 				if r.Errors == nil {
 					r.Errors = map[string]string{}
 				}
-				r.Errors["budgets "+t.name] = oneLine(err)
+				r.Errors["budgets "+t.Name] = oneLine(err)
 			}
-			tr.Budgets = budgetRows(t.limits, u)
+			tr.Budgets = budgetRows(t.Limits, u)
 		}
 		r.Tenants = append(r.Tenants, tr)
 	}
@@ -397,7 +397,7 @@ func label(m *dto.Metric, name string) string {
 func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 	rows := []UsageRow{}
 	for _, l := range limits {
-		if l.Dim == ledger.Slots || l == resolutionLimit {
+		if l.Dim == ledger.Slots || l == ResolutionLimit {
 			continue
 		}
 		// The limit and mode are the policy's: the ledger's copy is the
@@ -419,43 +419,43 @@ func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 
 // keyReports lists the keys that have limits of their own, config keys
 // first, with their ledger use.
-func (a *Admin) keyReports(ctx context.Context, pol *policy, r *StatusReport) []KeyReport {
-	keys := []*apiKey{}
-	for _, t := range pol.order {
-		keys = append(keys, t.keys...)
+func (a *Admin) keyReports(ctx context.Context, pol *Snapshot, r *StatusReport) []KeyReport {
+	keys := []*Key{}
+	for _, t := range pol.Order {
+		keys = append(keys, t.Keys...)
 	}
 	if idx := a.s.rtKeys.Load(); idx != nil {
-		var rt []*apiKey
-		for _, k := range idx.byKey {
-			if pol.tenants[k.tenant] != nil {
+		var rt []*Key
+		for _, k := range idx.ByKey {
+			if pol.Tenants[k.Tenant] != nil {
 				rt = append(rt, k)
 			}
 		}
-		sort.Slice(rt, func(i, j int) bool { return rt[i].tenant+rt[i].label < rt[j].tenant+rt[j].label })
+		sort.Slice(rt, func(i, j int) bool { return rt[i].Tenant+rt[i].Label < rt[j].Tenant+rt[j].Label })
 		keys = append(keys, rt...)
 	}
 	out := []KeyReport{}
 	for _, k := range keys {
-		if len(k.scope.Limits) == 0 {
+		if len(k.Scope.Limits) == 0 {
 			continue
 		}
-		kr := KeyReport{Tenant: k.tenant, Label: k.label, Source: "config", Concurrency: k.slots, Inflight: k.rt.inflight.Load(), Budgets: []UsageRow{}}
-		if k.runtime {
+		kr := KeyReport{Tenant: k.Tenant, Label: k.Label, Source: "config", Concurrency: k.Slots, Inflight: k.RT.Inflight.Load(), Budgets: []UsageRow{}}
+		if k.Runtime {
 			kr.Source = "admin"
 		}
-		if !k.expiresAt.IsZero() {
-			e := k.expiresAt.UTC()
+		if !k.ExpiresAt.IsZero() {
+			e := k.ExpiresAt.UTC()
 			kr.ExpiresAt = &e
 		}
-		t := pol.tenants[k.tenant]
-		u, err := a.s.led.Snapshot(ctx, t.key, k.scope.Key)
+		t := pol.Tenants[k.Tenant]
+		u, err := a.s.led.Snapshot(ctx, t.ScopeKey, k.Scope.Key)
 		if err != nil {
 			if r.Errors == nil {
 				r.Errors = map[string]string{}
 			}
-			r.Errors["key budgets "+k.tenant+"/"+k.label] = oneLine(err)
+			r.Errors["key budgets "+k.Tenant+"/"+k.Label] = oneLine(err)
 		}
-		kr.Budgets = budgetRows(k.scope.Limits, u)
+		kr.Budgets = budgetRows(k.Scope.Limits, u)
 		out = append(out, kr)
 	}
 	return out

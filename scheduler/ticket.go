@@ -45,7 +45,7 @@ type sink interface {
 // *cachedResponse to replay. Otherwise err is nil and the caller must call
 // Finish exactly once, also when the call failed before its answer opened
 // (Finish answers that failure).
-func (s *Server) Start(ctx context.Context, t *tenant, pol *policy, a admission) (*Ticket, error) {
+func (s *Server) Start(ctx context.Context, t *Tenant, pol *Snapshot, a admission) (*Ticket, error) {
 	c, err := s.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	case out == nil:
 		c.cancel(ErrClientGone)
 		s.finish(c, ErrClientGone) // nothing to do if it ended in Start
-		s.m.count(c.t.name, outcomeCancelled, nil)
+		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
 		return s.refused(c, out, tk.err)
@@ -131,10 +131,10 @@ func (s *Server) readWhole(c *call) ([]byte, error) {
 func (s *Server) refused(c *call, out sink, err error) outcome {
 	ae := out.refuse(c, err)
 	if ae == nil {
-		s.m.count(c.t.name, outcomeCancelled, nil)
+		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	}
-	return s.countRefusal(c.t.name, c.reqID, err, ae)
+	return s.countRefusal(c.t.Name, c.reqID, err, ae)
 }
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,

@@ -106,7 +106,7 @@ func (a *Admin) usage(rc *fasthttp.RequestCtx) {
 	q := rc.QueryArgs()
 	f := UsageFilter{Tenant: string(q.Peek("tenant")), Key: string(q.Peek("key")), Model: string(q.Peek("model")),
 		Dimension: string(q.Peek("dimension"))}
-	if f.Tenant != "" && a.s.pol.Load().tenants[f.Tenant] == nil {
+	if f.Tenant != "" && a.s.pol.Load().Tenants[f.Tenant] == nil {
 		a.inputError(rc, inputErr("tenant", "unknown tenant %q", f.Tenant))
 		return
 	}
@@ -167,8 +167,8 @@ func (a *Admin) budgetUsage(ctx context.Context, rows []BudgetRow) {
 			var key ledger.ScopeKey
 			if r.Tenant == GlobalTenant {
 				key = a.s.keyer.GlobalKey()
-			} else if t := pol.tenants[r.Tenant]; t != nil {
-				key = t.key
+			} else if t := pol.Tenants[r.Tenant]; t != nil {
+				key = t.ScopeKey
 			} else {
 				continue
 			}
