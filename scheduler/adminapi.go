@@ -36,7 +36,7 @@ func (a *Admin) registerOps() {
 
 // inputError answers a bad admin request: 400 with the field path.
 func (a *Admin) inputError(rc *fasthttp.RequestCtx, err error) {
-	var ai *InputError
+	var ai *adminInputError
 	switch {
 	case errors.As(err, &ai):
 		rc.SetStatusCode(http.StatusBadRequest)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -29,9 +30,9 @@ type call struct {
 	ops          [3]opCtx           // the first ledgerOps' contexts (reserve, mark dispatched, settle)
 	nops         uint8              // ops handed out
 
-	pol      *Snapshot
-	t        *Tenant
-	key      *Key // the key that authenticated the request
+	pol      *policy.Snapshot
+	t        *policy.Tenant
+	key      *policy.Key // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
 	route    route     // model (pool) and prefix for the replica choice
@@ -99,8 +100,8 @@ type call struct {
 // admission is what the edge learned from the HTTP request.
 type admission struct {
 	ep       vllm.Endpoint
-	key      *Key // nil only in tests that bypass the edge
-	body     []byte  // owned by the call from here on
+	key      *policy.Key // nil only in tests that bypass the edge
+	body     []byte      // owned by the call from here on
 	reqID    string
 	timeout  time.Duration // client's X-Request-Timeout; 0 none
 	idemKey  string
@@ -121,7 +122,7 @@ type admission struct {
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
-func (s *Server) admit(ctx context.Context, t *Tenant, pol *Snapshot, a admission) (*call, error) {
+func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
 	arrival := s.now()
 	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.Cfg.Server.TemplateAllowance),
 		MediaTokensPerPart: int(pol.Cfg.Server.MediaAllowance)})
@@ -633,7 +634,7 @@ func (s *Server) await(c *call) (err error) {
 		c.t.RT.Inflight.Add(1)
 		c.keyInflight(1)
 		c.t.RT.InflightTokens.Add(c.size)
-		ts := c.t.series(s.m)
+		ts := seriesOf(c.t, s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
 		s.mu.Lock()

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -209,8 +210,8 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string, tra
 
 // clientReq is an authenticated, parsed request and its client context.
 type clientReq struct {
-	t         *Tenant
-	pol       *Snapshot
+	t         *policy.Tenant
+	pol       *policy.Snapshot
 	a         admission
 	ctx       context.Context         // cancelled when the peer closes its connection
 	gone      context.CancelCauseFunc // ends ctx
@@ -473,7 +474,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 				return outcomeUpstreamError
 			}
 			s.finish(c, nil)
-			c.t.series(s.m).requestsOK.Inc()
+			seriesOf(c.t, s.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if err != nil {
@@ -500,7 +501,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 			buf = appendStopped(buf, c)
 			flush()
 			s.finish(c, errBudgetEnded)
-			c.t.series(s.m).requestsOK.Inc()
+			seriesOf(c.t, s.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if !ok {
@@ -508,7 +509,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 		}
 		if first && !ev.Done {
 			first = false
-			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
+			seriesOf(c.t, s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
 		if len(buf) >= maxCoalesce {
 			flush()
@@ -723,7 +724,7 @@ func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 }
 
 // writeWorkflow renders an envelope with its ledger usage.
-func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *Tenant, wf *workflow) {
+func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *policy.Tenant, wf *workflow) {
 	s := e.s
 	ctx, cancel := context.WithTimeout(e.base, 2*time.Second)
 	defer cancel()

@@ -83,7 +83,7 @@ func TestHoldRoomAndCostArePredicted(t *testing.T) {
 	// What the tenant's requests produced raises the prediction to its
 	// percentile (0.95 of 20 outputs: the 19th smallest).
 	for i := range 20 {
-		s.pol.Load().Tenants["acme"].RT.pred.observe("m", int64(100+10*i), 64)
+		localOf(s.pol.Load().Tenants["acme"]).pred.observe("m", int64(100+10*i), 64)
 	}
 	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`), reqID: "learned"})
 	require.NoError(t, err)

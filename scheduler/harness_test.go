@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -344,7 +345,7 @@ func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 // was admitted), the answer's body and the error that ended it. A
 // streaming call is returned with its answer open, for the test to finish
 // and end (tests of the streamed delivery use Start and sseBody).
-func (s *Server) start(ctx context.Context, t *Tenant, pol *Snapshot, a admission) (*call, []byte, error) {
+func (s *Server) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, []byte, error) {
 	tk, err := s.Start(ctx, t, pol, a)
 	if tk == nil {
 		return nil, nil, err

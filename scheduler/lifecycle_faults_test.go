@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
@@ -624,7 +625,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	go a.dispatchLoop(ctx)
 	go b.dispatchLoop(ctx)
 	poll := func(s *Server) {
-		d, err := store.Get(ctx, AdminDoc)
+		d, err := store.Get(ctx, policy.AdminDoc)
 		require.NoError(t, err)
 		s.applySharedAdmin(d)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // The outage allowance: by default a ledger outage stops
@@ -85,7 +86,7 @@ func (o *outages) restore(owed map[ledger.RequestID]*outageCharge, log *outbox) 
 
 // admit takes one request of tokens from the tenant's allowance, if both the
 // per-outage and the per-hour allowance have room.
-func (o *outages) admit(t *Tenant, tokens int64, now time.Time) (outageUse, bool) {
+func (o *outages) admit(t *policy.Tenant, tokens int64, now time.Time) (outageUse, bool) {
 	al := t.Cfg.OutageAllowance
 	if al.Requests <= 0 {
 		return outageUse{}, false

@@ -96,7 +96,7 @@ func (s *Server) watchable(c *call) bool {
 func (s *Server) predictedOutput(c *call) int64 {
 	hp := c.pol.Cfg.Server.HoldPrediction
 	p := hp.FloorTokens
-	if q, ok := c.t.RT.pred.quantile(c.req.Model, hp.Percentile); ok {
+	if q, ok := localOf(c.t).pred.quantile(c.req.Model, hp.Percentile); ok {
 		p = max(p, q)
 	}
 	return max(p, c.minTokens())
@@ -131,5 +131,5 @@ func (s *Server) observeOutput(c *call, out int64, src ledger.Source) {
 	if !hp.On() {
 		return
 	}
-	c.t.RT.pred.observe(c.req.Model, out/int64(max(1, c.plan.Choices)), hp.History)
+	localOf(c.t).pred.observe(c.req.Model, out/int64(max(1, c.plan.Choices)), hp.History)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // choose is take without the seq: what the replica choice tests read.
@@ -106,7 +107,7 @@ func TestPoolMoveBalances(t *testing.T) {
 	p := poolTable{now: func() time.Time { return clk }}
 	var k poolKey
 	k.set(1)
-	x := &Tenant{Name: "x"}
+	x := &policy.Tenant{Name: "x"}
 	c1 := &call{t: x, pool: k, size: 100}
 	c2 := &call{t: x, pool: k, size: 30}
 	p.move(c1, spotQueued)
@@ -131,7 +132,7 @@ func TestPoolMoveBalances(t *testing.T) {
 
 func TestPriceCached(t *testing.T) {
 	t.Parallel()
-	p := &Snapshot{Prices: map[string]config.Price{
+	p := &policy.Snapshot{Prices: map[string]config.Price{
 		"m":     {Model: "m", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000, CachedInputPerMTok: 300_000},
 		"plain": {Model: "plain", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000},
 	}}

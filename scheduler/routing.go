@@ -1,8 +1,7 @@
 package scheduler
 
 import (
-	"slices"
-
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -16,15 +15,10 @@ func (e *modelError) Error() string { return "model " + e.model + " is not serve
 // Is makes errors.Is(err, ErrUnknownModel) true.
 func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
 
-// Allowed reports whether the tenant may use model (tenants[].models).
-func (t *Tenant) Allowed(model string) bool {
-	return len(t.Cfg.Models) == 0 || slices.Contains(t.Cfg.Models, model)
-}
-
 // checkModel refuses a model the tenant may not use or no replica serves.
 // A request without "model" gets vLLM's default (the first served model),
 // which the tenant must be allowed.
-func (s *Server) checkModel(t *Tenant, model string) error {
+func (s *Server) checkModel(t *policy.Tenant, model string) error {
 	m := model
 	if m == "" {
 		m = s.reps.defaultModel()
@@ -40,7 +34,7 @@ func (s *Server) checkModel(t *Tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *Snapshot, t *Tenant, req *vllm.Request) route {
+func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) route {
 	rt := route{model: req.Model}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
@@ -76,7 +70,7 @@ type modelCard struct {
 
 // modelList is what the tenant sees at GET /v1/models: the union of the
 // replicas' served models that it may use.
-func (s *Server) modelList(t *Tenant) []modelCard {
+func (s *Server) modelList(t *policy.Tenant) []modelCard {
 	out := []modelCard{}
 	for _, m := range s.reps.models() {
 		if !t.Allowed(m.id) {
@@ -92,20 +86,4 @@ func (s *Server) modelList(t *Tenant) []modelCard {
 		out = append(out, c)
 	}
 	return out
-}
-
-// PriceCached is priceMicros with the input tokens served from vLLM's
-// prefix cache (usage.prompt_tokens_details.cached_tokens) at the model's
-// cached_input_per_mtok when it sets one. The admission hold prices all
-// input at the full rate, an upper bound of this.
-func (p *Snapshot) PriceCached(model string, in, cached, out int64) int64 {
-	pr, ok := p.Prices[model]
-	if !ok {
-		pr, ok = p.Prices["*"]
-	}
-	if !ok || pr.CachedInputPerMTok <= 0 || cached <= 0 {
-		return p.PriceMicros(model, in, out)
-	}
-	cached = min(cached, in)
-	return ceilDiv((in-cached)*pr.InputPerMTok+cached*pr.CachedInputPerMTok+out*pr.OutputPerMTok, 1_000_000)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -127,18 +128,15 @@ type Server struct {
 	memberMu sync.Mutex
 	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
-	pol      atomic.Pointer[Snapshot]
+	pol      atomic.Pointer[policy.Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
-	runtimes map[string]*TenantRuntime
-	admin    AdminState
-	keys     statestore.Store
+	runtimes *policy.Runtimes
+	admin    policy.AdminState
+	keys     *policy.RuntimeKeys // the run-time keys of the shared keys document
 	// responses is the fleet-shared idempotent response store; nil: none.
 	responses    ResponseStore
-	rtKeys       atomic.Pointer[KeyIndex] // run-time keys, swapped whole by applyKeys
-	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
-	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
-	adminApplied statestore.Doc           // the shared admin document admin came from (Rev 0: none yet)
-	state        statestore.Store         // shared admin state; nil: this instance's own
+	adminApplied statestore.Doc   // the shared admin document admin came from (Rev 0: none yet)
+	state        statestore.Store // shared admin state; nil: this instance's own
 	wfs          workflows
 	abuse        *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
@@ -202,19 +200,15 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		log:        deps.Logger,
 		now:        deps.Now,
 		owner:      ledger.NewOwner(),
-		runtimes:   map[string]*TenantRuntime{},
+		runtimes:   policy.NewRuntimes(newTenantLocal),
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
 		settler:    settler{outbox: outbox{kick: make(chan struct{}, 1)}},
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
-		keys:       deps.Keys,
 		responses:  deps.Responses,
 		onIllegal:  panicInTests(),
-	}
-	if s.keys == nil {
-		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
@@ -223,6 +217,11 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	keys := deps.Keys
+	if keys == nil {
+		keys = statestore.NewMemory()
+	}
+	s.keys = policy.NewRuntimeKeys(keys, s.keyer, s.log, s.now)
 	s.started = s.now()
 	s.leases.now = s.now
 	s.pools.now = s.now
@@ -235,7 +234,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}
-	if s.admin, err = LoadAdminState(cfg.Admin.StateFile); err != nil {
+	if s.admin, err = policy.LoadAdminState(cfg.Admin.StateFile); err != nil {
 		return nil, err
 	}
 	s.state = deps.State
@@ -249,8 +248,8 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.outage.restore(owed, &s.outbox)
 	s.outbox.ahead = cfg.Ledger.Backend != "memory"
 	s.noteDurability(cfg)
-	eff := EffectiveConfig(cfg, &s.admin, s.now())
-	pol, err := Build(eff, 1, s.keyer, s.runtimes)
+	eff := policy.EffectiveConfig(cfg, &s.admin, s.now())
+	pol, err := policy.Build(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
 		return nil, err
 	}
@@ -513,7 +512,7 @@ func (s *Server) exportLedger(ctx context.Context) {
 				continue
 			}
 			committed[d] = max(committed[d], l.Committed)
-			if l.Limit.Max > 0 && l.Limit != ResolutionLimit {
+			if l.Limit.Max > 0 && l.Limit != policy.ResolutionLimit {
 				s.m.BudgetUsed.WithLabelValues(t.name, d.String(), ledger.FormatWindow(l.Limit.Window)).
 					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
 			}

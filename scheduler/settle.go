@@ -78,7 +78,7 @@ func (s *Server) finish(c *call, err error) {
 	c.keyInflight(-1)
 	c.t.RT.InflightTokens.Add(-c.size)
 	s.pools.move(c, spotNone)
-	c.t.series(s.m).inflight.Dec()
+	seriesOf(c.t, s.m).inflight.Dec()
 	s.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled

@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -288,7 +289,7 @@ func (a *Admin) statusReport(ctx context.Context) StatusReport {
 		ConfigFile: a.hooks.ConfigPath, Refusals: s.m.recent.recent()}
 	counts := a.counters()
 	rtKeys := map[string]int{}
-	if idx := s.rtKeys.Load(); idx != nil {
+	if idx := s.keys.Index(); idx != nil {
 		for _, k := range idx.ByKey {
 			rtKeys[k.Tenant]++
 		}
@@ -397,7 +398,7 @@ func label(m *dto.Metric, name string) string {
 func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 	rows := []UsageRow{}
 	for _, l := range limits {
-		if l.Dim == ledger.Slots || l == ResolutionLimit {
+		if l.Dim == ledger.Slots || l == policy.ResolutionLimit {
 			continue
 		}
 		// The limit and mode are the policy's: the ledger's copy is the
@@ -419,13 +420,13 @@ func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 
 // keyReports lists the keys that have limits of their own, config keys
 // first, with their ledger use.
-func (a *Admin) keyReports(ctx context.Context, pol *Snapshot, r *StatusReport) []KeyReport {
-	keys := []*Key{}
+func (a *Admin) keyReports(ctx context.Context, pol *policy.Snapshot, r *StatusReport) []KeyReport {
+	keys := []*policy.Key{}
 	for _, t := range pol.Order {
 		keys = append(keys, t.Keys...)
 	}
-	if idx := a.s.rtKeys.Load(); idx != nil {
-		var rt []*Key
+	if idx := a.s.keys.Index(); idx != nil {
+		var rt []*policy.Key
 		for _, k := range idx.ByKey {
 			if pol.Tenants[k.Tenant] != nil {
 				rt = append(rt, k)

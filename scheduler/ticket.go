@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // One owner per call. Start runs a call from admission to its upstream's
@@ -45,7 +46,7 @@ type sink interface {
 // *cachedResponse to replay. Otherwise err is nil and the caller must call
 // Finish exactly once, also when the call failed before its answer opened
 // (Finish answers that failure).
-func (s *Server) Start(ctx context.Context, t *Tenant, pol *Snapshot, a admission) (*Ticket, error) {
+func (s *Server) Start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
 	c, err := s.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
@@ -106,7 +107,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	if c.wf != nil {
 		c.wf.countToolCalls(toolCallsFor(c.ep, body))
 	}
-	ts := c.t.series(s.m)
+	ts := seriesOf(c.t, s.m)
 	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 	ts.requestsOK.Inc()
 	out.whole(c, body)

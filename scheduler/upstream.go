@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -21,7 +22,7 @@ import (
 // exactly first, and only a failed count leaves the bound's answer (the
 // documented fallback). counted reports that /tokenize was asked (or has
 // nothing to render), so a later budget denial need not ask again.
-func (s *Server) countAndPlan(ctx context.Context, t *Tenant, pol *Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
+func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
 	if (pol.Cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
@@ -44,7 +45,7 @@ func (s *Server) countAndPlan(ctx context.Context, t *Tenant, pol *Snapshot, req
 // planFor plans the cap and checks the tenant's input limit, in vLLM's
 // order: a request the model cannot take is its 400 before a tenant limit
 // (Request.Plan).
-func (s *Server) planFor(t *Tenant, req *vllm.Request) (vllm.Plan, error) {
+func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
 	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
 	if err != nil {
 		return plan, err

@@ -1,4 +1,4 @@
-package scheduler
+package policy
 
 import (
 	"encoding/hex"
@@ -13,9 +13,10 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// Key is one API key of a tenant in a policy: its hash, how it is shown
+// Key is one API key of a tenant in a snapshot: its hash, how it is shown
 // (name or short hash, never the key), and its own ledger scope when it
-// has budgets or a concurrency cap. Immutable; rt survives reloads.
+// has budgets or a concurrency cap. Immutable but for the Admitted cache;
+// RT survives reloads.
 type Key struct {
 	Hash      [32]byte
 	Name      string // configured name; "" when none
@@ -26,8 +27,8 @@ type Key struct {
 	ExpiresAt time.Time    // zero: never
 	Runtime   bool         // created through the admin API
 	RT        *KeyRuntime
-	// Admitted caches sluice_api_key_admissions_total{result="Admitted"}
-	// of this key (a policy's key, so a reload's rename gets its own).
+	// Admitted caches the server's sluice_api_key_admissions_total{result="admitted"}
+	// child of this key (a snapshot's key, so a reload's rename gets its own).
 	Admitted atomic.Pointer[prometheus.Counter]
 }
 
@@ -45,7 +46,8 @@ func (k *Key) MetricLabel() string {
 	return k.Name
 }
 
-// BuildKey turns a config key into a policy key. The ledger scope key is
+// BuildKey turns a config key into a snapshot's key; trt, when not nil,
+// keeps the key's live counters across rebuilds. The ledger scope key is
 // the Keyer of the key's hash, never of the key.
 func BuildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *TenantRuntime) (*Key, error) {
 	norm := strings.ToLower(kc.Hash)
@@ -76,28 +78,4 @@ func BuildKey(tenant string, kc config.APIKey, keyer *ledger.Keyer, trt *TenantR
 		trt.Keys[k.Hash] = k.RT
 	}
 	return k, nil
-}
-
-// keyScope is the call's api_key scope for the Reserve, if its key has
-// limits of its own.
-func (c *call) keyScope() (ledger.Scope, bool) {
-	if c.key == nil || len(c.key.Scope.Limits) == 0 {
-		return ledger.Scope{}, false
-	}
-	return c.key.Scope, true
-}
-
-// keyAtCap reports whether the call's key has its concurrency in flight on
-// this instance (the dispatch predicate parks the tenant then; the ledger
-// slot enforces the cap fleet-wide).
-func (c *call) keyAtCap() bool {
-	k := c.key
-	return k != nil && k.Slots > 0 && k.RT.Inflight.Load() >= k.Slots
-}
-
-// keyInflight moves the call's key in-flight count by d.
-func (c *call) keyInflight(d int64) {
-	if c.key != nil {
-		c.key.RT.Inflight.Add(d)
-	}
 }

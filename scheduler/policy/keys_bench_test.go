@@ -1,4 +1,4 @@
-package scheduler
+package policy
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", Concurrency: 1,
 		APIKeys: []config.APIKey{{Hash: config.HashKey("sk-config"), Name: "ci",
 			Budgets: []config.Budget{{Dimension: "tokens", Limit: 1000, Window: time.Hour, Mode: "block"}}}}}}}
-	pol, err := Build(cfg, 1, keyer, map[string]*TenantRuntime{})
+	pol, err := Build(cfg, 1, keyer, NewRuntimes(nil))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package scheduler
+package policy
 
 import (
 	"testing"
@@ -23,7 +23,7 @@ func TestAuthenticateKeys(t *testing.T) {
 			Budgets: []config.Budget{{Dimension: "tokens", Limit: 100, Window: time.Hour, Mode: "block"}}},
 		{Hash: config.HashKey("sk-plain")},
 	}}}}
-	pol, err := Build(cfg, 1, keyer, map[string]*TenantRuntime{})
+	pol, err := Build(cfg, 1, keyer, NewRuntimes(nil))
 	require.NoError(t, err)
 	now := time.Unix(1_000_000, 0)
 	exp := now.Add(time.Minute)
@@ -59,21 +59,41 @@ func TestAuthenticateKeys(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnauthorized, "a key of an unconfigured tenant")
 }
 
-// TestKeyRuntimeSurvivesRebuild: a key's in-flight counter is the same
-// object across policy rebuilds, so its concurrency cap holds over reloads.
+// TestKeyRuntimeSurvivesRebuild: a key's in-flight counter, and its
+// tenant's runtime with the server's Local state, are the same objects
+// across rebuilds, so a concurrency cap holds over reloads.
 func TestKeyRuntimeSurvivesRebuild(t *testing.T) {
 	t.Parallel()
 	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", Concurrency: 1, APIKeys: []config.APIKey{{Hash: config.HashKey("sk"), Concurrency: 1}}}}}
-	runtimes := map[string]*TenantRuntime{}
+	made := 0
+	runtimes := NewRuntimes(func() any { made++; return &made })
 	p1, err := Build(cfg, 1, keyer, runtimes)
 	require.NoError(t, err)
 	p2, err := Build(cfg, 2, keyer, runtimes)
 	require.NoError(t, err)
-	c := &call{key: p1.Tenants["a"].Keys[0]}
-	c.keyInflight(1)
-	assert.True(t, (&call{key: p2.Tenants["a"].Keys[0]}).keyAtCap(), "the rebuilt policy sees the key's request in flight")
-	c.keyInflight(-1)
-	assert.False(t, (&call{key: p2.Tenants["a"].Keys[0]}).keyAtCap())
+	k1, k2 := p1.Tenants["a"].Keys[0], p2.Tenants["a"].Keys[0]
+	assert.NotSame(t, k1, k2, "each snapshot has its own key")
+	k1.RT.Inflight.Add(1)
+	assert.Equal(t, int64(1), k2.RT.Inflight.Load(), "the rebuilt snapshot sees the key's request in flight")
+	assert.Same(t, p1.Tenants["a"].RT, p2.Tenants["a"].RT)
+	assert.Equal(t, 1, made, "the tenant's Local is made once")
+	assert.NotNil(t, p2.Tenants["a"].RT.Local)
+}
+
+func TestAuthenticate(t *testing.T) {
+	t.Parallel()
+	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: config.Keys(config.HashKey("sk-a")), Concurrency: 1}}}
+	pol, err := Build(cfg, 1, keyer, NewRuntimes(nil))
+	require.NoError(t, err)
+	tn, _, err := pol.Authenticate([]byte("Bearer sk-a"), time.Now(), nil)
+	require.NoError(t, err)
+	assert.Equal(t, "a", tn.Name)
+	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
+		_, _, err := pol.Authenticate([]byte(h), time.Now(), nil)
+		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
+	}
 }

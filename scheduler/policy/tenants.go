@@ -1,9 +1,10 @@
-package scheduler
+package policy
 
 import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -11,15 +12,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
-// Snapshot is an immutable snapshot of everything admission reads from the
-// config. A reload builds a new one and swaps it in atomically; requests
-// keep the Snapshot they were admitted under.
+// ErrUnauthorized refuses a bearer token that names no key in force: no
+// token, an unknown key, an expired one, or one whose tenant is gone.
+var ErrUnauthorized = errors.New("missing or unknown API key")
+
+// Snapshot is everything admission reads from the config, immutable. A
+// reload or an admin change builds a new one and the server swaps it in
+// atomically; requests keep the snapshot they were admitted under.
 type Snapshot struct {
 	Version  uint64
 	Cfg      *config.File // effective: the file plus admin overrides and clamps
@@ -34,16 +37,16 @@ type Snapshot struct {
 	LeaseTTL time.Duration
 }
 
-// Tenant is one Tenant's admission policy plus a pointer to its runtime
+// Tenant is one tenant's admission policy plus a pointer to its runtime
 // state, which survives reloads.
 type Tenant struct {
-	Name   string
-	Cfg    config.Tenant
-	ScopeKey    ledger.ScopeKey
-	Limits []ledger.Limit // budgets + slots, as sent with every Reserve
-	Warn   map[ledger.Dim]float64
-	RT     *TenantRuntime
-	// Keys are the tenant's API Keys (config and run time), by position.
+	Name     string
+	Cfg      config.Tenant
+	ScopeKey ledger.ScopeKey // the tenant's ledger scope
+	Limits   []ledger.Limit  // budgets + slots, as sent with every Reserve
+	Warn     map[ledger.Dim]float64
+	RT       *TenantRuntime
+	// Keys are the tenant's API keys of the config file, by position.
 	Keys []*Key
 	// CacheSalt is the vLLM cache_salt written into the tenant's requests
 	// (cache_isolation: salt); "" for the shared prefix cache.
@@ -55,46 +58,52 @@ type TenantRuntime struct {
 	Inflight       atomic.Int64 // dispatched, not yet settled (this instance)
 	Queued         atomic.Int64 // waiting in this instance's queue
 	InflightTokens atomic.Int64
-	series         atomic.Pointer[tenantSeries]
-	// Keys are the live counters of the tenant's API Keys by hash; written
-	// only by buildPolicy (under the server's polMu), read through apiKey.rt.
+	// Keys are the live counters of the tenant's API keys by hash; written
+	// only by Build (under the server's policy lock), read through Key.RT.
 	Keys map[[32]byte]*KeyRuntime
-	// pred is the tenant's recent outputs, for predicted holds (predict.go).
-	pred predictor
+	// Local is the server's own state of the tenant (cached metric
+	// children, the output predictor), made by the Runtimes' newLocal when
+	// the tenant first appears, so that it survives reloads too; nil when
+	// newLocal is.
+	Local any
 }
 
-// tenantSeries holds a tenant's per-request metric children, resolved once
-// (label hashing and the vector's map lookup cost on every request
-// otherwise). Children are never deleted from the vectors, so a cached one
-// stays the exported one.
-type tenantSeries struct {
-	m          *Metrics
-	requestsOK prometheus.Counter
-	ttft       prometheus.Observer
-	inflight   prometheus.Gauge
-	queueWait  prometheus.Observer
+// Runtimes are the tenants' live state by name, kept across rebuilds: a
+// tenant's counters stay the same objects while its policy is replaced.
+// Not safe for concurrent Builds (the server serializes them).
+type Runtimes struct {
+	byName   map[string]*TenantRuntime
+	newLocal func() any
 }
 
-// series returns t's cached metric children on m, resolving them on first
-// use (and again should the server's Metrics ever change).
-func (t *Tenant) series(m *Metrics) *tenantSeries {
-	if ts := t.RT.series.Load(); ts != nil && ts.m == m {
-		return ts
+// NewRuntimes returns an empty set whose new tenants get newLocal() as
+// their Local (nil: none).
+func NewRuntimes(newLocal func() any) *Runtimes {
+	return &Runtimes{byName: map[string]*TenantRuntime{}, newLocal: newLocal}
+}
+
+// of returns name's runtime, made on first use.
+func (r *Runtimes) of(name string) *TenantRuntime {
+	rt := r.byName[name]
+	if rt == nil {
+		rt = &TenantRuntime{}
+		if r.newLocal != nil {
+			rt.Local = r.newLocal()
+		}
+		r.byName[name] = rt
 	}
-	ts := &tenantSeries{
-		m:          m,
-		requestsOK: m.Requests.WithLabelValues(t.Name, "ok"),
-		ttft:       m.TTFT.WithLabelValues(t.Name),
-		inflight:   m.Inflight.WithLabelValues(t.Name),
-		queueWait:  m.QueueWait.WithLabelValues(t.Name),
-	}
-	t.RT.series.Store(ts)
-	return ts
+	return rt
 }
 
-// Build turns a validated config into a policy. runtimes carries the
-// live counters of tenants that already exist.
-func Build(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes map[string]*TenantRuntime) (*Snapshot, error) {
+// Allowed reports whether the tenant may use model (tenants[].models).
+func (t *Tenant) Allowed(model string) bool {
+	return len(t.Cfg.Models) == 0 || slices.Contains(t.Cfg.Models, model)
+}
+
+// Build turns a validated config into a snapshot. runtimes carries the
+// live counters of tenants that already exist and receives those of new
+// ones.
+func Build(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes *Runtimes) (*Snapshot, error) {
 	p := &Snapshot{
 		Version:  version,
 		Cfg:      cfg,
@@ -115,11 +124,7 @@ func Build(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes map[s
 		p.Global = append(p.Global, l)
 	}
 	for _, tc := range cfg.Tenants {
-		rt := runtimes[tc.Name]
-		if rt == nil {
-			rt = &TenantRuntime{}
-			runtimes[tc.Name] = rt
-		}
+		rt := runtimes.of(tc.Name)
 		t := &Tenant{Name: tc.Name, Cfg: tc, ScopeKey: keyer.Key(ledger.KindTenant, tc.Name), RT: rt, Warn: map[ledger.Dim]float64{}}
 		if tc.CacheIsolation == "salt" {
 			salt := keyer.Derive("cache_salt", tc.Name)
@@ -166,7 +171,7 @@ func Build(cfg *config.File, version uint64, keyer *ledger.Keyer, runtimes map[s
 var ResolutionLimit = ledger.Limit{Dim: ledger.Requests, Window: time.Hour, Max: ledger.MaxAmount, Mode: ledger.Warn}
 
 // Authenticate maps a bearer token to its tenant and key: a key of the
-// config file (p.byKey) or one created at run time (rt, may be nil). The
+// config file (p.ByKey) or one created at run time (rt, may be nil). The
 // raw key is hashed at once and never stored or logged. A key whose
 // tenant is not configured, or past its expiry, is unknown.
 func (p *Snapshot) Authenticate(authz []byte, now time.Time, rt *KeyIndex) (*Tenant, *Key, error) {
@@ -196,7 +201,7 @@ func (p *Snapshot) Authenticate(authz []byte, now time.Time, rt *KeyIndex) (*Ten
 
 // PriceMicros is the usd_micros of in/out tokens of model, rounded up
 // (saturating at ledger.MaxAmount; holds are checked with
-// priceMicrosChecked first).
+// PriceMicrosChecked first).
 func (p *Snapshot) PriceMicros(model string, in, out int64) int64 {
 	v, ok := p.PriceMicrosChecked(model, in, out)
 	if !ok {
@@ -205,7 +210,7 @@ func (p *Snapshot) PriceMicros(model string, in, out int64) int64 {
 	return v
 }
 
-// PriceMicrosChecked is priceMicros with overflow checks on prices ×
+// PriceMicrosChecked is PriceMicros with overflow checks on prices ×
 // tokens; false when the price is outside the ledger's range.
 func (p *Snapshot) PriceMicrosChecked(model string, in, out int64) (int64, bool) {
 	pr, ok := p.Prices[model]
@@ -222,6 +227,31 @@ func (p *Snapshot) PriceMicrosChecked(model string, in, out int64) (int64, bool)
 	}
 	v := ceilDiv(in*pr.InputPerMTok+out*pr.OutputPerMTok, 1_000_000)
 	return v, v <= ledger.MaxAmount
+}
+
+// PriceCached is PriceMicros with the input tokens served from vLLM's
+// prefix cache (usage.prompt_tokens_details.cached_tokens) at the model's
+// cached_input_per_mtok when it sets one. The admission hold prices all
+// input at the full rate, an upper bound of this.
+func (p *Snapshot) PriceCached(model string, in, cached, out int64) int64 {
+	pr, ok := p.Prices[model]
+	if !ok {
+		pr, ok = p.Prices["*"]
+	}
+	if !ok || pr.CachedInputPerMTok <= 0 || cached <= 0 {
+		return p.PriceMicros(model, in, out)
+	}
+	cached = min(cached, in)
+	return ceilDiv((in-cached)*pr.InputPerMTok+cached*pr.CachedInputPerMTok+out*pr.OutputPerMTok, 1_000_000)
+}
+
+// ClampOf returns the tenant's clamp in force at now, if any.
+func (p *Snapshot) ClampOf(tenant string, now time.Time) (Clamp, bool) {
+	c, ok := p.Clamps[tenant]
+	if !ok || !now.Before(c.ExpiresAt) {
+		return Clamp{}, false
+	}
+	return c, true
 }
 
 func ceilDiv(a, b int64) int64 {
