@@ -119,7 +119,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 // RevokeKey deletes a run-time key by id and keeps its tombstone. New
 // requests with it get 401 at once on this instance and within a poll
 // interval on the others. A key this instance authenticates is revocable
-// even when the store lost it (keysync.go).
+// even when the store lost it (policy.RuntimeKeys.Update).
 func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 	var gone policy.StoredKey
 	now := s.now().UTC()

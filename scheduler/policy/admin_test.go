@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -36,4 +38,60 @@ func TestEffectiveConfig(t *testing.T) {
 
 	expired := EffectiveConfig(file, st, now.Add(time.Hour))
 	assert.Equal(t, 8, expired.Tenants[0].Concurrency, "an expired clamp no longer applies")
+}
+
+// TestAdminStateFileFormat pins admin.state_file's format: what EncodeFile
+// writes, LoadAdminState reads back, and a file without one of the maps
+// loads as an empty one.
+func TestAdminStateFileFormat(t *testing.T) {
+	t.Parallel()
+	exp := time.Date(2026, 12, 5, 13, 0, 0, 0, time.UTC)
+	st := AdminState{
+		Budgets: map[string]BudgetOverride{"a:tokens:1h0m0s": {Tenant: "a", Budget: config.Budget{Dimension: "tokens", Limit: 99, Window: time.Hour, Mode: "block"}}},
+		Clamps:  map[string]Clamp{"a": {Tenant: "a", Concurrency: 2, Reason: "probe", ExpiresAt: exp, Source: "admin"}},
+	}
+	b, err := st.EncodeFile()
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `"clamps": {
+    "a": {
+      "tenant": "a",
+      "concurrency": 2,
+      "reason": "probe",
+      "expires_at": "2026-12-05T13:00:00Z",
+      "source": "admin"
+    }
+  }`)
+	path := filepath.Join(t.TempDir(), "admin.json")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	got, err := LoadAdminState(path)
+	require.NoError(t, err)
+	assert.Equal(t, st, got)
+
+	require.NoError(t, os.WriteFile(path, []byte(`{"budgets": null}`), 0o600))
+	got, err = LoadAdminState(path)
+	require.NoError(t, err)
+	assert.NotNil(t, got.Budgets)
+	assert.NotNil(t, got.Clamps)
+	got, err = LoadAdminState(filepath.Join(t.TempDir(), "absent.json"))
+	require.NoError(t, err)
+	assert.Empty(t, got.Clamps, "a missing file is an empty state")
+}
+
+// TestNormalizeBudgetID: any spelling of a window names the budget as
+// BudgetID writes it; an id without three parts or with a bad window is
+// an input error naming "id".
+func TestNormalizeBudgetID(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"acme:tokens:24h": "acme:tokens:24h0m0s", "acme:tokens:1440m": "acme:tokens:24h0m0s", "_global:usd_micros:1h0m0s": "_global:usd_micros:1h0m0s"} {
+		got, err := NormalizeBudgetID(in)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"acme:24h", "acme:tokens:soon", "acme:tokens:-1h"} {
+		_, err := NormalizeBudgetID(in)
+		var ie *InputError
+		require.ErrorAs(t, err, &ie, in)
+		assert.Equal(t, "id", ie.Param)
+		assert.ErrorIs(t, err, ErrAdminInput)
+	}
 }
