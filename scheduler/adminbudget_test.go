@@ -32,7 +32,7 @@ func TestBudgetRmRestoresConfig(t *testing.T) {
 	require.Equal(t, 1, n)
 	assert.Equal(t, int64(500000), limit)
 	assert.Equal(t, "admin", src)
-	assert.Equal(t, int64(500000), s.pol.Load().tenants["acme"].cfg.Budgets[0].Limit)
+	assert.Equal(t, int64(500000), s.pol.Load().Tenants["acme"].Cfg.Budgets[0].Limit)
 
 	out, err := s.RemoveBudget("acme:tokens:24h")
 	require.NoError(t, err)
@@ -43,7 +43,7 @@ func TestBudgetRmRestoresConfig(t *testing.T) {
 	require.Equal(t, 1, n, "the tenant keeps a tokens budget")
 	assert.Equal(t, int64(200000), limit, "the config's limit applies again")
 	assert.Equal(t, "config", src)
-	pb := s.pol.Load().tenants["acme"].cfg.Budgets
+	pb := s.pol.Load().Tenants["acme"].Cfg.Budgets
 	require.Len(t, pb, 1, "the policy enforces it")
 	assert.Equal(t, int64(200000), pb[0].Limit)
 

@@ -5,184 +5,77 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
-// Clamp is a temporary restriction of a tenant: a safe mode for a tenant
-// under suspicion. Zero fields leave that limit as configured. A clamp
-// never drops admitted requests; it applies from the next admission (output
-// cap, models) or dispatch (concurrency, weight).
-type Clamp struct {
-	Tenant          string    `json:"tenant"`
-	Concurrency     int       `json:"concurrency,omitempty"`
-	Weight          int       `json:"weight,omitempty"`
-	MaxOutputTokens int64     `json:"max_output_tokens,omitempty"`
-	Models          []string  `json:"models,omitempty"`
-	Reason          string    `json:"reason"`
-	ExpiresAt       time.Time `json:"expires_at"`
-	Source          string    `json:"source"` // admin | auto
-}
+// The admin API's operations on budgets and clamps, and the admin state's
+// life in this server: applied to the policy snapshot, persisted in
+// admin.state_file, shared through the state store (policy.AdminDoc).
+
+// Clamp is a temporary restriction of a tenant (policy.Clamp).
+type Clamp = policy.Clamp
 
 // BudgetOverride is a budget set or removed through the admin API.
-type BudgetOverride struct {
-	Tenant  string        `json:"tenant"`
-	Budget  config.Budget `json:"budget"`
-	Removed bool          `json:"removed,omitempty"`
-}
-
-// adminState is what the admin API changed, persisted in admin.state_file.
-type adminState struct {
-	Budgets map[string]BudgetOverride `json:"budgets"` // by budget id
-	Clamps  map[string]Clamp          `json:"clamps"`  // by tenant
-}
-
-// ErrAdminInput marks a bad admin request (400 with a field path).
-var ErrAdminInput = errors.New("invalid admin input")
-
-// adminInputError is an admin input error naming its field.
-type adminInputError struct {
-	param, msg string
-}
-
-func (e *adminInputError) Error() string        { return e.param + ": " + e.msg }
-func (e *adminInputError) Is(target error) bool { return target == ErrAdminInput }
-
-func inputErr(param, format string, a ...any) error {
-	return &adminInputError{param: param, msg: fmt.Sprintf(format, a...)}
-}
-
-// effectiveConfig applies the admin state to the file config: budget
-// overrides replace or remove file budgets by id; clamps lower concurrency,
-// weight and output caps. The result is what the policy is built from.
-func effectiveConfig(file *config.File, st *adminState, now time.Time) *config.File {
-	cfg := *file
-	cfg.Global.Budgets = applyOverrides(GlobalTenant, file.Global.Budgets, st)
-	cfg.Tenants = make([]config.Tenant, len(file.Tenants))
-	for i, t := range file.Tenants {
-		t.Budgets = applyOverrides(t.Name, t.Budgets, st)
-		if c, ok := st.Clamps[t.Name]; ok && now.Before(c.ExpiresAt) {
-			if c.Concurrency > 0 && (t.Concurrency == 0 || c.Concurrency < t.Concurrency) { // 0: uncapped
-				t.Concurrency = c.Concurrency
-			}
-			if c.Weight > 0 && c.Weight < t.Weight {
-				t.Weight = c.Weight
-			}
-			if c.MaxOutputTokens > 0 && (t.MaxOutputTokens == 0 || c.MaxOutputTokens < t.MaxOutputTokens) { // 0: uncapped
-				t.MaxOutputTokens = c.MaxOutputTokens
-			}
-		}
-		cfg.Tenants[i] = t
-	}
-	return &cfg
-}
+type BudgetOverride = policy.BudgetOverride
 
 // GlobalTenant is the name under which fleet-wide budgets appear in the
 // admin API and in metrics' tenant label.
-const GlobalTenant = "_global"
+const GlobalTenant = policy.GlobalTenant
 
-// applyOverrides applies the admin budget overrides of one tenant (or of
-// GlobalTenant) to a copy of its file budgets.
-func applyOverrides(tenant string, file []config.Budget, st *adminState) []config.Budget {
-	out := slices.Clone(file)
-	ids := make([]string, 0, len(st.Budgets))
-	for id := range st.Budgets {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids) // deterministic order of appended budgets
-	for _, id := range ids {
-		o := st.Budgets[id]
-		if o.Tenant != tenant {
-			continue
-		}
-		j := slices.IndexFunc(out, func(b config.Budget) bool { return config.BudgetID(tenant, b) == id })
-		switch {
-		case o.Removed && j >= 0:
-			out = slices.Delete(out, j, j+1)
-		case !o.Removed && j >= 0:
-			out[j] = o.Budget
-		case !o.Removed:
-			out = append(out, o.Budget)
-		}
-	}
-	return out
-}
+// ErrAdminInput marks a bad admin request (400 with a field path).
+var ErrAdminInput = policy.ErrAdminInput
+
+// adminInputError is an admin input error naming its field.
+type adminInputError = policy.InputError
+
+// inputErr is an admin input error of param with a formatted message.
+var inputErr = policy.InputErr
 
 // rebuildLocked builds and commits a policy from the file config plus the
 // admin state (s.polMu held). Queued and running requests keep the policy
 // they were admitted under.
 func (s *Server) rebuildLocked(file *config.File) error {
-	eff := effectiveConfig(file, &s.admin, s.now())
+	eff := policy.EffectiveConfig(file, &s.admin, s.now())
 	if err := eff.Validate(); err != nil {
 		return err
 	}
 	s.configureAbuse(eff)
 	old := s.pol.Load()
-	pol, err := buildPolicy(eff, old.version+1, s.keyer, s.runtimes)
+	pol, err := policy.Build(eff, old.Version+1, s.keyer, s.runtimes)
 	if err != nil {
 		return err
 	}
-	pol.file = file
-	pol.clamps = map[string]Clamp{}
-	for k, c := range s.admin.Clamps {
-		if s.now().Before(c.ExpiresAt) {
-			pol.clamps[k] = c
-		}
-	}
+	pol.File = file
+	pol.Clamps = policy.ClampsInForce(&s.admin, s.now())
 	commit, err := s.q.Prepare(queueConfig(eff))
 	if err != nil {
 		return fmt.Errorf("queue config: %w", err)
 	}
 	commit()
 	s.pol.Store(pol)
-	if pol.leaseTTL < old.leaseTTL {
+	if pol.LeaseTTL < old.LeaseTTL {
 		s.settler.Rearm() // the heartbeat period follows a shorter lease_ttl now
 	}
 	s.signal(s.wake)
 	return nil
 }
 
-// loadAdminState reads admin.state_file; a missing file is an empty state.
-func loadAdminState(path string) (adminState, error) {
-	st := adminState{Budgets: map[string]BudgetOverride{}, Clamps: map[string]Clamp{}}
-	if path == "" {
-		return st, nil
-	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return st, nil
-	}
-	if err != nil {
-		return st, fmt.Errorf("admin state: %w", err)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("admin state %s is corrupt: %w", path, err)
-	}
-	if st.Budgets == nil {
-		st.Budgets = map[string]BudgetOverride{}
-	}
-	if st.Clamps == nil {
-		st.Clamps = map[string]Clamp{}
-	}
-	return st, nil
-}
-
 // persistLocked writes the admin state atomically (s.polMu held).
 func (s *Server) persistLocked() error {
-	path := s.pol.Load().file.Admin.StateFile
+	path := s.pol.Load().File.Admin.StateFile
 	if path == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(s.admin, "", "  ")
+	b, err := s.admin.EncodeFile()
 	if err != nil {
 		return err
 	}
@@ -243,7 +136,7 @@ func (s *Server) Budgets(tenant string) []BudgetRow {
 	pol := s.pol.Load()
 	rows := []BudgetRow{}
 	if tenant == "" || tenant == GlobalTenant {
-		for _, b := range pol.cfg.Global.Budgets {
+		for _, b := range pol.Cfg.Global.Budgets {
 			id := config.BudgetID(GlobalTenant, b)
 			src := "config"
 			s.polMu.Lock()
@@ -255,19 +148,19 @@ func (s *Server) Budgets(tenant string) []BudgetRow {
 				Window: b.Window.String(), Mode: b.Mode, Source: src})
 		}
 	}
-	for _, t := range pol.order {
-		if tenant != "" && t.name != tenant {
+	for _, t := range pol.Order {
+		if tenant != "" && t.Name != tenant {
 			continue
 		}
-		for _, b := range t.cfg.Budgets {
-			id := config.BudgetID(t.name, b)
+		for _, b := range t.Cfg.Budgets {
+			id := config.BudgetID(t.Name, b)
 			src := "config"
 			s.polMu.Lock()
 			if _, ok := s.admin.Budgets[id]; ok {
 				src = "admin"
 			}
 			s.polMu.Unlock()
-			rows = append(rows, BudgetRow{ID: id, Tenant: t.name, Dimension: b.Dimension, Limit: b.Limit,
+			rows = append(rows, BudgetRow{ID: id, Tenant: t.Name, Dimension: b.Dimension, Limit: b.Limit,
 				Window: b.Window.String(), Mode: b.Mode, Source: src})
 		}
 	}
@@ -285,18 +178,18 @@ func (s *Server) SetBudget(tenant string, b config.Budget) (BudgetRow, error) {
 	if b.WarnRatio == 0 {
 		b.WarnRatio = 0.8
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	if tenant != GlobalTenant && !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == tenant }) {
 		return BudgetRow{}, inputErr("tenant", "unknown tenant %q", tenant)
 	}
 	id := config.BudgetID(tenant, b)
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *policy.AdminState) error {
 		st.Budgets[id] = BudgetOverride{Tenant: tenant, Budget: b}
 		return nil
 	})
 	var ae *adminInputError
-	if errors.As(err, &ae) || errors.Is(err, errInvalidAdmin) {
-		return BudgetRow{}, &adminInputError{param: "budget", msg: oneLine(err)}
+	if errors.As(err, &ae) || errors.Is(err, policy.ErrInvalidAdmin) {
+		return BudgetRow{}, &adminInputError{Param: "budget", Msg: oneLine(err)}
 	}
 	if err != nil {
 		return BudgetRow{}, err
@@ -320,17 +213,7 @@ type BudgetRemoval struct {
 // NormalizeBudgetID writes the window of an id <tenant>:<dimension>:<window>
 // the way BudgetID does, so "acme:tokens:24h" and "acme:tokens:1440m" name
 // the budget listed as acme:tokens:24h0m0s.
-func NormalizeBudgetID(id string) (string, error) {
-	i := strings.LastIndexByte(id, ':')
-	if i < 0 || !strings.Contains(id[:i], ":") {
-		return "", inputErr("id", "a budget id is <tenant>:<dimension>:<window>, like acme:tokens:24h (got %q)", id)
-	}
-	w, err := time.ParseDuration(id[i+1:])
-	if err != nil || w <= 0 {
-		return "", inputErr("id", "the window of budget id %q must be a duration such as 24h", id)
-	}
-	return id[:i+1] + w.String(), nil
-}
+func NormalizeBudgetID(id string) (string, error) { return policy.NormalizeBudgetID(id) }
 
 // RemoveBudget removes the admin override with that id (any spelling of
 // its window). A config budget the override replaced applies again; a
@@ -343,7 +226,7 @@ func (s *Server) RemoveBudget(id string) (BudgetRemoval, error) {
 	}
 	var tenant string
 	errNone := errors.New("no override")
-	err = s.changeAdmin(func(st *adminState) error {
+	err = s.changeAdmin(func(st *policy.AdminState) error {
 		o, ok := st.Budgets[id]
 		if !ok {
 			return errNone
@@ -392,11 +275,11 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 	if c.Source == "" {
 		c.Source = "admin"
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	if !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == c.Tenant }) {
 		return c, fmt.Errorf("tenant %q: %w", c.Tenant, ErrNotFound)
 	}
-	if err := s.changeAdmin(func(st *adminState) error {
+	if err := s.changeAdmin(func(st *policy.AdminState) error {
 		st.Clamps[c.Tenant] = c
 		return nil
 	}); err != nil {
@@ -414,7 +297,7 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 // Unclamp lifts a tenant's clamp; it reports whether there was one.
 func (s *Server) Unclamp(tenant string) (bool, error) {
 	had := false
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *policy.AdminState) error {
 		if _, had = st.Clamps[tenant]; !had {
 			return statestore.ErrUnchanged
 		}
@@ -437,7 +320,7 @@ func (s *Server) Unclamp(tenant string) (bool, error) {
 func (s *Server) expireClamps() {
 	now := s.now()
 	var expired []Clamp
-	err := s.changeAdmin(func(st *adminState) error {
+	err := s.changeAdmin(func(st *policy.AdminState) error {
 		expired = expired[:0]
 		for name, c := range st.Clamps {
 			if !now.Before(c.ExpiresAt) {
@@ -454,7 +337,7 @@ func (s *Server) expireClamps() {
 		// The shared store is unreachable: expire locally all the same.
 		s.log.Warn("clamp expiry not written to the shared admin state", "err", err)
 		s.polMu.Lock()
-		next := s.admin.clone()
+		next := s.admin.Clone()
 		expired = expired[:0]
 		for name, c := range next.Clamps {
 			if !now.Before(c.ExpiresAt) {
@@ -475,62 +358,18 @@ func (s *Server) expireClamps() {
 	}
 }
 
-// The admin state's source of truth. Without a shared store it is this
-// instance's (persisted in admin.state_file). With one (the Redis layout:
-// Redis; the embedded layout: files next to the journal) it is the
-// document adminDoc, written by compare-and-set and polled every
-// adminPoll, so a budget or clamp set through any instance applies on
-// every instance; admin.state_file then keeps a local copy.
-const (
-	adminDoc  = "admin-state"
-	adminPoll = time.Second
-)
-
-// errInvalidAdmin marks an admin change the policy refuses.
-var errInvalidAdmin = errors.New("admin change refused")
-
-func (st adminState) clone() adminState {
-	out := adminState{Budgets: maps.Clone(st.Budgets), Clamps: maps.Clone(st.Clamps)}
-	if out.Budgets == nil {
-		out.Budgets = map[string]BudgetOverride{}
-	}
-	if out.Clamps == nil {
-		out.Clamps = map[string]Clamp{}
-	}
-	return out
-}
-
-func decodeAdmin(b []byte) (adminState, error) {
-	var st adminState
-	if len(b) > 0 {
-		if err := json.Unmarshal(b, &st); err != nil {
-			return st, fmt.Errorf("shared admin state is corrupt: %w", err)
-		}
-	}
-	return st.clone(), nil
-}
-
 // changeAdmin applies change to the admin state and rebuilds the policy:
 // through the shared store when there is one (compare-and-set, re-applied
 // on conflict, so changes on two instances never lose one), else locally.
 // A change the policy refuses is errInvalidAdmin and changes nothing.
 // change may return statestore.ErrUnchanged.
-func (s *Server) changeAdmin(change func(st *adminState) error) error {
+func (s *Server) changeAdmin(change func(st *policy.AdminState) error) error {
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	file := s.pol.Load().file
-	validate := func(st *adminState) error {
-		eff := effectiveConfig(file, st, s.now())
-		if err := eff.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
-		}
-		if _, err := buildPolicy(eff, 0, s.keyer, map[string]*tenantRuntime{}); err != nil {
-			return fmt.Errorf("%w: %w", errInvalidAdmin, err)
-		}
-		return nil
-	}
+	file := s.pol.Load().File
+	validate := func(st *policy.AdminState) error { return policy.Check(file, st, s.now(), s.keyer) }
 	if s.state == nil {
-		next := s.admin.clone()
+		next := s.admin.Clone()
 		if err := change(&next); err != nil {
 			if errors.Is(err, statestore.ErrUnchanged) {
 				return nil
@@ -544,15 +383,15 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var next *adminState
-	doc, err := statestore.Update(ctx, s.state, adminDoc, func(old []byte) ([]byte, error) {
+	var next *policy.AdminState
+	doc, err := statestore.Update(ctx, s.state, policy.AdminDoc, func(old []byte) ([]byte, error) {
 		next = nil
-		st, err := decodeAdmin(old)
+		st, err := policy.DecodeAdmin(old)
 		if err != nil {
 			return nil, err
 		}
 		if old == nil {
-			st = s.admin.clone() // first write seeds the fleet with this instance's state
+			st = s.admin.Clone() // first write seeds the fleet with this instance's state
 		}
 		if err := change(&st); err != nil {
 			return nil, err
@@ -575,10 +414,10 @@ func (s *Server) changeAdmin(change func(st *adminState) error) error {
 // installAdminLocked makes st the admin state of the shared document's
 // revision doc (s.polMu held; the zero Doc without a shared store):
 // rebuilds the policy and keeps the local copy.
-func (s *Server) installAdminLocked(st adminState, doc statestore.Doc) error {
+func (s *Server) installAdminLocked(st policy.AdminState, doc statestore.Doc) error {
 	prev := s.admin
 	s.admin = st
-	if err := s.rebuildLocked(s.pol.Load().file); err != nil {
+	if err := s.rebuildLocked(s.pol.Load().File); err != nil {
 		s.admin = prev
 		return err
 	}
@@ -600,7 +439,7 @@ func (s *Server) loadSharedAdmin() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	doc, err := s.state.Get(ctx, adminDoc)
+	doc, err := s.state.Get(ctx, policy.AdminDoc)
 	if err != nil {
 		s.log.Warn("shared admin state unreachable at start; using admin.state_file until it answers", "err", err)
 		return nil
@@ -608,7 +447,7 @@ func (s *Server) loadSharedAdmin() error {
 	if doc.Rev == 0 {
 		return nil
 	}
-	st, err := decodeAdmin(doc.Data)
+	st, err := policy.DecodeAdmin(doc.Data)
 	if err != nil {
 		return err
 	}
@@ -623,7 +462,7 @@ func (s *Server) adminLoop(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	err := statestore.Watch(ctx, s.state, adminDoc, adminPoll, s.applySharedAdmin, func(err error) {
+	err := statestore.Watch(ctx, s.state, policy.AdminDoc, policy.AdminPoll, s.applySharedAdmin, func(err error) {
 		s.log.Warn("shared admin state unreadable; keeping the last one", "err", err)
 	})
 	if ctx.Err() != nil {
@@ -653,7 +492,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d2, err := s.state.Get(ctx, adminDoc)
+	d2, err := s.state.Get(ctx, policy.AdminDoc)
 	if err != nil {
 		return // the next poll reads again
 	}
@@ -679,7 +518,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 	if err != nil {
 		return
 	}
-	nd, err := s.state.CompareAndSet(ctx, adminDoc, d2.Rev, b)
+	nd, err := s.state.CompareAndSet(ctx, policy.AdminDoc, d2.Rev, b)
 	if err != nil {
 		s.log.Info("shared admin state repair not written; reading it again at the next poll", "err", err)
 		return
@@ -690,7 +529,7 @@ func (s *Server) applySharedAdmin(d statestore.Doc) {
 
 // adoptSharedAdmin installs d if the applied revision is still expect.
 func (s *Server) adoptSharedAdmin(d statestore.Doc, expect statestore.Doc) {
-	st, err := decodeAdmin(d.Data)
+	st, err := policy.DecodeAdmin(d.Data)
 	if err != nil {
 		s.log.Error("shared admin state refused", "err", err)
 		return
@@ -716,13 +555,4 @@ func (s *Server) adoptSharedAdmin(d statestore.Doc, expect statestore.Doc) {
 		}
 	}
 	s.log.Info("admin state changed by another instance", "rev", d.Rev, "budgets", len(st.Budgets), "clamps", len(st.Clamps))
-}
-
-// clampOf returns the tenant's clamp in force at now, if any.
-func (p *policy) clampOf(tenant string, now time.Time) (Clamp, bool) {
-	c, ok := p.clamps[tenant]
-	if !ok || !now.Before(c.ExpiresAt) {
-		return Clamp{}, false
-	}
-	return c, true
 }

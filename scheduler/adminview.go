@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -29,7 +30,7 @@ func AdminInputField(err error) (param, msg string, ok bool) {
 	if !errors.As(err, &ai) {
 		return "", "", false
 	}
-	return ai.param, ai.msg, true
+	return ai.Param, ai.Msg, true
 }
 
 // AdminInputError is a bad admin request naming its field.
@@ -41,13 +42,13 @@ func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", ";
 func (s *Server) Now() time.Time { return s.now() }
 
 // PolicyVersion is the version of the policy in force.
-func (s *Server) PolicyVersion() uint64 { return s.pol.Load().version }
+func (s *Server) PolicyVersion() uint64 { return s.pol.Load().Version }
 
 // StatusToken is admin.status_token in force ("sha256:<hex>", "" none).
-func (s *Server) StatusToken() string { return s.pol.Load().file.Admin.StatusToken }
+func (s *Server) StatusToken() string { return s.pol.Load().File.Admin.StatusToken }
 
 // HasTenant reports whether name is a configured tenant.
-func (s *Server) HasTenant(name string) bool { return s.pol.Load().tenants[name] != nil }
+func (s *Server) HasTenant(name string) bool { return s.pol.Load().Tenants[name] != nil }
 
 // ReplicaStatus is one row of GET /admin/replicas.
 type ReplicaStatus struct {
@@ -141,12 +142,12 @@ type TenantStatus struct {
 func (s *Server) TenantStatuses() []TenantStatus {
 	pol := s.pol.Load()
 	out := []TenantStatus{}
-	for _, t := range pol.order {
-		ts := TenantStatus{Name: t.name, Weight: t.cfg.Weight, Priority: t.cfg.Priority, Concurrency: t.cfg.Concurrency, Inflight: t.rt.inflight.Load()}
-		if qs, ok := s.q.Stats(t.name); ok {
+	for _, t := range pol.Order {
+		ts := TenantStatus{Name: t.Name, Weight: t.Cfg.Weight, Priority: t.Cfg.Priority, Concurrency: t.Cfg.Concurrency, Inflight: t.RT.Inflight.Load()}
+		if qs, ok := s.q.Stats(t.Name); ok {
 			ts.Queued, ts.Charged = qs.Depth, qs.Charged
 		}
-		if c, ok := pol.clampOf(t.name, s.now()); ok {
+		if c, ok := pol.ClampOf(t.Name, s.now()); ok {
 			ts.Clamp = &c
 		}
 		out = append(out, ts)
@@ -180,11 +181,11 @@ type TenantUsage struct {
 // ledger ([ErrNotFound] for another name).
 func (s *Server) TenantUsage(ctx context.Context, name string) (TenantUsage, error) {
 	pol := s.pol.Load()
-	t := pol.tenants[name]
+	t := pol.Tenants[name]
 	if t == nil {
 		return TenantUsage{}, ErrNotFound
 	}
-	u, err := s.led.Snapshot(ctx, t.key, t.key)
+	u, err := s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
 	if err != nil {
 		return TenantUsage{}, err
 	}
@@ -197,8 +198,8 @@ func (s *Server) TenantUsage(ctx context.Context, name string) (TenantUsage, err
 	// The limits in force (the policy's), not only those the ledger has
 	// seen a request under: a tenant is listed before its first request,
 	// and a reloaded limit shows at once.
-	out.Limits = budgetRows(t.limits, u)
-	if c, ok := pol.clampOf(name, s.now()); ok {
+	out.Limits = budgetRows(t.Limits, u)
+	if c, ok := pol.ClampOf(name, s.now()); ok {
 		out.Clamp = &c
 	}
 	return out, nil
@@ -209,7 +210,7 @@ func (s *Server) TenantUsage(ctx context.Context, name string) (TenantUsage, err
 func budgetRows(limits []ledger.Limit, u ledger.Usage) []UsageRow {
 	rows := []UsageRow{}
 	for _, l := range limits {
-		if l.Dim == ledger.Slots || l == resolutionLimit {
+		if l.Dim == ledger.Slots || l == policy.ResolutionLimit {
 			continue
 		}
 		// The limit and mode are the policy's: the ledger's copy is the
@@ -244,8 +245,8 @@ func (s *Server) BudgetsInUse(ctx context.Context, tenant string) []BudgetRow {
 			var key ledger.ScopeKey
 			if r.Tenant == GlobalTenant {
 				key = s.keyer.GlobalKey()
-			} else if t := pol.tenants[r.Tenant]; t != nil {
-				key = t.key
+			} else if t := pol.Tenants[r.Tenant]; t != nil {
+				key = t.ScopeKey
 			} else {
 				continue
 			}
@@ -302,7 +303,7 @@ type Resolved struct {
 // ResolveReservation ends an UNRESOLVED (or dispatched, abandoned) hold
 // as r says, logs it and records it in the audit trail.
 func (s *Server) ResolveReservation(ctx context.Context, r Resolution) (Resolved, error) {
-	t := s.pol.Load().tenants[r.Tenant]
+	t := s.pol.Load().Tenants[r.Tenant]
 	switch {
 	case t == nil:
 		return Resolved{}, inputErr("tenant", "unknown tenant %q", r.Tenant)
@@ -314,7 +315,7 @@ func (s *Server) ResolveReservation(ctx context.Context, r Resolution) (Resolved
 		return Resolved{}, inputErr("id", "must be a 32-hex-digit ledger request id")
 	}
 	_, _ = hex.Decode(id[:], []byte(r.ID))
-	ref := ledger.Ref{Tenant: t.key, ID: id}
+	ref := ledger.Ref{Tenant: t.ScopeKey, ID: id}
 	var st ledger.Settlement
 	var err error
 	switch r.Charge {
@@ -392,18 +393,18 @@ func (s *Server) Reservations(ctx context.Context, tenant string, state ledger.S
 		return nil, ErrNotSupported
 	}
 	out := []Reservation{}
-	for _, t := range s.pol.Load().order {
-		if tenant != "" && tenant != t.name {
+	for _, t := range s.pol.Load().Order {
+		if tenant != "" && tenant != t.Name {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		refs, err := lister.List(lctx, t.key, state, 1000)
+		refs, err := lister.List(lctx, t.ScopeKey, state, 1000)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range refs {
-			out = append(out, Reservation{ID: r.Ref.ID.String(), Tenant: t.name, State: r.State.String(), Held: windowed(r.Held, false),
+			out = append(out, Reservation{ID: r.Ref.ID.String(), Tenant: t.Name, State: r.State.String(), Held: windowed(r.Held, false),
 				LeaseExpiry: r.LeaseExpiry.UTC().Format(time.RFC3339), AdmittedAt: r.AdmittedAt.UTC().Format(time.RFC3339)})
 		}
 	}

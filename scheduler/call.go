@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/settle"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -30,9 +31,9 @@ type call struct {
 	ops          [3]opCtx           // the first ledgerOps' contexts (reserve, mark dispatched, settle)
 	nops         uint8              // ops handed out
 
-	pol      *policy
-	t        *tenant
-	key      *apiKey // the key that authenticated the request
+	pol      *policy.Snapshot
+	t        *policy.Tenant
+	key      *policy.Key // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
 	route    route     // model (pool) and prefix for the replica choice
@@ -100,8 +101,8 @@ type call struct {
 // admission is what the edge learned from the HTTP request.
 type admission struct {
 	ep       vllm.Endpoint
-	key      *apiKey // nil only in tests that bypass the edge
-	body     []byte  // owned by the call from here on
+	key      *policy.Key // nil only in tests that bypass the edge
+	body     []byte      // owned by the call from here on
 	reqID    string
 	timeout  time.Duration // client's X-Request-Timeout; 0 none
 	idemKey  string
@@ -122,10 +123,10 @@ type admission struct {
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
-func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission) (*call, error) {
+func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
 	arrival := s.now()
-	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.cfg.Server.TemplateAllowance),
-		MediaTokensPerPart: int(pol.cfg.Server.MediaAllowance)})
+	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.Cfg.Server.TemplateAllowance),
+		MediaTokensPerPart: int(pol.Cfg.Server.MediaAllowance)})
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +136,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	if err := s.checkModel(t, req.Model); err != nil {
 		return nil, err
 	}
-	if cl, ok := pol.clampOf(t.name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
+	if cl, ok := pol.ClampOf(t.Name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
 		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
 	}
 	if !s.reps.anyUpFor(req.Model) {
@@ -147,14 +148,14 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c := &call{
 		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID, counted: counted,
-		arrival: arrival, band: t.cfg.Priority,
+		arrival: arrival, band: t.Cfg.Priority,
 		dispatched: make(chan *replica, 1),
 	}
 	if a.bandSet && a.band > c.band {
 		c.band = a.band // a request may lower its priority, never raise it
 	}
 	if a.workflow != "" {
-		wf, ok := s.wfs.getOrCreate(t.name, a.workflow, t.cfg.Workflow, arrival)
+		wf, ok := s.wfs.getOrCreate(t.Name, a.workflow, t.Cfg.Workflow, arrival)
 		if !ok {
 			return nil, invalidf("X-Workflow-Id", "unknown workflow %q and the tenant has no workflow_defaults", a.workflow)
 		}
@@ -183,7 +184,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	} else {
 		c.ctx, c.cancel = context.WithCancelCause(ctx)
 	}
-	c.ref = ledger.Ref{Tenant: t.key, ID: ledger.NewRequestID()}
+	c.ref = ledger.Ref{Tenant: t.ScopeKey, ID: ledger.NewRequestID()}
 	c.idemKey = a.idemKey
 	if a.idemKey != "" {
 		c.idemDigest = requestDigest(a.ep, a.body)
@@ -209,7 +210,7 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	// the dispatch loop may move it to held.
 	s.pools.move(c, spotQueued)
 	it, err := s.q.Enqueue(queue.Request[*call]{
-		Tenant: t.name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
+		Tenant: t.Name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
 		Deferred: !s.loopOnly, // dispatchInline below, then Wake
 	})
@@ -222,15 +223,15 @@ func (s *Server) admit(ctx context.Context, t *tenant, pol *policy, a admission)
 	}
 	c.handle = it.Handle
 	s.to(c, phaseQueued)
-	t.rt.queued.Add(1)
+	t.RT.Queued.Add(1)
 	s.countKey(c, "admitted")
 	s.dispatchInline()
 	if !s.loopOnly {
 		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
 	}
-	s.observeAbuse(t.name, abuse.Event{Kind: abuse.Admitted, AtCap: s.atCap(c)})
+	s.observeAbuse(t.Name, abuse.Event{Kind: abuse.Admitted, AtCap: s.atCap(c)})
 	if s.trail != nil { // the reason's text costs two allocations: only with a trail
-		s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
+		s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.Name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 			TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	}
 	return c, nil
@@ -281,7 +282,7 @@ func (s *Server) reserve(c *call, a admission) error {
 	gen := 0
 	for lowered := false; ; {
 		if a.idemKey != "" {
-			c.ref.ID = s.idemID(c.t.key, a.idemKey, gen)
+			c.ref.ID = s.idemID(c.t.ScopeKey, a.idemKey, gen)
 		}
 		if err := s.sizeHolds(c); err != nil {
 			return err
@@ -292,11 +293,11 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,
-			Scopes:   append(c.scopes[:0], ledger.Scope{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}),
-			LeaseTTL: c.pol.leaseTTL,
+			Scopes:   append(c.scopes[:0], ledger.Scope{Kind: ledger.KindTenant, Key: c.t.ScopeKey, Limits: c.t.Limits}),
+			LeaseTTL: c.pol.LeaseTTL,
 			// A label for audit lines only: the ledger never orders policy
 			// versions (limits travel with each Reserve).
-			PolicyVersion: c.pol.version,
+			PolicyVersion: c.pol.Version,
 			// A keyed retry is the same payload when the client's request
 			// is, whatever the holds (idempotency.go).
 			RequestDigest: c.idemDigest,
@@ -310,11 +311,11 @@ func (s *Server) reserve(c *call, a admission) error {
 			c.extraScopes = append(c.extraScopes, ks)
 		}
 		if c.wf != nil {
-			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.name+"\x00"+c.wf.id))
+			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.Name+"\x00"+c.wf.id))
 			c.extraScopes = append(c.extraScopes, ws)
 		}
-		if len(c.pol.global) > 0 {
-			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: s.keyer.GlobalKey(), Limits: c.pol.global})
+		if len(c.pol.Global) > 0 {
+			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: s.keyer.GlobalKey(), Limits: c.pol.Global})
 		}
 		rr.Scopes = append(rr.Scopes, c.extraScopes...)
 		op := c.ledgerOp()
@@ -329,7 +330,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			// is never another attempt's.
 			c.grant = g
 			s.to(c, phaseReserved)
-			s.settler.Track(&c.lease, c.ref, c.cancel, sent, c.pol.leaseTTL)
+			s.settler.Track(&c.lease, c.ref, c.cancel, sent, c.pol.LeaseTTL)
 			return nil
 		case err == nil:
 			return idemStateErr(g.State)
@@ -365,7 +366,7 @@ func (s *Server) reserve(c *call, a admission) error {
 			}
 		default:
 			if d := deniedOf(err); d != nil {
-				if d.Dim == ledger.Tokens && !c.counted && exactMayFit(c, d, c.pol.cfg.Server.MinOutputTokens) {
+				if d.Dim == ledger.Tokens && !c.counted && exactMayFit(c, d, c.pol.Cfg.Server.MinOutputTokens) {
 					// A token budget refused a hold sized on the bytes
 					// bound: count exactly before refusing or lowering.
 					if again, err := s.recount(c); err != nil || again {
@@ -375,14 +376,14 @@ func (s *Server) reserve(c *call, a admission) error {
 						continue
 					}
 				}
-				if !lowered && lowerCap(c, d, c.pol.cfg.Server.MinOutputTokens) {
+				if !lowered && lowerCap(c, d, c.pol.Cfg.Server.MinOutputTokens) {
 					// Send what the budgets still allow rather than refuse.
 					lowered = true
 					continue
 				}
-				s.observeAbuse(c.t.name, abuse.Event{Kind: abuse.Denied})
+				s.observeAbuse(c.t.Name, abuse.Event{Kind: abuse.Denied})
 				s.countKey(c, "denied")
-				return refusal(c, d, c.pol.cfg.Server.MinOutputTokens)
+				return refusal(c, d, c.pol.Cfg.Server.MinOutputTokens)
 			}
 		}
 		return err
@@ -470,7 +471,7 @@ func (s *Server) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
 	h[ledger.GPUMs] = s.reps.gpuHold(s.gpu, c.req.Model, in, out)
-	usd, ok := c.pol.priceMicrosChecked(c.req.Model, in, out)
+	usd, ok := c.pol.PriceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
 		return h, invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
@@ -522,7 +523,7 @@ func (s *Server) release(c *call) {
 	if cause := context.Cause(c.ctx); cause != nil {
 		reason = cause.Error()
 	}
-	s.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
+	s.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.Name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
 	s.noteLedger("release", err)
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
@@ -563,7 +564,7 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 // await blocks until the call is dispatched to a replica with a ledger
 // slot, expires, or its client leaves. On any error the call holds nothing.
 func (s *Server) await(c *call) (err error) {
-	defer c.t.rt.queued.Add(-1) // counted from a successful admit
+	defer c.t.RT.Queued.Add(-1) // counted from a successful admit
 	defer func() {
 		if err != nil {
 			s.pools.move(c, spotNone) // never ran: no longer queued nor holding room
@@ -631,10 +632,10 @@ func (s *Server) await(c *call) (err error) {
 		c.rep = rep
 		c.dispatchAt = s.now()
 		s.to(c, phaseDispatched)
-		c.t.rt.inflight.Add(1)
+		c.t.RT.Inflight.Add(1)
 		c.keyInflight(1)
-		c.t.rt.inflightTokens.Add(c.size)
-		ts := c.t.series(s.m)
+		c.t.RT.InflightTokens.Add(c.size)
+		ts := seriesOf(c.t, s.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
 		s.mu.Lock()
@@ -642,7 +643,7 @@ func (s *Server) await(c *call) (err error) {
 		s.running[c] = struct{}{}
 		s.mu.Unlock()
 		if rep.clock != nil {
-			c.ticket = rep.clock.Start(c.dispatchAt, c.t.name)
+			c.ticket = rep.clock.Start(c.dispatchAt, c.t.Name)
 		}
 		// The slot round trip took time: re-check the deadline before the
 		// first upstream byte.
@@ -664,8 +665,8 @@ func (s *Server) await(c *call) (err error) {
 
 // queueDeadline is the effective queue deadline of the call.
 func (c *call) queueDeadline() time.Time {
-	d := c.arrival.Add(c.pol.maxWait)
-	if w := c.t.cfg.Queue.MaxWait; w > 0 {
+	d := c.arrival.Add(c.pol.MaxWait)
+	if w := c.t.Cfg.Queue.MaxWait; w > 0 {
 		d = minTime(d, c.arrival.Add(w))
 	}
 	if !c.deadline.IsZero() {

@@ -154,13 +154,13 @@ func (s *Server) dispatchPass() {
 func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
-	if cur := s.pol.Load().tenants[t.name]; cur != nil {
+	if cur := s.pol.Load().Tenants[t.Name]; cur != nil {
 		t = cur // clamps and reloads apply from the next dispatch
 	}
-	if lim := t.cfg.Concurrency; (lim > 0 && t.rt.inflight.Load()+int64(v.Pending(t.name)) >= int64(lim)) || c.keyAtCap() {
+	if lim := t.Cfg.Concurrency; (lim > 0 && t.RT.Inflight.Load()+int64(v.Pending(t.Name)) >= int64(lim)) || c.keyAtCap() {
 		return queue.Park
 	}
-	if lim := t.cfg.InflightTokens; lim > 0 && t.rt.inflightTokens.Load()+c.size > lim {
+	if lim := t.Cfg.InflightTokens; lim > 0 && t.RT.InflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
 	s.repool(c)
@@ -178,7 +178,7 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	}
 	rep, seq := s.reps.take(c.route, c.size, nil)
 	if rep == nil {
-		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.name, float64(t.cfg.Weight)))
+		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.Name, float64(t.Cfg.Weight)))
 	}
 	c.rep, c.seq = rep, seq
 	s.pools.moveLocked(c, spotHeld)
@@ -196,7 +196,7 @@ func (s *Server) full(c *call, above bool) queue.Verdict {
 	if !above || !s.reps.roomOutside(c.pool, 1) {
 		return queue.Block
 	}
-	s.pools.parkFull(c.pool, c.t.name)
+	s.pools.parkFull(c.pool, c.t.Name)
 	return queue.Park
 }
 
@@ -209,23 +209,23 @@ func (s *Server) belowFairShare(c *call, f fleetLoad) (light bool, reserve float
 	pl := s.pools.getLocked(c.pool)
 	g := &pl.gate
 	nowN := s.now().UnixNano()
-	if t := pol.tenants[c.t.name]; t != nil && g.fresh(nowN, t.name) {
-		return g.decideFresh(pl.load(t.name, float64(t.cfg.Weight)), f)
+	if t := pol.Tenants[c.t.Name]; t != nil && g.fresh(nowN, t.Name) {
+		return g.decideFresh(pl.load(t.Name, float64(t.Cfg.Weight)), f)
 	}
 	loads := g.loads[:0]
 	cand := -1
-	for _, t := range pol.order {
-		if t.name == c.t.name {
+	for _, t := range pol.Order {
+		if t.Name == c.t.Name {
 			cand = len(loads)
 		}
-		loads = append(loads, pl.load(t.name, float64(t.cfg.Weight)))
+		loads = append(loads, pl.load(t.Name, float64(t.Cfg.Weight)))
 	}
 	g.loads = loads
-	g.hold = pol.cfg.Server.ReserveHold
+	g.hold = pol.Cfg.Server.ReserveHold
 	if cand < 0 {
 		return true, 0 // removed by a reload: its queued work drains freely
 	}
-	return g.assess(nowN, loads, cand, f, pol.cfg.Server.Headroom)
+	return g.assess(nowN, loads, cand, f, pol.Cfg.Server.Headroom)
 }
 
 // load is tenant's load on the pool as the gate sees it.

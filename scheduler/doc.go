@@ -140,7 +140,7 @@
 //     product (cap × choices, prices × tokens, cost weights × tokens) is
 //     overflow-checked; out of range is 400 invalid_request naming the
 //     parameter. A tenant without a windowed budget gets a never-binding
-//     one (resolutionLimit) so its UNRESOLVED records resolve.
+//     one (policy.ResolutionLimit) so its UNRESOLVED records resolve.
 //
 // Operators change budgets and clamps through the admin API (adminops.go);
 // each change builds a new policy on top of the config file, so queued and

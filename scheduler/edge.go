@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -209,8 +210,8 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string, tra
 
 // clientReq is an authenticated, parsed request and its client context.
 type clientReq struct {
-	t         *tenant
-	pol       *policy
+	t         *policy.Tenant
+	pol       *policy.Snapshot
 	a         admission
 	ctx       context.Context         // cancelled when the peer closes its connection
 	gone      context.CancelCauseFunc // ends ctx
@@ -241,7 +242,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 	}
 	a, err := parseAdmission(rc, ep, reqID, e.s.tracer != nil)
 	if err != nil {
-		e.reject(rc, t.name, err)
+		e.reject(rc, t.Name, err)
 		return clientReq{}, false
 	}
 	a.key = key
@@ -284,9 +285,9 @@ func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		if tk != nil {
 			tk.Finish(&wholeSink{e: e, rc: rc})
 		} else if replay := asReplay(err); replay != nil {
-			e.replayed(rc, cr.t.name, replay)
+			e.replayed(rc, cr.t.Name, replay)
 		} else {
-			e.reject(rc, cr.t.name, err)
+			e.reject(rc, cr.t.Name, err)
 		}
 		cr.stopWatch()
 		cr.gone(nil)
@@ -462,18 +463,18 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 		if cw.err != nil {
 			c.cancel(ErrClientGone)
 			s.finish(c, ErrClientGone)
-			s.m.count(c.t.name, outcomeCancelled, nil)
+			s.m.count(c.t.Name, outcomeCancelled, nil)
 			return outcomeCancelled
 		}
 		if errors.Is(err, io.EOF) {
 			if ref := c.stream.Refused(); ref != nil {
 				// vLLM refused it after the headers: an error, uncharged.
 				s.finish(c, ref)
-				s.m.count(c.t.name, outcomeUpstreamError, nil)
+				s.m.count(c.t.Name, outcomeUpstreamError, nil)
 				return outcomeUpstreamError
 			}
 			s.finish(c, nil)
-			c.t.series(s.m).requestsOK.Inc()
+			seriesOf(c.t, s.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if err != nil {
@@ -486,7 +487,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 				write(streamErrorEvent(c, cause))
 			}
 			o, _ := outcomeFor(&streamError{cause: cause})
-			s.m.count(c.t.name, o, nil)
+			s.m.count(c.t.Name, o, nil)
 			return o
 		}
 		if c.wf != nil {
@@ -500,7 +501,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 			buf = appendStopped(buf, c)
 			flush()
 			s.finish(c, errBudgetEnded)
-			c.t.series(s.m).requestsOK.Inc()
+			seriesOf(c.t, s.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if !ok {
@@ -508,7 +509,7 @@ func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
 		}
 		if first && !ev.Done {
 			first = false
-			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
+			seriesOf(c.t, s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
 		if len(buf) >= maxCoalesce {
 			flush()
@@ -533,7 +534,7 @@ type clientWriter struct {
 }
 
 func newClientWriter(c *call, w io.Writer, conn writeDeadliner) *clientWriter {
-	cw := &clientWriter{c: c, w: w, conn: conn, timeout: c.pol.cfg.Server.StreamWriteTimeout}
+	cw := &clientWriter{c: c, w: w, conn: conn, timeout: c.pol.Cfg.Server.StreamWriteTimeout}
 	if cw.timeout <= 0 {
 		cw.conn = nil
 	}
@@ -632,7 +633,7 @@ func warn(c *call) bool {
 	if len(c.grant.Warnings) > 0 {
 		return true
 	}
-	for d, ratio := range c.t.warn {
+	for d, ratio := range c.t.Warn {
 		room := c.grant.Headroom[d]
 		if room.Tracked && room.Limit > 0 && float64(room.Limit-room.Remaining) >= ratio*float64(room.Limit) {
 			return true
@@ -682,7 +683,7 @@ func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 		dec := json.NewDecoder(bytes.NewReader(rc.PostBody()))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&in); err != nil {
-			e.reject(rc, t.name, invalidf("", "workflow body: %v", err))
+			e.reject(rc, t.Name, invalidf("", "workflow body: %v", err))
 			return
 		}
 		lim := config.WorkflowLimit{MaxCalls: in.MaxCalls, MaxInputTokens: in.MaxInputTokens, MaxOutputTokens: in.MaxOutputTokens,
@@ -690,7 +691,7 @@ func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 		if in.MaxDuration != "" {
 			d, err := time.ParseDuration(in.MaxDuration)
 			if err != nil || d <= 0 {
-				e.reject(rc, t.name, invalidf("max_duration", "max_duration must be a positive duration such as 10m"))
+				e.reject(rc, t.Name, invalidf("max_duration", "max_duration must be a positive duration such as 10m"))
 				return
 			}
 			lim.MaxDuration = d
@@ -699,21 +700,21 @@ func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 			"max_output_tokens": lim.MaxOutputTokens, "max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries,
 			"max_tool_calls": lim.MaxToolCalls} {
 			if v < 0 {
-				e.reject(rc, t.name, invalidf(name, "%s must be >= 0", name))
+				e.reject(rc, t.Name, invalidf(name, "%s must be >= 0", name))
 				return
 			}
 		}
-		if in.MaxOutputTokens == 0 && t.cfg.Workflow.MaxOutputTokens == 0 {
-			e.reject(rc, t.name, invalidf("max_output_tokens", "max_output_tokens must be > 0"))
+		if in.MaxOutputTokens == 0 && t.Cfg.Workflow.MaxOutputTokens == 0 {
+			e.reject(rc, t.Name, invalidf("max_output_tokens", "max_output_tokens must be > 0"))
 			return
 		}
-		wf := s.wfs.create(t.name, capWorkflowLimits(lim, t.cfg.Workflow), s.now())
+		wf := s.wfs.create(t.Name, capWorkflowLimits(lim, t.Cfg.Workflow), s.now())
 		rc.SetStatusCode(201)
 		e.writeWorkflow(rc, t, wf)
 	case id != "" && rc.IsGet():
-		wf := s.wfs.get(t.name, id)
+		wf := s.wfs.get(t.Name, id)
 		if wf == nil {
-			e.reject(rc, t.name, fmt.Errorf("workflow %q: %w", id, ErrNotFound))
+			e.reject(rc, t.Name, fmt.Errorf("workflow %q: %w", id, ErrNotFound))
 			return
 		}
 		e.writeWorkflow(rc, t, wf)
@@ -723,13 +724,13 @@ func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
 }
 
 // writeWorkflow renders an envelope with its ledger usage.
-func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *tenant, wf *workflow) {
+func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *policy.Tenant, wf *workflow) {
 	s := e.s
 	ctx, cancel := context.WithTimeout(e.base, 2*time.Second)
 	defer cancel()
-	u, err := s.led.Snapshot(ctx, t.key, s.keyer.Key(ledger.KindWorkflow, t.name+"\x00"+wf.id))
+	u, err := s.led.Snapshot(ctx, t.ScopeKey, s.keyer.Key(ledger.KindWorkflow, t.Name+"\x00"+wf.id))
 	if err != nil {
-		e.reject(rc, t.name, err)
+		e.reject(rc, t.Name, err)
 		return
 	}
 	used := map[string]int64{

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // TestSuccessHeaders pins the exact budget and Server-Timing header bytes
@@ -51,7 +52,7 @@ func TestSuccessHeaders(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e := &Edge{s: &Server{now: func() time.Time { return t0 }}}
-			c := &call{t: &tenant{}, arrival: tt.arrival, dispatchAt: tt.dispatch, firstByte: tt.firstByte,
+			c := &call{t: &policy.Tenant{}, arrival: tt.arrival, dispatchAt: tt.dispatch, firstByte: tt.firstByte,
 				grant: ledger.Grant{Headroom: tt.headroom}}
 			var rc fasthttp.RequestCtx
 			e.successHeaders(&rc, c)

@@ -29,7 +29,7 @@ func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol, admission{ep: ep, body: body, reqID: "r"})
+	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol, admission{ep: ep, body: body, reqID: "r"})
 	require.NoError(t, err)
 	require.True(t, tk.Streaming())
 	ended := 0

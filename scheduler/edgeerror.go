@@ -45,7 +45,7 @@ func (e *Edge) refuse(rc *fasthttp.RequestCtx, c *call, err error) *apiError {
 		// models again.
 		c.rep.modelsAt.Store(0)
 	}
-	return e.writeError(rc, c.t.name, err)
+	return e.writeError(rc, c.t.Name, err)
 }
 
 // reject writes err in the pinned error shape, audits and counts it.

@@ -103,7 +103,7 @@ func (s *Server) pumpEvents(c *call, w io.Writer, conn writeDeadliner) outcome {
 		}
 		if first {
 			first = false
-			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
+			seriesOf(c.t, s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
 		}
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsFor(c.ep, raw))
@@ -114,14 +114,14 @@ func (s *Server) pumpEvents(c *call, w io.Writer, conn writeDeadliner) outcome {
 		}
 	}
 	_ = c.resp.Body.Close()
-	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.cfg.Upstream.StreamInterval), c.plan.OutputTokens, s.countSeen(c, rs))
+	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.Cfg.Upstream.StreamInterval), c.plan.OutputTokens, s.countSeen(c, rs))
 	s.finish(c, end)
 	if end == nil {
-		c.t.series(s.m).requestsOK.Inc()
+		seriesOf(c.t, s.m).requestsOK.Inc()
 		return outcomeOK
 	}
 	o, _ := outcomeFor(&streamError{cause: end})
-	s.m.count(c.t.name, o, nil)
+	s.m.count(c.t.Name, o, nil)
 	return o
 }
 

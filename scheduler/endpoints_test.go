@@ -224,7 +224,7 @@ func TestFinishTwiceIsIllegal(t *testing.T) {
 	var illegal []error
 	s.onIllegal = func(err error) { illegal = append(illegal, err) }
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`), reqID: "r"})
+	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`), reqID: "r"})
 	require.NoError(t, err)
 	var out recordingSink
 	assert.Equal(t, outcomeOK, tk.Finish(&out))

@@ -11,13 +11,14 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // Sentinel errors of the admission pipeline. statusFor maps them (and the
 // errors of queue, ledger and vllm) to HTTP responses.
 var (
-	ErrUnauthorized  = errors.New("missing or unknown API key")
+	ErrUnauthorized  = policy.ErrUnauthorized
 	ErrTooLarge      = errors.New("request body too large")
 	ErrBadRequest    = errors.New("invalid request")
 	ErrUnknownModel  = errors.New("unknown model")

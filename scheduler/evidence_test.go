@@ -56,7 +56,7 @@ func TestNonStreamedSentAsStreamForEvidence(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"tools":[{"type":"function","function":{"name":"f"}}]}`, 0},
 		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"stream":true}`, 0},
 	} {
-		c, _, err := s.start(context.Background(), s.pol.Load().tenants["acme"], s.pol.Load(),
+		c, _, err := s.start(context.Background(), s.pol.Load().Tenants["acme"], s.pol.Load(),
 			admission{ep: vllm.EndpointChat, body: []byte(tc.body), reqID: "r"})
 		require.NoError(t, err, tc.body)
 		if c.req.Stream {
@@ -88,7 +88,7 @@ func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		pol := s.pol.Load()
-		c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+		c, _, err := s.start(context.Background(), pol.Tenants["acme"], pol,
 			admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "r"})
 		require.Error(t, err)
 		require.NotNil(t, c)
@@ -131,7 +131,7 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.tenants["acme"], pol,
+	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol,
 		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
 	require.NoError(t, err)
 	c := tk.c
@@ -160,8 +160,8 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 5, c.usage.PromptTokens)
 	assert.Equal(t, 2+1, c.usage.CompletionTokens, "two tokens ran and were read, plus one interval")
-	assert.Zero(t, c.t.rt.inflight.Load(), "its slot is free")
-	assert.Zero(t, c.t.rt.inflightTokens.Load(), "its replica room is free")
+	assert.Zero(t, c.t.RT.Inflight.Load(), "its slot is free")
+	assert.Zero(t, c.t.RT.InflightTokens.Load(), "its replica room is free")
 	require.NoError(t, b.Close())
 }
 
@@ -201,7 +201,7 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
 	for range 4 { // whichever replica the route picks first
-		c, body, err := s.start(context.Background(), pol.tenants["acme"], pol,
+		c, body, err := s.start(context.Background(), pol.Tenants["acme"], pol,
 			admission{ep: vllm.EndpointChat, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`), reqID: "r"})
 		require.NoError(t, err)
 		c.end()
@@ -237,7 +237,7 @@ func TestEvidenceStreamErrorAfterOutputChargedUsage(t *testing.T) {
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, _, err := s.start(context.Background(), pol.tenants["acme"], pol,
+	c, _, err := s.start(context.Background(), pol.Tenants["acme"], pol,
 		admission{ep: vllm.EndpointChat, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`), reqID: "r"})
 	require.Error(t, err)
 	c.end()

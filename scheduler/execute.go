@@ -104,7 +104,7 @@ func (s *Server) moveClock(c *call, next *replica) {
 		c.rep.clock.End(now, c.ticket)
 	}
 	if next.clock != nil {
-		c.ticket = next.clock.Start(now, c.t.name)
+		c.ticket = next.clock.Start(now, c.t.Name)
 	}
 }
 

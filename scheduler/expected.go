@@ -20,8 +20,8 @@ import "github.com/sluicehq/sluice/ledger"
 func (s *Server) expectedOutput(c *call) int64 {
 	per := int64(c.plan.Cap)
 	if c.req == nil || !c.req.IgnoreEOS {
-		floor := c.pol.cfg.Server.ExpectedOutputTokens
-		if c.pol.cfg.Server.HoldPrediction.On() && c.req != nil && c.ep.HasOutput() {
+		floor := c.pol.Cfg.Server.ExpectedOutputTokens
+		if c.pol.Cfg.Server.HoldPrediction.On() && c.req != nil && c.ep.HasOutput() {
 			// The same prediction the hold is sized on (predict.go).
 			floor = s.predictedOutput(c)
 		}
@@ -39,7 +39,7 @@ func (s *Server) expectedOutput(c *call) int64 {
 func (s *Server) sizeExpected(c *call, in int64) error {
 	out := s.expectedOutput(c)
 	c.size = in + out
-	cost := c.pol.cfg.Server.Cost
+	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		c.cost = max(1, s.reps.gpuHold(s.gpu, c.req.Model, in, out))
 		return nil
@@ -59,7 +59,7 @@ func (s *Server) sizeExpected(c *call, in int64) error {
 // model's remaining context. A request without a cap of its own is not at
 // it: vLLM's default is no sign of abuse.
 func (s *Server) atCap(c *call) bool {
-	if m := c.t.cfg.MaxOutputTokens; m > 0 {
+	if m := c.t.Cfg.MaxOutputTokens; m > 0 {
 		return int64(c.plan.Cap) >= m
 	}
 	if c.req == nil || c.req.MaxTokens == 0 {

@@ -36,7 +36,7 @@ func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
-			c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
+			c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
 			require.NoError(t, err)
 			defer func() { s.release(c); s.forget(c) }()
 			in := int64(c.plan.InputTokens)
@@ -70,7 +70,7 @@ func TestHoldRoomAndCostArePredicted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
-			c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
+			c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: body, reqID: tc.name})
 			require.NoError(t, err)
 			defer func() { s.release(c); s.forget(c) }()
 			in := int64(c.plan.InputTokens)
@@ -83,9 +83,9 @@ func TestHoldRoomAndCostArePredicted(t *testing.T) {
 	// What the tenant's requests produced raises the prediction to its
 	// percentile (0.95 of 20 outputs: the 19th smallest).
 	for i := range 20 {
-		s.pol.Load().tenants["acme"].rt.pred.observe("m", int64(100+10*i), 64)
+		localOf(s.pol.Load().Tenants["acme"]).pred.observe("m", int64(100+10*i), 64)
 	}
-	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`), reqID: "learned"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`), reqID: "learned"})
 	require.NoError(t, err)
 	defer func() { s.release(c); s.forget(c) }()
 	assert.Equal(t, int64(280), c.held[ledger.OutputTokens], "the 95th percentile of 100..290")
@@ -144,7 +144,7 @@ func TestAtCapWithoutATenantCap(t *testing.T) {
 	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
 	s.reps.list()[0].maxModelLen.Store(4096)
 	pol := s.pol.Load()
-	require.Zero(t, pol.tenants["acme"].cfg.MaxOutputTokens, "unset: none")
+	require.Zero(t, pol.Tenants["acme"].Cfg.MaxOutputTokens, "unset: none")
 	ctx := context.Background()
 	for _, tc := range []struct {
 		body string
@@ -154,7 +154,7 @@ func TestAtCapWithoutATenantCap(t *testing.T) {
 		{`,"max_tokens":4090`, true},
 	} {
 		body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.body + `}`)
-		c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: body, reqID: "r"})
+		c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: body, reqID: "r"})
 		if err != nil {
 			// A cap over the context on the bytes bound is counted; the
 			// fake cannot, so the bound's answer stands.

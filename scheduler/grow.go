@@ -204,10 +204,10 @@ func (s *Server) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
 		return a
 	}
 	s.log.Warn("generation stopped at a budget ran past its hold plus one step; the excess is not charged",
-		"request_id", c.reqID, "tenant", c.t.name, "ran", out, "charged", most)
+		"request_id", c.reqID, "tenant", c.t.Name, "ran", out, "charged", most)
 	in := a[ledger.InputTokens]
 	a[ledger.OutputTokens] = most
 	a[ledger.Tokens] = in + most
-	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), most)
+	a[ledger.USDMicros] = c.pol.PriceCached(c.req.Model, in, int64(c.usage.CachedTokens), most)
 	return a
 }

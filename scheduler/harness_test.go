@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -330,7 +331,7 @@ func chatBody(extra string) []byte {
 // does, and returns its outcome.
 func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 	pol := s.pol.Load()
-	t := pol.tenants["acme"]
+	t := pol.Tenants["acme"]
 	if a.ep == 0 {
 		a.ep = vllm.EndpointChat
 	}
@@ -349,7 +350,7 @@ func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 // was admitted), the answer's body and the error that ended it. A
 // streaming call is returned with its answer open, for the test to finish
 // and end (tests of the streamed delivery use Start and sseBody).
-func (s *Server) start(ctx context.Context, t *tenant, pol *policy, a admission) (*call, []byte, error) {
+func (s *Server) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, []byte, error) {
 	tk, err := s.Start(ctx, t, pol, a)
 	if tk == nil {
 		return nil, nil, err
@@ -387,7 +388,7 @@ func (r *recordingSink) stream() (io.Writer, writeDeadliner) { return &r.streame
 // tenantUsage reads acme's tenant scope from the Memory.
 func tenantUsage(t testing.TB, s *Server, m *ledger.Memory) ledger.Usage {
 	t.Helper()
-	k := s.pol.Load().tenants["acme"].key
+	k := s.pol.Load().Tenants["acme"].ScopeKey
 	u, err := m.Snapshot(context.Background(), k, k)
 	require.NoError(t, err)
 	return u

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,78 +13,15 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
-	"github.com/sluicehq/sluice/scheduler/statestore"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
-// Keys at run time (docs/operations.md "API keys at run time"): POST /admin/keys
-// creates a key, returns it once and stores only its hash in the shared
-// state store (Redis with the Redis ledger, a file next to the journal
-// with the embedded one); every instance polls the document and swaps in
-// a new key snapshot when the revision changes, so a new or revoked key takes
-// effect fleet-wide within one poll interval, and at once on the instance
-// that made the change. Authentication reads the key snapshot once, so a
-// revoked key is refused from the next request; requests already admitted
-// finish.
-
-// keysDoc is the state-store document holding the run-time keys.
-const keysDoc = "api-keys"
-
-// keysPoll is how often instances poll the keys document.
-const keysPoll = 250 * time.Millisecond
+// The admin API's operations on run-time keys (policy.RuntimeKeys follows
+// the shared document they write; docs/operations.md "API keys at run
+// time").
 
 // KeyBudget is a budget in the admin API's JSON form.
-type KeyBudget struct {
-	Dimension string  `json:"dimension"`
-	Limit     int64   `json:"limit"`
-	Window    string  `json:"window"`
-	Mode      string  `json:"mode,omitempty"`
-	WarnRatio float64 `json:"warn_ratio,omitempty"`
-}
-
-// storedKey is one run-time key as the state store keeps it: its hash,
-// never the key.
-type storedKey struct {
-	ID          string      `json:"id"`
-	Tenant      string      `json:"tenant"`
-	Name        string      `json:"name,omitempty"`
-	Hash        string      `json:"hash"`
-	CreatedAt   time.Time   `json:"created_at"`
-	ExpiresAt   time.Time   `json:"expires_at,omitzero"`
-	Budgets     []KeyBudget `json:"budgets,omitempty"`
-	Concurrency int         `json:"concurrency,omitempty"`
-}
-
-type keysState struct {
-	Keys []storedKey `json:"keys"`
-	// Revoked keeps a tombstone of every revoked key, so that a revocation
-	// survives a store that goes back: an instance merging what it
-	// applied into what the store holds never brings a revoked key back
-	// (keysync.go).
-	Revoked []revokedKey `json:"revoked,omitempty"`
-}
-
-// revokedKey is a revoked key's tombstone. One whose key had an expiry is
-// dropped once that passed: the key cannot authenticate any more anyway.
-type revokedKey struct {
-	ID        string    `json:"id"`
-	Tenant    string    `json:"tenant"`
-	Hash      string    `json:"hash"`
-	RevokedAt time.Time `json:"revoked_at"`
-	ExpiresAt time.Time `json:"expires_at,omitzero"`
-}
-
-func (k storedKey) config() (config.APIKey, error) {
-	ck := config.APIKey{Hash: k.Hash, Name: k.Name, Concurrency: k.Concurrency, ExpiresAt: k.ExpiresAt, Runtime: true}
-	for i, b := range k.Budgets {
-		w, err := time.ParseDuration(b.Window)
-		if err != nil {
-			return ck, inputErr(fmt.Sprintf("budgets[%d].window", i), "must be a duration such as 24h (got %q)", b.Window)
-		}
-		ck.Budgets = append(ck.Budgets, config.Budget{Dimension: b.Dimension, Limit: b.Limit, Window: w, Mode: b.Mode, WarnRatio: b.WarnRatio})
-	}
-	config.DefaultKey(&ck)
-	return ck, nil
-}
+type KeyBudget = policy.KeyBudget
 
 // KeyRow is one key as GET /admin/keys lists it (no secret).
 type KeyRow struct {
@@ -128,7 +64,7 @@ var ErrKeyStore = errors.New("key store unavailable")
 // CreateKey creates a run-time key for a configured tenant.
 func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, error) {
 	now := s.now().UTC()
-	sk := storedKey{Tenant: in.Tenant, Name: in.Name, CreatedAt: now, Budgets: in.Budgets, Concurrency: in.Concurrency}
+	sk := policy.StoredKey{Tenant: in.Tenant, Name: in.Name, CreatedAt: now, Budgets: in.Budgets, Concurrency: in.Concurrency}
 	switch {
 	case in.ExpiresIn != "" && in.ExpiresAt != nil:
 		return CreatedKey{}, inputErr("expires_in", "set expires_in or expires_at, not both")
@@ -144,7 +80,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 		}
 		sk.ExpiresAt = in.ExpiresAt.UTC()
 	}
-	file := s.pol.Load().file
+	file := s.pol.Load().File
 	ti := slices.IndexFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == in.Tenant })
 	if ti < 0 {
 		return CreatedKey{}, inputErr("tenant", "unknown tenant %q", in.Tenant)
@@ -154,7 +90,7 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 		return CreatedKey{}, err
 	}
 	sk.ID, sk.Hash = id, config.HashKey(raw)
-	ck, err := sk.config()
+	ck, err := sk.Config()
 	if err != nil {
 		return CreatedKey{}, err
 	}
@@ -164,21 +100,16 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 	if in.Name != "" && slices.ContainsFunc(file.Tenants[ti].APIKeys, func(k config.APIKey) bool { return k.Name == in.Name }) {
 		return CreatedKey{}, inputErr("name", "tenant %q already has a key named %q in its config", in.Tenant, in.Name)
 	}
-	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
-		st, err := s.keysToWrite(old, now)
-		if err != nil {
-			return nil, err
-		}
-		if in.Name != "" && slices.ContainsFunc(st.Keys, func(k storedKey) bool { return k.Tenant == in.Tenant && k.Name == in.Name }) {
-			return nil, inputErr("name", "tenant %q already has a key named %q", in.Tenant, in.Name)
+	err = s.keys.Update(ctx, now, func(st *policy.KeysState) error {
+		if in.Name != "" && slices.ContainsFunc(st.Keys, func(k policy.StoredKey) bool { return k.Tenant == in.Tenant && k.Name == in.Name }) {
+			return inputErr("name", "tenant %q already has a key named %q", in.Tenant, in.Name)
 		}
 		st.Keys = append(st.Keys, sk)
-		return json.Marshal(st)
+		return nil
 	})
 	if err != nil {
 		return CreatedKey{}, keyStoreErr(err)
 	}
-	s.installWritten(doc)
 	s.log.Info("api key created", "tenant", sk.Tenant, "key_id", sk.ID, "name", sk.Name)
 	s.record(audit.Record{Kind: audit.KindKeyCreate, Tenant: sk.Tenant, Source: "admin",
 		Reason: keyAuditReason(sk)})
@@ -188,28 +119,23 @@ func (s *Server) CreateKey(ctx context.Context, in KeyRequest) (CreatedKey, erro
 // RevokeKey deletes a run-time key by id and keeps its tombstone. New
 // requests with it get 401 at once on this instance and within a poll
 // interval on the others. A key this instance authenticates is revocable
-// even when the store lost it (keysync.go).
+// even when the store lost it (policy.RuntimeKeys.Update).
 func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
-	var gone storedKey
+	var gone policy.StoredKey
 	now := s.now().UTC()
-	doc, err := statestore.Update(ctx, s.keys, keysDoc, func(old []byte) ([]byte, error) {
-		st, err := s.keysToWrite(old, now)
-		if err != nil {
-			return nil, err
-		}
-		i := slices.IndexFunc(st.Keys, func(k storedKey) bool { return k.ID == id })
+	err := s.keys.Update(ctx, now, func(st *policy.KeysState) error {
+		i := slices.IndexFunc(st.Keys, func(k policy.StoredKey) bool { return k.ID == id })
 		if i < 0 {
-			return nil, fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, ErrNotFound)
+			return fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, ErrNotFound)
 		}
 		gone = st.Keys[i]
 		st.Keys = slices.Delete(st.Keys, i, i+1)
-		st.Revoked = append(st.Revoked, revokedKey{ID: gone.ID, Tenant: gone.Tenant, Hash: gone.Hash, RevokedAt: now, ExpiresAt: gone.ExpiresAt})
-		return json.Marshal(st)
+		st.Revoked = append(st.Revoked, policy.RevokedKey{ID: gone.ID, Tenant: gone.Tenant, Hash: gone.Hash, RevokedAt: now, ExpiresAt: gone.ExpiresAt})
+		return nil
 	})
 	if err != nil {
 		return KeyRow{}, keyStoreErr(err)
 	}
-	s.installWritten(doc)
 	s.log.Info("api key revoked", "tenant", gone.Tenant, "key_id", gone.ID, "name", gone.Name)
 	s.record(audit.Record{Kind: audit.KindKeyRevoke, Tenant: gone.Tenant, Source: "admin", Reason: keyAuditReason(gone)})
 	return s.storedRow(gone, true), nil
@@ -220,7 +146,7 @@ func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 func (s *Server) ListKeys(tenant string) []KeyRow {
 	pol := s.pol.Load()
 	rows := []KeyRow{}
-	for _, t := range pol.file.Tenants {
+	for _, t := range pol.File.Tenants {
 		if tenant != "" && t.Name != tenant {
 			continue
 		}
@@ -229,21 +155,21 @@ func (s *Server) ListKeys(tenant string) []KeyRow {
 				Source: "config", Budgets: keyBudgets(k.Budgets), Concurrency: k.Concurrency})
 		}
 	}
-	var stored []storedKey
-	if idx := s.rtKeys.Load(); idx != nil {
-		stored = idx.keys
+	var stored []policy.StoredKey
+	if idx := s.keys.Index(); idx != nil {
+		stored = idx.Keys
 	}
 	for _, k := range stored {
 		if tenant == "" || k.Tenant == tenant {
-			rows = append(rows, s.storedRow(k, pol.tenants[k.Tenant] != nil))
+			rows = append(rows, s.storedRow(k, pol.Tenants[k.Tenant] != nil))
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Tenant < rows[j].Tenant })
 	return rows
 }
 
-func (s *Server) storedRow(k storedKey, tenantKnown bool) KeyRow {
-	ck, _ := k.config()
+func (s *Server) storedRow(k policy.StoredKey, tenantKnown bool) KeyRow {
+	ck, _ := k.Config()
 	r := KeyRow{ID: k.ID, Tenant: k.Tenant, Name: k.Name, Label: ck.Label(), Hash: config.ShortHash(k.Hash), Source: "admin",
 		Budgets: keyBudgets(ck.Budgets), Concurrency: k.Concurrency, Orphaned: !tenantKnown}
 	created := k.CreatedAt
@@ -263,7 +189,7 @@ func keyBudgets(bs []config.Budget) []KeyBudget {
 	return out
 }
 
-func keyAuditReason(k storedKey) string {
+func keyAuditReason(k policy.StoredKey) string {
 	r := "key " + k.ID
 	if k.Name != "" {
 		r += " name " + k.Name
@@ -292,13 +218,47 @@ func newKeySecret() (raw, id string, err error) {
 	return "sk-sluice-" + base64.RawURLEncoding.EncodeToString(b[:32]), "key_" + hex.EncodeToString(b[32:]), nil
 }
 
-func decodeKeys(b []byte) (keysState, error) {
-	var st keysState
-	if len(b) == 0 {
-		return st, nil
+// SyncKeys loads the run-time keys once (before the listeners open).
+func (s *Server) SyncKeys(ctx context.Context) error {
+	if err := s.keys.Sync(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrKeyStore, err)
 	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("keys document is corrupt: %w", err)
+	return nil
+}
+
+// WatchKeys polls the keys document until ctx ends and applies every
+// change. It belongs to the process's background group.
+func (s *Server) WatchKeys(ctx context.Context) error {
+	return s.keys.Watch(ctx, func() time.Duration { return policy.KeysMaxStaleness(s.pol.Load().File) })
+}
+
+// keysStaleError refuses a run-time key while the keys document has not
+// been read for longer than admin.keys_max_staleness.
+type keysStaleError struct {
+	age, bound time.Duration
+}
+
+func (e *keysStaleError) Error() string {
+	return fmt.Sprintf("run-time API keys cannot be checked: the key store has not answered for %s (admin.keys_max_staleness %s)",
+		e.age.Round(time.Second), e.bound)
+}
+
+func (e *keysStaleError) apiError() *apiError {
+	return &apiError{Status: 503, Code: "key_store_stale", Type: "service_unavailable", Message: e.Error(), RetryAfter: time.Second,
+		Details: map[string]any{"stale_for_ms": e.age.Milliseconds(), "bound_ms": e.bound.Milliseconds()}}
+}
+
+// authenticate maps a bearer token to its tenant and key under pol, with
+// the run-time keys in force now; a run-time key fails closed once the
+// keys document is staler than admin.keys_max_staleness.
+func (s *Server) authenticate(pol *policy.Snapshot, authz []byte) (*policy.Tenant, *policy.Key, error) {
+	now := s.now()
+	t, k, err := pol.Authenticate(authz, now, s.keys.Index())
+	if err != nil || !k.Runtime {
+		return t, k, err
 	}
-	return st, nil
+	if age, bound := s.keys.Age(now), policy.KeysMaxStaleness(pol.File); age > bound {
+		return nil, nil, &keysStaleError{age: age, bound: bound}
+	}
+	return t, k, nil
 }

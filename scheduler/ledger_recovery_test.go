@@ -60,7 +60,7 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 	setDown(false)
 
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "retry"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "retry"})
 	require.NoError(t, err)
 	defer c.end()
 	s.settler.Flush(ctx) // whatever the first attempt left lands now
@@ -123,7 +123,7 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 				require.Len(t, owed, 1)
 				if tc.expire {
 					time.Sleep(2 * time.Minute) // past the 60s lease (synctest's clock)
-					_, err := led.Reclaim(ctx, s.pol.Load().tenants["acme"].key, 100)
+					_, err := led.Reclaim(ctx, s.pol.Load().Tenants["acme"].ScopeKey, 100)
 					require.NoError(t, err)
 				}
 				s.settler.ChargeOutages(ctx)

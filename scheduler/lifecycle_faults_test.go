@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
 
@@ -98,7 +99,7 @@ func TestQueuedHoldRenewed(t *testing.T) {
 		go func() { _ = s.settler.Heartbeat(ctx) }()
 		go func() { _ = s.q.Run(ctx) }()
 		reclaim := func() {
-			_, err := led.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			_, err := led.Reclaim(context.Background(), s.pol.Load().Tenants["acme"].ScopeKey, 100)
 			require.NoError(t, err)
 		}
 
@@ -166,7 +167,7 @@ func TestFenceBeforeLapse(t *testing.T) {
 		}
 		wg.Wait()
 		assert.Equal(t, n, fenced, "every call fenced")
-		ttl := s.pol.Load().leaseTTL
+		ttl := s.pol.Load().LeaseTTL
 		assert.Less(t, latest, ttl, "fenced before the 60s lease could lapse")
 		assert.Equal(t, int64(n), up.runs.Load())
 	})
@@ -201,7 +202,7 @@ func TestOutboxReleasesNeverDispatched(t *testing.T) {
 			// Either way the id is now final: a late Reserve cannot apply.
 			led.reserve = nil
 			_, err = led.Memory.Reserve(context.Background(), ledger.ReserveRequest{Ref: ref, Owner: s.owner,
-				Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: ref.Tenant, Limits: s.pol.Load().tenants["acme"].limits}},
+				Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: ref.Tenant, Limits: s.pol.Load().Tenants["acme"].Limits}},
 				Held:   ledger.Amounts{ledger.Requests: 1}})
 			assert.ErrorIs(t, err, ledger.ErrAlreadyFinal)
 		})
@@ -256,19 +257,19 @@ func TestUnresolvedResolves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newFakeLedger(t)
 		s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
-		tn := s.pol.Load().tenants["acme"]
+		tn := s.pol.Load().Tenants["acme"]
 		ctx := context.Background()
-		ref := ledger.Ref{Tenant: tn.key, ID: ledger.NewRequestID()}
+		ref := ledger.Ref{Tenant: tn.ScopeKey, ID: ledger.NewRequestID()}
 		_, err := led.Memory.Reserve(ctx, ledger.ReserveRequest{Ref: ref, Owner: s.owner, Dispatch: true,
-			Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: tn.key, Limits: tn.limits}},
+			Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: tn.ScopeKey, Limits: tn.Limits}},
 			Held:   ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 4, ledger.Tokens: 4}, LeaseTTL: 3 * time.Second})
 		require.NoError(t, err)
 		time.Sleep(4 * time.Second)
-		st, err := led.Reclaim(ctx, tn.key, 100)
+		st, err := led.Reclaim(ctx, tn.ScopeKey, 100)
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Unresolved, "the owner died: UNRESOLVED")
 		time.Sleep(time.Hour)
-		st, err = led.Reclaim(ctx, tn.key, 100)
+		st, err = led.Reclaim(ctx, tn.ScopeKey, 100)
 		require.NoError(t, err)
 		assert.Equal(t, 1, st.Charged, "charged at its hold once the window closed")
 		u := tenantUsage(t, s, led.Memory)
@@ -413,7 +414,7 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "a"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "a"})
 	require.NoError(t, err)
 	require.NoError(t, s.await(c))
 	require.NoError(t, s.execute(c))
@@ -547,7 +548,7 @@ func TestOutageUsagePersisted(t *testing.T) {
 	require.NoError(t, err)
 	// A second call admitted and "running" when the process dies.
 	pol := s1.pol.Load()
-	c, err := s1.admit(ctx, pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "crash"})
+	c, err := s1.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "crash"})
 	require.NoError(t, err)
 	require.True(t, c.outage)
 	held := c.held[ledger.Tokens]
@@ -585,7 +586,7 @@ func TestRestartAfterAdminChange(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s1.Unclamp("acme")
 	require.NoError(t, err)
-	require.Equal(t, uint64(3), s1.pol.Load().version)
+	require.Equal(t, uint64(3), s1.pol.Load().Version)
 	_, err = serve(ctx, s1, admission{body: chatBody("")})
 	require.NoError(t, err)
 	require.NoError(t, m1.Close())
@@ -594,7 +595,7 @@ func TestRestartAfterAdminChange(t *testing.T) {
 	defer m2.Close()
 	s2 := newTestServer(t, cfg, &fakeLedger{Memory: m2, calls: map[string]int{}}, &fakeUpstream{out: 3})
 	go s2.dispatchLoop(ctx)
-	require.Equal(t, uint64(1), s2.pol.Load().version)
+	require.Equal(t, uint64(1), s2.pol.Load().Version)
 	_, err = serve(ctx, s2, admission{body: chatBody("")})
 	require.NoError(t, err, "served after the restart, not 500 ledger_error")
 	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
@@ -624,7 +625,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	go a.dispatchLoop(ctx)
 	go b.dispatchLoop(ctx)
 	poll := func(s *Server) {
-		d, err := store.Get(ctx, adminDoc)
+		d, err := store.Get(ctx, policy.AdminDoc)
 		require.NoError(t, err)
 		s.applySharedAdmin(d)
 	}
@@ -634,7 +635,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	_, err = a.SetClamp(Clamp{Tenant: "acme", Concurrency: 2, Reason: "suspicious", ExpiresAt: time.Now().Add(time.Hour)})
 	require.NoError(t, err)
 	poll(b)
-	assert.Equal(t, 2, b.pol.Load().tenants["acme"].cfg.Concurrency, "A's clamp applies on B")
+	assert.Equal(t, 2, b.pol.Load().Tenants["acme"].Cfg.Concurrency, "A's clamp applies on B")
 
 	_, err = serve(ctx, b, admission{body: chatBody("")})
 	require.NoError(t, err)
@@ -645,7 +646,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, had)
 	poll(a)
-	assert.Equal(t, 8, a.pol.Load().tenants["acme"].cfg.Concurrency, "B's unclamp is seen by A")
+	assert.Equal(t, 8, a.pol.Load().Tenants["acme"].Cfg.Concurrency, "B's unclamp is seen by A")
 	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
 }
 
@@ -664,7 +665,7 @@ func TestLeaseTTLReload(t *testing.T) {
 		go func() { _ = s.settler.Heartbeat(ctx) }()
 		synctest.Wait()
 		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")))
-		require.Equal(t, 3*time.Second, s.pol.Load().leaseTTL)
+		require.Equal(t, 3*time.Second, s.pol.Load().LeaseTTL)
 
 		errs := make(chan error, 2)
 		for i := range 2 {
@@ -673,7 +674,7 @@ func TestLeaseTTLReload(t *testing.T) {
 		}
 		for range 30 {
 			time.Sleep(time.Second)
-			_, err := led.Reclaim(context.Background(), s.pol.Load().tenants["acme"].key, 100)
+			_, err := led.Reclaim(context.Background(), s.pol.Load().Tenants["acme"].ScopeKey, 100)
 			require.NoError(t, err)
 		}
 		assert.Equal(t, int64(2), tenantUsage(t, s, led.Memory).Reserved[ledger.Requests], "both 3s leases renewed for 30s")

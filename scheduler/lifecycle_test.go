@@ -36,7 +36,7 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
 	require.NoError(t, err)
 	assert.Equal(t, phaseQueued, c.phase)
 	require.NoError(t, s.await(c))

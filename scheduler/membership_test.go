@@ -114,7 +114,7 @@ func TestQueuedCallFollowsItsPool(t *testing.T) {
 	t.Parallel()
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
 	pol := s.pol.Load()
-	c, err := s.admit(t.Context(), pol.tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
+	c, err := s.admit(t.Context(), pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
 	require.NoError(t, err)
 	defer func() { s.release(c); s.forget(c) }()
 	if c.spot == spotNone {

@@ -66,7 +66,7 @@ func refusal(c *call, d *ledger.DeniedError, floor int64) error {
 		e.bound = ", an upper bound"
 	}
 	if d.Scope == ledger.KindAPIKey && c.key != nil {
-		e.key = c.key.label
+		e.key = c.key.Label
 	}
 	if e.fits >= 0 && e.fits < floor && (c.req == nil || c.req.MaxTokens == 0 || d.Scope == ledger.KindWorkflow) {
 		e.floor = floor // Sluice could have lowered the cap, but not this far
@@ -97,7 +97,7 @@ func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
 	reason := c.capReason
 	if reason == "" && c.req != nil && c.req.MaxTokens > 0 && c.plan.Cap < c.req.MaxTokens {
 		reason = "model_len"
-		if int64(c.plan.Cap) == c.t.cfg.MaxOutputTokens {
+		if int64(c.plan.Cap) == c.t.Cfg.MaxOutputTokens {
 			reason = "tenant"
 		}
 	}
@@ -114,15 +114,15 @@ func (s *Server) countKey(c *call, result string) {
 		return
 	}
 	if result != "admitted" {
-		s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result).Inc()
+		s.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result).Inc()
 		return
 	}
 	// Every admitted request counts: look its series up once per key.
-	ctr := c.key.admitted.Load()
+	ctr := c.key.Admitted.Load()
 	if ctr == nil {
-		v := s.m.APIKeyAdmissions.WithLabelValues(c.t.name, c.key.metricLabel(), result)
+		v := s.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result)
 		ctr = &v
-		c.key.admitted.Store(ctr)
+		c.key.Admitted.Store(ctr)
 	}
 	(*ctr).Inc()
 }

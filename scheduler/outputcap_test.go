@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -70,7 +71,7 @@ func TestLowerCapKeepsMinTokens(t *testing.T) {
 
 func TestRefusalDetails(t *testing.T) {
 	t.Parallel()
-	k := &apiKey{name: "ci-bot", label: "ci-bot"}
+	k := &policy.Key{Name: "ci-bot", Label: "ci-bot"}
 	c := &call{key: k, req: &vllm.Request{MaxTokens: 3500}, plan: vllm.Plan{Cap: 3500, Choices: 1, InputTokens: 12}}
 	ae := statusFor(refusal(c, &ledger.DeniedError{Scope: ledger.KindAPIKey, Dim: ledger.Tokens, Limit: 3000}, 16))
 	assert.Equal(t, 429, ae.Status)

@@ -249,7 +249,7 @@ func (p *poolTable) moveLocked(c *call, to spot) {
 		return
 	}
 	pl := p.getLocked(c.pool)
-	name := c.t.name
+	name := c.t.Name
 	pt := pl.tenants[name]
 	if pt == nil {
 		pt = &poolTenant{}

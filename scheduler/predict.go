@@ -94,9 +94,9 @@ func (s *Server) watchable(c *call) bool {
 // predictedOutput is the output per choice a call is predicted to produce:
 // max(floor_tokens, the tenant's percentile on the model, min_tokens).
 func (s *Server) predictedOutput(c *call) int64 {
-	hp := c.pol.cfg.Server.HoldPrediction
+	hp := c.pol.Cfg.Server.HoldPrediction
 	p := hp.FloorTokens
-	if q, ok := c.t.rt.pred.quantile(c.req.Model, hp.Percentile); ok {
+	if q, ok := localOf(c.t).pred.quantile(c.req.Model, hp.Percentile); ok {
 		p = max(p, q)
 	}
 	return max(p, c.minTokens())
@@ -109,14 +109,14 @@ func (s *Server) predictedOutput(c *call) int64 {
 func (s *Server) holdOutput(c *call) int64 {
 	worst := int64(c.plan.Cap) * int64(c.plan.Choices)
 	c.growth = nil
-	if !c.pol.cfg.Server.HoldPrediction.On() || !s.watchable(c) {
+	if !c.pol.Cfg.Server.HoldPrediction.On() || !s.watchable(c) {
 		return worst
 	}
 	per := s.predictedOutput(c)
 	if per >= int64(c.plan.Cap) {
 		return worst
 	}
-	c.growth = &growth{worst: worst, step: c.pol.cfg.Server.HoldPrediction.StepTokens}
+	c.growth = &growth{worst: worst, step: c.pol.Cfg.Server.HoldPrediction.StepTokens}
 	return per * int64(c.plan.Choices)
 }
 
@@ -127,9 +127,9 @@ func (s *Server) observeOutput(c *call, out int64, src ledger.Source) {
 	if c.req == nil || !c.ep.HasOutput() || (src != ledger.SourceFinal && (c.growth == nil || c.growth.stop == nil)) {
 		return
 	}
-	hp := c.pol.cfg.Server.HoldPrediction
+	hp := c.pol.Cfg.Server.HoldPrediction
 	if !hp.On() {
 		return
 	}
-	c.t.rt.pred.observe(c.req.Model, out/int64(max(1, c.plan.Choices)), hp.History)
+	localOf(c.t).pred.observe(c.req.Model, out/int64(max(1, c.plan.Choices)), hp.History)
 }

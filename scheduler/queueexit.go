@@ -65,11 +65,11 @@ func (c *call) queueExit(now time.Time) error {
 	e := &queueExitError{reason: r, waited: now.Sub(c.arrival), retryAfter: c.exitRetry}
 	switch r {
 	case queue.ReasonShed:
-		e.limit = c.t.cfg.Queue.ShedAfter
+		e.limit = c.t.Cfg.Queue.ShedAfter
 	case queue.ReasonMaxWait:
-		e.limit = c.t.cfg.Queue.MaxWait
+		e.limit = c.t.Cfg.Queue.MaxWait
 	case queue.ReasonServerMaxWait:
-		e.limit = c.pol.maxWait
+		e.limit = c.pol.MaxWait
 	case queue.ReasonClientDeadline:
 		e.limit = c.deadline.Sub(c.arrival)
 	}
@@ -78,8 +78,8 @@ func (c *call) queueExit(now time.Time) error {
 
 // deadlineReason names the bound that sets queueDeadline.
 func (c *call) deadlineReason() queue.Reason {
-	d, r := c.arrival.Add(c.pol.maxWait), queue.ReasonServerMaxWait
-	if w := c.t.cfg.Queue.MaxWait; w > 0 && !c.arrival.Add(w).After(d) {
+	d, r := c.arrival.Add(c.pol.MaxWait), queue.ReasonServerMaxWait
+	if w := c.t.Cfg.Queue.MaxWait; w > 0 && !c.arrival.Add(w).After(d) {
 		d, r = c.arrival.Add(w), queue.ReasonMaxWait
 	}
 	if !c.deadline.IsZero() && c.deadline.Before(d) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // choose is take without the seq: what the replica choice tests read.
@@ -106,7 +107,7 @@ func TestPoolMoveBalances(t *testing.T) {
 	p := poolTable{now: func() time.Time { return clk }}
 	var k poolKey
 	k.set(1)
-	x := &tenant{name: "x"}
+	x := &policy.Tenant{Name: "x"}
 	c1 := &call{t: x, pool: k, size: 100}
 	c2 := &call{t: x, pool: k, size: 30}
 	p.move(c1, spotQueued)
@@ -131,15 +132,15 @@ func TestPoolMoveBalances(t *testing.T) {
 
 func TestPriceCached(t *testing.T) {
 	t.Parallel()
-	p := &policy{prices: map[string]config.Price{
+	p := &policy.Snapshot{Prices: map[string]config.Price{
 		"m":     {Model: "m", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000, CachedInputPerMTok: 300_000},
 		"plain": {Model: "plain", InputPerMTok: 3_000_000, OutputPerMTok: 15_000_000},
 	}}
 	// 1000 input of which 800 cached, 100 output: 200·3 + 800·0.3 + 100·15 = 2340 µUSD.
-	assert.Equal(t, int64(2340), p.priceCached("m", 1000, 800, 100))
-	assert.Equal(t, p.priceMicros("m", 1000, 100), p.priceCached("m", 1000, 0, 100))
-	assert.Equal(t, int64(4500), p.priceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
-	assert.Equal(t, int64(1500+300), p.priceCached("m", 1000, 5000, 100), "cached never exceeds input")
+	assert.Equal(t, int64(2340), p.PriceCached("m", 1000, 800, 100))
+	assert.Equal(t, p.PriceMicros("m", 1000, 100), p.PriceCached("m", 1000, 0, 100))
+	assert.Equal(t, int64(4500), p.PriceCached("plain", 1000, 800, 100), "no cached price: all input at the input rate")
+	assert.Equal(t, int64(1500+300), p.PriceCached("m", 1000, 5000, 100), "cached never exceeds input")
 }
 
 // TestPoolKeysFollowModelLists: the memoised pools follow every change of a

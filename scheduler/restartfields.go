@@ -29,7 +29,7 @@ var reloadable = []string{"ledger.lease_ttl", "ledger.tombstone_retention"}
 // with, each as "path (started → configured)": the process still runs with
 // the started value until it restarts.
 func (s *Server) RestartNeeded() []string {
-	return restartDiff(s.boot, s.pol.Load().file)
+	return restartDiff(s.boot, s.pol.Load().File)
 }
 
 func restartDiff(boot, cur *config.File) []string {

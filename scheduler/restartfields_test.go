@@ -27,7 +27,7 @@ func TestReloadNamesRestartFields(t *testing.T) {
 	require.NoError(t, s.Reload(next))
 	want := []string{"listen (127.0.0.1:8080 → 127.0.0.1:9090)", "upstream.replicas[0].url (http://r0.invalid → http://r1.invalid)"}
 	assert.Equal(t, want, s.RestartNeeded())
-	assert.Equal(t, 3, s.pol.Load().tenants["acme"].cfg.Weight, "what a reload can apply, it applies")
+	assert.Equal(t, 3, s.pol.Load().Tenants["acme"].Cfg.Weight, "what a reload can apply, it applies")
 	assert.Contains(t, logBuf.String(), `level=WARN msg="config reloaded, but these fields apply only at a restart and still run with their start-up value" fields="listen (127.0.0.1:8080 → 127.0.0.1:9090); upstream.replicas[0].url (http://r0.invalid → http://r1.invalid)"`)
 
 	require.NoError(t, s.Reload(next))

@@ -1,8 +1,7 @@
 package scheduler
 
 import (
-	"slices"
-
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -16,20 +15,15 @@ func (e *modelError) Error() string { return "model " + e.model + " is not serve
 // Is makes errors.Is(err, ErrUnknownModel) true.
 func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
 
-// allowed reports whether the tenant may use model (tenants[].models).
-func (t *tenant) allowed(model string) bool {
-	return len(t.cfg.Models) == 0 || slices.Contains(t.cfg.Models, model)
-}
-
 // checkModel refuses a model the tenant may not use or no replica serves.
 // A request without "model" gets vLLM's default (the first served model),
 // which the tenant must be allowed.
-func (s *Server) checkModel(t *tenant, model string) error {
+func (s *Server) checkModel(t *policy.Tenant, model string) error {
 	m := model
 	if m == "" {
 		m = s.reps.defaultModel()
 	}
-	if m != "" && !t.allowed(m) {
+	if m != "" && !t.Allowed(m) {
 		return &modelError{model: m}
 	}
 	if model != "" && !s.reps.knowsModel(model) {
@@ -40,14 +34,14 @@ func (s *Server) checkModel(t *tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *policy, t *tenant, req *vllm.Request) route {
+func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) route {
 	rt := route{model: req.Model}
-	if pol.cfg.Upstream.Routing != "least_load" {
+	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
 		// tenant's, else the client's own.
 		salt := req.CacheSalt()
-		if t.cacheSalt != "" {
-			salt = []byte(t.cacheSalt)
+		if t.CacheSalt != "" {
+			salt = []byte(t.CacheSalt)
 		}
 		rt.prefix = prefixHashes(salt, req.PromptBytes())
 	}
@@ -59,7 +53,7 @@ func (s *Server) routeOf(pol *policy, t *tenant, req *vllm.Request) route {
 // it, the tenant's cache salt, and the evidence stream's interval of a
 // non-streamed request (execute).
 func (c *call) rewriteOptions() vllm.RewriteOptions {
-	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.cacheSalt, StreamInterval: c.upInterval}
+	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.CacheSalt, StreamInterval: c.upInterval}
 }
 
 // modelCard is one entry of GET /v1/models, in vLLM's shape
@@ -76,10 +70,10 @@ type modelCard struct {
 
 // modelList is what the tenant sees at GET /v1/models: the union of the
 // replicas' served models that it may use.
-func (s *Server) modelList(t *tenant) []modelCard {
+func (s *Server) modelList(t *policy.Tenant) []modelCard {
 	out := []modelCard{}
 	for _, m := range s.reps.models() {
-		if !t.allowed(m.id) {
+		if !t.Allowed(m.id) {
 			continue
 		}
 		c := modelCard{ID: m.id, Object: "model", OwnedBy: "vllm"}
@@ -92,20 +86,4 @@ func (s *Server) modelList(t *tenant) []modelCard {
 		out = append(out, c)
 	}
 	return out
-}
-
-// priceCached is priceMicros with the input tokens served from vLLM's
-// prefix cache (usage.prompt_tokens_details.cached_tokens) at the model's
-// cached_input_per_mtok when it sets one. The admission hold prices all
-// input at the full rate, an upper bound of this.
-func (p *policy) priceCached(model string, in, cached, out int64) int64 {
-	pr, ok := p.prices[model]
-	if !ok {
-		pr, ok = p.prices["*"]
-	}
-	if !ok || pr.CachedInputPerMTok <= 0 || cached <= 0 {
-		return p.priceMicros(model, in, out)
-	}
-	cached = min(cached, in)
-	return ceilDiv((in-cached)*pr.InputPerMTok+cached*pr.CachedInputPerMTok+out*pr.OutputPerMTok, 1_000_000)
 }

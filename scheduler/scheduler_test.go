@@ -129,34 +129,6 @@ func TestReplicaChoice(t *testing.T) {
 	assert.False(t, set.anyUp())
 }
 
-func TestEffectiveConfig(t *testing.T) {
-	t.Parallel()
-	now := time.Unix(1000, 0)
-	file := &config.File{Tenants: []config.Tenant{{Name: "a", Weight: 4, Concurrency: 8, MaxOutputTokens: 1024,
-		Budgets: []config.Budget{{Dimension: "tokens", Limit: 10, Window: time.Hour}, {Dimension: "requests", Limit: 5, Window: time.Hour}}}}}
-	st := &adminState{
-		Budgets: map[string]BudgetOverride{
-			"a:tokens:1h0m0s":   {Tenant: "a", Budget: config.Budget{Dimension: "tokens", Limit: 99, Window: time.Hour}},
-			"a:requests:1h0m0s": {Tenant: "a", Removed: true},
-			"a:gpu_ms:24h0m0s":  {Tenant: "a", Budget: config.Budget{Dimension: "gpu_ms", Limit: 7, Window: 24 * time.Hour}},
-		},
-		Clamps: map[string]Clamp{"a": {Concurrency: 2, Weight: 1, MaxOutputTokens: 16, ExpiresAt: now.Add(time.Minute)}},
-	}
-	eff := effectiveConfig(file, st, now)
-	ta := eff.Tenants[0]
-	require.Len(t, ta.Budgets, 2)
-	assert.Equal(t, int64(99), ta.Budgets[0].Limit)
-	assert.Equal(t, "gpu_ms", ta.Budgets[1].Dimension)
-	assert.Equal(t, 2, ta.Concurrency)
-	assert.Equal(t, 1, ta.Weight)
-	assert.Equal(t, int64(16), ta.MaxOutputTokens)
-	assert.Len(t, file.Tenants[0].Budgets, 2, "the file config is not modified")
-	assert.Equal(t, 8, file.Tenants[0].Concurrency)
-
-	expired := effectiveConfig(file, st, now.Add(time.Hour))
-	assert.Equal(t, 8, expired.Tenants[0].Concurrency, "an expired clamp no longer applies")
-}
-
 func TestWorkflowLocalLimits(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(0, 0)
@@ -185,22 +157,6 @@ func TestCapWorkflowLimits(t *testing.T) {
 	ceiling := config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 1000, MaxDuration: time.Hour}
 	got := capWorkflowLimits(config.WorkflowLimit{MaxCalls: 50, MaxOutputTokens: 100, MaxRetries: 3}, ceiling)
 	assert.Equal(t, config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 100, MaxRetries: 3, MaxDuration: time.Hour}, got)
-}
-
-func TestAuthenticate(t *testing.T) {
-	t.Parallel()
-	keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
-	require.NoError(t, err)
-	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", APIKeys: config.Keys(config.HashKey("sk-a")), Concurrency: 1}}}
-	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
-	require.NoError(t, err)
-	tn, _, err := pol.authenticate([]byte("Bearer sk-a"), time.Now(), nil)
-	require.NoError(t, err)
-	assert.Equal(t, "a", tn.name)
-	for _, h := range []string{"", "Bearer ", "Basic sk-a", "Bearer sk-b", "sk-a"} {
-		_, _, err := pol.authenticate([]byte(h), time.Now(), nil)
-		assert.ErrorIs(t, err, ErrUnauthorized, "%q", h)
-	}
 }
 
 var _ ReservationLister = (*ledger.Memory)(nil)

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/settle"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -128,17 +129,13 @@ type Server struct {
 	memberMu sync.Mutex
 	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
-	pol      atomic.Pointer[policy]
+	pol      atomic.Pointer[policy.Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
-	runtimes map[string]*tenantRuntime
-	admin    adminState
-	keys     statestore.Store
-
-	rtKeys       atomic.Pointer[keyIndex] // run-time keys, swapped whole by applyKeys
-	keysMu       sync.Mutex               // orders installs of rtKeys (keysync.go)
-	keysSeen     atomic.Int64             // unix ns of the last read or write of the keys document
-	adminApplied statestore.Doc           // the shared admin document admin came from (Rev 0: none yet)
-	state        statestore.Store         // shared admin state; nil: this instance's own
+	runtimes *policy.Runtimes
+	admin    policy.AdminState
+	keys     *policy.RuntimeKeys // the run-time keys of the shared keys document
+	adminApplied statestore.Doc   // the shared admin document admin came from (Rev 0: none yet)
+	state        statestore.Store // shared admin state; nil: this instance's own
 	wfs          workflows
 	abuse        *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
@@ -193,17 +190,13 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		log:        deps.Logger,
 		now:        deps.Now,
 		owner:      ledger.NewOwner(),
-		runtimes:   map[string]*tenantRuntime{},
+		runtimes:   policy.NewRuntimes(newTenantLocal),
 		wake:       make(chan struct{}, 1),
 		autoClamps: make(chan abuse.Decision, 64),
 		running:    map[*call]struct{}{},
 		queued:     map[*call]struct{}{},
 		wfs:        workflows{m: map[string]*workflow{}},
-		keys:       deps.Keys,
 		onIllegal:  panicInTests(),
-	}
-	if s.keys == nil {
-		s.keys = statestore.NewMemory()
 	}
 	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
@@ -212,6 +205,11 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	keys := deps.Keys
+	if keys == nil {
+		keys = statestore.NewMemory()
+	}
+	s.keys = policy.NewRuntimeKeys(keys, s.keyer, s.log, s.now)
 	s.started = s.now()
 	s.pools.now = s.now
 	s.maxLease = deps.MaxLeaseTTL
@@ -222,7 +220,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}
-	if s.admin, err = loadAdminState(cfg.Admin.StateFile); err != nil {
+	if s.admin, err = policy.LoadAdminState(cfg.Admin.StateFile); err != nil {
 		return nil, err
 	}
 	s.state = deps.State
@@ -235,12 +233,12 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.noteDurability(cfg)
-	eff := effectiveConfig(cfg, &s.admin, s.now())
-	pol, err := buildPolicy(eff, 1, s.keyer, s.runtimes)
+	eff := policy.EffectiveConfig(cfg, &s.admin, s.now())
+	pol, err := policy.Build(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
 		return nil, err
 	}
-	pol.file, pol.clamps = cfg, s.admin.Clamps
+	pol.File, pol.Clamps = cfg, s.admin.Clamps
 	s.pol.Store(pol)
 	q, err := queue.New(queueConfig(eff), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
 	if err != nil {
@@ -307,8 +305,8 @@ func (s *Server) Reload(cfg *config.File) error {
 	if err := s.rebuildLocked(cfg); err != nil {
 		return err
 	}
-	s.log.Info("config reloaded", "version", s.pol.Load().version, "tenants", len(cfg.Tenants))
-	reason := fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().version, len(cfg.Tenants))
+	s.log.Info("config reloaded", "version", s.pol.Load().Version, "tenants", len(cfg.Tenants))
+	reason := fmt.Sprintf("policy version %d, %d tenants", s.pol.Load().Version, len(cfg.Tenants))
 	if pending := s.RestartNeeded(); len(pending) > 0 {
 		s.log.Warn("config reloaded, but these fields apply only at a restart and still run with their start-up value",
 			"fields", strings.Join(pending, "; "))
@@ -336,7 +334,7 @@ func (s *Server) checkLeaseConfig(cfg *config.File) error {
 }
 
 // Policy returns the current config.
-func (s *Server) Policy() *config.File { return s.pol.Load().cfg }
+func (s *Server) Policy() *config.File { return s.pol.Load().Cfg }
 
 // openSettler builds the settlement room on the ledger and opens its
 // pending-writes log at paths.Pending.
@@ -352,7 +350,7 @@ func (s *Server) openSettler(paths config.StatePaths, writeAhead bool, responses
 
 // leaseTTL is the ledger.lease_ttl in force (the settlement room's
 // heartbeat follows a reload).
-func (s *Server) leaseTTL() time.Duration { return s.pol.Load().leaseTTL }
+func (s *Server) leaseTTL() time.Duration { return s.pol.Load().LeaseTTL }
 
 // Metrics returns the server's metrics.
 func (s *Server) Metrics() *Metrics { return s.m }
@@ -484,11 +482,11 @@ func (s *Server) exportLedger(ctx context.Context) {
 		name string
 		key  ledger.ScopeKey
 	}
-	scopes := make([]scope, 0, len(pol.order)+1)
-	for _, t := range pol.order {
-		scopes = append(scopes, scope{t.name, t.key})
+	scopes := make([]scope, 0, len(pol.Order)+1)
+	for _, t := range pol.Order {
+		scopes = append(scopes, scope{t.Name, t.ScopeKey})
 	}
-	if len(pol.global) > 0 {
+	if len(pol.Global) > 0 {
 		scopes = append(scopes, scope{GlobalTenant, s.keyer.GlobalKey()})
 	}
 	for _, t := range scopes {
@@ -514,7 +512,7 @@ func (s *Server) exportLedger(ctx context.Context) {
 				continue
 			}
 			committed[d] = max(committed[d], l.Committed)
-			if l.Limit.Max > 0 && l.Limit != resolutionLimit {
+			if l.Limit.Max > 0 && l.Limit != policy.ResolutionLimit {
 				s.m.BudgetUsed.WithLabelValues(t.name, d.String(), ledger.FormatWindow(l.Limit.Window)).
 					Set(float64(l.Committed+l.Reserved) / float64(l.Limit.Max))
 			}

@@ -73,27 +73,27 @@ func (s *Server) finish(c *call, err error) {
 	}
 	s.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
 	c.actualCost = s.costOf(c, actual)
-	s.q.Reconcile(c.t.name, c.band, c.cost, c.actualCost)
+	s.q.Reconcile(c.t.Name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
 	s.reps.leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
-	c.t.rt.inflight.Add(-1)
+	c.t.RT.Inflight.Add(-1)
 	c.keyInflight(-1)
-	c.t.rt.inflightTokens.Add(-c.size)
+	c.t.RT.InflightTokens.Add(-c.size)
 	s.pools.move(c, spotNone)
-	c.t.series(s.m).inflight.Dec()
-	s.attr.Overrun(c.t.name, max(0, gpuMs-c.held[ledger.GPUMs]))
+	seriesOf(c.t, s.m).inflight.Dec()
+	s.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
 		if c.abortCause == "client_disconnect" {
 			kind = abuse.Disconnected
 		}
-		s.observeAbuse(c.t.name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
+		s.observeAbuse(c.t.Name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
 	}
 	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}
 	s.forget(c)
-	s.q.Unpark(c.t.name)
+	s.q.Unpark(c.t.Name)
 	s.pools.unparkFull(c.pool, s.q)
 	// Freed room matters only to queued work; an empty queue's next
 	// arrival signals the loop itself (Queue.Ready). A wake per completion
@@ -120,12 +120,12 @@ func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	a[ledger.OutputTokens] = out
 	a[ledger.Tokens] = in + out
 	a[ledger.GPUMs] = gpuMs
-	a[ledger.USDMicros] = c.pol.priceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
+	a[ledger.USDMicros] = c.pol.PriceCached(c.req.Model, in, int64(c.usage.CachedTokens), out)
 	return a, src
 }
 
 func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
-	cost := c.pol.cfg.Server.Cost
+	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		return a[ledger.GPUMs]
 	}
@@ -157,7 +157,7 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	op := c.ledgerOp()
 	st, err := s.led.Settle(op, c.ref, actual, src)
 	op.cancel()
-	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.name, RequestID: c.reqID, Source: src.String(),
+	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.Name, RequestID: c.reqID, Source: src.String(),
 		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
 		Reason: c.abortCause}
 	if err == nil {
@@ -203,7 +203,7 @@ func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) 
 // outageScopes are the scopes an outage charge of c lands in: those of its
 // Reserve.
 func outageScopes(c *call) []ledger.Scope {
-	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.key, Limits: c.t.limits}}
+	scopes := []ledger.Scope{{Kind: ledger.KindTenant, Key: c.t.ScopeKey, Limits: c.t.Limits}}
 	return append(scopes, c.extraScopes...)
 }
 
@@ -213,19 +213,19 @@ func outageScopes(c *call) []ledger.Scope {
 func (s *Server) admitOutage(c *call, cause error) bool {
 	held := c.held
 	held[ledger.Slots] = 0
-	ch := &settle.OwedCharge{Tenant: c.t.name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
+	ch := &settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
 		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
 		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: held, At: c.arrival}}
-	al := c.t.cfg.OutageAllowance
+	al := c.t.Cfg.OutageAllowance
 	used, ok := s.settler.AdmitOutage(al, c.held[ledger.Tokens], ch)
 	if !ok {
 		return false
 	}
 	c.outage = true
-	s.m.OutageAdmissions.WithLabelValues(c.t.name).Inc()
-	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.name,
+	s.m.OutageAdmissions.WithLabelValues(c.t.Name).Inc()
+	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.Name,
 		"used_requests", used.Requests, "allowance_requests", al.Requests, "err", cause)
-	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
+	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.Name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
 		Reason: fmt.Sprintf("ledger unreachable; allowance %d/%d requests", used.Requests, al.Requests)})
 	return true
 }
@@ -233,11 +233,11 @@ func (s *Server) admitOutage(c *call, cause error) bool {
 // oweOutage records an outage-admitted call's usage for the later Charge.
 func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
 	actual[ledger.Slots] = 0
-	s.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.name, ReqID: c.reqID, Source: src,
+	s.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Source: src,
 		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: actual, At: c.arrival}})
 }
 
 // outageNotRun ends an outage-admitted call that never ran.
 func (s *Server) outageNotRun(c *call) {
-	s.settler.OutageNotRun(c.t.name, c.held[ledger.Tokens], c.ref, c.reqID)
+	s.settler.OutageNotRun(c.t.Name, c.held[ledger.Tokens], c.ref, c.reqID)
 }

@@ -72,23 +72,23 @@ func (s *Server) sampleOps(now time.Time) {
 		uc.mu.Unlock()
 		return true
 	})
-	smp := opsSample{at: now, tenants: make(map[string]tenantSample, len(pol.order))}
+	smp := opsSample{at: now, tenants: make(map[string]tenantSample, len(pol.Order))}
 	o := &s.ops
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.peaks == nil {
 		o.peaks, o.reps = map[string]peak{}, map[string]repState{}
 	}
-	for _, t := range pol.order {
-		smp.tenants[t.name] = tenantSample{requests: requests[t.name], tokens: tokens[t.name],
-			ttft: histOf(s.m.TTFT, t.name), wait: histOf(s.m.QueueWait, t.name)}
-		p := o.peaks[t.name]
+	for _, t := range pol.Order {
+		smp.tenants[t.Name] = tenantSample{requests: requests[t.Name], tokens: tokens[t.Name],
+			ttft: histOf(s.m.TTFT, t.Name), wait: histOf(s.m.QueueWait, t.Name)}
+		p := o.peaks[t.Name]
 		q := int64(0)
-		if qs, ok := s.q.Stats(t.name); ok {
+		if qs, ok := s.q.Stats(t.Name); ok {
 			q = int64(qs.Depth)
 		}
-		p.queued, p.inflight = max(p.queued, q), max(p.inflight, t.rt.inflight.Load())
-		o.peaks[t.name] = p
+		p.queued, p.inflight = max(p.queued, q), max(p.inflight, t.RT.Inflight.Load())
+		o.peaks[t.Name] = p
 	}
 	snap := s.gpu.Snapshot()
 	for _, r := range s.reps.list() {

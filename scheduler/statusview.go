@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -83,8 +84,8 @@ func (s *Server) StatusSnapshot(ctx context.Context) StatusSnapshot {
 	now := s.now()
 	ready, why := s.Ready()
 	snap := s.gpu.Snapshot()
-	r := StatusSnapshot{At: now.UTC(), PolicyVersion: pol.version, Ready: ready, ReadyReason: why,
-		Ledger: pol.cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantState{}, Replicas: []ReplicaReport{},
+	r := StatusSnapshot{At: now.UTC(), PolicyVersion: pol.Version, Ready: ready, ReadyReason: why,
+		Ledger: pol.Cfg.Ledger.Backend, GPUSource: snap.Source, Tenants: []TenantState{}, Replicas: []ReplicaReport{},
 		StartedAt: s.started.UTC(), Refusals: s.m.recent.recent()}
 	fail := func(what string, err error) {
 		if r.Errors == nil {
@@ -93,27 +94,27 @@ func (s *Server) StatusSnapshot(ctx context.Context) StatusSnapshot {
 		r.Errors[what] = oneLine(err)
 	}
 	rtKeys := map[string]int{}
-	if idx := s.rtKeys.Load(); idx != nil {
-		for _, k := range idx.byKey {
-			rtKeys[k.tenant]++
+	if idx := s.keys.Index(); idx != nil {
+		for _, k := range idx.ByKey {
+			rtKeys[k.Tenant]++
 		}
 	}
-	for _, t := range pol.order {
-		tr := TenantState{Name: t.name, Weight: t.cfg.Weight, Concurrency: t.cfg.Concurrency,
-			Inflight: t.rt.inflight.Load(), InflightTokens: t.rt.inflightTokens.Load(), Keys: len(t.keys) + rtKeys[t.name],
-			Budgets: []UsageRow{}, MaxDepth: t.cfg.Queue.MaxDepth, MaxWait: t.cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.name)}
-		if qs, ok := s.q.Stats(t.name); ok {
+	for _, t := range pol.Order {
+		tr := TenantState{Name: t.Name, Weight: t.Cfg.Weight, Concurrency: t.Cfg.Concurrency,
+			Inflight: t.RT.Inflight.Load(), InflightTokens: t.RT.InflightTokens.Load(), Keys: len(t.Keys) + rtKeys[t.Name],
+			Budgets: []UsageRow{}, MaxDepth: t.Cfg.Queue.MaxDepth, MaxWait: t.Cfg.Queue.MaxWait.String(), TenantOps: s.tenantOps(t.Name)}
+		if qs, ok := s.q.Stats(t.Name); ok {
 			tr.Queued = qs.Depth
 		}
-		if c, ok := pol.clampOf(t.name, now); ok {
+		if c, ok := pol.ClampOf(t.Name, now); ok {
 			tr.Clamp = &c
 		}
-		if len(t.limits) > 1 { // more than the slots limit
-			u, err := s.led.Snapshot(ctx, t.key, t.key)
+		if len(t.Limits) > 1 { // more than the slots limit
+			u, err := s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
 			if err != nil {
-				fail("budgets "+t.name, err)
+				fail("budgets "+t.Name, err)
 			}
-			tr.Budgets = budgetRows(t.limits, u)
+			tr.Budgets = budgetRows(t.Limits, u)
 		}
 		r.Tenants = append(r.Tenants, tr)
 	}
@@ -138,40 +139,40 @@ func (s *Server) StatusSnapshot(ctx context.Context) StatusSnapshot {
 
 // keyReports lists the keys that have limits of their own, config keys
 // first, with their ledger use.
-func (s *Server) keyReports(ctx context.Context, pol *policy, fail func(string, error)) []KeyReport {
-	keys := []*apiKey{}
-	for _, t := range pol.order {
-		keys = append(keys, t.keys...)
+func (s *Server) keyReports(ctx context.Context, pol *policy.Snapshot, fail func(string, error)) []KeyReport {
+	keys := []*policy.Key{}
+	for _, t := range pol.Order {
+		keys = append(keys, t.Keys...)
 	}
-	if idx := s.rtKeys.Load(); idx != nil {
-		var rt []*apiKey
-		for _, k := range idx.byKey {
-			if pol.tenants[k.tenant] != nil {
+	if idx := s.keys.Index(); idx != nil {
+		var rt []*policy.Key
+		for _, k := range idx.ByKey {
+			if pol.Tenants[k.Tenant] != nil {
 				rt = append(rt, k)
 			}
 		}
-		sort.Slice(rt, func(i, j int) bool { return rt[i].tenant+rt[i].label < rt[j].tenant+rt[j].label })
+		sort.Slice(rt, func(i, j int) bool { return rt[i].Tenant+rt[i].Label < rt[j].Tenant+rt[j].Label })
 		keys = append(keys, rt...)
 	}
 	out := []KeyReport{}
 	for _, k := range keys {
-		if len(k.scope.Limits) == 0 {
+		if len(k.Scope.Limits) == 0 {
 			continue
 		}
-		kr := KeyReport{Tenant: k.tenant, Label: k.label, Source: "config", Concurrency: k.slots, Inflight: k.rt.inflight.Load(), Budgets: []UsageRow{}}
-		if k.runtime {
+		kr := KeyReport{Tenant: k.Tenant, Label: k.Label, Source: "config", Concurrency: k.Slots, Inflight: k.RT.Inflight.Load(), Budgets: []UsageRow{}}
+		if k.Runtime {
 			kr.Source = "admin"
 		}
-		if !k.expiresAt.IsZero() {
-			e := k.expiresAt.UTC()
+		if !k.ExpiresAt.IsZero() {
+			e := k.ExpiresAt.UTC()
 			kr.ExpiresAt = &e
 		}
-		t := pol.tenants[k.tenant]
-		u, err := s.led.Snapshot(ctx, t.key, k.scope.Key)
+		t := pol.Tenants[k.Tenant]
+		u, err := s.led.Snapshot(ctx, t.ScopeKey, k.Scope.Key)
 		if err != nil {
-			fail("key budgets "+k.tenant+"/"+k.label, err)
+			fail("key budgets "+k.Tenant+"/"+k.Label, err)
 		}
-		kr.Budgets = budgetRows(k.scope.Limits, u)
+		kr.Budgets = budgetRows(k.Scope.Limits, u)
 		out = append(out, kr)
 	}
 	return out

@@ -89,7 +89,7 @@ func (s *Server) supervise(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	s.StartDrain()
-	s.drain(s.pol.Load().cfg.Server.DrainTimeout)
+	s.drain(s.pol.Load().Cfg.Server.DrainTimeout)
 	stopCore()
 	err := own.Wait()
 	s.settler.Pass(context.WithoutCancel(ctx))

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // One owner per call. Start runs a call from admission to its upstream's
@@ -45,7 +46,7 @@ type sink interface {
 // *cachedResponse to replay. Otherwise err is nil and the caller must call
 // Finish exactly once, also when the call failed before its answer opened
 // (Finish answers that failure).
-func (s *Server) Start(ctx context.Context, t *tenant, pol *policy, a admission) (*Ticket, error) {
+func (s *Server) Start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
 	c, err := s.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
@@ -82,7 +83,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	case out == nil:
 		c.cancel(ErrClientGone)
 		s.finish(c, ErrClientGone) // nothing to do if it ended in Start
-		s.m.count(c.t.name, outcomeCancelled, nil)
+		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
 		return s.refused(c, out, tk.err)
@@ -106,7 +107,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	if c.wf != nil {
 		c.wf.countToolCalls(toolCallsFor(c.ep, body))
 	}
-	ts := c.t.series(s.m)
+	ts := seriesOf(c.t, s.m)
 	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 	ts.requestsOK.Inc()
 	out.whole(c, body)
@@ -131,10 +132,10 @@ func (s *Server) readWhole(c *call) ([]byte, error) {
 func (s *Server) refused(c *call, out sink, err error) outcome {
 	ae := out.refuse(c, err)
 	if ae == nil {
-		s.m.count(c.t.name, outcomeCancelled, nil)
+		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	}
-	return s.countRefusal(c.t.name, c.reqID, err, ae)
+	return s.countRefusal(c.t.Name, c.reqID, err, ae)
 }
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,

@@ -88,7 +88,7 @@ func (s *Server) startTrace(c *call, a admission) {
 		trace.WithAttributes(
 			attribute.String("gen_ai.operation.name", op),
 			attribute.String("gen_ai.request.model", c.req.Model),
-			attribute.String("sluice.tenant", c.t.name),
+			attribute.String("sluice.tenant", c.t.Name),
 			attribute.String("sluice.request_id", c.reqID),
 			attribute.Bool("sluice.stream", c.req.Stream),
 		))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -21,10 +22,10 @@ import (
 // exactly first, and only a failed count leaves the bound's answer (the
 // documented fallback). counted reports that /tokenize was asked (or has
 // nothing to render), so a later budget denial need not ask again.
-func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
+func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
-	if (pol.cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
+	if (pol.Cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
 		req, tried = s.tokenize(ctx, req), true
 	}
 	if req.NeedsExactCount() && !req.Tokenized {
@@ -44,13 +45,13 @@ func (s *Server) countAndPlan(ctx context.Context, t *tenant, pol *policy, req *
 // planFor plans the cap and checks the tenant's input limit, in vLLM's
 // order: a request the model cannot take is its 400 before a tenant limit
 // (Request.Plan).
-func (s *Server) planFor(t *tenant, req *vllm.Request) (vllm.Plan, error) {
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.cfg.MaxOutputTokens)})
+func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
+	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
 	if err != nil {
 		return plan, err
 	}
-	if in := int64(req.TotalInputTokens()); in > t.cfg.MaxInputTokens {
-		return plan, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.cfg.MaxInputTokens, ErrContextLength)
+	if in := int64(req.TotalInputTokens()); in > t.Cfg.MaxInputTokens {
+		return plan, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.Cfg.MaxInputTokens, ErrContextLength)
 	}
 	return plan, nil
 }
@@ -128,7 +129,7 @@ func (s *Server) settleUsage(c *call) vllm.Usage {
 // (chat_completion/serving.py skips chunks whose parsed delta is empty),
 // so with tools the allowance is the cap: the reservation, never more.
 func allowanceFor(c *call) int {
-	a := max(1, c.pol.cfg.Upstream.StreamInterval, c.upInterval)
+	a := max(1, c.pol.Cfg.Upstream.StreamInterval, c.upInterval)
 	if c.req.Stream {
 		a = max(a, c.req.StreamInterval)
 	}
@@ -149,7 +150,7 @@ func upstreamInterval(c *call) int {
 		return 0
 	}
 	k := config.DefaultNonStreamedInterval
-	if p := c.pol.cfg.Upstream.NonStreamedInterval; p != nil {
+	if p := c.pol.Cfg.Upstream.NonStreamedInterval; p != nil {
 		k = *p
 	}
 	if k <= 0 || c.plan.Cap <= k || !c.req.Reassemblable() {

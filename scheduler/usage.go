@@ -78,9 +78,9 @@ func (s *Server) countUsage(c *call, actual ledger.Amounts) {
 	if actual[ledger.Requests] == 0 {
 		return
 	}
-	k := usageKey{tenant: c.t.name, key: "_unnamed", model: c.req.Model}
+	k := usageKey{tenant: c.t.Name, key: "_unnamed", model: c.req.Model}
 	if c.key != nil {
-		k.key = c.key.metricLabel()
+		k.key = c.key.MetricLabel()
 	}
 	uc, ok := s.usage.Load(k)
 	if !ok {

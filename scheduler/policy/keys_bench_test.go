@@ -1,4 +1,4 @@
-package scheduler
+package policy
 
 import (
 	"context"
@@ -23,15 +23,15 @@ func BenchmarkAuthenticate(b *testing.B) {
 	cfg := &config.File{Tenants: []config.Tenant{{Name: "a", Concurrency: 1,
 		APIKeys: []config.APIKey{{Hash: config.HashKey("sk-config"), Name: "ci",
 			Budgets: []config.Budget{{Dimension: "tokens", Limit: 1000, Window: time.Hour, Mode: "block"}}}}}}}
-	pol, err := buildPolicy(cfg, 1, keyer, map[string]*tenantRuntime{})
+	pol, err := Build(cfg, 1, keyer, NewRuntimes(nil))
 	if err != nil {
 		b.Fatal(err)
 	}
-	rk, err := buildKey("a", config.APIKey{Hash: config.HashKey("sk-runtime"), Name: "rt"}, keyer, nil)
+	rk, err := BuildKey("a", config.APIKey{Hash: config.HashKey("sk-runtime"), Name: "rt"}, keyer, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	idx := &keyIndex{byKey: map[[32]byte]*apiKey{rk.hash: rk}}
+	idx := &KeyIndex{ByKey: map[[32]byte]*Key{rk.Hash: rk}}
 	now := time.Now()
 	for _, bc := range []struct{ name, authz string }{
 		{"config", "Bearer sk-config"}, {"runtime", "Bearer sk-runtime"}, {"unknown", "Bearer sk-nope"},
@@ -40,7 +40,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 			authz := []byte(bc.authz)
 			b.ReportAllocs()
 			for b.Loop() {
-				_, _, _ = pol.authenticate(authz, now, idx)
+				_, _, _ = pol.Authenticate(authz, now, idx)
 			}
 		})
 	}
