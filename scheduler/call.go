@@ -14,8 +14,8 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
-	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/policy"
+	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/vllm"
 )
 

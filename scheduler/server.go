@@ -20,8 +20,8 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
-	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/policy"
+	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -129,13 +129,13 @@ type Server struct {
 	memberMu sync.Mutex
 	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
-	pol      atomic.Pointer[policy.Snapshot]
-	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
-	runtimes *policy.Runtimes
-	admin    policy.AdminState
-	keys     *policy.RuntimeKeys // the run-time keys of the shared keys document
-	adminApplied statestore.Doc   // the shared admin document admin came from (Rev 0: none yet)
-	state        statestore.Store // shared admin state; nil: this instance's own
+	pol          atomic.Pointer[policy.Snapshot]
+	polMu        sync.Mutex // serializes policy changes; guards runtimes, admin
+	runtimes     *policy.Runtimes
+	admin        policy.AdminState
+	keys         *policy.RuntimeKeys // the run-time keys of the shared keys document
+	adminApplied statestore.Doc      // the shared admin document admin came from (Rev 0: none yet)
+	state        statestore.Store    // shared admin state; nil: this instance's own
 	wfs          workflows
 	abuse        *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
