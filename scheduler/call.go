@@ -96,7 +96,8 @@ type call struct {
 	growth *growth
 }
 
-// admission is what the edge learned from the HTTP request.
+// admission is what the edge learned from the HTTP request (Admission, as
+// admit takes it).
 type admission struct {
 	ep       vllm.Endpoint
 	key      *apiKey // nil only in tests that bypass the edge

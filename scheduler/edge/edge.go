@@ -1,17 +1,23 @@
-package scheduler
+// Package edge is the client edge: the fasthttp server of the client API,
+// and the only code under scheduler/ that speaks HTTP to clients (with the
+// wiring in scheduler/node). It authenticates a request, reads the headers
+// that shape admission, watches the client's connection, and hands the
+// call to its one owner in package scheduler: Start, then Ticket.Finish into
+// a sink of this package that writes the answer (whole, refused or
+// streamed). It sees the scheduler only through those exported ports and
+// values; it never sees a call.
+package edge
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,8 +25,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -29,15 +34,15 @@ import (
 // code that sees *fasthttp.RequestCtx; everything below it gets a
 // context.Context that the edge cancels when the client leaves.
 type Edge struct {
-	s     *Server
+	s     *scheduler.Server
 	watch *connwatch.Watcher
 	base  context.Context
 }
 
-// NewEdge returns the client API handler. base is the parent of every
-// request context (the server's lifetime); watch may be nil (then only a
-// failed write notices a disconnect).
-func NewEdge(base context.Context, s *Server, watch *connwatch.Watcher) *Edge {
+// New returns the client API handler. base is the parent of every request
+// context (the server's lifetime); watch may be nil (then only a failed
+// write notices a disconnect).
+func New(base context.Context, s *scheduler.Server, watch *connwatch.Watcher) *Edge {
 	return &Edge{s: s, watch: watch, base: base}
 }
 
@@ -71,11 +76,11 @@ func (e *Edge) connState(c net.Conn, st fasthttp.ConnState) {
 func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
 	rc.Response.Header.Set("X-Request-Id", requestID(rc))
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		e.writeError(rc, "", fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, ErrTooLarge))
+		writeError(rc, scheduler.ErrorFor(fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, scheduler.ErrTooLarge)))
 		rc.SetConnectionClose()
 		return
 	}
-	e.writeError(rc, "", invalidf("", "malformed HTTP request"))
+	writeError(rc, scheduler.ErrorFor(scheduler.Invalidf("", "malformed HTTP request")))
 	rc.SetConnectionClose()
 }
 
@@ -125,15 +130,15 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 	default:
 		path := string(p)
 		if ep, ok := vllm.EndpointForPath(path); ok {
-			e.serve(rc, ep, reqID) // the rest of vLLM's surface (endpoints.go)
+			e.serve(rc, ep, reqID) // the rest of vLLM's surface
 			return
 		}
-		e.writeError(rc, "", fmt.Errorf("no route %s: %w", path, ErrNotFound))
+		writeError(rc, scheduler.ErrorFor(fmt.Errorf("no route %s: %w", path, scheduler.ErrNotFound)))
 	}
 }
 
 func (e *Edge) methodNotAllowed(rc *fasthttp.RequestCtx) {
-	e.writeError(rc, "", invalidf("", "method %s not allowed on %s", rc.Method(), rc.Path()))
+	writeError(rc, scheduler.ErrorFor(scheduler.Invalidf("", "method %s not allowed on %s", rc.Method(), rc.Path())))
 	rc.SetStatusCode(405)
 }
 
@@ -163,9 +168,9 @@ func printable(b []byte) bool {
 	return true
 }
 
-// parseAdmission reads the request headers that shape admission.
-func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string, traced bool) (admission, error) {
-	a := admission{ep: ep, reqID: reqID, body: bytes.Clone(rc.PostBody())}
+// parseAdmission reads the request headers that shape admission into a.
+func parseAdmission(rc *fasthttp.RequestCtx, a *scheduler.Admission, traced bool) error {
+	a.Body = bytes.Clone(rc.PostBody())
 	h := &rc.Request.Header
 	for _, name := range []string{"X-Request-Timeout", "X-Stainless-Timeout"} {
 		v := h.Peek(name)
@@ -174,44 +179,42 @@ func parseAdmission(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string, tra
 		}
 		sec, err := strconv.ParseFloat(string(v), 64)
 		if err != nil || sec <= 0 || sec > 86400 || sec != sec {
-			return a, invalidf(name, "%s must be a positive number of seconds (got %q)", name, v)
+			return scheduler.Invalidf(name, "%s must be a positive number of seconds (got %q)", name, v)
 		}
-		a.timeout = time.Duration(sec * float64(time.Second))
+		a.Timeout = time.Duration(sec * float64(time.Second))
 		break
 	}
 	if v := h.Peek("X-Priority"); len(v) > 0 {
 		p, err := strconv.Atoi(string(v))
 		if err != nil || p < 0 || p > 15 {
-			return a, invalidf("X-Priority", "X-Priority must be an integer band 0..15 (got %q)", v)
+			return scheduler.Invalidf("X-Priority", "X-Priority must be an integer band 0..15 (got %q)", v)
 		}
-		a.band, a.bandSet = p, true
+		a.Band, a.BandSet = p, true
 	}
 	if v := h.Peek("Idempotency-Key"); len(v) > 0 {
 		if len(v) > 256 {
-			return a, invalidf("Idempotency-Key", "Idempotency-Key is longer than 256 bytes")
+			return scheduler.Invalidf("Idempotency-Key", "Idempotency-Key is longer than 256 bytes")
 		}
-		a.idemKey = string(v)
+		a.IdempotencyKey = string(v)
 	}
 	if v := h.Peek("X-Workflow-Id"); len(v) > 0 {
 		if len(v) > 256 || !printable(v) {
-			return a, invalidf("X-Workflow-Id", "X-Workflow-Id must be 1..256 printable characters")
+			return scheduler.Invalidf("X-Workflow-Id", "X-Workflow-Id must be 1..256 printable characters")
 		}
-		a.workflow = string(v)
+		a.Workflow = string(v)
 	}
 	if v := h.Peek("X-Stainless-Retry-Count"); len(v) > 0 && string(v) != "0" {
-		a.retry = true
+		a.Retry = true
 	}
 	if traced {
-		a.traceparent, a.tracestate = string(h.Peek("Traceparent")), string(h.Peek("Tracestate"))
+		a.Traceparent, a.Tracestate = string(h.Peek("Traceparent")), string(h.Peek("Tracestate"))
 	}
-	return a, nil
+	return nil
 }
 
 // clientReq is an authenticated, parsed request and its client context.
 type clientReq struct {
-	t         *tenant
-	pol       *policy
-	a         admission
+	a         scheduler.Admission
 	ctx       context.Context         // cancelled when the peer closes its connection
 	gone      context.CancelCauseFunc // ends ctx
 	stopWatch func()                  // stops watching the connection
@@ -222,11 +225,10 @@ type clientReq struct {
 // connection. On false the refusal has been written.
 func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (clientReq, bool) {
 	s := e.s
-	if s.draining.Load() {
-		e.reject(rc, "", ErrDraining)
+	if s.Draining() {
+		e.reject(rc, "", scheduler.ErrDraining)
 		return clientReq{}, false
 	}
-	pol := s.pol.Load()
 	authz := rc.Request.Header.Peek("Authorization")
 	if len(authz) == 0 && ep.Anthropic() {
 		// Anthropic's clients send the key as x-api-key.
@@ -234,42 +236,31 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 			authz = append([]byte("Bearer "), k...)
 		}
 	}
-	t, key, err := s.authenticate(pol, authz)
+	caller, err := s.Authenticate(authz)
 	if err != nil {
 		e.reject(rc, "", err)
 		return clientReq{}, false
 	}
-	a, err := parseAdmission(rc, ep, reqID, e.s.tracer != nil)
-	if err != nil {
-		e.reject(rc, t.name, err)
+	cr := clientReq{a: scheduler.Admission{Caller: caller, Endpoint: ep, RequestID: reqID}, stopWatch: func() {}}
+	if err := parseAdmission(rc, &cr.a, s.Traced()); err != nil {
+		e.reject(rc, caller.Tenant(), err)
 		return clientReq{}, false
 	}
-	a.key = key
-	cr := clientReq{t: t, pol: pol, a: a, stopWatch: func() {}}
 	cr.ctx, cr.gone = context.WithCancelCause(e.base)
-	cr.a.cancel = cr.gone // the call's own context unless it has a deadline
+	cr.a.Cancel = cr.gone // the call's own context unless it has a deadline
 	if e.watch != nil {
 		gone := cr.gone // captured alone, so that cr stays on the stack
-		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(ErrClientGone) }); err == nil {
+		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(scheduler.ErrClientGone) }); err == nil {
 			cr.stopWatch = stop
 		}
 	}
 	return cr, true
 }
 
-// replayed answers a retry of a completed Idempotency-Key with its
-// original response.
-func (e *Edge) replayed(rc *fasthttp.RequestCtx, tenant string, r *cachedResponse) {
-	rc.Response.Header.Set("Idempotent-Replayed", "true")
-	rc.SetContentType("application/json")
-	rc.SetBody(r.body)
-	e.s.m.count(tenant, outcomeOK, nil)
-}
-
 // serve answers one request of vLLM's API end to end: the edge's part of
 // the call (authenticate, read the admission headers, watch the client's
 // connection, write the answer) around the call's owner, Start and
-// Finish (ticket.go).
+// Finish.
 func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 	if !rc.IsPost() {
 		e.methodNotAllowed(rc)
@@ -279,20 +270,23 @@ func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 	if !ok {
 		return
 	}
-	tk, err := e.s.Start(cr.ctx, cr.t, cr.pol, cr.a)
+	tk, err := e.s.Start(cr.ctx, cr.a)
 	if tk == nil || !tk.Streaming() {
 		if tk != nil {
-			tk.Finish(&wholeSink{e: e, rc: rc})
-		} else if replay := asReplay(err); replay != nil {
-			e.replayed(rc, cr.t.name, replay)
+			tk.Finish(&wholeSink{rc: rc})
+		} else if body, ok := e.s.Replayed(cr.a.Caller, err); ok {
+			// A retry of a completed Idempotency-Key: its original answer.
+			rc.Response.Header.Set("Idempotent-Replayed", "true")
+			rc.SetContentType("application/json")
+			rc.SetBody(body)
 		} else {
-			e.reject(rc, cr.t.name, err)
+			e.reject(rc, cr.a.Caller.Tenant(), err)
 		}
 		cr.stopWatch()
 		cr.gone(nil)
 		return
 	}
-	e.successHeaders(rc, tk.c)
+	successHeaders(&rc.Response.Header, tk.Meta())
 	// Send the 200 headers at once, as vLLM does right after validation:
 	// the first chunk may be a long prefill away.
 	rc.Response.ImmediateHeaderFlush = true
@@ -301,32 +295,35 @@ func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 	rc.SetBodyStream(&sseBody{tk: tk, conn: rc.Conn(), stopWatch: cr.stopWatch, gone: cr.gone}, -1)
 }
 
-// asReplay is the completed response an Idempotency-Key retry is answered
-// with, or nil (out of line: an errors.As target escapes).
-func asReplay(err error) *cachedResponse {
-	var replay *cachedResponse
-	if errors.As(err, &replay) {
-		return replay
-	}
-	return nil
-}
-
 // wholeSink answers a non-streamed call, or a call that failed before its
 // answer opened, on the request's response.
 type wholeSink struct {
-	e  *Edge
 	rc *fasthttp.RequestCtx
 }
 
-func (w *wholeSink) whole(c *call, body []byte) {
-	w.e.successHeaders(w.rc, c)
+func (w *wholeSink) Whole(m scheduler.Meta, body []byte) {
+	successHeaders(&w.rc.Response.Header, m)
 	w.rc.SetContentType("application/json")
 	w.rc.SetBody(body)
 }
 
-func (w *wholeSink) refuse(c *call, err error) *apiError { return w.e.refuse(w.rc, c, err) }
+func (w *wholeSink) Refuse(_ error, ae *scheduler.APIError, m scheduler.Meta) {
+	if ae == nil { // the client left: no one to answer
+		w.rc.SetConnectionClose()
+		return
+	}
+	if m.Sent {
+		successHeaders(&w.rc.Response.Header, m) // Server-Timing and budget headers still apply
+	}
+	writeError(w.rc, ae)
+}
 
-func (w *wholeSink) stream() (io.Writer, writeDeadliner) { return io.Discard, nil } // never streamed
+func (w *wholeSink) Stream() (io.Writer, scheduler.WriteDeadliner) { return io.Discard, nil } // never streamed
+
+// finisher is the part of a Ticket a streamed body runs.
+type finisher interface {
+	Finish(scheduler.Sink) scheduler.Outcome
+}
 
 // sseBody is a streamed response's body. fasthttp calls WriteTo on the
 // connection's own goroutine, and each Write is one HTTP chunk, flushed
@@ -337,9 +334,9 @@ func (w *wholeSink) stream() (io.Writer, writeDeadliner) { return io.Discard, ni
 // written (the client left before the headers went out), then stops
 // watching the client.
 type sseBody struct {
-	tk        *Ticket
-	conn      writeDeadliner // the client's connection; nil: no write deadline
-	stopWatch func()         // stops watching the client's connection
+	tk        finisher
+	conn      scheduler.WriteDeadliner // the client's connection; nil: no write deadline
+	stopWatch func()                   // stops watching the client's connection
 	gone      context.CancelCauseFunc
 
 	mu     sync.Mutex
@@ -393,7 +390,7 @@ func (b *sseBody) Close() error {
 // gives WriteTo, and what was written to it.
 type sseSink struct {
 	w    io.Writer
-	conn writeDeadliner
+	conn scheduler.WriteDeadliner
 	n    int64
 	err  error
 }
@@ -407,366 +404,51 @@ func (o *sseSink) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (o *sseSink) stream() (io.Writer, writeDeadliner) { return o, o.conn }
+func (o *sseSink) Stream() (io.Writer, scheduler.WriteDeadliner) { return o, o.conn }
 
-// whole and refuse do not happen to a streamed answer, whose 200 headers
+// Whole and Refuse do not happen to a streamed answer, whose 200 headers
 // went out before Finish.
-func (o *sseSink) whole(*call, []byte) {}
+func (o *sseSink) Whole(scheduler.Meta, []byte) {}
 
-func (o *sseSink) refuse(*call, error) *apiError { return nil }
-
-// end releases the call's context resources; the call must be settled or
-// released already.
-func (c *call) end() {
-	c.cancel(nil)
-	if c.stopDeadline != nil {
-		c.stopDeadline()
-	}
-}
-
-// pump passes a chat or completions stream to a streaming client, then
-// settles (Finish, for a streamed answer).
-// Events already in the stream's read buffer are written together, in one
-// write (one HTTP chunk, flushed: sseBody) made just before the stream
-// reads the replica again (Stream.BeforeRead), so no event waits on the
-// replica; under load, when several events arrive in one read, that is one
-// client write per upstream read instead of one per event. A failed write
-// is a client disconnect. Each write must complete within
-// server.stream_write_timeout (conn's write deadline, when conn is set): a
-// client that stops reading fills its socket buffers, the write blocks,
-// and the deadline ends the call as ErrClientStalled, so that it does not
-// hold its slot and replica room for as long as it does not read. It
-// returns the outcome it counted.
-func (s *Server) pump(c *call, w io.Writer, conn writeDeadliner) outcome {
-	var buf []byte // shaped events not yet written
-	first := true
-	shaper := vllm.NewShaper(c.req)
-	cw := newClientWriter(c, w, conn)
-	defer cw.done()
-	write := cw.write
-	flush := func() {
-		if len(buf) == 0 || cw.err != nil {
-			return
-		}
-		write(buf)
-		buf = buf[:0]
-	}
-	c.stream.BeforeRead(flush)
-	defer c.stream.BeforeRead(nil)
-
-	for {
-		ev, err := c.stream.Next()
-		if err != nil {
-			flush() // what was read goes out before the end or the error event
-		}
-		if cw.err != nil {
-			c.cancel(ErrClientGone)
-			s.finish(c, ErrClientGone)
-			s.m.count(c.t.name, outcomeCancelled, nil)
-			return outcomeCancelled
-		}
-		if errors.Is(err, io.EOF) {
-			if ref := c.stream.Refused(); ref != nil {
-				// vLLM refused it after the headers: an error, uncharged.
-				s.finish(c, ref)
-				s.m.count(c.t.name, outcomeUpstreamError, nil)
-				return outcomeUpstreamError
-			}
-			s.finish(c, nil)
-			c.t.series(s.m).requestsOK.Inc()
-			return outcomeOK
-		}
-		if err != nil {
-			cause := context.Cause(c.ctx)
-			if cause == nil {
-				cause = err
-			}
-			s.finish(c, cause)
-			if !errors.Is(cause, ErrClientGone) {
-				write(streamErrorEvent(c, cause))
-			}
-			o, _ := outcomeFor(&streamError{cause: cause})
-			s.m.count(c.t.name, o, nil)
-			return o
-		}
-		if c.wf != nil {
-			c.wf.countToolCalls(toolCallsFor(c.ep, ev.Data))
-		}
-		var ok bool
-		buf, ok = shaper.Shape(buf, ev)
-		if s.growHold(c, &ev) {
-			// Stopped at a budget (grow.go): what was generated, then the
-			// chunk that ends it.
-			buf = appendStopped(buf, c)
-			flush()
-			s.finish(c, errBudgetEnded)
-			c.t.series(s.m).requestsOK.Inc()
-			return outcomeOK
-		}
-		if !ok {
-			continue
-		}
-		if first && !ev.Done {
-			first = false
-			c.t.series(s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
-		}
-		if len(buf) >= maxCoalesce {
-			flush()
-		}
-	}
-}
-
-// writeDeadliner is the part of the client's net.Conn pump uses.
-type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
-
-// clientWriter writes a streamed answer to the client. Each write must
-// complete within server.stream_write_timeout (conn's write deadline, when
-// conn is set); a failed write cancels the call, as a disconnect or, past
-// the deadline, a stalled client (which closes its upstream), and ends
-// the writing (err).
-type clientWriter struct {
-	c       *call
-	w       io.Writer
-	conn    writeDeadliner
-	timeout time.Duration
-	err     error // the first failed write's
-}
-
-func newClientWriter(c *call, w io.Writer, conn writeDeadliner) *clientWriter {
-	cw := &clientWriter{c: c, w: w, conn: conn, timeout: c.pol.cfg.Server.StreamWriteTimeout}
-	if cw.timeout <= 0 {
-		cw.conn = nil
-	}
-	return cw
-}
-
-func (cw *clientWriter) write(b []byte) {
-	if cw.err != nil {
-		return
-	}
-	if cw.conn != nil {
-		_ = cw.conn.SetWriteDeadline(time.Now().Add(cw.timeout))
-	}
-	if _, err := cw.w.Write(b); err != nil {
-		cw.err = err
-		cause := ErrClientGone
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			cause = ErrClientStalled
-		}
-		cw.c.cancel(cause) // closes upstream: the read after this returns
-	}
-}
-
-// done clears the write deadline: the connection may serve the next
-// request, with no deadline of this one's.
-func (cw *clientWriter) done() {
-	if cw.conn != nil && cw.err == nil {
-		_ = cw.conn.SetWriteDeadline(time.Time{})
-	}
-}
-
-// maxCoalesce bounds the events pump holds for one write.
-const maxCoalesce = 32 << 10
-
-// successHeaders sets the budget and timing headers of ARCHITECTURE §3.3.
-func (e *Edge) successHeaders(rc *fasthttp.RequestCtx, c *call) {
-	h := &rc.Response.Header
-	now := e.s.now()
-	var num [24]byte
-	for _, d := range rateLimitHeaders {
-		room := c.grant.Headroom[d.dim]
-		if !room.Tracked {
-			continue
-		}
-		h.SetBytesV(d.limit, strconv.AppendInt(num[:0], room.Limit, 10))
-		h.SetBytesV(d.remaining, strconv.AppendInt(num[:0], room.Remaining, 10))
-		h.Set(d.reset, room.ResetsAt.Sub(now).Round(time.Millisecond).String())
-	}
-	if warn(c) {
-		h.Set("X-Budget-Warning", "soft_threshold")
-	}
-	outputCapHeader(h, c)
-	// "queue;dur=%.3f[, upstream;dur=%.3f]" of whole microseconds, without
-	// fmt nor float formatting.
-	var st [64]byte
-	b := append(st[:0], "queue;dur="...)
-	b = appendMillis(b, usBetween(c.arrival, c.dispatchAt))
-	if !c.firstByte.IsZero() {
-		b = append(b, ", upstream;dur="...)
-		b = appendMillis(b, usBetween(c.dispatchAt, c.firstByte))
-	}
-	h.SetBytesV("Server-Timing", b)
-}
-
-// appendMillis appends us microseconds as milliseconds with three decimals:
-// the text %.3f prints for float64(us)/1000.
-func appendMillis(b []byte, us int64) []byte {
-	if us < 0 {
-		b, us = append(b, '-'), -us
-	}
-	b = strconv.AppendInt(b, us/1000, 10)
-	frac := us % 1000
-	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
-}
-
-// rateLimitHeaders are the budget headers of ARCHITECTURE §3.3, names
-// built once.
-var rateLimitHeaders = []struct {
-	dim                     ledger.Dim
-	limit, remaining, reset string
-}{
-	{ledger.Tokens, "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"},
-	{ledger.Requests, "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"},
-}
-
-func usBetween(a, b time.Time) int64 {
-	if a.IsZero() || b.IsZero() {
-		return 0
-	}
-	return b.Sub(a).Microseconds()
-}
-
-// warn reports whether a warn-mode budget is past its limit or a block-mode
-// budget past its warning ratio after this grant.
-func warn(c *call) bool {
-	if len(c.grant.Warnings) > 0 {
-		return true
-	}
-	for d, ratio := range c.t.warn {
-		room := c.grant.Headroom[d]
-		if room.Tracked && room.Limit > 0 && float64(room.Limit-room.Remaining) >= ratio*float64(room.Limit) {
-			return true
-		}
-	}
-	return false
-}
+func (o *sseSink) Refuse(error, *scheduler.APIError, scheduler.Meta) {}
 
 // models answers GET /v1/models with the union of the replicas' models
-// that the tenant may use (routing.go).
+// that the tenant may use.
 func (e *Edge) models(rc *fasthttp.RequestCtx) {
-	t, _, err := e.s.authenticate(e.s.pol.Load(), rc.Request.Header.Peek("Authorization"))
+	caller, err := e.s.Authenticate(rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return
 	}
-	b, _ := marshal(struct {
-		Object string      `json:"object"`
-		Data   []modelCard `json:"data"`
-	}{"list", e.s.modelList(t)})
 	rc.SetContentType("application/json")
-	rc.SetBody(b)
+	rc.SetBody(e.s.Models(caller))
 }
 
-// workflowAPI serves POST /v1/workflows (create an envelope with explicit
-// limits, capped by the tenant's workflow_defaults) and GET
+// workflowAPI serves POST /v1/workflows (create an envelope) and GET
 // /v1/workflows/{id} (limits, used, remaining), with the tenant's own key.
 func (e *Edge) workflowAPI(rc *fasthttp.RequestCtx, id string) {
-	s := e.s
-	pol := s.pol.Load()
-	t, _, err := s.authenticate(pol, rc.Request.Header.Peek("Authorization"))
+	caller, err := e.s.Authenticate(rc.Request.Header.Peek("Authorization"))
 	if err != nil {
 		e.reject(rc, "", err)
 		return
 	}
+	var body []byte
+	status := 200
 	switch {
 	case id == "" && rc.IsPost():
-		var in struct {
-			MaxCalls        int64  `json:"max_calls"`
-			MaxInputTokens  int64  `json:"max_input_tokens"`
-			MaxOutputTokens int64  `json:"max_output_tokens"`
-			MaxDuration     string `json:"max_duration"`
-			MaxUSDMicros    int64  `json:"max_usd_micros"`
-			MaxRetries      int64  `json:"max_retries"`
-			MaxToolCalls    int64  `json:"max_tool_calls"`
-		}
-		dec := json.NewDecoder(bytes.NewReader(rc.PostBody()))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&in); err != nil {
-			e.reject(rc, t.name, invalidf("", "workflow body: %v", err))
-			return
-		}
-		lim := config.WorkflowLimit{MaxCalls: in.MaxCalls, MaxInputTokens: in.MaxInputTokens, MaxOutputTokens: in.MaxOutputTokens,
-			MaxUSDMicros: in.MaxUSDMicros, MaxRetries: in.MaxRetries, MaxToolCalls: in.MaxToolCalls}
-		if in.MaxDuration != "" {
-			d, err := time.ParseDuration(in.MaxDuration)
-			if err != nil || d <= 0 {
-				e.reject(rc, t.name, invalidf("max_duration", "max_duration must be a positive duration such as 10m"))
-				return
-			}
-			lim.MaxDuration = d
-		}
-		for name, v := range map[string]int64{"max_calls": lim.MaxCalls, "max_input_tokens": lim.MaxInputTokens,
-			"max_output_tokens": lim.MaxOutputTokens, "max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries,
-			"max_tool_calls": lim.MaxToolCalls} {
-			if v < 0 {
-				e.reject(rc, t.name, invalidf(name, "%s must be >= 0", name))
-				return
-			}
-		}
-		if in.MaxOutputTokens == 0 && t.cfg.Workflow.MaxOutputTokens == 0 {
-			e.reject(rc, t.name, invalidf("max_output_tokens", "max_output_tokens must be > 0"))
-			return
-		}
-		wf := s.wfs.create(t.name, capWorkflowLimits(lim, t.cfg.Workflow), s.now())
-		rc.SetStatusCode(201)
-		e.writeWorkflow(rc, t, wf)
+		body, err = e.s.CreateWorkflow(e.base, caller, rc.PostBody())
+		status = 201
 	case id != "" && rc.IsGet():
-		wf := s.wfs.get(t.name, id)
-		if wf == nil {
-			e.reject(rc, t.name, fmt.Errorf("workflow %q: %w", id, ErrNotFound))
-			return
-		}
-		e.writeWorkflow(rc, t, wf)
+		body, err = e.s.Workflow(e.base, caller, id)
 	default:
 		e.methodNotAllowed(rc)
-	}
-}
-
-// writeWorkflow renders an envelope with its ledger usage.
-func (e *Edge) writeWorkflow(rc *fasthttp.RequestCtx, t *tenant, wf *workflow) {
-	s := e.s
-	ctx, cancel := context.WithTimeout(e.base, 2*time.Second)
-	defer cancel()
-	u, err := s.led.Snapshot(ctx, t.key, s.keyer.Key(ledger.KindWorkflow, t.name+"\x00"+wf.id))
-	if err != nil {
-		e.reject(rc, t.name, err)
 		return
 	}
-	used := map[string]int64{
-		"calls": u.Reserved[ledger.Requests], "input_tokens": u.Reserved[ledger.InputTokens],
-		"output_tokens": u.Reserved[ledger.OutputTokens], "usd_micros": u.Reserved[ledger.USDMicros],
+	if err != nil {
+		e.reject(rc, caller.Tenant(), err)
+		return
 	}
-	for _, l := range u.Limits {
-		switch l.Limit.Dim {
-		case ledger.Requests:
-			used["calls"] += l.Committed
-		case ledger.InputTokens:
-			used["input_tokens"] += l.Committed
-		case ledger.OutputTokens:
-			used["output_tokens"] += l.Committed
-		case ledger.USDMicros:
-			used["usd_micros"] += l.Committed
-		}
-	}
-	wf.mu.Lock()
-	used["retries"], used["tool_calls"] = wf.retries, wf.toolCalls
-	wf.mu.Unlock()
-	lim := wf.limits
-	limits := map[string]any{"max_calls": lim.MaxCalls, "max_input_tokens": lim.MaxInputTokens, "max_output_tokens": lim.MaxOutputTokens,
-		"max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries, "max_tool_calls": lim.MaxToolCalls,
-		"max_duration": lim.MaxDuration.String()}
-	remaining := map[string]any{}
-	for k, l := range map[string]int64{"calls": lim.MaxCalls, "input_tokens": lim.MaxInputTokens, "output_tokens": lim.MaxOutputTokens,
-		"usd_micros": lim.MaxUSDMicros, "retries": lim.MaxRetries, "tool_calls": lim.MaxToolCalls} {
-		if l > 0 {
-			remaining[k] = max(0, l-used[k])
-		}
-	}
-	if lim.MaxDuration > 0 {
-		remaining["duration"] = max(0, lim.MaxDuration-s.now().Sub(wf.created)).Round(time.Millisecond).String()
-	}
-	b, _ := marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
-		"limits": limits, "used": used, "remaining": remaining})
+	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
-	rc.SetBody(b)
+	rc.SetBody(body)
 }

@@ -1,90 +1,34 @@
-package scheduler
+package edge
 
 import (
-	"context"
-	"errors"
+	"math"
 	"strconv"
+	"time"
 
-	"github.com/sluicehq/sluice/vllm"
 	"github.com/valyala/fasthttp"
+
+	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/vllm"
 )
 
-// How the edge answers a call that did not succeed: the pinned error shape
-// (Anthropic's on its routes), the audit record and the outcome counters.
+// How the edge writes a refusal: the pinned error shape (Anthropic's on its
+// routes) with its status and retry headers. The scheduler classifies
+// (scheduler.ErrorFor, Reject, Finish's Sink.Refuse); the edge writes.
 
-// sseError renders a mid-stream refusal as vLLM does: an error event, then
-// [DONE].
-func sseError(ae *apiError) []byte {
-	b, _ := marshal(errorBody(ae))
-	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
-}
-
-// streamErrorEvent renders a mid-stream failure in the endpoint's shape:
-// Anthropic's error event on its routes, vLLM's (sseError) elsewhere.
-func streamErrorEvent(c *call, cause error) []byte {
-	ae := statusFor(&streamError{cause: cause})
-	if c.ep.Anthropic() {
-		return anthropicSSEError(ae)
-	}
-	return sseError(ae)
-}
-
-// refuse answers a call that ended in err before its answer (the sink's
-// refuse, edge.go); nil when the client left.
-func (e *Edge) refuse(rc *fasthttp.RequestCtx, c *call, err error) *apiError {
-	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
-		rc.SetConnectionClose()
-		return nil
-	}
-	if c.rep != nil && c.sent {
-		e.successHeaders(rc, c) // Server-Timing and budget headers still apply
-	}
-	var ue *vllm.UpstreamError
-	if errors.As(err, &ue) && ue.Status == 404 && !ue.InStream && c.rep != nil {
-		// vLLM no longer serves the model (an adapter unloaded): read its
-		// models again.
-		c.rep.modelsAt.Store(0)
-	}
-	return e.writeError(rc, c.t.name, err)
-}
-
-// reject writes err in the pinned error shape, audits and counts it.
+// reject has the scheduler classify, log, audit and count err, and writes
+// its refusal. tenant is "" before authentication.
 func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
-	ae := e.writeError(rc, tenant, err)
-	e.s.countRefusal(tenant, string(rc.Response.Header.Peek("X-Request-Id")), err, ae)
+	writeError(rc, e.s.Reject(tenant, string(rc.Response.Header.Peek("X-Request-Id")), err))
 }
 
-type errorJSON struct {
-	Error struct {
-		Message string         `json:"message"`
-		Type    string         `json:"type"`
-		Code    string         `json:"code"`
-		Param   *string        `json:"param"`
-		Details map[string]any `json:"details,omitempty"`
-	} `json:"error"`
-}
-
-func errorBody(ae *apiError) errorJSON {
-	var b errorJSON
-	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Details = ae.Message, ae.Type, ae.Code, ae.Details
-	if ae.Param != "" {
-		p := ae.Param
-		b.Error.Param = &p
-	}
-	return b
-}
-
-// writeError writes the response for err and returns its classification.
-func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *apiError {
-	ae := statusFor(err)
-	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
-		e.s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
-	}
+// writeError writes the response of the refusal ae.
+func writeError(rc *fasthttp.RequestCtx, ae *scheduler.APIError) {
 	rc.SetStatusCode(ae.Status)
 	if ae.Raw != nil {
+		// vLLM's own refusal, passed through unchanged.
 		rc.SetContentType("application/json")
 		rc.SetBody(ae.Raw)
-		return ae
+		return
 	}
 	if ae.RetryAfter > 0 {
 		rc.Response.Header.Set("Retry-After", retryAfterSeconds(ae.RetryAfter))
@@ -94,11 +38,16 @@ func (e *Edge) writeError(rc *fasthttp.RequestCtx, tenant string, err error) *ap
 		rc.Response.Header.Set("x-should-retry", "false")
 	}
 	rc.SetContentType("application/json")
-	if anthropicPath(rc.Path()) {
-		rc.SetBody(anthropicErrorBody(ae))
-		return ae
-	}
-	b, _ := marshal(errorBody(ae))
-	rc.SetBody(b)
-	return ae
+	rc.SetBody(ae.Body(anthropicPath(rc.Path())))
+}
+
+// anthropicPath reports a request path of the Messages API.
+func anthropicPath(path []byte) bool {
+	ep, ok := vllm.EndpointForPath(string(path))
+	return ok && ep.Anthropic()
+}
+
+// retryAfterSeconds renders ceil(d) in whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(1, int64(math.Ceil(d.Seconds()))), 10)
 }
