@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -41,4 +42,23 @@ func TestMeta(t *testing.T) {
 	assert.True(t, m.Warning)
 	assert.Equal(t, "budget", m.CapReason)
 	assert.Equal(t, "budget; scope=tenant; dimension=tokens; window=1h", string(m.Stopped))
+}
+
+// A replica's 404 to a call (it no longer serves the model: an adapter
+// unloaded) is the client's as vLLM sent it, and has the replica's models
+// read again.
+func TestUpstream404RereadsModels(t *testing.T) {
+	body := []byte(`{"object":"error","message":"The model does not exist."}`)
+	up := &fakeUpstream{fail: &vllm.UpstreamError{Replica: "r0", Status: 404, Body: body}}
+	s, led := otherServer(t, "", up)
+	for _, r := range s.reps.list() {
+		r.modelsAt.Store(1)
+	}
+	_, err := serve(context.Background(), s, admission{body: chatBody("")})
+	assert.Equal(t, 404, statusFor(err).Status)
+	assert.Equal(t, body, statusFor(err).Raw)
+	for _, r := range s.reps.list() {
+		assert.Zero(t, r.modelsAt.Load(), "replica %s's models are read again", r.name)
+	}
+	assert.Equal(t, 1, led.n("release")+led.n("settle"))
 }
