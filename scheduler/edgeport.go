@@ -48,7 +48,7 @@ func (s *Server) Traced() bool { return s.tracer != nil }
 // Admission is what the edge learned from a client's request: who sent it,
 // to which endpoint, its body and the headers that shape admission.
 type Admission struct {
-	Caller    Caller
+	Caller    Caller // Authenticate's
 	Endpoint  vllm.Endpoint
 	Body      []byte // owned by the call from here on
 	RequestID string
