@@ -1,7 +1,5 @@
 package scheduler
 
-import "github.com/sluicehq/sluice/vllm"
-
 // Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) runs
 // through the same lifecycle as every other endpoint (endpoints.go); only
 // its refusals differ: Anthropic's error shape, {"type":"error","error":
@@ -57,10 +55,4 @@ func anthropicErrorBody(ae *apiError) []byte {
 func anthropicSSEError(ae *apiError) []byte {
 	b := append([]byte("event: error\ndata: "), anthropicErrorBody(ae)...)
 	return append(b, "\n\n"...)
-}
-
-// anthropicPath reports a request path of the Messages API.
-func anthropicPath(path []byte) bool {
-	ep, ok := vllm.EndpointForPath(string(path))
-	return ok && ep.Anthropic()
 }

@@ -98,7 +98,8 @@ type call struct {
 	growth *growth
 }
 
-// admission is what the edge learned from the HTTP request.
+// admission is what the edge learned from the HTTP request (Admission, as
+// admit takes it).
 type admission struct {
 	ep       vllm.Endpoint
 	key      *policy.Key // nil only in tests that bypass the edge

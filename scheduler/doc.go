@@ -1,7 +1,9 @@
-// Package scheduler is Sluice's admission pipeline: the fasthttp edge, the
-// dispatch loop, settlement and the operations the admin API (package
-// scheduler/adminapi) calls. It turns each OpenAI-style request into
-// exactly one ledger outcome.
+// Package scheduler is Sluice's admission pipeline: the call's one owner
+// (Start, Ticket.Finish), the dispatch loop, settlement and the operations the admin API
+// (package scheduler/adminapi) calls.
+// It turns each OpenAI-style request into exactly one ledger outcome. The
+// client's HTTP is the edge's (package scheduler/edge), which reaches this
+// package through the ports of edgeport.go only.
 //
 // # Request path
 //
@@ -59,8 +61,9 @@
 //
 //   - The request goroutine (the edge handler, then its stream writer) owns
 //     the call: phase, plan, holds, stream, usage, rep. The edge only
-//     parses, authenticates and writes bytes; admit, await, execute,
-//     drainStream and finish do the rest on that goroutine.
+//     parses, authenticates and writes bytes; Start (admit, await,
+//     execute) and Finish (drainStream or pump, finish) do the rest on that
+//     goroutine.
 //   - The dispatch loop (dispatch.go) owns nothing of a call: under the
 //     queue's mutex it reserves replica room and hands the replica over the
 //     call's dispatched channel; expiry arrives on expired.

@@ -80,7 +80,7 @@ func (s *Server) readOther(c *call) ([]byte, error) {
 // seen). A client that leaves cancels the call's context, which closes
 // the upstream connection: vLLM aborts the request. It returns the
 // outcome it counted.
-func (s *Server) pumpEvents(c *call, w io.Writer, conn writeDeadliner) outcome {
+func (s *Server) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	rs := vllm.NewResponsesStream(c.resp.Body, 0)
 	cw := newClientWriter(c, w, conn)
 	defer cw.done()

@@ -105,11 +105,11 @@ func TestOtherEndpointRetriedOnAnotherReplica(t *testing.T) {
 	assert.Equal(t, 1, led.n("settle"))
 }
 
-// A streamed /v1/responses or /v1/messages answer is written through
-// sseBody.WriteTo like chat's: every event passes, the call settles once
-// from the final usage, and each tool call counts once in the workflow
+// A streamed /v1/responses or /v1/messages answer is delivered by Finish
+// like chat's: every event passes, the call settles once from the final
+// usage, and each tool call counts once in the workflow
 // (response.output_item.done and response.completed repeat the items).
-func TestOtherStreamsDeliveredThroughSSEBody(t *testing.T) {
+func TestOtherStreamsDeliveredByFinish(t *testing.T) {
 	for _, tc := range []struct {
 		ep   vllm.Endpoint
 		body string
@@ -119,17 +119,16 @@ func TestOtherStreamsDeliveredThroughSSEBody(t *testing.T) {
 		{vllm.EndpointMessages, `{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "event: message_stop\n"},
 	} {
 		t.Run(tc.ep.Path(), func(t *testing.T) {
-			s, led, c, b, ended := streamedCallOn(t, &fakeUpstream{out: 4, tools: 2}, tc.ep, []byte(tc.body))
+			s, led, tk := streamedCallOn(t, &fakeUpstream{out: 4, tools: 2}, tc.ep, []byte(tc.body))
+			c := tk.c
 			wf := &workflow{created: s.now()}
 			c.wf = wf
 			var buf bytes.Buffer
-			n, err := b.WriteTo(&buf)
-			require.NoError(t, err)
-			assert.Equal(t, int64(buf.Len()), n)
+			out := &writerSink{w: &buf}
+			assert.Equal(t, outcomeOK, tk.Finish(out))
+			assert.Zero(t, out.other)
 			assert.Contains(t, buf.String(), tc.last)
 			assert.Equal(t, strings.Count(otherStream(tc.ep.Path(), 4, 2), "event: "), strings.Count(buf.String(), "event: "), "every event passed")
-			require.NoError(t, b.Close())
-			assert.Equal(t, 1, *ended)
 			assert.Equal(t, phaseSettled, c.phase)
 			assert.Equal(t, 1, led.n("settle"))
 			assert.True(t, c.usage.Final)
@@ -141,16 +140,16 @@ func TestOtherStreamsDeliveredThroughSSEBody(t *testing.T) {
 	}
 }
 
-// A streamed /v1/responses body fasthttp never wrote (the client left
-// before the headers went out) is ended by Close: settled once as a
-// client disconnect, its upstream answer closed.
-func TestResponsesStreamNeverWrittenSettlesOnClose(t *testing.T) {
+// A streamed /v1/responses answer never written (the client left before
+// the headers went out: Finish with no sink) is settled once as a client
+// disconnect, its upstream answer closed.
+func TestResponsesStreamNeverWrittenSettlesAsDisconnect(t *testing.T) {
 	gate := make(chan struct{})
 	defer close(gate)
-	_, led, c, b, ended := streamedCallOn(t, &fakeUpstream{out: 3, gate: gate}, vllm.EndpointResponses,
+	_, led, tk := streamedCallOn(t, &fakeUpstream{out: 3, gate: gate}, vllm.EndpointResponses,
 		[]byte(`{"model":"m","input":"hi","max_output_tokens":16,"stream":true}`))
-	require.NoError(t, b.Close())
-	assert.Equal(t, 1, *ended)
+	assert.Equal(t, outcomeCancelled, tk.Finish(nil))
+	c := tk.c
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, phaseSettled, c.phase)
 	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
@@ -178,18 +177,17 @@ func (w *failAfter) Write(p []byte) (int, error) {
 func TestMessagesStreamClientLeaves(t *testing.T) {
 	gate := make(chan struct{})
 	close(gate)
-	s, led, c, b, _ := streamedCallOn(t, &fakeUpstream{out: 6, gate: gate}, vllm.EndpointMessages,
+	_, led, tk := streamedCallOn(t, &fakeUpstream{out: 6, gate: gate}, vllm.EndpointMessages,
 		[]byte(`{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-	w := &failAfter{left: 4} // message_start, the block's start, two deltas
-	_, err := b.WriteTo(w)
-	require.Error(t, err)
-	require.NoError(t, b.Close())
+	out := &writerSink{w: &failAfter{left: 4}} // message_start, the block's start, two deltas
+	assert.Equal(t, outcomeCancelled, tk.Finish(out))
+	require.Error(t, out.err)
+	c := tk.c
 	assert.Equal(t, phaseSettled, c.phase)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, "client_disconnect", c.abortCause)
 	assert.False(t, c.usage.Final)
 	assert.GreaterOrEqual(t, c.usage.CompletionTokens, 2, "at least the deltas the client saw")
-	_ = s
 }
 
 // max_tool_calls holds on /v1/responses as on chat: a whole answer's
@@ -224,7 +222,7 @@ func TestFinishTwiceIsIllegal(t *testing.T) {
 	var illegal []error
 	s.onIllegal = func(err error) { illegal = append(illegal, err) }
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`), reqID: "r"})
+	tk, err := s.begin(context.Background(), pol.Tenants["acme"], pol, admission{ep: vllm.EndpointEmbeddings, body: []byte(`{"model":"m","input":"hi"}`), reqID: "r"})
 	require.NoError(t, err)
 	var out recordingSink
 	assert.Equal(t, outcomeOK, tk.Finish(&out))

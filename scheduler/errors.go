@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -207,11 +205,6 @@ func deniedError(d *ledger.DeniedError) *apiError {
 		RetryAfter: max(d.RetryAfter, time.Second),
 		NoRetry:    true,
 	}
-}
-
-// retryAfterSeconds renders ceil(d) in whole seconds, at least 1.
-func retryAfterSeconds(d time.Duration) string {
-	return strconv.FormatInt(max(1, int64(math.Ceil(d.Seconds()))), 10)
 }
 
 // marshal encodes v as JSON without HTML escaping, so messages such as

@@ -131,15 +131,15 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol,
+	tk, err := s.begin(context.Background(), pol.Tenants["acme"], pol,
 		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
 	require.NoError(t, err)
 	c := tk.c
 	client, server := net.Pipe()
 	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
-	b := &sseBody{tk: tk, conn: server}
+	out := &writerSink{w: server, conn: server}
 	done := make(chan error, 1)
-	go func() { _, err := b.WriteTo(server); done <- err }()
+	go func() { tk.Finish(out); done <- out.err }()
 
 	events := strings.SplitAfter(sseCompletion(8), "\n\n")
 	_, err = io.WriteString(pw, events[0])
@@ -162,7 +162,6 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	assert.Equal(t, 2+1, c.usage.CompletionTokens, "two tokens ran and were read, plus one interval")
 	assert.Zero(t, c.t.RT.Inflight.Load(), "its slot is free")
 	assert.Zero(t, c.t.RT.InflightTokens.Load(), "its replica room is free")
-	require.NoError(t, b.Close())
 }
 
 // fullQueueUpstream answers streams on r0 with vLLM's in-stream refusal of

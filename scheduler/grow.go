@@ -4,8 +4,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -162,14 +160,6 @@ func (st *growStop) json() []byte {
 		}
 	}
 	return append(b, '}')
-}
-
-// stoppedHeader sets X-Sluice-Stopped on a non-streamed answer whose
-// generation Sluice stopped.
-func stoppedHeader(h *fasthttp.ResponseHeader, c *call) {
-	if c.growth != nil && c.growth.stop != nil {
-		h.SetBytesV("X-Sluice-Stopped", c.growth.stop.header())
-	}
 }
 
 // appendStopped appends the chunk that ends a stopped stream (every

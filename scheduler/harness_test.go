@@ -3,7 +3,6 @@ package scheduler
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -349,9 +348,9 @@ func serve(ctx context.Context, s *Server, a admission) ([]byte, error) {
 // streams, Finish into a recordingSink. It returns the call (nil: nothing
 // was admitted), the answer's body and the error that ended it. A
 // streaming call is returned with its answer open, for the test to finish
-// and end (tests of the streamed delivery use Start and sseBody).
+// and end (tests of the streamed delivery: stream_test.go).
 func (s *Server) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, []byte, error) {
-	tk, err := s.Start(ctx, t, pol, a)
+	tk, err := s.begin(ctx, t, pol, a)
 	if tk == nil {
 		return nil, nil, err
 	}
@@ -364,7 +363,7 @@ func (s *Server) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 }
 
 // recordingSink keeps what Finish delivered: the body, or the error it
-// answered (with its classification), or the streamed bytes.
+// answered, or the streamed bytes.
 type recordingSink struct {
 	body     []byte
 	err      error
@@ -372,18 +371,14 @@ type recordingSink struct {
 	streamed bytes.Buffer
 }
 
-func (r *recordingSink) whole(_ *call, body []byte) { r.body = body }
+func (r *recordingSink) Whole(_ Meta, body []byte) { r.body = body }
 
-func (r *recordingSink) refuse(c *call, err error) *apiError {
+func (r *recordingSink) Refuse(err error, _ *APIError, _ Meta) {
 	r.err = err
 	r.refusals++
-	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
-		return nil
-	}
-	return statusFor(err)
 }
 
-func (r *recordingSink) stream() (io.Writer, writeDeadliner) { return &r.streamed, nil }
+func (r *recordingSink) Stream() (io.Writer, WriteDeadliner) { return &r.streamed, nil }
 
 // tenantUsage reads acme's tenant scope from the Memory.
 func tenantUsage(t testing.TB, s *Server, m *ledger.Memory) ledger.Usage {

@@ -110,11 +110,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// outcome is a request's final outcome, the label of sluice_requests_total.
-type outcome uint8
+// Outcome is a request's final outcome, the label of sluice_requests_total.
+type Outcome uint8
 
 const (
-	outcomeOK outcome = iota
+	outcomeOK Outcome = iota
 	outcomeRejected
 	outcomeExpired
 	outcomeCancelled
@@ -123,12 +123,12 @@ const (
 
 var outcomeNames = [...]string{"ok", "rejected", "expired", "cancelled", "upstream_error"}
 
-func (o outcome) String() string { return outcomeNames[o] }
+func (o Outcome) String() string { return outcomeNames[o] }
 
 // outcomeFor classifies an error (nil: ok) through statusFor, the one
 // error→status map, so metrics and responses cannot disagree. A failure
 // after the 200 headers is never a rejection.
-func outcomeFor(err error) (outcome, *apiError) {
+func outcomeFor(err error) (Outcome, *apiError) {
 	if err == nil {
 		return outcomeOK, nil
 	}
@@ -146,7 +146,7 @@ func outcomeFor(err error) (outcome, *apiError) {
 }
 
 // count records one request's outcome; refusals also count by code.
-func (m *Metrics) count(tenant string, o outcome, ae *apiError) {
+func (m *Metrics) count(tenant string, o Outcome, ae *apiError) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()

@@ -2,9 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"strconv"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/ledger"
 )
@@ -87,13 +84,12 @@ func fitsOutput(c *call, d *ledger.DeniedError) int64 {
 	return max(0, free/int64(max(1, c.plan.Choices)))
 }
 
-// outputCapHeader sets X-Sluice-Output-Cap: <n>; reason=<r> when the cap
-// sent upstream is below what the client asked for (or, without a client
-// cap, when Sluice lowered its own to fit a budget): budget or workflow
-// (lowered at admission), tenant (the tenant's max_output_tokens or a
-// clamp), model_len (the model's remaining context).
-func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
-	stoppedHeader(h, c) // grow.go
+// outputCapReason is why the cap sent upstream is below what the client
+// asked for (or, without a client cap, why Sluice lowered its own to fit a
+// budget), for X-Sluice-Output-Cap: budget or workflow (lowered at
+// admission), tenant (the tenant's max_output_tokens or a clamp),
+// model_len (the model's remaining context); "" when it is not.
+func outputCapReason(c *call) string {
 	reason := c.capReason
 	if reason == "" && c.req != nil && c.req.MaxTokens > 0 && c.plan.Cap < c.req.MaxTokens {
 		reason = "model_len"
@@ -101,11 +97,7 @@ func outputCapHeader(h *fasthttp.ResponseHeader, c *call) {
 			reason = "tenant"
 		}
 	}
-	if reason == "" {
-		return
-	}
-	var num [24]byte
-	h.SetBytesV("X-Sluice-Output-Cap", append(append(strconv.AppendInt(num[:0], int64(c.plan.Cap), 10), "; reason="...), reason...))
+	return reason
 }
 
 // countKey counts an admission decision for the call's key.

@@ -71,13 +71,6 @@ func TestStatusFor(t *testing.T) {
 	}
 }
 
-func TestRetryAfterSeconds(t *testing.T) {
-	t.Parallel()
-	assert.Equal(t, "1", retryAfterSeconds(10*time.Millisecond))
-	assert.Equal(t, "2", retryAfterSeconds(1001*time.Millisecond))
-	assert.Equal(t, "3600", retryAfterSeconds(time.Hour))
-}
-
 // fixedCapacity sizes every replica the same.
 func fixedCapacity(k map[string]int64) capacityFunc {
 	return func(name string) (int64, int64, gpu.State) {

@@ -99,7 +99,7 @@ type Auditor interface {
 }
 
 // Server is the admission pipeline and its dispatch loop. Create it with
-// [New], run it with [Server.Run]; the fasthttp edge calls into it.
+// [New], run it with [Server.Run]; the client edge (scheduler/edge) calls into it.
 type Server struct {
 	// boot is the config file the process started with: what the
 	// restart-only fields still run with (RestartNeeded).

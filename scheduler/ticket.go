@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/policy"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // One owner per call. Start runs a call from admission to its upstream's
@@ -25,28 +26,36 @@ type Ticket struct {
 	finished bool
 }
 
-// sink is where Finish delivers a call's answer: the client's response.
-// Finish calls exactly one of its methods, once.
-type sink interface {
-	// whole writes a non-streamed answer: the success headers and body.
-	whole(c *call, body []byte)
-	// refuse writes the answer of a call that ended in err before any
-	// byte of its answer was written, and returns its classification;
-	// nil when the client left (there is no one to answer).
-	refuse(c *call, err error) *apiError
-	// stream returns the writer of a streamed answer, whose headers went
+// Sink is where Finish delivers a call's answer: the client's response,
+// written by the client edge. Finish calls exactly one of its methods,
+// once.
+type Sink interface {
+	// Whole writes a non-streamed answer: m's headers and body.
+	Whole(m Meta, body []byte)
+	// Refuse writes the answer of a call that ended in err before any
+	// byte of its answer was written: ae in the pinned error shape, with
+	// m's headers when m.Sent. ae is nil when the client left: there is
+	// no one to answer.
+	Refuse(err error, ae *APIError, m Meta)
+	// Stream returns the writer of a streamed answer, whose headers went
 	// out already (each Write one chunk, flushed), and the connection
 	// whose write deadline bounds each write (nil: none).
-	stream() (io.Writer, writeDeadliner)
+	Stream() (io.Writer, WriteDeadliner)
 }
 
 // Start admits a call and runs it to its upstream's first byte: bound,
 // reserve, queue, dispatch, send (with the retry on another replica). A nil
-// Ticket means nothing was admitted: err is the refusal, or a
-// *cachedResponse to replay. Otherwise err is nil and the caller must call
-// Finish exactly once, also when the call failed before its answer opened
-// (Finish answers that failure).
-func (s *Server) Start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
+// Ticket means nothing was admitted: err is the refusal (Reject), or a
+// completed request to replay (Replayed). Otherwise err is nil and the
+// caller must call Finish exactly once, also when the call failed before
+// its answer opened (Finish answers that failure). ctx is the client's:
+// cancelled with ErrClientGone when it leaves.
+func (s *Server) Start(ctx context.Context, a Admission) (*Ticket, error) {
+	return s.begin(ctx, a.Caller.t, a.Caller.pol, a.admission())
+}
+
+// begin is Start for a tenant and policy already known.
+func (s *Server) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
 	c, err := s.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
@@ -64,14 +73,19 @@ func (s *Server) Start(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 }
 
 // Streaming reports a call whose answer opened as a stream for the client:
-// the caller sends the stream's headers, then Finish writes its events.
+// the caller sends the stream's headers (Meta's among them), then Finish
+// writes its events.
 func (tk *Ticket) Streaming() bool { return tk.err == nil && tk.c.req.Stream }
+
+// Meta is what the client is told beside the answer, as of now: a
+// streamed answer's headers.
+func (tk *Ticket) Meta() Meta { return tk.s.meta(tk.c) }
 
 // Finish delivers the call's answer to out, settles the call, records its
 // outcome and ends it; out nil means the answer will never be written (the
 // client left before the headers went out). It returns the outcome as
 // counted in sluice_requests_total.
-func (tk *Ticket) Finish(out sink) outcome {
+func (tk *Ticket) Finish(out Sink) Outcome {
 	s, c := tk.s, tk.c
 	if tk.finished {
 		s.illegal(c, errFinishedTwice)
@@ -88,7 +102,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	case tk.err != nil:
 		return s.refused(c, out, tk.err)
 	case c.req.Stream:
-		w, conn := out.stream()
+		w, conn := out.Stream()
 		if c.stream != nil {
 			return s.pump(c, w, conn)
 		}
@@ -110,7 +124,7 @@ func (tk *Ticket) Finish(out sink) outcome {
 	ts := seriesOf(c.t, s.m)
 	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
 	ts.requestsOK.Inc()
-	out.whole(c, body)
+	out.Whole(s.meta(c), body)
 	return outcomeOK
 }
 
@@ -129,18 +143,40 @@ func (s *Server) readWhole(c *call) ([]byte, error) {
 
 // refused has out answer a call that ended in err, and counts and audits
 // the outcome.
-func (s *Server) refused(c *call, out sink, err error) outcome {
-	ae := out.refuse(c, err)
-	if ae == nil {
+func (s *Server) refused(c *call, out Sink, err error) Outcome {
+	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
+		out.Refuse(err, nil, Meta{})
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	}
+	var ue *vllm.UpstreamError
+	if errors.As(err, &ue) && ue.Status == 404 && !ue.InStream && c.rep != nil {
+		// vLLM no longer serves the model (an adapter unloaded): read its
+		// models again.
+		c.rep.modelsAt.Store(0)
+	}
+	ae := s.classify(c.t.Name, err)
+	var m Meta
+	if c.rep != nil && c.sent {
+		m = s.meta(c) // Server-Timing and budget headers still apply
+	}
+	out.Refuse(err, ae, m)
 	return s.countRefusal(c.t.Name, c.reqID, err, ae)
 }
 
+// classify is err's refusal (statusFor), logged when it is a failure of
+// Sluice's or the replica's (a 5xx other than 503 and 504).
+func (s *Server) classify(tenant string, err error) *apiError {
+	ae := statusFor(err)
+	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
+		s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
+	}
+	return ae
+}
+
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,
-// whether before admission (Edge.reject) or after (Finish).
-func (s *Server) countRefusal(tenant, reqID string, err error, ae *apiError) outcome {
+// whether before admission (Reject) or after (Finish).
+func (s *Server) countRefusal(tenant, reqID string, err error, ae *apiError) Outcome {
 	if ae.Status != 499 && ae.Raw == nil {
 		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/scheduler/discovery"
+	"github.com/sluicehq/sluice/scheduler/edge"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -259,8 +260,7 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 		staticCreds = creds
 		return fl.setCredentialsLocked()
 	}
-	edge := scheduler.NewEdge(context.WithoutCancel(ctx), srv, watch)
-	api := edge.HTTPServer()
+	api := edge.New(context.WithoutCancel(ctx), srv, watch).HTTPServer()
 	admin := adminapi.New(context.WithoutCancel(ctx), srv, o.AdminToken, reg, adminapi.Hooks{Reload: reload, Drain: stopRun, ConfigPath: o.ConfigPath})
 	adminSrv := admin.HTTPServer()
 

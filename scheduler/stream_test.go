@@ -15,13 +15,13 @@ import (
 )
 
 // streamedCall admits and dispatches one streamed chat call on the fakes
-// and returns it with its upstream stream open, and its sseBody.
-func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *call, *sseBody, *int) {
+// and returns its ticket, the answer open.
+func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *Ticket) {
 	return streamedCallOn(t, up, vllm.EndpointChat, chatBody(`,"stream":true`))
 }
 
 // streamedCallOn is streamedCall for a streamed body on any endpoint.
-func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*Server, *fakeLedger, *call, *sseBody, *int) {
+func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*Server, *fakeLedger, *Ticket) {
 	t.Helper()
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", ""), led, up)
@@ -29,44 +29,58 @@ func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	tk, err := s.Start(context.Background(), pol.Tenants["acme"], pol, admission{ep: ep, body: body, reqID: "r"})
+	tk, err := s.begin(context.Background(), pol.Tenants["acme"], pol, admission{ep: ep, body: body, reqID: "r"})
 	require.NoError(t, err)
 	require.True(t, tk.Streaming())
-	ended := 0
-	b := &sseBody{tk: tk, stopWatch: func() { ended++ }}
-	return s, led, tk.c, b, &ended
+	return s, led, tk
 }
 
-// fasthttp writes a streamed body through WriteTo on the connection's
-// goroutine: every event passes, the call settles once, Close ends it once.
-func TestSSEBodyWriteTo(t *testing.T) {
-	_, led, c, b, ended := streamedCall(t, &fakeUpstream{out: 3})
+// writerSink is a streamed answer's sink on w (conn: the write deadline's
+// connection, nil none); it keeps the first failed write's error, and
+// counts the whole and refused answers Finish must not give a stream.
+type writerSink struct {
+	w     io.Writer
+	conn  WriteDeadliner
+	err   error
+	other int
+}
+
+func (o *writerSink) Write(b []byte) (int, error) {
+	n, err := o.w.Write(b)
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	return n, err
+}
+
+func (o *writerSink) Stream() (io.Writer, WriteDeadliner) { return o, o.conn }
+func (o *writerSink) Whole(Meta, []byte)                  { o.other++ }
+func (o *writerSink) Refuse(error, *APIError, Meta)       { o.other++ }
+
+// Finish writes a streamed answer's every event to the sink and settles
+// the call once.
+func TestFinishStreamsEveryEventAndSettlesOnce(t *testing.T) {
+	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
 	var buf bytes.Buffer
-	n, err := b.WriteTo(&buf)
-	require.NoError(t, err)
-	assert.Equal(t, int64(buf.Len()), n)
+	out := &writerSink{w: &buf}
+	assert.Equal(t, outcomeOK, tk.Finish(out))
 	assert.Equal(t, 5, strings.Count(buf.String(), "data: "), "3 content chunks, the finish chunk and [DONE] (the usage chunk stripped): %s", buf.String())
 	assert.True(t, strings.HasSuffix(buf.String(), "data: [DONE]\n\n"))
-	assert.Equal(t, 1, led.n("settle"))
-	require.NoError(t, b.Close())
-	require.NoError(t, b.Close())
-	assert.Equal(t, 1, *ended)
+	assert.Zero(t, out.other)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 0, led.n("release"))
-	assert.Equal(t, phaseSettled, c.phase)
-	_, err = b.WriteTo(&buf)
-	assert.Error(t, err, "a second write is refused")
+	assert.Equal(t, phaseSettled, tk.c.phase)
 }
 
-// A body fasthttp never wrote (the client left before the headers went
-// out) is ended by Close: settled once as a client disconnect, its
-// upstream stream closed.
-func TestSSEBodyNeverWrittenSettlesOnClose(t *testing.T) {
+// A streamed answer never written (the client left before the headers
+// went out: Finish with no sink) is settled once as a client disconnect,
+// its upstream stream closed.
+func TestFinishWithoutSinkSettlesAsDisconnect(t *testing.T) {
 	gate := make(chan struct{})
 	defer close(gate)
-	_, led, c, b, ended := streamedCall(t, &fakeUpstream{out: 3, gate: gate})
-	require.NoError(t, b.Close())
-	assert.Equal(t, 1, *ended)
+	_, led, tk := streamedCall(t, &fakeUpstream{out: 3, gate: gate})
+	assert.Equal(t, outcomeCancelled, tk.Finish(nil))
+	c := tk.c
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, phaseSettled, c.phase)
@@ -93,22 +107,19 @@ func (w *writeLog) Write(p []byte) (int, error) {
 // the 3 content chunks, the finish chunk and [DONE], exactly as the
 // per-event writes carried them.
 func TestPumpCoalescesEventsOfOneRead(t *testing.T) {
-	_, led, c, b, _ := streamedCall(t, &fakeUpstream{out: 3})
+	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
 	w := &writeLog{writes: make(chan string, 16)}
-	n, err := b.WriteTo(w)
-	require.NoError(t, err)
+	assert.Equal(t, outcomeOK, tk.Finish(&writerSink{w: w}))
 	close(w.writes)
 	var got []string
 	for p := range w.writes {
 		got = append(got, p)
 	}
 	require.Len(t, got, 1, "one upstream read, one client write")
-	assert.Equal(t, int64(len(got[0])), n)
 	assert.Equal(t, 5, strings.Count(got[0], "data: "))
 	assert.True(t, strings.HasSuffix(got[0], "data: [DONE]\n\n"))
 	assert.Equal(t, 1, led.n("settle"))
-	require.NoError(t, b.Close())
-	assert.Equal(t, phaseSettled, c.phase)
+	assert.Equal(t, phaseSettled, tk.c.phase)
 }
 
 // pipeUpstream streams what the test writes to its pipe, one event at a
@@ -127,10 +138,10 @@ func (u *pipeUpstream) Stream(context.Context, string, string, []byte, string) (
 // while the replica has not yet sent event k+1.
 func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	pr, pw := io.Pipe()
-	_, led, _, b, _ := streamedCall(t, &pipeUpstream{pr: pr})
+	_, led, tk := streamedCall(t, &pipeUpstream{pr: pr})
 	w := &writeLog{writes: make(chan string, 16)}
-	done := make(chan error, 1)
-	go func() { _, err := b.WriteTo(w); done <- err }()
+	done := make(chan Outcome, 1)
+	go func() { done <- tk.Finish(&writerSink{w: w}) }()
 
 	events := strings.SplitAfter(sseCompletion(2), "\n\n")
 	events = events[:len(events)-1] // SplitAfter's empty tail
@@ -160,9 +171,8 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	assert.Equal(t, 2, strings.Count(p, "data: "), p)
 	assert.True(t, strings.HasSuffix(p, "data: [DONE]\n\n"))
 	require.NoError(t, pw.Close())
-	require.NoError(t, <-done)
+	assert.Equal(t, outcomeOK, <-done)
 	assert.Equal(t, 1, led.n("settle"))
-	require.NoError(t, b.Close())
 	assert.Empty(t, w.writes)
 }
 
@@ -170,13 +180,12 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 // call is cancelled (its upstream closed), settled once, not written to
 // again.
 func TestPumpFailedCoalescedWriteIsDisconnect(t *testing.T) {
-	_, led, c, b, _ := streamedCall(t, &fakeUpstream{out: 3})
+	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
 	w := &writeLog{writes: make(chan string, 16), fail: io.ErrClosedPipe}
-	_, err := b.WriteTo(w)
-	require.ErrorIs(t, err, io.ErrClosedPipe)
-	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
-	assert.Equal(t, 1, led.n("settle"))
-	require.NoError(t, b.Close())
+	out := &writerSink{w: w}
+	assert.Equal(t, outcomeCancelled, tk.Finish(out))
+	require.ErrorIs(t, out.err, io.ErrClosedPipe)
+	require.ErrorIs(t, context.Cause(tk.c.ctx), ErrClientGone)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Empty(t, w.writes)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package edge
 
 import (
 	"strconv"
@@ -8,27 +8,25 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/scheduler/policy"
+	"github.com/sluicehq/sluice/scheduler"
 )
 
-// TestSuccessHeaders pins the exact budget and Server-Timing header bytes
-// (ARCHITECTURE §3.3), as fmt's %.3f and the old concatenations wrote them.
+// TestSuccessHeaders pins the exact budget, output-cap, stop and
+// Server-Timing header bytes (ARCHITECTURE §3.3), as fmt's %.3f and the
+// old concatenations wrote them.
 func TestSuccessHeaders(t *testing.T) {
 	t.Parallel()
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	var room ledger.Headroom
-	room[ledger.Tokens] = ledger.Room{Tracked: true, Limit: 1000, Remaining: 250, ResetsAt: t0.Add(90*time.Second + 1500*time.Microsecond)}
-	room[ledger.Requests] = ledger.Room{Tracked: true, Limit: 10, Remaining: 0, ResetsAt: t0.Add(time.Hour)}
+	tokens := scheduler.Headroom{Tracked: true, Limit: 1000, Remaining: 250, ResetsIn: 90*time.Second + 1500*time.Microsecond}
+	requests := scheduler.Headroom{Tracked: true, Limit: 10, Remaining: 0, ResetsIn: time.Hour}
 	tests := []struct {
-		name                         string
-		arrival, dispatch, firstByte time.Time
-		headroom                     ledger.Headroom
-		want                         map[string]string
+		name string
+		m    scheduler.Meta
+		want map[string]string
 	}{
 		{
-			name: "queue and upstream", arrival: t0.Add(-2 * time.Millisecond), dispatch: t0.Add(-500 * time.Microsecond),
-			firstByte: t0.Add(-249*time.Microsecond - 999*time.Nanosecond), headroom: room,
+			name: "queue and upstream",
+			m: scheduler.Meta{Sent: true, Tokens: tokens, Requests: requests, Queue: 1500 * time.Microsecond,
+				Upstream: 250*time.Microsecond + 999*time.Nanosecond, Answered: true},
 			want: map[string]string{
 				"Server-Timing":                  "queue;dur=1.500, upstream;dur=0.250",
 				"X-Ratelimit-Limit-Tokens":       "1000",
@@ -37,25 +35,34 @@ func TestSuccessHeaders(t *testing.T) {
 				"X-Ratelimit-Limit-Requests":     "10",
 				"X-Ratelimit-Remaining-Requests": "0",
 				"X-Ratelimit-Reset-Requests":     "1h0m0s",
+				"X-Budget-Warning":               "",
+				"X-Sluice-Output-Cap":            "",
+				"X-Sluice-Stopped":               "",
 			},
 		},
 		{
-			name: "no first byte, untracked budgets", arrival: t0, dispatch: t0.Add(12345678 * time.Nanosecond),
+			name: "no first byte, untracked budgets", m: scheduler.Meta{Queue: 12345678 * time.Nanosecond},
 			want: map[string]string{"Server-Timing": "queue;dur=12.345", "X-Ratelimit-Limit-Tokens": ""},
 		},
 		{
-			name: "never dispatched", arrival: t0,
+			name: "never dispatched",
 			want: map[string]string{"Server-Timing": "queue;dur=0.000"},
+		},
+		{
+			name: "warned, capped and stopped",
+			m:    scheduler.Meta{Warning: true, OutputCap: 16, CapReason: "budget", Stopped: []byte("budget; scope=tenant; dimension=tokens; window=1h")},
+			want: map[string]string{
+				"X-Budget-Warning":    "soft_threshold",
+				"X-Sluice-Output-Cap": "16; reason=budget",
+				"X-Sluice-Stopped":    "budget; scope=tenant; dimension=tokens; window=1h",
+			},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			e := &Edge{s: &Server{now: func() time.Time { return t0 }}}
-			c := &call{t: &policy.Tenant{}, arrival: tt.arrival, dispatchAt: tt.dispatch, firstByte: tt.firstByte,
-				grant: ledger.Grant{Headroom: tt.headroom}}
 			var rc fasthttp.RequestCtx
-			e.successHeaders(&rc, c)
+			successHeaders(&rc.Response.Header, tt.m)
 			for k, v := range tt.want {
 				assert.Equal(t, v, string(rc.Response.Header.Peek(k)), k)
 			}
@@ -89,4 +96,11 @@ func TestRequestIDGenerated(t *testing.T) {
 	assert.Equal(t, "client-7", requestID(&rc))
 	rc.Request.Header.Set("X-Request-Id", "has space")
 	assert.Regexp(t, `^sluice-`, requestID(&rc))
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "1", retryAfterSeconds(10*time.Millisecond))
+	assert.Equal(t, "2", retryAfterSeconds(1001*time.Millisecond))
+	assert.Equal(t, "3600", retryAfterSeconds(time.Hour))
 }

@@ -1,0 +1,66 @@
+package scheduler
+
+// The pinned error shape's bytes (ARCHITECTURE.md §3.3): the JSON body of a
+// refusal, OpenAI's or, on the Messages API, Anthropic's (anthropic.go),
+// and the SSE error event of a failure after a stream's headers.
+
+// APIError is one refusal in the pinned error shape: what the client edge
+// writes (Status, the Retry-After, retry-after-ms and x-should-retry
+// headers of RetryAfter and NoRetry, and Body) and what the outcome
+// counters record.
+type APIError = apiError
+
+// Body is the refusal's JSON body: vLLM's own when it passed through
+// (Raw), else the pinned shape, Anthropic's when anthropic is set.
+func (ae *apiError) Body(anthropic bool) []byte {
+	if ae.Raw != nil {
+		return ae.Raw
+	}
+	if anthropic {
+		return anthropicErrorBody(ae)
+	}
+	b, _ := marshal(errorBody(ae))
+	return b
+}
+
+// ErrorFor classifies err as the client is answered (statusFor): the one
+// error→status map, for the refusals the edge writes without counting
+// (a malformed HTTP request).
+func ErrorFor(err error) *APIError { return statusFor(err) }
+
+// sseError renders a mid-stream refusal as vLLM does: an error event, then
+// [DONE].
+func sseError(ae *apiError) []byte {
+	b, _ := marshal(errorBody(ae))
+	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
+}
+
+// streamErrorEvent renders a mid-stream failure in the endpoint's shape:
+// Anthropic's error event on its routes, vLLM's (sseError) elsewhere.
+func streamErrorEvent(c *call, cause error) []byte {
+	ae := statusFor(&streamError{cause: cause})
+	if c.ep.Anthropic() {
+		return anthropicSSEError(ae)
+	}
+	return sseError(ae)
+}
+
+type errorJSON struct {
+	Error struct {
+		Message string         `json:"message"`
+		Type    string         `json:"type"`
+		Code    string         `json:"code"`
+		Param   *string        `json:"param"`
+		Details map[string]any `json:"details,omitempty"`
+	} `json:"error"`
+}
+
+func errorBody(ae *apiError) errorJSON {
+	var b errorJSON
+	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Details = ae.Message, ae.Type, ae.Code, ae.Details
+	if ae.Param != "" {
+		p := ae.Param
+		b.Error.Param = &p
+	}
+	return b
+}
