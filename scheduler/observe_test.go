@@ -32,7 +32,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 	// clock and let one tick pass after each Observe.
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	go func() { _ = s.gpu.Run(ctx) }()
+	go func() { _ = s.gpu.(*gpu.Monitor).Run(ctx) }()
 	tick := func() {
 		time.Sleep(s.gpu.Config().PollInterval)
 		synctest.Wait()

@@ -420,7 +420,7 @@ func (s *replicaSet) models() []modelEntry {
 // coefficients among the estimators of the replicas serving it (a 70B pool
 // and a 7B pool learn different costs), times the margin. Without a pool
 // it is the fleet-wide hold.
-func (s *replicaSet) gpuHold(mon *gpu.Monitor, model string, in, out int64) int64 {
+func (s *replicaSet) gpuHold(mon GPU, model string, in, out int64) int64 {
 	var a, b float64
 	found := false
 	known := s.anyKnown()

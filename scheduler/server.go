@@ -58,8 +58,9 @@ type Deps struct {
 	Upstream Upstream
 	// Keyer hashes tenant, key and workflow ids for the ledger. Required.
 	Keyer *ledger.Keyer
-	// GPU sizes replicas and keeps their GPU-ms clocks. Required.
-	GPU *gpu.Monitor
+	// GPU sizes replicas and keeps their GPU-ms clocks (gpu.Monitor).
+	// Required.
+	GPU GPU
 	// Attribution records per-tenant GPU-ms. Optional.
 	Attribution *gpu.AttributionMetrics
 	// Registerer receives the metrics. Optional; nil means a private registry.
@@ -93,6 +94,26 @@ type Deps struct {
 	Responses settle.ResponseStore
 }
 
+// GPU is what the scheduler needs from the GPU monitor (gpu.Monitor):
+// replicas joining, leaving and draining, what their scrapes observed, the
+// GPU-ms holds and clocks that settlement charges from, and the snapshot the
+// status page and sizing read.
+type GPU interface {
+	AddReplica(rc gpu.Replica) error
+	RemoveReplica(name string) error
+	Drain(name, reason string) error
+	ObserveReplica(name string, obs gpu.ReplicaMetrics) error
+	Snapshot() *gpu.Snapshot
+	Config() gpu.Config
+	Clock(name string) *gpu.Clock
+	Estimator(name string) *gpu.Estimator
+	Hold(in, out int64) int64
+	HoldEnergy(gpuMs int64) int64
+	Err() error
+}
+
+var _ GPU = (*gpu.Monitor)(nil)
+
 // Auditor is the audit trail (scheduler/audit.Log).
 type Auditor interface {
 	Append(rec audit.Record) error
@@ -115,7 +136,7 @@ type Server struct {
 	led    Ledger
 	up     Upstream
 	keyer  *ledger.Keyer
-	gpu    *gpu.Monitor
+	gpu    GPU
 	attr   *gpu.AttributionMetrics
 	trail  Auditor
 	tracer trace.Tracer // nil: tracing off
