@@ -61,8 +61,8 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9,
 // 10 and 15 (max_num_seqs left out over a smaller batch) fail without
-// the learned batch, 415 (the same) without the one-scrape stop, 3, 17 have caps, 4 fits the replica (goodput). 8 and
-// 134 (a light tenant sending bursts, forecast heavy from one burst or its
+// the learned batch, 415 (the same) without the one-scrape stop, 3, 17
+// have caps, 4 fits the replica (goodput). 8 and 134 (a light tenant sending bursts, forecast heavy from one burst or its
 // reserve lent between bursts), 16 and 43 (a light tenant's peak lent
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
