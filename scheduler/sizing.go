@@ -163,17 +163,18 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 // forgets the learned batch.
 const probeHold = 30 * time.Second
 
-// Until the pair proves a batch, one scrape that shows requests waiting
-// for room stops dispatch there at its running count (stop), up to the
-// next scrape: whatever is sent to a replica that already keeps requests
-// in its FCFS queue waits behind them, and a batch still unknown is
-// otherwise overfilled for two scrape intervals. What was sent that way
-// runs only after the queue drains, holding the batch for a whole service
-// time after it: with max_num_seqs left out, a flood that filled vLLM's
-// queue in its first two seconds held the batch against light tenants
-// until the eighth. The price, when the waiting was a transient (a burst
-// of prefills held back for the token budget), is at most one scrape
-// interval without new work for a replica that has queued work to admit.
+// One scrape that shows requests waiting for room stops dispatch there
+// at its running count (stop) until the next scrape, learned batch or
+// not: whatever is sent to a replica that already keeps requests in its
+// FCFS queue waits behind them, and an unknown batch would otherwise be
+// overfilled for the two scrape intervals the pair takes. What is sent
+// that way runs only after the queue drains and then holds the batch for
+// a whole service time: a flood that fills vLLM's queue in its first two
+// seconds holds most of the batch against light tenants for the next
+// five. The stop also ends a probe upwards at its first full scrape. Its
+// price, when the waiting was a transient (a burst of prefills held back
+// for the token budget), is at most one scrape interval without new work
+// for a replica that has queued work to admit.
 
 // learnBatch applies one scrape's running and waiting counts to r's
 // learned batch. b.mu is held.
