@@ -14,11 +14,12 @@
 #   c  max_num_seqs left out (256 assumed; the replicas run 16), weights only
 # Each is run without the flood (alone) and with it. Knobs: ISO_S (20)
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
-# rows to run, "direct a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1 also
-# records every request (\$WORK/req-ROW.jsonl) and, every 100 ms, each
-# replica's running and waiting and Sluice's learned batch and in-flight
-# tokens (\$WORK/trace-ROW.tsv). Prints a Markdown table and the exact
-# commands.
+# rows to run, "direct a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
+# also records every request ($WORK/req-ROW.jsonl) and, every 100 ms plus
+# the time of three scrapes (about once a second on a loaded machine),
+# each replica's running and waiting and Sluice's learned batch and
+# in-flight tokens ($WORK/trace-ROW.tsv). Prints a Markdown table and the
+# exact commands.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -103,7 +104,7 @@ wait_idle() {
 	done
 }
 
-# trace OUT: every 100 ms, ms since start, then per replica its running,
+# trace: every 100 ms plus three scrapes, ms since start, then per replica its running,
 # waiting, Sluice's learned batch and in-flight tokens, until killed.
 trace() {
 	local t0 p i m a
