@@ -23,7 +23,8 @@ func scrapeRW(r *replica, running, waiting int64, now time.Time) {
 // that runs 8 keeps the excess waiting in vLLM. Two scrapes in a row with
 // waiting requests and running flat teach Sluice the batch of 8, and it
 // dispatches only into that room. One such scrape, or running still
-// growing, teaches nothing.
+// growing, teaches nothing (it only stops dispatch until the next scrape:
+// TestOneFullScrapeStopsDispatch).
 func TestLearnedBatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
@@ -31,13 +32,14 @@ func TestLearnedBatch(t *testing.T) {
 		set.take(route{}, 10, nil)
 	}
 	scrapeRW(r, 8, 4, now)
-	assert.Equal(t, int64(256), r.batchLimit(), "one scrape with waiting requests is not proof")
+	assert.Zero(t, r.batch.learned.Load(), "one scrape with waiting requests is not proof")
 	scrapeRW(r, 10, 2, now.Add(time.Second))
-	assert.Equal(t, int64(256), r.batchLimit(), "running grew: the batch was still filling")
+	assert.Zero(t, r.batch.learned.Load(), "running grew: the batch was still filling")
 	scrapeRW(r, 10, 3, now.Add(2*time.Second))
 	assert.Equal(t, int64(10), r.batchLimit(), "waiting twice with running flat: the batch is 10")
 	scrapeRW(r, 8, 4, now.Add(3*time.Second))
-	assert.Equal(t, int64(10), r.batchLimit(), "running fell while requests wait (preemptions): the 10 it ran stand")
+	assert.Equal(t, int64(10), r.batch.learned.Load(), "running fell while requests wait (preemptions): the 10 it ran stand")
+	assert.Equal(t, int64(8), r.batchLimit(), "stopped at the 8 running until the next scrape")
 	scrapeRW(r, 8, 4, now.Add(4*time.Second))
 	assert.Equal(t, int64(8), r.batchLimit(), "a pair at 8: the batch shrank")
 	assert.False(t, set.fits(route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
@@ -49,9 +51,51 @@ func TestLearnedBatch(t *testing.T) {
 	scrapeRW(r2, 3, 40, now)
 	scrapeRW(r2, 43, 0, now.Add(time.Second))
 	assert.Equal(t, int64(256), r2.batchLimit())
+	assert.Zero(t, r2.batch.learned.Load())
 	scrapeRW(r2, 0, 5, now.Add(2*time.Second))
 	scrapeRW(r2, 0, 5, now.Add(3*time.Second))
 	assert.Equal(t, int64(1), r2.batchLimit(), "never below one")
+}
+
+// TestOneFullScrapeStopsDispatch: before any batch is learned, one scrape
+// that shows requests waiting for room stops dispatch at the running count
+// it shows until the next scrape, so a flood does not keep filling vLLM's
+// FCFS queue for the second scrape interval that learning takes. A next
+// scrape with nothing waiting (a transient: prefills held back by the
+// token budget) or one that cannot be read lifts the stop.
+func TestOneFullScrapeStopsDispatch(t *testing.T) {
+	set, r := sizingSet(256)
+	now := time.Unix(1_800_000_000, 0)
+	for range 20 {
+		set.take(route{}, 10, nil)
+	}
+	scrapeRW(r, 16, 4, now)
+	assert.Equal(t, int64(16), r.batchLimit(), "16 run, 4 wait: no more until the next scrape")
+	assert.Zero(t, r.batch.learned.Load(), "not learned from one scrape")
+	assert.False(t, set.fits(route{}, 10), "20 in flight, 16 running: a 21st would wait inside vLLM")
+	for range 5 {
+		set.leave(r, 10, 1, false, now)
+	}
+	assert.True(t, set.fits(route{}, 10), "15 in flight: room under the running count")
+
+	scrapeRW(r, 15, 0, now.Add(time.Second))
+	assert.Equal(t, int64(256), r.batchLimit(), "nothing waiting: the stop is lifted")
+	assert.Zero(t, r.batch.learned.Load())
+
+	scrapeRW(r, 15, 3, now.Add(2*time.Second))
+	assert.Equal(t, int64(15), r.batchLimit())
+	r.install(&vllm.Metrics{}, r.count.Load(), r.batch.sent.Load(), now.Add(3*time.Second), now.Add(3*time.Second))
+	assert.Equal(t, int64(256), r.batchLimit(), "a scrape without counts does not hold an old stop")
+
+	// Over a learned batch, a full scrape stops a probe at once.
+	_, r2 := sizingSet(32)
+	scrapeRW(r2, 8, 3, now)
+	scrapeRW(r2, 8, 3, now.Add(time.Second))
+	scrapeRW(r2, 8, 0, now.Add(time.Second+probeHold))
+	assert.Equal(t, int64(9), r2.batchLimit(), "probing upwards")
+	scrapeRW(r2, 8, 1, now.Add(2*time.Second+probeHold))
+	assert.Equal(t, int64(8), r2.batchLimit(), "the probe waits inside vLLM: stopped at the 8 running")
+	assert.Zero(t, r2.probeExcess(), "nothing above the confirmed batch is dispatched, so nothing is kept out of the reserve")
 }
 
 // TestLearnedBatchProbesUp: a learned batch is probed upwards once

@@ -60,16 +60,40 @@ var (
 var fgTrace = os.Getenv("FG_TRACE") != ""
 
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9,
-// 10, 15 and 19 (max_num_seqs left out over a smaller batch) fail without
-// the learned batch, 3, 17 have caps, 4 fits the replica (goodput). 8 and
-// 134 (a light tenant sending bursts, forecast heavy from one burst or its
+// 10 and 15 (max_num_seqs left out over a smaller batch) fail without
+// the learned batch, 415 (the same) without the one-scrape stop, 3, 17
+// have caps, 4 fits the replica (goodput). 8 and 134 (a light tenant sending bursts, forecast heavy from one burst or its
 // reserve lent between bursts), 16 and 43 (a light tenant's peak lent
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
 // (dispatch.go); 1 (KV-limited, max_num_seqs left out) fails without a
 // queue counted in tokens.
-var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 19, 43, 98, 134}
+var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
+
+// fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
+// configured 32, row c with 256: max_num_seqs left out), its two replicas
+// of 16 as one of 32: three light tenants at 2.5 rps, a flood at 25 rps
+// (2× capacity), equal weights, a 1 s scrape, the bench's 5 s warm-up.
+// The sweep reports it beside the seeds; it does not hold the invariants
+// (BENCHMARKS.md, "Goals still missed"): every tenant starts at once, and
+// the flood takes most of the batch in its first second, before any
+// service time is known (the forecast needs one) and, with max_num_seqs
+// left out, while the pool still counts 256 sequences a replica. The
+// light tenants' queue that builds behind it holds the batch past the
+// warm-up.
+// fgIsolationDraws is how many draws of each isolation row the sweep runs.
+const fgIsolationDraws = 100
+
+func fgIsolationRow(seed uint64, configured int64) *fgScenario {
+	sc := &fgScenario{seed: seed, batch: 32, configured: configured, step: 20 * time.Millisecond, outLo: 96, outHi: 160,
+		scrape: time.Second, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second}
+	for _, n := range []string{"chat-a", "chat-b", "chat-c"} {
+		sc.tenants = append(sc.tenants, fgTenant{name: n, weight: 1, rate: 2.5, burst: 1, light: true})
+	}
+	sc.tenants = append(sc.tenants, fgTenant{name: "flood", weight: 1, rate: 25, burst: 1})
+	return sc
+}
 
 type fgTenant struct {
 	name   string
@@ -420,7 +444,12 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 
 // fgCheck runs one seed and returns its violations.
 func fgCheck(t *testing.T, seed uint64) (summary string, violations []string) {
-	sc := genScenario(seed)
+	return fgCheckScenario(t, genScenario(seed))
+}
+
+// fgCheckScenario runs sc without and with its heavy tenants and returns
+// its violations.
+func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations []string) {
 	light := func(tn *fgTenant) bool { return tn.light }
 	all := func(*fgTenant) bool { return true }
 	alone := sc.run(t, light, false)
@@ -484,4 +513,21 @@ func TestFairnessScenarios(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d seeds hold every invariant", len(seeds)-failed, len(seeds))
+	if *fairgenN > 0 {
+		for _, row := range []struct {
+			name       string
+			configured int64
+		}{{"isolation row b", 32}, {"isolation row c", 256}} {
+			held := 0
+			for seed := range uint64(fgIsolationDraws) {
+				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured))
+				if len(v) == 0 {
+					held++
+				} else if fgTrace {
+					t.Logf("%s: %s\n   violations: %s", row.name, sum, strings.Join(v, "; "))
+				}
+			}
+			t.Logf("%s: %d of %d draws hold every invariant", row.name, held, fgIsolationDraws)
+		}
+	}
 }

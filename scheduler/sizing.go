@@ -82,6 +82,9 @@ type batch struct {
 	full        bool
 	fullRunning int64
 	confirmedAt time.Time
+	// stop is fullRunning (at least 1) while the last scrape showed
+	// requests waiting for room, else 0: batchLimit until the next scrape.
+	stop atomic.Int64
 }
 
 // seqs estimates the sequences in r's batch. Reads in this order (count,
@@ -109,6 +112,7 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 	if !m.Running.OK {
 		b.scr.Store(nil)
 		b.held.Store(0)
+		b.stop.Store(0) // a replica that cannot be read is not held back on an old reading
 		return false
 	}
 	seqs := int64(m.Running.V + m.Waiting.V)
@@ -159,11 +163,25 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 // forgets the learned batch.
 const probeHold = 30 * time.Second
 
+// One scrape that shows requests waiting for room stops dispatch there
+// at its running count (stop) until the next scrape, learned batch or
+// not: whatever is sent to a replica that already keeps requests in its
+// FCFS queue waits behind them, and an unknown batch would otherwise be
+// overfilled for the two scrape intervals the pair takes. What is sent
+// that way runs only after the queue drains and then holds the batch for
+// a whole service time: a flood that fills vLLM's queue in its first two
+// seconds holds most of the batch against light tenants for the next
+// five. The stop also ends a probe upwards at its first full scrape. Its
+// price, when the waiting was a transient (a burst of prefills held back
+// for the token budget), is at most one scrape interval without new work
+// for a replica that has queued work to admit.
+
 // learnBatch applies one scrape's running and waiting counts to r's
 // learned batch. b.mu is held.
 func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 	b := &r.batch
 	if waiting <= 0 {
+		b.stop.Store(0)
 		b.full = false
 		l := b.learned.Load()
 		if l > 0 && running >= l && now.Sub(b.confirmedAt) >= probeHold {
@@ -185,15 +203,21 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		b.confirmedAt = now
 	}
 	b.full, b.fullRunning = true, running
+	b.stop.Store(min(max(running, 1), r.maxSeqs))
 }
 
 // batchLimit is the most sequences r runs: its learned batch, else
-// max_num_seqs.
+// max_num_seqs; below either while the last scrape showed requests
+// waiting for room (stop).
 func (r *replica) batchLimit() int64 {
+	lim := r.maxSeqs
 	if l := r.batch.learned.Load(); l > 0 {
-		return min(l, r.maxSeqs)
+		lim = min(l, lim)
 	}
-	return r.maxSeqs
+	if st := r.batch.stop.Load(); st > 0 {
+		lim = min(st, lim)
+	}
+	return lim
 }
 
 // probeExcess is how far r's batch limit is above its confirmed batch: a
@@ -206,7 +230,7 @@ func (r *replica) probeExcess() int64 {
 	if l <= 0 || c <= 0 {
 		return 0
 	}
-	return max(min(l, r.maxSeqs)-c, 0)
+	return max(r.batchLimit()-c, 0)
 }
 
 // leave takes request seq off r's count. mayRun: it was sent and did not

@@ -13,8 +13,13 @@
 #   b  max_num_seqs correct, weights only
 #   c  max_num_seqs left out (256 assumed; the replicas run 16), weights only
 # Each is run without the flood (alone) and with it. Knobs: ISO_S (20)
-# seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_KEEP=1 keeps
-# the work dir. Prints a Markdown table and the exact commands.
+# seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
+# rows to run, "direct a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
+# also records every request ($WORK/req-ROW.jsonl) and, every 100 ms plus
+# the time of three scrapes (about once a second on a loaded machine),
+# each replica's running and waiting and Sluice's learned batch and
+# in-flight tokens ($WORK/trace-ROW.tsv). Prints a Markdown table and the
+# exact commands.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -99,16 +104,42 @@ wait_idle() {
 	done
 }
 
+# trace: every 100 ms plus three scrapes, ms since start, then per replica its running,
+# waiting, Sluice's learned batch and in-flight tokens, until killed.
+trace() {
+	local t0 p i m a
+	t0=$(date +%s%3N)
+	while :; do
+		m=$(curl -fs -m 1 "http://127.0.0.1:$ADM_PORT/metrics" 2>/dev/null || true)
+		printf '%s' "$(($(date +%s%3N) - t0))"
+		for i in 0 1; do
+			p=$((SIM_PORT + i))
+			a=$(curl -fs -m 1 "http://127.0.0.1:$p/metrics" | awk '/^vllm:num_requests_running[{ ]/ { r = $NF } /^vllm:num_requests_waiting[{ ]/ { w = $NF } END { printf "%d\t%d", r, w }')
+			printf '\t%s\t%s\t%s' "$a" \
+				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_learned_batch" && index($1, "\"" r "\"") { print $NF }')" \
+				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_inflight_tokens" && index($1, "\"" r "\"") { print $NF }')"
+		done
+		echo
+		sleep 0.1
+	done
+}
+
 CMDS=()
 # run LABEL URL ARGS...
 run() {
-	local label=$1 url=$2
+	local label=$1 url=$2 tp=
 	shift 2
 	wait_idle
 	echo "isolation: $label" >&2
+	if [ "${ISO_TRACE:-0}" = 1 ]; then
+		set -- "$@" --save-requests "$WORK/req-$label.jsonl"
+		trace >"$WORK/trace-$label.tsv" &
+		tp=$!
+	fi
 	local args=(--workload "$WORK/rows.yaml" --capacity "$CAP" --duration "${SECS}s" --warmup-duration 5s
 		--drain-timeout 65s --progress 0 --save-result --result-dir "$WORK/res" --result-filename "$label.json" "$@")
 	"$SLUICE" bench run --base-url "$url" "${args[@]}" >"$WORK/$label.txt" 2>&1 || echo "isolation: $label failed" >&2
+	[ -n "$tp" ] && kill "$tp" 2>/dev/null
 	CMDS+=("| $label | \`sluice bench run --base-url <$url> ${args[*]//$WORK/\$WORK}\` |")
 }
 
@@ -119,10 +150,13 @@ direct="http://127.0.0.1:$SIM_PORT"
 PIDS+=("$!")
 wait_http "http://127.0.0.1:$((SIM_PORT + 2))/health"
 direct="http://127.0.0.1:$((SIM_PORT + 2))"
-run direct-alone "$direct" --exclude-tenant flood
-run direct-flooded "$direct"
+ROWS=${ISO_ROWS:-direct a b c}
+if [[ " $ROWS " = *" direct "* ]]; then
+	run direct-alone "$direct" --exclude-tenant flood
+	run direct-flooded "$direct"
+fi
 
-for v in a b c; do
+for v in ${ROWS//direct/}; do
 	config "$v" >"$WORK/sluice-$v.yaml"
 	"$SLUICE" serve --config "$WORK/sluice-$v.yaml" >"$WORK/sluice-$v.log" 2>&1 &
 	SP=$!
@@ -142,7 +176,7 @@ share504() { # the flood's requests answered 504 deadline_exceeded, % of its req
 }
 echo "| target | victims' worst p99 TTFT alone (ms) | flooded (ms) | flooded ÷ alone | victim requests lost | flood answered 504 (%) |"
 echo "|---|---|---|---|---|---|"
-for r in direct a b c; do
+for r in $ROWS; do
 	a=$(p99 "$r-alone")
 	f=$(p99 "$r-flooded")
 	echo "| $r | $a | $f | $(awk -v a="$a" -v b="$f" 'BEGIN { if (a + 0 > 0) printf "%.2f", b / a; else print "n/a" }') | $(lost "$r-flooded") | $(share504 "$r-flooded") |"
