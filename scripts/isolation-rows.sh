@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/isolation-rows.sh: the three configurations of the isolation rows
 # in BENCHMARKS.md ("Isolation on shapes a user might write"), side by side
-# with direct vLLM (the simulator), in one run.
+# with direct vLLM (the simulator) and HAProxy in front of the same two
+# replicas, in one run.
 #
 # Fleet: two `sluice sim` replicas, each really running ISO_SEQS (16)
 # sequences at 20 ms a step: 2 × 16 / (128 × 20 ms) = 12.5 rps. Workload:
@@ -12,9 +13,12 @@
 #   a  max_num_seqs correct, per-tenant concurrency = the fleet's batch (32)
 #   b  max_num_seqs correct, weights only
 #   c  max_num_seqs left out (256 assumed; the replicas run 16), weights only
+#   haproxy  HAProxy as an operator would set it without Sluice: leastconn
+#      over both replicas, `maxconn` = the batch per server (the rest waits
+#      in HAProxy's FIFO queue, not vLLM's), `timeout queue` = 60 s
 # Each is run without the flood (alone) and with it. Knobs: ISO_S (20)
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
-# rows to run, "direct a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
+# rows to run, "direct haproxy a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
 # also records every request ($WORK/req-ROW.jsonl) and, every 100 ms plus
 # the time of three scrapes (about once a second on a loaded machine),
 # each replica's running and waiting and Sluice's learned batch and
@@ -150,13 +154,32 @@ direct="http://127.0.0.1:$SIM_PORT"
 PIDS+=("$!")
 wait_http "http://127.0.0.1:$((SIM_PORT + 2))/health"
 direct="http://127.0.0.1:$((SIM_PORT + 2))"
-ROWS=${ISO_ROWS:-direct a b c}
+ROWS=${ISO_ROWS:-direct haproxy a b c}
 if [[ " $ROWS " = *" direct "* ]]; then
 	run direct-alone "$direct" --exclude-tenant flood
 	run direct-flooded "$direct"
 fi
+if [[ " $ROWS " = *" haproxy "* ]]; then
+	HAP_PORT=$((BASE + 3))
+	{
+		printf 'global\n  maxconn 4000\n  nbthread 2\n'
+		printf 'defaults\n  mode http\n  timeout connect 5s\n  timeout client 300s\n  timeout server 300s\n'
+		printf '  timeout queue 60s\n  option http-keep-alive\n  http-reuse always\n'
+		printf 'frontend fe\n  bind 127.0.0.1:%d\n  default_backend be\n' "$HAP_PORT"
+		printf 'backend be\n  balance leastconn\n'
+		for i in 0 1; do printf '  server s%d 127.0.0.1:%d maxconn %d\n' "$i" $((SIM_PORT + i)) "$SEQS"; done
+	} >"$WORK/haproxy.cfg"
+	haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 &
+	HP=$!
+	PIDS+=("$HP")
+	wait_http "http://127.0.0.1:$HAP_PORT/health"
+	run haproxy-alone "http://127.0.0.1:$HAP_PORT" --exclude-tenant flood
+	run haproxy-flooded "http://127.0.0.1:$HAP_PORT"
+	stop "$HP"
+fi
 
-for v in ${ROWS//direct/}; do
+ROWS_SLUICE=${ROWS//direct/}
+for v in ${ROWS_SLUICE//haproxy/}; do
 	config "$v" >"$WORK/sluice-$v.yaml"
 	"$SLUICE" serve --config "$WORK/sluice-$v.yaml" >"$WORK/sluice-$v.log" 2>&1 &
 	SP=$!
