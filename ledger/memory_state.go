@@ -183,6 +183,20 @@ func (m *Memory) finish(seq uint64) error {
 	return nil
 }
 
+// finishLazy acknowledges a call whose entry need not be fsynced first (its
+// loss leaves a state recovery treats at least as conservatively): it checks
+// that the entry reached the file and leaves it to the next fsync.
+func (m *Memory) finishLazy(seq uint64) error {
+	if seq == 0 || m.jnl == nil {
+		return nil
+	}
+	if err := m.jnl.lazy(seq); err != nil {
+		m.failed.CompareAndSwap(nil, &err)
+		return fmt.Errorf("journal write: %w: %w", ErrAmbiguous, err)
+	}
+	return nil
+}
+
 func (m *Memory) journal(e *entry) uint64 {
 	if m.jnl == nil || m.replaying {
 		return 0
