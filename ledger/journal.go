@@ -327,6 +327,7 @@ type journal struct {
 	durable uint64 // entries covered by a finished fsync
 	syncing bool   // an fsync (or a compaction) is in flight
 	waiters int    // callers waiting in waitDurable
+	wanted  uint64 // the highest seq a caller has waited for
 	armed   bool   // a lazy-sync timer is pending
 	kick    bool   // the timer fired during an fsync: start another after it
 	syncs   uint64 // fsyncs finished
@@ -439,6 +440,7 @@ func (j *journal) waitDurable(seq uint64) error {
 		if j.err != nil {
 			return j.err
 		}
+		j.wanted = max(j.wanted, seq)
 		if j.syncing {
 			j.waiters++
 			j.cond.Wait()
@@ -494,6 +496,9 @@ func (j *journal) afterSyncLocked() {
 	if j.err != nil || j.written <= j.durable {
 		j.kick = false
 		return
+	}
+	if j.wanted > j.durable {
+		return // a caller still waiting starts the next fsync, covering all written
 	}
 	if j.kick {
 		j.kick = false

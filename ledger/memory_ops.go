@@ -280,9 +280,9 @@ func (m *Memory) MarkDispatched(ctx context.Context, ref Ref, owner Owner) error
 	if err != nil {
 		return err
 	}
-	// A lost Release leaves the record RESERVED (or absent), which recovery
-	// makes EXPIRED: the same hold freed, nothing charged.
-	return m.finishLazy(seq)
+	// Waits: a record lost with the machine after its request went upstream
+	// would come back RESERVED and expire uncharged.
+	return m.finish(seq)
 }
 
 func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
