@@ -355,7 +355,7 @@ func (m *Memory) Compact(ctx context.Context) error {
 		}
 	}()
 	// Every applied entry is now in the state; take the journal from any
-	// in-progress fsync and drop the buffered entries, which the snapshot covers.
+	// in-progress fsync. The snapshot covers every entry written, synced or not.
 	j := m.jnl
 	j.mu.Lock()
 	for j.syncing {

@@ -330,7 +330,6 @@ type journal struct {
 	wanted  uint64 // the highest seq a caller has waited for
 	armed   bool   // a lazy-sync timer is pending
 	kick    bool   // the timer fired during an fsync: start another after it
-	syncs   uint64 // fsyncs finished
 	err     error
 	size    int64 // bytes in the file
 }
@@ -478,7 +477,6 @@ func (j *journal) syncLocked() {
 	err := f.Sync()
 	j.mu.Lock()
 	j.syncing = false
-	j.syncs++
 	if err != nil {
 		if j.err == nil {
 			j.err = fmt.Errorf("journal fsync: %w", err)
