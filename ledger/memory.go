@@ -25,7 +25,7 @@ import (
 type Fsync struct {
 	// Interval bounds how long an entry no call waits for stays written but
 	// not fsynced: an fsync is started for it within Interval when no call
-	// starts one (within two Intervals when one is in flight). 0 means 5 ms.
+	// starts one (counted from the end of an fsync in flight). 0 means 5 ms.
 	Interval time.Duration
 }
 
