@@ -335,6 +335,9 @@ func newFakeJournalMemory(t *testing.T, ff *fakeFile, tm *manualTimer, onUsage f
 		wrapFile: func(journalFile) journalFile { return ff }, afterFunc: tm.after, Logger: gcQuiet})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
+	// Runs first: a test that failed with an fsync held lets it go, so
+	// Close does not wait for it forever.
+	t.Cleanup(func() { ff.setHold(false); close(ff.release) })
 	return m
 }
 
@@ -525,4 +528,52 @@ func TestLazyCallsLostInACrash(t *testing.T) {
 		written, synced, _ := ff.state()
 		assert.Equal(t, written, synced)
 	})
+}
+
+// A MarkDispatched repeated while the first one's fsync is in flight answers
+// no sooner than the first: both answers let the request go upstream.
+func TestMarkDispatchedReplayWaitsForTheFirstsFsync(t *testing.T) {
+	t.Parallel()
+	ff, tm := newFakeFile(), &manualTimer{}
+	m := newFakeJournalMemory(t, ff, tm, nil)
+	ctx := t.Context()
+	q := gcReq(1)
+	_, err := m.Reserve(ctx, q)
+	require.NoError(t, err)
+	ff.setHold(true)
+	first := make(chan error, 1)
+	go func() { first <- m.MarkDispatched(ctx, q.Ref, q.Owner) }()
+	<-ff.entered
+	var again atomic.Bool
+	second := make(chan error, 1)
+	go func() {
+		err := m.MarkDispatched(ctx, q.Ref, q.Owner)
+		again.Store(true)
+		second <- err
+	}()
+	waitFor(t, "the repeat waiting", func() bool { return m.jnl.waiting() == 1 })
+	assert.False(t, again.Load(), "the repeat answered before the fsync")
+	ff.setHold(false)
+	ff.release <- struct{}{}
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	// The same for a dispatching Reserve repeated by the same attempt.
+	p := gcReq(2)
+	p.Dispatch, p.Attempt = true, 7
+	ff.setHold(true)
+	go func() { _, err := m.Reserve(ctx, p); first <- err }()
+	<-ff.entered
+	again.Store(false)
+	go func() {
+		g, err := m.Reserve(ctx, p)
+		assert.False(t, g.Replayed, "the same attempt")
+		again.Store(true)
+		second <- err
+	}()
+	waitFor(t, "the repeat waiting", func() bool { return m.jnl.waiting() == 1 })
+	assert.False(t, again.Load(), "the repeat answered before the fsync")
+	ff.setHold(false)
+	ff.release <- struct{}{}
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
 }

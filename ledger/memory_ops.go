@@ -68,7 +68,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 		sameAttempt := req.Attempt != 0 && rec.attempt == req.Attempt
 		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: !sameAttempt}
 		m.headroom(t, req, now, &g)
-		return g, 0, nil
+		return g, rec.jseq, nil
 	}
 	// Admission (no writes yet). Existing scope states only; a new scope has
 	// zero counters.
@@ -142,7 +142,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	t.pv = req.PolicyVersion // recorded for audit, never compared (see doc.go)
 	rec := m.pool.Get().(*record)
 	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), attempt: req.Attempt, leaseExp: now + e.ttl, admitAt: now,
-		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1}
+		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1, jseq: seq}
 	rec.held[Slots] = 0
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
@@ -299,7 +299,7 @@ func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
 		if rec.owner != e.owner {
 			return 0, fmt.Errorf("dispatch %s: another owner: %w", e.ref.ID, ErrLeaseLost)
 		}
-		return 0, nil
+		return rec.jseq, nil
 	case Expired, Unresolved:
 		return 0, fmt.Errorf("dispatch %s: state %s: %w", e.ref.ID, rec.state, ErrLeaseLost)
 	default:
@@ -317,7 +317,7 @@ func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
 	seq := m.journal(e)
 	t.seq++
 	t.hwm = e.time
-	rec.state = Dispatched
+	rec.state, rec.jseq = Dispatched, seq
 	for i := 0; i < rec.nscopes; i++ {
 		if rec.slotMax[i] >= 0 {
 			rec.scopes[i].n++
