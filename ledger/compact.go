@@ -288,7 +288,13 @@ func (m *Memory) compact(old *journal, path string, open *entry) (*journal, erro
 	if err := old.close(); err != nil {
 		return nil, err
 	}
-	j, _, err := openJournal(path, old.interval)
+	j, _, err := openJournal(path, old.lazyAfter)
+	if err == nil {
+		j.f = m.wrapJournalFile(j.f)
+		if m.cfg.afterFunc != nil {
+			j.afterFunc = m.cfg.afterFunc
+		}
+	}
 	return j, err
 }
 
@@ -349,7 +355,7 @@ func (m *Memory) Compact(ctx context.Context) error {
 		}
 	}()
 	// Every applied entry is now in the state; take the journal from any
-	// in-progress fsync and drop the buffered entries, which the snapshot covers.
+	// in-progress fsync. The snapshot covers every entry written, synced or not.
 	j := m.jnl
 	j.mu.Lock()
 	for j.syncing {
@@ -361,16 +367,18 @@ func (m *Memory) Compact(ctx context.Context) error {
 		return fmt.Errorf("compact: %w: %w", ErrUnavailable, err)
 	}
 	j.syncing = true
-	target := j.appended
-	j.buf = j.buf[:0]
+	target := j.written
 	j.mu.Unlock()
 
 	b := (&entry{op: opRetention, time: m.clock().UnixMilli(), max: m.retention}).encode(nil)
 	b = m.appendSnapshot(b, ts, false)
 	err := replaceFile(j.path, b)
-	var f *os.File
+	var f journalFile
 	if err == nil {
-		f, err = os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0o600)
+		var of *os.File
+		if of, err = os.OpenFile(j.path, os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+			f = m.wrapJournalFile(of)
+		}
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -387,6 +395,14 @@ func (m *Memory) Compact(ctx context.Context) error {
 	j.durable = target
 	j.size = int64(len(b))
 	return nil
+}
+
+// wrapJournalFile applies MemoryConfig's test hook, if any.
+func (m *Memory) wrapJournalFile(f journalFile) journalFile {
+	if m.cfg.wrapFile != nil {
+		return m.cfg.wrapFile(f)
+	}
+	return f
 }
 
 func (j *journal) sizeNow() int64 {

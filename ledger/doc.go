@@ -139,8 +139,14 @@
 //
 // Without MemoryConfig.Journal the embedded ledger is memory-only: a restart
 // forgets all committed usage and in-flight holds. With a journal every applied
-// transition is appended (length, CRC-32C, ledger time, hashed ids, integers)
-// and fsynced before the call returns; on start the journal is replayed, a
+// transition is written to it (length, CRC-32C, ledger time, hashed ids,
+// integers) before the call returns, so a killed process loses none. Calls
+// whose loss in a machine crash could under-charge (MarkDispatched, a
+// dispatching Reserve, Grow, a Settle above its hold or of a record recovery
+// would expire, Reclaim, Resolve, Charge, Adjust) also wait for a
+// group-committed fsync; the others ride the next one (see [Fsync] and
+// docs/LEDGER.md §5, which says what recovery makes of each one lost). On
+// start the journal is replayed, a
 // torn tail is truncated, corruption before it refuses start (ErrCorrupt),
 // DISPATCHED records come back UNRESOLVED and RESERVED ones EXPIRED, and the
 // journal is compacted into a snapshot of that state (written to a temporary

@@ -80,6 +80,7 @@ type entry struct {
 	raw    []byte // snapshot payload
 	v1     bool   // decoded from a format 1 entry (snapshot payloads: no nonce)
 	dims   int    // dimensions of the entry's Amounts (decode only)
+	lazy   bool   // set by an operation whose entry need not be fsynced before it returns
 }
 
 func (e *entry) encode(b []byte) []byte {
@@ -291,31 +292,54 @@ func decodeEntry(body []byte) (entry, error) {
 	return e, nil
 }
 
-// journal is the append-only log. Appends happen under the tenant's lock (so
-// each tenant's entries are in apply order); waitDurable makes a caller wait
-// until an fsync covers its entry, with one leader syncing for everyone
-// waiting (group commit).
+// journalFile is what the journal needs of its file once open; tests wrap
+// it to count and block fsyncs.
+type journalFile interface {
+	Write(b []byte) (int, error)
+	Sync() error
+	Close() error
+}
+
+// defaultLazySync bounds how long an entry no call waits for stays written
+// but not fsynced when Fsync.Interval is 0.
+const defaultLazySync = 5 * time.Millisecond
+
+// journal is the append-only log. Each append is written to the file at once,
+// under the tenant's lock (so each tenant's entries are in apply order, and a
+// process that dies loses nothing it acknowledged: the kernel holds what was
+// written). Durability against the machine going down is group commit:
+// waitDurable makes a caller wait for an fsync covering its entry. A caller
+// that finds no fsync in flight starts one at once; callers that arrive while
+// one is in flight wait for the next, which one of them starts and which
+// covers them all. Entries no call waits for (see Memory.finishLazy) ride the
+// next fsync, and one is started for them within lazyAfter when none comes.
 type journal struct {
-	f         *os.File
-	interval  time.Duration
-	truncated int64 // bytes of torn tail dropped at open
+	f         journalFile
+	lazyAfter time.Duration
+	afterFunc func(time.Duration, func()) // time.AfterFunc; tests inject their own
+	truncated int64                       // bytes of torn tail dropped at open
 	path      string
 
-	mu       sync.Mutex // guards the fields below
-	cond     *sync.Cond
-	buf      []byte // appended, not yet written
-	spare    []byte
-	appended uint64 // entries appended
-	durable  uint64 // entries fsynced
-	syncing  bool
-	lastSync time.Time
-	err      error
-	size     int64 // bytes in the file
+	mu      sync.Mutex // guards the fields below
+	cond    *sync.Cond
+	buf     []byte // encoding scratch
+	written uint64 // entries written to the file
+	durable uint64 // entries covered by a finished fsync
+	syncing bool   // an fsync (or a compaction) is in flight
+	waiters int    // callers waiting in waitDurable
+	wanted  uint64 // the highest seq a caller has waited for
+	armed   bool   // a lazy-sync timer is pending
+	kick    bool   // the timer fired during an fsync: start another after it
+	err     error
+	size    int64 // bytes in the file
 }
 
 // openJournal reads and validates path, truncates a torn tail and returns the
 // decoded entries and the journal opened for appending.
 func openJournal(path string, interval time.Duration) (*journal, []entry, error) {
+	if interval <= 0 {
+		interval = defaultLazySync
+	}
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, nil, fmt.Errorf("read journal %s: %w: %w", path, ErrUnavailable, err)
@@ -328,7 +352,7 @@ func openJournal(path string, interval time.Duration) (*journal, []entry, error)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open journal %s: %w: %w", path, ErrUnavailable, err)
 	}
-	j := &journal{f: f, interval: interval, truncated: int64(len(data) - good), path: path, size: int64(good)}
+	j := &journal{f: f, lazyAfter: interval, afterFunc: afterFunc, truncated: int64(len(data) - good), path: path, size: int64(good)}
 	j.cond = sync.NewCond(&j.mu)
 	if j.truncated > 0 {
 		if err := f.Truncate(int64(good)); err != nil {
@@ -387,17 +411,27 @@ func parseJournal(data []byte) ([]entry, int, error) {
 
 func allZero(b []byte) bool { return len(bytes.TrimLeft(b, "\x00")) == 0 }
 
-// append adds e to the write buffer and returns its sequence number.
+func afterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
+
+// append writes e to the file and returns its sequence number. A failed
+// write fails the journal: that call and every later one get the error.
 func (j *journal) append(e *entry) uint64 {
 	j.mu.Lock()
-	j.buf = e.encode(j.buf)
-	j.appended++
-	seq := j.appended
-	j.mu.Unlock()
-	return seq
+	defer j.mu.Unlock()
+	j.buf = e.encode(j.buf[:0])
+	j.written++
+	if j.err == nil {
+		if _, err := j.f.Write(j.buf); err != nil {
+			j.err = fmt.Errorf("journal write: %w", err)
+		} else {
+			j.size += int64(len(j.buf))
+		}
+	}
+	return j.written
 }
 
-// waitDurable returns once entry seq is fsynced, or the journal's error.
+// waitDurable returns once an fsync has covered entry seq, or the journal's
+// error.
 func (j *journal) waitDurable(seq uint64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -405,38 +439,104 @@ func (j *journal) waitDurable(seq uint64) error {
 		if j.err != nil {
 			return j.err
 		}
+		j.wanted = max(j.wanted, seq)
 		if j.syncing {
+			j.waiters++
 			j.cond.Wait()
+			j.waiters--
 			continue
 		}
-		j.syncing = true
-		if j.interval > 0 {
-			if wait := j.interval - time.Since(j.lastSync); wait > 0 {
-				j.mu.Unlock()
-				time.Sleep(wait) // group commit: gather more entries
-				j.mu.Lock()
-			}
-		}
-		buf, target := j.buf, j.appended
-		j.buf = j.spare[:0]
-		j.mu.Unlock()
-		_, err := j.f.Write(buf)
-		if err == nil {
-			err = j.f.Sync()
-		}
-		j.mu.Lock()
-		j.spare = buf[:0]
-		j.syncing = false
-		j.lastSync = time.Now()
-		if err != nil {
-			j.err = fmt.Errorf("journal write: %w", err)
-		} else {
-			j.durable = target
-			j.size += int64(len(buf))
-		}
-		j.cond.Broadcast()
+		j.syncLocked()
 	}
 	return nil
+}
+
+// lazy reports whether entry seq reached the file, and makes sure an fsync
+// will cover it: the next one any caller starts, or the lazy timer's.
+func (j *journal) lazy(seq uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.durable >= seq {
+		return nil
+	}
+	if j.err != nil {
+		return j.err
+	}
+	if !j.syncing {
+		j.armLocked()
+	} // else the fsync in flight arms it when it ends (afterSyncLocked)
+	return nil
+}
+
+// syncLocked fsyncs everything written so far; j.mu is held on entry and on
+// return, and released during the fsync.
+func (j *journal) syncLocked() {
+	j.syncing = true
+	target, f := j.written, j.f
+	j.mu.Unlock()
+	err := f.Sync()
+	j.mu.Lock()
+	j.syncing = false
+	if err != nil {
+		if j.err == nil {
+			j.err = fmt.Errorf("journal fsync: %w", err)
+		}
+	} else if target > j.durable {
+		j.durable = target
+	}
+	j.cond.Broadcast()
+	j.afterSyncLocked()
+}
+
+// afterSyncLocked leaves what an fsync did not cover to the next one: a
+// waiter woken by the broadcast starts it, or the lazy timer does.
+func (j *journal) afterSyncLocked() {
+	if j.err != nil || j.written <= j.durable {
+		j.kick = false
+		return
+	}
+	if j.wanted > j.durable {
+		return // a caller still waiting starts the next fsync, covering all written
+	}
+	if j.kick {
+		j.kick = false
+		go j.flush()
+		return
+	}
+	j.armLocked()
+}
+
+func (j *journal) armLocked() {
+	if j.armed {
+		return
+	}
+	j.armed = true
+	j.afterFunc(j.lazyAfter, j.fire)
+}
+
+// fire is the lazy timer: it fsyncs what no caller waited for.
+func (j *journal) fire() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.armed = false
+	if j.err != nil || j.written <= j.durable {
+		return
+	}
+	if j.syncing {
+		j.kick = true
+		return
+	}
+	j.syncLocked()
+}
+
+// flush starts an fsync unless one is in flight (whose end arms the timer
+// for anything it leaves).
+func (j *journal) flush() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.err == nil && j.written > j.durable && !j.syncing {
+		j.syncLocked()
+	}
 }
 
 func (j *journal) close() error {
@@ -446,11 +546,10 @@ func (j *journal) close() error {
 		j.cond.Wait()
 	}
 	var err error
-	if len(j.buf) > 0 && j.err == nil {
-		if _, err = j.f.Write(j.buf); err == nil {
-			err = j.f.Sync()
+	if j.written > j.durable && j.err == nil {
+		if err = j.f.Sync(); err == nil {
+			j.durable = j.written
 		}
-		j.buf = j.buf[:0]
 	}
 	if j.err == nil {
 		j.err = errors.New("journal closed")

@@ -35,7 +35,17 @@ func (m *Memory) Reserve(ctx context.Context, req ReserveRequest) (Grant, error)
 	if err != nil {
 		return Grant{}, err
 	}
-	if err := m.finish(seq); err != nil {
+	// A RESERVED record lost with the machine is what recovery makes of one
+	// anyway (EXPIRED: nothing ran, nothing charged), and the MarkDispatched
+	// that must precede the first upstream byte waits for an fsync, which
+	// covers this entry too (the journal is one ordered file). A Reserve that
+	// dispatches waits itself.
+	if req.Dispatch {
+		err = m.finish(seq)
+	} else {
+		err = m.finishLazy(seq)
+	}
+	if err != nil {
 		return Grant{}, err
 	}
 	return g, nil
@@ -58,7 +68,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 		sameAttempt := req.Attempt != 0 && rec.attempt == req.Attempt
 		g := Grant{Ref: req.Ref, Owner: rec.owner, State: rec.state, LeaseExpiry: time.UnixMilli(rec.leaseExp).UTC(), Replayed: !sameAttempt}
 		m.headroom(t, req, now, &g)
-		return g, 0, nil
+		return g, rec.jseq, nil
 	}
 	// Admission (no writes yet). Existing scope states only; a new scope has
 	// zero counters.
@@ -132,7 +142,7 @@ func (m *Memory) reserveLocked(t *tenantState, e *entry) (Grant, uint64, error) 
 	t.pv = req.PolicyVersion // recorded for audit, never compared (see doc.go)
 	rec := m.pool.Get().(*record)
 	*rec = record{id: req.Ref.ID, owner: req.Owner, digest: req.Digest(), attempt: req.Attempt, leaseExp: now + e.ttl, admitAt: now,
-		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1}
+		resolveAt: math.MaxInt64, held: req.Held, nscopes: len(req.Scopes), heapIdx: -1, jseq: seq}
 	rec.held[Slots] = 0
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
@@ -270,6 +280,8 @@ func (m *Memory) MarkDispatched(ctx context.Context, ref Ref, owner Owner) error
 	if err != nil {
 		return err
 	}
+	// Waits: a record lost with the machine after its request went upstream
+	// would come back RESERVED and expire uncharged.
 	return m.finish(seq)
 }
 
@@ -287,7 +299,7 @@ func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
 		if rec.owner != e.owner {
 			return 0, fmt.Errorf("dispatch %s: another owner: %w", e.ref.ID, ErrLeaseLost)
 		}
-		return 0, nil
+		return rec.jseq, nil
 	case Expired, Unresolved:
 		return 0, fmt.Errorf("dispatch %s: state %s: %w", e.ref.ID, rec.state, ErrLeaseLost)
 	default:
@@ -305,7 +317,7 @@ func (m *Memory) markLocked(t *tenantState, e *entry) (uint64, error) {
 	seq := m.journal(e)
 	t.seq++
 	t.hwm = e.time
-	rec.state = Dispatched
+	rec.state, rec.jseq = Dispatched, seq
 	for i := 0; i < rec.nscopes; i++ {
 		if rec.slotMax[i] >= 0 {
 			rec.scopes[i].n++
@@ -332,7 +344,9 @@ func (m *Memory) Extend(ctx context.Context, ref Ref, owner Owner, ttl time.Dura
 	if err != nil {
 		return time.Time{}, err
 	}
-	if err := m.finish(seq); err != nil {
+	// Recovery ends every open record whatever its lease (opOpen), so a
+	// lost Extend changes nothing it does.
+	if err := m.finishLazy(seq); err != nil {
 		return time.Time{}, err
 	}
 	return time.UnixMilli(exp).UTC(), nil
@@ -395,7 +409,12 @@ func (m *Memory) Settle(ctx context.Context, ref Ref, actual Amounts, src Source
 			m.cfg.OnOrphan(ref)
 		}
 	}
-	if ferr := m.finish(seq); ferr != nil {
+	// A usage event is a billing record: it never precedes its entry's fsync.
+	finish := m.finish
+	if e.lazy && !(emit && m.cfg.OnUsage != nil) {
+		finish = m.finishLazy
+	}
+	if ferr := finish(seq); ferr != nil {
 		return Settlement{}, ferr
 	}
 	if emit {
@@ -474,6 +493,11 @@ func (m *Memory) settleLocked(t *tenantState, e *entry, ev *UsageEvent) (Settlem
 	if err := t.checkHeap(rec); err != nil {
 		return Settlement{}, 0, false, m.corrupt(t, e.ref, err)
 	}
+	// Lost with the machine, this Settle leaves a DISPATCHED or UNRESOLVED
+	// record, which recovery keeps UNRESOLVED and charges at its hold: never
+	// less than an actual within the hold. An overrun, or a charge on a
+	// record recovery would expire uncharged, waits for its fsync.
+	e.lazy = prev != Reserved && overrun(&e.actual, &rec.held) == Amounts{} || e.actual == Amounts{}
 	seq := m.journal(e)
 	t.seq++
 	t.hwm = now
@@ -538,7 +562,9 @@ func (m *Memory) Release(ctx context.Context, ref Ref, owner Owner) error {
 	if err != nil {
 		return err
 	}
-	return m.finish(seq)
+	// A lost Release leaves the record RESERVED (or absent), which recovery
+	// makes EXPIRED: the same hold freed, nothing charged.
+	return m.finishLazy(seq)
 }
 
 func (m *Memory) releaseLocked(t *tenantState, e *entry) (uint64, error) {

@@ -62,14 +62,18 @@ type record struct {
 	source     Source
 	late       bool
 	chargedSeq uint64 // 0: never charged
-	chargedAt  int64
-	nscopes    int
-	scopes     [MaxScopes]*scopeState
-	refs       [MaxScopes]ScopeRef
-	slotMax    [MaxScopes]int64 // -1: no slots limit in this scope
-	slotWarn   [MaxScopes]bool
-	heapIdx    int  // index in leases or unres; -1 when in neither
-	global     bool // one of scopes is a KindGlobal scope (in Memory.glob)
+	// jseq is the journal entry that created the record or made it
+	// DISPATCHED: a replay of that Reserve or MarkDispatched answers only
+	// once the entry is as durable as the original's answer (0: replayed).
+	jseq      uint64
+	chargedAt int64
+	nscopes   int
+	scopes    [MaxScopes]*scopeState
+	refs      [MaxScopes]ScopeRef
+	slotMax   [MaxScopes]int64 // -1: no slots limit in this scope
+	slotWarn  [MaxScopes]bool
+	heapIdx   int  // index in leases or unres; -1 when in neither
+	global    bool // one of scopes is a KindGlobal scope (in Memory.glob)
 }
 
 type tenantState struct {
@@ -179,6 +183,20 @@ func (m *Memory) finish(seq uint64) error {
 	if err := m.jnl.waitDurable(seq); err != nil {
 		m.failed.CompareAndSwap(nil, &err)
 		return fmt.Errorf("journal fsync: %w: %w", ErrAmbiguous, err)
+	}
+	return nil
+}
+
+// finishLazy acknowledges a call whose entry need not be fsynced first (its
+// loss leaves a state recovery treats at least as conservatively): it checks
+// that the entry reached the file and leaves it to the next fsync.
+func (m *Memory) finishLazy(seq uint64) error {
+	if seq == 0 || m.jnl == nil {
+		return nil
+	}
+	if err := m.jnl.lazy(seq); err != nil {
+		m.failed.CompareAndSwap(nil, &err)
+		return fmt.Errorf("journal write: %w: %w", ErrAmbiguous, err)
 	}
 	return nil
 }

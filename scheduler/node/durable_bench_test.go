@@ -2,10 +2,12 @@ package node
 
 // BenchmarkDurableDefault measures what the durable default costs: a
 // config file's directory is its data_dir, so the embedded ledger is
-// journaled with fsync every_op unless the operator writes data_dir: "".
-// Three nodes in one process share one simulator: journal every_op (the
-// default), ledger.fsync group, data_dir without the ledger journal, and
-// memory only, plus the simulator direct.
+// journaled (fsync every_op: group commit, one fsync wait per request, at
+// its MarkDispatched) unless the operator writes data_dir: "".
+// Four nodes in one process share one simulator: journal every_op (the
+// default), ledger.fsync group (the same but for the bound on unsynced
+// entries), data_dir without the ledger journal, and memory only, plus the
+// simulator direct.
 // Rounds interleave the targets (the order rotates each round) so all see
 // the same machine noise; each round sends durableN small non-streamed
 // completions per target at a fixed concurrency. Reports medians over the
