@@ -627,7 +627,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	poll := func(s *Server) {
 		d, err := store.Get(ctx, policy.AdminDoc)
 		require.NoError(t, err)
-		s.applySharedAdmin(d)
+		s.admin.Apply(d)
 	}
 
 	_, err = a.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 1, Window: time.Hour})

@@ -150,15 +150,13 @@ type Server struct {
 	memberMu sync.Mutex
 	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
 
-	pol          atomic.Pointer[policy.Snapshot]
-	polMu        sync.Mutex // serializes policy changes; guards runtimes, admin
-	runtimes     *policy.Runtimes
-	admin        policy.AdminState
-	keys         *policy.RuntimeKeys // the run-time keys of the shared keys document
-	adminApplied statestore.Doc      // the shared admin document admin came from (Rev 0: none yet)
-	state        statestore.Store    // shared admin state; nil: this instance's own
-	wfs          workflows
-	abuse        *abuse.Detector
+	pol      atomic.Pointer[policy.Snapshot]
+	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
+	runtimes *policy.Runtimes
+	admin    *policy.SharedAdmin // budget overrides and clamps, shared through the state store
+	keys     *policy.RuntimeKeys // the run-time keys of the shared keys document
+	wfs      workflows
+	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
 
@@ -241,25 +239,27 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}
-	if s.admin, err = policy.LoadAdminState(cfg.Admin.StateFile); err != nil {
+	adminSt, err := policy.LoadAdminState(cfg.Admin.StateFile)
+	if err != nil {
 		return nil, err
 	}
-	s.state = deps.State
-	if err := s.loadSharedAdmin(); err != nil {
+	s.admin = s.newSharedAdmin(adminSt, deps.State)
+	if err := s.admin.Load(context.Background()); err != nil {
 		return nil, err
 	}
+	adminSt = s.admin.State()
 	// A networked ledger's Settle may land after the process died: write
 	// it ahead.
 	if err := s.openSettler(cfg.Paths(), cfg.Ledger.Backend != "memory", deps.Responses); err != nil {
 		return nil, err
 	}
 	s.noteDurability(cfg)
-	eff := policy.EffectiveConfig(cfg, &s.admin, s.now())
+	eff := policy.EffectiveConfig(cfg, &adminSt, s.now())
 	pol, err := policy.Build(eff, 1, s.keyer, s.runtimes)
 	if err != nil {
 		return nil, err
 	}
-	pol.File, pol.Clamps = cfg, s.admin.Clamps
+	pol.File, pol.Clamps = cfg, adminSt.Clamps
 	s.pol.Store(pol)
 	q, err := queue.New(queueConfig(eff), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
 	if err != nil {
@@ -323,7 +323,7 @@ func (s *Server) Reload(cfg *config.File) error {
 	}
 	s.polMu.Lock()
 	defer s.polMu.Unlock()
-	if err := s.rebuildLocked(cfg); err != nil {
+	if err := s.rebuildLocked(cfg, s.admin.StateLocked()); err != nil {
 		return err
 	}
 	s.log.Info("config reloaded", "version", s.pol.Load().Version, "tenants", len(cfg.Tenants))

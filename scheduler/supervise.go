@@ -80,7 +80,7 @@ func (s *Server) supervise(ctx context.Context) error {
 		{"outbox", s.settler.Loop},
 		{"ready", s.readyLoop},
 		{"clamps", s.clampLoop},
-		{"admin", s.adminLoop},
+		{"admin", s.admin.Watch},
 	} {
 		own.Go(s.Supervise(core, l.name, l.run))
 	}
