@@ -101,7 +101,7 @@ func TestPollerFastTurnsOn(t *testing.T) {
 		p, err := NewPoller(PollerConfig{
 			Replicas: []Target{{Name: "a", URL: "http://a"}},
 			Interval: time.Second, FastInterval: 200 * time.Millisecond,
-			Fast:     func(string) bool { return fast.Load() },
+			Fast: func(string) bool { return fast.Load() },
 		}, nil, nil)
 		require.NoError(t, err)
 		f := &fakePolls{at: map[string][]time.Duration{}, t0: time.Now()}
