@@ -256,7 +256,9 @@ func (p *Poller) Run(ctx context.Context) error {
 // ticks run late by the polls' own time, and a replica at Interval is
 // polled on the tick nearest its due time, not one tick after it.
 func (p *Poller) pollDue(ctx context.Context, last map[string]time.Time) {
-	now := p.cfg.Now()
+	// The runtime's clock, as the ticker's: Now stamps snapshots and may be
+	// set apart from it.
+	now := time.Now()
 	slack := p.cfg.FastInterval / 2
 	keep := make(map[string]bool, len(last))
 	p.poll(ctx, func(r *Replica) bool {
