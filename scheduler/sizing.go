@@ -85,6 +85,9 @@ type batch struct {
 	// stop is fullRunning (at least 1) while the last scrape showed
 	// requests waiting for room, else 0: batchLimit until the next scrape.
 	stop atomic.Int64
+	// roomSeen is the most running a scrape showed with nothing waiting:
+	// sequences the replica is known to run side by side (learningBatch).
+	roomSeen atomic.Int64
 }
 
 // seqs estimates the sequences in r's batch. Reads in this order (count,
@@ -183,6 +186,9 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 	if waiting <= 0 {
 		b.stop.Store(0)
 		b.full = false
+		if running > b.roomSeen.Load() {
+			b.roomSeen.Store(running)
+		}
 		l := b.learned.Load()
 		if l > 0 && running >= l && now.Sub(b.confirmedAt) >= probeHold {
 			if l += max(1, l/8); l >= r.maxSeqs {
@@ -204,6 +210,35 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 	}
 	b.full, b.fullRunning = true, running
 	b.stop.Store(min(max(running, 1), r.maxSeqs))
+}
+
+// While a replica's batch is unknown, a flood overfills it until the pair
+// of full scrapes: on a scrape interval of a second, two seconds of
+// dispatches past the batch wait in vLLM's FCFS queue, and the light
+// tenants' requests sent after them wait behind them. So a replica that is
+// learning its batch is scraped every upstream.learn_scrape_interval
+// (ScrapeFast): its batch is not learned, and this instance has more
+// requests in flight there than any scrape has shown it run with nothing
+// waiting, so that the next scrape may find it full. The stop then lasts
+// one fast interval and the pair takes two. An idle replica, a learned one
+// and one that has shown room for all it is sent (max_num_seqs right, the
+// load below it) are scraped every upstream.scrape_interval. The pair's
+// guard against a transient (running flat or falling across it) spans
+// fewer engine steps at the fast cadence; a batch learned too low from one
+// is probed back up after probeHold.
+
+// learningBatch reports whether r is to be scraped fast (above).
+func (r *replica) learningBatch() bool {
+	n := r.count.Load()
+	return n > 0 && r.batch.learned.Load() == 0 && n > r.batch.roomSeen.Load()
+}
+
+// ScrapeFast is vllm.PollerConfig.Fast: whether the named replica is
+// learning its batch and is to be scraped every
+// upstream.learn_scrape_interval.
+func (s *Server) ScrapeFast(name string) bool {
+	r := s.reps.get(name)
+	return r != nil && r.learningBatch()
 }
 
 // batchLimit is the most sequences r runs: its learned batch, else

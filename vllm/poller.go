@@ -30,6 +30,16 @@ type PollerConfig struct {
 	Replicas []Target
 	// Interval between polls. Optional; default 1s.
 	Interval time.Duration
+	// FastInterval, when above zero and below Interval, is the interval
+	// between polls of a replica for which Fast reports true and whose
+	// last poll did not fail (a failing replica stays at Interval, so that
+	// DownAfter counts polls Interval apart). Optional; 0: off.
+	FastInterval time.Duration
+	// Fast reports whether a replica is to be polled at FastInterval, e.g.
+	// while its consumer still learns something from its scrapes. Run asks
+	// it on every FastInterval tick, from one goroutine; it must not block.
+	// Optional; nil: never.
+	Fast func(replica string) bool
 	// Timeout bounds one replica's /metrics plus /health. Optional; default
 	// the interval.
 	Timeout time.Duration
@@ -66,6 +76,9 @@ func (c PollerConfig) Validate() error {
 	}
 	if c.Interval < 0 {
 		errs = append(errs, errors.New("upstream.scrape_interval must be >= 0"))
+	}
+	if c.FastInterval < 0 {
+		errs = append(errs, errors.New("upstream.learn_scrape_interval must be >= 0"))
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, errors.New("upstream.scrape_timeout must be >= 0"))
@@ -133,6 +146,8 @@ type Poller struct {
 	// mu orders publishing a round of polls against SetTargets, so that
 	// neither loses the other's change (pollertargets.go).
 	mu sync.Mutex
+	// pollFn polls one replica: pollReplica, or a test's stand-in.
+	pollFn func(context.Context, *Replica) *Replica
 
 	errs *prometheus.CounterVec
 	up   *prometheus.GaugeVec
@@ -186,6 +201,7 @@ func NewPoller(cfg PollerConfig, client *Client, reg prometheus.Registerer) (*Po
 	}
 	p.snap.Store(newPollSnap(rs))
 	p.polled = make(chan struct{}, 1)
+	p.pollFn = p.pollReplica
 	return p, nil
 }
 
@@ -209,12 +225,24 @@ func (p *Poller) Get(name string) (*Replica, bool) {
 }
 
 // Run polls at once and then every Interval until ctx is cancelled; it
-// returns nil then. Call it exactly once.
+// returns nil then. With FastInterval and Fast set it wakes every
+// FastInterval and polls the replicas due then (pollDue). Call it exactly
+// once.
 func (p *Poller) Run(ctx context.Context) error {
-	t := time.NewTicker(p.cfg.Interval)
+	fast := p.cfg.Fast != nil && p.cfg.FastInterval > 0 && p.cfg.FastInterval < p.cfg.Interval
+	tick := p.cfg.Interval
+	if fast {
+		tick = p.cfg.FastInterval
+	}
+	t := time.NewTicker(tick)
 	defer t.Stop()
+	last := map[string]time.Time{} // when each replica's last poll was due
 	for {
-		p.PollOnce(ctx)
+		if fast {
+			p.pollDue(ctx, last)
+		} else {
+			p.PollOnce(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -223,17 +251,66 @@ func (p *Poller) Run(ctx context.Context) error {
 	}
 }
 
+// pollDue polls the replicas whose interval (FastInterval while Fast says
+// so, else Interval) has passed since last[name], within half a tick: the
+// ticks run late by the polls' own time, and a replica at Interval is
+// polled on the tick nearest its due time, not one tick after it.
+func (p *Poller) pollDue(ctx context.Context, last map[string]time.Time) {
+	// The runtime's clock, as the ticker's: Now stamps snapshots and may be
+	// set apart from it.
+	now := time.Now()
+	slack := p.cfg.FastInterval / 2
+	keep := make(map[string]bool, len(last))
+	p.poll(ctx, func(r *Replica) bool {
+		keep[r.Name] = true
+		iv := p.cfg.Interval
+		if r.Failures == 0 && p.cfg.Fast(r.Name) {
+			iv = p.cfg.FastInterval
+		}
+		if at, ok := last[r.Name]; ok && now.Sub(at) < iv-slack {
+			return false
+		}
+		last[r.Name] = now
+		return true
+	})
+	for name := range last {
+		if !keep[name] {
+			delete(last, name) // no longer a target
+		}
+	}
+}
+
 // PollOnce polls every replica once and publishes the new snapshots. Run
 // calls it; tests and a startup readiness check may call it directly (not
 // concurrently with itself).
 func (p *Poller) PollOnce(ctx context.Context) {
+	p.poll(ctx, func(*Replica) bool { return true })
+}
+
+// poll polls the replicas for which due reports true (asked in target
+// order, before any is polled), publishes the round and signals Polled;
+// it does nothing when none is due.
+func (p *Poller) poll(ctx context.Context, due func(*Replica) bool) {
 	prev := p.snap.Load().reps
 	next := make([]*Replica, len(prev))
+	some := false
+	for i, r := range prev {
+		next[i] = r
+		if due(r) {
+			next[i], some = nil, true
+		}
+	}
+	if !some && len(prev) > 0 {
+		return
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(p.cfg.Concurrency)
 	for i, r := range prev {
+		if next[i] != nil {
+			continue
+		}
 		g.Go(func() error {
-			next[i] = p.pollReplica(gctx, r)
+			next[i] = p.pollFn(gctx, r)
 			return nil
 		})
 	}

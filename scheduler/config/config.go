@@ -101,6 +101,9 @@ type Redis struct {
 	PasswordEnv string `yaml:"password_env"`
 }
 
+// DefaultLearnScrapeInterval is upstream.learn_scrape_interval's default.
+const DefaultLearnScrapeInterval = 200 * time.Millisecond
+
 // Upstream lists the vLLM replicas.
 type Upstream struct {
 	Replicas []Replica `yaml:"replicas"`
@@ -110,6 +113,10 @@ type Upstream struct {
 	TokenCount string `yaml:"token_count"`
 	// ScrapeInterval is how often /metrics and /health are read. Default 1s.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// LearnScrapeInterval is how often a replica is scraped while it
+	// learns its batch (busy, batch not yet learned; SCHEDULING §7). A
+	// value not below ScrapeInterval turns it off. Default 200ms.
+	LearnScrapeInterval time.Duration `yaml:"learn_scrape_interval"`
 	// DownAfter failed scrapes in a row mark a replica down. Default 3.
 	DownAfter int `yaml:"down_after"`
 	// Routing picks a replica within a pool: affinity (default; the
@@ -550,6 +557,7 @@ func (f *File) applyDefaults() {
 	u := &f.Upstream
 	def(&u.TokenCount, "bytes")
 	def(&u.ScrapeInterval, time.Second)
+	def(&u.LearnScrapeInterval, DefaultLearnScrapeInterval)
 	def(&u.DownAfter, 3)
 	def(&u.Routing, "affinity")
 	def(&u.StreamInterval, 1)

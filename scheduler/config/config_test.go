@@ -244,3 +244,20 @@ func TestEvidenceKeys(t *testing.T) {
 		assert.Contains(t, err.Error(), key)
 	}
 }
+
+// upstream.learn_scrape_interval: its default, a value kept, and a
+// refusal naming the key.
+func TestLearnScrapeIntervalKey(t *testing.T) {
+	t.Parallel()
+	f, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, 200*time.Millisecond, f.Upstream.LearnScrapeInterval)
+	f, err = Parse([]byte(strings.Replace(minimal, "upstream:\n", "upstream:\n  learn_scrape_interval: 1s\n", 1)))
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, f.Upstream.LearnScrapeInterval, "the scrape interval: off")
+	for _, bad := range []string{"-1s", "5ms"} {
+		_, err = Parse([]byte(strings.Replace(minimal, "upstream:\n", "upstream:\n  learn_scrape_interval: "+bad+"\n", 1)))
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "upstream.learn_scrape_interval")
+	}
+}

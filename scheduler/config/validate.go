@@ -124,6 +124,9 @@ func (f *File) Validate() error {
 	v.oneOf("upstream.token_count", f.Upstream.TokenCount, "bytes", "tokenize")
 	v.oneOf("upstream.routing", f.Upstream.Routing, "affinity", "least_load")
 	v.positiveDur("upstream.scrape_interval", f.Upstream.ScrapeInterval)
+	if f.Upstream.LearnScrapeInterval < 10*time.Millisecond {
+		v.add("upstream.learn_scrape_interval must be at least 10ms (upstream.scrape_interval or more turns it off)")
+	}
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
 	}

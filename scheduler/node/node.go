@@ -200,8 +200,10 @@ func Run(ctx context.Context, cfg *config.File, o Options) (err error) {
 	}
 	// A scrape may take longer than the interval on a loaded node; only a
 	// replica that stays silent for a second is a failed poll. Each scrape
-	// sizes its replica's batch as it answers (ScrapeHook).
+	// sizes its replica's batch as it answers (ScrapeHook); a replica
+	// still learning its batch is scraped faster (ScrapeFast).
 	poller, err := vllm.NewPoller(vllm.PollerConfig{Replicas: targets, Interval: cfg.Upstream.ScrapeInterval,
+		FastInterval: cfg.Upstream.LearnScrapeInterval, Fast: srv.ScrapeFast,
 		Timeout: max(cfg.Upstream.ScrapeInterval, time.Second), DownAfter: cfg.Upstream.DownAfter,
 		Scrape: srv.ScrapeHook, Now: o.Clock}, client, reg)
 	if err != nil {
