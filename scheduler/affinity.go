@@ -37,7 +37,7 @@ const maxOverMean = 1.3
 var prefixSeed = maphash.MakeSeed()
 
 // prefixHashes chains the hashes of b's full chunks.
-func prefixHashes(salt, b []byte) []uint64 {
+func PrefixHashes(salt, b []byte) []uint64 {
 	n := min(len(b)/prefixChunkBytes, maxPrefixChunks)
 	if n == 0 {
 		return nil

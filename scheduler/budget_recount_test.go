@@ -31,7 +31,7 @@ func TestTokenBudgetAsksForACountOnlyWhenItCouldHelp(t *testing.T) {
 	led := newFakeLedger(t)
 	up := &countingUpstream{fakeUpstream: fakeUpstream{out: 1}}
 	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, up)
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true}) // scraped: asked to count
+	s.reps.List()[0].Obs.Store(&ReplicaObs{OK: true}) // scraped: asked to count
 	ctx := context.Background()
 
 	// The output alone is more than the budget: no count can help.

@@ -269,7 +269,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 	}})
 	require.NoError(t, err)
-	rep := &replica{name: "r", maxSeqs: sc.configured}
+	rep := &replica{Name: "r", MaxSeqs: sc.configured}
 	var ev fgHeap
 	seq := 0
 	push := func(e fgEvent) { seq++; e.seq = seq; heap.Push(&ev, e) }

@@ -313,9 +313,9 @@ func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream, opts
 	}
 	s, err := New(cfg, deps)
 	require.NoError(t, err)
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
-	for _, r := range s.reps.list() {
-		r.maxSeqs = 1 << 20
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+	for _, r := range s.reps.List() {
+		r.MaxSeqs = 1 << 20
 	}
 	s.loopOnly = true // tests hold calls queued by not running the loop
 	return s
@@ -401,11 +401,11 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 }
 
 // newSet is a replica set of reps, each in the slot of its position.
-func newSet(capacity capacityFunc, reps ...*replica) *replicaSet {
-	s := &replicaSet{capacity: capacity}
+func newSet(capacity CapacityFunc, reps ...*replica) *replicaSet {
+	s := &replicaSet{Capacity: capacity}
 	for i, r := range reps {
-		r.slot = i
+		r.Slot = i
 	}
-	s.setMembers(reps)
+	s.SetMembers(reps)
 	return s
 }

@@ -156,8 +156,8 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apiError) {
 
 // upLatency is r's upstream latency histogram.
 func (s *Server) upLatency(r *replica) prometheus.Observer {
-	if r.upLatency != nil {
-		return r.upLatency
+	if r.UpLatency != nil {
+		return r.UpLatency
 	}
-	return s.m.UpstreamLatency.WithLabelValues(r.name)
+	return s.m.UpstreamLatency.WithLabelValues(r.Name)
 }

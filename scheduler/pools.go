@@ -74,7 +74,7 @@ const maxCachedPools = 1024
 // poolCache is poolKeyOf's memo for one state of the replicas' model lists.
 // Immutable.
 type poolCache struct {
-	set   *repList    // the members it was computed for
+	set   *Members    // the members it was computed for
 	lists []modelList // per replica, in set order
 	keys  map[string]poolKey
 }
@@ -88,11 +88,11 @@ type modelList struct {
 }
 
 func listOf(r *replica) modelList {
-	o := r.obs.Load()
-	if o == nil || len(o.models) == 0 {
+	o := r.Obs.Load()
+	if o == nil || len(o.Models) == 0 {
 		return modelList{}
 	}
-	return modelList{&o.models[0], len(o.models)}
+	return modelList{&o.Models[0], len(o.Models)}
 }
 
 func (c *poolCache) current(reps []*replica) bool {
@@ -109,13 +109,13 @@ func (c *poolCache) current(reps []*replica) bool {
 
 func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 	var k poolKey
-	known := s.anyKnown()
+	known := s.AnyKnown()
 	served := make([][]string, len(reps))
 	var models []string
 	for i, r := range reps {
-		served[i] = r.served()
-		if s.serves(r, model, known) {
-			k.set(r.slot)
+		served[i] = r.Served()
+		if s.Serves(r, model, known) {
+			k.set(r.Slot)
 			models = append(models, served[i]...)
 		}
 	}
@@ -125,10 +125,10 @@ func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 	for grown := true; grown; {
 		grown = false
 		for i, r := range reps {
-			if k.has(r.slot) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
+			if k.has(r.Slot) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
 				continue
 			}
-			k.set(r.slot)
+			k.set(r.Slot)
 			models = append(models, served[i]...)
 			grown = true
 		}
@@ -142,11 +142,11 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f fleetLoad
-	for _, r := range s.list() {
-		if !key.has(r.slot) {
+	for _, r := range s.List() {
+		if !key.has(r.Slot) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r)
+		k, load, seqs, st := s.RoomOf(r)
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
@@ -165,11 +165,11 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, r := range s.list() {
-		if key.has(r.slot) {
+	for _, r := range s.List() {
+		if key.has(r.Slot) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r)
+		k, load, seqs, st := s.RoomOf(r)
 		if st < gpu.StateDraining && k > 0 && seqs < r.seqLimit(seqs) && load+size <= k {
 			return true
 		}

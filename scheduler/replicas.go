@@ -14,37 +14,37 @@ import (
 
 // replica is one upstream vLLM server and this instance's load on it.
 type replica struct {
-	name    string
-	url     string
-	maxSeqs int64
+	Name    string
+	URL     string
+	MaxSeqs int64
 	// prioritySched: the replica runs --scheduling-policy priority, so
 	// requests carry their band as vLLM's priority.
-	prioritySched bool
-	clock         *gpu.Clock // nil without a GPU monitor
+	PrioritySched bool
+	Clock         *gpu.Clock // nil without a GPU monitor
 	// upLatency is sluice_upstream_latency_seconds{replica=name}, looked up
 	// once rather than per request; nil for replicas built by tests.
-	upLatency prometheus.Observer
+	UpLatency prometheus.Observer
 	// pinned is the config's models list: it restricts what is routed
 	// here and stands in until /v1/models answers. nil: no restriction.
-	pinned []string
+	Pinned []string
 	// slot is the replica's bit in pool keys (pools.go), unique among the
 	// members; gone: it left the fleet (discovery) and takes no new work
 	// while what runs there finishes (membership.go).
-	slot int
-	gone atomic.Bool
+	Slot int
+	Gone atomic.Bool
 
-	maxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
-	load        atomic.Int64 // L_r: input + allowed output of in-flight requests
-	count       atomic.Int64 // in-flight requests
-	finished    atomic.Int64 // requests that completed normally (usage final)
+	MaxModelLen atomic.Int64 // from /v1/models or config; 0 unknown
+	Load        atomic.Int64 // L_r: input + allowed output of in-flight requests
+	Count       atomic.Int64 // in-flight requests
+	Finished    atomic.Int64 // requests that completed normally (usage final)
 	batch       batch        // the batch between scrapes (sizing.go)
 	// share is this instance's cap on its requests here while other
 	// instances use the replica too (share.go); 0: none. peers is how many
 	// other instances reported demand here.
-	share, peers atomic.Int64
-	obs          atomic.Pointer[replicaObs]
+	Share, Peers atomic.Int64
+	Obs          atomic.Pointer[ReplicaObs]
 	// modelsAt is when /v1/models last answered (unix ns).
-	modelsAt atomic.Int64
+	ModelsAt atomic.Int64
 	// pollFail and modelsFail are the last failed poll and /v1/models
 	// read, for the status page (scrapeerr.go).
 	pollFail, modelsFail atomic.Pointer[scrapeFail]
@@ -61,27 +61,27 @@ type replica struct {
 
 // replicaObs is the last scrape of a replica's /metrics as the gate needs
 // it. Immutable.
-type replicaObs struct {
-	ok      bool
-	running int64
-	waiting int64 // all of vllm:num_requests_waiting
+type ReplicaObs struct {
+	OK      bool
+	Running int64
+	Waiting int64 // all of vllm:num_requests_waiting
 	// deferred is the waiting requests held back by a transient
 	// constraint, not room (vllm:num_requests_waiting_by_reason).
-	deferred int64
-	kvUsage  float64
+	Deferred int64
+	KVUsage  float64
 	// loras is the LoRA adapters of the replica's running requests
 	// (vllm:lora_requests_info): resident, so a request for one of them
 	// neither loads an adapter nor waits for a LoRA slot.
-	loras []string
+	LoRAs []string
 	// models is what /v1/models listed (base models, then LoRA adapters).
-	models []string
+	Models []string
 	// parents maps a LoRA adapter to its base model (vLLM's "parent").
-	parents map[string]string
+	Parents map[string]string
 	// finishedAt is the replica's finished count when the scrape was taken
 	// in: a poll that timed out while it rose is excused (Observe).
-	finishedAt int64
+	FinishedAt int64
 	// sizing is where the replica's capacity comes from (gpu.Sizing*).
-	sizing string
+	Sizing string
 }
 
 // modelRefresh is how often a replica's /v1/models is read again, so that
@@ -91,19 +91,19 @@ const modelRefresh = 30 * time.Second
 // served is the models routed to r: what /v1/models listed, restricted to
 // the config's list when there is one; the config's list alone until
 // /v1/models answers.
-func (r *replica) served() []string {
+func (r *replica) Served() []string {
 	var reported []string
-	if o := r.obs.Load(); o != nil {
-		reported = o.models
+	if o := r.Obs.Load(); o != nil {
+		reported = o.Models
 	}
 	switch {
-	case len(r.pinned) == 0:
+	case len(r.Pinned) == 0:
 		return reported
 	case len(reported) == 0:
-		return r.pinned
+		return r.Pinned
 	}
-	out := make([]string, 0, len(r.pinned))
-	for _, m := range r.pinned {
+	out := make([]string, 0, len(r.Pinned))
+	for _, m := range r.Pinned {
 		if slices.Contains(reported, m) {
 			out = append(out, m)
 		}
@@ -112,15 +112,15 @@ func (r *replica) served() []string {
 }
 
 // capacityFunc reports a replica's K_r, base capacity, state and KV usage.
-type capacityFunc func(name string) (k, base int64, state gpu.State)
+type CapacityFunc func(name string) (k, base int64, state gpu.State)
 
 // replicaSet chooses a replica with room for a request (SCHEDULING §7)
 // among the pool of replicas serving its model.
 type replicaSet struct {
 	// members is the replicas, replaced whole when one joins or leaves
 	// (membership.go); readers take one list and use it throughout.
-	members  atomic.Pointer[repList]
-	capacity capacityFunc
+	members  atomic.Pointer[Members]
+	Capacity CapacityFunc
 
 	mu     sync.Mutex // serializes take (choice + reserve); guards cursor
 	cursor int
@@ -129,19 +129,19 @@ type replicaSet struct {
 }
 
 // route is what the replica choice needs to know about a request.
-type route struct {
-	model string
+type Route struct {
+	Model string
 	// prefix is the prompt's chunk hashes for affinity routing; nil
 	// routes by least load alone.
-	prefix []uint64
+	Prefix []uint64
 }
 
 // anyKnown reports whether some replica's models are known (from
 // /v1/models or config). Until then every replica is taken to serve every
 // model, as before pools existed.
-func (s *replicaSet) anyKnown() bool {
-	for _, r := range s.list() {
-		if len(r.served()) > 0 {
+func (s *replicaSet) AnyKnown() bool {
+	for _, r := range s.List() {
+		if len(r.Served()) > 0 {
 			return true
 		}
 	}
@@ -151,9 +151,9 @@ func (s *replicaSet) anyKnown() bool {
 // defaultModel is the model a request without "model" gets: vLLM serves
 // its first --served-model-name then, so Sluice routes it to the replicas
 // whose first model is the first known replica's (in config order).
-func (s *replicaSet) defaultModel() string {
-	for _, r := range s.list() {
-		if ms := r.served(); len(ms) > 0 {
+func (s *replicaSet) DefaultModel() string {
+	for _, r := range s.List() {
+		if ms := r.Served(); len(ms) > 0 {
 			return ms[0]
 		}
 	}
@@ -161,25 +161,25 @@ func (s *replicaSet) defaultModel() string {
 }
 
 // serves reports whether model may be routed to r. known is anyKnown().
-func (s *replicaSet) serves(r *replica, model string, known bool) bool {
+func (s *replicaSet) Serves(r *replica, model string, known bool) bool {
 	if !known {
 		return true
 	}
-	ms := r.served()
+	ms := r.Served()
 	if model == "" {
-		return len(ms) > 0 && ms[0] == s.defaultModel()
+		return len(ms) > 0 && ms[0] == s.DefaultModel()
 	}
 	return slices.Contains(ms, model)
 }
 
 // pool returns the replicas serving model, in config order. It allocates:
 // the per-request checks loop over the members with serves instead.
-func (s *replicaSet) pool(model string) []*replica {
-	known := s.anyKnown()
-	reps := s.list()
+func (s *replicaSet) Pool(model string) []*replica {
+	known := s.AnyKnown()
+	reps := s.List()
 	out := make([]*replica, 0, len(reps))
 	for _, r := range reps {
-		if s.serves(r, model, known) {
+		if s.Serves(r, model, known) {
 			out = append(out, r)
 		}
 	}
@@ -190,19 +190,19 @@ func (s *replicaSet) pool(model string) []*replica {
 // itself reports when that is more than what this instance sent: requests
 // another instance (or a replica that ignored an abort) keeps running still
 // occupy KV. The batch's sequences are sizing.go's estimate.
-func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
-	k, base, st := s.capacity(r.name)
-	if r.gone.Load() {
+func (s *replicaSet) RoomOf(r *replica) (k, load, seqs int64, st gpu.State) {
+	k, base, st := s.Capacity(r.Name)
+	if r.Gone.Load() {
 		st = max(st, gpu.StateDraining)
 	}
-	load = r.load.Load()
-	o := r.obs.Load()
-	ok := o != nil && o.ok
+	load = r.Load.Load()
+	o := r.Obs.Load()
+	ok := o != nil && o.OK
 	seqs = r.seqs(ok)
 	// A batch-sized replica's base is a bound, not its KV cache: a KV
 	// usage fraction of it says nothing.
-	if ok && o.sizing != gpu.SizingBatch {
-		if kv := int64(o.kvUsage * float64(base)); kv > load {
+	if ok && o.Sizing != gpu.SizingBatch {
+		if kv := int64(o.KVUsage * float64(base)); kv > load {
 			load = kv
 		}
 	}
@@ -215,24 +215,24 @@ func (s *replicaSet) roomOf(r *replica) (k, load, seqs int64, st gpu.State) {
 // request's seq there (its number among those given room: leave needs
 // it). Fair shares are the dispatch gate's (dispatch.go): every request
 // that passes it may use any room.
-func (s *replicaSet) take(rt route, size int64, exclude *replica) (*replica, int64) {
+func (s *replicaSet) Take(rt Route, size int64, exclude *replica) (*replica, int64) {
 	return s.pick(rt, size, exclude, true)
 }
 
 // fits reports whether some replica of rt's pool has room, without
 // reserving it.
-func (s *replicaSet) fits(rt route, size int64) bool {
+func (s *replicaSet) Fits(rt Route, size int64) bool {
 	r, _ := s.pick(rt, size, nil, false)
 	return r != nil
 }
 
-func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) (*replica, int64) {
+func (s *replicaSet) pick(rt Route, size int64, exclude *replica, reserve bool) (*replica, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var best *replica
 	var bestScore float64
-	known := s.anyKnown()
-	reps := s.list()
+	known := s.AnyKnown()
+	reps := s.List()
 	n := len(reps)
 	var candBuf [8]candidate
 	cands := candBuf[:0] // with a prefix: every replica with room
@@ -240,10 +240,10 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 	up := 0
 	for i := range n {
 		r := reps[(s.cursor+i)%n]
-		if r == exclude || !s.serves(r, rt.model, known) {
+		if r == exclude || !s.Serves(r, rt.Model, known) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r)
+		k, load, seqs, st := s.RoomOf(r)
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
@@ -257,30 +257,30 @@ func (s *replicaSet) pick(rt route, size int64, exclude *replica, reserve bool) 
 		if st == gpu.StateDegraded {
 			bias = 0.01 // ties within 1% go to healthy replicas
 		}
-		if !loraResident(r, rt.model) {
+		if !loraResident(r, rt.Model) {
 			bias += loraBias
 		}
 		score += bias
 		if best == nil || score < bestScore {
 			best, bestScore = r, score
 		}
-		if len(rt.prefix) > 0 {
+		if len(rt.Prefix) > 0 {
 			cands = append(cands, candidate{r: r, after: float64(load+size) / float64(k), step: float64(size) / float64(k), bias: bias})
 		}
 	}
 	if len(cands) > 1 {
-		best = affinityPick(cands, rt.prefix, (loadSum+cands[0].step)/float64(up))
+		best = affinityPick(cands, rt.Prefix, (loadSum+cands[0].step)/float64(up))
 	}
-	if best != nil && reserve && len(rt.prefix) > 0 {
+	if best != nil && reserve && len(rt.Prefix) > 0 {
 		if best.prefix == nil {
 			best.prefix = &prefixIndex{}
 		}
-		best.prefix.add(rt.prefix)
+		best.prefix.add(rt.Prefix)
 	}
 	var seq int64
 	if best != nil && reserve {
-		best.load.Add(size)
-		best.count.Add(1)
+		best.Load.Add(size)
+		best.Count.Add(1)
 		seq = best.batch.sent.Add(1)
 		s.cursor = (s.cursor + 1) % n
 	}
@@ -296,42 +296,42 @@ const loraBias = 0.1
 // loraResident reports whether model is not a LoRA adapter at r, or one
 // r's last scrape showed among its running requests' adapters.
 func loraResident(r *replica, model string) bool {
-	o := r.obs.Load()
-	if o == nil || model == "" || o.parents[model] == "" {
+	o := r.Obs.Load()
+	if o == nil || model == "" || o.Parents[model] == "" {
 		return true
 	}
-	return slices.Contains(o.loras, model)
+	return slices.Contains(o.LoRAs, model)
 }
 
 // release returns the room of a request that never reached r.
-func (s *replicaSet) release(r *replica, size int64) {
-	r.load.Add(-size)
-	r.count.Add(-1)
+func (s *replicaSet) Release(r *replica, size int64) {
+	r.Load.Add(-size)
+	r.Count.Add(-1)
 }
 
 // leave returns the room of request seq, which was sent to r. mayRun: it
 // did not complete, so r may still run it (sizing.go).
-func (s *replicaSet) leave(r *replica, size, seq int64, mayRun bool, now time.Time) {
-	r.load.Add(-size)
+func (s *replicaSet) Leave(r *replica, size, seq int64, mayRun bool, now time.Time) {
+	r.Load.Add(-size)
 	r.leave(seq, mayRun, now)
 }
 
 // up reports whether r can take work at all.
-func (s *replicaSet) up(r *replica) bool {
-	k, _, st := s.capacity(r.name)
-	return st < gpu.StateDraining && k > 0 && !r.gone.Load()
+func (s *replicaSet) Up(r *replica) bool {
+	k, _, st := s.Capacity(r.Name)
+	return st < gpu.StateDraining && k > 0 && !r.Gone.Load()
 }
 
 // anyUp reports whether some replica can take work at all.
-func (s *replicaSet) anyUp() bool {
-	return slices.ContainsFunc(s.list(), s.up)
+func (s *replicaSet) AnyUp() bool {
+	return slices.ContainsFunc(s.List(), s.Up)
 }
 
 // anyUpFor reports whether some replica serving model can take work.
-func (s *replicaSet) anyUpFor(model string) bool {
-	known := s.anyKnown()
-	for _, r := range s.list() {
-		if s.serves(r, model, known) && s.up(r) {
+func (s *replicaSet) AnyUpFor(model string) bool {
+	known := s.AnyKnown()
+	for _, r := range s.List() {
+		if s.Serves(r, model, known) && s.Up(r) {
 			return true
 		}
 	}
@@ -340,14 +340,14 @@ func (s *replicaSet) anyUpFor(model string) bool {
 
 // maxCapacity is the largest K_r among replicas serving model that can
 // take work; 0 when none is known yet.
-func (s *replicaSet) maxCapacity(model string) int64 {
+func (s *replicaSet) MaxCapacity(model string) int64 {
 	var m int64
-	known := s.anyKnown()
-	for _, r := range s.list() {
-		if !s.serves(r, model, known) {
+	known := s.AnyKnown()
+	for _, r := range s.List() {
+		if !s.Serves(r, model, known) {
 			continue
 		}
-		if k, _, st := s.capacity(r.name); st < gpu.StateDraining && k > m && !r.gone.Load() {
+		if k, _, st := s.Capacity(r.Name); st < gpu.StateDraining && k > m && !r.Gone.Load() {
 			m = k
 		}
 	}
@@ -356,14 +356,14 @@ func (s *replicaSet) maxCapacity(model string) int64 {
 
 // maxModelLen is the smallest known context length among replicas serving
 // model (0 when unknown): a request must fit wherever it lands.
-func (s *replicaSet) maxModelLen(model string) int64 {
+func (s *replicaSet) MaxModelLen(model string) int64 {
 	var m int64
-	known := s.anyKnown()
-	for _, r := range s.list() {
-		if !s.serves(r, model, known) {
+	known := s.AnyKnown()
+	for _, r := range s.List() {
+		if !s.Serves(r, model, known) {
 			continue
 		}
-		if v := r.maxModelLen.Load(); v > 0 && (m == 0 || v < m) {
+		if v := r.MaxModelLen.Load(); v > 0 && (m == 0 || v < m) {
 			m = v
 		}
 	}
@@ -375,41 +375,41 @@ func (s *replicaSet) maxModelLen(model string) int64 {
 // not yet (its first /v1/models is under way): the request then waits for
 // a replica or gets 503, not a 404 that a moment later would be wrong. A
 // replica that is down and has no models in config serves nothing.
-func (s *replicaSet) knowsModel(model string) bool {
-	reps := s.list()
-	if !s.anyKnown() || slices.ContainsFunc(reps, func(r *replica) bool { return s.serves(r, model, true) }) {
+func (s *replicaSet) KnowsModel(model string) bool {
+	reps := s.List()
+	if !s.AnyKnown() || slices.ContainsFunc(reps, func(r *replica) bool { return s.Serves(r, model, true) }) {
 		return true
 	}
-	return slices.ContainsFunc(reps, func(r *replica) bool { return len(r.served()) == 0 && s.up(r) })
+	return slices.ContainsFunc(reps, func(r *replica) bool { return len(r.Served()) == 0 && s.Up(r) })
 }
 
 // modelEntry is one model of the fleet as /v1/models shows it.
-type modelEntry struct {
-	id          string
-	parent      string // base model of a LoRA adapter; "" for a base model
-	maxModelLen int64
+type ModelEntry struct {
+	ID          string
+	Parent      string // base model of a LoRA adapter; "" for a base model
+	MaxModelLen int64
 }
 
 // models lists every model some replica serves, in config order, each
 // once, with the smallest context length among its replicas.
-func (s *replicaSet) models() []modelEntry {
-	var out []modelEntry
+func (s *replicaSet) Models() []ModelEntry {
+	var out []ModelEntry
 	at := map[string]int{}
-	for _, r := range s.list() {
+	for _, r := range s.List() {
 		var parents map[string]string
-		if o := r.obs.Load(); o != nil {
-			parents = o.parents
+		if o := r.Obs.Load(); o != nil {
+			parents = o.Parents
 		}
-		mml := r.maxModelLen.Load()
-		for _, m := range r.served() {
+		mml := r.MaxModelLen.Load()
+		for _, m := range r.Served() {
 			i, seen := at[m]
 			if !seen {
 				at[m] = len(out)
-				out = append(out, modelEntry{id: m, parent: parents[m], maxModelLen: mml})
+				out = append(out, ModelEntry{ID: m, Parent: parents[m], MaxModelLen: mml})
 				continue
 			}
-			if e := &out[i]; mml > 0 && (e.maxModelLen == 0 || mml < e.maxModelLen) {
-				e.maxModelLen = mml
+			if e := &out[i]; mml > 0 && (e.MaxModelLen == 0 || mml < e.MaxModelLen) {
+				e.MaxModelLen = mml
 			}
 		}
 	}
@@ -420,15 +420,15 @@ func (s *replicaSet) models() []modelEntry {
 // coefficients among the estimators of the replicas serving it (a 70B pool
 // and a 7B pool learn different costs), times the margin. Without a pool
 // it is the fleet-wide hold.
-func (s *replicaSet) gpuHold(mon GPU, model string, in, out int64) int64 {
+func (s *replicaSet) GPUHold(mon GPU, model string, in, out int64) int64 {
 	var a, b float64
 	found := false
-	known := s.anyKnown()
-	for _, r := range s.list() {
-		if !s.serves(r, model, known) {
+	known := s.AnyKnown()
+	for _, r := range s.List() {
+		if !s.Serves(r, model, known) {
 			continue
 		}
-		if est := mon.Estimator(r.name); est != nil {
+		if est := mon.Estimator(r.Name); est != nil {
 			ra, rb := est.Coefficients()
 			a, b, found = max(a, ra), max(b, rb), true
 		}

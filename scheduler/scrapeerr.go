@@ -18,7 +18,7 @@ type scrapeFail struct {
 }
 
 // notePoll records snap's last failure (Observe's goroutine).
-func (r *replica) notePoll(snap *vllm.Replica) {
+func (r *replica) NotePoll(snap *vllm.Replica) {
 	if snap.FailedAt.IsZero() {
 		return
 	}
@@ -30,7 +30,7 @@ func (r *replica) notePoll(snap *vllm.Replica) {
 }
 
 // noteModels records the outcome of a /v1/models read at now.
-func (r *replica) noteModels(err error, now time.Time) {
+func (r *replica) NoteModels(err error, now time.Time) {
 	if err != nil {
 		r.modelsFail.Store(&scrapeFail{at: now, current: true,
 			failed: []vllm.ScrapeFailure{{Endpoint: "/v1/models", Message: vllm.ShowError(err)}}})
@@ -56,7 +56,7 @@ type ScrapeErrorReport struct {
 // lastScrapeError is r's most recent scrape error, nil if none since the
 // process started. A failure still current on the other side (a failing
 // poll and a failing /v1/models read) is shown with it.
-func (r *replica) lastScrapeError(now time.Time) *ScrapeErrorReport {
+func (r *replica) LastScrapeError(now time.Time) *ScrapeErrorReport {
 	p, m := r.pollFail.Load(), r.modelsFail.Load()
 	if p == nil && m == nil {
 		return nil

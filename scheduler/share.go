@@ -27,7 +27,7 @@ import (
 // the shares settle, each instance refills its own slots as before.
 
 // peerExchange is what the split needs of the fleet (peers.Redis).
-type peerExchange interface {
+type PeerExchange interface {
 	ID() string
 	Key(url string) string // the replica's name in the exchange
 	Exchange(ctx context.Context, reports []peers.Report) (map[string][]peers.Entry, error)
@@ -54,7 +54,7 @@ const ShareStale = 2 * time.Second
 // to more; the batch estimate (sizing.go) still keeps the replica within
 // maxSeqs. At least 1, so no instance starves when there are more
 // instances than sequences.
-func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
+func SeqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 	demand := func(e peers.Entry) int64 { return min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) }
 	es := slices.Clone(others)
 	slices.SortFunc(es, func(a, b peers.Entry) int { return cmp.Compare(demand(a), demand(b)) })
@@ -87,17 +87,17 @@ func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 // ShareLoop exchanges demand with the other instances every shareInterval
 // and sets each replica's share, until ctx ends; then it withdraws this
 // instance's reports.
-func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
+func (s *Server) ShareLoop(ctx context.Context, ex PeerExchange) error {
 	t := time.NewTicker(shareInterval)
 	defer t.Stop()
 	// Each replica's name in the exchange, for the members as they are
 	// (replicas join and leave: membership.go).
-	reps, keys := s.reps.list(), []string(nil)
+	reps, keys := s.reps.List(), []string(nil)
 	rekey := func() {
-		reps = s.reps.list()
+		reps = s.reps.List()
 		keys = make([]string, len(reps))
 		for i, r := range reps {
-			keys[i] = ex.Key(r.url)
+			keys[i] = ex.Key(r.URL)
 		}
 	}
 	rekey()
@@ -115,7 +115,7 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			return nil
 		case <-t.C:
 		}
-		if cur := s.reps.list(); len(cur) != len(reps) || (len(cur) > 0 && &cur[0] != &reps[0]) {
+		if cur := s.reps.List(); len(cur) != len(reps) || (len(cur) > 0 && &cur[0] != &reps[0]) {
 			rekey()
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
@@ -145,7 +145,7 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 func (s *Server) demandReports(reps []*replica, keys []string) []peers.Report {
 	var out []peers.Report
 	for i, r := range reps {
-		if in, q := r.count.Load(), s.pools.queuedOn(r.slot); in > 0 || q > 0 {
+		if in, q := r.Count.Load(), s.pools.queuedOn(r.Slot); in > 0 || q > 0 {
 			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
 	}
@@ -161,10 +161,10 @@ func (s *Server) applyShares(self string, reps []*replica, keys []string, got ma
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = seqShare(r.batchLimit(), self, others)
+			share = SeqShare(r.batchLimit(), self, others)
 		}
-		prev := r.share.Swap(share)
-		r.peers.Store(int64(len(others)))
+		prev := r.Share.Swap(share)
+		r.Peers.Store(int64(len(others)))
 		wake = wake || (prev > 0 && (share == 0 || share > prev))
 	}
 	if wake {
@@ -178,8 +178,8 @@ func (s *Server) applyShares(self string, reps []*replica, keys []string, got ma
 // binds. seqs is the batch estimate.
 func (r *replica) seqLimit(seqs int64) int64 {
 	lim := r.batchLimit()
-	if sh := r.share.Load(); sh > 0 {
-		return min(lim, seqs-r.count.Load()+sh)
+	if sh := r.Share.Load(); sh > 0 {
+		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim
 }

@@ -37,7 +37,7 @@ func TestSeqShare(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			assert.Equal(t, c.want, seqShare(c.max, c.self, c.others))
+			assert.Equal(t, c.want, SeqShare(c.max, c.self, c.others))
 		})
 	}
 }
@@ -56,7 +56,7 @@ func TestSeqSharesSumToMax(t *testing.T) {
 					others = append(others, peers.Entry{Instance: o, InFlight: maxSeqs, Queued: 5})
 				}
 			}
-			sum += seqShare(maxSeqs, self, others)
+			sum += SeqShare(maxSeqs, self, others)
 		}
 		assert.Equal(t, maxSeqs, sum, "max_num_seqs %d", maxSeqs)
 	}
@@ -104,41 +104,41 @@ func (f *fakeExchange) set(answer map[string][]peers.Entry, err error) {
 func TestShareLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-		r1 := s.reps.list()[0]
-		r1.maxSeqs = 4
-		r2 := &replica{name: "r1", url: "http://r1.invalid", maxSeqs: 4, slot: 1}
-		s.reps.setMembers(append(slices.Clone(s.reps.list()), r2))
+		r1 := s.reps.List()[0]
+		r1.MaxSeqs = 4
+		r2 := &replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1}
+		s.reps.SetMembers(append(slices.Clone(s.reps.List()), r2))
 		ex := &fakeExchange{}
-		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
-		r2.count.Store(1)
+		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
+		r2.Count.Store(1)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
 		go func() { done <- s.ShareLoop(ctx, ex) }()
 
 		time.Sleep(shareInterval)
 		synctest.Wait()
-		assert.Equal(t, int64(2), r1.share.Load(), "half of r1's four")
-		assert.Equal(t, int64(1), r1.peers.Load())
-		assert.Equal(t, int64(0), r2.share.Load(), "nobody else on r2")
+		assert.Equal(t, int64(2), r1.Share.Load(), "half of r1's four")
+		assert.Equal(t, int64(1), r1.Peers.Load())
+		assert.Equal(t, int64(0), r2.Share.Load(), "nobody else on r2")
 		ex.mu.Lock()
 		require.NotEmpty(t, ex.reports)
-		assert.Equal(t, []peers.Report{{Replica: r2.url, InFlight: 1}}, ex.reports[0], "only where there is demand")
+		assert.Equal(t, []peers.Report{{Replica: r2.URL, InFlight: 1}}, ex.reports[0], "only where there is demand")
 		ex.mu.Unlock()
 
 		// The cap binds own requests only: with two in flight here r1 has
 		// no room for this instance, though the batch has four slots.
-		r1.count.Store(2)
+		r1.Count.Store(2)
 		assert.Equal(t, int64(2), r1.seqLimit(2))
-		r1.count.Store(0)
-		r2.count.Store(0)
+		r1.Count.Store(0)
+		r2.Count.Store(0)
 
 		ex.set(nil, errors.New("store down"))
 		time.Sleep(ShareStale - shareInterval)
 		synctest.Wait()
-		assert.Equal(t, int64(2), r1.share.Load(), "kept while the news is fresh enough")
+		assert.Equal(t, int64(2), r1.Share.Load(), "kept while the news is fresh enough")
 		time.Sleep(2 * shareInterval)
 		synctest.Wait()
-		assert.Equal(t, int64(0), r1.share.Load(), "lapsed: no news for ShareStale")
+		assert.Equal(t, int64(0), r1.Share.Load(), "lapsed: no news for ShareStale")
 
 		cancel()
 		require.NoError(t, <-done)

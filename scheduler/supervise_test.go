@@ -17,7 +17,7 @@ import (
 func TestSuperviseFailsReadiness(t *testing.T) {
 	t.Parallel()
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
+	s.reps.List()[0].Obs.Store(&ReplicaObs{OK: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := s.Supervise(ctx, "quiet", func(ctx context.Context) error { cancel(); return ctx.Err() })
 	require.NoError(t, stopped())
@@ -41,7 +41,7 @@ func TestRunSupervisesAttachedLoops(t *testing.T) {
 	cfg, _ := outboxTestConfig(t)
 	led := newFakeLedger(t)
 	s := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
+	s.reps.List()[0].Obs.Store(&ReplicaObs{OK: true})
 	var running atomic.Bool
 	led.set(func() {
 		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
