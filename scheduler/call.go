@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/vllm"
@@ -36,10 +37,10 @@ type call struct {
 	key      *policy.Key // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
-	route    Route     // model (pool) and prefix for the replica choice
-	pool     poolKey   // the pool its share is counted in (fixed at admission)
-	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
-	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
+	route    fleet.Route // model (pool) and prefix for the replica choice
+	pool     poolKey     // the pool its share is counted in (fixed at admission)
+	spot     spot        // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt   time.Time   // when it last took replica room; guarded by Server.pools.mu
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none

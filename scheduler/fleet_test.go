@@ -83,34 +83,3 @@ func TestBatchSizedReplica(t *testing.T) {
 	_, load, _, _ = s.reps.RoomOf(r)
 	assert.Equal(t, int64(0.5*float64(v.BaseTokens)), load)
 }
-
-// TestLoRAResidentPreferred: a request for a LoRA adapter goes to the
-// replica whose running requests already use it unless another is more
-// than loraBias emptier; base-model requests are unaffected.
-func TestLoRAResidentPreferred(t *testing.T) {
-	t.Parallel()
-	a := &replica{Name: "a", MaxSeqs: 64}
-	b := &replica{Name: "b", MaxSeqs: 64}
-	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
-	models := []string{"base", "ad"}
-	parents := map[string]string{"ad": "base"}
-	a.Obs.Store(&ReplicaObs{OK: true, Models: models, Parents: parents})
-	b.Obs.Store(&ReplicaObs{OK: true, Models: models, Parents: parents, LoRAs: []string{"ad"}})
-	a.Load.Store(100)
-	b.Load.Store(150) // 5% of capacity more than a
-
-	assert.Equal(t, b, set.pick0(Route{Model: "ad"}, 10), "adapter resident on b")
-	assert.Equal(t, a, set.pick0(Route{Model: "base"}, 10), "base model: least load")
-	b.Load.Store(250) // 15% more: the load wins
-	assert.Equal(t, a, set.pick0(Route{Model: "ad"}, 10))
-	// Known nowhere: least load, as before.
-	b.Obs.Store(&ReplicaObs{OK: true, Models: models, Parents: parents})
-	b.Load.Store(150)
-	assert.Equal(t, a, set.pick0(Route{Model: "ad"}, 10))
-}
-
-// pick0 chooses without reserving.
-func (s *replicaSet) pick0(rt Route, size int64) *replica {
-	r, _ := s.pick(rt, size, nil, false)
-	return r
-}

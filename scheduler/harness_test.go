@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -401,8 +402,8 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 }
 
 // newSet is a replica set of reps, each in the slot of its position.
-func newSet(capacity CapacityFunc, reps ...*replica) *replicaSet {
-	s := &replicaSet{Capacity: capacity}
+func newSet(capacity fleet.CapacityFunc, reps ...*replica) *replicaSet {
+	s := newReplicaSet(capacity)
 	for i, r := range reps {
 		r.Slot = i
 	}

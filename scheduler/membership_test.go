@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -30,12 +31,12 @@ func TestReplicaLeavesAfterItsRequests(t *testing.T) {
 
 	// r0 carries load: r1, empty, wins.
 	s.reps.List()[0].Load.Store(500)
-	rep, seq := s.reps.Take(Route{}, 100, nil)
+	rep, seq := s.reps.Take(fleet.Route{}, 100, nil)
 	require.Equal(t, "r1", rep.Name, "a replica that joined takes requests")
 
 	require.NoError(t, s.RemoveReplica("r1", "test"))
 	for range 5 {
-		next, _ := s.reps.Take(Route{}, 100, nil)
+		next, _ := s.reps.Take(fleet.Route{}, 100, nil)
 		require.NotNil(t, next)
 		assert.NotEqual(t, "r1", next.Name, "a replica that left gets no new request")
 		s.reps.Release(next, 100)
@@ -67,7 +68,7 @@ func TestReplicaComesBackWhileLeaving(t *testing.T) {
 	require.NoError(t, s.AddReplica(rc))
 	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
 	r1 := s.reps.Get("r1")
-	_, _ = s.reps.Take(Route{}, 100, nil) // room held: not reaped
+	_, _ = s.reps.Take(fleet.Route{}, 100, nil) // room held: not reaped
 	r1.Count.Store(1)
 	require.NoError(t, s.RemoveReplica("r1", "test"))
 	assert.False(t, s.reps.Up(r1))

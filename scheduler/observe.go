@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -66,17 +67,17 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		o := &ReplicaObs{OK: obs.OK, Running: obs.Running, Waiting: int64(m.Waiting.V), Deferred: int64(m.WaitingDeferred.V),
+		o := &fleet.Obs{OK: obs.OK, Running: obs.Running, Waiting: int64(m.Waiting.V), Deferred: int64(m.WaitingDeferred.V),
 			KVUsage: obs.KVUsage, FinishedAt: r.Finished.Load(), LoRAs: m.LoRARunning}
 		if prev != nil {
 			o.Models, o.Parents = prev.Models, prev.Parents
 		}
 		// Models before capacity: a replica sized up with its models
 		// unknown would take requests for models it does not serve.
-		if obs.OK && models != nil && (prev == nil || len(prev.Models) == 0 || s.now().UnixNano()-r.ModelsAt.Load() > int64(modelRefresh)) {
+		if obs.OK && models != nil && (prev == nil || len(prev.Models) == 0 || s.now().UnixNano()-r.ModelsAt.Load() > int64(fleet.ModelRefresh)) {
 			s.readModels(ctx, r, models, o)
 			if len(o.Models) > 0 && (prev == nil || len(prev.Models) == 0) {
-				r.Obs.Store(&ReplicaObs{Models: o.Models, Parents: o.Parents})
+				r.Obs.Store(&fleet.Obs{Models: o.Models, Parents: o.Parents})
 			}
 		}
 		if obs.OK && !m.KVCapacityTokens.OK {
@@ -114,7 +115,7 @@ func (r *replica) batchTokens() int64 {
 
 // readModels reads r's /v1/models into o: base models and LoRA adapters
 // (with their parent), and the context length when config sets none.
-func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *ReplicaObs) {
+func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *fleet.Obs) {
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ms, err := models.Models(mctx, r.URL)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 )
 
 // Per-pool fair shares. Tenants compete only for the replicas they can
@@ -42,8 +43,8 @@ func (k poolKey) has(i int) bool {
 // memoised per list state (poolCache): computing one is O(replicas²).
 func (s *replicaSet) poolKeyOf(model string) poolKey {
 	c := s.pools.Load()
-	set := s.members.Load()
-	reps := set.list()
+	set := s.Current()
+	reps := set.List()
 	if c != nil && c.set == set && c.current(reps) {
 		if k, ok := c.keys[model]; ok {
 			return k
@@ -74,8 +75,8 @@ const maxCachedPools = 1024
 // poolCache is poolKeyOf's memo for one state of the replicas' model lists.
 // Immutable.
 type poolCache struct {
-	set   *Members    // the members it was computed for
-	lists []modelList // per replica, in set order
+	set   *fleet.Members[*replica] // the members it was computed for
+	lists []modelList              // per replica, in set order
 	keys  map[string]poolKey
 }
 
@@ -139,8 +140,8 @@ func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 // fleetOf sums the load and capacity of the pool's replicas that can take
 // work.
 func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Lock()
+	defer s.Unlock()
 	var f fleetLoad
 	for _, r := range s.List() {
 		if !key.has(r.Slot) {
@@ -163,8 +164,8 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 // request of size tokens (so blocking the queue for key's pool would idle
 // it).
 func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Lock()
+	defer s.Unlock()
 	for _, r := range s.List() {
 		if key.has(r.Slot) {
 			continue

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -34,8 +35,8 @@ func (s *Server) checkModel(t *policy.Tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) Route {
-	rt := Route{Model: req.Model}
+func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
+	rt := fleet.Route{Model: req.Model}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
 		// tenant's, else the client's own.
@@ -43,7 +44,7 @@ func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Reque
 		if t.CacheSalt != "" {
 			salt = []byte(t.CacheSalt)
 		}
-		rt.Prefix = PrefixHashes(salt, req.PromptBytes())
+		rt.Prefix = fleet.PrefixHashes(salt, req.PromptBytes())
 	}
 	return rt
 }

@@ -270,7 +270,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.configureAbuse(eff)
-	s.reps = &replicaSet{Capacity: s.capacityOf}
+	s.reps = newReplicaSet(s.capacityOf)
 	reps := make([]*replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)

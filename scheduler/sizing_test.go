@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -14,14 +15,14 @@ import (
 // answered at now with nothing sent or ended during its flight.
 func scrapeShows(r *replica, seqs int64, now time.Time) (distrusted bool) {
 	if o := r.Obs.Load(); o == nil || !o.OK {
-		r.Obs.Store(&ReplicaObs{OK: true})
+		r.Obs.Store(&fleet.Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(seqs), OK: true}, Waiting: vllm.Value{OK: true}}
 	return r.install(m, r.Count.Load(), r.batch.sent.Load(), now, now)
 }
 
 func sizingSet(maxSeqs int64) (*replicaSet, *replica) {
-	r := &replica{Name: "r", MaxSeqs: maxSeqs}
+	r := &replica{Replica: fleet.Replica{Name: "r", MaxSeqs: maxSeqs}}
 	return newSet(fixedCapacity(map[string]int64{"r": 1 << 20}), []*replica{r}...), r
 }
 
@@ -37,17 +38,17 @@ func seqsOf(set *replicaSet, r *replica) int64 {
 func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	set, r := sizingSet(4)
 	now := time.Unix(1_800_000_000, 0)
-	_, s1 := set.Take(Route{}, 10, nil)
+	_, s1 := set.Take(fleet.Route{}, 10, nil)
 	assert.True(t, scrapeShows(r, 3, now), "2 sequences not ours: distrusted from now on")
 	assert.Equal(t, int64(3), seqsOf(set, r))
 
-	_, s2 := set.Take(Route{}, 10, nil)
+	_, s2 := set.Take(fleet.Route{}, 10, nil)
 	assert.Equal(t, int64(4), seqsOf(set, r), "ours 2 + theirs 2 (the old estimate said max(2, 3) = 3)")
-	assert.False(t, set.Fits(Route{}, 10), "full")
+	assert.False(t, set.Fits(fleet.Route{}, 10), "full")
 
 	set.Leave(r, 10, s1, false, now) // completed
 	assert.Equal(t, int64(3), seqsOf(set, r), "a completion frees its slot before the next scrape")
-	assert.True(t, set.Fits(Route{}, 10))
+	assert.True(t, set.Fits(fleet.Route{}, 10))
 
 	// The next scrape shows one of theirs gone.
 	scrapeShows(r, 2, now.Add(time.Second))
@@ -57,8 +58,8 @@ func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 
 	// A scrape that shows fewer than ours (sent, not yet queued by vLLM)
 	// never counts below our own.
-	set.Take(Route{}, 10, nil)
-	set.Take(Route{}, 10, nil)
+	set.Take(fleet.Route{}, 10, nil)
+	set.Take(fleet.Route{}, 10, nil)
 	scrapeShows(r, 0, now.Add(2*time.Second))
 	assert.Equal(t, int64(2), seqsOf(set, r))
 }
@@ -73,10 +74,10 @@ func TestAbortTrust(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	var seq [4]int64
 	for i := range seq {
-		_, seq[i] = set.Take(Route{}, 10, nil)
+		_, seq[i] = set.Take(fleet.Route{}, 10, nil)
 	}
 	assert.False(t, scrapeShows(r, 4, now), "all four are ours")
-	assert.False(t, set.Fits(Route{}, 10), "full")
+	assert.False(t, set.Fits(fleet.Route{}, 10), "full")
 
 	set.Leave(r, 10, seq[0], true, now) // aborted
 	assert.Equal(t, int64(3), seqsOf(set, r), "trusted: the abort frees its slot at once")
@@ -97,7 +98,7 @@ func TestAbortTrust(t *testing.T) {
 	scrapeShows(r, 3, now.Add(100*time.Millisecond))
 	assert.Equal(t, int64(3), seqsOf(set, r), "the next scrape shows it honoured: 2 ours + the ghost")
 
-	_, fresh := set.Take(Route{}, 10, nil)
+	_, fresh := set.Take(fleet.Route{}, 10, nil)
 	assert.Equal(t, int64(4), seqsOf(set, r))
 	set.Leave(r, 10, fresh, true, now)
 	assert.Equal(t, int64(3), seqsOf(set, r), "sent after the scrape: no scrape shows it, it leaves at once")
@@ -116,12 +117,12 @@ func TestAbortTrust(t *testing.T) {
 func TestScrapeFlightIsNotEvidence(t *testing.T) {
 	set, r := sizingSet(8)
 	now := time.Unix(1_800_000_000, 0)
-	r.Obs.Store(&ReplicaObs{OK: true})
-	_, s1 := set.Take(Route{}, 10, nil)
+	r.Obs.Store(&fleet.Obs{OK: true})
+	_, s1 := set.Take(fleet.Route{}, 10, nil)
 	count0, sent0 := r.Count.Load(), r.batch.sent.Load()
 	// During the flight: two sent, the first completes.
-	set.Take(Route{}, 10, nil)
-	set.Take(Route{}, 10, nil)
+	set.Take(fleet.Route{}, 10, nil)
+	set.Take(fleet.Route{}, 10, nil)
 	set.Leave(r, 10, s1, false, now)
 	// The scrape rendered after the sends and before the completion: 3.
 	m := &vllm.Metrics{Running: vllm.Value{V: 3, OK: true}, Waiting: vllm.Value{OK: true}}

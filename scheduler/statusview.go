@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -74,7 +75,7 @@ type ReplicaReport struct {
 	StateForS  int64      `json:"state_for_s"`
 	// LastScrapeError is the last failed poll or /v1/models read (null:
 	// none since the process started).
-	LastScrapeError *ScrapeErrorReport `json:"last_scrape_error"`
+	LastScrapeError *fleet.ScrapeErrorReport `json:"last_scrape_error"`
 }
 
 // StatusSnapshot copies what the status page shows of the server; ctx
