@@ -177,10 +177,14 @@ func (s *Set[M]) DefaultModel() string {
 
 // Serves reports whether model may be routed to r. known is anyKnown().
 func (s *Set[M]) Serves(r M, model string, known bool) bool {
+	return s.serves(r.Fleet(), model, known)
+}
+
+func (s *Set[M]) serves(f *Replica, model string, known bool) bool {
 	if !known {
 		return true
 	}
-	ms := r.Fleet().Served()
+	ms := f.Served()
 	if model == "" {
 		return len(ms) > 0 && ms[0] == s.DefaultModel()
 	}
@@ -206,7 +210,11 @@ func (s *Set[M]) Pool(model string) []M {
 // another instance (or a replica that ignored an abort) keeps running still
 // occupy KV. The batch's sequences are the Member's estimate.
 func (s *Set[M]) RoomOf(r M) (k, load, seqs int64, st gpu.State) {
-	f := r.Fleet()
+	return s.roomOf(r, r.Fleet())
+}
+
+// roomOf is RoomOf of r, whose fleet state is f.
+func (s *Set[M]) roomOf(r M, f *Replica) (k, load, seqs int64, st gpu.State) {
 	k, base, st := s.Capacity(f.Name)
 	if f.Gone.Load() {
 		st = max(st, gpu.StateDraining)
@@ -257,16 +265,17 @@ func (s *Set[M]) pick(rt Route, size int64, exclude M, reserve bool) (M, int64) 
 	up := 0
 	for i := range n {
 		r := reps[(s.cursor+i)%n]
-		if r == exclude || !s.Serves(r, rt.Model, known) {
+		f := r.Fleet()
+		if r == exclude || !s.serves(f, rt.Model, known) {
 			continue
 		}
-		k, load, seqs, st := s.RoomOf(r)
+		k, load, seqs, st := s.roomOf(r, f)
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.Fleet().SeqLimit(r.BatchLimit(), seqs) || load+size > k {
+		if seqs >= f.SeqLimit(r.BatchLimit(), seqs) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)
@@ -274,7 +283,7 @@ func (s *Set[M]) pick(rt Route, size int64, exclude M, reserve bool) (M, int64) 
 		if st == gpu.StateDegraded {
 			bias = 0.01 // ties within 1% go to healthy replicas
 		}
-		if !loraResident(r.Fleet(), rt.Model) {
+		if !loraResident(f, rt.Model) {
 			bias += loraBias
 		}
 		score += bias
