@@ -135,21 +135,7 @@ func (s *Server) membersChanged() {
 
 // ReplicaTargets is what the poller scrapes: every member, leaving ones
 // included (their requests still run).
-func (s *Server) ReplicaTargets() []vllm.Target {
-	reps := s.reps.List()
-	out := make([]vllm.Target, len(reps))
-	for i, r := range reps {
-		out[i] = vllm.Target{Name: r.Name, URL: r.URL}
-	}
-	return out
-}
+func (s *Server) ReplicaTargets() []vllm.Target { return s.reps.Targets() }
 
 // ReplicaNames is the members' names, leaving ones included.
-func (s *Server) ReplicaNames() []string {
-	reps := s.reps.List()
-	out := make([]string, len(reps))
-	for i, r := range reps {
-		out[i] = r.Name
-	}
-	return out
-}
+func (s *Server) ReplicaNames() []string { return s.reps.Names() }

@@ -1,6 +1,10 @@
 package fleet
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/sluicehq/sluice/vllm"
+)
 
 // Replicas join and leave at run time through replica discovery
 // (scheduler/discovery): one that leaves is marked gone (MarkGone), which
@@ -86,6 +90,27 @@ func (s *Set[M]) Reap() []string {
 		s.SetMembers(keep)
 	}
 	return gone
+}
+
+// Targets is every member as the poller scrapes it, leaving ones
+// included (their requests still run).
+func (s *Set[M]) Targets() []vllm.Target {
+	reps := s.List()
+	out := make([]vllm.Target, len(reps))
+	for i, r := range reps {
+		out[i] = vllm.Target{Name: r.Fleet().Name, URL: r.Fleet().URL}
+	}
+	return out
+}
+
+// Names is the members' names, leaving ones included.
+func (s *Set[M]) Names() []string {
+	reps := s.List()
+	out := make([]string, len(reps))
+	for i, r := range reps {
+		out[i] = r.Fleet().Name
+	}
+	return out
 }
 
 // Lock holds off every choice and membership change until Unlock, so that

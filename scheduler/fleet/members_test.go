@@ -23,10 +23,13 @@ func TestMarkGoneAndReap(t *testing.T) {
 	assert.False(t, set.Up(a))
 
 	assert.Empty(t, set.Reap(), "a request still runs on a")
+	assert.Equal(t, []string{"a", "b"}, set.Names(), "still scraped while it drains")
+	assert.Len(t, set.Targets(), 2)
 	assert.Equal(t, a, set.Get("a"))
 	set.Release(a, 10)
 	assert.Equal(t, []string{"a"}, set.Reap())
 	assert.Nil(t, set.Get("a"))
+	assert.Equal(t, []string{"b"}, set.Names())
 	assert.Equal(t, []*testRep{b}, set.List())
 	assert.Equal(t, 0, FreeSlot(set.List()), "a's slot is free again")
 	assert.Equal(t, 2, FreeSlot([]*testRep{a, b}))
