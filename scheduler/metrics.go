@@ -24,7 +24,7 @@ type Metrics struct {
 	UpstreamAborts   *prometheus.CounterVec   // replica, cause
 	ReplicaInflight  *prometheus.GaugeVec     // replica
 	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
-	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (share.go)
+	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (fleet/share.go)
 	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (sizing.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
