@@ -136,7 +136,7 @@ type Set[M Member] struct {
 	members  atomic.Pointer[Members[M]]
 	Capacity CapacityFunc
 
-	mu     sync.Mutex // serializes take (choice + reserve); guards cursor
+	mu     sync.Mutex // serializes Take (choice + reserve), MarkGone, Reap and Lock; guards cursor
 	cursor int
 }
 
@@ -146,7 +146,7 @@ func NewSet[M Member](capacity CapacityFunc) *Set[M] { return &Set[M]{Capacity: 
 // Route is what the replica choice needs to know about a request.
 type Route struct {
 	Model string
-	// prefix is the prompt's chunk hashes for affinity routing; nil
+	// Prefix is the prompt's chunk hashes for affinity routing; nil
 	// routes by least load alone.
 	Prefix []uint64
 }
