@@ -94,8 +94,8 @@ func fillReplica(st *ReplicaStatus, r *replica, v gpu.ReplicaView, known bool) {
 	if known {
 		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
 	}
-	if o := r.obs.Load(); o != nil {
-		st.Running, st.Waiting, st.WaitingDeferred, st.LoRAResident = o.running, o.waiting, o.deferred, o.loras
+	if o := r.Obs.Load(); o != nil {
+		st.Running, st.Waiting, st.WaitingDeferred, st.LoRAResident = o.Running, o.Waiting, o.Deferred, o.LoRAs
 	}
 }
 
@@ -104,11 +104,11 @@ func (s *Server) ReplicaStatuses() []ReplicaStatus {
 	snap := s.gpu.Snapshot()
 	now := s.now()
 	out := []ReplicaStatus{}
-	for _, r := range s.reps.list() {
-		st := ReplicaStatus{Name: r.name, URL: vllm.RedactURL(r.url), InflightTokens: r.load.Load(), Inflight: r.count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now), Peers: r.peers.Load(), SeqShare: r.share.Load(),
-			MaxNumSeqs: r.maxSeqs, LearnedBatch: r.batch.learned.Load()}
-		v, ok := snap.Replica(r.name)
+	for _, r := range s.reps.List() {
+		st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.Load.Load(), Inflight: r.Count.Load(), State: "unknown",
+			AbortsHeld: r.distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(),
+			MaxNumSeqs: r.MaxSeqs, LearnedBatch: r.batch.learned.Load()}
+		v, ok := snap.Replica(r.Name)
 		fillReplica(&st, r, v, ok)
 		out = append(out, st)
 	}

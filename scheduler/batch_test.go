@@ -6,17 +6,18 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/peers"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // scrapeRW installs a scrape of r showing running and waiting at now.
 func scrapeRW(r *replica, running, waiting int64, now time.Time) {
-	if o := r.obs.Load(); o == nil || !o.ok {
-		r.obs.Store(&replicaObs{ok: true})
+	if o := r.Obs.Load(); o == nil || !o.OK {
+		r.Obs.Store(&fleet.Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(running), OK: true}, Waiting: vllm.Value{V: float64(waiting), OK: true}}
-	r.install(m, r.count.Load(), r.batch.sent.Load(), now, now)
+	r.install(m, r.Count.Load(), r.batch.sent.Load(), now, now)
 }
 
 // TestLearnedBatch: a replica configured (or defaulted) to 256 sequences
@@ -29,7 +30,7 @@ func TestLearnedBatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
 	for range 12 {
-		set.take(route{}, 10, nil)
+		set.Take(fleet.Route{}, 10, nil)
 	}
 	scrapeRW(r, 8, 4, now)
 	assert.Zero(t, r.batch.learned.Load(), "one scrape with waiting requests is not proof")
@@ -42,12 +43,12 @@ func TestLearnedBatch(t *testing.T) {
 	assert.Equal(t, int64(8), r.batchLimit(), "stopped at the 8 running until the next scrape")
 	scrapeRW(r, 8, 4, now.Add(4*time.Second))
 	assert.Equal(t, int64(8), r.batchLimit(), "a pair at 8: the batch shrank")
-	assert.False(t, set.fits(route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
+	assert.False(t, set.Fits(fleet.Route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
 
 	// A transient (a burst of prefills held back by the token budget)
 	// followed by a scrape with nothing waiting teaches nothing.
 	set2, r2 := sizingSet(256)
-	set2.take(route{}, 10, nil)
+	set2.Take(fleet.Route{}, 10, nil)
 	scrapeRW(r2, 3, 40, now)
 	scrapeRW(r2, 43, 0, now.Add(time.Second))
 	assert.Equal(t, int64(256), r2.batchLimit())
@@ -67,16 +68,16 @@ func TestOneFullScrapeStopsDispatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
 	for range 20 {
-		set.take(route{}, 10, nil)
+		set.Take(fleet.Route{}, 10, nil)
 	}
 	scrapeRW(r, 16, 4, now)
 	assert.Equal(t, int64(16), r.batchLimit(), "16 run, 4 wait: no more until the next scrape")
 	assert.Zero(t, r.batch.learned.Load(), "not learned from one scrape")
-	assert.False(t, set.fits(route{}, 10), "20 in flight, 16 running: a 21st would wait inside vLLM")
+	assert.False(t, set.Fits(fleet.Route{}, 10), "20 in flight, 16 running: a 21st would wait inside vLLM")
 	for range 5 {
-		set.leave(r, 10, 1, false, now)
+		set.Leave(r, 10, 1, false, now)
 	}
-	assert.True(t, set.fits(route{}, 10), "15 in flight: room under the running count")
+	assert.True(t, set.Fits(fleet.Route{}, 10), "15 in flight: room under the running count")
 
 	scrapeRW(r, 15, 0, now.Add(time.Second))
 	assert.Equal(t, int64(256), r.batchLimit(), "nothing waiting: the stop is lifted")
@@ -84,7 +85,7 @@ func TestOneFullScrapeStopsDispatch(t *testing.T) {
 
 	scrapeRW(r, 15, 3, now.Add(2*time.Second))
 	assert.Equal(t, int64(15), r.batchLimit())
-	r.install(&vllm.Metrics{}, r.count.Load(), r.batch.sent.Load(), now.Add(3*time.Second), now.Add(3*time.Second))
+	r.install(&vllm.Metrics{}, r.Count.Load(), r.batch.sent.Load(), now.Add(3*time.Second), now.Add(3*time.Second))
 	assert.Equal(t, int64(256), r.batchLimit(), "a scrape without counts does not hold an old stop")
 
 	// Over a learned batch, a full scrape stops a probe at once.
@@ -148,7 +149,6 @@ func TestLearnedBatchBoundsShare(t *testing.T) {
 	scrapeRW(r, 8, 6, now)
 	scrapeRW(r, 8, 6, now.Add(time.Second))
 	assert.Equal(t, int64(8), r.seqLimit(0))
-	s := &Server{reps: newSet(nil, r)}
-	s.applyShares("a", s.reps.list(), []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
-	assert.Equal(t, int64(4), r.share.Load(), "half of the learned 8, not of 256")
+	fleet.ApplyShares("a", []*replica{r}, []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
+	assert.Equal(t, int64(4), r.Share.Load(), "half of the learned 8, not of 256")
 }

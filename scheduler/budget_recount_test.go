@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -31,7 +32,7 @@ func TestTokenBudgetAsksForACountOnlyWhenItCouldHelp(t *testing.T) {
 	led := newFakeLedger(t)
 	up := &countingUpstream{fakeUpstream: fakeUpstream{out: 1}}
 	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, up)
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true}) // scraped: asked to count
+	s.reps.List()[0].Obs.Store(&fleet.Obs{OK: true}) // scraped: asked to count
 	ctx := context.Background()
 
 	// The output alone is more than the budget: no count can help.

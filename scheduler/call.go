@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/vllm"
@@ -36,10 +37,10 @@ type call struct {
 	key      *policy.Key // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
-	route    route     // model (pool) and prefix for the replica choice
-	pool     poolKey   // the pool its share is counted in (fixed at admission)
-	spot     spot      // where it counts in the pool's load; guarded by Server.pools.mu
-	heldAt   time.Time // when it last took replica room; guarded by Server.pools.mu
+	route    fleet.Route // model (pool) and prefix for the replica choice
+	pool     poolKey     // the pool its share is counted in (fixed at admission)
+	spot     spot        // where it counts in the pool's load; guarded by Server.pools.mu
+	heldAt   time.Time   // when it last took replica room; guarded by Server.pools.mu
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none
@@ -140,7 +141,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	if cl, ok := pol.ClampOf(t.Name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
 		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
 	}
-	if !s.reps.anyUpFor(req.Model) {
+	if !s.reps.AnyUpFor(req.Model) {
 		return nil, ErrNoReplica
 	}
 	req, plan, counted, err := s.countAndPlan(ctx, t, pol, req)
@@ -255,18 +256,18 @@ func (s *Server) dispatchInline() {
 // tokenize replaces the bytes bound with the replica's exact count; on any
 // failure the bound stays (documented fallback).
 func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
-	for _, r := range s.reps.pool(req.Model) {
-		if o := r.obs.Load(); o == nil || !o.ok {
+	for _, r := range s.reps.Pool(req.Model) {
+		if o := r.Obs.Load(); o == nil || !o.OK {
 			continue
 		}
 		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		counts, mml, err := s.up.Tokenize(tctx, r.url, req.Model, req)
+		counts, mml, err := s.up.Tokenize(tctx, r.URL, req.Model, req)
 		cancel()
 		if err != nil {
 			continue
 		}
 		if mml > 0 {
-			r.maxModelLen.Store(int64(mml))
+			r.MaxModelLen.Store(int64(mml))
 		}
 		if exact, err := req.WithTokenizedInput(counts, vllm.DefaultTemplateTokensPerRequest); err == nil {
 			return exact
@@ -288,7 +289,7 @@ func (s *Server) reserve(c *call, a admission) error {
 		if err := s.sizeHolds(c); err != nil {
 			return err
 		}
-		if k := s.reps.maxCapacity(c.req.Model); k > 0 && c.size > k {
+		if k := s.reps.MaxCapacity(c.req.Model); k > 0 && c.size > k {
 			// Before any budget: a request no replica can run is invalid.
 			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
 		}
@@ -471,7 +472,7 @@ func (s *Server) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	h[ledger.InputTokens] = in
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
-	h[ledger.GPUMs] = s.reps.gpuHold(s.gpu, c.req.Model, in, out)
+	h[ledger.GPUMs] = s.reps.GPUHold(s.gpu, c.req.Model, in, out)
 	usd, ok := c.pol.PriceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
 		return h, invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
@@ -590,7 +591,7 @@ func (s *Server) await(c *call) (err error) {
 				// Lost the race: dispatch or expiry owns the entry; one of
 				// them is about to be (or was) delivered.
 				if rep = <-c.dispatched; rep != nil {
-					s.reps.release(rep, c.size)
+					s.reps.Release(rep, c.size)
 					s.q.Release(c.handle)
 					s.release(c)
 					s.forget(c)
@@ -611,7 +612,7 @@ func (s *Server) await(c *call) (err error) {
 		if d := deniedOf(err); d != nil && d.Dim == ledger.Slots {
 			// Another instance holds the tenant's slots: back to the head
 			// of the queue, still holding the budget.
-			s.reps.release(rep, c.size)
+			s.reps.Release(rep, c.size)
 			s.pools.move(c, spotQueued)
 			s.q.Requeue(c.handle)
 			continue
@@ -623,7 +624,7 @@ func (s *Server) await(c *call) (err error) {
 			err = fmt.Errorf("%w: %w", ledger.ErrLeaseLost, err)
 		}
 		if err != nil {
-			s.reps.release(rep, c.size)
+			s.reps.Release(rep, c.size)
 			c.traceErr(err)
 			s.release(c)
 			s.forget(c)
@@ -643,8 +644,8 @@ func (s *Server) await(c *call) (err error) {
 		delete(s.queued, c)
 		s.running[c] = struct{}{}
 		s.mu.Unlock()
-		if rep.clock != nil {
-			c.ticket = rep.clock.Start(c.dispatchAt, c.t.Name)
+		if rep.Clock != nil {
+			c.ticket = rep.Clock.Start(c.dispatchAt, c.t.Name)
 		}
 		// The slot round trip took time: re-check the deadline before the
 		// first upstream byte.

@@ -169,14 +169,14 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	defer s.pools.mu.Unlock()
 	light, reserve := s.belowFairShare(c, f)
 	if !light && !f.fitsBeyond(c.size, reserve) {
-		if s.reps.fits(c.route, c.size) {
+		if s.reps.Fits(c.route, c.size) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
 		}
 		return s.full(c, true)
 	}
-	rep, seq := s.reps.take(c.route, c.size, nil)
+	rep, seq := s.reps.Take(c.route, c.size, nil)
 	if rep == nil {
 		return s.full(c, !s.pools.getLocked(c.pool).gate.withinShare(t.Name, float64(t.Cfg.Weight)))
 	}

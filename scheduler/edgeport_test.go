@@ -52,14 +52,14 @@ func TestUpstream404RereadsModels(t *testing.T) {
 	body := []byte(`{"object":"error","message":"The model does not exist."}`)
 	up := &fakeUpstream{fail: &vllm.UpstreamError{Replica: "r0", Status: 404, Body: body}}
 	s, led := otherServer(t, "", up)
-	for _, r := range s.reps.list() {
-		r.modelsAt.Store(1)
+	for _, r := range s.reps.List() {
+		r.ModelsAt.Store(1)
 	}
 	_, err := serve(context.Background(), s, admission{body: chatBody("")})
 	assert.Equal(t, 404, statusFor(err).Status)
 	assert.Equal(t, body, statusFor(err).Raw)
-	for _, r := range s.reps.list() {
-		assert.Zero(t, r.modelsAt.Load(), "replica %s's models are read again", r.name)
+	for _, r := range s.reps.List() {
+		assert.Zero(t, r.ModelsAt.Load(), "replica %s's models are read again", r.Name)
 	}
 	assert.Equal(t, 1, led.n("release")+led.n("settle"))
 }

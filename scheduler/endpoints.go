@@ -36,7 +36,7 @@ func (s *Server) countSeen(c *call, rs *vllm.ResponsesStream) int {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), 2*time.Second)
 	defer cancel()
-	n, err := s.up.CountText(ctx, c.rep.url, c.req.Model, text)
+	n, err := s.up.CountText(ctx, c.rep.URL, c.req.Model, text)
 	if err != nil {
 		s.log.Warn("counting a cut stream's output failed; charging its bytes bound", "request_id", c.reqID, "err", err)
 		return -1

@@ -91,7 +91,7 @@ func TestOtherEndpointRetriedOnAnotherReplica(t *testing.T) {
 	cfg.Upstream.Replicas[1].Name, cfg.Upstream.Replicas[1].URL = "r1", "http://r1.invalid"
 	led := newFakeLedger(t)
 	s := newTestServer(t, cfg, led, up)
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)

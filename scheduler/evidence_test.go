@@ -194,7 +194,7 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 	up := &fullQueueUpstream{fakeUpstream: fakeUpstream{out: 3}}
 	led := newFakeLedger(t)
 	s := newTestServer(t, cfg, led, up)
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -205,7 +205,7 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 		require.NoError(t, err)
 		c.end()
 		assert.Contains(t, string(body), `"content":"xxx"`)
-		assert.Equal(t, "r1", c.rep.name)
+		assert.Equal(t, "r1", c.rep.Name)
 		assert.Equal(t, 3, c.usage.CompletionTokens)
 		assert.True(t, c.usage.Final)
 	}

@@ -22,11 +22,11 @@ func (s *Server) execute(c *call) error {
 	built, bodyPrio := false, false
 	tried := map[*replica]bool{}
 	for {
-		if !built || bodyPrio != c.rep.prioritySched {
+		if !built || bodyPrio != c.rep.PrioritySched {
 			// A retry on a replica that schedules by priority differently
 			// needs its own body.
 			body = upstreamBody(c, body[:0])
-			built, bodyPrio = true, c.rep.prioritySched
+			built, bodyPrio = true, c.rep.PrioritySched
 		}
 		tried[c.rep] = true
 		err := s.open(c, body)
@@ -54,15 +54,15 @@ func (s *Server) execute(c *call) error {
 		if !retry {
 			return err
 		}
-		next, seq := s.reps.take(c.route, c.size, c.rep)
+		next, seq := s.reps.Take(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
-				s.reps.release(next, c.size)
+				s.reps.Release(next, c.size)
 			}
 			return fmt.Errorf("%w: %w", ErrNoReplica, err)
 		}
 		s.moveClock(c, next)
-		s.reps.release(c.rep, c.size)
+		s.reps.Release(c.rep, c.size)
 		c.rep, c.seq = next, seq
 		s.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
 	}
@@ -81,13 +81,13 @@ func upstreamBody(c *call, dst []byte) []byte {
 // open sends body to c's replica once and keeps the answer it opened.
 func (s *Server) open(c *call, body []byte) error {
 	if isOther(c.ep) {
-		resp, err := s.up.Post(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
+		resp, err := s.up.Post(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
 		if err == nil {
 			c.resp = resp
 		}
 		return err
 	}
-	st, err := s.up.Stream(c.ctx, c.rep.url, c.ep.Path(), body, c.reqID)
+	st, err := s.up.Stream(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
 	if err == nil && c.upInterval > 0 {
 		err = c.peekRefusal(st)
 	}
@@ -100,11 +100,11 @@ func (s *Server) open(c *call, body []byte) error {
 // moveClock restarts GPU-ms attribution on the replica that will run c.
 func (s *Server) moveClock(c *call, next *replica) {
 	now := s.now()
-	if c.rep.clock != nil {
-		c.rep.clock.End(now, c.ticket)
+	if c.rep.Clock != nil {
+		c.rep.Clock.End(now, c.ticket)
 	}
-	if next.clock != nil {
-		c.ticket = next.clock.Start(now, c.t.Name)
+	if next.Clock != nil {
+		c.ticket = next.Clock.Start(now, c.t.Name)
 	}
 }
 

@@ -41,7 +41,7 @@ func (s *Server) sizeExpected(c *call, in int64) error {
 	c.size = in + out
 	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
-		c.cost = max(1, s.reps.gpuHold(s.gpu, c.req.Model, in, out))
+		c.cost = max(1, s.reps.GPUHold(s.gpu, c.req.Model, in, out))
 		return nil
 	}
 	wi, ok1 := mulAmount(cost.WIn, in)
@@ -65,7 +65,7 @@ func (s *Server) atCap(c *call) bool {
 	if c.req == nil || c.req.MaxTokens == 0 {
 		return false
 	}
-	mml := s.reps.maxModelLen(c.req.Model)
+	mml := s.reps.MaxModelLen(c.req.Model)
 	maxIn := 0
 	for _, n := range c.req.InputTokens {
 		maxIn = max(maxIn, n)

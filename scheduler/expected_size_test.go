@@ -97,7 +97,7 @@ func TestHoldOverCapacityIsAdmittedWhenExpectedFits(t *testing.T) {
 	led := newFakeLedger(t)
 	up := &fakeUpstream{out: 3}
 	s := newTestServer(t, testConfig(t, "", ""), led, up)
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
@@ -117,7 +117,7 @@ func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 		led := newFakeLedger(t)
 		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
 		s := newTestServer(t, testConfig(t, "", ""), led, up)
-		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 2000})
+		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 2000})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
@@ -142,7 +142,7 @@ func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 func TestAtCapWithoutATenantCap(t *testing.T) {
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
-	s.reps.list()[0].maxModelLen.Store(4096)
+	s.reps.List()[0].MaxModelLen.Store(4096)
 	pol := s.pol.Load()
 	require.Zero(t, pol.Tenants["acme"].Cfg.MaxOutputTokens, "unset: none")
 	ctx := context.Background()
@@ -170,7 +170,7 @@ func TestAtCapWithoutATenantCap(t *testing.T) {
 func TestOverCapacityIsInvalidBeforeTheBudget(t *testing.T) {
 	led := newFakeLedger(t)
 	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &fakeUpstream{out: 1})
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000})
 	_, err := serve(context.Background(), s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
 	ae := statusFor(err)
 	assert.Equal(t, 400, ae.Status)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 )
 
 // A seeded scenario generator for fairness, as test/chaos is for
@@ -269,7 +270,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 	}})
 	require.NoError(t, err)
-	rep := &replica{name: "r", maxSeqs: sc.configured}
+	rep := &replica{Replica: fleet.Replica{Name: "r", MaxSeqs: sc.configured}}
 	var ev fgHeap
 	seq := 0
 	push := func(e fgEvent) { seq++; e.seq = seq; heap.Push(&ev, e) }

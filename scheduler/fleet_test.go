@@ -52,10 +52,10 @@ func TestBatchSizedReplica(t *testing.T) {
 	mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0"}}}, gpu.Deps{})
 	require.NoError(t, err)
 	s.gpu = mon
-	s.reps.capacity = s.capacityOf
-	r := s.reps.list()[0]
-	r.maxSeqs = 4
-	r.maxModelLen.Store(1000)
+	s.reps.Capacity = s.capacityOf
+	r := s.reps.List()[0]
+	r.MaxSeqs = 4
+	r.MaxModelLen.Store(1000)
 	src := &snapSource{}
 	at := time.Unix(1_800_000_000, 0)
 	ok := func(x float64) vllm.Value { return vllm.Value{V: x, OK: true} }
@@ -72,45 +72,14 @@ func TestBatchSizedReplica(t *testing.T) {
 	v := observe(vllm.Metrics{Running: ok(0), Waiting: ok(0), KVUsage: ok(0.5)})
 	assert.Equal(t, gpu.SizingBatch, v.Sizing)
 	assert.Equal(t, int64(float64(4*1000)*s.gpu.Config().TargetOccupancy), v.BaseTokens)
-	k, load, _, _ := s.reps.roomOf(r)
+	k, load, _, _ := s.reps.RoomOf(r)
 	assert.Positive(t, k)
 	assert.Zero(t, load, "KV usage of a batch-sized replica is no load")
-	assert.True(t, s.reps.up(r))
+	assert.True(t, s.reps.Up(r))
 
 	v = observe(vllm.Metrics{Running: ok(0), Waiting: ok(0), KVUsage: ok(0.5), NumGPUBlocks: ok(100), BlockSize: ok(16), KVCapacityTokens: ok(1600)})
 	assert.Equal(t, gpu.SizingKV, v.Sizing)
 	assert.Equal(t, int64(float64(1600)*s.gpu.Config().TargetOccupancy), v.BaseTokens)
-	_, load, _, _ = s.reps.roomOf(r)
+	_, load, _, _ = s.reps.RoomOf(r)
 	assert.Equal(t, int64(0.5*float64(v.BaseTokens)), load)
-}
-
-// TestLoRAResidentPreferred: a request for a LoRA adapter goes to the
-// replica whose running requests already use it unless another is more
-// than loraBias emptier; base-model requests are unaffected.
-func TestLoRAResidentPreferred(t *testing.T) {
-	t.Parallel()
-	a := &replica{name: "a", maxSeqs: 64}
-	b := &replica{name: "b", maxSeqs: 64}
-	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
-	models := []string{"base", "ad"}
-	parents := map[string]string{"ad": "base"}
-	a.obs.Store(&replicaObs{ok: true, models: models, parents: parents})
-	b.obs.Store(&replicaObs{ok: true, models: models, parents: parents, loras: []string{"ad"}})
-	a.load.Store(100)
-	b.load.Store(150) // 5% of capacity more than a
-
-	assert.Equal(t, b, set.pick0(route{model: "ad"}, 10), "adapter resident on b")
-	assert.Equal(t, a, set.pick0(route{model: "base"}, 10), "base model: least load")
-	b.load.Store(250) // 15% more: the load wins
-	assert.Equal(t, a, set.pick0(route{model: "ad"}, 10))
-	// Known nowhere: least load, as before.
-	b.obs.Store(&replicaObs{ok: true, models: models, parents: parents})
-	b.load.Store(150)
-	assert.Equal(t, a, set.pick0(route{model: "ad"}, 10))
-}
-
-// pick0 chooses without reserving.
-func (s *replicaSet) pick0(rt route, size int64) *replica {
-	r, _ := s.pick(rt, size, nil, false)
-	return r
 }

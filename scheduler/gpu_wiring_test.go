@@ -72,7 +72,7 @@ func TestReadyFailsWhileGPUTelemetryFails(t *testing.T) {
 		require.NoError(t, err)
 		s, err := New(testConfig(t, "", ""), Deps{Ledger: newFakeLedger(t), Upstream: &fakeUpstream{}, Keyer: keyer, GPU: mon})
 		require.NoError(t, err)
-		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan error, 1)

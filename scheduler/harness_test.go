@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -313,9 +314,9 @@ func newTestServer(t testing.TB, cfg *config.File, led Ledger, up Upstream, opts
 	}
 	s, err := New(cfg, deps)
 	require.NoError(t, err)
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
-	for _, r := range s.reps.list() {
-		r.maxSeqs = 1 << 20
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+	for _, r := range s.reps.List() {
+		r.MaxSeqs = 1 << 20
 	}
 	s.loopOnly = true // tests hold calls queued by not running the loop
 	return s
@@ -401,11 +402,11 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 }
 
 // newSet is a replica set of reps, each in the slot of its position.
-func newSet(capacity capacityFunc, reps ...*replica) *replicaSet {
-	s := &replicaSet{capacity: capacity}
+func newSet(capacity fleet.CapacityFunc, reps ...*replica) *replicaSet {
+	s := newReplicaSet(capacity)
 	for i, r := range reps {
-		r.slot = i
+		r.Slot = i
 	}
-	s.setMembers(reps)
+	s.SetMembers(reps)
 	return s
 }

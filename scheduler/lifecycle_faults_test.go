@@ -616,7 +616,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 		require.NoError(t, err)
 		s, err := New(cfg, Deps{Ledger: led, Upstream: &fakeUpstream{out: 3}, Keyer: keyer, GPU: mon, State: store})
 		require.NoError(t, err)
-		s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
 		return s
 	}
 	a, b := mk(), mk()
@@ -705,12 +705,12 @@ func TestCancelRacesDispatch(t *testing.T) {
 		it, ok := s.q.NextView(s.admissible)
 		require.True(t, ok)
 		rep := it.Payload.rep
-		require.Positive(t, rep.load.Load(), "room reserved for it")
+		require.Positive(t, rep.Load.Load(), "room reserved for it")
 		leave(ErrClientGone)
 		synctest.Wait() // await lost the cancel race and waits for the hand-off
 		it.Payload.dispatched <- rep
 		require.ErrorIs(t, <-done, ErrClientGone)
-		assert.Zero(t, rep.load.Load(), "replica room given back")
+		assert.Zero(t, rep.Load.Load(), "replica room given back")
 		assert.Zero(t, up.runs.Load(), "never ran")
 		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")
 		assert.Equal(t, 1, led.n("release"))

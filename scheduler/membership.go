@@ -7,67 +7,22 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // Replicas join and leave at run time through replica discovery
-// (scheduler/discovery): one that joins is added here and to the GPU
-// monitor with no capacity, so nothing is routed to it before its first
-// scrape has answered; one that leaves is marked gone, which takes it out
-// of every choice at once (pick and the gate read gone under the set's
-// lock), lets what runs there finish and settle as usual (a call keeps its
-// *replica to the end), and is removed once nothing is in flight there.
-
-// repList is the members of a replicaSet, in the order they joined
-// (config order first). Immutable.
-type repList struct {
-	reps   []*replica
-	byName map[string]*replica
-}
-
-func (l *repList) list() []*replica {
-	if l == nil {
-		return nil
-	}
-	return l.reps
-}
-
-// list is the current members. The slice is shared: do not modify it.
-func (s *replicaSet) list() []*replica { return s.members.Load().list() }
-
-// get is the member named name, or nil.
-func (s *replicaSet) get(name string) *replica {
-	if l := s.members.Load(); l != nil {
-		return l.byName[name]
-	}
-	return nil
-}
-
-// setMembers stores reps as the members, giving each replica without a
-// slot the lowest free one. Callers serialise (Server.memberMu, or tests).
-func (s *replicaSet) setMembers(reps []*replica) {
-	l := &repList{reps: reps, byName: make(map[string]*replica, len(reps))}
-	for _, r := range reps {
-		l.byName[r.name] = r
-	}
-	s.members.Store(l)
-}
-
-// freeSlot is the lowest slot no member holds.
-func freeSlot(reps []*replica) int {
-	for i := 0; ; i++ {
-		if !slices.ContainsFunc(reps, func(r *replica) bool { return r.slot == i }) {
-			return i
-		}
-	}
-}
+// (scheduler/discovery): one that joins is added to the fleet's set and to
+// the GPU monitor with no capacity, so nothing is routed to it before its
+// first scrape has answered; one that leaves is marked gone and removed
+// once nothing is in flight there (fleet/members.go).
 
 // newReplica builds the scheduler's state for a configured or discovered
 // replica. The GPU monitor must know it already (its clock).
 func (s *Server) newReplica(rc config.Replica) *replica {
-	r := &replica{name: rc.Name, url: rc.URL, maxSeqs: int64(rc.MaxNumSeqs), clock: s.gpu.Clock(rc.Name), pinned: rc.Models,
-		upLatency: s.m.UpstreamLatency.WithLabelValues(rc.Name), prioritySched: rc.PriorityScheduling}
-	r.maxModelLen.Store(rc.MaxModelLen)
+	r := &replica{Replica: fleet.Replica{Name: rc.Name, URL: rc.URL, MaxSeqs: int64(rc.MaxNumSeqs), Clock: s.gpu.Clock(rc.Name), Pinned: rc.Models,
+		UpLatency: s.m.UpstreamLatency.WithLabelValues(rc.Name), PrioritySched: rc.PriorityScheduling}}
+	r.MaxModelLen.Store(rc.MaxModelLen)
 	return r
 }
 
@@ -78,11 +33,11 @@ func (s *Server) newReplica(rc config.Replica) *replica {
 func (s *Server) AddReplica(rc config.Replica) error {
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
-	if r := s.reps.get(rc.Name); r != nil {
-		if r.url != rc.URL {
-			return fmt.Errorf("replica %s: still draining at %s", rc.Name, r.url)
+	if r := s.reps.Get(rc.Name); r != nil {
+		if r.URL != rc.URL {
+			return fmt.Errorf("replica %s: still draining at %s", rc.Name, r.URL)
 		}
-		if r.gone.Swap(false) {
+		if r.Gone.Swap(false) {
 			_ = s.gpu.Drain(rc.Name, "")
 			s.log.Info("replica back in its discovery source: routed to again", "replica", rc.Name, "url", rc.URL)
 		}
@@ -92,9 +47,9 @@ func (s *Server) AddReplica(rc config.Replica) error {
 		return err
 	}
 	r := s.newReplica(rc)
-	cur := s.reps.list()
-	r.slot = freeSlot(cur)
-	s.reps.setMembers(append(slices.Clone(cur), r))
+	cur := s.reps.List()
+	r.Slot = fleet.FreeSlot(cur)
+	s.reps.SetMembers(append(slices.Clone(cur), r))
 	s.membersChanged()
 	s.log.Info("replica joined: routed to once a scrape answers", "replica", rc.Name, "url", rc.URL)
 	return nil
@@ -106,19 +61,14 @@ func (s *Server) AddReplica(rc config.Replica) error {
 func (s *Server) RemoveReplica(name, reason string) error {
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
-	r := s.reps.get(name)
+	r := s.reps.Get(name)
 	if r == nil {
 		return fmt.Errorf("remove replica %q: %w", name, gpu.ErrUnknownReplica)
 	}
-	// Under the set's lock: a pick that reserved room on r before this is
-	// counted in r.count, one after it sees gone.
-	s.reps.mu.Lock()
-	was := r.gone.Swap(true)
-	s.reps.mu.Unlock()
-	if !was {
+	if !s.reps.MarkGone(r) {
 		_ = s.gpu.Drain(name, reason)
 		s.membersChanged()
-		s.log.Info("replica left: no new work; removed once its requests finish", "replica", name, "reason", reason, "in_flight", r.count.Load())
+		s.log.Info("replica left: no new work; removed once its requests finish", "replica", name, "reason", reason, "in_flight", r.Count.Load())
 	}
 	return nil
 }
@@ -128,20 +78,7 @@ func (s *Server) RemoveReplica(name, reason string) error {
 func (s *Server) ReapReplicas() []string {
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
-	cur := s.reps.list()
-	var gone []string
-	s.reps.mu.Lock()
-	keep := slices.DeleteFunc(slices.Clone(cur), func(r *replica) bool {
-		if r.gone.Load() && r.count.Load() == 0 {
-			gone = append(gone, r.name)
-			return true
-		}
-		return false
-	})
-	if len(gone) > 0 {
-		s.reps.setMembers(keep)
-	}
-	s.reps.mu.Unlock()
+	gone := s.reps.Reap()
 	if len(gone) > 0 {
 		s.membersChanged()
 	}
@@ -198,21 +135,7 @@ func (s *Server) membersChanged() {
 
 // ReplicaTargets is what the poller scrapes: every member, leaving ones
 // included (their requests still run).
-func (s *Server) ReplicaTargets() []vllm.Target {
-	reps := s.reps.list()
-	out := make([]vllm.Target, len(reps))
-	for i, r := range reps {
-		out[i] = vllm.Target{Name: r.name, URL: r.url}
-	}
-	return out
-}
+func (s *Server) ReplicaTargets() []vllm.Target { return s.reps.Targets() }
 
 // ReplicaNames is the members' names, leaving ones included.
-func (s *Server) ReplicaNames() []string {
-	reps := s.reps.list()
-	out := make([]string, len(reps))
-	for i, r := range reps {
-		out[i] = r.name
-	}
-	return out
-}
+func (s *Server) ReplicaNames() []string { return s.reps.Names() }

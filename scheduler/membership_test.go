@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -21,36 +22,36 @@ func TestReplicaLeavesAfterItsRequests(t *testing.T) {
 	t.Parallel()
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
 	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
-	r1 := s.reps.get("r1")
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
+	r1 := s.reps.Get("r1")
 	require.NotNil(t, r1)
-	assert.Equal(t, 1, r1.slot)
+	assert.Equal(t, 1, r1.Slot)
 	_, known := s.gpu.Snapshot().Replica("r1")
 	assert.True(t, known, "the GPU monitor sizes it")
 
 	// r0 carries load: r1, empty, wins.
-	s.reps.list()[0].load.Store(500)
-	rep, seq := s.reps.take(route{}, 100, nil)
-	require.Equal(t, "r1", rep.name, "a replica that joined takes requests")
+	s.reps.List()[0].Load.Store(500)
+	rep, seq := s.reps.Take(fleet.Route{}, 100, nil)
+	require.Equal(t, "r1", rep.Name, "a replica that joined takes requests")
 
 	require.NoError(t, s.RemoveReplica("r1", "test"))
 	for range 5 {
-		next, _ := s.reps.take(route{}, 100, nil)
+		next, _ := s.reps.Take(fleet.Route{}, 100, nil)
 		require.NotNil(t, next)
-		assert.NotEqual(t, "r1", next.name, "a replica that left gets no new request")
-		s.reps.release(next, 100)
+		assert.NotEqual(t, "r1", next.Name, "a replica that left gets no new request")
+		s.reps.Release(next, 100)
 	}
 	assert.Empty(t, s.ReapReplicas(), "not removed while a request holds room there")
-	assert.NotNil(t, s.reps.get("r1"))
+	assert.NotNil(t, s.reps.Get("r1"))
 
-	s.reps.leave(r1, 100, seq, false, time.Now())
+	s.reps.Leave(r1, 100, seq, false, time.Now())
 	assert.Equal(t, []string{"r1"}, s.ReapReplicas())
-	assert.Nil(t, s.reps.get("r1"))
+	assert.Nil(t, s.reps.Get("r1"))
 	_, known = s.gpu.Snapshot().Replica("r1")
 	assert.False(t, known, "removed from the GPU monitor")
 
 	require.NoError(t, s.AddReplica(config.Replica{Name: "r2", URL: "http://r2.invalid", MaxNumSeqs: 8}))
-	assert.Equal(t, 1, s.reps.get("r2").slot, "the free slot is reused")
+	assert.Equal(t, 1, s.reps.Get("r2").Slot, "the free slot is reused")
 	var both poolKey
 	both.set(0)
 	both.set(1)
@@ -65,18 +66,18 @@ func TestReplicaComesBackWhileLeaving(t *testing.T) {
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
 	rc := config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}
 	require.NoError(t, s.AddReplica(rc))
-	s.reps.capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
-	r1 := s.reps.get("r1")
-	_, _ = s.reps.take(route{}, 100, nil) // room held: not reaped
-	r1.count.Store(1)
+	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
+	r1 := s.reps.Get("r1")
+	_, _ = s.reps.Take(fleet.Route{}, 100, nil) // room held: not reaped
+	r1.Count.Store(1)
 	require.NoError(t, s.RemoveReplica("r1", "test"))
-	assert.False(t, s.reps.up(r1))
+	assert.False(t, s.reps.Up(r1))
 	moved := rc
 	moved.URL = "http://elsewhere.invalid"
 	assert.Error(t, s.AddReplica(moved))
 	require.NoError(t, s.AddReplica(rc))
-	assert.True(t, s.reps.up(r1), "back in the choice")
-	assert.Same(t, r1, s.reps.get("r1"))
+	assert.True(t, s.reps.Up(r1), "back in the choice")
+	assert.Same(t, r1, s.reps.Get("r1"))
 	assert.Empty(t, s.ReapReplicas())
 }
 
@@ -94,15 +95,15 @@ func TestShareLoopFollowsMembers(t *testing.T) {
 		synctest.Wait()
 
 		require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 4}))
-		r1 := s.reps.get("r1")
-		r1.count.Store(1)
-		ex.set(map[string][]peers.Entry{r1.url: {{Instance: "other", InFlight: 4}}}, nil)
+		r1 := s.reps.Get("r1")
+		r1.Count.Store(1)
+		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4}}}, nil)
 		time.Sleep(shareInterval)
 		synctest.Wait()
 		ex.mu.Lock()
-		assert.Equal(t, []peers.Report{{Replica: r1.url, InFlight: 1}}, ex.reports[len(ex.reports)-1])
+		assert.Equal(t, []peers.Report{{Replica: r1.URL, InFlight: 1}}, ex.reports[len(ex.reports)-1])
 		ex.mu.Unlock()
-		assert.Equal(t, int64(2), r1.share.Load(), "half of the joined replica's four")
+		assert.Equal(t, int64(2), r1.Share.Load(), "half of the joined replica's four")
 		cancel()
 		require.NoError(t, <-done)
 	})

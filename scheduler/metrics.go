@@ -24,7 +24,7 @@ type Metrics struct {
 	UpstreamAborts   *prometheus.CounterVec   // replica, cause
 	ReplicaInflight  *prometheus.GaugeVec     // replica
 	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
-	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (share.go)
+	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (fleet/share.go)
 	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (sizing.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
@@ -156,8 +156,8 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apiError) {
 
 // upLatency is r's upstream latency histogram.
 func (s *Server) upLatency(r *replica) prometheus.Observer {
-	if r.upLatency != nil {
-		return r.upLatency
+	if r.UpLatency != nil {
+		return r.UpLatency
 	}
-	return s.m.UpstreamLatency.WithLabelValues(r.name)
+	return s.m.UpstreamLatency.WithLabelValues(r.Name)
 }

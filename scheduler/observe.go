@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -24,8 +25,8 @@ type ModelLister interface {
 // capacity, GPU clocks) and the dispatch gate, and wakes the dispatch loop
 // since room may have changed. ObserveLoop calls it as polls land.
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
-	for _, r := range s.reps.list() {
-		snap, ok := src.Get(r.name)
+	for _, r := range s.reps.List() {
+		snap, ok := src.Get(r.Name)
 		if !ok || snap.CheckedAt.Equal(r.polledAt) {
 			// No poll since the last Observe (its ticker also runs it):
 			// one poll is one observation. Seen again, a failure would count
@@ -35,7 +36,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			continue
 		}
 		r.polledAt = snap.CheckedAt
-		r.notePoll(snap)
+		r.NotePoll(snap)
 		m := snap.Metrics
 		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
 		if !snap.Up || !snap.Healthy {
@@ -43,11 +44,11 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 				obs.Reason = "replica /health failing"
 			}
 		}
-		prev := r.obs.Load()
+		prev := r.Obs.Load()
 		// A poll that only timed out while the replica kept completing
 		// requests is a slow /metrics, not a dead replica: it does not count
 		// towards down_after.
-		obs.Excused = !obs.OK && snap.TimedOut && prev != nil && r.finished.Load() > prev.finishedAt
+		obs.Excused = !obs.OK && snap.TimedOut && prev != nil && r.Finished.Load() > prev.FinishedAt
 		obs.NumGPUBlocks, obs.BlockSize = int64(m.NumGPUBlocks.V), int64(m.BlockSize.V)
 		obs.KVUsage = m.KVUsage.V
 		// Deferred requests (LoRA budget, KV transfer, grammar) wait on
@@ -66,32 +67,32 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// newly dispatched request has finished a step yet (gpu/doc.go).
 			obs.At, obs.Restarted = snap.CheckedAt, snap.Restarted
 		}
-		o := &replicaObs{ok: obs.OK, running: obs.Running, waiting: int64(m.Waiting.V), deferred: int64(m.WaitingDeferred.V),
-			kvUsage: obs.KVUsage, finishedAt: r.finished.Load(), loras: m.LoRARunning}
+		o := &fleet.Obs{OK: obs.OK, Running: obs.Running, Waiting: int64(m.Waiting.V), Deferred: int64(m.WaitingDeferred.V),
+			KVUsage: obs.KVUsage, FinishedAt: r.Finished.Load(), LoRAs: m.LoRARunning}
 		if prev != nil {
-			o.models, o.parents = prev.models, prev.parents
+			o.Models, o.Parents = prev.Models, prev.Parents
 		}
 		// Models before capacity: a replica sized up with its models
 		// unknown would take requests for models it does not serve.
-		if obs.OK && models != nil && (prev == nil || len(prev.models) == 0 || s.now().UnixNano()-r.modelsAt.Load() > int64(modelRefresh)) {
+		if obs.OK && models != nil && (prev == nil || len(prev.Models) == 0 || s.now().UnixNano()-r.ModelsAt.Load() > int64(fleet.ModelRefresh)) {
 			s.readModels(ctx, r, models, o)
-			if len(o.models) > 0 && (prev == nil || len(prev.models) == 0) {
-				r.obs.Store(&replicaObs{models: o.models, parents: o.parents})
+			if len(o.Models) > 0 && (prev == nil || len(prev.Models) == 0) {
+				r.Obs.Store(&fleet.Obs{Models: o.Models, Parents: o.Parents})
 			}
 		}
 		if obs.OK && !m.KVCapacityTokens.OK {
 			obs.BatchTokens = r.batchTokens() // after /v1/models: its context length
 		}
-		_ = s.gpu.ObserveReplica(r.name, obs)
-		if v, ok := s.gpu.Snapshot().Replica(r.name); ok {
-			o.sizing = v.Sizing
+		_ = s.gpu.ObserveReplica(r.Name, obs)
+		if v, ok := s.gpu.Snapshot().Replica(r.Name); ok {
+			o.Sizing = v.Sizing
 			if v.Sizing == gpu.SizingBatch && !r.batchWarned {
 				r.batchWarned = true
 				s.log.Warn("replica metrics lack vllm:cache_config_info: sized on its batch (max_num_seqs) instead of its KV cache; set upstream.replicas[].capacity_tokens to size it in tokens",
-					"replica", r.name, "missing_metric", "vllm:cache_config_info", "max_num_seqs", r.maxSeqs)
+					"replica", r.Name, "missing_metric", "vllm:cache_config_info", "max_num_seqs", r.MaxSeqs)
 			}
 		}
-		r.obs.Store(o)
+		r.Obs.Store(o)
 		s.exportReplica(r)
 	}
 	s.signal(s.wake)
@@ -105,55 +106,55 @@ const batchSeqTokens = 1 << 24
 // max_num_seqs sequences of the context length at most, so that the
 // sequence limit, not tokens, decides its room (SCHEDULING §7).
 func (r *replica) batchTokens() int64 {
-	per := r.maxModelLen.Load()
+	per := r.MaxModelLen.Load()
 	if per <= 0 {
 		per = batchSeqTokens
 	}
-	return max(r.maxSeqs, 1) * per
+	return max(r.MaxSeqs, 1) * per
 }
 
 // readModels reads r's /v1/models into o: base models and LoRA adapters
 // (with their parent), and the context length when config sets none.
-func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *replicaObs) {
+func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *fleet.Obs) {
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ms, err := models.Models(mctx, r.url)
+	ms, err := models.Models(mctx, r.URL)
 	var ue *vllm.UpstreamError
 	if errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden) && !r.authWarned {
 		// vLLM's --api-key guards /v1 only: /health and /metrics answer, so
 		// the replica looks up while every request to it would fail.
 		r.authWarned = true
 		s.log.Warn("replica refuses Sluice's credential on /v1/models: set or correct upstream.replicas[].api_key_env or api_key_file",
-			"replica", r.name, "status", ue.Status)
+			"replica", r.Name, "status", ue.Status)
 	}
-	r.noteModels(err, s.now())
+	r.NoteModels(err, s.now())
 	if err != nil {
 		return
 	}
 	r.authWarned = false
-	o.models = make([]string, 0, len(ms))
-	o.parents = map[string]string{}
+	o.Models = make([]string, 0, len(ms))
+	o.Parents = map[string]string{}
 	for _, md := range ms {
-		o.models = append(o.models, md.ID)
+		o.Models = append(o.Models, md.ID)
 		if md.Parent != "" {
-			o.parents[md.ID] = md.Parent
+			o.Parents[md.ID] = md.Parent
 		}
-		if md.MaxModelLen > 0 && r.maxModelLen.Load() == 0 {
-			r.maxModelLen.Store(int64(md.MaxModelLen))
+		if md.MaxModelLen > 0 && r.MaxModelLen.Load() == 0 {
+			r.MaxModelLen.Store(int64(md.MaxModelLen))
 		}
 	}
-	r.modelsAt.Store(s.now().UnixNano())
+	r.ModelsAt.Store(s.now().UnixNano())
 }
 
 func (s *Server) exportReplica(r *replica) {
-	s.m.ReplicaInflight.WithLabelValues(r.name).Set(float64(r.load.Load()))
+	s.m.ReplicaInflight.WithLabelValues(r.Name).Set(float64(r.Load.Load()))
 	held := 0.0
 	if r.distrusted(s.now()) {
 		held = 1
 	}
-	s.m.ReplicaAborts.WithLabelValues(r.name).Set(held)
-	s.m.ReplicaShare.WithLabelValues(r.name).Set(float64(r.share.Load()))
-	s.m.ReplicaBatch.WithLabelValues(r.name).Set(float64(r.batch.learned.Load()))
+	s.m.ReplicaAborts.WithLabelValues(r.Name).Set(held)
+	s.m.ReplicaShare.WithLabelValues(r.Name).Set(float64(r.Share.Load()))
+	s.m.ReplicaBatch.WithLabelValues(r.Name).Set(float64(r.batch.learned.Load()))
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

@@ -37,7 +37,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 		time.Sleep(s.gpu.Config().PollInterval)
 		synctest.Wait()
 	}
-	r := s.reps.list()[0]
+	r := s.reps.List()[0]
 	src := &snapSource{}
 	at := time.Unix(1_800_000_000, 0)
 	poll := func(ok, timedOut bool) {
@@ -66,7 +66,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 
 	// Timeouts while requests complete: slow, not dead.
 	for range 5 {
-		r.finished.Add(1)
+		r.Finished.Add(1)
 		poll(false, true)
 		s.Observe(t.Context(), src, nil)
 	}
@@ -85,7 +85,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 func TestObserveLoopRunsAsPollsLand(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-		r := s.reps.list()[0]
+		r := s.reps.List()[0]
 		src := &snapSource{}
 		at := time.Unix(1_800_000_000, 0)
 		poll := func(running float64) {
@@ -99,14 +99,14 @@ func TestObserveLoopRunsAsPollsLand(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- s.ObserveLoop(ctx, src, nil, time.Hour, polled) }()
 		synctest.Wait() // the first round, observed at start
-		assert.Equal(t, int64(1), r.obs.Load().running)
+		assert.Equal(t, int64(1), r.Obs.Load().Running)
 
 		poll(3)
 		synctest.Wait()
-		assert.Equal(t, int64(1), r.obs.Load().running, "not observed before it is signalled")
+		assert.Equal(t, int64(1), r.Obs.Load().Running, "not observed before it is signalled")
 		polled <- struct{}{}
 		synctest.Wait() // no time passes: the hour's tick is not what ran it
-		assert.Equal(t, int64(3), r.obs.Load().running)
+		assert.Equal(t, int64(3), r.Obs.Load().Running)
 
 		cancel()
 		assert.NoError(t, <-done)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 )
 
 // Per-pool fair shares. Tenants compete only for the replicas they can
@@ -42,8 +43,8 @@ func (k poolKey) has(i int) bool {
 // memoised per list state (poolCache): computing one is O(replicas²).
 func (s *replicaSet) poolKeyOf(model string) poolKey {
 	c := s.pools.Load()
-	set := s.members.Load()
-	reps := set.list()
+	set := s.Current()
+	reps := set.List()
 	if c != nil && c.set == set && c.current(reps) {
 		if k, ok := c.keys[model]; ok {
 			return k
@@ -74,8 +75,8 @@ const maxCachedPools = 1024
 // poolCache is poolKeyOf's memo for one state of the replicas' model lists.
 // Immutable.
 type poolCache struct {
-	set   *repList    // the members it was computed for
-	lists []modelList // per replica, in set order
+	set   *fleet.Members[*replica] // the members it was computed for
+	lists []modelList              // per replica, in set order
 	keys  map[string]poolKey
 }
 
@@ -88,11 +89,11 @@ type modelList struct {
 }
 
 func listOf(r *replica) modelList {
-	o := r.obs.Load()
-	if o == nil || len(o.models) == 0 {
+	o := r.Obs.Load()
+	if o == nil || len(o.Models) == 0 {
 		return modelList{}
 	}
-	return modelList{&o.models[0], len(o.models)}
+	return modelList{&o.Models[0], len(o.Models)}
 }
 
 func (c *poolCache) current(reps []*replica) bool {
@@ -109,13 +110,13 @@ func (c *poolCache) current(reps []*replica) bool {
 
 func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 	var k poolKey
-	known := s.anyKnown()
+	known := s.AnyKnown()
 	served := make([][]string, len(reps))
 	var models []string
 	for i, r := range reps {
-		served[i] = r.served()
-		if s.serves(r, model, known) {
-			k.set(r.slot)
+		served[i] = r.Served()
+		if s.Serves(r, model, known) {
+			k.set(r.Slot)
 			models = append(models, served[i]...)
 		}
 	}
@@ -125,10 +126,10 @@ func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 	for grown := true; grown; {
 		grown = false
 		for i, r := range reps {
-			if k.has(r.slot) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
+			if k.has(r.Slot) || !slices.ContainsFunc(served[i], func(m string) bool { return slices.Contains(models, m) }) {
 				continue
 			}
-			k.set(r.slot)
+			k.set(r.Slot)
 			models = append(models, served[i]...)
 			grown = true
 		}
@@ -139,14 +140,14 @@ func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
 // fleetOf sums the load and capacity of the pool's replicas that can take
 // work.
 func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Lock()
+	defer s.Unlock()
 	var f fleetLoad
-	for _, r := range s.list() {
-		if !key.has(r.slot) {
+	for _, r := range s.List() {
+		if !key.has(r.Slot) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r)
+		k, load, seqs, st := s.RoomOf(r)
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
@@ -163,13 +164,13 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 // request of size tokens (so blocking the queue for key's pool would idle
 // it).
 func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, r := range s.list() {
-		if key.has(r.slot) {
+	s.Lock()
+	defer s.Unlock()
+	for _, r := range s.List() {
+		if key.has(r.Slot) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r)
+		k, load, seqs, st := s.RoomOf(r)
 		if st < gpu.StateDraining && k > 0 && seqs < r.seqLimit(seqs) && load+size <= k {
 			return true
 		}

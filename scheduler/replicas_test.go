@@ -9,47 +9,48 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
 // choose is take without the seq: what the replica choice tests read.
-func (s *replicaSet) choose(rt route, size int64, exclude *replica) *replica {
-	r, _ := s.take(rt, size, exclude)
+func (s *replicaSet) choose(rt fleet.Route, size int64, exclude *replica) *replica {
+	r, _ := s.Take(rt, size, exclude)
 	return r
 }
 
 func TestReplicaPools(t *testing.T) {
 	t.Parallel()
-	a := &replica{name: "a", maxSeqs: 8}
-	b := &replica{name: "b", maxSeqs: 8}
-	c := &replica{name: "c", maxSeqs: 8, pinned: []string{"small", "lora"}}
+	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
+	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
+	c := &replica{Replica: fleet.Replica{Name: "c", MaxSeqs: 8, Pinned: []string{"small", "lora"}}}
 	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000}), []*replica{a, b, c}...)
 
 	// c's config list stands in until /v1/models answers; a and b are
 	// unknown and, being up, keep unknown models from being a 404.
-	assert.Equal(t, []*replica{c}, set.pool("small"))
-	assert.True(t, set.knowsModel("big"), "a and b have not listed their models yet")
+	assert.Equal(t, []*replica{c}, set.Pool("small"))
+	assert.True(t, set.KnowsModel("big"), "a and b have not listed their models yet")
 
-	a.obs.Store(&replicaObs{ok: true, models: []string{"big"}})
-	b.obs.Store(&replicaObs{ok: true, models: []string{"big"}})
-	c.obs.Store(&replicaObs{ok: true, models: []string{"small", "lora", "other"}, parents: map[string]string{"lora": "small"}})
-	assert.False(t, set.knowsModel("other"), "config restricts c to small and lora")
-	assert.False(t, set.knowsModel("nope"))
-	assert.Equal(t, "big", set.defaultModel())
-	assert.Equal(t, []*replica{a, b}, set.pool(""), "no model: vLLM's default, the first replica's first model")
+	a.Obs.Store(&fleet.Obs{OK: true, Models: []string{"big"}})
+	b.Obs.Store(&fleet.Obs{OK: true, Models: []string{"big"}})
+	c.Obs.Store(&fleet.Obs{OK: true, Models: []string{"small", "lora", "other"}, Parents: map[string]string{"lora": "small"}})
+	assert.False(t, set.KnowsModel("other"), "config restricts c to small and lora")
+	assert.False(t, set.KnowsModel("nope"))
+	assert.Equal(t, "big", set.DefaultModel())
+	assert.Equal(t, []*replica{a, b}, set.Pool(""), "no model: vLLM's default, the first replica's first model")
 
 	for range 10 {
-		r := set.choose(route{model: "big"}, 10, nil)
+		r := set.choose(fleet.Route{Model: "big"}, 10, nil)
 		require.NotNil(t, r)
 		assert.NotEqual(t, c, r)
 	}
-	assert.Equal(t, int64(100), a.load.Load()+b.load.Load())
-	assert.Equal(t, int64(50), a.load.Load(), "least load within the pool")
-	assert.Equal(t, c, set.choose(route{model: "lora"}, 990, nil))
-	assert.Nil(t, set.choose(route{model: "small"}, 20, nil), "c is full; a and b do not serve small")
-	assert.Equal(t, int64(1000), set.maxCapacity("small"))
+	assert.Equal(t, int64(100), a.Load.Load()+b.Load.Load())
+	assert.Equal(t, int64(50), a.Load.Load(), "least load within the pool")
+	assert.Equal(t, c, set.choose(fleet.Route{Model: "lora"}, 990, nil))
+	assert.Nil(t, set.choose(fleet.Route{Model: "small"}, 20, nil), "c is full; a and b do not serve small")
+	assert.Equal(t, int64(1000), set.MaxCapacity("small"))
 
-	assert.Equal(t, []modelEntry{{id: "big"}, {id: "small"}, {id: "lora", parent: "small"}}, set.models())
+	assert.Equal(t, []fleet.ModelEntry{{ID: "big"}, {ID: "small"}, {ID: "lora", Parent: "small"}}, set.Models())
 }
 
 // TestPoolKeys: a pool is the replicas serving a model plus those sharing
@@ -58,10 +59,10 @@ func TestReplicaPools(t *testing.T) {
 // pool.
 func TestPoolKeys(t *testing.T) {
 	t.Parallel()
-	a := &replica{name: "a", maxSeqs: 8}
-	b := &replica{name: "b", maxSeqs: 8}
-	c := &replica{name: "c", maxSeqs: 8}
-	d := &replica{name: "d", maxSeqs: 4}
+	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
+	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
+	c := &replica{Replica: fleet.Replica{Name: "c", MaxSeqs: 8}}
+	d := &replica{Replica: fleet.Replica{Name: "d", MaxSeqs: 4}}
 	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500}), []*replica{a, b, c, d}...)
 	var all poolKey
 	for i := range 4 {
@@ -69,10 +70,10 @@ func TestPoolKeys(t *testing.T) {
 	}
 	assert.Equal(t, all, set.poolKeyOf("big"), "nothing known: one pool")
 
-	a.obs.Store(&replicaObs{ok: true, models: []string{"big"}})
-	b.obs.Store(&replicaObs{ok: true, models: []string{"big", "big-lora"}})
-	c.obs.Store(&replicaObs{ok: true, models: []string{"small"}})
-	d.obs.Store(&replicaObs{ok: true, models: []string{"small"}})
+	a.Obs.Store(&fleet.Obs{OK: true, Models: []string{"big"}})
+	b.Obs.Store(&fleet.Obs{OK: true, Models: []string{"big", "big-lora"}})
+	c.Obs.Store(&fleet.Obs{OK: true, Models: []string{"small"}})
+	d.Obs.Store(&fleet.Obs{OK: true, Models: []string{"small"}})
 	var ab, cd poolKey
 	ab.set(0)
 	ab.set(1)
@@ -84,15 +85,15 @@ func TestPoolKeys(t *testing.T) {
 	assert.Equal(t, cd, set.poolKeyOf("small"))
 	assert.Equal(t, poolKey{}, set.poolKeyOf("nope"))
 
-	require.NotNil(t, set.choose(route{model: "small"}, 100, nil))
+	require.NotNil(t, set.choose(fleet.Route{Model: "small"}, 100, nil))
 	assert.Equal(t, fleetLoad{seqs: 1, seqsCap: 12, tokens: 100, tokensCap: 1500}, set.fleetOf(cd))
 	assert.Equal(t, fleetLoad{seqs: 0, seqsCap: 16, tokens: 0, tokensCap: 2000}, set.fleetOf(ab))
 	assert.True(t, set.roomOutside(cd, 1), "a and b are idle")
 	for range 8 {
-		require.NotNil(t, set.choose(route{model: "big"}, 10, nil))
+		require.NotNil(t, set.choose(fleet.Route{Model: "big"}, 10, nil))
 	}
 	for range 8 {
-		require.NotNil(t, set.choose(route{model: "big"}, 10, nil))
+		require.NotNil(t, set.choose(fleet.Route{Model: "big"}, 10, nil))
 	}
 	assert.False(t, set.roomOutside(cd, 1), "a and b are full")
 	assert.True(t, set.roomOutside(ab, 1))
@@ -147,34 +148,34 @@ func TestPriceCached(t *testing.T) {
 // replica's model list, and a poll that keeps the list keeps the memo.
 func TestPoolKeysFollowModelLists(t *testing.T) {
 	t.Parallel()
-	a := &replica{name: "a", maxSeqs: 8}
-	b := &replica{name: "b", maxSeqs: 8}
+	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
+	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
 	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
 	var ka, kb, both poolKey
 	ka.set(0)
 	kb.set(1)
 	both.set(0)
 	both.set(1)
-	a.obs.Store(&replicaObs{ok: true, models: []string{"x"}})
-	b.obs.Store(&replicaObs{ok: true, models: []string{"y"}})
+	a.Obs.Store(&fleet.Obs{OK: true, Models: []string{"x"}})
+	b.Obs.Store(&fleet.Obs{OK: true, Models: []string{"y"}})
 	assert.Equal(t, ka, set.poolKeyOf("x"))
 	assert.Equal(t, kb, set.poolKeyOf("y"))
 	memo := set.pools.Load()
 
 	// A poll that did not re-read /v1/models carries the list over.
-	prev := a.obs.Load()
-	a.obs.Store(&replicaObs{ok: true, running: 3, models: prev.models})
+	prev := a.Obs.Load()
+	a.Obs.Store(&fleet.Obs{OK: true, Running: 3, Models: prev.Models})
 	assert.Equal(t, ka, set.poolKeyOf("x"))
 	assert.Same(t, memo, set.pools.Load(), "same lists: the memo stands")
 
 	// b loads x as well: both pools merge.
-	b.obs.Store(&replicaObs{ok: true, models: []string{"y", "x"}})
+	b.Obs.Store(&fleet.Obs{OK: true, Models: []string{"y", "x"}})
 	assert.Equal(t, both, set.poolKeyOf("x"))
 	assert.Equal(t, both, set.poolKeyOf("y"), "b shares x with a")
 	// b drops y, then its list empties: unknown models go, a serves x alone.
-	b.obs.Store(&replicaObs{ok: true, models: []string{"x"}})
+	b.Obs.Store(&fleet.Obs{OK: true, Models: []string{"x"}})
 	assert.Equal(t, poolKey{}, set.poolKeyOf("y"))
-	b.obs.Store(&replicaObs{ok: true})
+	b.Obs.Store(&fleet.Obs{OK: true})
 	assert.Equal(t, ka, set.poolKeyOf("x"))
 }
 
@@ -183,8 +184,8 @@ func TestPoolKeysFollowModelLists(t *testing.T) {
 func BenchmarkPoolKeyOf(b *testing.B) {
 	var reps []*replica
 	for i := range 128 {
-		r := &replica{name: fmt.Sprint("r", i), maxSeqs: 8}
-		r.obs.Store(&replicaObs{ok: true, models: []string{fmt.Sprint("m", i%8)}})
+		r := &replica{Replica: fleet.Replica{Name: fmt.Sprint("r", i), MaxSeqs: 8}}
+		r.Obs.Store(&fleet.Obs{OK: true, Models: []string{fmt.Sprint("m", i%8)}})
 		reps = append(reps, r)
 	}
 	set := newSet(nil, reps...)
@@ -197,7 +198,7 @@ func BenchmarkPoolKeyOf(b *testing.B) {
 	b.Run("compute", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = set.computePoolKey(set.list(), "m3")
+			_ = set.computePoolKey(set.List(), "m3")
 		}
 	})
 }

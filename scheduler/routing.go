@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -21,12 +22,12 @@ func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
 func (s *Server) checkModel(t *policy.Tenant, model string) error {
 	m := model
 	if m == "" {
-		m = s.reps.defaultModel()
+		m = s.reps.DefaultModel()
 	}
 	if m != "" && !t.Allowed(m) {
 		return &modelError{model: m}
 	}
-	if model != "" && !s.reps.knowsModel(model) {
+	if model != "" && !s.reps.KnowsModel(model) {
 		return &modelError{model: model}
 	}
 	return nil
@@ -34,8 +35,8 @@ func (s *Server) checkModel(t *policy.Tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) route {
-	rt := route{model: req.Model}
+func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
+	rt := fleet.Route{Model: req.Model}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
 		// tenant's, else the client's own.
@@ -43,7 +44,7 @@ func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Reque
 		if t.CacheSalt != "" {
 			salt = []byte(t.CacheSalt)
 		}
-		rt.prefix = prefixHashes(salt, req.PromptBytes())
+		rt.Prefix = fleet.PrefixHashes(salt, req.PromptBytes())
 	}
 	return rt
 }
@@ -53,7 +54,7 @@ func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Reque
 // it, the tenant's cache salt, and the evidence stream's interval of a
 // non-streamed request (execute).
 func (c *call) rewriteOptions() vllm.RewriteOptions {
-	return vllm.RewriteOptions{SetPriority: c.rep.prioritySched, Priority: c.band, CacheSalt: c.t.CacheSalt, StreamInterval: c.upInterval}
+	return vllm.RewriteOptions{SetPriority: c.rep.PrioritySched, Priority: c.band, CacheSalt: c.t.CacheSalt, StreamInterval: c.upInterval}
 }
 
 // modelCard is one entry of GET /v1/models, in vLLM's shape
@@ -72,16 +73,16 @@ type modelCard struct {
 // replicas' served models that it may use.
 func (s *Server) modelList(t *policy.Tenant) []modelCard {
 	out := []modelCard{}
-	for _, m := range s.reps.models() {
-		if !t.Allowed(m.id) {
+	for _, m := range s.reps.Models() {
+		if !t.Allowed(m.ID) {
 			continue
 		}
-		c := modelCard{ID: m.id, Object: "model", OwnedBy: "vllm"}
-		if m.parent != "" {
-			p := m.parent
+		c := modelCard{ID: m.ID, Object: "model", OwnedBy: "vllm"}
+		if m.Parent != "" {
+			p := m.Parent
 			c.Parent = &p
 		} else {
-			c.MaxModelLen = m.maxModelLen
+			c.MaxModelLen = m.MaxModelLen
 		}
 		out = append(out, c)
 	}

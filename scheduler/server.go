@@ -270,13 +270,13 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.configureAbuse(eff)
-	s.reps = &replicaSet{capacity: s.capacityOf}
+	s.reps = newReplicaSet(s.capacityOf)
 	reps := make([]*replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)
-		reps[i].slot = i
+		reps[i].Slot = i
 	}
-	s.reps.setMembers(reps)
+	s.reps.SetMembers(reps)
 	m.Ready.Set(0)
 	return s, nil
 }
@@ -387,7 +387,7 @@ func (s *Server) Ready() (bool, string) {
 		return false, "background loop failed: " + (*s.loopErr.Load()).Error()
 	case s.ledgerErrs.Load() >= 3:
 		return false, "ledger unavailable"
-	case !s.reps.anyUp():
+	case !s.reps.AnyUp():
 		return false, "no healthy replica"
 	}
 	if err := s.gpu.Err(); err != nil {

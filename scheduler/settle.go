@@ -42,7 +42,7 @@ func (s *Server) finish(c *call, err error) {
 	if c.usage.Final {
 		// Completions while polls time out excuse a slow /metrics
 		// (Observe).
-		c.rep.finished.Add(1)
+		c.rep.Finished.Add(1)
 	}
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
@@ -59,11 +59,11 @@ func (s *Server) finish(c *call, err error) {
 		c.abortCause = "lease_lost"
 	}
 	if c.abortCause != "" {
-		s.m.UpstreamAborts.WithLabelValues(c.rep.name, c.abortCause).Inc()
+		s.m.UpstreamAborts.WithLabelValues(c.rep.Name, c.abortCause).Inc()
 	}
 	var use gpu.Use
-	if c.rep.clock != nil {
-		use = c.rep.clock.End(now, c.ticket)
+	if c.rep.Clock != nil {
+		use = c.rep.Clock.End(now, c.ticket)
 	}
 	gpuMs := gpu.GPUMs(use.GPUNs)
 	actual, src := s.actual(c, gpuMs)
@@ -75,7 +75,7 @@ func (s *Server) finish(c *call, err error) {
 	c.actualCost = s.costOf(c, actual)
 	s.q.Reconcile(c.t.Name, c.band, c.cost, c.actualCost)
 	s.settle(c, actual, src)
-	s.reps.leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
+	s.reps.Leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
 	c.t.RT.Inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.RT.InflightTokens.Add(-c.size)
@@ -89,7 +89,7 @@ func (s *Server) finish(c *call, err error) {
 		}
 		s.observeAbuse(c.t.Name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
 	}
-	if est := s.gpu.Estimator(c.rep.name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
+	if est := s.gpu.Estimator(c.rep.Name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}
 	s.forget(c)

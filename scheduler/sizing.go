@@ -94,7 +94,7 @@ type batch struct {
 // held, scrape) against install's (scrape, then held reset) and leave's
 // (held, then count), so that a concurrent change only ever overestimates.
 func (r *replica) seqs(scraped bool) int64 {
-	n := r.count.Load()
+	n := r.Count.Load()
 	held := r.batch.held.Load()
 	if !scraped {
 		return n
@@ -122,7 +122,7 @@ func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.
 	// Only waiting for room means full: requests deferred for a LoRA
 	// budget, a KV transfer or a grammar wait with room to spare.
 	r.learnBatch(int64(m.Running.V), int64(m.CapacityWaiting().V), now)
-	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.count.Load())}
+	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.Count.Load())}
 	// The most of this instance's own the scrape can show: what was in
 	// flight as it was asked for, what was sent during its flight, and
 	// aborts vLLM may not have reached.
@@ -191,7 +191,7 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		}
 		l := b.learned.Load()
 		if l > 0 && running >= l && now.Sub(b.confirmedAt) >= probeHold {
-			if l += max(1, l/8); l >= r.maxSeqs {
+			if l += max(1, l/8); l >= r.MaxSeqs {
 				l = 0
 				b.confirmed.Store(0)
 			}
@@ -204,12 +204,12 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 		// (preemptions as the KV cache fills) ran the first count a scrape
 		// ago; the KV sizing (gpu, overcommit) answers the rest. A batch
 		// that really shrank shows the smaller count in the next pair.
-		b.learned.Store(min(max(b.fullRunning, 1), r.maxSeqs))
+		b.learned.Store(min(max(b.fullRunning, 1), r.MaxSeqs))
 		b.confirmed.Store(b.learned.Load())
 		b.confirmedAt = now
 	}
 	b.full, b.fullRunning = true, running
-	b.stop.Store(min(max(running, 1), r.maxSeqs))
+	b.stop.Store(min(max(running, 1), r.MaxSeqs))
 }
 
 // While a replica's batch is unknown, a flood overfills it until the pair
@@ -245,7 +245,7 @@ func (s *Server) ScrapeFast(name string) bool {
 // max_num_seqs; below either while the last scrape showed requests
 // waiting for room (stop).
 func (r *replica) batchLimit() int64 {
-	lim := r.maxSeqs
+	lim := r.MaxSeqs
 	if l := r.batch.learned.Load(); l > 0 {
 		lim = min(l, lim)
 	}
@@ -280,7 +280,7 @@ func (r *replica) leave(seq int64, mayRun bool, now time.Time) {
 		}
 		b.mu.Unlock()
 	}
-	r.count.Add(-1)
+	r.Count.Add(-1)
 }
 
 // distrusted reports whether r's aborts are held until a scrape.
@@ -295,11 +295,11 @@ func (r *replica) distrusted(now time.Time) bool {
 // the batch estimate as it arrives, not when the round of polls lands
 // (Observe).
 func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
-	r := s.reps.get(name)
+	r := s.reps.Get(name)
 	if r == nil {
 		return nil
 	}
-	count0, sent0, start := r.count.Load(), r.batch.sent.Load(), s.now()
+	count0, sent0, start := r.Count.Load(), r.batch.sent.Load(), s.now()
 	return func(m *vllm.Metrics) {
 		learned0 := r.batch.learned.Load()
 		distrusted := r.install(m, count0, sent0, start, s.now())
@@ -307,11 +307,11 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 			// Learned, lowered or forgotten: worth a line; a probe upwards
 			// is not.
 			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
-				"replica", r.name, "batch", l, "previous", learned0, "max_num_seqs", r.maxSeqs)
+				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
 		}
 		if distrusted {
 			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
-				"replica", r.name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.count.Load())
+				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())
 		}
 		s.signal(s.wake) // room may have changed
 	}

@@ -91,17 +91,17 @@ func (s *Server) sampleOps(now time.Time) {
 		o.peaks[t.Name] = p
 	}
 	snap := s.gpu.Snapshot()
-	for _, r := range s.reps.list() {
+	for _, r := range s.reps.List() {
 		st := "unknown"
-		if v, ok := snap.Replica(r.name); ok {
+		if v, ok := snap.Replica(r.Name); ok {
 			st = v.State.String()
 		}
-		if prev, ok := o.reps[r.name]; !ok || prev.state != st {
+		if prev, ok := o.reps[r.Name]; !ok || prev.state != st {
 			since := now
 			if !ok {
 				since = s.started // first sample, within a second of the start
 			}
-			o.reps[r.name] = repState{state: st, since: since}
+			o.reps[r.Name] = repState{state: st, since: since}
 		}
 	}
 	o.samples = append(o.samples, smp)

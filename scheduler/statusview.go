@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -74,7 +75,7 @@ type ReplicaReport struct {
 	StateForS  int64      `json:"state_for_s"`
 	// LastScrapeError is the last failed poll or /v1/models read (null:
 	// none since the process started).
-	LastScrapeError *ScrapeErrorReport `json:"last_scrape_error"`
+	LastScrapeError *fleet.ScrapeErrorReport `json:"last_scrape_error"`
 }
 
 // StatusSnapshot copies what the status page shows of the server; ctx
@@ -119,18 +120,18 @@ func (s *Server) StatusSnapshot(ctx context.Context) StatusSnapshot {
 		r.Tenants = append(r.Tenants, tr)
 	}
 	r.Keys = s.keyReports(ctx, pol, fail)
-	for _, rep := range s.reps.list() {
-		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.name, URL: vllm.RedactURL(rep.url), InflightTokens: rep.load.Load(), Inflight: rep.count.Load(), State: "unknown"}}
-		v, ok := snap.Replica(rep.name)
+	for _, rep := range s.reps.List() {
+		rr := ReplicaReport{ReplicaStatus: ReplicaStatus{Name: rep.Name, URL: vllm.RedactURL(rep.URL), InflightTokens: rep.Load.Load(), Inflight: rep.Count.Load(), State: "unknown"}}
+		v, ok := snap.Replica(rep.Name)
 		fillReplica(&rr.ReplicaStatus, rep, v, ok)
 		if ok {
 			rr.HealthFactor, rr.Utilization, rr.GPUCount, rr.KVUsage, rr.Stale = v.HealthFactor, v.Utilization, v.GPUCount, v.KVUsage, v.ScrapeStale
 		}
-		if since, ok := s.replicaSince(rep.name); ok {
+		if since, ok := s.replicaSince(rep.Name); ok {
 			since = since.UTC()
 			rr.StateSince, rr.StateForS = &since, int64(now.Sub(since)/time.Second)
 		}
-		rr.LastScrapeError = rep.lastScrapeError(now)
+		rr.LastScrapeError = rep.LastScrapeError(now)
 		r.Replicas = append(r.Replicas, rr)
 	}
 	sort.SliceStable(r.Replicas, func(i, j int) bool { return r.Replicas[i].Name < r.Replicas[j].Name })

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -17,7 +18,7 @@ import (
 func TestSuperviseFailsReadiness(t *testing.T) {
 	t.Parallel()
 	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
+	s.reps.List()[0].Obs.Store(&fleet.Obs{OK: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := s.Supervise(ctx, "quiet", func(ctx context.Context) error { cancel(); return ctx.Err() })
 	require.NoError(t, stopped())
@@ -41,7 +42,7 @@ func TestRunSupervisesAttachedLoops(t *testing.T) {
 	cfg, _ := outboxTestConfig(t)
 	led := newFakeLedger(t)
 	s := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
-	s.reps.list()[0].obs.Store(&replicaObs{ok: true})
+	s.reps.List()[0].Obs.Store(&fleet.Obs{OK: true})
 	var running atomic.Bool
 	led.set(func() {
 		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {

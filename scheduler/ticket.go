@@ -153,7 +153,7 @@ func (s *Server) refused(c *call, out Sink, err error) Outcome {
 	if errors.As(err, &ue) && ue.Status == 404 && !ue.InStream && c.rep != nil {
 		// vLLM no longer serves the model (an adapter unloaded): read its
 		// models again.
-		c.rep.modelsAt.Store(0)
+		c.rep.ModelsAt.Store(0)
 	}
 	ae := s.classify(c.t.Name, err)
 	var m Meta

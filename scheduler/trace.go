@@ -138,7 +138,7 @@ func (s *Server) traceFinished(c *call, err error, from time.Time) {
 	s.stages(c, from)
 	if !c.dispatchAt.IsZero() && c.sent {
 		_, up := s.tracer.Start(c.tr.ctx, spanUpstream, trace.WithTimestamp(c.dispatchAt), trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(attribute.String("sluice.replica", c.rep.name)))
+			trace.WithAttributes(attribute.String("sluice.replica", c.rep.Name)))
 		if !c.firstByte.IsZero() {
 			up.AddEvent("first_byte", trace.WithTimestamp(c.firstByte))
 		}
@@ -150,7 +150,7 @@ func (s *Server) traceFinished(c *call, err error, from time.Time) {
 	end := s.now()
 	s.child(c, spanSettle, from, end)
 	sp := c.tr.span
-	sp.SetAttributes(attribute.String("sluice.replica", c.rep.name))
+	sp.SetAttributes(attribute.String("sluice.replica", c.rep.Name))
 	if c.usage.Known {
 		sp.SetAttributes(
 			attribute.Int("gen_ai.usage.input_tokens", c.usage.PromptTokens),

@@ -46,7 +46,7 @@ func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy
 // order: a request the model cannot take is its 400 before a tenant limit
 // (Request.Plan).
 func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.maxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
+	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.MaxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
 	if err != nil {
 		return plan, err
 	}

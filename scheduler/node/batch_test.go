@@ -121,7 +121,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 // TestLearnedBatchTwoInstances: two instances of a Redis fleet in front of
 // one replica whose batch is 8, max_num_seqs left out, twelve flood
 // streams each. Each learns the batch from the same scrapes, and the share
-// exchange splits the learned batch, not 256 (share.go), so together they
+// exchange splits the learned batch, not 256 (fleet/share.go), so together they
 // keep vLLM's queue near empty instead of 16 deep. Without the exchange
 // (no Redis) the flood's synchronous completions let one instance's
 // scrape catch the other's slots freed and about to be refilled, and it

@@ -294,7 +294,7 @@ func TestInstancesSharingAReplica(t *testing.T) {
 
 // TestInstancesSplitASharedReplica: two instances of a Redis fleet share a
 // replica of four sequences. The first has six clients and holds every
-// slot; then the second gets six clients too. Without the split (share.go)
+// slot; then the second gets six clients too. Without the split (fleet/share.go)
 // the slots stay with whichever instance holds them, each refilling what
 // it frees before the other's next scrape: the second's share of 120
 // completions was 0.32–0.64 over five runs. With it each takes half of the

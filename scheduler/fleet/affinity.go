@@ -1,4 +1,4 @@
-package scheduler
+package fleet
 
 import (
 	"encoding/binary"
@@ -33,11 +33,11 @@ const loadSlack = 2
 // would exceed maxOverMean × the pool's mean gets it only by least load.
 const maxOverMean = 1.3
 
-// prefixSeed keys prefixHashes; the indexes live in this process only.
+// prefixSeed keys PrefixHashes; the indexes live in this process only.
 var prefixSeed = maphash.MakeSeed()
 
-// prefixHashes chains the hashes of b's full chunks.
-func prefixHashes(salt, b []byte) []uint64 {
+// PrefixHashes chains the hashes of b's full chunks.
+func PrefixHashes(salt, b []byte) []uint64 {
 	n := min(len(b)/prefixChunkBytes, maxPrefixChunks)
 	if n == 0 {
 		return nil
@@ -64,7 +64,7 @@ func prefixHashes(salt, b []byte) []uint64 {
 }
 
 // prefixIndex is one replica's recently sent chunk hashes. Guarded by
-// replicaSet.mu.
+// Set.mu.
 type prefixIndex struct {
 	stamp map[uint64]uint64 // hash → insertion stamp
 	ring  []indexEntry      // insertion order, for forgetting
@@ -107,8 +107,8 @@ func (x *prefixIndex) add(hs []uint64) {
 }
 
 // candidate is one replica with room, as the affinity choice sees it.
-type candidate struct {
-	r     *replica
+type candidate[M Member] struct {
+	r     M
 	after float64 // normalized load with the request
 	step  float64 // the request's share of the replica's capacity
 	bias  float64 // +0.01 when degraded
@@ -119,7 +119,7 @@ type candidate struct {
 // within loadSlack requests of the least loaded), the longest prefix match
 // minus the load wins; ties and misses go to the least loaded. mean is the
 // pool's mean normalized load including the request.
-func affinityPick(cands []candidate, prefix []uint64, mean float64) *replica {
+func affinityPick[M Member](cands []candidate[M], prefix []uint64, mean float64) M {
 	least := cands[0]
 	for _, c := range cands[1:] {
 		if c.after+c.bias < least.after+least.bias {
@@ -131,7 +131,7 @@ func affinityPick(cands []candidate, prefix []uint64, mean float64) *replica {
 		if c.after > maxOverMean*mean && c.after > least.after+loadSlack*c.step {
 			continue
 		}
-		m := float64(c.r.prefix.match(prefix)) / float64(len(prefix))
+		m := float64(c.r.Fleet().prefix.match(prefix)) / float64(len(prefix))
 		if m == 0 {
 			continue
 		}

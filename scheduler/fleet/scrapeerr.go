@@ -1,4 +1,4 @@
-package scheduler
+package fleet
 
 import (
 	"slices"
@@ -17,8 +17,8 @@ type scrapeFail struct {
 	current bool
 }
 
-// notePoll records snap's last failure (Observe's goroutine).
-func (r *replica) notePoll(snap *vllm.Replica) {
+// NotePoll records snap's last failure (from the centre's Observe goroutine).
+func (r *Replica) NotePoll(snap *vllm.Replica) {
 	if snap.FailedAt.IsZero() {
 		return
 	}
@@ -29,8 +29,8 @@ func (r *replica) notePoll(snap *vllm.Replica) {
 	r.pollFail.Store(&scrapeFail{at: snap.FailedAt, failed: snap.Failed, current: cur})
 }
 
-// noteModels records the outcome of a /v1/models read at now.
-func (r *replica) noteModels(err error, now time.Time) {
+// NoteModels records the outcome of a /v1/models read at now.
+func (r *Replica) NoteModels(err error, now time.Time) {
 	if err != nil {
 		r.modelsFail.Store(&scrapeFail{at: now, current: true,
 			failed: []vllm.ScrapeFailure{{Endpoint: "/v1/models", Message: vllm.ShowError(err)}}})
@@ -53,10 +53,10 @@ type ScrapeErrorReport struct {
 	Failed []vllm.ScrapeFailure `json:"failed"`
 }
 
-// lastScrapeError is r's most recent scrape error, nil if none since the
+// LastScrapeError is r's most recent scrape error, nil if none since the
 // process started. A failure still current on the other side (a failing
 // poll and a failing /v1/models read) is shown with it.
-func (r *replica) lastScrapeError(now time.Time) *ScrapeErrorReport {
+func (r *Replica) LastScrapeError(now time.Time) *ScrapeErrorReport {
 	p, m := r.pollFail.Load(), r.modelsFail.Load()
 	if p == nil && m == nil {
 		return nil

@@ -1,8 +1,9 @@
-package scheduler
+package fleet
 
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -17,32 +18,32 @@ import (
 // instance of a Redis fleet reports, a few times a second, its requests in
 // flight on each replica and what it has queued that the replica could
 // serve (peers.Redis), and on a replica that others report too it takes at
-// most its max-min fair share of max_num_seqs (seqShare): an instance
+// most its max-min fair share of max_num_seqs (SeqShare): an instance
 // needing less than an equal split keeps what it needs and the rest is
 // split evenly. The cap limits only this instance's own requests: the
-// batch estimate (sizing.go) still counts everything the replica runs.
+// batch estimate (the centre's sizing) still counts everything the replica runs.
 //
 // Handing slots over is not instant: an instance over its new share stops
 // refilling, and the freed slot waits for the other's next scrape. Once
 // the shares settle, each instance refills its own slots as before.
 
-// peerExchange is what the split needs of the fleet (peers.Redis).
-type peerExchange interface {
+// PeerExchange is what the split needs of the fleet (peers.Redis).
+type PeerExchange interface {
 	ID() string
 	Key(url string) string // the replica's name in the exchange
 	Exchange(ctx context.Context, reports []peers.Report) (map[string][]peers.Entry, error)
 	Leave(ctx context.Context) error
 }
 
-// shareInterval is how often demand is exchanged.
-const shareInterval = 250 * time.Millisecond
+// ShareInterval is how often demand is exchanged.
+const ShareInterval = 250 * time.Millisecond
 
 // ShareStale bounds the age of the news shares are made from: reports
 // older than this are not counted, and this instance's shares lapse (no
 // cap) when its exchange has failed for as long.
 const ShareStale = 2 * time.Second
 
-// seqShare is the most requests this instance may have in flight on a
+// SeqShare is the most requests this instance may have in flight on a
 // replica of maxSeqs sequences that others also use: its max-min fair
 // share, with this instance's demand taken as unbounded (the cap is what it
 // may take if it wants more) and each other's as its in flight plus queued
@@ -51,10 +52,10 @@ const ShareStale = 2 * time.Second
 // claimants first by instance id, so that instances which all want more
 // than an equal split agree and their shares sum to maxSeqs. Where one
 // wants less, each counts its own demand as unbounded, so the caps may sum
-// to more; the batch estimate (sizing.go) still keeps the replica within
+// to more; the batch estimate (the centre's sizing) still keeps the replica within
 // maxSeqs. At least 1, so no instance starves when there are more
 // instances than sequences.
-func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
+func SeqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 	demand := func(e peers.Entry) int64 { return min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) }
 	es := slices.Clone(others)
 	slices.SortFunc(es, func(a, b peers.Entry) int { return cmp.Compare(demand(a), demand(b)) })
@@ -84,20 +85,31 @@ func seqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 	return max(share, 1)
 }
 
-// ShareLoop exchanges demand with the other instances every shareInterval
+// ShareDeps is what the share split needs of the centre.
+type ShareDeps struct {
+	// QueuedOn is this instance's queued requests that the replica in
+	// slot could serve.
+	QueuedOn func(slot int) int64
+	// Wake lets queued work through: a share grew or lapsed.
+	Wake func()
+	Now  func() time.Time
+	Log  *slog.Logger
+}
+
+// ShareLoop exchanges demand with the other instances every ShareInterval
 // and sets each replica's share, until ctx ends; then it withdraws this
 // instance's reports.
-func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
-	t := time.NewTicker(shareInterval)
+func ShareLoop[M Member](ctx context.Context, set *Set[M], ex PeerExchange, d ShareDeps) error {
+	t := time.NewTicker(ShareInterval)
 	defer t.Stop()
 	// Each replica's name in the exchange, for the members as they are
-	// (replicas join and leave: membership.go).
-	reps, keys := s.reps.list(), []string(nil)
+	// (replicas join and leave: members.go).
+	reps, keys := set.List(), []string(nil)
 	rekey := func() {
-		reps = s.reps.list()
+		reps = set.List()
 		keys = make([]string, len(reps))
 		for i, r := range reps {
-			keys[i] = ex.Key(r.url)
+			keys[i] = ex.Key(r.Fleet().URL)
 		}
 	}
 	rekey()
@@ -109,77 +121,81 @@ func (s *Server) ShareLoop(ctx context.Context, ex peerExchange) error {
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			if err := ex.Leave(lctx); err != nil {
-				s.log.Warn("withdrawing this instance's replica demand", "err", err)
+				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			s.applyShares(ex.ID(), reps, keys, nil)
+			if ApplyShares(ex.ID(), reps, keys, nil) {
+				d.Wake()
+			}
 			return nil
 		case <-t.C:
 		}
-		if cur := s.reps.list(); len(cur) != len(reps) || (len(cur) > 0 && &cur[0] != &reps[0]) {
+		if cur := set.List(); len(cur) != len(reps) || (len(cur) > 0 && &cur[0] != &reps[0]) {
 			rekey()
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, s.demandReports(reps, keys))
+		got, err := ex.Exchange(xctx, DemandReports(reps, keys, d.QueuedOn))
 		cancel()
-		now := s.now()
+		now := d.Now()
+		wake := false
 		switch {
 		case got != nil:
 			lastOK = now
-			s.applyShares(ex.ID(), reps, keys, got)
+			wake = ApplyShares(ex.ID(), reps, keys, got)
 		case now.Sub(lastOK) >= ShareStale:
-			s.applyShares(ex.ID(), reps, keys, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, nil) // no news: no caps, as without a fleet
+		}
+		if wake {
+			d.Wake()
 		}
 		if err != nil && !failing {
-			s.log.Warn("exchanging replica demand with the other instances (shares lapse 2 s after the last exchange that answered)", "err", err)
+			d.Log.Warn("exchanging replica demand with the other instances (shares lapse 2 s after the last exchange that answered)", "err", err)
 		} else if err == nil && failing {
-			s.log.Info("exchanging replica demand again")
+			d.Log.Info("exchanging replica demand again")
 		}
 		failing = err != nil
 	}
 }
 
-// demandReports is this instance's demand on each replica where it has
+// DemandReports is this instance's demand on each replica where it has
 // any (keys: the replicas' names in the exchange): a replica it neither
 // runs nor queues anything for is not reported, so it shares nothing there
 // and the exchange stays small.
-func (s *Server) demandReports(reps []*replica, keys []string) []peers.Report {
+func DemandReports[M Member](reps []M, keys []string, queuedOn func(slot int) int64) []peers.Report {
 	var out []peers.Report
-	for i, r := range reps {
-		if in, q := r.count.Load(), s.pools.queuedOn(r.slot); in > 0 || q > 0 {
+	for i, m := range reps {
+		r := m.Fleet()
+		if in, q := r.Count.Load(), queuedOn(r.Slot); in > 0 || q > 0 {
 			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
 	}
 	return out
 }
 
-// applyShares sets each replica's share from the others' entries (nil:
-// none anywhere). A share that grows or goes lets queued work through, so
-// the dispatch loop is woken.
-func (s *Server) applyShares(self string, reps []*replica, keys []string, got map[string][]peers.Entry) {
-	wake := false
-	for i, r := range reps {
+// ApplyShares sets each replica's share from the others' entries (nil:
+// none anywhere). It reports whether a share grew or went: that lets
+// queued work through, so the dispatch loop is to be woken.
+func ApplyShares[M Member](self string, reps []M, keys []string, got map[string][]peers.Entry) (wake bool) {
+	for i, m := range reps {
+		r := m.Fleet()
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = seqShare(r.batchLimit(), self, others)
+			share = SeqShare(m.BatchLimit(), self, others)
 		}
-		prev := r.share.Swap(share)
-		r.peers.Store(int64(len(others)))
+		prev := r.Share.Swap(share)
+		r.Peers.Store(int64(len(others)))
 		wake = wake || (prev > 0 && (share == 0 || share > prev))
 	}
-	if wake {
-		s.signal(s.wake)
-	}
+	return wake
 }
 
-// seqLimit is the sequence count at which r has no room for this
-// instance: its batch (learned, else max_num_seqs; sizing.go), or less
-// where this instance's share (a replica shared with other instances)
-// binds. seqs is the batch estimate.
-func (r *replica) seqLimit(seqs int64) int64 {
-	lim := r.batchLimit()
-	if sh := r.share.Load(); sh > 0 {
-		return min(lim, seqs-r.count.Load()+sh)
+// SeqLimit is the sequence count at which r has no room for this
+// instance: lim, its batch (learned, else max_num_seqs: the centre's
+// sizing), or less where this instance's share (a replica shared with
+// other instances) binds. seqs is the batch estimate.
+func (r *Replica) SeqLimit(lim, seqs int64) int64 {
+	if sh := r.Share.Load(); sh > 0 {
+		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim
 }
