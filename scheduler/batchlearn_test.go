@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -27,7 +28,7 @@ func floodLearn(t *testing.T, tick, learn, every time.Duration) (learnedAfter ti
 			}
 			if at-last >= iv-tick/2 {
 				last = at
-				n := r.count.Load()
+				n := r.Count.Load()
 				scrapeRW(r, min(n, batch), max(n-batch, 0), t0.Add(at))
 				if r.batch.learned.Load() > 0 {
 					assert.Equal(t, int64(batch), r.batch.learned.Load())
@@ -35,10 +36,10 @@ func floodLearn(t *testing.T, tick, learn, every time.Duration) (learnedAfter ti
 				}
 			}
 		}
-		if set.fits(route{}, 10) {
-			set.take(route{}, 10, nil)
+		if set.Fits(fleet.Route{}, 10) {
+			set.Take(fleet.Route{}, 10, nil)
 		}
-		if w := r.count.Load() - batch; w > 0 {
+		if w := r.Count.Load() - batch; w > 0 {
 			mostWaiting = max(mostWaiting, w)
 			if fullAt < 0 {
 				fullAt = at
@@ -73,20 +74,20 @@ func TestLearningBatch(t *testing.T) {
 	assert.False(t, r.learningBatch(), "idle")
 	var seqs []int64
 	for range 4 {
-		_, s := set.take(route{}, 10, nil)
+		_, s := set.Take(fleet.Route{}, 10, nil)
 		seqs = append(seqs, s)
 	}
 	assert.True(t, r.learningBatch(), "busy, batch unknown")
 	scrapeRW(r, 4, 0, now)
 	assert.False(t, r.learningBatch(), "it has run all 4 with nothing waiting")
-	set.take(route{}, 10, nil)
+	set.Take(fleet.Route{}, 10, nil)
 	assert.True(t, r.learningBatch(), "more in flight than it was seen to run")
 	scrapeRW(r, 4, 1, now.Add(time.Second))
 	scrapeRW(r, 4, 1, now.Add(2*time.Second))
 	assert.Equal(t, int64(4), r.batch.learned.Load())
 	assert.False(t, r.learningBatch(), "learned")
 	for _, s := range seqs {
-		set.leave(r, 10, s, false, now)
+		set.Leave(r, 10, s, false, now)
 	}
 	scrapeRW(r, 1, 0, now.Add(3*time.Second))
 	assert.False(t, r.learningBatch())

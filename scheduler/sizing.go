@@ -229,7 +229,7 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 
 // learningBatch reports whether r is to be scraped fast (above).
 func (r *replica) learningBatch() bool {
-	n := r.count.Load()
+	n := r.Count.Load()
 	return n > 0 && r.batch.learned.Load() == 0 && n > r.batch.roomSeen.Load()
 }
 
@@ -237,7 +237,7 @@ func (r *replica) learningBatch() bool {
 // learning its batch and is to be scraped every
 // upstream.learn_scrape_interval.
 func (s *Server) ScrapeFast(name string) bool {
-	r := s.reps.get(name)
+	r := s.reps.Get(name)
 	return r != nil && r.learningBatch()
 }
 
