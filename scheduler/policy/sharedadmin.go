@@ -6,11 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/atomicfile"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/statestore"
@@ -219,29 +218,8 @@ func (a *SharedAdmin) persistLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(path, b); err != nil {
+	if err := atomicfile.Replace(path, b, true); err != nil {
 		return fmt.Errorf("admin state: %w", err)
-	}
-	return nil
-}
-
-// writeFileAtomic replaces path with b: a synced temporary file renamed
-// over it, so a crash leaves the old or the new content, never a torn one.
-func writeFileAtomic(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(b)
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
 	}
 	return nil
 }

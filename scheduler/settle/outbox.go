@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/atomicfile"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
@@ -188,7 +188,7 @@ func (o *outbox) load(paths config.StatePaths, log *slog.Logger) (map[ledger.Req
 	o.written = int64(len(b))
 	if len(legacy) > 0 {
 		// Migrate: the log first, then the older files go.
-		if err := replaceFile(o.path, o.liveLines(), true); err != nil {
+		if err := atomicfile.Replace(o.path, o.liveLines(), true); err != nil {
 			return nil, fmt.Errorf("pending-writes log: moving the older files in: %w", err)
 		}
 		for _, f := range legacy {
@@ -401,7 +401,7 @@ func (o *outbox) compact(changed bool) {
 		return
 	}
 	live := o.liveLines()
-	if err := replaceFile(o.path, live, len(o.charges) > 0); err != nil {
+	if err := atomicfile.Replace(o.path, live, len(o.charges) > 0); err != nil {
 		o.log.Error("pending-writes log not rewritten; ended entries may be retried after a restart", "err", err)
 		return
 	}
@@ -551,29 +551,4 @@ func (s *Settler) endRecord(ctx context.Context, e *outboxEntry) bool {
 	}
 	s.log.Error("outbox settle refused", "request_id", e.reqID, "err", err)
 	return true
-}
-
-// replaceFile writes b to path through a temporary file and a rename, so
-// a crash leaves the old file or the new one, never a torn one; sync
-// fsyncs the temporary file before the rename.
-func replaceFile(path string, b []byte, sync bool) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-*")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(b)
-	var serr error
-	if sync {
-		serr = tmp.Sync()
-	}
-	cerr := tmp.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return err
-	}
-	return nil
 }

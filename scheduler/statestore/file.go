@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/sluicehq/sluice/internal/atomicfile"
 )
 
 // File is a [Store] on a local directory. Each document is
@@ -100,38 +102,8 @@ func (f *File) CompareAndSet(_ context.Context, name string, rev uint64, data []
 	if err != nil {
 		return Doc{}, fmt.Errorf("statestore: %s: %w", name, err)
 	}
-	if err := writeAtomic(f.dir, f.path(name), b); err != nil {
+	if err := atomicfile.Replace(f.path(name), b, true); err != nil {
 		return Doc{}, fmt.Errorf("statestore: write %s: %w", name, err)
 	}
 	return next, nil
-}
-
-// writeAtomic replaces path with b: temp file, fsync, rename, fsync dir.
-func writeAtomic(dir, path string, b []byte) (err error) {
-	tmp, err := os.CreateTemp(dir, filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = tmp.Write(b); err != nil {
-		return errors.Join(err, tmp.Close())
-	}
-	if err = tmp.Sync(); err != nil {
-		return errors.Join(err, tmp.Close())
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }
