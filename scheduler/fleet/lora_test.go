@@ -25,7 +25,7 @@ func TestLoRAResidentPreferred(t *testing.T) {
 	assert.Equal(t, a, set.pick0(Route{Model: "base"}, 10), "base model: least load")
 	b.Load.Store(250) // 15% more: the load wins
 	assert.Equal(t, a, set.pick0(Route{Model: "ad"}, 10))
-	// Known nowhere: least load, as before.
+	// An adapter resident nowhere: least load decides.
 	b.Obs.Store(&Obs{OK: true, Models: models, Parents: parents})
 	b.Load.Store(150)
 	assert.Equal(t, a, set.pick0(Route{Model: "ad"}, 10))

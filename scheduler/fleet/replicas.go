@@ -153,7 +153,7 @@ type Route struct {
 
 // AnyKnown reports whether some replica's models are known (from
 // /v1/models or config). Until then every replica is taken to serve every
-// model, as before pools existed.
+// model, so that a fleet is usable before its first scrape answers.
 func (s *Set[M]) AnyKnown() bool {
 	for _, r := range s.List() {
 		if len(r.Fleet().Served()) > 0 {
