@@ -41,7 +41,7 @@ type anthropicErrorJSON struct {
 	} `json:"error"`
 }
 
-func anthropicErrorBody(ae *apiError) []byte {
+func anthropicErrorBody(ae *APIError) []byte {
 	var e anthropicErrorJSON
 	e.Type = "error"
 	e.Error.Type, e.Error.Message = anthropicType(ae.Status), ae.Message
@@ -52,7 +52,7 @@ func anthropicErrorBody(ae *apiError) []byte {
 
 // anthropicSSEError is a mid-stream refusal as vLLM's Anthropic stream
 // sends one: an error event, and no message_stop.
-func anthropicSSEError(ae *apiError) []byte {
+func anthropicSSEError(ae *APIError) []byte {
 	b := append([]byte("event: error\ndata: "), anthropicErrorBody(ae)...)
 	return append(b, "\n\n"...)
 }

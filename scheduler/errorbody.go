@@ -4,15 +4,9 @@ package scheduler
 // refusal, OpenAI's or, on the Messages API, Anthropic's (anthropic.go),
 // and the SSE error event of a failure after a stream's headers.
 
-// APIError is one refusal in the pinned error shape: what the client edge
-// writes (Status, the Retry-After, retry-after-ms and x-should-retry
-// headers of RetryAfter and NoRetry, and Body) and what the outcome
-// counters record.
-type APIError = apiError
-
 // Body is the refusal's JSON body: vLLM's own when it passed through
 // (Raw), else the pinned shape, Anthropic's when anthropic is set.
-func (ae *apiError) Body(anthropic bool) []byte {
+func (ae *APIError) Body(anthropic bool) []byte {
 	if ae.Raw != nil {
 		return ae.Raw
 	}
@@ -30,7 +24,7 @@ func ErrorFor(err error) *APIError { return statusFor(err) }
 
 // sseError renders a mid-stream refusal as vLLM does: an error event, then
 // [DONE].
-func sseError(ae *apiError) []byte {
+func sseError(ae *APIError) []byte {
 	b, _ := marshal(errorBody(ae))
 	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
 }
@@ -55,7 +49,7 @@ type errorJSON struct {
 	} `json:"error"`
 }
 
-func errorBody(ae *apiError) errorJSON {
+func errorBody(ae *APIError) errorJSON {
 	var b errorJSON
 	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Details = ae.Message, ae.Type, ae.Code, ae.Details
 	if ae.Param != "" {

@@ -49,8 +49,11 @@ func invalidf(param, format string, a ...any) error {
 	return &badRequestError{msg: fmt.Sprintf(format, a...), param: param}
 }
 
-// apiError is one refusal in the pinned error shape (ARCHITECTURE.md §3.3).
-type apiError struct {
+// APIError is one refusal in the pinned error shape (ARCHITECTURE.md §3.3):
+// what the client edge writes (Status, the Retry-After, retry-after-ms and
+// x-should-retry headers of RetryAfter and NoRetry, and Body) and what the
+// outcome counters record.
+type APIError struct {
 	Status  int
 	Code    string
 	Type    string
@@ -68,7 +71,7 @@ type apiError struct {
 
 // statusFor is the one place that maps an outcome to an HTTP status and
 // error code (HOUSE-STYLE §4).
-func statusFor(err error) *apiError {
+func statusFor(err error) *APIError {
 	var (
 		denied  *ledger.DeniedError
 		full    *queue.FullError
@@ -87,76 +90,76 @@ func statusFor(err error) *apiError {
 	case errors.As(err, &se):
 		return streamStatus(se)
 	case errors.Is(err, ErrDraining):
-		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+		return &APIError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
 	case errors.As(err, &kse):
-		return kse.apiError()
+		return kse.APIError()
 	case errors.Is(err, ErrUnauthorized):
-		return &apiError{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
+		return &APIError{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
 	case errors.Is(err, ErrTooLarge):
-		return &apiError{Status: 413, Code: "request_too_large", Type: "invalid_request_error", Message: err.Error()}
+		return &APIError{Status: 413, Code: "request_too_large", Type: "invalid_request_error", Message: err.Error()}
 	case errors.As(err, &br):
-		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
+		return &APIError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
 	case errors.As(err, &ir):
-		return &apiError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
+		return &APIError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
 	case errors.As(err, &unknown):
 		// OpenAI's and vLLM's answer: 404, param null (routing.go).
-		return &apiError{Status: 404, Code: "model_not_found", Type: "invalid_request_error",
+		return &APIError{Status: 404, Code: "model_not_found", Type: "invalid_request_error",
 			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", unknown.model)}
 	case errors.Is(err, ErrUnknownModel):
-		return &apiError{Status: 404, Code: "model_not_found", Type: "invalid_request_error", Message: err.Error()}
+		return &APIError{Status: 404, Code: "model_not_found", Type: "invalid_request_error", Message: err.Error()}
 	case errors.Is(err, ErrContextLength), errors.Is(err, vllm.ErrContextLength):
-		return &apiError{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
+		return &APIError{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
 	case errors.As(err, &full):
-		return &apiError{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
+		return &APIError{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
 			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
 	case errors.As(err, &bd):
-		return bd.apiError()
+		return bd.APIError()
 	case errors.As(err, &denied):
 		return deniedError(denied)
 	case errors.As(err, &wfe):
-		return &apiError{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: wfe.Error(), NoRetry: true,
+		return &APIError{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: wfe.Error(), NoRetry: true,
 			Details: map[string]any{"scope": "workflow", "dimension": wfe.dim, "limit": wfe.limit, "used": wfe.used}}
 	case errors.Is(err, ledger.ErrLeaseLost):
 		// Before dispatch (the fence fired while queued) nothing ran.
-		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger could not keep the request's reservation alive; nothing was sent upstream", RetryAfter: time.Second}
+		return &APIError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger could not keep the request's reservation alive; nothing was sent upstream", RetryAfter: time.Second}
 	case ledger.IsStoreError(err):
 		// Before the deadline case: a store timeout is an unknown ledger
 		// outcome, not the client's deadline.
-		return &apiError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
+		return &APIError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
 	case errors.As(err, &qe):
-		return qe.apiError()
+		return qe.APIError()
 	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
-		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
+		return &APIError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
 	case errors.As(err, &ie):
-		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: ie.msg, NoRetry: true,
+		return &APIError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: ie.msg, NoRetry: true,
 			Details: map[string]any{"state": ie.state}}
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
-		return &apiError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
+		return &APIError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),
 		errors.Is(err, ledger.ErrConflict), errors.Is(err, ledger.ErrAlreadyFinal):
-		return &apiError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
+		return &APIError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
 	case errors.Is(err, ErrClamped):
-		return &apiError{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
+		return &APIError{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, vllm.ErrNoCap):
 		// No cap from the client or the tenant, and no replica has told
 		// the model's context length yet: nothing can size the hold.
-		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable",
+		return &APIError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable",
 			Message: "the model's context length is not known yet (no replica has reported max_model_len): send max_tokens, or retry", RetryAfter: time.Second}
 	case errors.Is(err, ErrNoReplica):
-		return &apiError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
+		return &APIError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
 	case errors.Is(err, ErrNotFound):
-		return &apiError{Status: 404, Code: "not_found", Type: "invalid_request_error", Message: err.Error()}
+		return &APIError{Status: 404, Code: "not_found", Type: "invalid_request_error", Message: err.Error()}
 	case errors.As(err, &ue) && (ue.Status == 400 || ue.Status == 404) && !ue.InStream:
 		code := "invalid_request"
 		if ue.ContextLength() {
 			code = "context_length_exceeded"
 		}
 		// vLLM's own refusal passes through unchanged when it has a body.
-		return &apiError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param, Raw: ue.Body}
+		return &APIError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param, Raw: ue.Body}
 	case errors.Is(err, ErrClientGone):
-		return &apiError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+		return &APIError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
 	}
-	return &apiError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+	return &APIError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
 }
 
 // streamError is a failure after the 200 headers went out: the client gets
@@ -167,20 +170,20 @@ type streamError struct{ cause error }
 func (e *streamError) Error() string { return "mid-stream: " + e.cause.Error() }
 func (e *streamError) Unwrap() error { return e.cause }
 
-func streamStatus(se *streamError) *apiError {
+func streamStatus(se *streamError) *APIError {
 	if errors.Is(se.cause, ErrDeadline) || errors.Is(se.cause, queue.ErrExpired) {
-		return &apiError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed while it was being served"}
+		return &APIError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed while it was being served"}
 	}
 	if errors.Is(se.cause, ErrDraining) {
-		return &apiError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+		return &APIError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
 	}
 	if errors.Is(se.cause, ErrClientGone) {
-		return &apiError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+		return &APIError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
 	}
-	return &apiError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+	return &APIError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
 }
 
-func deniedError(d *ledger.DeniedError) *apiError {
+func deniedError(d *ledger.DeniedError) *APIError {
 	code := "tenant_budget_exceeded"
 	scope := d.Scope.String()
 	if d.Scope == ledger.KindWorkflow {
@@ -198,7 +201,7 @@ func deniedError(d *ledger.DeniedError) *apiError {
 	if !d.ResetsAt.IsZero() {
 		det["resets_at"] = d.ResetsAt.UTC().Format(time.RFC3339)
 	}
-	return &apiError{
+	return &APIError{
 		Status: 429, Code: code, Type: "rate_limit_error",
 		Message:    fmt.Sprintf("%s budget exceeded: %s per %s", scope, d.Dim, ledger.FormatWindow(d.Window)),
 		Details:    det,

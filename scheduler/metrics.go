@@ -128,7 +128,7 @@ func (o Outcome) String() string { return outcomeNames[o] }
 // outcomeFor classifies an error (nil: ok) through statusFor, the one
 // error→status map, so metrics and responses cannot disagree. A failure
 // after the 200 headers is never a rejection.
-func outcomeFor(err error) (Outcome, *apiError) {
+func outcomeFor(err error) (Outcome, *APIError) {
 	if err == nil {
 		return outcomeOK, nil
 	}
@@ -146,7 +146,7 @@ func outcomeFor(err error) (Outcome, *apiError) {
 }
 
 // count records one request's outcome; refusals also count by code.
-func (m *Metrics) count(tenant string, o Outcome, ae *apiError) {
+func (m *Metrics) count(tenant string, o Outcome, ae *APIError) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()

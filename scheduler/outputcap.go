@@ -28,7 +28,7 @@ type budgetDeniedError struct {
 func (e *budgetDeniedError) Error() string { return e.d.Error() }
 func (e *budgetDeniedError) Unwrap() error { return e.d }
 
-func (e *budgetDeniedError) apiError() *apiError {
+func (e *budgetDeniedError) APIError() *APIError {
 	ae := deniedError(e.d)
 	if e.key != "" {
 		ae.Details["key"] = e.key

@@ -166,7 +166,7 @@ func (s *Server) refused(c *call, out Sink, err error) Outcome {
 
 // classify is err's refusal (statusFor), logged when it is a failure of
 // Sluice's or the replica's (a 5xx other than 503 and 504).
-func (s *Server) classify(tenant string, err error) *apiError {
+func (s *Server) classify(tenant string, err error) *APIError {
 	ae := statusFor(err)
 	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
 		s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
@@ -176,7 +176,7 @@ func (s *Server) classify(tenant string, err error) *apiError {
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,
 // whether before admission (Reject) or after (Finish).
-func (s *Server) countRefusal(tenant, reqID string, err error, ae *apiError) Outcome {
+func (s *Server) countRefusal(tenant, reqID string, err error, ae *APIError) Outcome {
 	if ae.Status != 499 && ae.Raw == nil {
 		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
 	}
