@@ -65,10 +65,7 @@ func (s *Server) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		tk.err = err
 		return tk, nil
 	}
-	if err := s.execute(c); err != nil {
-		s.finish(c, err)
-		tk.err = err
-	}
+	tk.err = s.execute(c) // Finish ends a call that failed here
 	return tk, nil
 }
 
@@ -100,6 +97,7 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
+		s.finish(c, tk.err) // nothing to do if await ended it
 		return s.refused(c, out, tk.err)
 	case c.req.Stream:
 		w, conn := out.Stream()
