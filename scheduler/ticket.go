@@ -93,7 +93,7 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 	switch {
 	case out == nil:
 		c.cancel(ErrClientGone)
-		s.finish(c, ErrClientGone) // nothing to do if it ended in Start
+		s.finish(c, ErrClientGone) // nothing to do if await released it
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
