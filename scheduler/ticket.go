@@ -93,7 +93,11 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 	switch {
 	case out == nil:
 		c.cancel(ErrClientGone)
-		s.finish(c, ErrClientGone) // nothing to do if await released it
+		end := error(ErrClientGone)
+		if tk.err != nil {
+			end = tk.err // it failed before the client left
+		}
+		s.finish(c, end) // nothing to do if await released it
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
