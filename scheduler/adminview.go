@@ -11,12 +11,13 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // The admin API (package scheduler/adminapi) reads and changes the server
-// through these methods and values only: it never holds a *replica, a
+// through these methods and values only: it never holds a *fleet.Replica, a
 // *policy or a ledger, so what it shows is a copy taken under the server's
 // own rules, and the server's internals can change without the HTTP side.
 
@@ -90,7 +91,7 @@ type ReplicaStatus struct {
 }
 
 // fillReplica adds what the monitor and the last scrape know of r.
-func fillReplica(st *ReplicaStatus, r *replica, v gpu.ReplicaView, known bool) {
+func fillReplica(st *ReplicaStatus, r *fleet.Replica, v gpu.ReplicaView, known bool) {
 	if known {
 		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
 	}
@@ -106,8 +107,8 @@ func (s *Server) ReplicaStatuses() []ReplicaStatus {
 	out := []ReplicaStatus{}
 	for _, r := range s.reps.List() {
 		st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.Load.Load(), Inflight: r.Count.Load(), State: "unknown",
-			AbortsHeld: r.distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(),
-			MaxNumSeqs: r.MaxSeqs, LearnedBatch: r.batch.learned.Load()}
+			AbortsHeld: r.Distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(),
+			MaxNumSeqs: r.MaxSeqs, LearnedBatch: r.Learned()}
 		v, ok := snap.Replica(r.Name)
 		fillReplica(&st, r, v, ok)
 		out = append(out, st)

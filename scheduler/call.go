@@ -74,14 +74,14 @@ type call struct {
 	// dispatched delivers the queue's verdict on a queued call, once per
 	// stay in the queue: the replica it was dispatched to, or nil when it
 	// expired there (one channel, not two: one allocation fewer per call).
-	dispatched chan *replica // size 1
+	dispatched chan *fleet.Replica // size 1
 	// exitReason and exitRetry are the queue's account of an expiry,
 	// written by onExpire before it delivers nil on dispatched.
 	exitReason queue.Reason
 	exitRetry  time.Duration
 
 	// Set once dispatched.
-	rep        *replica
+	rep        *fleet.Replica
 	seq        int64 // its number among the requests given room on rep (replicaSet.take)
 	ticket     gpu.Ticket
 	dispatchAt time.Time
@@ -151,7 +151,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	c := &call{
 		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID, counted: counted,
 		arrival: arrival, band: t.Cfg.Priority,
-		dispatched: make(chan *replica, 1),
+		dispatched: make(chan *fleet.Replica, 1),
 	}
 	if a.bandSet && a.band > c.band {
 		c.band = a.band // a request may lower its priority, never raise it
@@ -573,7 +573,7 @@ func (s *Server) await(c *call) (err error) {
 		}
 	}()
 	for {
-		var rep *replica
+		var rep *fleet.Replica
 		select {
 		case rep = <-c.dispatched:
 			// Dispatched inline (or just now): the context's Done channel,

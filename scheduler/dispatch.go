@@ -256,7 +256,7 @@ type fleetLoad struct {
 	seqs, seqsCap     int64
 	tokens, tokensCap int64
 	// probe: sequences of seqsCap that are an unconfirmed probe of a
-	// learned batch (replica.probeExcess).
+	// learned batch (fleet.Replica.ProbeExcess).
 	probe int64
 }
 

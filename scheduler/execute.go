@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -20,7 +21,7 @@ func (s *Server) execute(c *call) error {
 	c.upInterval = upstreamInterval(c)
 	body := make([]byte, 0, len(c.req.Body())+128)
 	built, bodyPrio := false, false
-	tried := map[*replica]bool{}
+	tried := map[*fleet.Replica]bool{}
 	for {
 		if !built || bodyPrio != c.rep.PrioritySched {
 			// A retry on a replica that schedules by priority differently
@@ -98,7 +99,7 @@ func (s *Server) open(c *call, body []byte) error {
 }
 
 // moveClock restarts GPU-ms attribution on the replica that will run c.
-func (s *Server) moveClock(c *call, next *replica) {
+func (s *Server) moveClock(c *call, next *fleet.Replica) {
 	now := s.now()
 	if c.rep.Clock != nil {
 		c.rep.Clock.End(now, c.ticket)

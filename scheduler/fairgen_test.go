@@ -270,7 +270,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 	}})
 	require.NoError(t, err)
-	rep := &replica{Replica: fleet.Replica{Name: "r", MaxSeqs: sc.configured}}
+	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
 	var ev fgHeap
 	seq := 0
 	push := func(e fgEvent) { seq++; e.seq = seq; heap.Push(&ev, e) }
@@ -306,7 +306,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		if tn.cap > 0 && tn.held+int64(v.Pending(tn.name)) >= tn.cap {
 			return queue.Park
 		}
-		limit := rep.batchLimit()
+		limit := rep.BatchLimit()
 		if direct {
 			return queue.Dispatch
 		}
@@ -319,7 +319,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			loads = append(loads, tenantLoad{name: o.name, weight: o.weight, held: o.held + int64(v.Pending(o.name)), queued: int64(v.Queued(o.name)), tokens: o.heldTokens,
 				arrived: o.arrived, served: o.done, servedSec: o.doneSec})
 		}
-		f := fleetLoad{seqs: sent, seqsCap: limit, tokens: sentTokens, tokensCap: 1 << 40, probe: rep.probeExcess()}
+		f := fleetLoad{seqs: sent, seqsCap: limit, tokens: sentTokens, tokensCap: 1 << 40, probe: rep.ProbeExcess()}
 		if sc.kv > 0 {
 			f.tokensCap = sc.kv
 		}
@@ -386,7 +386,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.heavy, m.load, m.peakCur, m.peakPrev, float64(m.goneAfter)/1e9, m.longRate, float64(m.peakStart)/1e9-1767225600))
 								}
 							}
-							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.batchLimit(), strings.Join(hs, "; "))
+							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.BatchLimit(), strings.Join(hs, "; "))
 						}
 					} else if now >= sc.warmup {
 						tn.full++
@@ -418,9 +418,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				nextTick = -1
 			}
 		case 3:
-			rep.batch.mu.Lock()
-			rep.learnBatch(running, int64(len(inside)), clk.Now())
-			rep.batch.mu.Unlock()
+			rep.LearnBatch(running, int64(len(inside)), clk.Now())
 			if now < sc.duration+sc.maxWait {
 				push(fgEvent{at: now + sc.scrape, kind: 3})
 			}
@@ -439,7 +437,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		res.tenants = append(res.tenants, *tn)
 		res.served += len(tn.ttft)
 	}
-	res.learned = rep.batch.learned.Load()
+	res.learned = rep.Learned()
 	return res
 }
 

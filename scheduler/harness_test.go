@@ -402,7 +402,7 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 }
 
 // newSet is a replica set of reps, each in the slot of its position.
-func newSet(capacity fleet.CapacityFunc, reps ...*replica) *replicaSet {
+func newSet(capacity fleet.CapacityFunc, reps ...*fleet.Replica) *replicaSet {
 	s := newReplicaSet(capacity)
 	for i, r := range reps {
 		r.Slot = i

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 )
 
 // Metrics are the server's Prometheus series (ARCHITECTURE.md §3.4 plus
@@ -23,9 +24,9 @@ type Metrics struct {
 	LedgerErrors     *prometheus.CounterVec   // op, kind
 	UpstreamAborts   *prometheus.CounterVec   // replica, cause
 	ReplicaInflight  *prometheus.GaugeVec     // replica
-	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (sizing.go)
+	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (fleet/sizing.go)
 	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (fleet/share.go)
-	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (sizing.go)
+	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (fleet/sizing.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -155,7 +156,7 @@ func (m *Metrics) count(tenant string, o Outcome, ae *APIError) {
 }
 
 // upLatency is r's upstream latency histogram.
-func (s *Server) upLatency(r *replica) prometheus.Observer {
+func (s *Server) upLatency(r *fleet.Replica) prometheus.Observer {
 	if r.UpLatency != nil {
 		return r.UpLatency
 	}

@@ -27,7 +27,7 @@ type ModelLister interface {
 func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLister) {
 	for _, r := range s.reps.List() {
 		snap, ok := src.Get(r.Name)
-		if !ok || snap.CheckedAt.Equal(r.polledAt) {
+		if !ok || snap.CheckedAt.Equal(r.PolledAt) {
 			// No poll since the last Observe (its ticker also runs it):
 			// one poll is one observation. Seen again, a failure would count
 			// twice towards down_after, a waiting queue twice towards the
@@ -35,7 +35,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			// (finishedAt) would move past completions it does not show.
 			continue
 		}
-		r.polledAt = snap.CheckedAt
+		r.PolledAt = snap.CheckedAt
 		r.NotePoll(snap)
 		m := snap.Metrics
 		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
@@ -81,13 +81,13 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 			}
 		}
 		if obs.OK && !m.KVCapacityTokens.OK {
-			obs.BatchTokens = r.batchTokens() // after /v1/models: its context length
+			obs.BatchTokens = r.BatchTokens() // after /v1/models: its context length
 		}
 		_ = s.gpu.ObserveReplica(r.Name, obs)
 		if v, ok := s.gpu.Snapshot().Replica(r.Name); ok {
 			o.Sizing = v.Sizing
-			if v.Sizing == gpu.SizingBatch && !r.batchWarned {
-				r.batchWarned = true
+			if v.Sizing == gpu.SizingBatch && !r.BatchWarned {
+				r.BatchWarned = true
 				s.log.Warn("replica metrics lack vllm:cache_config_info: sized on its batch (max_num_seqs) instead of its KV cache; set upstream.replicas[].capacity_tokens to size it in tokens",
 					"replica", r.Name, "missing_metric", "vllm:cache_config_info", "max_num_seqs", r.MaxSeqs)
 			}
@@ -98,32 +98,52 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 	s.signal(s.wake)
 }
 
-// batchSeqTokens bounds one sequence's tokens in a batch-sized replica's
-// token bound while its context length is unknown.
-const batchSeqTokens = 1 << 24
+// ScrapeFast is vllm.PollerConfig.Fast: whether the named replica is
+// learning its batch and is to be scraped every
+// upstream.learn_scrape_interval.
+func (s *Server) ScrapeFast(name string) bool {
+	r := s.reps.Get(name)
+	return r != nil && r.LearningBatch()
+}
 
-// batchTokens is the token bound of a replica sized on its batch:
-// max_num_seqs sequences of the context length at most, so that the
-// sequence limit, not tokens, decides its room (SCHEDULING §7).
-func (r *replica) batchTokens() int64 {
-	per := r.MaxModelLen.Load()
-	if per <= 0 {
-		per = batchSeqTokens
+// ScrapeHook is vllm.PollerConfig.Scrape: it reads this instance's counts
+// for a replica as its /metrics is asked for and installs the answer for
+// the batch estimate as it arrives, not when the round of polls lands
+// (Observe).
+func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
+	r := s.reps.Get(name)
+	if r == nil {
+		return nil
 	}
-	return max(r.MaxSeqs, 1) * per
+	mark := r.MarkScrape(s.now())
+	return func(m *vllm.Metrics) {
+		learned0 := r.Learned()
+		distrusted := r.Install(m, mark, s.now())
+		if l := r.Learned(); l != learned0 && (l == 0 || learned0 == 0 || l < learned0) {
+			// Learned, lowered or forgotten: worth a line; a probe upwards
+			// is not.
+			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
+				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
+		}
+		if distrusted {
+			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
+				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())
+		}
+		s.signal(s.wake) // room may have changed
+	}
 }
 
 // readModels reads r's /v1/models into o: base models and LoRA adapters
 // (with their parent), and the context length when config sets none.
-func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister, o *fleet.Obs) {
+func (s *Server) readModels(ctx context.Context, r *fleet.Replica, models ModelLister, o *fleet.Obs) {
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ms, err := models.Models(mctx, r.URL)
 	var ue *vllm.UpstreamError
-	if errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden) && !r.authWarned {
+	if errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden) && !r.AuthWarned {
 		// vLLM's --api-key guards /v1 only: /health and /metrics answer, so
 		// the replica looks up while every request to it would fail.
-		r.authWarned = true
+		r.AuthWarned = true
 		s.log.Warn("replica refuses Sluice's credential on /v1/models: set or correct upstream.replicas[].api_key_env or api_key_file",
 			"replica", r.Name, "status", ue.Status)
 	}
@@ -131,7 +151,7 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 	if err != nil {
 		return
 	}
-	r.authWarned = false
+	r.AuthWarned = false
 	o.Models = make([]string, 0, len(ms))
 	o.Parents = map[string]string{}
 	for _, md := range ms {
@@ -146,15 +166,15 @@ func (s *Server) readModels(ctx context.Context, r *replica, models ModelLister,
 	r.ModelsAt.Store(s.now().UnixNano())
 }
 
-func (s *Server) exportReplica(r *replica) {
+func (s *Server) exportReplica(r *fleet.Replica) {
 	s.m.ReplicaInflight.WithLabelValues(r.Name).Set(float64(r.Load.Load()))
 	held := 0.0
-	if r.distrusted(s.now()) {
+	if r.Distrusted(s.now()) {
 		held = 1
 	}
 	s.m.ReplicaAborts.WithLabelValues(r.Name).Set(held)
 	s.m.ReplicaShare.WithLabelValues(r.Name).Set(float64(r.Share.Load()))
-	s.m.ReplicaBatch.WithLabelValues(r.Name).Set(float64(r.batch.learned.Load()))
+	s.m.ReplicaBatch.WithLabelValues(r.Name).Set(float64(r.Learned()))
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

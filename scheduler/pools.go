@@ -75,8 +75,8 @@ const maxCachedPools = 1024
 // poolCache is poolKeyOf's memo for one state of the replicas' model lists.
 // Immutable.
 type poolCache struct {
-	set   *fleet.Members[*replica] // the members it was computed for
-	lists []modelList              // per replica, in set order
+	set   *fleet.Members // the members it was computed for
+	lists []modelList    // per replica, in set order
 	keys  map[string]poolKey
 }
 
@@ -88,7 +88,7 @@ type modelList struct {
 	n     int
 }
 
-func listOf(r *replica) modelList {
+func listOf(r *fleet.Replica) modelList {
 	o := r.Obs.Load()
 	if o == nil || len(o.Models) == 0 {
 		return modelList{}
@@ -96,7 +96,7 @@ func listOf(r *replica) modelList {
 	return modelList{&o.Models[0], len(o.Models)}
 }
 
-func (c *poolCache) current(reps []*replica) bool {
+func (c *poolCache) current(reps []*fleet.Replica) bool {
 	if len(c.lists) != len(reps) {
 		return false
 	}
@@ -108,7 +108,7 @@ func (c *poolCache) current(reps []*replica) bool {
 	return true
 }
 
-func (s *replicaSet) computePoolKey(reps []*replica, model string) poolKey {
+func (s *replicaSet) computePoolKey(reps []*fleet.Replica, model string) poolKey {
 	var k poolKey
 	known := s.AnyKnown()
 	served := make([][]string, len(reps))
@@ -152,8 +152,8 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 			continue
 		}
 		f.seqs += seqs
-		f.seqsCap += r.seqLimit(seqs)
-		f.probe += r.probeExcess()
+		f.seqsCap += r.SeqLimit(seqs)
+		f.probe += r.ProbeExcess()
 		f.tokens += load
 		f.tokensCap += k
 	}
@@ -171,7 +171,7 @@ func (s *replicaSet) roomOutside(key poolKey, size int64) bool {
 			continue
 		}
 		k, load, seqs, st := s.RoomOf(r)
-		if st < gpu.StateDraining && k > 0 && seqs < r.seqLimit(seqs) && load+size <= k {
+		if st < gpu.StateDraining && k > 0 && seqs < r.SeqLimit(seqs) && load+size <= k {
 			return true
 		}
 	}

@@ -14,21 +14,21 @@ import (
 )
 
 // choose is take without the seq: what the replica choice tests read.
-func (s *replicaSet) choose(rt fleet.Route, size int64, exclude *replica) *replica {
+func (s *replicaSet) choose(rt fleet.Route, size int64, exclude *fleet.Replica) *fleet.Replica {
 	r, _ := s.Take(rt, size, exclude)
 	return r
 }
 
 func TestReplicaPools(t *testing.T) {
 	t.Parallel()
-	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
-	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
-	c := &replica{Replica: fleet.Replica{Name: "c", MaxSeqs: 8, Pinned: []string{"small", "lora"}}}
-	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000}), []*replica{a, b, c}...)
+	a := &fleet.Replica{Name: "a", MaxSeqs: 8}
+	b := &fleet.Replica{Name: "b", MaxSeqs: 8}
+	c := &fleet.Replica{Name: "c", MaxSeqs: 8, Pinned: []string{"small", "lora"}}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000}), []*fleet.Replica{a, b, c}...)
 
 	// c's config list stands in until /v1/models answers; a and b are
 	// unknown and, being up, keep unknown models from being a 404.
-	assert.Equal(t, []*replica{c}, set.Pool("small"))
+	assert.Equal(t, []*fleet.Replica{c}, set.Pool("small"))
 	assert.True(t, set.KnowsModel("big"), "a and b have not listed their models yet")
 
 	a.Obs.Store(&fleet.Obs{OK: true, Models: []string{"big"}})
@@ -37,7 +37,7 @@ func TestReplicaPools(t *testing.T) {
 	assert.False(t, set.KnowsModel("other"), "config restricts c to small and lora")
 	assert.False(t, set.KnowsModel("nope"))
 	assert.Equal(t, "big", set.DefaultModel())
-	assert.Equal(t, []*replica{a, b}, set.Pool(""), "no model: vLLM's default, the first replica's first model")
+	assert.Equal(t, []*fleet.Replica{a, b}, set.Pool(""), "no model: vLLM's default, the first replica's first model")
 
 	for range 10 {
 		r := set.choose(fleet.Route{Model: "big"}, 10, nil)
@@ -59,11 +59,11 @@ func TestReplicaPools(t *testing.T) {
 // pool.
 func TestPoolKeys(t *testing.T) {
 	t.Parallel()
-	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
-	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
-	c := &replica{Replica: fleet.Replica{Name: "c", MaxSeqs: 8}}
-	d := &replica{Replica: fleet.Replica{Name: "d", MaxSeqs: 4}}
-	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500}), []*replica{a, b, c, d}...)
+	a := &fleet.Replica{Name: "a", MaxSeqs: 8}
+	b := &fleet.Replica{Name: "b", MaxSeqs: 8}
+	c := &fleet.Replica{Name: "c", MaxSeqs: 8}
+	d := &fleet.Replica{Name: "d", MaxSeqs: 4}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000, "c": 1000, "d": 500}), []*fleet.Replica{a, b, c, d}...)
 	var all poolKey
 	for i := range 4 {
 		all.set(i)
@@ -148,9 +148,9 @@ func TestPriceCached(t *testing.T) {
 // replica's model list, and a poll that keeps the list keeps the memo.
 func TestPoolKeysFollowModelLists(t *testing.T) {
 	t.Parallel()
-	a := &replica{Replica: fleet.Replica{Name: "a", MaxSeqs: 8}}
-	b := &replica{Replica: fleet.Replica{Name: "b", MaxSeqs: 8}}
-	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*replica{a, b}...)
+	a := &fleet.Replica{Name: "a", MaxSeqs: 8}
+	b := &fleet.Replica{Name: "b", MaxSeqs: 8}
+	set := newSet(fixedCapacity(map[string]int64{"a": 1000, "b": 1000}), []*fleet.Replica{a, b}...)
 	var ka, kb, both poolKey
 	ka.set(0)
 	kb.set(1)
@@ -182,9 +182,9 @@ func TestPoolKeysFollowModelLists(t *testing.T) {
 // BenchmarkPoolKeyOf: a request's pool on a fleet of 128 replicas, each
 // serving one of 8 models (the memo's hit, and the computation it saves).
 func BenchmarkPoolKeyOf(b *testing.B) {
-	var reps []*replica
+	var reps []*fleet.Replica
 	for i := range 128 {
-		r := &replica{Replica: fleet.Replica{Name: fmt.Sprint("r", i), MaxSeqs: 8}}
+		r := &fleet.Replica{Name: fmt.Sprint("r", i), MaxSeqs: 8}
 		r.Obs.Store(&fleet.Obs{OK: true, Models: []string{fmt.Sprint("m", i%8)}})
 		reps = append(reps, r)
 	}

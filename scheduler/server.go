@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
@@ -271,7 +272,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	}
 	s.configureAbuse(eff)
 	s.reps = newReplicaSet(s.capacityOf)
-	reps := make([]*replica, len(cfg.Upstream.Replicas))
+	reps := make([]*fleet.Replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)
 		reps[i].Slot = i

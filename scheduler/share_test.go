@@ -60,7 +60,7 @@ func TestShareLoop(t *testing.T) {
 		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
 		r1 := s.reps.List()[0]
 		r1.MaxSeqs = 4
-		r2 := &replica{Replica: fleet.Replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1}}
+		r2 := &fleet.Replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1}
 		s.reps.SetMembers(append(slices.Clone(s.reps.List()), r2))
 		ex := &fakeExchange{}
 		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
@@ -82,7 +82,7 @@ func TestShareLoop(t *testing.T) {
 		// The cap binds own requests only: with two in flight here r1 has
 		// no room for this instance, though the batch has four slots.
 		r1.Count.Store(2)
-		assert.Equal(t, int64(2), r1.seqLimit(2))
+		assert.Equal(t, int64(2), r1.SeqLimit(2))
 		r1.Count.Store(0)
 		r2.Count.Store(0)
 

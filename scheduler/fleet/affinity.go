@@ -107,8 +107,8 @@ func (x *prefixIndex) add(hs []uint64) {
 }
 
 // candidate is one replica with room, as the affinity choice sees it.
-type candidate[M Member] struct {
-	r     M
+type candidate struct {
+	r     *Replica
 	after float64 // normalized load with the request
 	step  float64 // the request's share of the replica's capacity
 	bias  float64 // +0.01 when degraded
@@ -119,7 +119,7 @@ type candidate[M Member] struct {
 // within loadSlack requests of the least loaded), the longest prefix match
 // minus the load wins; ties and misses go to the least loaded. mean is the
 // pool's mean normalized load including the request.
-func affinityPick[M Member](cands []candidate[M], prefix []uint64, mean float64) M {
+func affinityPick(cands []candidate, prefix []uint64, mean float64) *Replica {
 	least := cands[0]
 	for _, c := range cands[1:] {
 		if c.after+c.bias < least.after+least.bias {
@@ -131,7 +131,7 @@ func affinityPick[M Member](cands []candidate[M], prefix []uint64, mean float64)
 		if c.after > maxOverMean*mean && c.after > least.after+loadSlack*c.step {
 			continue
 		}
-		m := float64(c.r.Fleet().prefix.match(prefix)) / float64(len(prefix))
+		m := float64(c.r.prefix.match(prefix)) / float64(len(prefix))
 		if m == 0 {
 			continue
 		}

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func fourReplicas() (*Set[*testRep], []*testRep) {
-	var reps []*testRep
+func fourReplicas() (*Set, []*Replica) {
+	var reps []*Replica
 	k := map[string]int64{}
 	for _, n := range []string{"a", "b", "c", "d"} {
 		reps = append(reps, rep(n, 1000))
@@ -36,14 +36,14 @@ func TestAffinityFollowsPrefix(t *testing.T) {
 	}
 	// Four conversations spread by least load, then each turn returns to
 	// the replica of its conversation.
-	home := map[int]*testRep{}
+	home := map[int]*Replica{}
 	for i := range 4 {
 		r := set.choose(conv(i), 100, nil)
 		require.NotNil(t, r)
 		home[i] = r
 		set.Release(r, 100)
 	}
-	assert.Len(t, map[*testRep]bool{home[0]: true, home[1]: true, home[2]: true, home[3]: true}, 4, "new prefixes go by least load")
+	assert.Len(t, map[*Replica]bool{home[0]: true, home[1]: true, home[2]: true, home[3]: true}, 4, "new prefixes go by least load")
 	for range 3 {
 		for i := range 4 {
 			r := set.choose(conv(i), 100, nil)

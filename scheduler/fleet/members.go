@@ -15,13 +15,13 @@ import (
 
 // Members is the members of a Set, in the order they joined (config order
 // first). Immutable.
-type Members[M Member] struct {
-	reps   []M
-	byName map[string]M
+type Members struct {
+	reps   []*Replica
+	byName map[string]*Replica
 }
 
 // List is the members. The slice is shared: do not modify it.
-func (l *Members[M]) List() []M {
+func (l *Members) List() []*Replica {
 	if l == nil {
 		return nil
 	}
@@ -29,35 +29,35 @@ func (l *Members[M]) List() []M {
 }
 
 // List is the current members. The slice is shared: do not modify it.
-func (s *Set[M]) List() []M { return s.members.Load().List() }
+func (s *Set) List() []*Replica { return s.members.Load().List() }
 
 // Current is the current members as one value: the same pointer until a
 // replica joins or leaves.
-func (s *Set[M]) Current() *Members[M] { return s.members.Load() }
+func (s *Set) Current() *Members { return s.members.Load() }
 
-// Get is the member named name, or the zero M.
-func (s *Set[M]) Get(name string) M {
+// Get is the member named name, or nil.
+func (s *Set) Get(name string) *Replica {
 	if l := s.members.Load(); l != nil {
 		return l.byName[name]
 	}
-	var none M
+	var none *Replica
 	return none
 }
 
 // SetMembers stores reps as the members. Callers serialise (the centre's
 // membership lock, or tests).
-func (s *Set[M]) SetMembers(reps []M) {
-	l := &Members[M]{reps: reps, byName: make(map[string]M, len(reps))}
+func (s *Set) SetMembers(reps []*Replica) {
+	l := &Members{reps: reps, byName: make(map[string]*Replica, len(reps))}
 	for _, r := range reps {
-		l.byName[r.Fleet().Name] = r
+		l.byName[r.Name] = r
 	}
 	s.members.Store(l)
 }
 
 // FreeSlot is the lowest slot no member of reps holds.
-func FreeSlot[M Member](reps []M) int {
+func FreeSlot(reps []*Replica) int {
 	for i := 0; ; i++ {
-		if !slices.ContainsFunc(reps, func(r M) bool { return r.Fleet().Slot == i }) {
+		if !slices.ContainsFunc(reps, func(r *Replica) bool { return r.Slot == i }) {
 			return i
 		}
 	}
@@ -66,21 +66,21 @@ func FreeSlot[M Member](reps []M) int {
 // MarkGone takes r out of every choice and reports whether it was already
 // out. Under the set's lock: a pick that reserved room on r before this is
 // counted in r's Count, one after it sees Gone.
-func (s *Set[M]) MarkGone(r M) (was bool) {
+func (s *Set) MarkGone(r *Replica) (was bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return r.Fleet().Gone.Swap(true)
+	return r.Gone.Swap(true)
 }
 
 // Reap removes the members that left and have nothing in flight, and
 // returns their names. Callers serialise with SetMembers.
-func (s *Set[M]) Reap() []string {
+func (s *Set) Reap() []string {
 	cur := s.List()
 	var gone []string
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keep := slices.DeleteFunc(slices.Clone(cur), func(r M) bool {
-		if f := r.Fleet(); f.Gone.Load() && f.Count.Load() == 0 {
+	keep := slices.DeleteFunc(slices.Clone(cur), func(r *Replica) bool {
+		if f := r; f.Gone.Load() && f.Count.Load() == 0 {
 			gone = append(gone, f.Name)
 			return true
 		}
@@ -94,28 +94,28 @@ func (s *Set[M]) Reap() []string {
 
 // Targets is every member as the poller scrapes it, leaving ones
 // included (their requests still run).
-func (s *Set[M]) Targets() []vllm.Target {
+func (s *Set) Targets() []vllm.Target {
 	reps := s.List()
 	out := make([]vllm.Target, len(reps))
 	for i, r := range reps {
-		out[i] = vllm.Target{Name: r.Fleet().Name, URL: r.Fleet().URL}
+		out[i] = vllm.Target{Name: r.Name, URL: r.URL}
 	}
 	return out
 }
 
 // Names is the members' names, leaving ones included.
-func (s *Set[M]) Names() []string {
+func (s *Set) Names() []string {
 	reps := s.List()
 	out := make([]string, len(reps))
 	for i, r := range reps {
-		out[i] = r.Fleet().Name
+		out[i] = r.Name
 	}
 	return out
 }
 
 // Lock holds off every choice and membership change until Unlock, so that
 // the centre's gate reads the members' loads as one state, as pick does.
-func (s *Set[M]) Lock() { s.mu.Lock() }
+func (s *Set) Lock() { s.mu.Lock() }
 
 // Unlock ends Lock.
-func (s *Set[M]) Unlock() { s.mu.Unlock() }
+func (s *Set) Unlock() { s.mu.Unlock() }

@@ -30,7 +30,7 @@ func TestMarkGoneAndReap(t *testing.T) {
 	assert.Equal(t, []string{"a"}, set.Reap())
 	assert.Nil(t, set.Get("a"))
 	assert.Equal(t, []string{"b"}, set.Names())
-	assert.Equal(t, []*testRep{b}, set.List())
+	assert.Equal(t, []*Replica{b}, set.List())
 	assert.Equal(t, 0, FreeSlot(set.List()), "a's slot is free again")
-	assert.Equal(t, 2, FreeSlot([]*testRep{a, b}))
+	assert.Equal(t, 2, FreeSlot([]*Replica{a, b}))
 }

@@ -50,27 +50,17 @@ type Replica struct {
 	// prefix is what Sluice recently sent here (affinity.go); guarded by
 	// Set.mu.
 	prefix *prefixIndex
-}
+	// batch is this instance's account of the replica's batch between
+	// scrapes (sizing.go).
+	batch batch
 
-// Fleet is r itself: a Member's fleet state.
-func (r *Replica) Fleet() *Replica { return r }
-
-// Member is a replica as the centre holds it: its fleet state (Fleet) and
-// the centre's estimate of its batch between scrapes, which the choice of
-// a replica reads and a request's room changes.
-type Member interface {
-	comparable
-	Fleet() *Replica
-	// Seqs estimates the sequences in the replica's batch; scraped: its
-	// last scrape answered.
-	Seqs(scraped bool) int64
-	// BatchLimit is the most sequences the replica runs.
-	BatchLimit() int64
-	// NextSeq counts a request given room there and returns its seq.
-	NextSeq() int64
-	// Leave takes request seq off the replica's count. mayRun: it was
-	// sent and did not complete, so the replica may still run it.
-	Leave(seq int64, mayRun bool, now time.Time)
+	// PolledAt is the poll time of the last scrape the centre's Observe
+	// fed to the GPU monitor. Only Observe's goroutine touches it,
+	// BatchWarned (the warning that the replica is sized on its batch was
+	// logged) and AuthWarned (that it refused the credential, until it
+	// accepts one).
+	PolledAt                time.Time
+	BatchWarned, AuthWarned bool
 }
 
 // Obs is the last scrape of a replica's /metrics as the gate needs
@@ -130,10 +120,10 @@ type CapacityFunc func(name string) (k, base int64, state gpu.State)
 
 // Set chooses a replica with room for a request (SCHEDULING §7) among
 // the pool of replicas serving its model.
-type Set[M Member] struct {
+type Set struct {
 	// members is the replicas, replaced whole when one joins or leaves
 	// (members.go); readers take one list and use it throughout.
-	members  atomic.Pointer[Members[M]]
+	members  atomic.Pointer[Members]
 	Capacity CapacityFunc
 
 	mu     sync.Mutex // serializes Take (choice + reserve), MarkGone, Reap and Lock; guards cursor
@@ -141,7 +131,7 @@ type Set[M Member] struct {
 }
 
 // NewSet is an empty set whose replicas' capacity comes from capacity.
-func NewSet[M Member](capacity CapacityFunc) *Set[M] { return &Set[M]{Capacity: capacity} }
+func NewSet(capacity CapacityFunc) *Set { return &Set{Capacity: capacity} }
 
 // Route is what the replica choice needs to know about a request.
 type Route struct {
@@ -154,9 +144,9 @@ type Route struct {
 // AnyKnown reports whether some replica's models are known (from
 // /v1/models or config). Until then every replica is taken to serve every
 // model, so that a fleet is usable before its first scrape answers.
-func (s *Set[M]) AnyKnown() bool {
+func (s *Set) AnyKnown() bool {
 	for _, r := range s.List() {
-		if len(r.Fleet().Served()) > 0 {
+		if len(r.Served()) > 0 {
 			return true
 		}
 	}
@@ -166,9 +156,9 @@ func (s *Set[M]) AnyKnown() bool {
 // DefaultModel is the model a request without "model" gets: vLLM serves
 // its first --served-model-name then, so Sluice routes it to the replicas
 // whose first model is the first known replica's (in config order).
-func (s *Set[M]) DefaultModel() string {
+func (s *Set) DefaultModel() string {
 	for _, r := range s.List() {
-		if ms := r.Fleet().Served(); len(ms) > 0 {
+		if ms := r.Served(); len(ms) > 0 {
 			return ms[0]
 		}
 	}
@@ -176,15 +166,11 @@ func (s *Set[M]) DefaultModel() string {
 }
 
 // Serves reports whether model may be routed to r. known is anyKnown().
-func (s *Set[M]) Serves(r M, model string, known bool) bool {
-	return s.serves(r.Fleet(), model, known)
-}
-
-func (s *Set[M]) serves(f *Replica, model string, known bool) bool {
+func (s *Set) Serves(r *Replica, model string, known bool) bool {
 	if !known {
 		return true
 	}
-	ms := f.Served()
+	ms := r.Served()
 	if model == "" {
 		return len(ms) > 0 && ms[0] == s.DefaultModel()
 	}
@@ -193,10 +179,10 @@ func (s *Set[M]) serves(f *Replica, model string, known bool) bool {
 
 // Pool returns the replicas serving model, in config order. It allocates:
 // the per-request checks loop over the members with serves instead.
-func (s *Set[M]) Pool(model string) []M {
+func (s *Set) Pool(model string) []*Replica {
 	known := s.AnyKnown()
 	reps := s.List()
-	out := make([]M, 0, len(reps))
+	out := make([]*Replica, 0, len(reps))
 	for _, r := range reps {
 		if s.Serves(r, model, known) {
 			out = append(out, r)
@@ -208,19 +194,15 @@ func (s *Set[M]) Pool(model string) []M {
 // RoomOf computes r's effective capacity and load. Load counts what vLLM
 // itself reports when that is more than what this instance sent: requests
 // another instance (or a replica that ignored an abort) keeps running still
-// occupy KV. The batch's sequences are the Member's estimate.
-func (s *Set[M]) RoomOf(r M) (k, load, seqs int64, st gpu.State) {
-	return s.roomOf(r, r.Fleet())
-}
-
-// roomOf is RoomOf of r, whose fleet state is f.
-func (s *Set[M]) roomOf(r M, f *Replica) (k, load, seqs int64, st gpu.State) {
-	k, base, st := s.Capacity(f.Name)
-	if f.Gone.Load() {
+// occupy KV. The batch's sequences are the estimate between scrapes
+// (sizing.go).
+func (s *Set) RoomOf(r *Replica) (k, load, seqs int64, st gpu.State) {
+	k, base, st := s.Capacity(r.Name)
+	if r.Gone.Load() {
 		st = max(st, gpu.StateDraining)
 	}
-	load = f.Load.Load()
-	o := f.Obs.Load()
+	load = r.Load.Load()
+	o := r.Obs.Load()
 	ok := o != nil && o.OK
 	seqs = r.Seqs(ok)
 	// A batch-sized replica's base is a bound, not its KV cache: a KV
@@ -235,47 +217,46 @@ func (s *Set[M]) roomOf(r M, f *Replica) (k, load, seqs int64, st gpu.State) {
 
 // Take picks the least normalized-load replica of rt's pool that fits a
 // request of size tokens and reserves the room, skipping exclude (a replica
-// already tried). It returns the zero M when nothing fits now, else also the
+// already tried). It returns nil when nothing fits now, else also the
 // request's seq there (its number among those given room: Leave needs
 // it). Fair shares are the centre's dispatch gate's: every request
 // that passes it may use any room.
-func (s *Set[M]) Take(rt Route, size int64, exclude M) (M, int64) {
+func (s *Set) Take(rt Route, size int64, exclude *Replica) (*Replica, int64) {
 	return s.pick(rt, size, exclude, true)
 }
 
 // Fits reports whether some replica of rt's pool has room, without
 // reserving it.
-func (s *Set[M]) Fits(rt Route, size int64) bool {
-	var none M
+func (s *Set) Fits(rt Route, size int64) bool {
+	var none *Replica
 	r, _ := s.pick(rt, size, none, false)
 	return r != none
 }
 
-func (s *Set[M]) pick(rt Route, size int64, exclude M, reserve bool) (M, int64) {
+func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Replica, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var best, none M
+	var best, none *Replica
 	var bestScore float64
 	known := s.AnyKnown()
 	reps := s.List()
 	n := len(reps)
-	var candBuf [8]candidate[M]
+	var candBuf [8]candidate
 	cands := candBuf[:0] // with a prefix: every replica with room
 	var loadSum float64
 	up := 0
 	for i := range n {
 		r := reps[(s.cursor+i)%n]
-		f := r.Fleet()
-		if r == exclude || !s.serves(f, rt.Model, known) {
+		if r == exclude || !s.Serves(r, rt.Model, known) {
 			continue
 		}
-		k, load, seqs, st := s.roomOf(r, f)
+		k, load, seqs, st := s.RoomOf(r)
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= f.SeqLimit(r.BatchLimit(), seqs) || load+size > k {
+		if seqs >= r.SeqLimit(seqs) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)
@@ -283,7 +264,7 @@ func (s *Set[M]) pick(rt Route, size int64, exclude M, reserve bool) (M, int64) 
 		if st == gpu.StateDegraded {
 			bias = 0.01 // ties within 1% go to healthy replicas
 		}
-		if !loraResident(f, rt.Model) {
+		if !loraResident(r, rt.Model) {
 			bias += loraBias
 		}
 		score += bias
@@ -291,24 +272,22 @@ func (s *Set[M]) pick(rt Route, size int64, exclude M, reserve bool) (M, int64) 
 			best, bestScore = r, score
 		}
 		if len(rt.Prefix) > 0 {
-			cands = append(cands, candidate[M]{r: r, after: float64(load+size) / float64(k), step: float64(size) / float64(k), bias: bias})
+			cands = append(cands, candidate{r: r, after: float64(load+size) / float64(k), step: float64(size) / float64(k), bias: bias})
 		}
 	}
 	if len(cands) > 1 {
 		best = affinityPick(cands, rt.Prefix, (loadSum+cands[0].step)/float64(up))
 	}
 	if best != none && reserve && len(rt.Prefix) > 0 {
-		f := best.Fleet()
-		if f.prefix == nil {
-			f.prefix = &prefixIndex{}
+		if best.prefix == nil {
+			best.prefix = &prefixIndex{}
 		}
-		f.prefix.add(rt.Prefix)
+		best.prefix.add(rt.Prefix)
 	}
 	var seq int64
 	if best != none && reserve {
-		f := best.Fleet()
-		f.Load.Add(size)
-		f.Count.Add(1)
+		best.Load.Add(size)
+		best.Count.Add(1)
 		seq = best.NextSeq()
 		s.cursor = (s.cursor + 1) % n
 	}
@@ -332,31 +311,31 @@ func loraResident(r *Replica, model string) bool {
 }
 
 // Release returns the room of a request that never reached r.
-func (s *Set[M]) Release(r M, size int64) {
-	r.Fleet().Load.Add(-size)
-	r.Fleet().Count.Add(-1)
+func (s *Set) Release(r *Replica, size int64) {
+	r.Load.Add(-size)
+	r.Count.Add(-1)
 }
 
 // Leave returns the room of request seq, which was sent to r. mayRun: it
-// did not complete, so r may still run it (Member.Leave).
-func (s *Set[M]) Leave(r M, size, seq int64, mayRun bool, now time.Time) {
-	r.Fleet().Load.Add(-size)
+// did not complete, so r may still run it (Replica.Leave).
+func (s *Set) Leave(r *Replica, size, seq int64, mayRun bool, now time.Time) {
+	r.Load.Add(-size)
 	r.Leave(seq, mayRun, now)
 }
 
 // Up reports whether r can take work at all.
-func (s *Set[M]) Up(r M) bool {
-	k, _, st := s.Capacity(r.Fleet().Name)
-	return st < gpu.StateDraining && k > 0 && !r.Fleet().Gone.Load()
+func (s *Set) Up(r *Replica) bool {
+	k, _, st := s.Capacity(r.Name)
+	return st < gpu.StateDraining && k > 0 && !r.Gone.Load()
 }
 
 // AnyUp reports whether some replica can take work at all.
-func (s *Set[M]) AnyUp() bool {
+func (s *Set) AnyUp() bool {
 	return slices.ContainsFunc(s.List(), s.Up)
 }
 
 // AnyUpFor reports whether some replica serving model can take work.
-func (s *Set[M]) AnyUpFor(model string) bool {
+func (s *Set) AnyUpFor(model string) bool {
 	known := s.AnyKnown()
 	for _, r := range s.List() {
 		if s.Serves(r, model, known) && s.Up(r) {
@@ -368,14 +347,14 @@ func (s *Set[M]) AnyUpFor(model string) bool {
 
 // MaxCapacity is the largest K_r among replicas serving model that can
 // take work; 0 when none is known yet.
-func (s *Set[M]) MaxCapacity(model string) int64 {
+func (s *Set) MaxCapacity(model string) int64 {
 	var m int64
 	known := s.AnyKnown()
 	for _, r := range s.List() {
 		if !s.Serves(r, model, known) {
 			continue
 		}
-		if k, _, st := s.Capacity(r.Fleet().Name); st < gpu.StateDraining && k > m && !r.Fleet().Gone.Load() {
+		if k, _, st := s.Capacity(r.Name); st < gpu.StateDraining && k > m && !r.Gone.Load() {
 			m = k
 		}
 	}
@@ -384,14 +363,14 @@ func (s *Set[M]) MaxCapacity(model string) int64 {
 
 // MaxModelLen is the smallest known context length among replicas serving
 // model (0 when unknown): a request must fit wherever it lands.
-func (s *Set[M]) MaxModelLen(model string) int64 {
+func (s *Set) MaxModelLen(model string) int64 {
 	var m int64
 	known := s.AnyKnown()
 	for _, r := range s.List() {
 		if !s.Serves(r, model, known) {
 			continue
 		}
-		if v := r.Fleet().MaxModelLen.Load(); v > 0 && (m == 0 || v < m) {
+		if v := r.MaxModelLen.Load(); v > 0 && (m == 0 || v < m) {
 			m = v
 		}
 	}
@@ -403,12 +382,12 @@ func (s *Set[M]) MaxModelLen(model string) int64 {
 // not yet (its first /v1/models is under way): the request then waits for
 // a replica or gets 503, not a 404 that a moment later would be wrong. A
 // replica that is down and has no models in config serves nothing.
-func (s *Set[M]) KnowsModel(model string) bool {
+func (s *Set) KnowsModel(model string) bool {
 	reps := s.List()
-	if !s.AnyKnown() || slices.ContainsFunc(reps, func(r M) bool { return s.Serves(r, model, true) }) {
+	if !s.AnyKnown() || slices.ContainsFunc(reps, func(r *Replica) bool { return s.Serves(r, model, true) }) {
 		return true
 	}
-	return slices.ContainsFunc(reps, func(r M) bool { return len(r.Fleet().Served()) == 0 && s.Up(r) })
+	return slices.ContainsFunc(reps, func(r *Replica) bool { return len(r.Served()) == 0 && s.Up(r) })
 }
 
 // ModelEntry is one model of the fleet as /v1/models shows it.
@@ -420,17 +399,16 @@ type ModelEntry struct {
 
 // Models lists every model some replica serves, in config order, each
 // once, with the smallest context length among its replicas.
-func (s *Set[M]) Models() []ModelEntry {
+func (s *Set) Models() []ModelEntry {
 	var out []ModelEntry
 	at := map[string]int{}
 	for _, r := range s.List() {
 		var parents map[string]string
-		f := r.Fleet()
-		if o := f.Obs.Load(); o != nil {
+		if o := r.Obs.Load(); o != nil {
 			parents = o.Parents
 		}
-		mml := f.MaxModelLen.Load()
-		for _, m := range f.Served() {
+		mml := r.MaxModelLen.Load()
+		for _, m := range r.Served() {
 			i, seen := at[m]
 			if !seen {
 				at[m] = len(out)
@@ -449,7 +427,7 @@ func (s *Set[M]) Models() []ModelEntry {
 // coefficients among the estimators of the replicas serving it (a 70B pool
 // and a 7B pool learn different costs), times the margin. Without a pool
 // it is the fleet-wide hold.
-func (s *Set[M]) GPUHold(mon Holds, model string, in, out int64) int64 {
+func (s *Set) GPUHold(mon Holds, model string, in, out int64) int64 {
 	var a, b float64
 	found := false
 	known := s.AnyKnown()
@@ -457,7 +435,7 @@ func (s *Set[M]) GPUHold(mon Holds, model string, in, out int64) int64 {
 		if !s.Serves(r, model, known) {
 			continue
 		}
-		if est := mon.Estimator(r.Fleet().Name); est != nil {
+		if est := mon.Estimator(r.Name); est != nil {
 			ra, rb := est.Coefficients()
 			a, b, found = max(a, ra), max(b, rb), true
 		}

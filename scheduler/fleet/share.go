@@ -99,7 +99,7 @@ type ShareDeps struct {
 // ShareLoop exchanges demand with the other instances every ShareInterval
 // and sets each replica's share, until ctx ends; then it withdraws this
 // instance's reports.
-func ShareLoop[M Member](ctx context.Context, set *Set[M], ex PeerExchange, d ShareDeps) error {
+func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) error {
 	t := time.NewTicker(ShareInterval)
 	defer t.Stop()
 	// Each replica's name in the exchange, for the members as they are
@@ -109,7 +109,7 @@ func ShareLoop[M Member](ctx context.Context, set *Set[M], ex PeerExchange, d Sh
 		reps = set.List()
 		keys = make([]string, len(reps))
 		for i, r := range reps {
-			keys[i] = ex.Key(r.Fleet().URL)
+			keys[i] = ex.Key(r.URL)
 		}
 	}
 	rekey()
@@ -160,10 +160,9 @@ func ShareLoop[M Member](ctx context.Context, set *Set[M], ex PeerExchange, d Sh
 // any (keys: the replicas' names in the exchange): a replica it neither
 // runs nor queues anything for is not reported, so it shares nothing there
 // and the exchange stays small.
-func DemandReports[M Member](reps []M, keys []string, queuedOn func(slot int) int64) []peers.Report {
+func DemandReports(reps []*Replica, keys []string, queuedOn func(slot int) int64) []peers.Report {
 	var out []peers.Report
-	for i, m := range reps {
-		r := m.Fleet()
+	for i, r := range reps {
 		if in, q := r.Count.Load(), queuedOn(r.Slot); in > 0 || q > 0 {
 			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
@@ -174,13 +173,12 @@ func DemandReports[M Member](reps []M, keys []string, queuedOn func(slot int) in
 // ApplyShares sets each replica's share from the others' entries (nil:
 // none anywhere). It reports whether a share grew or went: that lets
 // queued work through, so the dispatch loop is to be woken.
-func ApplyShares[M Member](self string, reps []M, keys []string, got map[string][]peers.Entry) (wake bool) {
-	for i, m := range reps {
-		r := m.Fleet()
+func ApplyShares(self string, reps []*Replica, keys []string, got map[string][]peers.Entry) (wake bool) {
+	for i, r := range reps {
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = SeqShare(m.BatchLimit(), self, others)
+			share = SeqShare(r.BatchLimit(), self, others)
 		}
 		prev := r.Share.Swap(share)
 		r.Peers.Store(int64(len(others)))
@@ -190,10 +188,11 @@ func ApplyShares[M Member](self string, reps []M, keys []string, got map[string]
 }
 
 // SeqLimit is the sequence count at which r has no room for this
-// instance: lim, its batch (learned, else max_num_seqs: the centre's
-// sizing), or less where this instance's share (a replica shared with
-// other instances) binds. seqs is the batch estimate.
-func (r *Replica) SeqLimit(lim, seqs int64) int64 {
+// instance: its batch limit (sizing.go), or less where this instance's
+// share (a replica shared with other instances) binds. seqs is the batch
+// estimate.
+func (r *Replica) SeqLimit(seqs int64) int64 {
+	lim := r.BatchLimit()
 	if sh := r.Share.Load(); sh > 0 {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}

@@ -1,4 +1,4 @@
-package scheduler
+package fleet
 
 import (
 	"testing"
@@ -7,26 +7,25 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // scrapeShows installs a scrape of r showing seqs sequences, asked for and
 // answered at now with nothing sent or ended during its flight.
-func scrapeShows(r *replica, seqs int64, now time.Time) (distrusted bool) {
+func scrapeShows(r *Replica, seqs int64, now time.Time) (distrusted bool) {
 	if o := r.Obs.Load(); o == nil || !o.OK {
-		r.Obs.Store(&fleet.Obs{OK: true})
+		r.Obs.Store(&Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(seqs), OK: true}, Waiting: vllm.Value{OK: true}}
-	return r.install(m, r.Count.Load(), r.batch.sent.Load(), now, now)
+	return r.Install(m, r.MarkScrape(now), now)
 }
 
-func sizingSet(maxSeqs int64) (*replicaSet, *replica) {
-	r := &replica{Replica: fleet.Replica{Name: "r", MaxSeqs: maxSeqs}}
-	return newSet(fixedCapacity(map[string]int64{"r": 1 << 20}), []*replica{r}...), r
+func sizingSet(maxSeqs int64) (*Set, *Replica) {
+	r := &Replica{Name: "r", MaxSeqs: maxSeqs}
+	return newSet(fixedCapacity(map[string]int64{"r": 1 << 20}), []*Replica{r}...), r
 }
 
-func seqsOf(set *replicaSet, r *replica) int64 {
+func seqsOf(set *Set, r *Replica) int64 {
 	_, _, n, _ := set.RoomOf(r)
 	return n
 }
@@ -38,17 +37,17 @@ func seqsOf(set *replicaSet, r *replica) int64 {
 func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	set, r := sizingSet(4)
 	now := time.Unix(1_800_000_000, 0)
-	_, s1 := set.Take(fleet.Route{}, 10, nil)
+	_, s1 := set.Take(Route{}, 10, nil)
 	assert.True(t, scrapeShows(r, 3, now), "2 sequences not ours: distrusted from now on")
 	assert.Equal(t, int64(3), seqsOf(set, r))
 
-	_, s2 := set.Take(fleet.Route{}, 10, nil)
+	_, s2 := set.Take(Route{}, 10, nil)
 	assert.Equal(t, int64(4), seqsOf(set, r), "ours 2 + theirs 2 (the old estimate said max(2, 3) = 3)")
-	assert.False(t, set.Fits(fleet.Route{}, 10), "full")
+	assert.False(t, set.Fits(Route{}, 10), "full")
 
 	set.Leave(r, 10, s1, false, now) // completed
 	assert.Equal(t, int64(3), seqsOf(set, r), "a completion frees its slot before the next scrape")
-	assert.True(t, set.Fits(fleet.Route{}, 10))
+	assert.True(t, set.Fits(Route{}, 10))
 
 	// The next scrape shows one of theirs gone.
 	scrapeShows(r, 2, now.Add(time.Second))
@@ -58,8 +57,8 @@ func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 
 	// A scrape that shows fewer than ours (sent, not yet queued by vLLM)
 	// never counts below our own.
-	set.Take(fleet.Route{}, 10, nil)
-	set.Take(fleet.Route{}, 10, nil)
+	set.Take(Route{}, 10, nil)
+	set.Take(Route{}, 10, nil)
 	scrapeShows(r, 0, now.Add(2*time.Second))
 	assert.Equal(t, int64(2), seqsOf(set, r))
 }
@@ -74,14 +73,14 @@ func TestAbortTrust(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	var seq [4]int64
 	for i := range seq {
-		_, seq[i] = set.Take(fleet.Route{}, 10, nil)
+		_, seq[i] = set.Take(Route{}, 10, nil)
 	}
 	assert.False(t, scrapeShows(r, 4, now), "all four are ours")
-	assert.False(t, set.Fits(fleet.Route{}, 10), "full")
+	assert.False(t, set.Fits(Route{}, 10), "full")
 
 	set.Leave(r, 10, seq[0], true, now) // aborted
 	assert.Equal(t, int64(3), seqsOf(set, r), "trusted: the abort frees its slot at once")
-	assert.False(t, r.distrusted(now))
+	assert.False(t, r.Distrusted(now))
 
 	// Inside lingerGrace vLLM may still show the aborted request: not
 	// evidence.
@@ -90,7 +89,7 @@ func TestAbortTrust(t *testing.T) {
 	// replica kept: from now on aborts wait for a scrape.
 	assert.True(t, scrapeShows(r, 4, now.Add(2*lingerGrace)))
 	now = now.Add(2 * lingerGrace)
-	assert.True(t, r.distrusted(now))
+	assert.True(t, r.Distrusted(now))
 	assert.Equal(t, int64(4), seqsOf(set, r), "3 ours + the ghost")
 
 	set.Leave(r, 10, seq[1], true, now)
@@ -98,7 +97,7 @@ func TestAbortTrust(t *testing.T) {
 	scrapeShows(r, 3, now.Add(100*time.Millisecond))
 	assert.Equal(t, int64(3), seqsOf(set, r), "the next scrape shows it honoured: 2 ours + the ghost")
 
-	_, fresh := set.Take(fleet.Route{}, 10, nil)
+	_, fresh := set.Take(Route{}, 10, nil)
 	assert.Equal(t, int64(4), seqsOf(set, r))
 	set.Leave(r, 10, fresh, true, now)
 	assert.Equal(t, int64(3), seqsOf(set, r), "sent after the scrape: no scrape shows it, it leaves at once")
@@ -106,7 +105,7 @@ func TestAbortTrust(t *testing.T) {
 	// Without evidence for distrustFor, aborts are trusted again.
 	later := now.Add(distrustFor + time.Second)
 	assert.False(t, scrapeShows(r, 2, later))
-	assert.False(t, r.distrusted(later))
+	assert.False(t, r.Distrusted(later))
 	set.Leave(r, 10, seq[2], true, later)
 	assert.Equal(t, int64(1), seqsOf(set, r))
 }
@@ -117,19 +116,19 @@ func TestAbortTrust(t *testing.T) {
 func TestScrapeFlightIsNotEvidence(t *testing.T) {
 	set, r := sizingSet(8)
 	now := time.Unix(1_800_000_000, 0)
-	r.Obs.Store(&fleet.Obs{OK: true})
-	_, s1 := set.Take(fleet.Route{}, 10, nil)
-	count0, sent0 := r.Count.Load(), r.batch.sent.Load()
+	r.Obs.Store(&Obs{OK: true})
+	_, s1 := set.Take(Route{}, 10, nil)
+	mark := r.MarkScrape(now)
 	// During the flight: two sent, the first completes.
-	set.Take(fleet.Route{}, 10, nil)
-	set.Take(fleet.Route{}, 10, nil)
+	set.Take(Route{}, 10, nil)
+	set.Take(Route{}, 10, nil)
 	set.Leave(r, 10, s1, false, now)
 	// The scrape rendered after the sends and before the completion: 3.
 	m := &vllm.Metrics{Running: vllm.Value{V: 3, OK: true}, Waiting: vllm.Value{OK: true}}
-	require.False(t, r.install(m, count0, sent0, now, now))
+	require.False(t, r.Install(m, mark, now))
 	assert.Equal(t, int64(3), seqsOf(set, r), "2 ours + 1 that looks foreign until the next scrape")
 	m.Running.V = 4
-	assert.True(t, r.install(m, r.Count.Load(), r.batch.sent.Load(), now, now), "4 with 2 ours, none ended: 2 not ours")
+	assert.True(t, r.Install(m, r.MarkScrape(now), now), "4 with 2 ours, none ended: 2 not ours")
 }
 
 func TestRecentCount(t *testing.T) {

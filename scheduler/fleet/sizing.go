@@ -1,4 +1,4 @@
-package scheduler
+package fleet
 
 import (
 	"sync"
@@ -11,7 +11,7 @@ import (
 // A replica's batch between scrapes (SCHEDULING §7). vLLM's running +
 // waiting counts every sequence in the batch: this instance's, another
 // instance's, and those of requests whose abort the replica ignored
-// (vllm#54947). This instance knows its own exactly (replica.count), so
+// (vllm#54947). This instance knows its own exactly (Replica.Count), so
 // the estimate is its own now, plus what the last scrape showed that was
 // not its own then (foreign), plus aborted requests still held (below):
 //
@@ -83,17 +83,17 @@ type batch struct {
 	fullRunning int64
 	confirmedAt time.Time
 	// stop is fullRunning (at least 1) while the last scrape showed
-	// requests waiting for room, else 0: batchLimit until the next scrape.
+	// requests waiting for room, else 0: BatchLimit until the next scrape.
 	stop atomic.Int64
 	// roomSeen is the most running a scrape showed with nothing waiting:
-	// sequences the replica is known to run side by side (learningBatch).
+	// sequences the replica is known to run side by side (LearningBatch).
 	roomSeen atomic.Int64
 }
 
-// seqs estimates the sequences in r's batch. Reads in this order (count,
+// Seqs estimates the sequences in r's batch. Reads in this order (count,
 // held, scrape) against install's (scrape, then held reset) and leave's
 // (held, then count), so that a concurrent change only ever overestimates.
-func (r *replica) seqs(scraped bool) int64 {
+func (r *Replica) Seqs(scraped bool) int64 {
 	n := r.Count.Load()
 	held := r.batch.held.Load()
 	if !scraped {
@@ -105,10 +105,11 @@ func (r *replica) seqs(scraped bool) int64 {
 	return n + held
 }
 
-// install makes a scrape that just answered the estimate's. count0 and
-// sent0 were read as it was asked for, at start. It reports whether the
-// scrape made a trusted replica distrusted.
-func (r *replica) install(m *vllm.Metrics, count0, sent0 int64, start, now time.Time) (distrusted bool) {
+// Install makes a scrape that just answered the estimate's; mark was
+// read as it was asked for. It reports whether the scrape made a trusted
+// replica distrusted.
+func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (distrusted bool) {
+	count0, sent0, start := mark.count, mark.sent, mark.start
 	b := &r.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -179,9 +180,19 @@ const probeHold = 30 * time.Second
 // for the token budget), is at most one scrape interval without new work
 // for a replica that has queued work to admit.
 
+// LearnBatch applies a scrape's running and waiting counts to r's learned
+// batch alone, without the estimate between scrapes that Install also
+// makes: the discrete-event models of the gate, whose replica has no
+// /metrics, use it.
+func (r *Replica) LearnBatch(running, waiting int64, now time.Time) {
+	r.batch.mu.Lock()
+	defer r.batch.mu.Unlock()
+	r.learnBatch(running, waiting, now)
+}
+
 // learnBatch applies one scrape's running and waiting counts to r's
 // learned batch. b.mu is held.
-func (r *replica) learnBatch(running, waiting int64, now time.Time) {
+func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 	b := &r.batch
 	if waiting <= 0 {
 		b.stop.Store(0)
@@ -217,7 +228,7 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 // dispatches past the batch wait in vLLM's FCFS queue, and the light
 // tenants' requests sent after them wait behind them. So a replica that is
 // learning its batch is scraped every upstream.learn_scrape_interval
-// (ScrapeFast): its batch is not learned, and this instance has more
+// (the centre's ScrapeFast): its batch is not learned, and this instance has more
 // requests in flight there than any scrape has shown it run with nothing
 // waiting, so that the next scrape may find it full. The stop then lasts
 // one fast interval and the pair takes two. An idle replica, a learned one
@@ -227,24 +238,34 @@ func (r *replica) learnBatch(running, waiting int64, now time.Time) {
 // fewer engine steps at the fast cadence; a batch learned too low from one
 // is probed back up after probeHold.
 
-// learningBatch reports whether r is to be scraped fast (above).
-func (r *replica) learningBatch() bool {
+// LearningBatch reports whether r is to be scraped fast (above).
+func (r *Replica) LearningBatch() bool {
 	n := r.Count.Load()
 	return n > 0 && r.batch.learned.Load() == 0 && n > r.batch.roomSeen.Load()
 }
 
-// ScrapeFast is vllm.PollerConfig.Fast: whether the named replica is
-// learning its batch and is to be scraped every
-// upstream.learn_scrape_interval.
-func (s *Server) ScrapeFast(name string) bool {
-	r := s.reps.Get(name)
-	return r != nil && r.learningBatch()
+// NextSeq counts a request given room on r: its seq in the batch account.
+func (r *Replica) NextSeq() int64 { return r.batch.sent.Add(1) }
+
+// Learned is r's learned batch; 0 while none is learned.
+func (r *Replica) Learned() int64 { return r.batch.learned.Load() }
+
+// ScrapeMark is this instance's counts on a replica as a scrape of it was
+// asked for: Install reads the answer against them.
+type ScrapeMark struct {
+	count, sent int64
+	start       time.Time
 }
 
-// batchLimit is the most sequences r runs: its learned batch, else
+// MarkScrape reads r's counts as its /metrics is asked for at now.
+func (r *Replica) MarkScrape(now time.Time) ScrapeMark {
+	return ScrapeMark{count: r.Count.Load(), sent: r.batch.sent.Load(), start: now}
+}
+
+// BatchLimit is the most sequences r runs: its learned batch, else
 // max_num_seqs; below either while the last scrape showed requests
 // waiting for room (stop).
-func (r *replica) batchLimit() int64 {
+func (r *Replica) BatchLimit() int64 {
 	lim := r.MaxSeqs
 	if l := r.batch.learned.Load(); l > 0 {
 		lim = min(l, lim)
@@ -255,22 +276,22 @@ func (r *replica) batchLimit() int64 {
 	return lim
 }
 
-// probeExcess is how far r's batch limit is above its confirmed batch: a
+// ProbeExcess is how far r's batch limit is above its confirmed batch: a
 // probe upwards that no scrape has confirmed yet. The dispatch gate keeps
 // these sequences out of the light tenants' reserve (fitsBeyond): a probe
 // past the real batch waits in vLLM's FCFS queue, and a light request sent
 // after it would wait behind it.
-func (r *replica) probeExcess() int64 {
+func (r *Replica) ProbeExcess() int64 {
 	l, c := r.batch.learned.Load(), r.batch.confirmed.Load()
 	if l <= 0 || c <= 0 {
 		return 0
 	}
-	return max(r.batchLimit()-c, 0)
+	return max(r.BatchLimit()-c, 0)
 }
 
-// leave takes request seq off r's count. mayRun: it was sent and did not
+// Leave takes request seq off r's count. mayRun: it was sent and did not
 // complete, so a replica that ignores aborts may still run it.
-func (r *replica) leave(seq int64, mayRun bool, now time.Time) {
+func (r *Replica) Leave(seq int64, mayRun bool, now time.Time) {
 	if mayRun {
 		b := &r.batch
 		b.mu.Lock()
@@ -283,38 +304,26 @@ func (r *replica) leave(seq int64, mayRun bool, now time.Time) {
 	r.Count.Add(-1)
 }
 
-// distrusted reports whether r's aborts are held until a scrape.
-func (r *replica) distrusted(now time.Time) bool {
+// Distrusted reports whether r's aborts are held until a scrape.
+func (r *Replica) Distrusted(now time.Time) bool {
 	r.batch.mu.Lock()
 	defer r.batch.mu.Unlock()
 	return now.Before(r.batch.distrustUntil)
 }
 
-// ScrapeHook is vllm.PollerConfig.Scrape: it reads this instance's counts
-// for a replica as its /metrics is asked for and installs the answer for
-// the batch estimate as it arrives, not when the round of polls lands
-// (Observe).
-func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
-	r := s.reps.Get(name)
-	if r == nil {
-		return nil
+// batchSeqTokens bounds one sequence's tokens in a batch-sized replica's
+// token bound while its context length is unknown.
+const batchSeqTokens = 1 << 24
+
+// BatchTokens is the token bound of a replica sized on its batch:
+// max_num_seqs sequences of the context length at most, so that the
+// sequence limit, not tokens, decides its room (SCHEDULING §7).
+func (r *Replica) BatchTokens() int64 {
+	per := r.MaxModelLen.Load()
+	if per <= 0 {
+		per = batchSeqTokens
 	}
-	count0, sent0, start := r.Count.Load(), r.batch.sent.Load(), s.now()
-	return func(m *vllm.Metrics) {
-		learned0 := r.batch.learned.Load()
-		distrusted := r.install(m, count0, sent0, start, s.now())
-		if l := r.batch.learned.Load(); l != learned0 && (l == 0 || learned0 == 0 || l < learned0) {
-			// Learned, lowered or forgotten: worth a line; a probe upwards
-			// is not.
-			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
-				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
-		}
-		if distrusted {
-			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
-				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())
-		}
-		s.signal(s.wake) // room may have changed
-	}
+	return max(r.MaxSeqs, 1) * per
 }
 
 // recentCount counts events in 100 ms buckets over the last 1.6 s.

@@ -1,4 +1,4 @@
-package scheduler
+package fleet
 
 import (
 	"testing"
@@ -6,18 +6,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/peers"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // scrapeRW installs a scrape of r showing running and waiting at now.
-func scrapeRW(r *replica, running, waiting int64, now time.Time) {
+func scrapeRW(r *Replica, running, waiting int64, now time.Time) {
 	if o := r.Obs.Load(); o == nil || !o.OK {
-		r.Obs.Store(&fleet.Obs{OK: true})
+		r.Obs.Store(&Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(running), OK: true}, Waiting: vllm.Value{V: float64(waiting), OK: true}}
-	r.install(m, r.Count.Load(), r.batch.sent.Load(), now, now)
+	r.Install(m, r.MarkScrape(now), now)
 }
 
 // TestLearnedBatch: a replica configured (or defaulted) to 256 sequences
@@ -30,32 +29,32 @@ func TestLearnedBatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
 	for range 12 {
-		set.Take(fleet.Route{}, 10, nil)
+		set.Take(Route{}, 10, nil)
 	}
 	scrapeRW(r, 8, 4, now)
 	assert.Zero(t, r.batch.learned.Load(), "one scrape with waiting requests is not proof")
 	scrapeRW(r, 10, 2, now.Add(time.Second))
 	assert.Zero(t, r.batch.learned.Load(), "running grew: the batch was still filling")
 	scrapeRW(r, 10, 3, now.Add(2*time.Second))
-	assert.Equal(t, int64(10), r.batchLimit(), "waiting twice with running flat: the batch is 10")
+	assert.Equal(t, int64(10), r.BatchLimit(), "waiting twice with running flat: the batch is 10")
 	scrapeRW(r, 8, 4, now.Add(3*time.Second))
 	assert.Equal(t, int64(10), r.batch.learned.Load(), "running fell while requests wait (preemptions): the 10 it ran stand")
-	assert.Equal(t, int64(8), r.batchLimit(), "stopped at the 8 running until the next scrape")
+	assert.Equal(t, int64(8), r.BatchLimit(), "stopped at the 8 running until the next scrape")
 	scrapeRW(r, 8, 4, now.Add(4*time.Second))
-	assert.Equal(t, int64(8), r.batchLimit(), "a pair at 8: the batch shrank")
-	assert.False(t, set.Fits(fleet.Route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
+	assert.Equal(t, int64(8), r.BatchLimit(), "a pair at 8: the batch shrank")
+	assert.False(t, set.Fits(Route{}, 10), "12 in flight, batch 8: no room until the queue inside vLLM drains")
 
 	// A transient (a burst of prefills held back by the token budget)
 	// followed by a scrape with nothing waiting teaches nothing.
 	set2, r2 := sizingSet(256)
-	set2.Take(fleet.Route{}, 10, nil)
+	set2.Take(Route{}, 10, nil)
 	scrapeRW(r2, 3, 40, now)
 	scrapeRW(r2, 43, 0, now.Add(time.Second))
-	assert.Equal(t, int64(256), r2.batchLimit())
+	assert.Equal(t, int64(256), r2.BatchLimit())
 	assert.Zero(t, r2.batch.learned.Load())
 	scrapeRW(r2, 0, 5, now.Add(2*time.Second))
 	scrapeRW(r2, 0, 5, now.Add(3*time.Second))
-	assert.Equal(t, int64(1), r2.batchLimit(), "never below one")
+	assert.Equal(t, int64(1), r2.BatchLimit(), "never below one")
 }
 
 // TestOneFullScrapeStopsDispatch: before any batch is learned, one scrape
@@ -68,35 +67,35 @@ func TestOneFullScrapeStopsDispatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
 	for range 20 {
-		set.Take(fleet.Route{}, 10, nil)
+		set.Take(Route{}, 10, nil)
 	}
 	scrapeRW(r, 16, 4, now)
-	assert.Equal(t, int64(16), r.batchLimit(), "16 run, 4 wait: no more until the next scrape")
+	assert.Equal(t, int64(16), r.BatchLimit(), "16 run, 4 wait: no more until the next scrape")
 	assert.Zero(t, r.batch.learned.Load(), "not learned from one scrape")
-	assert.False(t, set.Fits(fleet.Route{}, 10), "20 in flight, 16 running: a 21st would wait inside vLLM")
+	assert.False(t, set.Fits(Route{}, 10), "20 in flight, 16 running: a 21st would wait inside vLLM")
 	for range 5 {
 		set.Leave(r, 10, 1, false, now)
 	}
-	assert.True(t, set.Fits(fleet.Route{}, 10), "15 in flight: room under the running count")
+	assert.True(t, set.Fits(Route{}, 10), "15 in flight: room under the running count")
 
 	scrapeRW(r, 15, 0, now.Add(time.Second))
-	assert.Equal(t, int64(256), r.batchLimit(), "nothing waiting: the stop is lifted")
+	assert.Equal(t, int64(256), r.BatchLimit(), "nothing waiting: the stop is lifted")
 	assert.Zero(t, r.batch.learned.Load())
 
 	scrapeRW(r, 15, 3, now.Add(2*time.Second))
-	assert.Equal(t, int64(15), r.batchLimit())
-	r.install(&vllm.Metrics{}, r.Count.Load(), r.batch.sent.Load(), now.Add(3*time.Second), now.Add(3*time.Second))
-	assert.Equal(t, int64(256), r.batchLimit(), "a scrape without counts does not hold an old stop")
+	assert.Equal(t, int64(15), r.BatchLimit())
+	r.Install(&vllm.Metrics{}, r.MarkScrape(now.Add(3*time.Second)), now.Add(3*time.Second))
+	assert.Equal(t, int64(256), r.BatchLimit(), "a scrape without counts does not hold an old stop")
 
 	// Over a learned batch, a full scrape stops a probe at once.
 	_, r2 := sizingSet(32)
 	scrapeRW(r2, 8, 3, now)
 	scrapeRW(r2, 8, 3, now.Add(time.Second))
 	scrapeRW(r2, 8, 0, now.Add(time.Second+probeHold))
-	assert.Equal(t, int64(9), r2.batchLimit(), "probing upwards")
+	assert.Equal(t, int64(9), r2.BatchLimit(), "probing upwards")
 	scrapeRW(r2, 8, 1, now.Add(2*time.Second+probeHold))
-	assert.Equal(t, int64(8), r2.batchLimit(), "the probe waits inside vLLM: stopped at the 8 running")
-	assert.Zero(t, r2.probeExcess(), "nothing above the confirmed batch is dispatched, so nothing is kept out of the reserve")
+	assert.Equal(t, int64(8), r2.BatchLimit(), "the probe waits inside vLLM: stopped at the 8 running")
+	assert.Zero(t, r2.ProbeExcess(), "nothing above the confirmed batch is dispatched, so nothing is kept out of the reserve")
 }
 
 // TestLearnedBatchProbesUp: a learned batch is probed upwards once
@@ -109,35 +108,35 @@ func TestLearnedBatchProbesUp(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	scrapeRW(r, 8, 3, now)
 	scrapeRW(r, 8, 3, now.Add(time.Second))
-	assert.Equal(t, int64(8), r.batchLimit())
+	assert.Equal(t, int64(8), r.BatchLimit())
 
 	at := now.Add(2 * time.Second)
 	scrapeRW(r, 8, 0, at)
-	assert.Equal(t, int64(8), r.batchLimit(), "within probeHold of the confirmation")
+	assert.Equal(t, int64(8), r.BatchLimit(), "within probeHold of the confirmation")
 	at = now.Add(time.Second + probeHold)
 	scrapeRW(r, 5, 0, at)
-	assert.Equal(t, int64(8), r.batchLimit(), "below the batch: nothing to learn")
-	assert.Zero(t, r.probeExcess())
+	assert.Equal(t, int64(8), r.BatchLimit(), "below the batch: nothing to learn")
+	assert.Zero(t, r.ProbeExcess())
 	scrapeRW(r, 8, 0, at.Add(time.Second))
-	assert.Equal(t, int64(9), r.batchLimit(), "at the batch, nothing waiting: +1")
-	assert.Equal(t, int64(1), r.probeExcess(), "the ninth is a probe until confirmed")
+	assert.Equal(t, int64(9), r.BatchLimit(), "at the batch, nothing waiting: +1")
+	assert.Equal(t, int64(1), r.ProbeExcess(), "the ninth is a probe until confirmed")
 	scrapeRW(r, 9, 1, at.Add(2*time.Second))
 	scrapeRW(r, 9, 1, at.Add(3*time.Second))
-	assert.Equal(t, int64(9), r.batchLimit(), "confirmed at 9")
-	assert.Zero(t, r.probeExcess())
+	assert.Equal(t, int64(9), r.BatchLimit(), "confirmed at 9")
+	assert.Zero(t, r.ProbeExcess())
 
 	// The real batch grew (a restart with a larger --max-num-seqs).
 	at = at.Add(3*time.Second + probeHold)
 	var got []int64
 	for i := range 12 {
-		scrapeRW(r, r.batchLimit(), 0, at.Add(time.Duration(i)*time.Second))
-		got = append(got, r.batchLimit())
+		scrapeRW(r, r.BatchLimit(), 0, at.Add(time.Duration(i)*time.Second))
+		got = append(got, r.BatchLimit())
 	}
 	assert.Equal(t, []int64{10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 27}, got)
 	for i := range 6 {
-		scrapeRW(r, r.batchLimit(), 0, at.Add(time.Duration(12+i)*time.Second))
+		scrapeRW(r, r.BatchLimit(), 0, at.Add(time.Duration(12+i)*time.Second))
 	}
-	assert.Equal(t, int64(32), r.batchLimit(), "back at max_num_seqs")
+	assert.Equal(t, int64(32), r.BatchLimit(), "back at max_num_seqs")
 	assert.Equal(t, int64(0), r.batch.learned.Load(), "forgotten")
 }
 
@@ -148,7 +147,7 @@ func TestLearnedBatchBoundsShare(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	scrapeRW(r, 8, 6, now)
 	scrapeRW(r, 8, 6, now.Add(time.Second))
-	assert.Equal(t, int64(8), r.seqLimit(0))
-	fleet.ApplyShares("a", []*replica{r}, []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
+	assert.Equal(t, int64(8), r.SeqLimit(0))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
 	assert.Equal(t, int64(4), r.Share.Load(), "half of the learned 8, not of 256")
 }

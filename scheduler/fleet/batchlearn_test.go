@@ -1,17 +1,16 @@
-package scheduler
+package fleet
 
 import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/stretchr/testify/assert"
 )
 
 // floodLearn runs a flood at one request per 10 ms into a replica that
 // runs 16 sequences and keeps the rest in its FCFS queue, nothing
 // completing, scraped as vllm.Poller schedules it: every tick (fast),
-// each replica due after learn while learningBatch says so, else after
+// each replica due after learn while LearningBatch says so, else after
 // every (within half a tick). It returns when the batch was learned after
 // the replica first had a request waiting, and the most that ever waited.
 func floodLearn(t *testing.T, tick, learn, every time.Duration) (learnedAfter time.Duration, mostWaiting int64) {
@@ -23,21 +22,21 @@ func floodLearn(t *testing.T, tick, learn, every time.Duration) (learnedAfter ti
 	for at := time.Duration(0); at <= 3*time.Second; at += 10 * time.Millisecond {
 		if at%tick == 0 {
 			iv := every
-			if r.learningBatch() {
+			if r.LearningBatch() {
 				iv = learn
 			}
 			if at-last >= iv-tick/2 {
 				last = at
 				n := r.Count.Load()
 				scrapeRW(r, min(n, batch), max(n-batch, 0), t0.Add(at))
-				if r.batch.learned.Load() > 0 {
-					assert.Equal(t, int64(batch), r.batch.learned.Load())
+				if r.Learned() > 0 {
+					assert.Equal(t, int64(batch), r.Learned())
 					return at - fullAt, mostWaiting
 				}
 			}
 		}
-		if set.Fits(fleet.Route{}, 10) {
-			set.Take(fleet.Route{}, 10, nil)
+		if set.Fits(Route{}, 10) {
+			set.Take(Route{}, 10, nil)
 		}
 		if w := r.Count.Load() - batch; w > 0 {
 			mostWaiting = max(mostWaiting, w)
@@ -71,24 +70,24 @@ func TestLearnScrapeInterval(t *testing.T) {
 func TestLearningBatch(t *testing.T) {
 	set, r := sizingSet(256)
 	now := time.Unix(1_800_000_000, 0)
-	assert.False(t, r.learningBatch(), "idle")
+	assert.False(t, r.LearningBatch(), "idle")
 	var seqs []int64
 	for range 4 {
-		_, s := set.Take(fleet.Route{}, 10, nil)
+		_, s := set.Take(Route{}, 10, nil)
 		seqs = append(seqs, s)
 	}
-	assert.True(t, r.learningBatch(), "busy, batch unknown")
+	assert.True(t, r.LearningBatch(), "busy, batch unknown")
 	scrapeRW(r, 4, 0, now)
-	assert.False(t, r.learningBatch(), "it has run all 4 with nothing waiting")
-	set.Take(fleet.Route{}, 10, nil)
-	assert.True(t, r.learningBatch(), "more in flight than it was seen to run")
+	assert.False(t, r.LearningBatch(), "it has run all 4 with nothing waiting")
+	set.Take(Route{}, 10, nil)
+	assert.True(t, r.LearningBatch(), "more in flight than it was seen to run")
 	scrapeRW(r, 4, 1, now.Add(time.Second))
 	scrapeRW(r, 4, 1, now.Add(2*time.Second))
-	assert.Equal(t, int64(4), r.batch.learned.Load())
-	assert.False(t, r.learningBatch(), "learned")
+	assert.Equal(t, int64(4), r.Learned())
+	assert.False(t, r.LearningBatch(), "learned")
 	for _, s := range seqs {
 		set.Leave(r, 10, s, false, now)
 	}
 	scrapeRW(r, 1, 0, now.Add(3*time.Second))
-	assert.False(t, r.learningBatch())
+	assert.False(t, r.LearningBatch())
 }
