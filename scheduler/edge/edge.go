@@ -26,15 +26,38 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
 )
+
+// Scheduler is what the edge needs of the admission pipeline
+// (*scheduler.Server): the call's owner (Start; Replayed and Reject for a
+// call that never started), authentication, the model list and workflows
+// it answers itself, whether it drains or traces, readiness for the
+// probes it serves, and the policy's body limit.
+type Scheduler interface {
+	Authenticate(authz []byte) (scheduler.Caller, error)
+	Start(ctx context.Context, a scheduler.Admission) (*scheduler.Ticket, error)
+	Replayed(c scheduler.Caller, err error) ([]byte, bool)
+	Reject(tenant, reqID string, err error) *scheduler.APIError
+	Models(c scheduler.Caller) []byte
+	CreateWorkflow(ctx context.Context, c scheduler.Caller, body []byte) ([]byte, error)
+	Workflow(ctx context.Context, c scheduler.Caller, id string) ([]byte, error)
+	Draining() bool
+	Traced() bool
+	Ready() (bool, string)
+	ReadyDetail() string
+	Policy() *config.File
+}
+
+var _ Scheduler = (*scheduler.Server)(nil)
 
 // Edge is the fasthttp adapter of the client-facing API. It is the only
 // code that sees *fasthttp.RequestCtx; everything below it gets a
 // context.Context that the edge cancels when the client leaves.
 type Edge struct {
-	s     *scheduler.Server
+	s     Scheduler
 	watch *connwatch.Watcher
 	base  context.Context
 }
@@ -42,7 +65,7 @@ type Edge struct {
 // New returns the client API handler. base is the parent of every request
 // context (the server's lifetime); watch may be nil (then only a failed
 // write notices a disconnect).
-func New(base context.Context, s *scheduler.Server, watch *connwatch.Watcher) *Edge {
+func New(base context.Context, s Scheduler, watch *connwatch.Watcher) *Edge {
 	return &Edge{s: s, watch: watch, base: base}
 }
 
