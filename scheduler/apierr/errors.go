@@ -1,4 +1,4 @@
-package scheduler
+package apierr
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// Sentinel errors of the admission pipeline. statusFor maps them (and the
-// errors of queue, ledger and vllm) to HTTP responses.
+// Sentinel errors of the admission pipeline. For maps them (and the errors
+// of queue, ledger and vllm) to HTTP responses.
 var (
 	ErrUnauthorized  = policy.ErrUnauthorized
 	ErrTooLarge      = errors.New("request body too large")
@@ -45,15 +45,25 @@ type badRequestError struct {
 func (e *badRequestError) Error() string        { return e.msg }
 func (e *badRequestError) Is(target error) bool { return target == ErrBadRequest }
 
-func invalidf(param, format string, a ...any) error {
+// Invalidf is a 400 invalid_request naming param (the body field or header
+// at fault; "" for none) with a formatted message.
+func Invalidf(param, format string, a ...any) error {
 	return &badRequestError{msg: fmt.Sprintf(format, a...), param: param}
 }
 
-// APIError is one refusal in the pinned error shape (ARCHITECTURE.md §3.3):
+// Refuser is an error that knows its own refusal: the pipeline's errors
+// that carry details (a budget's numbers, a queue rule, a workflow limit)
+// build it themselves.
+type Refuser interface {
+	error
+	APIError() *Error
+}
+
+// Error is one refusal in the pinned error shape (ARCHITECTURE.md §3.3):
 // what the client edge writes (Status, the Retry-After, retry-after-ms and
 // x-should-retry headers of RetryAfter and NoRetry, and Body) and what the
 // outcome counters record.
-type APIError struct {
+type Error struct {
 	Status  int
 	Code    string
 	Type    string
@@ -69,121 +79,113 @@ type APIError struct {
 	Raw []byte
 }
 
-// statusFor is the one place that maps an outcome to an HTTP status and
-// error code (HOUSE-STYLE §4).
-func statusFor(err error) *APIError {
+// For is the one place that maps an outcome to an HTTP status and error
+// code (HOUSE-STYLE §4).
+func For(err error) *Error {
 	var (
-		denied  *ledger.DeniedError
-		full    *queue.FullError
-		br      *badRequestError
-		ue      *vllm.UpstreamError
-		ir      *vllm.InvalidRequestError
-		wfe     *workflowError
-		se      *streamError
-		ie      *idemError
-		bd      *budgetDeniedError
-		unknown *modelError
-		qe      *queueExitError
-		kse     *keysStaleError
+		denied *ledger.DeniedError
+		full   *queue.FullError
+		br     *badRequestError
+		ue     *vllm.UpstreamError
+		ir     *vllm.InvalidRequestError
+		se     *midStream
+		ref    Refuser
 	)
 	switch {
 	case errors.As(err, &se):
 		return streamStatus(se)
 	case errors.Is(err, ErrDraining):
-		return &APIError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
-	case errors.As(err, &kse):
-		return kse.APIError()
+		return &Error{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+	case errors.As(err, &ref):
+		return ref.APIError()
 	case errors.Is(err, ErrUnauthorized):
-		return &APIError{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
+		return &Error{Status: 401, Code: "invalid_api_key", Type: "authentication_error", Message: "missing or unknown API key"}
 	case errors.Is(err, ErrTooLarge):
-		return &APIError{Status: 413, Code: "request_too_large", Type: "invalid_request_error", Message: err.Error()}
+		return &Error{Status: 413, Code: "request_too_large", Type: "invalid_request_error", Message: err.Error()}
 	case errors.As(err, &br):
-		return &APIError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
+		return &Error{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: br.msg, Param: br.param}
 	case errors.As(err, &ir):
-		return &APIError{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
-	case errors.As(err, &unknown):
-		// OpenAI's and vLLM's answer: 404, param null (routing.go).
-		return &APIError{Status: 404, Code: "model_not_found", Type: "invalid_request_error",
-			Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", unknown.model)}
+		return &Error{Status: 400, Code: "invalid_request", Type: "invalid_request_error", Message: ir.Error(), Param: ir.Param}
 	case errors.Is(err, ErrUnknownModel):
-		return &APIError{Status: 404, Code: "model_not_found", Type: "invalid_request_error", Message: err.Error()}
+		return &Error{Status: 404, Code: "model_not_found", Type: "invalid_request_error", Message: err.Error()}
 	case errors.Is(err, ErrContextLength), errors.Is(err, vllm.ErrContextLength):
-		return &APIError{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
+		return &Error{Status: 400, Code: "context_length_exceeded", Type: "invalid_request_error", Message: err.Error(), Param: "messages"}
 	case errors.As(err, &full):
-		return &APIError{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
+		return &Error{Status: 429, Code: "queue_full", Type: "rate_limit_error", Message: err.Error(),
 			RetryAfter: full.RetryAfter, Details: map[string]any{"bound": full.Bound.String()}}
-	case errors.As(err, &bd):
-		return bd.APIError()
 	case errors.As(err, &denied):
-		return deniedError(denied)
-	case errors.As(err, &wfe):
-		return &APIError{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: wfe.Error(), NoRetry: true,
-			Details: map[string]any{"scope": "workflow", "dimension": wfe.dim, "limit": wfe.limit, "used": wfe.used}}
+		return Denied(denied)
 	case errors.Is(err, ledger.ErrLeaseLost):
 		// Before dispatch (the fence fired while queued) nothing ran.
-		return &APIError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger could not keep the request's reservation alive; nothing was sent upstream", RetryAfter: time.Second}
+		return &Error{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger could not keep the request's reservation alive; nothing was sent upstream", RetryAfter: time.Second}
 	case ledger.IsStoreError(err):
 		// Before the deadline case: a store timeout is an unknown ledger
 		// outcome, not the client's deadline.
-		return &APIError{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
-	case errors.As(err, &qe):
-		return qe.APIError()
+		return &Error{Status: 503, Code: "ledger_unavailable", Type: "service_unavailable", Message: "the budget ledger cannot decide; nothing was sent upstream", RetryAfter: time.Second}
 	case errors.Is(err, queue.ErrExpired), errors.Is(err, ErrDeadline):
-		return &APIError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
-	case errors.As(err, &ie):
-		return &APIError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: ie.msg, NoRetry: true,
-			Details: map[string]any{"state": ie.state}}
+		return &Error{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed before it could be served"}
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrAlreadyDone):
-		return &APIError{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
+		return &Error{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, ledger.ErrCorrupt), errors.Is(err, ledger.ErrPolicy), errors.Is(err, ledger.ErrInvalid),
 		errors.Is(err, ledger.ErrConflict), errors.Is(err, ledger.ErrAlreadyFinal):
-		return &APIError{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
+		return &Error{Status: 500, Code: "ledger_error", Type: "server_error", Message: "the budget ledger refused the request; operators have been alerted"}
 	case errors.Is(err, ErrClamped):
-		return &APIError{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
+		return &Error{Status: 403, Code: "tenant_clamped", Type: "permission_error", Message: err.Error(), NoRetry: true}
 	case errors.Is(err, vllm.ErrNoCap):
 		// No cap from the client or the tenant, and no replica has told
 		// the model's context length yet: nothing can size the hold.
-		return &APIError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable",
+		return &Error{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable",
 			Message: "the model's context length is not known yet (no replica has reported max_model_len): send max_tokens, or retry", RetryAfter: time.Second}
 	case errors.Is(err, ErrNoReplica):
-		return &APIError{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
+		return &Error{Status: 503, Code: "no_healthy_replica", Type: "service_unavailable", Message: "no replica can take work", RetryAfter: time.Second}
 	case errors.Is(err, ErrNotFound):
-		return &APIError{Status: 404, Code: "not_found", Type: "invalid_request_error", Message: err.Error()}
+		return &Error{Status: 404, Code: "not_found", Type: "invalid_request_error", Message: err.Error()}
 	case errors.As(err, &ue) && (ue.Status == 400 || ue.Status == 404) && !ue.InStream:
 		code := "invalid_request"
 		if ue.ContextLength() {
 			code = "context_length_exceeded"
 		}
 		// vLLM's own refusal passes through unchanged when it has a body.
-		return &APIError{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param, Raw: ue.Body}
+		return &Error{Status: ue.Status, Code: code, Type: "invalid_request_error", Message: "the replica refused the request", Param: ue.Param, Raw: ue.Body}
 	case errors.Is(err, ErrClientGone):
-		return &APIError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+		return &Error{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
 	}
-	return &APIError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+	return &Error{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
 }
 
-// streamError is a failure after the 200 headers went out: the client gets
+// midStream is a failure after the 200 headers went out: the client gets
 // it as an SSE error event, so it is never a refusal (4xx) even when its
 // cause would be one.
-type streamError struct{ cause error }
+type midStream struct{ cause error }
 
-func (e *streamError) Error() string { return "mid-stream: " + e.cause.Error() }
-func (e *streamError) Unwrap() error { return e.cause }
+func (e *midStream) Error() string { return "mid-stream: " + e.cause.Error() }
+func (e *midStream) Unwrap() error { return e.cause }
 
-func streamStatus(se *streamError) *APIError {
-	if errors.Is(se.cause, ErrDeadline) || errors.Is(se.cause, queue.ErrExpired) {
-		return &APIError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed while it was being served"}
-	}
-	if errors.Is(se.cause, ErrDraining) {
-		return &APIError{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
-	}
-	if errors.Is(se.cause, ErrClientGone) {
-		return &APIError{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
-	}
-	return &APIError{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+// MidStream is cause as a failure after a stream's 200 headers.
+func MidStream(cause error) error { return &midStream{cause: cause} }
+
+// IsMidStream reports whether err failed after a stream's headers.
+func IsMidStream(err error) bool {
+	var se *midStream
+	return errors.As(err, &se)
 }
 
-func deniedError(d *ledger.DeniedError) *APIError {
+func streamStatus(se *midStream) *Error {
+	if errors.Is(se.cause, ErrDeadline) || errors.Is(se.cause, queue.ErrExpired) {
+		return &Error{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Message: "the request's deadline passed while it was being served"}
+	}
+	if errors.Is(se.cause, ErrDraining) {
+		return &Error{Status: 503, Code: "draining", Type: "service_unavailable", Message: "the server is shutting down", RetryAfter: time.Second}
+	}
+	if errors.Is(se.cause, ErrClientGone) {
+		return &Error{Status: 499, Code: "client_cancelled", Type: "client_error", Message: "client disconnected"}
+	}
+	return &Error{Status: 502, Code: "upstream_error", Type: "server_error", Message: "the replica failed to complete the request"}
+}
+
+// Denied is a budget's refusal: 429 with the scope, dimension, window and
+// the numbers that refused it.
+func Denied(d *ledger.DeniedError) *Error {
 	code := "tenant_budget_exceeded"
 	scope := d.Scope.String()
 	if d.Scope == ledger.KindWorkflow {
@@ -201,7 +203,7 @@ func deniedError(d *ledger.DeniedError) *APIError {
 	if !d.ResetsAt.IsZero() {
 		det["resets_at"] = d.ResetsAt.UTC().Format(time.RFC3339)
 	}
-	return &APIError{
+	return &Error{
 		Status: 429, Code: code, Type: "rate_limit_error",
 		Message:    fmt.Sprintf("%s budget exceeded: %s per %s", scope, d.Dim, ledger.FormatWindow(d.Window)),
 		Details:    det,

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -23,14 +24,14 @@ type fakeScheduler struct {
 
 func (f *fakeScheduler) Authenticate([]byte) (scheduler.Caller, error) {
 	f.authenticated++
-	return scheduler.Caller{}, scheduler.ErrUnauthorized
+	return scheduler.Caller{}, apierr.ErrUnauthorized
 }
 func (f *fakeScheduler) Start(context.Context, scheduler.Admission) (*scheduler.Ticket, error) {
 	panic("no call starts in these tests")
 }
 func (f *fakeScheduler) Replayed(scheduler.Caller, error) ([]byte, bool) { return nil, false }
-func (f *fakeScheduler) Reject(_, _ string, err error) *scheduler.APIError {
-	return scheduler.ErrorFor(err)
+func (f *fakeScheduler) Reject(_, _ string, err error) *apierr.Error {
+	return apierr.For(err)
 }
 func (f *fakeScheduler) Models(scheduler.Caller) []byte { return nil }
 func (f *fakeScheduler) CreateWorkflow(context.Context, scheduler.Caller, []byte) ([]byte, error) {
