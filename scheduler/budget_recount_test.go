@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -37,13 +38,13 @@ func TestTokenBudgetAsksForACountOnlyWhenItCouldHelp(t *testing.T) {
 
 	// The output alone is more than the budget: no count can help.
 	_, err := serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":150}`)})
-	require.Equal(t, 429, statusFor(err).Status)
+	require.Equal(t, 429, apierr.For(err).Status)
 	assert.Zero(t, up.tokenizes.Load(), "an exhausted budget costs the replicas nothing")
 
 	// A long message whose bound is over the budget may fit exactly.
 	long := strings.Repeat("a", 300)
 	_, err = serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"` + long + `"}],"max_tokens":8}`)})
-	ae := statusFor(err)
+	ae := apierr.For(err)
 	require.Equal(t, 429, ae.Status)
 	assert.Equal(t, int64(1), up.tokenizes.Load(), "counted once before refusing")
 	assert.Equal(t, int64(0), ae.Details["fits_output_tokens"])

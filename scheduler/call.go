@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
@@ -133,7 +134,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		return nil, err
 	}
 	if req.N > maxChoices {
-		return nil, invalidf("n", "n must be at most %d (got %d)", maxChoices, req.N)
+		return nil, apierr.Invalidf("n", "n must be at most %d (got %d)", maxChoices, req.N)
 	}
 	if err := s.checkModel(t, req.Model); err != nil {
 		return nil, err
@@ -159,7 +160,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	if a.workflow != "" {
 		wf, ok := s.wfs.getOrCreate(t.Name, a.workflow, t.Cfg.Workflow, arrival)
 		if !ok {
-			return nil, invalidf("X-Workflow-Id", "unknown workflow %q and the tenant has no workflow_defaults", a.workflow)
+			return nil, apierr.Invalidf("X-Workflow-Id", "unknown workflow %q and the tenant has no workflow_defaults", a.workflow)
 		}
 		left, err := wf.admitCall(arrival, a.retry)
 		if err != nil {
@@ -454,7 +455,7 @@ func (s *Server) sizeHolds(c *call) error {
 		if c.req.N > 1 {
 			param = "n"
 		}
-		return invalidf(param, "the output cap times the number of choices (%d × %d) plus the input is more than a request may hold", c.plan.Cap, c.plan.Choices)
+		return apierr.Invalidf(param, "the output cap times the number of choices (%d × %d) plus the input is more than a request may hold", c.plan.Cap, c.plan.Choices)
 	}
 	h, err := s.holdFor(c, in, s.holdOutput(c))
 	if err != nil {
@@ -475,11 +476,11 @@ func (s *Server) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	h[ledger.GPUMs] = s.reps.GPUHold(s.gpu, c.req.Model, in, out)
 	usd, ok := c.pol.PriceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
-		return h, invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
+		return h, apierr.Invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
 	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
-		return h, invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
+		return h, apierr.Invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
 	}
 	return h, nil
 }

@@ -152,6 +152,6 @@
 // compare-and-set and polled every second, so a change through any instance
 // applies to the fleet. Automatic clamps (package abuse) use the same path.
 //
-// statusFor is the one place that maps outcomes to HTTP statuses and the
+// apierr.For is the one place that maps outcomes to HTTP statuses and the
 // pinned error codes of ARCHITECTURE.md §3.3.
 package scheduler

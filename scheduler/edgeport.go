@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -84,14 +85,10 @@ func (a *Admission) admission() admission {
 	}
 }
 
-// Invalidf is the client's invalid request (400 invalid_request_error),
-// naming the offending param ("" none).
-func Invalidf(param, format string, a ...any) error { return invalidf(param, format, a...) }
-
 // Reject classifies a refusal the edge answers outside Finish (before
 // admission, or Start's): logged when a failure of Sluice's, audited and
 // counted. tenant is "" before authentication.
-func (s *Server) Reject(tenant, reqID string, err error) *APIError {
+func (s *Server) Reject(tenant, reqID string, err error) *apierr.Error {
 	ae := s.classify(tenant, err)
 	s.countRefusal(tenant, reqID, err, ae)
 	return ae

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -56,8 +57,8 @@ func TestUpstream404RereadsModels(t *testing.T) {
 		r.ModelsAt.Store(1)
 	}
 	_, err := serve(context.Background(), s, admission{body: chatBody("")})
-	assert.Equal(t, 404, statusFor(err).Status)
-	assert.Equal(t, body, statusFor(err).Raw)
+	assert.Equal(t, 404, apierr.For(err).Status)
+	assert.Equal(t, body, apierr.For(err).Raw)
 	for _, r := range s.reps.List() {
 		assert.Zero(t, r.ModelsAt.Load(), "replica %s's models are read again", r.Name)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -97,7 +98,7 @@ func (s *Server) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 				end = fmt.Errorf("%w: %w", ErrUpstreamFailed, err)
 			}
 			if !errors.Is(end, ErrClientGone) && !errors.Is(end, ErrClientStalled) {
-				cw.write(streamErrorEvent(c, end))
+				cw.write(apierr.StreamEvent(c.ep.Anthropic(), end))
 			}
 			break
 		}
@@ -120,7 +121,7 @@ func (s *Server) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		seriesOf(c.t, s.m).requestsOK.Inc()
 		return outcomeOK
 	}
-	o, _ := outcomeFor(&streamError{cause: end})
+	o, _ := outcomeFor(apierr.MidStream(end))
 	s.m.count(c.t.Name, o, nil)
 	return o
 }

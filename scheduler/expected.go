@@ -1,6 +1,9 @@
 package scheduler
 
-import "github.com/sluicehq/sluice/ledger"
+import (
+	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
+)
 
 // Expected use (docs/SCHEDULING.md §7). A call's ledger hold is its worst
 // case, input + cap × choices, where cap is the remaining context when
@@ -47,7 +50,7 @@ func (s *Server) sizeExpected(c *call, in int64) error {
 	wi, ok1 := mulAmount(cost.WIn, in)
 	wo, ok2 := mulAmount(cost.WOut, out)
 	if !ok1 || !ok2 || wi > ledger.MaxAmount-wo {
-		return invalidf("max_tokens", "the request's fair-share cost is out of range; lower max_tokens")
+		return apierr.Invalidf("max_tokens", "the request's fair-share cost is out of range; lower max_tokens")
 	}
 	c.cost = wi + wo
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // Ledger holds are a request's worst case; replica room and the fair-share
@@ -107,7 +108,7 @@ func TestHoldOverCapacityIsAdmittedWhenExpectedFits(t *testing.T) {
 
 	// Expected use over every replica's capacity is still refused.
 	_, err = serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
-	assert.Equal(t, 400, statusFor(err).Status)
+	assert.Equal(t, 400, apierr.For(err).Status)
 }
 
 // Two requests whose caps together exceed a replica's room, but whose
@@ -172,7 +173,7 @@ func TestOverCapacityIsInvalidBeforeTheBudget(t *testing.T) {
 	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &fakeUpstream{out: 1})
 	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000})
 	_, err := serve(context.Background(), s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
-	ae := statusFor(err)
+	ae := apierr.For(err)
 	assert.Equal(t, 400, ae.Status)
 	assert.Equal(t, "context_length_exceeded", ae.Code)
 	assert.Zero(t, led.n("reserve"), "the ledger is never asked")

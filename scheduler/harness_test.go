@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
@@ -374,7 +375,7 @@ type recordingSink struct {
 
 func (r *recordingSink) Whole(_ Meta, body []byte) { r.body = body }
 
-func (r *recordingSink) Refuse(err error, _ *APIError, _ Meta) {
+func (r *recordingSink) Refuse(err error, _ *apierr.Error, _ Meta) {
 	r.err = err
 	r.refusals++
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -71,6 +72,11 @@ type idemError struct {
 }
 
 func (e *idemError) Error() string { return e.msg }
+
+func (e *idemError) APIError() *apierr.Error {
+	return &apierr.Error{Status: 409, Code: "idempotency_conflict", Type: "invalid_request_error", Message: e.msg, NoRetry: true,
+		Details: map[string]any{"state": e.state}}
+}
 
 // Is keeps errors.Is(err, ErrInProgress / ErrAlreadyDone) for callers that
 // only need the class.

@@ -7,6 +7,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,7 +43,7 @@ func TestIdempotencySameBodyAfterReloadIsTheSameRequest(t *testing.T) {
 		// the same request is now held at 4 output tokens, not 8.
 		require.NoError(t, s.Reload(testConfig(t, "", "    max_output_tokens: 4\n")))
 		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details, "the same request, still running: not a different request")
 
@@ -72,21 +73,21 @@ func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 		go func() { _, err := serve(ctx, s, admission{body: a, idemKey: "k"}); first <- err }()
 		synctest.Wait()
 		_, err := serve(ctx, s, admission{body: b, idemKey: "k"})
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details, "in flight: another body is a conflict")
 
 		close(up.gate)
 		require.NoError(t, <-first)
 		_, err = serve(ctx, s, admission{body: b, idemKey: "k"})
-		ae = statusFor(err)
+		ae = apierr.For(err)
 		assert.Equal(t, 409, ae.Status, "completed: never the first body's response")
 		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details)
 
 		// Another instance of the fleet (only the shared store has it).
 		other := newTestServer(t, testConfig(t, "", ""), led, up, withStore)
 		_, err = serve(ctx, other, admission{body: b, idemKey: "k"})
-		assert.Equal(t, map[string]any{"state": "conflict"}, statusFor(err).Details)
+		assert.Equal(t, map[string]any{"state": "conflict"}, apierr.For(err).Details)
 		other = newTestServer(t, testConfig(t, "", ""), led, up, withStore)
 		_, err = serve(ctx, other, admission{body: a, idemKey: "k"})
 		var replay *cachedResponse

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/policy"
 )
@@ -128,8 +129,8 @@ func (e *keysStaleError) Error() string {
 		e.age.Round(time.Second), e.bound)
 }
 
-func (e *keysStaleError) APIError() *APIError {
-	return &APIError{Status: 503, Code: "key_store_stale", Type: "service_unavailable", Message: e.Error(), RetryAfter: time.Second,
+func (e *keysStaleError) APIError() *apierr.Error {
+	return &apierr.Error{Status: 503, Code: "key_store_stale", Type: "service_unavailable", Message: e.Error(), RetryAfter: time.Second,
 		Details: map[string]any{"stale_for_ms": e.age.Milliseconds(), "bound_ms": e.bound.Milliseconds()}}
 }
 

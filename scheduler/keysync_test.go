@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
@@ -68,7 +69,7 @@ func authCode(s *Server, key string) string {
 	if err == nil {
 		return ""
 	}
-	return statusFor(err).Code
+	return apierr.For(err).Code
 }
 
 func createKey(t *testing.T, s *Server, name string) CreatedKey {
@@ -189,7 +190,7 @@ func TestKeysFailClosedPastTheStalenessBound(t *testing.T) {
 	assert.Equal(t, "", authCode(f.a, k.Key), "within the bound the last keys read apply")
 	f.advance(time.Millisecond)
 	_, _, err := f.a.authenticate(f.a.pol.Load(), []byte("Bearer "+k.Key))
-	ae := statusFor(err)
+	ae := apierr.For(err)
 	require.NotNil(t, ae)
 	assert.Equal(t, 503, ae.Status)
 	assert.Equal(t, "key_store_stale", ae.Code)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // Regression tests of the violations the seeded fault simulator
@@ -56,7 +57,7 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 
 	setDown(true)
 	_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-	require.Equal(t, 503, statusFor(err).Status, "%v", err)
+	require.Equal(t, 503, apierr.For(err).Status, "%v", err)
 	setDown(false)
 
 	pol := s.pol.Load()
@@ -89,7 +90,7 @@ func TestChaosDispatchFinalIsLeaseLost(t *testing.T) {
 	go s.dispatchLoop(ctx)
 	for _, key := range []string{"", "k"} {
 		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: key})
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 503, ae.Status, "key %q: %v", key, err)
 		assert.Equal(t, "ledger_unavailable", ae.Code)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
@@ -72,7 +73,7 @@ func TestDuplicateIsInFlight(t *testing.T) {
 		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
 		synctest.Wait()
 		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details)
 		close(up.gate)
@@ -191,7 +192,7 @@ func TestOutboxReleasesNeverDispatched(t *testing.T) {
 			}
 			s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
 			_, err := serve(context.Background(), s, admission{body: chatBody("")})
-			assert.Equal(t, 503, statusFor(err).Status)
+			assert.Equal(t, 503, apierr.For(err).Status)
 			require.Equal(t, 1, s.settler.Pending())
 			s.settler.Flush(context.Background())
 			assert.Equal(t, 0, s.settler.Pending())
@@ -212,12 +213,12 @@ func TestOutboxReleasesNeverDispatched(t *testing.T) {
 // TestLeaseLostStatus: a lost lease is a proper status, not the
 // 502 fallthrough.
 func TestLeaseLostStatus(t *testing.T) {
-	ae := statusFor(ledger.ErrLeaseLost)
+	ae := apierr.For(ledger.ErrLeaseLost)
 	assert.Equal(t, 503, ae.Status)
 	assert.Equal(t, "ledger_unavailable", ae.Code)
-	assert.Equal(t, 502, statusFor(&streamError{cause: ledger.ErrLeaseLost}).Status, "mid-stream it is the replica's work cut")
-	assert.Equal(t, 504, statusFor(&streamError{cause: ErrDeadline}).Status)
-	assert.Equal(t, 502, statusFor(&streamError{cause: &badRequestError{msg: "x"}}).Status, "never a 4xx after the 200")
+	assert.Equal(t, 502, apierr.For(apierr.MidStream(ledger.ErrLeaseLost)).Status, "mid-stream it is the replica's work cut")
+	assert.Equal(t, 504, apierr.For(apierr.MidStream(ErrDeadline)).Status)
+	assert.Equal(t, 502, apierr.For(apierr.MidStream(apierr.Invalidf("", "x"))).Status, "never a 4xx after the 200")
 }
 
 // TestMultipliersBounded: n and every product of client values
@@ -237,7 +238,7 @@ func TestMultipliersBounded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.extra + `}`)
 			_, err := serve(context.Background(), s, admission{body: body})
-			ae := statusFor(err)
+			ae := apierr.For(err)
 			assert.Equal(t, 400, ae.Status, "%v", err)
 			assert.Equal(t, "invalid_request", ae.Code)
 			assert.Equal(t, tc.param, ae.Param, "%v", err)
@@ -433,7 +434,7 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 	// Another instance (or after eviction): 409 completed, still no run.
 	other := newTestServer(t, testConfig(t, "", ""), led, up)
 	_, err = serve(ctx, other, admission{body: chatBody(""), idemKey: "k"})
-	ae := statusFor(err)
+	ae := apierr.For(err)
 	assert.Equal(t, 409, ae.Status)
 	assert.Equal(t, map[string]any{"state": "completed"}, ae.Details)
 	assert.Equal(t, int64(1), up.runs.Load())
@@ -462,7 +463,7 @@ func TestIdempotencyCacheFollowsRetention(t *testing.T) {
 
 		time.Sleep(time.Second)
 		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		assert.Equal(t, 409, statusFor(err).Status, "past it: the cache forgot the body")
+		assert.Equal(t, 409, apierr.For(err).Status, "past it: the cache forgot the body")
 		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
 
 		err = s.Reload(testConfig(t, "ledger: {tombstone_retention: 10m}\n", ""))
@@ -506,9 +507,9 @@ func TestOutageNeverRunsAKeyTwice(t *testing.T) {
 	down.Store(true)
 	for range 3 {
 		_, err = serve(ctx, s, a)
-		assert.Equal(t, 503, statusFor(err).Status, "a retry during the outage does not run: %v", err)
+		assert.Equal(t, 503, apierr.For(err).Status, "a retry during the outage does not run: %v", err)
 		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "fresh"})
-		assert.Equal(t, 503, statusFor(err).Status, "nor does a new key: only the ledger could tell: %v", err)
+		assert.Equal(t, 503, apierr.For(err).Status, "nor does a new key: only the ledger could tell: %v", err)
 	}
 	_, err = serve(ctx, s, admission{body: chatBody("")})
 	require.NoError(t, err, "an unkeyed request runs on the outage allowance")
@@ -521,7 +522,7 @@ func TestOutageNeverRunsAKeyTwice(t *testing.T) {
 	assert.Equal(t, first, replay.body, "recovered: the first response")
 	other := newTestServer(t, testConfig(t, "", outageTenant), led, up) // another instance: the ledger decides
 	_, err = serve(ctx, other, a)
-	assert.Equal(t, map[string]any{"state": "completed"}, statusFor(err).Details, "%v", err)
+	assert.Equal(t, map[string]any{"state": "completed"}, apierr.For(err).Details, "%v", err)
 	s.settler.ChargeOutages(ctx)
 	assert.Equal(t, 1, led.n("charge"))
 	assert.Equal(t, int64(2), up.runs.Load(), "the key ran once")
@@ -640,7 +641,7 @@ func TestAdminSharedFleetWide(t *testing.T) {
 	_, err = serve(ctx, b, admission{body: chatBody("")})
 	require.NoError(t, err)
 	_, err = serve(ctx, b, admission{body: chatBody("")})
-	assert.Equal(t, 429, statusFor(err).Status, "A's budget of 1 request is enforced by B: %v", err)
+	assert.Equal(t, 429, apierr.For(err).Status, "A's budget of 1 request is enforced by B: %v", err)
 
 	had, err := b.Unclamp("acme")
 	require.NoError(t, err)
@@ -776,7 +777,7 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 			}
 		})
 		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		assert.Equal(t, 503, statusFor(err).Status)
+		assert.Equal(t, 503, apierr.For(err).Status)
 		led.set(func() { led.reserve = nil })
 		s.settler.Flush(ctx)
 		assert.Zero(t, s.settler.Pending())
@@ -796,7 +797,7 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 			}
 		})
 		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k2"})
-		assert.Equal(t, 503, statusFor(err).Status)
+		assert.Equal(t, 503, apierr.For(err).Status)
 		led.set(func() { led.reserve = nil })
 		s.settler.Flush(ctx)
 		assert.Equal(t, 1, led.n("release"))
@@ -836,7 +837,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 		}
 	})
 	_, err = serve(ctx, s1, admission{body: chatBody("")})
-	assert.Equal(t, 503, statusFor(err).Status)
+	assert.Equal(t, 503, apierr.For(err).Status)
 	require.Equal(t, 2, s1.settler.Pending())
 	s1.settler.Flush(ctx)
 	require.Equal(t, 2, s1.settler.Pending(), "the store still refuses: kept")

@@ -1,10 +1,10 @@
 package scheduler
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 )
 
@@ -126,28 +126,27 @@ var outcomeNames = [...]string{"ok", "rejected", "expired", "cancelled", "upstre
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
-// outcomeFor classifies an error (nil: ok) through statusFor, the one
+// outcomeFor classifies an error (nil: ok) through apierr.For, the one
 // error→status map, so metrics and responses cannot disagree. A failure
 // after the 200 headers is never a rejection.
-func outcomeFor(err error) (Outcome, *APIError) {
+func outcomeFor(err error) (Outcome, *apierr.Error) {
 	if err == nil {
 		return outcomeOK, nil
 	}
-	ae := statusFor(err)
-	var se *streamError
+	ae := apierr.For(err)
 	switch {
 	case ae.Status == 499:
 		return outcomeCancelled, ae
 	case ae.Status == 504:
 		return outcomeExpired, ae
-	case ae.Status == 502, errors.As(err, &se):
+	case ae.Status == 502, apierr.IsMidStream(err):
 		return outcomeUpstreamError, ae
 	}
 	return outcomeRejected, ae
 }
 
 // count records one request's outcome; refusals also count by code.
-func (m *Metrics) count(tenant string, o Outcome, ae *APIError) {
+func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()

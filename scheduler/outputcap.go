@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // The honest output cap (docs/api.md "Output caps"): a max_tokens or
@@ -28,8 +29,8 @@ type budgetDeniedError struct {
 func (e *budgetDeniedError) Error() string { return e.d.Error() }
 func (e *budgetDeniedError) Unwrap() error { return e.d }
 
-func (e *budgetDeniedError) APIError() *APIError {
-	ae := deniedError(e.d)
+func (e *budgetDeniedError) APIError() *apierr.Error {
+	ae := apierr.Denied(e.d)
 	if e.key != "" {
 		ae.Details["key"] = e.key
 	}

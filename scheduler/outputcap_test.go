@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -73,7 +74,7 @@ func TestRefusalDetails(t *testing.T) {
 	t.Parallel()
 	k := &policy.Key{Name: "ci-bot", Label: "ci-bot"}
 	c := &call{key: k, req: &vllm.Request{MaxTokens: 3500}, plan: vllm.Plan{Cap: 3500, Choices: 1, InputTokens: 12}}
-	ae := statusFor(refusal(c, &ledger.DeniedError{Scope: ledger.KindAPIKey, Dim: ledger.Tokens, Limit: 3000}, 16))
+	ae := apierr.For(refusal(c, &ledger.DeniedError{Scope: ledger.KindAPIKey, Dim: ledger.Tokens, Limit: 3000}, 16))
 	assert.Equal(t, 429, ae.Status)
 	assert.Equal(t, "tenant_budget_exceeded", ae.Code)
 	assert.Equal(t, "api_key", ae.Details["scope"])
@@ -84,7 +85,7 @@ func TestRefusalDetails(t *testing.T) {
 	// Sluice's own cap refused below the floor says so; a tenant scope
 	// names no key.
 	c = &call{key: k, req: &vllm.Request{}, plan: vllm.Plan{Cap: 16, Choices: 1, InputTokens: 4}}
-	ae = statusFor(refusal(c, &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Tokens, Limit: 2859, Committed: 2840}, 16))
+	ae = apierr.For(refusal(c, &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Tokens, Limit: 2859, Committed: 2840}, 16))
 	assert.Equal(t, int64(15), ae.Details["fits_output_tokens"])
 	assert.Equal(t, int64(16), ae.Details["min_output_tokens"])
 	assert.NotContains(t, ae.Details, "key")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // ErrShed is the cause of a request shed from its tenant's queue by the
@@ -38,18 +39,18 @@ func (e *queueExitError) Unwrap() error {
 	return queue.ErrExpired
 }
 
-func (e *queueExitError) APIError() *APIError {
+func (e *queueExitError) APIError() *apierr.Error {
 	det := map[string]any{"reason": e.reason.String(), "waited_ms": e.waited.Milliseconds()}
 	if e.reason == queue.ReasonShed {
 		det["shed_after_ms"] = e.limit.Milliseconds()
-		return &APIError{Status: 503, Code: "queue_shed", Type: "service_unavailable", Details: det,
+		return &apierr.Error{Status: 503, Code: "queue_shed", Type: "service_unavailable", Details: det,
 			RetryAfter: max(e.retryAfter, queue.MinRetryAfter),
 			Message:    "the request waited past its tenant's queue.shed_after and was shed before its deadline"}
 	}
 	if e.limit > 0 {
 		det["limit_ms"] = e.limit.Milliseconds()
 	}
-	return &APIError{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Details: det,
+	return &apierr.Error{Status: 504, Code: "deadline_exceeded", Type: "timeout_error", Details: det,
 		RetryAfter: max(e.retryAfter, queue.MinRetryAfter),
 		Message:    "the request's deadline passed before it could be served"}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // queuedBehind runs one request that holds the tenant's only slot for
@@ -59,7 +60,7 @@ func TestShedAfterIsNamed(t *testing.T) {
 		// brings it back to the pick after it has waited 2 s.
 		assert.GreaterOrEqual(t, took, 2*time.Second)
 		assert.Less(t, took, 2200*time.Millisecond)
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 503, ae.Status)
 		assert.Equal(t, "queue_shed", ae.Code)
 		assert.Equal(t, "shed_after", ae.Details["reason"])
@@ -78,7 +79,7 @@ func TestDeadlineNamesItsBound(t *testing.T) {
 		err, took := queuedBehind(t, "    queue: {max_wait: 3s}\n", 10*time.Second)
 		require.ErrorIs(t, err, queue.ErrExpired)
 		assert.Equal(t, 3*time.Second, took)
-		ae := statusFor(err)
+		ae := apierr.For(err)
 		assert.Equal(t, 504, ae.Status)
 		assert.Equal(t, "deadline_exceeded", ae.Code)
 		assert.Equal(t, "max_wait", ae.Details["reason"])

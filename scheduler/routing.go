@@ -1,6 +1,9 @@
 package scheduler
 
 import (
+	"fmt"
+
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
@@ -15,6 +18,12 @@ func (e *modelError) Error() string { return "model " + e.model + " is not serve
 
 // Is makes errors.Is(err, ErrUnknownModel) true.
 func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
+
+// APIError is OpenAI's and vLLM's answer: 404, param null.
+func (e *modelError) APIError() *apierr.Error {
+	return &apierr.Error{Status: 404, Code: "model_not_found", Type: "invalid_request_error",
+		Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", e.model)}
+}
 
 // checkModel refuses a model the tenant may not use or no replica serves.
 // A request without "model" gets vLLM's default (the first served model),

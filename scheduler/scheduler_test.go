@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -11,7 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
@@ -23,53 +22,25 @@ var (
 	_ Upstream = (*vllm.Client)(nil)
 )
 
-func TestStatusFor(t *testing.T) {
+// TestRefusersOwnTheirAnswer: the pipeline's errors that carry numbers
+// build their own refusal (apierr.Refuser), which apierr.For answers with
+// ahead of the sentinels they match.
+func TestRefusersOwnTheirAnswer(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name    string
-		err     error
-		status  int
-		code    string
-		retry   bool
-		noRetry bool
-	}{
-		{"unauthorized", ErrUnauthorized, 401, "invalid_api_key", false, false},
-		{"too large", ErrTooLarge, 413, "request_too_large", false, false},
-		{"bad header", invalidf("X-Request-Timeout", "bad"), 400, "invalid_request", false, false},
-		{"bad body", &vllm.InvalidRequestError{Param: "messages", Reason: "x"}, 400, "invalid_request", false, false},
-		{"unknown model", fmt.Errorf("m: %w", ErrUnknownModel), 404, "model_not_found", false, false},
-		{"model not served", &modelError{model: "x"}, 404, "model_not_found", false, false},
-		{"context length", vllm.ErrContextLength, 400, "context_length_exceeded", false, false},
-		{"queue full", &queue.FullError{Tenant: "a", Bound: queue.BoundTenantDepth, RetryAfter: 3 * time.Second}, 429, "queue_full", true, false},
-		{"budget", &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Tokens, Window: time.Hour, RetryAfter: time.Minute}, 429, "tenant_budget_exceeded", true, true},
-		{"workflow budget", &ledger.DeniedError{Scope: ledger.KindWorkflow, Dim: ledger.Requests, Window: workflowLife}, 429, "workflow_budget_exceeded", true, true},
-		{"workflow local", &workflowError{dim: "retries", limit: 1, used: 1}, 429, "workflow_budget_exceeded", false, true},
-		{"queue deadline", queue.ErrExpired, 504, "deadline_exceeded", false, false},
-		{"client deadline", ErrDeadline, 504, "deadline_exceeded", false, false},
-		{"store timeout is not a deadline", fmt.Errorf("%w: %w", ledger.ErrAmbiguous, context.DeadlineExceeded), 503, "ledger_unavailable", true, false},
-		{"store down", ledger.ErrUnavailable, 503, "ledger_unavailable", true, false},
-		{"store recovering", ledger.ErrRecovering, 503, "ledger_unavailable", true, false},
-		{"corrupt", ledger.ErrCorrupt, 500, "ledger_error", false, false},
-		{"policy", ledger.ErrPolicy, 500, "ledger_error", false, false},
-		{"no replica", ErrNoReplica, 503, "no_healthy_replica", true, false},
-		{"draining", ErrDraining, 503, "draining", true, false},
-		{"idempotent in flight", ErrInProgress, 409, "idempotency_conflict", false, true},
-		{"clamped", ErrClamped, 403, "tenant_clamped", false, true},
-		{"upstream 500", &vllm.UpstreamError{Status: 500}, 502, "upstream_error", false, false},
-		{"upstream 400 passes", &vllm.UpstreamError{Status: 400, Param: "input_tokens"}, 400, "context_length_exceeded", false, false},
-		{"stream cut", vllm.ErrStreamCut, 502, "upstream_error", false, false},
-		{"client gone", ErrClientGone, 499, "client_cancelled", false, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ae := statusFor(tc.err)
-			assert.Equal(t, tc.status, ae.Status)
-			assert.Equal(t, tc.code, ae.Code)
-			assert.Equal(t, tc.retry, ae.RetryAfter > 0, "Retry-After")
-			assert.Equal(t, tc.noRetry, ae.NoRetry, "x-should-retry: false")
-		})
-	}
+	ae := apierr.For(fmt.Errorf("routing: %w", &modelError{model: "x"}))
+	assert.Equal(t, 404, ae.Status)
+	assert.Equal(t, "model_not_found", ae.Code)
+	assert.Equal(t, "The model `x` does not exist or you do not have access to it.", ae.Message)
+
+	ae = apierr.For(&workflowError{dim: "retries", limit: 1, used: 1})
+	assert.Equal(t, 429, ae.Status)
+	assert.Equal(t, "workflow_budget_exceeded", ae.Code)
+	assert.True(t, ae.NoRetry)
+	assert.Equal(t, map[string]any{"scope": "workflow", "dimension": "retries", "limit": int64(1), "used": int64(1)}, ae.Details)
+
+	ae = apierr.For(errIdemConflict)
+	assert.Equal(t, 409, ae.Status)
+	assert.Equal(t, map[string]any{"state": idemConflict}, ae.Details)
 }
 
 // fixedCapacity sizes every replica the same.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -82,9 +83,9 @@ func (s *Server) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 			}
 			s.finish(c, cause)
 			if !errors.Is(cause, ErrClientGone) {
-				write(streamErrorEvent(c, cause))
+				write(apierr.StreamEvent(c.ep.Anthropic(), cause))
 			}
-			o, _ := outcomeFor(&streamError{cause: cause})
+			o, _ := outcomeFor(apierr.MidStream(cause))
 			s.m.count(c.t.Name, o, nil)
 			return o
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -55,7 +56,7 @@ func (o *writerSink) Write(b []byte) (int, error) {
 
 func (o *writerSink) Stream() (io.Writer, WriteDeadliner) { return o, o.conn }
 func (o *writerSink) Whole(Meta, []byte)                  { o.other++ }
-func (o *writerSink) Refuse(error, *APIError, Meta)       { o.other++ }
+func (o *writerSink) Refuse(error, *apierr.Error, Meta)   { o.other++ }
 
 // Finish writes a streamed answer's every event to the sink and settles
 // the call once.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
@@ -36,7 +37,7 @@ type Sink interface {
 	// byte of its answer was written: ae in the pinned error shape, with
 	// m's headers when m.Sent. ae is nil when the client left: there is
 	// no one to answer.
-	Refuse(err error, ae *APIError, m Meta)
+	Refuse(err error, ae *apierr.Error, m Meta)
 	// Stream returns the writer of a streamed answer, whose headers went
 	// out already (each Write one chunk, flushed), and the connection
 	// whose write deadline bounds each write (nil: none).
@@ -168,8 +169,8 @@ func (s *Server) refused(c *call, out Sink, err error) Outcome {
 
 // classify is err's refusal (statusFor), logged when it is a failure of
 // Sluice's or the replica's (a 5xx other than 503 and 504).
-func (s *Server) classify(tenant string, err error) *APIError {
-	ae := statusFor(err)
+func (s *Server) classify(tenant string, err error) *apierr.Error {
+	ae := apierr.For(err)
 	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
 		s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
 	}
@@ -178,7 +179,7 @@ func (s *Server) classify(tenant string, err error) *APIError {
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,
 // whether before admission (Reject) or after (Finish).
-func (s *Server) countRefusal(tenant, reqID string, err error, ae *APIError) Outcome {
+func (s *Server) countRefusal(tenant, reqID string, err error, ae *apierr.Error) Outcome {
 	if ae.Status != 499 && ae.Raw == nil {
 		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
@@ -29,7 +30,7 @@ func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy
 		req, tried = s.tokenize(ctx, req), true
 	}
 	if req.NeedsExactCount() && !req.Tokenized {
-		return req, vllm.Plan{}, tried, invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
+		return req, vllm.Plan{}, tried, apierr.Invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
 	}
 	plan, err := s.planFor(t, req)
 	if (err != nil || plan.BoundCut || plan.BoundOver) && !req.InputExact && !tried {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -47,6 +48,11 @@ func (e *workflowError) Error() string {
 	return fmt.Sprintf("workflow %s exhausted: %d of %d used", e.dim, e.used, e.limit)
 }
 func (e *workflowError) Is(target error) bool { return target == ErrWorkflow }
+
+func (e *workflowError) APIError() *apierr.Error {
+	return &apierr.Error{Status: 429, Code: "workflow_budget_exceeded", Type: "rate_limit_error", Message: e.Error(), NoRetry: true,
+		Details: map[string]any{"scope": "workflow", "dimension": e.dim, "limit": e.limit, "used": e.used}}
+}
 
 // workflow is one envelope's local state.
 type workflow struct {

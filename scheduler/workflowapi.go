@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/policy"
 )
@@ -33,14 +34,14 @@ func (s *Server) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]b
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
-		return nil, invalidf("", "workflow body: %v", err)
+		return nil, apierr.Invalidf("", "workflow body: %v", err)
 	}
 	lim := config.WorkflowLimit{MaxCalls: in.MaxCalls, MaxInputTokens: in.MaxInputTokens, MaxOutputTokens: in.MaxOutputTokens,
 		MaxUSDMicros: in.MaxUSDMicros, MaxRetries: in.MaxRetries, MaxToolCalls: in.MaxToolCalls}
 	if in.MaxDuration != "" {
 		d, err := time.ParseDuration(in.MaxDuration)
 		if err != nil || d <= 0 {
-			return nil, invalidf("max_duration", "max_duration must be a positive duration such as 10m")
+			return nil, apierr.Invalidf("max_duration", "max_duration must be a positive duration such as 10m")
 		}
 		lim.MaxDuration = d
 	}
@@ -48,11 +49,11 @@ func (s *Server) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]b
 		"max_output_tokens": lim.MaxOutputTokens, "max_usd_micros": lim.MaxUSDMicros, "max_retries": lim.MaxRetries,
 		"max_tool_calls": lim.MaxToolCalls} {
 		if v < 0 {
-			return nil, invalidf(name, "%s must be >= 0", name)
+			return nil, apierr.Invalidf(name, "%s must be >= 0", name)
 		}
 	}
 	if in.MaxOutputTokens == 0 && t.Cfg.Workflow.MaxOutputTokens == 0 {
-		return nil, invalidf("max_output_tokens", "max_output_tokens must be > 0")
+		return nil, apierr.Invalidf("max_output_tokens", "max_output_tokens must be > 0")
 	}
 	wf := s.wfs.create(t.Name, capWorkflowLimits(lim, t.Cfg.Workflow), s.now())
 	return s.workflowView(ctx, t, wf)

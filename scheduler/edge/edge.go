@@ -26,15 +26,39 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
 	"github.com/sluicehq/sluice/vllm"
 )
+
+// Scheduler is what the edge needs of the admission pipeline
+// (*scheduler.Server): the call's owner (Start; Replayed and Reject for a
+// call that never started), authentication, the model list and workflows
+// it answers itself, whether it drains or traces, readiness for the
+// probes it serves, and the policy's body limit.
+type Scheduler interface {
+	Authenticate(authz []byte) (scheduler.Caller, error)
+	Start(ctx context.Context, a scheduler.Admission) (*scheduler.Ticket, error)
+	Replayed(c scheduler.Caller, err error) ([]byte, bool)
+	Reject(tenant, reqID string, err error) *apierr.Error
+	Models(c scheduler.Caller) []byte
+	CreateWorkflow(ctx context.Context, c scheduler.Caller, body []byte) ([]byte, error)
+	Workflow(ctx context.Context, c scheduler.Caller, id string) ([]byte, error)
+	Draining() bool
+	Traced() bool
+	Ready() (bool, string)
+	ReadyDetail() string
+	Policy() *config.File
+}
+
+var _ Scheduler = (*scheduler.Server)(nil)
 
 // Edge is the fasthttp adapter of the client-facing API. It is the only
 // code that sees *fasthttp.RequestCtx; everything below it gets a
 // context.Context that the edge cancels when the client leaves.
 type Edge struct {
-	s     *scheduler.Server
+	s     Scheduler
 	watch *connwatch.Watcher
 	base  context.Context
 }
@@ -42,7 +66,7 @@ type Edge struct {
 // New returns the client API handler. base is the parent of every request
 // context (the server's lifetime); watch may be nil (then only a failed
 // write notices a disconnect).
-func New(base context.Context, s *scheduler.Server, watch *connwatch.Watcher) *Edge {
+func New(base context.Context, s Scheduler, watch *connwatch.Watcher) *Edge {
 	return &Edge{s: s, watch: watch, base: base}
 }
 
@@ -76,11 +100,11 @@ func (e *Edge) connState(c net.Conn, st fasthttp.ConnState) {
 func (e *Edge) fasthttpError(rc *fasthttp.RequestCtx, err error) {
 	rc.Response.Header.Set("X-Request-Id", requestID(rc))
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(rc, scheduler.ErrorFor(fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, scheduler.ErrTooLarge)))
+		writeError(rc, apierr.For(fmt.Errorf("body over %d bytes: %w", e.s.Policy().Server.MaxBodyBytes, apierr.ErrTooLarge)))
 		rc.SetConnectionClose()
 		return
 	}
-	writeError(rc, scheduler.ErrorFor(scheduler.Invalidf("", "malformed HTTP request")))
+	writeError(rc, apierr.For(apierr.Invalidf("", "malformed HTTP request")))
 	rc.SetConnectionClose()
 }
 
@@ -133,12 +157,12 @@ func (e *Edge) Handle(rc *fasthttp.RequestCtx) {
 			e.serve(rc, ep, reqID) // the rest of vLLM's surface
 			return
 		}
-		writeError(rc, scheduler.ErrorFor(fmt.Errorf("no route %s: %w", path, scheduler.ErrNotFound)))
+		writeError(rc, apierr.For(fmt.Errorf("no route %s: %w", path, apierr.ErrNotFound)))
 	}
 }
 
 func (e *Edge) methodNotAllowed(rc *fasthttp.RequestCtx) {
-	writeError(rc, scheduler.ErrorFor(scheduler.Invalidf("", "method %s not allowed on %s", rc.Method(), rc.Path())))
+	writeError(rc, apierr.For(apierr.Invalidf("", "method %s not allowed on %s", rc.Method(), rc.Path())))
 	rc.SetStatusCode(405)
 }
 
@@ -179,7 +203,7 @@ func parseAdmission(rc *fasthttp.RequestCtx, a *scheduler.Admission, traced bool
 		}
 		sec, err := strconv.ParseFloat(string(v), 64)
 		if err != nil || sec <= 0 || sec > 86400 || sec != sec {
-			return scheduler.Invalidf(name, "%s must be a positive number of seconds (got %q)", name, v)
+			return apierr.Invalidf(name, "%s must be a positive number of seconds (got %q)", name, v)
 		}
 		a.Timeout = time.Duration(sec * float64(time.Second))
 		break
@@ -187,19 +211,19 @@ func parseAdmission(rc *fasthttp.RequestCtx, a *scheduler.Admission, traced bool
 	if v := h.Peek("X-Priority"); len(v) > 0 {
 		p, err := strconv.Atoi(string(v))
 		if err != nil || p < 0 || p > 15 {
-			return scheduler.Invalidf("X-Priority", "X-Priority must be an integer band 0..15 (got %q)", v)
+			return apierr.Invalidf("X-Priority", "X-Priority must be an integer band 0..15 (got %q)", v)
 		}
 		a.Band, a.BandSet = p, true
 	}
 	if v := h.Peek("Idempotency-Key"); len(v) > 0 {
 		if len(v) > 256 {
-			return scheduler.Invalidf("Idempotency-Key", "Idempotency-Key is longer than 256 bytes")
+			return apierr.Invalidf("Idempotency-Key", "Idempotency-Key is longer than 256 bytes")
 		}
 		a.IdempotencyKey = string(v)
 	}
 	if v := h.Peek("X-Workflow-Id"); len(v) > 0 {
 		if len(v) > 256 || !printable(v) {
-			return scheduler.Invalidf("X-Workflow-Id", "X-Workflow-Id must be 1..256 printable characters")
+			return apierr.Invalidf("X-Workflow-Id", "X-Workflow-Id must be 1..256 printable characters")
 		}
 		a.Workflow = string(v)
 	}
@@ -226,7 +250,7 @@ type clientReq struct {
 func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (clientReq, bool) {
 	s := e.s
 	if s.Draining() {
-		e.reject(rc, "", scheduler.ErrDraining)
+		e.reject(rc, "", apierr.ErrDraining)
 		return clientReq{}, false
 	}
 	authz := rc.Request.Header.Peek("Authorization")
@@ -250,7 +274,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 	cr.a.Cancel = cr.gone // the call's own context unless it has a deadline
 	if e.watch != nil {
 		gone := cr.gone // captured alone, so that cr stays on the stack
-		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(scheduler.ErrClientGone) }); err == nil {
+		if stop, err := e.watch.Watch(rc.Conn(), func() { gone(apierr.ErrClientGone) }); err == nil {
 			cr.stopWatch = stop
 		}
 	}
@@ -307,7 +331,7 @@ func (w *wholeSink) Whole(m scheduler.Meta, body []byte) {
 	w.rc.SetBody(body)
 }
 
-func (w *wholeSink) Refuse(_ error, ae *scheduler.APIError, m scheduler.Meta) {
+func (w *wholeSink) Refuse(_ error, ae *apierr.Error, m scheduler.Meta) {
 	if ae == nil { // the client left: no one to answer
 		w.rc.SetConnectionClose()
 		return
@@ -410,7 +434,7 @@ func (o *sseSink) Stream() (io.Writer, scheduler.WriteDeadliner) { return o, o.c
 // went out before Finish.
 func (o *sseSink) Whole(scheduler.Meta, []byte) {}
 
-func (o *sseSink) Refuse(error, *scheduler.APIError, scheduler.Meta) {}
+func (o *sseSink) Refuse(error, *apierr.Error, scheduler.Meta) {}
 
 // models answers GET /v1/models with the union of the replicas' models
 // that the tenant may use.

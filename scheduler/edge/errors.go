@@ -7,13 +7,13 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // How the edge writes a refusal: the pinned error shape (Anthropic's on its
 // routes) with its status and retry headers. The scheduler classifies
-// (scheduler.ErrorFor, Reject, Finish's Sink.Refuse); the edge writes.
+// (apierr.For, Reject, Finish's Sink.Refuse); the edge writes.
 
 // reject has the scheduler classify, log, audit and count err, and writes
 // its refusal. tenant is "" before authentication.
@@ -22,7 +22,7 @@ func (e *Edge) reject(rc *fasthttp.RequestCtx, tenant string, err error) {
 }
 
 // writeError writes the response of the refusal ae.
-func writeError(rc *fasthttp.RequestCtx, ae *scheduler.APIError) {
+func writeError(rc *fasthttp.RequestCtx, ae *apierr.Error) {
 	rc.SetStatusCode(ae.Status)
 	if ae.Raw != nil {
 		// vLLM's own refusal, passed through unchanged.

@@ -1,7 +1,7 @@
-package scheduler
+package apierr
 
 // Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) runs
-// through the same lifecycle as every other endpoint (endpoints.go); only
+// through the same lifecycle as every other endpoint; only
 // its refusals differ: Anthropic's error shape, {"type":"error","error":
 // {"type":…,"message":…}}, with the type the official SDKs expect for the
 // status, so they raise their usual error classes. Sluice's code, param and
@@ -41,7 +41,7 @@ type anthropicErrorJSON struct {
 	} `json:"error"`
 }
 
-func anthropicErrorBody(ae *APIError) []byte {
+func anthropicErrorBody(ae *Error) []byte {
 	var e anthropicErrorJSON
 	e.Type = "error"
 	e.Error.Type, e.Error.Message = anthropicType(ae.Status), ae.Message
@@ -52,7 +52,7 @@ func anthropicErrorBody(ae *APIError) []byte {
 
 // anthropicSSEError is a mid-stream refusal as vLLM's Anthropic stream
 // sends one: an error event, and no message_stop.
-func anthropicSSEError(ae *APIError) []byte {
+func anthropicSSEError(ae *Error) []byte {
 	b := append([]byte("event: error\ndata: "), anthropicErrorBody(ae)...)
 	return append(b, "\n\n"...)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package apierr
 
 // The pinned error shape's bytes (ARCHITECTURE.md §3.3): the JSON body of a
 // refusal, OpenAI's or, on the Messages API, Anthropic's (anthropic.go),
@@ -6,7 +6,7 @@ package scheduler
 
 // Body is the refusal's JSON body: vLLM's own when it passed through
 // (Raw), else the pinned shape, Anthropic's when anthropic is set.
-func (ae *APIError) Body(anthropic bool) []byte {
+func (ae *Error) Body(anthropic bool) []byte {
 	if ae.Raw != nil {
 		return ae.Raw
 	}
@@ -17,23 +17,19 @@ func (ae *APIError) Body(anthropic bool) []byte {
 	return b
 }
 
-// ErrorFor classifies err as the client is answered (statusFor): the one
-// error→status map, for the refusals the edge writes without counting
-// (a malformed HTTP request).
-func ErrorFor(err error) *APIError { return statusFor(err) }
-
 // sseError renders a mid-stream refusal as vLLM does: an error event, then
 // [DONE].
-func sseError(ae *APIError) []byte {
+func sseError(ae *Error) []byte {
 	b, _ := marshal(errorBody(ae))
 	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
 }
 
-// streamErrorEvent renders a mid-stream failure in the endpoint's shape:
-// Anthropic's error event on its routes, vLLM's (sseError) elsewhere.
-func streamErrorEvent(c *call, cause error) []byte {
-	ae := statusFor(&streamError{cause: cause})
-	if c.ep.Anthropic() {
+// StreamEvent renders a failure after a stream's headers in the
+// endpoint's shape: Anthropic's error event on its routes, vLLM's
+// (sseError) elsewhere.
+func StreamEvent(anthropic bool, cause error) []byte {
+	ae := For(MidStream(cause))
+	if anthropic {
 		return anthropicSSEError(ae)
 	}
 	return sseError(ae)
@@ -49,7 +45,7 @@ type errorJSON struct {
 	} `json:"error"`
 }
 
-func errorBody(ae *APIError) errorJSON {
+func errorBody(ae *Error) errorJSON {
 	var b errorJSON
 	b.Error.Message, b.Error.Type, b.Error.Code, b.Error.Details = ae.Message, ae.Type, ae.Code, ae.Details
 	if ae.Param != "" {
