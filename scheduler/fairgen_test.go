@@ -69,7 +69,7 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
-// (dispatch.go); 1 (KV-limited, max_num_seqs left out) fails without a
+// (scheduler/gate); 1 (KV-limited, max_num_seqs left out) fails without a
 // queue counted in tokens.
 var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
 

@@ -110,7 +110,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	// queued behind 16 of them inside vLLM waits two of those (measured
 	// without the learned batch: p50 1.16 s, p90 1.26 s, vLLM waiting 16.9
 	// on average). A flood is classified heavy once the gate has seen its
-	// rate for forecastWindow (dispatch.go rateNow: a light tenant's burst
+	// rate for forecastWindow (scheduler/gate rateNow: a light tenant's burst
 	// must not read as a flood), so light requests in the flood's first
 	// seconds wait about one completion each (measured: the first 5 of 20,
 	// 0.37–0.41 s); none waits more, and from then on none waits one.
