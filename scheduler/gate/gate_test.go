@@ -81,3 +81,92 @@ func BenchmarkGateAssess(b *testing.B) {
 		}
 	}
 }
+
+// floodBeside samples a flood (4× a 32-sequence pool: 28 held, 100
+// queued, or none held with floodHeld 0) and a light tenant holding 4
+// sequences every 100 ms for 5 s, with no arrivals (no forecast), and
+// returns the time of the last sample and the loads.
+func floodBeside(g *Gate, floodHeld int64) (int64, []TenantLoad) {
+	loads := []TenantLoad{
+		{Name: "flood", Weight: 1, Held: floodHeld, Queued: 128 - floodHeld},
+		{Name: "light", Weight: 1, Held: 4},
+	}
+	f := FleetLoad{Seqs: floodHeld + 4, SeqsCap: 32, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for range 50 {
+		now += int64(100 * time.Millisecond)
+		g.Assess(now, loads, 0, f, 0)
+	}
+	return now, loads
+}
+
+// TestAssessReservesTheLightPeakAndItsNoise: the flood (load 4, level
+// 0.875) is heavy and must leave the light tenant's peak (4 of 32) plus
+// one Poisson standard deviation (√4 = 2 sequences), less the 4 it holds:
+// 2/32 of the pool. The light tenant is never held back.
+func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 28)
+	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+	light, reserve := g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light, "the flood")
+	assert.InDelta(t, 2.0/32, reserve, 1e-12, "peak 4/32 + √(4)/32 − held 4/32")
+	light, reserve = g.Assess(now, loads, 1, f, 0)
+	assert.True(t, light)
+	assert.Zero(t, reserve)
+	assert.False(t, g.WithinShare("flood", 1))
+	assert.True(t, g.WithinShare("light", 1))
+	assert.True(t, g.WithinShare("unknown", 1), "a tenant the gate has not seen")
+
+	// server.headroom is the least reserve while the light tenant has
+	// demand; K < 0 drops the noise margin.
+	_, reserve = g.Assess(now, loads, 0, f, 0.1)
+	assert.InDelta(t, 0.1, reserve, 1e-12)
+	g2 := Gate{Options: Options{K: -1}}
+	now, loads = floodBeside(&g2, 28)
+	_, reserve = g2.Assess(now, loads, 0, f, 0)
+	assert.Zero(t, reserve, "the peak alone, all of it held")
+}
+
+// TestAssessFloorLetsOneHeavyRequestRun: with nothing of its own in
+// flight, a heavy tenant may start one request where it leaves the light
+// tenants floorK standard deviations over what they hold (3·√4 = 6 of 32
+// sequences); without the floor it gets the ordinary reserve.
+func TestAssessFloorLetsOneHeavyRequestRun(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 0)
+	f := FleetLoad{Seqs: 4, SeqsCap: 32, TokensCap: 1 << 20}
+	light, reserve := g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light)
+	assert.InDelta(t, 6.0/32, reserve, 1e-12)
+	assert.True(t, f.FitsBeyond(1, reserve), "4 held + 1 + 6 kept ≤ 32")
+
+	loads[1].Queued = 1 // a light request waits: no floor
+	light, reserve = g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light)
+	assert.InDelta(t, 1.0/32, reserve, 1e-12, "a light tenant with a backlog is reserved what it lacks of its share: the one it queued")
+
+	g2 := Gate{Options: Options{NoFloor: true}}
+	now, loads = floodBeside(&g2, 0)
+	_, reserve = g2.Assess(now, loads, 0, f, 0)
+	assert.InDelta(t, 2.0/32, reserve, 1e-12)
+}
+
+// TestFreshReusesTheAssessmentForAMillisecond: within assessEvery of the
+// last assessment a known tenant is decided from it (O(1)); a tenant the
+// gate has not seen, a later time or a clock that went back need a new
+// one.
+func TestFreshReusesTheAssessmentForAMillisecond(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 28)
+	assert.True(t, g.Fresh(now, "flood"))
+	assert.True(t, g.Fresh(now+int64(time.Millisecond)-1, "light"))
+	assert.False(t, g.Fresh(now+int64(time.Millisecond), "flood"))
+	assert.False(t, g.Fresh(now-1, "flood"))
+	assert.False(t, g.Fresh(now, "unknown"))
+	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+	wantLight, wantReserve := g.Assess(now, loads, 0, f, 0)
+	light, reserve := g.DecideFresh(loads[0], f)
+	assert.Equal(t, wantLight, light)
+	assert.InDelta(t, wantReserve, reserve, 1e-12)
+}
