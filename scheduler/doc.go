@@ -27,7 +27,7 @@
 //     usage taken when larger; seqs < max_num_seqs, seqs being this
 //     instance's own plus what the last scrape showed beyond its own, so
 //     work another instance or an abort-ignoring replica keeps running still
-//     counts: fleet/sizing.go), and the fair-share gate (dispatch.go) holds a heavy tenant
+//     counts: fleet/sizing.go), and the fair-share gate (scheduler/gate) holds a heavy tenant
 //     back from its pool's light tenants' reserve; shares, reserve and room
 //     are per pool (pools.go). The request then takes a ledger slot
 //     (MarkDispatched) before its first upstream byte; a slot denial

@@ -17,12 +17,13 @@ import (
 
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 )
 
 // A seeded scenario generator for fairness, as test/chaos is for
 // accounting: each seed draws a fleet and its tenants and runs them as a
 // discrete-event simulation (virtual time, nothing sleeps) through the
-// real queue, the real dispatch gate (shareGate) and the real learned
+// real queue, the real dispatch gate (gate.Gate) and the real learned
 // batch (replica.learnBatch), against a replica that runs `batch`
 // sequences and keeps whatever it is sent beyond them in its own FCFS
 // queue, as vLLM does. What a seed draws: tenant count, weights, rates
@@ -68,7 +69,7 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
-// (dispatch.go); 1 (KV-limited, max_num_seqs left out) fails without a
+// (scheduler/gate); 1 (KV-limited, max_num_seqs left out) fails without a
 // queue counted in tokens.
 var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
 
@@ -286,8 +287,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	var running int64    // running inside the replica
 	var kvUsed int64     // KV tokens of the running requests
 	var inside []fgReq   // waiting inside the replica (its FCFS queue)
-	var gate shareGate
-	loads := make([]tenantLoad, 0, len(ts))
+	var g gate.Gate
+	loads := make([]gate.TenantLoad, 0, len(ts))
 	fits := func(r fgReq) bool { return running < sc.batch && (sc.kv == 0 || kvUsed+r.kvNeed() <= sc.kv) }
 	start := func(r fgReq) {
 		running++
@@ -316,17 +317,17 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			if o == tn {
 				cand = len(loads)
 			}
-			loads = append(loads, tenantLoad{name: o.name, weight: o.weight, held: o.held + int64(v.Pending(o.name)), queued: int64(v.Queued(o.name)), tokens: o.heldTokens,
-				arrived: o.arrived, served: o.done, servedSec: o.doneSec})
+			loads = append(loads, gate.TenantLoad{Name: o.name, Weight: o.weight, Held: o.held + int64(v.Pending(o.name)), Queued: int64(v.Queued(o.name)), Tokens: o.heldTokens,
+				Arrived: o.arrived, Served: o.done, ServedSec: o.doneSec})
 		}
-		f := fleetLoad{seqs: sent, seqsCap: limit, tokens: sentTokens, tokensCap: 1 << 40, probe: rep.ProbeExcess()}
+		f := gate.FleetLoad{Seqs: sent, SeqsCap: limit, Tokens: sentTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess()}
 		if sc.kv > 0 {
-			f.tokensCap = sc.kv
+			f.TokensCap = sc.kv
 		}
 		need := it.Payload.kvNeed()
-		room := sent < limit && sentTokens+need <= f.tokensCap
-		light, reserve := gate.assess(clk.Now().UnixNano(), loads, cand, f, 0.1)
-		if !light && !f.fitsBeyond(need, reserve) {
+		room := sent < limit && sentTokens+need <= f.TokensCap
+		light, reserve := g.Assess(clk.Now().UnixNano(), loads, cand, f, 0.1)
+		if !light && !f.FitsBeyond(need, reserve) {
 			if room {
 				return queue.Park
 			}
@@ -381,9 +382,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if fgTrace && tn.light && !direct && len(ts) > 1 {
 							var hs []string
 							for _, o := range ts {
-								m := gate.mem[o.name]
-								if m != nil {
-									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.heavy, m.load, m.peakCur, m.peakPrev, float64(m.goneAfter)/1e9, m.longRate, float64(m.peakStart)/1e9-1767225600))
+								if m, ok := g.State(o.name); ok {
+									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.Heavy, m.Load, m.PeakCur, m.PeakPrev, float64(m.GoneAfter)/1e9, m.LongRate, float64(m.PeakStart)/1e9-1767225600))
 								}
 							}
 							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.BatchLimit(), strings.Join(hs, "; "))

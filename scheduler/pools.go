@@ -9,13 +9,15 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 )
 
 // Per-pool fair shares. Tenants compete only for the replicas they can
-// use, so the dispatch gate (dispatch.go) keeps one share computation and
-// one reserve per pool: a flood of model A is measured against A's
-// replicas alone (an idle model B neither holds it back nor lends it room
-// that is not A's), and B's light tenants are reserved for on B's.
+// use, so the dispatch gate (scheduler/gate, fed by dispatch.go) keeps
+// one share computation and one reserve per pool: a flood of model A is
+// measured against A's replicas alone (an idle model B neither holds it
+// back nor lends it room that is not A's), and B's light tenants are
+// reserved for on B's.
 
 // poolKey identifies a pool: a bit per replica, its slot (the lowest
 // free when it joined; slots past the 256th share the last bit, which can
@@ -139,10 +141,10 @@ func (s *replicaSet) computePoolKey(reps []*fleet.Replica, model string) poolKey
 
 // fleetOf sums the load and capacity of the pool's replicas that can take
 // work.
-func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
+func (s *replicaSet) fleetOf(key poolKey) gate.FleetLoad {
 	s.Lock()
 	defer s.Unlock()
-	var f fleetLoad
+	var f gate.FleetLoad
 	for _, r := range s.List() {
 		if !key.has(r.Slot) {
 			continue
@@ -151,11 +153,11 @@ func (s *replicaSet) fleetOf(key poolKey) fleetLoad {
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
-		f.seqs += seqs
-		f.seqsCap += r.SeqLimit(seqs)
-		f.probe += r.ProbeExcess()
-		f.tokens += load
-		f.tokensCap += k
+		f.Seqs += seqs
+		f.SeqsCap += r.SeqLimit(seqs)
+		f.Probe += r.ProbeExcess()
+		f.Tokens += load
+		f.TokensCap += k
 	}
 	return f
 }
@@ -198,7 +200,8 @@ type poolTable struct {
 
 type pool struct {
 	tenants map[string]*poolTenant
-	gate    shareGate
+	gate    gate.Gate
+	loads   []gate.TenantLoad // reused by belowFairShare
 	// parked are tenants parked because the pool was full while another
 	// had room; the pool's next completion lets them compete again.
 	parked []string

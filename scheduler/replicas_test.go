@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/policy"
 )
 
@@ -86,8 +87,8 @@ func TestPoolKeys(t *testing.T) {
 	assert.Equal(t, poolKey{}, set.poolKeyOf("nope"))
 
 	require.NotNil(t, set.choose(fleet.Route{Model: "small"}, 100, nil))
-	assert.Equal(t, fleetLoad{seqs: 1, seqsCap: 12, tokens: 100, tokensCap: 1500}, set.fleetOf(cd))
-	assert.Equal(t, fleetLoad{seqs: 0, seqsCap: 16, tokens: 0, tokensCap: 2000}, set.fleetOf(ab))
+	assert.Equal(t, gate.FleetLoad{Seqs: 1, SeqsCap: 12, Tokens: 100, TokensCap: 1500}, set.fleetOf(cd))
+	assert.Equal(t, gate.FleetLoad{Seqs: 0, SeqsCap: 16, Tokens: 0, TokensCap: 2000}, set.fleetOf(ab))
 	assert.True(t, set.roomOutside(cd, 1), "a and b are idle")
 	for range 8 {
 		require.NotNil(t, set.choose(fleet.Route{Model: "big"}, 10, nil))

@@ -90,7 +90,7 @@ write_sluice_config() {
 			echo "    api_keys: [\"$(printf '%s\n' "${!v}" | "$SLUICE" key hash)\"]"
 			# One configuration for every preset: weights only (all 1 here).
 			# No per-tenant concurrency, no queue tuning: isolation comes
-			# from fair dispatch (scheduler/dispatch.go), not from caps.
+			# from fair dispatch (scheduler/gate), not from caps.
 			if [ "$t" = burst ]; then
 				echo "    budgets:"
 				echo "      - {dimension: tokens, limit: $BURST_BUDGET, window: 1h}"

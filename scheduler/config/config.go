@@ -248,7 +248,7 @@ type Server struct {
 	// Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Headroom is the least fraction of a pool a heavy tenant must leave
-	// free while a light tenant of the pool has demand (scheduler/dispatch.go;
+	// free while a light tenant of the pool has demand (scheduler/gate;
 	// the reserve grows with the light tenants' demand peaks). Default 0.1.
 	Headroom float64 `yaml:"headroom"`
 	// ReserveHold is the longest a light tenant that has gone quiet keeps

@@ -278,7 +278,7 @@ func (r *Replica) BatchLimit() int64 {
 
 // ProbeExcess is how far r's batch limit is above its confirmed batch: a
 // probe upwards that no scrape has confirmed yet. The dispatch gate keeps
-// these sequences out of the light tenants' reserve (fitsBeyond): a probe
+// these sequences out of the light tenants' reserve (gate.FleetLoad.FitsBeyond): a probe
 // past the real batch waits in vLLM's FCFS queue, and a light request sent
 // after it would wait behind it.
 func (r *Replica) ProbeExcess() int64 {

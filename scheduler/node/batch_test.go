@@ -110,7 +110,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	// queued behind 16 of them inside vLLM waits two of those (measured
 	// without the learned batch: p50 1.16 s, p90 1.26 s, vLLM waiting 16.9
 	// on average). A flood is classified heavy once the gate has seen its
-	// rate for forecastWindow (dispatch.go rateNow: a light tenant's burst
+	// rate for forecastWindow (scheduler/gate rateNow: a light tenant's burst
 	// must not read as a flood), so light requests in the flood's first
 	// seconds wait about one completion each (measured: the first 5 of 20,
 	// 0.37–0.41 s); none waits more, and from then on none waits one.
@@ -127,7 +127,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 // scrape catch the other's slots freed and about to be refilled, and it
 // fills them too: vLLM's waiting count averaged 0–1.4 over 2 s in four
 // runs, and 0.17–1.34 in three with max_num_seqs: 8 configured instead
-// (sizing.go, "What remains inexact").
+// (fleet/sizing.go, "What remains inexact").
 func TestLearnedBatchTwoInstances(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond

@@ -118,7 +118,7 @@ func sampleQueue(rep *simReplica) (stop func() (most int64, mean, meanRunning fl
 // excused: vLLM frees them at its next step), Sluice marks the replica and
 // holds new work in its own queue instead of letting it wait inside vLLM.
 // Until then the replica is trusted and its aborts free their slots at
-// once (sizing.go): the first ignored aborts may let new work into the
+// once (fleet/sizing.go): the first ignored aborts may let new work into the
 // batch for about a second, which this test does not measure.
 func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 	// Deadline order, which these waits exercise: the new requests wait
@@ -141,7 +141,7 @@ func TestIgnoringReplicaIsSizedDown(t *testing.T) {
 
 	// Sample the replica's waiting queue while new work arrives.
 	stopSampling := sampleWaiting(rep)
-	// Each request enters as a scrape shows a ghost gone (sizing.go: the
+	// Each request enters as a scrape shows a ghost gone (fleet/sizing.go: the
 	// ghosts are foreign sequences once this instance has let them go).
 	var wg sync.WaitGroup
 	var ok atomic.Int64
@@ -250,7 +250,7 @@ func twoOnOneReplica(t *testing.T, tenant, top string) (*simReplica, [2]*node) {
 // Each counts the other's sequences (the scrape's foreign ones) with its
 // own sends, so the overflow waits in Sluice's queues, not in vLLM's.
 // Counting the larger of its own and the scrape (the rule before
-// sizing.go), an instance's sends since a scrape hid behind the other's
+// fleet/sizing.go), an instance's sends since a scrape hid behind the other's
 // sequences: vLLM's waiting count averaged 0.64–0.88 over the run (and
 // 0.69–0.86 with two busy loops beside it). It averages 0.09–0.27 now:
 // the scrape of one instance can still catch a slot the other just freed

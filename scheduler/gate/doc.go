@@ -1,0 +1,67 @@
+// Package gate is the fair-share dispatch gate as pure functions of loads
+// and time. Given every tenant's load on one pool (TenantLoad), the pool's
+// room (FleetLoad) and the time (Unix nanoseconds from the caller's
+// clock), Gate.Assess says whether the candidate tenant is light and, when
+// it is heavy, the fraction of the pool it must leave free, which
+// FleetLoad.FitsBeyond checks a request against. WithinShare says whether
+// a tenant asks for no more than its max-min share, for the caller's
+// choice between parking and blocking when the pool is full.
+//
+// What it owns: the gate's memory of each tenant on the pool (averaged
+// demand, demand peaks, arrival rates, service times) and the rules below.
+// What it may touch: the values it is handed, nothing else. It never sees
+// a request, a replica, the queue or the policy, and it imports nothing of
+// Sluice: package scheduler reads those, builds the loads, sets Hold from
+// server.reserve_hold and acts on the verdict (dispatch, park, block). The
+// caller holds the queue mutex (and its pool table's lock) across a
+// decision, so a Gate has no lock of its own; there is one Gate per pool.
+//
+// The queue decides which request goes next (bands, then weighted virtual
+// counters); the gate decides only whether it may start now. Everything
+// below is per pool (the replicas serving the request's model): a tenant's
+// demand, the level, the reserve and the room are its pool's, so tenants
+// compete only for replicas they can both use.
+//
+//   - Each tenant's load on the pool is what it asks for: its demand (in
+//     flight + queued, as a fraction of the pool's sequences or tokens)
+//     averaged with time constant shareWindow, or its offered load λ·W
+//     (arrival rate over forecastWindow × its mean service time) when that
+//     is more. The average of a tenant that has just started lags its
+//     offered load by a service time (its in-flight count takes that long
+//     to build up, and a flood's queue is shed at 2 s), which made a new
+//     flood light for seconds and the light tenants' share look smaller
+//     than it is. The max-min fair level λ of the loads (Σ min(load_i,
+//     w_i·λ) = 1) says what each tenant may claim. While the loads fit the
+//     pool nobody is heavy and every request may use any room: a lone
+//     tenant, or tenants that together do not fill the pool, get all of it.
+//   - A tenant whose load is more than lightMargin × its claim is heavy,
+//     and stays heavy until its load is within its claim (hysteresis: a
+//     light tenant pausing between requests raises the level, which must
+//     not turn a flood light for a moment and let it fill the pool).
+//   - A heavy tenant may start work only outside the reserve: what the
+//     light tenants will hold, less what they hold now, at least
+//     server.headroom while one is active. What they will hold is the
+//     larger of their demand peaks over the last peakWindow (plus burstK
+//     Poisson standard deviations) and their summed offered load (plus
+//     forecastK). A light tenant idle right now keeps its peak reserved
+//     until it ages out; one with a backlog is reserved what it lacks of
+//     its claim, no more (a heavy peer keeps what the level leaves it).
+//   - With no heavy request in flight on the pool a heavy tenant may start
+//     one, unless a light tenant waits, where that leaves the light
+//     tenants floorK standard deviations of room over what they hold:
+//     squeezed, never starved, and the floor costs their peaks one slot,
+//     not a share (a quarter of its share did: the victims' p99 wait in
+//     the flood preset doubled).
+//   - An idle tenant's peak is kept while it may only be pausing: idleGaps
+//     of its mean gaps between arrivals (between bursts, for a tenant that
+//     sends several at once), the larger of its recent and its long-run
+//     mean gap (over server.reserve_hold), at most server.reserve_hold; the
+//     peak kept spans at least peakWindow. After that its share is lent; when it
+//     returns its new demand enters the reserve at once, heavy tenants stop
+//     starting work, and the next completions go to it.
+//   - The forecast's rate is at most longK × the long-run rate: one burst
+//     of a light tenant is not forecast as a flood.
+//
+// Shares are tested in des_test.go: a discrete-event run of the real queue
+// and this gate, one or two pools, on a manual clock.
+package gate

@@ -1,0 +1,485 @@
+package gate
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"time"
+)
+
+// shareWindow is the time constant of the averaged demand that classifies
+// tenants. It must be long against one request's service time (a flood
+// must stay heavy while its requests run): 10 s is about four 128-token
+// decodes at 20 ms a step.
+const shareWindow = 10 * time.Second
+
+// attackWindow is the averaging time constant while demand rises: a new
+// flood must turn heavy within a fraction of one service time.
+const attackWindow = time.Second
+
+// peakWindow is how long a light tenant's demand peak stays reserved: long
+// enough to cover its Poisson bursts, short enough that an idle tenant's
+// share is lent to the others within half a minute.
+const peakWindow = 30 * time.Second
+
+// lightMargin is how far above its max-min fair share a tenant's averaged
+// demand may be and still count as light. Peers near their share (Poisson
+// noise, a short backlog) must stay light, or the reserve would idle the
+// fleet under them; only a tenant asking several times its share is heavy.
+const lightMargin = 3.0
+
+// idleGaps is how many of its mean inter-arrival gaps an idle light
+// tenant may be silent before its peak stops being reserved, within
+// server.reserve_hold. A Poisson tenant is silent that long with
+// probability e^-10, so one still sending keeps its reserve; one that has
+// left lends its share within seconds instead of half a minute (a lone
+// flood used to run below the pool's capacity for peakWindow after the
+// others left). One that comes back is served as when it first came.
+const idleGaps = 10.0
+
+// forecastWindow is the time constant of the arrival rate behind the light
+// tenants' forecast: a few seconds of arrivals, so that a tenant that
+// starts is forecast within about one service time.
+const forecastWindow = 3 * time.Second
+
+// forecastK is the margin over the forecast, in Poisson standard
+// deviations: the forecast is a mean, a peak is already a high draw.
+const forecastK = 2.0
+
+// floorK is the room, in Poisson standard deviations of what the light
+// tenants hold now, that a heavy tenant's floor request must leave them.
+const floorK = 3.0
+
+// burstK is the reserve's margin over the light tenants' recent peak, in
+// standard deviations of a Poisson count of that size.
+const burstK = 1.0
+
+func (g *Gate) burstK() float64 {
+	if g.K != 0 {
+		return max(g.K, 0)
+	}
+	return burstK
+}
+
+// Options are the gate's tuning knobs; the zero value is the gate Sluice
+// runs. The switches turn one mechanism off, so that a test can show what
+// it is for.
+type Options struct {
+	Window     time.Duration // averaging time constant; 0: shareWindow
+	PeakWindow time.Duration // span of the light tenants' peak; 0: peakWindow
+	NoFloor    bool          // no one-request floor for heavy tenants
+	NoBacklog  bool          // no reserve for light tenants with a backlog
+	NoForecast bool          // reserve from the light tenants' peaks alone
+	NoSticky   bool          // no heavy hysteresis, idle tenants' peaks unreserved
+	K          float64       // 0: burstK; negative: none
+}
+
+// Gate is the dispatch gate's memory for one pool: each tenant's averaged
+// demand and the light tenants' recent demand peak. Only the dispatch
+// predicate touches it (under the queue mutex), so it has no lock of its
+// own. The zero value is ready to use.
+type Gate struct {
+	Options
+	// Hold is server.reserve_hold, set by the caller before Assess; 0:
+	// defaultReserveHold.
+	Hold time.Duration
+	mem  map[string]*gateMem
+	cls  []gateCls // reused by Assess
+	idx  []int     // reused by waterLevel
+	snap gateSnap  // the last full assessment
+	svc  float64   // mean service time on the pool (s), 0 unknown
+}
+
+// defaultReserveHold is server.reserve_hold's default.
+const defaultReserveHold = 2 * time.Minute
+
+// holdFor is the longest a quiet light tenant's peak stays reserved.
+func (g *Gate) holdFor() time.Duration {
+	if g.Hold > 0 {
+		return g.Hold
+	}
+	return defaultReserveHold
+}
+
+type gateMem struct {
+	avg   float64 // demand fraction averaged with time constant window
+	last  float64 // demand fraction at the previous sample
+	lastN int64
+	heavy bool    // at the last assessment
+	load  float64 // gateCls.load at the last assessment
+	// rate is the arrival rate (per second) averaged over forecastWindow,
+	// counted from firstN (when it last became active); svc the mean
+	// service time of its completed requests (s, 0 unknown).
+	rate, svc       float64
+	arrived, served int64
+	servedSec       float64
+	firstN          int64
+	// The demand's peak over the last half to whole peak window, in two
+	// half-window buckets.
+	peakCur, peakPrev float64
+	peakStart         int64
+	// lastArrN is its last arrival; goneAfter how long after it, idle, the
+	// tenant counts as gone (idleGaps of its mean gaps then).
+	lastArrN, goneAfter int64
+	// longRate is its arrival rate averaged over the reserve hold, counted
+	// from seenN (when the gate first saw it).
+	longRate float64
+	// longEvents counts its arrival events (samples with arrivals: a
+	// burst is one) per second the same way.
+	longEvents float64
+	seenN      int64
+}
+
+// gateCls is one tenant's classification inputs.
+type gateCls struct {
+	avg, demand, held, weight float64
+	active                    bool
+	forecast                  float64 // λ·W as a fraction of the pool's sequences
+	load                      float64 // max(avg, forecast): what classifies it
+	m                         *gateMem
+}
+
+// rateNow is the arrival rate, divided by the part of the window the
+// tenant has been active for (at least the window, to bound the noise of
+// its first arrivals: one burst after a pause read as a flood with one
+// second).
+func (m *gateMem) rateNow(nowN int64) float64 {
+	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
+	if age > 10*forecastWindow.Seconds() {
+		return m.rate // the correction is below 5e-5
+	}
+	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
+}
+
+// longRateNow is the long-run arrival rate over hold, divided by the part
+// of it the tenant has been seen for (at least 10 s, to bound the noise of
+// its first arrivals).
+func (m *gateMem) longRateNow(nowN int64, hold time.Duration) float64 {
+	return m.longRate / m.longCorrection(nowN, hold)
+}
+
+// longCorrection is the part of hold the tenant has been seen for.
+func (m *gateMem) longCorrection(nowN int64, hold time.Duration) float64 {
+	age := max(float64(nowN-m.seenN)/float64(time.Second), 10)
+	return 1 - math.Exp(-age/hold.Seconds())
+}
+
+// longK bounds the forecast's rate by this multiple of the long-run rate:
+// a tenant that sends a few requests close together now and then is not
+// forecast to keep sending at that pace, while a flood that starts is
+// forecast at several times its share within a second or two.
+const longK = 4.0
+
+// observe folds l's arrivals and completions since m's last sample into
+// m's arrival rate and service time, and the pool's.
+func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
+	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
+	tau := forecastWindow.Seconds()
+	if da := l.Arrived - m.arrived; da > 0 && m.rate*tau < 0.01 && (m.lastArrN == 0 || nowN-m.lastArrN > int64(peakWindow)) {
+		m.firstN = nowN // back after idling longer than a peak window: a young estimate
+	}
+	// An exponentially weighted count of arrivals per second: each adds
+	// 1/τ and the sum decays with τ.
+	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.Arrived-m.arrived, 0))/tau
+	// The long-run rate: over the hold, from when it was first seen (at
+	// least 10 s, to bound the noise of its first arrivals).
+	hold := g.holdFor().Seconds()
+	decay := math.Exp(-dt / hold)
+	m.longRate = m.longRate*decay + float64(max(l.Arrived-m.arrived, 0))/hold
+	m.longEvents *= decay
+	if l.Arrived > m.arrived {
+		m.longEvents += 1 / hold
+		// Its mean gap: the larger of the recent one and the long-run one.
+		// The recent rate alone says a tenant that sent a few requests
+		// close together and then paused as usual is gone.
+		m.lastArrN = nowN
+		mean := 1 / max(min(m.rateNow(nowN), m.longRateNow(nowN, g.holdFor())), 1e-9)
+		// A tenant that sends bursts pauses between bursts, not requests.
+		mean = max(mean, 1/max(m.longEvents/m.longCorrection(nowN, g.holdFor()), 1e-9))
+		m.goneAfter = int64(min(idleGaps*mean, g.holdFor().Seconds()) * float64(time.Second))
+	}
+	m.arrived = l.Arrived
+	if dn := l.Served - m.served; dn > 0 {
+		mean := (l.ServedSec - m.servedSec) / float64(dn)
+		a := 1 - math.Pow(0.9, float64(dn)) // about the last ten completions
+		m.svc += a * (mean - m.svc)
+		if m.svc == a*mean {
+			m.svc = mean // the first
+		}
+		if g.svc == 0 {
+			g.svc = mean
+		} else {
+			g.svc += a * (mean - g.svc)
+		}
+	}
+	m.served, m.servedSec = l.Served, l.ServedSec
+}
+
+// Assess updates the averages with loads (sampled at nowN), classifies
+// loads[cand] and returns the reserve it must respect when heavy.
+// minReserve (server.headroom) is the least reserve while any light tenant
+// other than the candidate has demand.
+func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, minReserve float64) (light bool, reserve float64) {
+	w := g.Window
+	if w <= 0 {
+		w = shareWindow
+	}
+	if g.mem == nil || len(g.mem) > 2*len(loads)+16 {
+		// Forget tenants removed by reloads.
+		old := g.mem
+		g.mem = make(map[string]*gateMem, len(loads))
+		for _, l := range loads {
+			if m := old[l.Name]; m != nil {
+				g.mem[l.Name] = m
+			}
+		}
+	}
+	seqsCap, tokensCap := float64(max(f.SeqsCap, 1)), float64(max(f.TokensCap, 1))
+	cs := g.cls[:0]
+	for i, l := range loads {
+		held := max(float64(l.Held)/seqsCap, float64(l.Tokens)/tokensCap)
+		demand := max(float64(l.Held+l.Queued)/seqsCap, held)
+		if l.Held > 0 && l.Queued > 0 {
+			// Its queue in tokens too, at the mean size of what it holds: on
+			// a pool whose KV cache binds before its sequences (max_num_seqs
+			// left out), a flood's queue in sequences is a small fraction.
+			demand = max(demand, float64(l.Tokens)/tokensCap*float64(l.Held+l.Queued)/float64(l.Held))
+		}
+		m := g.mem[l.Name]
+		if m == nil {
+			m = &gateMem{lastN: nowN, firstN: nowN, seenN: nowN, arrived: l.Arrived, served: l.Served, servedSec: l.ServedSec}
+			g.mem[l.Name] = m
+		}
+		g.observe(m, l, nowN)
+		// Integrate the previous sample over the elapsed time (demand is
+		// piecewise constant between dispatch decisions).
+		if dt := nowN - m.lastN; dt > 0 {
+			// Fast attack, slow decay: a flood is heavy within about a
+			// second, while a tenant's past demand fades over the window.
+			tau := float64(w)
+			if m.last > m.avg {
+				tau = float64(attackWindow)
+			}
+			a := math.Exp(-float64(dt) / tau)
+			m.avg = a*m.avg + (1-a)*m.last
+			m.lastN = nowN
+		}
+		m.last = demand
+		// Only tenants with work now claim a share: one that left stops
+		// shaping the level at once (its average still decays).
+		active := demand > 0 || i == cand
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.Weight, 1e-9), active: active, m: m})
+	}
+	for i := range cs {
+		// λ·W, with the pool's mean service time for a tenant that has
+		// completed nothing here yet.
+		m := cs[i].m
+		svc := m.svc
+		if svc == 0 {
+			svc = g.svc
+		}
+		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * svc / seqsCap
+		// What it asks for: its averaged demand, or its offered load (λ·W)
+		// when that is more. The average of a tenant that has just started
+		// lags its offered load by a service time or more (its in-flight
+		// count takes that long to build up, and a flood's queue is shed at
+		// 2 s): without the forecast a flood would count as light for those
+		// seconds and the light tenants' share as smaller than it is.
+		cs[i].load = cs[i].avg
+		if !g.NoForecast {
+			cs[i].load = max(cs[i].avg, cs[i].forecast)
+		}
+		m.load = cs[i].load
+	}
+	g.cls = cs
+	level := g.waterLevel(cs)
+	// Each tenant's demand peak over the last half to whole peak window.
+	pw := g.PeakWindow
+	if pw <= 0 {
+		pw = peakWindow
+	}
+	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
+	others, lightWaiting := false, false
+	for i, x := range cs {
+		m := x.m
+		// A tenant's peak is kept while it may only be pausing (goneAfter),
+		// at least for the peak window.
+		half := max(int64(pw), m.goneAfter) / 2
+		if nowN-m.peakStart >= half {
+			if nowN-m.peakStart >= 2*half {
+				m.peakPrev = 0
+			} else {
+				m.peakPrev = m.peakCur
+			}
+			m.peakCur, m.peakStart = 0, nowN
+		}
+		m.peakCur = max(m.peakCur, x.demand)
+		// Heavy above lightMargin × its claim; once heavy, until it is back
+		// within its claim.
+		m.heavy = x.load > lightMargin*x.weight*level || (m.heavy && x.load > x.weight*level && !g.NoSticky)
+		// The sums cover every light tenant: they are used only for a heavy
+		// candidate, which is never among them.
+		if x.active && !m.heavy && loads[i].Queued > 0 {
+			lightWaiting = true
+		}
+		if !x.active && m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter {
+			m.peakCur, m.peakPrev = 0, 0 // gone: its share is lent
+		}
+		if m.heavy {
+			heavyHeld += x.held
+			continue
+		}
+		if !x.active && (g.NoSticky || max(m.peakCur, m.peakPrev) == 0) {
+			continue
+		}
+		if loads[i].Queued > 0 {
+			// A light tenant with a backlog is reserved what it lacks of
+			// its max-min share, no noise on top: its queue says the room
+			// it had was not enough (a flood that took the room while it
+			// was piling up must give it back), and more than its share
+			// would starve a heavy peer of what the level leaves it.
+			if !g.NoBacklog {
+				backlogNeed += max(0, min(x.demand, x.weight*level)-x.held)
+			}
+			continue
+		}
+		// A light tenant's claim is capped at its margin over its max-min
+		// share, so no single tenant can reserve the fleet.
+		lightPeak += min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		if !g.NoForecast {
+			lightForecast += min(x.forecast, lightMargin*x.weight*level)
+		}
+		lightHeld += x.held
+		others = others || x.demand > 0 || m.peakPrev > 0
+	}
+	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
+		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
+	return g.decide(g.mem[loads[cand].Name].heavy, cs[cand].held)
+}
+
+// gateSnap is the last full assessment, reused for assessEvery.
+type gateSnap struct {
+	at                   int64
+	level                float64
+	lightPeak, lightHeld float64
+	backlogNeed          float64
+	heavyHeld            float64 // held by heavy tenants
+	lightForecast        float64
+	others, lightWaiting bool
+	seqsCap, minReserve  float64
+	ok                   bool
+}
+
+// assessEvery bounds how often the O(tenants) assessment runs: averages
+// move on a scale of seconds, so a millisecond-old level and reserve are as
+// good, and a burst of dispatches costs O(1) each.
+const assessEvery = time.Millisecond
+
+// Fresh reports whether the last assessment may be reused at nowN for a
+// tenant the gate already knows.
+func (g *Gate) Fresh(nowN int64, tenant string) bool {
+	return g.snap.ok && nowN-g.snap.at < int64(assessEvery) && nowN >= g.snap.at && g.mem[tenant] != nil
+}
+
+// DecideFresh classifies a known tenant from the last assessment and its
+// current load.
+func (g *Gate) DecideFresh(l TenantLoad, f FleetLoad) (light bool, reserve float64) {
+	held := max(float64(l.Held)/float64(max(f.SeqsCap, 1)), float64(l.Tokens)/float64(max(f.TokensCap, 1)))
+	return g.decide(g.mem[l.Name].heavy, held)
+}
+
+// WithinShare reports whether tenant's averaged demand is within its
+// max-min fair share at the last assessment.
+func (g *Gate) WithinShare(tenant string, weight float64) bool {
+	m := g.mem[tenant]
+	return m == nil || !g.snap.ok || m.load <= max(weight, 1e-9)*g.snap.level
+}
+
+// State is what the gate remembers of one tenant, for traces.
+type State struct {
+	Heavy             bool    // at the last assessment
+	Load              float64 // what classified it at the last assessment
+	PeakCur, PeakPrev float64 // its demand peak, in two half-window buckets
+	PeakStart         int64   // when the current bucket started
+	GoneAfter         int64   // how long it may be idle and still hold its peak (ns)
+	LongRate          float64 // its arrival rate over the reserve hold (per second)
+}
+
+// State returns what the gate remembers of tenant; false when it has not
+// seen it.
+func (g *Gate) State(tenant string) (State, bool) {
+	m := g.mem[tenant]
+	if m == nil {
+		return State{}, false
+	}
+	return State{Heavy: m.heavy, Load: m.load, PeakCur: m.peakCur, PeakPrev: m.peakPrev, PeakStart: m.peakStart, GoneAfter: m.goneAfter, LongRate: m.longRate}, true
+}
+
+// decide is the verdict for a tenant classified heavy or not, holding the
+// fraction held of the pool.
+func (g *Gate) decide(heavy bool, held float64) (light bool, reserve float64) {
+	sn := &g.snap
+	if !heavy {
+		return true, 0
+	}
+	if !sn.lightWaiting && held == 0 && sn.heavyHeld == 0 && !g.NoFloor {
+		// One heavy request in flight on the pool, unless a light one
+		// waits, and only where it leaves the light tenants room for their
+		// Poisson noise over what they hold now: it runs a whole service
+		// time. One per pool, not per heavy tenant: two floods each keeping
+		// one in flight took half of a four-sequence batch from light
+		// tenants whose peaks were reserved.
+		return false, min(floorK*math.Sqrt(sn.lightHeld*sn.seqsCap)/sn.seqsCap, 1)
+	}
+	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
+	// burst a little above the recent ones.
+	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap
+	if f := sn.lightForecast; f > 0 {
+		reserve = max(reserve, f+forecastK*math.Sqrt(f*sn.seqsCap)/sn.seqsCap)
+	}
+	reserve += sn.backlogNeed - sn.lightHeld
+	if sn.others {
+		reserve = max(reserve, sn.minReserve)
+	}
+	return false, min(max(reserve, 0), 1)
+}
+
+// waterLevel is the max-min fair level of the averaged demands: the λ with
+// Σ min(avg_i, w_i·λ) = 1 over active tenants, +Inf when the demands fit
+// (nobody is heavy then). A tenant is light when avg_i ≤ w_i·λ: it asks
+// for no more than its max-min fair share.
+func (g *Gate) waterLevel(cs []gateCls) float64 {
+	// A tenant asks for its average or, while its demand is above it (still
+	// rising), its demand now: a light tenant whose requests are piling up
+	// claims its share before its average catches up, so a flood is not
+	// light for those seconds.
+	ask := func(x gateCls) float64 {
+		return max(x.load, x.demand)
+	}
+	idx := g.idx[:0]
+	var sum, weights float64
+	for i, x := range cs {
+		if x.active {
+			idx = append(idx, i)
+			sum += ask(x)
+			weights += x.weight
+		}
+	}
+	g.idx = idx
+	if sum <= 1 || weights <= 0 {
+		return math.Inf(1)
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(ask(cs[a])/cs[a].weight, ask(cs[b])/cs[b].weight) })
+	left := 1.0
+	for _, i := range idx {
+		x := cs[i]
+		// Every remaining tenant gets w·left/weights unless it asks less.
+		if lv := left / weights; ask(x)/x.weight <= lv {
+			left -= ask(x)
+			weights -= x.weight
+			continue
+		}
+		return left / weights
+	}
+	return math.Inf(1)
+}

@@ -1,0 +1,172 @@
+package gate
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestWaterLevel(t *testing.T) {
+	var g Gate
+	cls := func(ws []float64, avgs ...float64) []gateCls {
+		var cs []gateCls
+		for i, a := range avgs {
+			cs = append(cs, gateCls{avg: a, load: a, weight: ws[i], active: true})
+		}
+		return cs
+	}
+	ones := []float64{1, 1, 1, 1}
+	assert.InDelta(t, 0.4, g.waterLevel(cls(ones, 0.2, 0.2, 0.2, 5)), 1e-12, "victims satisfied, the flood gets the rest")
+	assert.True(t, math.IsInf(g.waterLevel(cls(ones, 0.2, 0.3, 0.4)), 1), "demands fit: nobody is heavy")
+	assert.InDelta(t, 1.0/3, g.waterLevel(cls([]float64{2, 1}, 5, 5)), 1e-12, "2λ + λ = 1")
+	assert.InDelta(t, 0.25, g.waterLevel(cls(ones, 1, 1, 1, 1)), 1e-12)
+	inactive := cls(ones, 0.9, 0.9)
+	inactive[1].active = false
+	assert.True(t, math.IsInf(g.waterLevel(inactive), 1), "inactive tenants claim nothing")
+}
+
+func TestFitsBeyond(t *testing.T) {
+	f := FleetLoad{Seqs: 27, SeqsCap: 32, Tokens: 0, TokensCap: 1000}
+	assert.True(t, f.FitsBeyond(10, 0.1), "27 + 1 + ⌈3.2⌉ = 32 seqs, 10 + 100 tokens")
+	f.Seqs = 28
+	assert.False(t, f.FitsBeyond(10, 0.1), "the 29th sequence would eat the reserve")
+	f.Seqs = 0
+	assert.False(t, f.FitsBeyond(901, 0.1), "901 tokens + 100 reserved > 1000")
+	assert.True(t, f.FitsBeyond(900, 0.1))
+	assert.True(t, FleetLoad{Seqs: 32, SeqsCap: 32}.FitsBeyond(1, 0), "no reserve: the replica choice decides")
+	// A learned batch of 8 probed to 9: the reserve is kept within the 8
+	// the replica is known to run, so a heavy request never takes the
+	// probe's sequence while light tenants have room reserved.
+	p := FleetLoad{Seqs: 7, SeqsCap: 9, TokensCap: 1000, Probe: 1}
+	assert.False(t, p.FitsBeyond(1, 0.1), "7 + 1 + ⌈0.9⌉ + 1 probed > 9")
+	p.Seqs = 6
+	assert.True(t, p.FitsBeyond(1, 0.1))
+	assert.True(t, FleetLoad{Seqs: 8, SeqsCap: 9, Probe: 1}.FitsBeyond(1, 0), "no reserve: the probe goes ahead")
+}
+
+// BenchmarkGateAssess: one dispatch decision's share computation with
+// every tenant active. full: the O(tenants) assessment (update averages and
+// peaks, water level, reserve) each time; burst: decisions 10 µs apart, as
+// in a dispatch burst, where the assessment is reused for assessEvery and
+// only the candidate's load is read (amortized per decision).
+func BenchmarkGateAssess(b *testing.B) {
+	for _, n := range []int{12, 1000} {
+		for _, mode := range []struct {
+			name string
+			step time.Duration
+		}{{"full", time.Millisecond}, {"burst", 10 * time.Microsecond}} {
+			b.Run(fmt.Sprintf("tenants=%d/%s", n, mode.name), func(b *testing.B) {
+				loads := make([]TenantLoad, n)
+				for i := range loads {
+					loads[i] = TenantLoad{Name: fmt.Sprintf("t%04d", i), Weight: float64(1 + i%3), Held: int64(i % 5), Queued: int64(i % 7), Tokens: int64(100 * (i % 5))}
+				}
+				f := FleetLoad{Seqs: 200, SeqsCap: 256, Tokens: 20000, TokensCap: 1 << 20}
+				var g Gate
+				now := time.Now().UnixNano()
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					now += int64(mode.step)
+					if c := loads[i%n]; g.Fresh(now, c.Name) {
+						g.DecideFresh(c, f)
+					} else {
+						g.Assess(now, loads, i%n, f, 0.1)
+					}
+					i++
+				}
+			})
+		}
+	}
+}
+
+// floodBeside samples a flood (4× a 32-sequence pool: 28 held, 100
+// queued, or none held with floodHeld 0) and a light tenant holding 4
+// sequences every 100 ms for 5 s, with no arrivals (no forecast), and
+// returns the time of the last sample and the loads.
+func floodBeside(g *Gate, floodHeld int64) (int64, []TenantLoad) {
+	loads := []TenantLoad{
+		{Name: "flood", Weight: 1, Held: floodHeld, Queued: 128 - floodHeld},
+		{Name: "light", Weight: 1, Held: 4},
+	}
+	f := FleetLoad{Seqs: floodHeld + 4, SeqsCap: 32, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for range 50 {
+		now += int64(100 * time.Millisecond)
+		g.Assess(now, loads, 0, f, 0)
+	}
+	return now, loads
+}
+
+// TestAssessReservesTheLightPeakAndItsNoise: the flood (load 4, level
+// 0.875) is heavy and must leave the light tenant's peak (4 of 32) plus
+// one Poisson standard deviation (√4 = 2 sequences), less the 4 it holds:
+// 2/32 of the pool. The light tenant is never held back.
+func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 28)
+	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+	light, reserve := g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light, "the flood")
+	assert.InDelta(t, 2.0/32, reserve, 1e-12, "peak 4/32 + √(4)/32 − held 4/32")
+	light, reserve = g.Assess(now, loads, 1, f, 0)
+	assert.True(t, light)
+	assert.Zero(t, reserve)
+	assert.False(t, g.WithinShare("flood", 1))
+	assert.True(t, g.WithinShare("light", 1))
+	assert.True(t, g.WithinShare("unknown", 1), "a tenant the gate has not seen")
+
+	// server.headroom is the least reserve while the light tenant has
+	// demand; K < 0 drops the noise margin.
+	_, reserve = g.Assess(now, loads, 0, f, 0.1)
+	assert.InDelta(t, 0.1, reserve, 1e-12)
+	g2 := Gate{Options: Options{K: -1}}
+	now, loads = floodBeside(&g2, 28)
+	_, reserve = g2.Assess(now, loads, 0, f, 0)
+	assert.Zero(t, reserve, "the peak alone, all of it held")
+}
+
+// TestAssessFloorLetsOneHeavyRequestRun: with nothing of its own in
+// flight, a heavy tenant may start one request where it leaves the light
+// tenants floorK standard deviations over what they hold (3·√4 = 6 of 32
+// sequences); without the floor it gets the ordinary reserve.
+func TestAssessFloorLetsOneHeavyRequestRun(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 0)
+	f := FleetLoad{Seqs: 4, SeqsCap: 32, TokensCap: 1 << 20}
+	light, reserve := g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light)
+	assert.InDelta(t, 6.0/32, reserve, 1e-12)
+	assert.True(t, f.FitsBeyond(1, reserve), "4 held + 1 + 6 kept ≤ 32")
+
+	loads[1].Queued = 1 // a light request waits: no floor
+	light, reserve = g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light)
+	assert.InDelta(t, 1.0/32, reserve, 1e-12, "a light tenant with a backlog is reserved what it lacks of its share: the one it queued")
+
+	g2 := Gate{Options: Options{NoFloor: true}}
+	now, loads = floodBeside(&g2, 0)
+	_, reserve = g2.Assess(now, loads, 0, f, 0)
+	assert.InDelta(t, 2.0/32, reserve, 1e-12)
+}
+
+// TestFreshReusesTheAssessmentForAMillisecond: within assessEvery of the
+// last assessment a known tenant is decided from it (O(1)); a tenant the
+// gate has not seen, a later time or a clock that went back need a new
+// one.
+func TestFreshReusesTheAssessmentForAMillisecond(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 28)
+	assert.True(t, g.Fresh(now, "flood"))
+	assert.True(t, g.Fresh(now+int64(time.Millisecond)-1, "light"))
+	assert.False(t, g.Fresh(now+int64(time.Millisecond), "flood"))
+	assert.False(t, g.Fresh(now-1, "flood"))
+	assert.False(t, g.Fresh(now, "unknown"))
+	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+	wantLight, wantReserve := g.Assess(now, loads, 0, f, 0)
+	light, reserve := g.DecideFresh(loads[0], f)
+	assert.Equal(t, wantLight, light)
+	assert.InDelta(t, wantReserve, reserve, 1e-12)
+}
