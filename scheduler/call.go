@@ -544,6 +544,18 @@ func (s *Server) release(c *call) {
 	}
 }
 
+// end ends a call that failed before its answer opened, by how far it
+// got: one that never left the queue gives its holds back (release), one
+// dispatched settles as not sent (finish).
+func (s *Server) end(c *call, err error) {
+	if c.phase == phaseReserved || c.phase == phaseQueued {
+		s.release(c)
+		s.forget(c)
+		return
+	}
+	s.finish(c, err)
+}
+
 // forget drops a call from the drain bookkeeping.
 func (s *Server) forget(c *call) {
 	s.mu.Lock()
@@ -565,7 +577,10 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 }
 
 // await blocks until the call is dispatched to a replica with a ledger
-// slot, expires, or its client leaves. On any error the call holds nothing.
+// slot, expires, or its client leaves. On an error it has left the queue
+// and holds no replica room; what it holds in the ledger (and, dispatched
+// as its deadline passed, its dispatch) Ticket.Finish gives back, the one
+// place a call ends.
 func (s *Server) await(c *call) (err error) {
 	defer c.t.RT.Queued.Add(-1) // counted from a successful admit
 	defer func() {
@@ -585,8 +600,6 @@ func (s *Server) await(c *call) (err error) {
 			case rep = <-c.dispatched:
 			case <-c.ctx.Done():
 				if s.q.Cancel(c.handle) {
-					s.release(c)
-					s.forget(c)
 					return context.Cause(c.ctx)
 				}
 				// Lost the race: dispatch or expiry owns the entry; one of
@@ -594,16 +607,12 @@ func (s *Server) await(c *call) (err error) {
 				if rep = <-c.dispatched; rep != nil {
 					s.reps.Release(rep, c.size)
 					s.q.Release(c.handle)
-					s.release(c)
-					s.forget(c)
 					s.signal(s.wake)
 					return context.Cause(c.ctx)
 				}
 			}
 		}
 		if rep == nil { // expired or shed in the queue
-			s.release(c)
-			s.forget(c)
 			return c.queueExit(s.now())
 		}
 		if c.tr != nil {
@@ -627,8 +636,6 @@ func (s *Server) await(c *call) (err error) {
 		if err != nil {
 			s.reps.Release(rep, c.size)
 			c.traceErr(err)
-			s.release(c)
-			s.forget(c)
 			s.signal(s.wake)
 			return err
 		}
@@ -652,14 +659,11 @@ func (s *Server) await(c *call) (err error) {
 		// first upstream byte.
 		if dl := c.queueDeadline(); !dl.IsZero() && !c.dispatchAt.Before(dl) {
 			s.m.ExpiredDispatch.Inc()
-			err := c.queueExit(c.dispatchAt)
-			s.finish(c, err)
-			return err
+			return c.queueExit(c.dispatchAt)
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
 			// The client left (or its deadline passed) as the dispatch
 			// arrived: nothing was sent, so nothing is charged.
-			s.finish(c, cause)
 			return cause
 		}
 		return nil

@@ -61,3 +61,28 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 }
+
+// TestCallEndsInFinish: a call whose client leaves while it is queued
+// leaves the queue in Start, but keeps its reservation until Finish, the
+// one place a call ends, gives it back (once).
+func TestCallEndsInFinish(t *testing.T) {
+	led := newFakeLedger(t)
+	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 2})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	pol := s.pol.Load()
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
+	require.NoError(t, err)
+	cancel(ErrClientGone) // no dispatch loop runs: the call stays queued
+	tk := &Ticket{s: s, c: c, err: s.await(c)}
+	require.ErrorIs(t, tk.err, ErrClientGone)
+	assert.Equal(t, phaseQueued, c.phase, "out of the queue, not ended")
+	assert.Zero(t, led.n("release"))
+	assert.NotZero(t, tenantUsage(t, s, led.Memory).Reserved[ledger.Tokens], "still reserved")
+
+	var out recordingSink
+	tk.Finish(&out)
+	assert.ErrorIs(t, out.err, ErrClientGone)
+	assert.Equal(t, phaseReleased, c.phase)
+	assert.Equal(t, 1, led.n("release"))
+	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
+}

@@ -98,11 +98,11 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 		if tk.err != nil {
 			end = tk.err // it failed before the client left
 		}
-		s.finish(c, end) // nothing to do if await released it
+		s.end(c, end)
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
-		s.finish(c, tk.err) // nothing to do if await ended it
+		s.end(c, tk.err)
 		return s.refused(c, out, tk.err)
 	case c.req.Stream:
 		w, conn := out.Stream()
