@@ -125,3 +125,27 @@ func FuzzDecodeChunkFast(f *testing.F) {
 		checkFastMatchesJSON(t, in)
 	})
 }
+
+// BenchmarkDecodeChunk is the fast path's cost per chunk: a content delta
+// (the common chunk) and a tool call's first chunk (every nested decoder).
+func BenchmarkDecodeChunk(b *testing.B) {
+	for _, bc := range []struct{ name, data string }{
+		{"content", benchChunk[len("data: ") : len(benchChunk)-2]},
+		{"toolcall", `{"id":"chatcmpl-t1","object":"chat.completion.chunk","created":1732000001,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","index":0,"function":{"name":"get_weather","arguments":"{\"city\": "}}]},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":40,"total_tokens":45,"completion_tokens":5}}`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			data := []byte(bc.data)
+			if !checkFastMatchesJSON(b, data) {
+				b.Fatal("not on the fast path")
+			}
+			var ar asmArena
+			b.ReportAllocs()
+			for b.Loop() {
+				var ch asmChunk
+				if !decodeChunkFast(data, &ch, &ar) {
+					b.Fatal("fell back")
+				}
+			}
+		})
+	}
+}
