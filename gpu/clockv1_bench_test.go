@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// clockV1 is the earlier virtual GPU clock (V advances at u·g/n,
-// u held from the last sample), kept only as the benchmark baseline for
-// the interval attribution that replaced it. Its conservation was wrong;
-// its cost per request is the bar.
+// clockV1 is a virtual GPU clock (V advances at u·g/n, u held from the
+// last sample), kept only as the benchmark baseline for the interval
+// attribution: its conservation is wrong, but its cost per request is the
+// bar.
 type clockV1 struct {
 	gpus uint64
 	mu   sync.Mutex
@@ -63,8 +63,8 @@ func (c *clockV1) end(now time.Time, v0 uint64) int64 {
 
 const ppm = 1_000_000
 
-// BenchmarkClockV1Attribution is BenchmarkClockAttribution on the old
-// clock, for a side-by-side ratio.
+// BenchmarkClockV1Attribution is BenchmarkClockAttribution on clockV1, for
+// a side-by-side ratio.
 func BenchmarkClockV1Attribution(b *testing.B) {
 	c := &clockV1{gpus: 8, last: c0, u: 700_000}
 	bg := c.start(c0)

@@ -40,9 +40,9 @@ func TestEstimatorOneShapeStaysBounded(t *testing.T) {
 // Alternating phases of two request shapes (an edge benchmark's 1,500
 // streams, then 3,000 short requests, four times): each phase forgets the
 // other shape, so the first request of the next phase moves the
-// coefficients far; clamping each coefficient at 0 separately let the
+// coefficients far; clamping each coefficient at 0 separately lets the
 // other compensate without bound (1e75 GPU-ms per token after one round,
-// +Inf after four) and every request's hold overflowed. The step is now cut
+// +Inf after four) and every request's hold overflows. So the step is cut
 // to keep both coefficients non-negative.
 func TestEstimatorAlternatingShapesStayBounded(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))

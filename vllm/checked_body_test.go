@@ -156,8 +156,8 @@ func TestUpstreamBodyDropsPriority(t *testing.T) {
 	}
 }
 
-// deepBody is 4 MiB of text under 500 levels of arrays: each level used to
-// re-scan everything below it.
+// deepBody is 4 MiB of text under 500 levels of arrays: a reader that
+// re-scans everything below each level reads the text 500 times.
 func deepBody(field string) []byte {
 	inner := `"` + strings.Repeat("x", 4<<20) + `"`
 	return []byte(`{"model":"m","` + field + `":` + strings.Repeat("[", 500) + inner + strings.Repeat("]", 500) + `}`)

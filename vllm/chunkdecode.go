@@ -37,7 +37,7 @@ func decodeChunkFast(data []byte, ch *asmChunk, ar *asmArena) bool {
 		case 0:
 			ok = setString(v, &ch.ID)
 		case 1:
-			ok = setInt64(v, &ch.Created)
+			ok = setInt(v, &ch.Created)
 		case 2:
 			ok = setString(v, &ch.Model)
 		case 3:
@@ -161,25 +161,15 @@ func (ar *asmArena) delta() *asmDelta {
 	return &ar.deltas[len(ar.deltas)-1]
 }
 
-func setInt64(v []byte, dst *int64) bool {
+// setInt decodes a JSON integer into dst; null leaves dst as it is, as
+// encoding/json does.
+func setInt[T int | int64](v []byte, dst *T) bool {
 	if isNullValue(v) {
 		return true
 	}
 	n, ok := parseInt(v)
-	*dst = n
+	*dst = T(n)
 	return ok
-}
-
-func setInt(v []byte, dst *int) bool {
-	var n int64
-	if isNullValue(v) {
-		return true
-	}
-	if !setInt64(v, &n) {
-		return false
-	}
-	*dst = int(n)
-	return true
 }
 
 func decodeUsage(data []byte, at int, v []byte, ch *asmChunk, ar *asmArena) bool {

@@ -239,8 +239,8 @@ func TestPlanBoundCutAndTokenizeMargin(t *testing.T) {
 	assert.ErrorIs(t, err, ErrContextLength)
 }
 
-// Issue 19 item 6: /tokenize gets add_generation_prompt false with
-// continue_final_message (it refuses both set).
+// TestTokenizeContinueFinalMessage: /tokenize gets add_generation_prompt
+// false with continue_final_message (it refuses both set).
 func TestTokenizeContinueFinalMessage(t *testing.T) {
 	var got map[string]any
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

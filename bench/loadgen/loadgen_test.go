@@ -310,9 +310,9 @@ func TestProgressLine(t *testing.T) {
 	})
 }
 
-// TestConnectionsReused is the regression test for closing the body right
-// after [DONE]: the chunked terminator was left unread, so every request
-// opened a new connection.
+// TestConnectionsReused: a body closed right after [DONE] leaves the
+// chunked terminator unread, and every request then opens a new
+// connection; the client reads to the end, so connections are reused.
 func TestConnectionsReused(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

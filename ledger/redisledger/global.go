@@ -32,8 +32,8 @@ import (
 //   - The spec marks the scope: its limits are B and W instead of b and w
 //     (appendSpec), and its key is the global partition's s:G; the global
 //     partition's meta key follows the scope keys (specFor,
-//     scopeKeysFromSpec). Versions before this one refuse such a spec as
-//     malformed (nothing written), so during a rolling upgrade they never
+//     scopeKeysFromSpec). Versions without inline global scopes refuse such
+//     a spec as malformed (nothing written), so during a rolling upgrade they never
 //     act on such a record; the new processes settle and reclaim it.
 //   - Time: the operation runs at the later of the tenant's and the global
 //     partition's ledger time and raises both hwms (lua/prelude.lua,
@@ -104,7 +104,7 @@ import (
 // has ended: a hold's record names its request (backMark), and Reclaim ends
 // the hold of a request that settled, was released or expired, or carries
 // another hold, as that request ended (followRequest), so a crash between a
-// request's end and its hold's no longer charges the global scope the whole
+// request's end and its hold's does not charge the global scope the whole
 // hold. A request whose record is missing (its step may still land) keeps
 // the backstop. Every resolution of
 // the global hold is the global record's own exactly-once transition, so
@@ -414,8 +414,8 @@ func (l *Ledger) charge(ctx context.Context, ref ledger.Ref, scopes []ledger.Sco
 // and a DISPATCHED hold would then be charged at its amount once
 // UNRESOLVED, though its request settled for less or never went out.
 // Reclaim, finding such a hold due, reads the request's record and ends the
-// hold as the request ended (followRequest). Holds written before this mark
-// existed have an empty g and keep the lease's backstop.
+// hold as the request ended (followRequest). A hold written by a version
+// that does not set the mark has an empty g and keeps the lease's backstop.
 const backMark = "^"
 
 func backRef(req ledger.Ref) string { return backMark + encodeHold(req) }

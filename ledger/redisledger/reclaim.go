@@ -140,7 +140,7 @@ func (l *Ledger) Run(ctx context.Context) error {
 // call's own (reading the command, running the function, the reply), so
 // a thousand partitions and ten instances kept 0.7 of a core busy finding
 // nothing. In calls of 128 an idle partition costs about 4 µs
-// (BenchmarkReclaimIdle; docs/benchmarks/ledger-redis.md, round 11).
+// (BenchmarkReclaimIdle; docs/benchmarks/log/2026-12-03-redis-ledger.md).
 const scanBatch = 128
 
 // reclaimAll is one tick of Run: every partition scanned, in calls of up to

@@ -10,8 +10,8 @@ import (
 )
 
 // A body Sluice cannot read whole never reaches the replica: a member
-// nested past the scanner's depth used to hide a second "input" that
-// vLLM's json.loads would run, unsized, past a 2,000-token block budget.
+// nested past the scanner's depth could hide a second "input" that vLLM's
+// json.loads would run, unsized, past a 2,000-token block budget.
 func TestUnreadableBodiesNeverReachTheReplica(t *testing.T) {
 	t.Parallel()
 	rep := startSim(t, sim.DefaultConfig())

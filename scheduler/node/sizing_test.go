@@ -249,10 +249,10 @@ func twoOnOneReplica(t *testing.T, tenant, top string) (*simReplica, [2]*node) {
 // four sequences, three closed-loop clients each: six want in, four fit.
 // Each counts the other's sequences (the scrape's foreign ones) with its
 // own sends, so the overflow waits in Sluice's queues, not in vLLM's.
-// Counting the larger of its own and the scrape (the rule before
-// fleet/sizing.go), an instance's sends since a scrape hid behind the other's
-// sequences: vLLM's waiting count averaged 0.64–0.88 over the run (and
-// 0.69–0.86 with two busy loops beside it). It averages 0.09–0.27 now:
+// Counting the larger of its own and the scrape instead, an instance's
+// sends since a scrape would hide behind the other's sequences: vLLM's
+// waiting count averaged 0.64–0.88 over the run that way (0.69–0.86 with
+// two busy loops beside it), and averages 0.09–0.27 with fleet/sizing.go's rule:
 // the scrape of one instance can still catch a slot the other just freed
 // and is about to refill, or miss a request vLLM had not queued yet, and
 // one request waits inside vLLM until the next scrape.

@@ -137,3 +137,35 @@ func TestOutageAllowance(t *testing.T) {
 	now = now.Add(time.Hour)
 	require.True(t, admit(100), "the next hour: room again")
 }
+
+// TestPendingLogRewrittenWhenChargeDropped: a charge no longer owed leaves
+// its lines in the log until the next pass rewrites it, even when that
+// pass ends nothing and the log is far below compactAt: the dropped
+// charge's record (the tenant's usage and request id) does not stay on
+// disk beside a charge still owed.
+func TestPendingLogRewrittenWhenChargeDropped(t *testing.T) {
+	p := testPaths(t)
+	led := newHookLedger(t)
+	s := newRoom(t, led, p, false)
+	hold := ledger.Amounts{ledger.Requests: 1, ledger.InputTokens: 500, ledger.Tokens: 500}
+	kept := owedCharge(hold, true)
+	kept.ReqID = "kept-call"
+	require.NoError(t, s.outage.put(kept))
+	refunded := owedCharge(hold, true)
+	refunded.ReqID = "refunded-call"
+	require.NoError(t, s.outage.put(refunded))
+	s.OutageNotRun("acme", 500, refunded.Req.Ref, refunded.ReqID)
+	require.Equal(t, 3, lines(t, p.Pending), "two charges and that one is no longer owed")
+
+	s.Flush(context.Background()) // nothing pending: a pass that ends nothing
+	assert.Equal(t, 1, lines(t, p.Pending), "rewritten with the charge still owed only")
+	b, err := os.ReadFile(p.Pending)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), refunded.ReqID, "the dropped charge's lines are gone")
+	assert.Contains(t, string(b), kept.ReqID)
+
+	s2 := newRoom(t, led, p, false)
+	owed := s2.Chargeable()
+	require.Len(t, owed, 1)
+	assert.Equal(t, kept.Req.Ref.ID, owed[0].Req.Ref.ID)
+}

@@ -4,16 +4,8 @@
 -- record already holding 8 answers OK (a retry), one holding neither 7 nor
 -- 8 CONFLICT.
 -- OK: {'OK', epoch, replayed (0|1), global hold}; DENIED as reserve's.
-local now = ledger_now()
-if not now then return {'CORRUPT', '', 'hwm'} end
-local epoch, fenced = epoch_check(now)
-if fenced then return {'LEASELOST', epoch, 'epoch'} end
-local rec, why = load_record(now)
-if rec == nil then return {'CORRUPT', epoch, why} end
-if not rec then return {'NOTFOUND', epoch} end
-if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'state'} end
-if rec.st ~= S_RESERVED and rec.st ~= S_DISPATCHED then return {'FINAL', epoch, rec.st} end
-if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
+local refused, now, epoch, rec = open_lease()
+if refused then return refused end
 local from = AMTS[ARGV[7]] or parse_amounts(ARGV[7])
 local to = AMTS[ARGV[8]] or parse_amounts(ARGV[8])
 if from == nil or to == nil then return {'INVALID', epoch, 'held'} end

@@ -537,6 +537,24 @@ local function load_record(now)
   return rec
 end
 
+-- open_lease is how the lease operations (extend, grow) start: the record
+-- must be RESERVED or DISPATCHED and held by ARGV[6]; a fence, an expired
+-- or unresolved record or another owner means the caller lost its lease.
+-- It returns nil, now, epoch, the record; or the refusal to answer.
+local function open_lease()
+  local now = ledger_now()
+  if not now then return {'CORRUPT', '', 'hwm'} end
+  local epoch, fenced = epoch_check(now)
+  if fenced then return {'LEASELOST', epoch, 'epoch'} end
+  local rec, why = load_record(now)
+  if rec == nil then return {'CORRUPT', epoch, why} end
+  if not rec then return {'NOTFOUND', epoch} end
+  if rec.st == S_EXPIRED or rec.st == S_UNRESOLVED then return {'LEASELOST', epoch, 'state'} end
+  if rec.st ~= S_RESERVED and rec.st ~= S_DISPATCHED then return {'FINAL', epoch, rec.st} end
+  if rec.o ~= ARGV[6] then return {'LEASELOST', epoch, 'owner'} end
+  return nil, now, epoch, rec
+end
+
 -- record_or_none is load_record for scripts that mostly find no record
 -- (reserve, charge); a GET of a missing key is already the cheapest read.
 local record_or_none = load_record
