@@ -13,8 +13,8 @@ const ledgerOpTimeout = 5 * time.Second
 // opCtx is context.WithTimeout(context.WithoutCancel(parent), d) whose
 // timer starts only when Done is first called. The embedded ledger only
 // asks Err, which compares the clock with the deadline, so its three calls
-// per request (reserve, mark dispatched, settle) no longer start and stop
-// three runtime timers; a ledger that waits on Done (Redis, fakes) gets a
+// per request (reserve, mark dispatched, settle) start and stop no runtime
+// timer; a ledger that waits on Done (Redis, fakes) gets a
 // real timer context, created on that first call, and a context derived
 // from this one registers with it directly (Value hands out its cancelCtx),
 // never through a watcher goroutine. Its deadline is a context's, so it is

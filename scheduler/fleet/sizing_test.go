@@ -32,7 +32,7 @@ func seqsOf(set *Set, r *Replica) int64 {
 
 // TestForeignSequencesCountWithOwnSends: what a scrape shows beyond this
 // instance's own stays counted while this instance sends more. Taking the
-// larger of the own count and the scrape (the old estimate) let two
+// larger of the own count and the scrape (max of the two) let two
 // instances sharing a replica each fill it to max_num_seqs.
 func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	set, r := sizingSet(4)
@@ -42,7 +42,7 @@ func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	assert.Equal(t, int64(3), seqsOf(set, r))
 
 	_, s2 := set.Take(Route{}, 10, nil)
-	assert.Equal(t, int64(4), seqsOf(set, r), "ours 2 + theirs 2 (the old estimate said max(2, 3) = 3)")
+	assert.Equal(t, int64(4), seqsOf(set, r), "ours 2 + theirs 2 (the larger of the two would say max(2, 3) = 3)")
 	assert.False(t, set.Fits(Route{}, 10), "full")
 
 	set.Leave(r, 10, s1, false, now) // completed
