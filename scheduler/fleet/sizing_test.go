@@ -32,8 +32,8 @@ func seqsOf(set *Set, r *Replica) int64 {
 
 // TestForeignSequencesCountWithOwnSends: what a scrape shows beyond this
 // instance's own stays counted while this instance sends more. Taking the
-// larger of the own count and the scrape (max of the two) let two
-// instances sharing a replica each fill it to max_num_seqs.
+// larger of the own count and the scrape instead would let two instances
+// sharing a replica each fill it to max_num_seqs.
 func TestForeignSequencesCountWithOwnSends(t *testing.T) {
 	set, r := sizingSet(4)
 	now := time.Unix(1_800_000_000, 0)
