@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/vllm"
@@ -38,10 +39,8 @@ type call struct {
 	key      *policy.Key // the key that authenticated the request
 	ep       vllm.Endpoint
 	req      *vllm.Request
-	route    fleet.Route // model (pool) and prefix for the replica choice
-	pool     poolKey     // the pool its share is counted in (fixed at admission)
-	spot     spot        // where it counts in the pool's load; guarded by Server.pools.mu
-	heldAt   time.Time   // when it last took replica room; guarded by Server.pools.mu
+	route    fleet.Route               // model (pool) and prefix for the replica choice
+	place    gate.Place[fleet.PoolKey] // its pool (fixed at admission) and where it counts in the pool's load (Server.pools)
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none
@@ -83,7 +82,7 @@ type call struct {
 
 	// Set once dispatched.
 	rep        *fleet.Replica
-	seq        int64 // its number among the requests given room on rep (replicaSet.take)
+	seq        int64 // its number among the requests given room on rep (fleet.Set.Take)
 	ticket     gpu.Ticket
 	dispatchAt time.Time
 	firstByte  time.Time
@@ -208,17 +207,17 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	s.mu.Lock()
 	s.queued[c] = struct{}{}
 	s.mu.Unlock()
-	c.pool = s.reps.poolKeyOf(req.Model)
+	c.place.Pool = s.reps.PoolKeyOf(req.Model)
 	// Counted queued in its pool before the queue holds it: from Enqueue on,
 	// the dispatch loop may move it to held.
-	s.pools.move(c, spotQueued)
+	s.movePool(c, gate.SpotQueued)
 	it, err := s.q.Enqueue(queue.Request[*call]{
 		Tenant: t.Name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
 		Deferred: !s.loopOnly, // dispatchInline below, then Wake
 	})
 	if err != nil {
-		s.pools.move(c, spotNone)
+		s.movePool(c, gate.SpotNone)
 		c.traceErr(err)
 		s.release(c)
 		s.forget(c)
@@ -585,7 +584,7 @@ func (s *Server) await(c *call) (err error) {
 	defer c.t.RT.Queued.Add(-1) // counted from a successful admit
 	defer func() {
 		if err != nil {
-			s.pools.move(c, spotNone) // never ran: no longer queued nor holding room
+			s.movePool(c, gate.SpotNone) // never ran: no longer queued nor holding room
 		}
 	}()
 	for {
@@ -623,7 +622,7 @@ func (s *Server) await(c *call) (err error) {
 			// Another instance holds the tenant's slots: back to the head
 			// of the queue, still holding the budget.
 			s.reps.Release(rep, c.size)
-			s.pools.move(c, spotQueued)
+			s.movePool(c, gate.SpotQueued)
 			s.q.Requeue(c.handle)
 			continue
 		}

@@ -13,8 +13,8 @@ import (
 // The queue decides which request goes next (bands, then weighted virtual
 // counters); the fair-share gate (package scheduler/gate, whose doc says
 // how it classifies tenants and sizes the reserve) decides only whether it
-// may start now, from its pool's loads (pools.go: the replicas serving the
-// request's model). A full pool parks a tenant above its share when
+// may start now, from its pool's loads (gate.Pools, keyed by fleet.PoolKey:
+// the replicas serving the request's model). A full pool parks a tenant above its share when
 // another pool has room (the queue goes on to that pool's requests), and
 // blocks the queue for one within its share (full).
 //
@@ -66,9 +66,11 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 		return queue.Park
 	}
 	s.repool(c)
-	f := s.reps.fleetOf(c.pool)
-	s.pools.mu.Lock()
-	defer s.pools.mu.Unlock()
+	f := s.reps.FleetOf(c.place.Pool)
+	// The table's lock is held from the loads read to the verdict acted on
+	// (the reserved room counted as held), so no move lands in between.
+	s.pools.Lock()
+	defer s.pools.Unlock()
 	light, reserve := s.belowFairShare(c, f)
 	if !light && !f.FitsBeyond(c.size, reserve) {
 		if s.reps.Fits(c.route, c.size) {
@@ -80,62 +82,47 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	}
 	rep, seq := s.reps.Take(c.route, c.size, nil)
 	if rep == nil {
-		return s.full(c, !s.pools.getLocked(c.pool).gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
+		return s.full(c, !s.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
 	}
 	c.rep, c.seq = rep, seq
-	s.pools.moveLocked(c, spotHeld)
+	s.pools.MoveLocked(&c.place, c.t.Name, c.size, false, gate.SpotHeld)
 	return queue.Dispatch
 }
 
-// full is the verdict when c's pool has no room (pools.mu held). A tenant
-// asking more than its max-min share of the pool (above) is parked when
-// another pool has room, so the queue goes on to requests for that pool;
-// it competes again at its pool's next completion. One within its share
+// full is the verdict when c's pool has no room (the pools' lock held). A
+// tenant asking more than its max-min share of the pool (above) is parked
+// when another pool has room, so the queue goes on to requests for that
+// pool; it competes again at its pool's next completion. One within its share
 // blocks the queue until the next completion instead (a short wait: it is
 // not backlogged on average): parking would lift its counter to the band
 // minimum, and that credit is what makes it the next pick.
 func (s *Server) full(c *call, above bool) queue.Verdict {
-	if !above || !s.reps.roomOutside(c.pool, 1) {
+	if !above || !s.reps.RoomOutside(c.place.Pool, 1) {
 		return queue.Block
 	}
-	s.pools.parkFull(c.pool, c.t.Name)
+	s.pools.ParkFullLocked(c.place.Pool, c.t.Name)
 	return queue.Park
 }
 
 // belowFairShare classifies the call's tenant on its pool (light: its
 // averaged demand there is within its weighted split) and returns the
 // fraction of the pool reserved for the pool's light tenants, which a
-// heavy tenant must leave free. f is the pool's load; pools.mu is held.
+// heavy tenant must leave free. f is the pool's room; the pools' lock is
+// held.
 func (s *Server) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve float64) {
 	pol := s.pol.Load()
-	pl := s.pools.getLocked(c.pool)
-	g := &pl.gate
+	pl := s.pools.PoolLocked(c.place.Pool)
 	nowN := s.now().UnixNano()
-	if t := pol.Tenants[c.t.Name]; t != nil && g.Fresh(nowN, t.Name) {
-		return g.DecideFresh(pl.load(t.Name, float64(t.Cfg.Weight)), f)
+	if t := pol.Tenants[c.t.Name]; t != nil && pl.Gate.Fresh(nowN, t.Name) {
+		return pl.Gate.DecideFresh(pl.Load(t.Name, float64(t.Cfg.Weight)), f)
 	}
-	loads := pl.loads[:0]
-	cand := -1
-	for _, t := range pol.Order {
-		if t.Name == c.t.Name {
-			cand = len(loads)
-		}
-		loads = append(loads, pl.load(t.Name, float64(t.Cfg.Weight)))
-	}
-	pl.loads = loads
-	g.Hold = pol.Cfg.Server.ReserveHold
-	if cand < 0 {
-		return true, 0 // removed by a reload: its queued work drains freely
-	}
-	return g.Assess(nowN, loads, cand, f, pol.Cfg.Server.Headroom)
+	return pl.Assess(nowN, c.t.Name, len(pol.Order), func(i int) (string, float64) {
+		return pol.Order[i].Name, float64(pol.Order[i].Cfg.Weight)
+	}, f, pol.Cfg.Server.ReserveHold, pol.Cfg.Server.Headroom)
 }
 
-// load is tenant's load on the pool as the gate sees it.
-func (pl *pool) load(tenant string, weight float64) gate.TenantLoad {
-	l := gate.TenantLoad{Name: tenant, Weight: weight}
-	if pt := pl.tenants[tenant]; pt != nil {
-		l.Held, l.Queued, l.Tokens = pt.held, pt.queued, pt.tokens
-		l.Arrived, l.Served, l.ServedSec = pt.arrived, pt.served, pt.servedSec
-	}
-	return l
+// movePool counts c at to in its pool's load. The request goroutine's own:
+// c.sent (whether it ran, for the pool's service times) is its to read.
+func (s *Server) movePool(c *call, to gate.Spot) {
+	s.pools.Move(&c.place, c.t.Name, c.size, c.sent, to)
 }

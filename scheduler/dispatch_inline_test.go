@@ -72,26 +72,17 @@ func TestInlineDispatchCountsHeldInPool(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { _, err := serve(context.Background(), s, admission{body: chatBody("")}); done <- err }()
 		synctest.Wait()
-		count := func() poolTenant {
-			s.pools.mu.Lock()
-			defer s.pools.mu.Unlock()
-			for _, pl := range s.pools.pools {
-				if pt := pl.tenants["acme"]; pt != nil {
-					return *pt
-				}
-			}
-			return poolTenant{}
-		}
-		running := count()
-		assert.Equal(t, int64(1), running.held, "running: holds room")
-		assert.Equal(t, int64(0), running.queued, "running: not queued")
-		assert.Equal(t, int64(1), running.arrived)
+		k := s.reps.PoolKeyOf("m")
+		running := s.pools.Load(k, "acme")
+		assert.Equal(t, int64(1), running.Held, "running: holds room")
+		assert.Equal(t, int64(0), running.Queued, "running: not queued")
+		assert.Equal(t, int64(1), running.Arrived)
 		close(gate)
 		require.NoError(t, <-done)
-		ended := count()
-		assert.Equal(t, int64(0), ended.held)
-		assert.Equal(t, int64(0), ended.queued)
-		assert.Equal(t, int64(1), ended.served)
+		ended := s.pools.Load(k, "acme")
+		assert.Equal(t, int64(0), ended.Held)
+		assert.Equal(t, int64(0), ended.Queued)
+		assert.Equal(t, int64(1), ended.Served)
 	})
 }
 

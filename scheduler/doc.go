@@ -29,7 +29,7 @@
 //     work another instance or an abort-ignoring replica keeps running still
 //     counts: fleet/sizing.go), and the fair-share gate (scheduler/gate) holds a heavy tenant
 //     back from its pool's light tenants' reserve; shares, reserve and room
-//     are per pool (pools.go). The request then takes a ledger slot
+//     are per pool (fleet/pools.go, gate/pools.go). The request then takes a ledger slot
 //     (MarkDispatched) before its first upstream byte; a slot denial
 //     requeues it at its head.
 //  6. Execute: a streamed request goes upstream with continuous usage

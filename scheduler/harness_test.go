@@ -18,7 +18,6 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
-	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -400,14 +399,4 @@ func committed(u ledger.Usage, d ledger.Dim, w time.Duration) int64 {
 		}
 	}
 	return -1
-}
-
-// newSet is a replica set of reps, each in the slot of its position.
-func newSet(capacity fleet.CapacityFunc, reps ...*fleet.Replica) *replicaSet {
-	s := newReplicaSet(capacity)
-	for i, r := range reps {
-		r.Slot = i
-	}
-	s.SetMembers(reps)
-	return s
 }

@@ -101,33 +101,15 @@ func (s *Server) ReapReplicas() []string {
 // changed), so that it is gated, parked and woken with the replicas that
 // can serve it, not those it was admitted with: a pool whose replicas all
 // left would never complete a request to wake it. Only the dispatch
-// predicate writes c.pool after admission.
+// predicate writes c.place.Pool after admission.
 func (s *Server) repool(c *call) {
-	k := s.reps.poolKeyOf(c.req.Model)
-	if k == c.pool {
-		return
-	}
-	s.pools.mu.Lock()
-	defer s.pools.mu.Unlock()
-	if c.spot != spotQueued {
-		return
-	}
-	s.pools.moveLocked(c, spotNone)
-	c.pool = k
-	s.pools.moveLocked(c, spotQueued)
+	s.pools.Repool(&c.place, s.reps.PoolKeyOf(c.req.Model), c.t.Name, c.size)
 }
 
 // membersChanged lets every tenant parked on a full pool compete again
 // (its pool may have changed: repool) and wakes the dispatch loop.
 func (s *Server) membersChanged() {
-	s.pools.mu.Lock()
-	var names []string
-	for _, pl := range s.pools.pools {
-		names = append(names, pl.parked...)
-		pl.parked = pl.parked[:0]
-	}
-	s.pools.mu.Unlock()
-	for _, n := range names {
+	for _, n := range s.pools.UnparkAll() {
 		s.q.Unpark(n)
 	}
 	s.signal(s.wake)

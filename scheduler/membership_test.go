@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -52,10 +53,10 @@ func TestReplicaLeavesAfterItsRequests(t *testing.T) {
 
 	require.NoError(t, s.AddReplica(config.Replica{Name: "r2", URL: "http://r2.invalid", MaxNumSeqs: 8}))
 	assert.Equal(t, 1, s.reps.Get("r2").Slot, "the free slot is reused")
-	var both poolKey
-	both.set(0)
-	both.set(1)
-	assert.Equal(t, both, s.reps.poolKeyOf("m"), "nothing known: one pool of both members")
+	var both fleet.PoolKey
+	both.Set(0)
+	both.Set(1)
+	assert.Equal(t, both, s.reps.PoolKeyOf("m"), "nothing known: one pool of both members")
 }
 
 // TestReplicaComesBackWhileLeaving: a replica listed again before it was
@@ -118,20 +119,18 @@ func TestQueuedCallFollowsItsPool(t *testing.T) {
 	c, err := s.admit(t.Context(), pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
 	require.NoError(t, err)
 	defer func() { s.release(c); s.forget(c) }()
-	if c.spot == spotNone {
-		s.pools.move(c, spotQueued)
+	if c.place.Spot == gate.SpotNone {
+		s.movePool(c, gate.SpotQueued)
 	}
-	old := c.pool
+	old := c.place.Pool
 	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
 	require.NoError(t, s.RemoveReplica("r0", "test"))
 	require.Equal(t, []string{"r0"}, s.ReapReplicas())
 
 	s.repool(c)
-	assert.NotEqual(t, old, c.pool)
-	assert.Equal(t, s.reps.poolKeyOf("m"), c.pool)
-	s.pools.mu.Lock()
-	assert.Equal(t, int64(0), s.pools.pools[old].tenants["acme"].queued, "out of the pool it was admitted to")
-	assert.Equal(t, int64(1), s.pools.pools[c.pool].tenants["acme"].queued, "queued in its model's pool")
-	s.pools.mu.Unlock()
-	s.pools.move(c, spotNone)
+	assert.NotEqual(t, old, c.place.Pool)
+	assert.Equal(t, s.reps.PoolKeyOf("m"), c.place.Pool)
+	assert.Equal(t, int64(0), s.pools.Load(old, "acme").Queued, "out of the pool it was admitted to")
+	assert.Equal(t, int64(1), s.pools.Load(c.place.Pool, "acme").Queued, "queued in its model's pool")
+	s.movePool(c, gate.SpotNone)
 }

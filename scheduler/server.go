@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
@@ -146,10 +147,10 @@ type Server struct {
 	now    func() time.Time
 	owner  ledger.Owner
 	q      *queue.Queue[*call]
-	reps   *replicaSet
+	reps   *fleet.Set
 	// memberMu orders replicas joining and leaving (membership.go).
 	memberMu sync.Mutex
-	pools    poolTable // per-pool loads and the dispatch gate's memory (pools.go)
+	pools    gate.Pools[fleet.PoolKey] // per-pool loads and the dispatch gate's memory
 
 	pol      atomic.Pointer[policy.Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
@@ -231,7 +232,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	}
 	s.keys = policy.NewRuntimeKeys(keys, s.keyer, s.log, s.now)
 	s.started = s.now()
-	s.pools.now = s.now
+	s.pools.Now = s.now
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
@@ -271,7 +272,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.configureAbuse(eff)
-	s.reps = newReplicaSet(s.capacityOf)
+	s.reps = fleet.NewSet(s.capacityOf)
 	reps := make([]*fleet.Replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)

@@ -9,6 +9,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/abuse"
 	"github.com/sluicehq/sluice/scheduler/audit"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/settle"
 )
 
@@ -79,7 +80,7 @@ func (s *Server) finish(c *call, err error) {
 	c.t.RT.Inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.RT.InflightTokens.Add(-c.size)
-	s.pools.move(c, spotNone)
+	s.movePool(c, gate.SpotNone)
 	seriesOf(c.t, s.m).inflight.Dec()
 	s.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
@@ -94,7 +95,9 @@ func (s *Server) finish(c *call, err error) {
 	}
 	s.forget(c)
 	s.q.Unpark(c.t.Name)
-	s.pools.unparkFull(c.pool, s.q)
+	for _, n := range s.pools.UnparkFull(c.place.Pool) {
+		s.q.Unpark(n)
+	}
 	// Freed room matters only to queued work; an empty queue's next
 	// arrival signals the loop itself (Queue.Ready). A wake per completion
 	// readied the loop's goroutine, often on an idle thread: a futex round.

@@ -125,6 +125,7 @@ type Set struct {
 	// (members.go); readers take one list and use it throughout.
 	members  atomic.Pointer[Members]
 	Capacity CapacityFunc
+	pools    atomic.Pointer[poolCache] // PoolKeyOf's memo (pools.go)
 
 	mu     sync.Mutex // serializes Take (choice + reserve), MarkGone, Reap and Lock; guards cursor
 	cursor int

@@ -8,13 +8,18 @@
 // choice between parking and blocking when the pool is full.
 //
 // What it owns: the gate's memory of each tenant on the pool (averaged
-// demand, demand peaks, arrival rates, service times) and the rules below.
-// What it may touch: the values it is handed, nothing else. It never sees
-// a request, a replica, the queue or the policy, and it imports nothing of
-// Sluice: package scheduler reads those, builds the loads, sets Hold from
-// server.reserve_hold and acts on the verdict (dispatch, park, block). The
-// caller holds the queue mutex (and its pool table's lock) across a
-// decision, so a Gate has no lock of its own; there is one Gate per pool.
+// demand, demand peaks, arrival rates, service times), the rules below,
+// and the per-pool load table the loads come from (Pools: each tenant's
+// held, queued and served counts per pool, and the tenants parked on a
+// full pool). What it may touch: the values it is handed, nothing else. It
+// never sees a request, a replica, the queue or the policy, and it imports
+// nothing of Sluice: a request keeps its own Place (pool, spot, when it
+// took room) and moves it by value (tenant, size, whether it ran); package
+// scheduler reads the replicas and the policy, passes the tenants'
+// weights and server.reserve_hold, and acts on the verdict (dispatch,
+// park, block), unparking the names the table hands back. The caller holds
+// the queue mutex and the table's lock (Pools.Lock) across a decision, so
+// a Gate has no lock of its own; there is one Gate per pool.
 //
 // The queue decides which request goes next (bands, then weighted virtual
 // counters); the gate decides only whether it may start now. Everything

@@ -1,0 +1,76 @@
+package gate
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// slots is a pool key for the tests: a bit per replica slot.
+type slots uint64
+
+func (k slots) Has(i int) bool { return k&(1<<i) != 0 }
+
+// TestPoolMoveBalances: a request's pool load follows its spot, a repeated
+// move is a no-op, and a tenant's entry goes once it holds nothing.
+func TestPoolMoveBalances(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := t0
+	p := Pools[slots]{Now: func() time.Time { return clk }}
+	k := slots(1 << 1)
+	c1 := &Place[slots]{Pool: k}
+	c2 := &Place[slots]{Pool: k}
+	p.Move(c1, "x", 100, false, SpotQueued)
+	p.Move(c2, "x", 30, false, SpotQueued)
+	p.Move(c1, "x", 100, false, SpotHeld)
+	p.Move(c1, "x", 100, false, SpotHeld)
+	assert.Equal(t, t0, c1.HeldAt)
+	clk = t0.Add(time.Second)
+	pl := p.pools[k]
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 100, arrived: 2}, *pl.tenants["x"])
+	p.Move(c1, "x", 100, false, SpotQueued) // a slot denial puts it back: no new arrival
+	p.Move(c2, "x", 30, false, SpotHeld)
+	clk = t0.Add(3500 * time.Millisecond)
+	assert.Equal(t, poolTenant{held: 1, queued: 1, tokens: 30, arrived: 2}, *pl.tenants["x"])
+	assert.False(t, pl.idle())
+	p.Move(c1, "x", 100, false, SpotNone)
+	p.Move(c2, "x", 30, true, SpotNone) // ran upstream: a service time
+	p.Move(c2, "x", 30, true, SpotNone)
+	assert.Equal(t, poolTenant{arrived: 2, served: 1, servedSec: 2.5}, *pl.tenants["x"])
+	assert.Equal(t, SpotNone, c2.Spot)
+	assert.True(t, pl.idle())
+}
+
+// TestPoolRepoolAndPark: a queued request repooled counts in its new pool
+// (an arrival there), one that holds room stays; QueuedOn sums the pools a
+// slot is in; a full pool's parked tenants are handed back once.
+func TestPoolRepoolAndPark(t *testing.T) {
+	t.Parallel()
+	var p Pools[slots]
+	a, ab := slots(1), slots(3)
+	q := &Place[slots]{Pool: a}
+	h := &Place[slots]{Pool: a}
+	p.Move(q, "x", 10, false, SpotQueued)
+	p.Move(h, "y", 10, false, SpotHeld)
+	p.Repool(q, ab, "x", 10)
+	p.Repool(h, ab, "y", 10)
+	assert.Equal(t, ab, q.Pool)
+	assert.Equal(t, a, h.Pool, "holding room: stays where its room is counted")
+	assert.Equal(t, TenantLoad{Name: "x", Arrived: 1}, p.Load(a, "x"))
+	assert.Equal(t, TenantLoad{Name: "x", Queued: 1, Arrived: 1}, p.Load(ab, "x"))
+	assert.Equal(t, int64(1), p.QueuedOn(1), "slot 1 is in ab only")
+	assert.Equal(t, int64(1), p.QueuedOn(0))
+	assert.Equal(t, int64(0), p.QueuedOn(2))
+
+	p.Lock()
+	p.ParkFullLocked(ab, "x")
+	p.ParkFullLocked(ab, "x")
+	p.ParkFullLocked(a, "y")
+	p.Unlock()
+	assert.Equal(t, []string{"x"}, p.UnparkFull(ab))
+	assert.Empty(t, p.UnparkFull(ab))
+	assert.Equal(t, []string{"y"}, p.UnparkAll())
+	assert.Empty(t, p.UnparkAll())
+}
