@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/plainjson"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/policy"
@@ -108,7 +109,7 @@ func (s *Server) Replayed(c Caller, err error) ([]byte, bool) {
 // Models is the body of GET /v1/models for the caller: the union of the
 // replicas' models it may use (routing.go), in vLLM's shape.
 func (s *Server) Models(c Caller) []byte {
-	b, _ := marshal(struct {
+	b, _ := plainjson.Marshal(struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
 	}{"list", s.modelList(c.t)})

@@ -1,11 +1,6 @@
 package scheduler
 
-import (
-	"bytes"
-	"encoding/json"
-
-	"github.com/sluicehq/sluice/scheduler/apierr"
-)
+import "github.com/sluicehq/sluice/scheduler/apierr"
 
 // The pipeline's sentinel errors, under the names its code uses; the
 // refusal each one gets is apierr.For's.
@@ -26,15 +21,3 @@ var (
 	ErrUpstreamFailed = apierr.ErrUpstreamFailed
 	ErrClamped        = apierr.ErrClamped
 )
-
-// marshal encodes v as JSON without HTML escaping, so messages such as
-// "weight must be >= 1" read as written.
-func marshal(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
-}

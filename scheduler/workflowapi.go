@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/plainjson"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
@@ -110,7 +111,7 @@ func (s *Server) workflowView(ctx context.Context, t *policy.Tenant, wf *workflo
 	if lim.MaxDuration > 0 {
 		remaining["duration"] = max(0, lim.MaxDuration-s.now().Sub(wf.created)).Round(time.Millisecond).String()
 	}
-	b, _ := marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
+	b, _ := plainjson.Marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
 		"limits": limits, "used": used, "remaining": remaining})
 	return b, nil
 }

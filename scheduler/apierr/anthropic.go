@@ -1,5 +1,7 @@
 package apierr
 
+import "github.com/sluicehq/sluice/internal/plainjson"
+
 // Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) runs
 // through the same lifecycle as every other endpoint; only
 // its refusals differ: Anthropic's error shape, {"type":"error","error":
@@ -46,7 +48,7 @@ func anthropicErrorBody(ae *Error) []byte {
 	e.Type = "error"
 	e.Error.Type, e.Error.Message = anthropicType(ae.Status), ae.Message
 	e.Error.Code, e.Error.Param, e.Error.Details = ae.Code, ae.Param, ae.Details
-	b, _ := marshal(e)
+	b, _ := plainjson.Marshal(e)
 	return b
 }
 

@@ -1,5 +1,7 @@
 package apierr
 
+import "github.com/sluicehq/sluice/internal/plainjson"
+
 // The pinned error shape's bytes (ARCHITECTURE.md §3.3): the JSON body of a
 // refusal, OpenAI's or, on the Messages API, Anthropic's (anthropic.go),
 // and the SSE error event of a failure after a stream's headers.
@@ -13,14 +15,14 @@ func (ae *Error) Body(anthropic bool) []byte {
 	if anthropic {
 		return anthropicErrorBody(ae)
 	}
-	b, _ := marshal(errorBody(ae))
+	b, _ := plainjson.Marshal(errorBody(ae))
 	return b
 }
 
 // sseError renders a mid-stream refusal as vLLM does: an error event, then
 // [DONE].
 func sseError(ae *Error) []byte {
-	b, _ := marshal(errorBody(ae))
+	b, _ := plainjson.Marshal(errorBody(ae))
 	return append(append(append([]byte("data: "), b...), "\n\n"...), "data: [DONE]\n\n"...)
 }
 

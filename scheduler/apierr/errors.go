@@ -1,8 +1,6 @@
 package apierr
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -210,16 +208,4 @@ func Denied(d *ledger.DeniedError) *Error {
 		RetryAfter: max(d.RetryAfter, time.Second),
 		NoRetry:    true,
 	}
-}
-
-// marshal encodes v as JSON without HTML escaping, so messages such as
-// "weight must be >= 1" read as written.
-func marshal(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
