@@ -15,9 +15,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 const adminToken = "admin-token-for-tests"
@@ -30,13 +32,13 @@ type fakeScheduler struct {
 	statusToken string
 	tenants     []string
 	lists       bool // the ledger lists reservations
-	usage       scheduler.UsageReport
+	usage       views.UsageIn
 
 	drained  []string // "name:reason"
 	budget   config.Budget
 	clamp    scheduler.Clamp
 	resolved scheduler.Resolution
-	filter   scheduler.UsageFilter
+	window   time.Duration // of the last usage read
 }
 
 var _ Scheduler = (*fakeScheduler)(nil)
@@ -61,8 +63,8 @@ func (f *fakeScheduler) HasTenant(name string) bool {
 	}
 	return false
 }
-func (f *fakeScheduler) ReplicaStatuses() []scheduler.ReplicaStatus {
-	return []scheduler.ReplicaStatus{{Name: "r1", State: "healthy"}}
+func (f *fakeScheduler) Replicas() []views.ReplicaIn {
+	return []views.ReplicaIn{{Name: "r1", GPU: gpu.ReplicaView{State: gpu.StateHealthy}, Known: true}}
 }
 func (f *fakeScheduler) DrainReplica(name, reason string) error {
 	if name != "r1" {
@@ -71,12 +73,13 @@ func (f *fakeScheduler) DrainReplica(name, reason string) error {
 	f.drained = append(f.drained, name+":"+reason)
 	return nil
 }
-func (f *fakeScheduler) TenantStatuses() []scheduler.TenantStatus { return []scheduler.TenantStatus{} }
-func (f *fakeScheduler) TenantUsage(_ context.Context, name string) (scheduler.TenantUsage, error) {
-	return scheduler.TenantUsage{Tenant: name}, nil
+func (f *fakeScheduler) Tenants() []views.TenantIn { return []views.TenantIn{} }
+func (f *fakeScheduler) TenantUsage(_ context.Context, name string) (views.TenantIn, error) {
+	return views.TenantIn{Name: name}, nil
 }
-func (f *fakeScheduler) BudgetsInUse(context.Context, string) []scheduler.BudgetRow {
-	return []scheduler.BudgetRow{}
+func (f *fakeScheduler) Budgets(string) []scheduler.BudgetRow { return []scheduler.BudgetRow{} }
+func (f *fakeScheduler) LedgerUse(context.Context, []string) map[string]views.LedgerUse {
+	return map[string]views.LedgerUse{}
 }
 func (f *fakeScheduler) SetBudget(tenant string, b config.Budget) (scheduler.BudgetRow, error) {
 	f.budget = b
@@ -102,15 +105,15 @@ func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolu
 	return scheduler.Resolved{State: "settled", Charged: map[string]int64{"tokens": 0}}, nil
 }
 func (f *fakeScheduler) ListsReservations() bool { return f.lists }
-func (f *fakeScheduler) Reservations(context.Context, string, ledger.State) ([]scheduler.Reservation, error) {
-	return []scheduler.Reservation{}, nil
+func (f *fakeScheduler) Reservations(context.Context, string, ledger.State) ([]views.ReservationsIn, error) {
+	return nil, nil
 }
-func (f *fakeScheduler) Usage(fl scheduler.UsageFilter) scheduler.UsageReport {
-	f.filter = fl
+func (f *fakeScheduler) UsageCounts(window time.Duration) views.UsageIn {
+	f.window = window
 	return f.usage
 }
-func (f *fakeScheduler) StatusSnapshot(context.Context) scheduler.StatusSnapshot {
-	return scheduler.StatusSnapshot{At: f.now, StartedAt: f.now.Add(-time.Minute), Tenants: []scheduler.TenantState{{Name: "acme"}}}
+func (f *fakeScheduler) StatusState(context.Context) views.StatusIn {
+	return views.StatusIn{At: f.now, StartedAt: f.now.Add(-time.Minute), Tenants: []views.TenantIn{{Name: "acme"}}}
 }
 
 func newAdmin(t *testing.T, token string) (*Admin, *fakeScheduler) {
@@ -278,8 +281,8 @@ func TestResolveAndReservations(t *testing.T) {
 func TestUsageCSV(t *testing.T) {
 	a, f := newAdmin(t, adminToken)
 	since := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
-	f.usage = scheduler.UsageReport{Since: since, Until: since.Add(time.Hour), Rows: []scheduler.UsageTotalRow{
-		{Tenant: "acme", Key: "k1", Model: "m", Usage: map[string]int64{"requests": 3, "output_tokens": 40}},
+	f.usage = views.UsageIn{Started: since, Now: since.Add(time.Hour), Dims: scheduler.UsageDimensions(), Counts: []views.UsageCount{
+		{Tenant: "acme", Key: "k1", Model: "m", Values: []int64{3, 0, 40, 0, 0, 0, 0}},
 	}}
 	want := "since,until,tenant,key,model," + strings.Join(scheduler.UsageDimensions(), ",") + "\n"
 	for _, ask := range []struct{ query, accept string }{{"?format=csv", ""}, {"", "text/csv"}} {
@@ -293,7 +296,8 @@ func TestUsageCSV(t *testing.T) {
 	}
 	got := do(a, "GET", "/admin/usage?tenant=acme&dimension=requests&window=24h", adminToken, "")
 	assert.Equal(t, 200, got.code)
-	assert.Equal(t, scheduler.UsageFilter{Tenant: "acme", Dimension: "requests", Window: 24 * time.Hour}, f.filter)
+	assert.Equal(t, 24*time.Hour, f.window)
+	assert.Contains(t, got.body, `"rows":[{"tenant":"acme","key":"k1","model":"m","usage":{"requests":3}}]`, "only the tenant's rows, in the dimension asked")
 	for q, param := range map[string]string{"tenant=nobody": "tenant", "dimension=watts": "dimension", "window=745h": "window", "format=xml": "format"} {
 		got := do(a, "GET", "/admin/usage?"+q, adminToken, "")
 		assert.Equal(t, 400, got.code, q)

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // maxBody bounds an admin request body, as the admin listener always has.
@@ -59,7 +60,27 @@ func decode(r *http.Request, v any) error {
 func (a *Admin) listBudgets(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	writeJSON(w, a.s.BudgetsInUse(ctx, r.URL.Query().Get("tenant")))
+	rows := a.s.Budgets(r.URL.Query().Get("tenant"))
+	tenants := make([]string, 0, len(rows))
+	for _, row := range rows {
+		tenants = append(tenants, row.Tenant)
+	}
+	// Each row's use in its current window, from one ledger snapshot per
+	// tenant; a tenant whose snapshot fails keeps its rows without use and
+	// names the error.
+	use := a.s.LedgerUse(ctx, tenants)
+	for i := range rows {
+		row := &rows[i]
+		u, ok := use[row.Tenant]
+		if ok && u.Err != nil {
+			row.UsageError = oneLine(u.Err)
+			continue
+		}
+		if iu, known := views.BudgetInUse(row.Dimension, row.Window, row.Limit, u.Usage); ok && known {
+			row.Committed, row.Reserved, row.Remaining, row.ResetsAt = &iu.Committed, &iu.Reserved, &iu.Remaining, iu.ResetsAt
+		}
+	}
+	writeJSON(w, rows)
 }
 
 func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
@@ -121,12 +142,12 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	u, err := a.s.TenantUsage(ctx, name)
+	t, err := a.s.TenantUsage(ctx, name)
 	if err != nil {
 		inputError(w, err)
 		return
 	}
-	writeJSON(w, u)
+	writeJSON(w, views.TenantUsageOf(t))
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
@@ -236,6 +257,6 @@ func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		inputError(w, err)
 	default:
-		writeJSON(w, out)
+		writeJSON(w, views.Reservations(out))
 	}
 }

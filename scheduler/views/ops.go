@@ -1,7 +1,9 @@
-package scheduler
+package views
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,8 +14,8 @@ import (
 // What the status page shows beyond the instantaneous state: rates, TTFT
 // and queue-wait percentiles over the last minute, peaks since the start,
 // the last refusals, and how long each replica has been in its state. The
-// server samples its own counters once a second (readyLoop); the report
-// compares the newest sample with older ones.
+// server samples its own counters once a second into an [OpsSampler]; the
+// report compares the newest sample with older ones.
 
 const (
 	opsSamples    = 61               // one a second: a minute of history
@@ -22,23 +24,42 @@ const (
 	recentMax     = 20               // refusals kept for the page
 )
 
-// opsSample is one second's cumulative counters per tenant.
-type opsSample struct {
-	at      time.Time
-	tenants map[string]tenantSample
+// OpsSample is one second's cumulative counters per tenant and each
+// replica's state, as the server reads them.
+type OpsSample struct {
+	At       time.Time
+	Tenants  map[string]TenantSample
+	Replicas map[string]string // replica → state
 }
 
-type tenantSample struct {
-	requests, tokens int64
-	ttft, wait       histSample
+// TenantSample is a tenant's cumulative counters and its instantaneous
+// queue depth and in-flight count.
+type TenantSample struct {
+	Requests, Tokens int64 // settled; tokens: input + output
+	TTFT, Wait       Hist
+	Queued, Inflight int64
 }
 
-// histSample is a histogram's cumulative bucket counts (upper bounds in
-// bounds) and count.
-type histSample struct {
-	bounds []float64
-	cum    []uint64
-	count  uint64
+// Hist is a histogram's cumulative bucket counts (upper bounds in Bounds)
+// and count.
+type Hist struct {
+	Bounds []float64
+	Cum    []uint64
+	Count  uint64
+}
+
+// HistOf reads tenant's child of a histogram vector.
+func HistOf(v *prometheus.HistogramVec, tenant string) Hist {
+	var m dto.Metric
+	if err := v.WithLabelValues(tenant).(prometheus.Metric).Write(&m); err != nil || m.Histogram == nil {
+		return Hist{}
+	}
+	h := Hist{Count: m.Histogram.GetSampleCount()}
+	for _, b := range m.Histogram.GetBucket() {
+		h.Bounds = append(h.Bounds, b.GetUpperBound())
+		h.Cum = append(h.Cum, b.GetCumulativeCount())
+	}
+	return h
 }
 
 // peak is a tenant's highest queue depth and in-flight count sampled since
@@ -51,98 +72,78 @@ type repState struct {
 	since time.Time
 }
 
-// opsSampler keeps the samples; safe for concurrent use.
-type opsSampler struct {
+// OpsSampler keeps the samples; the zero value is ready and it is safe
+// for concurrent use.
+type OpsSampler struct {
 	mu      sync.Mutex
-	samples []opsSample // oldest first, at most opsSamples
+	samples []OpsSample // oldest first, at most opsSamples, without Replicas
 	peaks   map[string]peak
 	reps    map[string]repState
 }
 
-// sampleOps records one sample (readyLoop, once a second).
-func (s *Server) sampleOps(now time.Time) {
-	pol := s.pol.Load()
-	tokens := map[string]int64{}
-	requests := map[string]int64{}
-	s.usage.Range(func(k, v any) bool {
-		uk, uc := k.(usageKey), v.(*usageCounters)
-		uc.mu.Lock()
-		requests[uk.tenant] += uc.total[0]
-		tokens[uk.tenant] += uc.total[1] + uc.total[2] // input + output
-		uc.mu.Unlock()
-		return true
-	})
-	smp := opsSample{at: now, tenants: make(map[string]tenantSample, len(pol.Order))}
-	o := &s.ops
+// Record adds one sample. started is the process start: a replica's first
+// state is dated from it (the first sample is within a second of it).
+func (o *OpsSampler) Record(smp OpsSample, started time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.peaks == nil {
 		o.peaks, o.reps = map[string]peak{}, map[string]repState{}
 	}
-	for _, t := range pol.Order {
-		smp.tenants[t.Name] = tenantSample{requests: requests[t.Name], tokens: tokens[t.Name],
-			ttft: histOf(s.m.TTFT, t.Name), wait: histOf(s.m.QueueWait, t.Name)}
-		p := o.peaks[t.Name]
-		q := int64(0)
-		if qs, ok := s.q.Stats(t.Name); ok {
-			q = int64(qs.Depth)
-		}
-		p.queued, p.inflight = max(p.queued, q), max(p.inflight, t.RT.Inflight.Load())
-		o.peaks[t.Name] = p
+	for name, t := range smp.Tenants {
+		p := o.peaks[name]
+		p.queued, p.inflight = max(p.queued, t.Queued), max(p.inflight, t.Inflight)
+		o.peaks[name] = p
 	}
-	snap := s.gpu.Snapshot()
-	for _, r := range s.reps.List() {
-		st := "unknown"
-		if v, ok := snap.Replica(r.Name); ok {
-			st = v.State.String()
-		}
-		if prev, ok := o.reps[r.Name]; !ok || prev.state != st {
-			since := now
+	for name, st := range smp.Replicas {
+		if prev, ok := o.reps[name]; !ok || prev.state != st {
+			since := smp.At
 			if !ok {
-				since = s.started // first sample, within a second of the start
+				since = started
 			}
-			o.reps[r.Name] = repState{state: st, since: since}
+			o.reps[name] = repState{state: st, since: since}
 		}
 	}
+	smp.Replicas = nil
 	o.samples = append(o.samples, smp)
 	if len(o.samples) > opsSamples {
 		o.samples = append(o.samples[:0], o.samples[len(o.samples)-opsSamples:]...)
 	}
 }
 
-// histOf reads tenant's child of a histogram vector.
-func histOf(v *prometheus.HistogramVec, tenant string) histSample {
-	var m dto.Metric
-	if err := v.WithLabelValues(tenant).(prometheus.Metric).Write(&m); err != nil || m.Histogram == nil {
-		return histSample{}
-	}
-	h := histSample{count: m.Histogram.GetSampleCount()}
-	for _, b := range m.Histogram.GetBucket() {
-		h.bounds = append(h.bounds, b.GetUpperBound())
-		h.cum = append(h.cum, b.GetCumulativeCount())
-	}
-	return h
+// Ops is a copy of an [OpsSampler]'s samples, for one report.
+type Ops struct {
+	samples []OpsSample
+	peaks   map[string]peak
+	reps    map[string]repState
+}
+
+// Snapshot copies the samples (each sample's maps are never written once
+// recorded, so they are shared).
+func (o *OpsSampler) Snapshot() Ops {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return Ops{samples: slices.Clone(o.samples), peaks: maps.Clone(o.peaks), reps: maps.Clone(o.reps)}
 }
 
 // quantile estimates the q-quantile of the observations between old and
 // cur (cur - old), interpolating linearly inside a bucket as Prometheus's
 // histogram_quantile does; NaN without observations. An observation above
 // the last bucket counts as the last bound.
-func quantile(q float64, cur, old histSample) float64 {
-	n := cur.count - old.count
-	if n == 0 || len(cur.cum) == 0 {
+func quantile(q float64, cur, old Hist) float64 {
+	n := cur.Count - old.Count
+	if n == 0 || len(cur.Cum) == 0 {
 		return math.NaN()
 	}
-	at := func(h histSample, i int) uint64 {
-		if i < len(h.cum) {
-			return h.cum[i]
+	at := func(h Hist, i int) uint64 {
+		if i < len(h.Cum) {
+			return h.Cum[i]
 		}
 		return 0
 	}
 	rank := q * float64(n)
 	lower, prev := 0.0, uint64(0)
-	for i, ub := range cur.bounds {
-		c := cur.cum[i] - at(old, i)
+	for i, ub := range cur.Bounds {
+		c := cur.Cum[i] - at(old, i)
 		if float64(c) >= rank {
 			inBucket := c - prev
 			if inBucket == 0 {
@@ -152,7 +153,7 @@ func quantile(q float64, cur, old histSample) float64 {
 		}
 		lower, prev = ub, c
 	}
-	return cur.bounds[len(cur.bounds)-1]
+	return cur.Bounds[len(cur.Bounds)-1]
 }
 
 // TenantOps are a tenant's rates, percentiles and peaks on the page.
@@ -167,28 +168,25 @@ type TenantOps struct {
 	PeakFlight int64   `json:"inflight_peak"`
 }
 
-// tenantOps computes a tenant's TenantOps from the samples.
-func (s *Server) tenantOps(name string) TenantOps {
-	o := &s.ops
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// Tenant computes a tenant's TenantOps from the samples.
+func (o Ops) Tenant(name string) TenantOps {
 	out := TenantOps{PeakQueued: o.peaks[name].queued, PeakFlight: o.peaks[name].inflight}
 	if len(o.samples) < 2 {
 		return out
 	}
 	cur := o.samples[len(o.samples)-1]
-	since := func(d time.Duration) opsSample {
+	since := func(d time.Duration) OpsSample {
 		for _, smp := range o.samples {
-			if cur.at.Sub(smp.at) <= d {
+			if cur.At.Sub(smp.At) <= d {
 				return smp
 			}
 		}
 		return o.samples[0]
 	}
 	rs := since(opsRateWindow)
-	if dt := cur.at.Sub(rs.at).Seconds(); dt > 0 {
-		out.ReqPerSec = round2(float64(cur.tenants[name].requests-rs.tenants[name].requests) / dt)
-		out.TokPerSec = round2(float64(cur.tenants[name].tokens-rs.tenants[name].tokens) / dt)
+	if dt := cur.At.Sub(rs.At).Seconds(); dt > 0 {
+		out.ReqPerSec = round2(float64(cur.Tenants[name].Requests-rs.Tenants[name].Requests) / dt)
+		out.TokPerSec = round2(float64(cur.Tenants[name].Tokens-rs.Tenants[name].Tokens) / dt)
 	}
 	ps := since(opsPctWindow)
 	ms := func(v float64) *int64 {
@@ -198,19 +196,17 @@ func (s *Server) tenantOps(name string) TenantOps {
 		x := int64(math.Round(v * 1000))
 		return &x
 	}
-	c, p := cur.tenants[name], ps.tenants[name]
-	out.TTFTP50ms, out.TTFTP99ms = ms(quantile(0.5, c.ttft, p.ttft)), ms(quantile(0.99, c.ttft, p.ttft))
-	out.WaitP50ms, out.WaitP99ms = ms(quantile(0.5, c.wait, p.wait)), ms(quantile(0.99, c.wait, p.wait))
+	c, p := cur.Tenants[name], ps.Tenants[name]
+	out.TTFTP50ms, out.TTFTP99ms = ms(quantile(0.5, c.TTFT, p.TTFT)), ms(quantile(0.99, c.TTFT, p.TTFT))
+	out.WaitP50ms, out.WaitP99ms = ms(quantile(0.5, c.Wait, p.Wait)), ms(quantile(0.99, c.Wait, p.Wait))
 	return out
 }
 
 func round2(v float64) float64 { return math.Round(v*100) / 100 }
 
-// replicaSince is when this process saw the replica enter its state.
-func (s *Server) replicaSince(name string) (time.Time, bool) {
-	s.ops.mu.Lock()
-	defer s.ops.mu.Unlock()
-	r, ok := s.ops.reps[name]
+// ReplicaSince is when this process saw the replica enter its state.
+func (o Ops) ReplicaSince(name string) (time.Time, bool) {
+	r, ok := o.reps[name]
 	return r.since, ok
 }
 
@@ -223,22 +219,23 @@ type Refusal struct {
 	Message string    `json:"message"`
 }
 
-// refusalLog keeps the last recentMax refusals; the zero value is ready.
-type refusalLog struct {
+// RefusalLog keeps the last recentMax refusals; the zero value is ready.
+type RefusalLog struct {
 	mu   sync.Mutex
 	ring [recentMax]Refusal
 	n    int // refusals recorded in all
 }
 
-func (l *refusalLog) add(r Refusal) {
+// Add records a refusal.
+func (l *RefusalLog) Add(r Refusal) {
 	l.mu.Lock()
 	l.ring[l.n%recentMax] = r
 	l.n++
 	l.mu.Unlock()
 }
 
-// recent returns the kept refusals, newest first.
-func (l *refusalLog) recent() []Refusal {
+// Recent returns the kept refusals, newest first.
+func (l *RefusalLog) Recent() []Refusal {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := []Refusal{}
