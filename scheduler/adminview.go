@@ -137,73 +137,43 @@ func (s *Server) LedgerUse(ctx context.Context, tenants []string) map[string]vie
 }
 
 // Resolution is an operator's ending of a reservation the server could
-// not settle: Charge is "held" (at its held amount), "actual" (at Actual,
-// by dimension name) or "zero".
+// not settle: Charge is "held" (at its held amount), "actual" (at
+// Amounts) or "zero" (Amounts is zero). The admin API has checked the
+// charge and the amounts; the ID is kept as the operator wrote it, for the
+// log and the audit trail.
 type Resolution struct {
-	Tenant string
-	ID     string // the ledger request id, 32 hex digits
-	Charge string
-	Actual map[string]int64
-	Reason string
-}
-
-// Resolved is a resolution's outcome: the reservation's state and what was
-// charged, by dimension name.
-type Resolved struct {
-	State   string
-	Charged map[string]int64
+	Tenant  string
+	ID      string // the ledger request id, 32 hex digits
+	Charge  string
+	Amounts ledger.Amounts
+	Reason  string
 }
 
 // ResolveReservation ends an UNRESOLVED (or dispatched, abandoned) hold
 // as r says, logs it and records it in the audit trail.
-func (s *Server) ResolveReservation(ctx context.Context, r Resolution) (Resolved, error) {
+func (s *Server) ResolveReservation(ctx context.Context, r Resolution) (ledger.Settlement, error) {
 	t := s.pol.Load().Tenants[r.Tenant]
+	id, err := hex.DecodeString(r.ID)
 	switch {
 	case t == nil:
-		return Resolved{}, inputErr("tenant", "unknown tenant %q", r.Tenant)
-	case r.Reason == "":
-		return Resolved{}, inputErr("reason", "required")
+		return ledger.Settlement{}, inputErr("tenant", "unknown tenant %q", r.Tenant)
+	case err != nil || len(id) != len(ledger.RequestID{}):
+		return ledger.Settlement{}, inputErr("id", "must be a 32-hex-digit ledger request id")
 	}
-	var id ledger.RequestID
-	if b, err := hex.DecodeString(r.ID); err != nil || len(b) != len(id) {
-		return Resolved{}, inputErr("id", "must be a 32-hex-digit ledger request id")
-	}
-	_, _ = hex.Decode(id[:], []byte(r.ID))
-	ref := ledger.Ref{Tenant: t.ScopeKey, ID: id}
+	ref := ledger.Ref{Tenant: t.ScopeKey, ID: ledger.RequestID(id)}
 	var st ledger.Settlement
-	var err error
-	switch r.Charge {
-	case "held":
+	if r.Charge == "held" {
 		st, err = s.led.Resolve(ctx, ref)
-	case "zero", "actual":
-		var amt ledger.Amounts
-		for k, v := range r.Actual {
-			if r.Charge == "zero" {
-				break
-			}
-			d, perr := ledger.ParseDim(k)
-			if perr != nil || d == ledger.Slots {
-				return Resolved{}, inputErr("actual."+k, "unknown dimension")
-			}
-			amt[d] = v
-		}
-		if r.Charge == "actual" && amt[ledger.Tokens] == 0 {
-			amt[ledger.Tokens] = amt[ledger.InputTokens] + amt[ledger.OutputTokens]
-		}
-		if verr := amt.Validate(); verr != nil {
-			return Resolved{}, inputErr("actual", "%v", verr)
-		}
-		st, err = s.led.Settle(ctx, ref, amt, ledger.SourceResolved)
-	default:
-		return Resolved{}, inputErr("charge", "must be held, actual or zero (got %q)", r.Charge)
+	} else {
+		st, err = s.led.Settle(ctx, ref, r.Amounts, ledger.SourceResolved)
 	}
 	if err != nil {
-		return Resolved{}, err
+		return ledger.Settlement{}, err
 	}
 	s.log.Warn("reservation resolved by admin", "tenant", r.Tenant, "id", r.ID, "charge", r.Charge, "reason", r.Reason)
 	s.record(audit.Record{Kind: audit.KindResolve, Tenant: r.Tenant, RequestID: r.ID, Source: "operator", State: st.State.String(),
 		Reason: r.Charge + ": " + r.Reason, TokensCharged: st.Charged[ledger.Tokens], GPUMs: st.Charged[ledger.GPUMs], USDMicros: st.Charged[ledger.USDMicros]})
-	return Resolved{State: st.State.String(), Charged: views.Windowed(st.Charged, true)}, nil
+	return st, nil
 }
 
 // ReservationLister is the optional ledger capability behind

@@ -62,7 +62,7 @@ type Scheduler interface {
 	ListKeys(tenant string) []scheduler.KeyRow
 	RevokeKey(ctx context.Context, id string) (scheduler.KeyRow, error)
 
-	ResolveReservation(ctx context.Context, r scheduler.Resolution) (scheduler.Resolved, error)
+	ResolveReservation(ctx context.Context, r scheduler.Resolution) (ledger.Settlement, error)
 	ListsReservations() bool
 	Reservations(ctx context.Context, tenant string, state ledger.State) ([]views.ReservationsIn, error)
 	UsageCounts(window time.Duration) views.UsageIn

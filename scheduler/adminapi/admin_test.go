@@ -100,9 +100,11 @@ func (f *fakeScheduler) ListKeys(string) []scheduler.KeyRow { return []scheduler
 func (f *fakeScheduler) RevokeKey(context.Context, string) (scheduler.KeyRow, error) {
 	return scheduler.KeyRow{}, scheduler.ErrNotFound
 }
-func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolution) (scheduler.Resolved, error) {
+func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolution) (ledger.Settlement, error) {
 	f.resolved = r
-	return scheduler.Resolved{State: "settled", Charged: map[string]int64{"tokens": 0}}, nil
+	var charged ledger.Amounts
+	charged[ledger.Tokens] = r.Amounts[ledger.Tokens]
+	return ledger.Settlement{State: ledger.Charged, Charged: charged}, nil
 }
 func (f *fakeScheduler) ListsReservations() bool { return f.lists }
 func (f *fakeScheduler) Reservations(context.Context, string, ledger.State) ([]views.ReservationsIn, error) {
@@ -265,8 +267,29 @@ func TestResolveAndReservations(t *testing.T) {
 	id := strings.Repeat("AB", 16)
 	got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, `{"tenant":"acme","charge":"held","reason":"stuck"}`)
 	assert.Equal(t, 200, got.code, got.body)
-	assert.JSONEq(t, `{"id":"`+id+`","state":"settled","charged":{"tokens":0}}`, got.body)
+	assert.JSONEq(t, `{"id":"`+id+`","state":"charged","charged":{"requests":0,"tokens":0,"input_tokens":0,"output_tokens":0,"gpu_ms":0,"gpu_joules":0,"usd_micros":0}}`, got.body)
 	assert.Equal(t, scheduler.Resolution{Tenant: "acme", ID: id, Charge: "held", Reason: "stuck"}, f.resolved)
+
+	// At actual amounts, by dimension name: tokens default to input + output.
+	got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, `{"tenant":"acme","charge":"actual","actual":{"input_tokens":3,"output_tokens":4},"reason":"r"}`)
+	require.Equal(t, 200, got.code, got.body)
+	var want ledger.Amounts
+	want[ledger.InputTokens], want[ledger.OutputTokens], want[ledger.Tokens] = 3, 4, 7
+	assert.Equal(t, want, f.resolved.Amounts)
+	assert.Contains(t, got.body, `"tokens":7`)
+	f.resolved = scheduler.Resolution{}
+	for body, param := range map[string]string{
+		`{"tenant":"nobody","charge":"some","reason":"r"}`:                        "tenant",
+		`{"tenant":"acme","charge":"some"}`:                                       "reason",
+		`{"tenant":"acme","charge":"some","reason":"r"}`:                          "charge",
+		`{"tenant":"acme","charge":"actual","actual":{"slots":1},"reason":"r"}`:   "actual.slots",
+		`{"tenant":"acme","charge":"actual","actual":{"tokens":-1},"reason":"r"}`: "actual",
+	} {
+		got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, body)
+		assert.Equal(t, 400, got.code, body)
+		assert.Contains(t, got.body, `"param":"`+param+`"`, body)
+	}
+	assert.Zero(t, f.resolved, "a bad request never reaches the server")
 
 	got = do(a, "GET", "/admin/reservations?state=bogus", adminToken, "")
 	assert.Equal(t, 501, got.code)

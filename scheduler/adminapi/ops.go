@@ -220,14 +220,53 @@ func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
 		inputError(w, err)
 		return
 	}
+	res := scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Reason: in.Reason}
+	if err := a.checkResolution(&res, in.Actual); err != nil {
+		inputError(w, err)
+		return
+	}
 	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
-	st, err := a.s.ResolveReservation(ctx, scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Actual: in.Actual, Reason: in.Reason})
+	st, err := a.s.ResolveReservation(ctx, res)
 	if err != nil {
 		inputError(w, err)
 		return
 	}
-	writeJSON(w, map[string]any{"id": idHex, "state": st.State, "charged": st.Charged})
+	writeJSON(w, map[string]any{"id": idHex, "state": st.State.String(), "charged": views.Windowed(st.Charged, true)})
+}
+
+// checkResolution checks a resolution's fields in the order the API
+// reports them (tenant, reason, charge, actual) and sets its amounts from
+// actual, by dimension name: tokens default to input + output.
+func (a *Admin) checkResolution(res *scheduler.Resolution, actual map[string]int64) error {
+	switch {
+	case !a.s.HasTenant(res.Tenant):
+		return inputErr("tenant", "unknown tenant %q", res.Tenant)
+	case res.Reason == "":
+		return inputErr("reason", "required")
+	}
+	switch res.Charge {
+	case "held", "zero":
+		return nil
+	case "actual":
+	default:
+		return inputErr("charge", "must be held, actual or zero (got %q)", res.Charge)
+	}
+	amt := &res.Amounts
+	for k, v := range actual {
+		d, err := ledger.ParseDim(k)
+		if err != nil || d == ledger.Slots {
+			return inputErr("actual."+k, "unknown dimension")
+		}
+		amt[d] = v
+	}
+	if amt[ledger.Tokens] == 0 {
+		amt[ledger.Tokens] = amt[ledger.InputTokens] + amt[ledger.OutputTokens]
+	}
+	if err := amt.Validate(); err != nil {
+		return inputErr("actual", "%v", err)
+	}
+	return nil
 }
 
 func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
