@@ -73,8 +73,8 @@ func (s *Server) DrainReplica(name, reason string) error {
 	return nil
 }
 
-// Tenants copies the tenants' state for GET /admin/tenants, without the
-// ledger's use.
+// Tenants copies the tenants' state, without the ledger's use (GET
+// /admin/tenants; with LedgerUse, GET /admin/tenants/{name}/usage).
 func (s *Server) Tenants() []views.TenantIn {
 	pol, now := s.pol.Load(), s.now()
 	out := []views.TenantIn{}
@@ -96,19 +96,6 @@ func (s *Server) tenantIn(pol *policy.Snapshot, t *policy.Tenant, now time.Time)
 		in.Clamp = &c
 	}
 	return in
-}
-
-// TenantUsage copies a configured tenant's state with the ledger's use of
-// its scope ([ErrNotFound] for another name).
-func (s *Server) TenantUsage(ctx context.Context, name string) (views.TenantIn, error) {
-	pol := s.pol.Load()
-	t := pol.Tenants[name]
-	if t == nil {
-		return views.TenantIn{}, ErrNotFound
-	}
-	in := s.tenantIn(pol, t, s.now())
-	in.Use.Usage, in.Use.Err = s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
-	return in, in.Use.Err
 }
 
 // LedgerUse reads the ledger's use of each named tenant's scope (of the

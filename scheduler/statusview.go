@@ -49,26 +49,15 @@ func (s *Server) StatusState(ctx context.Context) views.StatusIn {
 // sampleOps records one sample of the counters the status page's rates,
 // percentiles and peaks come from (readyLoop, once a second).
 func (s *Server) sampleOps(now time.Time) {
-	pol := s.pol.Load()
-	requests, tokens := map[string]int64{}, map[string]int64{}
-	s.usage.Range(func(k, v any) bool {
-		uk, uc := k.(usageKey), v.(*usageCounters)
-		uc.mu.Lock()
-		requests[uk.tenant] += uc.total[0]
-		tokens[uk.tenant] += uc.total[1] + uc.total[2] // input + output
-		uc.mu.Unlock()
-		return true
-	})
-	smp := views.OpsSample{At: now, Tenants: make(map[string]views.TenantSample, len(pol.Order)), Replicas: map[string]string{}}
+	pol, snap := s.pol.Load(), s.gpu.Snapshot()
+	smp := views.OpsSample{At: now, Usage: s.UsageCounts(0), Tenants: make(map[string]views.TenantSample, len(pol.Order)), Replicas: map[string]string{}}
 	for _, t := range pol.Order {
-		ts := views.TenantSample{Requests: requests[t.Name], Tokens: tokens[t.Name], TTFT: views.HistOf(s.m.TTFT, t.Name),
-			Wait: views.HistOf(s.m.QueueWait, t.Name), Inflight: t.RT.Inflight.Load()}
+		ts := views.TenantSample{TTFT: views.HistOf(s.m.TTFT, t.Name), Wait: views.HistOf(s.m.QueueWait, t.Name), Inflight: t.RT.Inflight.Load()}
 		if qs, ok := s.q.Stats(t.Name); ok {
 			ts.Queued = int64(qs.Depth)
 		}
 		smp.Tenants[t.Name] = ts
 	}
-	snap := s.gpu.Snapshot()
 	for _, r := range s.reps.List() {
 		smp.Replicas[r.Name] = "unknown"
 		if v, ok := snap.Replica(r.Name); ok {

@@ -49,7 +49,6 @@ type Scheduler interface {
 	Replicas() []views.ReplicaIn
 	DrainReplica(name, reason string) error
 	Tenants() []views.TenantIn
-	TenantUsage(ctx context.Context, name string) (views.TenantIn, error)
 
 	Budgets(tenant string) []scheduler.BudgetRow
 	LedgerUse(ctx context.Context, tenants []string) map[string]views.LedgerUse

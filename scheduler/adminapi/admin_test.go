@@ -73,9 +73,12 @@ func (f *fakeScheduler) DrainReplica(name, reason string) error {
 	f.drained = append(f.drained, name+":"+reason)
 	return nil
 }
-func (f *fakeScheduler) Tenants() []views.TenantIn { return []views.TenantIn{} }
-func (f *fakeScheduler) TenantUsage(_ context.Context, name string) (views.TenantIn, error) {
-	return views.TenantIn{Name: name}, nil
+func (f *fakeScheduler) Tenants() []views.TenantIn {
+	out := []views.TenantIn{}
+	for _, t := range f.tenants {
+		out = append(out, views.TenantIn{Name: t})
+	}
+	return out
 }
 func (f *fakeScheduler) Budgets(string) []scheduler.BudgetRow { return []scheduler.BudgetRow{} }
 func (f *fakeScheduler) LedgerUse(context.Context, []string) map[string]views.LedgerUse {

@@ -142,12 +142,19 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	t, err := a.s.TenantUsage(ctx, name)
-	if err != nil {
-		inputError(w, err)
+	use := a.s.LedgerUse(ctx, []string{name})[name]
+	if use.Err != nil {
+		inputError(w, use.Err)
 		return
 	}
-	writeJSON(w, views.TenantUsageOf(t))
+	for _, t := range a.s.Tenants() {
+		if t.Name == name {
+			t.Use = use
+			writeJSON(w, views.TenantUsageOf(t))
+			return
+		}
+	}
+	inputError(w, scheduler.ErrNotFound) // removed by a reload since
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {

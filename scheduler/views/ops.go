@@ -28,14 +28,16 @@ const (
 // replica's state, as the server reads them.
 type OpsSample struct {
 	At       time.Time
+	Usage    UsageIn // the usage counters since the start: requests and tokens settled
 	Tenants  map[string]TenantSample
 	Replicas map[string]string // replica → state
 }
 
 // TenantSample is a tenant's cumulative counters and its instantaneous
-// queue depth and in-flight count.
+// queue depth and in-flight count. Record sets Requests and Tokens (input
+// + output) from the sample's Usage.
 type TenantSample struct {
-	Requests, Tokens int64 // settled; tokens: input + output
+	Requests, Tokens int64
 	TTFT, Wait       Hist
 	Queued, Inflight int64
 }
@@ -76,14 +78,25 @@ type repState struct {
 // for concurrent use.
 type OpsSampler struct {
 	mu      sync.Mutex
-	samples []OpsSample // oldest first, at most opsSamples, without Replicas
+	samples []OpsSample // oldest first, at most opsSamples, without Usage and Replicas
 	peaks   map[string]peak
 	reps    map[string]repState
 }
 
-// Record adds one sample. started is the process start: a replica's first
-// state is dated from it (the first sample is within a second of it).
+// Record adds one sample, which it keeps (its maps included). started is
+// the process start: a replica's first state is dated from it (the first
+// sample is within a second of it).
 func (o *OpsSampler) Record(smp OpsSample, started time.Time) {
+	idx := func(name string) int { return slices.Index(smp.Usage.Dims, name) }
+	if req, in, out := idx("requests"), idx("input_tokens"), idx("output_tokens"); min(req, in, out) >= 0 {
+		for _, c := range smp.Usage.Counts {
+			if t, ok := smp.Tenants[c.Tenant]; ok {
+				t.Requests, t.Tokens = t.Requests+c.Values[req], t.Tokens+c.Values[in]+c.Values[out]
+				smp.Tenants[c.Tenant] = t
+			}
+		}
+	}
+	smp.Usage = UsageIn{}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.peaks == nil {
