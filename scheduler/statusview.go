@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/policy"
@@ -15,32 +16,25 @@ func (s *Server) StatusState(ctx context.Context) views.StatusIn {
 	ready, why := s.Ready()
 	in := views.StatusIn{At: now, PolicyVersion: pol.Version, Ready: ready, ReadyReason: why, Ledger: pol.Cfg.Ledger.Backend,
 		GPUSource: s.gpu.Snapshot().Source, StartedAt: s.started, Replicas: s.Replicas(), Ops: s.ops.Snapshot(), Refusals: s.m.recent.Recent()}
-	var keys []*policy.Key
-	for _, t := range pol.Order {
-		keys = append(keys, t.Keys...)
-	}
-	rtKeys := map[string]int{}
+	rtKeys := map[string][]*policy.Key{}
 	if idx := s.keys.Index(); idx != nil {
 		for _, k := range idx.ByKey {
-			rtKeys[k.Tenant]++
-			if pol.Tenants[k.Tenant] != nil {
-				keys = append(keys, k)
-			}
+			rtKeys[k.Tenant] = append(rtKeys[k.Tenant], k)
 		}
 	}
 	for _, t := range pol.Order {
 		ti := s.tenantIn(pol, t, now)
-		ti.Keys += rtKeys[t.Name]
+		ti.Keys += len(rtKeys[t.Name])
 		if len(t.Limits) > 1 { // more than the slots limit
 			ti.Use.Usage, ti.Use.Err = s.led.Snapshot(ctx, t.ScopeKey, t.ScopeKey)
 		}
 		in.Tenants = append(in.Tenants, ti)
-	}
-	for _, k := range keys {
-		if len(k.Scope.Limits) > 0 {
-			ki := views.KeyIn{Tenant: k.Tenant, Label: k.Label, Runtime: k.Runtime, Slots: k.Slots, Inflight: k.RT.Inflight.Load(), ExpiresAt: k.ExpiresAt, Limits: k.Scope.Limits}
-			ki.Use.Usage, ki.Use.Err = s.led.Snapshot(ctx, pol.Tenants[k.Tenant].ScopeKey, k.Scope.Key)
-			in.Keys = append(in.Keys, ki)
+		for _, k := range slices.Concat(t.Keys, rtKeys[t.Name]) {
+			if len(k.Scope.Limits) > 0 { // limits of its own
+				ki := views.KeyIn{Tenant: k.Tenant, Label: k.Label, Runtime: k.Runtime, Slots: k.Slots, Inflight: k.RT.Inflight.Load(), ExpiresAt: k.ExpiresAt, Limits: k.Scope.Limits}
+				ki.Use.Usage, ki.Use.Err = s.led.Snapshot(ctx, t.ScopeKey, k.Scope.Key)
+				in.Keys = append(in.Keys, ki)
+			}
 		}
 	}
 	return in
