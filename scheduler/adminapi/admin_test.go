@@ -33,6 +33,8 @@ type fakeScheduler struct {
 	tenants     []string
 	lists       bool // the ledger lists reservations
 	usage       views.UsageIn
+	budgets     []scheduler.BudgetRow
+	use         map[string]views.LedgerUse // by tenant; absent: unknown
 
 	drained  []string // "name:reason"
 	budget   config.Budget
@@ -80,9 +82,17 @@ func (f *fakeScheduler) Tenants() []views.TenantIn {
 	}
 	return out
 }
-func (f *fakeScheduler) Budgets(string) []scheduler.BudgetRow { return []scheduler.BudgetRow{} }
-func (f *fakeScheduler) LedgerUse(context.Context, []string) map[string]views.LedgerUse {
-	return map[string]views.LedgerUse{}
+func (f *fakeScheduler) Budgets(string) []scheduler.BudgetRow {
+	return append([]scheduler.BudgetRow{}, f.budgets...)
+}
+func (f *fakeScheduler) LedgerUse(_ context.Context, tenants []string) map[string]views.LedgerUse {
+	out := map[string]views.LedgerUse{}
+	for _, t := range tenants {
+		if u, ok := f.use[t]; ok {
+			out[t] = u
+		}
+	}
+	return out
 }
 func (f *fakeScheduler) SetBudget(tenant string, b config.Budget) (scheduler.BudgetRow, error) {
 	f.budget = b
@@ -365,4 +375,33 @@ func TestStatusSession(t *testing.T) {
 	got = do(a, "GET", "/status", "", "", "Cookie", "sluice_status="+c.Value)
 	assert.Equal(t, 401, got.code, "the session has expired")
 	assert.Contains(t, got.body, "<form", "the login form again")
+}
+
+// TestBudgetsInUse: each budget row carries its use in the current
+// window from its tenant's ledger snapshot; a failed snapshot names its
+// error on the tenant's rows, and a row whose use is unknown has none.
+func TestBudgetsInUse(t *testing.T) {
+	a, f := newAdmin(t, adminToken)
+	f.budgets = []scheduler.BudgetRow{
+		{ID: "g", Tenant: "_global", Dimension: "requests", Limit: 10, Window: "1h0m0s"},
+		{ID: "a", Tenant: "acme", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+		{ID: "a2", Tenant: "acme", Dimension: "tokens", Limit: 100, Window: "24h0m0s"},
+		{ID: "b", Tenant: "beta", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+		{ID: "x", Tenant: "gone", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+	}
+	tokens := ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 5}
+	f.use = map[string]views.LedgerUse{
+		"_global": {},
+		"acme":    {Usage: ledger.Usage{Limits: []ledger.LimitUsage{{Limit: tokens, Committed: 60, Reserved: 50, ResetsAt: time.Date(2026, 1, 2, 4, 0, 0, 0, time.UTC)}}}},
+		"beta":    {Err: errors.New("ledger unreachable\nretry")},
+	}
+	got := do(a, "GET", "/admin/budgets", adminToken, "")
+	require.Equal(t, 200, got.code, got.body)
+	assert.JSONEq(t, `[
+		{"id":"g","tenant":"_global","dimension":"requests","limit":10,"window":"1h0m0s","mode":"","source":"","committed":0,"reserved":0,"remaining":10},
+		{"id":"a","tenant":"acme","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":"","committed":60,"reserved":50,"remaining":0,"resets_at":"2026-01-02T04:00:00Z"},
+		{"id":"a2","tenant":"acme","dimension":"tokens","limit":100,"window":"24h0m0s","mode":"","source":"","committed":0,"reserved":0,"remaining":100},
+		{"id":"b","tenant":"beta","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":"","usage_error":"ledger unreachable; retry"},
+		{"id":"x","tenant":"gone","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":""}
+	]`, got.body)
 }

@@ -154,7 +154,7 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	inputError(w, scheduler.ErrNotFound) // removed by a reload since
+	inputError(w, scheduler.ErrNotFound) // a reload removed it after HasTenant
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
