@@ -4,8 +4,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // Metrics are the server's Prometheus series (ARCHITECTURE.md §3.4 plus
@@ -40,7 +42,7 @@ type Metrics struct {
 	Durable          *prometheus.GaugeVec   // what: 1 durable, 0 memory only (durable.go)
 	FairShareFleet   prometheus.Gauge       // 1 fleet-wide fair share, 0 local (fairshare.go)
 
-	recent refusalLog // the last refusals, for the status page (statusops.go)
+	recent views.RefusalLog // the last refusals, for the status page
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -150,7 +152,7 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()
-		m.recent.add(Refusal{At: time.Now().UTC(), Tenant: tenant, Status: ae.Status, Code: ae.Code, Message: ae.Message})
+		m.recent.Add(views.Refusal{At: time.Now().UTC(), Tenant: tenant, Status: ae.Status, Code: ae.Code, Message: ae.Message})
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
+	"github.com/sluicehq/sluice/scheduler/views"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -182,7 +183,7 @@ type Server struct {
 	attached   attached              // the process's loops Run supervises (supervise.go)
 	usage      sync.Map              // usageKey → *usageCounters (usage.go)
 	started    time.Time             // when New ran: usage counts and uptime start
-	ops        opsSampler            // the status page's samples (statusops.go)
+	ops        views.OpsSampler      // the status page's samples (statusview.go)
 }
 
 // New builds a Server from a validated config.

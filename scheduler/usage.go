@@ -43,7 +43,7 @@ const usageHours = 31 * 24
 // and the vector's lookup per dimension would otherwise run on every
 // settlement. The last is cached input tokens. Besides the Prometheus
 // counters they keep the totals and hourly buckets that GET /admin/usage
-// reads (Server.Usage, adminview.go).
+// reads (Server.UsageCounts, adminview.go).
 type usageCounters struct {
 	prom [numUsage]prometheus.Counter
 

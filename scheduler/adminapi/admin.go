@@ -9,7 +9,8 @@
 //
 // It reads and changes the server only through [Scheduler], the exported,
 // value-returning methods of *scheduler.Server: imports point one way,
-// from this package to package scheduler.
+// from this package to package scheduler. What it shows is built by
+// package scheduler/views from the copies those methods return.
 package adminapi
 
 import (
@@ -28,11 +29,13 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // Scheduler is what the admin API reads and changes of the server;
 // *scheduler.Server implements it. Every method returns values (copies),
-// never the server's own state.
+// never the server's own state; the views (package scheduler/views) are
+// built from them here.
 type Scheduler interface {
 	Now() time.Time
 	Ready() (bool, string)
@@ -43,12 +46,12 @@ type Scheduler interface {
 	StatusToken() string
 	HasTenant(name string) bool
 
-	ReplicaStatuses() []scheduler.ReplicaStatus
+	Replicas() []views.ReplicaIn
 	DrainReplica(name, reason string) error
-	TenantStatuses() []scheduler.TenantStatus
-	TenantUsage(ctx context.Context, name string) (scheduler.TenantUsage, error)
+	Tenants() []views.TenantIn
 
-	BudgetsInUse(ctx context.Context, tenant string) []scheduler.BudgetRow
+	Budgets(tenant string) []scheduler.BudgetRow
+	LedgerUse(ctx context.Context, tenants []string) map[string]views.LedgerUse
 	SetBudget(tenant string, b config.Budget) (scheduler.BudgetRow, error)
 	RemoveBudget(id string) (scheduler.BudgetRemoval, error)
 	SetClamp(c scheduler.Clamp) (scheduler.Clamp, error)
@@ -58,11 +61,11 @@ type Scheduler interface {
 	ListKeys(tenant string) []scheduler.KeyRow
 	RevokeKey(ctx context.Context, id string) (scheduler.KeyRow, error)
 
-	ResolveReservation(ctx context.Context, r scheduler.Resolution) (scheduler.Resolved, error)
+	ResolveReservation(ctx context.Context, r scheduler.Resolution) (ledger.Settlement, error)
 	ListsReservations() bool
-	Reservations(ctx context.Context, tenant string, state ledger.State) ([]scheduler.Reservation, error)
-	Usage(f scheduler.UsageFilter) scheduler.UsageReport
-	StatusSnapshot(ctx context.Context) scheduler.StatusSnapshot
+	Reservations(ctx context.Context, tenant string, state ledger.State) ([]views.ReservationsIn, error)
+	UsageCounts(window time.Duration) views.UsageIn
+	StatusState(ctx context.Context) views.StatusIn
 }
 
 var _ Scheduler = (*scheduler.Server)(nil)
@@ -295,7 +298,7 @@ func (a *Admin) reload(w http.ResponseWriter, _ *http.Request) {
 func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 func (a *Admin) replicas(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, a.s.ReplicaStatuses())
+	writeJSON(w, views.ReplicaStatuses(a.s.Replicas()))
 }
 
 func (a *Admin) drainReplica(w http.ResponseWriter, r *http.Request) {
@@ -319,7 +322,7 @@ func (a *Admin) drainReplica(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) tenants(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, a.s.TenantStatuses())
+	writeJSON(w, views.TenantStatuses(a.s.Tenants()))
 }
 
 // opContext bounds one admin operation's store calls. It is parented on the

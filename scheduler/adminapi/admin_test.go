@@ -15,9 +15,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 const adminToken = "admin-token-for-tests"
@@ -30,13 +32,15 @@ type fakeScheduler struct {
 	statusToken string
 	tenants     []string
 	lists       bool // the ledger lists reservations
-	usage       scheduler.UsageReport
+	usage       views.UsageIn
+	budgets     []scheduler.BudgetRow
+	use         map[string]views.LedgerUse // by tenant; absent: unknown
 
 	drained  []string // "name:reason"
 	budget   config.Budget
 	clamp    scheduler.Clamp
 	resolved scheduler.Resolution
-	filter   scheduler.UsageFilter
+	window   time.Duration // of the last usage read
 }
 
 var _ Scheduler = (*fakeScheduler)(nil)
@@ -61,8 +65,8 @@ func (f *fakeScheduler) HasTenant(name string) bool {
 	}
 	return false
 }
-func (f *fakeScheduler) ReplicaStatuses() []scheduler.ReplicaStatus {
-	return []scheduler.ReplicaStatus{{Name: "r1", State: "healthy"}}
+func (f *fakeScheduler) Replicas() []views.ReplicaIn {
+	return []views.ReplicaIn{{Name: "r1", GPU: gpu.ReplicaView{State: gpu.StateHealthy}, Known: true}}
 }
 func (f *fakeScheduler) DrainReplica(name, reason string) error {
 	if name != "r1" {
@@ -71,12 +75,24 @@ func (f *fakeScheduler) DrainReplica(name, reason string) error {
 	f.drained = append(f.drained, name+":"+reason)
 	return nil
 }
-func (f *fakeScheduler) TenantStatuses() []scheduler.TenantStatus { return []scheduler.TenantStatus{} }
-func (f *fakeScheduler) TenantUsage(_ context.Context, name string) (scheduler.TenantUsage, error) {
-	return scheduler.TenantUsage{Tenant: name}, nil
+func (f *fakeScheduler) Tenants() []views.TenantIn {
+	out := []views.TenantIn{}
+	for _, t := range f.tenants {
+		out = append(out, views.TenantIn{Name: t})
+	}
+	return out
 }
-func (f *fakeScheduler) BudgetsInUse(context.Context, string) []scheduler.BudgetRow {
-	return []scheduler.BudgetRow{}
+func (f *fakeScheduler) Budgets(string) []scheduler.BudgetRow {
+	return append([]scheduler.BudgetRow{}, f.budgets...)
+}
+func (f *fakeScheduler) LedgerUse(_ context.Context, tenants []string) map[string]views.LedgerUse {
+	out := map[string]views.LedgerUse{}
+	for _, t := range tenants {
+		if u, ok := f.use[t]; ok {
+			out[t] = u
+		}
+	}
+	return out
 }
 func (f *fakeScheduler) SetBudget(tenant string, b config.Budget) (scheduler.BudgetRow, error) {
 	f.budget = b
@@ -97,20 +113,22 @@ func (f *fakeScheduler) ListKeys(string) []scheduler.KeyRow { return []scheduler
 func (f *fakeScheduler) RevokeKey(context.Context, string) (scheduler.KeyRow, error) {
 	return scheduler.KeyRow{}, scheduler.ErrNotFound
 }
-func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolution) (scheduler.Resolved, error) {
+func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolution) (ledger.Settlement, error) {
 	f.resolved = r
-	return scheduler.Resolved{State: "settled", Charged: map[string]int64{"tokens": 0}}, nil
+	var charged ledger.Amounts
+	charged[ledger.Tokens] = r.Amounts[ledger.Tokens]
+	return ledger.Settlement{State: ledger.Charged, Charged: charged}, nil
 }
 func (f *fakeScheduler) ListsReservations() bool { return f.lists }
-func (f *fakeScheduler) Reservations(context.Context, string, ledger.State) ([]scheduler.Reservation, error) {
-	return []scheduler.Reservation{}, nil
+func (f *fakeScheduler) Reservations(context.Context, string, ledger.State) ([]views.ReservationsIn, error) {
+	return nil, nil
 }
-func (f *fakeScheduler) Usage(fl scheduler.UsageFilter) scheduler.UsageReport {
-	f.filter = fl
+func (f *fakeScheduler) UsageCounts(window time.Duration) views.UsageIn {
+	f.window = window
 	return f.usage
 }
-func (f *fakeScheduler) StatusSnapshot(context.Context) scheduler.StatusSnapshot {
-	return scheduler.StatusSnapshot{At: f.now, StartedAt: f.now.Add(-time.Minute), Tenants: []scheduler.TenantState{{Name: "acme"}}}
+func (f *fakeScheduler) StatusState(context.Context) views.StatusIn {
+	return views.StatusIn{At: f.now, StartedAt: f.now.Add(-time.Minute), Tenants: []views.TenantIn{{Name: "acme"}}}
 }
 
 func newAdmin(t *testing.T, token string) (*Admin, *fakeScheduler) {
@@ -262,8 +280,29 @@ func TestResolveAndReservations(t *testing.T) {
 	id := strings.Repeat("AB", 16)
 	got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, `{"tenant":"acme","charge":"held","reason":"stuck"}`)
 	assert.Equal(t, 200, got.code, got.body)
-	assert.JSONEq(t, `{"id":"`+id+`","state":"settled","charged":{"tokens":0}}`, got.body)
+	assert.JSONEq(t, `{"id":"`+id+`","state":"charged","charged":{"requests":0,"tokens":0,"input_tokens":0,"output_tokens":0,"gpu_ms":0,"gpu_joules":0,"usd_micros":0}}`, got.body)
 	assert.Equal(t, scheduler.Resolution{Tenant: "acme", ID: id, Charge: "held", Reason: "stuck"}, f.resolved)
+
+	// At actual amounts, by dimension name: tokens default to input + output.
+	got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, `{"tenant":"acme","charge":"actual","actual":{"input_tokens":3,"output_tokens":4},"reason":"r"}`)
+	require.Equal(t, 200, got.code, got.body)
+	var want ledger.Amounts
+	want[ledger.InputTokens], want[ledger.OutputTokens], want[ledger.Tokens] = 3, 4, 7
+	assert.Equal(t, want, f.resolved.Amounts)
+	assert.Contains(t, got.body, `"tokens":7`)
+	f.resolved = scheduler.Resolution{}
+	for body, param := range map[string]string{
+		`{"tenant":"nobody","charge":"some","reason":"r"}`:                        "tenant",
+		`{"tenant":"acme","charge":"some"}`:                                       "reason",
+		`{"tenant":"acme","charge":"some","reason":"r"}`:                          "charge",
+		`{"tenant":"acme","charge":"actual","actual":{"slots":1},"reason":"r"}`:   "actual.slots",
+		`{"tenant":"acme","charge":"actual","actual":{"tokens":-1},"reason":"r"}`: "actual",
+	} {
+		got = do(a, "POST", "/admin/reservations/"+id+"/resolve", adminToken, body)
+		assert.Equal(t, 400, got.code, body)
+		assert.Contains(t, got.body, `"param":"`+param+`"`, body)
+	}
+	assert.Zero(t, f.resolved, "a bad request never reaches the server")
 
 	got = do(a, "GET", "/admin/reservations?state=bogus", adminToken, "")
 	assert.Equal(t, 501, got.code)
@@ -278,8 +317,8 @@ func TestResolveAndReservations(t *testing.T) {
 func TestUsageCSV(t *testing.T) {
 	a, f := newAdmin(t, adminToken)
 	since := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
-	f.usage = scheduler.UsageReport{Since: since, Until: since.Add(time.Hour), Rows: []scheduler.UsageTotalRow{
-		{Tenant: "acme", Key: "k1", Model: "m", Usage: map[string]int64{"requests": 3, "output_tokens": 40}},
+	f.usage = views.UsageIn{Started: since, Now: since.Add(time.Hour), Dims: scheduler.UsageDimensions(), Counts: []views.UsageCount{
+		{Tenant: "acme", Key: "k1", Model: "m", Values: []int64{3, 0, 40, 0, 0, 0, 0}},
 	}}
 	want := "since,until,tenant,key,model," + strings.Join(scheduler.UsageDimensions(), ",") + "\n"
 	for _, ask := range []struct{ query, accept string }{{"?format=csv", ""}, {"", "text/csv"}} {
@@ -293,7 +332,8 @@ func TestUsageCSV(t *testing.T) {
 	}
 	got := do(a, "GET", "/admin/usage?tenant=acme&dimension=requests&window=24h", adminToken, "")
 	assert.Equal(t, 200, got.code)
-	assert.Equal(t, scheduler.UsageFilter{Tenant: "acme", Dimension: "requests", Window: 24 * time.Hour}, f.filter)
+	assert.Equal(t, 24*time.Hour, f.window)
+	assert.Contains(t, got.body, `"rows":[{"tenant":"acme","key":"k1","model":"m","usage":{"requests":3}}]`, "only the tenant's rows, in the dimension asked")
 	for q, param := range map[string]string{"tenant=nobody": "tenant", "dimension=watts": "dimension", "window=745h": "window", "format=xml": "format"} {
 		got := do(a, "GET", "/admin/usage?"+q, adminToken, "")
 		assert.Equal(t, 400, got.code, q)
@@ -335,4 +375,33 @@ func TestStatusSession(t *testing.T) {
 	got = do(a, "GET", "/status", "", "", "Cookie", "sluice_status="+c.Value)
 	assert.Equal(t, 401, got.code, "the session has expired")
 	assert.Contains(t, got.body, "<form", "the login form again")
+}
+
+// TestBudgetsInUse: each budget row carries its use in the current
+// window from its tenant's ledger snapshot; a failed snapshot names its
+// error on the tenant's rows, and a row whose use is unknown has none.
+func TestBudgetsInUse(t *testing.T) {
+	a, f := newAdmin(t, adminToken)
+	f.budgets = []scheduler.BudgetRow{
+		{ID: "g", Tenant: "_global", Dimension: "requests", Limit: 10, Window: "1h0m0s"},
+		{ID: "a", Tenant: "acme", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+		{ID: "a2", Tenant: "acme", Dimension: "tokens", Limit: 100, Window: "24h0m0s"},
+		{ID: "b", Tenant: "beta", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+		{ID: "x", Tenant: "gone", Dimension: "tokens", Limit: 100, Window: "1h0m0s"},
+	}
+	tokens := ledger.Limit{Dim: ledger.Tokens, Window: time.Hour, Max: 5}
+	f.use = map[string]views.LedgerUse{
+		"_global": {},
+		"acme":    {Usage: ledger.Usage{Limits: []ledger.LimitUsage{{Limit: tokens, Committed: 60, Reserved: 50, ResetsAt: time.Date(2026, 1, 2, 4, 0, 0, 0, time.UTC)}}}},
+		"beta":    {Err: errors.New("ledger unreachable\nretry")},
+	}
+	got := do(a, "GET", "/admin/budgets", adminToken, "")
+	require.Equal(t, 200, got.code, got.body)
+	assert.JSONEq(t, `[
+		{"id":"g","tenant":"_global","dimension":"requests","limit":10,"window":"1h0m0s","mode":"","source":"","committed":0,"reserved":0,"remaining":10},
+		{"id":"a","tenant":"acme","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":"","committed":60,"reserved":50,"remaining":0,"resets_at":"2026-01-02T04:00:00Z"},
+		{"id":"a2","tenant":"acme","dimension":"tokens","limit":100,"window":"24h0m0s","mode":"","source":"","committed":0,"reserved":0,"remaining":100},
+		{"id":"b","tenant":"beta","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":"","usage_error":"ledger unreachable; retry"},
+		{"id":"x","tenant":"gone","dimension":"tokens","limit":100,"window":"1h0m0s","mode":"","source":""}
+	]`, got.body)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // maxBody bounds an admin request body, as the admin listener always has.
@@ -59,7 +60,27 @@ func decode(r *http.Request, v any) error {
 func (a *Admin) listBudgets(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	writeJSON(w, a.s.BudgetsInUse(ctx, r.URL.Query().Get("tenant")))
+	rows := a.s.Budgets(r.URL.Query().Get("tenant"))
+	tenants := make([]string, 0, len(rows))
+	for _, row := range rows {
+		tenants = append(tenants, row.Tenant)
+	}
+	// Each row's use in its current window, from one ledger snapshot per
+	// tenant; a tenant whose snapshot fails keeps its rows without use and
+	// names the error.
+	use := a.s.LedgerUse(ctx, tenants)
+	for i := range rows {
+		row := &rows[i]
+		u, ok := use[row.Tenant]
+		if ok && u.Err != nil {
+			row.UsageError = oneLine(u.Err)
+			continue
+		}
+		if iu, known := views.BudgetInUse(row.Dimension, row.Window, row.Limit, u.Usage); ok && known {
+			row.Committed, row.Reserved, row.Remaining, row.ResetsAt = &iu.Committed, &iu.Reserved, &iu.Remaining, iu.ResetsAt
+		}
+	}
+	writeJSON(w, rows)
 }
 
 func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
@@ -121,12 +142,19 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
 	defer cancel()
-	u, err := a.s.TenantUsage(ctx, name)
-	if err != nil {
-		inputError(w, err)
+	use := a.s.LedgerUse(ctx, []string{name})[name]
+	if use.Err != nil {
+		inputError(w, use.Err)
 		return
 	}
-	writeJSON(w, u)
+	for _, t := range a.s.Tenants() {
+		if t.Name == name {
+			t.Use = use
+			writeJSON(w, views.TenantUsageOf(t))
+			return
+		}
+	}
+	inputError(w, scheduler.ErrNotFound) // a reload removed it after HasTenant
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
@@ -199,14 +227,53 @@ func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
 		inputError(w, err)
 		return
 	}
+	res := scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Reason: in.Reason}
+	if err := a.checkResolution(&res, in.Actual); err != nil {
+		inputError(w, err)
+		return
+	}
 	ctx, cancel := a.opContext(5 * time.Second)
 	defer cancel()
-	st, err := a.s.ResolveReservation(ctx, scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Actual: in.Actual, Reason: in.Reason})
+	st, err := a.s.ResolveReservation(ctx, res)
 	if err != nil {
 		inputError(w, err)
 		return
 	}
-	writeJSON(w, map[string]any{"id": idHex, "state": st.State, "charged": st.Charged})
+	writeJSON(w, map[string]any{"id": idHex, "state": st.State.String(), "charged": views.Windowed(st.Charged, true)})
+}
+
+// checkResolution checks a resolution's fields in the order the API
+// reports them (tenant, reason, charge, actual) and sets its amounts from
+// actual, by dimension name: tokens default to input + output.
+func (a *Admin) checkResolution(res *scheduler.Resolution, actual map[string]int64) error {
+	switch {
+	case !a.s.HasTenant(res.Tenant):
+		return inputErr("tenant", "unknown tenant %q", res.Tenant)
+	case res.Reason == "":
+		return inputErr("reason", "required")
+	}
+	switch res.Charge {
+	case "held", "zero":
+		return nil
+	case "actual":
+	default:
+		return inputErr("charge", "must be held, actual or zero (got %q)", res.Charge)
+	}
+	amt := &res.Amounts
+	for k, v := range actual {
+		d, err := ledger.ParseDim(k)
+		if err != nil || d == ledger.Slots {
+			return inputErr("actual."+k, "unknown dimension")
+		}
+		amt[d] = v
+	}
+	if amt[ledger.Tokens] == 0 {
+		amt[ledger.Tokens] = amt[ledger.InputTokens] + amt[ledger.OutputTokens]
+	}
+	if err := amt.Validate(); err != nil {
+		return inputErr("actual", "%v", err)
+	}
+	return nil
 }
 
 func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
@@ -236,6 +303,6 @@ func (a *Admin) listReservations(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		inputError(w, err)
 	default:
-		writeJSON(w, out)
+		writeJSON(w, views.Reservations(out))
 	}
 }

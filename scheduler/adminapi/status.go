@@ -19,7 +19,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // The status page (docs/operations.md "Status page"): GET /status on the admin
@@ -202,35 +202,35 @@ func loginPage(w http.ResponseWriter, status int, msg string) {
 
 // StatusReport is GET /status/report.json (and /status.json).
 type StatusReport struct {
-	GeneratedAt   time.Time                 `json:"generated_at"`
-	PolicyVersion uint64                    `json:"policy_version"`
-	Ready         bool                      `json:"ready"`
-	ReadyReason   string                    `json:"ready_reason"`
-	Ledger        string                    `json:"ledger"`
-	GPUSource     string                    `json:"gpu_source"`
-	Tenants       []TenantReport            `json:"tenants"`
-	Replicas      []scheduler.ReplicaReport `json:"replicas"`
-	Keys          []scheduler.KeyReport     `json:"keys"`             // keys with budgets or a concurrency of their own
-	Errors        map[string]string         `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
-	Version       string                    `json:"version"`          // module version, revision, Go version
-	StartedAt     time.Time                 `json:"started_at"`
-	UptimeS       int64                     `json:"uptime_s"`
-	ConfigFile    string                    `json:"config_file"`
+	GeneratedAt   time.Time             `json:"generated_at"`
+	PolicyVersion uint64                `json:"policy_version"`
+	Ready         bool                  `json:"ready"`
+	ReadyReason   string                `json:"ready_reason"`
+	Ledger        string                `json:"ledger"`
+	GPUSource     string                `json:"gpu_source"`
+	Tenants       []TenantReport        `json:"tenants"`
+	Replicas      []views.ReplicaReport `json:"replicas"`
+	Keys          []views.KeyReport     `json:"keys"`             // keys with budgets or a concurrency of their own
+	Errors        map[string]string     `json:"errors,omitempty"` // what could not be read, e.g. a ledger snapshot
+	Version       string                `json:"version"`          // module version, revision, Go version
+	StartedAt     time.Time             `json:"started_at"`
+	UptimeS       int64                 `json:"uptime_s"`
+	ConfigFile    string                `json:"config_file"`
 	// Refusals are the last 20 refused or expired requests, newest first.
-	Refusals []scheduler.Refusal `json:"refusals"`
+	Refusals []views.Refusal `json:"refusals"`
 }
 
 // TenantReport is one tenant's row of the status page: the server's state
 // and the counters of the metrics registry.
 type TenantReport struct {
-	scheduler.TenantState
+	views.TenantState
 	Requests   map[string]int64 `json:"requests"`   // by outcome
 	Rejections map[string]int64 `json:"rejections"` // by reason (error code)
 	AutoClamps int64            `json:"auto_clamps"`
 }
 
 func (a *Admin) statusReport(ctx context.Context) StatusReport {
-	st := a.s.StatusSnapshot(ctx)
+	st := views.Status(a.s.StatusState(ctx))
 	r := StatusReport{GeneratedAt: st.At, PolicyVersion: st.PolicyVersion, Ready: st.Ready, ReadyReason: st.ReadyReason,
 		Ledger: st.Ledger, GPUSource: st.GPUSource, Tenants: make([]TenantReport, 0, len(st.Tenants)), Replicas: st.Replicas,
 		Keys: st.Keys, Errors: st.Errors, Version: buildVersion(), StartedAt: st.StartedAt,

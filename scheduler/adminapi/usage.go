@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // GET /admin/usage: this process's cumulative usage per tenant, key, model
@@ -17,7 +18,7 @@ import (
 // fleet's usage is the sum over its instances, as with the counters.
 func (a *Admin) usage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := scheduler.UsageFilter{Tenant: q.Get("tenant"), Key: q.Get("key"), Model: q.Get("model"), Dimension: q.Get("dimension")}
+	f := views.UsageFilter{Tenant: q.Get("tenant"), Key: q.Get("key"), Model: q.Get("model"), Dimension: q.Get("dimension")}
 	if f.Tenant != "" && !a.s.HasTenant(f.Tenant) {
 		inputError(w, inputErr("tenant", "unknown tenant %q", f.Tenant))
 		return
@@ -27,13 +28,14 @@ func (a *Admin) usage(w http.ResponseWriter, r *http.Request) {
 		inputError(w, inputErr("dimension", "must be one of %s (got %q)", strings.Join(names, ", "), f.Dimension))
 		return
 	}
+	var window time.Duration
 	if win := q.Get("window"); win != "" {
 		d, err := time.ParseDuration(win)
 		if err != nil || d <= 0 || d > scheduler.UsageWindowMax {
 			inputError(w, inputErr("window", "must be a duration in (0, 744h] such as 24h or 720h (got %q)", win))
 			return
 		}
-		f.Window = d
+		window = d
 	}
 	format := q.Get("format")
 	if format == "" && strings.Contains(r.Header.Get("Accept"), "text/csv") {
@@ -41,9 +43,9 @@ func (a *Admin) usage(w http.ResponseWriter, r *http.Request) {
 	}
 	switch format {
 	case "", "json":
-		writeJSON(w, a.s.Usage(f))
+		writeJSON(w, views.Usage(a.s.UsageCounts(window), f))
 	case "csv":
-		rep := a.s.Usage(f)
+		rep := views.Usage(a.s.UsageCounts(window), f)
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		cw := csv.NewWriter(w)
 		_ = cw.Write(append([]string{"since", "until", "tenant", "key", "model"}, names...))

@@ -1,4 +1,4 @@
-package scheduler
+package views
 
 import (
 	"math"
@@ -13,23 +13,23 @@ import (
 // histogram_quantile does.
 func TestQuantileOverAWindow(t *testing.T) {
 	bounds := []float64{0.1, 0.5, 1}
-	old := histSample{bounds: bounds, cum: []uint64{100, 100, 100}, count: 100} // an old burst of fast ones
-	cur := histSample{bounds: bounds, cum: []uint64{100, 110, 120}, count: 120}
+	old := Hist{Bounds: bounds, Cum: []uint64{100, 100, 100}, Count: 100} // an old burst of fast ones
+	cur := Hist{Bounds: bounds, Cum: []uint64{100, 110, 120}, Count: 120}
 	assert.InDelta(t, 0.5, quantile(0.5, cur, old), 1e-9, "10 of the 20 new ones are in (0.1, 0.5]")
 	assert.InDelta(t, 0.99, quantile(0.99, cur, old), 1e-9, "0.5 + 0.5 × 9.8/10")
 	assert.True(t, math.IsNaN(quantile(0.5, old, old)), "nothing new: no percentile")
-	assert.InDelta(t, 0.05, quantile(0.5, old, histSample{}), 1e-9, "since the start")
+	assert.InDelta(t, 0.05, quantile(0.5, old, Hist{}), 1e-9, "since the start")
 }
 
 // TestRefusalLogKeepsTheLast: the page shows the newest refusals first,
 // at most recentMax.
 func TestRefusalLogKeepsTheLast(t *testing.T) {
-	var l refusalLog
-	assert.Empty(t, l.recent())
+	var l RefusalLog
+	assert.Empty(t, l.Recent())
 	for i := range recentMax + 5 {
-		l.add(Refusal{At: time.Unix(int64(i), 0), Status: 429 + i})
+		l.Add(Refusal{At: time.Unix(int64(i), 0), Status: 429 + i})
 	}
-	got := l.recent()
+	got := l.Recent()
 	assert.Len(t, got, recentMax)
 	assert.Equal(t, 429+recentMax+4, got[0].Status)
 	assert.Equal(t, 429+5, got[recentMax-1].Status)
