@@ -84,10 +84,12 @@ type ReplicaStatus struct {
 	LearnedBatch int64 `json:"learned_batch"`
 }
 
-// replicaRow is what the monitor and the last scrape know of r: the status
-// page's replica columns. GET /admin/replicas adds the batch account.
+// replicaRow is one replica as GET /admin/replicas and the status page
+// show it: what the monitor and the last scrape know of it, and this
+// instance's account of its batch.
 func replicaRow(r ReplicaIn) ReplicaStatus {
-	st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.InflightTokens, Inflight: r.Inflight, State: "unknown"}
+	st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.InflightTokens, Inflight: r.Inflight, State: "unknown",
+		AbortsHeld: r.AbortsHeld, Peers: r.Peers, SeqShare: r.SeqShare, MaxNumSeqs: r.MaxNumSeqs, LearnedBatch: r.LearnedBatch}
 	if v := r.GPU; r.Known {
 		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
 	}
@@ -101,9 +103,7 @@ func replicaRow(r ReplicaIn) ReplicaStatus {
 func ReplicaStatuses(in []ReplicaIn) []ReplicaStatus {
 	out := make([]ReplicaStatus, 0, len(in))
 	for _, r := range in {
-		st := replicaRow(r)
-		st.AbortsHeld, st.Peers, st.SeqShare, st.MaxNumSeqs, st.LearnedBatch = r.AbortsHeld, r.Peers, r.SeqShare, r.MaxNumSeqs, r.LearnedBatch
-		out = append(out, st)
+		out = append(out, replicaRow(r))
 	}
 	return out
 }
