@@ -14,11 +14,9 @@
 package adminapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"time"
@@ -26,8 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicehq/sluice/internal/plainjson"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/views"
 )
@@ -205,55 +205,28 @@ func (a *Admin) authed(h http.HandlerFunc) http.Handler {
 	})
 }
 
-// errorJSON is the pinned error shape (README "Errors"), as the client
-// edge writes it.
-type errorJSON struct {
-	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Code    string  `json:"code"`
-		Param   *string `json:"param"`
-	} `json:"error"`
-}
-
-// fail writes an admin error in the pinned shape.
+// fail writes an admin error in the pinned shape (apierr's, with type
+// admin_error).
 func fail(w http.ResponseWriter, status int, code, msg string) {
 	failParam(w, status, code, msg, "")
 }
 
 func failParam(w http.ResponseWriter, status int, code, msg, param string) {
-	var e errorJSON
-	e.Error.Message, e.Error.Type, e.Error.Code = msg, "admin_error", code
-	if param != "" {
-		e.Error.Param = &param
-	}
-	b, _ := marshal(e)
+	b := (&apierr.Error{Status: status, Code: code, Type: "admin_error", Message: msg, Param: param}).Body(false)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = w.Write(bytes.TrimSuffix(b, []byte("\n")))
-}
-
-// marshal encodes v as one line of JSON ending in "\n", leaving <, > and &
-// as they are.
-func marshal(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
+	_, _ = w.Write(b)
 }
 
 // writeJSON writes v as a 200 JSON response.
 func writeJSON(w http.ResponseWriter, v any) {
-	b, err := marshal(v)
+	b, err := plainjson.Marshal(v)
 	if err != nil {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(b)
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // redirect answers with an absolute Location on the host the client
