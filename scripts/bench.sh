@@ -2,7 +2,7 @@
 # scripts/bench.sh: what `make bench` runs. Writes docs/benchmarks/report.md
 # (override with BENCH_OUT=FILE; BENCHMARKS.md holds the current figures,
 # taken from such a report by hand) from:
-#   1. the Go benchmarks: scheduler/node (issue 5) always, and every other
+#   1. the Go benchmarks: scheduler/node (the server overhead) always, and every other
 #      package without figures in docs/benchmarks/*.md, with -count=5;
 #      packages with such a file are merged from it (BENCH_ALL=1 reruns them);
 #   2. a side-by-side run, ONE run, rounds interleaved: direct to `sluice sim`,
@@ -558,7 +558,7 @@ EOF
 	AP99=$(node_metric BenchmarkOverhead/added added-p99-µs)
 	DP99=$(node_metric BenchmarkDisconnectToUpstreamClose/sluice p99-µs)
 	cat <<EOF
-## $i. Server overhead (issue 5)
+## $i. Server overhead
 
 ### Go benchmarks (in process, loopback)
 

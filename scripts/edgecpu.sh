@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/edgecpu.sh: the side-by-side proxy CPU comparison of issue 18 item 1
+# scripts/edgecpu.sh: the side-by-side proxy CPU comparison
 # (scripts/bench.sh section 2's set-up), alone and extended to streams.
 # One run, rounds interleaved over the targets direct / HAProxy / nginx /
 # Sluice in front of `sluice sim` (2 replicas, 1 ms decode steps):
