@@ -1,10 +1,8 @@
-package scheduler
+package gate_test
 
 import (
-	"container/heap"
 	"flag"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -24,9 +22,9 @@ import (
 // accounting: each seed draws a fleet and its tenants and runs them as a
 // discrete-event simulation (virtual time, nothing sleeps) through the
 // real queue, the real dispatch gate (gate.Gate) and the real learned
-// batch (replica.learnBatch), against a replica that runs `batch`
-// sequences and keeps whatever it is sent beyond them in its own FCFS
-// queue, as vLLM does. What a seed draws: tenant count, weights, rates
+// batch (fleet.Replica.LearnBatch) on the harness of des_test.go, against
+// a replica that runs `batch` sequences and keeps whatever it is sent
+// beyond them in its own FCFS queue, as vLLM does. What a seed draws: tenant count, weights, rates
 // (Poisson or bursts), output sizes, the real batch, whether the config's
 // max_num_seqs is correct or left out (256), whether tenants have caps
 // (`concurrency`), and the scrape interval. What it checks (the isolation
@@ -47,7 +45,7 @@ import (
 // preemption (the replica admits by each request's whole KV use),
 // prefill time.
 //
-// `go test -run TestFairnessScenarios ./scheduler/` runs fairgenSeeds
+// `go test -run TestFairnessScenarios ./scheduler/gate/` runs fairgenSeeds
 // seeds; `-fairgen.seeds=N -fairgen.base=B` runs N from B (make
 // fairness-sweep). Each line of the log is one seed.
 
@@ -69,7 +67,7 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
-// (scheduler/gate); 1 (KV-limited, max_num_seqs left out) fails without a
+// of the gate; 1 (KV-limited, max_num_seqs left out) fails without a
 // queue counted in tokens.
 var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
 
@@ -209,28 +207,6 @@ type fgReq struct {
 	out     int
 }
 
-type fgEvent struct {
-	at   time.Duration
-	kind int // 0 arrival, 1 completion, 2 tick, 3 scrape
-	seq  int
-	t    *fgTenant
-	svc  time.Duration
-	kv   int64 // a completion's KV tokens
-}
-
-type fgHeap []fgEvent
-
-func (h fgHeap) Len() int { return len(h) }
-func (h fgHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].seq < h[j].seq
-}
-func (h fgHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *fgHeap) Push(x any)   { *h = append(*h, x.(fgEvent)) }
-func (h *fgHeap) Pop() any     { o := *h; e := o[len(o)-1]; *h = o[:len(o)-1]; return e }
-
 // fgResult is one run's outcome.
 type fgResult struct {
 	tenants   []fgTenant
@@ -250,9 +226,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	for i := range sc.tenants {
 		if keep(&sc.tenants[i]) {
 			tn := sc.tenants[i] // a fresh copy per run
-			h := fnv.New64a()
-			h.Write([]byte(tn.name))
-			tn.rng = rand.New(rand.NewPCG(sc.seed, h.Sum64()))
+			tn.rng = tenantRNG(sc.seed, tn.name)
 			ts = append(ts, &tn)
 		}
 	}
@@ -272,16 +246,15 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	}})
 	require.NoError(t, err)
 	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
-	var ev fgHeap
-	seq := 0
-	push := func(e fgEvent) { seq++; e.seq = seq; heap.Push(&ev, e) }
+	var ev desEvents[*fgTenant]
+	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {
 		return time.Duration(tn.rng.ExpFloat64() / (tn.rate / float64(tn.burst)) * float64(time.Second))
 	}
 	for _, tn := range ts {
-		push(fgEvent{at: gap(tn), t: tn})
+		push(desEvent[*fgTenant]{at: gap(tn), t: tn})
 	}
-	push(fgEvent{at: sc.scrape, kind: 3})
+	push(desEvent[*fgTenant]{at: sc.scrape, kind: desScrape})
 	var sent int64       // dispatched to the replica, not completed
 	var sentTokens int64 // their KV tokens
 	var running int64    // running inside the replica
@@ -300,7 +273,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 		}
 		svc := time.Duration(r.out) * sc.step
-		push(fgEvent{at: now + svc, kind: 1, t: r.t, svc: svc, kv: r.kvNeed()})
+		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed()})
 	}
 	pred := func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
 		tn := it.Payload.t
@@ -362,16 +335,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		st, _ := q.Stats(name)
 		return st.Depth
 	}
-	nextTick := time.Duration(-1)
-	for ev.Len() > 0 {
-		e := heap.Pop(&ev).(fgEvent)
-		if e.at > sc.duration+sc.maxWait+time.Minute {
+	for {
+		e, ok := ev.next(sc.duration+sc.maxWait+time.Minute, clk, t0)
+		if !ok {
 			break
 		}
 		now = e.at
-		clk.set(t0.Add(now))
 		switch e.kind {
-		case 0:
+		case desArrival:
 			tn := e.t
 			if now < sc.duration {
 				for range tn.burst {
@@ -392,9 +363,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						tn.full++
 					}
 				}
-				push(fgEvent{at: now + gap(tn), t: tn})
+				push(desEvent[*fgTenant]{at: now + gap(tn), t: tn})
 			}
-		case 1:
+		case desCompletion:
 			tn := e.t
 			running--
 			kvUsed -= e.kv
@@ -413,25 +384,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			for _, o := range ts {
 				q.Unpark(o.name)
 			}
-		case 2:
-			if e.at == nextTick {
-				nextTick = -1
-			}
-		case 3:
+		case desScrape:
 			rep.LearnBatch(running, int64(len(inside)), clk.Now())
 			if now < sc.duration+sc.maxWait {
-				push(fgEvent{at: now + sc.scrape, kind: 3})
+				push(desEvent[*fgTenant]{at: now + sc.scrape, kind: desScrape})
 			}
 		}
 		q.Tick()
 		dispatch()
-		if due, ok := q.Tick(); ok {
-			d := due.Sub(t0)
-			if nextTick < 0 || d < nextTick {
-				nextTick = d
-				push(fgEvent{at: d, kind: 2})
-			}
-		}
+		due, ok := q.Tick()
+		ev.tickAt(due, ok, t0)
 	}
 	for _, tn := range ts {
 		res.tenants = append(res.tenants, *tn)
