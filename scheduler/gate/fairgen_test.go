@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
 )
@@ -27,7 +29,10 @@ import (
 // beyond them in its own FCFS queue, as vLLM does. What a seed draws: tenant count, weights, rates
 // (Poisson or bursts), output sizes, the real batch, whether the config's
 // max_num_seqs is correct or left out (256), whether tenants have caps
-// (`concurrency`), and the scrape interval. What it checks (the isolation
+// (`concurrency`), the scrape interval, and whether a replica learning its
+// batch is scraped every upstream.learn_scrape_interval (the learning
+// scrape, as vllm.Poller schedules it; off, as with learn_scrape_interval
+// at or above the scrape interval). What it checks (the isolation
 // invariants):
 //
 //   - a light tenant (demand below half its weighted share) sees p99 TTFT
@@ -47,13 +52,19 @@ import (
 //
 // `go test -run TestFairnessScenarios ./scheduler/gate/` runs fairgenSeeds
 // seeds; `-fairgen.seeds=N -fairgen.base=B` runs N from B (make
-// fairness-sweep). Each line of the log is one seed.
+// fairness-sweep), and `-fairgen.learn=on` or `off` sets the learning
+// scrape of every seed instead of drawing it. Each line of the log is one
+// seed.
 
 var (
-	fairgenN    = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
-	fairgenBase = flag.Uint64("fairgen.base", 1, "first fairness scenario seed")
-	fairgenWarn = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
+	fairgenN     = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
+	fairgenBase  = flag.Uint64("fairgen.base", 1, "first fairness scenario seed")
+	fairgenWarn  = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
+	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 )
+
+// fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
+const fgLearn = config.DefaultLearnScrapeInterval
 
 // fgTrace (FG_TRACE=1 with one seed) prints each light arrival with the
 // gate's view of every tenant, and each light request that waited.
@@ -68,13 +79,15 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
 // of the gate; 1 (KV-limited, max_num_seqs left out) fails without a
-// queue counted in tokens.
-var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
+// queue counted in tokens; 19 and 97 (max_num_seqs left out, the learning
+// scrape drawn) fail without the learning scrape (-fairgen.learn=off).
+var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 19, 415, 43, 97, 98, 134}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
 // of 16 as one of 32: three light tenants at 2.5 rps, a flood at 25 rps
-// (2× capacity), equal weights, a 1 s scrape, the bench's 5 s warm-up.
+// (2× capacity), equal weights, a 1 s scrape, the bench's 5 s warm-up;
+// learn is the learning scrape's interval (0: off).
 // The sweep reports it beside the seeds; it does not hold the invariants
 // (BENCHMARKS.md, "Goals still missed"): every tenant starts at once, and
 // the flood takes most of the batch in its first second, before any
@@ -85,9 +98,9 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
 // fgIsolationDraws is how many draws of each isolation row the sweep runs.
 const fgIsolationDraws = 100
 
-func fgIsolationRow(seed uint64, configured int64) *fgScenario {
+func fgIsolationRow(seed uint64, configured int64, learn time.Duration) *fgScenario {
 	sc := &fgScenario{seed: seed, batch: 32, configured: configured, step: 20 * time.Millisecond, outLo: 96, outHi: 160,
-		scrape: time.Second, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second}
+		scrape: time.Second, learn: learn, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second}
 	for _, n := range []string{"chat-a", "chat-b", "chat-c"} {
 		sc.tenants = append(sc.tenants, fgTenant{name: n, weight: 1, rate: 2.5, burst: 1, light: true})
 	}
@@ -121,6 +134,7 @@ type fgScenario struct {
 	outLo      int
 	outHi      int
 	scrape     time.Duration
+	learn      time.Duration // the learning scrape's interval; 0: off
 	maxWait    time.Duration
 	duration   time.Duration
 	warmup     time.Duration
@@ -133,7 +147,7 @@ func (sc *fgScenario) meanSvc() time.Duration {
 
 func (sc *fgScenario) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape)
+	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v learn %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape, sc.learn)
 	for _, t := range sc.tenants {
 		kind := "heavy"
 		if t.light {
@@ -191,6 +205,18 @@ func genScenario(seed uint64) *fgScenario {
 		mean := float64(fgPrompt) + float64(sc.outLo+sc.outHi)/2
 		sc.kv = int64(float64(sc.batch) * mean * (0.7 + 0.3*rng.Float64()))
 	}
+	// Drawn after the KV cache, for the same reason: half the seeds scrape
+	// a replica learning its batch at the learning interval (the default),
+	// half at the scrape interval alone.
+	if rng.IntN(2) == 0 {
+		sc.learn = fgLearn
+	}
+	switch *fairgenLearn {
+	case "on":
+		sc.learn = fgLearn
+	case "off":
+		sc.learn = 0
+	}
 	return sc
 }
 
@@ -214,6 +240,9 @@ type fgResult struct {
 	earlyShed int   // expiries before their deadline
 	learned   int64 // the learned batch at the end (0: none)
 	maxInside int   // most requests waiting inside the replica
+	scrapes   []time.Duration
+	fullAt    time.Duration // the first scrape that showed requests waiting; 0: none
+	learnedAt time.Duration // the scrape that first learned a batch; 0: none
 }
 
 // run simulates sc with the tenants for which keep is true. direct sends
@@ -254,7 +283,20 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	for _, tn := range ts {
 		push(desEvent[*fgTenant]{at: gap(tn), t: tn})
 	}
-	push(desEvent[*fgTenant]{at: sc.scrape, kind: desScrape})
+	// The scrapes, as vllm.Poller (Run, pollDue) schedules them: with a
+	// learning interval below the scrape interval it wakes every learning
+	// interval and reads the replica once its interval has passed, within
+	// half a wake: the learning interval while rep.LearningBatch() (its
+	// batch unknown, more in flight than a scrape has shown it run), else
+	// the scrape interval. Without one it reads every scrape interval. It
+	// reads at once on start, which finds nothing in flight (lastScrape 0).
+	fast := sc.learn > 0 && sc.learn < sc.scrape
+	wake := sc.scrape
+	if fast {
+		wake = sc.learn
+	}
+	var lastScrape time.Duration
+	push(desEvent[*fgTenant]{at: wake, kind: desScrape})
 	var sent int64       // dispatched to the replica, not completed
 	var sentTokens int64 // their KV tokens
 	var running int64    // running inside the replica
@@ -323,6 +365,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn.heldTokens += it.Payload.kvNeed()
 			sent++
 			sentTokens += it.Payload.kvNeed()
+			rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
 			if len(inside) == 0 && fits(it.Payload) {
 				start(it.Payload)
 			} else {
@@ -371,6 +414,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			kvUsed -= e.kv
 			sent--
 			sentTokens -= e.kv
+			rep.Count.Add(-1)
 			tn.held--
 			tn.heldTokens -= e.kv
 			tn.done++
@@ -385,9 +429,23 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				q.Unpark(o.name)
 			}
 		case desScrape:
-			rep.LearnBatch(running, int64(len(inside)), clk.Now())
+			iv := sc.scrape
+			if fast && rep.LearningBatch() {
+				iv = sc.learn
+			}
+			if !fast || now-lastScrape >= iv-sc.learn/2 {
+				lastScrape = now
+				rep.LearnBatch(running, int64(len(inside)), clk.Now())
+				res.scrapes = append(res.scrapes, now)
+				if res.fullAt == 0 && len(inside) > 0 {
+					res.fullAt = now
+				}
+				if res.learnedAt == 0 && rep.Learned() > 0 {
+					res.learnedAt = now
+				}
+			}
 			if now < sc.duration+sc.maxWait {
-				push(desEvent[*fgTenant]{at: now + sc.scrape, kind: desScrape})
+				push(desEvent[*fgTenant]{at: now + wake, kind: desScrape})
 			}
 		}
 		q.Tick()
@@ -452,6 +510,7 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 
 // TestFairnessScenarios runs the seeded fairness scenarios.
 func TestFairnessScenarios(t *testing.T) {
+	require.Contains(t, []string{"", "on", "off"}, *fairgenLearn, "-fairgen.learn")
 	seeds := fairgenSeeds
 	if *fairgenN > 0 {
 		seeds = nil
@@ -478,10 +537,14 @@ func TestFairnessScenarios(t *testing.T) {
 		for _, row := range []struct {
 			name       string
 			configured int64
-		}{{"isolation row b", 32}, {"isolation row c", 256}} {
+			learn      time.Duration
+		}{
+			{"isolation row b", 32, 0}, {"isolation row c", 256, 0},
+			{"isolation row b, learning scrape", 32, fgLearn}, {"isolation row c, learning scrape", 256, fgLearn},
+		} {
 			held := 0
 			for seed := range uint64(fgIsolationDraws) {
-				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured))
+				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured, row.learn))
 				if len(v) == 0 {
 					held++
 				} else if fgTrace {
@@ -491,4 +554,37 @@ func TestFairnessScenarios(t *testing.T) {
 			t.Logf("%s: %d of %d draws hold every invariant", row.name, held, fgIsolationDraws)
 		}
 	}
+}
+
+// TestFairgenLearningScrape pins the scenarios' scrape schedule to
+// vllm.Poller's: on row (c)'s shape (max_num_seqs left out, a flood from
+// the start), a replica learning its batch is read every learning
+// interval from the first wake that finds it busy, so the pair of full
+// scrapes learns its batch one learning interval after the first, and
+// every scrape interval once it is learned; without the learning scrape
+// it is read every second and the pair takes a second.
+func TestFairgenLearningScrape(t *testing.T) {
+	all := func(*fgTenant) bool { return true }
+	on := fgIsolationRow(1, 256, fgLearn).run(t, all, false)
+	off := fgIsolationRow(1, 256, 0).run(t, all, false)
+	require.Greater(t, len(on.scrapes), 8)
+	require.Greater(t, len(off.scrapes), 4)
+	t.Logf("learning scrape: full at %v, learned at %v, first scrapes %v", on.fullAt, on.learnedAt, on.scrapes[:8])
+	t.Logf("scrape interval alone: full at %v, learned at %v, first scrapes %v", off.fullAt, off.learnedAt, off.scrapes[:4])
+	assert.Equal(t, fgLearn, on.scrapes[0], "read at the first wake with requests in flight")
+	for i := 1; i < len(on.scrapes); i++ {
+		gap := on.scrapes[i] - on.scrapes[i-1]
+		if on.scrapes[i] <= on.learnedAt {
+			assert.Equal(t, fgLearn, gap, "learning: every learning interval (scrape at %v)", on.scrapes[i])
+		} else {
+			assert.Equal(t, time.Second, gap, "learned: every scrape interval (scrape at %v)", on.scrapes[i])
+		}
+	}
+	require.Positive(t, on.fullAt)
+	assert.Equal(t, on.fullAt+fgLearn, on.learnedAt)
+	for i, at := range off.scrapes {
+		assert.Equal(t, time.Duration(i+1)*time.Second, at)
+	}
+	require.Positive(t, off.fullAt)
+	assert.Equal(t, off.fullAt+time.Second, off.learnedAt)
 }
