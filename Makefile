@@ -59,13 +59,13 @@ BASE ?= 1
 chaos: deps
 	$(GO) test -count=1 -timeout 0 ./test/chaos -run TestChaos -chaos.seeds=$(SEEDS) -chaos.base=$(BASE) $(if $(SEED),-chaos.seed=$(SEED))
 
-# The seeded fairness scenarios (scheduler/fairgen_test.go) over more seeds
+# The seeded fairness scenarios (scheduler/gate/fairgen_test.go) over more seeds
 # than make test runs: FAIR_SEEDS from FAIR_BASE, violations logged, with a
 # summary line; a discrete-event simulation, about a second per 100 seeds.
 FAIR_SEEDS ?= 500
 FAIR_BASE ?= 1
 fairness-sweep:
-	$(GO) test -count=1 -v ./scheduler -run TestFairnessScenarios -fairgen.seeds=$(FAIR_SEEDS) -fairgen.base=$(FAIR_BASE) -fairgen.report
+	$(GO) test -count=1 -v ./scheduler/gate -run TestFairnessScenarios -fairgen.seeds=$(FAIR_SEEDS) -fairgen.base=$(FAIR_BASE) -fairgen.report
 
 # On a node with an NVIDIA driver: inventory, then 30 s of NVML telemetry
 # (GPU_CHECK_DURATION to change it); fails when NVML cannot be read.

@@ -20,7 +20,8 @@ import (
 //
 // Per-tenant `concurrency` is an operator limit on top, never needed for
 // isolation. Shares are tested in scheduler/gate (a discrete-event run of
-// the real queue and gate, one or two pools) and in fairgen_test.go.
+// the real queue and gate, one or two pools, and the seeded fairness
+// scenarios of fairgen_test.go).
 
 // dispatchLoop hands queued calls to replicas with room. It never spins:
 // it waits for new work (queue Ready) or freed room (wake).

@@ -1,4 +1,4 @@
-package gate
+package gate_test
 
 import (
 	"container/heap"
@@ -15,13 +15,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/gate"
 )
 
 // The dispatch gate is tested as a discrete-event simulation on a manual
 // clock: the real queue and the real gate (Gate.Assess, FitsBeyond)
 // against a fake replica of `slots` batch slots whose requests run for
 // their output length times a 20 ms step, like `sluice sim --decode-step
-// 20ms`. Nothing sleeps; a minute of traffic runs in milliseconds.
+// 20ms`. Nothing sleeps; a minute of traffic runs in milliseconds. The
+// clock, the event queue, the tenants' random streams and pct are the
+// harness of fairgen_test.go as well.
 
 type desClock struct {
 	mu  sync.Mutex
@@ -30,6 +33,100 @@ type desClock struct {
 
 func (c *desClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
 func (c *desClock) set(t time.Time) { c.mu.Lock(); c.now = t; c.mu.Unlock() }
+
+// An event's kind.
+const (
+	desArrival = iota
+	desCompletion
+	desTick   // the queue's next deadline or wake-up
+	desScrape // fairgen: the replica's metrics are read
+)
+
+// desEvent is one event of a run; T is the run's tenant.
+type desEvent[T any] struct {
+	at   time.Duration
+	kind int
+	t    T
+	seq  int
+	svc  time.Duration // of a completion
+	kv   int64         // a completion's KV tokens (fairgen)
+}
+
+// desEvents is a run's event queue: earliest first, events of one instant
+// in the order they were pushed, so a seed replays exactly.
+type desEvents[T any] struct {
+	h        desHeap[T]
+	seq      int
+	ticking  bool          // a tick is pushed and not yet popped
+	nextTick time.Duration // its time
+}
+
+func (q *desEvents[T]) push(e desEvent[T]) { q.seq++; e.seq = q.seq; heap.Push(&q.h, e) }
+
+func (q *desEvents[T]) pop() desEvent[T] {
+	e := heap.Pop(&q.h).(desEvent[T])
+	if e.kind == desTick && e.at == q.nextTick {
+		q.ticking = false
+	}
+	return e
+}
+
+// next pops the next event and sets clk to its time (t0 + at); false when
+// none is left or the next falls after end.
+func (q *desEvents[T]) next(end time.Duration, clk *desClock, t0 time.Time) (desEvent[T], bool) {
+	if len(q.h) == 0 {
+		return desEvent[T]{}, false
+	}
+	e := q.pop()
+	if e.at > end {
+		return e, false
+	}
+	clk.set(t0.Add(e.at))
+	return e, true
+}
+
+// tickAt pushes a tick for the queue's next due time (queue.Queue.Tick,
+// as the time since t0) unless one is pushed for no later.
+func (q *desEvents[T]) tickAt(due time.Time, ok bool, t0 time.Time) {
+	if !ok {
+		return
+	}
+	d := due.Sub(t0)
+	if !q.ticking || d < q.nextTick {
+		q.ticking, q.nextTick = true, d
+		q.push(desEvent[T]{at: d, kind: desTick})
+	}
+}
+
+type desHeap[T any] []desEvent[T]
+
+func (h desHeap[T]) Len() int { return len(h) }
+func (h desHeap[T]) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h desHeap[T]) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *desHeap[T]) Push(x any)   { *h = append(*h, x.(desEvent[T])) }
+func (h *desHeap[T]) Pop() any     { o := *h; e := o[len(o)-1]; *h = o[:len(o)-1]; return e }
+
+// tenantRNG is a tenant's random stream: one per tenant, seeded by its
+// name, so its arrivals are the same with or without the others.
+func tenantRNG(seed uint64, name string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return rand.New(rand.NewPCG(seed, h.Sum64()))
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)]
+}
 
 type desTenant struct {
 	name   string
@@ -54,28 +151,6 @@ type desTenant struct {
 	arrived, done int64
 	doneSec       float64
 }
-
-type desEvent struct {
-	at   time.Duration
-	kind int // 0 arrival, 1 completion, 2 tick
-	t    *desTenant
-	seq  int
-	svc  time.Duration // of a completion
-}
-
-type desHeap []desEvent
-
-func (h desHeap) Len() int { return len(h) }
-func (h desHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].seq < h[j].seq
-}
-func (h desHeap) Swap(i, j int)   { h[i], h[j] = h[j], h[i] }
-func (h *desHeap) Push(x any)     { *h = append(*h, x.(desEvent)) }
-func (h *desHeap) Pop() any       { o := *h; e := o[len(o)-1]; *h = o[:len(o)-1]; return e }
-func (h *desHeap) add(e desEvent) { heap.Push(h, e) }
 
 type desRun struct {
 	slots      int64
@@ -136,18 +211,13 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 		}
 	}})
 	require.NoError(t, err)
-	// One stream per tenant (seeded by its name), so a tenant's arrivals
-	// are the same with or without the others.
 	for _, tn := range tenants {
-		h := fnv.New64a()
-		h.Write([]byte(tn.name))
-		tn.rng = rand.New(rand.NewPCG(r.seed, h.Sum64()))
+		tn.rng = tenantRNG(r.seed, tn.name)
 	}
-	var ev desHeap
-	seq := 0
-	push := func(e desEvent) { seq++; e.seq = seq; ev.add(e) }
+	var ev desEvents[*desTenant]
+	push := ev.push
 	for _, tn := range tenants {
-		push(desEvent{at: tn.from + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
+		push(desEvent[*desTenant]{at: tn.from + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 	}
 	if r.pools == nil {
 		r.pools = []int64{r.slots}
@@ -157,9 +227,9 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 		r.slots += n
 	}
 	np := len(r.pools)
-	gates := make([]Gate, np)
+	gates := make([]gate.Gate, np)
 	for i := range gates {
-		gates[i] = Gate{Options: Options{Window: r.tau, PeakWindow: r.peakW, NoFloor: r.noFloor, NoBacklog: r.noBacklog, NoSticky: r.noSticky, NoForecast: r.noForecast, K: r.k}}
+		gates[i] = gate.Gate{Options: gate.Options{Window: r.tau, PeakWindow: r.peakW, NoFloor: r.noFloor, NoBacklog: r.noBacklog, NoSticky: r.noSticky, NoForecast: r.noForecast, K: r.k}}
 	}
 	r.poolBusy, r.poolPeak = make([]time.Duration, np), make([]int64, np)
 	pooled := make([]int64, np)
@@ -169,7 +239,7 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	for _, tn := range tenants {
 		byName[tn.name] = tn
 	}
-	loads := make([]TenantLoad, 0, len(tenants))
+	loads := make([]gate.TenantLoad, 0, len(tenants))
 	var now, lastBusy time.Duration
 	account := func(to time.Duration) {
 		from := max(lastBusy, r.warmup)
@@ -216,10 +286,10 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 			if tn.name == it.Tenant {
 				cand = len(loads)
 			}
-			loads = append(loads, TenantLoad{Name: tn.name, Weight: tn.weight, Held: tn.held + int64(v.Pending(tn.name)), Queued: int64(v.Queued(tn.name)),
+			loads = append(loads, gate.TenantLoad{Name: tn.name, Weight: tn.weight, Held: tn.held + int64(v.Pending(tn.name)), Queued: int64(v.Queued(tn.name)),
 				Arrived: tn.arrived, Served: tn.done, ServedSec: tn.doneSec})
 		}
-		f := FleetLoad{Seqs: pooled[pl], SeqsCap: r.pools[pl], Tokens: 0, TokensCap: 1 << 40}
+		f := gate.FleetLoad{Seqs: pooled[pl], SeqsCap: r.pools[pl], Tokens: 0, TokensCap: 1 << 40}
 		g := &gates[pl]
 		if r.fleetWide {
 			f.Seqs, f.SeqsCap, g = running, r.slots, &gates[0]
@@ -258,19 +328,17 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 				}
 			}
 			svc := time.Duration(it.Payload.out) * r.step
-			push(desEvent{at: now + svc, kind: 1, t: tn, svc: svc})
+			push(desEvent[*desTenant]{at: now + svc, kind: desCompletion, t: tn, svc: svc})
 		}
 	}
-	nextTick := time.Duration(-1)
-	for ev.Len() > 0 {
-		e := heap.Pop(&ev).(desEvent)
-		if e.at > r.duration+r.maxWait+time.Minute {
+	for {
+		e, ok := ev.next(r.duration+r.maxWait+time.Minute, clk, t0)
+		if !ok {
 			break
 		}
 		now = e.at
-		clk.set(t0.Add(now))
 		switch e.kind {
-		case 0:
+		case desArrival:
 			tn := e.t
 			if tn.until == 0 || now < tn.until {
 				if now < r.duration {
@@ -282,10 +350,10 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 					if err == nil {
 						tn.arrived++
 					}
-					push(desEvent{at: now + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
+					push(desEvent[*desTenant]{at: now + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second)), t: tn})
 				}
 			}
-		case 1:
+		case desCompletion:
 			account(now)
 			running--
 			pooled[e.t.pool]--
@@ -300,34 +368,16 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 				q.Unpark(n)
 			}
 			parkedFull[e.t.pool] = parkedFull[e.t.pool][:0]
-		case 2:
-			if e.at == nextTick {
-				nextTick = -1
-			}
 		}
 		q.Tick()
 		dispatch()
 		if r.observe != nil {
 			r.observe(now)
 		}
-		if due, ok := q.Tick(); ok {
-			d := due.Sub(t0)
-			if nextTick < 0 || d < nextTick {
-				nextTick = d
-				push(desEvent{at: d, kind: 2})
-			}
-		}
+		due, ok := q.Tick()
+		ev.tickAt(due, ok, t0)
 	}
 	account(r.duration)
-}
-
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)]
 }
 
 func (r *desRun) utilization() float64 {

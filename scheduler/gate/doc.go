@@ -68,5 +68,7 @@
 //     of a light tenant is not forecast as a flood.
 //
 // Shares are tested in des_test.go: a discrete-event run of the real queue
-// and this gate, one or two pools, on a manual clock.
+// and this gate, one or two pools, on a manual clock; fairgen_test.go runs
+// seeded scenarios on the same harness with the replica's learned batch
+// (package fleet, which only the tests import here).
 package gate

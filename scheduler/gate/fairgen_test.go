@@ -1,10 +1,8 @@
-package scheduler
+package gate_test
 
 import (
-	"container/heap"
 	"flag"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -13,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
 )
@@ -24,12 +24,15 @@ import (
 // accounting: each seed draws a fleet and its tenants and runs them as a
 // discrete-event simulation (virtual time, nothing sleeps) through the
 // real queue, the real dispatch gate (gate.Gate) and the real learned
-// batch (replica.learnBatch), against a replica that runs `batch`
-// sequences and keeps whatever it is sent beyond them in its own FCFS
-// queue, as vLLM does. What a seed draws: tenant count, weights, rates
+// batch (fleet.Replica.LearnBatch) on the harness of des_test.go, against
+// a replica that runs `batch` sequences and keeps whatever it is sent
+// beyond them in its own FCFS queue, as vLLM does. What a seed draws: tenant count, weights, rates
 // (Poisson or bursts), output sizes, the real batch, whether the config's
 // max_num_seqs is correct or left out (256), whether tenants have caps
-// (`concurrency`), and the scrape interval. What it checks (the isolation
+// (`concurrency`), the scrape interval, and whether a replica learning its
+// batch is scraped every upstream.learn_scrape_interval (the learning
+// scrape, as vllm.Poller schedules it; off, as with learn_scrape_interval
+// at or above the scrape interval). What it checks (the isolation
 // invariants):
 //
 //   - a light tenant (demand below half its weighted share) sees p99 TTFT
@@ -47,15 +50,21 @@ import (
 // preemption (the replica admits by each request's whole KV use),
 // prefill time.
 //
-// `go test -run TestFairnessScenarios ./scheduler/` runs fairgenSeeds
+// `go test -run TestFairnessScenarios ./scheduler/gate/` runs fairgenSeeds
 // seeds; `-fairgen.seeds=N -fairgen.base=B` runs N from B (make
-// fairness-sweep). Each line of the log is one seed.
+// fairness-sweep), and `-fairgen.learn=on` or `off` sets the learning
+// scrape of every seed instead of drawing it. Each line of the log is one
+// seed.
 
 var (
-	fairgenN    = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
-	fairgenBase = flag.Uint64("fairgen.base", 1, "first fairness scenario seed")
-	fairgenWarn = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
+	fairgenN     = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
+	fairgenBase  = flag.Uint64("fairgen.base", 1, "first fairness scenario seed")
+	fairgenWarn  = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
+	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 )
+
+// fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
+const fgLearn = config.DefaultLearnScrapeInterval
 
 // fgTrace (FG_TRACE=1 with one seed) prints each light arrival with the
 // gate's view of every tenant, and each light request that waited.
@@ -69,14 +78,16 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // after a pause of a few of its gaps), 11 (two floods each keeping one
 // request in flight on a batch of four) and 98 (slow light tenants) fail
 // without the long-run rate, the burst-aware pause and the per-pool floor
-// (scheduler/gate); 1 (KV-limited, max_num_seqs left out) fails without a
-// queue counted in tokens.
-var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
+// of the gate; 1 (KV-limited, max_num_seqs left out) fails without a
+// queue counted in tokens; 19 and 97 (max_num_seqs left out, the learning
+// scrape drawn) fail without the learning scrape (-fairgen.learn=off).
+var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 19, 415, 43, 97, 98, 134}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
 // of 16 as one of 32: three light tenants at 2.5 rps, a flood at 25 rps
-// (2× capacity), equal weights, a 1 s scrape, the bench's 5 s warm-up.
+// (2× capacity), equal weights, a 1 s scrape, the bench's 5 s warm-up;
+// learn is the learning scrape's interval (0: off).
 // The sweep reports it beside the seeds; it does not hold the invariants
 // (BENCHMARKS.md, "Goals still missed"): every tenant starts at once, and
 // the flood takes most of the batch in its first second, before any
@@ -87,9 +98,9 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 15, 16, 17, 415, 43, 98, 134}
 // fgIsolationDraws is how many draws of each isolation row the sweep runs.
 const fgIsolationDraws = 100
 
-func fgIsolationRow(seed uint64, configured int64) *fgScenario {
+func fgIsolationRow(seed uint64, configured int64, learn time.Duration) *fgScenario {
 	sc := &fgScenario{seed: seed, batch: 32, configured: configured, step: 20 * time.Millisecond, outLo: 96, outHi: 160,
-		scrape: time.Second, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second}
+		scrape: time.Second, learn: learn, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second}
 	for _, n := range []string{"chat-a", "chat-b", "chat-c"} {
 		sc.tenants = append(sc.tenants, fgTenant{name: n, weight: 1, rate: 2.5, burst: 1, light: true})
 	}
@@ -123,6 +134,7 @@ type fgScenario struct {
 	outLo      int
 	outHi      int
 	scrape     time.Duration
+	learn      time.Duration // the learning scrape's interval; 0: off
 	maxWait    time.Duration
 	duration   time.Duration
 	warmup     time.Duration
@@ -135,7 +147,7 @@ func (sc *fgScenario) meanSvc() time.Duration {
 
 func (sc *fgScenario) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape)
+	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v learn %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape, sc.learn)
 	for _, t := range sc.tenants {
 		kind := "heavy"
 		if t.light {
@@ -193,6 +205,18 @@ func genScenario(seed uint64) *fgScenario {
 		mean := float64(fgPrompt) + float64(sc.outLo+sc.outHi)/2
 		sc.kv = int64(float64(sc.batch) * mean * (0.7 + 0.3*rng.Float64()))
 	}
+	// Drawn after the KV cache, for the same reason: half the seeds scrape
+	// a replica learning its batch at the learning interval (the default),
+	// half at the scrape interval alone.
+	if rng.IntN(2) == 0 {
+		sc.learn = fgLearn
+	}
+	switch *fairgenLearn {
+	case "on":
+		sc.learn = fgLearn
+	case "off":
+		sc.learn = 0
+	}
 	return sc
 }
 
@@ -209,28 +233,6 @@ type fgReq struct {
 	out     int
 }
 
-type fgEvent struct {
-	at   time.Duration
-	kind int // 0 arrival, 1 completion, 2 tick, 3 scrape
-	seq  int
-	t    *fgTenant
-	svc  time.Duration
-	kv   int64 // a completion's KV tokens
-}
-
-type fgHeap []fgEvent
-
-func (h fgHeap) Len() int { return len(h) }
-func (h fgHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].seq < h[j].seq
-}
-func (h fgHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *fgHeap) Push(x any)   { *h = append(*h, x.(fgEvent)) }
-func (h *fgHeap) Pop() any     { o := *h; e := o[len(o)-1]; *h = o[:len(o)-1]; return e }
-
 // fgResult is one run's outcome.
 type fgResult struct {
 	tenants   []fgTenant
@@ -238,6 +240,9 @@ type fgResult struct {
 	earlyShed int   // expiries before their deadline
 	learned   int64 // the learned batch at the end (0: none)
 	maxInside int   // most requests waiting inside the replica
+	scrapes   []time.Duration
+	fullAt    time.Duration // the first scrape that showed requests waiting; 0: none
+	learnedAt time.Duration // the scrape that first learned a batch; 0: none
 }
 
 // run simulates sc with the tenants for which keep is true. direct sends
@@ -250,9 +255,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	for i := range sc.tenants {
 		if keep(&sc.tenants[i]) {
 			tn := sc.tenants[i] // a fresh copy per run
-			h := fnv.New64a()
-			h.Write([]byte(tn.name))
-			tn.rng = rand.New(rand.NewPCG(sc.seed, h.Sum64()))
+			tn.rng = tenantRNG(sc.seed, tn.name)
 			ts = append(ts, &tn)
 		}
 	}
@@ -272,16 +275,28 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	}})
 	require.NoError(t, err)
 	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
-	var ev fgHeap
-	seq := 0
-	push := func(e fgEvent) { seq++; e.seq = seq; heap.Push(&ev, e) }
+	var ev desEvents[*fgTenant]
+	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {
 		return time.Duration(tn.rng.ExpFloat64() / (tn.rate / float64(tn.burst)) * float64(time.Second))
 	}
 	for _, tn := range ts {
-		push(fgEvent{at: gap(tn), t: tn})
+		push(desEvent[*fgTenant]{at: gap(tn), t: tn})
 	}
-	push(fgEvent{at: sc.scrape, kind: 3})
+	// The scrapes, as vllm.Poller (Run, pollDue) schedules them: with a
+	// learning interval below the scrape interval it wakes every learning
+	// interval and reads the replica once its interval has passed, within
+	// half a wake: the learning interval while rep.LearningBatch() (its
+	// batch unknown, more in flight than a scrape has shown it run), else
+	// the scrape interval. Without one it reads every scrape interval. It
+	// reads at once on start, which finds nothing in flight (lastScrape 0).
+	fast := sc.learn > 0 && sc.learn < sc.scrape
+	wake := sc.scrape
+	if fast {
+		wake = sc.learn
+	}
+	var lastScrape time.Duration
+	push(desEvent[*fgTenant]{at: wake, kind: desScrape})
 	var sent int64       // dispatched to the replica, not completed
 	var sentTokens int64 // their KV tokens
 	var running int64    // running inside the replica
@@ -300,7 +315,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 		}
 		svc := time.Duration(r.out) * sc.step
-		push(fgEvent{at: now + svc, kind: 1, t: r.t, svc: svc, kv: r.kvNeed()})
+		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed()})
 	}
 	pred := func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
 		tn := it.Payload.t
@@ -350,6 +365,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn.heldTokens += it.Payload.kvNeed()
 			sent++
 			sentTokens += it.Payload.kvNeed()
+			rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
 			if len(inside) == 0 && fits(it.Payload) {
 				start(it.Payload)
 			} else {
@@ -362,16 +378,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		st, _ := q.Stats(name)
 		return st.Depth
 	}
-	nextTick := time.Duration(-1)
-	for ev.Len() > 0 {
-		e := heap.Pop(&ev).(fgEvent)
-		if e.at > sc.duration+sc.maxWait+time.Minute {
+	for {
+		e, ok := ev.next(sc.duration+sc.maxWait+time.Minute, clk, t0)
+		if !ok {
 			break
 		}
 		now = e.at
-		clk.set(t0.Add(now))
 		switch e.kind {
-		case 0:
+		case desArrival:
 			tn := e.t
 			if now < sc.duration {
 				for range tn.burst {
@@ -392,14 +406,15 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						tn.full++
 					}
 				}
-				push(fgEvent{at: now + gap(tn), t: tn})
+				push(desEvent[*fgTenant]{at: now + gap(tn), t: tn})
 			}
-		case 1:
+		case desCompletion:
 			tn := e.t
 			running--
 			kvUsed -= e.kv
 			sent--
 			sentTokens -= e.kv
+			rep.Count.Add(-1)
 			tn.held--
 			tn.heldTokens -= e.kv
 			tn.done++
@@ -413,25 +428,30 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			for _, o := range ts {
 				q.Unpark(o.name)
 			}
-		case 2:
-			if e.at == nextTick {
-				nextTick = -1
+		case desScrape:
+			iv := sc.scrape
+			if fast && rep.LearningBatch() {
+				iv = sc.learn
 			}
-		case 3:
-			rep.LearnBatch(running, int64(len(inside)), clk.Now())
+			if !fast || now-lastScrape >= iv-sc.learn/2 {
+				lastScrape = now
+				rep.LearnBatch(running, int64(len(inside)), clk.Now())
+				res.scrapes = append(res.scrapes, now)
+				if res.fullAt == 0 && len(inside) > 0 {
+					res.fullAt = now
+				}
+				if res.learnedAt == 0 && rep.Learned() > 0 {
+					res.learnedAt = now
+				}
+			}
 			if now < sc.duration+sc.maxWait {
-				push(fgEvent{at: now + sc.scrape, kind: 3})
+				push(desEvent[*fgTenant]{at: now + wake, kind: desScrape})
 			}
 		}
 		q.Tick()
 		dispatch()
-		if due, ok := q.Tick(); ok {
-			d := due.Sub(t0)
-			if nextTick < 0 || d < nextTick {
-				nextTick = d
-				push(fgEvent{at: d, kind: 2})
-			}
-		}
+		due, ok := q.Tick()
+		ev.tickAt(due, ok, t0)
 	}
 	for _, tn := range ts {
 		res.tenants = append(res.tenants, *tn)
@@ -490,6 +510,7 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 
 // TestFairnessScenarios runs the seeded fairness scenarios.
 func TestFairnessScenarios(t *testing.T) {
+	require.Contains(t, []string{"", "on", "off"}, *fairgenLearn, "-fairgen.learn")
 	seeds := fairgenSeeds
 	if *fairgenN > 0 {
 		seeds = nil
@@ -516,10 +537,14 @@ func TestFairnessScenarios(t *testing.T) {
 		for _, row := range []struct {
 			name       string
 			configured int64
-		}{{"isolation row b", 32}, {"isolation row c", 256}} {
+			learn      time.Duration
+		}{
+			{"isolation row b", 32, 0}, {"isolation row c", 256, 0},
+			{"isolation row b, learning scrape", 32, fgLearn}, {"isolation row c, learning scrape", 256, fgLearn},
+		} {
 			held := 0
 			for seed := range uint64(fgIsolationDraws) {
-				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured))
+				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured, row.learn))
 				if len(v) == 0 {
 					held++
 				} else if fgTrace {
@@ -529,4 +554,37 @@ func TestFairnessScenarios(t *testing.T) {
 			t.Logf("%s: %d of %d draws hold every invariant", row.name, held, fgIsolationDraws)
 		}
 	}
+}
+
+// TestFairgenLearningScrape pins the scenarios' scrape schedule to
+// vllm.Poller's: on row (c)'s shape (max_num_seqs left out, a flood from
+// the start), a replica learning its batch is read every learning
+// interval from the first wake that finds it busy, so the pair of full
+// scrapes learns its batch one learning interval after the first, and
+// every scrape interval once it is learned; without the learning scrape
+// it is read every second and the pair takes a second.
+func TestFairgenLearningScrape(t *testing.T) {
+	all := func(*fgTenant) bool { return true }
+	on := fgIsolationRow(1, 256, fgLearn).run(t, all, false)
+	off := fgIsolationRow(1, 256, 0).run(t, all, false)
+	require.Greater(t, len(on.scrapes), 8)
+	require.Greater(t, len(off.scrapes), 4)
+	t.Logf("learning scrape: full at %v, learned at %v, first scrapes %v", on.fullAt, on.learnedAt, on.scrapes[:8])
+	t.Logf("scrape interval alone: full at %v, learned at %v, first scrapes %v", off.fullAt, off.learnedAt, off.scrapes[:4])
+	assert.Equal(t, fgLearn, on.scrapes[0], "read at the first wake with requests in flight")
+	for i := 1; i < len(on.scrapes); i++ {
+		gap := on.scrapes[i] - on.scrapes[i-1]
+		if on.scrapes[i] <= on.learnedAt {
+			assert.Equal(t, fgLearn, gap, "learning: every learning interval (scrape at %v)", on.scrapes[i])
+		} else {
+			assert.Equal(t, time.Second, gap, "learned: every scrape interval (scrape at %v)", on.scrapes[i])
+		}
+	}
+	require.Positive(t, on.fullAt)
+	assert.Equal(t, on.fullAt+fgLearn, on.learnedAt)
+	for i, at := range off.scrapes {
+		assert.Equal(t, time.Duration(i+1)*time.Second, at)
+	}
+	require.Positive(t, off.fullAt)
+	assert.Equal(t, off.fullAt+time.Second, off.learnedAt)
 }
