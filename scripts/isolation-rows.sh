@@ -18,7 +18,9 @@
 #      in HAProxy's FIFO queue, not vLLM's), `timeout queue` = 60 s
 # Each is run without the flood (alone) and with it. Knobs: ISO_S (20)
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
-# rows to run, "direct haproxy a b c"), ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
+# rows to run, "direct haproxy a b c"), ISO_UPSTREAM (more `upstream:` keys
+# of Sluice's config, one "key: value" per line, e.g. "first_token_stop: 0"),
+# ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
 # also records every request ($WORK/req-ROW.jsonl) and, every 100 ms plus
 # the time of three scrapes (about once a second on a loaded machine),
 # each replica's running and waiting and Sluice's learned batch and
@@ -72,6 +74,7 @@ config() {
 	echo "gpu: {telemetry: off}"
 	echo "server: {drain_timeout: 2s}"
 	echo "upstream:"
+	[ -n "${ISO_UPSTREAM:-}" ] && printf '%s\n' "$ISO_UPSTREAM" | sed 's/^/  /'
 	echo "  replicas:"
 	for i in 0 1; do
 		if [ "$v" = c ]; then
