@@ -98,7 +98,7 @@ func runLightFleet(t *testing.T, n int, mode string, clients int, window time.Du
 	}
 	tick.Stop()
 	lwg.Wait()
-	_, _, run.running = stop()
+	run.running = stop().meanRunning
 	run.served = float64(served.Load()-s0) / time.Since(t0).Seconds()
 	if mode == "fleet" {
 		for i, nd := range nodes {

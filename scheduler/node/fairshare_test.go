@@ -151,7 +151,7 @@ func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTena
 	for !enough() && time.Since(t0) < time.Minute {
 		time.Sleep(100 * time.Millisecond) // extending the span measured, not synchronisation
 	}
-	_, _, running := stop()
+	running := stop().meanRunning
 	if fairShare == "fleet" {
 		for i, nd := range nodes {
 			// A window with a fallback in it measures local fair share.

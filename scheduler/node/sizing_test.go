@@ -79,17 +79,25 @@ func (n *node) openStream(t *testing.T, body string) (leave func()) {
 func sampleWaiting(rep *simReplica) (stop func() (most int64, mean float64)) {
 	s := sampleQueue(rep)
 	return func() (int64, float64) {
-		most, mean, _ := s()
-		return most, mean
+		q := s()
+		return q.mostWaiting, q.meanWaiting
 	}
 }
 
-// sampleQueue is sampleWaiting that also averages the replica's running
-// count: one instant's running count may fall between a completion and the
-// refill that follows it, so a batch that "stays full" is judged by its
-// mean over the span.
-func sampleQueue(rep *simReplica) (stop func() (most int64, mean, meanRunning float64)) {
-	var most, n, sum, running int64
+// queueSample is what sampleQueue saw of a replica's batch over its span.
+// One instant's running count may fall between a completion and the refill
+// that follows it (a round trip through an instance, longer on a loaded
+// machine), so a batch that stays full is judged by the most it ran and
+// its mean, not by one reading.
+type queueSample struct {
+	mostWaiting, mostRunning int64
+	meanWaiting, meanRunning float64
+}
+
+// sampleQueue is sampleWaiting that also follows the replica's running
+// count.
+func sampleQueue(rep *simReplica) (stop func() queueSample) {
+	var mostW, mostR, n, sumW, sumR int64
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -100,15 +108,16 @@ func sampleQueue(rep *simReplica) (stop func() (most int64, mean, meanRunning fl
 			default:
 			}
 			st := rep.Stats()
-			most, n, sum, running = max(most, st.Waiting), n+1, sum+st.Waiting, running+st.Running
+			mostW, mostR, n = max(mostW, st.Waiting), max(mostR, st.Running), n+1
+			sumW, sumR = sumW+st.Waiting, sumR+st.Running
 			time.Sleep(time.Millisecond) // sampling cadence of a gauge, not synchronisation
 		}
 	})
-	return func() (int64, float64, float64) {
+	return func() queueSample {
 		close(done)
 		wg.Wait() // the sampler's writes happen before these reads
 		d := float64(max(1, n))
-		return most, float64(sum) / d, float64(running) / d
+		return queueSample{mostWaiting: mostW, mostRunning: mostR, meanWaiting: float64(sumW) / d, meanRunning: float64(sumR) / d}
 	}
 }
 
