@@ -112,12 +112,12 @@ func (c *poolCache) current(reps []*Replica) bool {
 
 func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 	var k PoolKey
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	served := make([][]string, len(reps))
 	var models []string
 	for i, r := range reps {
 		served[i] = r.Served()
-		if s.Serves(r, model, known) {
+		if s.serves(r, model, known) {
 			k.Set(r.Slot)
 			models = append(models, served[i]...)
 		}

@@ -142,10 +142,10 @@ type Route struct {
 	Prefix []uint64
 }
 
-// AnyKnown reports whether some replica's models are known (from
+// anyKnown reports whether some replica's models are known (from
 // /v1/models or config). Until then every replica is taken to serve every
 // model, so that a fleet is usable before its first scrape answers.
-func (s *Set) AnyKnown() bool {
+func (s *Set) anyKnown() bool {
 	for _, r := range s.List() {
 		if len(r.Served()) > 0 {
 			return true
@@ -166,8 +166,8 @@ func (s *Set) DefaultModel() string {
 	return ""
 }
 
-// Serves reports whether model may be routed to r. known is anyKnown().
-func (s *Set) Serves(r *Replica, model string, known bool) bool {
+// serves reports whether model may be routed to r. known is anyKnown().
+func (s *Set) serves(r *Replica, model string, known bool) bool {
 	if !known {
 		return true
 	}
@@ -181,11 +181,11 @@ func (s *Set) Serves(r *Replica, model string, known bool) bool {
 // Pool returns the replicas serving model, in config order. It allocates:
 // the per-request checks loop over the members with serves instead.
 func (s *Set) Pool(model string) []*Replica {
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	reps := s.List()
 	out := make([]*Replica, 0, len(reps))
 	for _, r := range reps {
-		if s.Serves(r, model, known) {
+		if s.serves(r, model, known) {
 			out = append(out, r)
 		}
 	}
@@ -239,7 +239,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 	defer s.mu.Unlock()
 	var best, none *Replica
 	var bestScore float64
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	reps := s.List()
 	n := len(reps)
 	var candBuf [8]candidate
@@ -248,7 +248,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 	up := 0
 	for i := range n {
 		r := reps[(s.cursor+i)%n]
-		if r == exclude || !s.Serves(r, rt.Model, known) {
+		if r == exclude || !s.serves(r, rt.Model, known) {
 			continue
 		}
 		k, load, seqs, st := s.RoomOf(r)
@@ -337,9 +337,9 @@ func (s *Set) AnyUp() bool {
 
 // AnyUpFor reports whether some replica serving model can take work.
 func (s *Set) AnyUpFor(model string) bool {
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	for _, r := range s.List() {
-		if s.Serves(r, model, known) && s.Up(r) {
+		if s.serves(r, model, known) && s.Up(r) {
 			return true
 		}
 	}
@@ -350,9 +350,9 @@ func (s *Set) AnyUpFor(model string) bool {
 // take work; 0 when none is known yet.
 func (s *Set) MaxCapacity(model string) int64 {
 	var m int64
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	for _, r := range s.List() {
-		if !s.Serves(r, model, known) {
+		if !s.serves(r, model, known) {
 			continue
 		}
 		if k, _, st := s.Capacity(r.Name); st < gpu.StateDraining && k > m && !r.Gone.Load() {
@@ -366,9 +366,9 @@ func (s *Set) MaxCapacity(model string) int64 {
 // model (0 when unknown): a request must fit wherever it lands.
 func (s *Set) MaxModelLen(model string) int64 {
 	var m int64
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	for _, r := range s.List() {
-		if !s.Serves(r, model, known) {
+		if !s.serves(r, model, known) {
 			continue
 		}
 		if v := r.MaxModelLen.Load(); v > 0 && (m == 0 || v < m) {
@@ -385,7 +385,7 @@ func (s *Set) MaxModelLen(model string) int64 {
 // replica that is down and has no models in config serves nothing.
 func (s *Set) KnowsModel(model string) bool {
 	reps := s.List()
-	if !s.AnyKnown() || slices.ContainsFunc(reps, func(r *Replica) bool { return s.Serves(r, model, true) }) {
+	if !s.anyKnown() || slices.ContainsFunc(reps, func(r *Replica) bool { return s.serves(r, model, true) }) {
 		return true
 	}
 	return slices.ContainsFunc(reps, func(r *Replica) bool { return len(r.Served()) == 0 && s.Up(r) })
@@ -431,9 +431,9 @@ func (s *Set) Models() []ModelEntry {
 func (s *Set) GPUHold(mon Holds, model string, in, out int64) int64 {
 	var a, b float64
 	found := false
-	known := s.AnyKnown()
+	known := s.anyKnown()
 	for _, r := range s.List() {
-		if !s.Serves(r, model, known) {
+		if !s.serves(r, model, known) {
 			continue
 		}
 		if est := mon.Estimator(r.Name); est != nil {
