@@ -32,9 +32,9 @@ const lightMargin = 3.0
 // tenant may be silent before its peak stops being reserved, within
 // server.reserve_hold. A Poisson tenant is silent that long with
 // probability e^-10, so one still sending keeps its reserve; one that has
-// left lends its share within seconds instead of half a minute (a lone
-// flood used to run below the pool's capacity for peakWindow after the
-// others left). One that comes back is served as when it first came.
+// left lends its share within seconds, where holding it for peakWindow
+// would keep a lone flood below the pool's capacity for half a minute
+// after the others left. One that comes back is served as when it first came.
 const idleGaps = 10.0
 
 // forecastWindow is the time constant of the arrival rate behind the light
