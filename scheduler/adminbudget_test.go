@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -62,7 +63,7 @@ func TestBudgetRmRestoresConfig(t *testing.T) {
 	assert.Equal(t, 1, n)
 
 	_, err = s.RemoveBudget("acme:requests:1h")
-	assert.ErrorIs(t, err, ErrNotFound)
+	assert.ErrorIs(t, err, apierr.ErrNotFound)
 	_, err = s.RemoveBudget("acme:requests:soon")
 	assert.ErrorIs(t, err, ErrAdminInput)
 }

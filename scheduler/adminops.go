@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/policy"
@@ -190,7 +191,7 @@ func (s *Server) RemoveBudget(id string) (BudgetRemoval, error) {
 				return BudgetRemoval{}, fmt.Errorf("budget %s: %w; change its limit with 'sluice budget set' (an override), or edit the config and reload", id, ErrConfigBudget)
 			}
 		}
-		return BudgetRemoval{}, fmt.Errorf("budget %q: %w", id, ErrNotFound)
+		return BudgetRemoval{}, fmt.Errorf("budget %q: %w", id, apierr.ErrNotFound)
 	}
 	if err != nil {
 		return BudgetRemoval{}, err
@@ -226,7 +227,7 @@ func (s *Server) SetClamp(c Clamp) (Clamp, error) {
 	}
 	file := s.pol.Load().File
 	if !slices.ContainsFunc(file.Tenants, func(t config.Tenant) bool { return t.Name == c.Tenant }) {
-		return c, fmt.Errorf("tenant %q: %w", c.Tenant, ErrNotFound)
+		return c, fmt.Errorf("tenant %q: %w", c.Tenant, apierr.ErrNotFound)
 	}
 	if err := s.admin.Change(func(st *policy.AdminState) error {
 		st.Clamps[c.Tenant] = c

@@ -139,10 +139,10 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		return nil, err
 	}
 	if cl, ok := pol.ClampOf(t.Name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
-		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, ErrClamped)
+		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, apierr.ErrClamped)
 	}
 	if !s.reps.AnyUpFor(req.Model) {
-		return nil, ErrNoReplica
+		return nil, apierr.ErrNoReplica
 	}
 	req, plan, counted, err := s.countAndPlan(ctx, t, pol, req)
 	if err != nil {
@@ -178,7 +178,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		var stop context.CancelFunc
 		// A context's deadline is on the runtime's clock, the deadline on
 		// the server's: hand over what is left, not the instant.
-		ctx, stop = context.WithTimeoutCause(ctx, c.deadline.Sub(s.now()), ErrDeadline)
+		ctx, stop = context.WithTimeoutCause(ctx, c.deadline.Sub(s.now()), apierr.ErrDeadline)
 		c.stopDeadline = stop
 	}
 	if c.stopDeadline == nil && a.cancel != nil {
@@ -291,7 +291,7 @@ func (s *Server) reserve(c *call, a admission) error {
 		}
 		if k := s.reps.MaxCapacity(c.req.Model); k > 0 && c.size > k {
 			// Before any budget: a request no replica can run is invalid.
-			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, ErrContextLength)
+			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, apierr.ErrContextLength)
 		}
 		rr := ledger.ReserveRequest{
 			Ref: c.ref, Owner: s.owner, Held: c.held,

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 )
 
 // With room free, a call is dispatched by its own admit (no dispatch loop
@@ -98,12 +99,12 @@ func TestInlineDispatchClientGoneSendsNothing(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		led.set(func() {
 			led.dispatch = func(context.Context, ledger.Ref) (error, bool) {
-				cancel(ErrClientGone)
+				cancel(apierr.ErrClientGone)
 				return nil, false
 			}
 		})
 		_, err := serve(ctx, s, admission{body: chatBody("")})
-		require.ErrorIs(t, err, ErrClientGone)
+		require.ErrorIs(t, err, apierr.ErrClientGone)
 		assert.Equal(t, int64(0), up.runs.Load())
 		assert.Equal(t, 1, led.n("dispatch"))
 		u := tenantUsage(t, s, led.Memory)

@@ -41,7 +41,7 @@ func (s *Server) Authenticate(authz []byte) (Caller, error) {
 	return Caller{t: t, key: key, pol: pol}, nil
 }
 
-// Draining reports a server that refuses new calls (ErrDraining).
+// Draining reports a server that refuses new calls (apierr.ErrDraining).
 func (s *Server) Draining() bool { return s.draining.Load() }
 
 // Traced reports whether calls are traced: only then does Start read an

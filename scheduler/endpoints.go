@@ -57,7 +57,7 @@ func (s *Server) readOther(c *call) ([]byte, error) {
 		if cause := context.Cause(c.ctx); cause != nil {
 			return nil, cause
 		}
-		return nil, fmt.Errorf("%w: %w", ErrUpstreamFailed, err)
+		return nil, fmt.Errorf("%w: %w", apierr.ErrUpstreamFailed, err)
 	}
 	u, ok := vllm.BodyUsage(b)
 	switch {
@@ -95,9 +95,9 @@ func (s *Server) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		if err != nil {
 			end = context.Cause(c.ctx)
 			if end == nil {
-				end = fmt.Errorf("%w: %w", ErrUpstreamFailed, err)
+				end = fmt.Errorf("%w: %w", apierr.ErrUpstreamFailed, err)
 			}
-			if !errors.Is(end, ErrClientGone) && !errors.Is(end, ErrClientStalled) {
+			if !errors.Is(end, apierr.ErrClientGone) && !errors.Is(end, apierr.ErrClientStalled) {
 				cw.write(apierr.StreamEvent(c.ep.Anthropic(), end))
 			}
 			break

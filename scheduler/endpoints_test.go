@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -152,7 +153,7 @@ func TestResponsesStreamNeverWrittenSettlesAsDisconnect(t *testing.T) {
 	c := tk.c
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, phaseSettled, c.phase)
-	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_disconnect", c.abortCause)
 }
 

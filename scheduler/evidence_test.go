@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -153,8 +154,8 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	_, err = io.WriteString(pw, events[1])
 	require.NoError(t, err)
 	require.ErrorIs(t, <-done, os.ErrDeadlineExceeded)
-	require.ErrorIs(t, context.Cause(c.ctx), ErrClientStalled)
-	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientStalled)
+	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_stalled", c.abortCause)
 	assert.Equal(t, phaseSettled, c.phase)
 	assert.Equal(t, 1, led.n("settle"))

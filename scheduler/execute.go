@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -60,7 +61,7 @@ func (s *Server) execute(c *call) error {
 			if next != nil {
 				s.reps.Release(next, c.size)
 			}
-			return fmt.Errorf("%w: %w", ErrNoReplica, err)
+			return fmt.Errorf("%w: %w", apierr.ErrNoReplica, err)
 		}
 		s.moveClock(c, next)
 		s.reps.Release(c.rep, c.size)

@@ -78,13 +78,13 @@ func (e *idemError) APIError() *apierr.Error {
 		Details: map[string]any{"state": e.state}}
 }
 
-// Is keeps errors.Is(err, ErrInProgress / ErrAlreadyDone) for callers that
+// Is keeps errors.Is(err, apierr.ErrInProgress / apierr.ErrAlreadyDone) for callers that
 // only need the class.
 func (e *idemError) Is(target error) bool {
 	if e.state == idemCompleted {
-		return target == ErrAlreadyDone
+		return target == apierr.ErrAlreadyDone
 	}
-	return target == ErrInProgress
+	return target == apierr.ErrInProgress
 }
 
 func idemStateErr(st ledger.State) error {

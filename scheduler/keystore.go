@@ -58,7 +58,7 @@ func (s *Server) RevokeKey(ctx context.Context, id string) (KeyRow, error) {
 	err := s.keys.Update(ctx, now, func(st *policy.KeysState) error {
 		var ok bool
 		if gone, ok = policy.RevokeKey(st, id, now); !ok {
-			return fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, ErrNotFound)
+			return fmt.Errorf("key %q (keys in the config file are revoked by editing it): %w", id, apierr.ErrNotFound)
 		}
 		return nil
 	})
@@ -98,7 +98,7 @@ func (s *Server) ListKeys(tenant string) []KeyRow {
 }
 
 func keyStoreErr(err error) error {
-	if errors.Is(err, ErrAdminInput) || errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrAdminInput) || errors.Is(err, apierr.ErrNotFound) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrKeyStore, err)

@@ -217,7 +217,7 @@ func TestLeaseLostStatus(t *testing.T) {
 	assert.Equal(t, 503, ae.Status)
 	assert.Equal(t, "ledger_unavailable", ae.Code)
 	assert.Equal(t, 502, apierr.For(apierr.MidStream(ledger.ErrLeaseLost)).Status, "mid-stream it is the replica's work cut")
-	assert.Equal(t, 504, apierr.For(apierr.MidStream(ErrDeadline)).Status)
+	assert.Equal(t, 504, apierr.For(apierr.MidStream(apierr.ErrDeadline)).Status)
 	assert.Equal(t, 502, apierr.For(apierr.MidStream(apierr.Invalidf("", "x"))).Status, "never a 4xx after the 200")
 }
 
@@ -334,8 +334,8 @@ func TestCancelWhileQueued(t *testing.T) {
 		second := make(chan error, 1)
 		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), reqID: "b"}); second <- err }()
 		synctest.Wait()
-		leave(ErrClientGone)
-		require.ErrorIs(t, <-second, ErrClientGone)
+		leave(apierr.ErrClientGone)
+		require.ErrorIs(t, <-second, apierr.ErrClientGone)
 		close(up.gate)
 		require.NoError(t, <-first)
 		assert.Equal(t, int64(1), up.runs.Load(), "the cancelled call never ran")
@@ -366,7 +366,7 @@ func TestDrainTimeoutAborts(t *testing.T) {
 		start := time.Now()
 		stop()
 		for range 3 {
-			require.ErrorIs(t, <-errs, ErrDraining)
+			require.ErrorIs(t, <-errs, apierr.ErrDraining)
 		}
 		assert.Equal(t, 5*time.Second, time.Since(start).Round(time.Second))
 		require.NoError(t, <-ran)
@@ -392,8 +392,8 @@ func TestIdempotencyRetryAfterNeverRanRuns(t *testing.T) {
 		first := make(chan error, 1)
 		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
 		synctest.Wait()
-		leave(ErrClientGone)
-		require.ErrorIs(t, <-first, ErrClientGone)
+		leave(apierr.ErrClientGone)
+		require.ErrorIs(t, <-first, apierr.ErrClientGone)
 		go s.dispatchLoop(ctx)
 		body, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
 		require.NoError(t, err, "a retry after a first attempt that never ran may run")
@@ -707,10 +707,10 @@ func TestCancelRacesDispatch(t *testing.T) {
 		require.True(t, ok)
 		rep := it.Payload.rep
 		require.Positive(t, rep.Load.Load(), "room reserved for it")
-		leave(ErrClientGone)
+		leave(apierr.ErrClientGone)
 		synctest.Wait() // await lost the cancel race and waits for the hand-off
 		it.Payload.dispatched <- rep
-		require.ErrorIs(t, <-done, ErrClientGone)
+		require.ErrorIs(t, <-done, apierr.ErrClientGone)
 		assert.Zero(t, rep.Load.Load(), "replica room given back")
 		assert.Zero(t, up.runs.Load(), "never ran")
 		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")

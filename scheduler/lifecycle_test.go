@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -48,8 +49,8 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 	var illegal []error
 	s.onIllegal = func(err error) { illegal = append(illegal, err) }
 	s.finish(c, nil)
-	s.finish(c, ErrClientGone) // an ended call's finish is a no-op
-	s.release(c)               // a settled call released: a bug, counted
+	s.finish(c, apierr.ErrClientGone) // an ended call's finish is a no-op
+	s.release(c)                      // a settled call released: a bug, counted
 	c.end()
 	assert.Equal(t, phaseSettled, c.phase)
 	require.Len(t, illegal, 1)
@@ -72,16 +73,16 @@ func TestCallEndsInFinish(t *testing.T) {
 	pol := s.pol.Load()
 	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
 	require.NoError(t, err)
-	cancel(ErrClientGone) // no dispatch loop runs: the call stays queued
+	cancel(apierr.ErrClientGone) // no dispatch loop runs: the call stays queued
 	tk := &Ticket{s: s, c: c, err: s.await(c)}
-	require.ErrorIs(t, tk.err, ErrClientGone)
+	require.ErrorIs(t, tk.err, apierr.ErrClientGone)
 	assert.Equal(t, phaseQueued, c.phase, "out of the queue, not ended")
 	assert.Zero(t, led.n("release"))
 	assert.NotZero(t, tenantUsage(t, s, led.Memory).Reserved[ledger.Tokens], "still reserved")
 
 	var out recordingSink
 	tk.Finish(&out)
-	assert.ErrorIs(t, out.err, ErrClientGone)
+	assert.ErrorIs(t, out.err, apierr.ErrClientGone)
 	assert.Equal(t, phaseReleased, c.phase)
 	assert.Equal(t, 1, led.n("release"))
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)

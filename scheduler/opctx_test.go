@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +21,7 @@ func TestOpCtxIsWithTimeoutOfWithoutCancel(t *testing.T) {
 		parent, leave := context.WithCancelCause(context.WithValue(context.Background(), opKey{}, "v"))
 		c, cancel := newOpCtx(parent, time.Second)
 		defer cancel()
-		leave(ErrClientGone)
+		leave(apierr.ErrClientGone)
 		assert.Equal(t, "v", c.Value(opKey{}))
 		require.NoError(t, c.Err(), "the request's cancel does not reach a ledger call")
 		assert.NoError(t, context.Cause(c), "nor its cause")

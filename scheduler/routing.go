@@ -16,8 +16,8 @@ type modelError struct{ model string }
 
 func (e *modelError) Error() string { return "model " + e.model + " is not served or not allowed" }
 
-// Is makes errors.Is(err, ErrUnknownModel) true.
-func (e *modelError) Is(target error) bool { return target == ErrUnknownModel }
+// Is makes errors.Is(err, apierr.ErrUnknownModel) true.
+func (e *modelError) Is(target error) bool { return target == apierr.ErrUnknownModel }
 
 // APIError is OpenAI's and vLLM's answer: 404, param null.
 func (e *modelError) APIError() *apierr.Error {

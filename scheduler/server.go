@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
@@ -439,10 +440,10 @@ func (s *Server) drain(timeout time.Duration) {
 	s.mu.Lock()
 	n := len(s.running) + len(s.queued)
 	for c := range s.running {
-		c.cancel(ErrDraining)
+		c.cancel(apierr.ErrDraining)
 	}
 	for c := range s.queued {
-		c.cancel(ErrDraining)
+		c.cancel(apierr.ErrDraining)
 	}
 	s.mu.Unlock()
 	s.log.Warn("drain timeout: aborting remaining requests", "requests", n)

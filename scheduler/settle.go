@@ -8,6 +8,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/abuse"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/settle"
@@ -48,13 +49,13 @@ func (s *Server) finish(c *call, err error) {
 	cause := context.Cause(c.ctx)
 	aborted := err != nil && c.sent && !c.usage.Final
 	switch {
-	case aborted && errors.Is(cause, ErrClientStalled):
+	case aborted && errors.Is(cause, apierr.ErrClientStalled):
 		c.abortCause = "client_stalled"
-	case aborted && errors.Is(cause, ErrClientGone):
+	case aborted && errors.Is(cause, apierr.ErrClientGone):
 		c.abortCause = "client_disconnect"
-	case aborted && (errors.Is(cause, ErrDeadline) || errors.Is(err, ErrDeadline)):
+	case aborted && (errors.Is(cause, apierr.ErrDeadline) || errors.Is(err, apierr.ErrDeadline)):
 		c.abortCause = "deadline"
-	case aborted && errors.Is(cause, ErrDraining):
+	case aborted && errors.Is(cause, apierr.ErrDraining):
 		c.abortCause = "shutdown"
 	case aborted && errors.Is(cause, ledger.ErrLeaseLost):
 		c.abortCause = "lease_lost"

@@ -34,7 +34,7 @@ func (c *call) end() {
 // is a client disconnect. Each write must complete within
 // server.stream_write_timeout (conn's write deadline, when conn is set): a
 // client that stops reading fills its socket buffers, the write blocks,
-// and the deadline ends the call as ErrClientStalled, so that it does not
+// and the deadline ends the call as apierr.ErrClientStalled, so that it does not
 // hold its slot and replica room for as long as it does not read. It
 // returns the outcome it counted.
 func (s *Server) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
@@ -60,8 +60,8 @@ func (s *Server) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 			flush() // what was read goes out before the end or the error event
 		}
 		if cw.err != nil {
-			c.cancel(ErrClientGone)
-			s.finish(c, ErrClientGone)
+			c.cancel(apierr.ErrClientGone)
+			s.finish(c, apierr.ErrClientGone)
 			s.m.count(c.t.Name, outcomeCancelled, nil)
 			return outcomeCancelled
 		}
@@ -82,7 +82,7 @@ func (s *Server) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 				cause = err
 			}
 			s.finish(c, cause)
-			if !errors.Is(cause, ErrClientGone) {
+			if !errors.Is(cause, apierr.ErrClientGone) {
 				write(apierr.StreamEvent(c.ep.Anthropic(), cause))
 			}
 			o, _ := outcomeFor(apierr.MidStream(cause))
@@ -150,9 +150,9 @@ func (cw *clientWriter) write(b []byte) {
 	}
 	if _, err := cw.w.Write(b); err != nil {
 		cw.err = err
-		cause := ErrClientGone
+		cause := apierr.ErrClientGone
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			cause = ErrClientStalled
+			cause = apierr.ErrClientStalled
 		}
 		cw.c.cancel(cause) // closes upstream: the read after this returns
 	}

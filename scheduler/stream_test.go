@@ -85,7 +85,7 @@ func TestFinishWithoutSinkSettlesAsDisconnect(t *testing.T) {
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Equal(t, 0, led.n("release"))
 	assert.Equal(t, phaseSettled, c.phase)
-	require.ErrorIs(t, context.Cause(c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_disconnect", c.abortCause)
 }
 
@@ -186,7 +186,7 @@ func TestPumpFailedCoalescedWriteIsDisconnect(t *testing.T) {
 	out := &writerSink{w: w}
 	assert.Equal(t, outcomeCancelled, tk.Finish(out))
 	require.ErrorIs(t, out.err, io.ErrClosedPipe)
-	require.ErrorIs(t, context.Cause(tk.c.ctx), ErrClientGone)
+	require.ErrorIs(t, context.Cause(tk.c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, 1, led.n("settle"))
 	assert.Empty(t, w.writes)
 }

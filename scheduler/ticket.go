@@ -50,7 +50,7 @@ type Sink interface {
 // completed request to replay (Replayed). Otherwise err is nil and the
 // caller must call Finish exactly once, also when the call failed before
 // its answer opened (Finish answers that failure). ctx is the client's:
-// cancelled with ErrClientGone when it leaves.
+// cancelled with apierr.ErrClientGone when it leaves.
 func (s *Server) Start(ctx context.Context, a Admission) (*Ticket, error) {
 	return s.begin(ctx, a.Caller.t, a.Caller.pol, a.admission())
 }
@@ -93,8 +93,8 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 	defer c.end()
 	switch {
 	case out == nil:
-		c.cancel(ErrClientGone)
-		end := error(ErrClientGone)
+		c.cancel(apierr.ErrClientGone)
+		end := error(apierr.ErrClientGone)
 		if tk.err != nil {
 			end = tk.err // it failed before the client left
 		}
@@ -147,7 +147,7 @@ func (s *Server) readWhole(c *call) ([]byte, error) {
 // refused has out answer a call that ended in err, and counts and audits
 // the outcome.
 func (s *Server) refused(c *call, out Sink, err error) Outcome {
-	if errors.Is(err, ErrClientGone) || errors.Is(context.Cause(c.ctx), ErrClientGone) {
+	if errors.Is(err, apierr.ErrClientGone) || errors.Is(context.Cause(c.ctx), apierr.ErrClientGone) {
 		out.Refuse(err, nil, Meta{})
 		s.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled

@@ -52,7 +52,7 @@ func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error)
 		return plan, err
 	}
 	if in := int64(req.TotalInputTokens()); in > t.Cfg.MaxInputTokens {
-		return plan, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.Cfg.MaxInputTokens, ErrContextLength)
+		return plan, fmt.Errorf("input of %d tokens exceeds the tenant's max_input_tokens %d: %w", in, t.Cfg.MaxInputTokens, apierr.ErrContextLength)
 	}
 	return plan, nil
 }

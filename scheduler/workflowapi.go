@@ -65,7 +65,7 @@ func (s *Server) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]b
 func (s *Server) Workflow(ctx context.Context, c Caller, id string) ([]byte, error) {
 	wf := s.wfs.get(c.t.Name, id)
 	if wf == nil {
-		return nil, fmt.Errorf("workflow %q: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("workflow %q: %w", id, apierr.ErrNotFound)
 	}
 	return s.workflowView(ctx, c.t, wf)
 }

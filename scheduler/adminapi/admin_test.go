@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/views"
 )
@@ -111,7 +112,7 @@ func (f *fakeScheduler) CreateKey(context.Context, scheduler.KeyRequest) (schedu
 }
 func (f *fakeScheduler) ListKeys(string) []scheduler.KeyRow { return []scheduler.KeyRow{} }
 func (f *fakeScheduler) RevokeKey(context.Context, string) (scheduler.KeyRow, error) {
-	return scheduler.KeyRow{}, scheduler.ErrNotFound
+	return scheduler.KeyRow{}, apierr.ErrNotFound
 }
 func (f *fakeScheduler) ResolveReservation(_ context.Context, r scheduler.Resolution) (ledger.Settlement, error) {
 	f.resolved = r

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/views"
 )
@@ -25,7 +26,7 @@ func inputError(w http.ResponseWriter, err error) {
 		return
 	}
 	switch {
-	case errors.Is(err, scheduler.ErrNotFound), errors.Is(err, ledger.ErrNotFound):
+	case errors.Is(err, apierr.ErrNotFound), errors.Is(err, ledger.ErrNotFound):
 		fail(w, http.StatusNotFound, "not_found", oneLine(err))
 	case errors.Is(err, scheduler.ErrConfigBudget):
 		fail(w, http.StatusConflict, "config_budget", oneLine(err))
@@ -154,7 +155,7 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	inputError(w, scheduler.ErrNotFound) // a reload removed it after HasTenant
+	inputError(w, apierr.ErrNotFound) // a reload removed it after HasTenant
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
