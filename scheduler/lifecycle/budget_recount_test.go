@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -11,28 +11,29 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // countingUpstream counts /tokenize calls, which always fail here (the
 // documented fallback: the bytes bound decides).
 type countingUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	tokenizes atomic.Int64
 }
 
 func (u *countingUpstream) Tokenize(ctx context.Context, url, model string, r *vllm.Request) ([]int, int, error) {
 	u.tokenizes.Add(1)
-	return u.fakeUpstream.Tokenize(ctx, url, model, r)
+	return u.Upstream.Tokenize(ctx, url, model, r)
 }
 
 // A token budget that refuses a hold sized on the bytes bound asks for an
 // exact count only when one could change its answer; when the count fails
 // its advice says the input is an upper bound.
 func TestTokenBudgetAsksForACountOnlyWhenItCouldHelp(t *testing.T) {
-	led := newFakeLedger(t)
-	up := &countingUpstream{fakeUpstream: fakeUpstream{out: 1}}
-	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, up)
+	led := lifecycletest.NewLedger(t)
+	up := &countingUpstream{Upstream: lifecycletest.Upstream{Out: 1}}
+	s := newTestEngine(t, lifecycletest.Config(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, up)
 	s.reps.List()[0].Obs.Store(&fleet.Obs{OK: true}) // scraped: asked to count
 	ctx := context.Background()
 

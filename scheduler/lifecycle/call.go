@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type call struct {
 	ep       vllm.Endpoint
 	req      *vllm.Request
 	route    fleet.Route               // model (pool) and prefix for the replica choice
-	place    gate.Place[fleet.PoolKey] // its pool (fixed at admission) and where it counts in the pool's load (Server.pools)
+	place    gate.Place[fleet.PoolKey] // its pool (fixed at admission) and where it counts in the pool's load (Engine.pools)
 	plan     vllm.Plan
 	reqID    string
 	idemKey  string // the client's Idempotency-Key; "" none
@@ -125,7 +125,7 @@ type admission struct {
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
-func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
+func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
 	arrival := s.now()
 	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.Cfg.Server.TemplateAllowance),
 		MediaTokensPerPart: int(pol.Cfg.Server.MediaAllowance)})
@@ -247,7 +247,7 @@ func (s *Server) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 // latency, docs/benchmarks/cpu-per-request.md). The queue's mutex
 // serialises the passes and NextView hands each entry out once, so the
 // queue's order and the loop's predicate decide exactly as in the loop.
-func (s *Server) dispatchInline() {
+func (s *Engine) dispatchInline() {
 	if !s.loopOnly {
 		s.dispatchPass()
 	}
@@ -255,7 +255,7 @@ func (s *Server) dispatchInline() {
 
 // tokenize replaces the bytes bound with the replica's exact count; on any
 // failure the bound stays (documented fallback).
-func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
+func (s *Engine) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
 	for _, r := range s.reps.Pool(req.Model) {
 		if o := r.Obs.Load(); o == nil || !o.OK {
 			continue
@@ -280,7 +280,7 @@ func (s *Server) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 // budget on tokens cannot fit the full output cap but can fit a smaller one,
 // the cap is lowered once to what the budget allows. On success the call's
 // lease is tracked until its record ends.
-func (s *Server) reserve(c *call, a admission) error {
+func (s *Engine) reserve(c *call, a admission) error {
 	gen := 0
 	for lowered := false; ; {
 		if a.idemKey != "" {
@@ -446,7 +446,7 @@ const maxChoices = 128
 // use, expected.go) from the plan. Every product is overflow-checked: a
 // hold outside the ledger's range is the client's 400, naming the
 // parameter that made it so, never a ledger_error.
-func (s *Server) sizeHolds(c *call) error {
+func (s *Engine) sizeHolds(c *call) error {
 	in := int64(c.plan.InputTokens)
 	out, ok := mulAmount(int64(c.plan.Cap), int64(c.plan.Choices))
 	if !ok || in > ledger.MaxAmount-out {
@@ -466,7 +466,7 @@ func (s *Server) sizeHolds(c *call) error {
 
 // holdFor is the hold of a call's input and out output tokens: tokens,
 // GPU time, price and energy.
-func (s *Server) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
+func (s *Engine) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	var h ledger.Amounts
 	h[ledger.Requests] = 1
 	h[ledger.InputTokens] = in
@@ -502,7 +502,7 @@ func mulAmount(a, b int64) (int64, bool) {
 // release frees a never-dispatched call's holds. A store error hands the
 // ending to the outbox (Release by id until definite), never to a second
 // dispatch.
-func (s *Server) release(c *call) {
+func (s *Engine) release(c *call) {
 	if c.phase != phaseReserved && c.phase != phaseQueued {
 		s.illegal(c, transitionError{c.phase, phaseReleased})
 		return
@@ -546,7 +546,7 @@ func (s *Server) release(c *call) {
 // end ends a call that failed before its answer opened, by how far it
 // got: one that never left the queue gives its holds back (release), one
 // dispatched settles as not sent (finish).
-func (s *Server) end(c *call, err error) {
+func (s *Engine) end(c *call, err error) {
 	if c.phase == phaseReserved || c.phase == phaseQueued {
 		s.release(c)
 		s.forget(c)
@@ -556,7 +556,7 @@ func (s *Server) end(c *call, err error) {
 }
 
 // forget drops a call from the drain bookkeeping.
-func (s *Server) forget(c *call) {
+func (s *Engine) forget(c *call) {
 	s.mu.Lock()
 	delete(s.queued, c)
 	delete(s.running, c)
@@ -567,7 +567,7 @@ func (s *Server) forget(c *call) {
 }
 
 // onExpire is the queue's expiry callback (queue mutex held: hand off only).
-func (s *Server) onExpire(it queue.Item[*call]) {
+func (s *Engine) onExpire(it queue.Item[*call]) {
 	it.Payload.exitReason, it.Payload.exitRetry = it.Reason, it.RetryAfter
 	select {
 	case it.Payload.dispatched <- nil:
@@ -580,7 +580,7 @@ func (s *Server) onExpire(it queue.Item[*call]) {
 // and holds no replica room; what it holds in the ledger (and, dispatched
 // as its deadline passed, its dispatch) Ticket.Finish gives back, the one
 // place a call ends.
-func (s *Server) await(c *call) (err error) {
+func (s *Engine) await(c *call) (err error) {
 	defer c.t.RT.Queued.Add(-1) // counted from a successful admit
 	defer func() {
 		if err != nil {
@@ -606,7 +606,7 @@ func (s *Server) await(c *call) (err error) {
 				if rep = <-c.dispatched; rep != nil {
 					s.reps.Release(rep, c.size)
 					s.q.Release(c.handle)
-					s.signal(s.wake)
+					s.Wake()
 					return context.Cause(c.ctx)
 				}
 			}
@@ -635,7 +635,7 @@ func (s *Server) await(c *call) (err error) {
 		if err != nil {
 			s.reps.Release(rep, c.size)
 			c.traceErr(err)
-			s.signal(s.wake)
+			s.Wake()
 			return err
 		}
 		c.rep = rep
@@ -688,7 +688,7 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-func (s *Server) markDispatched(c *call) error {
+func (s *Engine) markDispatched(c *call) error {
 	if c.outage {
 		return nil // no ledger record; the local concurrency cap applied
 	}

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 
 // dispatchLoop hands queued calls to replicas with room. It never spins:
 // it waits for new work (queue Ready) or freed room (wake).
-func (s *Server) dispatchLoop(ctx context.Context) {
+func (s *Engine) dispatchLoop(ctx context.Context) {
 	for {
 		s.dispatchPass()
 		select {
@@ -40,7 +40,7 @@ func (s *Server) dispatchLoop(ctx context.Context) {
 // dispatchPass delivers every queued call the predicate admits now. The
 // loop runs it on each wake; admit runs it inline (dispatchInline). The
 // queue's mutex serialises passes and NextView hands each entry out once.
-func (s *Server) dispatchPass() {
+func (s *Engine) dispatchPass() {
 	for {
 		it, ok := s.q.NextView(s.admissible)
 		if !ok {
@@ -54,7 +54,7 @@ func (s *Server) dispatchPass() {
 // tenant must be under its operator caps (concurrency, inflight_tokens),
 // a heavy tenant must leave its pool's light tenants' reserve free, and a
 // replica of the pool must have room, which it reserves.
-func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
+func (s *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
 	if cur := s.pol.Load().Tenants[t.Name]; cur != nil {
@@ -97,7 +97,7 @@ func (s *Server) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 // blocks the queue until the next completion instead (a short wait: it is
 // not backlogged on average): parking would lift its counter to the band
 // minimum, and that credit is what makes it the next pick.
-func (s *Server) full(c *call, above bool) queue.Verdict {
+func (s *Engine) full(c *call, above bool) queue.Verdict {
 	if !above || !s.reps.RoomOutside(c.place.Pool, 1) {
 		return queue.Block
 	}
@@ -110,7 +110,7 @@ func (s *Server) full(c *call, above bool) queue.Verdict {
 // fraction of the pool reserved for the pool's light tenants, which a
 // heavy tenant must leave free. f is the pool's room; the pools' lock is
 // held.
-func (s *Server) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve float64) {
+func (s *Engine) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve float64) {
 	pol := s.pol.Load()
 	pl := s.pools.PoolLocked(c.place.Pool)
 	nowN := s.now().UnixNano()
@@ -124,6 +124,16 @@ func (s *Server) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve 
 
 // movePool counts c at to in its pool's load. The request goroutine's own:
 // c.sent (whether it ran, for the pool's service times) is its to read.
-func (s *Server) movePool(c *call, to gate.Spot) {
+func (s *Engine) movePool(c *call, to gate.Spot) {
 	s.pools.Move(&c.place, c.t.Name, c.size, c.sent, to)
+}
+
+// repool counts a queued call in the pool its model has now when that
+// changed while it waited (a replica joined or left, a model list
+// changed), so that it is gated, parked and woken with the replicas that
+// can serve it, not those it was admitted with: a pool whose replicas all
+// left would never complete a request to wake it. Only the dispatch
+// predicate writes c.place.Pool after admission.
+func (s *Engine) repool(c *call) {
+	s.pools.Repool(&c.place, s.reps.PoolKeyOf(c.req.Model), c.t.Name, c.size)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func (c Caller) Tenant() string { return c.t.Name }
 
 // Authenticate maps an Authorization header ("Bearer <key>") to its caller
 // under the policy in force, run-time keys included (keysync.go).
-func (s *Server) Authenticate(authz []byte) (Caller, error) {
+func (s *Engine) Authenticate(authz []byte) (Caller, error) {
 	pol := s.pol.Load()
 	t, key, err := s.authenticate(pol, authz)
 	if err != nil {
@@ -42,11 +42,11 @@ func (s *Server) Authenticate(authz []byte) (Caller, error) {
 }
 
 // Draining reports a server that refuses new calls (apierr.ErrDraining).
-func (s *Server) Draining() bool { return s.draining.Load() }
+func (s *Engine) Draining() bool { return s.draining.Load() }
 
 // Traced reports whether calls are traced: only then does Start read an
 // Admission's trace context.
-func (s *Server) Traced() bool { return s.tracer != nil }
+func (s *Engine) Traced() bool { return s.tracer != nil }
 
 // Admission is what the edge learned from a client's request: who sent it,
 // to which endpoint, its body and the headers that shape admission.
@@ -89,7 +89,7 @@ func (a *Admission) admission() admission {
 // Reject classifies a refusal the edge answers outside Finish (before
 // admission, or Start's): logged when a failure of Sluice's, audited and
 // counted. tenant is "" before authentication.
-func (s *Server) Reject(tenant, reqID string, err error) *apierr.Error {
+func (s *Engine) Reject(tenant, reqID string, err error) *apierr.Error {
 	ae := s.classify(tenant, err)
 	s.countRefusal(tenant, reqID, err, ae)
 	return ae
@@ -97,7 +97,7 @@ func (s *Server) Reject(tenant, reqID string, err error) *apierr.Error {
 
 // Replayed is the answer to an Idempotency-Key retry of a completed
 // request when err (Start's) is one: the original body, counted as ok.
-func (s *Server) Replayed(c Caller, err error) ([]byte, bool) {
+func (s *Engine) Replayed(c Caller, err error) ([]byte, bool) {
 	var replay *cachedResponse
 	if !errors.As(err, &replay) {
 		return nil, false
@@ -108,7 +108,7 @@ func (s *Server) Replayed(c Caller, err error) ([]byte, bool) {
 
 // Models is the body of GET /v1/models for the caller: the union of the
 // replicas' models it may use (routing.go), in vLLM's shape.
-func (s *Server) Models(c Caller) []byte {
+func (s *Engine) Models(c Caller) []byte {
 	b, _ := plainjson.Marshal(struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
@@ -152,7 +152,7 @@ type Headroom struct {
 }
 
 // meta is c's Meta as of now.
-func (s *Server) meta(c *call) Meta {
+func (s *Engine) meta(c *call) Meta {
 	now := s.now()
 	m := Meta{Sent: true, Warning: warn(c), OutputCap: c.plan.Cap, CapReason: outputCapReason(c)}
 	m.Tokens = headroom(c.grant.Headroom[ledger.Tokens], now)

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -19,7 +20,7 @@ import (
 func TestMeta(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	s := &Server{now: func() time.Time { return t0 }}
+	s := &Engine{now: func() time.Time { return t0 }}
 	var room ledger.Headroom
 	room[ledger.Tokens] = ledger.Room{Tracked: true, Limit: 1000, Remaining: 250, ResetsAt: t0.Add(90*time.Second + 1500*time.Microsecond)}
 	room[ledger.Requests] = ledger.Room{Tracked: true, Limit: 10, Remaining: 0, ResetsAt: t0.Add(time.Hour)}
@@ -51,16 +52,16 @@ func TestMeta(t *testing.T) {
 // read again.
 func TestUpstream404RereadsModels(t *testing.T) {
 	body := []byte(`{"object":"error","message":"The model does not exist."}`)
-	up := &fakeUpstream{fail: &vllm.UpstreamError{Replica: "r0", Status: 404, Body: body}}
+	up := &lifecycletest.Upstream{Fail: &vllm.UpstreamError{Replica: "r0", Status: 404, Body: body}}
 	s, led := otherServer(t, "", up)
 	for _, r := range s.reps.List() {
 		r.ModelsAt.Store(1)
 	}
-	_, err := serve(context.Background(), s, admission{body: chatBody("")})
+	_, err := serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
 	assert.Equal(t, 404, apierr.For(err).Status)
 	assert.Equal(t, body, apierr.For(err).Raw)
 	for _, r := range s.reps.List() {
 		assert.Zero(t, r.ModelsAt.Load(), "replica %s's models are read again", r.Name)
 	}
-	assert.Equal(t, 1, led.n("release")+led.n("settle"))
+	assert.Equal(t, 1, led.N("release")+led.N("settle"))
 }

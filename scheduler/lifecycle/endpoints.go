@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ import (
 // stream ended by itself or no count could be had (Settle then bounds it
 // by bytes). The call's context is done by now (its client may have
 // left), so the count runs on a detached one of its own, bounded.
-func (s *Server) countSeen(c *call, rs *vllm.ResponsesStream) int {
+func (s *Engine) countSeen(c *call, rs *vllm.ResponsesStream) int {
 	text, whole := rs.SeenText()
 	if rs.Ended() || !whole || c.rep == nil {
 		return -1
@@ -51,7 +51,7 @@ func isOther(ep vllm.Endpoint) bool {
 }
 
 // readOther reads a whole answer and takes its usage for settlement.
-func (s *Server) readOther(c *call) ([]byte, error) {
+func (s *Engine) readOther(c *call) ([]byte, error) {
 	b, err := s.up.ReadBody(c.resp)
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil {
@@ -81,7 +81,7 @@ func (s *Server) readOther(c *call) ([]byte, error) {
 // seen). A client that leaves cancels the call's context, which closes
 // the upstream connection: vLLM aborts the request. It returns the
 // outcome it counted.
-func (s *Server) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
+func (s *Engine) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	rs := vllm.NewResponsesStream(c.resp.Body, 0)
 	cw := newClientWriter(c, w, conn)
 	defer cw.done()

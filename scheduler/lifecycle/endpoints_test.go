@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -23,10 +24,10 @@ import (
 // their answers are delivered and what their tool calls count.
 
 // otherServer is a test server on up whose dispatch loop runs.
-func otherServer(t *testing.T, tenantExtra string, up Upstream) (*Server, *fakeLedger) {
+func otherServer(t *testing.T, tenantExtra string, up Upstream) (*Engine, *lifecycletest.Ledger) {
 	t.Helper()
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", tenantExtra), led, up)
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", tenantExtra), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -49,25 +50,25 @@ func TestOtherEndpointsSettleFromTheirAnswer(t *testing.T) {
 		{vllm.EndpointTokenize, `{"model":"m","prompt":"hi"}`, 0, 0, `"count":5`},
 	} {
 		t.Run(tc.ep.Path(), func(t *testing.T) {
-			up := &fakeUpstream{out: 3}
+			up := &lifecycletest.Upstream{Out: 3}
 			s, led := otherServer(t, "    budgets: [{dimension: tokens, limit: 100000, window: 1h}, {dimension: requests, limit: 100, window: 1h}]\n", up)
 			body, err := serve(context.Background(), s, admission{ep: tc.ep, body: []byte(tc.body)})
 			require.NoError(t, err)
 			assert.Contains(t, string(body), tc.contains)
-			assert.Equal(t, int64(1), up.runs.Load())
-			assert.Equal(t, 1, led.n("settle"))
+			assert.Equal(t, int64(1), up.Runs.Load())
+			assert.Equal(t, 1, led.N("settle"))
 			u := tenantUsage(t, s, led.Memory)
 			assert.Equal(t, ledger.Amounts{}, u.Reserved, "nothing left held")
-			assert.Equal(t, tc.in+tc.out, committed(u, ledger.Tokens, time.Hour), "tokens charged")
-			assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+			assert.Equal(t, tc.in+tc.out, lifecycletest.Committed(u, ledger.Tokens, time.Hour), "tokens charged")
+			assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour))
 		})
 	}
 }
 
 // notSentOnce refuses the first Post before sending it (a connection
-// refused), then answers as fakeUpstream.
+// refused), then answers as lifecycletest.Upstream.
 type notSentOnce struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	mu    sync.Mutex
 	tried []string
 }
@@ -80,19 +81,19 @@ func (u *notSentOnce) Post(ctx context.Context, url, path string, body []byte, i
 	if first {
 		return nil, vllm.ErrNotSent
 	}
-	return u.fakeUpstream.Post(ctx, url, path, body, id)
+	return u.Upstream.Post(ctx, url, path, body, id)
 }
 
 // The other endpoints are sent by execute's one loop: a replica that
 // refused before anything was sent is retried on another of the pool.
 func TestOtherEndpointRetriedOnAnotherReplica(t *testing.T) {
-	up := &notSentOnce{fakeUpstream: fakeUpstream{out: 1}}
-	cfg := testConfig(t, "", "")
+	up := &notSentOnce{Upstream: lifecycletest.Upstream{Out: 1}}
+	cfg := lifecycletest.Config(t, "", "")
 	cfg.Upstream.Replicas = append(cfg.Upstream.Replicas, cfg.Upstream.Replicas[0])
 	cfg.Upstream.Replicas[1].Name, cfg.Upstream.Replicas[1].URL = "r1", "http://r1.invalid"
-	led := newFakeLedger(t)
-	s := newTestServer(t, cfg, led, up)
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, cfg, led, up)
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -103,7 +104,7 @@ func TestOtherEndpointRetriedOnAnotherReplica(t *testing.T) {
 	defer up.mu.Unlock()
 	require.Len(t, up.tried, 2)
 	assert.NotEqual(t, up.tried[0], up.tried[1], "the retry went to the other replica")
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 }
 
 // A streamed /v1/responses or /v1/messages answer is delivered by Finish
@@ -120,7 +121,7 @@ func TestOtherStreamsDeliveredByFinish(t *testing.T) {
 		{vllm.EndpointMessages, `{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "event: message_stop\n"},
 	} {
 		t.Run(tc.ep.Path(), func(t *testing.T) {
-			s, led, tk := streamedCallOn(t, &fakeUpstream{out: 4, tools: 2}, tc.ep, []byte(tc.body))
+			s, led, tk := streamedCallOn(t, &lifecycletest.Upstream{Out: 4, Tools: 2}, tc.ep, []byte(tc.body))
 			c := tk.c
 			wf := &workflow{created: s.now()}
 			c.wf = wf
@@ -129,9 +130,9 @@ func TestOtherStreamsDeliveredByFinish(t *testing.T) {
 			assert.Equal(t, outcomeOK, tk.Finish(out))
 			assert.Zero(t, out.other)
 			assert.Contains(t, buf.String(), tc.last)
-			assert.Equal(t, strings.Count(otherStream(tc.ep.Path(), 4, 2), "event: "), strings.Count(buf.String(), "event: "), "every event passed")
+			assert.Equal(t, strings.Count(lifecycletest.OtherStream(tc.ep.Path(), 4, 2), "event: "), strings.Count(buf.String(), "event: "), "every event passed")
 			assert.Equal(t, phaseSettled, c.phase)
-			assert.Equal(t, 1, led.n("settle"))
+			assert.Equal(t, 1, led.N("settle"))
 			assert.True(t, c.usage.Final)
 			assert.Equal(t, 4, c.usage.CompletionTokens)
 			wf.mu.Lock()
@@ -147,11 +148,11 @@ func TestOtherStreamsDeliveredByFinish(t *testing.T) {
 func TestResponsesStreamNeverWrittenSettlesAsDisconnect(t *testing.T) {
 	gate := make(chan struct{})
 	defer close(gate)
-	_, led, tk := streamedCallOn(t, &fakeUpstream{out: 3, gate: gate}, vllm.EndpointResponses,
+	_, led, tk := streamedCallOn(t, &lifecycletest.Upstream{Out: 3, Gate: gate}, vllm.EndpointResponses,
 		[]byte(`{"model":"m","input":"hi","max_output_tokens":16,"stream":true}`))
 	assert.Equal(t, outcomeCancelled, tk.Finish(nil))
 	c := tk.c
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Equal(t, phaseSettled, c.phase)
 	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_disconnect", c.abortCause)
@@ -178,14 +179,14 @@ func (w *failAfter) Write(p []byte) (int, error) {
 func TestMessagesStreamClientLeaves(t *testing.T) {
 	gate := make(chan struct{})
 	close(gate)
-	_, led, tk := streamedCallOn(t, &fakeUpstream{out: 6, gate: gate}, vllm.EndpointMessages,
+	_, led, tk := streamedCallOn(t, &lifecycletest.Upstream{Out: 6, Gate: gate}, vllm.EndpointMessages,
 		[]byte(`{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	out := &writerSink{w: &failAfter{left: 4}} // message_start, the block's start, two deltas
 	assert.Equal(t, outcomeCancelled, tk.Finish(out))
 	require.Error(t, out.err)
 	c := tk.c
 	assert.Equal(t, phaseSettled, c.phase)
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Equal(t, "client_disconnect", c.abortCause)
 	assert.False(t, c.usage.Final)
 	assert.GreaterOrEqual(t, c.usage.CompletionTokens, 2, "at least the deltas the client saw")
@@ -197,7 +198,7 @@ func TestMessagesStreamClientLeaves(t *testing.T) {
 func TestResponsesToolCallsEnforceMaxToolCalls(t *testing.T) {
 	for _, ep := range []vllm.Endpoint{vllm.EndpointResponses, vllm.EndpointMessages} {
 		t.Run(ep.Path(), func(t *testing.T) {
-			up := &fakeUpstream{out: 2, tools: 2}
+			up := &lifecycletest.Upstream{Out: 2, Tools: 2}
 			s, _ := otherServer(t, "    workflow_defaults: {max_tool_calls: 3}\n", up)
 			body := `{"model":"m","input":"hi","max_output_tokens":16}`
 			if ep == vllm.EndpointMessages {
@@ -211,7 +212,7 @@ func TestResponsesToolCallsEnforceMaxToolCalls(t *testing.T) {
 			_, err := serve(context.Background(), s, a)
 			require.ErrorIs(t, err, ErrWorkflow)
 			assert.Contains(t, err.Error(), "tool_calls exhausted: 4 of 3 used")
-			assert.Equal(t, int64(2), up.runs.Load(), "the refused call never went upstream")
+			assert.Equal(t, int64(2), up.Runs.Load(), "the refused call never went upstream")
 		})
 	}
 }
@@ -219,7 +220,7 @@ func TestResponsesToolCallsEnforceMaxToolCalls(t *testing.T) {
 // An illegal lifecycle move is refused, counted and reported: a second
 // Finish of one ticket.
 func TestFinishTwiceIsIllegal(t *testing.T) {
-	s, led := otherServer(t, "", &fakeUpstream{out: 1})
+	s, led := otherServer(t, "", &lifecycletest.Upstream{Out: 1})
 	var illegal []error
 	s.onIllegal = func(err error) { illegal = append(illegal, err) }
 	pol := s.pol.Load()
@@ -230,5 +231,5 @@ func TestFinishTwiceIsIllegal(t *testing.T) {
 	tk.Finish(&out)
 	require.Len(t, illegal, 1)
 	assert.ErrorIs(t, illegal[0], errFinishedTwice)
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // bodyUpstream records the bodies sent upstream and answers like
-// fakeUpstream.
+// lifecycletest.Upstream.
 type bodyUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	mu     sync.Mutex
 	bodies []string
 }
@@ -29,7 +30,7 @@ func (u *bodyUpstream) Stream(ctx context.Context, url, path string, body []byte
 	u.mu.Lock()
 	u.bodies = append(u.bodies, string(body))
 	u.mu.Unlock()
-	return u.fakeUpstream.Stream(ctx, url, path, body, id)
+	return u.Upstream.Stream(ctx, url, path, body, id)
 }
 
 func (u *bodyUpstream) last() string {
@@ -42,8 +43,8 @@ func (u *bodyUpstream) last() string {
 // upstream.non_streamed_interval tokens per chunk when its cap is larger
 // and a stream carries its members faithfully; otherwise as it came.
 func TestNonStreamedSentAsStreamForEvidence(t *testing.T) {
-	up := &bodyUpstream{fakeUpstream: fakeUpstream{out: 3}}
-	s := newTestServer(t, testConfig(t, "", "    max_output_tokens: 1024\n"), newFakeLedger(t), up)
+	up := &bodyUpstream{Upstream: lifecycletest.Upstream{Out: 3}}
+	s := newTestEngine(t, lifecycletest.Config(t, "", "    max_output_tokens: 1024\n"), lifecycletest.NewLedger(t), up)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -82,15 +83,15 @@ func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
 		{500, -1, 8},
 		{400, 0, 0},
 	} {
-		up := &fakeUpstream{fail: &vllm.UpstreamError{Replica: "r0", Status: tc.status, Body: []byte(`{"error":{"message":"x","type":"x","code":500}}`)}}
-		led := newFakeLedger(t)
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		up := &lifecycletest.Upstream{Fail: &vllm.UpstreamError{Replica: "r0", Status: tc.status, Body: []byte(`{"error":{"message":"x","type":"x","code":500}}`)}}
+		led := lifecycletest.NewLedger(t)
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		pol := s.pol.Load()
 		c, _, err := s.start(context.Background(), pol.Tenants["acme"], pol,
-			admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "r"})
+			admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(""), reqID: "r"})
 		require.Error(t, err)
 		require.NotNil(t, c)
 		t.Logf("status %d: %v", tc.status, err)
@@ -102,7 +103,7 @@ func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
 		}
 		assert.Equal(t, in, c.usage.PromptTokens, "status %d", tc.status)
 		assert.Equal(t, tc.out, c.usage.CompletionTokens, "status %d: the cap × choices", tc.status)
-		assert.Equal(t, 1, led.n("settle")+led.n("release"), "status %d", tc.status)
+		assert.Equal(t, 1, led.N("settle")+led.N("release"), "status %d", tc.status)
 		assert.Equal(t, phaseSettled, c.phase)
 	}
 }
@@ -110,7 +111,7 @@ func TestNonStreamedNon200AfterGenerationChargedHold(t *testing.T) {
 // ctxPipeUpstream streams what the test writes to its pipe; cancelling the
 // request closes it, as closing a replica connection does.
 type ctxPipeUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	pr *io.PipeReader
 }
 
@@ -125,15 +126,15 @@ func (u *ctxPipeUpstream) Stream(ctx context.Context, _, _ string, _ []byte, _ s
 // its slot freed, the deadline the connection's (net.Pipe: a write blocks
 // until the reader reads).
 func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
-	led := newFakeLedger(t)
+	led := lifecycletest.NewLedger(t)
 	pr, pw := io.Pipe()
-	s := newTestServer(t, testConfig(t, "server: {stream_write_timeout: 50ms}\n", ""), led, &ctxPipeUpstream{pr: pr})
+	s := newTestEngine(t, lifecycletest.Config(t, "server: {stream_write_timeout: 50ms}\n", ""), led, &ctxPipeUpstream{pr: pr})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
 	tk, err := s.begin(context.Background(), pol.Tenants["acme"], pol,
-		admission{ep: vllm.EndpointChat, body: chatBody(`,"stream":true`), reqID: "r"})
+		admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(`,"stream":true`), reqID: "r"})
 	require.NoError(t, err)
 	c := tk.c
 	client, server := net.Pipe()
@@ -142,7 +143,7 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { tk.Finish(out); done <- out.err }()
 
-	events := strings.SplitAfter(sseCompletion(8), "\n\n")
+	events := strings.SplitAfter(lifecycletest.SSECompletion(8), "\n\n")
 	_, err = io.WriteString(pw, events[0])
 	require.NoError(t, err)
 	got := make([]byte, 4096)
@@ -158,7 +159,7 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_stalled", c.abortCause)
 	assert.Equal(t, phaseSettled, c.phase)
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Equal(t, 5, c.usage.PromptTokens)
 	assert.Equal(t, 2+1, c.usage.CompletionTokens, "two tokens ran and were read, plus one interval")
 	assert.Zero(t, c.t.RT.Inflight.Load(), "its slot is free")
@@ -166,9 +167,9 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 }
 
 // fullQueueUpstream answers streams on r0 with vLLM's in-stream refusal of
-// a full waiting queue, and like fakeUpstream elsewhere.
+// a full waiting queue, and like lifecycletest.Upstream elsewhere.
 type fullQueueUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	mu    sync.Mutex
 	tried []string
 }
@@ -181,7 +182,7 @@ func (u *fullQueueUpstream) Stream(ctx context.Context, url, path string, body [
 		sse := "data: {\"error\":{\"message\":\"The waiting queue is full.\",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":503}}\n\ndata: [DONE]\n\n"
 		return vllm.NewStream(io.NopCloser(strings.NewReader(sse)), url, 0), nil
 	}
-	return u.fakeUpstream.Stream(ctx, url, path, body, id)
+	return u.Upstream.Stream(ctx, url, path, body, id)
 }
 
 // An evidence stream refused by a full queue (an error event where a
@@ -192,10 +193,10 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 		"tenants:\n  - name: acme\n    api_keys: [\"" + config.HashKey("sk-acme") + "\"]\n"
 	cfg, err := config.Parse([]byte(y))
 	require.NoError(t, err)
-	up := &fullQueueUpstream{fakeUpstream: fakeUpstream{out: 3}}
-	led := newFakeLedger(t)
-	s := newTestServer(t, cfg, led, up)
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
+	up := &fullQueueUpstream{Upstream: lifecycletest.Upstream{Out: 3}}
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, cfg, led, up)
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -217,7 +218,7 @@ func TestEvidenceStreamQueueFullRetriesElsewhere(t *testing.T) {
 
 // sseUpstream answers every stream with its fixed SSE body.
 type sseUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	sse string
 }
 
@@ -229,10 +230,10 @@ func (u *sseUpstream) Stream(_ context.Context, url, _ string, _ []byte, _ strin
 // "error"): the client gets vLLM's status as for a non-streamed request,
 // and the charge is the usage so far plus one interval, not 0 nor the hold.
 func TestEvidenceStreamErrorAfterOutputChargedUsage(t *testing.T) {
-	chunks := strings.SplitAfter(sseCompletion(3), "\n\n")[:3] // three content chunks
+	chunks := strings.SplitAfter(lifecycletest.SSECompletion(3), "\n\n")[:3] // three content chunks
 	sse := strings.Join(chunks, "") + "data: {\"error\":{\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n"
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, &sseUpstream{sse: sse})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &sseUpstream{sse: sse})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -248,5 +249,5 @@ func TestEvidenceStreamErrorAfterOutputChargedUsage(t *testing.T) {
 	assert.Equal(t, 64, c.upInterval)
 	assert.Equal(t, 5, c.usage.PromptTokens)
 	assert.Equal(t, 3+64, c.usage.CompletionTokens, "the usage so far plus one interval")
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 }

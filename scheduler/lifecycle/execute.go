@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with the answer open (200 headers received: c.stream
 // for chat and completions, c.resp for the other endpoints) or an error.
-func (s *Server) execute(c *call) error {
+func (s *Engine) execute(c *call) error {
 	c.upInterval = upstreamInterval(c)
 	body := make([]byte, 0, len(c.req.Body())+128)
 	built, bodyPrio := false, false
@@ -81,7 +81,7 @@ func upstreamBody(c *call, dst []byte) []byte {
 }
 
 // open sends body to c's replica once and keeps the answer it opened.
-func (s *Server) open(c *call, body []byte) error {
+func (s *Engine) open(c *call, body []byte) error {
 	if isOther(c.ep) {
 		resp, err := s.up.Post(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
 		if err == nil {
@@ -100,7 +100,7 @@ func (s *Server) open(c *call, body []byte) error {
 }
 
 // moveClock restarts GPU-ms attribution on the replica that will run c.
-func (s *Server) moveClock(c *call, next *fleet.Replica) {
+func (s *Engine) moveClock(c *call, next *fleet.Replica) {
 	now := s.now()
 	if c.rep.Clock != nil {
 		c.rep.Clock.End(now, c.ticket)
@@ -112,7 +112,7 @@ func (s *Server) moveClock(c *call, next *fleet.Replica) {
 
 // drainStream reads an upstream stream to its end for a non-streaming
 // client, assembling vLLM's non-stream body.
-func (s *Server) drainStream(c *call) ([]byte, error) {
+func (s *Engine) drainStream(c *call) ([]byte, error) {
 	var asm *vllm.Assembler
 	var whole []byte
 	for {

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"github.com/sluicehq/sluice/ledger"
@@ -20,7 +20,7 @@ import (
 // choices: per choice min(cap, the prediction or server.expected_output_tokens), raised to
 // the client's min_tokens, and the whole cap with ignore_eos (it runs to
 // the cap).
-func (s *Server) expectedOutput(c *call) int64 {
+func (s *Engine) expectedOutput(c *call) int64 {
 	per := int64(c.plan.Cap)
 	if c.req == nil || !c.req.IgnoreEOS {
 		floor := c.pol.Cfg.Server.ExpectedOutputTokens
@@ -39,7 +39,7 @@ func (s *Server) expectedOutput(c *call) int64 {
 
 // sizeExpected sets the call's replica room (size) and fair-share cost
 // from its input and expected output.
-func (s *Server) sizeExpected(c *call, in int64) error {
+func (s *Engine) sizeExpected(c *call, in int64) error {
 	out := s.expectedOutput(c)
 	c.size = in + out
 	cost := c.pol.Cfg.Server.Cost
@@ -61,7 +61,7 @@ func (s *Server) sizeExpected(c *call, in int64) error {
 // max_output_tokens, or without one a cap the client sent that fills the
 // model's remaining context. A request without a cap of its own is not at
 // it: vLLM's default is no sign of abuse.
-func (s *Server) atCap(c *call) bool {
+func (s *Engine) atCap(c *call) bool {
 	if m := c.t.Cfg.MaxOutputTokens; m > 0 {
 		return int64(c.plan.Cap) >= m
 	}

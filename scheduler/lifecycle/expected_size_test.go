@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // Ledger holds are a request's worst case; replica room and the fair-share
@@ -19,8 +20,8 @@ import (
 // server.expected_output_tokens) per choice.
 
 func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "server: {expected_output_tokens: 100, hold_prediction: {enabled: false}}\n", ""), led, &fakeUpstream{out: 1})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "server: {expected_output_tokens: 100, hold_prediction: {enabled: false}}\n", ""), led, &lifecycletest.Upstream{Out: 1})
 	pol := s.pol.Load()
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -52,8 +53,8 @@ func TestHoldIsTheCapRoomAndCostAreExpected(t *testing.T) {
 // With hold_prediction (the default) the hold is the prediction where the
 // cap allows more, and replica room and cost are sized on the same.
 func TestHoldRoomAndCostArePredicted(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "server: {hold_prediction: {floor_tokens: 100, step_tokens: 128}}\n", ""), led, &fakeUpstream{out: 1})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "server: {hold_prediction: {floor_tokens: 100, step_tokens: 128}}\n", ""), led, &lifecycletest.Upstream{Out: 1})
 	pol := s.pol.Load()
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -95,16 +96,16 @@ func TestHoldRoomAndCostArePredicted(t *testing.T) {
 // A request whose hold is more than any replica's KV capacity is admitted
 // when its expected use fits: vLLM admits by the KV a request holds.
 func TestHoldOverCapacityIsAdmittedWhenExpectedFits(t *testing.T) {
-	led := newFakeLedger(t)
-	up := &fakeUpstream{out: 3}
-	s := newTestServer(t, testConfig(t, "", ""), led, up)
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	led := lifecycletest.NewLedger(t)
+	up := &lifecycletest.Upstream{Out: 3}
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	_, err := serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`)})
 	require.NoError(t, err, "hold 4000+ over a capacity of 1000, expected 256+ under it")
-	assert.Equal(t, int64(1), up.runs.Load())
+	assert.Equal(t, int64(1), up.Runs.Load())
 
 	// Expected use over every replica's capacity is still refused.
 	_, err = serve(ctx, s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
@@ -115,10 +116,10 @@ func TestHoldOverCapacityIsAdmittedWhenExpectedFits(t *testing.T) {
 // expected use fits, run side by side.
 func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
-		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 2000})
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2, Gate: make(chan struct{})}
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
+		s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 2000})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
@@ -130,8 +131,8 @@ func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 			})
 		}
 		synctest.Wait()
-		assert.Equal(t, int64(2), up.runs.Load(), "both dispatched: 2 × (in + 256) fit 2000, 2 × (in + 1024) would not")
-		close(up.gate)
+		assert.Equal(t, int64(2), up.Runs.Load(), "both dispatched: 2 × (in + 256) fit 2000, 2 × (in + 1024) would not")
+		close(up.Gate)
 		wg.Wait()
 		require.NoError(t, errs[0])
 		require.NoError(t, errs[1])
@@ -141,8 +142,8 @@ func TestRoomIsSizedOnExpectedUse(t *testing.T) {
 // Without a tenant max_output_tokens, the abuse detector's "at the cap" is
 // a client cap that fills the model's context, never every request.
 func TestAtCapWithoutATenantCap(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 1})
 	s.reps.List()[0].MaxModelLen.Store(4096)
 	pol := s.pol.Load()
 	require.Zero(t, pol.Tenants["acme"].Cfg.MaxOutputTokens, "unset: none")
@@ -169,12 +170,12 @@ func TestAtCapWithoutATenantCap(t *testing.T) {
 
 // A request no replica can run is refused as invalid before any budget.
 func TestOverCapacityIsInvalidBeforeTheBudget(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &fakeUpstream{out: 1})
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", "    budgets: [{dimension: tokens, limit: 100, window: 1h}]\n"), led, &lifecycletest.Upstream{Out: 1})
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1000})
 	_, err := serve(context.Background(), s, admission{body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4000,"ignore_eos":true}`)})
 	ae := apierr.For(err)
 	assert.Equal(t, 400, ae.Status)
 	assert.Equal(t, "context_length_exceeded", ae.Code)
-	assert.Zero(t, led.n("reserve"), "the ledger is never asked")
+	assert.Zero(t, led.N("reserve"), "the ledger is never asked")
 }

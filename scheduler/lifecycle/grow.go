@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"errors"
@@ -65,7 +65,7 @@ type growStop struct {
 // step of it; it reports true when the generation must stop (the call's
 // context is then cancelled with errBudgetEnded, which aborts upstream).
 // ev is the event just read.
-func (s *Server) growHold(c *call, ev *vllm.Event) bool {
+func (s *Engine) growHold(c *call, ev *vllm.Event) bool {
 	g := c.growth
 	if g == nil || g.stop != nil || c.stream == nil || ev.Done {
 		return false
@@ -121,7 +121,7 @@ func (s *Server) growHold(c *call, ev *vllm.Event) bool {
 
 // stopGrowth ends a generation at its hold: upstream is aborted and the
 // client is told why.
-func (s *Server) stopGrowth(c *call, why *growStop) bool {
+func (s *Engine) stopGrowth(c *call, why *growStop) bool {
 	c.growth.stop = why
 	c.abortCause = "budget"
 	c.cancel(errBudgetEnded)
@@ -183,7 +183,7 @@ func stoppedBody(c *call, asm *vllm.Assembler) ([]byte, error) {
 // boundStopped bounds the charge of a call stopped at a budget at its hold
 // plus one step of output (the stated overshoot); the output past it, if
 // any ran, is logged and not charged.
-func (s *Server) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
+func (s *Engine) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
 	g := c.growth
 	if g == nil || g.stop == nil {
 		return a

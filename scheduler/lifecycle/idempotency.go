@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -49,7 +49,7 @@ import (
 const maxIdemGenerations = 8
 
 // idemID is the ledger id of generation gen of an Idempotency-Key.
-func (s *Server) idemID(tenant ledger.ScopeKey, key string, gen int) ledger.RequestID {
+func (s *Engine) idemID(tenant ledger.ScopeKey, key string, gen int) ledger.RequestID {
 	if gen == 0 {
 		return s.keyer.IdempotentID(tenant, key)
 	}
@@ -121,7 +121,7 @@ func (c *cachedResponse) Error() string { return "idempotent replay of a complet
 // completed answers a retry of a completed id: its original response when
 // kept here or in the fleet's store and it answers this very request
 // (digest), 409 conflict when it answers another, else 409 completed.
-func (s *Server) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
+func (s *Engine) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
 	if body, d, ok := s.settler.Response(ctx, id); ok {
 		return replayOf(body, d, digest)
 	}
@@ -139,7 +139,7 @@ func replayOf(body []byte, have, want uint64) error {
 
 // rememberResponse keeps a completed non-streamed idempotent call's body,
 // here and in the fleet's store. Callers run it before the call settles.
-func (s *Server) rememberResponse(c *call, body []byte) {
+func (s *Engine) rememberResponse(c *call, body []byte) {
 	if c.idemKey == "" {
 		return
 	}

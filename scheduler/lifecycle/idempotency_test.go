@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -22,48 +23,13 @@ func chatWith(text string) []byte {
 	return []byte(`{"model":"m","messages":[{"role":"user","content":"` + text + `"}],"max_tokens":8}`)
 }
 
-func TestIdempotencySameBodyAfterReloadIsTheSameRequest(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go s.dispatchLoop(ctx)
-		first := make(chan error, 1)
-		var firstBody []byte
-		go func() {
-			var err error
-			firstBody, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-			first <- err
-		}()
-		synctest.Wait()
-
-		// The tenant's output cap drops below the request's max_tokens:
-		// the same request is now held at 4 output tokens, not 8.
-		require.NoError(t, s.Reload(testConfig(t, "", "    max_output_tokens: 4\n")))
-		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		ae := apierr.For(err)
-		assert.Equal(t, 409, ae.Status)
-		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details, "the same request, still running: not a different request")
-
-		close(up.gate)
-		require.NoError(t, <-first)
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		var replay *cachedResponse
-		require.ErrorAs(t, err, &replay, "completed: its original response")
-		assert.Equal(t, firstBody, replay.body)
-		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
-	})
-}
-
 func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2, Gate: make(chan struct{})}
 		store := &memResponses{m: map[string][]byte{}}
-		withStore := func(d *Deps) { d.Responses = store }
-		s := newTestServer(t, testConfig(t, "", ""), led, up, withStore)
+		withStore := func(d *testDeps) { d.Responses = store }
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up, withStore)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
@@ -77,7 +43,7 @@ func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details, "in flight: another body is a conflict")
 
-		close(up.gate)
+		close(up.Gate)
 		require.NoError(t, <-first)
 		_, err = serve(ctx, s, admission{body: b, idemKey: "k"})
 		ae = apierr.For(err)
@@ -85,14 +51,14 @@ func TestIdempotencyOtherBodyWithEqualHoldsConflicts(t *testing.T) {
 		assert.Equal(t, map[string]any{"state": "conflict"}, ae.Details)
 
 		// Another instance of the fleet (only the shared store has it).
-		other := newTestServer(t, testConfig(t, "", ""), led, up, withStore)
+		other := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up, withStore)
 		_, err = serve(ctx, other, admission{body: b, idemKey: "k"})
 		assert.Equal(t, map[string]any{"state": "conflict"}, apierr.For(err).Details)
-		other = newTestServer(t, testConfig(t, "", ""), led, up, withStore)
+		other = newTestEngine(t, lifecycletest.Config(t, "", ""), led, up, withStore)
 		_, err = serve(ctx, other, admission{body: a, idemKey: "k"})
 		var replay *cachedResponse
 		require.ErrorAs(t, err, &replay, "the first body still gets its response")
-		assert.Equal(t, int64(1), up.runs.Load())
+		assert.Equal(t, int64(1), up.Runs.Load())
 	})
 }
 
@@ -114,4 +80,39 @@ func (r *memResponses) Get(_ context.Context, name string) ([]byte, bool, error)
 	defer r.mu.Unlock()
 	v, ok := r.m[name]
 	return v, ok, nil
+}
+
+func TestIdempotencySameBodyAfterReloadIsTheSameRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2, Gate: make(chan struct{})}
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go s.dispatchLoop(ctx)
+		first := make(chan error, 1)
+		var firstBody []byte
+		go func() {
+			var err error
+			firstBody, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+			first <- err
+		}()
+		synctest.Wait()
+
+		// The tenant's output cap drops below the request's max_tokens:
+		// the same request is now held at 4 output tokens, not 8.
+		reloadPolicy(t, s, lifecycletest.Config(t, "", "    max_output_tokens: 4\n"))
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+		ae := apierr.For(err)
+		assert.Equal(t, 409, ae.Status)
+		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details, "the same request, still running: not a different request")
+
+		close(up.Gate)
+		require.NoError(t, <-first)
+		_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+		var replay *cachedResponse
+		require.ErrorAs(t, err, &replay, "completed: its original response")
+		assert.Equal(t, firstBody, replay.body)
+		assert.Equal(t, int64(1), up.Runs.Load(), "never executed twice")
+	})
 }

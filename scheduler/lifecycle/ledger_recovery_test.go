@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // Regression tests of the violations the seeded fault simulator
@@ -26,10 +27,10 @@ const (
 
 // ambiguousLedger fails every Reserve as ErrAmbiguous while down is set,
 // applying it first when apply is set (the store ran it, the reply was lost).
-func ambiguousLedger(t *testing.T, apply bool) (*fakeLedger, func(bool)) {
-	led := newFakeLedger(t)
+func ambiguousLedger(t *testing.T, apply bool) (*lifecycletest.Ledger, func(bool)) {
+	led := lifecycletest.NewLedger(t)
 	down := false
-	led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+	led.OnReserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 		if !down {
 			return ledger.Grant{}, nil, false
 		}
@@ -38,7 +39,7 @@ func ambiguousLedger(t *testing.T, apply bool) (*fakeLedger, func(bool)) {
 		}
 		return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 	}
-	return led, func(d bool) { led.set(func() { down = d }) }
+	return led, func(d bool) { led.Set(func() { down = d }) }
 }
 
 // TestChaosAmbiguousRetryNotReleased (chaos seed 1 on redis: a retry 130
@@ -49,19 +50,19 @@ func ambiguousLedger(t *testing.T, apply bool) (*fakeLedger, func(bool)) {
 // ambiguous keyed Reserve is left to its lease; the retry runs, once.
 func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 	led, setDown := ambiguousLedger(t, false)
-	up := &fakeUpstream{out: 2}
-	s := newTestServer(t, testConfig(t, "", budgets), led, up)
+	up := &lifecycletest.Upstream{Out: 2}
+	s := newTestEngine(t, lifecycletest.Config(t, "", budgets), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 
 	setDown(true)
-	_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 	require.Equal(t, 503, apierr.For(err).Status, "%v", err)
 	setDown(false)
 
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "retry"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: lifecycletest.ChatBody(""), idemKey: "k", reqID: "retry"})
 	require.NoError(t, err)
 	defer c.end()
 	s.settler.Flush(ctx) // whatever the first attempt left lands now
@@ -70,10 +71,10 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 	_, err = s.drainStream(c)
 	require.NoError(t, err)
 	s.finish(c, nil)
-	assert.Equal(t, int64(1), up.runs.Load())
+	assert.Equal(t, int64(1), up.Runs.Load())
 	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
-	assert.Equal(t, int64(5+2), committed(u, ledger.Tokens, time.Hour))
+	assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour))
+	assert.Equal(t, int64(5+2), lifecycletest.Committed(u, ledger.Tokens, time.Hour))
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
@@ -81,23 +82,23 @@ func TestChaosAmbiguousRetryNotReleased(t *testing.T) {
 // MarkDispatched (ErrAlreadyFinal: expired or released under the call) is
 // 503 ledger_unavailable with nothing sent, never 500 ledger_error.
 func TestChaosDispatchFinalIsLeaseLost(t *testing.T) {
-	led := newFakeLedger(t)
-	led.dispatch = func(context.Context, ledger.Ref) (error, bool) { return ledger.ErrAlreadyFinal, true }
-	up := &fakeUpstream{out: 2}
-	s := newTestServer(t, testConfig(t, "", budgets), led, up)
+	led := lifecycletest.NewLedger(t)
+	led.OnDispatch = func(context.Context, ledger.Ref) (error, bool) { return ledger.ErrAlreadyFinal, true }
+	up := &lifecycletest.Upstream{Out: 2}
+	s := newTestEngine(t, lifecycletest.Config(t, "", budgets), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	for _, key := range []string{"", "k"} {
-		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: key})
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: key})
 		ae := apierr.For(err)
 		assert.Equal(t, 503, ae.Status, "key %q: %v", key, err)
 		assert.Equal(t, "ledger_unavailable", ae.Code)
 	}
-	assert.Equal(t, int64(0), up.runs.Load())
+	assert.Equal(t, int64(0), up.Runs.Load())
 	u := tenantUsage(t, s, led.Memory)
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
-	assert.Equal(t, int64(0), committed(u, ledger.Requests, time.Hour))
+	assert.Equal(t, int64(0), lifecycletest.Committed(u, ledger.Requests, time.Hour))
 }
 
 // TestChaosOutageChargeOnce: an outage-admitted call whose failed Reserve
@@ -111,13 +112,13 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("applied=%v,expired=%v", tc.apply, tc.expire), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				led, setDown := ambiguousLedger(t, tc.apply)
-				up := &fakeUpstream{out: 3}
-				s := newTestServer(t, testConfig(t, "", outageBudgets), led, up)
+				up := &lifecycletest.Upstream{Out: 3}
+				s := newTestEngine(t, lifecycletest.Config(t, "", outageBudgets), led, up)
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				go s.dispatchLoop(ctx)
 				setDown(true)
-				_, err := serve(ctx, s, admission{body: chatBody("")})
+				_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody("")})
 				require.NoError(t, err, "admitted on the outage allowance")
 				setDown(false)
 				owed := s.settler.Chargeable()
@@ -135,47 +136,11 @@ func TestChaosOutageChargeOnce(t *testing.T) {
 				s.settler.ChargeOutages(ctx)
 				require.Empty(t, s.settler.Chargeable())
 				u := tenantUsage(t, s, led.Memory)
-				assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
-				assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour))
+				assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour))
+				assert.Equal(t, int64(5+3), lifecycletest.Committed(u, ledger.Tokens, time.Hour))
 				assert.Equal(t, ledger.Amounts{}, u.Reserved)
-				assert.Equal(t, int64(1), up.runs.Load())
+				assert.Equal(t, int64(1), up.Runs.Load())
 			})
 		})
 	}
-}
-
-// TestChaosRecoveryKicksOutbox (chaos seed 219 on redis: an instance killed
-// shortly after a stall had not charged its owed outage usage yet): the
-// first ledger answer after store errors wakes the pending-writes log's
-// loop at once, so owed charges and pending endings do not wait for the
-// next tick; an answer while the ledger was answering wakes nothing.
-func TestChaosRecoveryKicksOutbox(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
-			return ledger.Settlement{}, ledger.ErrUnavailable, true
-		}
-		s := newTestServer(t, testConfig(t, "", budgets), led, &fakeUpstream{out: 1})
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() { _ = s.settler.Loop(ctx) }()
-		// A pending ending the store keeps refusing: each pass of the loop
-		// tries it once, so the Settles sent count the passes.
-		s.settler.QueueSettle(ledger.Ref{ID: ledger.NewRequestID()}, ledger.Amounts{}, ledger.SourceNotSent, "pending")
-		synctest.Wait()
-		require.Equal(t, 1, led.n("settle"), "queued: one pass")
-		require.Equal(t, 1, s.settler.Pending())
-
-		s.ledgerErrs.Store(0) // the ledger was answering
-		s.noteLedger("reserve", nil)
-		synctest.Wait()
-		assert.Equal(t, 1, led.n("settle"), "no pass while the ledger was answering")
-		s.noteLedger("reserve", ledger.ErrUnavailable)
-		s.noteLedger("reserve", ledger.ErrUnavailable)
-		synctest.Wait()
-		assert.Equal(t, 1, led.n("settle"), "nor on its errors")
-		s.noteLedger("reserve", nil)
-		synctest.Wait()
-		assert.Equal(t, 2, led.n("settle"), "recovery: a pass at once, not at the next tick")
-	})
 }

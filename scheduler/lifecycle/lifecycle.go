@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"fmt"
@@ -65,7 +65,7 @@ var transitions = func() (t [numPhases][numPhases]bool) {
 }()
 
 // transitionError reports a transition the lifecycle does not have: a bug,
-// counted and logged (Server.illegal), and the operation it guards is
+// counted and logged (Engine.illegal), and the operation it guards is
 // skipped (never run twice).
 type transitionError struct{ from, to phase }
 
@@ -86,7 +86,7 @@ func (c *call) to(next phase) error {
 }
 
 // to moves c to next (call.to), or reports the move it refused as a bug.
-func (s *Server) to(c *call, next phase) bool {
+func (s *Engine) to(c *call, next phase) bool {
 	err := c.to(next)
 	if err != nil {
 		s.illegal(c, err)
@@ -98,7 +98,7 @@ func (s *Server) to(c *call, next phase) bool {
 // sluice_lifecycle_illegal_transitions_total, logged, and handed to
 // s.onIllegal, which in a test binary fails the test (panics unless the
 // test set its own).
-func (s *Server) illegal(c *call, err error) {
+func (s *Engine) illegal(c *call, err error) {
 	s.m.IllegalMoves.Inc()
 	s.log.Error("call lifecycle: illegal transition refused", "request_id", c.reqID, "err", err)
 	if f := s.onIllegal; f != nil {

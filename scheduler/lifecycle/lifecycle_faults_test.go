@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -13,13 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/apierr"
-	"github.com/sluicehq/sluice/scheduler/config"
-	"github.com/sluicehq/sluice/scheduler/policy"
-	"github.com/sluicehq/sluice/scheduler/statestore"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // Faults of a call's lifecycle against the ledger: lost replies, leases and
@@ -31,8 +27,8 @@ import (
 // a request without an Idempotency-Key that is this very request: it runs,
 // and nothing stays held.
 func TestLostReplyIsSuccess(t *testing.T) {
-	led := newFakeLedger(t)
-	led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+	led := lifecycletest.NewLedger(t)
+	led.OnReserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 		if _, err := led.Memory.Reserve(ctx, req); err != nil {
 			return ledger.Grant{}, err, true
 		}
@@ -40,45 +36,48 @@ func TestLostReplyIsSuccess(t *testing.T) {
 		require.False(t, g.Replayed, "same attempt nonce: the original grant")
 		return g, err, true
 	}
-	up := &fakeUpstream{out: 3}
-	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	up := &lifecycletest.Upstream{Out: 3}
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 
-	_, err := serve(ctx, s, admission{body: chatBody("")})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody("")})
 	require.NoError(t, err, "no 409 without an Idempotency-Key")
-	assert.Equal(t, int64(1), up.runs.Load())
+	assert.Equal(t, int64(1), up.Runs.Load())
 	u := tenantUsage(t, s, led.Memory)
 	assert.Equal(t, ledger.Amounts{}, u.Reserved, "nothing stranded")
-	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "settled once")
+	assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour), "settled once")
 
 	// The same lost reply under an Idempotency-Key is still this attempt.
-	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k1"})
+	_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k1"})
 	require.NoError(t, err)
-	assert.Equal(t, int64(2), up.runs.Load())
+	assert.Equal(t, int64(2), up.Runs.Load())
 }
 
 // TestDuplicateIsInFlight: another attempt holding the key's id (a
 // concurrent duplicate) is 409 with details.state in_flight; it never runs.
 func TestDuplicateIsInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2, Gate: make(chan struct{})}
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() {
+			_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+			first <- err
+		}()
 		synctest.Wait()
-		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 		ae := apierr.For(err)
 		assert.Equal(t, 409, ae.Status)
 		assert.Equal(t, map[string]any{"state": "in_flight"}, ae.Details)
-		close(up.gate)
+		close(up.Gate)
 		require.NoError(t, <-first)
-		assert.Equal(t, int64(1), up.runs.Load())
+		assert.Equal(t, int64(1), up.Runs.Load())
 	})
 }
 
@@ -90,10 +89,10 @@ func TestDuplicateIsInFlight(t *testing.T) {
 // (queue.ShedAfter), and this test is about the lease, not the queue.
 func TestQueuedHoldRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2, gate: make(chan struct{})}
-		cfg := testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")
-		s := newTestServer(t, cfg, led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2, Gate: make(chan struct{})}
+		cfg := lifecycletest.Config(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")
+		s := newTestEngine(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
@@ -107,7 +106,9 @@ func TestQueuedHoldRenewed(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
 		for i := range 2 {
-			wg.Go(func() { _, errs[i] = serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)}) })
+			wg.Go(func() {
+				_, errs[i] = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: fmt.Sprint("r", i)})
+			})
 			synctest.Wait()
 		}
 		// The second waits behind the first (concurrency 1) for 10 lease
@@ -118,11 +119,11 @@ func TestQueuedHoldRenewed(t *testing.T) {
 		}
 		u := tenantUsage(t, s, led.Memory)
 		assert.Equal(t, int64(2), u.Reserved[ledger.Requests], "both holds alive after 30s on a 3s lease")
-		close(up.gate)
+		close(up.Gate)
 		wg.Wait()
 		require.NoError(t, errs[0])
 		require.NoError(t, errs[1], "dispatched with a live lease")
-		assert.Equal(t, int64(2), up.runs.Load())
+		assert.Equal(t, int64(2), up.Runs.Load())
 		u = tenantUsage(t, s, led.Memory)
 		assert.Equal(t, ledger.Amounts{}, u.Reserved)
 		assert.Zero(t, u.Unresolved)
@@ -134,17 +135,17 @@ func TestQueuedHoldRenewed(t *testing.T) {
 // with many calls at once and Extends that hang to their timeout.
 func TestFenceBeforeLapse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
-		cfg := testConfig(t, "", "    concurrency: 300\n")
-		s := newTestServer(t, cfg, led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 1, Gate: make(chan struct{})}
+		cfg := lifecycletest.Config(t, "", "    concurrency: 300\n")
+		s := newTestEngine(t, cfg, led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.settler.Heartbeat(ctx) }()
 
-		led.set(func() {
-			led.extend = func(ctx context.Context, _ ledger.Ref) (time.Time, error, bool) {
+		led.Set(func() {
+			led.OnExtend = func(ctx context.Context, _ ledger.Ref) (time.Time, error, bool) {
 				<-ctx.Done() // a store that never answers
 				return time.Time{}, fmt.Errorf("%w: %w", ledger.ErrAmbiguous, ctx.Err()), true
 			}
@@ -157,7 +158,7 @@ func TestFenceBeforeLapse(t *testing.T) {
 		var latest time.Duration
 		for i := range n {
 			wg.Go(func() {
-				_, err := serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint("r", i)})
+				_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: fmt.Sprint("r", i)})
 				mu.Lock()
 				defer mu.Unlock()
 				if errors.Is(err, ledger.ErrLeaseLost) {
@@ -170,7 +171,7 @@ func TestFenceBeforeLapse(t *testing.T) {
 		assert.Equal(t, n, fenced, "every call fenced")
 		ttl := s.pol.Load().LeaseTTL
 		assert.Less(t, latest, ttl, "fenced before the 60s lease could lapse")
-		assert.Equal(t, int64(n), up.runs.Load())
+		assert.Equal(t, int64(n), up.Runs.Load())
 	})
 }
 
@@ -181,27 +182,27 @@ func TestFenceBeforeLapse(t *testing.T) {
 func TestOutboxReleasesNeverDispatched(t *testing.T) {
 	for _, applied := range []bool{true, false} {
 		t.Run(fmt.Sprint("applied=", applied), func(t *testing.T) {
-			led := newFakeLedger(t)
+			led := lifecycletest.NewLedger(t)
 			var ref ledger.Ref
-			led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+			led.OnReserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 				ref = req.Ref
 				if applied {
 					_, _ = led.Memory.Reserve(ctx, req)
 				}
 				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 			}
-			s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
-			_, err := serve(context.Background(), s, admission{body: chatBody("")})
+			s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 1})
+			_, err := serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
 			assert.Equal(t, 503, apierr.For(err).Status)
 			require.Equal(t, 1, s.settler.Pending())
 			s.settler.Flush(context.Background())
 			assert.Equal(t, 0, s.settler.Pending())
-			assert.Equal(t, 1, led.n("release"))
-			assert.Equal(t, 0, led.n("settle"), "a never-dispatched hold is released, not settled")
+			assert.Equal(t, 1, led.N("release"))
+			assert.Equal(t, 0, led.N("settle"), "a never-dispatched hold is released, not settled")
 			u := tenantUsage(t, s, led.Memory)
 			assert.Equal(t, ledger.Amounts{}, u.Reserved)
 			// Either way the id is now final: a late Reserve cannot apply.
-			led.reserve = nil
+			led.OnReserve = nil
 			_, err = led.Memory.Reserve(context.Background(), ledger.ReserveRequest{Ref: ref, Owner: s.owner,
 				Scopes: []ledger.Scope{{Kind: ledger.KindTenant, Key: ref.Tenant, Limits: s.pol.Load().Tenants["acme"].Limits}},
 				Held:   ledger.Amounts{ledger.Requests: 1}})
@@ -224,10 +225,10 @@ func TestLeaseLostStatus(t *testing.T) {
 // TestMultipliersBounded: n and every product of client values
 // are bounded: 400 invalid_request naming the parameter, never a 500.
 func TestMultipliersBounded(t *testing.T) {
-	led := newFakeLedger(t)
-	cfg := testConfig(t, "prices:\n  - {model: m, input_per_mtok: 1000000000000, output_per_mtok: 1000000000000}\n",
+	led := lifecycletest.NewLedger(t)
+	cfg := lifecycletest.Config(t, "prices:\n  - {model: m, input_per_mtok: 1000000000000, output_per_mtok: 1000000000000}\n",
 		"    max_output_tokens: 100000000000000\n    max_input_tokens: 1000000000000\n")
-	s := newTestServer(t, cfg, led, &fakeUpstream{out: 1})
+	s := newTestEngine(t, cfg, led, &lifecycletest.Upstream{Out: 1})
 	for _, tc := range []struct {
 		name, extra, param string
 	}{
@@ -244,7 +245,7 @@ func TestMultipliersBounded(t *testing.T) {
 			assert.Equal(t, tc.param, ae.Param, "%v", err)
 		})
 	}
-	assert.Zero(t, led.n("reserve"), "nothing reached the ledger")
+	assert.Zero(t, led.N("reserve"), "nothing reached the ledger")
 	_, ok := mulAmount(ledger.MaxAmount, 2)
 	assert.False(t, ok)
 	v, ok := mulAmount(1<<25, 1<<25)
@@ -256,8 +257,8 @@ func TestMultipliersBounded(t *testing.T) {
 // still gets its UNRESOLVED records charged when a window closes.
 func TestUnresolvedResolves(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 1})
+		led := lifecycletest.NewLedger(t)
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 1})
 		tn := s.pol.Load().Tenants["acme"]
 		ctx := context.Background()
 		ref := ledger.Ref{Tenant: tn.ScopeKey, ID: ledger.NewRequestID()}
@@ -284,15 +285,15 @@ func TestUnresolvedResolves(t *testing.T) {
 // once a slot frees, exactly once.
 func TestSlotDenialRequeues(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1}
-		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 1}
+		s := newTestEngine(t, lifecycletest.Config(t, "", "    concurrency: 1\n"), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		var denials int
-		led.dispatch = func(context.Context, ledger.Ref) (error, bool) {
+		led.OnDispatch = func(context.Context, ledger.Ref) (error, bool) {
 			if denials < 3 {
 				denials++
 				return &ledger.DeniedError{Scope: ledger.KindTenant, Dim: ledger.Slots, Limit: 1, Reserved: 1, Requested: 1}, true
@@ -301,17 +302,17 @@ func TestSlotDenialRequeues(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := serve(ctx, s, admission{body: chatBody("")})
+			_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody("")})
 			done <- err
 		}()
 		// Each denial requeues; the dispatch loop retries when woken.
 		for range 3 {
 			synctest.Wait()
-			s.signal(s.wake)
+			s.Wake()
 		}
 		require.NoError(t, <-done)
-		assert.Equal(t, 4, led.n("dispatch"))
-		assert.Equal(t, int64(1), up.runs.Load(), "executed once")
+		assert.Equal(t, 4, led.N("dispatch"))
+		assert.Equal(t, int64(1), up.Runs.Load(), "executed once")
 		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 	})
 }
@@ -320,60 +321,31 @@ func TestSlotDenialRequeues(t *testing.T) {
 // once and never dispatched.
 func TestCancelWhileQueued(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 1, Gate: make(chan struct{})}
+		s := newTestEngine(t, lifecycletest.Config(t, "", "    concurrency: 1\n"), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		first := make(chan error, 1)
-		go func() { _, err := serve(ctx, s, admission{body: chatBody("")}); first <- err }()
+		go func() { _, err := serve(ctx, s, admission{body: lifecycletest.ChatBody("")}); first <- err }()
 		synctest.Wait()
 		cctx, leave := context.WithCancelCause(ctx)
 		second := make(chan error, 1)
-		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), reqID: "b"}); second <- err }()
+		go func() {
+			_, err := serve(cctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "b"})
+			second <- err
+		}()
 		synctest.Wait()
 		leave(apierr.ErrClientGone)
 		require.ErrorIs(t, <-second, apierr.ErrClientGone)
-		close(up.gate)
+		close(up.Gate)
 		require.NoError(t, <-first)
-		assert.Equal(t, int64(1), up.runs.Load(), "the cancelled call never ran")
+		assert.Equal(t, int64(1), up.Runs.Load(), "the cancelled call never ran")
 		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
-		assert.Equal(t, 2, led.n("reserve"))
-		assert.Equal(t, 1, led.n("release"))
-	})
-}
-
-// TestDrainTimeoutAborts: calls still running at the drain timeout are
-// aborted and settled from what they streamed; nothing stays held.
-func TestDrainTimeoutAborts(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "server: {drain_timeout: 5s}\n", ""), led, up)
-		ctx, stop := context.WithCancel(context.Background())
-		ran := make(chan error, 1)
-		go func() { ran <- s.Run(ctx) }()
-		errs := make(chan error, 3)
-		for i := range 3 {
-			go func() {
-				_, err := serve(context.Background(), s, admission{body: chatBody(""), reqID: fmt.Sprint(i)})
-				errs <- err
-			}()
-		}
-		synctest.Wait()
-		start := time.Now()
-		stop()
-		for range 3 {
-			require.ErrorIs(t, <-errs, apierr.ErrDraining)
-		}
-		assert.Equal(t, 5*time.Second, time.Since(start).Round(time.Second))
-		require.NoError(t, <-ran)
-		u := tenantUsage(t, s, led.Memory)
-		assert.Equal(t, ledger.Amounts{}, u.Reserved)
-		assert.Equal(t, int64(3), committed(u, ledger.Requests, time.Hour), "three aborted calls charged")
-		_ = queue.ErrExpired
+		assert.Equal(t, 2, led.N("reserve"))
+		assert.Equal(t, 1, led.N("release"))
 	})
 }
 
@@ -382,25 +354,28 @@ func TestDrainTimeoutAborts(t *testing.T) {
 // once.
 func TestIdempotencyRetryAfterNeverRanRuns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 2}
-		s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2}
+		s := newTestEngine(t, lifecycletest.Config(t, "", "    concurrency: 1\n"), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		// No dispatch loop yet: the first attempt stays queued.
 		cctx, leave := context.WithCancelCause(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(cctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() {
+			_, err := serve(cctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+			first <- err
+		}()
 		synctest.Wait()
 		leave(apierr.ErrClientGone)
 		require.ErrorIs(t, <-first, apierr.ErrClientGone)
 		go s.dispatchLoop(ctx)
-		body, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+		body, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 		require.NoError(t, err, "a retry after a first attempt that never ran may run")
 		assert.NotEmpty(t, body)
-		assert.Equal(t, int64(1), up.runs.Load())
+		assert.Equal(t, int64(1), up.Runs.Load())
 		u := tenantUsage(t, s, led.Memory)
-		assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour))
 		assert.Equal(t, ledger.Amounts{}, u.Reserved)
 	})
 }
@@ -408,14 +383,14 @@ func TestIdempotencyRetryAfterNeverRanRuns(t *testing.T) {
 // TestIdempotencyCompletedReturnsOriginal: a retry of a completed
 // non-streamed request gets the original body and never runs again.
 func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
-	led := newFakeLedger(t)
-	up := &fakeUpstream{out: 3}
-	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	led := lifecycletest.NewLedger(t)
+	up := &lifecycletest.Upstream{Out: 3}
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), idemKey: "k", reqID: "a"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: lifecycletest.ChatBody(""), idemKey: "k", reqID: "a"})
 	require.NoError(t, err)
 	require.NoError(t, s.await(c))
 	require.NoError(t, s.execute(c))
@@ -425,59 +400,26 @@ func TestIdempotencyCompletedReturnsOriginal(t *testing.T) {
 	s.rememberResponse(c, body)
 	c.end()
 
-	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+	_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 	var replay *cachedResponse
 	require.ErrorAs(t, err, &replay)
 	assert.Equal(t, body, replay.body)
-	assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
+	assert.Equal(t, int64(1), up.Runs.Load(), "never executed twice")
 
 	// Another instance (or after eviction): 409 completed, still no run.
-	other := newTestServer(t, testConfig(t, "", ""), led, up)
-	_, err = serve(ctx, other, admission{body: chatBody(""), idemKey: "k"})
+	other := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
+	_, err = serve(ctx, other, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 	ae := apierr.For(err)
 	assert.Equal(t, 409, ae.Status)
 	assert.Equal(t, map[string]any{"state": "completed"}, ae.Details)
-	assert.Equal(t, int64(1), up.runs.Load())
-}
-
-// TestIdempotencyCacheFollowsRetention: the response cache keeps a
-// completed body for ledger.tombstone_retention, not a fixed hour; past it
-// the ledger (which here keeps its tombstones longer) still answers 409
-// completed, and nothing runs twice. A reload may not change the retention.
-func TestIdempotencyCacheFollowsRetention(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 3}
-		s := newTestServer(t, testConfig(t, "ledger: {tombstone_retention: 5m}\n", ""), led, up)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go s.dispatchLoop(ctx)
-		body, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		require.NoError(t, err)
-
-		time.Sleep(5 * time.Minute)
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		var replay *cachedResponse
-		require.ErrorAs(t, err, &replay, "within the retention: the cached body")
-		assert.Equal(t, body, replay.body)
-
-		time.Sleep(time.Second)
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
-		assert.Equal(t, 409, apierr.For(err).Status, "past it: the cache forgot the body")
-		assert.Equal(t, int64(1), up.runs.Load(), "never executed twice")
-
-		err = s.Reload(testConfig(t, "ledger: {tombstone_retention: 10m}\n", ""))
-		require.ErrorContains(t, err, "ledger.tombstone_retention 10m0s differs from the ledger's 5m0s")
-		require.NoError(t, s.Reload(testConfig(t, "", "")), "unset keeps the retention it started with")
-		assert.Equal(t, 5*time.Minute, s.retention)
-	})
+	assert.Equal(t, int64(1), up.Runs.Load())
 }
 
 // outageLedger fails every Reserve as unreachable while down is set.
-func outageLedger(t *testing.T) (*fakeLedger, *atomic.Bool) {
-	led := newFakeLedger(t)
+func outageLedger(t *testing.T) (*lifecycletest.Ledger, *atomic.Bool) {
+	led := lifecycletest.NewLedger(t)
 	var down atomic.Bool
-	led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
+	led.OnReserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
 		if down.Load() {
 			return ledger.Grant{}, ledger.ErrUnavailable, true
 		}
@@ -496,38 +438,38 @@ const outageTenant = "    outage_allowance: {requests: 10, tokens: 100000}\n    
 // outage-admitted and charged once under its own id.
 func TestOutageNeverRunsAKeyTwice(t *testing.T) {
 	led, down := outageLedger(t)
-	up := &fakeUpstream{out: 3}
-	s := newTestServer(t, testConfig(t, "", outageTenant), led, up)
+	up := &lifecycletest.Upstream{Out: 3}
+	s := newTestEngine(t, lifecycletest.Config(t, "", outageTenant), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
-	a := admission{body: chatBody(""), idemKey: "k"}
+	a := admission{body: lifecycletest.ChatBody(""), idemKey: "k"}
 	first, err := serve(ctx, s, a)
 	require.NoError(t, err)
 	down.Store(true)
 	for range 3 {
 		_, err = serve(ctx, s, a)
 		assert.Equal(t, 503, apierr.For(err).Status, "a retry during the outage does not run: %v", err)
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "fresh"})
+		_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "fresh"})
 		assert.Equal(t, 503, apierr.For(err).Status, "nor does a new key: only the ledger could tell: %v", err)
 	}
-	_, err = serve(ctx, s, admission{body: chatBody("")})
+	_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody("")})
 	require.NoError(t, err, "an unkeyed request runs on the outage allowance")
-	assert.Equal(t, int64(2), up.runs.Load())
+	assert.Equal(t, int64(2), up.Runs.Load())
 
 	down.Store(false)
 	_, err = serve(ctx, s, a)
 	var replay *cachedResponse
 	require.ErrorAs(t, err, &replay)
 	assert.Equal(t, first, replay.body, "recovered: the first response")
-	other := newTestServer(t, testConfig(t, "", outageTenant), led, up) // another instance: the ledger decides
+	other := newTestEngine(t, lifecycletest.Config(t, "", outageTenant), led, up) // another instance: the ledger decides
 	_, err = serve(ctx, other, a)
 	assert.Equal(t, map[string]any{"state": "completed"}, apierr.For(err).Details, "%v", err)
 	s.settler.ChargeOutages(ctx)
-	assert.Equal(t, 1, led.n("charge"))
-	assert.Equal(t, int64(2), up.runs.Load(), "the key ran once")
+	assert.Equal(t, 1, led.N("charge"))
+	assert.Equal(t, int64(2), up.Runs.Load(), "the key ran once")
 	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(2*(5+3)), committed(u, ledger.Tokens, time.Hour), "both runs charged once")
+	assert.Equal(t, int64(2*(5+3)), lifecycletest.Committed(u, ledger.Tokens, time.Hour), "both runs charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
@@ -537,156 +479,33 @@ func TestOutageNeverRunsAKeyTwice(t *testing.T) {
 func TestOutageUsagePersisted(t *testing.T) {
 	dir := t.TempDir()
 	led, down := outageLedger(t)
-	up := &fakeUpstream{out: 3}
+	up := &lifecycletest.Upstream{Out: 3}
 	top := fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json")
-	cfg := testConfig(t, top, outageTenant)
-	s1 := newTestServer(t, cfg, led, up)
+	cfg := lifecycletest.Config(t, top, outageTenant)
+	s1 := newTestEngine(t, cfg, led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s1.dispatchLoop(ctx)
 	down.Store(true)
-	_, err := serve(ctx, s1, admission{body: chatBody("")})
+	_, err := serve(ctx, s1, admission{body: lifecycletest.ChatBody("")})
 	require.NoError(t, err)
 	// A second call admitted and "running" when the process dies.
 	pol := s1.pol.Load()
-	c, err := s1.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "crash"})
+	c, err := s1.admit(ctx, pol.Tenants["acme"], pol, admission{ep: 1, body: lifecycletest.ChatBody(""), reqID: "crash"})
 	require.NoError(t, err)
 	require.True(t, c.outage)
 	held := c.held[ledger.Tokens]
 
 	// Restart: a new process reads the owed charges.
 	down.Store(false)
-	s2 := newTestServer(t, cfg, led, up)
+	s2 := newTestEngine(t, cfg, led, up)
 	s2.settler.ChargeOutages(ctx)
 	s2.settler.ChargeOutages(ctx)
-	s3 := newTestServer(t, cfg, led, up)
+	s3 := newTestEngine(t, cfg, led, up)
 	s3.settler.ChargeOutages(ctx)
-	assert.Equal(t, 2, led.n("charge"), "each owed charge sent once, then dropped")
+	assert.Equal(t, 2, led.N("charge"), "each owed charge sent once, then dropped")
 	u := tenantUsage(t, s2, led.Memory)
-	assert.Equal(t, int64(5+3)+held, committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
-}
-
-// TestRestartAfterAdminChange: clamp and unclamp (policy version
-// 3 on this process), restart on the same journal (version 1 again): the
-// tenant is served, and the committed usage is kept.
-func TestRestartAfterAdminChange(t *testing.T) {
-	dir := t.TempDir()
-	open := func() *ledger.Memory {
-		m, err := ledger.NewMemory(ledger.MemoryConfig{Journal: dir + "/journal", LeaseTTL: 60 * time.Second})
-		require.NoError(t, err)
-		return m
-	}
-	cfg := testConfig(t, "", "    budgets:\n      - {dimension: tokens, limit: 1000000, window: 24h}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	m1 := open()
-	s1 := newTestServer(t, cfg, &fakeLedger{Memory: m1, calls: map[string]int{}}, &fakeUpstream{out: 3})
-	go s1.dispatchLoop(ctx)
-	_, err := s1.SetClamp(Clamp{Tenant: "acme", Concurrency: 1, Reason: "test", ExpiresAt: time.Now().Add(time.Hour)})
-	require.NoError(t, err)
-	_, err = s1.Unclamp("acme")
-	require.NoError(t, err)
-	require.Equal(t, uint64(3), s1.pol.Load().Version)
-	_, err = serve(ctx, s1, admission{body: chatBody("")})
-	require.NoError(t, err)
-	require.NoError(t, m1.Close())
-
-	m2 := open()
-	defer m2.Close()
-	s2 := newTestServer(t, cfg, &fakeLedger{Memory: m2, calls: map[string]int{}}, &fakeUpstream{out: 3})
-	go s2.dispatchLoop(ctx)
-	require.Equal(t, uint64(1), s2.pol.Load().Version)
-	_, err = serve(ctx, s2, admission{body: chatBody("")})
-	require.NoError(t, err, "served after the restart, not 500 ledger_error")
-	assert.Equal(t, int64(2*(5+3)), committed(tenantUsage(t, s2, m2), ledger.Tokens, 24*time.Hour), "usage of both runs kept")
-}
-
-// TestAdminSharedFleetWide: a budget set and a clamp applied
-// through instance A are enforced by instance B (shared state store), and
-// B's unclamp is seen by A.
-func TestAdminSharedFleetWide(t *testing.T) {
-	store, err := statestore.OpenFile(t.TempDir())
-	require.NoError(t, err)
-	led := newFakeLedger(t)
-	cfg := testConfig(t, "", "    concurrency: 8\n")
-	mk := func() *Server {
-		keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
-		require.NoError(t, err)
-		mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
-		require.NoError(t, err)
-		s, err := New(cfg, Deps{Ledger: led, Upstream: &fakeUpstream{out: 3}, Keyer: keyer, GPU: mon, State: store})
-		require.NoError(t, err)
-		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
-		return s
-	}
-	a, b := mk(), mk()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.dispatchLoop(ctx)
-	go b.dispatchLoop(ctx)
-	poll := func(s *Server) {
-		d, err := store.Get(ctx, policy.AdminDoc)
-		require.NoError(t, err)
-		s.admin.Apply(d)
-	}
-
-	_, err = a.SetBudget("acme", config.Budget{Dimension: "requests", Limit: 1, Window: time.Hour})
-	require.NoError(t, err)
-	_, err = a.SetClamp(Clamp{Tenant: "acme", Concurrency: 2, Reason: "suspicious", ExpiresAt: time.Now().Add(time.Hour)})
-	require.NoError(t, err)
-	poll(b)
-	assert.Equal(t, 2, b.pol.Load().Tenants["acme"].Cfg.Concurrency, "A's clamp applies on B")
-
-	_, err = serve(ctx, b, admission{body: chatBody("")})
-	require.NoError(t, err)
-	_, err = serve(ctx, b, admission{body: chatBody("")})
-	assert.Equal(t, 429, apierr.For(err).Status, "A's budget of 1 request is enforced by B: %v", err)
-
-	had, err := b.Unclamp("acme")
-	require.NoError(t, err)
-	assert.True(t, had)
-	poll(a)
-	assert.Equal(t, 8, a.pol.Load().Tenants["acme"].Cfg.Concurrency, "B's unclamp is seen by A")
-	assert.Len(t, a.Budgets("acme"), 1, "the budget survived the concurrent changes")
-}
-
-// TestLeaseTTLReload: a reload that shortens ledger.lease_ttl
-// applies to the heartbeat period at once: a call admitted after it, with
-// the new 3s lease, keeps its hold while it waits 30s.
-func TestLeaseTTLReload(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1, gate: make(chan struct{})}
-		cfg := testConfig(t, "server: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")
-		s := newTestServer(t, cfg, led, up)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go s.dispatchLoop(ctx)
-		go func() { _ = s.settler.Heartbeat(ctx) }()
-		synctest.Wait()
-		require.NoError(t, s.Reload(testConfig(t, "ledger: {lease_ttl: 3s}\nserver: {max_wait: 60s}\n", "    concurrency: 1\n    queue: {max_wait: 60s, order: edf}\n")))
-		require.Equal(t, 3*time.Second, s.pol.Load().LeaseTTL)
-
-		errs := make(chan error, 2)
-		for i := range 2 {
-			go func() { _, err := serve(ctx, s, admission{body: chatBody(""), reqID: fmt.Sprint(i)}); errs <- err }()
-			synctest.Wait()
-		}
-		for range 30 {
-			time.Sleep(time.Second)
-			_, err := led.Reclaim(context.Background(), s.pol.Load().Tenants["acme"].ScopeKey, 100)
-			require.NoError(t, err)
-		}
-		assert.Equal(t, int64(2), tenantUsage(t, s, led.Memory).Reserved[ledger.Requests], "both 3s leases renewed for 30s")
-		close(up.gate)
-		require.NoError(t, <-errs)
-		require.NoError(t, <-errs)
-
-		// A reload past the ledger's lease bound (2 × the start-up 60s) is refused.
-		err := s.Reload(testConfig(t, "ledger: {lease_ttl: 121s}\n", ""))
-		assert.ErrorContains(t, err, "lease bound")
-	})
+	assert.Equal(t, int64(5+3)+held, lifecycletest.Committed(u, ledger.Tokens, time.Hour), "usage of the finished call plus the hold of the one that died")
 }
 
 // TestCancelRacesDispatch: the client leaves just as the dispatch loop
@@ -695,12 +514,12 @@ func TestLeaseTTLReload(t *testing.T) {
 // never runs.
 func TestCancelRacesDispatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 1}
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 		cctx, leave := context.WithCancelCause(context.Background())
 		done := make(chan error, 1)
-		go func() { _, err := serve(cctx, s, admission{body: chatBody("")}); done <- err }()
+		go func() { _, err := serve(cctx, s, admission{body: lifecycletest.ChatBody("")}); done <- err }()
 		synctest.Wait()
 		// The dispatch loop's step, without delivering yet.
 		it, ok := s.q.NextView(s.admissible)
@@ -712,9 +531,9 @@ func TestCancelRacesDispatch(t *testing.T) {
 		it.Payload.dispatched <- rep
 		require.ErrorIs(t, <-done, apierr.ErrClientGone)
 		assert.Zero(t, rep.Load.Load(), "replica room given back")
-		assert.Zero(t, up.runs.Load(), "never ran")
-		assert.Equal(t, 0, led.n("dispatch"), "no slot taken")
-		assert.Equal(t, 1, led.n("release"))
+		assert.Zero(t, up.Runs.Load(), "never ran")
+		assert.Equal(t, 0, led.N("dispatch"), "no slot taken")
+		assert.Equal(t, 1, led.N("release"))
 		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 		st, ok := s.q.Stats("acme")
 		require.True(t, ok)
@@ -725,22 +544,22 @@ func TestCancelRacesDispatch(t *testing.T) {
 // TestOutboxRetriesSettle: a settlement the store could not take is
 // retried by the outbox, with the same id, until it lands: charged once.
 func TestOutboxRetriesSettle(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 3})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 3})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	var fail atomic.Int64
 	fail.Store(3)
-	led.set(func() {
-		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+	led.Set(func() {
+		led.OnSettle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
 			if fail.Add(-1) >= 0 {
 				return ledger.Settlement{}, ledger.ErrUnavailable, true
 			}
 			return ledger.Settlement{}, nil, false
 		}
 	})
-	_, err := serve(ctx, s, admission{body: chatBody("")})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody("")})
 	require.NoError(t, err, "the client's answer does not wait for the ledger")
 	require.Equal(t, 1, s.settler.Pending())
 	s.settler.Flush(ctx)
@@ -748,9 +567,9 @@ func TestOutboxRetriesSettle(t *testing.T) {
 	assert.Equal(t, 1, s.settler.Pending(), "still failing: kept")
 	s.settler.Flush(ctx)
 	assert.Equal(t, 0, s.settler.Pending())
-	assert.Equal(t, 4, led.n("settle"))
+	assert.Equal(t, 4, led.N("settle"))
 	u := tenantUsage(t, s, led.Memory)
-	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "charged once")
+	assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour), "charged once")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved)
 }
 
@@ -762,48 +581,51 @@ func TestOutboxRetriesSettle(t *testing.T) {
 // ambiguous keyed Reserve that did apply is released.
 func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 3, gate: make(chan struct{})}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 3, Gate: make(chan struct{})}
+		s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		first := make(chan error, 1)
-		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"}); first <- err }()
+		go func() {
+			_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
+			first <- err
+		}()
 		synctest.Wait()
-		led.set(func() {
-			led.reserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
+		led.Set(func() {
+			led.OnReserve = func(context.Context, ledger.ReserveRequest) (ledger.Grant, error, bool) {
 				return ledger.Grant{}, fmt.Errorf("%w: timeout", ledger.ErrAmbiguous), true
 			}
 		})
-		_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k"})
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k"})
 		assert.Equal(t, 503, apierr.For(err).Status)
-		led.set(func() { led.reserve = nil })
+		led.Set(func() { led.OnReserve = nil })
 		s.settler.Flush(ctx)
 		assert.Zero(t, s.settler.Pending())
-		assert.Zero(t, led.n("release"), "the first attempt's record is not ended")
-		close(up.gate)
+		assert.Zero(t, led.N("release"), "the first attempt's record is not ended")
+		close(up.Gate)
 		require.NoError(t, <-first)
-		assert.Equal(t, 1, led.n("settle"))
+		assert.Equal(t, 1, led.N("settle"))
 		u := tenantUsage(t, s, led.Memory)
-		assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour))
+		assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour))
 		assert.Equal(t, ledger.Amounts{}, u.Reserved)
 
 		// Applied, then the reply was lost: the replay owns it and releases.
-		led.set(func() {
-			led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+		led.Set(func() {
+			led.OnReserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 				_, _ = led.Memory.Reserve(ctx, req)
 				return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 			}
 		})
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k2"})
+		_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k2"})
 		assert.Equal(t, 503, apierr.For(err).Status)
-		led.set(func() { led.reserve = nil })
+		led.Set(func() { led.OnReserve = nil })
 		s.settler.Flush(ctx)
-		assert.Equal(t, 1, led.n("release"))
+		assert.Equal(t, 1, led.N("release"))
 		assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 		// And the key may run now: its first attempt never ran.
-		_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k2"})
+		_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k2"})
 		require.NoError(t, err)
 	})
 }
@@ -815,45 +637,45 @@ func TestAmbiguousKeyedReserveSparesOtherAttempt(t *testing.T) {
 // the dispatched one charged its whole hold.
 func TestOutboxSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	led := newFakeLedger(t)
-	cfg := testConfig(t, fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json"),
+	led := lifecycletest.NewLedger(t)
+	cfg := lifecycletest.Config(t, fmt.Sprintf("admin: {state_file: %q}\n", dir+"/admin.json"),
 		"    budgets:\n      - {dimension: tokens, limit: 1000000, window: 1h}\n      - {dimension: requests, limit: 1000, window: 1h}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	led.set(func() {
-		led.settle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
+	led.Set(func() {
+		led.OnSettle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {
 			return ledger.Settlement{}, ledger.ErrUnavailable, true
 		}
-		led.release = func(context.Context, ledger.Ref) (error, bool) { return ledger.ErrUnavailable, true }
+		led.OnRelease = func(context.Context, ledger.Ref) (error, bool) { return ledger.ErrUnavailable, true }
 	})
-	s1 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	s1 := newTestEngine(t, cfg, led, &lifecycletest.Upstream{Out: 3})
 	go s1.dispatchLoop(ctx)
-	_, err := serve(ctx, s1, admission{body: chatBody("")})
+	_, err := serve(ctx, s1, admission{body: lifecycletest.ChatBody("")})
 	require.NoError(t, err)
-	led.set(func() {
-		led.reserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
+	led.Set(func() {
+		led.OnReserve = func(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error, bool) {
 			_, _ = led.Memory.Reserve(ctx, req)
 			return ledger.Grant{}, fmt.Errorf("%w: reply lost", ledger.ErrAmbiguous), true
 		}
 	})
-	_, err = serve(ctx, s1, admission{body: chatBody("")})
+	_, err = serve(ctx, s1, admission{body: lifecycletest.ChatBody("")})
 	assert.Equal(t, 503, apierr.For(err).Status)
 	require.Equal(t, 2, s1.settler.Pending())
 	s1.settler.Flush(ctx)
 	require.Equal(t, 2, s1.settler.Pending(), "the store still refuses: kept")
 
 	// s1 is gone (killed: it never flushes again); the store is back.
-	led.set(func() { led.settle, led.release, led.reserve = nil, nil, nil })
-	s2 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	led.Set(func() { led.OnSettle, led.OnRelease, led.OnReserve = nil, nil, nil })
+	s2 := newTestEngine(t, cfg, led, &lifecycletest.Upstream{Out: 3})
 	require.NotEqual(t, s1.owner, s2.owner)
 	require.Equal(t, 2, s2.settler.Pending(), "read from the file")
 	s2.settler.Flush(ctx)
 	assert.Zero(t, s2.settler.Pending())
 	u := tenantUsage(t, s2, led.Memory)
-	assert.Equal(t, int64(1), committed(u, ledger.Requests, time.Hour), "the dispatched call charged once")
-	assert.Equal(t, int64(5+3), committed(u, ledger.Tokens, time.Hour), "with the usage it had, not its hold")
+	assert.Equal(t, int64(1), lifecycletest.Committed(u, ledger.Requests, time.Hour), "the dispatched call charged once")
+	assert.Equal(t, int64(5+3), lifecycletest.Committed(u, ledger.Tokens, time.Hour), "with the usage it had, not its hold")
 	assert.Equal(t, ledger.Amounts{}, u.Reserved, "the ambiguous Reserve's hold released by its owner's id")
 
-	s3 := newTestServer(t, cfg, led, &fakeUpstream{out: 3})
+	s3 := newTestEngine(t, cfg, led, &lifecycletest.Upstream{Out: 3})
 	assert.Zero(t, s3.settler.Pending(), "the file was rewritten without the ended entries")
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -31,13 +32,13 @@ func TestLifecycleTransitions(t *testing.T) {
 // TestFinishAndReleaseRunOnce: a call's ending touches the ledger once,
 // however many paths try to end it.
 func TestFinishAndReleaseRunOnce(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 2})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 2})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(""), reqID: "a"})
 	require.NoError(t, err)
 	assert.Equal(t, phaseQueued, c.phase)
 	require.NoError(t, s.await(c))
@@ -58,8 +59,8 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 	var m dto.Metric
 	require.NoError(t, s.m.IllegalMoves.Write(&m))
 	assert.InDelta(t, 1.0, m.GetCounter().GetValue(), 0, "sluice_lifecycle_illegal_transitions_total")
-	assert.Equal(t, 1, led.n("settle"))
-	assert.Equal(t, 0, led.n("release"))
+	assert.Equal(t, 1, led.N("settle"))
+	assert.Equal(t, 0, led.N("release"))
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 }
 
@@ -67,23 +68,23 @@ func TestFinishAndReleaseRunOnce(t *testing.T) {
 // leaves the queue in Start, but keeps its reservation until Finish, the
 // one place a call ends, gives it back (once).
 func TestCallEndsInFinish(t *testing.T) {
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, &fakeUpstream{out: 2})
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, &lifecycletest.Upstream{Out: 2})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	pol := s.pol.Load()
-	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: chatBody(""), reqID: "a"})
+	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(""), reqID: "a"})
 	require.NoError(t, err)
 	cancel(apierr.ErrClientGone) // no dispatch loop runs: the call stays queued
 	tk := &Ticket{s: s, c: c, err: s.await(c)}
 	require.ErrorIs(t, tk.err, apierr.ErrClientGone)
 	assert.Equal(t, phaseQueued, c.phase, "out of the queue, not ended")
-	assert.Zero(t, led.n("release"))
+	assert.Zero(t, led.N("release"))
 	assert.NotZero(t, tenantUsage(t, s, led.Memory).Reserved[ledger.Tokens], "still reserved")
 
 	var out recordingSink
 	tk.Finish(&out)
 	assert.ErrorIs(t, out.err, apierr.ErrClientGone)
 	assert.Equal(t, phaseReleased, c.phase)
-	assert.Equal(t, 1, led.n("release"))
+	assert.Equal(t, 1, led.N("release"))
 	assert.Equal(t, ledger.Amounts{}, tenantUsage(t, s, led.Memory).Reserved)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"time"
@@ -147,6 +147,9 @@ func outcomeFor(err error) (Outcome, *apierr.Error) {
 	return outcomeRejected, ae
 }
 
+// RecentRefusals are the last refusals, newest first (the status page).
+func (m *Metrics) RecentRefusals() []views.Refusal { return m.recent.Recent() }
+
 // count records one request's outcome; refusals also count by code.
 func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
@@ -157,9 +160,23 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 }
 
 // upLatency is r's upstream latency histogram.
-func (s *Server) upLatency(r *fleet.Replica) prometheus.Observer {
+func (s *Engine) upLatency(r *fleet.Replica) prometheus.Observer {
 	if r.UpLatency != nil {
 		return r.UpLatency
 	}
 	return s.m.UpstreamLatency.WithLabelValues(r.Name)
+}
+
+// newDurableGauge is sluice_durable_state{what}: 1 where that state
+// survives a restart, 0 where it is kept in memory only.
+func newDurableGauge() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_durable_state",
+		Help: "1 where this state survives a restart (kept in data_dir, a path key's file, or Redis), 0 where it is kept in memory only: ledger, shared_state, admin_state, outage_charges, pending_endings."},
+		[]string{"what"})
+}
+
+// newFairShareGauge is sluice_fair_share_fleet.
+func newFairShareGauge() prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_fair_share_fleet",
+		Help: "1 while dispatch order follows fleet-wide fair-share counters (an exchange with the other instances answered within the last 2 s), 0 while it is fair among this instance's requests only (server.fair_share: local, no Redis ledger, or the exchange failing)."})
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"fmt"
@@ -102,7 +102,7 @@ func outputCapReason(c *call) string {
 }
 
 // countKey counts an admission decision for the call's key.
-func (s *Server) countKey(c *call, result string) {
+func (s *Engine) countKey(c *call, result string) {
 	if c.key == nil {
 		return
 	}

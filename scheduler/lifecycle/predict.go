@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -78,7 +78,7 @@ type grower interface {
 // upstream.non_streamed_interval), with no tools (vLLM's tool parser may
 // hold a whole call's chunks back, chat_completion/serving.py, so its
 // output is not seen until it ends), on a ledger that can grow holds.
-func (s *Server) watchable(c *call) bool {
+func (s *Engine) watchable(c *call) bool {
 	if c.ep != vllm.EndpointChat && c.ep != vllm.EndpointCompletions {
 		return false
 	}
@@ -93,7 +93,7 @@ func (s *Server) watchable(c *call) bool {
 
 // predictedOutput is the output per choice a call is predicted to produce:
 // max(floor_tokens, the tenant's percentile on the model, min_tokens).
-func (s *Server) predictedOutput(c *call) int64 {
+func (s *Engine) predictedOutput(c *call) int64 {
 	hp := c.pol.Cfg.Server.HoldPrediction
 	p := hp.FloorTokens
 	if q, ok := localOf(c.t).pred.quantile(c.req.Model, hp.Percentile); ok {
@@ -106,7 +106,7 @@ func (s *Server) predictedOutput(c *call) int64 {
 // its cap, or the prediction when that is below the cap and the call is
 // watchable. It sets c.growth for a predicted hold. The cap's product is
 // checked by sizeHolds first.
-func (s *Server) holdOutput(c *call) int64 {
+func (s *Engine) holdOutput(c *call) int64 {
 	worst := int64(c.plan.Cap) * int64(c.plan.Choices)
 	c.growth = nil
 	if !c.pol.Cfg.Server.HoldPrediction.On() || !s.watchable(c) {
@@ -123,7 +123,7 @@ func (s *Server) holdOutput(c *call) int64 {
 // observeOutput records what a call produced per choice, for the tenant's
 // later predictions: a complete answer (final usage), or one Sluice ended
 // at a budget (the least it wanted).
-func (s *Server) observeOutput(c *call, out int64, src ledger.Source) {
+func (s *Engine) observeOutput(c *call, out int64, src ledger.Source) {
 	if c.req == nil || !c.ep.HasOutput() || (src != ledger.SourceFinal && (c.growth == nil || c.growth.stop == nil)) {
 		return
 	}

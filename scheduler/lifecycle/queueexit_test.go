@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -11,27 +11,31 @@ import (
 
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // queuedBehind runs one request that holds the tenant's only slot for
 // hold (fake time) and a second queued behind it; it returns the second's
 // outcome and how long it took.
 func queuedBehind(t *testing.T, tenantExtra string, hold time.Duration) (error, time.Duration) {
-	led := newFakeLedger(t)
+	led := lifecycletest.NewLedger(t)
 	gate := make(chan struct{})
-	up := &fakeUpstream{out: 2, gate: gate}
-	s := newTestServer(t, testConfig(t, "", "    concurrency: 1\n"+tenantExtra), led, up)
+	up := &lifecycletest.Upstream{Out: 2, Gate: gate}
+	s := newTestEngine(t, lifecycletest.Config(t, "", "    concurrency: 1\n"+tenantExtra), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	go func() { _ = s.q.Run(ctx) }()
 	first := make(chan error, 1)
-	go func() { _, err := serve(ctx, s, admission{body: chatBody(""), reqID: "first"}); first <- err }()
+	go func() {
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "first"})
+		first <- err
+	}()
 	synctest.Wait()
-	require.Equal(t, int64(1), up.runs.Load(), "the first holds the slot")
+	require.Equal(t, int64(1), up.Runs.Load(), "the first holds the slot")
 	time.AfterFunc(hold, func() { close(gate) })
 	start := time.Now()
-	_, err := serve(ctx, s, admission{body: chatBody(""), reqID: "second"})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "second"})
 	took := time.Since(start)
 	require.NoError(t, <-first)
 	return err, took

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"fmt"
@@ -28,7 +28,7 @@ func (e *modelError) APIError() *apierr.Error {
 // checkModel refuses a model the tenant may not use or no replica serves.
 // A request without "model" gets vLLM's default (the first served model),
 // which the tenant must be allowed.
-func (s *Server) checkModel(t *policy.Tenant, model string) error {
+func (s *Engine) checkModel(t *policy.Tenant, model string) error {
 	m := model
 	if m == "" {
 		m = s.reps.DefaultModel()
@@ -44,7 +44,7 @@ func (s *Server) checkModel(t *policy.Tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Server) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
+func (s *Engine) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
 	rt := fleet.Route{Model: req.Model}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
@@ -80,7 +80,7 @@ type modelCard struct {
 
 // modelList is what the tenant sees at GET /v1/models: the union of the
 // replicas' served models that it may use.
-func (s *Server) modelList(t *policy.Tenant) []modelCard {
+func (s *Engine) modelList(t *policy.Tenant) []modelCard {
 	out := []modelCard{}
 	for _, m := range s.reps.Models() {
 		if !t.Allowed(m.ID) {

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"fmt"
@@ -8,11 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
-	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -41,16 +39,6 @@ func TestRefusersOwnTheirAnswer(t *testing.T) {
 	ae = apierr.For(errIdemConflict)
 	assert.Equal(t, 409, ae.Status)
 	assert.Equal(t, map[string]any{"state": idemConflict}, ae.Details)
-}
-
-// fixedCapacity sizes every replica the same.
-func fixedCapacity(k map[string]int64) fleet.CapacityFunc {
-	return func(name string) (int64, int64, gpu.State) {
-		if v, ok := k[name]; ok {
-			return v, v, gpu.StateHealthy
-		}
-		return 0, 0, gpu.StateDown
-	}
 }
 
 func TestWorkflowLocalLimits(t *testing.T) {
@@ -82,5 +70,3 @@ func TestCapWorkflowLimits(t *testing.T) {
 	got := capWorkflowLimits(config.WorkflowLimit{MaxCalls: 50, MaxOutputTokens: 100, MaxRetries: 3}, ceiling)
 	assert.Equal(t, config.WorkflowLimit{MaxCalls: 10, MaxOutputTokens: 100, MaxRetries: 3, MaxDuration: time.Hour}, got)
 }
-
-var _ ReservationLister = (*ledger.Memory)(nil)

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // finish settles a dispatched call exactly once from the usage it reported,
 // reconciles fair share, frees room and slots, and records metrics. err is
 // the call's outcome (nil on success).
-func (s *Server) finish(c *call, err error) {
+func (s *Engine) finish(c *call, err error) {
 	if c.phase != phaseDispatched && c.phase != phaseStreaming {
 		if !c.phase.terminal() {
 			s.illegal(c, transitionError{c.phase, phaseSettled})
@@ -103,13 +103,13 @@ func (s *Server) finish(c *call, err error) {
 	// arrival signals the loop itself (Queue.Ready). A wake per completion
 	// readied the loop's goroutine, often on an idle thread: a futex round.
 	if depth, _ := s.q.Len(); depth > 0 {
-		s.signal(s.wake)
+		s.Wake()
 	}
 }
 
 // actual derives the amounts to settle from the usage vLLM reported (or the
 // stream's early-end estimate, see vllm.Stream.Settle).
-func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
+func (s *Engine) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
 	if !c.ran() {
 		return a, ledger.SourceNotSent
@@ -128,7 +128,7 @@ func (s *Server) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	return a, src
 }
 
-func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
+func (s *Engine) costOf(c *call, a ledger.Amounts) int64 {
 	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		return a[ledger.GPUMs]
@@ -142,7 +142,7 @@ func (s *Server) costOf(c *call, a ledger.Amounts) int64 {
 // file, where there is one, so a
 // process killed before the store answers settles it exactly when it
 // starts again; otherwise the lease is the backstop.
-func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
+func (s *Engine) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.countUsage(c, actual)
 	if c.outage {
 		if src != ledger.SourceNotSent {
@@ -187,19 +187,19 @@ func (s *Server) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 
 // queueRelease hands the ending of c's never-dispatched hold to the
 // pending-writes log.
-func (s *Server) queueRelease(c *call) {
+func (s *Engine) queueRelease(c *call) {
 	s.settler.Untrack(&c.lease)
 	s.settler.QueueRelease(c.ref, c.reqID)
 }
 
 // queueReplay hands the ending of an ambiguous keyed Reserve to the log.
-func (s *Server) queueReplay(c *call, rr ledger.ReserveRequest) {
+func (s *Engine) queueReplay(c *call, rr ledger.ReserveRequest) {
 	s.settler.Untrack(&c.lease)
 	s.settler.QueueReplay(c.ref, rr, c.reqID)
 }
 
 // queueSettle hands the settlement of c to the log.
-func (s *Server) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
+func (s *Engine) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
 	s.settler.Untrack(&c.lease)
 	s.settler.QueueSettle(c.ref, actual, src, c.reqID)
 }
@@ -214,7 +214,7 @@ func outageScopes(c *call) []ledger.Scope {
 // admitOutage lets c run on its tenant's allowance while the ledger is
 // unreachable (settle/outage.go); it reports false when the tenant has
 // none left.
-func (s *Server) admitOutage(c *call, cause error) bool {
+func (s *Engine) admitOutage(c *call, cause error) bool {
 	held := c.held
 	held[ledger.Slots] = 0
 	ch := &settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
@@ -235,13 +235,13 @@ func (s *Server) admitOutage(c *call, cause error) bool {
 }
 
 // oweOutage records an outage-admitted call's usage for the later Charge.
-func (s *Server) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
+func (s *Engine) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
 	actual[ledger.Slots] = 0
 	s.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Source: src,
 		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: actual, At: c.arrival}})
 }
 
 // outageNotRun ends an outage-admitted call that never ran.
-func (s *Server) outageNotRun(c *call) {
+func (s *Engine) outageNotRun(c *call) {
 	s.settler.OutageNotRun(c.t.Name, c.held[ledger.Tokens], c.ref, c.reqID)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -37,7 +37,7 @@ func (c *call) end() {
 // and the deadline ends the call as apierr.ErrClientStalled, so that it does not
 // hold its slot and replica room for as long as it does not read. It
 // returns the outcome it counted.
-func (s *Server) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
+func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	var buf []byte // shaped events not yet written
 	first := true
 	shaper := vllm.NewShaper(c.req)

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"bytes"
@@ -12,20 +12,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // streamedCall admits and dispatches one streamed chat call on the fakes
 // and returns its ticket, the answer open.
-func streamedCall(t *testing.T, up Upstream) (*Server, *fakeLedger, *Ticket) {
-	return streamedCallOn(t, up, vllm.EndpointChat, chatBody(`,"stream":true`))
+func streamedCall(t *testing.T, up Upstream) (*Engine, *lifecycletest.Ledger, *Ticket) {
+	return streamedCallOn(t, up, vllm.EndpointChat, lifecycletest.ChatBody(`,"stream":true`))
 }
 
 // streamedCallOn is streamedCall for a streamed body on any endpoint.
-func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*Server, *fakeLedger, *Ticket) {
+func streamedCallOn(t *testing.T, up Upstream, ep vllm.Endpoint, body []byte) (*Engine, *lifecycletest.Ledger, *Ticket) {
 	t.Helper()
-	led := newFakeLedger(t)
-	s := newTestServer(t, testConfig(t, "", ""), led, up)
+	led := lifecycletest.NewLedger(t)
+	s := newTestEngine(t, lifecycletest.Config(t, "", ""), led, up)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
@@ -61,15 +62,15 @@ func (o *writerSink) Refuse(error, *apierr.Error, Meta)   { o.other++ }
 // Finish writes a streamed answer's every event to the sink and settles
 // the call once.
 func TestFinishStreamsEveryEventAndSettlesOnce(t *testing.T) {
-	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
+	_, led, tk := streamedCall(t, &lifecycletest.Upstream{Out: 3})
 	var buf bytes.Buffer
 	out := &writerSink{w: &buf}
 	assert.Equal(t, outcomeOK, tk.Finish(out))
 	assert.Equal(t, 5, strings.Count(buf.String(), "data: "), "3 content chunks, the finish chunk and [DONE] (the usage chunk stripped): %s", buf.String())
 	assert.True(t, strings.HasSuffix(buf.String(), "data: [DONE]\n\n"))
 	assert.Zero(t, out.other)
-	assert.Equal(t, 1, led.n("settle"))
-	assert.Equal(t, 0, led.n("release"))
+	assert.Equal(t, 1, led.N("settle"))
+	assert.Equal(t, 0, led.N("release"))
 	assert.Equal(t, phaseSettled, tk.c.phase)
 }
 
@@ -79,11 +80,11 @@ func TestFinishStreamsEveryEventAndSettlesOnce(t *testing.T) {
 func TestFinishWithoutSinkSettlesAsDisconnect(t *testing.T) {
 	gate := make(chan struct{})
 	defer close(gate)
-	_, led, tk := streamedCall(t, &fakeUpstream{out: 3, gate: gate})
+	_, led, tk := streamedCall(t, &lifecycletest.Upstream{Out: 3, Gate: gate})
 	assert.Equal(t, outcomeCancelled, tk.Finish(nil))
 	c := tk.c
-	assert.Equal(t, 1, led.n("settle"))
-	assert.Equal(t, 0, led.n("release"))
+	assert.Equal(t, 1, led.N("settle"))
+	assert.Equal(t, 0, led.N("release"))
 	assert.Equal(t, phaseSettled, c.phase)
 	require.ErrorIs(t, context.Cause(c.ctx), apierr.ErrClientGone)
 	assert.Equal(t, "client_disconnect", c.abortCause)
@@ -108,7 +109,7 @@ func (w *writeLog) Write(p []byte) (int, error) {
 // the 3 content chunks, the finish chunk and [DONE], exactly as the
 // per-event writes carried them.
 func TestPumpCoalescesEventsOfOneRead(t *testing.T) {
-	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
+	_, led, tk := streamedCall(t, &lifecycletest.Upstream{Out: 3})
 	w := &writeLog{writes: make(chan string, 16)}
 	assert.Equal(t, outcomeOK, tk.Finish(&writerSink{w: w}))
 	close(w.writes)
@@ -119,14 +120,14 @@ func TestPumpCoalescesEventsOfOneRead(t *testing.T) {
 	require.Len(t, got, 1, "one upstream read, one client write")
 	assert.Equal(t, 5, strings.Count(got[0], "data: "))
 	assert.True(t, strings.HasSuffix(got[0], "data: [DONE]\n\n"))
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Equal(t, phaseSettled, tk.c.phase)
 }
 
 // pipeUpstream streams what the test writes to its pipe, one event at a
 // time.
 type pipeUpstream struct {
-	fakeUpstream
+	lifecycletest.Upstream
 	pr *io.PipeReader
 }
 
@@ -144,7 +145,7 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	done := make(chan Outcome, 1)
 	go func() { done <- tk.Finish(&writerSink{w: w}) }()
 
-	events := strings.SplitAfter(sseCompletion(2), "\n\n")
+	events := strings.SplitAfter(lifecycletest.SSECompletion(2), "\n\n")
 	events = events[:len(events)-1] // SplitAfter's empty tail
 	require.Len(t, events, 5)
 	next := func() string {
@@ -173,7 +174,7 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	assert.True(t, strings.HasSuffix(p, "data: [DONE]\n\n"))
 	require.NoError(t, pw.Close())
 	assert.Equal(t, outcomeOK, <-done)
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Empty(t, w.writes)
 }
 
@@ -181,12 +182,12 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 // call is cancelled (its upstream closed), settled once, not written to
 // again.
 func TestPumpFailedCoalescedWriteIsDisconnect(t *testing.T) {
-	_, led, tk := streamedCall(t, &fakeUpstream{out: 3})
+	_, led, tk := streamedCall(t, &lifecycletest.Upstream{Out: 3})
 	w := &writeLog{writes: make(chan string, 16), fail: io.ErrClosedPipe}
 	out := &writerSink{w: w}
 	assert.Equal(t, outcomeCancelled, tk.Finish(out))
 	require.ErrorIs(t, out.err, io.ErrClosedPipe)
 	require.ErrorIs(t, context.Cause(tk.c.ctx), apierr.ErrClientGone)
-	assert.Equal(t, 1, led.n("settle"))
+	assert.Equal(t, 1, led.N("settle"))
 	assert.Empty(t, w.writes)
 }

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"sync/atomic"
@@ -18,7 +18,9 @@ type tenantLocal struct {
 	pred predictor
 }
 
-func newTenantLocal() any { return &tenantLocal{} }
+// NewTenantLocal is a tenant's state kept across reloads
+// (policy.NewRuntimes' factory).
+func NewTenantLocal() any { return &tenantLocal{} }
 
 // localOf is t's server state; every runtime of the server's
 // policy.Runtimes has one.

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 
 // Ticket is an admitted call between Start and Finish.
 type Ticket struct {
-	s   *Server
+	s   *Engine
 	c   *call
 	err error // the call ended before its answer opened; Finish answers it
 	// finished: Finish ran (a second one is an illegal move).
@@ -51,12 +51,12 @@ type Sink interface {
 // caller must call Finish exactly once, also when the call failed before
 // its answer opened (Finish answers that failure). ctx is the client's:
 // cancelled with apierr.ErrClientGone when it leaves.
-func (s *Server) Start(ctx context.Context, a Admission) (*Ticket, error) {
+func (s *Engine) Start(ctx context.Context, a Admission) (*Ticket, error) {
 	return s.begin(ctx, a.Caller.t, a.Caller.pol, a.admission())
 }
 
 // begin is Start for a tenant and policy already known.
-func (s *Server) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
+func (s *Engine) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
 	c, err := s.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
@@ -137,7 +137,7 @@ var errFinishedTwice = errors.New("call lifecycle: Finish called twice")
 // readWhole reads a non-streamed answer whole: chat and completions
 // assembled from their stream (drainStream), the other endpoints' body as
 // vLLM sent it (readOther).
-func (s *Server) readWhole(c *call) ([]byte, error) {
+func (s *Engine) readWhole(c *call) ([]byte, error) {
 	if c.stream != nil {
 		return s.drainStream(c)
 	}
@@ -146,7 +146,7 @@ func (s *Server) readWhole(c *call) ([]byte, error) {
 
 // refused has out answer a call that ended in err, and counts and audits
 // the outcome.
-func (s *Server) refused(c *call, out Sink, err error) Outcome {
+func (s *Engine) refused(c *call, out Sink, err error) Outcome {
 	if errors.Is(err, apierr.ErrClientGone) || errors.Is(context.Cause(c.ctx), apierr.ErrClientGone) {
 		out.Refuse(err, nil, Meta{})
 		s.m.count(c.t.Name, outcomeCancelled, nil)
@@ -169,7 +169,7 @@ func (s *Server) refused(c *call, out Sink, err error) Outcome {
 
 // classify is err's refusal (statusFor), logged when it is a failure of
 // Sluice's or the replica's (a 5xx other than 503 and 504).
-func (s *Server) classify(tenant string, err error) *apierr.Error {
+func (s *Engine) classify(tenant string, err error) *apierr.Error {
 	ae := apierr.For(err)
 	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
 		s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
@@ -179,7 +179,7 @@ func (s *Server) classify(tenant string, err error) *apierr.Error {
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,
 // whether before admission (Reject) or after (Finish).
-func (s *Server) countRefusal(tenant, reqID string, err error, ae *apierr.Error) Outcome {
+func (s *Engine) countRefusal(tenant, reqID string, err error, ae *apierr.Error) Outcome {
 	if ae.Status != 499 && ae.Raw == nil {
 		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
 	}

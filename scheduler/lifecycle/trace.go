@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -78,7 +78,7 @@ func operationName(ep vllm.Endpoint) string {
 // startTrace starts c's request span at its arrival, as a child of the
 // client's trace context when it sent one, and puts the span's
 // traceparent in c.ctx for the upstream request.
-func (s *Server) startTrace(c *call, a admission) {
+func (s *Engine) startTrace(c *call, a admission) {
 	parent := context.Background()
 	if a.traceparent != "" {
 		parent = traceContext.Extract(parent, propagation.MapCarrier{"traceparent": a.traceparent, "tracestate": a.tracestate})
@@ -105,7 +105,7 @@ func (s *Server) startTrace(c *call, a admission) {
 
 // traceRefused ends the trace of a call that ended at its reservation:
 // refused, or an idempotent retry answered with the kept response.
-func (s *Server) traceRefused(c *call, err error) {
+func (s *Engine) traceRefused(c *call, err error) {
 	end := s.now()
 	s.child(c, spanAdmit, c.arrival, end)
 	var replay *cachedResponse
@@ -118,7 +118,7 @@ func (s *Server) traceRefused(c *call, err error) {
 
 // traceReleased ends the trace of a call released without running; from
 // is when its release began.
-func (s *Server) traceReleased(c *call, from time.Time) {
+func (s *Engine) traceReleased(c *call, from time.Time) {
 	s.stages(c, from)
 	end := s.now()
 	s.child(c, spanSettle, from, end)
@@ -134,7 +134,7 @@ func (s *Server) traceReleased(c *call, from time.Time) {
 
 // traceFinished ends the trace of a dispatched call; from is when its
 // settlement began (the upstream's end).
-func (s *Server) traceFinished(c *call, err error, from time.Time) {
+func (s *Engine) traceFinished(c *call, err error, from time.Time) {
 	s.stages(c, from)
 	if !c.dispatchAt.IsZero() && c.sent {
 		_, up := s.tracer.Start(c.tr.ctx, spanUpstream, trace.WithTimestamp(c.dispatchAt), trace.WithSpanKind(trace.SpanKindClient),
@@ -167,7 +167,7 @@ func (s *Server) traceFinished(c *call, err error, from time.Time) {
 
 // stages adds the admission, queue and dispatch children; end closes the
 // last stage the call reached.
-func (s *Server) stages(c *call, end time.Time) {
+func (s *Engine) stages(c *call, end time.Time) {
 	tr := c.tr
 	if tr.queuedAt.IsZero() {
 		s.child(c, spanAdmit, c.arrival, end)
@@ -187,7 +187,7 @@ func (s *Server) stages(c *call, end time.Time) {
 }
 
 // child records one finished stage of c.
-func (s *Server) child(c *call, name string, start, end time.Time) {
+func (s *Engine) child(c *call, name string, start, end time.Time) {
 	_, sp := s.tracer.Start(c.tr.ctx, name, trace.WithTimestamp(start))
 	sp.End(trace.WithTimestamp(end))
 }
@@ -195,7 +195,7 @@ func (s *Server) child(c *call, name string, start, end time.Time) {
 // endTrace sets the request span's outcome and ends it at end. Only the
 // error's code goes in the span, never its message, which may quote the
 // request.
-func (s *Server) endTrace(c *call, err error, end time.Time, sentOK bool) {
+func (s *Engine) endTrace(c *call, err error, end time.Time, sentOK bool) {
 	sp := c.tr.span
 	o, ae := outcomeFor(err)
 	status := 200

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -13,12 +14,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// tracedServer is newTestServer with a tracer whose spans rec records as
+// tracedServer is newTestEngine with a tracer whose spans rec records as
 // they end.
-func tracedServer(t *testing.T, tenantExtra string, up Upstream) (*Server, *tracetest.SpanRecorder) {
+func tracedServer(t *testing.T, tenantExtra string, up Upstream) (*Engine, *tracetest.SpanRecorder) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	s := newTestServer(t, testConfig(t, "", tenantExtra), newFakeLedger(t), up)
+	s := newTestEngine(t, lifecycletest.Config(t, "", tenantExtra), lifecycletest.NewLedger(t), up)
 	s.tracer = tp.Tracer("test")
 	return s, rec
 }
@@ -64,17 +65,20 @@ func dur(sp sdktrace.ReadOnlySpan) time.Duration { return sp.EndTime().Sub(sp.St
 func TestTraceStagesInFakeTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
-		up := &fakeUpstream{out: 2, gate: gate}
+		up := &lifecycletest.Upstream{Out: 2, Gate: gate}
 		s, rec := tracedServer(t, "    concurrency: 1\n    queue: {max_wait: 3s}\n", up)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go s.dispatchLoop(ctx)
 		go func() { _ = s.q.Run(ctx) }()
 		first := make(chan error, 1)
-		go func() { _, err := serve(ctx, s, admission{body: chatBody(""), reqID: "first"}); first <- err }()
+		go func() {
+			_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "first"})
+			first <- err
+		}()
 		synctest.Wait()
 		time.AfterFunc(10*time.Second, func() { close(gate) })
-		_, err := serve(ctx, s, admission{body: chatBody(""), reqID: "second"})
+		_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "second"})
 		require.Error(t, err)
 		require.NoError(t, <-first)
 
@@ -104,14 +108,14 @@ func TestTraceStagesInFakeTime(t *testing.T) {
 // admission, with the refusal's status and code.
 func TestTraceRefusedAtReservation(t *testing.T) {
 	t.Parallel()
-	s, rec := tracedServer(t, "    budgets: [{dimension: requests, limit: 1, window: 1h}]\n", &fakeUpstream{out: 2})
+	s, rec := tracedServer(t, "    budgets: [{dimension: requests, limit: 1, window: 1h}]\n", &lifecycletest.Upstream{Out: 2})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	go func() { _ = s.q.Run(ctx) }()
-	_, err := serve(ctx, s, admission{body: chatBody(""), reqID: "ok"})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "ok"})
 	require.NoError(t, err)
-	_, err = serve(ctx, s, admission{body: chatBody(""), reqID: "refused"})
+	_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), reqID: "refused"})
 	require.Error(t, err)
 	root, kids := requestTrace(t, rec.Ended(), "refused")
 	assert.Len(t, kids, 1)
@@ -125,14 +129,14 @@ func TestTraceRefusedAtReservation(t *testing.T) {
 // kept response: its trace says so, not a failure.
 func TestTraceReplayedRetry(t *testing.T) {
 	t.Parallel()
-	s, rec := tracedServer(t, "", &fakeUpstream{out: 2})
+	s, rec := tracedServer(t, "", &lifecycletest.Upstream{Out: 2})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.dispatchLoop(ctx)
 	go func() { _ = s.q.Run(ctx) }()
-	_, err := serve(ctx, s, admission{body: chatBody(""), idemKey: "k", reqID: "first"})
+	_, err := serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k", reqID: "first"})
 	require.NoError(t, err)
-	_, err = serve(ctx, s, admission{body: chatBody(""), idemKey: "k", reqID: "retry"})
+	_, err = serve(ctx, s, admission{body: lifecycletest.ChatBody(""), idemKey: "k", reqID: "retry"})
 	var replay *cachedResponse
 	require.ErrorAs(t, err, &replay)
 	root, _ := requestTrace(t, rec.Ended(), "retry")

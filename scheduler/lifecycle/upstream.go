@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // exactly first, and only a failed count leaves the bound's answer (the
 // documented fallback). counted reports that /tokenize was asked (or has
 // nothing to render), so a later budget denial need not ask again.
-func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
+func (s *Engine) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
 	if (pol.Cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
@@ -46,7 +46,7 @@ func (s *Server) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy
 // planFor plans the cap and checks the tenant's input limit, in vLLM's
 // order: a request the model cannot take is its 400 before a tenant limit
 // (Request.Plan).
-func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
+func (s *Engine) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
 	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.MaxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
 	if err != nil {
 		return plan, err
@@ -61,7 +61,7 @@ func (s *Server) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error)
 // (once per call), re-planning the cap on it. It reports whether the holds
 // are to be sized and reserved again; an error is the exact count's verdict
 // on the request (a 400 comes before any budget).
-func (s *Server) recount(c *call) (bool, error) {
+func (s *Engine) recount(c *call) (bool, error) {
 	c.counted = true
 	if isOther(c.req.Endpoint) {
 		return false, nil
@@ -96,7 +96,7 @@ func exactMayFit(c *call, d *ledger.DeniedError, floor int64) bool {
 // settleUsage is what a dispatched call whose stream opened is charged
 // (vllm.Stream.SettleFor): per prompt, with an abort allowance of one
 // stream interval per unfinished choice.
-func (s *Server) settleUsage(c *call) vllm.Usage {
+func (s *Engine) settleUsage(c *call) vllm.Usage {
 	return c.stream.SettleFor(vllm.Shape{N: c.req.N, Inputs: c.req.InputTokens, Allowance: allowanceFor(c), Cap: c.plan.Cap})
 }
 

@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"sync"
@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ledger"
+	"github.com/sluicehq/sluice/scheduler/views"
 )
 
 // Cumulative usage, whether or not a budget exists: every settled request
@@ -43,7 +44,7 @@ const usageHours = 31 * 24
 // and the vector's lookup per dimension would otherwise run on every
 // settlement. The last is cached input tokens. Besides the Prometheus
 // counters they keep the totals and hourly buckets that GET /admin/usage
-// reads (Server.UsageCounts, adminview.go).
+// reads (Engine.UsageCounts).
 type usageCounters struct {
 	prom [numUsage]prometheus.Counter
 
@@ -74,7 +75,7 @@ func (uc *usageCounters) add(now time.Time, v *[numUsage]int64) {
 
 // countUsage adds a settled call's charge to the usage counters. A call
 // that never ran (nothing charged) adds nothing.
-func (s *Server) countUsage(c *call, actual ledger.Amounts) {
+func (s *Engine) countUsage(c *call, actual ledger.Amounts) {
 	if actual[ledger.Requests] == 0 {
 		return
 	}
@@ -104,4 +105,45 @@ func (s *Server) countUsage(c *call, actual ledger.Amounts) {
 		add[len(usageDims)] = int64(v)
 	}
 	ctrs.add(s.now(), &add)
+}
+
+// UsageDimensions are the names of the usage dimensions, in the order of
+// GET /admin/usage's CSV columns.
+func UsageDimensions() []string {
+	out := make([]string, 0, numUsage)
+	for _, d := range usageDims {
+		out = append(out, d.String())
+	}
+	return append(out, usageCachedInput)
+}
+
+// UsageWindowMax is the longest window [Engine.UsageCounts] counts over.
+const UsageWindowMax = usageHours * time.Hour
+
+// UsageCounts copies this process's cumulative usage counters (those
+// behind sluice_usage_total): since the process started, or with window > 0
+// over the hours from views.FirstHour.
+func (s *Engine) UsageCounts(window time.Duration) views.UsageIn {
+	now := s.now()
+	in := views.UsageIn{Now: now, Started: s.started, Window: window, Dims: UsageDimensions()}
+	from := views.FirstHour(now, window)
+	s.usage.Range(func(k, v any) bool {
+		uk, uc := k.(usageKey), v.(*usageCounters)
+		uc.mu.Lock()
+		vals := uc.total
+		if window > 0 {
+			vals = [numUsage]int64{}
+			for _, b := range uc.hours {
+				if b.hour >= from && b.hour > 0 {
+					for i, x := range b.v {
+						vals[i] += x
+					}
+				}
+			}
+		}
+		uc.mu.Unlock()
+		in.Counts = append(in.Counts, views.UsageCount{Tenant: uk.tenant, Key: uk.key, Model: uk.model, Values: vals[:]})
+		return true
+	})
+	return in
 }

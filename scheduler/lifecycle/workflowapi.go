@@ -1,4 +1,4 @@
-package scheduler
+package lifecycle
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 
 // CreateWorkflow creates an envelope from the body of POST /v1/workflows
 // and returns its view (Workflow's shape); an error is the client's.
-func (s *Server) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]byte, error) {
+func (s *Engine) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]byte, error) {
 	t := c.t
 	var in struct {
 		MaxCalls        int64  `json:"max_calls"`
@@ -62,7 +62,7 @@ func (s *Server) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]b
 
 // Workflow is the body of GET /v1/workflows/{id}: the caller's envelope
 // with its limits, use and what remains.
-func (s *Server) Workflow(ctx context.Context, c Caller, id string) ([]byte, error) {
+func (s *Engine) Workflow(ctx context.Context, c Caller, id string) ([]byte, error) {
 	wf := s.wfs.get(c.t.Name, id)
 	if wf == nil {
 		return nil, fmt.Errorf("workflow %q: %w", id, apierr.ErrNotFound)
@@ -71,7 +71,7 @@ func (s *Server) Workflow(ctx context.Context, c Caller, id string) ([]byte, err
 }
 
 // workflowView renders an envelope with its ledger usage.
-func (s *Server) workflowView(ctx context.Context, t *policy.Tenant, wf *workflow) ([]byte, error) {
+func (s *Engine) workflowView(ctx context.Context, t *policy.Tenant, wf *workflow) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	u, err := s.led.Snapshot(ctx, t.ScopeKey, s.keyer.Key(ledger.KindWorkflow, t.Name+"\x00"+wf.id))
