@@ -1,10 +1,3 @@
-// Package lifecycle is the call lifecycle: one call from admission to its
-// one ending. Start admits a call (bound, reserve, enqueue, dispatch, the
-// replica's first byte); Ticket.Finish delivers its answer, settles it
-// exactly once and ends it, in one place that runs even if nothing is
-// written. It alone knows a call: the rooms it uses (queue, ledger, fleet,
-// gate, settle, policy) are handed values, and the composition root
-// (package scheduler) reads it through the Engine's exported methods.
 package lifecycle
 
 import (
