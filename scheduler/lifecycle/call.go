@@ -125,8 +125,8 @@ type admission struct {
 // admit runs steps 2–4 of the request path: bound, reserve, enqueue. On
 // success the call is queued and holds a reservation; on error nothing is
 // held.
-func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
-	arrival := s.now()
+func (e *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, error) {
+	arrival := e.now()
 	req, err := vllm.Parse(a.ep, a.body, vllm.CountOptions{TemplateTokensPerMessage: int(pol.Cfg.Server.TemplateAllowance),
 		MediaTokensPerPart: int(pol.Cfg.Server.MediaAllowance)})
 	if err != nil {
@@ -135,21 +135,21 @@ func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	if req.N > maxChoices {
 		return nil, apierr.Invalidf("n", "n must be at most %d (got %d)", maxChoices, req.N)
 	}
-	if err := s.checkModel(t, req.Model); err != nil {
+	if err := e.checkModel(t, req.Model); err != nil {
 		return nil, err
 	}
 	if cl, ok := pol.ClampOf(t.Name, arrival); ok && len(cl.Models) > 0 && !slices.Contains(cl.Models, req.Model) {
 		return nil, fmt.Errorf("model %q is not allowed while the tenant is clamped (%s): %w", req.Model, cl.Reason, apierr.ErrClamped)
 	}
-	if !s.reps.AnyUpFor(req.Model) {
+	if !e.reps.AnyUpFor(req.Model) {
 		return nil, apierr.ErrNoReplica
 	}
-	req, plan, counted, err := s.countAndPlan(ctx, t, pol, req)
+	req, plan, counted, err := e.countAndPlan(ctx, t, pol, req)
 	if err != nil {
 		return nil, err
 	}
 	c := &call{
-		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: s.routeOf(pol, t, req), plan: plan, reqID: a.reqID, counted: counted,
+		pol: pol, t: t, key: a.key, ep: a.ep, req: req, route: e.routeOf(pol, t, req), plan: plan, reqID: a.reqID, counted: counted,
 		arrival: arrival, band: t.Cfg.Priority,
 		dispatched: make(chan *fleet.Replica, 1),
 	}
@@ -157,7 +157,7 @@ func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		c.band = a.band // a request may lower its priority, never raise it
 	}
 	if a.workflow != "" {
-		wf, ok := s.wfs.getOrCreate(t.Name, a.workflow, t.Cfg.Workflow, arrival)
+		wf, ok := e.wfs.getOrCreate(t.Name, a.workflow, t.Cfg.Workflow, arrival)
 		if !ok {
 			return nil, apierr.Invalidf("X-Workflow-Id", "unknown workflow %q and the tenant has no workflow_defaults", a.workflow)
 		}
@@ -178,7 +178,7 @@ func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		var stop context.CancelFunc
 		// A context's deadline is on the runtime's clock, the deadline on
 		// the server's: hand over what is left, not the instant.
-		ctx, stop = context.WithTimeoutCause(ctx, c.deadline.Sub(s.now()), apierr.ErrDeadline)
+		ctx, stop = context.WithTimeoutCause(ctx, c.deadline.Sub(e.now()), apierr.ErrDeadline)
 		c.stopDeadline = stop
 	}
 	if c.stopDeadline == nil && a.cancel != nil {
@@ -191,49 +191,49 @@ func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	if a.idemKey != "" {
 		c.idemDigest = requestDigest(a.ep, a.body)
 	}
-	if s.tracer != nil {
-		s.startTrace(c, a)
+	if e.tracer != nil {
+		e.startTrace(c, a)
 	}
-	if err := s.reserve(c, a); err != nil {
+	if err := e.reserve(c, a); err != nil {
 		if c.tr != nil {
-			s.traceRefused(c, err)
+			e.traceRefused(c, err)
 		}
 		c.cancel(err)
 		return nil, err
 	}
 	if c.tr != nil {
-		c.tr.queuedAt = s.now()
+		c.tr.queuedAt = e.now()
 	}
-	s.mu.Lock()
-	s.queued[c] = struct{}{}
-	s.mu.Unlock()
-	c.place.Pool = s.reps.PoolKeyOf(req.Model)
+	e.mu.Lock()
+	e.queued[c] = struct{}{}
+	e.mu.Unlock()
+	c.place.Pool = e.reps.PoolKeyOf(req.Model)
 	// Counted queued in its pool before the queue holds it: from Enqueue on,
 	// the dispatch loop may move it to held.
-	s.movePool(c, gate.SpotQueued)
-	it, err := s.q.Enqueue(queue.Request[*call]{
+	e.movePool(c, gate.SpotQueued)
+	it, err := e.q.Enqueue(queue.Request[*call]{
 		Tenant: t.Name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
 		Arrival: arrival, Deadline: c.deadline, Payload: c,
-		Deferred: !s.loopOnly, // dispatchInline below, then Wake
+		Deferred: !e.loopOnly, // dispatchInline below, then Wake
 	})
 	if err != nil {
-		s.movePool(c, gate.SpotNone)
+		e.movePool(c, gate.SpotNone)
 		c.traceErr(err)
-		s.release(c)
-		s.forget(c)
+		e.release(c)
+		e.forget(c)
 		return nil, err
 	}
 	c.handle = it.Handle
-	s.to(c, phaseQueued)
+	e.to(c, phaseQueued)
 	t.RT.Queued.Add(1)
-	s.countKey(c, "admitted")
-	s.dispatchInline()
-	if !s.loopOnly {
-		s.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
+	e.countKey(c, "admitted")
+	e.dispatchInline()
+	if !e.loopOnly {
+		e.q.Wake(c.handle) // still queued: the loop and the expiry timer learn of it now
 	}
-	s.observeAbuse(t.Name, abuse.Event{Kind: abuse.Admitted, AtCap: s.atCap(c)})
-	if s.trail != nil { // the reason's text costs two allocations: only with a trail
-		s.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.Name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
+	e.observeAbuse(t.Name, abuse.Event{Kind: abuse.Admitted, AtCap: e.atCap(c)})
+	if e.trail != nil { // the reason's text costs two allocations: only with a trail
+		e.record(audit.Record{Kind: audit.KindAdmit, Tenant: t.Name, RequestID: c.reqID, Reason: "ledger " + c.ref.ID.String(),
 			TokensHeld: c.held[ledger.Tokens], GPUMs: c.held[ledger.GPUMs], USDMicros: c.held[ledger.USDMicros]})
 	}
 	return c, nil
@@ -247,21 +247,21 @@ func (s *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 // latency, docs/benchmarks/cpu-per-request.md). The queue's mutex
 // serialises the passes and NextView hands each entry out once, so the
 // queue's order and the loop's predicate decide exactly as in the loop.
-func (s *Engine) dispatchInline() {
-	if !s.loopOnly {
-		s.dispatchPass()
+func (e *Engine) dispatchInline() {
+	if !e.loopOnly {
+		e.dispatchPass()
 	}
 }
 
 // tokenize replaces the bytes bound with the replica's exact count; on any
 // failure the bound stays (documented fallback).
-func (s *Engine) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
-	for _, r := range s.reps.Pool(req.Model) {
+func (e *Engine) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request {
+	for _, r := range e.reps.Pool(req.Model) {
 		if o := r.Obs.Load(); o == nil || !o.OK {
 			continue
 		}
 		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		counts, mml, err := s.up.Tokenize(tctx, r.URL, req.Model, req)
+		counts, mml, err := e.up.Tokenize(tctx, r.URL, req.Model, req)
 		cancel()
 		if err != nil {
 			continue
@@ -280,21 +280,21 @@ func (s *Engine) tokenize(ctx context.Context, req *vllm.Request) *vllm.Request 
 // budget on tokens cannot fit the full output cap but can fit a smaller one,
 // the cap is lowered once to what the budget allows. On success the call's
 // lease is tracked until its record ends.
-func (s *Engine) reserve(c *call, a admission) error {
+func (e *Engine) reserve(c *call, a admission) error {
 	gen := 0
 	for lowered := false; ; {
 		if a.idemKey != "" {
-			c.ref.ID = s.idemID(c.t.ScopeKey, a.idemKey, gen)
+			c.ref.ID = e.idemID(c.t.ScopeKey, a.idemKey, gen)
 		}
-		if err := s.sizeHolds(c); err != nil {
+		if err := e.sizeHolds(c); err != nil {
 			return err
 		}
-		if k := s.reps.MaxCapacity(c.req.Model); k > 0 && c.size > k {
+		if k := e.reps.MaxCapacity(c.req.Model); k > 0 && c.size > k {
 			// Before any budget: a request no replica can run is invalid.
 			return fmt.Errorf("input plus expected output of %d tokens exceeds every replica's capacity (%d): %w", c.size, k, apierr.ErrContextLength)
 		}
 		rr := ledger.ReserveRequest{
-			Ref: c.ref, Owner: s.owner, Held: c.held,
+			Ref: c.ref, Owner: e.owner, Held: c.held,
 			Scopes:   append(c.scopes[:0], ledger.Scope{Kind: ledger.KindTenant, Key: c.t.ScopeKey, Limits: c.t.Limits}),
 			LeaseTTL: c.pol.LeaseTTL,
 			// A label for audit lines only: the ledger never orders policy
@@ -313,26 +313,26 @@ func (s *Engine) reserve(c *call, a admission) error {
 			c.extraScopes = append(c.extraScopes, ks)
 		}
 		if c.wf != nil {
-			ws, _ := c.wf.scope(s.keyer.Key(ledger.KindWorkflow, c.t.Name+"\x00"+c.wf.id))
+			ws, _ := c.wf.scope(e.keyer.Key(ledger.KindWorkflow, c.t.Name+"\x00"+c.wf.id))
 			c.extraScopes = append(c.extraScopes, ws)
 		}
 		if len(c.pol.Global) > 0 {
-			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: s.keyer.GlobalKey(), Limits: c.pol.Global})
+			c.extraScopes = append(c.extraScopes, ledger.Scope{Kind: ledger.KindGlobal, Key: e.keyer.GlobalKey(), Limits: c.pol.Global})
 		}
 		rr.Scopes = append(rr.Scopes, c.extraScopes...)
 		op := c.ledgerOp()
-		sent := s.now()
-		g, err := s.led.Reserve(op, rr)
+		sent := e.now()
+		g, err := e.led.Reserve(op, rr)
 		op.cancel()
-		s.noteLedger("reserve", err)
+		e.noteLedger("reserve", err)
 		switch {
 		case err == nil && (!g.Replayed || a.idemKey == ""):
 			// Replayed false with our nonce is this very Reserve, retried
 			// by the store client after its reply was lost; a random id
 			// is never another attempt's.
 			c.grant = g
-			s.to(c, phaseReserved)
-			s.settler.Track(&c.lease, c.ref, c.cancel, sent, c.pol.LeaseTTL)
+			e.to(c, phaseReserved)
+			e.settler.Track(&c.lease, c.ref, c.cancel, sent, c.pol.LeaseTTL)
 			return nil
 		case err == nil:
 			return idemStateErr(g.State)
@@ -343,7 +343,7 @@ func (s *Engine) reserve(c *call, a admission) error {
 			}
 			continue
 		case a.idemKey != "" && errors.Is(err, ledger.ErrAlreadyFinal):
-			return s.completed(c.ctx, c.ref.ID, c.idemDigest)
+			return e.completed(c.ctx, c.ref.ID, c.idemDigest)
 		case a.idemKey != "" && errors.Is(err, ledger.ErrConflict):
 			return errIdemConflict
 		case ledger.IsStoreError(err):
@@ -351,27 +351,27 @@ func (s *Engine) reserve(c *call, a admission) error {
 			// the ledger knows whether an earlier attempt of the key ran
 			// (on this instance or another), so running it blind could
 			// execute the key twice. It gets 503 and may be retried.
-			if a.idemKey == "" && s.admitOutage(c, err) {
+			if a.idemKey == "" && e.admitOutage(c, err) {
 				// The outage charge ends the id, whether or not an
 				// ambiguous Reserve applied (settle/outage.go).
-				s.to(c, phaseReserved)
+				e.to(c, phaseReserved)
 				return nil
 			}
 			switch {
 			case errors.Is(err, ledger.ErrAmbiguous) && a.idemKey != "":
 				// The hold may exist, or be another attempt's: replay
 				// this attempt once the store answers (settle/outbox.go).
-				s.queueReplay(c, rr)
+				e.queueReplay(c, rr)
 			case errors.Is(err, ledger.ErrAmbiguous):
 				// The hold may exist: end it by id once the store answers.
-				s.queueRelease(c)
+				e.queueRelease(c)
 			}
 		default:
 			if d := deniedOf(err); d != nil {
 				if d.Dim == ledger.Tokens && !c.counted && exactMayFit(c, d, c.pol.Cfg.Server.MinOutputTokens) {
 					// A token budget refused a hold sized on the bytes
 					// bound: count exactly before refusing or lowering.
-					if again, err := s.recount(c); err != nil || again {
+					if again, err := e.recount(c); err != nil || again {
 						if err != nil {
 							return err
 						}
@@ -383,8 +383,8 @@ func (s *Engine) reserve(c *call, a admission) error {
 					lowered = true
 					continue
 				}
-				s.observeAbuse(c.t.Name, abuse.Event{Kind: abuse.Denied})
-				s.countKey(c, "denied")
+				e.observeAbuse(c.t.Name, abuse.Event{Kind: abuse.Denied})
+				e.countKey(c, "denied")
 				return refusal(c, d, c.pol.Cfg.Server.MinOutputTokens)
 			}
 		}
@@ -446,7 +446,7 @@ const maxChoices = 128
 // use, expected.go) from the plan. Every product is overflow-checked: a
 // hold outside the ledger's range is the client's 400, naming the
 // parameter that made it so, never a ledger_error.
-func (s *Engine) sizeHolds(c *call) error {
+func (e *Engine) sizeHolds(c *call) error {
 	in := int64(c.plan.InputTokens)
 	out, ok := mulAmount(int64(c.plan.Cap), int64(c.plan.Choices))
 	if !ok || in > ledger.MaxAmount-out {
@@ -456,29 +456,29 @@ func (s *Engine) sizeHolds(c *call) error {
 		}
 		return apierr.Invalidf(param, "the output cap times the number of choices (%d × %d) plus the input is more than a request may hold", c.plan.Cap, c.plan.Choices)
 	}
-	h, err := s.holdFor(c, in, s.holdOutput(c))
+	h, err := e.holdFor(c, in, e.holdOutput(c))
 	if err != nil {
 		return err
 	}
 	c.held = h
-	return s.sizeExpected(c, in) // expected.go
+	return e.sizeExpected(c, in) // expected.go
 }
 
 // holdFor is the hold of a call's input and out output tokens: tokens,
 // GPU time, price and energy.
-func (s *Engine) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
+func (e *Engine) holdFor(c *call, in, out int64) (ledger.Amounts, error) {
 	var h ledger.Amounts
 	h[ledger.Requests] = 1
 	h[ledger.InputTokens] = in
 	h[ledger.OutputTokens] = out
 	h[ledger.Tokens] = in + out
-	h[ledger.GPUMs] = s.reps.GPUHold(s.gpu, c.req.Model, in, out)
+	h[ledger.GPUMs] = e.reps.GPUHold(e.gpu, c.req.Model, in, out)
 	usd, ok := c.pol.PriceMicrosChecked(c.req.Model, in, out)
 	if !ok || h[ledger.GPUMs] < 0 || h[ledger.GPUMs] > ledger.MaxAmount {
 		return h, apierr.Invalidf("max_tokens", "the request's priced or GPU-time hold is more than a request may hold; lower max_tokens")
 	}
 	h[ledger.USDMicros] = usd
-	if h[ledger.GPUJoules] = s.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
+	if h[ledger.GPUJoules] = e.gpu.HoldEnergy(h[ledger.GPUMs]); h[ledger.GPUJoules] > ledger.MaxAmount {
 		return h, apierr.Invalidf("max_tokens", "the request's GPU energy hold is more than a request may hold; lower max_tokens")
 	}
 	return h, nil
@@ -502,43 +502,43 @@ func mulAmount(a, b int64) (int64, bool) {
 // release frees a never-dispatched call's holds. A store error hands the
 // ending to the outbox (Release by id until definite), never to a second
 // dispatch.
-func (s *Engine) release(c *call) {
+func (e *Engine) release(c *call) {
 	if c.phase != phaseReserved && c.phase != phaseQueued {
-		s.illegal(c, transitionError{c.phase, phaseReleased})
+		e.illegal(c, transitionError{c.phase, phaseReleased})
 		return
 	}
 	if c.tr != nil {
-		defer s.traceReleased(c, s.now())
+		defer e.traceReleased(c, e.now())
 	}
 	if c.outage {
-		s.outageNotRun(c)
-		s.to(c, phaseReleased)
+		e.outageNotRun(c)
+		e.to(c, phaseReleased)
 		return
 	}
-	s.settler.Untrack(&c.lease)
+	e.settler.Untrack(&c.lease)
 	ended := phaseReleased
-	defer func() { s.to(c, ended) }()
+	defer func() { e.to(c, ended) }()
 	op := c.ledgerOp()
 	defer op.cancel()
-	err := s.led.Release(op, c.ref, s.owner)
+	err := e.led.Release(op, c.ref, e.owner)
 	reason := "released"
 	if cause := context.Cause(c.ctx); cause != nil {
 		reason = cause.Error()
 	}
-	s.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.Name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
-	s.noteLedger("release", err)
+	e.record(audit.Record{Kind: audit.KindRelease, Tenant: c.t.Name, RequestID: c.reqID, Reason: reason, TokensHeld: c.held[ledger.Tokens]})
+	e.noteLedger("release", err)
 	switch {
 	case err == nil, errors.Is(err, ledger.ErrAlreadyFinal), errors.Is(err, ledger.ErrNotFound):
 	case errors.Is(err, ledger.ErrDispatched):
 		// An ambiguous MarkDispatched applied: end the record with a zero
 		// NotSent settlement (LEDGER §4).
-		s.queueSettle(c, ledger.Amounts{}, ledger.SourceNotSent)
+		e.queueSettle(c, ledger.Amounts{}, ledger.SourceNotSent)
 		ended = phaseUnresolved
 	case ledger.IsStoreError(err):
-		s.queueRelease(c)
+		e.queueRelease(c)
 		ended = phaseUnresolved
 	default:
-		s.log.Warn("ledger release refused; the lease will expire it", "request_id", c.reqID, "err", err)
+		e.log.Warn("ledger release refused; the lease will expire it", "request_id", c.reqID, "err", err)
 		ended = phaseUnresolved
 	}
 }
@@ -546,28 +546,28 @@ func (s *Engine) release(c *call) {
 // end ends a call that failed before its answer opened, by how far it
 // got: one that never left the queue gives its holds back (release), one
 // dispatched settles as not sent (finish).
-func (s *Engine) end(c *call, err error) {
+func (e *Engine) end(c *call, err error) {
 	if c.phase == phaseReserved || c.phase == phaseQueued {
-		s.release(c)
-		s.forget(c)
+		e.release(c)
+		e.forget(c)
 		return
 	}
-	s.finish(c, err)
+	e.finish(c, err)
 }
 
 // forget drops a call from the drain bookkeeping.
-func (s *Engine) forget(c *call) {
-	s.mu.Lock()
-	delete(s.queued, c)
-	delete(s.running, c)
-	if len(s.queued) == 0 && len(s.running) == 0 {
-		s.idle.Broadcast()
+func (e *Engine) forget(c *call) {
+	e.mu.Lock()
+	delete(e.queued, c)
+	delete(e.running, c)
+	if len(e.queued) == 0 && len(e.running) == 0 {
+		e.idle.Broadcast()
 	}
-	s.mu.Unlock()
+	e.mu.Unlock()
 }
 
 // onExpire is the queue's expiry callback (queue mutex held: hand off only).
-func (s *Engine) onExpire(it queue.Item[*call]) {
+func (e *Engine) onExpire(it queue.Item[*call]) {
 	it.Payload.exitReason, it.Payload.exitRetry = it.Reason, it.RetryAfter
 	select {
 	case it.Payload.dispatched <- nil:
@@ -580,11 +580,11 @@ func (s *Engine) onExpire(it queue.Item[*call]) {
 // and holds no replica room; what it holds in the ledger (and, dispatched
 // as its deadline passed, its dispatch) Ticket.Finish gives back, the one
 // place a call ends.
-func (s *Engine) await(c *call) (err error) {
+func (e *Engine) await(c *call) (err error) {
 	defer c.t.RT.Queued.Add(-1) // counted from a successful admit
 	defer func() {
 		if err != nil {
-			s.movePool(c, gate.SpotNone) // never ran: no longer queued nor holding room
+			e.movePool(c, gate.SpotNone) // never ran: no longer queued nor holding room
 		}
 	}()
 	for {
@@ -598,66 +598,66 @@ func (s *Engine) await(c *call) (err error) {
 			select {
 			case rep = <-c.dispatched:
 			case <-c.ctx.Done():
-				if s.q.Cancel(c.handle) {
+				if e.q.Cancel(c.handle) {
 					return context.Cause(c.ctx)
 				}
 				// Lost the race: dispatch or expiry owns the entry; one of
 				// them is about to be (or was) delivered.
 				if rep = <-c.dispatched; rep != nil {
-					s.reps.Release(rep, c.size)
-					s.q.Release(c.handle)
-					s.Wake()
+					e.reps.Release(rep, c.size)
+					e.q.Release(c.handle)
+					e.Wake()
 					return context.Cause(c.ctx)
 				}
 			}
 		}
 		if rep == nil { // expired or shed in the queue
-			return c.queueExit(s.now())
+			return c.queueExit(e.now())
 		}
 		if c.tr != nil {
-			c.tr.handedAt = s.now()
+			c.tr.handedAt = e.now()
 		}
-		err := s.markDispatched(c)
+		err := e.markDispatched(c)
 		if d := deniedOf(err); d != nil && d.Dim == ledger.Slots {
 			// Another instance holds the tenant's slots: back to the head
 			// of the queue, still holding the budget.
-			s.reps.Release(rep, c.size)
-			s.movePool(c, gate.SpotQueued)
-			s.q.Requeue(c.handle)
+			e.reps.Release(rep, c.size)
+			e.movePool(c, gate.SpotQueued)
+			e.q.Requeue(c.handle)
 			continue
 		}
-		s.q.Release(c.handle)
+		e.q.Release(c.handle)
 		if errors.Is(err, ledger.ErrAlreadyFinal) {
 			// The record ended under us (lease expired or released):
 			// nothing was sent, so it is a lost lease, never a 500.
 			err = fmt.Errorf("%w: %w", ledger.ErrLeaseLost, err)
 		}
 		if err != nil {
-			s.reps.Release(rep, c.size)
+			e.reps.Release(rep, c.size)
 			c.traceErr(err)
-			s.Wake()
+			e.Wake()
 			return err
 		}
 		c.rep = rep
-		c.dispatchAt = s.now()
-		s.to(c, phaseDispatched)
+		c.dispatchAt = e.now()
+		e.to(c, phaseDispatched)
 		c.t.RT.Inflight.Add(1)
 		c.keyInflight(1)
 		c.t.RT.InflightTokens.Add(c.size)
-		ts := seriesOf(c.t, s.m)
+		ts := seriesOf(c.t, e.m)
 		ts.inflight.Inc()
 		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
-		s.mu.Lock()
-		delete(s.queued, c)
-		s.running[c] = struct{}{}
-		s.mu.Unlock()
+		e.mu.Lock()
+		delete(e.queued, c)
+		e.running[c] = struct{}{}
+		e.mu.Unlock()
 		if rep.Clock != nil {
 			c.ticket = rep.Clock.Start(c.dispatchAt, c.t.Name)
 		}
 		// The slot round trip took time: re-check the deadline before the
 		// first upstream byte.
 		if dl := c.queueDeadline(); !dl.IsZero() && !c.dispatchAt.Before(dl) {
-			s.m.ExpiredDispatch.Inc()
+			e.m.ExpiredDispatch.Inc()
 			return c.queueExit(c.dispatchAt)
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
@@ -688,13 +688,13 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-func (s *Engine) markDispatched(c *call) error {
+func (e *Engine) markDispatched(c *call) error {
 	if c.outage {
 		return nil // no ledger record; the local concurrency cap applied
 	}
 	op := c.ledgerOp()
 	defer op.cancel()
-	err := s.led.MarkDispatched(op, c.ref, s.owner)
-	s.noteLedger("dispatch", err)
+	err := e.led.MarkDispatched(op, c.ref, e.owner)
+	e.noteLedger("dispatch", err)
 	return err
 }

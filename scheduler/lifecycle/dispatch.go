@@ -25,14 +25,14 @@ import (
 
 // dispatchLoop hands queued calls to replicas with room. It never spins:
 // it waits for new work (queue Ready) or freed room (wake).
-func (s *Engine) dispatchLoop(ctx context.Context) {
+func (e *Engine) dispatchLoop(ctx context.Context) {
 	for {
-		s.dispatchPass()
+		e.dispatchPass()
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.q.Ready():
-		case <-s.wake:
+		case <-e.q.Ready():
+		case <-e.wake:
 		}
 	}
 }
@@ -40,9 +40,9 @@ func (s *Engine) dispatchLoop(ctx context.Context) {
 // dispatchPass delivers every queued call the predicate admits now. The
 // loop runs it on each wake; admit runs it inline (dispatchInline). The
 // queue's mutex serialises passes and NextView hands each entry out once.
-func (s *Engine) dispatchPass() {
+func (e *Engine) dispatchPass() {
 	for {
-		it, ok := s.q.NextView(s.admissible)
+		it, ok := e.q.NextView(e.admissible)
 		if !ok {
 			return
 		}
@@ -54,10 +54,10 @@ func (s *Engine) dispatchPass() {
 // tenant must be under its operator caps (concurrency, inflight_tokens),
 // a heavy tenant must leave its pool's light tenants' reserve free, and a
 // replica of the pool must have room, which it reserves.
-func (s *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
+func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Verdict {
 	c := it.Payload
 	t := c.t
-	if cur := s.pol.Load().Tenants[t.Name]; cur != nil {
+	if cur := e.pol.Load().Tenants[t.Name]; cur != nil {
 		t = cur // clamps and reloads apply from the next dispatch
 	}
 	if lim := t.Cfg.Concurrency; (lim > 0 && t.RT.Inflight.Load()+int64(v.Pending(t.Name)) >= int64(lim)) || c.keyAtCap() {
@@ -66,27 +66,27 @@ func (s *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	if lim := t.Cfg.InflightTokens; lim > 0 && t.RT.InflightTokens.Load()+c.size > lim {
 		return queue.Park
 	}
-	s.repool(c)
-	f := s.reps.FleetOf(c.place.Pool)
+	e.repool(c)
+	f := e.reps.FleetOf(c.place.Pool)
 	// The table's lock is held from the loads read to the verdict acted on
 	// (the reserved room counted as held), so no move lands in between.
-	s.pools.Lock()
-	defer s.pools.Unlock()
-	light, reserve := s.belowFairShare(c, f)
+	e.pools.Lock()
+	defer e.pools.Unlock()
+	light, reserve := e.belowFairShare(c, f)
 	if !light && !f.FitsBeyond(c.size, reserve) {
-		if s.reps.Fits(c.route, c.size) {
+		if e.reps.Fits(c.route, c.size) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
 		}
-		return s.full(c, true)
+		return e.full(c, true)
 	}
-	rep, seq := s.reps.Take(c.route, c.size, nil)
+	rep, seq := e.reps.Take(c.route, c.size, nil)
 	if rep == nil {
-		return s.full(c, !s.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
+		return e.full(c, !e.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
 	}
 	c.rep, c.seq = rep, seq
-	s.pools.MoveLocked(&c.place, c.t.Name, c.size, false, gate.SpotHeld)
+	e.pools.MoveLocked(&c.place, c.t.Name, c.size, false, gate.SpotHeld)
 	return queue.Dispatch
 }
 
@@ -97,11 +97,11 @@ func (s *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 // blocks the queue until the next completion instead (a short wait: it is
 // not backlogged on average): parking would lift its counter to the band
 // minimum, and that credit is what makes it the next pick.
-func (s *Engine) full(c *call, above bool) queue.Verdict {
-	if !above || !s.reps.RoomOutside(c.place.Pool, 1) {
+func (e *Engine) full(c *call, above bool) queue.Verdict {
+	if !above || !e.reps.RoomOutside(c.place.Pool, 1) {
 		return queue.Block
 	}
-	s.pools.ParkFullLocked(c.place.Pool, c.t.Name)
+	e.pools.ParkFullLocked(c.place.Pool, c.t.Name)
 	return queue.Park
 }
 
@@ -110,10 +110,10 @@ func (s *Engine) full(c *call, above bool) queue.Verdict {
 // fraction of the pool reserved for the pool's light tenants, which a
 // heavy tenant must leave free. f is the pool's room; the pools' lock is
 // held.
-func (s *Engine) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve float64) {
-	pol := s.pol.Load()
-	pl := s.pools.PoolLocked(c.place.Pool)
-	nowN := s.now().UnixNano()
+func (e *Engine) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve float64) {
+	pol := e.pol.Load()
+	pl := e.pools.PoolLocked(c.place.Pool)
+	nowN := e.now().UnixNano()
 	if t := pol.Tenants[c.t.Name]; t != nil && pl.Gate.Fresh(nowN, t.Name) {
 		return pl.Gate.DecideFresh(pl.Load(t.Name, float64(t.Cfg.Weight)), f)
 	}
@@ -124,8 +124,8 @@ func (s *Engine) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve 
 
 // movePool counts c at to in its pool's load. The request goroutine's own:
 // c.sent (whether it ran, for the pool's service times) is its to read.
-func (s *Engine) movePool(c *call, to gate.Spot) {
-	s.pools.Move(&c.place, c.t.Name, c.size, c.sent, to)
+func (e *Engine) movePool(c *call, to gate.Spot) {
+	e.pools.Move(&c.place, c.t.Name, c.size, c.sent, to)
 }
 
 // repool counts a queued call in the pool its model has now when that
@@ -134,6 +134,6 @@ func (s *Engine) movePool(c *call, to gate.Spot) {
 // can serve it, not those it was admitted with: a pool whose replicas all
 // left would never complete a request to wake it. Only the dispatch
 // predicate writes c.place.Pool after admission.
-func (s *Engine) repool(c *call) {
-	s.pools.Repool(&c.place, s.reps.PoolKeyOf(c.req.Model), c.t.Name, c.size)
+func (e *Engine) repool(c *call) {
+	e.pools.Repool(&c.place, e.reps.PoolKeyOf(c.req.Model), c.t.Name, c.size)
 }

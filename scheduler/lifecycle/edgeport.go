@@ -32,9 +32,9 @@ func (c Caller) Tenant() string { return c.t.Name }
 
 // Authenticate maps an Authorization header ("Bearer <key>") to its caller
 // under the policy in force, run-time keys included (keysync.go).
-func (s *Engine) Authenticate(authz []byte) (Caller, error) {
-	pol := s.pol.Load()
-	t, key, err := s.authenticate(pol, authz)
+func (e *Engine) Authenticate(authz []byte) (Caller, error) {
+	pol := e.pol.Load()
+	t, key, err := e.authenticate(pol, authz)
 	if err != nil {
 		return Caller{}, err
 	}
@@ -42,11 +42,11 @@ func (s *Engine) Authenticate(authz []byte) (Caller, error) {
 }
 
 // Draining reports a server that refuses new calls (apierr.ErrDraining).
-func (s *Engine) Draining() bool { return s.draining.Load() }
+func (e *Engine) Draining() bool { return e.draining.Load() }
 
 // Traced reports whether calls are traced: only then does Start read an
 // Admission's trace context.
-func (s *Engine) Traced() bool { return s.tracer != nil }
+func (e *Engine) Traced() bool { return e.tracer != nil }
 
 // Admission is what the edge learned from a client's request: who sent it,
 // to which endpoint, its body and the headers that shape admission.
@@ -89,30 +89,30 @@ func (a *Admission) admission() admission {
 // Reject classifies a refusal the edge answers outside Finish (before
 // admission, or Start's): logged when a failure of Sluice's, audited and
 // counted. tenant is "" before authentication.
-func (s *Engine) Reject(tenant, reqID string, err error) *apierr.Error {
-	ae := s.classify(tenant, err)
-	s.countRefusal(tenant, reqID, err, ae)
+func (e *Engine) Reject(tenant, reqID string, err error) *apierr.Error {
+	ae := e.classify(tenant, err)
+	e.countRefusal(tenant, reqID, err, ae)
 	return ae
 }
 
 // Replayed is the answer to an Idempotency-Key retry of a completed
 // request when err (Start's) is one: the original body, counted as ok.
-func (s *Engine) Replayed(c Caller, err error) ([]byte, bool) {
+func (e *Engine) Replayed(c Caller, err error) ([]byte, bool) {
 	var replay *cachedResponse
 	if !errors.As(err, &replay) {
 		return nil, false
 	}
-	s.m.count(c.t.Name, outcomeOK, nil)
+	e.m.count(c.t.Name, outcomeOK, nil)
 	return replay.body, true
 }
 
 // Models is the body of GET /v1/models for the caller: the union of the
 // replicas' models it may use (routing.go), in vLLM's shape.
-func (s *Engine) Models(c Caller) []byte {
+func (e *Engine) Models(c Caller) []byte {
 	b, _ := plainjson.Marshal(struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
-	}{"list", s.modelList(c.t)})
+	}{"list", e.modelList(c.t)})
 	return b
 }
 
@@ -152,8 +152,8 @@ type Headroom struct {
 }
 
 // meta is c's Meta as of now.
-func (s *Engine) meta(c *call) Meta {
-	now := s.now()
+func (e *Engine) meta(c *call) Meta {
+	now := e.now()
 	m := Meta{Sent: true, Warning: warn(c), OutputCap: c.plan.Cap, CapReason: outputCapReason(c)}
 	m.Tokens = headroom(c.grant.Headroom[ledger.Tokens], now)
 	m.Requests = headroom(c.grant.Headroom[ledger.Requests], now)

@@ -27,7 +27,7 @@ import (
 // stream ended by itself or no count could be had (Settle then bounds it
 // by bytes). The call's context is done by now (its client may have
 // left), so the count runs on a detached one of its own, bounded.
-func (s *Engine) countSeen(c *call, rs *vllm.ResponsesStream) int {
+func (e *Engine) countSeen(c *call, rs *vllm.ResponsesStream) int {
 	text, whole := rs.SeenText()
 	if rs.Ended() || !whole || c.rep == nil {
 		return -1
@@ -37,9 +37,9 @@ func (s *Engine) countSeen(c *call, rs *vllm.ResponsesStream) int {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), 2*time.Second)
 	defer cancel()
-	n, err := s.up.CountText(ctx, c.rep.URL, c.req.Model, text)
+	n, err := e.up.CountText(ctx, c.rep.URL, c.req.Model, text)
 	if err != nil {
-		s.log.Warn("counting a cut stream's output failed; charging its bytes bound", "request_id", c.reqID, "err", err)
+		e.log.Warn("counting a cut stream's output failed; charging its bytes bound", "request_id", c.reqID, "err", err)
 		return -1
 	}
 	return n
@@ -51,8 +51,8 @@ func isOther(ep vllm.Endpoint) bool {
 }
 
 // readOther reads a whole answer and takes its usage for settlement.
-func (s *Engine) readOther(c *call) ([]byte, error) {
-	b, err := s.up.ReadBody(c.resp)
+func (e *Engine) readOther(c *call) ([]byte, error) {
+	b, err := e.up.ReadBody(c.resp)
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil {
 			return nil, cause
@@ -81,7 +81,7 @@ func (s *Engine) readOther(c *call) ([]byte, error) {
 // seen). A client that leaves cancels the call's context, which closes
 // the upstream connection: vLLM aborts the request. It returns the
 // outcome it counted.
-func (s *Engine) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
+func (e *Engine) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	rs := vllm.NewResponsesStream(c.resp.Body, 0)
 	cw := newClientWriter(c, w, conn)
 	defer cw.done()
@@ -104,7 +104,7 @@ func (s *Engine) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		}
 		if first {
 			first = false
-			seriesOf(c.t, s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
+			seriesOf(c.t, e.m).ttft.Observe(e.now().Sub(c.arrival).Seconds())
 		}
 		if c.wf != nil {
 			c.wf.countToolCalls(toolCallsFor(c.ep, raw))
@@ -115,14 +115,14 @@ func (s *Engine) pumpEvents(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		}
 	}
 	_ = c.resp.Body.Close()
-	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.Cfg.Upstream.StreamInterval), c.plan.OutputTokens, s.countSeen(c, rs))
-	s.finish(c, end)
+	c.usage = rs.Settle(c.plan.InputTokens, max(1, c.pol.Cfg.Upstream.StreamInterval), c.plan.OutputTokens, e.countSeen(c, rs))
+	e.finish(c, end)
 	if end == nil {
-		seriesOf(c.t, s.m).requestsOK.Inc()
+		seriesOf(c.t, e.m).requestsOK.Inc()
 		return outcomeOK
 	}
 	o, _ := outcomeFor(apierr.MidStream(end))
-	s.m.count(c.t.Name, o, nil)
+	e.m.count(c.t.Name, o, nil)
 	return o
 }
 

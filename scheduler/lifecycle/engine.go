@@ -150,7 +150,7 @@ func New(d Deps) (*Engine, error) {
 		d.Fleet == nil || d.Settler == nil || d.Policy == nil || d.Draining == nil || d.Authenticate == nil {
 		return nil, errors.New("lifecycle: Ledger, Upstream, Keyer, GPU, Metrics, Fleet, Settler, Policy, Draining and Authenticate are required")
 	}
-	s := &Engine{
+	e := &Engine{
 		led: d.Ledger, up: d.Upstream, keyer: d.Keyer, gpu: d.GPU, attr: d.Attribution, trail: d.Audit,
 		tracer: d.Tracer, m: d.Metrics, log: d.Logger, now: d.Now, owner: d.Owner,
 		reps: d.Fleet, settler: d.Settler, pol: d.Policy, draining: d.Draining,
@@ -161,27 +161,27 @@ func New(d Deps) (*Engine, error) {
 		wfs:       workflows{m: map[string]*workflow{}},
 		onIllegal: panicInTests(),
 	}
-	s.idle = sync.NewCond(&s.mu)
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
+	e.idle = sync.NewCond(&e.mu)
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
 	}
-	if s.now == nil {
-		s.now = time.Now
+	if e.now == nil {
+		e.now = time.Now
 	}
-	if s.noteLedger == nil {
-		s.noteLedger = func(string, error) {}
+	if e.noteLedger == nil {
+		e.noteLedger = func(string, error) {}
 	}
-	if s.observeAbuse == nil {
-		s.observeAbuse = func(string, abuse.Event) {}
+	if e.observeAbuse == nil {
+		e.observeAbuse = func(string, abuse.Event) {}
 	}
-	s.started = s.now()
-	s.pools.Now = s.now
-	q, err := queue.New(d.Queue, queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
+	e.started = e.now()
+	e.pools.Now = e.now
+	q, err := queue.New(d.Queue, queue.Deps[*call]{Clock: clockFunc(e.now), OnExpire: e.onExpire})
 	if err != nil {
 		return nil, err
 	}
-	s.q = q
-	return s, nil
+	e.q = q
+	return e, nil
 }
 
 type clockFunc func() time.Time
@@ -211,43 +211,43 @@ func QueueConfig(cfg *config.File) queue.Config {
 }
 
 // Queue is the queue of calls.
-func (s *Engine) Queue() *Queue { return s.q }
+func (e *Engine) Queue() *Queue { return e.q }
 
 // Pools is the per-pool load table the dispatch gate reads.
-func (s *Engine) Pools() *gate.Pools[fleet.PoolKey] { return &s.pools }
+func (e *Engine) Pools() *gate.Pools[fleet.PoolKey] { return &e.pools }
 
 // Wake tells the dispatch loop that room may have freed or the gate's
 // inputs changed.
-func (s *Engine) Wake() {
+func (e *Engine) Wake() {
 	select {
-	case s.wake <- struct{}{}:
+	case e.wake <- struct{}{}:
 	default:
 	}
 }
 
 // DispatchLoop dispatches queued calls as room frees until ctx ends.
-func (s *Engine) DispatchLoop(ctx context.Context) error {
-	s.dispatchLoop(ctx)
+func (e *Engine) DispatchLoop(ctx context.Context) error {
+	e.dispatchLoop(ctx)
 	return nil
 }
 
 // record appends rec to the audit trail, when one is kept.
-func (s *Engine) record(rec audit.Record) {
-	if s.trail != nil {
-		s.trail(rec)
+func (e *Engine) record(rec audit.Record) {
+	if e.trail != nil {
+		e.trail(rec)
 	}
 }
 
 // Drain waits for queued and running calls up to timeout, then aborts
 // whatever is left (cause apierr.ErrDraining) and waits for it to end.
-func (s *Engine) Drain(timeout time.Duration) {
+func (e *Engine) Drain(timeout time.Duration) {
 	done := make(chan struct{})
 	go func() {
-		s.mu.Lock()
-		for len(s.running) > 0 || len(s.queued) > 0 {
-			s.idle.Wait()
+		e.mu.Lock()
+		for len(e.running) > 0 || len(e.queued) > 0 {
+			e.idle.Wait()
 		}
-		s.mu.Unlock()
+		e.mu.Unlock()
 		close(done)
 	}()
 	t := time.NewTimer(timeout)
@@ -257,15 +257,15 @@ func (s *Engine) Drain(timeout time.Duration) {
 		return
 	case <-t.C:
 	}
-	s.mu.Lock()
-	n := len(s.running) + len(s.queued)
-	for c := range s.running {
+	e.mu.Lock()
+	n := len(e.running) + len(e.queued)
+	for c := range e.running {
 		c.cancel(apierr.ErrDraining)
 	}
-	for c := range s.queued {
+	for c := range e.queued {
 		c.cancel(apierr.ErrDraining)
 	}
-	s.mu.Unlock()
-	s.log.Warn("drain timeout: aborting remaining requests", "requests", n)
+	e.mu.Unlock()
+	e.log.Warn("drain timeout: aborting remaining requests", "requests", n)
 	<-done
 }

@@ -18,7 +18,7 @@ import (
 // with room if the chosen one refused the connection before any byte was
 // sent. It returns with the answer open (200 headers received: c.stream
 // for chat and completions, c.resp for the other endpoints) or an error.
-func (s *Engine) execute(c *call) error {
+func (e *Engine) execute(c *call) error {
 	c.upInterval = upstreamInterval(c)
 	body := make([]byte, 0, len(c.req.Body())+128)
 	built, bodyPrio := false, false
@@ -31,12 +31,12 @@ func (s *Engine) execute(c *call) error {
 			built, bodyPrio = true, c.rep.PrioritySched
 		}
 		tried[c.rep] = true
-		err := s.open(c, body)
+		err := e.open(c, body)
 		if err == nil {
-			s.to(c, phaseStreaming)
+			e.to(c, phaseStreaming)
 			c.sent = true
-			c.firstByte = s.now()
-			s.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
+			c.firstByte = e.now()
+			e.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
 			return nil
 		}
 		var ue *vllm.UpstreamError
@@ -56,17 +56,17 @@ func (s *Engine) execute(c *call) error {
 		if !retry {
 			return err
 		}
-		next, seq := s.reps.Take(c.route, c.size, c.rep)
+		next, seq := e.reps.Take(c.route, c.size, c.rep)
 		if next == nil || tried[next] {
 			if next != nil {
-				s.reps.Release(next, c.size)
+				e.reps.Release(next, c.size)
 			}
 			return fmt.Errorf("%w: %w", apierr.ErrNoReplica, err)
 		}
-		s.moveClock(c, next)
-		s.reps.Release(c.rep, c.size)
+		e.moveClock(c, next)
+		e.reps.Release(c.rep, c.size)
 		c.rep, c.seq = next, seq
-		s.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
+		e.log.Warn("replica refused the request before it started; retrying on another", "request_id", c.reqID, "err", err)
 	}
 }
 
@@ -81,15 +81,15 @@ func upstreamBody(c *call, dst []byte) []byte {
 }
 
 // open sends body to c's replica once and keeps the answer it opened.
-func (s *Engine) open(c *call, body []byte) error {
+func (e *Engine) open(c *call, body []byte) error {
 	if isOther(c.ep) {
-		resp, err := s.up.Post(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
+		resp, err := e.up.Post(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
 		if err == nil {
 			c.resp = resp
 		}
 		return err
 	}
-	st, err := s.up.Stream(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
+	st, err := e.up.Stream(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
 	if err == nil && c.upInterval > 0 {
 		err = c.peekRefusal(st)
 	}
@@ -100,8 +100,8 @@ func (s *Engine) open(c *call, body []byte) error {
 }
 
 // moveClock restarts GPU-ms attribution on the replica that will run c.
-func (s *Engine) moveClock(c *call, next *fleet.Replica) {
-	now := s.now()
+func (e *Engine) moveClock(c *call, next *fleet.Replica) {
+	now := e.now()
 	if c.rep.Clock != nil {
 		c.rep.Clock.End(now, c.ticket)
 	}
@@ -112,7 +112,7 @@ func (s *Engine) moveClock(c *call, next *fleet.Replica) {
 
 // drainStream reads an upstream stream to its end for a non-streaming
 // client, assembling vLLM's non-stream body.
-func (s *Engine) drainStream(c *call) ([]byte, error) {
+func (e *Engine) drainStream(c *call) ([]byte, error) {
 	var asm *vllm.Assembler
 	var whole []byte
 	for {
@@ -155,7 +155,7 @@ func (s *Engine) drainStream(c *call) ([]byte, error) {
 		if err := asm.Add(ev); err != nil {
 			return nil, err
 		}
-		if s.growHold(c, &ev) {
+		if e.growHold(c, &ev) {
 			return stoppedBody(c, asm) // stopped at a budget (grow.go)
 		}
 	}

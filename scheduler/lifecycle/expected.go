@@ -20,13 +20,13 @@ import (
 // choices: per choice min(cap, the prediction or server.expected_output_tokens), raised to
 // the client's min_tokens, and the whole cap with ignore_eos (it runs to
 // the cap).
-func (s *Engine) expectedOutput(c *call) int64 {
+func (e *Engine) expectedOutput(c *call) int64 {
 	per := int64(c.plan.Cap)
 	if c.req == nil || !c.req.IgnoreEOS {
 		floor := c.pol.Cfg.Server.ExpectedOutputTokens
 		if c.pol.Cfg.Server.HoldPrediction.On() && c.req != nil && c.ep.HasOutput() {
 			// The same prediction the hold is sized on (predict.go).
-			floor = s.predictedOutput(c)
+			floor = e.predictedOutput(c)
 		}
 		if c.req != nil {
 			floor = max(floor, int64(c.req.MinTokens))
@@ -39,12 +39,12 @@ func (s *Engine) expectedOutput(c *call) int64 {
 
 // sizeExpected sets the call's replica room (size) and fair-share cost
 // from its input and expected output.
-func (s *Engine) sizeExpected(c *call, in int64) error {
-	out := s.expectedOutput(c)
+func (e *Engine) sizeExpected(c *call, in int64) error {
+	out := e.expectedOutput(c)
 	c.size = in + out
 	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
-		c.cost = max(1, s.reps.GPUHold(s.gpu, c.req.Model, in, out))
+		c.cost = max(1, e.reps.GPUHold(e.gpu, c.req.Model, in, out))
 		return nil
 	}
 	wi, ok1 := mulAmount(cost.WIn, in)
@@ -61,14 +61,14 @@ func (s *Engine) sizeExpected(c *call, in int64) error {
 // max_output_tokens, or without one a cap the client sent that fills the
 // model's remaining context. A request without a cap of its own is not at
 // it: vLLM's default is no sign of abuse.
-func (s *Engine) atCap(c *call) bool {
+func (e *Engine) atCap(c *call) bool {
 	if m := c.t.Cfg.MaxOutputTokens; m > 0 {
 		return int64(c.plan.Cap) >= m
 	}
 	if c.req == nil || c.req.MaxTokens == 0 {
 		return false
 	}
-	mml := s.reps.MaxModelLen(c.req.Model)
+	mml := e.reps.MaxModelLen(c.req.Model)
 	maxIn := 0
 	for _, n := range c.req.InputTokens {
 		maxIn = max(maxIn, n)

@@ -65,7 +65,7 @@ type growStop struct {
 // step of it; it reports true when the generation must stop (the call's
 // context is then cancelled with errBudgetEnded, which aborts upstream).
 // ev is the event just read.
-func (s *Engine) growHold(c *call, ev *vllm.Event) bool {
+func (e *Engine) growHold(c *call, ev *vllm.Event) bool {
 	g := c.growth
 	if g == nil || g.stop != nil || c.stream == nil || ev.Done {
 		return false
@@ -85,19 +85,19 @@ func (s *Engine) growHold(c *call, ev *vllm.Event) bool {
 		if seen < held {
 			return false
 		}
-		return s.stopGrowth(c, g.refused)
+		return e.stopGrowth(c, g.refused)
 	}
 	if held-seen >= g.step || held >= g.worst {
 		return false
 	}
 	to := min(g.worst, max(held, seen)+g.step)
-	next, err := s.holdFor(c, c.held[ledger.InputTokens], to)
+	next, err := e.holdFor(c, c.held[ledger.InputTokens], to)
 	if err == nil {
-		gr := s.led.(grower) // watchable checked it
+		gr := e.led.(grower) // watchable checked it
 		op := c.ledgerOp()
-		err = gr.Grow(op, c.ref, s.owner, c.held, next)
+		err = gr.Grow(op, c.ref, e.owner, c.held, next)
 		op.cancel()
-		s.noteLedger("grow", err)
+		e.noteLedger("grow", err)
 	}
 	if err == nil {
 		c.held = next
@@ -108,7 +108,7 @@ func (s *Engine) growHold(c *call, ev *vllm.Event) bool {
 	if why.denied == nil {
 		why.reason = "ledger_unavailable"
 		if !ledger.IsStoreError(err) {
-			s.log.Error("ledger grow refused; the generation stops at its hold", "request_id", c.reqID, "err", err)
+			e.log.Error("ledger grow refused; the generation stops at its hold", "request_id", c.reqID, "err", err)
 			why.reason = "ledger_error"
 		}
 	}
@@ -116,12 +116,12 @@ func (s *Engine) growHold(c *call, ev *vllm.Event) bool {
 		g.refused = why
 		return false
 	}
-	return s.stopGrowth(c, why)
+	return e.stopGrowth(c, why)
 }
 
 // stopGrowth ends a generation at its hold: upstream is aborted and the
 // client is told why.
-func (s *Engine) stopGrowth(c *call, why *growStop) bool {
+func (e *Engine) stopGrowth(c *call, why *growStop) bool {
 	c.growth.stop = why
 	c.abortCause = "budget"
 	c.cancel(errBudgetEnded)
@@ -183,7 +183,7 @@ func stoppedBody(c *call, asm *vllm.Assembler) ([]byte, error) {
 // boundStopped bounds the charge of a call stopped at a budget at its hold
 // plus one step of output (the stated overshoot); the output past it, if
 // any ran, is logged and not charged.
-func (s *Engine) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
+func (e *Engine) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
 	g := c.growth
 	if g == nil || g.stop == nil {
 		return a
@@ -193,7 +193,7 @@ func (s *Engine) boundStopped(c *call, a ledger.Amounts) ledger.Amounts {
 	if out <= most {
 		return a
 	}
-	s.log.Warn("generation stopped at a budget ran past its hold plus one step; the excess is not charged",
+	e.log.Warn("generation stopped at a budget ran past its hold plus one step; the excess is not charged",
 		"request_id", c.reqID, "tenant", c.t.Name, "ran", out, "charged", most)
 	in := a[ledger.InputTokens]
 	a[ledger.OutputTokens] = most

@@ -146,8 +146,8 @@ func serve(ctx context.Context, s *Engine, a admission) ([]byte, error) {
 // was admitted), the answer's body and the error that ended it. A
 // streaming call is returned with its answer open, for the test to finish
 // and end (tests of the streamed delivery: stream_test.go).
-func (s *Engine) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, []byte, error) {
-	tk, err := s.begin(ctx, t, pol, a)
+func (e *Engine) start(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*call, []byte, error) {
+	tk, err := e.begin(ctx, t, pol, a)
 	if tk == nil {
 		return nil, nil, err
 	}

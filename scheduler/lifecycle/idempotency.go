@@ -49,11 +49,11 @@ import (
 const maxIdemGenerations = 8
 
 // idemID is the ledger id of generation gen of an Idempotency-Key.
-func (s *Engine) idemID(tenant ledger.ScopeKey, key string, gen int) ledger.RequestID {
+func (e *Engine) idemID(tenant ledger.ScopeKey, key string, gen int) ledger.RequestID {
 	if gen == 0 {
-		return s.keyer.IdempotentID(tenant, key)
+		return e.keyer.IdempotentID(tenant, key)
 	}
-	return s.keyer.IdempotentID(tenant, key+"\x00"+strconv.Itoa(gen))
+	return e.keyer.IdempotentID(tenant, key+"\x00"+strconv.Itoa(gen))
 }
 
 // Idempotency states reported in details.state.
@@ -121,8 +121,8 @@ func (c *cachedResponse) Error() string { return "idempotent replay of a complet
 // completed answers a retry of a completed id: its original response when
 // kept here or in the fleet's store and it answers this very request
 // (digest), 409 conflict when it answers another, else 409 completed.
-func (s *Engine) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
-	if body, d, ok := s.settler.Response(ctx, id); ok {
+func (e *Engine) completed(ctx context.Context, id ledger.RequestID, digest uint64) error {
+	if body, d, ok := e.settler.Response(ctx, id); ok {
 		return replayOf(body, d, digest)
 	}
 	return errIdemCompleted
@@ -139,11 +139,11 @@ func replayOf(body []byte, have, want uint64) error {
 
 // rememberResponse keeps a completed non-streamed idempotent call's body,
 // here and in the fleet's store. Callers run it before the call settles.
-func (s *Engine) rememberResponse(c *call, body []byte) {
+func (e *Engine) rememberResponse(c *call, body []byte) {
 	if c.idemKey == "" {
 		return
 	}
-	s.settler.KeepResponse(c.ctx, c.ref.ID, c.idemDigest, body)
+	e.settler.KeepResponse(c.ctx, c.ref.ID, c.idemDigest, body)
 }
 
 func idemExhaustedErr() error {

@@ -86,22 +86,22 @@ func (c *call) to(next phase) error {
 }
 
 // to moves c to next (call.to), or reports the move it refused as a bug.
-func (s *Engine) to(c *call, next phase) bool {
+func (e *Engine) to(c *call, next phase) bool {
 	err := c.to(next)
 	if err != nil {
-		s.illegal(c, err)
+		e.illegal(c, err)
 	}
 	return err == nil
 }
 
 // illegal reports a lifecycle move the lifecycle does not have: counted in
 // sluice_lifecycle_illegal_transitions_total, logged, and handed to
-// s.onIllegal, which in a test binary fails the test (panics unless the
+// e.onIllegal, which in a test binary fails the test (panics unless the
 // test set its own).
-func (s *Engine) illegal(c *call, err error) {
-	s.m.IllegalMoves.Inc()
-	s.log.Error("call lifecycle: illegal transition refused", "request_id", c.reqID, "err", err)
-	if f := s.onIllegal; f != nil {
+func (e *Engine) illegal(c *call, err error) {
+	e.m.IllegalMoves.Inc()
+	e.log.Error("call lifecycle: illegal transition refused", "request_id", c.reqID, "err", err)
+	if f := e.onIllegal; f != nil {
 		f(err)
 	}
 }

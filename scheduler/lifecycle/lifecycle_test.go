@@ -75,7 +75,7 @@ func TestCallEndsInFinish(t *testing.T) {
 	c, err := s.admit(ctx, pol.Tenants["acme"], pol, admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(""), reqID: "a"})
 	require.NoError(t, err)
 	cancel(apierr.ErrClientGone) // no dispatch loop runs: the call stays queued
-	tk := &Ticket{s: s, c: c, err: s.await(c)}
+	tk := &Ticket{e: s, c: c, err: s.await(c)}
 	require.ErrorIs(t, tk.err, apierr.ErrClientGone)
 	assert.Equal(t, phaseQueued, c.phase, "out of the queue, not ended")
 	assert.Zero(t, led.N("release"))

@@ -160,11 +160,11 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 }
 
 // upLatency is r's upstream latency histogram.
-func (s *Engine) upLatency(r *fleet.Replica) prometheus.Observer {
+func (e *Engine) upLatency(r *fleet.Replica) prometheus.Observer {
 	if r.UpLatency != nil {
 		return r.UpLatency
 	}
-	return s.m.UpstreamLatency.WithLabelValues(r.Name)
+	return e.m.UpstreamLatency.WithLabelValues(r.Name)
 }
 
 // newDurableGauge is sluice_durable_state{what}: 1 where that state

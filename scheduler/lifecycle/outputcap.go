@@ -102,18 +102,18 @@ func outputCapReason(c *call) string {
 }
 
 // countKey counts an admission decision for the call's key.
-func (s *Engine) countKey(c *call, result string) {
+func (e *Engine) countKey(c *call, result string) {
 	if c.key == nil {
 		return
 	}
 	if result != "admitted" {
-		s.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result).Inc()
+		e.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result).Inc()
 		return
 	}
 	// Every admitted request counts: look its series up once per key.
 	ctr := c.key.Admitted.Load()
 	if ctr == nil {
-		v := s.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result)
+		v := e.m.APIKeyAdmissions.WithLabelValues(c.t.Name, c.key.MetricLabel(), result)
 		ctr = &v
 		c.key.Admitted.Store(ctr)
 	}

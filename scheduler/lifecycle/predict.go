@@ -78,14 +78,14 @@ type grower interface {
 // upstream.non_streamed_interval), with no tools (vLLM's tool parser may
 // hold a whole call's chunks back, chat_completion/serving.py, so its
 // output is not seen until it ends), on a ledger that can grow holds.
-func (s *Engine) watchable(c *call) bool {
+func (e *Engine) watchable(c *call) bool {
 	if c.ep != vllm.EndpointChat && c.ep != vllm.EndpointCompletions {
 		return false
 	}
 	if c.req == nil || c.req.HasTools() || c.outage {
 		return false
 	}
-	if _, ok := s.led.(grower); !ok {
+	if _, ok := e.led.(grower); !ok {
 		return false
 	}
 	return c.req.Stream || upstreamInterval(c) > 0
@@ -93,7 +93,7 @@ func (s *Engine) watchable(c *call) bool {
 
 // predictedOutput is the output per choice a call is predicted to produce:
 // max(floor_tokens, the tenant's percentile on the model, min_tokens).
-func (s *Engine) predictedOutput(c *call) int64 {
+func (e *Engine) predictedOutput(c *call) int64 {
 	hp := c.pol.Cfg.Server.HoldPrediction
 	p := hp.FloorTokens
 	if q, ok := localOf(c.t).pred.quantile(c.req.Model, hp.Percentile); ok {
@@ -106,13 +106,13 @@ func (s *Engine) predictedOutput(c *call) int64 {
 // its cap, or the prediction when that is below the cap and the call is
 // watchable. It sets c.growth for a predicted hold. The cap's product is
 // checked by sizeHolds first.
-func (s *Engine) holdOutput(c *call) int64 {
+func (e *Engine) holdOutput(c *call) int64 {
 	worst := int64(c.plan.Cap) * int64(c.plan.Choices)
 	c.growth = nil
-	if !c.pol.Cfg.Server.HoldPrediction.On() || !s.watchable(c) {
+	if !c.pol.Cfg.Server.HoldPrediction.On() || !e.watchable(c) {
 		return worst
 	}
-	per := s.predictedOutput(c)
+	per := e.predictedOutput(c)
 	if per >= int64(c.plan.Cap) {
 		return worst
 	}
@@ -123,7 +123,7 @@ func (s *Engine) holdOutput(c *call) int64 {
 // observeOutput records what a call produced per choice, for the tenant's
 // later predictions: a complete answer (final usage), or one Sluice ended
 // at a budget (the least it wanted).
-func (s *Engine) observeOutput(c *call, out int64, src ledger.Source) {
+func (e *Engine) observeOutput(c *call, out int64, src ledger.Source) {
 	if c.req == nil || !c.ep.HasOutput() || (src != ledger.SourceFinal && (c.growth == nil || c.growth.stop == nil)) {
 		return
 	}

@@ -28,15 +28,15 @@ func (e *modelError) APIError() *apierr.Error {
 // checkModel refuses a model the tenant may not use or no replica serves.
 // A request without "model" gets vLLM's default (the first served model),
 // which the tenant must be allowed.
-func (s *Engine) checkModel(t *policy.Tenant, model string) error {
+func (e *Engine) checkModel(t *policy.Tenant, model string) error {
 	m := model
 	if m == "" {
-		m = s.reps.DefaultModel()
+		m = e.reps.DefaultModel()
 	}
 	if m != "" && !t.Allowed(m) {
 		return &modelError{model: m}
 	}
-	if model != "" && !s.reps.KnowsModel(model) {
+	if model != "" && !e.reps.KnowsModel(model) {
 		return &modelError{model: model}
 	}
 	return nil
@@ -44,7 +44,7 @@ func (s *Engine) checkModel(t *policy.Tenant, model string) error {
 
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
-func (s *Engine) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
+func (e *Engine) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
 	rt := fleet.Route{Model: req.Model}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
@@ -80,9 +80,9 @@ type modelCard struct {
 
 // modelList is what the tenant sees at GET /v1/models: the union of the
 // replicas' served models that it may use.
-func (s *Engine) modelList(t *policy.Tenant) []modelCard {
+func (e *Engine) modelList(t *policy.Tenant) []modelCard {
 	out := []modelCard{}
-	for _, m := range s.reps.Models() {
+	for _, m := range e.reps.Models() {
 		if !t.Allowed(m.ID) {
 			continue
 		}

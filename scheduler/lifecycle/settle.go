@@ -20,19 +20,19 @@ import (
 // finish settles a dispatched call exactly once from the usage it reported,
 // reconciles fair share, frees room and slots, and records metrics. err is
 // the call's outcome (nil on success).
-func (s *Engine) finish(c *call, err error) {
+func (e *Engine) finish(c *call, err error) {
 	if c.phase != phaseDispatched && c.phase != phaseStreaming {
 		if !c.phase.terminal() {
-			s.illegal(c, transitionError{c.phase, phaseSettled})
+			e.illegal(c, transitionError{c.phase, phaseSettled})
 		}
 		return
 	}
-	now := s.now()
+	now := e.now()
 	if c.tr != nil {
-		defer s.traceFinished(c, err, now)
+		defer e.traceFinished(c, err, now)
 	}
 	if c.stream != nil {
-		c.usage = s.settleUsage(c)
+		c.usage = e.settleUsage(c)
 		_ = c.stream.Close()
 	} else if c.sent && !c.usage.Known {
 		// Sent, but no stream nor answer usage: prefill may have run.
@@ -61,55 +61,55 @@ func (s *Engine) finish(c *call, err error) {
 		c.abortCause = "lease_lost"
 	}
 	if c.abortCause != "" {
-		s.m.UpstreamAborts.WithLabelValues(c.rep.Name, c.abortCause).Inc()
+		e.m.UpstreamAborts.WithLabelValues(c.rep.Name, c.abortCause).Inc()
 	}
 	var use gpu.Use
 	if c.rep.Clock != nil {
 		use = c.rep.Clock.End(now, c.ticket)
 	}
 	gpuMs := gpu.GPUMs(use.GPUNs)
-	actual, src := s.actual(c, gpuMs)
-	actual = s.boundStopped(c, actual) // grow.go
+	actual, src := e.actual(c, gpuMs)
+	actual = e.boundStopped(c, actual) // grow.go
 	if src != ledger.SourceNotSent {
 		actual[ledger.GPUJoules] = gpu.MilliJoules(use.EnergyUJ)
 	}
-	s.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
-	c.actualCost = s.costOf(c, actual)
-	s.q.Reconcile(c.t.Name, c.band, c.cost, c.actualCost)
-	s.settle(c, actual, src)
-	s.reps.Leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
+	e.observeOutput(c, actual[ledger.OutputTokens], src) // predict.go
+	c.actualCost = e.costOf(c, actual)
+	e.q.Reconcile(c.t.Name, c.band, c.cost, c.actualCost)
+	e.settle(c, actual, src)
+	e.reps.Leave(c.rep, c.size, c.seq, c.sent && !c.usage.Final, now)
 	c.t.RT.Inflight.Add(-1)
 	c.keyInflight(-1)
 	c.t.RT.InflightTokens.Add(-c.size)
-	s.movePool(c, gate.SpotNone)
-	seriesOf(c.t, s.m).inflight.Dec()
-	s.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
+	e.movePool(c, gate.SpotNone)
+	seriesOf(c.t, e.m).inflight.Dec()
+	e.attr.Overrun(c.t.Name, max(0, gpuMs-c.held[ledger.GPUMs]))
 	if c.sent {
 		kind := abuse.Settled
 		if c.abortCause == "client_disconnect" {
 			kind = abuse.Disconnected
 		}
-		s.observeAbuse(c.t.Name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
+		e.observeAbuse(c.t.Name, abuse.Event{Kind: kind, Tokens: actual[ledger.Tokens], USDMicros: actual[ledger.USDMicros], GPUMs: gpuMs})
 	}
-	if est := s.gpu.Estimator(c.rep.Name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
+	if est := e.gpu.Estimator(c.rep.Name); est != nil && src == ledger.SourceFinal && gpuMs > 0 {
 		est.Observe(actual[ledger.InputTokens], actual[ledger.OutputTokens], float64(gpuMs))
 	}
-	s.forget(c)
-	s.q.Unpark(c.t.Name)
-	for _, n := range s.pools.UnparkFull(c.place.Pool) {
-		s.q.Unpark(n)
+	e.forget(c)
+	e.q.Unpark(c.t.Name)
+	for _, n := range e.pools.UnparkFull(c.place.Pool) {
+		e.q.Unpark(n)
 	}
 	// Freed room matters only to queued work; an empty queue's next
 	// arrival signals the loop itself (Queue.Ready). A wake per completion
 	// readied the loop's goroutine, often on an idle thread: a futex round.
-	if depth, _ := s.q.Len(); depth > 0 {
-		s.Wake()
+	if depth, _ := e.q.Len(); depth > 0 {
+		e.Wake()
 	}
 }
 
 // actual derives the amounts to settle from the usage vLLM reported (or the
 // stream's early-end estimate, see vllm.Stream.Settle).
-func (s *Engine) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
+func (e *Engine) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	var a ledger.Amounts
 	if !c.ran() {
 		return a, ledger.SourceNotSent
@@ -128,7 +128,7 @@ func (s *Engine) actual(c *call, gpuMs int64) (ledger.Amounts, ledger.Source) {
 	return a, src
 }
 
-func (s *Engine) costOf(c *call, a ledger.Amounts) int64 {
+func (e *Engine) costOf(c *call, a ledger.Amounts) int64 {
 	cost := c.pol.Cfg.Server.Cost
 	if cost.Unit == "gpu_ms" {
 		return a[ledger.GPUMs]
@@ -142,24 +142,24 @@ func (s *Engine) costOf(c *call, a ledger.Amounts) int64 {
 // file, where there is one, so a
 // process killed before the store answers settles it exactly when it
 // starts again; otherwise the lease is the backstop.
-func (s *Engine) settle(c *call, actual ledger.Amounts, src ledger.Source) {
-	s.countUsage(c, actual)
+func (e *Engine) settle(c *call, actual ledger.Amounts, src ledger.Source) {
+	e.countUsage(c, actual)
 	if c.outage {
 		if src != ledger.SourceNotSent {
-			s.oweOutage(c, actual, src)
-			s.to(c, phaseUnresolved) // the owed charge ends it
+			e.oweOutage(c, actual, src)
+			e.to(c, phaseUnresolved) // the owed charge ends it
 		} else {
-			s.outageNotRun(c)
-			s.to(c, phaseSettled)
+			e.outageNotRun(c)
+			e.to(c, phaseSettled)
 		}
 		return
 	}
-	s.settler.Untrack(&c.lease)
+	e.settler.Untrack(&c.lease)
 	ended := phaseSettled
-	defer func() { s.to(c, ended) }()
-	s.settler.WriteAhead(c.ref, actual, src, c.reqID)
+	defer func() { e.to(c, ended) }()
+	e.settler.WriteAhead(c.ref, actual, src, c.reqID)
 	op := c.ledgerOp()
-	st, err := s.led.Settle(op, c.ref, actual, src)
+	st, err := e.led.Settle(op, c.ref, actual, src)
 	op.cancel()
 	rec := audit.Record{Kind: audit.KindSettle, Tenant: c.t.Name, RequestID: c.reqID, Source: src.String(),
 		TokensHeld: c.held[ledger.Tokens], TokensCharged: actual[ledger.Tokens], GPUMs: actual[ledger.GPUMs], USDMicros: actual[ledger.USDMicros],
@@ -169,16 +169,16 @@ func (s *Engine) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 	} else {
 		rec.Code = "settle_failed"
 	}
-	s.record(rec)
-	s.noteLedger("settle", err)
+	e.record(rec)
+	e.noteLedger("settle", err)
 	if err != nil && ledger.IsStoreError(err) {
-		s.queueSettle(c, actual, src)
+		e.queueSettle(c, actual, src)
 		ended = phaseUnresolved
 		return
 	}
-	s.settler.Landed(c.ref.ID)
+	e.settler.Landed(c.ref.ID)
 	if err != nil {
-		s.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
+		e.log.Error("ledger settle refused", "request_id", c.reqID, "err", err)
 	}
 }
 
@@ -187,21 +187,21 @@ func (s *Engine) settle(c *call, actual ledger.Amounts, src ledger.Source) {
 
 // queueRelease hands the ending of c's never-dispatched hold to the
 // pending-writes log.
-func (s *Engine) queueRelease(c *call) {
-	s.settler.Untrack(&c.lease)
-	s.settler.QueueRelease(c.ref, c.reqID)
+func (e *Engine) queueRelease(c *call) {
+	e.settler.Untrack(&c.lease)
+	e.settler.QueueRelease(c.ref, c.reqID)
 }
 
 // queueReplay hands the ending of an ambiguous keyed Reserve to the log.
-func (s *Engine) queueReplay(c *call, rr ledger.ReserveRequest) {
-	s.settler.Untrack(&c.lease)
-	s.settler.QueueReplay(c.ref, rr, c.reqID)
+func (e *Engine) queueReplay(c *call, rr ledger.ReserveRequest) {
+	e.settler.Untrack(&c.lease)
+	e.settler.QueueReplay(c.ref, rr, c.reqID)
 }
 
 // queueSettle hands the settlement of c to the log.
-func (s *Engine) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
-	s.settler.Untrack(&c.lease)
-	s.settler.QueueSettle(c.ref, actual, src, c.reqID)
+func (e *Engine) queueSettle(c *call, actual ledger.Amounts, src ledger.Source) {
+	e.settler.Untrack(&c.lease)
+	e.settler.QueueSettle(c.ref, actual, src, c.reqID)
 }
 
 // outageScopes are the scopes an outage charge of c lands in: those of its
@@ -214,34 +214,34 @@ func outageScopes(c *call) []ledger.Scope {
 // admitOutage lets c run on its tenant's allowance while the ledger is
 // unreachable (settle/outage.go); it reports false when the tenant has
 // none left.
-func (s *Engine) admitOutage(c *call, cause error) bool {
+func (e *Engine) admitOutage(c *call, cause error) bool {
 	held := c.held
 	held[ledger.Slots] = 0
 	ch := &settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Running: true, Source: ledger.SourceHeld,
 		Ambiguous: errors.Is(cause, ledger.ErrAmbiguous),
 		Req:       ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: held, At: c.arrival}}
 	al := c.t.Cfg.OutageAllowance
-	used, ok := s.settler.AdmitOutage(al, c.held[ledger.Tokens], ch)
+	used, ok := e.settler.AdmitOutage(al, c.held[ledger.Tokens], ch)
 	if !ok {
 		return false
 	}
 	c.outage = true
-	s.m.OutageAdmissions.WithLabelValues(c.t.Name).Inc()
-	s.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.Name,
+	e.m.OutageAdmissions.WithLabelValues(c.t.Name).Inc()
+	e.log.Warn("ledger unreachable: admitting under the tenant's outage allowance", "tenant", c.t.Name,
 		"used_requests", used.Requests, "allowance_requests", al.Requests, "err", cause)
-	s.record(audit.Record{Kind: "outage_admit", Tenant: c.t.Name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
+	e.record(audit.Record{Kind: "outage_admit", Tenant: c.t.Name, RequestID: c.reqID, TokensHeld: c.held[ledger.Tokens],
 		Reason: fmt.Sprintf("ledger unreachable; allowance %d/%d requests", used.Requests, al.Requests)})
 	return true
 }
 
 // oweOutage records an outage-admitted call's usage for the later Charge.
-func (s *Engine) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
+func (e *Engine) oweOutage(c *call, actual ledger.Amounts, src ledger.Source) {
 	actual[ledger.Slots] = 0
-	s.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Source: src,
+	e.settler.OweOutage(&settle.OwedCharge{Tenant: c.t.Name, ReqID: c.reqID, Source: src,
 		Req: ledger.ChargeRequest{Ref: c.ref, Scopes: outageScopes(c), Amounts: actual, At: c.arrival}})
 }
 
 // outageNotRun ends an outage-admitted call that never ran.
-func (s *Engine) outageNotRun(c *call) {
-	s.settler.OutageNotRun(c.t.Name, c.held[ledger.Tokens], c.ref, c.reqID)
+func (e *Engine) outageNotRun(c *call) {
+	e.settler.OutageNotRun(c.t.Name, c.held[ledger.Tokens], c.ref, c.reqID)
 }

@@ -37,7 +37,7 @@ func (c *call) end() {
 // and the deadline ends the call as apierr.ErrClientStalled, so that it does not
 // hold its slot and replica room for as long as it does not read. It
 // returns the outcome it counted.
-func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
+func (e *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	var buf []byte // shaped events not yet written
 	first := true
 	shaper := vllm.NewShaper(c.req)
@@ -61,19 +61,19 @@ func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		}
 		if cw.err != nil {
 			c.cancel(apierr.ErrClientGone)
-			s.finish(c, apierr.ErrClientGone)
-			s.m.count(c.t.Name, outcomeCancelled, nil)
+			e.finish(c, apierr.ErrClientGone)
+			e.m.count(c.t.Name, outcomeCancelled, nil)
 			return outcomeCancelled
 		}
 		if errors.Is(err, io.EOF) {
 			if ref := c.stream.Refused(); ref != nil {
 				// vLLM refused it after the headers: an error, uncharged.
-				s.finish(c, ref)
-				s.m.count(c.t.Name, outcomeUpstreamError, nil)
+				e.finish(c, ref)
+				e.m.count(c.t.Name, outcomeUpstreamError, nil)
 				return outcomeUpstreamError
 			}
-			s.finish(c, nil)
-			seriesOf(c.t, s.m).requestsOK.Inc()
+			e.finish(c, nil)
+			seriesOf(c.t, e.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if err != nil {
@@ -81,12 +81,12 @@ func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 			if cause == nil {
 				cause = err
 			}
-			s.finish(c, cause)
+			e.finish(c, cause)
 			if !errors.Is(cause, apierr.ErrClientGone) {
 				write(apierr.StreamEvent(c.ep.Anthropic(), cause))
 			}
 			o, _ := outcomeFor(apierr.MidStream(cause))
-			s.m.count(c.t.Name, o, nil)
+			e.m.count(c.t.Name, o, nil)
 			return o
 		}
 		if c.wf != nil {
@@ -94,13 +94,13 @@ func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		}
 		var ok bool
 		buf, ok = shaper.Shape(buf, ev)
-		if s.growHold(c, &ev) {
+		if e.growHold(c, &ev) {
 			// Stopped at a budget (grow.go): what was generated, then the
 			// chunk that ends it.
 			buf = appendStopped(buf, c)
 			flush()
-			s.finish(c, errBudgetEnded)
-			seriesOf(c.t, s.m).requestsOK.Inc()
+			e.finish(c, errBudgetEnded)
+			seriesOf(c.t, e.m).requestsOK.Inc()
 			return outcomeOK
 		}
 		if !ok {
@@ -108,7 +108,7 @@ func (s *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 		}
 		if first && !ev.Done {
 			first = false
-			seriesOf(c.t, s.m).ttft.Observe(s.now().Sub(c.arrival).Seconds())
+			seriesOf(c.t, e.m).ttft.Observe(e.now().Sub(c.arrival).Seconds())
 		}
 		if len(buf) >= maxCoalesce {
 			flush()

@@ -20,7 +20,7 @@ import (
 
 // Ticket is an admitted call between Start and Finish.
 type Ticket struct {
-	s   *Engine
+	e   *Engine
 	c   *call
 	err error // the call ended before its answer opened; Finish answers it
 	// finished: Finish ran (a second one is an illegal move).
@@ -51,22 +51,22 @@ type Sink interface {
 // caller must call Finish exactly once, also when the call failed before
 // its answer opened (Finish answers that failure). ctx is the client's:
 // cancelled with apierr.ErrClientGone when it leaves.
-func (s *Engine) Start(ctx context.Context, a Admission) (*Ticket, error) {
-	return s.begin(ctx, a.Caller.t, a.Caller.pol, a.admission())
+func (e *Engine) Start(ctx context.Context, a Admission) (*Ticket, error) {
+	return e.begin(ctx, a.Caller.t, a.Caller.pol, a.admission())
 }
 
 // begin is Start for a tenant and policy already known.
-func (s *Engine) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
-	c, err := s.admit(ctx, t, pol, a)
+func (e *Engine) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, a admission) (*Ticket, error) {
+	c, err := e.admit(ctx, t, pol, a)
 	if err != nil {
 		return nil, err
 	}
-	tk := &Ticket{s: s, c: c}
-	if err := s.await(c); err != nil {
+	tk := &Ticket{e: e, c: c}
+	if err := e.await(c); err != nil {
 		tk.err = err
 		return tk, nil
 	}
-	tk.err = s.execute(c) // Finish ends a call that failed here
+	tk.err = e.execute(c) // Finish ends a call that failed here
 	return tk, nil
 }
 
@@ -77,16 +77,16 @@ func (tk *Ticket) Streaming() bool { return tk.err == nil && tk.c.req.Stream }
 
 // Meta is what the client is told beside the answer, as of now: a
 // streamed answer's headers.
-func (tk *Ticket) Meta() Meta { return tk.s.meta(tk.c) }
+func (tk *Ticket) Meta() Meta { return tk.e.meta(tk.c) }
 
 // Finish delivers the call's answer to out, settles the call, records its
 // outcome and ends it; out nil means the answer will never be written (the
 // client left before the headers went out). It returns the outcome as
 // counted in sluice_requests_total.
 func (tk *Ticket) Finish(out Sink) Outcome {
-	s, c := tk.s, tk.c
+	e, c := tk.e, tk.c
 	if tk.finished {
-		s.illegal(c, errFinishedTwice)
+		e.illegal(c, errFinishedTwice)
 		return outcomeCancelled
 	}
 	tk.finished = true
@@ -98,36 +98,36 @@ func (tk *Ticket) Finish(out Sink) Outcome {
 		if tk.err != nil {
 			end = tk.err // it failed before the client left
 		}
-		s.end(c, end)
-		s.m.count(c.t.Name, outcomeCancelled, nil)
+		e.end(c, end)
+		e.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	case tk.err != nil:
-		s.end(c, tk.err)
-		return s.refused(c, out, tk.err)
+		e.end(c, tk.err)
+		return e.refused(c, out, tk.err)
 	case c.req.Stream:
 		w, conn := out.Stream()
 		if c.stream != nil {
-			return s.pump(c, w, conn)
+			return e.pump(c, w, conn)
 		}
-		return s.pumpEvents(c, w, conn)
+		return e.pumpEvents(c, w, conn)
 	}
-	body, err := s.readWhole(c)
+	body, err := e.readWhole(c)
 	if err == nil {
 		// Before the settlement: a retry that finds the record charged
 		// must find the response too.
-		s.rememberResponse(c, body)
+		e.rememberResponse(c, body)
 	}
-	s.finish(c, err)
+	e.finish(c, err)
 	if err != nil {
-		return s.refused(c, out, err)
+		return e.refused(c, out, err)
 	}
 	if c.wf != nil {
 		c.wf.countToolCalls(toolCallsFor(c.ep, body))
 	}
-	ts := seriesOf(c.t, s.m)
-	ts.ttft.Observe(s.now().Sub(c.arrival).Seconds())
+	ts := seriesOf(c.t, e.m)
+	ts.ttft.Observe(e.now().Sub(c.arrival).Seconds())
 	ts.requestsOK.Inc()
-	out.Whole(s.meta(c), body)
+	out.Whole(e.meta(c), body)
 	return outcomeOK
 }
 
@@ -137,19 +137,19 @@ var errFinishedTwice = errors.New("call lifecycle: Finish called twice")
 // readWhole reads a non-streamed answer whole: chat and completions
 // assembled from their stream (drainStream), the other endpoints' body as
 // vLLM sent it (readOther).
-func (s *Engine) readWhole(c *call) ([]byte, error) {
+func (e *Engine) readWhole(c *call) ([]byte, error) {
 	if c.stream != nil {
-		return s.drainStream(c)
+		return e.drainStream(c)
 	}
-	return s.readOther(c)
+	return e.readOther(c)
 }
 
 // refused has out answer a call that ended in err, and counts and audits
 // the outcome.
-func (s *Engine) refused(c *call, out Sink, err error) Outcome {
+func (e *Engine) refused(c *call, out Sink, err error) Outcome {
 	if errors.Is(err, apierr.ErrClientGone) || errors.Is(context.Cause(c.ctx), apierr.ErrClientGone) {
 		out.Refuse(err, nil, Meta{})
-		s.m.count(c.t.Name, outcomeCancelled, nil)
+		e.m.count(c.t.Name, outcomeCancelled, nil)
 		return outcomeCancelled
 	}
 	var ue *vllm.UpstreamError
@@ -158,30 +158,30 @@ func (s *Engine) refused(c *call, out Sink, err error) Outcome {
 		// models again.
 		c.rep.ModelsAt.Store(0)
 	}
-	ae := s.classify(c.t.Name, err)
+	ae := e.classify(c.t.Name, err)
 	var m Meta
 	if c.rep != nil && c.sent {
-		m = s.meta(c) // Server-Timing and budget headers still apply
+		m = e.meta(c) // Server-Timing and budget headers still apply
 	}
 	out.Refuse(err, ae, m)
-	return s.countRefusal(c.t.Name, c.reqID, err, ae)
+	return e.countRefusal(c.t.Name, c.reqID, err, ae)
 }
 
 // classify is err's refusal (statusFor), logged when it is a failure of
 // Sluice's or the replica's (a 5xx other than 503 and 504).
-func (s *Engine) classify(tenant string, err error) *apierr.Error {
+func (e *Engine) classify(tenant string, err error) *apierr.Error {
 	ae := apierr.For(err)
 	if ae.Status >= 500 && ae.Status != 503 && ae.Status != 504 {
-		s.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
+		e.log.Warn("request failed", "tenant", tenant, "status", ae.Status, "code", ae.Code, "err", err)
 	}
 	return ae
 }
 
 // countRefusal audits and counts a refusal answered as ae: every endpoint's,
 // whether before admission (Reject) or after (Finish).
-func (s *Engine) countRefusal(tenant, reqID string, err error, ae *apierr.Error) Outcome {
+func (e *Engine) countRefusal(tenant, reqID string, err error, ae *apierr.Error) Outcome {
 	if ae.Status != 499 && ae.Raw == nil {
-		s.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
+		e.record(audit.Record{Kind: audit.KindDeny, Tenant: tenant, RequestID: reqID, Code: ae.Code, Reason: ae.Message})
 	}
 	if tenant == "" {
 		tenant = "_unauthenticated"
@@ -191,6 +191,6 @@ func (s *Engine) countRefusal(tenant, reqID string, err error, ae *apierr.Error)
 		// vLLM's refusal passed through: not Sluice's rejection.
 		o = outcomeUpstreamError
 	}
-	s.m.count(tenant, o, ae)
+	e.m.count(tenant, o, ae)
 	return o
 }

@@ -78,13 +78,13 @@ func operationName(ep vllm.Endpoint) string {
 // startTrace starts c's request span at its arrival, as a child of the
 // client's trace context when it sent one, and puts the span's
 // traceparent in c.ctx for the upstream request.
-func (s *Engine) startTrace(c *call, a admission) {
+func (e *Engine) startTrace(c *call, a admission) {
 	parent := context.Background()
 	if a.traceparent != "" {
 		parent = traceContext.Extract(parent, propagation.MapCarrier{"traceparent": a.traceparent, "tracestate": a.tracestate})
 	}
 	op := operationName(c.ep)
-	ctx, span := s.tracer.Start(parent, op+" "+c.req.Model, trace.WithTimestamp(c.arrival), trace.WithSpanKind(trace.SpanKindServer),
+	ctx, span := e.tracer.Start(parent, op+" "+c.req.Model, trace.WithTimestamp(c.arrival), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(
 			attribute.String("gen_ai.operation.name", op),
 			attribute.String("gen_ai.request.model", c.req.Model),
@@ -105,23 +105,23 @@ func (s *Engine) startTrace(c *call, a admission) {
 
 // traceRefused ends the trace of a call that ended at its reservation:
 // refused, or an idempotent retry answered with the kept response.
-func (s *Engine) traceRefused(c *call, err error) {
-	end := s.now()
-	s.child(c, spanAdmit, c.arrival, end)
+func (e *Engine) traceRefused(c *call, err error) {
+	end := e.now()
+	e.child(c, spanAdmit, c.arrival, end)
 	var replay *cachedResponse
 	if errors.As(err, &replay) {
 		c.tr.span.SetAttributes(attribute.Bool("sluice.replayed", true))
 		err = nil // the edge answers 200 with the kept body
 	}
-	s.endTrace(c, err, end, false)
+	e.endTrace(c, err, end, false)
 }
 
 // traceReleased ends the trace of a call released without running; from
 // is when its release began.
-func (s *Engine) traceReleased(c *call, from time.Time) {
-	s.stages(c, from)
-	end := s.now()
-	s.child(c, spanSettle, from, end)
+func (e *Engine) traceReleased(c *call, from time.Time) {
+	e.stages(c, from)
+	end := e.now()
+	e.child(c, spanSettle, from, end)
 	err := c.tr.err
 	if cause := context.Cause(c.ctx); cause != nil {
 		err = cause
@@ -129,15 +129,15 @@ func (s *Engine) traceReleased(c *call, from time.Time) {
 		err = c.queueExit(from)
 	}
 	c.tr.span.SetAttributes(attribute.Bool("sluice.released", true))
-	s.endTrace(c, err, end, false)
+	e.endTrace(c, err, end, false)
 }
 
 // traceFinished ends the trace of a dispatched call; from is when its
 // settlement began (the upstream's end).
-func (s *Engine) traceFinished(c *call, err error, from time.Time) {
-	s.stages(c, from)
+func (e *Engine) traceFinished(c *call, err error, from time.Time) {
+	e.stages(c, from)
 	if !c.dispatchAt.IsZero() && c.sent {
-		_, up := s.tracer.Start(c.tr.ctx, spanUpstream, trace.WithTimestamp(c.dispatchAt), trace.WithSpanKind(trace.SpanKindClient),
+		_, up := e.tracer.Start(c.tr.ctx, spanUpstream, trace.WithTimestamp(c.dispatchAt), trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("sluice.replica", c.rep.Name)))
 		if !c.firstByte.IsZero() {
 			up.AddEvent("first_byte", trace.WithTimestamp(c.firstByte))
@@ -147,8 +147,8 @@ func (s *Engine) traceFinished(c *call, err error, from time.Time) {
 		}
 		up.End(trace.WithTimestamp(from))
 	}
-	end := s.now()
-	s.child(c, spanSettle, from, end)
+	end := e.now()
+	e.child(c, spanSettle, from, end)
 	sp := c.tr.span
 	sp.SetAttributes(attribute.String("sluice.replica", c.rep.Name))
 	if c.usage.Known {
@@ -162,40 +162,40 @@ func (s *Engine) traceFinished(c *call, err error, from time.Time) {
 	}
 	// A streamed answer's 200 went out with its first event; what ends
 	// the stream later is in the span's status, not a second status code.
-	s.endTrace(c, err, end, c.req.Stream && c.stream != nil)
+	e.endTrace(c, err, end, c.req.Stream && c.stream != nil)
 }
 
 // stages adds the admission, queue and dispatch children; end closes the
 // last stage the call reached.
-func (s *Engine) stages(c *call, end time.Time) {
+func (e *Engine) stages(c *call, end time.Time) {
 	tr := c.tr
 	if tr.queuedAt.IsZero() {
-		s.child(c, spanAdmit, c.arrival, end)
+		e.child(c, spanAdmit, c.arrival, end)
 		return
 	}
-	s.child(c, spanAdmit, c.arrival, tr.queuedAt)
+	e.child(c, spanAdmit, c.arrival, tr.queuedAt)
 	if tr.handedAt.IsZero() {
-		s.child(c, spanQueue, tr.queuedAt, end)
+		e.child(c, spanQueue, tr.queuedAt, end)
 		return
 	}
-	s.child(c, spanQueue, tr.queuedAt, tr.handedAt)
+	e.child(c, spanQueue, tr.queuedAt, tr.handedAt)
 	dispatched := c.dispatchAt
 	if dispatched.IsZero() || dispatched.Before(tr.handedAt) {
 		dispatched = end
 	}
-	s.child(c, spanDispatch, tr.handedAt, dispatched)
+	e.child(c, spanDispatch, tr.handedAt, dispatched)
 }
 
 // child records one finished stage of c.
-func (s *Engine) child(c *call, name string, start, end time.Time) {
-	_, sp := s.tracer.Start(c.tr.ctx, name, trace.WithTimestamp(start))
+func (e *Engine) child(c *call, name string, start, end time.Time) {
+	_, sp := e.tracer.Start(c.tr.ctx, name, trace.WithTimestamp(start))
 	sp.End(trace.WithTimestamp(end))
 }
 
 // endTrace sets the request span's outcome and ends it at end. Only the
 // error's code goes in the span, never its message, which may quote the
 // request.
-func (s *Engine) endTrace(c *call, err error, end time.Time, sentOK bool) {
+func (e *Engine) endTrace(c *call, err error, end time.Time, sentOK bool) {
 	sp := c.tr.span
 	o, ae := outcomeFor(err)
 	status := 200

@@ -23,21 +23,21 @@ import (
 // exactly first, and only a failed count leaves the bound's answer (the
 // documented fallback). counted reports that /tokenize was asked (or has
 // nothing to render), so a later budget denial need not ask again.
-func (s *Engine) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
+func (e *Engine) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy.Snapshot, req *vllm.Request) (_ *vllm.Request, _ vllm.Plan, counted bool, _ error) {
 	// Only the generation endpoints have a /tokenize rendering to ask for.
 	tried := isOther(req.Endpoint)
 	if (pol.Cfg.Upstream.TokenCount == "tokenize" || req.NeedsExactCount()) && !req.InputExact && !tried {
-		req, tried = s.tokenize(ctx, req), true
+		req, tried = e.tokenize(ctx, req), true
 	}
 	if req.NeedsExactCount() && !req.Tokenized {
 		return req, vllm.Plan{}, tried, apierr.Invalidf("chat_template", "a chat_template in the body is counted only by the replica's /tokenize, which could not count it; send the request without chat_template")
 	}
-	plan, err := s.planFor(t, req)
+	plan, err := e.planFor(t, req)
 	if (err != nil || plan.BoundCut || plan.BoundOver) && !req.InputExact && !tried {
 		tried = true
-		if exact := s.tokenize(ctx, req); exact.InputExact {
+		if exact := e.tokenize(ctx, req); exact.InputExact {
 			req = exact
-			plan, err = s.planFor(t, req)
+			plan, err = e.planFor(t, req)
 		}
 	}
 	return req, plan, tried || req.InputExact, err
@@ -46,8 +46,8 @@ func (s *Engine) countAndPlan(ctx context.Context, t *policy.Tenant, pol *policy
 // planFor plans the cap and checks the tenant's input limit, in vLLM's
 // order: a request the model cannot take is its 400 before a tenant limit
 // (Request.Plan).
-func (s *Engine) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
-	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(s.reps.MaxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
+func (e *Engine) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error) {
+	plan, err := req.Plan(vllm.Limits{MaxModelLen: int(e.reps.MaxModelLen(req.Model)), TenantMaxOutput: int(t.Cfg.MaxOutputTokens)})
 	if err != nil {
 		return plan, err
 	}
@@ -61,16 +61,16 @@ func (s *Engine) planFor(t *policy.Tenant, req *vllm.Request) (vllm.Plan, error)
 // (once per call), re-planning the cap on it. It reports whether the holds
 // are to be sized and reserved again; an error is the exact count's verdict
 // on the request (a 400 comes before any budget).
-func (s *Engine) recount(c *call) (bool, error) {
+func (e *Engine) recount(c *call) (bool, error) {
 	c.counted = true
 	if isOther(c.req.Endpoint) {
 		return false, nil
 	}
-	exact := s.tokenize(c.ctx, c.req)
+	exact := e.tokenize(c.ctx, c.req)
 	if !exact.InputExact {
 		return false, nil // the documented fallback: the bound decides
 	}
-	plan, err := s.planFor(c.t, exact)
+	plan, err := e.planFor(c.t, exact)
 	if err != nil {
 		return false, err
 	}
@@ -96,7 +96,7 @@ func exactMayFit(c *call, d *ledger.DeniedError, floor int64) bool {
 // settleUsage is what a dispatched call whose stream opened is charged
 // (vllm.Stream.SettleFor): per prompt, with an abort allowance of one
 // stream interval per unfinished choice.
-func (s *Engine) settleUsage(c *call) vllm.Usage {
+func (e *Engine) settleUsage(c *call) vllm.Usage {
 	return c.stream.SettleFor(vllm.Shape{N: c.req.N, Inputs: c.req.InputTokens, Allowance: allowanceFor(c), Cap: c.plan.Cap})
 }
 

@@ -75,7 +75,7 @@ func (uc *usageCounters) add(now time.Time, v *[numUsage]int64) {
 
 // countUsage adds a settled call's charge to the usage counters. A call
 // that never ran (nothing charged) adds nothing.
-func (s *Engine) countUsage(c *call, actual ledger.Amounts) {
+func (e *Engine) countUsage(c *call, actual ledger.Amounts) {
 	if actual[ledger.Requests] == 0 {
 		return
 	}
@@ -83,14 +83,14 @@ func (s *Engine) countUsage(c *call, actual ledger.Amounts) {
 	if c.key != nil {
 		k.key = c.key.MetricLabel()
 	}
-	uc, ok := s.usage.Load(k)
+	uc, ok := e.usage.Load(k)
 	if !ok {
 		fresh := &usageCounters{}
 		for i, d := range usageDims {
-			fresh.prom[i] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, d.String())
+			fresh.prom[i] = e.m.Usage.WithLabelValues(k.tenant, k.key, k.model, d.String())
 		}
-		fresh.prom[len(usageDims)] = s.m.Usage.WithLabelValues(k.tenant, k.key, k.model, usageCachedInput)
-		uc, _ = s.usage.LoadOrStore(k, fresh)
+		fresh.prom[len(usageDims)] = e.m.Usage.WithLabelValues(k.tenant, k.key, k.model, usageCachedInput)
+		uc, _ = e.usage.LoadOrStore(k, fresh)
 	}
 	ctrs := uc.(*usageCounters)
 	var add [numUsage]int64
@@ -104,7 +104,7 @@ func (s *Engine) countUsage(c *call, actual ledger.Amounts) {
 		ctrs.prom[len(usageDims)].Add(float64(v))
 		add[len(usageDims)] = int64(v)
 	}
-	ctrs.add(s.now(), &add)
+	ctrs.add(e.now(), &add)
 }
 
 // UsageDimensions are the names of the usage dimensions, in the order of
@@ -123,11 +123,11 @@ const UsageWindowMax = usageHours * time.Hour
 // UsageCounts copies this process's cumulative usage counters (those
 // behind sluice_usage_total): since the process started, or with window > 0
 // over the hours from views.FirstHour.
-func (s *Engine) UsageCounts(window time.Duration) views.UsageIn {
-	now := s.now()
-	in := views.UsageIn{Now: now, Started: s.started, Window: window, Dims: UsageDimensions()}
+func (e *Engine) UsageCounts(window time.Duration) views.UsageIn {
+	now := e.now()
+	in := views.UsageIn{Now: now, Started: e.started, Window: window, Dims: UsageDimensions()}
 	from := views.FirstHour(now, window)
-	s.usage.Range(func(k, v any) bool {
+	e.usage.Range(func(k, v any) bool {
 		uk, uc := k.(usageKey), v.(*usageCounters)
 		uc.mu.Lock()
 		vals := uc.total

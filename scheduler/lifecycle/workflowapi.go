@@ -21,7 +21,7 @@ import (
 
 // CreateWorkflow creates an envelope from the body of POST /v1/workflows
 // and returns its view (Workflow's shape); an error is the client's.
-func (s *Engine) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]byte, error) {
+func (e *Engine) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]byte, error) {
 	t := c.t
 	var in struct {
 		MaxCalls        int64  `json:"max_calls"`
@@ -56,25 +56,25 @@ func (s *Engine) CreateWorkflow(ctx context.Context, c Caller, body []byte) ([]b
 	if in.MaxOutputTokens == 0 && t.Cfg.Workflow.MaxOutputTokens == 0 {
 		return nil, apierr.Invalidf("max_output_tokens", "max_output_tokens must be > 0")
 	}
-	wf := s.wfs.create(t.Name, capWorkflowLimits(lim, t.Cfg.Workflow), s.now())
-	return s.workflowView(ctx, t, wf)
+	wf := e.wfs.create(t.Name, capWorkflowLimits(lim, t.Cfg.Workflow), e.now())
+	return e.workflowView(ctx, t, wf)
 }
 
 // Workflow is the body of GET /v1/workflows/{id}: the caller's envelope
 // with its limits, use and what remains.
-func (s *Engine) Workflow(ctx context.Context, c Caller, id string) ([]byte, error) {
-	wf := s.wfs.get(c.t.Name, id)
+func (e *Engine) Workflow(ctx context.Context, c Caller, id string) ([]byte, error) {
+	wf := e.wfs.get(c.t.Name, id)
 	if wf == nil {
 		return nil, fmt.Errorf("workflow %q: %w", id, apierr.ErrNotFound)
 	}
-	return s.workflowView(ctx, c.t, wf)
+	return e.workflowView(ctx, c.t, wf)
 }
 
 // workflowView renders an envelope with its ledger usage.
-func (s *Engine) workflowView(ctx context.Context, t *policy.Tenant, wf *workflow) ([]byte, error) {
+func (e *Engine) workflowView(ctx context.Context, t *policy.Tenant, wf *workflow) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	u, err := s.led.Snapshot(ctx, t.ScopeKey, s.keyer.Key(ledger.KindWorkflow, t.Name+"\x00"+wf.id))
+	u, err := e.led.Snapshot(ctx, t.ScopeKey, e.keyer.Key(ledger.KindWorkflow, t.Name+"\x00"+wf.id))
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func (s *Engine) workflowView(ctx context.Context, t *policy.Tenant, wf *workflo
 		}
 	}
 	if lim.MaxDuration > 0 {
-		remaining["duration"] = max(0, lim.MaxDuration-s.now().Sub(wf.created)).Round(time.Millisecond).String()
+		remaining["duration"] = max(0, lim.MaxDuration-e.now().Sub(wf.created)).Round(time.Millisecond).String()
 	}
 	b, _ := plainjson.Marshal(map[string]any{"id": wf.id, "object": "workflow", "created": wf.created.Unix(),
 		"limits": limits, "used": used, "remaining": remaining})
