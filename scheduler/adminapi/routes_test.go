@@ -148,6 +148,8 @@ func TestRouteTable(t *testing.T) {
 		{"POST", "/admin/replicas/r1/drain/x", "", 404, drain, ""},
 		{"POST", "/admin/replicas/a/b/drain", "", 404, drain, ""},
 		{"POST", "/admin/replicas/a%2Fb/drain", "", 404, drain, ""},
+		{"POST", "/admin/replicas/r1%2Fdrain", "", 404, drain, ""},
+		{"DELETE", "/admin/replicas/r1%2Fdrain", "", 404, drain, ""},
 		{"POST", "/admin/replicas%2Fr1/drain", "", 404, none, ""},
 
 		{"GET", "/admin/tenants", "", 200, "", ""},
@@ -164,6 +166,7 @@ func TestRouteTable(t *testing.T) {
 		{"GET", "/admin/tenants/acme/clamp", "", 404, usage, ""},
 		{"GET", "/admin/tenants/x/y/z", "", 404, usage, ""},
 		{"GET", "/admin/tenants/a%2Fb/usage", "", 404, usage, ""},
+		{"GET", "/admin/tenants/acme%2Fusage", "", 404, usage, ""},
 		{"PUT", "/admin/tenants/acme/usage", "", 404, none, ""},
 		{"POST", "/admin/tenants/acme/clamp", "", 200, "", "SetClamp(acme)"},
 		{"DELETE", "/admin/tenants/acme/clamp", "", 404, "tenant acme has no clamp", "Unclamp(acme)"},
@@ -172,6 +175,8 @@ func TestRouteTable(t *testing.T) {
 		{"POST", "/admin/tenants/acme/usage", "", 404, clamp, ""},
 		{"POST", "/admin/tenants/acme/clamp/", "", 404, clamp, ""},
 		{"DELETE", "/admin/tenants/acme/clamp/x", "", 404, clamp, ""},
+		{"POST", "/admin/tenants/acme%2Fclamp", "", 404, clamp, ""},
+		{"DELETE", "/admin/tenants/acme%2Fclamp", "", 404, clamp, ""},
 		{"POST", "/admin/tenants/a%2Fb/clamp", "", 404, clamp, ""},
 		{"PATCH", "/admin/tenants/acme/clamp", "", 404, none, ""},
 
@@ -211,6 +216,7 @@ func TestRouteTable(t *testing.T) {
 		{"POST", "/admin/reservations/" + id + "/resolve/", "", 400, badID, ""},
 		{"POST", "/admin/reservations/" + id + "/x/resolve", "", 400, badID, ""},
 		{"POST", "/admin/reservations/00/resolve", "", 400, badID, ""},
+		{"POST", "/admin/reservations/" + id + "%2Fresolve", "", 400, badID, ""},
 
 		{"GET", "/admin/usage", "", 200, "", ""},
 		{"POST", "/admin/usage", "", 404, none, ""},
