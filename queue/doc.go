@@ -115,7 +115,7 @@
 //
 // # Work conservation (the scheduler's dispatch gate)
 //
-// The queue orders; the scheduler's predicate (scheduler/dispatch.go) only
+// The queue orders; the scheduler's predicate (scheduler/lifecycle/dispatch.go) only
 // gates. There is no per-tenant cap by default (`concurrency` unset), so:
 //
 //   - Shares are per pool (the replicas serving a model): a tenant competes

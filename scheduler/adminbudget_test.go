@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // TestBudgetRmRestoresConfig: removing an admin override of a config
@@ -17,8 +18,8 @@ import (
 // way; a budget only the config sets is not removable.
 func TestBudgetRmRestoresConfig(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t, "", "    budgets: [{dimension: tokens, limit: 200000, window: 24h}]\n")
-	s := newTestServer(t, cfg, newFakeLedger(t), &fakeUpstream{out: 1})
+	cfg := lifecycletest.Config(t, "", "    budgets: [{dimension: tokens, limit: 200000, window: 24h}]\n")
+	s := newTestServer(t, cfg, lifecycletest.NewLedger(t), &lifecycletest.Upstream{Out: 1})
 	limitOf := func() (int64, string, int) {
 		rows := s.Budgets("acme")
 		if len(rows) != 1 {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
@@ -53,7 +54,7 @@ func (s *Server) rebuildLocked(file *config.File, st *policy.AdminState) error {
 	}
 	pol.File = file
 	pol.Clamps = policy.ClampsInForce(st, s.now())
-	commit, err := s.q.Prepare(queueConfig(eff))
+	commit, err := s.q.Prepare(lifecycle.QueueConfig(eff))
 	if err != nil {
 		return fmt.Errorf("queue config: %w", err)
 	}
@@ -62,7 +63,7 @@ func (s *Server) rebuildLocked(file *config.File, st *policy.AdminState) error {
 	if pol.LeaseTTL < old.LeaseTTL {
 		s.settler.Rearm() // the heartbeat period follows a shorter lease_ttl now
 	}
-	s.signal(s.wake)
+	s.Wake()
 	return nil
 }
 

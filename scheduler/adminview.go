@@ -69,7 +69,7 @@ func (s *Server) DrainReplica(name, reason string) error {
 		return err
 	}
 	s.log.Info("replica drain changed by admin", "replica", name, "drained", reason != "", "reason", reason)
-	s.signal(s.wake)
+	s.Wake()
 	return nil
 }
 
@@ -196,45 +196,4 @@ func (s *Server) Reservations(ctx context.Context, tenant string, state ledger.S
 		out = append(out, views.ReservationsIn{Tenant: t.Name, List: list})
 	}
 	return out, nil
-}
-
-// UsageDimensions are the names of the usage dimensions, in the order of
-// GET /admin/usage's CSV columns.
-func UsageDimensions() []string {
-	out := make([]string, 0, numUsage)
-	for _, d := range usageDims {
-		out = append(out, d.String())
-	}
-	return append(out, usageCachedInput)
-}
-
-// UsageWindowMax is the longest window [Server.UsageCounts] counts over.
-const UsageWindowMax = usageHours * time.Hour
-
-// UsageCounts copies this process's cumulative usage counters (those
-// behind sluice_usage_total): since the process started, or with window > 0
-// over the hours from views.FirstHour.
-func (s *Server) UsageCounts(window time.Duration) views.UsageIn {
-	now := s.now()
-	in := views.UsageIn{Now: now, Started: s.started, Window: window, Dims: UsageDimensions()}
-	from := views.FirstHour(now, window)
-	s.usage.Range(func(k, v any) bool {
-		uk, uc := k.(usageKey), v.(*usageCounters)
-		uc.mu.Lock()
-		vals := uc.total
-		if window > 0 {
-			vals = [numUsage]int64{}
-			for _, b := range uc.hours {
-				if b.hour >= from && b.hour > 0 {
-					for i, x := range b.v {
-						vals[i] += x
-					}
-				}
-			}
-		}
-		uc.mu.Unlock()
-		in.Counts = append(in.Counts, views.UsageCount{Tenant: uk.tenant, Key: uk.key, Model: uk.model, Values: vals[:]})
-		return true
-	})
-	return in
 }

@@ -3,8 +3,6 @@ package scheduler
 import (
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/scheduler/config"
 )
 
@@ -13,14 +11,6 @@ import (
 // line), in /readyz's body and in sluice_durable_state; the process stays
 // ready, since memory-only is a choice the config may make
 // (data_dir: "").
-
-// newDurableGauge is sluice_durable_state{what}: 1 where that state
-// survives a restart, 0 where it is kept in memory only.
-func newDurableGauge() *prometheus.GaugeVec {
-	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_durable_state",
-		Help: "1 where this state survives a restart (kept in data_dir, a path key's file, or Redis), 0 where it is kept in memory only: ledger, shared_state, admin_state, outage_charges, pending_endings."},
-		[]string{"what"})
-}
 
 // noteDurability sets the gauge, keeps the memory-only list for /readyz
 // and logs where each piece is kept.

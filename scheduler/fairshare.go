@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/fleet"
 )
@@ -34,12 +32,6 @@ const FairStale = 2 * time.Second
 
 // fairTimeout bounds one exchange; it also ends at the fallback.
 const fairTimeout = 500 * time.Millisecond
-
-// newFairShareGauge is sluice_fair_share_fleet.
-func newFairShareGauge() prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_fair_share_fleet",
-		Help: "1 while dispatch order follows fleet-wide fair-share counters (an exchange with the other instances answered within the last 2 s), 0 while it is fair among this instance's requests only (server.fair_share: local, no Redis ledger, or the exchange failing)."})
-}
 
 // FairShareLoop exchanges fair-share counters with the other instances
 // every shareInterval until ctx ends; then it withdraws this instance's

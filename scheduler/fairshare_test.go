@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/queue/fleet"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
 
 // fakeFairExchange is a fairExchange whose answers the test sets.
@@ -60,7 +61,7 @@ func (f *fakeFairExchange) set(answer map[string][]fleet.Flow, err error, hang b
 // hangs, and withdraws its report at the end.
 func TestFairShareLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 		gauge := func() float64 {
 			var m dto.Metric
 			require.NoError(t, s.m.FairShareFleet.Write(&m))

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -17,7 +18,7 @@ import (
 // capacity halves it.
 func TestDeferredWaitingKeepsOvercommit(t *testing.T) {
 	t.Parallel()
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 	src := &snapSource{}
 	at := time.Unix(1_800_000_000, 0)
 	poll := func(capacity, deferred float64) float64 {
@@ -48,7 +49,7 @@ func TestDeferredWaitingKeepsOvercommit(t *testing.T) {
 // adds no load. With KV metrics it is "kv".
 func TestBatchSizedReplica(t *testing.T) {
 	t.Parallel()
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 	mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0"}}}, gpu.Deps{})
 	require.NoError(t, err)
 	s.gpu = mon

@@ -8,46 +8,13 @@ import (
 	"testing/synctest"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 )
-
-// TestExpiredAtDispatchRecheckCounts: a call whose deadline passes while
-// its MarkDispatched is in flight is caught by the re-check after it:
-// never sent upstream, counted in sluice_expired_dispatch_total, and its
-// hold settled at zero.
-func TestExpiredAtDispatchRecheckCounts(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		led := newFakeLedger(t)
-		up := &fakeUpstream{out: 1}
-		s := newTestServer(t, testConfig(t, "", ""), led, up)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go s.dispatchLoop(ctx)
-		go func() { _ = s.q.Run(ctx) }()
-		led.set(func() {
-			led.dispatch = func(context.Context, ledger.Ref) (error, bool) {
-				time.Sleep(2 * time.Second) // a slow slot round trip, in fake time
-				return nil, false
-			}
-		})
-		_, err := serve(ctx, s, admission{body: chatBody(""), timeout: time.Second})
-		require.ErrorIs(t, err, queue.ErrExpired)
-		var m dto.Metric
-		require.NoError(t, s.m.ExpiredDispatch.Write(&m))
-		assert.InDelta(t, 1.0, m.GetCounter().GetValue(), 0, "sluice_expired_dispatch_total")
-		assert.Equal(t, int64(0), up.runs.Load(), "never sent upstream")
-		assert.Equal(t, 1, led.n("dispatch"))
-		u := tenantUsage(t, s, led.Memory)
-		assert.Equal(t, ledger.Amounts{}, u.Reserved, "nothing left held")
-		assert.Equal(t, 0, u.Unresolved)
-	})
-}
 
 // failingSource is GPU telemetry whose every poll fails.
 type failingSource struct{}
@@ -70,9 +37,9 @@ func TestReadyFailsWhileGPUTelemetryFails(t *testing.T) {
 		require.NoError(t, err)
 		keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 		require.NoError(t, err)
-		s, err := New(testConfig(t, "", ""), Deps{Ledger: newFakeLedger(t), Upstream: &fakeUpstream{}, Keyer: keyer, GPU: mon})
+		s, err := New(lifecycletest.Config(t, "", ""), Deps{Ledger: lifecycletest.NewLedger(t), Upstream: &lifecycletest.Upstream{}, Keyer: keyer, GPU: mon})
 		require.NoError(t, err)
-		s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1 << 20})
+		s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1 << 20})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan error, 1)

@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 )
@@ -28,14 +29,14 @@ type keysFleet struct {
 
 func newKeysFleet(t *testing.T, keys statestore.Store, mem *statestore.Memory) *keysFleet {
 	f := &keysFleet{store: mem, now: time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)}
-	cfg := testConfig(t, "", "")
-	led := newFakeLedger(t)
+	cfg := lifecycletest.Config(t, "", "")
+	led := lifecycletest.NewLedger(t)
 	mk := func() *Server {
 		keyer, err := ledger.NewKeyer([]byte("0123456789abcdef0123456789abcdef"))
 		require.NoError(t, err)
 		mon, err := gpu.NewMonitor(gpu.Config{Telemetry: gpu.ModeOff, Replicas: []gpu.Replica{{Name: "r0", CapacityTokens: 1 << 20}}}, gpu.Deps{})
 		require.NoError(t, err)
-		s, err := New(cfg, Deps{Ledger: led, Upstream: &fakeUpstream{out: 3}, Keyer: keyer, GPU: mon, Keys: keys, Now: f.clock})
+		s, err := New(cfg, Deps{Ledger: led, Upstream: &lifecycletest.Upstream{Out: 3}, Keyer: keyer, GPU: mon, Keys: keys, Now: f.clock})
 		require.NoError(t, err)
 		require.NoError(t, s.SyncKeys(t.Context()))
 		return s

@@ -96,23 +96,13 @@ func (s *Server) ReapReplicas() []string {
 	return gone
 }
 
-// repool counts a queued call in the pool its model has now when that
-// changed while it waited (a replica joined or left, a model list
-// changed), so that it is gated, parked and woken with the replicas that
-// can serve it, not those it was admitted with: a pool whose replicas all
-// left would never complete a request to wake it. Only the dispatch
-// predicate writes c.place.Pool after admission.
-func (s *Server) repool(c *call) {
-	s.pools.Repool(&c.place, s.reps.PoolKeyOf(c.req.Model), c.t.Name, c.size)
-}
-
 // membersChanged lets every tenant parked on a full pool compete again
-// (its pool may have changed: repool) and wakes the dispatch loop.
+// (its pool may have changed: the dispatch predicate repools its calls) and wakes the dispatch loop.
 func (s *Server) membersChanged() {
 	for _, n := range s.pools.UnparkAll() {
 		s.q.Unpark(n)
 	}
-	s.signal(s.wake)
+	s.Wake()
 }
 
 // ReplicaTargets is what the poller scrapes: every member, leaving ones

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
-	"github.com/sluicehq/sluice/scheduler/gate"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -21,9 +21,9 @@ import (
 // the GPU monitor. Its pool slot is reused by the next replica to join.
 func TestReplicaLeavesAfterItsRequests(t *testing.T) {
 	t.Parallel()
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1000, "r1": 1000, "r2": 1000})
 	r1 := s.reps.Get("r1")
 	require.NotNil(t, r1)
 	assert.Equal(t, 1, r1.Slot)
@@ -64,10 +64,10 @@ func TestReplicaLeavesAfterItsRequests(t *testing.T) {
 // refused until the old one is gone.
 func TestReplicaComesBackWhileLeaving(t *testing.T) {
 	t.Parallel()
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 	rc := config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}
 	require.NoError(t, s.AddReplica(rc))
-	s.reps.Capacity = fixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
+	s.reps.Capacity = lifecycletest.FixedCapacity(map[string]int64{"r0": 1000, "r1": 1000})
 	r1 := s.reps.Get("r1")
 	_, _ = s.reps.Take(fleet.Route{}, 100, nil) // room held: not reaped
 	r1.Count.Store(1)
@@ -87,7 +87,7 @@ func TestReplicaComesBackWhileLeaving(t *testing.T) {
 // exchange on.
 func TestShareLoopFollowsMembers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 		ex := &fakeExchange{}
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
@@ -108,29 +108,4 @@ func TestShareLoopFollowsMembers(t *testing.T) {
 		cancel()
 		require.NoError(t, <-done)
 	})
-}
-
-// TestQueuedCallFollowsItsPool: a call queued for a pool whose replicas
-// left is counted, gated and woken in the pool its model has now.
-func TestQueuedCallFollowsItsPool(t *testing.T) {
-	t.Parallel()
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
-	pol := s.pol.Load()
-	c, err := s.admit(t.Context(), pol.Tenants["acme"], pol, admission{ep: 1, body: chatBody(""), reqID: "q"})
-	require.NoError(t, err)
-	defer func() { s.release(c); s.forget(c) }()
-	if c.place.Spot == gate.SpotNone {
-		s.movePool(c, gate.SpotQueued)
-	}
-	old := c.place.Pool
-	require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 8}))
-	require.NoError(t, s.RemoveReplica("r0", "test"))
-	require.Equal(t, []string{"r0"}, s.ReapReplicas())
-
-	s.repool(c)
-	assert.NotEqual(t, old, c.place.Pool)
-	assert.Equal(t, s.reps.PoolKeyOf("m"), c.place.Pool)
-	assert.Equal(t, int64(0), s.pools.Load(old, "acme").Queued, "out of the pool it was admitted to")
-	assert.Equal(t, int64(1), s.pools.Load(c.place.Pool, "acme").Queued, "queued in its model's pool")
-	s.movePool(c, gate.SpotNone)
 }

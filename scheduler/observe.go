@@ -95,7 +95,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		r.Obs.Store(o)
 		s.exportReplica(r)
 	}
-	s.signal(s.wake)
+	s.Wake()
 }
 
 // ScrapeFast is vllm.PollerConfig.Fast: whether the named replica is
@@ -129,7 +129,7 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
 				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())
 		}
-		s.signal(s.wake) // room may have changed
+		s.Wake() // room may have changed
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
 
@@ -27,7 +28,7 @@ func TestObserveCountsEachFailedPollOnce(t *testing.T) {
 }
 
 func testObserveCountsEachFailedPollOnce(t *testing.T) {
-	s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 	// The monitor judges health on its own ticks: run it on the bubble's
 	// clock and let one tick pass after each Observe.
 	ctx, cancel := context.WithCancel(t.Context())
@@ -84,7 +85,7 @@ func testObserveCountsEachFailedPollOnce(t *testing.T) {
 // lands (the poller's Polled), not at the loop's next tick an interval on.
 func TestObserveLoopRunsAsPollsLand(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 		r := s.reps.List()[0]
 		src := &snapSource{}
 		at := time.Unix(1_800_000_000, 0)

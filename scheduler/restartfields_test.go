@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -16,13 +17,13 @@ import (
 // reload still names them: the process still runs with the start-up value.
 func TestReloadNamesRestartFields(t *testing.T) {
 	t.Parallel()
-	boot := testConfig(t, "listen: 127.0.0.1:8080\n", "    weight: 1\n")
-	s := newTestServer(t, boot, newFakeLedger(t), &fakeUpstream{out: 1})
+	boot := lifecycletest.Config(t, "listen: 127.0.0.1:8080\n", "    weight: 1\n")
+	s := newTestServer(t, boot, lifecycletest.NewLedger(t), &lifecycletest.Upstream{Out: 1})
 	var logBuf bytes.Buffer
 	s.log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	assert.Empty(t, s.RestartNeeded())
 
-	next := testConfig(t, "listen: 127.0.0.1:9090\nledger: {lease_ttl: 30s}\n", "    weight: 3\n")
+	next := lifecycletest.Config(t, "listen: 127.0.0.1:9090\nledger: {lease_ttl: 30s}\n", "    weight: 3\n")
 	next.Upstream.Replicas[0].URL = "http://r1.invalid"
 	require.NoError(t, s.Reload(next))
 	want := []string{"listen (127.0.0.1:8080 → 127.0.0.1:9090)", "upstream.replicas[0].url (http://r0.invalid → http://r1.invalid)"}
@@ -40,9 +41,9 @@ func TestReloadNamesRestartFields(t *testing.T) {
 // tracing names it.
 func TestReloadNamesTracing(t *testing.T) {
 	t.Parallel()
-	boot := testConfig(t, "", "")
-	s := newTestServer(t, boot, newFakeLedger(t), &fakeUpstream{out: 1})
-	next := testConfig(t, "tracing: {endpoint: \"http://127.0.0.1:4318\"}\n", "")
+	boot := lifecycletest.Config(t, "", "")
+	s := newTestServer(t, boot, lifecycletest.NewLedger(t), &lifecycletest.Upstream{Out: 1})
+	next := lifecycletest.Config(t, "tracing: {endpoint: \"http://127.0.0.1:4318\"}\n", "")
 	require.NoError(t, s.Reload(next))
 	assert.Equal(t, []string{"tracing.endpoint ( → http://127.0.0.1:4318)"}, s.RestartNeeded())
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,18 +15,16 @@ import (
 
 	"github.com/sluicehq/sluice/gpu"
 	"github.com/sluicehq/sluice/ledger"
-	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/abuse"
-	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
 	"github.com/sluicehq/sluice/scheduler/statestore"
 	"github.com/sluicehq/sluice/scheduler/views"
-	"github.com/sluicehq/sluice/vllm"
 )
 
 // Ledger is what the scheduler needs from a budget ledger (both
@@ -42,24 +39,10 @@ type Ledger interface {
 	Resolve(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error)
 }
 
-// Upstream is what the scheduler needs from the vLLM client
-// (vllm.Client): Stream for chat and completions, Post and ReadBody for the
-// rest of vLLM's surface (an answer read whole, or as the SSE events of
-// /v1/responses and /v1/messages), Tokenize and CountText for exact counts.
-type Upstream interface {
-	Stream(ctx context.Context, baseURL, path string, body []byte, requestID string) (*vllm.Stream, error)
-	Post(ctx context.Context, baseURL, path string, body []byte, requestID string) (*http.Response, error)
-	ReadBody(resp *http.Response) ([]byte, error)
-	Tokenize(ctx context.Context, baseURL, model string, r *vllm.Request) ([]int, int, error)
-	CountText(ctx context.Context, baseURL, model, text string) (int, error)
-}
-
-var _ Upstream = (*vllm.Client)(nil)
-
 // Deps are the scheduler's collaborators. Ledger and Upstream are required.
 type Deps struct {
 	Ledger   Ledger
-	Upstream Upstream
+	Upstream lifecycle.Upstream
 	// Keyer hashes tenant, key and workflow ids for the ledger. Required.
 	Keyer *ledger.Keyer
 	// GPU sizes replicas and keeps their GPU-ms clocks (gpu.Monitor).
@@ -123,58 +106,46 @@ type Auditor interface {
 	Append(rec audit.Record) error
 }
 
-// Server is the admission pipeline and its dispatch loop. Create it with
-// [New], run it with [Server.Run]; the client edge (scheduler/edge) calls into it.
+// Server is the composition root: it wires the call lifecycle
+// (scheduler/lifecycle, whose exported methods it carries) to the policy,
+// the fleet, the settlement room and the admin state, and supervises the
+// process's loops. Create it with [New], run it with [Server.Run]; the
+// client edge (scheduler/edge) calls into its lifecycle.
 type Server struct {
+	*lifecycle.Engine
+
 	// boot is the config file the process started with: what the
 	// restart-only fields still run with (RestartNeeded).
 	boot *config.File
 
-	// loopOnly: only the dispatch loop dispatches (unit tests that hold a
-	// call queued by not running it); see call.go dispatchInline.
-	loopOnly bool
-
-	// onIllegal hears of every illegal lifecycle move (lifecycle.go).
-	onIllegal func(error)
-
-	led    Ledger
-	up     Upstream
-	keyer  *ledger.Keyer
-	gpu    GPU
-	attr   *gpu.AttributionMetrics
-	trail  Auditor
-	tracer trace.Tracer // nil: tracing off
-	m      *Metrics
-	log    *slog.Logger
-	now    func() time.Time
-	owner  ledger.Owner
-	q      *queue.Queue[*call]
-	reps   *fleet.Set
+	led   Ledger
+	keyer *ledger.Keyer
+	gpu   GPU
+	trail Auditor
+	owner ledger.Owner
+	m     *lifecycle.Metrics
+	log   *slog.Logger
+	now   func() time.Time
+	q     *lifecycle.Queue
+	reps  *fleet.Set
 	// memberMu orders replicas joining and leaving (membership.go).
 	memberMu sync.Mutex
-	pools    gate.Pools[fleet.PoolKey] // per-pool loads and the dispatch gate's memory
+	pools    *gate.Pools[fleet.PoolKey] // the lifecycle's per-pool loads
 
 	pol      atomic.Pointer[policy.Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
 	runtimes *policy.Runtimes
 	admin    *policy.SharedAdmin // budget overrides and clamps, shared through the state store
 	keys     *policy.RuntimeKeys // the run-time keys of the shared keys document
-	wfs      workflows
 	abuse    *abuse.Detector
 	// autoClamps carries the detectors' decisions to clampLoop.
 	autoClamps chan abuse.Decision
 
 	draining atomic.Bool
-	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
 	// settler is the settlement room: leases, the pending-writes log,
 	// outage charges, idempotent responses (scheduler/settle).
 	settler *settle.Settler
-
-	mu      sync.Mutex // guards running, queued
-	running map[*call]struct{}
-	queued  map[*call]struct{}
-	idle    *sync.Cond // signalled when running and queued both empty
 
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
 	retention  time.Duration         // ledger.tombstone_retention, fixed at start (idempotent replays)
@@ -182,8 +153,7 @@ type Server struct {
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
 	loopErr    atomic.Pointer[error] // the first background loop failure, for /readyz
 	attached   attached              // the process's loops Run supervises (supervise.go)
-	usage      sync.Map              // usageKey → *usageCounters (usage.go)
-	started    time.Time             // when New ran: usage counts and uptime start
+	started    time.Time             // when New ran: uptime starts
 	ops        views.OpsSampler      // the status page's samples (statusview.go)
 }
 
@@ -196,32 +166,23 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	m, err := NewMetrics(reg)
+	m, err := lifecycle.NewMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler metrics: %w", err)
 	}
 	s := &Server{
 		boot:       cfg,
 		led:        deps.Ledger,
-		up:         deps.Upstream,
 		keyer:      deps.Keyer,
 		gpu:        deps.GPU,
-		attr:       deps.Attribution,
 		trail:      deps.Audit,
-		tracer:     deps.Tracer,
 		m:          m,
 		log:        deps.Logger,
 		now:        deps.Now,
 		owner:      ledger.NewOwner(),
-		runtimes:   policy.NewRuntimes(newTenantLocal),
-		wake:       make(chan struct{}, 1),
+		runtimes:   policy.NewRuntimes(lifecycle.NewTenantLocal),
 		autoClamps: make(chan abuse.Decision, 64),
-		running:    map[*call]struct{}{},
-		queued:     map[*call]struct{}{},
-		wfs:        workflows{m: map[string]*workflow{}},
-		onIllegal:  panicInTests(),
 	}
-	s.idle = sync.NewCond(&s.mu)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -234,7 +195,6 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	}
 	s.keys = policy.NewRuntimeKeys(keys, s.keyer, s.log, s.now)
 	s.started = s.now()
-	s.pools.Now = s.now
 	s.maxLease = deps.MaxLeaseTTL
 	if s.maxLease == 0 {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
@@ -265,16 +225,25 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	}
 	pol.File, pol.Clamps = cfg, adminSt.Clamps
 	s.pol.Store(pol)
-	q, err := queue.New(queueConfig(eff), queue.Deps[*call]{Clock: clockFunc(s.now), OnExpire: s.onExpire})
-	if err != nil {
-		return nil, fmt.Errorf("scheduler queue: %w", err)
-	}
-	s.q = q
 	if s.abuse, err = abuse.New(abuse.Config{}, s.now); err != nil {
 		return nil, err
 	}
 	s.configureAbuse(eff)
 	s.reps = fleet.NewSet(s.capacityOf)
+	var trail func(audit.Record)
+	if s.trail != nil { // the lifecycle builds an admission's record only when one is kept
+		trail = s.record
+	}
+	eng, err := lifecycle.New(lifecycle.Deps{
+		Ledger: s.led, Upstream: deps.Upstream, Keyer: s.keyer, GPU: s.gpu, Attribution: deps.Attribution,
+		Audit: trail, Tracer: deps.Tracer, Metrics: m, Logger: s.log, Now: s.now, Owner: s.owner,
+		Queue: lifecycle.QueueConfig(eff), Fleet: s.reps, Settler: s.settler, Policy: &s.pol, Draining: &s.draining,
+		Authenticate: s.authenticate, NoteLedger: s.noteLedger, ObserveAbuse: s.observeAbuse,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	s.Engine, s.q, s.pools = eng, eng.Queue(), eng.Pools()
 	reps := make([]*fleet.Replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)
@@ -283,31 +252,6 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	s.reps.SetMembers(reps)
 	m.Ready.Set(0)
 	return s, nil
-}
-
-type clockFunc func() time.Time
-
-func (f clockFunc) Now() time.Time { return f() }
-
-// queueExpirySpin is the queue's expiry poll. Unit tests under synctest
-// set it to 0: a polling goroutine never lets a bubble go idle.
-var queueExpirySpin = time.Millisecond
-
-func queueConfig(cfg *config.File) queue.Config {
-	// ExpirySpin: Linux timers sleep in whole milliseconds; waking 1ms early
-	// and polling keeps expiry within the 1ms the design promises.
-	qc := queue.Config{MaxDepth: cfg.Server.MaxDepth, MaxBytes: cfg.Server.MaxBytes, MaxWait: cfg.Server.MaxWait,
-		ExpirySpin: queueExpirySpin}
-	for _, t := range cfg.Tenants {
-		// The config's validation refused any other order (fifo or edf).
-		order, _ := queue.ParseOrder(t.Queue.Order)
-		qc.Tenants = append(qc.Tenants, queue.TenantConfig{
-			Name: t.Name, Weight: float64(t.Weight), Band: t.Priority,
-			MaxDepth: t.Queue.MaxDepth, MaxBytes: t.Queue.MaxBytes, MaxWait: t.Queue.MaxWait, Order: order,
-			LIFOAfter: t.Queue.LIFOAfter, ShedAfter: t.Queue.ShedAfter,
-		})
-	}
-	return qc
 }
 
 func (s *Server) capacityOf(name string) (k, base int64, st gpu.State) {
@@ -378,7 +322,7 @@ func (s *Server) openSettler(paths config.StatePaths, writeAhead bool, responses
 func (s *Server) leaseTTL() time.Duration { return s.pol.Load().LeaseTTL }
 
 // Metrics returns the server's metrics.
-func (s *Server) Metrics() *Metrics { return s.m }
+func (s *Server) Metrics() *lifecycle.Metrics { return s.m }
 
 // Ready reports whether the server can admit: not draining, no
 // background loop failed, the ledger answering, a replica up, GPU
@@ -418,38 +362,6 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.supervise(ctx)
 }
 
-// drain waits for queued and running requests up to timeout, then aborts
-// whatever is left (cause shutdown) and waits for it to settle.
-func (s *Server) drain(timeout time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		s.mu.Lock()
-		for len(s.running) > 0 || len(s.queued) > 0 {
-			s.idle.Wait()
-		}
-		s.mu.Unlock()
-		close(done)
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-done:
-		return
-	case <-t.C:
-	}
-	s.mu.Lock()
-	n := len(s.running) + len(s.queued)
-	for c := range s.running {
-		c.cancel(apierr.ErrDraining)
-	}
-	for c := range s.queued {
-		c.cancel(apierr.ErrDraining)
-	}
-	s.mu.Unlock()
-	s.log.Warn("drain timeout: aborting remaining requests", "requests", n)
-	<-done
-}
-
 func (s *Server) readyLoop(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -466,13 +378,6 @@ func (s *Server) readyLoop(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-	}
-}
-
-func (s *Server) signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -57,7 +58,7 @@ func (f *fakeExchange) set(answer map[string][]peers.Entry, err error) {
 // ShareStale, and withdraws at the end.
 func TestShareLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := newTestServer(t, testConfig(t, "", ""), newFakeLedger(t), &fakeUpstream{})
+		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 		r1 := s.reps.List()[0]
 		r1.MaxSeqs = 4
 		r2 := &fleet.Replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1}

@@ -15,7 +15,7 @@ func (s *Server) StatusState(ctx context.Context) views.StatusIn {
 	pol, now := s.pol.Load(), s.now()
 	ready, why := s.Ready()
 	in := views.StatusIn{At: now, PolicyVersion: pol.Version, Ready: ready, ReadyReason: why, Ledger: pol.Cfg.Ledger.Backend,
-		GPUSource: s.gpu.Snapshot().Source, StartedAt: s.started, Replicas: s.Replicas(), Ops: s.ops.Snapshot(), Refusals: s.m.recent.Recent()}
+		GPUSource: s.gpu.Snapshot().Source, StartedAt: s.started, Replicas: s.Replicas(), Ops: s.ops.Snapshot(), Refusals: s.m.RecentRefusals()}
 	rtKeys := map[string][]*policy.Key{}
 	if idx := s.keys.Index(); idx != nil {
 		for _, k := range idx.ByKey {

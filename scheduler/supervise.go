@@ -75,7 +75,7 @@ func (s *Server) supervise(ctx context.Context) error {
 	var own, others loopGroup
 	for _, l := range []loop{
 		{"queue", s.q.Run},
-		{"dispatch", func(ctx context.Context) error { s.dispatchLoop(ctx); return nil }},
+		{"dispatch", s.DispatchLoop},
 		{"heartbeat", s.settler.Heartbeat},
 		{"outbox", s.settler.Loop},
 		{"ready", s.readyLoop},
@@ -89,7 +89,7 @@ func (s *Server) supervise(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	s.StartDrain()
-	s.drain(s.pol.Load().Cfg.Server.DrainTimeout)
+	s.Drain(s.pol.Load().Cfg.Server.DrainTimeout)
 	stopCore()
 	err := own.Wait()
 	s.settler.Pass(context.WithoutCancel(ctx))

@@ -17,7 +17,7 @@ import (
 
 // `sluice tune --metrics URL` reads a running Sluice's /metrics over a
 // window instead of saved sweep results. What it takes, per tenant, from
-// the counters' growth over the window (scheduler/metrics.go):
+// the counters' growth over the window (scheduler/lifecycle/metrics.go):
 //
 //   - offered: sluice_requests_total, all outcomes;
 //   - served in time: sluice_ttft_seconds observations at or below the SLO

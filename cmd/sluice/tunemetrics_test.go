@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/node"
 	"github.com/sluicehq/sluice/vllm/sim"
 )
@@ -46,7 +46,7 @@ func gather(t *testing.T, reg *prometheus.Registry) metricsSnap {
 func TestTuneFromMetricsMath(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m, err := scheduler.NewMetrics(reg)
+	m, err := lifecycle.NewMetrics(reg)
 	require.NoError(t, err)
 	m.Requests.WithLabelValues("solo", "ok").Add(1000) // before the window
 	m.Requests.WithLabelValues("idle", "ok").Add(7)

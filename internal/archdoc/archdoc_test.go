@@ -157,3 +157,30 @@ func joinTicks(deps []string) string {
 	}
 	return strings.Join(q, ", ")
 }
+
+// TestCentreShape holds the centre to the shape the map describes: the
+// composition root (package scheduler itself) stays small, no non-test Go
+// file grows past what one reading takes in, and under scheduler/ only the
+// client edge speaks fasthttp.
+func TestCentreShape(t *testing.T) {
+	const rootMax, fileMax = 3000, 800
+	rootLines := 0
+	for rel := range codeImports(t) {
+		pkg, err := build.Default.ImportDir(filepath.Join(root, rel), 0)
+		require.NoError(t, err)
+		for _, f := range pkg.GoFiles {
+			b, err := os.ReadFile(filepath.Join(root, rel, f))
+			require.NoError(t, err)
+			n := strings.Count(string(b), "\n")
+			assert.LessOrEqual(t, n, fileMax, "%s/%s: %d lines", rel, f, n)
+			if rel == "scheduler" {
+				rootLines += n
+			}
+		}
+		if strings.HasPrefix(rel, "scheduler/") && rel != "scheduler/edge" {
+			assert.NotContains(t, pkg.Imports, "github.com/valyala/fasthttp", "%s imports fasthttp; only the client edge may", rel)
+		}
+	}
+	assert.LessOrEqual(t, rootLines, rootMax, "package scheduler is %d non-test lines", rootLines)
+	assert.Positive(t, rootLines, "package scheduler was read")
+}

@@ -125,45 +125,63 @@ func New(base context.Context, s Scheduler, token string, g prometheus.Gatherer,
 		fail(w, http.StatusNotFound, "not_found", "no such endpoint")
 	})
 
-	routes := map[string]http.HandlerFunc{
-		"POST /admin/drain":   a.drain,
-		"POST /admin/reload":  a.reload,
-		"GET /admin/replicas": a.replicas,
-		"GET /admin/tenants":  a.tenants,
-		// POST /admin/replicas/{name}/drain?reason=… drains a replica (it
-		// finishes what it runs and gets nothing new); DELETE undrains.
-		"POST /admin/replicas/":   a.drainReplica,
-		"DELETE /admin/replicas/": a.drainReplica,
+	// Each admin endpoint: its method and shape. A handler reads its
+	// arguments with PathValue.
+	routes := []route{
+		{"POST /admin/drain", a.drain},
+		{"POST /admin/reload", a.reload},
+		{"GET /admin/replicas", a.replicas},
+		// Drain a replica (it finishes what it runs and gets nothing
+		// new; ?reason=…); DELETE undrains it.
+		{"POST /admin/replicas/{name}/drain", a.drainReplica},
+		{"DELETE /admin/replicas/{name}/drain", a.undrainReplica},
+		{"GET /admin/tenants", a.tenants},
+		{"GET /admin/tenants/{name}/usage", a.tenantUsage},
+		{"POST /admin/tenants/{name}/clamp", a.clamp},
+		{"DELETE /admin/tenants/{name}/clamp", a.unclamp},
 		// Run-time keys: create (answers the key once), list (?tenant=,
 		// never a secret), revoke.
-		"POST /admin/keys":    a.createKey,
-		"GET /admin/keys":     a.listKeys,
-		"DELETE /admin/keys/": a.revokeKey,
+		{"POST /admin/keys", a.createKey},
+		{"GET /admin/keys", a.listKeys},
+		{"DELETE /admin/keys/{id}", a.revokeKey},
+		{"GET /admin/budgets", a.listBudgets},
+		{"PUT /admin/budgets", a.putBudget},
+		// The id is the rest of the path, slashes included:
+		// RemoveBudget judges it, as it judges any other spelling.
+		{"DELETE /admin/budgets/{id...}", a.deleteBudget},
+		{"GET /admin/reservations", a.listReservations},
+		{"POST /admin/reservations/{id}/resolve", a.resolve},
+		{"GET /admin/usage", a.usage},
 
-		"GET /admin/budgets":        a.listBudgets,
-		"PUT /admin/budgets":        a.putBudget,
-		"DELETE /admin/budgets/":    a.deleteBudget,
-		"GET /admin/tenants/":       a.tenantUsage,
-		"POST /admin/tenants/":      a.clamp,
-		"DELETE /admin/tenants/":    a.unclamp,
-		"POST /admin/reservations/": a.resolve,
-		"GET /admin/reservations":   a.listReservations,
-		"GET /admin/usage":          a.usage,
+		// Another path under an endpoint, with the endpoint's method,
+		// is answered with the shape the endpoint wants.
+		{"POST /admin/replicas/", notFound(useDrain)},
+		{"DELETE /admin/replicas/", notFound(useDrain)},
+		{"GET /admin/tenants/", notFound(useUsage)},
+		{"POST /admin/tenants/", notFound(useClamp)},
+		{"DELETE /admin/tenants/", notFound(useClamp)},
+		{"DELETE /admin/keys/", notFound(useRevoke)},
+		// A resolve's path holds only the id: any other is a bad id.
+		{"POST /admin/reservations/", badReservationID},
 	}
-	notFound := func(w http.ResponseWriter, _ *http.Request) {
-		fail(w, http.StatusNotFound, "not_found", "no such admin endpoint")
+	registered := map[string]bool{}
+	for _, rt := range routes {
+		a.mux.Handle(rt.pattern, a.authed(rt.h))
+		registered[rt.pattern] = true
 	}
-	for p, h := range routes {
-		a.mux.Handle(p, a.authed(h))
-		// A subtree's root without its slash, for the same method, is no
-		// endpoint: ServeMux would otherwise redirect it into the subtree.
-		if root, ok := strings.CutSuffix(p, "/"); ok && routes[root] == nil {
-			a.mux.Handle(root, a.authed(notFound))
+	// A subtree's root without its slash, for the same method, is no
+	// endpoint: ServeMux would otherwise redirect it into the subtree.
+	for _, rt := range routes {
+		if i := strings.LastIndexByte(rt.pattern, '/'); rt.pattern[i+1:] == "" || strings.HasSuffix(rt.pattern, "...}") {
+			if root := rt.pattern[:i]; !registered[root] {
+				a.mux.Handle(root, a.authed(notFound(noEndpoint)))
+				registered[root] = true
+			}
 		}
 	}
 	// Any other /admin/ path or method: authenticated first, then 404,
 	// so a caller without the token learns nothing of the routes.
-	a.mux.Handle("/admin/", a.authed(notFound))
+	a.mux.Handle("/admin/", a.authed(notFound(noEndpoint)))
 	return a
 }
 
@@ -203,6 +221,34 @@ func (a *Admin) authed(h http.HandlerFunc) http.Handler {
 		}
 		h(w, r)
 	})
+}
+
+// route is one admin pattern and its handler.
+type route struct {
+	pattern string
+	h       http.HandlerFunc
+}
+
+// What a 404 says: no endpoint, or the shape the endpoint under that
+// path wants.
+const (
+	noEndpoint = "no such admin endpoint"
+	useDrain   = "use /admin/replicas/{name}/drain"
+	useUsage   = "use /admin/tenants/{name}/usage with a configured tenant"
+	useClamp   = "use /admin/tenants/{name}/clamp"
+	useRevoke  = "use DELETE /admin/keys/{id}"
+)
+
+func notFound(msg string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) { fail(w, http.StatusNotFound, "not_found", msg) }
+}
+
+// pathName is the {key} wildcard of r's path; ok is false if it holds a
+// slash. Names and ids never do, and an escaped one (%2F) is a path of
+// another shape, answered as a literal slash there is.
+func pathName(r *http.Request, key string) (name string, ok bool) {
+	name = r.PathValue(key)
+	return name, !strings.Contains(name, "/")
 }
 
 // fail writes an admin error in the pinned shape (apierr's, with type
@@ -274,18 +320,24 @@ func (a *Admin) replicas(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, views.ReplicaStatuses(a.s.Replicas()))
 }
 
+// drainReplica is POST /admin/replicas/{name}/drain?reason=….
 func (a *Admin) drainReplica(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, "/admin/replicas/")
-	name, ok := strings.CutSuffix(rest, "/drain")
-	if !ok || name == "" || strings.Contains(name, "/") {
-		fail(w, http.StatusNotFound, "not_found", "use /admin/replicas/{name}/drain")
-		return
+	reason := r.URL.Query().Get("reason")
+	if reason == "" {
+		reason = "operator"
 	}
-	reason := ""
-	if r.Method == http.MethodPost {
-		if reason = r.URL.Query().Get("reason"); reason == "" {
-			reason = "operator"
-		}
+	a.setDrain(w, r, reason)
+}
+
+// undrainReplica is DELETE /admin/replicas/{name}/drain.
+func (a *Admin) undrainReplica(w http.ResponseWriter, r *http.Request) { a.setDrain(w, r, "") }
+
+// setDrain drains the replica of r's path (reason != "") or undrains it.
+func (a *Admin) setDrain(w http.ResponseWriter, r *http.Request, reason string) {
+	name, ok := pathName(r, "name")
+	if !ok {
+		notFound(useDrain)(w, r)
+		return
 	}
 	if err := a.s.DrainReplica(name, reason); err != nil {
 		fail(w, http.StatusNotFound, "not_found", err.Error())

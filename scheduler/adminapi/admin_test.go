@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/views"
 )
 
@@ -318,10 +319,10 @@ func TestResolveAndReservations(t *testing.T) {
 func TestUsageCSV(t *testing.T) {
 	a, f := newAdmin(t, adminToken)
 	since := time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC)
-	f.usage = views.UsageIn{Started: since, Now: since.Add(time.Hour), Dims: scheduler.UsageDimensions(), Counts: []views.UsageCount{
+	f.usage = views.UsageIn{Started: since, Now: since.Add(time.Hour), Dims: lifecycle.UsageDimensions(), Counts: []views.UsageCount{
 		{Tenant: "acme", Key: "k1", Model: "m", Values: []int64{3, 0, 40, 0, 0, 0, 0}},
 	}}
-	want := "since,until,tenant,key,model," + strings.Join(scheduler.UsageDimensions(), ",") + "\n"
+	want := "since,until,tenant,key,model," + strings.Join(lifecycle.UsageDimensions(), ",") + "\n"
 	for _, ask := range []struct{ query, accept string }{{"?format=csv", ""}, {"", "text/csv"}} {
 		got := do(a, "GET", "/admin/usage"+ask.query, adminToken, "", "Accept", ask.accept)
 		require.Equal(t, 200, got.code, got.body)

@@ -3,7 +3,6 @@ package adminapi
 import (
 	"errors"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler"
@@ -17,12 +16,7 @@ import (
 
 func (a *Admin) createKey(w http.ResponseWriter, r *http.Request) {
 	var in scheduler.KeyRequest
-	if err := decode(r, &in); err != nil {
-		inputError(w, err)
-		return
-	}
-	if in.Tenant == "" {
-		inputError(w, inputErr("tenant", "required"))
+	if !readInput(w, r, &in, func() error { return required("tenant", in.Tenant) }) {
 		return
 	}
 	ctx, cancel := a.opContext(5 * time.Second)
@@ -42,9 +36,9 @@ func (a *Admin) listKeys(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) revokeKey(w http.ResponseWriter, r *http.Request) {
-	id := strings.TrimPrefix(r.URL.Path, "/admin/keys/")
-	if id == "" || strings.Contains(id, "/") {
-		fail(w, http.StatusNotFound, "not_found", "use DELETE /admin/keys/{id}")
+	id, ok := pathName(r, "id")
+	if !ok {
+		notFound(useRevoke)(w, r)
 		return
 	}
 	ctx, cancel := a.opContext(5 * time.Second)

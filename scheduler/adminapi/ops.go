@@ -41,6 +41,29 @@ func inputError(w http.ResponseWriter, err error) {
 
 var inputErr = scheduler.AdminInputError
 
+// required is the error of a required field left empty.
+func required(param, v string) error {
+	if v == "" {
+		return inputErr(param, "required")
+	}
+	return nil
+}
+
+// readInput decodes r's JSON body into in and checks it (check may read
+// in and set the handler's other locals). On a bad body or a failed
+// check it answers 400 naming the field, and reports false.
+func readInput(w http.ResponseWriter, r *http.Request, in any, check func() error) bool {
+	err := decode(r, in)
+	if err == nil {
+		err = check()
+	}
+	if err != nil {
+		inputError(w, err)
+		return false
+	}
+	return true
+}
+
 // decode parses a JSON body strictly.
 func decode(r *http.Request, v any) error {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
@@ -93,24 +116,22 @@ func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
 		Mode      string  `json:"mode"`
 		WarnRatio float64 `json:"warn_ratio"`
 	}
-	if err := decode(r, &in); err != nil {
-		inputError(w, err)
+	var b config.Budget
+	if !readInput(w, r, &in, func() error {
+		win, err := time.ParseDuration(in.Window)
+		switch {
+		case in.Tenant == "":
+			return inputErr("tenant", "required")
+		case in.Limit == nil:
+			return inputErr("limit", "required")
+		case err != nil:
+			return inputErr("window", "must be a duration such as 1h (got %q)", in.Window)
+		}
+		b = config.Budget{Dimension: in.Dimension, Limit: *in.Limit, Window: win, Mode: in.Mode, WarnRatio: in.WarnRatio}
+		return nil
+	}) {
 		return
 	}
-	if in.Tenant == "" {
-		inputError(w, inputErr("tenant", "required"))
-		return
-	}
-	if in.Limit == nil {
-		inputError(w, inputErr("limit", "required"))
-		return
-	}
-	win, err := time.ParseDuration(in.Window)
-	if err != nil {
-		inputError(w, inputErr("window", "must be a duration such as 1h (got %q)", in.Window))
-		return
-	}
-	b := config.Budget{Dimension: in.Dimension, Limit: *in.Limit, Window: win, Mode: in.Mode, WarnRatio: in.WarnRatio}
 	row, err := a.s.SetBudget(in.Tenant, b)
 	if err != nil {
 		inputError(w, err)
@@ -120,7 +141,7 @@ func (a *Admin) putBudget(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) deleteBudget(w http.ResponseWriter, r *http.Request) {
-	out, err := a.s.RemoveBudget(strings.TrimPrefix(r.URL.Path, "/admin/budgets/"))
+	out, err := a.s.RemoveBudget(r.PathValue("id"))
 	if err != nil {
 		inputError(w, err)
 		return
@@ -128,17 +149,10 @@ func (a *Admin) deleteBudget(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
-// tenantPath splits /admin/tenants/{name}/{what}.
-func tenantPath(r *http.Request) (name, what string) {
-	rest := strings.TrimPrefix(r.URL.Path, "/admin/tenants/")
-	name, what, _ = strings.Cut(rest, "/")
-	return name, what
-}
-
 func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
-	name, what := tenantPath(r)
-	if what != "usage" || !a.s.HasTenant(name) {
-		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/usage with a configured tenant")
+	name, ok := pathName(r, "name")
+	if !ok || !a.s.HasTenant(name) {
+		notFound(useUsage)(w, r)
 		return
 	}
 	ctx, cancel := a.opContext(2 * time.Second)
@@ -159,9 +173,9 @@ func (a *Admin) tenantUsage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
-	name, what := tenantPath(r)
-	if what != "clamp" {
-		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+	name, ok := pathName(r, "name")
+	if !ok {
+		notFound(useClamp)(w, r)
 		return
 	}
 	var in struct {
@@ -172,13 +186,13 @@ func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
 		Reason          string   `json:"reason"`
 		ExpiresIn       string   `json:"expires_in"`
 	}
-	if err := decode(r, &in); err != nil {
-		inputError(w, err)
-		return
-	}
-	d, err := time.ParseDuration(in.ExpiresIn)
-	if err != nil || d <= 0 {
-		inputError(w, inputErr("expires_in", "must be a positive duration such as 30m (got %q)", in.ExpiresIn))
+	var d time.Duration
+	if !readInput(w, r, &in, func() (err error) {
+		if d, err = time.ParseDuration(in.ExpiresIn); err != nil || d <= 0 {
+			return inputErr("expires_in", "must be a positive duration such as 30m (got %q)", in.ExpiresIn)
+		}
+		return nil
+	}) {
 		return
 	}
 	c, err := a.s.SetClamp(scheduler.Clamp{Tenant: name, Concurrency: in.Concurrency, Weight: in.Weight, MaxOutputTokens: in.MaxOutputTokens,
@@ -191,9 +205,9 @@ func (a *Admin) clamp(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Admin) unclamp(w http.ResponseWriter, r *http.Request) {
-	name, what := tenantPath(r)
-	if what != "clamp" {
-		fail(w, http.StatusNotFound, "not_found", "use /admin/tenants/{name}/clamp")
+	name, ok := pathName(r, "name")
+	if !ok {
+		notFound(useClamp)(w, r)
 		return
 	}
 	had, err := a.s.Unclamp(name)
@@ -212,10 +226,9 @@ func (a *Admin) unclamp(w http.ResponseWriter, r *http.Request) {
 // UNRESOLVED (or dispatched, abandoned) hold at its held amount, at given
 // actual amounts, or at zero.
 func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, "/admin/reservations/")
-	idHex, ok := strings.CutSuffix(rest, "/resolve")
-	if b, err := hex.DecodeString(idHex); !ok || err != nil || len(b) != len(ledger.RequestID{}) {
-		inputError(w, inputErr("id", "must be a 32-hex-digit ledger request id"))
+	idHex := r.PathValue("id")
+	if b, err := hex.DecodeString(idHex); err != nil || len(b) != len(ledger.RequestID{}) {
+		badReservationID(w, r)
 		return
 	}
 	var in struct {
@@ -224,13 +237,11 @@ func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
 		Actual map[string]int64 `json:"actual"`
 		Reason string           `json:"reason"`
 	}
-	if err := decode(r, &in); err != nil {
-		inputError(w, err)
-		return
-	}
-	res := scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Reason: in.Reason}
-	if err := a.checkResolution(&res, in.Actual); err != nil {
-		inputError(w, err)
+	var res scheduler.Resolution
+	if !readInput(w, r, &in, func() error {
+		res = scheduler.Resolution{Tenant: in.Tenant, ID: idHex, Charge: in.Charge, Reason: in.Reason}
+		return a.checkResolution(&res, in.Actual)
+	}) {
 		return
 	}
 	ctx, cancel := a.opContext(5 * time.Second)
@@ -241,6 +252,10 @@ func (a *Admin) resolve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]any{"id": idHex, "state": st.State.String(), "charged": views.Windowed(st.Charged, true)})
+}
+
+func badReservationID(w http.ResponseWriter, _ *http.Request) {
+	inputError(w, inputErr("id", "must be a 32-hex-digit ledger request id"))
 }
 
 // checkResolution checks a resolution's fields in the order the API

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/scheduler"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/views"
 )
 
@@ -23,7 +23,7 @@ func (a *Admin) usage(w http.ResponseWriter, r *http.Request) {
 		inputError(w, inputErr("tenant", "unknown tenant %q", f.Tenant))
 		return
 	}
-	names := scheduler.UsageDimensions()
+	names := lifecycle.UsageDimensions()
 	if f.Dimension != "" && !slices.Contains(names, f.Dimension) {
 		inputError(w, inputErr("dimension", "must be one of %s (got %q)", strings.Join(names, ", "), f.Dimension))
 		return
@@ -31,7 +31,7 @@ func (a *Admin) usage(w http.ResponseWriter, r *http.Request) {
 	var window time.Duration
 	if win := q.Get("window"); win != "" {
 		d, err := time.ParseDuration(win)
-		if err != nil || d <= 0 || d > scheduler.UsageWindowMax {
+		if err != nil || d <= 0 || d > lifecycle.UsageWindowMax {
 			inputError(w, inputErr("window", "must be a duration in (0, 744h] such as 24h or 720h (got %q)", win))
 			return
 		}

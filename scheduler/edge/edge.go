@@ -25,34 +25,33 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/connwatch"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/vllm"
 )
 
 // Scheduler is what the edge needs of the admission pipeline
-// (*scheduler.Server): the call's owner (Start; Replayed and Reject for a
-// call that never started), authentication, the model list and workflows
-// it answers itself, whether it drains or traces, readiness for the
-// probes it serves, and the policy's body limit.
+// (*scheduler.Server, which carries the call lifecycle's ports): the
+// call's owner (Start; Replayed and Reject for a call that never started),
+// authentication, the model list and workflows it answers itself, whether
+// it drains or traces, readiness for the probes it serves, and the
+// policy's body limit.
 type Scheduler interface {
-	Authenticate(authz []byte) (scheduler.Caller, error)
-	Start(ctx context.Context, a scheduler.Admission) (*scheduler.Ticket, error)
-	Replayed(c scheduler.Caller, err error) ([]byte, bool)
+	Authenticate(authz []byte) (lifecycle.Caller, error)
+	Start(ctx context.Context, a lifecycle.Admission) (*lifecycle.Ticket, error)
+	Replayed(c lifecycle.Caller, err error) ([]byte, bool)
 	Reject(tenant, reqID string, err error) *apierr.Error
-	Models(c scheduler.Caller) []byte
-	CreateWorkflow(ctx context.Context, c scheduler.Caller, body []byte) ([]byte, error)
-	Workflow(ctx context.Context, c scheduler.Caller, id string) ([]byte, error)
+	Models(c lifecycle.Caller) []byte
+	CreateWorkflow(ctx context.Context, c lifecycle.Caller, body []byte) ([]byte, error)
+	Workflow(ctx context.Context, c lifecycle.Caller, id string) ([]byte, error)
 	Draining() bool
 	Traced() bool
 	Ready() (bool, string)
 	ReadyDetail() string
 	Policy() *config.File
 }
-
-var _ Scheduler = (*scheduler.Server)(nil)
 
 // Edge is the fasthttp adapter of the client-facing API. It is the only
 // code that sees *fasthttp.RequestCtx; everything below it gets a
@@ -193,7 +192,7 @@ func printable(b []byte) bool {
 }
 
 // parseAdmission reads the request headers that shape admission into a.
-func parseAdmission(rc *fasthttp.RequestCtx, a *scheduler.Admission, traced bool) error {
+func parseAdmission(rc *fasthttp.RequestCtx, a *lifecycle.Admission, traced bool) error {
 	a.Body = bytes.Clone(rc.PostBody())
 	h := &rc.Request.Header
 	for _, name := range []string{"X-Request-Timeout", "X-Stainless-Timeout"} {
@@ -238,7 +237,7 @@ func parseAdmission(rc *fasthttp.RequestCtx, a *scheduler.Admission, traced bool
 
 // clientReq is an authenticated, parsed request and its client context.
 type clientReq struct {
-	a         scheduler.Admission
+	a         lifecycle.Admission
 	ctx       context.Context         // cancelled when the peer closes its connection
 	gone      context.CancelCauseFunc // ends ctx
 	stopWatch func()                  // stops watching the connection
@@ -265,7 +264,7 @@ func (e *Edge) accept(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) (
 		e.reject(rc, "", err)
 		return clientReq{}, false
 	}
-	cr := clientReq{a: scheduler.Admission{Caller: caller, Endpoint: ep, RequestID: reqID}, stopWatch: func() {}}
+	cr := clientReq{a: lifecycle.Admission{Caller: caller, Endpoint: ep, RequestID: reqID}, stopWatch: func() {}}
 	if err := parseAdmission(rc, &cr.a, s.Traced()); err != nil {
 		e.reject(rc, caller.Tenant(), err)
 		return clientReq{}, false
@@ -325,13 +324,13 @@ type wholeSink struct {
 	rc *fasthttp.RequestCtx
 }
 
-func (w *wholeSink) Whole(m scheduler.Meta, body []byte) {
+func (w *wholeSink) Whole(m lifecycle.Meta, body []byte) {
 	successHeaders(&w.rc.Response.Header, m)
 	w.rc.SetContentType("application/json")
 	w.rc.SetBody(body)
 }
 
-func (w *wholeSink) Refuse(_ error, ae *apierr.Error, m scheduler.Meta) {
+func (w *wholeSink) Refuse(_ error, ae *apierr.Error, m lifecycle.Meta) {
 	if ae == nil { // the client left: no one to answer
 		w.rc.SetConnectionClose()
 		return
@@ -342,11 +341,11 @@ func (w *wholeSink) Refuse(_ error, ae *apierr.Error, m scheduler.Meta) {
 	writeError(w.rc, ae)
 }
 
-func (w *wholeSink) Stream() (io.Writer, scheduler.WriteDeadliner) { return io.Discard, nil } // never streamed
+func (w *wholeSink) Stream() (io.Writer, lifecycle.WriteDeadliner) { return io.Discard, nil } // never streamed
 
 // finisher is the part of a Ticket a streamed body runs.
 type finisher interface {
-	Finish(scheduler.Sink) scheduler.Outcome
+	Finish(lifecycle.Sink) lifecycle.Outcome
 }
 
 // sseBody is a streamed response's body. fasthttp calls WriteTo on the
@@ -359,7 +358,7 @@ type finisher interface {
 // watching the client.
 type sseBody struct {
 	tk        finisher
-	conn      scheduler.WriteDeadliner // the client's connection; nil: no write deadline
+	conn      lifecycle.WriteDeadliner // the client's connection; nil: no write deadline
 	stopWatch func()                   // stops watching the client's connection
 	gone      context.CancelCauseFunc
 
@@ -414,7 +413,7 @@ func (b *sseBody) Close() error {
 // gives WriteTo, and what was written to it.
 type sseSink struct {
 	w    io.Writer
-	conn scheduler.WriteDeadliner
+	conn lifecycle.WriteDeadliner
 	n    int64
 	err  error
 }
@@ -428,13 +427,13 @@ func (o *sseSink) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (o *sseSink) Stream() (io.Writer, scheduler.WriteDeadliner) { return o, o.conn }
+func (o *sseSink) Stream() (io.Writer, lifecycle.WriteDeadliner) { return o, o.conn }
 
 // Whole and Refuse do not happen to a streamed answer, whose 200 headers
 // went out before Finish.
-func (o *sseSink) Whole(scheduler.Meta, []byte) {}
+func (o *sseSink) Whole(lifecycle.Meta, []byte) {}
 
-func (o *sseSink) Refuse(error, *apierr.Error, scheduler.Meta) {}
+func (o *sseSink) Refuse(error, *apierr.Error, lifecycle.Meta) {}
 
 // models answers GET /v1/models with the union of the replicas' models
 // that the tenant may use.

@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/apierr"
 	"github.com/sluicehq/sluice/scheduler/config"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 )
 
 // fakeScheduler is the pipeline as the edge sees it: no call is ever
@@ -22,22 +22,22 @@ type fakeScheduler struct {
 	authenticated   int
 }
 
-func (f *fakeScheduler) Authenticate([]byte) (scheduler.Caller, error) {
+func (f *fakeScheduler) Authenticate([]byte) (lifecycle.Caller, error) {
 	f.authenticated++
-	return scheduler.Caller{}, apierr.ErrUnauthorized
+	return lifecycle.Caller{}, apierr.ErrUnauthorized
 }
-func (f *fakeScheduler) Start(context.Context, scheduler.Admission) (*scheduler.Ticket, error) {
+func (f *fakeScheduler) Start(context.Context, lifecycle.Admission) (*lifecycle.Ticket, error) {
 	panic("no call starts in these tests")
 }
-func (f *fakeScheduler) Replayed(scheduler.Caller, error) ([]byte, bool) { return nil, false }
+func (f *fakeScheduler) Replayed(lifecycle.Caller, error) ([]byte, bool) { return nil, false }
 func (f *fakeScheduler) Reject(_, _ string, err error) *apierr.Error {
 	return apierr.For(err)
 }
-func (f *fakeScheduler) Models(scheduler.Caller) []byte { return nil }
-func (f *fakeScheduler) CreateWorkflow(context.Context, scheduler.Caller, []byte) ([]byte, error) {
+func (f *fakeScheduler) Models(lifecycle.Caller) []byte { return nil }
+func (f *fakeScheduler) CreateWorkflow(context.Context, lifecycle.Caller, []byte) ([]byte, error) {
 	return nil, nil
 }
-func (f *fakeScheduler) Workflow(context.Context, scheduler.Caller, string) ([]byte, error) {
+func (f *fakeScheduler) Workflow(context.Context, lifecycle.Caller, string) ([]byte, error) {
 	return nil, nil
 }
 func (f *fakeScheduler) Draining() bool        { return f.draining }

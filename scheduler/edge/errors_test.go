@@ -6,8 +6,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
 
-	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 )
 
 // A refusal's bytes: status, the retry headers and the pinned error shape,
@@ -50,17 +50,17 @@ func TestWriteError(t *testing.T) {
 // timing headers with the refusal.
 func TestWholeSinkRefuse(t *testing.T) {
 	var rc fasthttp.RequestCtx
-	(&wholeSink{rc: &rc}).Refuse(apierr.ErrClientGone, nil, scheduler.Meta{})
+	(&wholeSink{rc: &rc}).Refuse(apierr.ErrClientGone, nil, lifecycle.Meta{})
 	assert.True(t, rc.Response.ConnectionClose())
 	assert.Empty(t, rc.Response.Body())
 
 	var rc2 fasthttp.RequestCtx
 	rc2.Request.SetRequestURI("/v1/chat/completions")
-	(&wholeSink{rc: &rc2}).Refuse(nil, apierr.For(apierr.ErrNoReplica), scheduler.Meta{Sent: true})
+	(&wholeSink{rc: &rc2}).Refuse(nil, apierr.For(apierr.ErrNoReplica), lifecycle.Meta{Sent: true})
 	assert.Equal(t, 503, rc2.Response.StatusCode())
 	assert.Equal(t, "queue;dur=0.000", string(rc2.Response.Header.Peek("Server-Timing")))
 
 	var rc3 fasthttp.RequestCtx
-	(&wholeSink{rc: &rc3}).Refuse(nil, apierr.For(apierr.ErrNoReplica), scheduler.Meta{})
+	(&wholeSink{rc: &rc3}).Refuse(nil, apierr.For(apierr.ErrNoReplica), lifecycle.Meta{})
 	assert.Empty(t, rc3.Response.Header.Peek("Server-Timing"), "a call that never reached a replica has no timing")
 }

@@ -4,14 +4,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/valyala/fasthttp"
-
-	"github.com/sluicehq/sluice/scheduler"
 )
 
 // successHeaders sets the budget, output-cap, stop and timing headers of
 // ARCHITECTURE §3.3 from the call's Meta.
-func successHeaders(h *fasthttp.ResponseHeader, m scheduler.Meta) {
+func successHeaders(h *fasthttp.ResponseHeader, m lifecycle.Meta) {
 	var num [24]byte
 	rateLimit(h, &num, &tokensHeaders, m.Tokens)
 	rateLimit(h, &num, &requestsHeaders, m.Requests)
@@ -58,7 +57,7 @@ var (
 
 // rateLimit sets one budget's headers when a budget of its dimension
 // applies.
-func rateLimit(h *fasthttp.ResponseHeader, num *[24]byte, n *rateLimitNames, room scheduler.Headroom) {
+func rateLimit(h *fasthttp.ResponseHeader, num *[24]byte, n *rateLimitNames, room lifecycle.Headroom) {
 	if !room.Tracked {
 		return
 	}

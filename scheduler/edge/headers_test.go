@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
-
-	"github.com/sluicehq/sluice/scheduler"
 )
 
 // TestSuccessHeaders pins the exact budget, output-cap, stop and
@@ -16,16 +15,16 @@ import (
 // old concatenations wrote them.
 func TestSuccessHeaders(t *testing.T) {
 	t.Parallel()
-	tokens := scheduler.Headroom{Tracked: true, Limit: 1000, Remaining: 250, ResetsIn: 90*time.Second + 1500*time.Microsecond}
-	requests := scheduler.Headroom{Tracked: true, Limit: 10, Remaining: 0, ResetsIn: time.Hour}
+	tokens := lifecycle.Headroom{Tracked: true, Limit: 1000, Remaining: 250, ResetsIn: 90*time.Second + 1500*time.Microsecond}
+	requests := lifecycle.Headroom{Tracked: true, Limit: 10, Remaining: 0, ResetsIn: time.Hour}
 	tests := []struct {
 		name string
-		m    scheduler.Meta
+		m    lifecycle.Meta
 		want map[string]string
 	}{
 		{
 			name: "queue and upstream",
-			m: scheduler.Meta{Sent: true, Tokens: tokens, Requests: requests, Queue: 1500 * time.Microsecond,
+			m: lifecycle.Meta{Sent: true, Tokens: tokens, Requests: requests, Queue: 1500 * time.Microsecond,
 				Upstream: 250*time.Microsecond + 999*time.Nanosecond, Answered: true},
 			want: map[string]string{
 				"Server-Timing":                  "queue;dur=1.500, upstream;dur=0.250",
@@ -41,7 +40,7 @@ func TestSuccessHeaders(t *testing.T) {
 			},
 		},
 		{
-			name: "no first byte, untracked budgets", m: scheduler.Meta{Queue: 12345678 * time.Nanosecond},
+			name: "no first byte, untracked budgets", m: lifecycle.Meta{Queue: 12345678 * time.Nanosecond},
 			want: map[string]string{"Server-Timing": "queue;dur=12.345", "X-Ratelimit-Limit-Tokens": ""},
 		},
 		{
@@ -50,7 +49,7 @@ func TestSuccessHeaders(t *testing.T) {
 		},
 		{
 			name: "warned, capped and stopped",
-			m:    scheduler.Meta{Warning: true, OutputCap: 16, CapReason: "budget", Stopped: []byte("budget; scope=tenant; dimension=tokens; window=1h")},
+			m:    lifecycle.Meta{Warning: true, OutputCap: 16, CapReason: "budget", Stopped: []byte("budget; scope=tenant; dimension=tokens; window=1h")},
 			want: map[string]string{
 				"X-Budget-Warning":    "soft_threshold",
 				"X-Sluice-Output-Cap": "16; reason=budget",

@@ -8,22 +8,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sluicehq/sluice/scheduler"
 )
 
 // fakeTicket records the Finishes a streamed body runs and writes events
 // to the sink's stream.
 type fakeTicket struct {
 	events   []string
-	sinks    []scheduler.Sink
-	conn     scheduler.WriteDeadliner // the deadline connection Finish was given
+	sinks    []lifecycle.Sink
+	conn     lifecycle.WriteDeadliner // the deadline connection Finish was given
 	finished int
 }
 
-func (f *fakeTicket) Finish(out scheduler.Sink) scheduler.Outcome {
+func (f *fakeTicket) Finish(out lifecycle.Sink) lifecycle.Outcome {
 	f.finished++
 	f.sinks = append(f.sinks, out)
 	if out == nil {
