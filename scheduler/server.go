@@ -28,14 +28,11 @@ import (
 )
 
 // Ledger is what the scheduler needs from a budget ledger (both
-// ledger.Memory and the Redis backend provide it).
+// ledger.Memory and the Redis backend provide it): what a call needs, the
+// settlement room's lease extensions, and the admin API's resolutions.
 type Ledger interface {
-	Reserve(ctx context.Context, req ledger.ReserveRequest) (ledger.Grant, error)
-	MarkDispatched(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error
+	lifecycle.Ledger
 	Extend(ctx context.Context, ref ledger.Ref, owner ledger.Owner, ttl time.Duration) (time.Time, error)
-	Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error)
-	Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner) error
-	Snapshot(ctx context.Context, tenant, scope ledger.ScopeKey) (ledger.Usage, error)
 	Resolve(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error)
 }
 
