@@ -73,7 +73,7 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		local = s.q.AppendFlows(local[:0])
 		timeout := fairTimeout
 		if on {
-			timeout = min(timeout, time.Until(lastOK.Add(FairStale)))
+			timeout = min(timeout, lastOK.Add(FairStale).Sub(s.now()))
 		}
 		xctx, cancel := context.WithTimeout(ctx, timeout)
 		others, err := ex.ExchangeFlows(xctx, fleet.Report(local))
@@ -90,12 +90,12 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		if others == nil {
 			continue
 		}
-		res := m.Merge(time.Now(), local, s.q.Weight, others)
+		res := m.Merge(s.now(), local, s.q.Weight, others)
 		for _, a := range res.Adjust {
 			s.q.AdjustFleet(a.Tenant, a.Band, a.Service, a.Lifted)
 		}
 		s.q.SetFleetFloors(res.Floor, res.HasFloor)
-		lastOK = time.Now()
+		lastOK = s.now()
 		fallback.Reset(FairStale)
 		if !on {
 			s.log.Info("fair share follows the fleet's counters")

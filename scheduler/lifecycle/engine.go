@@ -174,6 +174,7 @@ func New(d Deps) (*Engine, error) {
 	if e.observeAbuse == nil {
 		e.observeAbuse = func(string, abuse.Event) {}
 	}
+	e.m.now = e.now
 	e.started = e.now()
 	e.pools.Now = e.now
 	q, err := queue.New(d.Queue, queue.Deps[*call]{Clock: clockFunc(e.now), OnExpire: e.onExpire})

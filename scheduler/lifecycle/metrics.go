@@ -43,6 +43,7 @@ type Metrics struct {
 	FairShareFleet   prometheus.Gauge       // 1 fleet-wide fair share, 0 local (fairshare.go)
 
 	recent views.RefusalLog // the last refusals, for the status page
+	now    func() time.Time // the refusal log's clock: the engine's
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -50,6 +51,7 @@ var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 // NewMetrics creates the series and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
+		now: time.Now,
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_requests_total",
 			Help: "Requests by final outcome (ok, rejected, expired, cancelled, upstream_error)."}, []string{"tenant", "outcome"}),
 		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rejections_total",
@@ -155,7 +157,7 @@ func (m *Metrics) count(tenant string, o Outcome, ae *apierr.Error) {
 	m.Requests.WithLabelValues(tenant, o.String()).Inc()
 	if (o == outcomeRejected || o == outcomeExpired) && ae != nil {
 		m.Rejections.WithLabelValues(tenant, ae.Code).Inc()
-		m.recent.Add(views.Refusal{At: time.Now().UTC(), Tenant: tenant, Status: ae.Status, Code: ae.Code, Message: ae.Message})
+		m.recent.Add(views.Refusal{At: m.now().UTC(), Tenant: tenant, Status: ae.Status, Code: ae.Code, Message: ae.Message})
 	}
 }
 
