@@ -80,7 +80,7 @@ func newTestEngine(t testing.TB, cfg *config.File, led testLedger, up Upstream, 
 	var members []*fleet.Replica
 	for i, rc := range cfg.Upstream.Replicas {
 		r := &fleet.Replica{Name: rc.Name, URL: rc.URL, MaxSeqs: 1 << 20, Clock: mon.Clock(rc.Name), Pinned: rc.Models,
-			UpLatency: m.UpstreamLatency.WithLabelValues(rc.Name), Slot: i}
+			UpLatency: m.UpstreamLatency.WithLabelValues(rc.Name), PrioritySched: rc.PriorityScheduling, Slot: i}
 		r.MaxModelLen.Store(rc.MaxModelLen)
 		members = append(members, r)
 	}
