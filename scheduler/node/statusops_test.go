@@ -113,7 +113,7 @@ func TestStatusReportOps(t *testing.T) {
 	assert.Equal(t, 404, r.Refusals[0].Status)
 	assert.Equal(t, "model_not_found", r.Refusals[0].Code)
 	assert.Contains(t, r.Refusals[0].Message, "no-such-model")
-	assert.WithinDuration(t, time.Now(), r.Refusals[0].At, time.Minute)
+	assert.WithinDuration(t, testClock(), r.Refusals[0].At, time.Minute, "the node's clock")
 
 	require.Len(t, r.Replicas, 1)
 	assert.Equal(t, "healthy", r.Replicas[0].State)
