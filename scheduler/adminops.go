@@ -54,7 +54,7 @@ func (s *Server) rebuildLocked(file *config.File, st *policy.AdminState) error {
 	}
 	pol.File = file
 	pol.Clamps = policy.ClampsInForce(st, s.now())
-	commit, err := s.q.Prepare(lifecycle.QueueConfig(eff))
+	commit, err := s.Queue().Prepare(lifecycle.QueueConfig(eff))
 	if err != nil {
 		return fmt.Errorf("queue config: %w", err)
 	}

@@ -89,7 +89,7 @@ func (s *Server) tenantIn(pol *policy.Snapshot, t *policy.Tenant, now time.Time)
 	in := views.TenantIn{Name: t.Name, Weight: t.Cfg.Weight, Priority: t.Cfg.Priority, Concurrency: t.Cfg.Concurrency,
 		Inflight: t.RT.Inflight.Load(), InflightTokens: t.RT.InflightTokens.Load(), Keys: len(t.Keys),
 		MaxDepth: t.Cfg.Queue.MaxDepth, MaxWait: t.Cfg.Queue.MaxWait, Limits: t.Limits}
-	if qs, ok := s.q.Stats(t.Name); ok {
+	if qs, ok := s.Queue().Stats(t.Name); ok {
 		in.Queued, in.Charged = qs.Depth, qs.Charged
 	}
 	if c, ok := pol.ClampOf(t.Name, now); ok {

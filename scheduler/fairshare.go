@@ -50,7 +50,7 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		warned bool
 	)
 	goLocal := func() {
-		s.q.SetFleetFloors([queue.NumBands]float64{}, [queue.NumBands]bool{})
+		s.Queue().SetFleetFloors([queue.NumBands]float64{}, [queue.NumBands]bool{})
 		s.m.FairShareFleet.Set(0)
 		on = false
 	}
@@ -70,7 +70,7 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 			continue
 		case <-t.C:
 		}
-		local = s.q.AppendFlows(local[:0])
+		local = s.Queue().AppendFlows(local[:0])
 		timeout := fairTimeout
 		if on {
 			timeout = min(timeout, lastOK.Add(FairStale).Sub(s.now()))
@@ -90,11 +90,11 @@ func (s *Server) FairShareLoop(ctx context.Context, ex fairExchange) error {
 		if others == nil {
 			continue
 		}
-		res := m.Merge(s.now(), local, s.q.Weight, others)
+		res := m.Merge(s.now(), local, s.Queue().Weight, others)
 		for _, a := range res.Adjust {
-			s.q.AdjustFleet(a.Tenant, a.Band, a.Service, a.Lifted)
+			s.Queue().AdjustFleet(a.Tenant, a.Band, a.Service, a.Lifted)
 		}
-		s.q.SetFleetFloors(res.Floor, res.HasFloor)
+		s.Queue().SetFleetFloors(res.Floor, res.HasFloor)
 		lastOK = s.now()
 		fallback.Reset(FairStale)
 		if !on {

@@ -68,7 +68,7 @@ func TestFairShareLoop(t *testing.T) {
 			return m.GetGauge().GetValue()
 		}
 		counter := func() float64 {
-			v, ok := s.q.Counter("acme", 0)
+			v, ok := s.Queue().Counter("acme", 0)
 			require.True(t, ok)
 			return v
 		}

@@ -99,8 +99,8 @@ func (s *Server) ReapReplicas() []string {
 // membersChanged lets every tenant parked on a full pool compete again
 // (its pool may have changed: the dispatch predicate repools its calls) and wakes the dispatch loop.
 func (s *Server) membersChanged() {
-	for _, n := range s.pools.UnparkAll() {
-		s.q.Unpark(n)
+	for _, n := range s.Pools().UnparkAll() {
+		s.Queue().Unpark(n)
 	}
 	s.Wake()
 }

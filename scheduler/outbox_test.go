@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestChaosRecoveryKicksOutbox (chaos seed 219 on redis: an instance killed
-// shortly after a stall had not charged its owed outage usage yet): the
-// first ledger answer after store errors wakes the pending-writes log's
-// loop at once, so owed charges and pending endings do not wait for the
-// next tick; an answer while the ledger was answering wakes nothing.
-func TestChaosRecoveryKicksOutbox(t *testing.T) {
+// TestLedgerRecoveryKicksPendingLog: the first ledger answer after store
+// errors wakes the pending-writes log's loop at once, so owed outage
+// charges and pending endings do not wait for the next tick (an instance
+// killed shortly after a stall would otherwise die owing them); an answer
+// while the ledger was answering wakes nothing.
+func TestLedgerRecoveryKicksPendingLog(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := lifecycletest.NewLedger(t)
 		led.OnSettle = func(context.Context, ledger.Ref) (ledger.Settlement, error, bool) {

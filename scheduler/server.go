@@ -19,7 +19,6 @@ import (
 	"github.com/sluicehq/sluice/scheduler/audit"
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
-	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/lifecycle"
 	"github.com/sluicehq/sluice/scheduler/policy"
 	"github.com/sluicehq/sluice/scheduler/settle"
@@ -123,11 +122,9 @@ type Server struct {
 	m     *lifecycle.Metrics
 	log   *slog.Logger
 	now   func() time.Time
-	q     *lifecycle.Queue
 	reps  *fleet.Set
 	// memberMu orders replicas joining and leaving (membership.go).
 	memberMu sync.Mutex
-	pools    *gate.Pools[fleet.PoolKey] // the lifecycle's per-pool loads
 
 	pol      atomic.Pointer[policy.Snapshot]
 	polMu    sync.Mutex // serializes policy changes; guards runtimes, admin
@@ -240,7 +237,7 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
-	s.Engine, s.q, s.pools = eng, eng.Queue(), eng.Pools()
+	s.Engine = eng
 	reps := make([]*fleet.Replica, len(cfg.Upstream.Replicas))
 	for i, rc := range cfg.Upstream.Replicas {
 		reps[i] = s.newReplica(rc)
@@ -450,7 +447,7 @@ func (s *Server) exportLedger(ctx context.Context) {
 			}
 			s.m.LedgerCommitted.WithLabelValues(t.name, d.String()).Set(float64(committed[d]))
 		}
-		if qs, ok := s.q.Stats(t.name); ok {
+		if qs, ok := s.Queue().Stats(t.name); ok {
 			s.m.QueueDepth.WithLabelValues(t.name).Set(float64(qs.Depth))
 		}
 	}

@@ -47,7 +47,7 @@ func (s *Server) sampleOps(now time.Time) {
 	smp := views.OpsSample{At: now, Usage: s.UsageCounts(0), Tenants: make(map[string]views.TenantSample, len(pol.Order)), Replicas: map[string]string{}}
 	for _, t := range pol.Order {
 		ts := views.TenantSample{TTFT: views.HistOf(s.m.TTFT, t.Name), Wait: views.HistOf(s.m.QueueWait, t.Name), Inflight: t.RT.Inflight.Load()}
-		if qs, ok := s.q.Stats(t.Name); ok {
+		if qs, ok := s.Queue().Stats(t.Name); ok {
 			ts.Queued = int64(qs.Depth)
 		}
 		smp.Tenants[t.Name] = ts

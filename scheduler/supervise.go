@@ -74,7 +74,7 @@ func (s *Server) supervise(ctx context.Context) error {
 
 	var own, others loopGroup
 	for _, l := range []loop{
-		{"queue", s.q.Run},
+		{"queue", s.Queue().Run},
 		{"dispatch", s.DispatchLoop},
 		{"heartbeat", s.settler.Heartbeat},
 		{"outbox", s.settler.Loop},
