@@ -76,6 +76,9 @@ type Item[T any] struct {
 	// to Deps.OnExpire, the rule that removed it: a deadline's bound, or
 	// [ReasonShed].
 	Reason Reason
+	// Place is the entry's place among its tenant's entries (arrival
+	// order): [Queue.TakeBack] puts an entry back there.
+	Place uint64
 	// RetryAfter is set on expired and shed entries: when the tenant's
 	// queued work ahead could be served at its recent rate, clamped like
 	// a [FullError]'s.
@@ -291,6 +294,18 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 		t.counters.Rejected++
 		return Item[T]{}, &FullError{Tenant: t.cfg.Name, Bound: b, RetryAfter: q.retryAfterLocked(t, b, nowN)}
 	}
+	q.seq++
+	n := q.nodeLocked(t, r, now, q.seq)
+	q.muted = r.Deferred
+	q.insertLocked(n, nowN, true)
+	q.muted = false
+	t.counters.Enqueued++
+	return q.itemOf(n), nil
+}
+
+// nodeLocked builds t's queued entry for r at place seq: its band, and its
+// deadline from its arrival, the maximum waits and its own.
+func (q *Queue[T]) nodeLocked(t *tenant[T], r Request[T], now time.Time, seq uint64) *node[T] {
 	bi := r.Band
 	if bi < t.cfg.Band {
 		bi = t.cfg.Band
@@ -311,12 +326,10 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 	if !r.Deadline.IsZero() && r.Deadline.Before(dl) {
 		dl, why = r.Deadline, ReasonClientDeadline
 	}
-
 	n := q.allocLocked()
-	q.seq++
 	n.state = stateQueued
 	n.band = uint8(bi)
-	n.seq = q.seq
+	n.seq = seq
 	n.dl = dl.UnixNano()
 	n.cost = r.Cost
 	n.bytes = r.BodyBytes
@@ -324,12 +337,36 @@ func (q *Queue[T]) Enqueue(r Request[T]) (Item[T], error) {
 	n.dlt = dl
 	n.why = why
 	n.pay = r.Payload
-	f := q.flowLocked(t, bi)
-	n.f = f
-	q.muted = r.Deferred
-	q.insertLocked(n, nowN, true)
-	q.muted = false
-	t.counters.Enqueued++
+	n.f = q.flowLocked(t, bi)
+	return n
+}
+
+// TakeBack queues again an entry that was dispatched and released but
+// never started: its caller took it back from a replica that kept it
+// waiting. It goes back to its place among its tenant's entries (place:
+// the [Item.Place] it was dispatched with) with the deadline r gives, and
+// its dispatch charge is undone, as [Queue.Requeue] does. Bounds are not
+// checked (it held its place before) and the tenant is not parked (it was
+// not refused a slot). A tenant removed meanwhile is [ErrUnknownTenant].
+func (q *Queue[T]) TakeBack(r Request[T], place uint64) (Item[T], error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.clock.Now()
+	t := q.tenants[r.Tenant]
+	if t == nil || t.removed {
+		return Item[T]{}, fmt.Errorf("take back tenant %q: %w", r.Tenant, ErrUnknownTenant)
+	}
+	n := q.nodeLocked(t, r, now, place)
+	f := n.f
+	f.v -= float64(n.cost) / t.cfg.Weight
+	f.charged -= n.cost
+	t.charged -= n.cost
+	if q.fpos[f.id] >= 0 {
+		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
+	}
+	t.dispatched--
+	t.counters.TakenBack++
+	q.insertLocked(n, now.UnixNano(), false)
 	return q.itemOf(n), nil
 }
 
@@ -486,6 +523,7 @@ func (q *Queue[T]) itemOf(n *node[T]) Item[T] {
 		Arrival:   n.arr,
 		Deadline:  n.dlt,
 		Reason:    n.why,
+		Place:     n.seq,
 		Payload:   n.pay,
 	}
 }

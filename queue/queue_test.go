@@ -379,6 +379,49 @@ func TestRequeueUndoesChargeAndParks(t *testing.T) {
 	checkInvariants(t, q)
 }
 
+// TestTakeBackKeepsPlaceAndUndoesCharge: an entry dispatched, released and
+// taken back goes ahead of its tenant's later arrivals, keeps its deadline,
+// is not charged for the dispatch that never ran, and does not park its
+// tenant; a removed tenant's entry is refused.
+func TestTakeBackKeepsPlaceAndUndoesCharge(t *testing.T) {
+	t.Parallel()
+	clk := newManualClock()
+	q := newTestQueue(t, Config{MaxWait: time.Minute, Tenants: []TenantConfig{{Name: "a", Weight: 2, MaxWait: 10 * time.Second}, {Name: "b"}}}, clk)
+	r1 := Request[int]{Tenant: "a", Payload: 1, Cost: 10, Arrival: clk.Now()}
+	mustEnqueue(t, q, r1)
+	got := next(t, q, always)
+	require.Equal(t, 1, got.Payload)
+	clk.Advance(time.Second)
+	mustEnqueue(t, q, Request[int]{Tenant: "a", Payload: 2, Cost: 10})
+	mustEnqueue(t, q, Request[int]{Tenant: "b", Payload: 3, Cost: 10})
+	v, _ := q.Counter("a", 0)
+	require.InDelta(t, 5.0, v, 0, "cost 10 at weight 2")
+
+	back, err := q.TakeBack(r1, got.Place)
+	require.NoError(t, err)
+	assert.Equal(t, got.Deadline, back.Deadline, "the deadline it had")
+	assert.Equal(t, got.Place, back.Place)
+	v, _ = q.Counter("a", 0)
+	assert.InDelta(t, 0.0, v, 0, "dispatch charge undone")
+	st, _ := q.Stats("a")
+	assert.False(t, st.Parked)
+	assert.Equal(t, uint64(1), st.TakenBack)
+	assert.Equal(t, uint64(0), st.Dispatched)
+	assert.Equal(t, 2, st.Depth)
+	checkInvariants(t, q)
+
+	var order []int
+	for range 3 {
+		order = append(order, next(t, q, always).Payload)
+	}
+	assert.Equal(t, []int{1, 2, 3}, order, "a's taken-back entry first (its counter back at 0), then a and b tied at 5 (b lifted to a's counter as it arrived), a first by eligibility")
+
+	require.NoError(t, q.Reconfigure(Config{MaxWait: time.Minute, Tenants: tenants("b")}))
+	_, err = q.TakeBack(r1, got.Place)
+	assert.ErrorIs(t, err, ErrUnknownTenant)
+	checkInvariants(t, q)
+}
+
 func TestReconcileAdjustsCounter(t *testing.T) {
 	t.Parallel()
 	clk := newManualClock()

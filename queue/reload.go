@@ -99,6 +99,7 @@ type TenantStats struct {
 	Shed       uint64 // by the tenant's shed_after, before their deadlines
 	Cancelled  uint64
 	Requeued   uint64
+	TakenBack  uint64 // dispatched, then taken back from a replica (Queue.TakeBack)
 	Parks      uint64
 }
 
