@@ -151,3 +151,36 @@ func TestLearnedBatchBoundsShare(t *testing.T) {
 	ApplyShares("a", []*Replica{r}, []string{"r"}, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
 	assert.Equal(t, int64(4), r.Share.Load(), "half of the learned 8, not of 256")
 }
+
+// TestRampWhileLearning: an unlearned replica is sent at most Ramp more
+// sequences than a scrape has shown it run with nothing waiting (at least
+// rampMin more), so a flood overfills it by that much at most; each scrape
+// that shows it running them all raises the limit, up to max_num_seqs. A
+// learned batch ends the ramp; Ramp 0 sends up to max_num_seqs at once.
+func TestRampWhileLearning(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	r := &Replica{Name: "r", MaxSeqs: 256, Ramp: 0.5}
+	assert.Equal(t, int64(rampMin), r.BatchLimit(), "nothing seen yet: rampMin")
+	var limits []int64
+	for range 12 {
+		scrapeRW(r, r.BatchLimit(), 0, now) // it runs all it is sent
+		limits = append(limits, r.BatchLimit())
+	}
+	assert.Equal(t, []int64{8, 12, 18, 27, 41, 62, 93, 140, 210, 256, 256, 256}, limits, "half again per scrape")
+	scrapeRW(r, 100, 0, now) // less than seen: the limit stays
+	assert.Equal(t, int64(256), r.BatchLimit())
+
+	// Its real batch is 16: 16 run with nothing waiting, the limit is 24,
+	// so at most 8 wait; the pair of full scrapes then learns 16.
+	r = &Replica{Name: "r", MaxSeqs: 256, Ramp: 0.5}
+	scrapeRW(r, 16, 0, now)
+	assert.Equal(t, int64(24), r.BatchLimit())
+	scrapeRW(r, 16, 8, now.Add(time.Second))
+	scrapeRW(r, 16, 8, now.Add(2*time.Second))
+	assert.Equal(t, int64(16), r.BatchLimit(), "learned")
+	scrapeRW(r, 16, 0, now.Add(3*time.Second))
+	assert.Equal(t, int64(16), r.BatchLimit(), "a learned batch is probed after probeHold, not ramped")
+
+	off := &Replica{Name: "r", MaxSeqs: 256}
+	assert.Equal(t, int64(256), off.BatchLimit(), "upstream.learn_ramp: 0")
+}

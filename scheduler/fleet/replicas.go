@@ -17,6 +17,9 @@ type Replica struct {
 	Name    string
 	URL     string
 	MaxSeqs int64
+	// Ramp is upstream.learn_ramp: how far past what it has been seen to
+	// run an unlearned replica is sent (sizing.go); 0: up to MaxSeqs.
+	Ramp float64
 	// prioritySched: the replica runs --scheduling-policy priority, so
 	// requests carry their band as vLLM's priority.
 	PrioritySched bool

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -257,18 +258,41 @@ type ScrapeMark struct {
 	start       time.Time
 }
 
+// Sent is the requests given room on the replica before the scrape was
+// asked for: seqs up to it may be in the scrape.
+func (m ScrapeMark) Sent() int64 { return m.sent }
+
 // MarkScrape reads r's counts as its /metrics is asked for at now.
 func (r *Replica) MarkScrape(now time.Time) ScrapeMark {
 	return ScrapeMark{count: r.Count.Load(), sent: r.batch.sent.Load(), start: now}
 }
 
+// The ramp (upstream.learn_ramp). While a replica's batch is unknown,
+// every request sent past what it really runs waits in vLLM's FCFS queue
+// until a scrape shows it, and then holds a slot for a whole service time
+// once it starts: the stop (above) ends the overfill only at the next
+// scrape, and a flood sends a batch's worth in less. So an unlearned
+// replica is sent at most Ramp more sequences than a scrape has shown it
+// run with nothing waiting (roomSeen), at least rampMin more: a replica
+// that runs them all without waiting raises roomSeen at the next scrape,
+// so the limit grows by that fraction every learn_scrape_interval (from
+// none to 256 in about 2 s at 0.5 and 200 ms) and an overfill is at most
+// the fraction of the batch. The price is that first climb: a burst past
+// the highest the replica has been seen to run waits in Sluice's queue
+// for the scrapes that show the room, where it would have run at once.
+// A learned batch is probed upwards by probeHold instead.
+const rampMin = 4
+
 // BatchLimit is the most sequences r runs: its learned batch, else
-// max_num_seqs; below either while the last scrape showed requests
-// waiting for room (stop).
+// max_num_seqs, within the ramp while none is learned; below either while
+// the last scrape showed requests waiting for room (stop).
 func (r *Replica) BatchLimit() int64 {
 	lim := r.MaxSeqs
 	if l := r.batch.learned.Load(); l > 0 {
 		lim = min(l, lim)
+	} else if r.Ramp > 0 {
+		seen := r.batch.roomSeen.Load()
+		lim = min(lim, seen+max(rampMin, int64(math.Ceil(float64(seen)*r.Ramp))))
 	}
 	if st := r.batch.stop.Load(); st > 0 {
 		lim = min(st, lim)
