@@ -20,7 +20,7 @@ import (
 // newReplica builds the scheduler's state for a configured or discovered
 // replica. The GPU monitor must know it already (its clock).
 func (s *Server) newReplica(rc config.Replica) *fleet.Replica {
-	r := &fleet.Replica{Name: rc.Name, URL: rc.URL, MaxSeqs: int64(rc.MaxNumSeqs), Clock: s.gpu.Clock(rc.Name), Pinned: rc.Models,
+	r := &fleet.Replica{Name: rc.Name, URL: rc.URL, MaxSeqs: int64(rc.MaxNumSeqs), Ramp: s.learnRamp, Clock: s.gpu.Clock(rc.Name), Pinned: rc.Models,
 		UpLatency: s.m.UpstreamLatency.WithLabelValues(rc.Name), PrioritySched: rc.PriorityScheduling}
 	r.MaxModelLen.Store(rc.MaxModelLen)
 	return r

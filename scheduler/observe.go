@@ -125,6 +125,11 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
 				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
 		}
+		if w := int64(m.CapacityWaiting().V); w > 0 && r.Learned() > 0 {
+			// Full at a known batch: what waits there is out of order
+			// (lifecycle/takeback.go).
+			s.TakeBackWaiting(r, w, mark.Sent())
+		}
 		if distrusted {
 			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
 				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())

@@ -17,7 +17,7 @@ import (
 // applied by a reload, and a changed ledger.tombstone_retention is refused
 // (checkLeaseConfig), so neither is listed.
 var restartOnly = []string{
-	"listen", "admin_listen", "data_dir", "ledger", "upstream.replicas", "upstream.discovery", "upstream.scrape_interval", "upstream.learn_scrape_interval",
+	"listen", "admin_listen", "data_dir", "ledger", "upstream.replicas", "upstream.discovery", "upstream.scrape_interval", "upstream.learn_scrape_interval", "upstream.learn_ramp",
 	"upstream.down_after", "gpu", "audit", "tracing", "admin.state_file", "server.max_body_bytes",
 	"server.fair_share",
 }

@@ -142,6 +142,7 @@ type Server struct {
 	settler *settle.Settler
 
 	maxLease   time.Duration         // the ledger's lease bound (Deps.MaxLeaseTTL)
+	learnRamp  float64               // upstream.learn_ramp (restart only), for replicas added later
 	retention  time.Duration         // ledger.tombstone_retention, fixed at start (idempotent replays)
 	memoryOnly []string              // state kept in memory only, for /readyz (durable.go)
 	ledgerErrs atomic.Int64          // consecutive ledger store errors, for /readyz
@@ -194,6 +195,9 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
 	}
 	s.retention = cfg.Ledger.Retention()
+	if lr := cfg.Upstream.LearnRamp; lr != nil {
+		s.learnRamp = *lr
+	}
 	if err := s.checkLeaseConfig(cfg); err != nil {
 		return nil, err
 	}

@@ -104,6 +104,9 @@ type Redis struct {
 // DefaultLearnScrapeInterval is upstream.learn_scrape_interval's default.
 const DefaultLearnScrapeInterval = 200 * time.Millisecond
 
+// DefaultLearnRamp is upstream.learn_ramp's default.
+const DefaultLearnRamp = 0.5
+
 // Upstream lists the vLLM replicas.
 type Upstream struct {
 	Replicas []Replica `yaml:"replicas"`
@@ -117,6 +120,17 @@ type Upstream struct {
 	// learns its batch (busy, batch not yet learned; SCHEDULING §7). A
 	// value not below ScrapeInterval turns it off. Default 200ms.
 	LearnScrapeInterval time.Duration `yaml:"learn_scrape_interval"`
+	// LearnRamp bounds what an unlearned replica is sent: at most this
+	// fraction more sequences than a scrape has shown it run with nothing
+	// waiting, at least 4 more (SCHEDULING §7, "The ramp"). 0 sends up to
+	// max_num_seqs at once. Default 0.5.
+	LearnRamp *float64 `yaml:"learn_ramp"`
+	// TakeBackWaiting takes back into Sluice's queue the requests of
+	// tenants above their fair share that wait inside a replica whose
+	// batch is learned (no output yet), so that vLLM's FCFS queue never
+	// holds them ahead of lighter tenants (SCHEDULING §7, "Taking back").
+	// Default true.
+	TakeBackWaiting *bool `yaml:"take_back_waiting"`
 	// DownAfter failed scrapes in a row mark a replica down. Default 3.
 	DownAfter int `yaml:"down_after"`
 	// Routing picks a replica within a pool: affinity (default; the
@@ -558,6 +572,14 @@ func (f *File) applyDefaults() {
 	def(&u.TokenCount, "bytes")
 	def(&u.ScrapeInterval, time.Second)
 	def(&u.LearnScrapeInterval, DefaultLearnScrapeInterval)
+	if u.TakeBackWaiting == nil {
+		v := true
+		u.TakeBackWaiting = &v
+	}
+	if u.LearnRamp == nil {
+		v := DefaultLearnRamp
+		u.LearnRamp = &v
+	}
 	def(&u.DownAfter, 3)
 	def(&u.Routing, "affinity")
 	def(&u.StreamInterval, 1)

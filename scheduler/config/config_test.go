@@ -261,3 +261,22 @@ func TestLearnScrapeIntervalKey(t *testing.T) {
 		assert.Contains(t, err.Error(), "upstream.learn_scrape_interval")
 	}
 }
+
+// upstream.learn_ramp and upstream.take_back_waiting: their defaults, an
+// explicit 0 and false kept, and a refusal naming the ramp's key.
+func TestLearnRampAndTakeBackKeys(t *testing.T) {
+	t.Parallel()
+	f, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	require.NotNil(t, f.Upstream.LearnRamp)
+	assert.Equal(t, DefaultLearnRamp, *f.Upstream.LearnRamp)
+	require.NotNil(t, f.Upstream.TakeBackWaiting)
+	assert.True(t, *f.Upstream.TakeBackWaiting)
+	f, err = Parse([]byte(strings.Replace(minimal, "upstream:\n", "upstream:\n  learn_ramp: 0\n  take_back_waiting: false\n", 1)))
+	require.NoError(t, err)
+	assert.Zero(t, *f.Upstream.LearnRamp, "0 turns the ramp off")
+	assert.False(t, *f.Upstream.TakeBackWaiting)
+	_, err = Parse([]byte(strings.Replace(minimal, "upstream:\n", "upstream:\n  learn_ramp: -1\n", 1)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "upstream.learn_ramp")
+}

@@ -127,6 +127,9 @@ func (f *File) Validate() error {
 	if f.Upstream.LearnScrapeInterval < 10*time.Millisecond {
 		v.add("upstream.learn_scrape_interval must be at least 10ms (upstream.scrape_interval or more turns it off)")
 	}
+	if r := f.Upstream.LearnRamp; r != nil && (*r < 0 || *r > 16) {
+		v.add("upstream.learn_ramp must be between 0 and 16 (0 turns the ramp off)")
+	}
 	if f.Upstream.DownAfter < 1 {
 		v.add("upstream.down_after must be >= 1")
 	}

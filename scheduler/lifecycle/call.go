@@ -53,7 +53,12 @@ type call struct {
 	arrival  time.Time
 	deadline time.Time // the client's overall deadline; zero when none
 	handle   queue.Handle[*call]
-	wf       *workflow // nil without X-Workflow-Id
+	// qplace is its place among its tenant's queued entries, kept when it
+	// is taken back (takeback.go); bodyBytes is what the queue's byte
+	// bound counts of it.
+	qplace    uint64
+	bodyBytes int64
+	wf        *workflow // nil without X-Workflow-Id
 	// extraScopes are the api_key, workflow and global scopes of the Reserve.
 	extraScopes []ledger.Scope
 	scopes      [ledger.MaxScopes]ledger.Scope // backs the Reserve's scopes (the ledger copies them)
@@ -89,8 +94,9 @@ type call struct {
 	stream     *vllm.Stream   // chat and completions: the answer, opened by execute
 	resp       *http.Response // the other endpoints: the answer, opened by execute
 	upInterval int            // > 0: a non-streamed request sent upstream as a stream of this interval
-	peeked     peeked         // an evidence stream's first event, read by execute
+	peeked     peeked         // a stream's first event, read by execute (Engine.first)
 	sent       bool           // a request may have reached the replica
+	marked     bool           // its ledger record is DISPATCHED (MarkDispatched acknowledged)
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
@@ -211,11 +217,10 @@ func (e *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 	// Counted queued in its pool before the queue holds it: from Enqueue on,
 	// the dispatch loop may move it to held.
 	e.movePool(c, gate.SpotQueued)
-	it, err := e.q.Enqueue(queue.Request[*call]{
-		Tenant: t.Name, Band: c.band, Cost: c.cost, BodyBytes: int64(len(a.body)),
-		Arrival: arrival, Deadline: c.deadline, Payload: c,
-		Deferred: !e.loopOnly, // dispatchInline below, then Wake
-	})
+	c.bodyBytes = int64(len(a.body))
+	qr := c.queueRequest()
+	qr.Deferred = !e.loopOnly // dispatchInline below, then Wake
+	it, err := e.q.Enqueue(qr)
 	if err != nil {
 		e.movePool(c, gate.SpotNone)
 		c.traceErr(err)
@@ -223,7 +228,7 @@ func (e *Engine) admit(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		e.forget(c)
 		return nil, err
 	}
-	c.handle = it.Handle
+	c.handle, c.qplace = it.Handle, it.Place
 	e.to(c, phaseQueued)
 	t.RT.Queued.Add(1)
 	e.countKey(c, "admitted")
@@ -545,10 +550,16 @@ func (e *Engine) release(c *call) {
 
 // end ends a call that failed before its answer opened, by how far it
 // got: one that never left the queue gives its holds back (release), one
-// dispatched settles as not sent (finish).
+// dispatched settles as not sent (finish), and so does one taken back
+// (settleTakenBack).
 func (e *Engine) end(c *call, err error) {
 	if c.phase == phaseReserved || c.phase == phaseQueued {
 		e.release(c)
+		e.forget(c)
+		return
+	}
+	if c.phase == phaseTakenBack {
+		e.settleTakenBack(c)
 		e.forget(c)
 		return
 	}
@@ -689,12 +700,21 @@ func minTime(a, b time.Time) time.Time {
 }
 
 func (e *Engine) markDispatched(c *call) error {
-	if c.outage {
-		return nil // no ledger record; the local concurrency cap applied
+	if c.outage || c.marked {
+		// No ledger record (the local concurrency cap applied), or one
+		// DISPATCHED already (taken back, takeback.go).
+		return nil
 	}
 	op := c.ledgerOp()
 	defer op.cancel()
 	err := e.led.MarkDispatched(op, c.ref, e.owner)
 	e.noteLedger("dispatch", err)
+	c.marked = err == nil
 	return err
+}
+
+// queueRequest is what the queue holds of c.
+func (c *call) queueRequest() queue.Request[*call] {
+	return queue.Request[*call]{Tenant: c.t.Name, Band: c.band, Cost: c.cost, BodyBytes: c.bodyBytes,
+		Arrival: c.arrival, Deadline: c.deadline, Payload: c}
 }

@@ -42,7 +42,11 @@
 //     non-streamed and its body passes through, or, when its cap is above
 //     upstream.non_streamed_interval and a stream carries it faithfully,
 //     as a stream of that interval whose body Sluice re-assembles, so that
-//     an abort has usage to settle from (upstream.go).
+//     an abort has usage to settle from (upstream.go). A stream counts as
+//     started with its first event (vLLM sends it with the first output):
+//     until then it may wait in the replica's queue, and a tenant's above
+//     its fair share is taken back into Sluice's queue when a scrape shows
+//     the replica full (takeback.go).
 //  7. Settle: once, from vLLM's final usage or, for an aborted stream, the
 //     last cumulative usage plus one stream interval per unfinished choice
 //     (allowanceFor); a non-streamed request that reported nothing is

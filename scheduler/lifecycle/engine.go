@@ -135,10 +135,13 @@ type Engine struct {
 	draining *atomic.Bool
 	wake     chan struct{} // size 1: room freed, dispatch may proceed
 
-	mu      sync.Mutex // guards running, queued
+	mu      sync.Mutex // guards running, queued, unstarted
 	running map[*call]struct{}
 	queued  map[*call]struct{}
-	idle    *sync.Cond // signalled when running and queued both empty
+	// unstarted: streams sent whose first event has not come, with the
+	// cancel that takes each back (takeback.go).
+	unstarted map[*call]context.CancelCauseFunc
+	idle      *sync.Cond // signalled when running and queued both empty
 
 	usage   sync.Map  // usageKey → *usageCounters (usage.go)
 	started time.Time // when New ran: usage counts start
@@ -158,6 +161,7 @@ func New(d Deps) (*Engine, error) {
 		wake:      make(chan struct{}, 1),
 		running:   map[*call]struct{}{},
 		queued:    map[*call]struct{}{},
+		unstarted: map[*call]context.CancelCauseFunc{},
 		wfs:       workflows{m: map[string]*workflow{}},
 		onIllegal: panicInTests(),
 	}

@@ -133,6 +133,9 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	t.Cleanup(cancel)
 	go s.dispatchLoop(ctx)
 	pol := s.pol.Load()
+	events := strings.SplitAfter(lifecycletest.SSECompletion(8), "\n\n")
+	// Start returns with the stream's first event read (Engine.first).
+	go func() { _, _ = io.WriteString(pw, events[0]) }()
 	tk, err := s.begin(context.Background(), pol.Tenants["acme"], pol,
 		admission{ep: vllm.EndpointChat, body: lifecycletest.ChatBody(`,"stream":true`), reqID: "r"})
 	require.NoError(t, err)
@@ -143,9 +146,6 @@ func TestStalledStreamReaderEndsAtWriteDeadline(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { tk.Finish(out); done <- out.err }()
 
-	events := strings.SplitAfter(lifecycletest.SSECompletion(8), "\n\n")
-	_, err = io.WriteString(pw, events[0])
-	require.NoError(t, err)
 	got := make([]byte, 4096)
 	n, err := client.Read(got) // the client reads the first event
 	require.NoError(t, err)

@@ -16,8 +16,10 @@ import (
 
 // execute sends the call upstream: on the chosen replica, or on another
 // with room if the chosen one refused the connection before any byte was
-// sent. It returns with the answer open (200 headers received: c.stream
-// for chat and completions, c.resp for the other endpoints) or an error.
+// sent. It returns with the answer open (c.stream for chat and
+// completions, its first event read; c.resp for the other endpoints, 200
+// headers received), errTakenBack when the replica kept it waiting and it
+// was taken back (takeback.go), or another error.
 func (e *Engine) execute(c *call) error {
 	c.upInterval = upstreamInterval(c)
 	body := make([]byte, 0, len(c.req.Body())+128)
@@ -35,9 +37,10 @@ func (e *Engine) execute(c *call) error {
 		if err == nil {
 			e.to(c, phaseStreaming)
 			c.sent = true
-			c.firstByte = e.now()
-			e.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
 			return nil
+		}
+		if errors.Is(err, errTakenBack) {
+			return err // begin queues it again (takeback.go)
 		}
 		var ue *vllm.UpstreamError
 		retry := errors.Is(err, vllm.ErrNotSent) || (errors.As(err, &ue) && ue.Retryable())
@@ -80,23 +83,42 @@ func upstreamBody(c *call, dst []byte) []byte {
 	return c.req.RewriteWith(dst, c.plan.UpstreamCap(), c.rewriteOptions())
 }
 
-// open sends body to c's replica once and keeps the answer it opened.
+// open sends body to c's replica once and keeps the answer it opened: a
+// stream once its first event arrived (first).
 func (e *Engine) open(c *call, body []byte) error {
 	if isOther(c.ep) {
 		resp, err := e.up.Post(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID) //nolint:bodyclose // closed by finish
 		if err == nil {
+			e.firstByte(c)
 			c.resp = resp
 		}
 		return err
 	}
-	st, err := e.up.Stream(c.ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
-	if err == nil && c.upInterval > 0 {
-		err = c.peekRefusal(st)
+	ctx, takeBack := c.ctx, context.CancelCauseFunc(nil)
+	if takeBackOn(c.pol) {
+		// Its own context, so that taking it back aborts this attempt
+		// alone; the call's ending still cancels it.
+		ctx, takeBack = context.WithCancelCause(c.ctx)
 	}
-	if err == nil {
-		c.stream = st
+	st, err := e.up.Stream(ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
+	if err != nil {
+		if takeBack != nil {
+			takeBack(nil)
+		}
+		return err
 	}
-	return err
+	e.firstByte(c)
+	if err := e.first(c, st, ctx, takeBack); err != nil {
+		return err
+	}
+	c.stream = st
+	return nil
+}
+
+// firstByte notes that c's replica answered (its headers).
+func (e *Engine) firstByte(c *call) {
+	c.firstByte = e.now()
+	e.upLatency(c.rep).Observe(c.firstByte.Sub(c.dispatchAt).Seconds())
 }
 
 // moveClock restarts GPU-ms attribution on the replica that will run c.

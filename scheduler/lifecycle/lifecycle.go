@@ -7,11 +7,20 @@ import (
 
 // phase is a call's place in its lifecycle:
 //
-//	new ─reserve─▶ reserved ─enqueue─▶ queued ─slot─▶ dispatched ─200─▶ streaming
-//	                  │                   │  ◀─slot denied─┘  │              │
-//	                  └──────┬────────────┘                   └──────┬───────┘
-//	                         ▼                                       ▼
-//	                  released | unresolved                 settled | unresolved
+//	new ─reserve─▶ reserved ─enqueue─▶ queued ─slot─▶ dispatched ─first─▶ streaming
+//	                  │                   │  ◀─slot denied─┘ │  ▲             │
+//	                  │                   │     taken back ▼ │  │ slot        │
+//	                  │                   │               taken_back          │
+//	                  └──────┬────────────┘                  └──────┬─────────┘
+//	                         ▼                                      ▼
+//	                  released | unresolved                settled | unresolved
+//
+// A call goes from dispatched to streaming with its answer's first event
+// (a stream) or its 200 headers (the other endpoints). taken_back: the
+// replica kept it waiting and it was taken back (takeback.go); it waits in
+// the queue again with its ledger record DISPATCHED, so it is dispatched
+// again without a second MarkDispatched, or ends settled at zero as not
+// sent (a queued call, by contrast, is released, never settled).
 //
 // released: never dispatched, the hold is gone. settled: the usage is
 // charged. unresolved: the ending was handed to the outbox (the store did
@@ -29,13 +38,14 @@ const (
 	phaseQueued
 	phaseDispatched
 	phaseStreaming
+	phaseTakenBack
 	phaseReleased
 	phaseSettled
 	phaseUnresolved
 	numPhases
 )
 
-var phaseNames = [numPhases]string{"new", "reserved", "queued", "dispatched", "streaming", "released", "settled", "unresolved"}
+var phaseNames = [numPhases]string{"new", "reserved", "queued", "dispatched", "streaming", "taken_back", "released", "settled", "unresolved"}
 
 func (p phase) String() string {
 	if p < numPhases {
@@ -56,6 +66,9 @@ var transitions = func() (t [numPhases][numPhases]bool) {
 		{phaseQueued, phaseDispatched},
 		{phaseQueued, phaseReleased}, {phaseQueued, phaseUnresolved},
 		{phaseDispatched, phaseStreaming},
+		{phaseDispatched, phaseTakenBack}, // takeback.go
+		{phaseTakenBack, phaseDispatched},
+		{phaseTakenBack, phaseSettled}, {phaseTakenBack, phaseUnresolved},
 		{phaseDispatched, phaseSettled}, {phaseDispatched, phaseUnresolved},
 		{phaseStreaming, phaseSettled}, {phaseStreaming, phaseUnresolved},
 	} {

@@ -55,7 +55,7 @@ func (e *Engine) pump(c *call, w io.Writer, conn WriteDeadliner) Outcome {
 	defer c.stream.BeforeRead(nil)
 
 	for {
-		ev, err := c.stream.Next()
+		ev, err := c.next()
 		if err != nil {
 			flush() // what was read goes out before the end or the error event
 		}

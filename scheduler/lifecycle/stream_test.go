@@ -140,14 +140,16 @@ func (u *pipeUpstream) Stream(context.Context, string, string, []byte, string) (
 // while the replica has not yet sent event k+1.
 func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 	pr, pw := io.Pipe()
+	events := strings.SplitAfter(lifecycletest.SSECompletion(2), "\n\n")
+	events = events[:len(events)-1] // SplitAfter's empty tail
+	require.Len(t, events, 5)
+	// Start returns with the stream's first event read (Engine.first).
+	go func() { _, _ = io.WriteString(pw, events[0]) }()
 	_, led, tk := streamedCall(t, &pipeUpstream{pr: pr})
 	w := &writeLog{writes: make(chan string, 16)}
 	done := make(chan Outcome, 1)
 	go func() { done <- tk.Finish(&writerSink{w: w}) }()
 
-	events := strings.SplitAfter(lifecycletest.SSECompletion(2), "\n\n")
-	events = events[:len(events)-1] // SplitAfter's empty tail
-	require.Len(t, events, 5)
 	next := func() string {
 		t.Helper()
 		select {
@@ -159,8 +161,10 @@ func TestPumpWritesBeforeWaitingOnReplica(t *testing.T) {
 		}
 	}
 	for i, ev := range events[:2] { // two content chunks, one at a time
-		_, err := io.WriteString(pw, ev)
-		require.NoError(t, err)
+		if i > 0 {
+			_, err := io.WriteString(pw, ev)
+			require.NoError(t, err)
+		}
 		p := next()
 		assert.Equal(t, 1, strings.Count(p, "data: "), "event %d alone", i)
 		assert.Contains(t, p, `"content":"x"`)

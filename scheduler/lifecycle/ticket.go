@@ -62,12 +62,21 @@ func (e *Engine) begin(ctx context.Context, t *policy.Tenant, pol *policy.Snapsh
 		return nil, err
 	}
 	tk := &Ticket{e: e, c: c}
-	if err := e.await(c); err != nil {
+	for {
+		if err := e.await(c); err != nil {
+			tk.err = err
+			return tk, nil
+		}
+		err := e.execute(c) // Finish ends a call that failed here
+		if errors.Is(err, errTakenBack) {
+			err = e.takeBack(c)
+			if err == nil {
+				continue
+			}
+		}
 		tk.err = err
 		return tk, nil
 	}
-	tk.err = e.execute(c) // Finish ends a call that failed here
-	return tk, nil
 }
 
 // Streaming reports a call whose answer opened as a stream for the client:

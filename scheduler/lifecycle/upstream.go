@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/sluicehq/sluice/ledger"
@@ -204,24 +205,51 @@ func (c *call) minTokens() int64 {
 	return int64(c.req.MinTokens)
 }
 
-// peeked holds the first event of an evidence stream (upstreamInterval),
-// which execute reads before it counts the stream as opened.
+// peeked holds a stream's first event, which execute reads before it
+// counts the stream as opened (Engine.first).
 type peeked struct {
 	ev  vllm.Event
 	err error
 	ok  bool
 }
 
-// peekRefusal reads an evidence stream's first event. vLLM's engine refuses
-// a streamed request it cannot queue (503, a full waiting queue:
+// first reads a stream's first event before the call counts as started.
+// vLLM sends the 200 headers before the request enters its engine (the
+// handler returns a StreamingResponse whose generator has not run yet,
+// vllm/entrypoints/openai/api_server.py) and the first event only with the
+// first output (the chat role chunk goes out on the generator's first
+// iteration, vllm/entrypoints/openai/chat_completion/serving.py), so until
+// it arrives the request may be waiting in the replica's queue, where it
+// can be taken back (takeback.go): takeBack, when not nil, cancels ctx,
+// this attempt's context, for that.
+//
+// An evidence stream's refusal (upstreamInterval) is turned back into the
+// answer vLLM gives a non-streamed request: its engine refuses a streamed
+// request it cannot queue (503, a full waiting queue:
 // vllm/v1/engine/admission_control.py) with an error event after the 200
 // headers, where it answers a non-streamed request with a 503 response,
 // which another replica may take: such a first event is returned as that
 // non-streamed 503 (the stream closed), so that execute retries as it
-// would have. Anything else is kept for drainStream (call.next).
-func (c *call) peekRefusal(st *vllm.Stream) error {
+// would have. Anything else is kept for the reader (call.next).
+func (e *Engine) first(c *call, st *vllm.Stream, ctx context.Context, takeBack context.CancelCauseFunc) error {
+	if takeBack != nil {
+		e.mu.Lock()
+		e.unstarted[c] = takeBack
+		e.mu.Unlock()
+	}
 	ev, err := st.Next()
-	if err == nil && ev.Err != nil && ev.Err.Status == 503 {
+	if takeBack != nil {
+		e.mu.Lock()
+		delete(e.unstarted, c)
+		e.mu.Unlock()
+		// Taken back while registered (TakeBackWaiting cancels under
+		// e.mu), whatever the read returned: the abort is on its way.
+		if errors.Is(context.Cause(ctx), errTakenBack) {
+			_ = st.Close()
+			return errTakenBack
+		}
+	}
+	if c.upInterval > 0 && err == nil && ev.Err != nil && ev.Err.Status == 503 {
 		ue := *ev.Err
 		ue.InStream = false
 		_ = st.Close()

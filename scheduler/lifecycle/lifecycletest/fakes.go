@@ -37,6 +37,21 @@ type Ledger struct {
 	OnSettle   func(ctx context.Context, ref ledger.Ref) (ledger.Settlement, error, bool)
 	OnDispatch func(ctx context.Context, ref ledger.Ref) (error, bool)
 	calls      map[string]int
+	settled    map[ledger.RequestID]Settled
+}
+
+// Settled is what a Settle was asked to charge.
+type Settled struct {
+	Actual ledger.Amounts
+	Source ledger.Source
+}
+
+// SettledOf is the last Settle asked for id's record; false when none was.
+func (f *Ledger) SettledOf(id ledger.RequestID) (Settled, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.settled[id]
+	return s, ok
 }
 
 // NewLedger is a Ledger on a fresh Memory with a 60 s lease bound.
@@ -48,7 +63,9 @@ func NewLedger(t testing.TB) *Ledger {
 }
 
 // LedgerOn is a Ledger on m (a journal-backed Memory a test reopens).
-func LedgerOn(m *ledger.Memory) *Ledger { return &Ledger{Memory: m, calls: map[string]int{}} }
+func LedgerOn(m *ledger.Memory) *Ledger {
+	return &Ledger{Memory: m, calls: map[string]int{}, settled: map[ledger.RequestID]Settled{}}
+}
 
 func (f *Ledger) count(op string) {
 	f.mu.Lock()
@@ -126,6 +143,7 @@ func (f *Ledger) Release(ctx context.Context, ref ledger.Ref, owner ledger.Owner
 func (f *Ledger) Settle(ctx context.Context, ref ledger.Ref, actual ledger.Amounts, src ledger.Source) (ledger.Settlement, error) {
 	f.count("settle")
 	f.mu.Lock()
+	f.settled[ref.ID] = Settled{Actual: actual, Source: src}
 	h := f.OnSettle
 	f.mu.Unlock()
 	if h != nil {
@@ -142,15 +160,24 @@ func (f *Ledger) Charge(ctx context.Context, req ledger.ChargeRequest) (ledger.S
 }
 
 // Upstream answers every Stream with a completed vLLM stream of out
-// tokens, or, when gate is set, a stream that blocks until gate closes or
-// the call's context ends.
+// tokens, or, when gate is set, a stream that sends its role chunk (the
+// request started) and blocks until gate closes or the call's context
+// ends; with Queued too, it sends nothing before the gate (the request
+// waits in the replica's queue).
 type Upstream struct {
-	Runs  atomic.Int64 // Stream calls that reached the "replica"
-	Out   int
-	Gate  chan struct{}
-	Fail  error // returned by Stream and Post when set
-	Tools int   // tool calls in every answer of the other endpoints (Post)
+	Runs   atomic.Int64 // Stream calls that reached the "replica"
+	Out    int
+	Gate   chan struct{}
+	Queued bool
+	Fail   error // returned by Stream and Post when set
+	Tools  int   // tool calls in every answer of the other endpoints (Post)
+	// Aborted counts gated streams whose context ended before the gate.
+	Aborted atomic.Int64
 }
+
+// RoleChunk is vLLM's first chat chunk (it goes out with the first
+// output), with the continuous usage Sluice asks for.
+const RoleChunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":0,\"total_tokens\":5}}\n\n"
 
 func (u *Upstream) Stream(ctx context.Context, _, _ string, _ []byte, _ string) (*vllm.Stream, error) {
 	if u.Fail != nil {
@@ -163,11 +190,15 @@ func (u *Upstream) Stream(ctx context.Context, _, _ string, _ []byte, _ string) 
 	}
 	pr, pw := io.Pipe()
 	go func() {
+		if !u.Queued {
+			_, _ = io.WriteString(pw, RoleChunk)
+		}
 		select {
 		case <-u.Gate:
 			_, _ = io.WriteString(pw, body)
 			_ = pw.Close()
 		case <-ctx.Done():
+			u.Aborted.Add(1)
 			_ = pw.CloseWithError(context.Cause(ctx))
 		}
 	}()
