@@ -125,9 +125,9 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
 				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
 		}
-		if w := int64(m.CapacityWaiting().V); w > 0 && r.Learned() > 0 {
-			// Full at a known batch: what waits there is out of order
-			// (lifecycle/takeback.go).
+		if w := min(int64(m.CapacityWaiting().V), r.Excess()); w > 0 && r.Learned() > 0 {
+			// Full at a known batch: what of this instance's waits there
+			// is out of order (lifecycle/takeback.go).
 			s.TakeBackWaiting(r, w, mark.Sent())
 		}
 		if distrusted {

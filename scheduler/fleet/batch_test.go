@@ -184,3 +184,25 @@ func TestRampWhileLearning(t *testing.T) {
 	off := &Replica{Name: "r", MaxSeqs: 256}
 	assert.Equal(t, int64(256), off.BatchLimit(), "upstream.learn_ramp: 0")
 }
+
+// TestExcess: what this instance has on a replica past its room, which it
+// may take back (lifecycle/takeback.go): alone, its requests beyond the
+// learned batch; sharing the replica, its own beyond its share, however
+// many the others keep waiting there.
+func TestExcess(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	set, r := sizingSet(256)
+	for range 21 {
+		set.Take(Route{}, 10, nil)
+	}
+	scrapeRW(r, 16, 5, now)
+	scrapeRW(r, 16, 5, now.Add(time.Second))
+	assert.Equal(t, int64(16), r.Learned())
+	assert.Equal(t, int64(5), r.Excess(), "21 sent, 16 run")
+
+	r.Share.Store(8)
+	r.Count.Store(8)
+	assert.Zero(t, r.Excess(), "within its share: the waiting are another instance's")
+	r.Count.Store(13)
+	assert.Equal(t, int64(5), r.Excess())
+}

@@ -300,6 +300,18 @@ func (r *Replica) BatchLimit() int64 {
 	return lim
 }
 
+// Excess is how many of this instance's requests on r are past its room
+// there: beyond its share where other instances use r too (share.go),
+// else the batch estimate beyond the batch limit. Requests waiting inside
+// a replica that another instance overfilled are that instance's to take
+// back, not this one's.
+func (r *Replica) Excess() int64 {
+	if sh := r.Share.Load(); sh > 0 {
+		return max(r.Count.Load()-sh, 0)
+	}
+	return max(r.Seqs(true)-r.BatchLimit(), 0)
+}
+
 // ProbeExcess is how far r's batch limit is above its confirmed batch: a
 // probe upwards that no scrape has confirmed yet. The dispatch gate keeps
 // these sequences out of the light tenants' reserve (gate.FleetLoad.FitsBeyond): a probe

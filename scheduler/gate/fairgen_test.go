@@ -231,6 +231,7 @@ type fgReq struct {
 	t       *fgTenant
 	arrival time.Duration
 	out     int
+	place   uint64 // its queue place (queue.Item.Place), for a take-back
 }
 
 // fgResult is one run's outcome.
@@ -240,6 +241,7 @@ type fgResult struct {
 	earlyShed int   // expiries before their deadline
 	learned   int64 // the learned batch at the end (0: none)
 	maxInside int   // most requests waiting inside the replica
+	takenBack int   // requests taken back from inside the replica
 	scrapes   []time.Duration
 	fullAt    time.Duration // the first scrape that showed requests waiting; 0: none
 	learnedAt time.Duration // the scrape that first learned a batch; 0: none
@@ -274,7 +276,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 	}})
 	require.NoError(t, err)
-	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
+	// The replica as Sluice's defaults size it: the ramp while its batch
+	// is unlearned (upstream.learn_ramp).
+	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured, Ramp: config.DefaultLearnRamp}
 	var ev desEvents[*fgTenant]
 	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {
@@ -360,6 +364,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				return
 			}
 			q.Release(it.Handle)
+			it.Payload.place = it.Place
 			tn := it.Payload.t
 			tn.held++
 			tn.heldTokens += it.Payload.kvNeed()
@@ -373,6 +378,28 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				res.maxInside = max(res.maxInside, len(inside))
 			}
 		}
+	}
+	// takeBack is upstream.take_back_waiting (lifecycle/takeback.go) at a
+	// scrape of the learned replica: the requests waiting inside it of
+	// tenants above their fair share go back to their place in the queue.
+	takeBack := func() {
+		kept := inside[:0]
+		for _, r := range inside {
+			if g.WithinShare(r.t.name, r.t.weight) {
+				kept = append(kept, r)
+				continue
+			}
+			tn := r.t
+			tn.held--
+			tn.heldTokens -= r.kvNeed()
+			sent--
+			sentTokens -= r.kvNeed()
+			rep.Count.Add(-1)
+			_, err := q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*r.out), Arrival: t0.Add(r.arrival), Payload: r}, r.place)
+			require.NoError(t, err)
+			res.takenBack++
+		}
+		inside = kept
 	}
 	qd := func(name string) int {
 		st, _ := q.Stats(name)
@@ -442,6 +469,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				}
 				if res.learnedAt == 0 && rep.Learned() > 0 {
 					res.learnedAt = now
+				}
+				if !direct && rep.Learned() > 0 {
+					takeBack()
 				}
 			}
 			if now < sc.duration+sc.maxWait {
