@@ -94,7 +94,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 
 	stop := sampleWaiting(rep)
 	var flooded []time.Duration
-	for range 20 {
+	for range 30 {
 		flooded = append(flooded, n.ttftOf(t, keyBeta, light))
 	}
 	most, mean := stop()
@@ -112,8 +112,11 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	// on average). A flood is classified heavy once the gate has seen its
 	// rate for forecastWindow (scheduler/gate rateNow: a light tenant's burst
 	// must not read as a flood), so light requests in the flood's first
-	// seconds wait about one completion each (measured: the first 5 of 20,
-	// 0.37–0.41 s); none waits more, and from then on none waits one.
+	// seconds wait about one completion each (measured: 5 or 6 of the
+	// first 12, 0.31–0.41 s; with the ramp, upstream.learn_ramp, less of
+	// the flood waits in vLLM's queue, so this window starts sooner in
+	// the flood's first seconds); none waits more, and from then on none
+	// waits one.
 	assert.Less(t, flooded[len(flooded)-1], 700*time.Millisecond, "no light request waits more than about one flood completion")
 	assert.Less(t, later[len(later)*9/10], 250*time.Millisecond, "light tenant's TTFT protected once the flood is classified")
 }
