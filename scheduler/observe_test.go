@@ -113,3 +113,22 @@ func TestObserveLoopRunsAsPollsLand(t *testing.T) {
 		assert.NoError(t, <-done)
 	})
 }
+
+// TestRampNeedsTheLearningScrape: replicas ramp (upstream.learn_ramp) only
+// while the learning scrape runs: at the scrape interval the climb would
+// take seconds.
+func TestRampNeedsTheLearningScrape(t *testing.T) {
+	for _, c := range []struct {
+		ramp, want float64
+		learn      time.Duration
+	}{
+		{0.5, 0.5, 200 * time.Millisecond}, // the defaults
+		{0.25, 0.25, 200 * time.Millisecond},
+		{0.5, 0, time.Second}, // the learning scrape off: no ramp
+	} {
+		cfg := lifecycletest.Config(t, "", "")
+		*cfg.Upstream.LearnRamp, cfg.Upstream.LearnScrapeInterval = c.ramp, c.learn
+		s := newTestServer(t, cfg, lifecycletest.NewLedger(t), &lifecycletest.Upstream{Out: 1})
+		assert.Equal(t, c.want, s.reps.Get("r0").Ramp, "learn_ramp %v, learn_scrape_interval %v", c.ramp, c.learn)
+	}
+}

@@ -195,7 +195,9 @@ func New(cfg *config.File, deps Deps) (*Server, error) {
 		s.maxLease = 2 * cfg.Ledger.LeaseTTL
 	}
 	s.retention = cfg.Ledger.Retention()
-	if lr := cfg.Upstream.LearnRamp; lr != nil {
+	if lr := cfg.Upstream.LearnRamp; lr != nil && cfg.Upstream.LearnScrapeInterval < cfg.Upstream.ScrapeInterval {
+		// The ramp grows at each scrape: at the scrape interval its climb
+		// would take seconds, so it runs with the learning scrape only.
 		s.learnRamp = *lr
 	}
 	if err := s.checkLeaseConfig(cfg); err != nil {

@@ -276,9 +276,12 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 	}})
 	require.NoError(t, err)
-	// The replica as Sluice's defaults size it: the ramp while its batch
-	// is unlearned (upstream.learn_ramp).
-	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured, Ramp: config.DefaultLearnRamp}
+	// The replica as Sluice sizes it: the ramp while its batch is
+	// unlearned (upstream.learn_ramp), with the learning scrape only.
+	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
+	if sc.learn > 0 && sc.learn < sc.scrape {
+		rep.Ramp = config.DefaultLearnRamp
+	}
 	var ev desEvents[*fgTenant]
 	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {

@@ -108,7 +108,7 @@ func (e *Engine) open(c *call, body []byte) error {
 		return err
 	}
 	e.firstByte(c)
-	if err := e.first(c, st, ctx, takeBack); err != nil {
+	if err := e.first(ctx, c, st, takeBack); err != nil {
 		return err
 	}
 	c.stream = st

@@ -231,7 +231,7 @@ type peeked struct {
 // which another replica may take: such a first event is returned as that
 // non-streamed 503 (the stream closed), so that execute retries as it
 // would have. Anything else is kept for the reader (call.next).
-func (e *Engine) first(c *call, st *vllm.Stream, ctx context.Context, takeBack context.CancelCauseFunc) error {
+func (e *Engine) first(ctx context.Context, c *call, st *vllm.Stream, takeBack context.CancelCauseFunc) error {
 	if takeBack != nil {
 		e.mu.Lock()
 		e.unstarted[c] = takeBack
