@@ -178,6 +178,20 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 	t := f.t
 	nowN := q.clock.Now().UnixNano()
 	t.pending--
+	q.undoDispatchLocked(n)
+	t.counters.Requeued++
+	n.state = stateQueued
+	q.parkLocked(t, nowN)
+	q.insertLocked(n, nowN, false)
+	q.signalReady()
+	return true
+}
+
+// undoDispatchLocked takes back the charge dispatchLocked made for n: its
+// flow's counter and the charged and dispatched counts.
+func (q *Queue[T]) undoDispatchLocked(n *node[T]) {
+	f := n.f
+	t := f.t
 	f.v -= float64(n.cost) / t.cfg.Weight
 	f.charged -= n.cost
 	t.charged -= n.cost
@@ -185,12 +199,6 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
 	}
 	t.dispatched--
-	t.counters.Requeued++
-	n.state = stateQueued
-	q.parkLocked(t, nowN)
-	q.insertLocked(n, nowN, false)
-	q.signalReady()
-	return true
 }
 
 // Reconcile adjusts a flow's counter at completion by (actual − predicted)

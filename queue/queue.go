@@ -357,14 +357,7 @@ func (q *Queue[T]) TakeBack(r Request[T], place uint64) (Item[T], error) {
 		return Item[T]{}, fmt.Errorf("take back tenant %q: %w", r.Tenant, ErrUnknownTenant)
 	}
 	n := q.nodeLocked(t, r, now, place)
-	f := n.f
-	f.v -= float64(n.cost) / t.cfg.Weight
-	f.charged -= n.cost
-	t.charged -= n.cost
-	if q.fpos[f.id] >= 0 {
-		q.bands[f.band].heap.setKey(int(q.fpos[f.id]), f.v)
-	}
-	t.dispatched--
+	q.undoDispatchLocked(n)
 	t.counters.TakenBack++
 	q.insertLocked(n, now.UnixNano(), false)
 	return q.itemOf(n), nil
