@@ -174,8 +174,7 @@ func (q *Queue[T]) Requeue(h Handle[T]) bool {
 	if n == nil || n.gen != h.gen || n.state != stateDispatched {
 		return false
 	}
-	f := n.f
-	t := f.t
+	t := n.f.t
 	nowN := q.clock.Now().UnixNano()
 	t.pending--
 	q.undoDispatchLocked(n)
