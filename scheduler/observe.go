@@ -118,16 +118,18 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 	mark := r.MarkScrape(s.now())
 	return func(m *vllm.Metrics) {
 		learned0 := r.Learned()
-		distrusted := r.Install(m, mark, s.now())
+		now := s.now()
+		distrusted := r.Install(m, mark, now)
 		if l := r.Learned(); l != learned0 && (l == 0 || learned0 == 0 || l < learned0) {
 			// Learned, lowered or forgotten: worth a line; a probe upwards
 			// is not.
 			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
 				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
 		}
-		if w := min(int64(m.CapacityWaiting().V), r.Excess()); w > 0 && r.Learned() > 0 {
-			// Full at a known batch: what of this instance's waits there
-			// is out of order (lifecycle/takeback.go).
+		if w := min(int64(m.CapacityWaiting().V), r.Excess()); w > 0 && r.ConfirmedBy(now) {
+			// Full at a batch this scrape confirmed: what of this
+			// instance's waits there is out of order
+			// (lifecycle/takeback.go).
 			s.TakeBackWaiting(r, w, mark.Sent())
 		}
 		if distrusted {

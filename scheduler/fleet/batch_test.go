@@ -196,9 +196,13 @@ func TestExcess(t *testing.T) {
 		set.Take(Route{}, 10, nil)
 	}
 	scrapeRW(r, 16, 5, now)
+	assert.False(t, r.ConfirmedBy(now), "one full scrape confirms nothing: take nothing back")
 	scrapeRW(r, 16, 5, now.Add(time.Second))
 	assert.Equal(t, int64(16), r.Learned())
+	assert.True(t, r.ConfirmedBy(now.Add(time.Second)), "the pair's second scrape")
 	assert.Equal(t, int64(5), r.Excess(), "21 sent, 16 run")
+	scrapeRW(r, 16, 0, now.Add(2*time.Second))
+	assert.False(t, r.ConfirmedBy(now.Add(2*time.Second)))
 
 	r.Share.Store(8)
 	r.Count.Store(8)

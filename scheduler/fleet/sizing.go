@@ -239,6 +239,19 @@ func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 // fewer engine steps at the fast cadence; a batch learned too low from one
 // is probed back up after probeHold.
 
+// ConfirmedBy reports whether the scrape installed at now confirmed r's
+// batch: the second of a pair of full scrapes. What still waits inside
+// the replica then is out of order (lifecycle/takeback.go); after one full
+// scrape it may be a transient, and taking it back then would also keep
+// the pair from ever forming (the second scrape would find nothing
+// waiting), so that a probe past the batch would go on being sent and
+// taken back every other scrape instead of being confirmed away.
+func (r *Replica) ConfirmedBy(now time.Time) bool {
+	r.batch.mu.Lock()
+	defer r.batch.mu.Unlock()
+	return r.batch.confirmedAt.Equal(now) && r.batch.learned.Load() > 0
+}
+
 // LearningBatch reports whether r is to be scraped fast (above).
 func (r *Replica) LearningBatch() bool {
 	n := r.Count.Load()

@@ -473,7 +473,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				if res.learnedAt == 0 && rep.Learned() > 0 {
 					res.learnedAt = now
 				}
-				if !direct && rep.Learned() > 0 {
+				if !direct && rep.ConfirmedBy(clk.Now()) {
 					takeBack()
 				}
 			}

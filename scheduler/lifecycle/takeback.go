@@ -17,11 +17,12 @@ import (
 // of lighter tenants' requests that Sluice would have sent first. That
 // happens whenever the batch was unknown or grew smaller (a flood
 // overfills an unlearned replica within one scrape interval), and for a
-// probe past it. So when a scrape of a replica whose batch is learned
-// shows requests waiting for room, this instance takes back the newest of
-// its own requests there that have had no first event (vLLM sends it with
-// the first output: Engine.first), as many as wait, of tenants above their
-// fair share of the pool. Each goes back to its place in its tenant's
+// probe past it. So when a scrape confirms a replica's batch (the second
+// of a pair that shows requests waiting for room), this instance takes
+// back the newest of its own requests there that have had no first event
+// (vLLM sends it with the first output: Engine.first), as many as wait
+// and no more than it has there past its room (fleet.Replica.Excess), of
+// tenants above their fair share of the pool. Each goes back to its place in its tenant's
 // queue, with its deadline and its ledger record (still DISPATCHED, so no
 // second MarkDispatched), and its replica room, in-flight counts and
 // dispatch charge are given back; the dispatch gate then sends it again
@@ -32,10 +33,10 @@ import (
 // order, but not exactly: one whose prefill started between the scrape
 // and the abort loses that prefill, which it then runs again (charged
 // once, by the attempt that runs). A light tenant's requests are never
-// taken back (they would only wait longer), nor is anything on a replica
-// still learning its batch: one scrape with requests waiting may be a
-// transient (a burst of prefills waiting for the step's token budget), and
-// the pair that learns the batch (fleet/sizing.go) is what tells them apart.
+// taken back (they would only wait longer), nor is anything on one
+// scrape with requests waiting: it may be a transient (a burst of prefills
+// waiting for the step's token budget), and the pair that learns the batch
+// (fleet/sizing.go, ConfirmedBy) is what tells them apart.
 
 // errTakenBack is the cause that aborts an attempt taken back.
 var errTakenBack = errors.New("taken back: the replica kept it waiting")
@@ -49,8 +50,8 @@ func takeBackOn(pol *policy.Snapshot) bool {
 // TakeBackWaiting takes back up to waiting of this instance's requests on
 // r (sent before its scrape was asked for: seq ≤ sentBefore) that have had
 // no first event, newest first, of tenants above their fair share (above).
-// The scrape hook calls it for a scrape showing waiting requests on a
-// replica whose batch is learned. It reports how many it took back.
+// The scrape hook calls it for a scrape that confirmed r's batch with
+// requests waiting. It reports how many it took back.
 func (e *Engine) TakeBackWaiting(r *fleet.Replica, waiting, sentBefore int64) int {
 	if waiting <= 0 || !takeBackOn(e.pol.Load()) {
 		return 0
