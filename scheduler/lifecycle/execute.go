@@ -95,9 +95,10 @@ func (e *Engine) open(c *call, body []byte) error {
 		return err
 	}
 	ctx, takeBack := c.ctx, context.CancelCauseFunc(nil)
-	if takeBackOn(c.pol) {
+	if takeBackOn(c.pol) && (c.req.Stream || c.upInterval > 0) {
 		// Its own context, so that taking it back aborts this attempt
-		// alone; the call's ending still cancels it.
+		// alone; the call's ending still cancels it. A request sent
+		// non-streamed is answered only once it ran: nothing to take back.
 		ctx, takeBack = context.WithCancelCause(c.ctx)
 	}
 	st, err := e.up.Stream(ctx, c.rep.URL, c.ep.Path(), body, c.reqID)
