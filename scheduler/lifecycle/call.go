@@ -96,7 +96,6 @@ type call struct {
 	upInterval int            // > 0: a non-streamed request sent upstream as a stream of this interval
 	peeked     peeked         // a stream's first event, read by execute (Engine.first)
 	sent       bool           // a request may have reached the replica
-	marked     bool           // its ledger record is DISPATCHED (MarkDispatched acknowledged)
 	usage      vllm.Usage
 	abortCause string
 	actualCost int64
@@ -700,7 +699,7 @@ func minTime(a, b time.Time) time.Time {
 }
 
 func (e *Engine) markDispatched(c *call) error {
-	if c.outage || c.marked {
+	if c.outage || c.phase == phaseTakenBack {
 		// No ledger record (the local concurrency cap applied), or one
 		// DISPATCHED already (taken back, takeback.go).
 		return nil
@@ -709,7 +708,6 @@ func (e *Engine) markDispatched(c *call) error {
 	defer op.cancel()
 	err := e.led.MarkDispatched(op, c.ref, e.owner)
 	e.noteLedger("dispatch", err)
-	c.marked = err == nil
 	return err
 }
 
