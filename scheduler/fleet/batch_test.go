@@ -57,6 +57,50 @@ func TestLearnedBatch(t *testing.T) {
 	assert.Equal(t, int64(1), r2.BatchLimit(), "never below one")
 }
 
+// TestLearnedBatchRecurs: short requests drain what waits within a scrape
+// interval, so a full scrape is followed by one with nothing waiting and
+// the consecutive pair never forms. A full scrape at exactly the running
+// count of a recent one, with no scrape between them showing more
+// running, teaches the batch and confirms it; a scrape between that shows
+// room past it, a different count, or more than recurScrapes between
+// teaches nothing.
+func TestLearnedBatchRecurs(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	at := func(i int) time.Time { return now.Add(time.Duration(i) * 200 * time.Millisecond) }
+
+	_, r := sizingSet(256)
+	scrapeRW(r, 8, 4, at(0))
+	scrapeRW(r, 8, 0, at(1))
+	assert.Zero(t, r.Learned(), "drained: one full scrape is not proof")
+	scrapeRW(r, 7, 0, at(2))
+	scrapeRW(r, 8, 3, at(3))
+	assert.Equal(t, int64(8), r.Learned(), "full again at 8, nothing between ran more")
+	assert.True(t, r.ConfirmedBy(at(3)), "the recurrence confirms the batch (what waits is taken back)")
+
+	_, r = sizingSet(256)
+	scrapeRW(r, 8, 4, at(0))
+	scrapeRW(r, 10, 0, at(1))
+	scrapeRW(r, 8, 2, at(2))
+	assert.Zero(t, r.Learned(), "10 ran with nothing waiting between: the first was a transient")
+
+	_, r = sizingSet(256)
+	scrapeRW(r, 8, 4, at(0))
+	scrapeRW(r, 6, 0, at(1))
+	scrapeRW(r, 7, 2, at(2))
+	assert.Zero(t, r.Learned(), "full at 8 and then at 7, not in a row")
+
+	_, r = sizingSet(256)
+	scrapeRW(r, 8, 4, at(0))
+	for i := 1; i <= recurScrapes; i++ {
+		scrapeRW(r, 6, 0, at(i))
+	}
+	scrapeRW(r, 8, 4, at(recurScrapes+1))
+	assert.Zero(t, r.Learned(), "more than recurScrapes apart")
+	scrapeRW(r, 6, 0, at(recurScrapes+2))
+	scrapeRW(r, 8, 1, at(recurScrapes+3))
+	assert.Equal(t, int64(8), r.Learned())
+}
+
 // TestOneFullScrapeStopsDispatch: before any batch is learned, one scrape
 // that shows requests waiting for room stops dispatch at the running count
 // it shows until the next scrape, so a flood does not keep filling vLLM's

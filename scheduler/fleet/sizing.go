@@ -83,6 +83,11 @@ type batch struct {
 	full        bool
 	fullRunning int64
 	confirmedAt time.Time
+	// recur is the running count of the last full scrape while no scrape
+	// since has shown more running, for the recurLeft scrapes after it
+	// (recurScrapes); 0 none.
+	recur     int64
+	recurLeft int
 	// stop is fullRunning (at least 1) while the last scrape showed
 	// requests waiting for room, else 0: BatchLimit until the next scrape.
 	stop atomic.Int64
@@ -156,7 +161,13 @@ func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (dist
 // still has room. So a batch is learned from two scrapes in a row that
 // both show waiting requests, the second with no more running than the
 // first (running flat or falling: the replica admits nothing more):
-// learned = the first's running count, within [1, max_num_seqs]. A learned batch
+// learned = the first's running count, within [1, max_num_seqs]. Short
+// requests rarely give that pair: what waits drains within an interval,
+// so the scrape after a full one shows nothing waiting, the stop lifts,
+// and the ramp (or a probe) overfills again. So a full scrape at exactly
+// the running count of one at most recurScrapes before it, with no scrape
+// between them showing more running, is proof as well: a transient
+// recurs at the same count by chance, a batch by its nature. A learned batch
 // is probed upwards, since a replica's batch can grow (a restart with a
 // larger --max-num-seqs, a KV-bound batch whose long requests ended):
 // once probeHold has passed since the last confirmation, each scrape
@@ -167,6 +178,11 @@ func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (dist
 // that is two scrape intervals in every probeHold. Reaching max_num_seqs
 // forgets the learned batch.
 const probeHold = 30 * time.Second
+
+// recurScrapes is how many scrapes apart two full ones at the same
+// running count may be and still prove the batch (above): the ramp
+// overfills again at the second scrape after a stop lifts.
+const recurScrapes = 4
 
 // One scrape that shows requests waiting for room stops dispatch there
 // at its running count (stop) until the next scrape, learned batch or
@@ -195,9 +211,17 @@ func (r *Replica) LearnBatch(running, waiting int64, now time.Time) {
 // learned batch. b.mu is held.
 func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 	b := &r.batch
+	if b.recur > 0 {
+		if b.recurLeft--; b.recurLeft < 0 {
+			b.recur = 0
+		}
+	}
 	if waiting <= 0 {
 		b.stop.Store(0)
 		b.full = false
+		if running > b.recur {
+			b.recur = 0 // room past it: that full scrape was a transient
+		}
 		if running > b.roomSeen.Load() {
 			b.roomSeen.Store(running)
 		}
@@ -211,16 +235,24 @@ func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 		}
 		return
 	}
-	if b.full && running <= b.fullRunning {
+	learn, proof := int64(0), false
+	switch {
+	case b.full && running <= b.fullRunning:
 		// The larger of the pair: a batch that fell while requests wait
 		// (preemptions as the KV cache fills) ran the first count a scrape
 		// ago; the KV sizing (gpu, overcommit) answers the rest. A batch
 		// that really shrank shows the smaller count in the next pair.
-		b.learned.Store(min(max(b.fullRunning, 1), r.MaxSeqs))
+		learn, proof = b.fullRunning, true
+	case b.recur > 0 && running == b.recur:
+		learn, proof = running, true
+	}
+	if proof {
+		b.learned.Store(min(max(learn, 1), r.MaxSeqs))
 		b.confirmed.Store(b.learned.Load())
 		b.confirmedAt = now
 	}
 	b.full, b.fullRunning = true, running
+	b.recur, b.recurLeft = running, recurScrapes
 	b.stop.Store(min(max(running, 1), r.MaxSeqs))
 }
 

@@ -185,3 +185,55 @@ func TestLearnedBatchTwoInstances(t *testing.T) {
 	assert.Equal(t, int64(8), q.mostRunning, "the two instances' shares fill the batch")
 	assert.Greater(t, q.meanRunning, 6.5, "the batch stays near full")
 }
+
+// TestLearnedBatchShortRequests: requests of about 200 ms, a flood at
+// twice the capacity of a replica whose batch is 8 (max_num_seqs left
+// out, the default scrape cadences). What waits inside vLLM drains within
+// a fast scrape interval, so the scrape after a full one shows nothing
+// waiting and the consecutive pair never forms; the ramp then overfills
+// again. The batch is learned from two full scrapes at the same running
+// count (fleet/sizing.go, recurScrapes), and from then on vLLM's queue
+// stays near empty.
+func TestLearnedBatchShortRequests(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 8, 10*time.Millisecond
+	rep := startSim(t, sc)
+	cfg := nodeConfig(t, []*simReplica{rep}, "", "")
+	cfg.Upstream.ScrapeInterval = time.Second // the defaults: the learning scrape, so the ramp
+	n := startNode(t, cfg)
+	flood := `{"model":"sim-model","prompt":"flood","max_tokens":20,"ignore_eos":true,"stream":true}`
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// 80 requests a second, open loop: twice the 8 / 200 ms it serves.
+		tick := time.NewTicker(12500 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(flood))
+				req.Header.Set("Authorization", "Bearer "+keyAcme)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+	})
+	defer func() { cancel(); wg.Wait() }()
+
+	eventually(t, "batch learned", func() bool {
+		return n.metric(t, "sluice_replica_learned_batch", map[string]string{"replica": "r0"}) == 8
+	})
+	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
+	stop := sampleWaiting(rep)
+	time.Sleep(1500 * time.Millisecond) // the span sampled, not a wait for a state
+	most, mean := stop()
+	t.Logf("vLLM waiting over 1.5 s with the batch learned: mean %.3f most %d", mean, most)
+	assert.Less(t, mean, 0.1, "nothing stands in vLLM's queue")
+}
