@@ -649,6 +649,7 @@ func (e *Engine) await(c *call) (err error) {
 			return err
 		}
 		c.rep = rep
+		again := !c.dispatchAt.IsZero() // taken back and sent again
 		c.dispatchAt = e.now()
 		e.to(c, phaseDispatched)
 		c.t.RT.Inflight.Add(1)
@@ -656,7 +657,11 @@ func (e *Engine) await(c *call) (err error) {
 		c.t.RT.InflightTokens.Add(c.size)
 		ts := seriesOf(c.t, e.m)
 		ts.inflight.Inc()
-		ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
+		if !again {
+			// One sample per request: a request taken back counted its
+			// wait when it was first sent.
+			ts.queueWait.Observe(c.dispatchAt.Sub(c.arrival).Seconds())
+		}
 		e.mu.Lock()
 		delete(e.queued, c)
 		e.running[c] = struct{}{}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -157,6 +158,9 @@ func TestTakeBackWaiting(t *testing.T) {
 	}
 	assert.Equal(t, 3, led.N("settle"), "each call settled once")
 	assert.Equal(t, 3, led.N("dispatch"), "one MarkDispatched per call, taken back or not")
+	var qw dto.Metric
+	require.NoError(t, e.m.QueueWait.WithLabelValues("acme").(prometheus.Histogram).Write(&qw))
+	assert.Equal(t, uint64(3), qw.GetHistogram().GetSampleCount(), "one queue-wait sample per call, taken back or not")
 	assert.Zero(t, e.pol.Load().Tenants["acme"].RT.Inflight.Load())
 	assert.Zero(t, e.reps.Get("r0").Count.Load())
 }
