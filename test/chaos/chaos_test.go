@@ -229,8 +229,11 @@ type plan struct {
 	instances int
 	traffic   time.Duration
 	replicas  []sim.Faults
-	events    []event
-	ops       map[int]*opSpec
+	// batch is the sequences each replica really runs; Sluice's config
+	// leaves max_num_seqs at its default, so it learns them.
+	batch  int
+	events []event
+	ops    map[int]*opSpec
 }
 
 func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan {
@@ -238,6 +241,16 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 	p := &plan{seed: seed, backend: backend, instances: 1, traffic: traffic, ops: map[int]*opSpec{}}
 	if backend != "memory" {
 		p.instances = 2
+	}
+	// One seed in three runs replicas whose batch (1) is below the
+	// tenants' caps summed, with longer generations, the default scrape
+	// cadences and a burst of acme's streams first: the pool is
+	// overloaded, the batch is learned under faults, and what waits inside
+	// a replica is taken back (SCHEDULING §7). Drawn from its own stream,
+	// so that the other seeds' plans stay as they were.
+	p.batch = 16
+	if rand.New(rand.NewPCG(seed, stream^0xba7c)).IntN(3) == 0 {
+		p.batch = 1
 	}
 	for range 2 {
 		var f sim.Faults
@@ -313,6 +326,16 @@ func makePlan(seed, stream uint64, backend string, traffic time.Duration) *plan 
 			}
 			p.ops[id] = o
 			p.events = append(p.events, event{at: t0 + time.Duration(k)*20*time.Millisecond, kind: evAttempt, op: o})
+		}
+	}
+	if p.batch < 16 {
+		// A batch job: a burst of acme's streams at the start, over
+		// replicas whose batch is not learned yet.
+		for range 12 {
+			id++
+			o := &opSpec{id: id, tenant: "acme", kind: kChat, stream: true, n: 1, words: 8, maxTokens: 32}
+			p.ops[id] = o
+			p.events = append(p.events, event{kind: evAttempt, op: o, inst: rng.IntN(p.instances)})
 		}
 	}
 	// Traffic: Poisson arrivals at about 30 attempts/s.
@@ -393,6 +416,7 @@ type result struct {
 	sent      time.Time
 	status    int
 	code      string        // error code of a refusal or of a stream's error event
+	reason    string        // a refusal's details.reason
 	transport string        // transport error, if any
 	done      bool          // stream: [DONE] arrived
 	cancelled bool          // the client left on purpose
@@ -424,10 +448,13 @@ func newWorld(t *testing.T, p *plan) *world {
 	w.budgetX.Store(tenantByName("beta").tokens)
 	for i, f := range p.replicas {
 		cfg := sim.DefaultConfig()
-		cfg.MaxNumSeqs = 16
+		cfg.MaxNumSeqs = p.batch
 		cfg.OutputLenMax = 32
 		cfg.MaxModelLen = 16384 // a hidden prompt of hiddenWords fits: the replica runs what it is sent
 		cfg.DecodeStep = 3 * time.Millisecond
+		if p.batch < 16 {
+			cfg.DecodeStep = 10 * time.Millisecond // what waits still waits at the scrape that learns the batch
+		}
 		cfg.Seed = int64(p.seed)
 		cfg.ReplicaIndex = i
 		cfg.ServedModelNames = []string{otherModel}
@@ -479,7 +506,11 @@ func (w *world) writeConfig(i int, withLate bool) {
 	} else {
 		fmt.Fprintf(&b, "  backend: memory\n  journal: %q\n", filepath.Join(w.dir, "journal"))
 	}
-	b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
+	if w.p.batch < 16 {
+		b.WriteString("upstream:\n  replicas:\n") // the default cadences: the learning scrape and the ramp
+	} else {
+		b.WriteString("upstream:\n  scrape_interval: 50ms\n  replicas:\n")
+	}
 	for j, u := range w.reps {
 		fmt.Fprintf(&b, "    - {name: r%d, url: %q}\n", j, u)
 	}
@@ -663,11 +694,14 @@ func (w *world) attempt(ev event) {
 		b, _ := io.ReadAll(resp.Body)
 		var e struct {
 			Error struct {
-				Code any `json:"code"`
+				Code    any `json:"code"`
+				Details struct {
+					Reason string `json:"reason"`
+				} `json:"details"`
 			} `json:"error"`
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.Code != nil {
-			r.code = fmt.Sprint(e.Error.Code)
+			r.code, r.reason = fmt.Sprint(e.Error.Code), e.Error.Details.Reason
 		}
 		return
 	}
@@ -719,7 +753,7 @@ func (w *world) eventLog(violations []string) string {
 	for _, a := range w.applied {
 		b.WriteString("  applied " + a + "\n")
 	}
-	fmt.Fprintf(&b, "  (%d attempts; replicas' faults %+v; reply loss dropped %d)\n", len(w.results), w.p.replicas, w.lostReplies())
+	fmt.Fprintf(&b, "  (%d attempts; replicas' batch %d, faults %+v; reply loss dropped %d)\n", len(w.results), w.p.batch, w.p.replicas, w.lostReplies())
 	return b.String()
 }
 
@@ -791,6 +825,7 @@ func (w *world) check() []string {
 	execs := slices.Clone(w.log.execs)
 	w.log.mu.Unlock()
 	perOp := map[int]int{}
+	v = append(v, w.markTakenBack(execs, byOp)...)
 	type span struct{ a, b time.Time }
 	spans := map[string][]span{}
 	for _, ex := range execs {
@@ -828,7 +863,7 @@ func (w *world) check() []string {
 	})
 	for _, ex := range execs {
 		o := w.p.ops[ex.op]
-		if o == nil || !ex.gone || o.timeout > 0 || storeFaults {
+		if o == nil || !ex.gone || ex.takenBack || o.timeout > 0 || storeFaults {
 			continue
 		}
 		if !slices.ContainsFunc(byOp[o.id], func(r *result) bool { return r.cancelled || r.killed }) {
@@ -882,8 +917,71 @@ const deadlineSlack = 250 * time.Millisecond
 
 // executed reports whether a replica worked on the request: it answered 200
 // or was left before writing anything (queued or in prefill); an error
-// status before any output is a refusal.
-func executed(ex *execution) bool { return ex.status == http.StatusOK || ex.status == 0 }
+// status before any output is a refusal, and an attempt taken back waited
+// in the replica's queue and was charged nothing.
+func executed(ex *execution) bool {
+	return !ex.takenBack && (ex.status == http.StatusOK || ex.status == 0)
+}
+
+// markTakenBack finds the attempts Sluice took back from a replica's
+// queue (SCHEDULING §7). A take-back is possible only where a replica's
+// batch is below what Sluice may send it (p.batch): the tenants' caps sum
+// to less than 16. An attempt was taken back when Sluice left it and
+// either sent it again under the same X-Request-Id (a client's retry
+// carries a new one), or answered its client 504 deadline_exceeded for a
+// deadline before dispatch: it waited in Sluice's queue again until its
+// deadline. Only a stream is ever taken back, and only before its first
+// event reaches Sluice: the first may be on the wire as Sluice aborts (the
+// race SCHEDULING §7 names), a second may not. A stream whose client left
+// after Sluice left it, before any event, may have been taken back (charged
+// nothing) or aborted for its client (charged): mayTakenBack.
+func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []string {
+	var v []string
+	byID := map[string][]*execution{}
+	for _, ex := range execs {
+		if ex.reqID != "" {
+			byID[ex.reqID] = append(byID[ex.reqID], ex)
+		}
+	}
+	expired := func(ex *execution) (expired, left bool) {
+		for _, r := range byOp[ex.op] {
+			if fmt.Sprintf("chaos-%d-%d", ex.op, r.ev.attempt) != ex.reqID {
+				continue
+			}
+			expired = expired || (r.code == "deadline_exceeded" && r.status == http.StatusGatewayTimeout &&
+				(r.reason == "max_wait" || r.reason == "server_max_wait" || r.reason == "client_deadline" || r.reason == "shed_after"))
+			left = left || r.cancelled
+		}
+		return expired, left
+	}
+	n := 0
+	for id, exs := range byID {
+		slices.SortFunc(exs, func(a, b *execution) int { return a.arrival.Compare(b.arrival) })
+		for i, ex := range exs {
+			if !ex.gone || ex.completed {
+				continue // it ran to its end: executed twice, which check names
+			}
+			queued, left := expired(ex)
+			if i == len(exs)-1 && !queued {
+				ex.mayTakenBack = left && ex.events == 0 && w.p.batch < 16
+				continue
+			}
+			ex.takenBack = true
+			n++
+			if w.p.batch >= 16 {
+				v = append(v, fmt.Sprintf("op %d: %s was taken back from a replica whose batch (%d) is above all Sluice may send it", ex.op, id, w.p.batch))
+			}
+			if o := w.p.ops[ex.op]; o != nil && !o.stream {
+				v = append(v, fmt.Sprintf("op %d: %s, not streamed, was taken back", ex.op, id))
+			}
+			if ex.events > 1 {
+				v = append(v, fmt.Sprintf("op %d: %s was taken back after its replica had sent %d events", ex.op, id, ex.events))
+			}
+		}
+	}
+	w.t.Logf("attempts taken back from a replica's queue: %d (replicas' batch %d)", n, w.p.batch)
+	return v
+}
 
 func peakOverlap[T any](xs []T, iv func(T) (time.Time, time.Time)) int {
 	type edge struct {
@@ -1073,6 +1171,9 @@ func (w *world) checkLedger(byOp map[int][]*result, execs []*execution, perOp ma
 			orphan = orphan || r.killed
 			clean = clean || (r.status == http.StatusOK && r.transport == "" && (!o.stream || r.done) && r.code == "")
 		}
+		// Charged if its client left it inside the replica, not if it had
+		// been taken back by then.
+		orphan = orphan || ex.mayTakenBack
 		n := int64(max(1, o.n))
 		b.reqHi++
 		if !orphan {

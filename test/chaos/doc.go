@@ -22,7 +22,11 @@
 // (SIGSTOP; one node of the Cluster), a tenant's Cluster slot moved to
 // another node under traffic (as a resharding does it), and replica faults
 // (connections cut mid-stream, SSE error events, errors before the stream,
-// engine stalls).
+// engine stalls). One seed in three runs replicas whose real batch (1) is
+// below what the tenants' caps let Sluice send, at the default scrape
+// cadences, after a burst of one tenant's streams: the batch is learned
+// under all of the above, and what waits inside a replica is taken back
+// into Sluice's queue (SCHEDULING §7).
 //
 // After the traffic the run waits for quiescence (leases expire and are
 // reclaimed by the servers themselves) and checks the invariants from three
@@ -33,6 +37,12 @@
 //     500, no 409 without an Idempotency-Key, no transport error unless the
 //     client left or its instance was killed;
 //   - at most one execution per Idempotency-Key;
+//   - an attempt Sluice left at a replica and then sent again under the
+//     same X-Request-Id, or answered 504 for a deadline before dispatch,
+//     was taken back: a stream, before its second event, only where the
+//     batch is below what Sluice may send; it is not an execution and is
+//     charged nothing (a stream whose client left after Sluice did may
+//     have been either);
 //   - nothing reached a replica after its deadline;
 //   - a tenant's completed requests running at the replicas never exceed its
 //     concurrency cap (summed over instances that do not share a ledger);

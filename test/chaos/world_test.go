@@ -325,6 +325,14 @@ type execution struct {
 	completion int
 	gone       bool // the client (Sluice) left before the end
 	errEvent   bool // the stream carried an error event
+	events     int  // SSE data events written, [DONE] aside
+	// takenBack: Sluice left it and sent the same request (its
+	// X-Request-Id) again later: what waited inside the replica was taken
+	// back into Sluice's queue (SCHEDULING §7). Set by the checker.
+	takenBack bool
+	// mayTakenBack: its client left after Sluice did, before any event;
+	// charged or not (markTakenBack).
+	mayTakenBack bool
 }
 
 // replicaLog records every request the replicas receive to run (not
@@ -455,6 +463,9 @@ func (r *recorder) scan(p []byte) {
 			continue
 		}
 		r.log.mu.Lock()
+		if string(data) != "[DONE]" {
+			r.ex.events++
+		}
 		if string(data) == "[DONE]" {
 			if !r.ex.errEvent && (r.ex.prompt > 0 || r.ex.completion > 0) {
 				r.ex.completed = true
