@@ -119,20 +119,20 @@ func (s *Server) ScrapeHook(name string) func(*vllm.Metrics) {
 	return func(m *vllm.Metrics) {
 		learned0 := r.Learned()
 		now := s.now()
-		distrusted := r.Install(m, mark, now)
+		in := r.Install(m, mark, now)
 		if l := r.Learned(); l != learned0 && (l == 0 || learned0 == 0 || l < learned0) {
 			// Learned, lowered or forgotten: worth a line; a probe upwards
 			// is not.
 			s.log.Info("replica batch learned from its scrapes (waiting requests while running stays flat)",
 				"replica", r.Name, "batch", l, "previous", learned0, "max_num_seqs", r.MaxSeqs)
 		}
-		if w := min(int64(m.CapacityWaiting().V), r.Excess()); w > 0 && r.ConfirmedBy(now) {
+		if w := min(int64(m.CapacityWaiting().V), r.Excess()); w > 0 && in.Confirmed {
 			// Full at a batch this scrape confirmed: what of this
 			// instance's waits there is out of order
 			// (lifecycle/takeback.go).
 			s.TakeBackWaiting(r, w, mark.Sent())
 		}
-		if distrusted {
+		if in.Distrusted {
 			s.log.Warn("replica shows sequences this instance did not send or has let go: another instance shares it, or it ignores aborts; aborted requests keep their slots there until a scrape shows them gone",
 				"replica", r.Name, "scraped", int64(m.Running.V+m.Waiting.V), "own", r.Count.Load())
 		}

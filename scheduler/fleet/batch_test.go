@@ -10,13 +10,14 @@ import (
 	"github.com/sluicehq/sluice/vllm"
 )
 
-// scrapeRW installs a scrape of r showing running and waiting at now.
-func scrapeRW(r *Replica, running, waiting int64, now time.Time) {
+// scrapeRW installs a scrape of r showing running and waiting at now, and
+// reports whether it confirmed r's batch.
+func scrapeRW(r *Replica, running, waiting int64, now time.Time) (confirmed bool) {
 	if o := r.Obs.Load(); o == nil || !o.OK {
 		r.Obs.Store(&Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(running), OK: true}, Waiting: vllm.Value{V: float64(waiting), OK: true}}
-	r.Install(m, r.MarkScrape(now), now)
+	return r.Install(m, r.MarkScrape(now), now).Confirmed
 }
 
 // TestLearnedBatch: a replica configured (or defaulted) to 256 sequences
@@ -73,9 +74,8 @@ func TestLearnedBatchRecurs(t *testing.T) {
 	scrapeRW(r, 8, 0, at(1))
 	assert.Zero(t, r.Learned(), "drained: one full scrape is not proof")
 	scrapeRW(r, 7, 0, at(2))
-	scrapeRW(r, 8, 3, at(3))
+	assert.True(t, scrapeRW(r, 8, 3, at(3)), "the recurrence confirms the batch (what waits is taken back)")
 	assert.Equal(t, int64(8), r.Learned(), "full again at 8, nothing between ran more")
-	assert.True(t, r.ConfirmedBy(at(3)), "the recurrence confirms the batch (what waits is taken back)")
 
 	_, r = sizingSet(256)
 	scrapeRW(r, 8, 4, at(0))
@@ -239,14 +239,11 @@ func TestExcess(t *testing.T) {
 	for range 21 {
 		set.Take(Route{}, 10, nil)
 	}
-	scrapeRW(r, 16, 5, now)
-	assert.False(t, r.ConfirmedBy(now), "one full scrape confirms nothing: take nothing back")
-	scrapeRW(r, 16, 5, now.Add(time.Second))
+	assert.False(t, scrapeRW(r, 16, 5, now), "one full scrape confirms nothing: take nothing back")
+	assert.True(t, scrapeRW(r, 16, 5, now.Add(time.Second)), "the pair's second scrape")
 	assert.Equal(t, int64(16), r.Learned())
-	assert.True(t, r.ConfirmedBy(now.Add(time.Second)), "the pair's second scrape")
 	assert.Equal(t, int64(5), r.Excess(), "21 sent, 16 run")
-	scrapeRW(r, 16, 0, now.Add(2*time.Second))
-	assert.False(t, r.ConfirmedBy(now.Add(2*time.Second)))
+	assert.False(t, scrapeRW(r, 16, 0, now.Add(2*time.Second)))
 
 	r.Share.Store(8)
 	r.Count.Store(8)

@@ -75,11 +75,11 @@ type batch struct {
 	// learned is the batch the replica really runs, learned from its
 	// scrapes (learnBatch); 0 while none is learned (max_num_seqs rules).
 	learned atomic.Int64
-	// confirmed is the learned batch as a pair of full scrapes last set
+	// confirmed is the learned batch as a proof (learnBatch) last set
 	// it; learned above it is a probe not yet confirmed.
 	confirmed atomic.Int64
 	// full: the last scrape showed waiting requests, with fullRunning
-	// running; confirmedAt is when a pair of such scrapes last set learned.
+	// running; confirmedAt is when a proof (below) last set learned.
 	full        bool
 	fullRunning int64
 	confirmedAt time.Time
@@ -111,10 +111,23 @@ func (r *Replica) Seqs(scraped bool) int64 {
 	return n + held
 }
 
+// Installed is what installing a scrape did.
+type Installed struct {
+	// Distrusted: the scrape made a trusted replica distrusted (above).
+	Distrusted bool
+	// Confirmed: it confirmed the replica's batch (learnBatch), so what
+	// still waits inside the replica is out of order
+	// (lifecycle/takeback.go). After one full scrape alone it may be a
+	// transient, and taking it back then would also keep the proof from
+	// ever forming (the next scrape would find nothing waiting), so that a
+	// probe past the batch would go on being sent and taken back every
+	// other scrape instead of being confirmed away.
+	Confirmed bool
+}
+
 // Install makes a scrape that just answered the estimate's; mark was
-// read as it was asked for. It reports whether the scrape made a trusted
-// replica distrusted.
-func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (distrusted bool) {
+// read as it was asked for.
+func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (in Installed) {
 	count0, sent0, start := mark.count, mark.sent, mark.start
 	b := &r.batch
 	b.mu.Lock()
@@ -123,26 +136,26 @@ func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (dist
 		b.scr.Store(nil)
 		b.held.Store(0)
 		b.stop.Store(0) // a replica that cannot be read is not held back on an old reading
-		return false
+		return in
 	}
 	seqs := int64(m.Running.V + m.Waiting.V)
 	// Only waiting for room means full: requests deferred for a LoRA
 	// budget, a KV transfer or a grammar wait with room to spare.
-	r.learnBatch(int64(m.Running.V), int64(m.CapacityWaiting().V), now)
+	in.Confirmed = r.learnBatch(int64(m.Running.V), int64(m.CapacityWaiting().V), now)
 	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.Count.Load())}
 	// The most of this instance's own the scrape can show: what was in
 	// flight as it was asked for, what was sent during its flight, and
 	// aborts vLLM may not have reached.
 	own := count0 + (sc.sentAt - sent0) + b.lingering.since(start.Add(-lingerGrace))
 	if seqs > own {
-		distrusted = !now.Before(b.distrustUntil)
+		in.Distrusted = !now.Before(b.distrustUntil)
 		b.distrustUntil = now.Add(distrustFor)
 	}
 	b.scr.Store(sc)
 	// Every abort held until now is in this scrape (as foreign: count no
 	// longer has it) or gone from the replica.
 	b.held.Store(0)
-	return distrusted
+	return in
 }
 
 // The batch a replica really runs (SCHEDULING §7, "The real batch").
@@ -200,16 +213,16 @@ const recurScrapes = 4
 // LearnBatch applies a scrape's running and waiting counts to r's learned
 // batch alone, without the estimate between scrapes that Install also
 // makes: the discrete-event models of the gate, whose replica has no
-// /metrics, use it.
-func (r *Replica) LearnBatch(running, waiting int64, now time.Time) {
+// /metrics, use it. It reports whether the scrape confirmed the batch.
+func (r *Replica) LearnBatch(running, waiting int64, now time.Time) (confirmed bool) {
 	r.batch.mu.Lock()
 	defer r.batch.mu.Unlock()
-	r.learnBatch(running, waiting, now)
+	return r.learnBatch(running, waiting, now)
 }
 
 // learnBatch applies one scrape's running and waiting counts to r's
-// learned batch. b.mu is held.
-func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
+// learned batch, and reports whether they confirmed it. b.mu is held.
+func (r *Replica) learnBatch(running, waiting int64, now time.Time) (confirmed bool) {
 	b := &r.batch
 	if b.recur > 0 {
 		if b.recurLeft--; b.recurLeft < 0 {
@@ -233,7 +246,7 @@ func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 			}
 			b.learned.Store(l)
 		}
-		return
+		return false
 	}
 	learn, proof := int64(0), false
 	switch {
@@ -254,6 +267,7 @@ func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 	b.full, b.fullRunning = true, running
 	b.recur, b.recurLeft = running, recurScrapes
 	b.stop.Store(min(max(running, 1), r.MaxSeqs))
+	return proof
 }
 
 // While a replica's batch is unknown, a flood overfills it until the pair
@@ -270,19 +284,6 @@ func (r *Replica) learnBatch(running, waiting int64, now time.Time) {
 // guard against a transient (running flat or falling across it) spans
 // fewer engine steps at the fast cadence; a batch learned too low from one
 // is probed back up after probeHold.
-
-// ConfirmedBy reports whether the scrape installed at now confirmed r's
-// batch: the second of a pair of full scrapes. What still waits inside
-// the replica then is out of order (lifecycle/takeback.go); after one full
-// scrape it may be a transient, and taking it back then would also keep
-// the pair from ever forming (the second scrape would find nothing
-// waiting), so that a probe past the batch would go on being sent and
-// taken back every other scrape instead of being confirmed away.
-func (r *Replica) ConfirmedBy(now time.Time) bool {
-	r.batch.mu.Lock()
-	defer r.batch.mu.Unlock()
-	return r.batch.confirmedAt.Equal(now) && r.batch.learned.Load() > 0
-}
 
 // LearningBatch reports whether r is to be scraped fast (above).
 func (r *Replica) LearningBatch() bool {

@@ -17,7 +17,7 @@ func scrapeShows(r *Replica, seqs int64, now time.Time) (distrusted bool) {
 		r.Obs.Store(&Obs{OK: true})
 	}
 	m := &vllm.Metrics{Running: vllm.Value{V: float64(seqs), OK: true}, Waiting: vllm.Value{OK: true}}
-	return r.Install(m, r.MarkScrape(now), now)
+	return r.Install(m, r.MarkScrape(now), now).Distrusted
 }
 
 func sizingSet(maxSeqs int64) (*Set, *Replica) {
@@ -125,10 +125,10 @@ func TestScrapeFlightIsNotEvidence(t *testing.T) {
 	set.Leave(r, 10, s1, false, now)
 	// The scrape rendered after the sends and before the completion: 3.
 	m := &vllm.Metrics{Running: vllm.Value{V: 3, OK: true}, Waiting: vllm.Value{OK: true}}
-	require.False(t, r.Install(m, mark, now))
+	require.False(t, r.Install(m, mark, now).Distrusted)
 	assert.Equal(t, int64(3), seqsOf(set, r), "2 ours + 1 that looks foreign until the next scrape")
 	m.Running.V = 4
-	assert.True(t, r.Install(m, r.MarkScrape(now), now), "4 with 2 ours, none ended: 2 not ours")
+	assert.True(t, r.Install(m, r.MarkScrape(now), now).Distrusted, "4 with 2 ours, none ended: 2 not ours")
 }
 
 func TestRecentCount(t *testing.T) {

@@ -465,7 +465,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			}
 			if !fast || now-lastScrape >= iv-sc.learn/2 {
 				lastScrape = now
-				rep.LearnBatch(running, int64(len(inside)), clk.Now())
+				confirmed := rep.LearnBatch(running, int64(len(inside)), clk.Now())
 				res.scrapes = append(res.scrapes, now)
 				if res.fullAt == 0 && len(inside) > 0 {
 					res.fullAt = now
@@ -473,7 +473,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				if res.learnedAt == 0 && rep.Learned() > 0 {
 					res.learnedAt = now
 				}
-				if !direct && rep.ConfirmedBy(clk.Now()) {
+				if !direct && confirmed {
 					takeBack()
 				}
 			}

@@ -18,12 +18,12 @@ import (
 // happens whenever the batch was unknown or grew smaller (a flood
 // overfills an unlearned replica within one scrape interval), and for a
 // probe past it. So when a scrape confirms a replica's batch (the second
-// of a pair that shows requests waiting for room), this instance takes
-// back the newest of its own requests there that have had no first event
-// (vLLM sends it with the first output: Engine.first), as many as wait
-// and no more than it has there past its room (fleet.Replica.Excess), of
-// tenants above their fair share of the pool. Each goes back to its place in its tenant's
-// queue, with its deadline and its ledger record (still DISPATCHED, so no
+// of a pair that shows requests waiting for room, or a recurrence:
+// fleet/sizing.go), this instance takes back the newest of its own
+// requests there that have had no first event (vLLM sends it with the
+// first output: Engine.first), as many as wait and no more than it has
+// there past its room (fleet.Replica.Excess), of tenants above their fair
+// share of the pool. Each goes back to its place in its tenant's queue, with its deadline and its ledger record (still DISPATCHED, so no
 // second MarkDispatched), and its replica room, in-flight counts and
 // dispatch charge are given back; the dispatch gate then sends it again
 // when the light tenants' reserve allows. The abort reaches vLLM as the
@@ -35,8 +35,8 @@ import (
 // once, by the attempt that runs). A light tenant's requests are never
 // taken back (they would only wait longer), nor is anything on one
 // scrape with requests waiting: it may be a transient (a burst of prefills
-// waiting for the step's token budget), and the pair that learns the batch
-// (fleet/sizing.go, ConfirmedBy) is what tells them apart.
+// waiting for the step's token budget), and the proof that learns the
+// batch (fleet/sizing.go, Installed.Confirmed) is what tells them apart.
 
 // errTakenBack is the cause that aborts an attempt taken back.
 var errTakenBack = errors.New("taken back: the replica kept it waiting")
