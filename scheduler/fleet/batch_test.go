@@ -229,6 +229,34 @@ func TestRampWhileLearning(t *testing.T) {
 	assert.Equal(t, int64(256), off.BatchLimit(), "upstream.learn_ramp: 0")
 }
 
+// TestRampSparesATenantAlone: the ramp keeps an overfill from other
+// tenants, so a request whose tenant is alone on its pool (Route.Alone)
+// may fill an unlearned replica up to max_num_seqs at once; a learned
+// batch and a stop bind it as they bind anyone.
+func TestRampSparesATenantAlone(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	set, r := sizingSet(256)
+	r.Ramp = 0.5
+	for range rampMin {
+		set.Take(Route{}, 10, nil)
+	}
+	assert.False(t, set.Fits(Route{}, 10), "the ramp: rampMin with nothing seen")
+	assert.True(t, set.Fits(Route{Alone: true}, 10), "alone: up to max_num_seqs")
+	for range 60 {
+		set.Take(Route{Alone: true}, 10, nil)
+	}
+	assert.Equal(t, int64(64), r.Count.Load())
+	var key PoolKey
+	key.Set(r.Slot)
+	assert.Equal(t, int64(256), set.FleetOf(key, true).SeqsCap)
+	assert.Equal(t, int64(rampMin), set.FleetOf(key, false).SeqsCap)
+
+	scrapeRW(r, 16, 48, now)
+	assert.False(t, set.Fits(Route{Alone: true}, 10), "a scrape with requests waiting stops it too")
+	scrapeRW(r, 16, 48, now.Add(time.Second))
+	assert.Equal(t, int64(16), r.BatchLimitAlone(), "and a learned batch binds it")
+}
+
 // TestExcess: what this instance has on a replica past its room, which it
 // may take back (lifecycle/takeback.go): alone, its requests beyond the
 // learned batch; sharing the replica, its own beyond its share, however

@@ -140,8 +140,9 @@ func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 }
 
 // FleetOf sums the load and capacity of the pool's replicas that can take
-// work, under the set's lock: one state, as the replica choice sees it.
-func (s *Set) FleetOf(key PoolKey) gate.FleetLoad {
+// work, under the set's lock: one state, as the replica choice sees it
+// for a request of a tenant alone on the pool or not (Route.Alone).
+func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f gate.FleetLoad
@@ -154,7 +155,7 @@ func (s *Set) FleetOf(key PoolKey) gate.FleetLoad {
 			continue
 		}
 		f.Seqs += seqs
-		f.SeqsCap += r.SeqLimit(seqs)
+		f.SeqsCap += r.seqLimit(seqs, alone)
 		f.Probe += r.ProbeExcess()
 		f.Tokens += load
 		f.TokensCap += k

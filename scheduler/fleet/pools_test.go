@@ -79,8 +79,8 @@ func TestPoolKeys(t *testing.T) {
 	assert.Equal(t, PoolKey{}, set.PoolKeyOf("nope"))
 
 	require.NotNil(t, set.choose(Route{Model: "small"}, 100, nil))
-	assert.Equal(t, gate.FleetLoad{Seqs: 1, SeqsCap: 12, Tokens: 100, TokensCap: 1500}, set.FleetOf(cd))
-	assert.Equal(t, gate.FleetLoad{Seqs: 0, SeqsCap: 16, Tokens: 0, TokensCap: 2000}, set.FleetOf(ab))
+	assert.Equal(t, gate.FleetLoad{Seqs: 1, SeqsCap: 12, Tokens: 100, TokensCap: 1500}, set.FleetOf(cd, false))
+	assert.Equal(t, gate.FleetLoad{Seqs: 0, SeqsCap: 16, Tokens: 0, TokensCap: 2000}, set.FleetOf(ab, false))
 	assert.True(t, set.RoomOutside(cd, 1), "a and b are idle")
 	for range 8 {
 		require.NotNil(t, set.choose(Route{Model: "big"}, 10, nil))

@@ -143,6 +143,9 @@ type Route struct {
 	// Prefix is the prompt's chunk hashes for affinity routing; nil
 	// routes by least load alone.
 	Prefix []uint64
+	// Alone: the request's tenant is the only one its pool has seen
+	// lately (gate.Gate.Alone), so the ramp does not bind it (sizing.go).
+	Alone bool
 }
 
 // anyKnown reports whether some replica's models are known (from
@@ -260,7 +263,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.SeqLimit(seqs) || load+size > k {
+		if seqs >= r.seqLimit(seqs, rt.Alone) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)

@@ -191,8 +191,11 @@ func ApplyShares(self string, reps []*Replica, keys []string, got map[string][]p
 // instance: its batch limit (sizing.go), or less where this instance's
 // share (a replica shared with other instances) binds. seqs is the batch
 // estimate.
-func (r *Replica) SeqLimit(seqs int64) int64 {
-	lim := r.BatchLimit()
+func (r *Replica) SeqLimit(seqs int64) int64 { return r.seqLimit(seqs, false) }
+
+// seqLimit is SeqLimit, without the ramp for a tenant alone on its pool.
+func (r *Replica) seqLimit(seqs int64, alone bool) int64 {
+	lim := r.batchLimit(!alone)
 	if sh := r.Share.Load(); sh > 0 {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}

@@ -330,6 +330,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			return queue.Park
 		}
 		limit := rep.BatchLimit()
+		if g.Alone(tn.name) {
+			limit = rep.BatchLimitAlone()
+		}
 		if direct {
 			return queue.Dispatch
 		}

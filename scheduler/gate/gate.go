@@ -300,6 +300,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	}
 	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
 	others, lightWaiting := false, false
+	present, sole := 0, ""
 	for i, x := range cs {
 		m := x.m
 		// A tenant's peak is kept while it may only be pausing (goneAfter),
@@ -314,6 +315,9 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			m.peakCur, m.peakStart = 0, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
+		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
+			present, sole = present+1, loads[i].Name
+		}
 		// Heavy above lightMargin × its claim; once heavy, until it is back
 		// within its claim.
 		m.heavy = x.load > lightMargin*x.weight*level || (m.heavy && x.load > x.weight*level && !g.NoSticky)
@@ -353,7 +357,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
-		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve, ok: true}
+		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve,
+		present: present, sole: sole, ok: true}
 	return g.decide(g.mem[loads[cand].Name].heavy, cs[cand].held)
 }
 
@@ -367,7 +372,11 @@ type gateSnap struct {
 	lightForecast        float64
 	others, lightWaiting bool
 	seqsCap, minReserve  float64
-	ok                   bool
+	// present counts the tenants with demand or a demand peak kept (they
+	// may only be pausing); sole names one of them.
+	present int
+	sole    string
+	ok      bool
 }
 
 // assessEvery bounds how often the O(tenants) assessment runs: averages
@@ -386,6 +395,15 @@ func (g *Gate) Fresh(nowN int64, tenant string) bool {
 func (g *Gate) DecideFresh(l TenantLoad, f FleetLoad) (light bool, reserve float64) {
 	held := max(float64(l.Held)/float64(max(f.SeqsCap, 1)), float64(l.Tokens)/float64(max(f.TokensCap, 1)))
 	return g.decide(g.mem[l.Name].heavy, held)
+}
+
+// Alone reports whether tenant is the only one the pool has seen lately
+// at the last assessment: no other has demand, or a demand peak kept while
+// it may only be pausing. The ramp of an unlearned replica binds only
+// where there are others (fleet.Route.Alone).
+func (g *Gate) Alone(tenant string) bool {
+	sn := &g.snap
+	return !sn.ok || sn.present == 0 || (sn.present == 1 && sn.sole == tenant)
 }
 
 // WithinShare reports whether tenant's averaged demand is within its

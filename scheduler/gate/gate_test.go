@@ -170,3 +170,29 @@ func TestFreshReusesTheAssessmentForAMillisecond(t *testing.T) {
 	assert.Equal(t, wantLight, light)
 	assert.InDelta(t, wantReserve, reserve, 1e-12)
 }
+
+// TestAlone: a tenant is alone on its pool while no other has demand or a
+// demand peak kept (it may only be pausing), so an unlearned replica's
+// ramp does not bind it (fleet.Route.Alone).
+func TestAlone(t *testing.T) {
+	var g Gate
+	assert.True(t, g.Alone("flood"), "no assessment yet")
+	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	loads := []TenantLoad{{Name: "flood", Weight: 1, Held: 8, Queued: 40}, {Name: "light", Weight: 1}}
+	g.Assess(now, loads, 0, f, 0)
+	assert.True(t, g.Alone("flood"))
+	assert.False(t, g.Alone("light"), "the flood is there")
+
+	loads[1].Held = 1
+	now += int64(100 * time.Millisecond)
+	g.Assess(now, loads, 1, f, 0)
+	assert.False(t, g.Alone("flood"), "the light tenant has demand")
+	loads[1].Held = 0
+	now += int64(5 * time.Second)
+	g.Assess(now, loads, 0, f, 0)
+	assert.False(t, g.Alone("flood"), "its peak is kept while it may only be pausing")
+	now += int64(2 * peakWindow)
+	g.Assess(now, loads, 0, f, 0)
+	assert.True(t, g.Alone("flood"), "gone")
+}

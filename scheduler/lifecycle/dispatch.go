@@ -67,21 +67,23 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 		return queue.Park
 	}
 	e.repool(c)
-	f := e.reps.FleetOf(c.place.Pool)
 	// The table's lock is held from the loads read to the verdict acted on
 	// (the reserved room counted as held), so no move lands in between.
 	e.pools.Lock()
 	defer e.pools.Unlock()
+	rt := c.route
+	rt.Alone = e.pools.PoolLocked(c.place.Pool).Gate.Alone(t.Name)
+	f := e.reps.FleetOf(c.place.Pool, rt.Alone)
 	light, reserve := e.belowFairShare(c, f)
 	if !light && !f.FitsBeyond(c.size, reserve) {
-		if e.reps.Fits(c.route, c.size) {
+		if e.reps.Fits(rt, c.size) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
 		}
 		return e.full(c, true)
 	}
-	rep, seq := e.reps.Take(c.route, c.size, nil)
+	rep, seq := e.reps.Take(rt, c.size, nil)
 	if rep == nil {
 		return e.full(c, !e.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
 	}

@@ -237,3 +237,48 @@ func TestLearnedBatchShortRequests(t *testing.T) {
 	t.Logf("vLLM waiting over 1.5 s with the batch learned: mean %.3f most %d", mean, most)
 	assert.Less(t, mean, 0.1, "nothing stands in vLLM's queue")
 }
+
+// TestRampBindsOnlyBesideOthers: with the ramp on (the learning scrape
+// faster than the scrape) and no scrape during the test, an unlearned
+// replica whose batch is 64 is sent rampMin (4) sequences past the most a
+// scrape has shown it run (none). A tenant alone on its pool is not held
+// to that: its burst of 32 all run at once, as without Sluice. Beside a
+// tenant seen a moment ago the same burst gets 4, and 28 wait in Sluice's
+// queue for the scrapes that show room (fleet/sizing.go, the ramp).
+func TestRampBindsOnlyBesideOthers(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 64, 20*time.Millisecond
+	job := `{"model":"sim-model","prompt":"job","max_tokens":200,"ignore_eos":true,"stream":true}`
+	short := `{"model":"sim-model","prompt":"hi","max_tokens":2,"ignore_eos":true,"stream":true}`
+	for _, beside := range []bool{false, true} {
+		rep := startSim(t, sc)
+		cfg := nodeConfig(t, []*simReplica{rep}, "    queue: {max_wait: 60s}\n", "")
+		cfg.Upstream.ScrapeInterval, cfg.Upstream.LearnScrapeInterval = 10*time.Minute, 5*time.Minute
+		n := startNode(t, cfg)
+		if beside {
+			n.ttftOf(t, keyBeta, short) // its demand peak is kept: it may only be pausing
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(job))
+				req.Header.Set("Authorization", "Bearer "+keyAcme)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+		acme := map[string]string{"tenant": "acme"}
+		if beside {
+			eventually(t, "28 queued in Sluice", func() bool { return n.metric(t, "sluice_queue_depth", acme) == 28 })
+			assert.EqualValues(t, 4, n.metric(t, "sluice_inflight_requests", acme), "beside another tenant: the ramp's rampMin")
+		} else {
+			eventually(t, "all 32 running", func() bool { return rep.Stats().Running == 32 })
+			assert.Zero(t, n.metric(t, "sluice_queue_depth", acme), "alone: nothing held back")
+		}
+		cancel()
+		wg.Wait()
+	}
+}
