@@ -954,7 +954,7 @@ func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []stri
 		}
 		return expired, left
 	}
-	n := 0
+	n, raced := 0, 0
 	for id, exs := range byID {
 		slices.SortFunc(exs, func(a, b *execution) int { return a.arrival.Compare(b.arrival) })
 		for i, ex := range exs {
@@ -968,6 +968,9 @@ func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []stri
 			}
 			ex.takenBack = true
 			n++
+			if ex.events == 1 {
+				raced++
+			}
 			if w.p.batch >= 16 {
 				v = append(v, fmt.Sprintf("op %d: %s was taken back from a replica whose batch (%d) is above all Sluice may send it", ex.op, id, w.p.batch))
 			}
@@ -979,7 +982,7 @@ func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []stri
 			}
 		}
 	}
-	w.t.Logf("attempts taken back from a replica's queue: %d (replicas' batch %d)", n, w.p.batch)
+	w.t.Logf("attempts taken back from a replica's queue: %d, %d of them with their first event already sent (replicas' batch %d)", n, raced, w.p.batch)
 	return v
 }
 
