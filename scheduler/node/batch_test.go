@@ -42,6 +42,17 @@ func (n *node) ttftOf(t *testing.T, key, body string) time.Duration {
 	return d
 }
 
+// complete sends one completion for key and reads its answer to the end,
+// or until ctx ends it (the client leaves).
+func (n *node) complete(ctx context.Context, key, body string) {
+	req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
 // TestLearnedBatchProtectsLightTenant: max_num_seqs left out (the default
 // 256) over a replica whose real batch is 8. A flooding tenant keeps 24
 // requests open. Without the learned batch Sluice sends all 24, 16 wait in
@@ -70,14 +81,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	for range 24 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(flood))
-				req.Header.Set("Authorization", "Bearer "+keyAcme)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				n.complete(ctx, keyAcme, flood)
 			}
 		})
 	}
@@ -147,14 +151,7 @@ func TestLearnedBatchTwoInstances(t *testing.T) {
 		for range 12 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(flood))
-					req.Header.Set("Authorization", "Bearer "+keyAcme)
-					resp, err := http.DefaultClient.Do(req)
-					if err != nil {
-						continue
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
+					n.complete(ctx, keyAcme, flood)
 				}
 			})
 		}
@@ -215,14 +212,7 @@ func TestLearnedBatchShortRequests(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			wg.Go(func() {
-				req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(flood))
-				req.Header.Set("Authorization", "Bearer "+keyAcme)
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			})
+			wg.Go(func() { n.complete(ctx, keyAcme, flood) })
 		}
 	})
 	defer func() { cancel(); wg.Wait() }()
@@ -261,14 +251,7 @@ func TestRampBindsOnlyBesideOthers(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for range 32 {
-			wg.Go(func() {
-				req, _ := http.NewRequestWithContext(ctx, "POST", n.api+"/v1/completions", strings.NewReader(job))
-				req.Header.Set("Authorization", "Bearer "+keyAcme)
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			})
+			wg.Go(func() { n.complete(ctx, keyAcme, job) })
 		}
 		acme := map[string]string{"tenant": "acme"}
 		if beside {
