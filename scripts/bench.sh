@@ -409,6 +409,14 @@ done
 SCAP=$CAP
 scen "disconnect-storm-direct" direct --workload disconnect-storm "${WARM[@]}"
 scen "budget-burst-direct" direct --workload budget-burst
+# A fresh instance for the storm: the direct runs before it put sequences
+# on the replica that this instance did not send, so it distrusts the
+# replica (fleet/sizing.go: a shared replica's aborted slots are held until
+# a scrape shows them gone), as it must for a replica that others use.
+# The storm asks what a cancelling peer costs behind Sluice alone.
+kill "$SLUICE_PID"
+wait "$SLUICE_PID" 2>/dev/null || true
+start_sluice 1
 scen "disconnect-storm-sluice" sluice --workload disconnect-storm "${WARM[@]}"
 sleep 1 # let the last aborts settle before reading the gauges
 metrics=$(curl -fs "http://127.0.0.1:$ADM_PORT/metrics" || true)
