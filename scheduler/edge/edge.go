@@ -310,8 +310,11 @@ func (e *Edge) serve(rc *fasthttp.RequestCtx, ep vllm.Endpoint, reqID string) {
 		return
 	}
 	successHeaders(&rc.Response.Header, tk.Meta())
-	// Send the 200 headers at once, as vLLM does right after validation:
-	// the first chunk may be a long prefill away.
+	// Send the 200 headers at once. vLLM sends them right after validation,
+	// a prefill before its first chunk; here that chunk is in hand already
+	// (the lifecycle's Engine.first reads it before the call counts as
+	// started: until then the request may be taken back), so the headers
+	// go out with it.
 	rc.Response.ImmediateHeaderFlush = true
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
