@@ -498,13 +498,60 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 }
 
 // fgCheck runs one seed and returns its violations.
-func fgCheck(t *testing.T, seed uint64) (summary string, violations []string) {
+func fgCheck(t *testing.T, seed uint64) (summary string, violations []fgViolation) {
 	return fgCheckScenario(t, genScenario(seed))
+}
+
+// fgViolation is one broken invariant and its kind, so that a sweep can
+// say which shapes still break it.
+type fgViolation struct {
+	kind fgKind
+	text string
+}
+
+// fgKind sorts a violation by what the light tenant did; a sweep counts
+// the seeds of each kind.
+type fgKind string
+
+const (
+	// fgBurst: a light tenant whose bursts are larger than its weighted
+	// share of the batch: light on average, above its share while a
+	// burst lasts, so beside heavy tenants the burst is served at its
+	// share, where alone it ran at once.
+	fgBurst fgKind = "a burst above its share"
+	// fgCompletion: a light tenant that never waits alone waited for a
+	// completion: its request came while others held the whole batch
+	// (its first, or its first since its reserved peak was lent).
+	fgCompletion fgKind = "a wait for a completion"
+	// fgQueued: a light tenant that queues alone too (its own Poisson
+	// peaks exceed the batch or its cap) queued longer.
+	fgQueued fgKind = "queued alone too"
+	fgLost   fgKind = "light requests lost"
+	fgShed   fgKind = "shed before the deadline"
+	fgGood   fgKind = "goodput below direct"
+)
+
+var fgKinds = []fgKind{fgBurst, fgCompletion, fgQueued, fgLost, fgShed, fgGood}
+
+// kindOf is the kind of a p99 TTFT violation by light tenant tn, whose
+// p99 alone was alone.
+func (sc *fgScenario) kindOf(tn fgTenant, alone time.Duration) fgKind {
+	var sumW float64
+	for _, o := range sc.tenants {
+		sumW += o.weight
+	}
+	switch {
+	case float64(tn.burst) > float64(sc.batch)*tn.weight/sumW:
+		return fgBurst
+	case alone <= sc.step:
+		return fgCompletion
+	}
+	return fgQueued
 }
 
 // fgCheckScenario runs sc without and with its heavy tenants and returns
 // its violations.
-func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations []string) {
+func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations []fgViolation) {
 	light := func(tn *fgTenant) bool { return tn.light }
 	all := func(*fgTenant) bool { return true }
 	alone := sc.run(t, light, false)
@@ -512,7 +559,7 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v\n   learned %d, most inside the replica %d;", sc, flooded.learned, flooded.maxInside)
 	if flooded.earlyShed > 0 {
-		violations = append(violations, fmt.Sprintf("%d shed before their deadline", flooded.earlyShed))
+		violations = append(violations, fgViolation{fgShed, fmt.Sprintf("%d shed before their deadline", flooded.earlyShed)})
 	}
 	byName := map[string]fgTenant{}
 	for _, tn := range alone.tenants {
@@ -528,20 +575,29 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 		bound := max(time.Duration(1.5*float64(pa)), pa+sc.step)
 		fmt.Fprintf(&b, " %s p99 TTFT %v alone %v (bound %v) lost %d;", tn.name, pf, pa, bound, tn.expired+tn.full)
 		if pf > bound {
-			violations = append(violations, fmt.Sprintf("%s p99 TTFT %v > %v (alone %v)", tn.name, pf, bound, pa))
+			violations = append(violations, fgViolation{sc.kindOf(tn, pa), fmt.Sprintf("%s p99 TTFT %v > %v (alone %v)", tn.name, pf, bound, pa)})
 		}
 		if tn.expired+tn.full > a.expired+a.full {
-			violations = append(violations, fmt.Sprintf("%s lost %d requests (alone %d)", tn.name, tn.expired+tn.full, a.expired+a.full))
+			violations = append(violations, fgViolation{fgLost, fmt.Sprintf("%s lost %d requests (alone %d)", tn.name, tn.expired+tn.full, a.expired+a.full)})
 		}
 	}
 	if !slices.ContainsFunc(sc.tenants, func(tn fgTenant) bool { return !tn.light }) {
 		direct := sc.run(t, all, true)
 		fmt.Fprintf(&b, " goodput %d vs direct %d", flooded.served, direct.served)
 		if float64(flooded.served) < 0.95*float64(direct.served) {
-			violations = append(violations, fmt.Sprintf("goodput %d < 95%% of direct %d", flooded.served, direct.served))
+			violations = append(violations, fgViolation{fgGood, fmt.Sprintf("goodput %d < 95%% of direct %d", flooded.served, direct.served)})
 		}
 	}
 	return b.String(), violations
+}
+
+// fgJoin is violations as one line.
+func fgJoin(violations []fgViolation) string {
+	s := make([]string, len(violations))
+	for i, v := range violations {
+		s[i] = v.text
+	}
+	return strings.Join(s, "; ")
 }
 
 // TestFairnessScenarios runs the seeded fairness scenarios.
@@ -555,6 +611,7 @@ func TestFairnessScenarios(t *testing.T) {
 		}
 	}
 	failed := 0
+	byKind := map[fgKind]int{} // seeds with a violation of the kind
 	for _, seed := range seeds {
 		sum, v := fgCheck(t, seed)
 		if len(v) == 0 {
@@ -562,13 +619,29 @@ func TestFairnessScenarios(t *testing.T) {
 			continue
 		}
 		failed++
+		seen := map[fgKind]bool{}
+		for _, x := range v {
+			if !seen[x.kind] {
+				seen[x.kind] = true
+				byKind[x.kind]++
+			}
+		}
 		if *fairgenWarn {
-			t.Logf("FAIL %s\n   violations: %s", sum, strings.Join(v, "; "))
+			t.Logf("FAIL %s\n   violations: %s", sum, fgJoin(v))
 		} else {
-			t.Errorf("FAIL %s\n   violations: %s", sum, strings.Join(v, "; "))
+			t.Errorf("FAIL %s\n   violations: %s", sum, fgJoin(v))
 		}
 	}
 	t.Logf("%d of %d seeds hold every invariant", len(seeds)-failed, len(seeds))
+	if failed > 0 {
+		var kinds []string
+		for _, k := range fgKinds {
+			if byKind[k] > 0 {
+				kinds = append(kinds, fmt.Sprintf("%s %d", k, byKind[k]))
+			}
+		}
+		t.Logf("seeds failing by kind (a seed may have several): %s", strings.Join(kinds, ", "))
+	}
 	if *fairgenN > 0 {
 		for _, row := range []struct {
 			name       string
@@ -584,12 +657,29 @@ func TestFairnessScenarios(t *testing.T) {
 				if len(v) == 0 {
 					held++
 				} else if fgTrace {
-					t.Logf("%s: %s\n   violations: %s", row.name, sum, strings.Join(v, "; "))
+					t.Logf("%s: %s\n   violations: %s", row.name, sum, fgJoin(v))
 				}
 			}
 			t.Logf("%s: %d of %d draws hold every invariant", row.name, held, fgIsolationDraws)
 		}
 	}
+}
+
+// TestFairgenKinds pins how the sweep sorts a light tenant's p99 TTFT
+// violation: by its bursts against its weighted share of the batch, then
+// by whether it waited at all alone.
+func TestFairgenKinds(t *testing.T) {
+	sc := &fgScenario{batch: 8, step: 20 * time.Millisecond, tenants: []fgTenant{
+		{name: "poisson", weight: 1, burst: 1, light: true},
+		{name: "bursts", weight: 1, burst: 5, light: true},
+		{name: "flood", weight: 2, burst: 1},
+	}}
+	// Shares of the batch: 2, 2 and 4 sequences.
+	assert.Equal(t, fgBurst, sc.kindOf(sc.tenants[1], sc.step), "a burst of 5 over a share of 2")
+	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[0], sc.step), "never waits alone")
+	assert.Equal(t, fgQueued, sc.kindOf(sc.tenants[0], 300*time.Millisecond), "waits alone too")
+	sc.tenants[1].burst = 2
+	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[1], sc.step), "a burst within its share")
 }
 
 // TestFairgenLearningScrape pins the scenarios' scrape schedule to
