@@ -514,8 +514,8 @@ type fgViolation struct {
 type fgKind string
 
 const (
-	// fgBurst: a light tenant whose bursts are larger than its weighted
-	// share of the batch: light on average, above its share while a
+	// fgBurst: a light tenant sending bursts (several requests at once)
+	// larger than its weighted share of the batch: light on average, above its share while a
 	// burst lasts, so beside heavy tenants the burst is served at its
 	// share, where alone it ran at once.
 	fgBurst fgKind = "a burst above its share"
@@ -541,7 +541,7 @@ func (sc *fgScenario) kindOf(tn fgTenant, alone time.Duration) fgKind {
 		sumW += o.weight
 	}
 	switch {
-	case float64(tn.burst) > float64(sc.batch)*tn.weight/sumW:
+	case tn.burst > 1 && float64(tn.burst) > float64(sc.batch)*tn.weight/sumW:
 		return fgBurst
 	case alone <= sc.step:
 		return fgCompletion
@@ -680,6 +680,8 @@ func TestFairgenKinds(t *testing.T) {
 	assert.Equal(t, fgQueued, sc.kindOf(sc.tenants[0], 300*time.Millisecond), "waits alone too")
 	sc.tenants[1].burst = 2
 	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[1], sc.step), "a burst within its share")
+	sc.batch = 2 // shares of half a sequence: one request is no burst
+	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[0], sc.step), "a single request above a share below one sequence")
 }
 
 // TestFairgenLearningScrape pins the scenarios' scrape schedule to
