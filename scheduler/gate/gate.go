@@ -25,7 +25,11 @@ const peakWindow = 30 * time.Second
 // lightMargin is how far above its max-min fair share a tenant's averaged
 // demand may be and still count as light. Peers near their share (Poisson
 // noise, a short backlog) must stay light, or the reserve would idle the
-// fleet under them; only a tenant asking several times its share is heavy.
+// fleet under them; only a tenant asking several times its share is heavy,
+// or more than the whole pool: a tenant whose claim is nearly the pool
+// (the others ask little) is no peer near its share when it asks for more
+// than all of it, and as light it would hold the whole batch against the
+// others' reserved peaks.
 const lightMargin = 3.0
 
 // idleGaps is how many of its mean inter-arrival gaps an idle light
@@ -71,6 +75,7 @@ type Options struct {
 	NoBacklog  bool          // no reserve for light tenants with a backlog
 	NoForecast bool          // reserve from the light tenants' peaks alone
 	NoSticky   bool          // no heavy hysteresis, idle tenants' peaks unreserved
+	NoPool     bool          // heavy only above lightMargin × its claim, not above the pool
 	K          float64       // 0: burstK; negative: none
 }
 
@@ -318,9 +323,11 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
 			present, sole = present+1, loads[i].Name
 		}
-		// Heavy above lightMargin × its claim; once heavy, until it is back
-		// within its claim.
-		m.heavy = x.load > lightMargin*x.weight*level || (m.heavy && x.load > x.weight*level && !g.NoSticky)
+		// Heavy above lightMargin × its claim or above the whole pool (a
+		// claim is at most the pool); once heavy, until it is back within
+		// its claim.
+		over := x.load > lightMargin*x.weight*level || (x.load > 1 && !g.NoPool)
+		m.heavy = over || (m.heavy && x.load > x.weight*level && !g.NoSticky)
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
 		if x.active && !m.heavy && loads[i].Queued > 0 {

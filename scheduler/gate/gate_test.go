@@ -128,6 +128,42 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 	assert.Zero(t, reserve, "the peak alone, all of it held")
 }
 
+// TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16
+// held, 25 queued) while the only other tenant is pausing has a claim of
+// the whole pool, so it is within lightMargin of it; it is heavy all the
+// same, because it asks more than the whole pool, and leaves the pausing
+// tenant's kept peak (1 of 16, plus one Poisson deviation) free. Without
+// the rule (NoPool) it is light and may take the last sequence.
+func TestHeavyAbovePool(t *testing.T) {
+	run := func(g *Gate) (bool, float64) {
+		loads := []TenantLoad{
+			{Name: "big", Weight: 4, Held: 15, Queued: 25},
+			{Name: "sporadic", Weight: 1, Held: 1},
+		}
+		f := FleetLoad{Seqs: 16, SeqsCap: 16, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 60 {
+			if i == 50 {
+				loads[1].Held = 0 // pausing: its peak is kept
+				loads[0].Held, f.Seqs = 15, 15
+			}
+			now += int64(100 * time.Millisecond)
+			g.Assess(now, loads, 1, f, 0)
+		}
+		return g.Assess(now, loads, 0, f, 0)
+	}
+	var g Gate
+	light, reserve := run(&g)
+	assert.False(t, light, "asks 2.5 pools")
+	assert.InDelta(t, 2.0/16, reserve, 1e-12, "the kept peak 1/16 + √1/16")
+	assert.False(t, FleetLoad{Seqs: 15, SeqsCap: 16, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "the last sequence is the pausing tenant's")
+
+	g2 := Gate{Options: Options{NoPool: true}}
+	light, reserve = run(&g2)
+	assert.True(t, light, "within 3× a claim of the whole pool")
+	assert.Zero(t, reserve)
+}
+
 // TestAssessFloorLetsOneHeavyRequestRun: with nothing of its own in
 // flight, a heavy tenant may start one request where it leaves the light
 // tenants floorK standard deviations over what they hold (3·√4 = 6 of 32
