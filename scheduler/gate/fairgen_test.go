@@ -239,7 +239,7 @@ type fgReq struct {
 	out     int
 	place   uint64 // its queue place (queue.Item.Place), for a take-back
 	// lent: when it arrived no tenant the gate counted heavy held room,
-	// so whatever held the batch was within the light margin.
+	// so whatever held the batch was light.
 	lent bool
 }
 
@@ -529,9 +529,9 @@ type fgKind string
 
 const (
 	// fgBurst: a light tenant sending bursts (several requests at once)
-	// larger than its weighted share of the batch: light on average, above its share while a
-	// burst lasts, so beside heavy tenants the burst is served at its
-	// share, where alone it ran at once.
+	// larger than its weighted share of the batch: light on average,
+	// above its share while a burst lasts, so beside heavy tenants the
+	// burst is served at its share, where alone it ran at once.
 	fgBurst fgKind = "a burst above its share"
 	// fgCompletion: a light tenant that never waits alone waited for a
 	// completion: its request came while others held the whole batch
@@ -540,8 +540,8 @@ const (
 	fgCompletion fgKind = "a wait for a completion"
 	// fgLentShare: the same, but no tenant the gate counted heavy held
 	// room when its slow requests came: the batch was held by tenants
-	// within the light margin of claims that the others' small demand
-	// made nearly the whole pool.
+	// asking no more than the pool, within the light margin of claims
+	// that the others' small demand made nearly the whole pool.
 	fgLentShare fgKind = "a wait for a completion, no tenant heavy"
 	// fgQueued: a light tenant that queues alone too (its own Poisson
 	// peaks exceed the batch or its cap) queued longer.
