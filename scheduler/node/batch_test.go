@@ -266,3 +266,51 @@ func TestRampBindsOnlyBesideOthers(t *testing.T) {
 		wg.Wait()
 	}
 }
+
+// TestHeavyAboveThePool: a tenant asking two and a half times the pool
+// (20 streams kept open on a replica of 8, max_num_seqs correct) while the
+// only other tenant is pausing. Its max-min claim is the whole pool, and
+// it asks less than three times that, so by the light margin alone it is
+// light and holds all 8: the pausing tenant's next request waits for a
+// completion. It asks more than the pool, so it is heavy
+// (scheduler/gate, lightMargin) and leaves the pausing tenant's kept peak
+// free (one sequence plus one Poisson deviation: 2 of 8): after its first
+// 8 (sent before its averaged demand caught up) it holds at most 6, and
+// the other tenant's request starts at once.
+func TestHeavyAboveThePool(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 8, 20*time.Millisecond
+	rep := startSim(t, sc)
+	cfg := nodeConfig(t, []*simReplica{rep}, "    queue: {max_wait: 60s}\n", "")
+	cfg.Upstream.Replicas[0].MaxNumSeqs = 8
+	noRamp := 0.0
+	cfg.Upstream.LearnRamp = &noRamp // the room is the reserve's alone
+	n := startNode(t, cfg)
+	short := `{"model":"sim-model","prompt":"hi","max_tokens":2,"ignore_eos":true,"stream":true}`
+	job := `{"model":"sim-model","prompt":"job","max_tokens":40,"ignore_eos":true,"stream":true}`
+	n.ttftOf(t, keyBeta, short) // its demand peak is kept: it may only be pausing
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				n.complete(ctx, keyAcme, job)
+			}
+		})
+	}
+	// Its first wave (8 of 40 tokens, about 0.8 s) has ended and the next
+	// ones started under the gate; then the replica (acme's alone while
+	// beta pauses) is followed over 12 completions.
+	eventually(t, "acme's first wave done", func() bool { return rep.Stats().Completed >= 1+16 })
+	stop := sampleQueue(rep)
+	served := rep.Stats().Completed
+	eventually(t, "12 more served", func() bool { return rep.Stats().Completed >= served+12 })
+	q := stop()
+	ttft := n.ttftOf(t, keyBeta, short)
+	cancel()
+	wg.Wait()
+	assert.LessOrEqual(t, q.mostRunning, int64(6), "the pausing tenant's peak and its deviation are left free")
+	assert.Less(t, ttft, 300*time.Millisecond, "the pausing tenant's request starts at once, not after a completion (0.8 s)")
+	t.Logf("acme's most running %d (mean %.2f); beta's TTFT %v", q.mostRunning, q.meanRunning, ttft)
+}
