@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,11 +80,7 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range 24 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				n.complete(ctx, keyAcme, flood)
-			}
-		})
+		closedLoop(ctx, &wg, n.api, keyAcme, flood, new(atomic.Int64))
 	}
 	defer func() { cancel(); wg.Wait() }()
 
@@ -149,11 +146,7 @@ func TestLearnedBatchTwoInstances(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		for range 12 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					n.complete(ctx, keyAcme, flood)
-				}
-			})
+			closedLoop(ctx, &wg, n.api, keyAcme, flood, new(atomic.Int64))
 		}
 	}
 	defer func() { cancel(); wg.Wait() }()
@@ -293,11 +286,7 @@ func TestHeavyAboveThePool(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range 20 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				n.complete(ctx, keyAcme, job)
-			}
-		})
+		closedLoop(ctx, &wg, n.api, keyAcme, job, new(atomic.Int64))
 	}
 	// Its first wave (8 of 40 tokens, about 0.8 s) has ended and the next
 	// ones started under the gate; then the replica (acme's alone while
