@@ -43,9 +43,9 @@
 //     than the whole pool, is heavy (a tenant whose claim is nearly the
 //     pool because the others ask little is no peer near its share when it
 //     asks for more than all of it), and stays heavy until its load is
-//     within its claim (hysteresis: a
-//     light tenant pausing between requests raises the level, which must
-//     not turn a flood light for a moment and let it fill the pool).
+//     within its claim (hysteresis: a light tenant pausing between
+//     requests raises the level, which must not turn a flood light for a
+//     moment and let it fill the pool).
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the

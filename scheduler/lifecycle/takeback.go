@@ -23,7 +23,8 @@ import (
 // requests there that have had no first event (vLLM sends it with the
 // first output: Engine.first), as many as wait and no more than it has
 // there past its room (fleet.Replica.Excess), of tenants above their fair
-// share of the pool. Each goes back to its place in its tenant's queue, with its deadline and its ledger record (still DISPATCHED, so no
+// share of the pool. Each goes back to its place in its tenant's queue,
+// with its deadline and its ledger record (still DISPATCHED, so no
 // second MarkDispatched), and its replica room, in-flight counts and
 // dispatch charge are given back; the dispatch gate then sends it again
 // when the light tenants' reserve allows. The abort reaches vLLM as the
