@@ -458,6 +458,7 @@ func TestGateFloodGivesWay(t *testing.T) {
 // (SCHEDULING §6).
 func TestGateFloodOnset(t *testing.T) {
 	var worst []time.Duration
+	var ratios []float64 // the worst victim's p99 TTFT flooded ÷ alone, TTFT = wait + 46 ms
 	for seed := uint64(1); seed <= 20; seed++ {
 		for _, from := range []time.Duration{40 * time.Second, 45 * time.Second} {
 			mk := func() *desRun {
@@ -469,7 +470,7 @@ func TestGateFloodOnset(t *testing.T) {
 			va, vf := victims(), victims()
 			alone.run(t, va)
 			flooded.run(t, append(vf, &desTenant{name: "flood", weight: 1, rate: 0.3, surge: 25, surgeAt: 40 * time.Second}))
-			var most time.Duration
+			var most, pa, pf time.Duration
 			for i := range vf {
 				assert.Zero(t, vf[i].expired+vf[i].full, "seed %d: %s lost requests", seed, vf[i].name)
 				assert.Zero(t, pct(vf[i].waits, 0.5), "seed %d: the median %s request waited", seed, vf[i].name)
@@ -478,13 +479,16 @@ func TestGateFloodOnset(t *testing.T) {
 					assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+100*time.Millisecond, "seed %d: %s p99 wait 5 s after the onset", seed, vf[i].name)
 				}
 				most = max(most, pct(vf[i].waits, 1))
+				pa, pf = max(pa, pct(va[i].waits, 0.99)), max(pf, pct(vf[i].waits, 0.99))
 			}
 			if from == 40*time.Second {
 				worst = append(worst, most.Round(time.Millisecond))
+				ratios = append(ratios, math.Round(float64(pf+46*time.Millisecond)/float64(pa+46*time.Millisecond)*100)/100)
 			}
 		}
 	}
 	t.Logf("longest victim wait in the 20 s from the onset, per seed: %v", worst)
+	t.Logf("victims' p99 TTFT in the 20 s from the onset, flooded ÷ alone, per seed: %v", ratios)
 }
 
 // TestGateFloodRampUp is the flood preset as `make bench` measures it:
