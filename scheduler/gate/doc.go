@@ -39,10 +39,12 @@
 //     w_i·λ) = 1) says what each tenant may claim. While the loads fit the
 //     pool nobody is heavy and every request may use any room: a lone
 //     tenant, or tenants that together do not fill the pool, get all of it.
-//   - A tenant whose load is more than lightMargin × its claim, or more
-//     than the whole pool, is heavy (a tenant whose claim is nearly the
-//     pool because the others ask little is no peer near its share when it
-//     asks for more than all of it), and stays heavy until its load is
+//   - A tenant whose load is more than lightMargin × its claim, or whose
+//     averaged demand is more than the whole pool, is heavy (a tenant
+//     whose claim is nearly the pool because the others ask little is no
+//     peer near its share when it asks for more than all of it; its
+//     forecast alone does not count, as a Poisson cluster of long requests
+//     forecasts more than the pool), and stays heavy until its load is
 //     within its claim (hysteresis: a light tenant pausing between
 //     requests raises the level, which must not turn a flood light for a
 //     moment and let it fill the pool).

@@ -38,6 +38,10 @@ import (
 //   - a light tenant (demand below half its weighted share) sees p99 TTFT
 //     within 1.5× its p99 without the heavy tenants, or within one
 //     full-batch decode step of it;
+//   - without the heavy tenants, a light tenant without a cap sees p99
+//     TTFT within 1.25× its p99 sending the same requests to the replica
+//     directly, or within one step of it (the done-when's lone light
+//     tenant against direct vLLM, on every shape);
 //   - no admitted request of a light tenant is lost;
 //   - nothing is shed before its deadline (expiries only at max_wait);
 //   - where demand fits the replica, goodput is within 5 % of sending to
@@ -363,6 +367,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		room := sent < limit && sentTokens+need <= f.TokensCap
 		light, reserve := g.Assess(clk.Now().UnixNano(), loads, cand, f, 0.1)
 		if !light && !f.FitsBeyond(need, reserve) {
+			if fgTrace && room && tn.light {
+				st, _ := g.State(tn.name)
+				fmt.Printf("%8.3f HOLD %s reserve %.2f load %.2f sent %d lim %d\n", now.Seconds(), tn.name, reserve, st.Load, sent, limit)
+			}
 			if room {
 				return queue.Park
 			}
@@ -549,9 +557,13 @@ const (
 	fgLost   fgKind = "light requests lost"
 	fgShed   fgKind = "shed before the deadline"
 	fgGood   fgKind = "goodput below direct"
+	// fgDirect: without the heavy tenants, a light tenant's p99 TTFT
+	// through Sluice is above 1.25× (or one step over) its p99 sending
+	// the same requests to the replica directly.
+	fgDirect fgKind = "alone slower than direct"
 )
 
-var fgKinds = []fgKind{fgBurst, fgCompletion, fgLentShare, fgQueued, fgLost, fgShed, fgGood}
+var fgKinds = []fgKind{fgBurst, fgCompletion, fgLentShare, fgQueued, fgLost, fgShed, fgGood, fgDirect}
 
 // kindOf is the kind of a p99 TTFT violation by light tenant tn, whose
 // p99 alone was alone and whose bound was bound.
@@ -590,6 +602,16 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 	for _, tn := range alone.tenants {
 		byName[tn.name] = tn
 	}
+	// The light tenants through Sluice against the same tenants sent to
+	// the replica directly: Sluice without a flood must not be slower than
+	// no Sluice (a tenant with a cap waits for it, as configured).
+	direct := sc.run(t, light, true)
+	for i, tn := range alone.tenants {
+		pa, pd := pct(tn.ttft, 0.99), pct(direct.tenants[i].ttft, 0.99)
+		if bound := max(time.Duration(1.25*float64(pd)), pd+sc.step); tn.cap == 0 && pa > bound {
+			violations = append(violations, fgViolation{fgDirect, fmt.Sprintf("%s alone p99 TTFT %v > %v (direct %v)", tn.name, pa, bound, pd)})
+		}
+	}
 	for _, tn := range flooded.tenants {
 		if !tn.light {
 			fmt.Fprintf(&b, " %s served %d expired %d full %d;", tn.name, tn.served, tn.expired, tn.full)
@@ -607,7 +629,6 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 		}
 	}
 	if !slices.ContainsFunc(sc.tenants, func(tn fgTenant) bool { return !tn.light }) {
-		direct := sc.run(t, all, true)
 		fmt.Fprintf(&b, " goodput %d vs direct %d", flooded.served, direct.served)
 		if float64(flooded.served) < 0.95*float64(direct.served) {
 			violations = append(violations, fgViolation{fgGood, fmt.Sprintf("goodput %d < 95%% of direct %d", flooded.served, direct.served)})

@@ -323,10 +323,14 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
 			present, sole = present+1, loads[i].Name
 		}
-		// Heavy above lightMargin × its claim or above the whole pool (a
-		// claim is at most the pool); once heavy, until it is back within
-		// its claim.
-		over := x.load > lightMargin*x.weight*level || (x.load > 1 && !g.NoPool)
+		// Heavy above lightMargin × its claim, or with its averaged demand
+		// above the whole pool (a claim is at most the pool); once heavy,
+		// until it is back within its claim. The pool bound reads what the
+		// tenant holds and queues, not the forecast: a Poisson cluster of
+		// long requests forecasts more than the pool for a tenant asking
+		// a third of it, and as heavy it waited for a reserve kept for
+		// tenants that had nothing to send.
+		over := x.load > lightMargin*x.weight*level || (x.avg > 1 && !g.NoPool)
 		m.heavy = over || (m.heavy && x.load > x.weight*level && !g.NoSticky)
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
