@@ -531,6 +531,7 @@ func fgCheck(t *testing.T, seed uint64) (summary string, violations []fgViolatio
 type fgViolation struct {
 	kind fgKind
 	text string
+	over time.Duration // how far a p99 TTFT passed its bound (0: not a TTFT bound)
 }
 
 // fgKind sorts a violation by what the light tenant did; a sweep counts
@@ -601,7 +602,7 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v\n   learned %d, most inside the replica %d;", sc, flooded.learned, flooded.maxInside)
 	if flooded.earlyShed > 0 {
-		violations = append(violations, fgViolation{fgShed, fmt.Sprintf("%d shed before their deadline", flooded.earlyShed)})
+		violations = append(violations, fgViolation{kind: fgShed, text: fmt.Sprintf("%d shed before their deadline", flooded.earlyShed)})
 	}
 	byName := map[string]fgTenant{}
 	for _, tn := range alone.tenants {
@@ -623,11 +624,12 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 		lone := func(o *fgTenant) bool { return o.name == tn.name }
 		pa, pd := pct(sc.run(t, lone, false).tenants[0].ttft, 0.99), pct(sc.run(t, lone, true).tenants[0].ttft, 0.99)
 		if bound := max(time.Duration(1.25*float64(pd)), pd+sc.step); pa > bound {
-			violations = append(violations, fgViolation{fgLone, fmt.Sprintf("%s alone p99 TTFT %v > %v (direct %v)", tn.name, pa, bound, pd)})
+			violations = append(violations, fgViolation{fgLone, fmt.Sprintf("%s alone p99 TTFT %v > %v (direct %v)", tn.name, pa, bound, pd), pa - bound})
 		}
 	}
 	if pa, pd := pct(pooled, 0.99), pct(pooledDirect, 0.99); pa > max(time.Duration(1.25*float64(pd)), pd+sc.step) {
-		violations = append(violations, fgViolation{fgDirect, fmt.Sprintf("light tenants together p99 TTFT %v > %v (direct %v)", pa, max(time.Duration(1.25*float64(pd)), pd+sc.step), pd)})
+		bound := max(time.Duration(1.25*float64(pd)), pd+sc.step)
+		violations = append(violations, fgViolation{fgDirect, fmt.Sprintf("light tenants together p99 TTFT %v > %v (direct %v)", pa, bound, pd), pa - bound})
 	}
 	for _, tn := range flooded.tenants {
 		if !tn.light {
@@ -639,16 +641,16 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 		bound := max(time.Duration(1.5*float64(pa)), pa+sc.step)
 		fmt.Fprintf(&b, " %s p99 TTFT %v alone %v (bound %v) lost %d;", tn.name, pf, pa, bound, tn.expired+tn.full)
 		if pf > bound {
-			violations = append(violations, fgViolation{sc.kindOf(tn, pa, bound), fmt.Sprintf("%s p99 TTFT %v > %v (alone %v)", tn.name, pf, bound, pa)})
+			violations = append(violations, fgViolation{sc.kindOf(tn, pa, bound), fmt.Sprintf("%s p99 TTFT %v > %v (alone %v)", tn.name, pf, bound, pa), pf - bound})
 		}
 		if tn.expired+tn.full > a.expired+a.full {
-			violations = append(violations, fgViolation{fgLost, fmt.Sprintf("%s lost %d requests (alone %d)", tn.name, tn.expired+tn.full, a.expired+a.full)})
+			violations = append(violations, fgViolation{kind: fgLost, text: fmt.Sprintf("%s lost %d requests (alone %d)", tn.name, tn.expired+tn.full, a.expired+a.full)})
 		}
 	}
 	if !slices.ContainsFunc(sc.tenants, func(tn fgTenant) bool { return !tn.light }) {
 		fmt.Fprintf(&b, " goodput %d vs direct %d", flooded.served, direct.served)
 		if float64(flooded.served) < 0.95*float64(direct.served) {
-			violations = append(violations, fgViolation{fgGood, fmt.Sprintf("goodput %d < 95%% of direct %d", flooded.served, direct.served)})
+			violations = append(violations, fgViolation{kind: fgGood, text: fmt.Sprintf("goodput %d < 95%% of direct %d", flooded.served, direct.served)})
 		}
 	}
 	return b.String(), violations
@@ -674,7 +676,8 @@ func TestFairnessScenarios(t *testing.T) {
 		}
 	}
 	failed := 0
-	byKind := map[fgKind]int{} // seeds with a violation of the kind
+	byKind := map[fgKind]int{}             // seeds with a violation of the kind
+	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
 	for _, seed := range seeds {
 		sum, v := fgCheck(t, seed)
 		if len(v) == 0 {
@@ -682,11 +685,16 @@ func TestFairnessScenarios(t *testing.T) {
 			continue
 		}
 		failed++
-		seen := map[fgKind]bool{}
+		most := map[fgKind]time.Duration{}
 		for _, x := range v {
-			if !seen[x.kind] {
-				seen[x.kind] = true
+			if _, ok := most[x.kind]; !ok {
 				byKind[x.kind]++
+			}
+			most[x.kind] = max(most[x.kind], x.over)
+		}
+		for k, d := range most {
+			if d > 0 {
+				overBy[k] = append(overBy[k], d)
 			}
 		}
 		if *fairgenWarn {
@@ -704,6 +712,13 @@ func TestFairnessScenarios(t *testing.T) {
 			}
 		}
 		t.Logf("seeds failing by kind (a seed may have several): %s", strings.Join(kinds, ", "))
+		var overs []string
+		for _, k := range fgKinds {
+			if ds := overBy[k]; len(ds) > 0 {
+				overs = append(overs, fmt.Sprintf("%s median %v, most %v", k, pct(ds, 0.5).Round(time.Millisecond), pct(ds, 1).Round(time.Millisecond)))
+			}
+		}
+		t.Logf("p99 TTFT past its bound, per failing seed: %s", strings.Join(overs, "; "))
 	}
 	if *fairgenN > 0 {
 		for _, row := range []struct {
