@@ -350,9 +350,9 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 					if err != nil && now >= r.warmup {
 						tn.full++
 					}
-					if err == nil {
-						tn.arrived++
-					}
+					// Arrived even if the queue refused it: Sluice counts a
+					// request in its pool before Enqueue (gate.Pools.MoveLocked).
+					tn.arrived++
 					next := now + time.Duration(tn.rng.ExpFloat64()/tn.rate*float64(time.Second))
 					if tn.surge > 0 && next >= tn.surgeAt {
 						// Poisson at the surge's rate from surgeAt on.

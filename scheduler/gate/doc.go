@@ -48,6 +48,16 @@
 //     within its claim (hysteresis: a light tenant pausing between
 //     requests raises the level, which must not turn a flood light for a
 //     moment and let it fill the pool).
+//   - A heavy tenant is held by the reserve only while it is sustained:
+//     its arrival rate over sustainWindow × its mean service time × one
+//     request's share of the pool above its weighted share of the tenants
+//     present. One heavy by a burst, or by a backlog that grew while it
+//     was held, at a rate within its share is let through as light: held,
+//     its room could fall below what its arrivals need and its queue grow
+//     for good. Arrivals count requests the queue refused (Pools counts a
+//     request before Enqueue), so a flood whose queue is full reads at its
+//     real rate; a closed loop's arrivals are its completions, so it is
+//     held while it runs above its share.
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the

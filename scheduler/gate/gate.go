@@ -41,6 +41,15 @@ const lightMargin = 3.0
 // after the others left. One that comes back is served as when it first came.
 const idleGaps = 10.0
 
+// sustainWindow is the time constant of the arrival rate that tells a
+// flood from a burst: a heavy tenant is held by the light tenants' reserve
+// only while its offered load at this rate is above its weighted share.
+// It must be long against a burst (one of B requests adds B per
+// sustainWindow to the rate) and short against a flood's onset (a tenant
+// that starts sending at twice the pool passes its share within about
+// sustainWindow × share / 2 pools: 2.5 s for a share of a quarter).
+const sustainWindow = 20 * time.Second
+
 // forecastWindow is the time constant of the arrival rate behind the light
 // tenants' forecast: a few seconds of arrivals, so that a tenant that
 // starts is forecast within about one service time.
@@ -76,6 +85,7 @@ type Options struct {
 	NoForecast bool          // reserve from the light tenants' peaks alone
 	NoSticky   bool          // no heavy hysteresis, idle tenants' peaks unreserved
 	NoPool     bool          // heavy only above lightMargin × its claim, not above the pool
+	NoSustain  bool          // a heavy tenant held by the reserve whatever its arrival rate
 	K          float64       // 0: burstK; negative: none
 }
 
@@ -112,10 +122,15 @@ type gateMem struct {
 	lastN int64
 	heavy bool    // at the last assessment
 	load  float64 // gateCls.load at the last assessment
+	// sustained: its arrivals over sustainWindow offer more than its
+	// weighted share (at the last assessment); a heavy tenant that is not
+	// sustained is not held by the reserve.
+	sustained bool
 	// rate is the arrival rate (per second) averaged over forecastWindow,
 	// counted from firstN (when it last became active); svc the mean
 	// service time of its completed requests (s, 0 unknown).
 	rate, svc       float64
+	sustRate        float64 // the arrival rate averaged over sustainWindow
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
@@ -140,6 +155,7 @@ type gateCls struct {
 	avg, demand, held, weight float64
 	active                    bool
 	forecast                  float64 // λ·W as a fraction of the pool's sequences
+	size                      float64 // one of its requests, as a fraction of the pool
 	load                      float64 // max(avg, forecast): what classifies it
 	m                         *gateMem
 }
@@ -154,6 +170,19 @@ func (m *gateMem) rateNow(nowN int64) float64 {
 		return m.rate // the correction is below 5e-5
 	}
 	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
+}
+
+// sustRateNow is the arrival rate over sustainWindow, divided by the part
+// of it the tenant has been active for (at least forecastWindow, as for
+// rateNow: a young closed-loop flood read at a fraction of its rate would
+// be served as light).
+func (m *gateMem) sustRateNow(nowN int64) float64 {
+	st := sustainWindow.Seconds()
+	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
+	if age > 10*st {
+		return m.sustRate
+	}
+	return m.sustRate / (1 - math.Exp(-age/st))
 }
 
 // longRateNow is the long-run arrival rate over hold, divided by the part
@@ -186,6 +215,8 @@ func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
 	// An exponentially weighted count of arrivals per second: each adds
 	// 1/τ and the sum decays with τ.
 	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.Arrived-m.arrived, 0))/tau
+	st := sustainWindow.Seconds()
+	m.sustRate = m.sustRate*math.Exp(-dt/st) + float64(max(l.Arrived-m.arrived, 0))/st
 	// The long-run rate: over the hold, from when it was first seen (at
 	// least 10 s, to bound the noise of its first arrivals).
 	hold := g.holdFor().Seconds()
@@ -273,7 +304,11 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// Only tenants with work now claim a share: one that left stops
 		// shaping the level at once (its average still decays).
 		active := demand > 0 || i == cand
-		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.Weight, 1e-9), active: active, m: m})
+		size := 1 / seqsCap
+		if l.Held > 0 {
+			size = max(size, float64(l.Tokens)/float64(l.Held)/tokensCap)
+		}
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, size: size, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
 		// λ·W, with the pool's mean service time for a tenant that has
@@ -306,6 +341,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
 	others, lightWaiting := false, false
 	present, sole := 0, ""
+	var presentW float64
 	for i, x := range cs {
 		m := x.m
 		// A tenant's peak is kept while it may only be pausing (goneAfter),
@@ -322,6 +358,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		m.peakCur = max(m.peakCur, x.demand)
 		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
 			present, sole = present+1, loads[i].Name
+			presentW += x.weight
 		}
 		// Heavy above lightMargin × its claim, or with its averaged demand
 		// above the whole pool (a claim is at most the pool); once heavy,
@@ -367,10 +404,26 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		lightHeld += x.held
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
+	// A tenant heavy by its demand now (a burst, or a backlog that built
+	// while it was held) but whose arrivals over sustainWindow offer no
+	// more than its weighted share is no flood: held at the light tenants'
+	// reserve, a burst that vLLM alone serves at once waited for seconds,
+	// and a backlog that the reserve left it less room than its arrivals
+	// need only grew. A flood keeps arriving, and a closed loop's arrivals
+	// are its completions, so either is held while it runs above its share.
+	for _, x := range cs {
+		m := x.m
+		svc := m.svc
+		if svc == 0 {
+			svc = g.svc
+		}
+		m.sustained = g.NoSustain || svc == 0 || presentW == 0 ||
+			m.sustRateNow(nowN)*svc*x.size > x.weight/presentW
+	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
 		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve,
 		present: present, sole: sole, ok: true}
-	return g.decide(g.mem[loads[cand].Name].heavy, cs[cand].held)
+	return g.decide(g.mem[loads[cand].Name], cs[cand].held)
 }
 
 // gateSnap is the last full assessment, reused for assessEvery.
@@ -405,7 +458,7 @@ func (g *Gate) Fresh(nowN int64, tenant string) bool {
 // current load.
 func (g *Gate) DecideFresh(l TenantLoad, f FleetLoad) (light bool, reserve float64) {
 	held := max(float64(l.Held)/float64(max(f.SeqsCap, 1)), float64(l.Tokens)/float64(max(f.TokensCap, 1)))
-	return g.decide(g.mem[l.Name].heavy, held)
+	return g.decide(g.mem[l.Name], held)
 }
 
 // Alone reports whether tenant is the only one the pool has seen lately
@@ -427,6 +480,7 @@ func (g *Gate) WithinShare(tenant string, weight float64) bool {
 // State is what the gate remembers of one tenant, for traces.
 type State struct {
 	Heavy             bool    // at the last assessment
+	Sustained         bool    // its arrivals offer more than its weighted share (a heavy one is held)
 	Load              float64 // what classified it at the last assessment
 	PeakCur, PeakPrev float64 // its demand peak, in two half-window buckets
 	PeakStart         int64   // when the current bucket started
@@ -441,14 +495,14 @@ func (g *Gate) State(tenant string) (State, bool) {
 	if m == nil {
 		return State{}, false
 	}
-	return State{Heavy: m.heavy, Load: m.load, PeakCur: m.peakCur, PeakPrev: m.peakPrev, PeakStart: m.peakStart, GoneAfter: m.goneAfter, LongRate: m.longRate}, true
+	return State{Heavy: m.heavy, Sustained: m.sustained, Load: m.load, PeakCur: m.peakCur, PeakPrev: m.peakPrev, PeakStart: m.peakStart, GoneAfter: m.goneAfter, LongRate: m.longRate}, true
 }
 
-// decide is the verdict for a tenant classified heavy or not, holding the
+// decide is the verdict for a tenant as m classifies it, holding the
 // fraction held of the pool.
-func (g *Gate) decide(heavy bool, held float64) (light bool, reserve float64) {
+func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	sn := &g.snap
-	if !heavy {
+	if !m.heavy || !m.sustained {
 		return true, 0
 	}
 	if !sn.lightWaiting && held == 0 && sn.heavyHeld == 0 && !g.NoFloor {

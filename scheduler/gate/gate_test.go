@@ -164,6 +164,57 @@ func TestHeavyAbovePool(t *testing.T) {
 	assert.Zero(t, reserve)
 }
 
+// TestBurstIsNotHeld: a tenant asking more than the pool by its backlog
+// (14 requests on 8 sequences) whose arrivals offer less than its weighted
+// share (2/s of 0.4 s requests: 0.1 of the pool against 2/3) is no flood:
+// the reserve kept for the other tenant's peak does not hold it. The same
+// backlog arriving at 40/s (2 pools) is held, and so is the slow one
+// without the rule (NoSustain), which is how a bursting tenant's queue
+// grew while the pool stood idle (fairness sweep seed 494).
+func TestBurstIsNotHeld(t *testing.T) {
+	run := func(g *Gate, perTick int64) (bool, float64) {
+		loads := []TenantLoad{
+			{Name: "burst", Weight: 4, Held: 2, Queued: 12},
+			{Name: "steady", Weight: 2, Held: 4},
+		}
+		f := FleetLoad{Seqs: 6, SeqsCap: 8, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 300 { // 30 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i == 100 { // the steady tenant's peak of 4 is kept
+				loads[1].Held, f.Seqs = 1, 3
+			}
+			if i%5 == 0 { // every 500 ms
+				loads[0].Arrived += perTick
+				loads[0].Served++
+				loads[0].ServedSec += 0.4
+				loads[1].Arrived++
+				loads[1].Served++
+				loads[1].ServedSec += 0.4
+			}
+			g.Assess(now, loads, 1, f, 0)
+		}
+		return g.Assess(now, loads, 0, f, 0)
+	}
+	var g Gate
+	light, reserve := run(&g, 1)
+	assert.True(t, light, "offers 0.1 of the pool, its share is 2/3")
+	assert.Zero(t, reserve)
+	st, _ := g.State("burst")
+	assert.True(t, st.Heavy, "heavy by its demand")
+	assert.False(t, st.Sustained)
+
+	var flood Gate
+	light, reserve = run(&flood, 20)
+	assert.False(t, light, "offers 2 pools")
+	assert.Positive(t, reserve)
+
+	held := Gate{Options: Options{NoSustain: true}}
+	light, reserve = run(&held, 1)
+	assert.False(t, light)
+	assert.False(t, FleetLoad{Seqs: 3, SeqsCap: 8, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "held at 2 of its share of 5: the steady tenant's kept peak and noise keep the rest")
+}
+
 // TestAssessFloorLetsOneHeavyRequestRun: with nothing of its own in
 // flight, a heavy tenant may start one request where it leaves the light
 // tenants floorK standard deviations over what they hold (3·√4 = 6 of 32
