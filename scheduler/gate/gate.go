@@ -45,9 +45,9 @@ const idleGaps = 10.0
 // flood from a burst: a heavy tenant is held by the light tenants' reserve
 // only while its offered load at this rate is above its weighted share.
 // It must be long against a burst (one of B requests adds B per
-// sustainWindow to the rate) and short against a flood's onset (a tenant
-// that starts sending at twice the pool passes its share within about
-// sustainWindow × share / 2 pools: 2.5 s for a share of a quarter).
+// sustainWindow to the rate) and short against a flood's onset: a tenant
+// that starts offering R pools passes a share s within about
+// sustainWindow × s / R (2.5 s for a quarter at twice the pool).
 const sustainWindow = 20 * time.Second
 
 // forecastWindow is the time constant of the arrival rate behind the light
@@ -131,6 +131,7 @@ type gateMem struct {
 	// service time of its completed requests (s, 0 unknown).
 	rate, svc       float64
 	sustRate        float64 // the arrival rate averaged over sustainWindow
+	reqTokens       float64 // tokens of one of its requests in flight, on average
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
@@ -304,10 +305,12 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// Only tenants with work now claim a share: one that left stops
 		// shaping the level at once (its average still decays).
 		active := demand > 0 || i == cand
-		size := 1 / seqsCap
 		if l.Held > 0 {
-			size = max(size, float64(l.Tokens)/float64(l.Held)/tokensCap)
+			// Remembered while it holds none: a flood held at nothing
+			// still sends requests of that size.
+			m.reqTokens = float64(l.Tokens) / float64(l.Held)
 		}
+		size := max(1/seqsCap, m.reqTokens/tokensCap)
 		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, size: size, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
@@ -365,8 +368,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// until it is back within its claim. The pool bound reads what the
 		// tenant holds and queues, not the forecast: a Poisson cluster of
 		// long requests forecasts more than the pool for a tenant asking
-		// a third of it, and as heavy it waited for a reserve kept for
-		// tenants that had nothing to send.
+		// a third of it, which as heavy would wait for a reserve kept for
+		// tenants with nothing to send.
 		over := x.load > lightMargin*x.weight*level || (x.avg > 1 && !g.NoPool)
 		m.heavy = over || (m.heavy && x.load > x.weight*level && !g.NoSticky)
 		// The sums cover every light tenant: they are used only for a heavy
@@ -406,11 +409,12 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	}
 	// A tenant heavy by its demand now (a burst, or a backlog that built
 	// while it was held) but whose arrivals over sustainWindow offer no
-	// more than its weighted share is no flood: held at the light tenants'
-	// reserve, a burst that vLLM alone serves at once waited for seconds,
-	// and a backlog that the reserve left it less room than its arrivals
-	// need only grew. A flood keeps arriving, and a closed loop's arrivals
-	// are its completions, so either is held while it runs above its share.
+	// more than its weighted share is no flood. Held at the light tenants'
+	// reserve, a burst that vLLM alone serves at once would wait for
+	// seconds, and where the reserve leaves less room than its arrivals
+	// need its backlog only grows. A flood keeps arriving, and a closed
+	// loop's arrivals are its completions, so either is held while it runs
+	// above its share.
 	for _, x := range cs {
 		m := x.m
 		svc := m.svc
