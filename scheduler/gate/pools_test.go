@@ -74,3 +74,18 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Equal(t, []string{"y"}, p.UnparkAll())
 	assert.Empty(t, p.UnparkAll())
 }
+
+// TestPoolCountsARefusedArrival: the engine counts a request queued in its
+// pool before Enqueue and moves it out when the queue refuses it
+// (queue_full); it stays an arrival, so a flood whose queue is full reads
+// at the rate it sends, not the rate it is admitted (the gate's sustained
+// test, SCHEDULING §6 "A burst is not a flood").
+func TestPoolCountsARefusedArrival(t *testing.T) {
+	t.Parallel()
+	var p Pools[slots]
+	k := slots(1)
+	c := &Place[slots]{Pool: k}
+	p.Move(c, "x", 100, false, SpotQueued)
+	p.Move(c, "x", 100, false, SpotNone) // refused by the queue
+	assert.Equal(t, TenantLoad{Name: "x", Arrived: 1}, p.Load(k, "x"))
+}
