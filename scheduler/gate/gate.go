@@ -166,24 +166,25 @@ type gateCls struct {
 // its first arrivals: one burst after a pause read as a flood with one
 // second).
 func (m *gateMem) rateNow(nowN int64) float64 {
-	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
-	if age > 10*forecastWindow.Seconds() {
-		return m.rate // the correction is below 5e-5
-	}
-	return m.rate / (1 - math.Exp(-age/forecastWindow.Seconds()))
+	return m.activeRate(m.rate, forecastWindow, nowN)
 }
 
-// sustRateNow is the arrival rate over sustainWindow, divided by the part
-// of it the tenant has been active for (at least forecastWindow, as for
-// rateNow: a young closed-loop flood read at a fraction of its rate would
-// be served as light).
+// sustRateNow is the arrival rate over sustainWindow, corrected the same
+// way (at least forecastWindow of activity too: a young closed-loop flood
+// read at a fraction of its rate would be served as light).
 func (m *gateMem) sustRateNow(nowN int64) float64 {
-	st := sustainWindow.Seconds()
+	return m.activeRate(m.sustRate, sustainWindow, nowN)
+}
+
+// activeRate is rate, an arrival rate averaged with time constant tau,
+// divided by the part of tau the tenant has been active for (since firstN,
+// at least forecastWindow).
+func (m *gateMem) activeRate(rate float64, tau time.Duration, nowN int64) float64 {
 	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
-	if age > 10*st {
-		return m.sustRate
+	if age > 10*tau.Seconds() {
+		return rate // the correction is below 5e-5
 	}
-	return m.sustRate / (1 - math.Exp(-age/st))
+	return rate / (1 - math.Exp(-age/tau.Seconds()))
 }
 
 // longRateNow is the long-run arrival rate over hold, divided by the part
