@@ -169,8 +169,9 @@ func TestHeavyAbovePool(t *testing.T) {
 // share (2/s of 0.4 s requests: 0.1 of the pool against 2/3) is no flood:
 // the reserve kept for the other tenant's peak does not hold it. The same
 // backlog arriving at 40/s (2 pools) is held, and so is the slow one
-// without the rule (NoSustain), which is how a bursting tenant's queue
-// grew while the pool stood idle (fairness sweep seed 494).
+// without the rule (NoSustain): held at 2 of its share of 5, a bursting
+// tenant's queue grows while the pool stands idle (fairness sweep seed
+// 494).
 func TestBurstIsNotHeld(t *testing.T) {
 	run := func(g *Gate, perTick int64) (bool, float64) {
 		loads := []TenantLoad{
