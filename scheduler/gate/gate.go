@@ -343,6 +343,10 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		pw = peakWindow
 	}
 	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
+	// The variances of the light tenants' Poisson counts as fractions of
+	// the pool: a count of mean μ requests of size s each is a fraction
+	// of mean s·μ and variance s·(s·μ).
+	var peakVar, forecastVar, heldVar float64
 	others, lightWaiting := false, false
 	present, sole := 0, ""
 	var presentW float64
@@ -401,11 +405,16 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		}
 		// A light tenant's claim is capped at its margin over its max-min
 		// share, so no single tenant can reserve the fleet.
-		lightPeak += min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		lightPeak += peak
+		peakVar += x.size * peak
 		if !g.NoForecast {
-			lightForecast += min(x.forecast, lightMargin*x.weight*level)
+			f := min(x.forecast, lightMargin*x.weight*level)
+			lightForecast += f
+			forecastVar += x.size * f
 		}
 		lightHeld += x.held
+		heldVar += x.size * x.held
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
 	// A tenant heavy by its demand now (a burst, or a backlog that built
@@ -426,7 +435,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			m.sustRateNow(nowN)*svc*x.size > x.weight/presentW
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
-		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, seqsCap: seqsCap, minReserve: minReserve,
+		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar,
+		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, minReserve: minReserve,
 		present: present, sole: sole, ok: true}
 	return g.decide(g.mem[loads[cand].Name], cs[cand].held)
 }
@@ -439,8 +449,11 @@ type gateSnap struct {
 	backlogNeed          float64
 	heavyHeld            float64 // held by heavy tenants
 	lightForecast        float64
-	others, lightWaiting bool
-	seqsCap, minReserve  float64
+	// The variances of the light tenants' peak, forecast and held counts,
+	// as fractions of the pool.
+	peakVar, forecastVar, heldVar float64
+	others, lightWaiting          bool
+	minReserve                    float64
 	// present counts the tenants with demand or a demand peak kept (they
 	// may only be pausing); sole names one of them.
 	present int
@@ -517,13 +530,13 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 		// time. One per pool, not per heavy tenant: two floods each keeping
 		// one in flight took half of a four-sequence batch from light
 		// tenants whose peaks were reserved.
-		return false, min(floorK*math.Sqrt(sn.lightHeld*sn.seqsCap)/sn.seqsCap, 1)
+		return false, min(floorK*math.Sqrt(sn.heldVar), 1)
 	}
-	// The peak plus its Poisson noise (k·√(peak·S) requests) covers a
+	// The peak plus its Poisson noise (k·√(peak/s) requests of size s) covers a
 	// burst a little above the recent ones.
-	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.lightPeak*sn.seqsCap)/sn.seqsCap
+	reserve = sn.lightPeak + g.burstK()*math.Sqrt(sn.peakVar)
 	if f := sn.lightForecast; f > 0 {
-		reserve = max(reserve, f+forecastK*math.Sqrt(f*sn.seqsCap)/sn.seqsCap)
+		reserve = max(reserve, f+forecastK*math.Sqrt(sn.forecastVar))
 	}
 	reserve += sn.backlogNeed - sn.lightHeld
 	if sn.others {

@@ -128,6 +128,32 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 	assert.Zero(t, reserve, "the peak alone, all of it held")
 }
 
+// TestAssessNoiseInTheRequestsThePoolHolds: on a pool whose KV cache
+// binds before its sequences (max_num_seqs left at 256, room for three
+// requests of 1,000 tokens), the light tenant's peak of one request is a
+// third of the pool, and its Poisson noise is one request too: the flood
+// must leave room for a second. Counted in the pool's 256 sequences, the
+// noise would be √(1/3 · 1/256) ≈ 0.04 of the pool, no room at all, and
+// the light tenant's second request would wait for a completion.
+func TestAssessNoiseInTheRequestsThePoolHolds(t *testing.T) {
+	var g Gate
+	loads := []TenantLoad{
+		{Name: "flood", Weight: 1, Held: 2, Queued: 100, Tokens: 2000},
+		{Name: "light", Weight: 1, Held: 1, Tokens: 1000},
+	}
+	f := FleetLoad{Seqs: 3, SeqsCap: 256, Tokens: 3000, TokensCap: 3000}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for range 50 {
+		now += int64(100 * time.Millisecond)
+		g.Assess(now, loads, 1, f, 0)
+	}
+	light, reserve := g.Assess(now, loads, 0, f, 0)
+	assert.False(t, light, "the flood")
+	assert.InDelta(t, 1.0/3, reserve, 1e-9, "peak 1/3 + √(1/3 · 1/3) − held 1/3: one request")
+	f.Tokens, f.Seqs = 2000, 2
+	assert.False(t, f.FitsBeyond(1000, reserve), "the flood may not take the light tenant's second request's room")
+}
+
 // TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16
 // held, 25 queued) while the only other tenant is pausing has a claim of
 // the whole pool, so it is within lightMargin of it; it is heavy all the
