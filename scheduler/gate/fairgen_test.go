@@ -136,6 +136,7 @@ type fgTenant struct {
 	doneSec               float64
 	ttft                  []time.Duration // measured arrivals
 	lent                  []bool          // fgReq.lent of each
+	first                 []bool          // fgReq.first of each
 	served, expired, full int
 }
 
@@ -251,6 +252,9 @@ type fgReq struct {
 	// sustained) held room, so whatever held the batch was let through as
 	// light.
 	lent bool
+	// first: one of the tenant's first arrival (a burst is one), before
+	// the gate has seen it ask for anything: no reserve can be its.
+	first bool
 }
 
 // fgResult is one run's outcome.
@@ -340,6 +344,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		if r.arrival >= sc.warmup && r.arrival < sc.duration {
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 			r.t.lent = append(r.t.lent, r.lent)
+			r.t.first = append(r.t.first, r.first)
 		}
 		svc := time.Duration(r.out) * sc.step
 		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed()})
@@ -445,13 +450,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		case desArrival:
 			tn := e.t
 			if now < sc.duration {
+				first := tn.arrived == 0
 				for range tn.burst {
 					out := sc.outLo + tn.rng.IntN(sc.outHi-sc.outLo+1)
 					lent := !slices.ContainsFunc(ts, func(o *fgTenant) bool {
 						st, ok := g.State(o.name)
 						return ok && st.Heavy && st.Sustained && o.held > 0
 					})
-					_, err := q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out, lent: lent}})
+					_, err := q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out, lent: lent, first: first}})
 					// Arrived even if the queue refused it: Sluice counts a
 					// request in its pool before Enqueue (gate.Pools.MoveLocked).
 					tn.arrived++
@@ -560,6 +566,10 @@ const (
 	// asking no more than the pool, within the light margin of claims
 	// that the others' small demand made nearly the whole pool.
 	fgLentShare fgKind = "a wait for a completion, no tenant heavy"
+	// fgFirst: the same, for the tenant's first request: the gate had
+	// never seen it, so nothing was reserved for it, as for a tenant that
+	// comes to a pool a lone flood holds.
+	fgFirst fgKind = "a first request waits for a completion"
 	// fgQueued: a light tenant that queues alone too (its own Poisson
 	// peaks exceed the batch or its cap) queued longer.
 	fgQueued fgKind = "queued alone too"
@@ -575,7 +585,7 @@ const (
 	fgDirect fgKind = "light tenants together slower than direct"
 )
 
-var fgKinds = []fgKind{fgBurst, fgCompletion, fgLentShare, fgQueued, fgLost, fgShed, fgGood, fgLone, fgDirect}
+var fgKinds = []fgKind{fgBurst, fgCompletion, fgLentShare, fgFirst, fgQueued, fgLost, fgShed, fgGood, fgLone, fgDirect}
 
 // kindOf is the kind of a p99 TTFT violation by light tenant tn, whose
 // p99 alone was alone and whose bound was bound.
@@ -588,10 +598,18 @@ func (sc *fgScenario) kindOf(tn fgTenant, alone, bound time.Duration) fgKind {
 	case tn.burst > 1 && float64(tn.burst) > float64(sc.batch)*tn.weight/sumW:
 		return fgBurst
 	case alone <= sc.step:
+		first := false
 		for i, d := range tn.ttft {
-			if d > bound && !tn.lent[i] {
+			switch {
+			case d <= bound:
+			case tn.first[i]:
+				first = true
+			case !tn.lent[i]:
 				return fgCompletion
 			}
+		}
+		if first {
+			return fgFirst
 		}
 		return fgLentShare
 	}
@@ -765,6 +783,7 @@ func TestFairgenKinds(t *testing.T) {
 	for i := range sc.tenants[:2] {
 		sc.tenants[i].ttft = []time.Duration{sc.step, 300 * time.Millisecond}
 		sc.tenants[i].lent = []bool{true, false}
+		sc.tenants[i].first = []bool{false, false}
 	}
 	assert.Equal(t, fgBurst, sc.kindOf(sc.tenants[1], sc.step, bound), "a burst of 5 over a share of 2")
 	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[0], sc.step, bound), "never waits alone")
@@ -775,6 +794,11 @@ func TestFairgenKinds(t *testing.T) {
 	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[0], sc.step, bound), "a single request above a share below one sequence")
 	sc.tenants[0].lent[1] = true
 	assert.Equal(t, fgLentShare, sc.kindOf(sc.tenants[0], sc.step, bound), "no heavy tenant held room when it came")
+	sc.tenants[0].first[1] = true
+	assert.Equal(t, fgFirst, sc.kindOf(sc.tenants[0], sc.step, bound), "its first request")
+	sc.tenants[0].lent[1], sc.tenants[0].ttft = false, append(sc.tenants[0].ttft, 200*time.Millisecond)
+	sc.tenants[0].lent, sc.tenants[0].first = append(sc.tenants[0].lent, false), append(sc.tenants[0].first, false)
+	assert.Equal(t, fgCompletion, sc.kindOf(sc.tenants[0], sc.step, bound), "a later request waited too")
 }
 
 // TestFairgenBurstNotHeld pins seed 494 without its heavy tenant: a
