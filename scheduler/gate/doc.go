@@ -63,10 +63,10 @@
 //     server.headroom while one is active. What they will hold is the
 //     larger of their demand peaks over the last peakWindow (plus burstK
 //     Poisson standard deviations) and their summed offered load (plus
-//     forecastK). The deviations count requests of each tenant's own size
-//     (a pool whose KV cache binds holds fewer than max_num_seqs), so a
-//     peak of one request has a deviation of one request, whatever the
-//     pool's sequences. A light tenant idle right now keeps its peak reserved
+//     forecastK). Offered loads and deviations count requests of each
+//     tenant's own size (a pool whose KV cache binds holds fewer than
+//     max_num_seqs), so a peak of one request has a deviation of one
+//     request, whatever the pool's sequences. A light tenant idle right now keeps its peak reserved
 //     until it ages out; one with a backlog is reserved what it lacks of
 //     its claim, no more (a heavy peer keeps what the level leaves it).
 //   - With no heavy request in flight on the pool a heavy tenant may start

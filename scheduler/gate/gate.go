@@ -155,7 +155,7 @@ type gateMem struct {
 type gateCls struct {
 	avg, demand, held, weight float64
 	active                    bool
-	forecast                  float64 // λ·W as a fraction of the pool's sequences
+	forecast                  float64 // λ·W as a fraction of the pool, at its request size
 	size                      float64 // one of its requests, as a fraction of the pool
 	load                      float64 // max(avg, forecast): what classifies it
 	m                         *gateMem
@@ -315,14 +315,16 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, size: size, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
-		// λ·W, with the pool's mean service time for a tenant that has
-		// completed nothing here yet.
+		// λ·W requests of its size, with the pool's mean service time for
+		// a tenant that has completed nothing here yet. Counted in
+		// sequences alone, a pool whose KV cache binds would read it at a
+		// fraction of what it asks for.
 		m := cs[i].m
 		svc := m.svc
 		if svc == 0 {
 			svc = g.svc
 		}
-		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * svc / seqsCap
+		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * svc * cs[i].size
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight

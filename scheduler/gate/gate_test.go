@@ -154,6 +154,31 @@ func TestAssessNoiseInTheRequestsThePoolHolds(t *testing.T) {
 	assert.False(t, f.FitsBeyond(1000, reserve), "the flood may not take the light tenant's second request's room")
 }
 
+// TestForecastInTheRequestsThePoolHolds: a tenant arriving at 2 per
+// second with requests of 1 s (λ·W = 2 requests) on a pool whose KV cache
+// holds three of them (max_num_seqs left at 256) offers two thirds of the
+// pool, not 2/256: its size is remembered from when it held one.
+func TestForecastInTheRequestsThePoolHolds(t *testing.T) {
+	var g Gate
+	l := TenantLoad{Name: "t", Weight: 1, Held: 1, Tokens: 1000}
+	f := FleetLoad{SeqsCap: 256, TokensCap: 3000}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	g.Assess(now, []TenantLoad{l}, 0, f, 0)
+	l.Held, l.Tokens = 0, 0
+	for range 40 {
+		now += int64(500 * time.Millisecond)
+		l.Arrived++
+		l.Served++
+		l.ServedSec++
+		g.Assess(now, []TenantLoad{l}, 0, f, 0)
+	}
+	st, ok := g.State("t")
+	assert.True(t, ok)
+	// The rate is an exponential average of discrete arrivals: just after
+	// one it reads a few per cent above their mean.
+	assert.InDelta(t, 2.0/3, st.Load, 0.1, "2 requests of a third of the pool")
+}
+
 // TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16
 // held, 25 queued) while the only other tenant is pausing has a claim of
 // the whole pool, so it is within lightMargin of it; it is heavy all the
