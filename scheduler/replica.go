@@ -18,5 +18,5 @@ const ShareStale = fleet.ShareStale
 // ctx ends (fleet.ShareLoop).
 func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 	return fleet.ShareLoop(ctx, s.reps, ex, fleet.ShareDeps{
-		QueuedOn: s.Pools().QueuedOn, Wake: s.Wake, Now: s.now, Log: s.log})
+		WaitingOn: s.Pools().WaitingOn, Wake: s.Wake, Now: s.now, Log: s.log})
 }

@@ -17,7 +17,8 @@ import (
 // instances that hold them, however much the others have queued. So every
 // instance of a Redis fleet reports, a few times a second, its requests in
 // flight on each replica and what it has queued that the replica could
-// serve (peers.Redis), and on a replica that others report too it takes at
+// serve, with the room its gates keep for light tenants' peaks
+// (peers.Redis), and on a replica that others report too it takes at
 // most its max-min fair share of max_num_seqs (SeqShare): an instance
 // needing less than an equal split keeps what it needs and the rest is
 // split evenly. The cap limits only this instance's own requests: the
@@ -87,9 +88,12 @@ func SeqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
 
 // ShareDeps is what the share split needs of the centre.
 type ShareDeps struct {
-	// QueuedOn is this instance's queued requests that the replica in
-	// slot could serve.
-	QueuedOn func(slot int) int64
+	// WaitingOn is this instance's demand beyond its requests in flight
+	// that the replica in slot could serve: its queued requests, and the
+	// room its gates keep for light tenants' demand peaks (gate.Pools),
+	// which another instance's share must leave free too. It is reported
+	// as Queued.
+	WaitingOn func(slot int) int64
 	// Wake lets queued work through: a share grew or lapsed.
 	Wake func()
 	Now  func() time.Time
@@ -133,7 +137,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			rekey()
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, DemandReports(reps, keys, d.QueuedOn))
+		got, err := ex.Exchange(xctx, DemandReports(reps, keys, d.WaitingOn))
 		cancel()
 		now := d.Now()
 		wake := false
@@ -158,12 +162,12 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 
 // DemandReports is this instance's demand on each replica where it has
 // any (keys: the replicas' names in the exchange): a replica it neither
-// runs nor queues anything for is not reported, so it shares nothing there
-// and the exchange stays small.
-func DemandReports(reps []*Replica, keys []string, queuedOn func(slot int) int64) []peers.Report {
+// runs, queues nor keeps room for anything on is not reported, so it
+// shares nothing there and the exchange stays small.
+func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int64) []peers.Report {
 	var out []peers.Report
 	for i, r := range reps {
-		if in, q := r.Count.Load(), queuedOn(r.Slot); in > 0 || q > 0 {
+		if in, q := r.Count.Load(), waitingOn(r.Slot); in > 0 || q > 0 {
 			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
 		}
 	}

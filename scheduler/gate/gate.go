@@ -91,8 +91,10 @@ type Options struct {
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
 // demand and the light tenants' recent demand peak. Only the dispatch
-// predicate touches it (under the queue mutex), so it has no lock of its
-// own. The zero value is ready to use.
+// predicate changes it (under the queue mutex and the load table's lock),
+// and the share exchange reads it under the table's lock
+// (Pools.WaitingOn), so it has no lock of its own. The zero value is ready
+// to use.
 type Gate struct {
 	Options
 	// Hold is server.reserve_hold, set by the caller before Assess; 0:
@@ -132,6 +134,7 @@ type gateMem struct {
 	rate, svc       float64
 	sustRate        float64 // the arrival rate averaged over sustainWindow
 	reqTokens       float64 // tokens of one of its requests in flight, on average
+	size            float64 // one of its requests as a fraction of the pool (gateCls.size)
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
@@ -312,6 +315,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			m.reqTokens = float64(l.Tokens) / float64(l.Held)
 		}
 		size := max(1/seqsCap, m.reqTokens/tokensCap)
+		m.size = size
 		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, size: size, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
@@ -495,6 +499,30 @@ func (g *Gate) Alone(tenant string) bool {
 func (g *Gate) WithinShare(tenant string, weight float64) bool {
 	m := g.mem[tenant]
 	return m == nil || !g.snap.ok || m.load <= max(weight, 1e-9)*g.snap.level
+}
+
+// KeptRequests is how many requests' room the gate keeps for its light
+// tenants' demand peaks at nowN beyond what they hold now: each light
+// tenant's peak, as a count of its requests, less what it holds, while it
+// may only be pausing (goneAfter since its last arrival). held is each
+// tenant's requests held now. Another instance sharing the pool's
+// replicas knows nothing of these peaks unless they are reported
+// (fleet.DemandReports): with nothing held there its share would be the
+// whole batch, and a light tenant's request after a pause would wait for
+// one of its completions.
+func (g *Gate) KeptRequests(nowN int64, held func(tenant string) int64) int64 {
+	var n float64
+	for name, m := range g.mem {
+		if m.heavy || m.lastArrN == 0 || nowN-m.lastArrN > m.goneAfter {
+			continue
+		}
+		peak := max(m.peakCur, m.peakPrev)
+		if peak <= 0 || m.size <= 0 {
+			continue
+		}
+		n += max(math.Ceil(peak/m.size-1e-9)-float64(held(name)), 0)
+	}
+	return int64(n)
 }
 
 // State is what the gate remembers of one tenant, for traces.

@@ -179,6 +179,40 @@ func TestForecastInTheRequestsThePoolHolds(t *testing.T) {
 	assert.InDelta(t, 2.0/3, st.Load, 0.1, "2 requests of a third of the pool")
 }
 
+// TestKeptRequests: what another instance must leave free on the pool's
+// replicas is the room this gate keeps for its light tenants' peaks:
+// a light tenant that held two of 32 sequences and holds none now keeps
+// two while it may be pausing, and none once it counts as gone; the
+// flood keeps nothing.
+func TestKeptRequests(t *testing.T) {
+	var g Gate
+	loads := []TenantLoad{
+		{Name: "flood", Weight: 1, Held: 28, Queued: 100},
+		{Name: "light", Weight: 1, Held: 2},
+	}
+	f := FleetLoad{Seqs: 30, SeqsCap: 32, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for range 50 {
+		now += int64(100 * time.Millisecond)
+		loads[1].Arrived++
+		g.Assess(now, loads, 1, f, 0)
+	}
+	loads[1].Held = 0
+	g.Assess(now, loads, 0, f, 0)
+	none := func(string) int64 { return 0 }
+	assert.Equal(t, int64(2), g.KeptRequests(now, none), "its peak of two, the flood's nothing")
+	assert.Equal(t, int64(1), g.KeptRequests(now, func(n string) int64 {
+		if n == "light" {
+			return 1
+		}
+		return 0
+	}), "less what it holds")
+	st, _ := g.State("light")
+	assert.Positive(t, st.GoneAfter)
+	assert.Equal(t, int64(2), g.KeptRequests(now+st.GoneAfter, none), "pausing")
+	assert.Zero(t, g.KeptRequests(now+st.GoneAfter+1, none), "gone: its room is lent")
+}
+
 // TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16
 // held, 25 queued) while the only other tenant is pausing has a claim of
 // the whole pool, so it is within lightMargin of it; it is heavy all the

@@ -163,9 +163,11 @@ func (p *Pools[K]) Repool(at *Place[K], k K, tenant string, size int64) {
 	p.MoveLocked(at, tenant, size, false, SpotQueued)
 }
 
-// QueuedOn is how many requests are queued in the pools the replica in
-// slot i serves.
-func (p *Pools[K]) QueuedOn(i int) int64 {
+// WaitingOn is this instance's demand on the replica in slot i beyond
+// its requests in flight: the requests queued in the pools the replica
+// serves, and the room their gates keep for light tenants' demand peaks
+// (Gate.KeptRequests; with Now set).
+func (p *Pools[K]) WaitingOn(i int) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var n int64
@@ -175,6 +177,14 @@ func (p *Pools[K]) QueuedOn(i int) int64 {
 		}
 		for _, pt := range pl.tenants {
 			n += pt.queued
+		}
+		if p.Now != nil {
+			n += pl.Gate.KeptRequests(p.Now().UnixNano(), func(tenant string) int64 {
+				if pt := pl.tenants[tenant]; pt != nil {
+					return pt.held
+				}
+				return 0
+			})
 		}
 	}
 	return n

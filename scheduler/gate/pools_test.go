@@ -44,7 +44,7 @@ func TestPoolMoveBalances(t *testing.T) {
 }
 
 // TestPoolRepoolAndPark: a queued request repooled counts in its new pool
-// (an arrival there), one that holds room stays; QueuedOn sums the pools a
+// (an arrival there), one that holds room stays; WaitingOn sums the pools a
 // slot is in; a full pool's parked tenants are handed back once.
 func TestPoolRepoolAndPark(t *testing.T) {
 	t.Parallel()
@@ -60,9 +60,9 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Equal(t, a, h.Pool, "holding room: stays where its room is counted")
 	assert.Equal(t, TenantLoad{Name: "x", Arrived: 1}, p.Load(a, "x"))
 	assert.Equal(t, TenantLoad{Name: "x", Queued: 1, Arrived: 1}, p.Load(ab, "x"))
-	assert.Equal(t, int64(1), p.QueuedOn(1), "slot 1 is in ab only")
-	assert.Equal(t, int64(1), p.QueuedOn(0))
-	assert.Equal(t, int64(0), p.QueuedOn(2))
+	assert.Equal(t, int64(1), p.WaitingOn(1), "slot 1 is in ab only")
+	assert.Equal(t, int64(1), p.WaitingOn(0))
+	assert.Equal(t, int64(0), p.WaitingOn(2))
 
 	p.Lock()
 	p.ParkFullLocked(ab, "x")

@@ -17,7 +17,7 @@ import (
 type Report struct {
 	Replica  string // the replica's key (Redis.Key): instances name replicas as they like
 	InFlight int64  // requests this instance has running there
-	Queued   int64  // requests it has queued that the replica could serve
+	Queued   int64  // requests it has queued that the replica could serve, and room kept for light tenants' peaks
 }
 
 // Entry is another instance's Report on a replica.
