@@ -13,6 +13,9 @@
 #   a  max_num_seqs correct, per-tenant concurrency = the fleet's batch (32)
 #   b  max_num_seqs correct, weights only
 #   c  max_num_seqs left out (256 assumed; the replicas run 16), weights only
+#   x  two instances of a Redis fleet (b's config each, a redis-server of
+#      its own): the victims sent to one, the flood to the other (opt-in:
+#      ISO_ROWS="x")
 #   haproxy  HAProxy as an operator would set it without Sluice: leastconn
 #      over both replicas, `maxconn` = the batch per server (the rest waits
 #      in HAProxy's FIFO queue, not vLLM's), `timeout queue` = 60 s
@@ -43,7 +46,7 @@ source "$ROOT/scripts/lib.sh"
 go build -o "$SLUICE" ./cmd/sluice
 
 BASE=$((21000 + ($$ % 1000) * 10))
-ports_free "$BASE" 6
+ports_free "$BASE" 9
 SIM_PORT=$BASE API_PORT=$((BASE + 4)) ADM_PORT=$((BASE + 5))
 
 for t in chat-a chat-b chat-c flood; do
@@ -136,7 +139,7 @@ CMDS=()
 run() {
 	local label=$1 url=$2 tp=
 	shift 2
-	wait_idle
+	[ "${WAIT_IDLE:-1}" = 1 ] && wait_idle
 	echo "isolation: $label" >&2
 	if [ "${ISO_TRACE:-0}" = 1 ]; then
 		set -- "$@" --save-requests "$WORK/req-$label.jsonl"
@@ -182,7 +185,39 @@ if [[ " $ROWS " = *" haproxy "* ]]; then
 fi
 
 ROWS_SLUICE=${ROWS//direct/}
-for v in ${ROWS_SLUICE//haproxy/}; do
+ROWS_SLUICE=${ROWS_SLUICE//haproxy/}
+if [[ " $ROWS " = *" x "* ]]; then
+	ROWS_SLUICE=${ROWS_SLUICE//x/}
+	RPORT=$((BASE + 6)) API2=$((BASE + 7)) ADM2=$((BASE + 8))
+	redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no >"$WORK/redis.log" 2>&1 &
+	PIDS+=("$!")
+	for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	mkdir -p "$WORK/x1" "$WORK/x2" # each instance's data_dir
+	{ config b; echo "ledger: {backend: redis, redis: {addrs: [\"127.0.0.1:$RPORT\"]}}"; } >"$WORK/x1/sluice.yaml"
+	{ API_PORT=$API2 ADM_PORT=$ADM2 config b; echo "ledger: {backend: redis, redis: {addrs: [\"127.0.0.1:$RPORT\"]}}"; } >"$WORK/x2/sluice.yaml"
+	XP=()
+	for i in 1 2; do
+		"$SLUICE" serve --config "$WORK/x$i/sluice.yaml" >"$WORK/sluice-x$i.log" 2>&1 &
+		XP+=("$!")
+		PIDS+=("$!")
+	done
+	wait_http "http://127.0.0.1:$API_PORT/readyz"
+	wait_http "http://127.0.0.1:$API2/readyz"
+	sleep 2 # every replica scraped once
+	run x-alone "http://127.0.0.1:$API2" --exclude-tenant flood
+	# The flood at the first instance, the victims at the second, at once.
+	wait_idle
+	echo "isolation: x-flooded (flood at the first instance)" >&2
+	fargs=(--workload "$WORK/rows.yaml" --capacity "$CAP" --duration "${SECS}s" --warmup-duration 5s
+		--drain-timeout 65s --progress 0 --save-result --result-dir "$WORK/res" --result-filename x-flood.json --exclude-tenant chat-a,chat-b,chat-c)
+	"$SLUICE" bench run --base-url "http://127.0.0.1:$API_PORT" "${fargs[@]}" >"$WORK/x-flood.txt" 2>&1 &
+	FP=$!
+	CMDS+=("| x-flood | \`sluice bench run --base-url <http://127.0.0.1:$API_PORT> ${fargs[*]//$WORK/\$WORK}\` (beside x-flooded) |")
+	WAIT_IDLE=0 run x-flooded "http://127.0.0.1:$API2" --exclude-tenant flood
+	wait "$FP" || echo "isolation: x-flood failed" >&2
+	for p in "${XP[@]}"; do stop "$p"; done
+fi
+for v in $ROWS_SLUICE; do
 	config "$v" >"$WORK/sluice-$v.yaml"
 	"$SLUICE" serve --config "$WORK/sluice-$v.yaml" >"$WORK/sluice-$v.log" 2>&1 &
 	SP=$!
@@ -205,7 +240,9 @@ echo "|---|---|---|---|---|---|"
 for r in $ROWS; do
 	a=$(p99 "$r-alone")
 	f=$(p99 "$r-flooded")
-	echo "| $r | $a | $f | $(awk -v a="$a" -v b="$f" 'BEGIN { if (a + 0 > 0) printf "%.2f", b / a; else print "n/a" }') | $(lost "$r-flooded") | $(share504 "$r-flooded") |"
+	fl=$r-flooded
+	[ "$r" = x ] && fl=x-flood
+	echo "| $r | $a | $f | $(awk -v a="$a" -v b="$f" 'BEGIN { if (a + 0 > 0) printf "%.2f", b / a; else print "n/a" }') | $(lost "$r-flooded") | $(share504 "$fl") |"
 done
 echo
 echo "| run | command |"
