@@ -66,9 +66,10 @@
 //     forecastK). Offered loads and deviations count requests of each
 //     tenant's own size (a pool whose KV cache binds holds fewer than
 //     max_num_seqs), so a peak of one request has a deviation of one
-//     request, whatever the pool's sequences. A light tenant idle right now keeps its peak reserved
-//     until it ages out; one with a backlog is reserved what it lacks of
-//     its claim, no more (a heavy peer keeps what the level leaves it).
+//     request, whatever the pool's sequences. A light tenant idle right
+//     now keeps its peak reserved until it ages out; one with a backlog
+//     is reserved what it lacks of its claim, no more (a heavy peer keeps
+//     what the level leaves it).
 //   - With no heavy request in flight on the pool a heavy tenant may start
 //     one, unless a light tenant waits, where that leaves the light
 //     tenants floorK standard deviations of room over what they hold:

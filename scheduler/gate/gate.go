@@ -134,7 +134,7 @@ type gateMem struct {
 	rate, svc       float64
 	sustRate        float64 // the arrival rate averaged over sustainWindow
 	reqTokens       float64 // tokens of one of its requests in flight, on average
-	size            float64 // one of its requests as a fraction of the pool (gateCls.size)
+	size            float64 // one of its requests as a fraction of the pool, at the last assessment
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
@@ -159,7 +159,6 @@ type gateCls struct {
 	avg, demand, held, weight float64
 	active                    bool
 	forecast                  float64 // λ·W as a fraction of the pool, at its request size
-	size                      float64 // one of its requests, as a fraction of the pool
 	load                      float64 // max(avg, forecast): what classifies it
 	m                         *gateMem
 }
@@ -208,6 +207,15 @@ func (m *gateMem) longCorrection(nowN int64, hold time.Duration) float64 {
 // forecast to keep sending at that pace, while a flood that starts is
 // forecast at several times its share within a second or two.
 const longK = 4.0
+
+// svcOf is m's mean service time, or the pool's for a tenant that has
+// completed nothing here yet (0: none known).
+func (g *Gate) svcOf(m *gateMem) float64 {
+	if m.svc > 0 {
+		return m.svc
+	}
+	return g.svc
+}
 
 // observe folds l's arrivals and completions since m's last sample into
 // m's arrival rate and service time, and the pool's.
@@ -314,9 +322,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			// still sends requests of that size.
 			m.reqTokens = float64(l.Tokens) / float64(l.Held)
 		}
-		size := max(1/seqsCap, m.reqTokens/tokensCap)
-		m.size = size
-		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, size: size, weight: max(l.Weight, 1e-9), active: active, m: m})
+		m.size = max(1/seqsCap, m.reqTokens/tokensCap)
+		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
 		// λ·W requests of its size, with the pool's mean service time for
@@ -324,11 +331,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// sequences alone, a pool whose KV cache binds would read it at a
 		// fraction of what it asks for.
 		m := cs[i].m
-		svc := m.svc
-		if svc == 0 {
-			svc = g.svc
-		}
-		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * svc * cs[i].size
+		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * g.svcOf(m) * m.size
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight
@@ -413,14 +416,14 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// share, so no single tenant can reserve the fleet.
 		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
 		lightPeak += peak
-		peakVar += x.size * peak
+		peakVar += m.size * peak
 		if !g.NoForecast {
 			f := min(x.forecast, lightMargin*x.weight*level)
 			lightForecast += f
-			forecastVar += x.size * f
+			forecastVar += m.size * f
 		}
 		lightHeld += x.held
-		heldVar += x.size * x.held
+		heldVar += m.size * x.held
 		others = others || x.demand > 0 || m.peakPrev > 0
 	}
 	// A tenant heavy by its demand now (a burst, or a backlog that built
@@ -433,12 +436,9 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	// above its share.
 	for _, x := range cs {
 		m := x.m
-		svc := m.svc
-		if svc == 0 {
-			svc = g.svc
-		}
+		svc := g.svcOf(m)
 		m.sustained = g.NoSustain || svc == 0 || presentW == 0 ||
-			m.sustRateNow(nowN)*svc*x.size > x.weight/presentW
+			m.sustRateNow(nowN)*svc*m.size > x.weight/presentW
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
 		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar,
