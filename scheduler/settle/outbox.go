@@ -106,8 +106,9 @@ func (l *outboxLine) entry() outboxEntry {
 
 // outbox holds the pending endings.
 type outbox struct {
-	mu      sync.Mutex // guards pending, inflight, f, written, dirty
+	mu      sync.Mutex // guards pending, taken, inflight, f, written, dirty
 	pending []outboxEntry
+	taken   int           // entries a pass has taken from pending and not yet put back: still unacknowledged
 	kick    chan struct{} // size 1: there is work
 
 	path     string                          // outboxFile, set by load; "" keeps the entries in memory only
@@ -427,30 +428,33 @@ func (o *outbox) take() []outboxEntry {
 	defer o.mu.Unlock()
 	p := o.pending
 	o.pending = nil
+	o.taken += len(p)
 	return p
 }
 
-func (o *outbox) putBack(keep []outboxEntry) {
-	if len(keep) == 0 {
-		return
-	}
+// putBack ends a pass that took n entries: what it could not end goes
+// back ahead of what was added meanwhile.
+func (o *outbox) putBack(n int, keep []outboxEntry) {
 	o.mu.Lock()
 	o.pending = append(keep, o.pending...)
+	o.taken -= n
 	o.mu.Unlock()
 }
 
-// len reports the pending endings (tests, /readyz).
+// len reports the pending endings, those a pass is retrying included
+// (tests, /readyz).
 func (o *outbox) len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.pending)
+	return len(o.pending) + o.taken
 }
 
-// count is every ending not yet acknowledged: pending and in flight.
+// count is every ending not yet acknowledged: pending, being retried and
+// in flight.
 func (o *outbox) count() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.pending) + len(o.inflight)
+	return len(o.pending) + o.taken + len(o.inflight)
 }
 
 // QueueRelease hands the ending of a never-dispatched hold to the log:
@@ -485,7 +489,8 @@ func (s *Settler) Landed(id ledger.RequestID) { s.outbox.landed(id) }
 func (s *Settler) Flush(ctx context.Context) {
 	var keep []outboxEntry
 	changed := false // an entry ended, or goes on as another operation
-	for _, e := range s.outbox.take() {
+	taken := s.outbox.take()
+	for _, e := range taken {
 		op := e.op
 		if s.endRecord(ctx, &e) {
 			changed = true
@@ -494,7 +499,7 @@ func (s *Settler) Flush(ctx context.Context) {
 		keep = append(keep, e)
 		changed = changed || e.op != op
 	}
-	s.outbox.putBack(keep)
+	s.outbox.putBack(len(taken), keep)
 	s.outbox.compact(changed)
 }
 

@@ -102,6 +102,43 @@ func TestOutboxEndings(t *testing.T) {
 	assert.Zero(t, committed(u, ledger.Requests), "nothing charged: nothing ran")
 }
 
+// TestOutboxCountsWhatAPassRetries: an ending a pass has taken out to
+// retry is still unacknowledged until the store answers it, and a second
+// ending added meanwhile is kept behind it.
+func TestOutboxCountsWhatAPassRetries(t *testing.T) {
+	led := newHookLedger(t)
+	ctx := context.Background()
+	s := newRoom(t, led, testPaths(t), false)
+	first := reserve(t, led, s.owner)
+	entered, answer := make(chan struct{}), make(chan struct{})
+	led.set(func() {
+		led.settle = func(ref ledger.Ref) error {
+			if ref == first {
+				close(entered)
+				<-answer
+			}
+			return ledger.ErrUnavailable
+		}
+	})
+	s.QueueSettle(first, used, ledger.SourceFinal, "first")
+	passed := make(chan struct{})
+	go func() { s.Flush(ctx); close(passed) }()
+	<-entered
+	assert.Equal(t, 1, s.Unacked(), "taken out by the pass, not yet answered")
+	assert.Equal(t, 1, s.Pending())
+	second := reserve(t, led, s.owner)
+	s.QueueSettle(second, used, ledger.SourceFinal, "second")
+	assert.Equal(t, 2, s.Unacked())
+	close(answer)
+	<-passed
+	assert.Equal(t, 2, s.Unacked(), "a store error: both kept")
+
+	led.set(func() { led.settle = nil })
+	s.Flush(ctx)
+	assert.Zero(t, s.Unacked())
+	assert.Equal(t, int64(2), committed(acmeUsage(t, led.Memory), ledger.Requests))
+}
+
 // BenchmarkOutboxWriteAhead: what writing a Settle ahead costs a call on a
 // node with an outbox file (one JSON line appended, then forgotten), with a
 // pass every 1,000 calls as the loop's second would at that rate.
