@@ -2,8 +2,10 @@ package scheduler
 
 import (
 	"context"
+	"math"
 
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
 // shareInterval is how often demand and fair-share service are exchanged
@@ -18,5 +20,22 @@ const ShareStale = fleet.ShareStale
 // ctx ends (fleet.ShareLoop).
 func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 	return fleet.ShareLoop(ctx, s.reps, ex, fleet.ShareDeps{
-		WaitingOn: s.Pools().WaitingOn, Wake: s.Wake, Now: s.now, Log: s.log})
+		WaitingOn: s.Pools().WaitingOn, TenantsOn: s.tenantsOn, Wake: s.Wake, Now: s.now, Log: s.log})
+}
+
+// tenantsOn appends each tenant's demand on the replica in slot to out, in
+// thousandths of a request (rounded up, so that a little demand is not
+// reported as none), with its weight; a tenant removed by a reload while
+// its requests finish counts at weight 1.
+func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDemand {
+	pol := s.pol.Load()
+	s.Pools().DemandOn(slot, func(tenant string, held, waiting float64) {
+		w := int64(1)
+		if t := pol.Tenants[tenant]; t != nil {
+			w = int64(max(t.Cfg.Weight, 1))
+		}
+		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w,
+			Held: int64(math.Ceil(held*1000 - 1e-6)), Waiting: int64(math.Ceil(waiting*1000 - 1e-6))})
+	})
+	return out
 }

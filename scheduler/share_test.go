@@ -65,6 +65,7 @@ func TestShareLoop(t *testing.T) {
 		s.reps.SetMembers(append(slices.Clone(s.reps.List()), r2))
 		ex := &fakeExchange{}
 		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)
+		r1.Count.Store(4)
 		r2.Count.Store(1)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
@@ -72,12 +73,12 @@ func TestShareLoop(t *testing.T) {
 
 		time.Sleep(shareInterval)
 		synctest.Wait()
-		assert.Equal(t, int64(2), r1.Share.Load(), "half of r1's four")
+		assert.Equal(t, int64(2), r1.Share.Load(), "half of r1's four: both ask it all")
 		assert.Equal(t, int64(1), r1.Peers.Load())
 		assert.Equal(t, int64(0), r2.Share.Load(), "nobody else on r2")
 		ex.mu.Lock()
 		require.NotEmpty(t, ex.reports)
-		assert.Equal(t, []peers.Report{{Replica: r2.URL, InFlight: 1}}, ex.reports[0], "only where there is demand")
+		assert.Equal(t, []peers.Report{{Replica: r1.URL, InFlight: 4}, {Replica: r2.URL, InFlight: 1}}, ex.reports[0], "only where there is demand")
 		ex.mu.Unlock()
 
 		// The cap binds own requests only: with two in flight here r1 has

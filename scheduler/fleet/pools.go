@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"maps"
+	"math/bits"
 	"slices"
 
 	"github.com/sluicehq/sluice/gpu"
@@ -32,6 +33,15 @@ func (k *PoolKey) Set(i int) {
 func (k PoolKey) Has(i int) bool {
 	b := min(i, 255)
 	return k[b/64]&(1<<(b%64)) != 0
+}
+
+// Replicas is how many replicas the key's pool has.
+func (k PoolKey) Replicas() int {
+	n := 0
+	for _, w := range k {
+		n += bits.OnesCount64(w)
+	}
+	return n
 }
 
 // PoolKeyOf is model's pool: the replicas serving it, plus every replica

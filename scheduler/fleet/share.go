@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"math"
 	"slices"
 	"time"
 
@@ -17,12 +18,13 @@ import (
 // instances that hold them, however much the others have queued. So every
 // instance of a Redis fleet reports, a few times a second, its requests in
 // flight on each replica and what it has queued that the replica could
-// serve, with the room its gates keep for light tenants' peaks
-// (peers.Redis), and on a replica that others report too it takes at
-// most its max-min fair share of max_num_seqs (SeqShare): an instance
-// needing less than an equal split keeps what it needs and the rest is
-// split evenly. The cap limits only this instance's own requests: the
-// batch estimate (the centre's sizing) still counts everything the replica runs.
+// serve, with the room its gates keep for light tenants' peaks, in total
+// and by tenant (peers.Redis), and on a replica that others report too it
+// takes at most its tenants' part of a weighted max-min fair split of
+// max_num_seqs over every tenant at every instance (SeqShare): the batch
+// goes by the tenants' weights, as on one instance, wherever each tenant
+// sends. The cap limits only this instance's own requests: the batch
+// estimate (the centre's sizing) still counts everything the replica runs.
 //
 // Handing slots over is not instant: an instance over its new share stops
 // refilling, and the freed slot waits for the other's next scrape. Once
@@ -44,46 +46,146 @@ const ShareInterval = 250 * time.Millisecond
 // cap) when its exchange has failed for as long.
 const ShareStale = 2 * time.Second
 
-// SeqShare is the most requests this instance may have in flight on a
-// replica of maxSeqs sequences that others also use: its max-min fair
-// share, with this instance's demand taken as unbounded (the cap is what it
-// may take if it wants more) and each other's as its in flight plus queued
-// (at most maxSeqs: no instance can use more, and a report cannot
-// overflow the sums). Integer shares: the remainder goes one each to the
-// claimants first by instance id, so that instances which all want more
-// than an equal split agree and their shares sum to maxSeqs. Where one
-// wants less, each counts its own demand as unbounded, so the caps may sum
-// to more; the batch estimate (the centre's sizing) still keeps the replica within
-// maxSeqs. At least 1, so no instance starves when there are more
+// SeqShare is the most requests this instance (mine.Instance) may have in
+// flight on a replica of maxSeqs sequences that other instances also use,
+// from its own entry as it reported it and the others'. The batch is split
+// by tenant, not by instance: a weighted max-min fair split of maxSeqs
+// over every tenant with demand there at any instance, where a tenant at
+// several instances is one claimant whose demand is the sum, and its part
+// goes to its instances in proportion to their demand. An entry without
+// tenants (an older version's report) is one claimant of weight 1. This
+// instance's share is its tenants' parts plus all that no tenant claims
+// (the cap is what it may take if it wants more, so where the batch is not
+// all claimed the caps may sum to more than maxSeqs; the batch estimate,
+// the centre's sizing, still keeps the replica within it). Where it is all
+// claimed, every instance computes the same integer shares from the same
+// reports, summing to maxSeqs: each its part rounded down, the remainder
+// one each to the largest fractions, then by instance id. A demand counts
+// at most maxSeqs. At least 1, so no instance starves when there are more
 // instances than sequences.
-func SeqShare(maxSeqs int64, self string, others []peers.Entry) int64 {
-	demand := func(e peers.Entry) int64 { return min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) }
-	es := slices.Clone(others)
-	slices.SortFunc(es, func(a, b peers.Entry) int { return cmp.Compare(demand(a), demand(b)) })
-	remaining, k := maxSeqs, int64(len(es)+1)
-	i := 0
-	for ; i < len(es); i++ {
-		d := demand(es[i])
-		if d*k >= remaining { // d is at least the level: it and all after it claim the level
-			break
-		}
-		remaining -= d
-		k--
-	}
-	if remaining <= 0 {
+func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
+	if maxSeqs <= 0 {
 		return 1
 	}
-	share := remaining / k
-	rank := int64(0)
-	for _, e := range es[i:] {
-		if e.Instance < self {
-			rank++
+	self := mine.Instance
+	sp := shareSplit{limit: float64(maxSeqs) * 1000}
+	for _, e := range append([]peers.Entry{mine}, others...) {
+		if len(e.Tenants) == 0 {
+			d := min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) * 1000
+			sp.add(e.Instance, "\x00instance "+e.Instance, 1, d)
+			continue
+		}
+		for _, td := range e.Tenants {
+			sp.add(e.Instance, td.Tenant, td.Weight, td.Demand())
 		}
 	}
-	if rank < remaining%k {
+	parts := sp.split(self)
+	// Integer shares: thousandths rounded so that a sum's order cannot
+	// move a tie between instances.
+	ids := make([]string, 0, len(parts)+1)
+	floor := int64(0)
+	for id := range parts {
+		ids = append(ids, id)
+		floor += parts[id] / 1000
+	}
+	if _, ok := parts[self]; !ok {
+		ids = append(ids, self)
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(parts[b]%1000, parts[a]%1000), cmp.Compare(a, b))
+	})
+	share := parts[self] / 1000
+	if rank := int64(slices.Index(ids, self)); rank < maxSeqs-floor {
 		share++
 	}
 	return max(share, 1)
+}
+
+// shareSplit is SeqShare's weighted max-min split, in thousandths of a
+// request.
+type shareSplit struct {
+	limit  float64 // maxSeqs, in thousandths
+	claims []*shareClaim
+	byName map[string]*shareClaim
+}
+
+// shareClaim is one tenant's demand on the replica at every instance.
+type shareClaim struct {
+	name   string
+	weight float64
+	demand float64 // the sum of its parts, at most limit
+	parts  []sharePart
+	alloc  float64
+}
+
+type sharePart struct {
+	instance string
+	demand   float64
+}
+
+func (sp *shareSplit) add(instance, tenant string, weight, demand int64) {
+	d := min(float64(max(demand, 0)), sp.limit)
+	if d == 0 {
+		return
+	}
+	if sp.byName == nil {
+		sp.byName = map[string]*shareClaim{}
+	}
+	c := sp.byName[tenant]
+	if c == nil {
+		c = &shareClaim{name: tenant}
+		sp.byName[tenant] = c
+		sp.claims = append(sp.claims, c)
+	}
+	// Instances may briefly disagree on a weight (a reload reaching them
+	// at different times): the largest counts, everywhere the same.
+	c.weight = max(c.weight, float64(max(weight, 1)))
+	c.demand = min(c.demand+d, sp.limit)
+	c.parts = append(c.parts, sharePart{instance, d})
+}
+
+// split is each instance's part of the batch, in whole thousandths, with
+// what no tenant claims given to self.
+func (sp *shareSplit) split(self string) map[string]int64 {
+	cs := sp.claims
+	slices.SortFunc(cs, func(a, b *shareClaim) int {
+		return cmp.Or(cmp.Compare(a.demand/a.weight, b.demand/b.weight), cmp.Compare(a.name, b.name))
+	})
+	remaining, weights := sp.limit, 0.0
+	for _, c := range cs {
+		weights += c.weight
+	}
+	for i, c := range cs {
+		level := remaining / weights
+		if c.demand > level*c.weight {
+			// It and every claimant after it want more than the level.
+			for _, c := range cs[i:] {
+				c.alloc = level * c.weight
+			}
+			remaining = 0
+			break
+		}
+		c.alloc = c.demand
+		remaining -= c.demand
+		weights -= c.weight
+	}
+	f := map[string]float64{}
+	for _, c := range cs {
+		slices.SortFunc(c.parts, func(a, b sharePart) int { return cmp.Compare(a.instance, b.instance) })
+		total := 0.0
+		for _, p := range c.parts {
+			total += p.demand
+		}
+		for _, p := range c.parts {
+			f[p.instance] += c.alloc * p.demand / total
+		}
+	}
+	f[self] += max(remaining, 0)
+	out := make(map[string]int64, len(f))
+	for id, v := range f {
+		out[id] = int64(math.Round(v))
+	}
+	return out
 }
 
 // ShareDeps is what the share split needs of the centre.
@@ -94,6 +196,9 @@ type ShareDeps struct {
 	// which another instance's share must leave free too. It is reported
 	// as Queued.
 	WaitingOn func(slot int) int64
+	// TenantsOn appends to out the same demand by tenant, held requests
+	// included (gate.Pools.DemandOn, with the tenants' weights).
+	TenantsOn func(slot int, out []peers.TenantDemand) []peers.TenantDemand
 	// Wake lets queued work through: a share grew or lapsed.
 	Wake func()
 	Now  func() time.Time
@@ -127,7 +232,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, nil) {
+			if ApplyShares(ex.ID(), reps, keys, nil, nil) {
 				d.Wake()
 			}
 			return nil
@@ -137,16 +242,17 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			rekey()
 		}
 		xctx, cancel := context.WithTimeout(ctx, ShareStale/2)
-		got, err := ex.Exchange(xctx, DemandReports(reps, keys, d.WaitingOn))
+		mine := DemandReports(reps, keys, d.WaitingOn, d.TenantsOn)
+		got, err := ex.Exchange(xctx, mine)
 		cancel()
 		now := d.Now()
 		wake := false
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, got)
+			wake = ApplyShares(ex.ID(), reps, keys, mine, got)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, nil, nil) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -161,28 +267,43 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 }
 
 // DemandReports is this instance's demand on each replica where it has
-// any (keys: the replicas' names in the exchange): a replica it neither
-// runs, queues nor keeps room for anything on is not reported, so it
-// shares nothing there and the exchange stays small.
-func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int64) []peers.Report {
+// any (keys: the replicas' names in the exchange), in total and by tenant
+// (tenantsOn nil: in total only): a replica it neither runs, queues nor
+// keeps room for anything on is not reported, so it shares nothing there
+// and the exchange stays small.
+func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int64,
+	tenantsOn func(slot int, out []peers.TenantDemand) []peers.TenantDemand) []peers.Report {
 	var out []peers.Report
 	for i, r := range reps {
-		if in, q := r.Count.Load(), waitingOn(r.Slot); in > 0 || q > 0 {
-			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q})
+		var ts []peers.TenantDemand
+		if tenantsOn != nil {
+			ts = tenantsOn(r.Slot, nil)
+		}
+		if in, q := r.Count.Load(), waitingOn(r.Slot); in > 0 || q > 0 || len(ts) > 0 {
+			out = append(out, peers.Report{Replica: keys[i], InFlight: in, Queued: q, Tenants: ts})
 		}
 	}
 	return out
 }
 
-// ApplyShares sets each replica's share from the others' entries (nil:
-// none anywhere). It reports whether a share grew or went: that lets
-// queued work through, so the dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, got map[string][]peers.Entry) (wake bool) {
+// ApplyShares sets each replica's share from this instance's reports
+// (mine, as sent) and the others' entries (nil: none anywhere). It reports
+// whether a share grew or went: that lets queued work through, so the
+// dispatch loop is to be woken.
+func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
+	own := make(map[string]peers.Entry, len(mine))
+	for _, rp := range mine {
+		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
+	}
 	for i, r := range reps {
 		others := got[keys[i]]
 		var share int64
 		if len(others) > 0 {
-			share = SeqShare(r.BatchLimit(), self, others)
+			e, ok := own[keys[i]]
+			if !ok {
+				e.Instance = self
+			}
+			share = SeqShare(r.BatchLimit(), e, others)
 		}
 		prev := r.Share.Swap(share)
 		r.Peers.Store(int64(len(others)))

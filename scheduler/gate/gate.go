@@ -501,28 +501,24 @@ func (g *Gate) WithinShare(tenant string, weight float64) bool {
 	return m == nil || !g.snap.ok || m.load <= max(weight, 1e-9)*g.snap.level
 }
 
-// KeptRequests is how many requests' room the gate keeps for its light
-// tenants' demand peaks at nowN beyond what they hold now: each light
-// tenant's peak, as a count of its requests, less what it holds, while it
-// may only be pausing (goneAfter since its last arrival). held is each
-// tenant's requests held now. Another instance sharing the pool's
-// replicas knows nothing of these peaks unless they are reported
-// (fleet.DemandReports): with nothing held there its share would be the
-// whole batch, and a light tenant's request after a pause would wait for
-// one of its completions.
-func (g *Gate) KeptRequests(nowN int64, held func(tenant string) int64) int64 {
-	var n float64
-	for name, m := range g.mem {
-		if m.heavy || m.lastArrN == 0 || nowN-m.lastArrN > m.goneAfter {
-			continue
-		}
-		peak := max(m.peakCur, m.peakPrev)
-		if peak <= 0 || m.size <= 0 {
-			continue
-		}
-		n += max(math.Ceil(peak/m.size-1e-9)-float64(held(name)), 0)
+// Kept is how many requests' room the gate keeps for tenant's demand peak
+// at nowN beyond the held it holds now: a light tenant's peak, as a count
+// of its requests, less held, while it may only be pausing (goneAfter
+// since its last arrival); nothing for a heavy tenant. Another instance
+// sharing the pool's replicas knows nothing of these peaks unless they are
+// reported (fleet.DemandReports): with nothing held there its share would
+// be the whole batch, and a light tenant's request after a pause would
+// wait for one of its completions.
+func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
+	m := g.mem[tenant]
+	if m == nil || m.heavy || m.lastArrN == 0 || nowN-m.lastArrN > m.goneAfter {
+		return 0
 	}
-	return int64(n)
+	peak := max(m.peakCur, m.peakPrev)
+	if peak <= 0 || m.size <= 0 {
+		return 0
+	}
+	return max(int64(math.Ceil(peak/m.size-1e-9))-held, 0)
 }
 
 // State is what the gate remembers of one tenant, for traces.

@@ -179,12 +179,12 @@ func TestForecastInTheRequestsThePoolHolds(t *testing.T) {
 	assert.InDelta(t, 2.0/3, st.Load, 0.1, "2 requests of a third of the pool")
 }
 
-// TestKeptRequests: what another instance must leave free on the pool's
+// TestKept: what another instance must leave free on the pool's
 // replicas is the room this gate keeps for its light tenants' peaks:
 // a light tenant that held two of 32 sequences and holds none now keeps
 // two while it may be pausing, and none once it counts as gone; the
 // flood keeps nothing.
-func TestKeptRequests(t *testing.T) {
+func TestKept(t *testing.T) {
 	var g Gate
 	loads := []TenantLoad{
 		{Name: "flood", Weight: 1, Held: 28, Queued: 100},
@@ -199,18 +199,15 @@ func TestKeptRequests(t *testing.T) {
 	}
 	loads[1].Held = 0
 	g.Assess(now, loads, 0, f, 0)
-	none := func(string) int64 { return 0 }
-	assert.Equal(t, int64(2), g.KeptRequests(now, none), "its peak of two, the flood's nothing")
-	assert.Equal(t, int64(1), g.KeptRequests(now, func(n string) int64 {
-		if n == "light" {
-			return 1
-		}
-		return 0
-	}), "less what it holds")
+	assert.Equal(t, int64(2), g.Kept(now, "light", 0), "its peak of two")
+	assert.Zero(t, g.Kept(now, "flood", 0), "the flood's nothing")
+	assert.Equal(t, int64(1), g.Kept(now, "light", 1), "less what it holds")
+	assert.Zero(t, g.Kept(now, "light", 3))
+	assert.Zero(t, g.Kept(now, "unseen", 0))
 	st, _ := g.State("light")
 	assert.Positive(t, st.GoneAfter)
-	assert.Equal(t, int64(2), g.KeptRequests(now+st.GoneAfter, none), "pausing")
-	assert.Zero(t, g.KeptRequests(now+st.GoneAfter+1, none), "gone: its room is lent")
+	assert.Equal(t, int64(2), g.Kept(now+st.GoneAfter, "light", 0), "pausing")
+	assert.Zero(t, g.Kept(now+st.GoneAfter+1, "light", 0), "gone: its room is lent")
 }
 
 // TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16

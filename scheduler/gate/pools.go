@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 type Key interface {
 	comparable
 	Has(slot int) bool
+	Replicas() int // how many replicas the pool has
 }
 
 // Spot is where a request counts in its pool's load.
@@ -166,28 +168,63 @@ func (p *Pools[K]) Repool(at *Place[K], k K, tenant string, size int64) {
 // WaitingOn is this instance's demand on the replica in slot i beyond
 // its requests in flight: the requests queued in the pools the replica
 // serves, and the room their gates keep for light tenants' demand peaks
-// (Gate.KeptRequests; with Now set).
+// (Gate.Kept; with Now set).
 func (p *Pools[K]) WaitingOn(i int) int64 {
+	var n int64
+	p.demandOn(i, func(_ string, _ int, pt *poolTenant, kept int64) {
+		n += pt.queued + kept
+	})
+	return n
+}
+
+// DemandOn visits every tenant with demand on the replica in slot i, in
+// requests: what it holds and what waits (its queued requests and the
+// room kept for its peak) in the pools the replica serves, each spread
+// evenly over the pool's replicas (Key.Replicas), since a pool's request
+// may go to any of them. Tenants come in name order, each once.
+func (p *Pools[K]) DemandOn(i int, visit func(tenant string, held, waiting float64)) {
+	type demand struct{ held, waiting float64 }
+	var by map[string]demand
+	p.demandOn(i, func(name string, replicas int, pt *poolTenant, kept int64) {
+		if pt.held == 0 && pt.queued == 0 && kept == 0 {
+			return
+		}
+		if by == nil {
+			by = map[string]demand{}
+		}
+		d := by[name]
+		d.held += float64(pt.held) / float64(replicas)
+		d.waiting += float64(pt.queued+kept) / float64(replicas)
+		by[name] = d
+	})
+	for _, name := range slices.Sorted(maps.Keys(by)) {
+		visit(name, by[name].held, by[name].waiting)
+	}
+}
+
+// demandOn calls f for every tenant of every pool the replica in slot i
+// serves, with the pool's replica count and the room its gate keeps for
+// the tenant.
+func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTenant, kept int64)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var n int64
+	var nowN int64
+	if p.Now != nil {
+		nowN = p.Now().UnixNano()
+	}
 	for k, pl := range p.pools {
 		if !k.Has(i) {
 			continue
 		}
-		for _, pt := range pl.tenants {
-			n += pt.queued
-		}
-		if p.Now != nil {
-			n += pl.Gate.KeptRequests(p.Now().UnixNano(), func(tenant string) int64 {
-				if pt := pl.tenants[tenant]; pt != nil {
-					return pt.held
-				}
-				return 0
-			})
+		n := max(k.Replicas(), 1)
+		for name, pt := range pl.tenants {
+			var kept int64
+			if p.Now != nil {
+				kept = pl.Gate.Kept(nowN, name, pt.held)
+			}
+			f(name, n, pt, kept)
 		}
 	}
-	return n
 }
 
 // Load is tenant's load on k's pool (weight left 0); nothing when k has

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"math/bits"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 type slots uint64
 
 func (k slots) Has(i int) bool { return k&(1<<i) != 0 }
+func (k slots) Replicas() int  { return bits.OnesCount64(uint64(k)) }
 
 // TestPoolMoveBalances: a request's pool load follows its spot, a repeated
 // move is a no-op, and a tenant's entry goes once it holds nothing.
@@ -45,7 +47,7 @@ func TestPoolMoveBalances(t *testing.T) {
 
 // TestPoolRepoolAndPark: a queued request repooled counts in its new pool
 // (an arrival there), one that holds room stays; WaitingOn sums the pools a
-// slot is in; a full pool's parked tenants are handed back once.
+// slot is in, and DemandOn spreads each pool's over its replicas; a full pool's parked tenants are handed back once.
 func TestPoolRepoolAndPark(t *testing.T) {
 	t.Parallel()
 	var p Pools[slots]
@@ -63,6 +65,16 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Equal(t, int64(1), p.WaitingOn(1), "slot 1 is in ab only")
 	assert.Equal(t, int64(1), p.WaitingOn(0))
 	assert.Equal(t, int64(0), p.WaitingOn(2))
+	type seen struct {
+		tenant        string
+		held, waiting float64
+	}
+	var on0 []seen
+	p.DemandOn(0, func(tenant string, held, waiting float64) { on0 = append(on0, seen{tenant, held, waiting}) })
+	assert.Equal(t, []seen{{"x", 0, 0.5}, {"y", 1, 0}}, on0, "x queued on ab's two replicas, y held on a's one")
+	var on2 []seen
+	p.DemandOn(2, func(tenant string, held, waiting float64) { on2 = append(on2, seen{tenant, held, waiting}) })
+	assert.Empty(t, on2)
 
 	p.Lock()
 	p.ParkFullLocked(ab, "x")

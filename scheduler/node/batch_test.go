@@ -228,6 +228,64 @@ func TestLightTenantAtAnotherInstance(t *testing.T) {
 	assert.Less(t, slices.Max(paused), 250*time.Millisecond, "the room kept for its peak is reported through its pauses")
 }
 
+// TestLightTenantsAtAnotherInstance: the isolation row split across two
+// instances of a Redis fleet, at the scale of one replica whose batch is
+// 8: a flood of 24 streams of 400 ms at one instance, and three light
+// tenants of equal weight at the other, each sending 10 requests a second
+// of about 170 ms, so that together they keep about 5 in flight: within
+// their max-min shares (2 each of 8), more than their instance's half.
+// Split by instance, their instance may send 4: their queue grows until
+// max_wait (p90 TTFT past 1 s within 8 s). Split by the tenants' weights
+// across instances (fleet.SeqShare) their instance's share covers what
+// they ask, and their TTFT stays that of a request that finds room.
+func TestLightTenantsAtAnotherInstance(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
+	rep := startSim(t, sc)
+	top := redisTop(startRedis(t))
+	tenants := []fairTenant{{name: "flood", weight: 1}, {name: "v1", weight: 1}, {name: "v2", weight: 1}, {name: "v3", weight: 1}}
+	floodAt := startNode(t, fairConfig(t, rep, top, "fleet", tenants))
+	lightAt := startNode(t, fairConfig(t, rep, top, "fleet", tenants))
+	light := `{"model":"sim-model","prompt":"hi","max_tokens":40,"ignore_eos":true,"stream":true}`
+	flood := `{"model":"sim-model","prompt":"flood","max_tokens":100,"ignore_eos":true,"stream":true}`
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 24 {
+		closedLoop(ctx, &wg, floodAt.api, tenants[0].key(), flood, new(atomic.Int64))
+	}
+	defer func() { cancel(); wg.Wait() }()
+	eventually(t, "batch learned", func() bool {
+		return floodAt.metric(t, "sluice_replica_learned_batch", map[string]string{"replica": "r0"}) == 8
+	})
+	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
+
+	var mu sync.Mutex
+	var ttfts []time.Duration
+	var sent sync.WaitGroup
+	tick := time.NewTicker(100 * time.Millisecond)
+	for range 80 { // 8 s
+		<-tick.C
+		for _, v := range tenants[1:] {
+			sent.Go(func() {
+				d := lightAt.ttftOf(t, v.key(), light)
+				mu.Lock()
+				ttfts = append(ttfts, d)
+				mu.Unlock()
+			})
+		}
+	}
+	tick.Stop()
+	sent.Wait()
+	slices.Sort(ttfts)
+	q := func(p float64) time.Duration { return ttfts[int(p*float64(len(ttfts)-1))] }
+	t.Logf("light TTFT at the other instance over %d requests: p50 %v p90 %v p99 %v max %v; shares: flood's instance %v, light tenants' %v",
+		len(ttfts), q(0.5), q(0.9), q(0.99), ttfts[len(ttfts)-1],
+		floodAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}),
+		lightAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}))
+	assert.Less(t, q(0.9), 250*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
+}
+
 // TestLearnedBatchShortRequests: requests of about 200 ms, a flood at
 // twice the capacity of a replica whose batch is 8 (max_num_seqs left
 // out, the default scrape cadences). What waits inside vLLM drains within

@@ -18,13 +18,30 @@ type Report struct {
 	Replica  string // the replica's key (Redis.Key): instances name replicas as they like
 	InFlight int64  // requests this instance has running there
 	Queued   int64  // requests it has queued that the replica could serve, and room kept for light tenants' peaks
+	// Tenants is the same demand by tenant, so that the batch is split
+	// by the tenants' weights across instances, not by instance.
+	Tenants []TenantDemand
 }
 
-// Entry is another instance's Report on a replica.
+// TenantDemand is one tenant's demand at one instance on one replica, in
+// thousandths of a request: a pool's demand is spread over its replicas.
+type TenantDemand struct {
+	Tenant  string
+	Weight  int64 // its fair-share weight, at least 1
+	Held    int64 // requests holding room there (running or being sent)
+	Waiting int64 // requests queued that it could serve, and room kept for the tenant's peaks
+}
+
+// Demand is what the tenant asks of the replica: held and waiting.
+func (d TenantDemand) Demand() int64 { return d.Held + d.Waiting }
+
+// Entry is another instance's Report on a replica. Tenants is nil in a
+// report of a version that did not send them.
 type Entry struct {
 	Instance string
 	InFlight int64
 	Queued   int64
+	Tenants  []TenantDemand
 }
 
 // Redis exchanges reports through one Redis hash. It is safe for
@@ -99,13 +116,19 @@ return out
 func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]Entry, error) {
 	var b strings.Builder
 	for i, rp := range reports {
-		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" {
+		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" || rp.Replica[0] == '@' {
 			return nil, fmt.Errorf("peers: replica URL %q cannot be reported", rp.Replica)
 		}
 		if i > 0 {
 			b.WriteByte(' ')
 		}
 		fmt.Fprintf(&b, "%s %d %d", rp.Replica, rp.InFlight, rp.Queued)
+		for _, td := range rp.Tenants {
+			if td.Weight < 1 || td.Held < 0 || td.Waiting < 0 {
+				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
+			}
+			fmt.Fprintf(&b, " @%d:%s %d %d", td.Weight, neturl.PathEscape(td.Tenant), td.Held, td.Waiting)
+		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
 	if err != nil {
@@ -125,25 +148,45 @@ func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]En
 // or a damaged one).
 var ErrMalformed = errors.New("malformed report")
 
-// parse adds instance id's report text ("<ms> (<url> <in flight> <queued>)*")
-// to out, whole or not at all.
+// parse adds instance id's report text to out, whole or not at all:
+//
+//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <held> <waiting>)*)*
+//
+// Every item is three fields, the tenants' after their replica's, so that
+// a version that reads only replicas takes a tenant's item for a replica
+// it does not have and ignores it (a rolling upgrade, docs/upgrading.md).
+// Tenant names are escaped so that a report is space-separated.
 func parse(id, text string, out map[string][]Entry) error {
 	f := strings.Fields(text)
+	bad := fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
 	if len(f) == 0 || (len(f)-1)%3 != 0 {
-		return fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
+		return bad
 	}
-	es := make([]Entry, 0, (len(f)-1)/3)
+	var es []Entry
+	var urls []string
 	for i := 1; i < len(f); i += 3 {
-		in, err1 := strconv.ParseInt(f[i+1], 10, 64)
-		q, err2 := strconv.ParseInt(f[i+2], 10, 64)
-		if errors.Join(err1, err2) != nil || in < 0 || q < 0 {
-			return fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
+		a, err1 := strconv.ParseInt(f[i+1], 10, 64)
+		b, err2 := strconv.ParseInt(f[i+2], 10, 64)
+		if errors.Join(err1, err2) != nil || a < 0 || b < 0 {
+			return bad
 		}
-		es = append(es, Entry{Instance: id, InFlight: in, Queued: q})
+		key, isTenant := strings.CutPrefix(f[i], "@")
+		if !isTenant {
+			es = append(es, Entry{Instance: id, InFlight: a, Queued: b})
+			urls = append(urls, f[i])
+			continue
+		}
+		ws, name, ok := strings.Cut(key, ":")
+		w, err3 := strconv.ParseInt(ws, 10, 64)
+		tenant, err4 := neturl.PathUnescape(name)
+		if !ok || errors.Join(err3, err4) != nil || w < 1 || len(es) == 0 {
+			return bad
+		}
+		e := &es[len(es)-1]
+		e.Tenants = append(e.Tenants, TenantDemand{Tenant: tenant, Weight: w, Held: a, Waiting: b})
 	}
 	for i, e := range es {
-		url := f[1+3*i]
-		out[url] = append(out[url], e)
+		out[urls[i]] = append(out[urls[i]], e)
 	}
 	return nil
 }

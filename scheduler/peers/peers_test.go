@@ -2,6 +2,8 @@ package peers_test
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,4 +97,62 @@ func TestKey(t *testing.T) {
 		assert.Equal(t, u, a.Key(u))
 		assert.Equal(t, a.Key(u), b.Key(u))
 	}
+}
+
+// TestTenantDemand: a report carries its tenants' demand after each
+// replica's, names escaped, and reads back as sent; a report of a version
+// without tenants reads with none.
+func TestTenantDemand(t *testing.T) {
+	addr := redistest.Start(t)
+	ctx := t.Context()
+	c := client(t, addr)
+	a := peers.NewRedis(c, "t", "a", "h1", time.Minute)
+	b := peers.NewRedis(c, "t", "b", "h1", time.Minute)
+	sent := []peers.Report{
+		{Replica: "http://r1:8000", InFlight: 3, Queued: 2, Tenants: []peers.TenantDemand{
+			{Tenant: "acme", Weight: 1, Held: 1500, Waiting: 500}, {Tenant: "big co/eu:1 @x", Weight: 4, Held: 1500, Waiting: 0}}},
+		{Replica: "http://r2:8000", InFlight: 1},
+	}
+	_, err := a.Exchange(ctx, sent)
+	require.NoError(t, err)
+	got, err := b.Exchange(ctx, nil)
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]peers.Entry{
+		"http://r1:8000": {{Instance: "a", InFlight: 3, Queued: 2, Tenants: sent[0].Tenants}},
+		"http://r2:8000": {{Instance: "a", InFlight: 1}},
+	}, got)
+
+	// What a version that reads only replicas finds: every item three
+	// fields with two counts, the tenants' under keys no replica has.
+	raw, err := c.HGet(ctx, "t:{peers}", "a").Result()
+	require.NoError(t, err)
+	f := strings.Fields(raw)
+	require.Zero(t, (len(f)-1)%3, raw)
+	var keys []string
+	for i := 1; i < len(f); i += 3 {
+		for _, n := range f[i+1 : i+3] {
+			v, err := strconv.ParseInt(n, 10, 64)
+			require.NoError(t, err, raw)
+			require.GreaterOrEqual(t, v, int64(0))
+		}
+		keys = append(keys, f[i])
+	}
+	assert.Equal(t, []string{"http://r1:8000", "@1:acme", "@4:big%20co%2Feu:1%20@x", "http://r2:8000"}, keys)
+
+	tm, err := c.Time(ctx).Result()
+	require.NoError(t, err)
+	require.NoError(t, c.HSet(ctx, "t:{peers}", "old", fmt.Sprintf("%d http://r1:8000 2 5", tm.UnixMilli())).Err())
+	got, err = b.Exchange(ctx, nil)
+	require.NoError(t, err)
+	assert.Contains(t, got["http://r1:8000"], peers.Entry{Instance: "old", InFlight: 2, Queued: 5}, "no tenants: Tenants nil")
+
+	for _, bad := range []string{"@1:acme 1 1 http://r1 1 1", "http://r1 1 1 @0:acme 1 1", "http://r1 1 1 @x:acme 1 1", "http://r1 1 1 @1acme 1 1", "http://r1 1 1 @1:a%zz 1 1"} {
+		require.NoError(t, c.HSet(ctx, "t:{peers}", "bad", fmt.Sprintf("%d %s", tm.UnixMilli(), bad)).Err())
+		_, err = b.Exchange(ctx, nil)
+		require.ErrorIs(t, err, peers.ErrMalformed, bad)
+	}
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "@1:acme"}})
+	require.ErrorContains(t, err, "cannot be reported")
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme"}}}})
+	require.ErrorContains(t, err, "cannot be reported", "weight 0")
 }
