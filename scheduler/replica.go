@@ -29,13 +29,13 @@ func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 // its requests finish counts at weight 1.
 func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDemand {
 	pol := s.pol.Load()
-	s.Pools().DemandOn(slot, func(tenant string, held, waiting float64) {
+	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }
+	s.Pools().DemandOn(slot, func(tenant string, asked, asks float64) {
 		w := int64(1)
 		if t := pol.Tenants[tenant]; t != nil {
 			w = int64(max(t.Cfg.Weight, 1))
 		}
-		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w,
-			Held: int64(math.Ceil(held*1000 - 1e-6)), Waiting: int64(math.Ceil(waiting*1000 - 1e-6))})
+		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(asked), Claim: milli(asks)})
 	})
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -49,20 +50,33 @@ const ShareStale = 2 * time.Second
 // SeqShare is the most requests this instance (mine.Instance) may have in
 // flight on a replica of maxSeqs sequences that other instances also use,
 // from its own entry as it reported it and the others'. The batch is split
-// by tenant, not by instance: a weighted max-min fair split of maxSeqs
-// over every tenant with demand there at any instance, where a tenant at
-// several instances is one claimant whose demand is the sum, and its part
-// goes to its instances in proportion to their demand. An entry without
-// tenants (an older version's report) is one claimant of weight 1. This
-// instance's share is its tenants' parts plus all that no tenant claims
-// (the cap is what it may take if it wants more, so where the batch is not
-// all claimed the caps may sum to more than maxSeqs; the batch estimate,
-// the centre's sizing, still keeps the replica within it). Where it is all
-// claimed, every instance computes the same integer shares from the same
-// reports, summing to maxSeqs: each its part rounded down, the remainder
-// one each to the largest fractions, then by instance id. A demand counts
-// at most maxSeqs. At least 1, so no instance starves when there are more
-// instances than sequences.
+// by tenant, not by instance, the way the dispatch gate splits a pool on
+// one instance (SCHEDULING §6, §9), over every tenant with demand there at
+// any instance; a tenant at several instances is one claimant whose
+// demand is the sum:
+//
+//   - A tenant is light when its averaged demand (Load) is within
+//     gate.LightMargin times its weighted max-min fair share of the batch,
+//     and no more than the whole batch; otherwise heavy.
+//   - Light tenants are given what they claim now (held, queued and the
+//     room kept for their peaks) plus, where a heavy tenant competes, one
+//     Poisson standard deviation of their claims' sum; heavy tenants
+//     together keep at least one sequence of a batch of two or more. If
+//     the light claims do not fit, they are split max-min by weight.
+//   - Heavy tenants split what is left, max-min by weight over their
+//     claims.
+//
+// A tenant's part goes to its instances in proportion to their claims. An
+// entry without tenants (an older version's report) is one claimant of
+// weight 1. This instance's share is its tenants' parts plus all that no
+// tenant was given (the cap is what it may take if it wants more, so where
+// the batch is not all claimed the caps may sum to more than maxSeqs; the
+// batch estimate, the centre's sizing, still keeps the replica within it).
+// Where it is all given, every instance computes the same integer shares
+// from the same reports, summing to maxSeqs: each its part rounded down,
+// the remainder one each to the largest fractions, then by instance id. A
+// claim counts at most maxSeqs. At least 1, so no instance starves when
+// there are more instances than sequences.
 func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	if maxSeqs <= 0 {
 		return 1
@@ -72,11 +86,11 @@ func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
 			d := min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) * 1000
-			sp.add(e.Instance, "\x00instance "+e.Instance, 1, d)
+			sp.add(e.Instance, "\x00instance "+e.Instance, 1, d, d)
 			continue
 		}
 		for _, td := range e.Tenants {
-			sp.add(e.Instance, td.Tenant, td.Weight, td.Demand())
+			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim)
 		}
 	}
 	parts := sp.split(self)
@@ -101,8 +115,7 @@ func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	return max(share, 1)
 }
 
-// shareSplit is SeqShare's weighted max-min split, in thousandths of a
-// request.
+// shareSplit is SeqShare's split, in thousandths of a request.
 type shareSplit struct {
 	limit  float64 // maxSeqs, in thousandths
 	claims []*shareClaim
@@ -113,18 +126,20 @@ type shareSplit struct {
 type shareClaim struct {
 	name   string
 	weight float64
-	demand float64 // the sum of its parts, at most limit
+	load   float64 // averaged demand, summed over its instances
+	claim  float64 // what it asks now, summed, at most limit
+	want   float64 // what the split gives it if it fits: claim, and a light tenant's margin
 	parts  []sharePart
 	alloc  float64
 }
 
 type sharePart struct {
 	instance string
-	demand   float64
+	claim    float64
 }
 
-func (sp *shareSplit) add(instance, tenant string, weight, demand int64) {
-	d := min(float64(max(demand, 0)), sp.limit)
+func (sp *shareSplit) add(instance, tenant string, weight, load, claim int64) {
+	d := min(float64(max(claim, 0)), sp.limit)
 	if d == 0 {
 		return
 	}
@@ -140,52 +155,103 @@ func (sp *shareSplit) add(instance, tenant string, weight, demand int64) {
 	// Instances may briefly disagree on a weight (a reload reaching them
 	// at different times): the largest counts, everywhere the same.
 	c.weight = max(c.weight, float64(max(weight, 1)))
-	c.demand = min(c.demand+d, sp.limit)
+	c.load += float64(max(load, 0))
+	c.claim = min(c.claim+d, sp.limit)
 	c.parts = append(c.parts, sharePart{instance, d})
 }
 
 // split is each instance's part of the batch, in whole thousandths, with
-// what no tenant claims given to self.
+// what no tenant was given added to self's.
 func (sp *shareSplit) split(self string) map[string]int64 {
 	cs := sp.claims
-	slices.SortFunc(cs, func(a, b *shareClaim) int {
-		return cmp.Or(cmp.Compare(a.demand/a.weight, b.demand/b.weight), cmp.Compare(a.name, b.name))
-	})
-	remaining, weights := sp.limit, 0.0
+	// One order everywhere, so that every instance sums alike.
+	slices.SortFunc(cs, func(a, b *shareClaim) int { return cmp.Compare(a.name, b.name) })
 	for _, c := range cs {
-		weights += c.weight
+		c.load = min(c.load, 2*sp.limit) // past the batch it is heavy whatever its size
+		c.want = c.claim
 	}
-	for i, c := range cs {
-		level := remaining / weights
-		if c.demand > level*c.weight {
-			// It and every claimant after it want more than the level.
-			for _, c := range cs[i:] {
-				c.alloc = level * c.weight
-			}
-			remaining = 0
-			break
+	level := maxMin(cs, sp.limit, func(c *shareClaim) float64 { return c.load }, nil)
+	var light, heavy []*shareClaim
+	lightClaims, heavyClaims := 0.0, 0.0
+	for _, c := range cs {
+		if c.load <= gate.LightMargin*c.weight*level && c.load <= sp.limit {
+			light = append(light, c)
+			lightClaims += c.claim
+		} else {
+			heavy = append(heavy, c)
+			heavyClaims += c.claim
 		}
-		c.alloc = c.demand
-		remaining -= c.demand
-		weights -= c.weight
 	}
+	budget := sp.limit
+	if len(heavy) > 0 && lightClaims > 0 {
+		// The gate's reserve: the light tenants' claims are counts of
+		// requests, so their sum's Poisson deviation in requests.
+		margin := gate.BurstK * math.Sqrt(lightClaims/1000) * 1000
+		for _, c := range light {
+			c.want = c.claim * (1 + margin/lightClaims)
+		}
+		if sp.limit >= 2000 {
+			budget -= min(1000, heavyClaims) // the heavy tenants' floor
+		}
+	}
+	set := func(c *shareClaim, v float64) { c.alloc = v }
+	maxMin(light, budget, func(c *shareClaim) float64 { return c.want }, set)
+	left := sp.limit
+	for _, c := range light {
+		left -= c.alloc
+	}
+	maxMin(heavy, left, func(c *shareClaim) float64 { return c.want }, set)
 	f := map[string]float64{}
+	given := 0.0
 	for _, c := range cs {
 		slices.SortFunc(c.parts, func(a, b sharePart) int { return cmp.Compare(a.instance, b.instance) })
 		total := 0.0
 		for _, p := range c.parts {
-			total += p.demand
+			total += p.claim
 		}
 		for _, p := range c.parts {
-			f[p.instance] += c.alloc * p.demand / total
+			f[p.instance] += c.alloc * p.claim / total
 		}
+		given += c.alloc
 	}
-	f[self] += max(remaining, 0)
+	f[self] += max(sp.limit-given, 0)
 	out := make(map[string]int64, len(f))
 	for id, v := range f {
 		out[id] = int64(math.Round(v))
 	}
 	return out
+}
+
+// maxMin is the weighted max-min fair split of budget among cs by what
+// each asks: every claimant is given its ask or w·level, whichever is
+// less, with level as high as budget allows. set (nil: none) receives
+// each one's part; the level is returned, +Inf when every ask fits.
+func maxMin(cs []*shareClaim, budget float64, ask func(*shareClaim) float64, set func(*shareClaim, float64)) float64 {
+	order := slices.Clone(cs)
+	slices.SortStableFunc(order, func(a, b *shareClaim) int { return cmp.Compare(ask(a)/a.weight, ask(b)/b.weight) })
+	weights := 0.0
+	for _, c := range order {
+		weights += c.weight
+	}
+	budget = max(budget, 0)
+	for i, c := range order {
+		level := budget / weights
+		if ask(c) > level*c.weight {
+			// It and every claimant after it ask more than the level.
+			if set != nil {
+				for _, c := range order[i:] {
+					set(c, level*c.weight)
+				}
+			}
+			return level
+		}
+		if set != nil {
+			set(c, ask(c))
+		}
+		budget -= ask(c)
+		weights -= c.weight
+	}
+	return math.Inf(1)
 }
 
 // ShareDeps is what the share split needs of the centre.

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -18,7 +20,12 @@ import (
 func TestSeqShare(t *testing.T) {
 	e := func(id string, in, q int64) peers.Entry { return peers.Entry{Instance: id, InFlight: in, Queued: q} }
 	td := func(name string, w int64, demand float64) peers.TenantDemand {
-		return peers.TenantDemand{Tenant: name, Weight: w, Held: int64(demand * 1000)}
+		return peers.TenantDemand{Tenant: name, Weight: w, Load: int64(demand * 1000), Claim: int64(demand * 1000)}
+	}
+	// busy is a backlogged tenant: it claims the batch, and its averaged
+	// demand is past it (its queue).
+	busy := func(name string, w int64, maxSeqs float64) peers.TenantDemand {
+		return peers.TenantDemand{Tenant: name, Weight: w, Load: int64(2 * maxSeqs * 1000), Claim: int64(maxSeqs * 1000)}
 	}
 	te := func(id string, ts ...peers.TenantDemand) peers.Entry { return peers.Entry{Instance: id, Tenants: ts} }
 	cases := []struct {
@@ -41,18 +48,23 @@ func TestSeqShare(t *testing.T) {
 
 		// The isolation row across instances: three light tenants asking
 		// 3.2 each of 16 at b, a flood at a. Split by instance each would
-		// get 8; by tenant the light ones get their 9.6.
-		{"light tenants at one instance keep their demand", 16,
-			te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2)), []peers.Entry{te("a", td("flood", 1, 16))}, 10},
+		// get 8. Split as the gate splits a pool, the light tenants are
+		// given what they ask and a Poisson deviation of it (√9.6): 12.7.
+		{"light tenants at one instance are given their claims and a margin", 16,
+			te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2)), []peers.Entry{te("a", busy("flood", 1, 16))}, 13},
 		{"and the flood's instance the rest", 16,
-			te("a", td("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 6},
-		{"weights: 4 to 1", 10, te("a", td("big", 4, 10)), []peers.Entry{te("b", td("small", 1, 10))}, 8},
-		{"a tenant at two instances is one claimant, split by its demand there", 8,
-			te("a", td("acme", 1, 8), td("beta", 1, 8)), []peers.Entry{te("b", td("acme", 1, 8))}, 6},
-		{"the same, seen by b", 8, te("b", td("acme", 1, 8)), []peers.Entry{te("a", td("acme", 1, 8), td("beta", 1, 8))}, 2},
+			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 3},
+		{"light claims that do not fit leave the heavy tenants one sequence", 8,
+			te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 7},
+		{"a light tenant above its share (6), within gate.LightMargin of it, is given its claim and a margin", 12,
+			te("b", td("v", 1, 8)), []peers.Entry{te("a", busy("flood", 1, 12))}, 11},
+		{"weights: 4 to 1", 10, te("a", busy("big", 4, 10)), []peers.Entry{te("b", busy("small", 1, 10))}, 8},
+		{"a tenant at two instances is one claimant, split by its claims there", 8,
+			te("a", busy("acme", 1, 8), busy("beta", 1, 8)), []peers.Entry{te("b", busy("acme", 1, 8))}, 6},
+		{"the same, seen by b", 8, te("b", busy("acme", 1, 8)), []peers.Entry{te("a", busy("acme", 1, 8), busy("beta", 1, 8))}, 2},
 		{"weights that disagree (a reload on its way): the larger", 10,
-			te("a", td("big", 1, 10)), []peers.Entry{te("b", td("big", 4, 10), td("small", 1, 10))}, 4},
-		{"an older version's report is one claimant of weight 1", 8, te("a", td("x", 3, 8)), []peers.Entry{e("b", 8, 0)}, 6},
+			te("a", busy("big", 1, 10)), []peers.Entry{te("b", busy("big", 4, 10), busy("small", 1, 10))}, 4},
+		{"an older version's report is one claimant of weight 1", 8, te("a", busy("x", 3, 8)), []peers.Entry{e("b", 8, 0)}, 6},
 		{"what no tenant claims is ours", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", td("y", 1, 3))}, 13},
 	}
 	for _, c := range cases {
@@ -63,15 +75,16 @@ func TestSeqShare(t *testing.T) {
 }
 
 // TestSeqShareAgainstProgressiveFilling: over seeded fleets (2–5 instances,
-// 1–6 tenants of weight 1–4 reaching random instances with random demand,
-// batches of 1–64), each instance's share is its part of the weighted
-// max-min split computed independently by progressive filling (every
-// unsatisfied tenant's allocation raised in small steps in proportion to
-// its weight until the batch is spent), within one for rounding; and
-// where the batch is all claimed and no instance is at the floor, the
-// shares the instances compute from the same reports sum to the batch.
+// 1–6 tenants of weight 1–4 reaching random instances with random loads
+// and claims, batches of 1–64), each instance's share is its part of the
+// split as SeqShare's doc states it, with every max-min step computed
+// independently by progressive filling (every unsatisfied claimant raised
+// in small steps in proportion to its weight until the budget is spent),
+// within one for rounding; and where the batch is all given and no
+// instance is at the floor, the shares the instances compute from the
+// same reports sum to the batch.
 func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
-	for seed := range uint64(500) {
+	for seed := range uint64(400) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		maxSeqs := 1 + rng.Int64N(64)
 		nInst, nTen := 2+rng.IntN(4), 1+rng.IntN(6)
@@ -86,98 +99,139 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					continue
 				}
-				d := rng.Int64N(maxSeqs*1000 + 1)
+				load := rng.Int64N(maxSeqs*1000 + 1)
 				if rng.IntN(3) == 0 {
-					d = maxSeqs * 1000 * (1 + rng.Int64N(3)) // backlogged
+					load = maxSeqs * 1000 * (1 + rng.Int64N(3)) // backlogged
 				}
+				claim := load + rng.Int64N(maxSeqs*500+1) // and a peak
 				entries[i].Tenants = append(entries[i].Tenants,
-					peers.TenantDemand{Tenant: fmt.Sprintf("t%d", j), Weight: weights[j], Waiting: d})
+					peers.TenantDemand{Tenant: fmt.Sprintf("t%d", j), Weight: weights[j], Load: load, Claim: claim})
 			}
 			if len(entries[i].Tenants) == 0 {
-				entries[i].Tenants = []peers.TenantDemand{{Tenant: "t0", Weight: weights[0], Held: 1}}
+				entries[i].Tenants = []peers.TenantDemand{{Tenant: "t0", Weight: weights[0], Load: 1, Claim: 1}}
 			}
 		}
-		part, claimed := progressiveFill(maxSeqs, entries)
+		part, given := splitByFilling(maxSeqs, entries)
 		var sum int64
 		floored := false
 		for i, mine := range entries {
 			others := slices.Concat(entries[:i], entries[i+1:])
 			got := SeqShare(maxSeqs, mine, others)
-			want := part[mine.Instance]
-			if !claimed {
-				want = float64(maxSeqs) - (claimedSum(part) - want) // ours: all that is not claimed
-			}
+			want := part[mine.Instance] + float64(maxSeqs) - given // ours: all not given
 			floored = floored || want < 1
 			require.InDeltaf(t, want, float64(got), 1+1e-6, "seed %d instance %s: share %d, part %.3f (max %d)", seed, mine.Instance, got, want, maxSeqs)
 			sum += got
 		}
-		if claimed && !floored {
+		if given >= float64(maxSeqs)-1e-6 && !floored {
 			require.Equalf(t, maxSeqs, sum, "seed %d: the shares sum to the batch", seed)
 		}
 	}
 }
 
-// progressiveFill is the weighted max-min split of maxSeqs over the
-// entries' tenants, by raising every unsatisfied tenant's allocation in
-// steps of 1/2000 of a request per unit of weight, each tenant's part
-// going to its instances in proportion to their demand; claimed reports
-// whether the tenants' demand takes the whole batch.
-func progressiveFill(maxSeqs int64, entries []peers.Entry) (map[string]float64, bool) {
-	limit := float64(maxSeqs)
-	demand, weight := map[string]float64{}, map[string]float64{}
-	for _, e := range entries {
-		for _, td := range e.Tenants {
-			demand[td.Tenant] += float64(td.Demand()) / 1000
-			weight[td.Tenant] = max(weight[td.Tenant], float64(td.Weight))
-		}
-	}
-	total := 0.0
-	for n := range demand {
-		demand[n] = min(demand[n], limit)
-		total += demand[n]
-	}
+// fill is progressive filling: each claimant with an ask above its
+// allocation is raised by step·weight until budget is spent; it returns
+// the allocations and the level reached per unit of weight (+Inf when
+// every ask is met).
+func fill(budget float64, names []string, ask, weight map[string]float64) (map[string]float64, float64) {
 	alloc := map[string]float64{}
-	spent := 0.0
-	for spent < limit-1e-9 {
+	spent, level := 0.0, 0.0
+	const step = 1.0 / 2000
+	for {
 		active := 0.0
-		for n := range demand {
-			if alloc[n] < demand[n] {
+		for _, n := range names {
+			if alloc[n] < ask[n]-1e-12 {
 				active += weight[n]
 			}
 		}
 		if active == 0 {
-			break
+			return alloc, math.Inf(1)
 		}
-		step := min(1.0/2000, (limit-spent)/active)
-		for n := range demand {
-			if alloc[n] < demand[n] {
-				add := min(step*weight[n], demand[n]-alloc[n])
+		if spent >= budget-1e-9 {
+			return alloc, level
+		}
+		st := min(step, (budget-spent)/active)
+		level += st
+		for _, n := range names {
+			if alloc[n] < ask[n]-1e-12 {
+				add := min(st*weight[n], ask[n]-alloc[n])
 				alloc[n] += add
 				spent += add
 			}
 		}
 	}
-	part := map[string]float64{}
-	for _, e := range entries {
-		for _, td := range e.Tenants {
-			sum := 0.0
-			for _, o := range entries {
-				for _, x := range o.Tenants {
-					if x.Tenant == td.Tenant {
-						sum += float64(min(x.Demand(), maxSeqs*1000))
-					}
-				}
-			}
-			part[e.Instance] += alloc[td.Tenant] * float64(min(td.Demand(), maxSeqs*1000)) / sum
-		}
-	}
-	return part, total >= limit-1e-9 && math.Abs(spent-limit) < 1e-6
 }
 
-func claimedSum(part map[string]float64) float64 {
+// splitByFilling is SeqShare's split as its doc states it, in requests:
+// each instance's part, and how much of the batch was given.
+func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64) {
+	limit := float64(maxSeqs)
+	load, claim, weight := map[string]float64{}, map[string]float64{}, map[string]float64{}
+	var names []string
+	for _, e := range entries {
+		for _, td := range e.Tenants {
+			if _, ok := claim[td.Tenant]; !ok {
+				names = append(names, td.Tenant)
+			}
+			load[td.Tenant] += float64(td.Load) / 1000
+			claim[td.Tenant] += min(float64(td.Claim)/1000, limit)
+			weight[td.Tenant] = max(weight[td.Tenant], float64(td.Weight))
+		}
+	}
+	for _, n := range names {
+		claim[n] = min(claim[n], limit)
+		load[n] = min(load[n], 2*limit)
+	}
+	_, level := fill(limit, names, load, weight)
+	var light, heavy []string
+	lightSum, heavySum := 0.0, 0.0
+	for _, n := range names {
+		if load[n] <= gate.LightMargin*weight[n]*level+1e-9 && load[n] <= limit {
+			light, lightSum = append(light, n), lightSum+claim[n]
+		} else {
+			heavy, heavySum = append(heavy, n), heavySum+claim[n]
+		}
+	}
+	want := maps.Clone(claim)
+	budget := limit
+	if len(heavy) > 0 && lightSum > 0 {
+		for _, n := range light {
+			want[n] = claim[n] * (1 + gate.BurstK*math.Sqrt(lightSum)/lightSum)
+		}
+		if limit >= 2 {
+			budget -= min(1, heavySum)
+		}
+	}
+	lightAlloc, _ := fill(budget, light, want, weight)
+	left := limit
+	for _, n := range light {
+		left -= lightAlloc[n]
+	}
+	heavyAlloc, _ := fill(left, heavy, want, weight)
+	part, given := map[string]float64{}, 0.0
+	for _, n := range names {
+		a := lightAlloc[n] + heavyAlloc[n]
+		given += a
+		for _, e := range entries {
+			for _, td := range e.Tenants {
+				if td.Tenant == n {
+					part[e.Instance] += a * min(float64(td.Claim)/1000, limit) / claim0(entries, n, limit)
+				}
+			}
+		}
+	}
+	return part, given
+}
+
+// claim0 is tenant n's claims summed before the cap at the batch: its
+// parts are in proportion to them.
+func claim0(entries []peers.Entry, n string, limit float64) float64 {
 	s := 0.0
-	for _, v := range part {
-		s += v
+	for _, e := range entries {
+		for _, td := range e.Tenants {
+			if td.Tenant == n {
+				s += min(float64(td.Claim)/1000, limit)
+			}
+		}
 	}
 	return s
 }

@@ -32,6 +32,11 @@ const peakWindow = 30 * time.Second
 // others' reserved peaks.
 const lightMargin = 3.0
 
+// LightMargin is lightMargin, for the split of a shared replica's batch
+// across instances (fleet.SeqShare), which classifies tenants as the gate
+// does.
+const LightMargin = lightMargin
+
 // idleGaps is how many of its mean inter-arrival gaps an idle light
 // tenant may be silent before its peak stops being reserved, within
 // server.reserve_hold. A Poisson tenant is silent that long with
@@ -66,6 +71,11 @@ const floorK = 3.0
 // burstK is the reserve's margin over the light tenants' recent peak, in
 // standard deviations of a Poisson count of that size.
 const burstK = 1.0
+
+// BurstK is burstK, for the split of a shared replica's batch across
+// instances (fleet.SeqShare), which reserves for light tenants as the gate
+// does.
+const BurstK = burstK
 
 func (g *Gate) burstK() float64 {
 	if g.K != 0 {
@@ -519,6 +529,17 @@ func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 		return 0
 	}
 	return max(int64(math.Ceil(peak/m.size-1e-9))-held, 0)
+}
+
+// Asked is tenant's averaged demand at the last assessment (what
+// classifies it as light or heavy), as a count of its requests; false when
+// the gate has not assessed it.
+func (g *Gate) Asked(tenant string) (float64, bool) {
+	m := g.mem[tenant]
+	if m == nil || m.size <= 0 {
+		return 0, false
+	}
+	return m.load / m.size, true
 }
 
 // State is what the gate remembers of one tenant, for traces.

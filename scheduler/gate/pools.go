@@ -171,41 +171,48 @@ func (p *Pools[K]) Repool(at *Place[K], k K, tenant string, size int64) {
 // (Gate.Kept; with Now set).
 func (p *Pools[K]) WaitingOn(i int) int64 {
 	var n int64
-	p.demandOn(i, func(_ string, _ int, pt *poolTenant, kept int64) {
+	p.demandOn(i, func(_ string, _ int, pt *poolTenant, g *Gate, kept int64) {
 		n += pt.queued + kept
 	})
 	return n
 }
 
 // DemandOn visits every tenant with demand on the replica in slot i, in
-// requests: what it holds and what waits (its queued requests and the
-// room kept for its peak) in the pools the replica serves, each spread
-// evenly over the pool's replicas (Key.Replicas), since a pool's request
-// may go to any of them. Tenants come in name order, each once.
-func (p *Pools[K]) DemandOn(i int, visit func(tenant string, held, waiting float64)) {
-	type demand struct{ held, waiting float64 }
+// requests: its averaged demand as its gate last assessed it (Gate.Asked;
+// what it holds and queues where the gate has not), and what it asks now
+// (what it holds and queues, and the room kept for its peak), in the pools
+// the replica serves, each spread evenly over the pool's replicas
+// (Key.Replicas), since a pool's request may go to any of them. Tenants
+// come in name order, each once.
+func (p *Pools[K]) DemandOn(i int, visit func(tenant string, asked, asks float64)) {
+	type demand struct{ asked, asks float64 }
 	var by map[string]demand
-	p.demandOn(i, func(name string, replicas int, pt *poolTenant, kept int64) {
-		if pt.held == 0 && pt.queued == 0 && kept == 0 {
+	p.demandOn(i, func(name string, replicas int, pt *poolTenant, g *Gate, kept int64) {
+		now := pt.held + pt.queued + kept
+		if now == 0 {
 			return
+		}
+		asked, ok := g.Asked(name)
+		if !ok {
+			asked = float64(pt.held + pt.queued)
 		}
 		if by == nil {
 			by = map[string]demand{}
 		}
 		d := by[name]
-		d.held += float64(pt.held) / float64(replicas)
-		d.waiting += float64(pt.queued+kept) / float64(replicas)
+		d.asked += asked / float64(replicas)
+		d.asks += float64(now) / float64(replicas)
 		by[name] = d
 	})
 	for _, name := range slices.Sorted(maps.Keys(by)) {
-		visit(name, by[name].held, by[name].waiting)
+		visit(name, by[name].asked, by[name].asks)
 	}
 }
 
 // demandOn calls f for every tenant of every pool the replica in slot i
-// serves, with the pool's replica count and the room its gate keeps for
-// the tenant.
-func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTenant, kept int64)) {
+// serves, with the pool's replica count, its gate and the room the gate
+// keeps for the tenant.
+func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTenant, g *Gate, kept int64)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var nowN int64
@@ -222,7 +229,7 @@ func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTen
 			if p.Now != nil {
 				kept = pl.Gate.Kept(nowN, name, pt.held)
 			}
-			f(name, n, pt, kept)
+			f(name, n, pt, &pl.Gate, kept)
 		}
 	}
 }

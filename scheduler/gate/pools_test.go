@@ -66,14 +66,14 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Equal(t, int64(1), p.WaitingOn(0))
 	assert.Equal(t, int64(0), p.WaitingOn(2))
 	type seen struct {
-		tenant        string
-		held, waiting float64
+		tenant      string
+		asked, asks float64
 	}
 	var on0 []seen
-	p.DemandOn(0, func(tenant string, held, waiting float64) { on0 = append(on0, seen{tenant, held, waiting}) })
-	assert.Equal(t, []seen{{"x", 0, 0.5}, {"y", 1, 0}}, on0, "x queued on ab's two replicas, y held on a's one")
+	p.DemandOn(0, func(tenant string, asked, asks float64) { on0 = append(on0, seen{tenant, asked, asks}) })
+	assert.Equal(t, []seen{{"x", 0.5, 0.5}, {"y", 1, 1}}, on0, "x queued on ab's two replicas, y held on a's one; no gate has assessed them")
 	var on2 []seen
-	p.DemandOn(2, func(tenant string, held, waiting float64) { on2 = append(on2, seen{tenant, held, waiting}) })
+	p.DemandOn(2, func(tenant string, asked, asks float64) { on2 = append(on2, seen{tenant, asked, asks}) })
 	assert.Empty(t, on2)
 
 	p.Lock()

@@ -26,14 +26,15 @@ type Report struct {
 // TenantDemand is one tenant's demand at one instance on one replica, in
 // thousandths of a request: a pool's demand is spread over its replicas.
 type TenantDemand struct {
-	Tenant  string
-	Weight  int64 // its fair-share weight, at least 1
-	Held    int64 // requests holding room there (running or being sent)
-	Waiting int64 // requests queued that it could serve, and room kept for the tenant's peaks
+	Tenant string
+	Weight int64 // its fair-share weight, at least 1
+	// Load is its averaged demand, which classifies it as light or heavy
+	// (the dispatch gate's).
+	Load int64
+	// Claim is what it asks now: requests holding room there, queued
+	// that it could serve, and room kept for its peaks.
+	Claim int64
 }
-
-// Demand is what the tenant asks of the replica: held and waiting.
-func (d TenantDemand) Demand() int64 { return d.Held + d.Waiting }
 
 // Entry is another instance's Report on a replica. Tenants is nil in a
 // report of a version that did not send them.
@@ -124,10 +125,10 @@ func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]En
 		}
 		fmt.Fprintf(&b, "%s %d %d", rp.Replica, rp.InFlight, rp.Queued)
 		for _, td := range rp.Tenants {
-			if td.Weight < 1 || td.Held < 0 || td.Waiting < 0 {
+			if td.Weight < 1 || td.Load < 0 || td.Claim < 0 {
 				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
 			}
-			fmt.Fprintf(&b, " @%d:%s %d %d", td.Weight, neturl.PathEscape(td.Tenant), td.Held, td.Waiting)
+			fmt.Fprintf(&b, " @%d:%s %d %d", td.Weight, neturl.PathEscape(td.Tenant), td.Load, td.Claim)
 		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
@@ -150,7 +151,7 @@ var ErrMalformed = errors.New("malformed report")
 
 // parse adds instance id's report text to out, whole or not at all:
 //
-//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <held> <waiting>)*)*
+//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <load> <claim>)*)*
 //
 // Every item is three fields, the tenants' after their replica's, so that
 // a version that reads only replicas takes a tenant's item for a replica
@@ -183,7 +184,7 @@ func parse(id, text string, out map[string][]Entry) error {
 			return bad
 		}
 		e := &es[len(es)-1]
-		e.Tenants = append(e.Tenants, TenantDemand{Tenant: tenant, Weight: w, Held: a, Waiting: b})
+		e.Tenants = append(e.Tenants, TenantDemand{Tenant: tenant, Weight: w, Load: a, Claim: b})
 	}
 	for i, e := range es {
 		out[urls[i]] = append(out[urls[i]], e)

@@ -110,7 +110,7 @@ func TestTenantDemand(t *testing.T) {
 	b := peers.NewRedis(c, "t", "b", "h1", time.Minute)
 	sent := []peers.Report{
 		{Replica: "http://r1:8000", InFlight: 3, Queued: 2, Tenants: []peers.TenantDemand{
-			{Tenant: "acme", Weight: 1, Held: 1500, Waiting: 500}, {Tenant: "big co/eu:1 @x", Weight: 4, Held: 1500, Waiting: 0}}},
+			{Tenant: "acme", Weight: 1, Load: 1500, Claim: 2000}, {Tenant: "big co/eu:1 @x", Weight: 4, Load: 7000, Claim: 1500}}},
 		{Replica: "http://r2:8000", InFlight: 1},
 	}
 	_, err := a.Exchange(ctx, sent)
