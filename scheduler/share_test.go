@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
@@ -80,6 +81,31 @@ func TestShareLoop(t *testing.T) {
 		require.NotEmpty(t, ex.reports)
 		assert.Equal(t, []peers.Report{{Replica: r1.URL, InFlight: 4}, {Replica: r2.URL, InFlight: 1}}, ex.reports[0], "only where there is demand")
 		ex.mu.Unlock()
+
+		// A tenant's demand is reported by tenant too, a pool's spread over
+		// its replicas: three queued on the pool of both is 1.5 on each.
+		var both fleet.PoolKey
+		both.Set(r1.Slot)
+		both.Set(r2.Slot)
+		places := make([]gate.Place[fleet.PoolKey], 3)
+		for i := range places {
+			places[i].Pool = both
+			s.Pools().Move(&places[i], "acme", 10, false, gate.SpotQueued)
+		}
+		time.Sleep(shareInterval)
+		synctest.Wait()
+		ex.mu.Lock()
+		acme := []peers.TenantDemand{{Tenant: "acme", Weight: 1, Load: 1500, Claim: 1500}}
+		assert.Equal(t, []peers.Report{{Replica: r1.URL, InFlight: 4, Queued: 3, Tenants: acme}, {Replica: r2.URL, InFlight: 1, Queued: 3, Tenants: acme}},
+			ex.reports[len(ex.reports)-1])
+		ex.mu.Unlock()
+		assert.Equal(t, int64(1), r1.Share.Load(), "acme's 1.5 beside the other's 4 of r1's four: 1.5, the half to the other by id")
+		for i := range places {
+			s.Pools().Move(&places[i], "acme", 10, false, gate.SpotNone)
+		}
+		time.Sleep(shareInterval)
+		synctest.Wait()
+		assert.Equal(t, int64(2), r1.Share.Load())
 
 		// The cap binds own requests only: with two in flight here r1 has
 		// no room for this instance, though the batch has four slots.

@@ -183,7 +183,7 @@ func TestLearnedBatchTwoInstances(t *testing.T) {
 // reports demand, so a light tenant sending one request after another is
 // served as on the flood's own instance (measured: p90 7.3–8.5 ms). After
 // a pause longer than a report's life (2 s) its instance still reports
-// the room its gate keeps for the tenant's peak (gate.KeptRequests), so
+// the room its gate keeps for the tenant's peak (gate.Gate.Kept), so
 // the flood's instance leaves it free: 6–10 ms after 3 s pauses, against
 // 0.27–0.64 s when only requests queued and in flight were reported. Its
 // very first request, before its gate has seen it ask, waits for the

@@ -4,7 +4,9 @@
 //
 // Every instance calls [Redis.Exchange] a few times a second with, per
 // replica URL, its requests in flight there and the requests it has queued
-// that the replica could serve. One Lua call writes that report into the
+// that the replica could serve, and the same by tenant ([TenantDemand]),
+// so that the batch is split by the tenants' weights whichever instance
+// each sends to. One Lua call writes that report into the
 // hash <prefix>:{peers} under the instance's id, stamped with Redis's own
 // clock (so the instances' clocks never matter), drops reports older than
 // the staleness bound, and returns every other live instance's report. A
