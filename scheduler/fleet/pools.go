@@ -151,7 +151,11 @@ func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 
 // FleetOf sums the load and capacity of the pool's replicas that can take
 // work, under the set's lock: one state, as the replica choice sees it
-// for a request of a tenant alone on the pool or not (Route.Alone).
+// for a request of a tenant alone on the pool or not (Route.Alone). The
+// sequence capacity is each replica's batch limit, not this instance's
+// share of it: the gate's fractions are of the batch, so that a tenant's
+// peak reads the same whatever the shares were when it was seen; the
+// share binds a heavy tenant in Take.
 func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -165,7 +169,7 @@ func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 			continue
 		}
 		f.Seqs += seqs
-		f.SeqsCap += r.seqLimit(seqs, alone)
+		f.SeqsCap += r.seqLimit(seqs, alone, true) // the gate reads the batch; the share binds in Take
 		f.Probe += r.ProbeExcess()
 		f.Tokens += load
 		f.TokensCap += k

@@ -44,7 +44,10 @@ type Replica struct {
 	// instances use the replica too (share.go); 0: none. Peers is how many
 	// other instances reported demand here.
 	Share, Peers atomic.Int64
-	Obs          atomic.Pointer[Obs]
+	// lightHere is this instance's tenants the share split holds light
+	// here, whom Share does not bind (share.go); nil: none.
+	lightHere atomic.Pointer[[]string]
+	Obs       atomic.Pointer[Obs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	ModelsAt atomic.Int64
 	// pollFail and modelsFail are the last failed poll and /v1/models
@@ -146,6 +149,10 @@ type Route struct {
 	// Alone: the request's tenant is the only one its pool has seen
 	// lately (gate.Gate.Alone), so the ramp does not bind it (sizing.go).
 	Alone bool
+	// Tenant is the request's tenant: one the share split holds light
+	// fleet-wide is not capped by this instance's share of a replica
+	// (share.go, ShareOf.Light).
+	Tenant string
 }
 
 // anyKnown reports whether some replica's models are known (from
@@ -263,7 +270,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.seqLimit(seqs, rt.Alone) || load+size > k {
+		if seqs >= r.seqLimit(seqs, rt.Alone, r.sharedLight(rt.Tenant)) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)

@@ -68,7 +68,9 @@ const ShareStale = 2 * time.Second
 //
 // A tenant's part goes to its instances in proportion to their claims. An
 // entry without tenants (an older version's report) is one claimant of
-// weight 1. This instance's share is its tenants' parts plus all that no
+// weight 1, its load what it has in flight and queued. Where no tenant is
+// heavy the cap is 0, none: the gate holds no light tenant back for
+// another on one instance either. This instance's share is its tenants' parts plus all that no
 // tenant was given (the cap is what it may take if it wants more, so where
 // the batch is not all claimed the caps may sum to more than maxSeqs; the
 // batch estimate, the centre's sizing, still keeps the replica within it).
@@ -78,22 +80,52 @@ const ShareStale = 2 * time.Second
 // claim counts at most maxSeqs. At least 1, so no instance starves when
 // there are more instances than sequences.
 func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
+	return Split(maxSeqs, mine, others).Cap
+}
+
+// ShareOf is this instance's part of a shared replica's batch (Split).
+type ShareOf struct {
+	// Cap is the most requests of its heavy tenants' and of tenants it
+	// did not report that it may have in flight there (SeqShare); 0: no
+	// tenant anywhere is heavy, so nothing is capped.
+	Cap int64
+	// Light is its tenants that the split holds light fleet-wide: the cap
+	// does not bind them, as the gate's reserve does not bind a light
+	// tenant on one instance (they compete for any room, and the heavy
+	// tenants' caps leave their claims free).
+	Light []string
+}
+
+// Split is SeqShare with the tenants it holds light.
+func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 	if maxSeqs <= 0 {
-		return 1
+		return ShareOf{Cap: 1}
 	}
 	self := mine.Instance
 	sp := shareSplit{limit: float64(maxSeqs) * 1000}
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
-			d := min(min(e.InFlight, maxSeqs)+min(e.Queued, maxSeqs), maxSeqs) * 1000
-			sp.add(e.Instance, "\x00instance "+e.Instance, 1, d, d)
+			// An instance as one claimant: what it asks, uncapped, is its
+			// load (a backlog past the batch is heavy).
+			load := min(e.InFlight, 1<<40) + min(e.Queued, 1<<40)
+			claim := min(load, maxSeqs)
+			sp.add(e.Instance, "\x00instance "+e.Instance, 1, load*1000, claim*1000)
 			continue
 		}
 		for _, td := range e.Tenants {
 			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim)
 		}
 	}
-	parts := sp.split(self)
+	parts, capped := sp.split(self)
+	var out ShareOf
+	for _, td := range mine.Tenants {
+		if c := sp.byName[td.Tenant]; c != nil && c.light {
+			out.Light = append(out.Light, td.Tenant)
+		}
+	}
+	if !capped {
+		return out
+	}
 	// Integer shares: thousandths rounded so that a sum's order cannot
 	// move a tie between instances.
 	ids := make([]string, 0, len(parts)+1)
@@ -112,7 +144,8 @@ func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	if rank := int64(slices.Index(ids, self)); rank < maxSeqs-floor {
 		share++
 	}
-	return max(share, 1)
+	out.Cap = max(share, 1)
+	return out
 }
 
 // shareSplit is SeqShare's split, in thousandths of a request.
@@ -131,6 +164,7 @@ type shareClaim struct {
 	want   float64 // what the split gives it if it fits: claim, and a light tenant's margin
 	parts  []sharePart
 	alloc  float64
+	light  bool
 }
 
 type sharePart struct {
@@ -162,7 +196,7 @@ func (sp *shareSplit) add(instance, tenant string, weight, load, claim int64) {
 
 // split is each instance's part of the batch, in whole thousandths, with
 // what no tenant was given added to self's.
-func (sp *shareSplit) split(self string) map[string]int64 {
+func (sp *shareSplit) split(self string) (parts map[string]int64, capped bool) {
 	cs := sp.claims
 	// One order everywhere, so that every instance sums alike.
 	slices.SortFunc(cs, func(a, b *shareClaim) int { return cmp.Compare(a.name, b.name) })
@@ -175,6 +209,7 @@ func (sp *shareSplit) split(self string) map[string]int64 {
 	lightClaims, heavyClaims := 0.0, 0.0
 	for _, c := range cs {
 		if c.load <= gate.LightMargin*c.weight*level && c.load <= sp.limit {
+			c.light = true
 			light = append(light, c)
 			lightClaims += c.claim
 		} else {
@@ -219,7 +254,7 @@ func (sp *shareSplit) split(self string) map[string]int64 {
 	for id, v := range f {
 		out[id] = int64(math.Round(v))
 	}
-	return out
+	return out, len(heavy) > 0
 }
 
 // maxMin is the weighted max-min fair split of budget among cs by what
@@ -298,7 +333,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, nil, nil) {
+			if ApplyShares(ex.ID(), reps, keys, nil, nil, d.Now()) {
 				d.Wake()
 			}
 			return nil
@@ -316,9 +351,9 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, mine, got)
+			wake = ApplyShares(ex.ID(), reps, keys, mine, got, now)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, nil, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, nil, nil, now) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -353,10 +388,11 @@ func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int6
 }
 
 // ApplyShares sets each replica's share from this instance's reports
-// (mine, as sent) and the others' entries (nil: none anywhere). It reports
-// whether a share grew or went: that lets queued work through, so the
-// dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
+// (mine, as sent) and the others' entries (nil: none anywhere), read at
+// now, and what the others have in flight there for the batch estimate
+// (Replica.SetPeerFlight). It reports whether a share grew or went: that
+// lets queued work through, so the dispatch loop is to be woken.
+func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry, now time.Time) (wake bool) {
 	own := make(map[string]peers.Entry, len(mine))
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
@@ -369,7 +405,24 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 			if !ok {
 				e.Instance = self
 			}
-			share = SeqShare(r.BatchLimit(), e, others)
+			sh := Split(r.ShareBatch(), e, others)
+			share = sh.Cap
+			if len(sh.Light) > 0 {
+				r.lightHere.Store(&sh.Light)
+			} else {
+				r.lightHere.Store(nil)
+			}
+			var flight int64
+			for _, o := range others {
+				flight += min(o.InFlight, r.MaxSeqs)
+			}
+			if p := r.batch.peers.Load(); p != nil && flight < p.n {
+				wake = true // room the others gave up
+			}
+			r.SetPeerFlight(flight, now)
+		} else {
+			r.batch.peers.Store(nil) // no other instance here: the scrapes' count
+			r.lightHere.Store(nil)
 		}
 		prev := r.Share.Swap(share)
 		r.Peers.Store(int64(len(others)))
@@ -378,16 +431,38 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 	return wake
 }
 
+// ShareBatch is the batch the share split divides: the batch limit, or
+// fewer where the KV cache binds first, as the last scrape shows it
+// (running ÷ KV usage: the requests a full cache holds at their present
+// mean size). Every instance reads the same replica, so they divide
+// about the same number; a split of max_num_seqs where the cache holds a
+// tenth of it would cap nothing, and the slots would stay with the
+// instance that refills them first (above).
+func (r *Replica) ShareBatch() int64 {
+	lim := r.BatchLimit()
+	if o := r.Obs.Load(); o != nil && o.OK && o.Running > 0 && o.KVUsage > 0 {
+		lim = min(lim, max(int64(float64(o.Running)/min(o.KVUsage, 1)), 1))
+	}
+	return lim
+}
+
+// sharedLight reports whether the share split holds tenant light on r.
+func (r *Replica) sharedLight(tenant string) bool {
+	l := r.lightHere.Load()
+	return l != nil && tenant != "" && slices.Contains(*l, tenant)
+}
+
 // SeqLimit is the sequence count at which r has no room for this
 // instance: its batch limit (sizing.go), or less where this instance's
 // share (a replica shared with other instances) binds. seqs is the batch
 // estimate.
-func (r *Replica) SeqLimit(seqs int64) int64 { return r.seqLimit(seqs, false) }
+func (r *Replica) SeqLimit(seqs int64) int64 { return r.seqLimit(seqs, false, false) }
 
-// seqLimit is SeqLimit, without the ramp for a tenant alone on its pool.
-func (r *Replica) seqLimit(seqs int64, alone bool) int64 {
+// seqLimit is SeqLimit, without the ramp for a tenant alone on its pool,
+// and without the share for the gate's view of the batch (FleetOf).
+func (r *Replica) seqLimit(seqs int64, alone, noShare bool) int64 {
 	lim := r.batchLimit(!alone)
-	if sh := r.Share.Load(); sh > 0 {
+	if sh := r.Share.Load(); sh > 0 && !noShare {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -38,10 +39,10 @@ func TestSeqShare(t *testing.T) {
 		{"two backlogged split evenly", 4, e("a", 4, 9), []peers.Entry{e("b", 4, 9)}, 2},
 		{"odd: the remainder to the first id", 5, e("a", 5, 9), []peers.Entry{e("b", 5, 9)}, 3},
 		{"odd: the second id gets the floor", 5, e("b", 5, 9), []peers.Entry{e("a", 5, 9)}, 2},
-		{"an other needing less keeps it, the rest is ours", 8, e("a", 8, 8), []peers.Entry{e("b", 1, 1)}, 6},
-		{"an idle other leaves all", 4, e("a", 2, 0), []peers.Entry{e("b", 0, 0)}, 4},
-		{"water-filling over three: a keeps 1, b and c split 9 (b first)", 10, e("c", 20, 0), []peers.Entry{e("a", 1, 0), e("b", 20, 0)}, 4},
-		{"water-filling over three, seen by b", 10, e("b", 20, 0), []peers.Entry{e("a", 1, 0), e("c", 20, 0)}, 5},
+		{"an other needing less (light) keeps its claim and a margin (2 + √2), the rest is ours", 8, e("a", 8, 8), []peers.Entry{e("b", 1, 1)}, 5},
+		{"no instance heavy: no cap", 4, e("a", 2, 0), []peers.Entry{e("b", 0, 0)}, 0},
+		{"water-filling over three: a (light) keeps 1 + √1, b and c split 8", 10, e("c", 20, 0), []peers.Entry{e("a", 1, 0), e("b", 20, 0)}, 4},
+		{"water-filling over three, seen by b", 10, e("b", 20, 0), []peers.Entry{e("a", 1, 0), e("c", 20, 0)}, 4},
 		{"more instances than sequences: at least one", 2, e("z", 9, 9), []peers.Entry{e("a", 9, 9), e("b", 9, 9), e("c", 9, 9)}, 1},
 		{"a report past any sum counts as max_num_seqs", 4, e("a", 1<<62, 1<<62), []peers.Entry{e("b", 1<<62, 1<<62)}, 2},
 		{"nothing asked here: the floor", 8, e("a", 0, 0), []peers.Entry{e("b", 8, 8)}, 1},
@@ -65,7 +66,8 @@ func TestSeqShare(t *testing.T) {
 		{"weights that disagree (a reload on its way): the larger", 10,
 			te("a", busy("big", 1, 10)), []peers.Entry{te("b", busy("big", 4, 10), busy("small", 1, 10))}, 4},
 		{"an older version's report is one claimant of weight 1", 8, te("a", busy("x", 3, 8)), []peers.Entry{e("b", 8, 0)}, 6},
-		{"what no tenant claims is ours", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", td("y", 1, 3))}, 13},
+		{"light tenants only: no cap, as the gate holds no light tenant back", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", td("y", 1, 3))}, 0},
+		{"a light tenant beside a heavy one elsewhere: its claim and a margin (2 + √2)", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", busy("y", 1, 16))}, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -111,18 +113,22 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 				entries[i].Tenants = []peers.TenantDemand{{Tenant: "t0", Weight: weights[0], Load: 1, Claim: 1}}
 			}
 		}
-		part, given := splitByFilling(maxSeqs, entries)
+		part, given, heavy := splitByFilling(maxSeqs, entries)
 		var sum int64
 		floored := false
 		for i, mine := range entries {
 			others := slices.Concat(entries[:i], entries[i+1:])
 			got := SeqShare(maxSeqs, mine, others)
+			if !heavy {
+				require.Zerof(t, got, "seed %d: no tenant heavy, no cap", seed)
+				continue
+			}
 			want := part[mine.Instance] + float64(maxSeqs) - given // ours: all not given
 			floored = floored || want < 1
 			require.InDeltaf(t, want, float64(got), 1+1e-6, "seed %d instance %s: share %d, part %.3f (max %d)", seed, mine.Instance, got, want, maxSeqs)
 			sum += got
 		}
-		if given >= float64(maxSeqs)-1e-6 && !floored {
+		if heavy && given >= float64(maxSeqs)-1e-6 && !floored {
 			require.Equalf(t, maxSeqs, sum, "seed %d: the shares sum to the batch", seed)
 		}
 	}
@@ -162,8 +168,9 @@ func fill(budget float64, names []string, ask, weight map[string]float64) (map[s
 }
 
 // splitByFilling is SeqShare's split as its doc states it, in requests:
-// each instance's part, and how much of the batch was given.
-func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64) {
+// each instance's part, how much of the batch was given, and whether any
+// tenant is heavy (else nothing is capped).
+func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64, bool) {
 	limit := float64(maxSeqs)
 	load, claim, weight := map[string]float64{}, map[string]float64{}, map[string]float64{}
 	var names []string
@@ -219,7 +226,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 			}
 		}
 	}
-	return part, given
+	return part, given, len(heavy) > 0
 }
 
 // claim0 is tenant n's claims summed before the cap at the batch: its
@@ -234,4 +241,53 @@ func claim0(entries []peers.Entry, n string, limit float64) float64 {
 		}
 	}
 	return s
+}
+
+// TestShareBatch: where the KV cache binds before max_num_seqs, the split
+// divides what the cache holds (running ÷ KV usage at the last scrape),
+// not max_num_seqs.
+func TestShareBatch(t *testing.T) {
+	r := &Replica{Name: "r", MaxSeqs: 256}
+	assert.Equal(t, int64(256), r.ShareBatch(), "no scrape")
+	r.Obs.Store(&Obs{OK: true, Running: 12, KVUsage: 0.98})
+	assert.Equal(t, int64(12), r.ShareBatch(), "a full cache of 12")
+	r.Obs.Store(&Obs{OK: true, Running: 5, KVUsage: 0.1})
+	assert.Equal(t, int64(50), r.ShareBatch())
+	r.Obs.Store(&Obs{OK: true, Running: 0, KVUsage: 0})
+	assert.Equal(t, int64(256), r.ShareBatch(), "nothing running: nothing to read")
+}
+
+// TestPeerFlightInBatchEstimate: the others' requests as the share
+// exchange read them stand in for an older scrape's foreign count, and a
+// newer scrape's count for them.
+func TestPeerFlightInBatchEstimate(t *testing.T) {
+	set, r := sizingSet(16)
+	now := time.Unix(1_800_000_000, 0)
+	r.Count.Store(2)
+	scrapeRW(r, 8, 0, now)
+	assert.Equal(t, int64(8), seqsOf(set, r), "own 2, the scrape's 6 others")
+	r.SetPeerFlight(11, now.Add(250*time.Millisecond))
+	assert.Equal(t, int64(13), seqsOf(set, r), "the others started 5 more since the scrape")
+	scrapeRW(r, 6, 0, now.Add(time.Second))
+	assert.Equal(t, int64(6), seqsOf(set, r), "a newer scrape: 4 others")
+}
+
+// TestLightTenantsNotCapped: on a replica another instance floods, this
+// instance's share leaves the flood one sequence; the tenant the split
+// holds light may use any room, as on one instance, while a tenant it
+// does not report (or a heavy one) is held to the share.
+func TestLightTenantsNotCapped(t *testing.T) {
+	set, r := sizingSet(8)
+	now := time.Unix(1_800_000_000, 0)
+	mine := []peers.Report{{Replica: "r", InFlight: 2, Tenants: []peers.TenantDemand{{Tenant: "light", Weight: 1, Load: 1000, Claim: 2000}}}}
+	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
+		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}}, now)
+	require.Equal(t, int64(3), r.Share.Load(), "2 + √2 = 3.4 of 8, the remainder to the larger fraction (the flood's)")
+	r.Count.Store(3)       // at its share
+	scrapeRW(r, 5, 0, now) // and two of the other's running
+	rep, _ := set.Take(Route{Tenant: "light"}, 1, nil)
+	assert.Same(t, r, rep, "light: any room")
+	rep, _ = set.Take(Route{Tenant: "other"}, 1, nil)
+	assert.Nil(t, rep, "not held light: the share binds")
 }

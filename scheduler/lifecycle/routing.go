@@ -45,7 +45,7 @@ func (e *Engine) checkModel(t *policy.Tenant, model string) error {
 // routeOf is what the replica choice needs from a parsed request: its
 // model, and under affinity routing its prompt's chunk hashes.
 func (e *Engine) routeOf(pol *policy.Snapshot, t *policy.Tenant, req *vllm.Request) fleet.Route {
-	rt := fleet.Route{Model: req.Model}
+	rt := fleet.Route{Model: req.Model, Tenant: t.Name}
 	if pol.Cfg.Upstream.Routing != "least_load" {
 		// vLLM hits only blocks cached under the request's salt: the
 		// tenant's, else the client's own.
