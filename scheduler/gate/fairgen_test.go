@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
+	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
 // A seeded scenario generator for fairness, as test/chaos is for
@@ -51,22 +52,35 @@ import (
 //
 // A third of the seeds also draw a KV-limited replica (its cache below a
 // full batch of mean-sized requests), which Sluice sizes by tokens as
-// well. Not modelled: two instances (the share exchange is covered by
-// TestInstancesSplitASharedReplica and TestLearnedBatchBoundsShare),
-// preemption (the replica admits by each request's whole KV use),
-// prefill time.
+// well, and a third two instances of a Redis fleet in front of the
+// replica (fgInst), each tenant sending to one of them: each instance has
+// its own queue, gate and view of the replica, learns from the same
+// scrapes, and every fleet.ShareInterval both report their demand and
+// take their shares as the share loop does (fleet.Split, with the batch
+// as fleet.Replica.ShareBatch reads it and the others' reported requests
+// as the batch estimate's foreign count). Not modelled: a tenant sending
+// to both instances (the fleet-wide fair-share counters: TestFleetBound,
+// TestFleetFairShareTwoInstances), the reports' staleness between the
+// two instances' exchanges (both exchange at the same instant),
+// preemption (the replica admits by each request's whole KV use), prefill
+// time.
 //
 // `go test -run TestFairnessScenarios ./scheduler/gate/` runs fairgenSeeds
-// seeds; `-fairgen.seeds=N -fairgen.base=B` runs N from B (make
-// fairness-sweep), and `-fairgen.learn=on` or `off` sets the learning
-// scrape of every seed instead of drawing it. Each line of the log is one
-// seed.
+// with one instance and fairgenTwoSeeds with two; `-fairgen.seeds=N
+// -fairgen.base=B` runs N from B (make fairness-sweep), `-fairgen.learn=on`
+// or `off` sets the learning scrape of every seed instead of drawing it,
+// `-fairgen.instances=1` or `2` the instances, and `-fairgen.fleetoff`
+// turns off mechanisms of the split across instances (fgFleetOff). Each
+// line of the log is one seed.
 
 var (
 	fairgenN     = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
 	fairgenBase  = flag.Uint64("fairgen.base", 1, "first fairness scenario seed")
 	fairgenWarn  = flag.Bool("fairgen.report", false, "log violations instead of failing (for sweeps recorded in BENCHMARKS.md)")
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
+	// fairgenInstances sets every seed's instance count instead of drawing it.
+	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, peers (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -96,6 +110,16 @@ var fgTrace = os.Getenv("FG_TRACE") != ""
 // burst held as a flood (NoSustain).
 var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 134, 36, 188, 494}
 
+// fairgenTwoSeeds run in make test with two instances in front of the
+// replica (they run with one instance above): 150 and 475 (a KV cache that
+// binds long before max_num_seqs) lose light requests to their max_wait
+// with the batch split counted in sequences (fgFleetOff.kvBatch); 21 and
+// 93 (light tenants at both instances) wait for completions where the
+// share binds the tenants the split holds light (lightFree); 100 waits
+// where the batch estimate reads the other instance's requests from the
+// scrapes only (peerFlight). TestFairgenTwoInstances checks each.
+var fairgenTwoSeeds = []uint64{21, 93, 100, 150, 475}
+
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
 // of 16 as one of 32: three light tenants at 2.5 rps, a flood at 25 rps
@@ -121,6 +145,20 @@ func fgIsolationRow(seed uint64, configured int64, learn time.Duration) *fgScena
 	return sc
 }
 
+// fgIsolationRowX is row x of scripts/isolation-rows.sh: row b's shape
+// (configured 32) in front of two instances of a Redis fleet, the three
+// light tenants at one, the flood at the other.
+func fgIsolationRowX(seed uint64, learn time.Duration) *fgScenario {
+	sc := fgIsolationRow(seed, 32, learn)
+	sc.instances = 2
+	for i := range sc.tenants {
+		if sc.tenants[i].light {
+			sc.tenants[i].inst = 1
+		}
+	}
+	return sc
+}
+
 type fgTenant struct {
 	name   string
 	weight float64
@@ -128,6 +166,7 @@ type fgTenant struct {
 	burst  int     // requests per arrival event (1: Poisson)
 	cap    int64   // concurrency; 0: none
 	light  bool
+	inst   int // the instance it sends to (0 with one)
 
 	rng                   *rand.Rand
 	held                  int64 // dispatched by Sluice, not completed
@@ -155,6 +194,17 @@ type fgScenario struct {
 	warmup     time.Duration
 	tenants    []fgTenant
 	gateOpts   gate.Options // the gate's switches (zero: the gate Sluice runs)
+	// instances is how many Sluice instances of a Redis fleet share the
+	// replica (0 or 1: one), each tenant sending to its fgTenant.inst.
+	instances int
+	fleetOff  fgFleetOff // the split's mechanisms turned off, to show what each is for
+}
+
+// fgFleetOff turns off one mechanism of the split across instances.
+type fgFleetOff struct {
+	kvBatch    bool // split max_num_seqs even where the KV cache binds first (fleet.Replica.ShareBatch)
+	lightFree  bool // the share binds the tenants the split holds light too (fleet.ShareOf.Light)
+	peerFlight bool // the batch estimate reads the others' requests from the scrapes only (fleet.Replica.SetPeerFlight)
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -164,18 +214,26 @@ func (sc *fgScenario) meanSvc() time.Duration {
 func (sc *fgScenario) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v learn %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape, sc.learn)
+	if sc.instances > 1 {
+		fmt.Fprintf(&b, " %d instances;", sc.instances)
+	}
 	for _, t := range sc.tenants {
 		kind := "heavy"
 		if t.light {
 			kind = "light"
 		}
-		fmt.Fprintf(&b, " %s(%s w%g %.2f/s burst %d cap %d)", t.name, kind, t.weight, t.rate, t.burst, t.cap)
+		fmt.Fprintf(&b, " %s(%s w%g %.2f/s burst %d cap %d", t.name, kind, t.weight, t.rate, t.burst, t.cap)
+		if sc.instances > 1 {
+			fmt.Fprintf(&b, " at %d", t.inst)
+		}
+		b.WriteString(")")
 	}
 	return b.String()
 }
 
-// genScenario draws one scenario from seed.
-func genScenario(seed uint64) *fgScenario {
+// genScenarioAt draws one scenario from seed with instances "1" or "2"
+// (empty: drawn).
+func genScenarioAt(seed uint64, instances string) *fgScenario {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	sc := &fgScenario{seed: seed, step: 20 * time.Millisecond, maxWait: 60 * time.Second,
 		duration: 70 * time.Second, warmup: 10 * time.Second}
@@ -227,11 +285,41 @@ func genScenario(seed uint64) *fgScenario {
 	if rng.IntN(2) == 0 {
 		sc.learn = fgLearn
 	}
+	// Drawn after the learning scrape, for the same reason: a third of
+	// the seeds run two instances of a Redis fleet in front of the
+	// replica, each tenant sending to one of them.
+	two := rng.IntN(3) == 0
+	for i := range sc.tenants {
+		sc.tenants[i].inst = rng.IntN(2)
+	}
 	switch *fairgenLearn {
 	case "on":
 		sc.learn = fgLearn
 	case "off":
 		sc.learn = 0
+	}
+	for _, off := range strings.Split(*fairgenFleetOff, ",") {
+		switch off {
+		case "kv":
+			sc.fleetOff.kvBatch = true
+		case "light":
+			sc.fleetOff.lightFree = true
+		case "peers":
+			sc.fleetOff.peerFlight = true
+		}
+	}
+	switch instances {
+	case "1":
+		two = false
+	case "2":
+		two = true
+	}
+	if two {
+		sc.instances = 2
+	} else {
+		for i := range sc.tenants {
+			sc.tenants[i].inst = 0
+		}
 	}
 	return sc
 }
@@ -270,6 +358,56 @@ type fgResult struct {
 	learnedAt time.Duration // the scrape that first learned a batch; 0: none
 }
 
+// fgInst is one Sluice instance of a run: its queue, dispatch gate and
+// view of the replica, for the tenants that send to it. With two, they
+// share the replica's batch by the exchange's split (fleet.SeqShare).
+type fgInst struct {
+	q     *queue.Queue[fgReq]
+	g     gate.Gate
+	rep   *fleet.Replica
+	ts    []*fgTenant
+	loads []gate.TenantLoad
+	// sent and sentTokens are its requests given the replica's room and
+	// not completed (running or waiting inside), and their KV tokens.
+	sent, sentTokens int64
+	// foreign and foreignTokens are what the last scrape showed beyond
+	// its own (fleet.Replica.Seqs): the other instance's requests.
+	foreign, foreignTokens int64
+	// share is its cap on its requests there while the other instance
+	// reports demand (fleet.Replica.Share); 0: none. It does not bind the
+	// tenants the split holds light (fleet.ShareOf.Light).
+	share int64
+	light []string
+}
+
+// fgExchange is the share exchange's event (every fleet.ShareInterval,
+// with two instances).
+const fgExchange = desScrape + 1
+
+// report is in's demand on the replica as fleet.DemandReports and
+// gate.Pools.DemandOn make it: its requests in flight, queued and the room
+// its gate keeps for light tenants' peaks, in total and by tenant.
+func (in *fgInst) report(name string, nowN int64) peers.Entry {
+	e := peers.Entry{Instance: name, InFlight: in.sent}
+	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }
+	for _, tn := range in.ts {
+		st, _ := in.q.Stats(tn.name)
+		queued := int64(st.Depth)
+		kept := in.g.Kept(nowN, tn.name, tn.held)
+		e.Queued += queued + kept
+		claim := tn.held + queued + kept
+		if claim == 0 {
+			continue
+		}
+		asked, ok := in.g.Asked(tn.name)
+		if !ok {
+			asked = float64(tn.held + queued)
+		}
+		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked), Claim: claim * 1000})
+	}
+	return e
+}
+
 // run simulates sc with the tenants for which keep is true. direct sends
 // every request to the replica at once (vLLM alone).
 func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) fgResult {
@@ -286,25 +424,35 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	}
 	var res fgResult
 	var now time.Duration
-	cfg := queue.Config{MaxWait: sc.maxWait}
-	for _, tn := range ts {
-		cfg.Tenants = append(cfg.Tenants, queue.TenantConfig{Name: tn.name, Weight: tn.weight, MaxDepth: 256})
-	}
-	q, err := queue.New[fgReq](cfg, queue.Deps[fgReq]{Clock: clk, OnExpire: func(it queue.Item[fgReq]) {
-		if now-it.Payload.arrival < sc.maxWait {
-			res.earlyShed++
+	insts := make([]*fgInst, max(sc.instances, 1))
+	for i := range insts {
+		in := &fgInst{g: gate.Gate{Options: sc.gateOpts}, loads: make([]gate.TenantLoad, 0, len(ts))}
+		cfg := queue.Config{MaxWait: sc.maxWait}
+		for _, tn := range ts {
+			if tn.inst == i {
+				in.ts = append(in.ts, tn)
+				cfg.Tenants = append(cfg.Tenants, queue.TenantConfig{Name: tn.name, Weight: tn.weight, MaxDepth: 256})
+			}
 		}
-		if it.Payload.arrival >= sc.warmup && it.Payload.arrival < sc.duration {
-			it.Payload.t.expired++
+		q, err := queue.New[fgReq](cfg, queue.Deps[fgReq]{Clock: clk, OnExpire: func(it queue.Item[fgReq]) {
+			if now-it.Payload.arrival < sc.maxWait {
+				res.earlyShed++
+			}
+			if it.Payload.arrival >= sc.warmup && it.Payload.arrival < sc.duration {
+				it.Payload.t.expired++
+			}
+		}})
+		require.NoError(t, err)
+		in.q = q
+		// The replica as this instance sizes it: the ramp while its batch
+		// is unlearned (upstream.learn_ramp), with the learning scrape only.
+		in.rep = &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
+		if sc.learn > 0 && sc.learn < sc.scrape {
+			in.rep.Ramp = config.DefaultLearnRamp
 		}
-	}})
-	require.NoError(t, err)
-	// The replica as Sluice sizes it: the ramp while its batch is
-	// unlearned (upstream.learn_ramp), with the learning scrape only.
-	rep := &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
-	if sc.learn > 0 && sc.learn < sc.scrape {
-		rep.Ramp = config.DefaultLearnRamp
+		insts[i] = in
 	}
+	gateOf := func(tn *fgTenant) *gate.Gate { return &insts[tn.inst].g }
 	var ev desEvents[*fgTenant]
 	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {
@@ -320,6 +468,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	// batch unknown, more in flight than a scrape has shown it run), else
 	// the scrape interval. Without one it reads every scrape interval. It
 	// reads at once on start, which finds nothing in flight (lastScrape 0).
+	// Two instances read the replica at the same moments, each learning
+	// from what it shows.
 	fast := sc.learn > 0 && sc.learn < sc.scrape
 	wake := sc.scrape
 	if fast {
@@ -327,13 +477,18 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	}
 	var lastScrape time.Duration
 	push(desEvent[*fgTenant]{at: wake, kind: desScrape})
-	var sent int64       // dispatched to the replica, not completed
-	var sentTokens int64 // their KV tokens
-	var running int64    // running inside the replica
-	var kvUsed int64     // KV tokens of the running requests
-	var inside []fgReq   // waiting inside the replica (its FCFS queue)
-	g := gate.Gate{Options: sc.gateOpts}
-	loads := make([]gate.TenantLoad, 0, len(ts))
+	if len(insts) > 1 && !direct {
+		push(desEvent[*fgTenant]{at: fleet.ShareInterval, kind: fgExchange})
+	}
+	var scraped fleet.Obs // the last scrape
+	shareBatch := func(limit int64, o fleet.Obs) int64 {
+		r := fleet.Replica{MaxSeqs: limit}
+		r.Obs.Store(&o)
+		return r.ShareBatch()
+	}
+	var running int64  // running inside the replica
+	var kvUsed int64   // KV tokens of the running requests
+	var inside []fgReq // waiting inside the replica (its FCFS queue)
 	fits := func(r fgReq) bool { return running < sc.batch && (sc.kv == 0 || kvUsed+r.kvNeed() <= sc.kv) }
 	start := func(r fgReq) {
 		running++
@@ -349,95 +504,115 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		svc := time.Duration(r.out) * sc.step
 		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed()})
 	}
-	pred := func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
-		tn := it.Payload.t
-		if tn.cap > 0 && tn.held+int64(v.Pending(tn.name)) >= tn.cap {
-			return queue.Park
-		}
-		limit := rep.BatchLimit()
-		if g.Alone(tn.name) {
-			limit = rep.BatchLimitAlone()
-		}
-		if direct {
-			return queue.Dispatch
-		}
-		cand := -1
-		loads = loads[:0]
-		for _, o := range ts {
-			if o == tn {
-				cand = len(loads)
-			}
-			loads = append(loads, gate.TenantLoad{Name: o.name, Weight: o.weight, Held: o.held + int64(v.Pending(o.name)), Queued: int64(v.Queued(o.name)), Tokens: o.heldTokens,
-				Arrived: o.arrived, Served: o.done, ServedSec: o.doneSec})
-		}
-		f := gate.FleetLoad{Seqs: sent, SeqsCap: limit, Tokens: sentTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess()}
-		if sc.kv > 0 {
-			f.TokensCap = sc.kv
-		}
-		need := it.Payload.kvNeed()
-		room := sent < limit && sentTokens+need <= f.TokensCap
-		light, reserve := g.Assess(clk.Now().UnixNano(), loads, cand, f, 0.1)
-		if !light && !f.FitsBeyond(need, reserve) {
-			if fgTrace && room && tn.light {
-				st, _ := g.State(tn.name)
-				fmt.Printf("%8.3f HOLD %s reserve %.2f load %.2f sent %d lim %d\n", now.Seconds(), tn.name, reserve, st.Load, sent, limit)
-			}
-			if room {
+	predOf := func(in *fgInst) func(queue.Item[fgReq], queue.View[fgReq]) queue.Verdict {
+		g, rep := &in.g, in.rep
+		return func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
+			tn := it.Payload.t
+			if tn.cap > 0 && tn.held+int64(v.Pending(tn.name)) >= tn.cap {
 				return queue.Park
 			}
-			return queue.Block
+			limit := rep.BatchLimit()
+			if g.Alone(tn.name) {
+				limit = rep.BatchLimitAlone()
+			}
+			if direct {
+				return queue.Dispatch
+			}
+			// The batch estimate (fleet.Replica.Seqs); the gate reads the
+			// batch (fleet.Set.FleetOf), and this instance's cap on its own
+			// requests within it (its share, fleet.Replica.SeqLimit) bounds
+			// the room of a tenant the split does not hold light.
+			seqs := in.sent + in.foreign
+			room := limit
+			cand := -1
+			in.loads = in.loads[:0]
+			for _, o := range in.ts {
+				if o == tn {
+					cand = len(in.loads)
+				}
+				in.loads = append(in.loads, gate.TenantLoad{Name: o.name, Weight: o.weight, Held: o.held + int64(v.Pending(o.name)), Queued: int64(v.Queued(o.name)), Tokens: o.heldTokens,
+					Arrived: o.arrived, Served: o.done, ServedSec: o.doneSec})
+			}
+			f := gate.FleetLoad{Seqs: seqs, SeqsCap: limit, Tokens: in.sentTokens + in.foreignTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess()}
+			if sc.kv > 0 {
+				f.TokensCap = sc.kv
+			}
+			need := it.Payload.kvNeed()
+			fits := seqs < room && f.Tokens+need <= f.TokensCap
+			light, reserve := g.Assess(clk.Now().UnixNano(), in.loads, cand, f, 0.1)
+			if in.share > 0 && !slices.Contains(in.light, tn.name) {
+				room = min(limit, in.foreign+in.share)
+				fits = seqs < room && fits
+			}
+			if !light && !f.FitsBeyond(need, reserve) {
+				if fgTrace && fits && tn.light {
+					st, _ := g.State(tn.name)
+					fmt.Printf("%8.3f HOLD %s reserve %.2f load %.2f sent %d lim %d\n", now.Seconds(), tn.name, reserve, st.Load, seqs, limit)
+				}
+				if fits {
+					return queue.Park
+				}
+				return queue.Block
+			}
+			if !fits {
+				return queue.Block
+			}
+			return queue.Dispatch
 		}
-		if !room {
-			return queue.Block
-		}
-		return queue.Dispatch
+	}
+	preds := make([]func(queue.Item[fgReq], queue.View[fgReq]) queue.Verdict, len(insts))
+	for i, in := range insts {
+		preds[i] = predOf(in)
 	}
 	dispatch := func() {
-		for {
-			it, ok := q.NextView(pred)
-			if !ok {
-				return
-			}
-			q.Release(it.Handle)
-			it.Payload.place = it.Place
-			tn := it.Payload.t
-			tn.held++
-			tn.heldTokens += it.Payload.kvNeed()
-			sent++
-			sentTokens += it.Payload.kvNeed()
-			rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
-			if len(inside) == 0 && fits(it.Payload) {
-				start(it.Payload)
-			} else {
-				inside = append(inside, it.Payload)
-				res.maxInside = max(res.maxInside, len(inside))
+		for i, in := range insts {
+			for {
+				it, ok := in.q.NextView(preds[i])
+				if !ok {
+					break
+				}
+				in.q.Release(it.Handle)
+				it.Payload.place = it.Place
+				tn := it.Payload.t
+				tn.held++
+				tn.heldTokens += it.Payload.kvNeed()
+				in.sent++
+				in.sentTokens += it.Payload.kvNeed()
+				in.rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
+				if len(inside) == 0 && fits(it.Payload) {
+					start(it.Payload)
+				} else {
+					inside = append(inside, it.Payload)
+					res.maxInside = max(res.maxInside, len(inside))
+				}
 			}
 		}
 	}
 	// takeBack is upstream.take_back_waiting (lifecycle/takeback.go) at a
-	// scrape of the learned replica: the requests waiting inside it of
-	// tenants above their fair share go back to their place in the queue.
-	takeBack := func() {
+	// scrape of the learned replica: the requests of in's tenants waiting
+	// inside it, of tenants above their fair share, go back to their place
+	// in its queue.
+	takeBack := func(in *fgInst) {
 		kept := inside[:0]
 		for _, r := range inside {
-			if g.WithinShare(r.t.name, r.t.weight) {
+			if r.t.inst != slices.Index(insts, in) || in.g.WithinShare(r.t.name, r.t.weight) {
 				kept = append(kept, r)
 				continue
 			}
 			tn := r.t
 			tn.held--
 			tn.heldTokens -= r.kvNeed()
-			sent--
-			sentTokens -= r.kvNeed()
-			rep.Count.Add(-1)
-			_, err := q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*r.out), Arrival: t0.Add(r.arrival), Payload: r}, r.place)
+			in.sent--
+			in.sentTokens -= r.kvNeed()
+			in.rep.Count.Add(-1)
+			_, err := in.q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*r.out), Arrival: t0.Add(r.arrival), Payload: r}, r.place)
 			require.NoError(t, err)
 			res.takenBack++
 		}
 		inside = kept
 	}
-	qd := func(name string) int {
-		st, _ := q.Stats(name)
+	qd := func(tn *fgTenant) int {
+		st, _ := insts[tn.inst].q.Stats(tn.name)
 		return st.Depth
 	}
 	for {
@@ -454,10 +629,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				for range tn.burst {
 					out := sc.outLo + tn.rng.IntN(sc.outHi-sc.outLo+1)
 					lent := !slices.ContainsFunc(ts, func(o *fgTenant) bool {
-						st, ok := g.State(o.name)
+						st, ok := gateOf(o).State(o.name)
 						return ok && st.Heavy && st.Sustained && o.held > 0
 					})
-					_, err := q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out, lent: lent, first: first}})
+					_, err := insts[tn.inst].q.Enqueue(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*out), Payload: fgReq{t: tn, arrival: now, out: out, lent: lent, first: first}})
 					// Arrived even if the queue refused it: Sluice counts a
 					// request in its pool before Enqueue (gate.Pools.MoveLocked).
 					tn.arrived++
@@ -465,11 +640,12 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if fgTrace && tn.light && !direct && len(ts) > 1 {
 							var hs []string
 							for _, o := range ts {
-								if m, ok := g.State(o.name); ok {
-									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v sus=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o.name), m.Heavy, m.Sustained, m.Load, m.PeakCur, m.PeakPrev, float64(m.GoneAfter)/1e9, m.LongRate, float64(m.PeakStart)/1e9-1767225600))
+								if m, ok := gateOf(o).State(o.name); ok {
+									hs = append(hs, fmt.Sprintf("%s h%d q%d heavy=%v sus=%v load=%.2f pk=%.2f/%.2f gone=%.1f lr=%.2f ps=%.1f", o.name, o.held, qd(o), m.Heavy, m.Sustained, m.Load, m.PeakCur, m.PeakPrev, float64(m.GoneAfter)/1e9, m.LongRate, float64(m.PeakStart)/1e9-1767225600))
 								}
 							}
-							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d | %s\n", now.Seconds(), tn.name, sent, running, rep.BatchLimit(), strings.Join(hs, "; "))
+							in := insts[tn.inst]
+							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d share %d | %s\n", now.Seconds(), tn.name, in.sent+in.foreign, running, in.rep.BatchLimit(), in.share, strings.Join(hs, "; "))
 						}
 					} else if now >= sc.warmup {
 						tn.full++
@@ -479,11 +655,12 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			}
 		case desCompletion:
 			tn := e.t
+			in := insts[tn.inst]
 			running--
 			kvUsed -= e.kv
-			sent--
-			sentTokens -= e.kv
-			rep.Count.Add(-1)
+			in.sent--
+			in.sentTokens -= e.kv
+			in.rep.Count.Add(-1)
 			tn.held--
 			tn.heldTokens -= e.kv
 			tn.done++
@@ -495,47 +672,112 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				start(r)
 			}
 			for _, o := range ts {
-				q.Unpark(o.name)
+				insts[o.inst].q.Unpark(o.name)
 			}
 		case desScrape:
 			iv := sc.scrape
-			if fast && rep.LearningBatch() {
-				iv = sc.learn
+			if fast && slices.ContainsFunc(insts, func(in *fgInst) bool { return in.rep.LearningBatch() }) {
+				iv = sc.learn // one scrape schedule for both: the faster one's
 			}
 			if !fast || now-lastScrape >= iv-sc.learn/2 {
 				lastScrape = now
-				confirmed := rep.LearnBatch(running, int64(len(inside)), clk.Now())
+				var insideTokens int64
+				for _, r := range inside {
+					insideTokens += r.kvNeed()
+				}
+				for _, in := range insts {
+					confirmed := in.rep.LearnBatch(running, int64(len(inside)), clk.Now())
+					if len(insts) > 1 {
+						in.foreign = max(running+int64(len(inside))-in.sent, 0)
+						in.foreignTokens = max(kvUsed+insideTokens-in.sentTokens, 0)
+					}
+					if !direct && confirmed {
+						takeBack(in)
+					}
+				}
+				scraped = fleet.Obs{OK: true, Running: running, Waiting: int64(len(inside))}
+				if sc.kv > 0 {
+					scraped.KVUsage = float64(kvUsed) / float64(sc.kv)
+				}
 				res.scrapes = append(res.scrapes, now)
 				if res.fullAt == 0 && len(inside) > 0 {
 					res.fullAt = now
 				}
-				if res.learnedAt == 0 && rep.Learned() > 0 {
+				if res.learnedAt == 0 && slices.ContainsFunc(insts, func(in *fgInst) bool { return in.rep.Learned() > 0 }) {
 					res.learnedAt = now
-				}
-				if !direct && confirmed {
-					takeBack()
 				}
 			}
 			if now < sc.duration+sc.maxWait {
 				push(desEvent[*fgTenant]{at: now + wake, kind: desScrape})
 			}
+		case fgExchange:
+			// Each instance reports, and takes its share of the batch
+			// from the other's report where it has demand (fleet.ApplyShares).
+			nowN := clk.Now().UnixNano()
+			entries := make([]peers.Entry, len(insts))
+			for i, in := range insts {
+				entries[i] = in.report(fmt.Sprint(i), nowN)
+			}
+			for i, in := range insts {
+				var others []peers.Entry
+				for j, o := range entries {
+					if j != i && (o.InFlight > 0 || o.Queued > 0 || len(o.Tenants) > 0) {
+						others = append(others, o)
+					}
+				}
+				// What the others report in flight is the batch estimate's
+				// foreign part until the next scrape (fleet.Replica.Seqs:
+				// the more recent of the two).
+				if !sc.fleetOff.peerFlight {
+					in.foreign = 0
+					for _, o := range others {
+						in.foreign += o.InFlight
+					}
+				}
+				in.share, in.light = 0, nil
+				if len(others) > 0 {
+					batch := shareBatch(in.rep.BatchLimit(), scraped)
+					if sc.fleetOff.kvBatch {
+						batch = in.rep.BatchLimit()
+					}
+					sh := fleet.Split(batch, entries[i], others)
+					in.share, in.light = sh.Cap, sh.Light
+					if sc.fleetOff.lightFree {
+						in.light = nil
+					}
+				}
+			}
+			if now < sc.duration+sc.maxWait {
+				push(desEvent[*fgTenant]{at: now + fleet.ShareInterval, kind: fgExchange})
+			}
 		}
-		q.Tick()
+		var due time.Time
+		dueOK := false
+		for _, in := range insts {
+			in.q.Tick()
+		}
 		dispatch()
-		due, ok := q.Tick()
-		ev.tickAt(due, ok, t0)
+		for _, in := range insts {
+			if d, ok := in.q.Tick(); ok && (!dueOK || d.Before(due)) {
+				due, dueOK = d, true
+			}
+		}
+		ev.tickAt(due, dueOK, t0)
 	}
 	for _, tn := range ts {
 		res.tenants = append(res.tenants, *tn)
 		res.served += len(tn.ttft)
 	}
-	res.learned = rep.Learned()
+	for _, in := range insts {
+		res.learned = max(res.learned, in.rep.Learned())
+	}
 	return res
 }
 
-// fgCheck runs one seed and returns its violations.
-func fgCheck(t *testing.T, seed uint64) (summary string, violations []fgViolation) {
-	return fgCheckScenario(t, genScenario(seed))
+// fgCheck runs one seed with instances "1", "2" or drawn ("") and returns
+// its violations.
+func fgCheck(t *testing.T, seed uint64, instances string) (summary string, violations []fgViolation) {
+	return fgCheckScenario(t, genScenarioAt(seed, instances))
 }
 
 // fgViolation is one broken invariant and its kind, so that a sweep can
@@ -692,18 +934,29 @@ func fgJoin(violations []fgViolation) string {
 // TestFairnessScenarios runs the seeded fairness scenarios.
 func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLearn, "-fairgen.learn")
-	seeds := fairgenSeeds
+	require.Contains(t, []string{"", "1", "2"}, *fairgenInstances, "-fairgen.instances")
+	type run struct {
+		seed      uint64
+		instances string
+	}
+	var seeds []run
 	if *fairgenN > 0 {
-		seeds = nil
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, *fairgenBase+i)
+			seeds = append(seeds, run{*fairgenBase + i, *fairgenInstances})
+		}
+	} else {
+		for _, seed := range fairgenSeeds {
+			seeds = append(seeds, run{seed, "1"})
+		}
+		for _, seed := range fairgenTwoSeeds {
+			seeds = append(seeds, run{seed, "2"})
 		}
 	}
 	failed := 0
 	byKind := map[fgKind]int{}             // seeds with a violation of the kind
 	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
-	for _, seed := range seeds {
-		sum, v := fgCheck(t, seed)
+	for _, r := range seeds {
+		sum, v := fgCheck(t, r.seed, r.instances)
 		if len(v) == 0 {
 			t.Logf("ok   %s", sum)
 			continue
@@ -749,13 +1002,19 @@ func TestFairnessScenarios(t *testing.T) {
 			name       string
 			configured int64
 			learn      time.Duration
+			two        bool
 		}{
-			{"isolation row b", 32, 0}, {"isolation row c", 256, 0},
-			{"isolation row b, learning scrape", 32, fgLearn}, {"isolation row c, learning scrape", 256, fgLearn},
+			{"isolation row b", 32, 0, false}, {"isolation row c", 256, 0, false},
+			{"isolation row b, learning scrape", 32, fgLearn, false}, {"isolation row c, learning scrape", 256, fgLearn, false},
+			{"isolation row x (b across two instances), learning scrape", 32, fgLearn, true},
 		} {
 			held := 0
 			for seed := range uint64(fgIsolationDraws) {
-				sum, v := fgCheckScenario(t, fgIsolationRow(seed+1, row.configured, row.learn))
+				sc := fgIsolationRow(seed+1, row.configured, row.learn)
+				if row.two {
+					sc = fgIsolationRowX(seed+1, row.learn)
+				}
+				sum, v := fgCheckScenario(t, sc)
 				if len(v) == 0 {
 					held++
 				} else if fgTrace {
@@ -819,7 +1078,7 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 		return pct(ds, 0.99)
 	}
 	light := func(tn *fgTenant) bool { return tn.light }
-	sc := genScenario(494)
+	sc := genScenarioAt(494, "1")
 	require.Equal(t, int64(3252), sc.kv, "the draw")
 	direct := pooled(sc.run(t, light, true))
 	sluice := pooled(sc.run(t, light, false))
@@ -861,4 +1120,38 @@ func TestFairgenLearningScrape(t *testing.T) {
 	}
 	require.Positive(t, off.fullAt)
 	assert.Equal(t, off.fullAt+time.Second, off.learnedAt)
+}
+
+// TestFairgenTwoInstances: what each mechanism of the batch split across
+// instances is for, on the seeds of fairgenTwoSeeds. With it, the seed
+// holds every invariant; without it, a light tenant loses requests to its
+// max_wait (the split counted in sequences where the KV cache binds: the
+// flood's instance refills the cache's slots first) or waits for
+// completions (the share binding tenants the split holds light; the
+// batch estimate reading the other instance's requests from the scrapes
+// alone, which fills slots the other instance took since).
+func TestFairgenTwoInstances(t *testing.T) {
+	for _, c := range []struct {
+		seed uint64
+		off  fgFleetOff
+		kind fgKind
+	}{
+		{150, fgFleetOff{kvBatch: true}, fgLost},
+		{475, fgFleetOff{kvBatch: true}, fgLost},
+		{21, fgFleetOff{lightFree: true}, fgCompletion},
+		{93, fgFleetOff{lightFree: true}, fgCompletion},
+		{100, fgFleetOff{peerFlight: true}, fgCompletion},
+	} {
+		sc := genScenarioAt(c.seed, "2")
+		sum, v := fgCheckScenario(t, sc)
+		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))
+		sc = genScenarioAt(c.seed, "2")
+		sc.fleetOff = c.off
+		sum, v = fgCheckScenario(t, sc)
+		kinds := make([]fgKind, len(v))
+		for i, x := range v {
+			kinds[i] = x.kind
+		}
+		assert.Contains(t, kinds, c.kind, "seed %d without %+v: %s\n   violations: %s", c.seed, c.off, sum, fgJoin(v))
+	}
 }
