@@ -117,16 +117,16 @@ func (r *Replica) Seqs(scraped bool) int64 {
 	if !scraped {
 		return n
 	}
-	if sc := r.batch.scr.Load(); sc != nil {
-		foreign := sc.foreign
-		if p := r.batch.peers.Load(); p != nil && p.at.After(sc.at) {
-			// Another instance's requests started since the scrape would be
-			// missing from it until the next one, and this instance would
-			// fill their slots too (an instance whose share shrank stops
-			// refilling, so what it reported is the most it has).
-			foreign = p.n
-		}
-		n += foreign
+	sc, p := r.batch.scr.Load(), r.batch.peers.Load()
+	switch {
+	case p != nil && (sc == nil || p.at.After(sc.at)):
+		// Another instance's requests started since the scrape would be
+		// missing from it until the next one, and this instance would fill
+		// their slots too (an instance whose share shrank stops refilling,
+		// so what it reported is the most it has).
+		n += p.n
+	case sc != nil:
+		n += sc.foreign
 	}
 	return n + held
 }
