@@ -288,6 +288,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	scrapeRW(r, 5, 0, now) // and two of the other's running
 	rep, _ := set.Take(Route{Tenant: "light"}, 1, nil)
 	assert.Same(t, r, rep, "light: any room")
+	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica")
 	rep, _ = set.Take(Route{Tenant: "other"}, 1, nil)
 	assert.Nil(t, rep, "not held light: the share binds")
 }

@@ -80,7 +80,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, peers (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, peers, park (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -117,8 +117,10 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // 93 (light tenants at both instances) wait for completions where the
 // share binds the tenants the split holds light (lightFree); 100 waits
 // where the batch estimate reads the other instance's requests from the
-// scrapes only (peerFlight). TestFairgenTwoInstances checks each.
-var fairgenTwoSeeds = []uint64{21, 93, 100, 150, 475}
+// scrapes only (peerFlight); 9 (a light tenant at the instance of a
+// heavy one the share binds) waits where that heavy tenant blocks the
+// queue instead of parking (park). TestFairgenTwoInstances checks each.
+var fairgenTwoSeeds = []uint64{9, 21, 93, 100, 150, 475}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -205,6 +207,7 @@ type fgFleetOff struct {
 	kvBatch    bool // split max_num_seqs even where the KV cache binds first (fleet.Replica.ShareBatch)
 	lightFree  bool // the share binds the tenants the split holds light too (fleet.ShareOf.Light)
 	peerFlight bool // the batch estimate reads the others' requests from the scrapes only (fleet.Replica.SetPeerFlight)
+	park       bool // a tenant the share binds blocks the queue instead of parking (lifecycle's predicate, fleet.Route.NoShare)
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -306,6 +309,8 @@ func genScenarioAt(seed uint64, instances string) *fgScenario {
 			sc.fleetOff.lightFree = true
 		case "peers":
 			sc.fleetOff.peerFlight = true
+		case "park":
+			sc.fleetOff.park = true
 		}
 	}
 	switch instances {
@@ -540,8 +545,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			need := it.Payload.kvNeed()
 			fits := seqs < room && f.Tokens+need <= f.TokensCap
 			light, reserve := g.Assess(clk.Now().UnixNano(), in.loads, cand, f, 0.1)
+			shareBinds := false // the share, not the replica, leaves it no room
 			if in.share > 0 && !slices.Contains(in.light, tn.name) {
 				room = min(limit, in.foreign+in.share)
+				shareBinds = fits && seqs >= room
 				fits = seqs < room && fits
 			}
 			if !light && !f.FitsBeyond(need, reserve) {
@@ -553,6 +560,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					return queue.Park
 				}
 				return queue.Block
+			}
+			if shareBinds && !sc.fleetOff.park {
+				return queue.Park // the tenants the split holds light may use the room
 			}
 			if !fits {
 				return queue.Block
@@ -1129,7 +1139,8 @@ func TestFairgenLearningScrape(t *testing.T) {
 // flood's instance refills the cache's slots first) or waits for
 // completions (the share binding tenants the split holds light; the
 // batch estimate reading the other instance's requests from the scrapes
-// alone, which fills slots the other instance took since).
+// alone, which fills slots the other instance took since; a heavy tenant
+// the share binds blocking its instance's queue, light tenants behind it).
 func TestFairgenTwoInstances(t *testing.T) {
 	for _, c := range []struct {
 		seed uint64
@@ -1141,6 +1152,7 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{21, fgFleetOff{lightFree: true}, fgCompletion},
 		{93, fgFleetOff{lightFree: true}, fgCompletion},
 		{100, fgFleetOff{peerFlight: true}, fgCompletion},
+		{9, fgFleetOff{park: true}, fgCompletion},
 	} {
 		sc := genScenarioAt(c.seed, "2")
 		sum, v := fgCheckScenario(t, sc)

@@ -85,6 +85,15 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	}
 	rep, seq := e.reps.Take(rt, c.size, nil)
 	if rep == nil {
+		if beyond := rt; !beyond.NoShare {
+			beyond.NoShare = true
+			if e.reps.Fits(beyond, c.size) {
+				// This instance's share of a replica other instances use
+				// binds, not the replica: skip this tenant, so that the
+				// tenants the share split holds light can use the room.
+				return queue.Park
+			}
+		}
 		return e.full(c, !e.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
 	}
 	c.rep, c.seq = rep, seq
