@@ -153,8 +153,9 @@ type Route struct {
 	// fleet-wide is not capped by this instance's share of a replica
 	// (share.go, ShareOf.Light).
 	Tenant string
-	// NoShare asks whether a replica has room with this instance's share
-	// set aside (Fits): whether the share, not the replica, is full.
+	// NoShare asks whether a replica where this instance has tenants the
+	// split holds light has room with the share set aside (Fits): whether
+	// the share, not the replica, keeps room from them.
 	NoShare bool
 }
 
@@ -273,7 +274,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.seqLimit(seqs, rt.Alone, rt.NoShare || r.sharedLight(rt.Tenant)) || load+size > k {
+		if seqs >= r.seqLimit(seqs, rt.Alone, (rt.NoShare && r.lightHere.Load() != nil) || r.sharedLight(rt.Tenant)) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)

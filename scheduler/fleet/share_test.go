@@ -288,7 +288,15 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	scrapeRW(r, 5, 0, now) // and two of the other's running
 	rep, _ := set.Take(Route{Tenant: "light"}, 1, nil)
 	assert.Same(t, r, rep, "light: any room")
-	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica")
+	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica, and a light tenant is here")
 	rep, _ = set.Take(Route{Tenant: "other"}, 1, nil)
 	assert.Nil(t, rep, "not held light: the share binds")
+
+	// With no tenant here held light, the room beyond the share is of no
+	// use to this instance: the probe says so.
+	mine[0].Tenants[0].Load = 40000
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}}, now)
+	require.Positive(t, r.Share.Load())
+	r.Count.Store(r.Share.Load())
+	assert.False(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "no light tenant here")
 }

@@ -548,7 +548,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			shareBinds := false // the share, not the replica, leaves it no room
 			if in.share > 0 && !slices.Contains(in.light, tn.name) {
 				room = min(limit, in.foreign+in.share)
-				shareBinds = fits && seqs >= room
+				shareBinds = fits && seqs >= room && len(in.light) > 0
 				fits = seqs < room && fits
 			}
 			if !light && !f.FitsBeyond(need, reserve) {

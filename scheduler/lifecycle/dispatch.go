@@ -89,8 +89,9 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 			beyond.NoShare = true
 			if e.reps.Fits(beyond, c.size) {
 				// This instance's share of a replica other instances use
-				// binds, not the replica: skip this tenant, so that the
-				// tenants the share split holds light can use the room.
+				// binds, not the replica, and tenants here that the share
+				// split holds light may use the room: skip this tenant. With
+				// none, parking would only cost it its place (a lift).
 				return queue.Park
 			}
 		}

@@ -285,7 +285,11 @@ func TestLightTenantsAtAnotherInstance(t *testing.T) {
 		len(ttfts), q(0.5), q(0.9), q(0.99), ttfts[len(ttfts)-1],
 		floodAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}),
 		lightAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}))
-	assert.Less(t, q(0.9), 250*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
+	// Split by instance the queue grows for the whole run (p50 410 ms,
+	// p90 5.3 s); the bounds leave room for a loaded machine under -race
+	// (p90 345 ms once in CI).
+	assert.Less(t, q(0.5), 150*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
+	assert.Less(t, q(0.9), time.Second, "the light tenants' instance is shared what its tenants ask, not half the batch")
 }
 
 // TestLearnedBatchShortRequests: requests of about 200 ms, a flood at
