@@ -333,7 +333,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, nil, nil, d.Now()) {
+			if ApplyShares(ex.ID(), reps, keys, nil, nil) {
 				d.Wake()
 			}
 			return nil
@@ -351,9 +351,9 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, mine, got, now)
+			wake = ApplyShares(ex.ID(), reps, keys, mine, got)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, nil, nil, now) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, nil, nil) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -388,11 +388,10 @@ func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int6
 }
 
 // ApplyShares sets each replica's share from this instance's reports
-// (mine, as sent) and the others' entries (nil: none anywhere), read at
-// now, and what the others have in flight there for the batch estimate
-// (Replica.SetPeerFlight). It reports whether a share grew or went: that
-// lets queued work through, so the dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry, now time.Time) (wake bool) {
+// (mine, as sent) and the others' entries (nil: none anywhere). It reports
+// whether a share grew or went: that lets queued work through, so the
+// dispatch loop is to be woken.
+func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
 	own := make(map[string]peers.Entry, len(mine))
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
@@ -413,16 +412,7 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 			} else {
 				r.lightHere.Store(nil)
 			}
-			var flight int64
-			for _, o := range others {
-				flight += min(o.InFlight, r.MaxSeqs)
-			}
-			if p := r.batch.peers.Load(); p != nil && flight < p.n {
-				wake = true // room the others gave up
-			}
-			r.SetPeerFlight(flight, now)
 		} else {
-			r.batch.peers.Store(nil) // no other instance here: the scrapes' count
 			r.lightHere.Store(nil)
 		}
 		prev := r.Share.Swap(share)

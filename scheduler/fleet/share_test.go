@@ -257,21 +257,6 @@ func TestShareBatch(t *testing.T) {
 	assert.Equal(t, int64(256), r.ShareBatch(), "nothing running: nothing to read")
 }
 
-// TestPeerFlightInBatchEstimate: the others' requests as the share
-// exchange read them stand in for an older scrape's foreign count, and a
-// newer scrape's count for them.
-func TestPeerFlightInBatchEstimate(t *testing.T) {
-	set, r := sizingSet(16)
-	now := time.Unix(1_800_000_000, 0)
-	r.Count.Store(2)
-	scrapeRW(r, 8, 0, now)
-	assert.Equal(t, int64(8), seqsOf(set, r), "own 2, the scrape's 6 others")
-	r.SetPeerFlight(11, now.Add(250*time.Millisecond))
-	assert.Equal(t, int64(13), seqsOf(set, r), "the others started 5 more since the scrape")
-	scrapeRW(r, 6, 0, now.Add(time.Second))
-	assert.Equal(t, int64(6), seqsOf(set, r), "a newer scrape: 4 others")
-}
-
 // TestLightTenantsNotCapped: on a replica another instance floods, this
 // instance's share leaves the flood one sequence; the tenant the split
 // holds light may use any room, as on one instance, while a tenant it
@@ -282,7 +267,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 2, Tenants: []peers.TenantDemand{{Tenant: "light", Weight: 1, Load: 1000, Claim: 2000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}}, now)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Equal(t, int64(3), r.Share.Load(), "2 + √2 = 3.4 of 8, the remainder to the larger fraction (the flood's)")
 	r.Count.Store(3)       // at its share
 	scrapeRW(r, 5, 0, now) // and two of the other's running
@@ -295,7 +280,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	// With no tenant here held light, the room beyond the share is of no
 	// use to this instance: the probe says so.
 	mine[0].Tenants[0].Load = 40000
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}}, now)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	r.Count.Store(r.Share.Load())
 	assert.False(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "no light tenant here")

@@ -60,15 +60,6 @@ type batchScrape struct {
 	// foreign is what it showed beyond this instance's own (running +
 	// waiting less this instance's requests in flight as it answered).
 	foreign int64
-	at      time.Time // when it was installed
-}
-
-// peerFlight is what the other instances of a Redis fleet reported in
-// flight on the replica, as the share exchange last read it (share.go).
-// Immutable.
-type peerFlight struct {
-	n  int64
-	at time.Time // when the exchange read it
 }
 
 // batch is this instance's account of a replica's batch between scrapes.
@@ -76,9 +67,6 @@ type batch struct {
 	sent atomic.Int64 // requests given room, ever: each one's seq
 	held atomic.Int64 // aborts held until the next scrape (leave)
 	scr  atomic.Pointer[batchScrape]
-	// peers stands in for the scrape's foreign count when it is more
-	// recent (Seqs): reports come every 250 ms, scrapes every second.
-	peers atomic.Pointer[peerFlight]
 
 	mu            sync.Mutex // orders leave against install; guards below
 	distrustUntil time.Time
@@ -117,27 +105,10 @@ func (r *Replica) Seqs(scraped bool) int64 {
 	if !scraped {
 		return n
 	}
-	sc, p := r.batch.scr.Load(), r.batch.peers.Load()
-	switch {
-	case p != nil && (sc == nil || p.at.After(sc.at)):
-		// Another instance's requests started since the scrape would be
-		// missing from it until the next one, and this instance would fill
-		// their slots too (an instance whose share shrank stops refilling,
-		// so what it reported is the most it has).
-		n += p.n
-	case sc != nil:
+	if sc := r.batch.scr.Load(); sc != nil {
 		n += sc.foreign
 	}
 	return n + held
-}
-
-// SetPeerFlight records what the other instances of a fleet reported in
-// flight on r (n), as the share exchange read it at now; the batch
-// estimate reads it in place of an older scrape's foreign count. A fleet
-// with clients other than its instances on the replica sees theirs only
-// at the scrapes.
-func (r *Replica) SetPeerFlight(n int64, now time.Time) {
-	r.batch.peers.Store(&peerFlight{n: n, at: now})
 }
 
 // Installed is what installing a scrape did.
@@ -171,7 +142,7 @@ func (r *Replica) Install(m *vllm.Metrics, mark ScrapeMark, now time.Time) (in I
 	// Only waiting for room means full: requests deferred for a LoRA
 	// budget, a KV transfer or a grammar wait with room to spare.
 	in.Confirmed = r.learnBatch(int64(m.Running.V), int64(m.CapacityWaiting().V), now)
-	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.Count.Load()), at: now}
+	sc := &batchScrape{sentAt: b.sent.Load(), foreign: max(0, seqs-r.Count.Load())}
 	// The most of this instance's own the scrape can show: what was in
 	// flight as it was asked for, what was sent during its flight, and
 	// aborts vLLM may not have reached.

@@ -57,8 +57,7 @@ import (
 // its own queue, gate and view of the replica, learns from the same
 // scrapes, and every fleet.ShareInterval both report their demand and
 // take their shares as the share loop does (fleet.Split, with the batch
-// as fleet.Replica.ShareBatch reads it and the others' reported requests
-// as the batch estimate's foreign count). Not modelled: a tenant sending
+// as fleet.Replica.ShareBatch reads it). Not modelled: a tenant sending
 // to both instances (the fleet-wide fair-share counters: TestFleetBound,
 // TestFleetFairShareTwoInstances), the reports' staleness between the
 // two instances' exchanges (both exchange at the same instant),
@@ -80,7 +79,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, peers, park (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -115,12 +114,11 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // binds long before max_num_seqs) lose light requests to their max_wait
 // with the batch split counted in sequences (fgFleetOff.kvBatch); 21 and
 // 93 (light tenants at both instances) wait for completions where the
-// share binds the tenants the split holds light (lightFree); 100 waits
-// where the batch estimate reads the other instance's requests from the
-// scrapes only (peerFlight); 9 (a light tenant at the instance of a
+// share binds the tenants the split holds light (lightFree); 9 (a light
+// tenant at the instance of a
 // heavy one the share binds) waits where that heavy tenant blocks the
 // queue instead of parking (park). TestFairgenTwoInstances checks each.
-var fairgenTwoSeeds = []uint64{9, 21, 93, 100, 150, 475}
+var fairgenTwoSeeds = []uint64{9, 21, 93, 150, 475}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -204,10 +202,9 @@ type fgScenario struct {
 
 // fgFleetOff turns off one mechanism of the split across instances.
 type fgFleetOff struct {
-	kvBatch    bool // split max_num_seqs even where the KV cache binds first (fleet.Replica.ShareBatch)
-	lightFree  bool // the share binds the tenants the split holds light too (fleet.ShareOf.Light)
-	peerFlight bool // the batch estimate reads the others' requests from the scrapes only (fleet.Replica.SetPeerFlight)
-	park       bool // a tenant the share binds blocks the queue instead of parking (lifecycle's predicate, fleet.Route.NoShare)
+	kvBatch   bool // split max_num_seqs even where the KV cache binds first (fleet.Replica.ShareBatch)
+	lightFree bool // the share binds the tenants the split holds light too (fleet.ShareOf.Light)
+	park      bool // a tenant the share binds blocks the queue instead of parking (lifecycle's predicate, fleet.Route.NoShare)
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -307,8 +304,6 @@ func genScenarioAt(seed uint64, instances string) *fgScenario {
 			sc.fleetOff.kvBatch = true
 		case "light":
 			sc.fleetOff.lightFree = true
-		case "peers":
-			sc.fleetOff.peerFlight = true
 		case "park":
 			sc.fleetOff.park = true
 		}
@@ -735,15 +730,6 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						others = append(others, o)
 					}
 				}
-				// What the others report in flight is the batch estimate's
-				// foreign part until the next scrape (fleet.Replica.Seqs:
-				// the more recent of the two).
-				if !sc.fleetOff.peerFlight {
-					in.foreign = 0
-					for _, o := range others {
-						in.foreign += o.InFlight
-					}
-				}
 				in.share, in.light = 0, nil
 				if len(others) > 0 {
 					batch := shareBatch(in.rep.BatchLimit(), scraped)
@@ -1137,10 +1123,9 @@ func TestFairgenLearningScrape(t *testing.T) {
 // holds every invariant; without it, a light tenant loses requests to its
 // max_wait (the split counted in sequences where the KV cache binds: the
 // flood's instance refills the cache's slots first) or waits for
-// completions (the share binding tenants the split holds light; the
-// batch estimate reading the other instance's requests from the scrapes
-// alone, which fills slots the other instance took since; a heavy tenant
-// the share binds blocking its instance's queue, light tenants behind it).
+// completions (the share binding tenants the split holds light; a heavy
+// tenant the share binds blocking its instance's queue, light tenants
+// behind it).
 func TestFairgenTwoInstances(t *testing.T) {
 	for _, c := range []struct {
 		seed uint64
@@ -1151,7 +1136,6 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{475, fgFleetOff{kvBatch: true}, fgLost},
 		{21, fgFleetOff{lightFree: true}, fgCompletion},
 		{93, fgFleetOff{lightFree: true}, fgCompletion},
-		{100, fgFleetOff{peerFlight: true}, fgCompletion},
 		{9, fgFleetOff{park: true}, fgCompletion},
 	} {
 		sc := genScenarioAt(c.seed, "2")
