@@ -70,10 +70,11 @@ const ShareStale = 2 * time.Second
 // entry without tenants (an older version's report) is one claimant of
 // weight 1, its load what it has in flight and queued. Where no tenant is
 // heavy the cap is 0, none: the gate holds no light tenant back for
-// another on one instance either. This instance's share is its tenants' parts plus all that no
-// tenant was given (the cap is what it may take if it wants more, so where
-// the batch is not all claimed the caps may sum to more than maxSeqs; the
-// batch estimate, the centre's sizing, still keeps the replica within it).
+// another on one instance either. This instance's share is its tenants'
+// parts plus all that no tenant was given (the cap is what it may take if
+// it wants more, so where the batch is not all claimed the caps may sum to
+// more than maxSeqs; the batch estimate, the centre's sizing, still keeps
+// the replica within it).
 // Where it is all given, every instance computes the same integer shares
 // from the same reports, summing to maxSeqs: each its part rounded down,
 // the remainder one each to the largest fractions, then by instance id. A
