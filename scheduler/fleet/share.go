@@ -407,7 +407,6 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 			}
 			sh := Split(r.ShareBatch(), e, others)
 			share = sh.Cap
-
 			if len(sh.Light) > 0 {
 				r.lightHere.Store(&sh.Light)
 			} else {

@@ -286,8 +286,8 @@ func TestLightTenantsAtAnotherInstance(t *testing.T) {
 		floodAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}),
 		lightAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}))
 	// Split by instance the queue grows for the whole run (p50 410 ms,
-	// p90 5.3 s); the bounds leave room for a loaded machine under -race
-	// (p90 345 ms once in CI).
+	// p90 5.3 s); the bounds leave room for a loaded machine under -race,
+	// where a request waits for a completion more often.
 	assert.Less(t, q(0.5), 150*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
 	assert.Less(t, q(0.9), time.Second, "the light tenants' instance is shared what its tenants ask, not half the batch")
 }

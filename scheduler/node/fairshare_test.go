@@ -173,14 +173,13 @@ func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTena
 // the second 2 (fleet.SeqShare). Fair among each instance's own requests
 // (fair_share: local, the order without the counters' exchange) the first
 // splits its 6 evenly, so acme gets 5 to beta's 3 (1.67, measured
-// 1.33–1.67; three times beta when the batch was split evenly by
-// instance). With the fleet's counters
-// they are served alike.
+// 1.33–1.67; an even split by instance would give acme three times
+// beta). With the fleet's counters they are served alike.
 func TestFleetFairShareTwoInstances(t *testing.T) {
 	tenants := []fairTenant{{name: "acme", weight: 1, at: []int{0, 1}}, {name: "beta", weight: 1, at: []int{0}}}
 	local := runFairFleet(t, 2, redisTop(startRedis(t)), "local", tenants, 10, 4*time.Second)
-	// 8 s, as the weighted test's: a 4 s window read 1.64 once in nine
-	// runs (the service not yet exchanged, and a loaded machine).
+	// 8 s, as the weighted test's: the service not yet exchanged, and a
+	// loaded machine's refills, weigh too much in a 4 s window.
 	fleet := runFairFleet(t, 2, redisTop(startRedis(t)), "fleet", tenants, 10, 8*time.Second)
 	lr := local.served["acme"] / local.served["beta"]
 	fr := fleet.served["acme"] / fleet.served["beta"]
@@ -228,8 +227,7 @@ func TestFleetFairShareOnCluster(t *testing.T) {
 	addrs := startRedisCluster(t, 3)
 	top := fmt.Sprintf("ledger: {backend: redis, redis: {addrs: [%s], store_timeout: 1s}}\n", `"`+strings.Join(addrs, `", "`)+`"`)
 	tenants := []fairTenant{{name: "acme", weight: 1, at: []int{0, 1}}, {name: "beta", weight: 1, at: []int{0}}}
-	// 8 s: a 4 s window read 1.29 once in CI, against 1.01–1.17 on a
-	// quiet machine.
+	// 8 s, for the same reason as TestFleetFairShareTwoInstances'.
 	fleet := runFairFleet(t, 2, top, "fleet", tenants, 10, 8*time.Second)
 	r := fleet.served["acme"] / fleet.served["beta"]
 	t.Logf("cluster: %v (acme/beta %.2f, %.1f req/s, batch %.2f)", fleet.served, r, fleet.goodput(), fleet.running)
