@@ -86,7 +86,8 @@ var (
 const fgLearn = config.DefaultLearnScrapeInterval
 
 // fgTrace (FG_TRACE=1 with one seed) prints each light arrival with the
-// gate's view of every tenant, and each light request that waited.
+// gate's view of every tenant, each light request that waited, and each
+// instance's split of the batch where there are two.
 var fgTrace = os.Getenv("FG_TRACE") != ""
 
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9
@@ -650,7 +651,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 								}
 							}
 							in := insts[tn.inst]
-							fmt.Printf("%8.3f ARR %s sent %d running %d lim %d share %d | %s\n", now.Seconds(), tn.name, in.sent+in.foreign, running, in.rep.BatchLimit(), in.share, strings.Join(hs, "; "))
+							fmt.Printf("%8.3f ARR %s at %d sent %d running %d inside %d lim %d learned %d share %d | %s\n", now.Seconds(), tn.name, tn.inst, in.sent+in.foreign, running, len(inside), in.rep.BatchLimit(), in.rep.Learned(), in.share, strings.Join(hs, "; "))
 						}
 					} else if now >= sc.warmup {
 						tn.full++
@@ -690,13 +691,19 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				for _, r := range inside {
 					insideTokens += r.kvNeed()
 				}
-				for _, in := range insts {
-					confirmed := in.rep.LearnBatch(running, int64(len(inside)), clk.Now())
+				// Every instance reads the same scrape: one instance taking
+				// back what waits inside does not change what the other read.
+				waiting := int64(len(inside))
+				confirmed := make([]bool, len(insts))
+				for i, in := range insts {
+					confirmed[i] = in.rep.LearnBatch(running, waiting, clk.Now())
 					if len(insts) > 1 {
-						in.foreign = max(running+int64(len(inside))-in.sent, 0)
+						in.foreign = max(running+waiting-in.sent, 0)
 						in.foreignTokens = max(kvUsed+insideTokens-in.sentTokens, 0)
 					}
-					if !direct && confirmed {
+				}
+				for i, in := range insts {
+					if !direct && confirmed[i] {
 						takeBack(in)
 					}
 				}
@@ -738,6 +745,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					}
 					sh := fleet.Split(batch, entries[i], others)
 					in.share, in.light = sh.Cap, sh.Light
+					if fgTrace && len(ts) > 1 {
+						fmt.Printf("%8.3f SPLIT inst %d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
+					}
 					if sc.fleetOff.lightFree {
 						in.light = nil
 					}
