@@ -521,7 +521,17 @@ func (g *Gate) WithinShare(tenant string, weight float64) bool {
 // wait for one of its completions.
 func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 	m := g.mem[tenant]
-	if m == nil || m.heavy || m.lastArrN == 0 || nowN-m.lastArrN > m.goneAfter {
+	// As Assess keeps it in the reserve: a tenant whose only arrival was
+	// its first (lastArrN unset) is not gone, and its peak lasts until the
+	// window rotates it out, which Assess does only when it next runs.
+	if m == nil || m.heavy || (m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter) {
+		return 0
+	}
+	pw := g.PeakWindow
+	if pw <= 0 {
+		pw = peakWindow
+	}
+	if half := max(int64(pw), m.goneAfter) / 2; nowN-m.peakStart >= 2*half {
 		return 0
 	}
 	peak := max(m.peakCur, m.peakPrev)

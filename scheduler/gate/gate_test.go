@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestWaterLevel(t *testing.T) {
@@ -208,6 +209,25 @@ func TestKept(t *testing.T) {
 	assert.Positive(t, st.GoneAfter)
 	assert.Equal(t, int64(2), g.Kept(now+st.GoneAfter, "light", 0), "pausing")
 	assert.Zero(t, g.Kept(now+st.GoneAfter+1, "light", 0), "gone: its room is lent")
+}
+
+// TestKeptAfterOneRequest: a tenant whose only request so far has come
+// and gone keeps its peak as Assess keeps it in the reserve (it has no
+// gap to be gone after yet), until the peak window rotates it out, even
+// with no assessment in between: an instance whose only tenant is that one
+// assesses nothing while it is quiet. Reporting nothing for it left the
+// batch to the other instance's floods, and its second request, 16 s
+// later, waited for a completion (fairgen seed 36 with two instances).
+func TestKeptAfterOneRequest(t *testing.T) {
+	var g Gate
+	f := FleetLoad{Seqs: 1, SeqsCap: 4, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	g.Assess(now, []TenantLoad{{Name: "once", Weight: 1, Queued: 1, Arrived: 1}}, 0, f, 0)
+	st, _ := g.State("once")
+	require.Zero(t, st.GoneAfter, "one arrival: no gap known")
+	later := now + int64(16*time.Second)
+	assert.Equal(t, int64(1), g.Kept(later, "once", 0), "its one request's room, 16 s on")
+	assert.Zero(t, g.Kept(now+int64(peakWindow), "once", 0), "rotated out after a whole peak window")
 }
 
 // TestHeavyAbovePool: a tenant asking two and a half pools (15 of 16
