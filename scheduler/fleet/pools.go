@@ -155,11 +155,13 @@ func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 // sequence capacity is each replica's batch limit, not this instance's
 // share of it: the gate's fractions are of the batch, so that a tenant's
 // peak reads the same whatever the shares were when it was seen; the
-// share binds a heavy tenant in Take.
+// share binds a heavy tenant in Take. PeerWeight is the mean over the
+// pool's replicas of the weight only other instances report there.
 func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f gate.FleetLoad
+	n := 0
 	for _, r := range s.List() {
 		if !key.Has(r.Slot) {
 			continue
@@ -168,11 +170,16 @@ func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 		if st >= gpu.StateDraining || k <= 0 {
 			continue
 		}
+		n++
+		f.PeerWeight += float64(r.PeerWeight.Load())
 		f.Seqs += seqs
 		f.SeqsCap += r.seqLimit(seqs, alone, true) // the gate reads the batch; the share binds in Take
 		f.Probe += r.ProbeExcess()
 		f.Tokens += load
 		f.TokensCap += k
+	}
+	if n > 0 {
+		f.PeerWeight /= float64(n) // the pool's replicas' mean
 	}
 	return f
 }

@@ -44,10 +44,13 @@ type Replica struct {
 	// instances use the replica too (share.go); 0: none. Peers is how many
 	// other instances reported demand here.
 	Share, Peers atomic.Int64
-	// lightHere is this instance's tenants the share split holds light
-	// here, whom Share does not bind (share.go); nil: none.
-	lightHere atomic.Pointer[[]string]
-	Obs       atomic.Pointer[Obs]
+	// split is how the share split last classified this instance's
+	// tenants here (share.go): Share does not bind the light ones; nil
+	// while no other instance reports demand here. PeerWeight is the
+	// weight of the tenants only other instances report here.
+	split      atomic.Pointer[ShareOf]
+	PeerWeight atomic.Int64
+	Obs        atomic.Pointer[Obs]
 	// modelsAt is when /v1/models last answered (unix ns).
 	ModelsAt atomic.Int64
 	// pollFail and modelsFail are the last failed poll and /v1/models
@@ -153,6 +156,10 @@ type Route struct {
 	// fleet-wide is not capped by this instance's share of a replica
 	// (share.go, ShareOf.Light).
 	Tenant string
+	// Light: the dispatch gate holds the tenant light on its pool. The
+	// share does not bind it on a replica whose split has not classified
+	// it yet (share.go, Replica.unshared).
+	Light bool
 	// NoShare asks whether a replica where this instance has tenants the
 	// split holds light has room with the share set aside (Fits): whether
 	// the share, not the replica, keeps room from them.
@@ -274,7 +281,7 @@ func (s *Set) pick(rt Route, size int64, exclude *Replica, reserve bool) (*Repli
 		}
 		up++
 		loadSum += float64(load) / float64(k)
-		if seqs >= r.seqLimit(seqs, rt.Alone, (rt.NoShare && r.lightHere.Load() != nil) || r.sharedLight(rt.Tenant)) || load+size > k {
+		if seqs >= r.seqLimit(seqs, rt.Alone, r.unshared(rt)) || load+size > k {
 			continue
 		}
 		score := float64(load+size) / float64(k)

@@ -87,14 +87,17 @@ func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 // ShareOf is this instance's part of a shared replica's batch (Split).
 type ShareOf struct {
 	// Cap is the most requests of its heavy tenants' and of tenants it
-	// did not report that it may have in flight there (SeqShare); 0: no
-	// tenant anywhere is heavy, so nothing is capped.
+	// did not report that the gate holds heavy (Replica.unshared) that it
+	// may have in flight there (SeqShare); 0: no tenant anywhere is heavy,
+	// so nothing is capped.
 	Cap int64
 	// Light is its tenants that the split holds light fleet-wide: the cap
 	// does not bind them, as the gate's reserve does not bind a light
 	// tenant on one instance (they compete for any room, and the heavy
 	// tenants' caps leave their claims free).
 	Light []string
+	// Heavy is its tenants that the split holds heavy: the cap binds them.
+	Heavy []string
 }
 
 // Split is SeqShare with the tenants it holds light.
@@ -122,6 +125,8 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 	for _, td := range mine.Tenants {
 		if c := sp.byName[td.Tenant]; c != nil && c.light {
 			out.Light = append(out.Light, td.Tenant)
+		} else if c != nil {
+			out.Heavy = append(out.Heavy, td.Tenant)
 		}
 	}
 	if !capped {
@@ -407,13 +412,11 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 			}
 			sh := Split(r.ShareBatch(), e, others)
 			share = sh.Cap
-			if len(sh.Light) > 0 {
-				r.lightHere.Store(&sh.Light)
-			} else {
-				r.lightHere.Store(nil)
-			}
+			r.split.Store(&sh)
+			r.PeerWeight.Store(PeerWeight(e, others))
 		} else {
-			r.lightHere.Store(nil)
+			r.split.Store(nil)
+			r.PeerWeight.Store(0)
 		}
 		prev := r.Share.Swap(share)
 		r.Peers.Store(int64(len(others)))
@@ -437,10 +440,30 @@ func (r *Replica) ShareBatch() int64 {
 	return lim
 }
 
-// sharedLight reports whether the share split holds tenant light on r.
-func (r *Replica) sharedLight(tenant string) bool {
-	l := r.lightHere.Load()
-	return l != nil && tenant != "" && slices.Contains(*l, tenant)
+// unshared reports whether this instance's share of r does not bind rt:
+// the split holds its tenant light fleet-wide, or has not classified it
+// (this instance had not reported it yet) and the dispatch gate holds it
+// light. A tenant's first requests here come before its first report:
+// bound by a share split among the others, a light tenant's first burst
+// waited for the next exchange or a completion while the batch had room
+// (fairgen seed 8 with two instances); a flood the gate holds heavy stays
+// bound. rt.NoShare asks it for every tenant, where the split holds some
+// tenant here light (the park probe: Route.NoShare).
+func (r *Replica) unshared(rt Route) bool {
+	sh := r.split.Load()
+	if sh == nil {
+		return false // no share, or nothing it binds
+	}
+	if rt.NoShare && len(sh.Light) > 0 {
+		return true
+	}
+	if rt.Tenant == "" {
+		return false
+	}
+	if slices.Contains(sh.Light, rt.Tenant) {
+		return true
+	}
+	return rt.Light && !slices.Contains(sh.Heavy, rt.Tenant)
 }
 
 // SeqLimit is the sequence count at which r has no room for this
@@ -457,4 +480,30 @@ func (r *Replica) seqLimit(seqs int64, alone, noShare bool) int64 {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim
+}
+
+// PeerWeight is the summed weight of the tenants that others report and
+// mine does not (an older instance's report, without tenants, as one of
+// weight 1): the tenants on the replica this instance's gate cannot see.
+func PeerWeight(mine peers.Entry, others []peers.Entry) int64 {
+	seen := make(map[string]bool, len(mine.Tenants))
+	for _, td := range mine.Tenants {
+		seen[td.Tenant] = true
+	}
+	var w int64
+	for _, e := range others {
+		if len(e.Tenants) == 0 {
+			if e.InFlight > 0 || e.Queued > 0 {
+				w++
+			}
+			continue
+		}
+		for _, td := range e.Tenants {
+			if !seen[td.Tenant] {
+				seen[td.Tenant] = true
+				w += max(td.Weight, 1)
+			}
+		}
+	}
+	return w
 }

@@ -285,3 +285,47 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	r.Count.Store(r.Share.Load())
 	assert.False(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "no light tenant here")
 }
+
+// TestUnreportedTenantsByTheGate: a tenant this instance has not reported
+// yet (its first requests here, before the next exchange) is bound by the
+// share only where the dispatch gate holds it heavy; one the split holds
+// heavy is bound whatever the gate says. The split's classes and the
+// weight of the tenants only the others report are kept per replica.
+func TestUnreportedTenantsByTheGate(t *testing.T) {
+	set, r := sizingSet(8)
+	now := time.Unix(1_800_000_000, 0)
+	mine := []peers.Report{{Replica: "r", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "heavy", Weight: 2, Load: 30000, Claim: 8000}}}}
+	flood := peers.Entry{Instance: "b", InFlight: 5, Queued: 40,
+		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 3, Load: 46000, Claim: 8000}, {Tenant: "heavy", Weight: 2, Load: 1000, Claim: 1000}}}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
+	require.Positive(t, r.Share.Load())
+	assert.Equal(t, int64(3), r.PeerWeight.Load(), "the flood's weight: the heavy tenant is reported here too")
+	r.Count.Store(r.Share.Load()) // at its share
+	scrapeRW(r, 6, 0, now)        // two slots free
+	rep, _ := set.Take(Route{Tenant: "new", Light: true}, 1, nil)
+	assert.Same(t, r, rep, "unreported, light by the gate: any room")
+	rep, _ = set.Take(Route{Tenant: "new"}, 1, nil)
+	assert.Nil(t, rep, "unreported, heavy by the gate: the share binds")
+	rep, _ = set.Take(Route{Tenant: "heavy", Light: true}, 1, nil)
+	assert.Nil(t, rep, "held heavy by the split: the share binds")
+
+	var key PoolKey
+	key.Set(r.Slot)
+	assert.InDelta(t, 3.0, set.FleetOf(key, false).PeerWeight, 1e-9, "the gate's view of the pool")
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
+	assert.Zero(t, r.PeerWeight.Load(), "no others: no weight beyond this instance's")
+	assert.Zero(t, set.FleetOf(key, false).PeerWeight)
+}
+
+// TestPeerWeight: the tenants only the others report, each once, an older
+// instance's report without tenants as one of weight 1.
+func TestPeerWeight(t *testing.T) {
+	mine := peers.Entry{Instance: "a", Tenants: []peers.TenantDemand{{Tenant: "x", Weight: 4}}}
+	others := []peers.Entry{
+		{Instance: "b", Tenants: []peers.TenantDemand{{Tenant: "x", Weight: 4}, {Tenant: "y", Weight: 2}}},
+		{Instance: "c", Tenants: []peers.TenantDemand{{Tenant: "y", Weight: 2}, {Tenant: "z", Weight: 0}}},
+		{Instance: "old", InFlight: 3},
+		{Instance: "idle"},
+	}
+	assert.Equal(t, int64(2+1+1), PeerWeight(mine, others))
+}

@@ -79,7 +79,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -116,10 +116,15 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // with the batch split counted in sequences (fgFleetOff.kvBatch); 21 and
 // 93 (light tenants at both instances) wait for completions where the
 // share binds the tenants the split holds light (lightFree); 9 (a light
-// tenant at the instance of a
-// heavy one the share binds) waits where that heavy tenant blocks the
-// queue instead of parking (park). TestFairgenTwoInstances checks each.
-var fairgenTwoSeeds = []uint64{9, 21, 93, 150, 475}
+// tenant at the instance of a heavy one the share binds) waits where that
+// heavy tenant blocks the queue instead of parking (park); 35 (a light
+// tenant's first requests at an instance, before its first report) and 69
+// (a burst) wait where the share binds a tenant the split has not
+// classified yet (unreported); 330 (a flood beside one light tenant at its instance, the
+// other flood at the other) waits where the gate weighs the flood's share
+// among its own instance's tenants alone (peerWeight).
+// TestFairgenTwoInstances checks each.
+var fairgenTwoSeeds = []uint64{9, 21, 35, 69, 93, 150, 330, 475}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -206,6 +211,12 @@ type fgFleetOff struct {
 	kvBatch   bool // split max_num_seqs even where the KV cache binds first (fleet.Replica.ShareBatch)
 	lightFree bool // the share binds the tenants the split holds light too (fleet.ShareOf.Light)
 	park      bool // a tenant the share binds blocks the queue instead of parking (lifecycle's predicate, fleet.Route.NoShare)
+	// unreported: the share binds a tenant the split has not classified
+	// yet even where the gate holds it light (fleet.Route.Light).
+	unreported bool
+	// peerWeight: the gate's weighted share counts this instance's
+	// tenants alone (gate.FleetLoad.PeerWeight).
+	peerWeight bool
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -307,6 +318,10 @@ func genScenarioAt(seed uint64, instances string) *fgScenario {
 			sc.fleetOff.lightFree = true
 		case "park":
 			sc.fleetOff.park = true
+		case "unreported":
+			sc.fleetOff.unreported = true
+		case "peerweight":
+			sc.fleetOff.peerWeight = true
 		}
 	}
 	switch instances {
@@ -379,6 +394,10 @@ type fgInst struct {
 	// tenants the split holds light (fleet.ShareOf.Light).
 	share int64
 	light []string
+	heavy []string // its tenants the split holds heavy (fleet.ShareOf.Heavy)
+	// peerWeight is the weight of the tenants only the other instance
+	// reports (fleet.Replica.PeerWeight).
+	peerWeight float64
 }
 
 // fgExchange is the share exchange's event (every fleet.ShareInterval,
@@ -534,7 +553,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				in.loads = append(in.loads, gate.TenantLoad{Name: o.name, Weight: o.weight, Held: o.held + int64(v.Pending(o.name)), Queued: int64(v.Queued(o.name)), Tokens: o.heldTokens,
 					Arrived: o.arrived, Served: o.done, ServedSec: o.doneSec})
 			}
-			f := gate.FleetLoad{Seqs: seqs, SeqsCap: limit, Tokens: in.sentTokens + in.foreignTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess()}
+			f := gate.FleetLoad{Seqs: seqs, SeqsCap: limit, Tokens: in.sentTokens + in.foreignTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess(), PeerWeight: in.peerWeight}
+
 			if sc.kv > 0 {
 				f.TokensCap = sc.kv
 			}
@@ -542,7 +562,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			fits := seqs < room && f.Tokens+need <= f.TokensCap
 			light, reserve := g.Assess(clk.Now().UnixNano(), in.loads, cand, f, 0.1)
 			shareBinds := false // the share, not the replica, leaves it no room
-			if in.share > 0 && !slices.Contains(in.light, tn.name) {
+			// The share binds a tenant the split holds heavy, or one it has
+			// not classified yet that the gate holds heavy (fleet.Replica.unshared).
+			unclassified := light && !slices.Contains(in.heavy, tn.name) && !sc.fleetOff.unreported && !sc.fleetOff.lightFree
+			if in.share > 0 && !slices.Contains(in.light, tn.name) && !unclassified {
 				room = min(limit, in.foreign+in.share)
 				shareBinds = fits && seqs >= room && len(in.light) > 0
 				fits = seqs < room && fits
@@ -556,6 +579,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					return queue.Park
 				}
 				return queue.Block
+			}
+			if fgTrace && fits && !tn.light && len(ts) > 1 {
+				st, _ := g.State(tn.name)
+				fmt.Printf("%8.3f PRED %s light %v reserve %.3f seqs %d cap %d heavy %v sus %v\n", now.Seconds(), tn.name, light, reserve, seqs, limit, st.Heavy, st.Sustained)
 			}
 			if shareBinds && !sc.fleetOff.park {
 				return queue.Park // the tenants the split holds light may use the room
@@ -580,6 +607,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				in.q.Release(it.Handle)
 				it.Payload.place = it.Place
 				tn := it.Payload.t
+				if fgTrace && len(ts) > 1 && !direct {
+					fmt.Printf("%8.3f DISP %s at %d held %d sent %d foreign %d running %d share %d\n", now.Seconds(), tn.name, tn.inst, tn.held, in.sent, in.foreign, running, in.share)
+				}
 				tn.held++
 				tn.heldTokens += it.Payload.kvNeed()
 				in.sent++
@@ -738,13 +768,17 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					}
 				}
 				in.share, in.light = 0, nil
+				in.peerWeight = 0
+				if !sc.fleetOff.peerWeight {
+					in.peerWeight = float64(fleet.PeerWeight(entries[i], others))
+				}
 				if len(others) > 0 {
 					batch := shareBatch(in.rep.BatchLimit(), scraped)
 					if sc.fleetOff.kvBatch {
 						batch = in.rep.BatchLimit()
 					}
 					sh := fleet.Split(batch, entries[i], others)
-					in.share, in.light = sh.Cap, sh.Light
+					in.share, in.light, in.heavy = sh.Cap, sh.Light, sh.Heavy
 					if fgTrace && len(ts) > 1 {
 						fmt.Printf("%8.3f SPLIT inst %d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
 					}
@@ -1147,6 +1181,9 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{21, fgFleetOff{lightFree: true}, fgCompletion},
 		{93, fgFleetOff{lightFree: true}, fgCompletion},
 		{9, fgFleetOff{park: true}, fgCompletion},
+		{35, fgFleetOff{unreported: true}, fgFirst},
+		{69, fgFleetOff{unreported: true}, fgBurst},
+		{330, fgFleetOff{peerWeight: true}, fgCompletion},
 	} {
 		sc := genScenarioAt(c.seed, "2")
 		sum, v := fgCheckScenario(t, sc)

@@ -444,6 +444,11 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	// need its backlog only grows. A flood keeps arriving, and a closed
 	// loop's arrivals are its completions, so either is held while it runs
 	// above its share.
+	// The share is of every tenant present on the pool, those only other
+	// instances serve too: counted among this instance's tenants alone, a
+	// flood beside one light tenant here reads as within half the pool
+	// while it takes far more than its share of the whole.
+	presentW += f.PeerWeight
 	for _, x := range cs {
 		m := x.m
 		svc := g.svcOf(m)

@@ -318,6 +318,42 @@ func TestBurstIsNotHeld(t *testing.T) {
 	assert.False(t, FleetLoad{Seqs: 3, SeqsCap: 8, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "held at 2 of its share of 5: the steady tenant's kept peak and noise keep the rest")
 }
 
+// TestSustainCountsOtherInstancesTenants: the weighted share a tenant's
+// arrivals are held against is of every tenant on the pool, those only
+// other instances of the fleet serve too (FleetLoad.PeerWeight). Offering
+// 0.4 of the pool is below its share of 4/6 among this instance's tenants,
+// and above 4/16 with tenants weighing 10 at the others (fairgen seed 330
+// with two instances: a flood beside one light tenant, its peer flood at
+// the other instance, read as a burst and let through the reserve).
+func TestSustainCountsOtherInstancesTenants(t *testing.T) {
+	run := func(peerWeight float64) State {
+		var g Gate
+		loads := []TenantLoad{
+			{Name: "flood", Weight: 4, Held: 2, Queued: 12},
+			{Name: "light", Weight: 2, Held: 1},
+		}
+		f := FleetLoad{Seqs: 3, SeqsCap: 8, TokensCap: 1 << 20, PeerWeight: peerWeight}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 300 { // 30 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i%5 == 0 { // 8 requests a second of 0.4 s: 3.2 of 8 sequences
+				loads[0].Arrived += 4
+				loads[0].Served++
+				loads[0].ServedSec += 0.4
+			}
+			g.Assess(now, loads, 0, f, 0)
+		}
+		st, _ := g.State("flood")
+		return st
+	}
+	here := run(0)
+	assert.True(t, here.Heavy)
+	assert.False(t, here.Sustained, "0.4 of the pool, its share here 2/3")
+	fleet := run(10)
+	assert.True(t, fleet.Heavy)
+	assert.True(t, fleet.Sustained, "0.4 of the pool, its share of the fleet's tenants 1/4")
+}
+
 // TestAssessFloorLetsOneHeavyRequestRun: with nothing of its own in
 // flight, a heavy tenant may start one request where it leaves the light
 // tenants floorK standard deviations over what they hold (3·√4 = 6 of 32

@@ -22,6 +22,9 @@ type FleetLoad struct {
 	// Probe: sequences of SeqsCap that are an unconfirmed probe of a
 	// learned batch (fleet.Replica.ProbeExcess).
 	Probe int64
+	// PeerWeight is the summed weight of the tenants with demand on the
+	// pool's replicas that only other instances report (fleet.Replica.PeerWeight).
+	PeerWeight float64
 }
 
 // FitsBeyond reports whether one more request of size tokens fits the fleet

@@ -75,6 +75,7 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	rt.Alone = e.pools.PoolLocked(c.place.Pool).Gate.Alone(t.Name)
 	f := e.reps.FleetOf(c.place.Pool, rt.Alone)
 	light, reserve := e.belowFairShare(c, f)
+	rt.Light = light
 	if !light && !f.FitsBeyond(c.size, reserve) {
 		if e.reps.Fits(rt, c.size) {
 			// Room exists, but the light tenants need it: skip this
