@@ -160,9 +160,9 @@ type Route struct {
 	// share does not bind it on a replica whose split has not classified
 	// it yet (share.go, Replica.unshared).
 	Light bool
-	// NoShare asks whether a replica where this instance has tenants the
-	// split holds light has room with the share set aside (Fits): whether
-	// the share, not the replica, keeps room from them.
+	// NoShare asks whether a replica has room with this instance's share
+	// set aside (Fits): whether the share, not the replica, keeps room
+	// from a tenant it does not bind.
 	NoShare bool
 }
 

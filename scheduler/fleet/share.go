@@ -447,15 +447,14 @@ func (r *Replica) ShareBatch() int64 {
 // bound by a share split among the others, a light tenant's first burst
 // waited for the next exchange or a completion while the batch had room
 // (fairgen seed 8 with two instances); a flood the gate holds heavy stays
-// bound. rt.NoShare asks it for every tenant, where the split holds some
-// tenant here light (the park probe: Route.NoShare).
+// bound. rt.NoShare asks it for every tenant (Route.NoShare).
 func (r *Replica) unshared(rt Route) bool {
+	if rt.NoShare {
+		return true
+	}
 	sh := r.split.Load()
 	if sh == nil {
 		return false // no share, or nothing it binds
-	}
-	if rt.NoShare && len(sh.Light) > 0 {
-		return true
 	}
 	if rt.Tenant == "" {
 		return false
@@ -480,6 +479,26 @@ func (r *Replica) seqLimit(seqs int64, alone, noShare bool) int64 {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim
+}
+
+// HeldHeavy reports whether the share split holds tenant heavy on every
+// replica of key that another instance uses: where it does, this
+// instance's share binds the tenant there.
+func (s *Set) HeldHeavy(key PoolKey, tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	shared := false
+	for _, r := range s.List() {
+		if !key.Has(r.Slot) || r.Share.Load() == 0 {
+			continue
+		}
+		sh := r.split.Load()
+		if sh == nil || !slices.Contains(sh.Heavy, tenant) {
+			return false
+		}
+		shared = true
+	}
+	return shared
 }
 
 // PeerWeight is the summed weight of the tenants that others report and

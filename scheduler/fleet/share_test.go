@@ -273,17 +273,20 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	scrapeRW(r, 5, 0, now) // and two of the other's running
 	rep, _ := set.Take(Route{Tenant: "light"}, 1, nil)
 	assert.Same(t, r, rep, "light: any room")
-	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica, and a light tenant is here")
+	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica")
 	rep, _ = set.Take(Route{Tenant: "other"}, 1, nil)
 	assert.Nil(t, rep, "not held light: the share binds")
+	var key PoolKey
+	key.Set(r.Slot)
+	assert.False(t, set.HeldHeavy(key, "light"))
+	assert.False(t, set.HeldHeavy(key, "other"), "not classified: the gate decides")
 
-	// With no tenant here held light, the room beyond the share is of no
-	// use to this instance: the probe says so.
 	mine[0].Tenants[0].Load = 40000
 	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
-	r.Count.Store(r.Share.Load())
-	assert.False(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "no light tenant here")
+	assert.True(t, set.HeldHeavy(key, "light"), "asking five times the batch: held heavy")
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
+	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
 // TestUnreportedTenantsByTheGate: a tenant this instance has not reported

@@ -79,7 +79,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -122,9 +122,12 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // (a burst) wait where the share binds a tenant the split has not
 // classified yet (unreported); 330 (a flood beside one light tenant at its instance, the
 // other flood at the other) waits where the gate weighs the flood's share
-// among its own instance's tenants alone (peerWeight).
+// among its own instance's tenants alone (peerWeight); 44 and 283 (a
+// light tenant at a flood's instance, not yet reported or not light in
+// the split) wait behind the flood where a tenant the share binds parks
+// only for tenants the split already holds light (parkQueued).
 // TestFairgenTwoInstances checks each.
-var fairgenTwoSeeds = []uint64{9, 21, 35, 69, 93, 150, 330, 475}
+var fairgenTwoSeeds = []uint64{9, 21, 35, 44, 69, 93, 150, 283, 330, 475}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -217,6 +220,10 @@ type fgFleetOff struct {
 	// peerWeight: the gate's weighted share counts this instance's
 	// tenants alone (gate.FleetLoad.PeerWeight).
 	peerWeight bool
+	// parkQueued: a tenant the share binds parks only where the split
+	// holds a tenant of this instance light, not wherever another queued
+	// here may use the room (lifecycle's othersMayUse).
+	parkQueued bool
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -322,6 +329,8 @@ func genScenarioAt(seed uint64, instances string) *fgScenario {
 			sc.fleetOff.unreported = true
 		case "peerweight":
 			sc.fleetOff.peerWeight = true
+		case "parkqueued":
+			sc.fleetOff.parkQueued = true
 		}
 	}
 	switch instances {
@@ -567,8 +576,19 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			unclassified := light && !slices.Contains(in.heavy, tn.name) && !sc.fleetOff.unreported && !sc.fleetOff.lightFree
 			if in.share > 0 && !slices.Contains(in.light, tn.name) && !unclassified {
 				room = min(limit, in.foreign+in.share)
-				shareBinds = fits && seqs >= room && len(in.light) > 0
+				// Parked only where another tenant queued here may use the
+				// room: one the split does not hold heavy (lifecycle's othersMayUse).
+				mayUse := slices.ContainsFunc(in.ts, func(o *fgTenant) bool {
+					return o != tn && v.Queued(o.name) > 0 && !slices.Contains(in.heavy, o.name)
+				})
+				if sc.fleetOff.parkQueued {
+					mayUse = len(in.light) > 0
+				}
+				shareBinds = fits && seqs >= room && mayUse
 				fits = seqs < room && fits
+			}
+			if fgTrace && tn.light && len(ts) > 1 && (!fits || (!light && !f.FitsBeyond(need, reserve))) {
+				fmt.Printf("%8.3f WAIT %s light %v reserve %.2f fits %v seqs %d room %d share %d\n", now.Seconds(), tn.name, light, reserve, fits, seqs, room, in.share)
 			}
 			if !light && !f.FitsBeyond(need, reserve) {
 				if fgTrace && fits && tn.light {
@@ -1184,6 +1204,8 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{35, fgFleetOff{unreported: true}, fgFirst},
 		{69, fgFleetOff{unreported: true}, fgBurst},
 		{330, fgFleetOff{peerWeight: true}, fgCompletion},
+		{44, fgFleetOff{parkQueued: true}, fgFirst},
+		{283, fgFleetOff{parkQueued: true}, fgCompletion},
 	} {
 		sc := genScenarioAt(c.seed, "2")
 		sum, v := fgCheckScenario(t, sc)

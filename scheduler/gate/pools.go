@@ -314,6 +314,17 @@ func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (strin
 	return pl.Gate.Assess(nowN, loads, at, f, minReserve)
 }
 
+// QueuedBesides reports whether a tenant other than except has requests
+// queued on the pool for which usable is true.
+func (pl *Pool) QueuedBesides(except string, usable func(tenant string) bool) bool {
+	for name, pt := range pl.tenants {
+		if pt.queued > 0 && name != except && usable(name) {
+			return true
+		}
+	}
+	return false
+}
+
 // idle reports whether nothing is queued on or holding room in the pool.
 func (pl *Pool) idle() bool {
 	if len(pl.parked) > 0 {

@@ -101,3 +101,21 @@ func TestPoolCountsARefusedArrival(t *testing.T) {
 	p.Move(c, "x", 100, false, SpotNone) // refused by the queue
 	assert.Equal(t, TenantLoad{Name: "x", Arrived: 1}, p.Load(k, "x"))
 }
+
+// TestQueuedBesides: another tenant with requests queued on the pool
+// counts where usable says so; the asking tenant and tenants that only
+// hold room do not (lifecycle's othersMayUse).
+func TestQueuedBesides(t *testing.T) {
+	t.Parallel()
+	var p Pools[slots]
+	k := slots(1)
+	p.Move(&Place[slots]{Pool: k}, "flood", 10, false, SpotQueued)
+	p.Move(&Place[slots]{Pool: k}, "holder", 10, false, SpotHeld)
+	pl := p.PoolLocked(k)
+	all := func(string) bool { return true }
+	assert.False(t, pl.QueuedBesides("flood", all), "the holder queues nothing")
+	p.Move(&Place[slots]{Pool: k}, "light", 10, false, SpotQueued)
+	assert.True(t, pl.QueuedBesides("flood", all))
+	assert.False(t, pl.QueuedBesides("flood", func(n string) bool { return n != "light" }), "not usable")
+	assert.True(t, pl.QueuedBesides("light", all), "the flood, for the light tenant")
+}

@@ -86,14 +86,15 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	}
 	rep, seq := e.reps.Take(rt, c.size, nil)
 	if rep == nil {
-		if beyond := rt; !beyond.NoShare {
-			beyond.NoShare = true
-			if e.reps.Fits(beyond, c.size) {
-				// This instance's share of a replica other instances use
-				// binds, not the replica, and tenants here that the share
-				// split holds light may use the room: skip this tenant. With
-				// none, parking would only cost it its place (a lift).
-				return queue.Park
+		if e.othersMayUse(c) {
+			if beyond := rt; !beyond.NoShare {
+				beyond.NoShare = true
+				if e.reps.Fits(beyond, c.size) {
+					// This instance's share of a replica other instances use
+					// binds, not the replica: skip this tenant, so that one
+					// the share does not bind uses the room.
+					return queue.Park
+				}
 			}
 		}
 		return e.full(c, !e.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
@@ -101,6 +102,20 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	c.rep, c.seq = rep, seq
 	e.pools.MoveLocked(&c.place, c.t.Name, c.size, false, gate.SpotHeld)
 	return queue.Dispatch
+}
+
+// othersMayUse reports whether another tenant has requests queued on c's
+// pool that this instance's share of its replicas may not bind (the split
+// does not hold it heavy on all of them): only then is room the share
+// keeps from c of use here. With none, parking c would only cost it its
+// place (a lift): TestFleetFairShareTwoInstances read 1.40 so; and
+// waiting for a light tenant to be reported there, a new tenant's first
+// burst queued behind a heavy tenant the share bound (fairgen seed 8 with
+// two instances). The pools' lock is held.
+func (e *Engine) othersMayUse(c *call) bool {
+	return e.pools.PoolLocked(c.place.Pool).QueuedBesides(c.t.Name, func(tenant string) bool {
+		return !e.reps.HeldHeavy(c.place.Pool, tenant)
+	})
 }
 
 // full is the verdict when c's pool has no room (the pools' lock held). A
