@@ -126,8 +126,10 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // light tenant at a flood's instance, not yet reported or not light in
 // the split) wait behind the flood where a tenant the share binds parks
 // only for tenants the split already holds light (parkQueued).
-// TestFairgenTwoInstances checks each.
-var fairgenTwoSeeds = []uint64{9, 21, 35, 44, 69, 93, 150, 283, 330, 475}
+// TestFairgenTwoInstances checks each. 51 and 100 (a bursting light
+// tenant whose backlog passed the batch) failed while the demand report
+// gave a burst's backlog, not its offered load (gate.Gate.Asked).
+var fairgenTwoSeeds = []uint64{9, 21, 35, 44, 51, 69, 93, 100, 150, 283, 330, 475}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -453,6 +455,13 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	}
 	var res fgResult
 	var now time.Duration
+	if fgTrace {
+		names := make([]string, len(ts))
+		for i, tn := range ts {
+			names[i] = tn.name
+		}
+		fmt.Printf("RUN %v direct %v\n", names, direct)
+	}
 	insts := make([]*fgInst, max(sc.instances, 1))
 	for i := range insts {
 		in := &fgInst{g: gate.Gate{Options: sc.gateOpts}, loads: make([]gate.TenantLoad, 0, len(ts))}

@@ -136,8 +136,10 @@ type gateMem struct {
 	load  float64 // gateCls.load at the last assessment
 	// sustained: its arrivals over sustainWindow offer more than its
 	// weighted share (at the last assessment); a heavy tenant that is not
-	// sustained is not held by the reserve.
+	// sustained is not held by the reserve. offered is that load, as a
+	// fraction of the pool.
 	sustained bool
+	offered   float64
 	// rate is the arrival rate (per second) averaged over forecastWindow,
 	// counted from firstN (when it last became active); svc the mean
 	// service time of its completed requests (s, 0 unknown).
@@ -452,8 +454,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	for _, x := range cs {
 		m := x.m
 		svc := g.svcOf(m)
-		m.sustained = g.NoSustain || svc == 0 || presentW == 0 ||
-			m.sustRateNow(nowN)*svc*m.size > x.weight/presentW
+		m.offered = m.sustRateNow(nowN) * svc * m.size
+		m.sustained = g.NoSustain || svc == 0 || presentW == 0 || m.offered > x.weight/presentW
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
 		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar,
@@ -548,11 +550,19 @@ func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 
 // Asked is tenant's averaged demand at the last assessment (what
 // classifies it as light or heavy), as a count of its requests; false when
-// the gate has not assessed it.
+// the gate has not assessed it. A tenant heavy by its demand whose
+// arrivals are no flood (not sustained: the gate does not hold it) asks
+// what its arrivals offer instead: the share split across instances
+// classifies by this, and held there by its backlog, a burst's queue only
+// grew (fairgen seed 494 with two instances, the light tenants without
+// the flood: capped at one request of six, 28.5 s against 0.41 s direct).
 func (g *Gate) Asked(tenant string) (float64, bool) {
 	m := g.mem[tenant]
 	if m == nil || m.size <= 0 {
 		return 0, false
+	}
+	if m.heavy && !m.sustained {
+		return min(m.load, m.offered) / m.size, true
 	}
 	return m.load / m.size, true
 }

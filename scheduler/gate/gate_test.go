@@ -273,7 +273,8 @@ func TestHeavyAbovePool(t *testing.T) {
 // backlog arriving at 40/s (2 pools) is held, and so is the slow one
 // without the rule (NoSustain): held at 2 of its share of 5, a bursting
 // tenant's queue grows while the pool stands idle (fairness sweep seed
-// 494).
+// 494). What the burst asks in the demand report (Asked) is its offered
+// load, so that the split across instances does not hold it either.
 func TestBurstIsNotHeld(t *testing.T) {
 	run := func(g *Gate, perTick int64) (bool, float64) {
 		loads := []TenantLoad{
@@ -306,11 +307,16 @@ func TestBurstIsNotHeld(t *testing.T) {
 	st, _ := g.State("burst")
 	assert.True(t, st.Heavy, "heavy by its demand")
 	assert.False(t, st.Sustained)
+	asked, ok := g.Asked("burst")
+	require.True(t, ok)
+	assert.InDelta(t, 0.8, asked, 0.05, "it asks what its arrivals offer, 2/s of 0.4 s requests, not its backlog of 14")
 
 	var flood Gate
 	light, reserve = run(&flood, 20)
 	assert.False(t, light, "offers 2 pools")
 	assert.Positive(t, reserve)
+	asked, _ = flood.Asked("burst")
+	assert.Greater(t, asked, 8.0, "a flood asks its averaged demand")
 
 	held := Gate{Options: Options{NoSustain: true}}
 	light, reserve = run(&held, 1)
