@@ -550,19 +550,24 @@ func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 
 // Asked is tenant's averaged demand at the last assessment (what
 // classifies it as light or heavy), as a count of its requests; false when
-// the gate has not assessed it. A tenant heavy by its demand whose
-// arrivals are no flood (not sustained: the gate does not hold it) asks
-// what its arrivals offer instead: the share split across instances
-// classifies by this, and held there by its backlog, a burst's queue only
-// grew (fairgen seed 494 with two instances, the light tenants without
-// the flood: capped at one request of six, 28.5 s against 0.41 s direct).
+// the gate has not assessed it. The share split across instances
+// classifies by it: light within lightMargin of its max-min level. A
+// tenant heavy by its demand whose arrivals are no flood (not sustained:
+// they offer no more than its weighted share, so the gate does not hold
+// it) asks lightMargin times what its arrivals offer instead, so that the
+// split holds it light by the same test. Held there by its backlog, a
+// burst's queue only grew (fairgen seed 494 with two instances, the light
+// tenants without the flood: capped at one request of six, 28.5 s against
+// 0.41 s direct); asking its offered load alone, closed-loop floods near
+// their shares read light and took more (TestFleetFairShareTwoInstances
+// 1.32).
 func (g *Gate) Asked(tenant string) (float64, bool) {
 	m := g.mem[tenant]
 	if m == nil || m.size <= 0 {
 		return 0, false
 	}
 	if m.heavy && !m.sustained {
-		return min(m.load, m.offered) / m.size, true
+		return min(m.load, lightMargin*m.offered) / m.size, true
 	}
 	return m.load / m.size, true
 }

@@ -309,7 +309,7 @@ func TestBurstIsNotHeld(t *testing.T) {
 	assert.False(t, st.Sustained)
 	asked, ok := g.Asked("burst")
 	require.True(t, ok)
-	assert.InDelta(t, 0.8, asked, 0.05, "it asks what its arrivals offer, 2/s of 0.4 s requests, not its backlog of 14")
+	assert.InDelta(t, 3*0.8, asked, 0.15, "it asks lightMargin times what its arrivals offer (2/s of 0.4 s requests), not its backlog of 14")
 
 	var flood Gate
 	light, reserve = run(&flood, 20)
