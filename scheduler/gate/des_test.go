@@ -50,6 +50,7 @@ type desEvent[T any] struct {
 	seq  int
 	svc  time.Duration // of a completion
 	kv   int64         // a completion's KV tokens (fairgen)
+	rep  int           // a completion's replica (fairgen)
 }
 
 // desEvents is a run's event queue: earliest first, events of one instant

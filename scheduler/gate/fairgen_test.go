@@ -79,6 +79,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
+	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued (fgFleetOff)")
 )
 
@@ -128,6 +129,11 @@ var fairgenSeeds = []uint64{1, 3, 4, 8, 9, 10, 11, 16, 17, 19, 415, 43, 97, 98, 
 // only for tenants the split already holds light (parkQueued).
 // TestFairgenTwoInstances checks each.
 var fairgenTwoSeeds = []uint64{9, 21, 35, 44, 69, 93, 150, 283, 330, 475}
+
+// fairgenTwoReplicaSeeds run in make test with the batch split over two
+// replicas (one instance): seeds whose invariants hold so, of the shapes
+// above.
+var fairgenTwoReplicaSeeds = []uint64{1, 4, 9, 10, 17, 98}
 
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
@@ -206,7 +212,10 @@ type fgScenario struct {
 	// instances is how many Sluice instances of a Redis fleet share the
 	// replica (0 or 1: one), each tenant sending to its fgTenant.inst.
 	instances int
-	fleetOff  fgFleetOff // the split's mechanisms turned off, to show what each is for
+	// replicas is how many replicas the batch and KV cache are split over
+	// (0 or 1: one), Sluice choosing among them as fleet.Set.Take does.
+	replicas int
+	fleetOff fgFleetOff // the split's mechanisms turned off, to show what each is for
 }
 
 // fgFleetOff turns off one mechanism of the split across instances.
@@ -226,6 +235,15 @@ type fgFleetOff struct {
 	parkQueued bool
 }
 
+// repConfigured is each replica's max_num_seqs as configured: its part
+// of the batch, or 256 where it is left out (every replica's default).
+func (sc *fgScenario) repConfigured() int64 {
+	if sc.configured == 256 {
+		return 256
+	}
+	return sc.configured / int64(max(sc.replicas, 1))
+}
+
 func (sc *fgScenario) meanSvc() time.Duration {
 	return time.Duration(float64(sc.outLo+sc.outHi) / 2 * float64(sc.step))
 }
@@ -235,6 +253,9 @@ func (sc *fgScenario) String() string {
 	fmt.Fprintf(&b, "seed %d: batch %d max_num_seqs %d kv %d step %v out %d–%d scrape %v learn %v;", sc.seed, sc.batch, sc.configured, sc.kv, sc.step, sc.outLo, sc.outHi, sc.scrape, sc.learn)
 	if sc.instances > 1 {
 		fmt.Fprintf(&b, " %d instances;", sc.instances)
+	}
+	if sc.replicas > 1 {
+		fmt.Fprintf(&b, " %d replicas;", sc.replicas)
 	}
 	for _, t := range sc.tenants {
 		kind := "heavy"
@@ -250,9 +271,10 @@ func (sc *fgScenario) String() string {
 	return b.String()
 }
 
-// genScenarioAt draws one scenario from seed with instances "1" or "2"
-// (empty: drawn).
-func genScenarioAt(seed uint64, instances string) *fgScenario {
+// genScenarioAt draws one scenario from seed with instances and replicas
+// "1" or "2" (empty: as -fairgen.instances and -fairgen.replicas say, else
+// drawn).
+func genScenarioAt(seed uint64, instances, replicas string) *fgScenario {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	sc := &fgScenario{seed: seed, step: 20 * time.Millisecond, maxWait: 60 * time.Second,
 		duration: 70 * time.Second, warmup: 10 * time.Second}
@@ -311,6 +333,21 @@ func genScenarioAt(seed uint64, instances string) *fgScenario {
 	for i := range sc.tenants {
 		sc.tenants[i].inst = rng.IntN(2)
 	}
+	// Drawn after the instances, for the same reason: a third of the
+	// seeds split the batch and the KV cache over two replicas, which
+	// Sluice chooses between as fleet.Set.Take does.
+	if rng.IntN(3) == 0 {
+		sc.replicas = 2
+	}
+	if replicas == "" {
+		replicas = *fairgenReplicas
+	}
+	switch replicas {
+	case "1":
+		sc.replicas = 0
+	case "2":
+		sc.replicas = 2
+	}
 	switch *fairgenLearn {
 	case "on":
 		sc.learn = fgLearn
@@ -361,6 +398,7 @@ type fgReq struct {
 	arrival time.Duration
 	out     int
 	place   uint64 // its queue place (queue.Item.Place), for a take-back
+	rep     int    // the replica it was sent to
 	// lent: when it arrived no tenant the gate held as heavy (heavy and
 	// sustained) held room, so whatever held the batch was let through as
 	// light.
@@ -376,7 +414,7 @@ type fgResult struct {
 	served    int   // completions of measured arrivals
 	earlyShed int   // expiries before their deadline
 	learned   int64 // the learned batch at the end (0: none)
-	maxInside int   // most requests waiting inside the replica
+	maxInside int   // most requests waiting inside a replica
 	takenBack int   // requests taken back from inside the replica
 	scrapes   []time.Duration
 	fullAt    time.Duration // the first scrape that showed requests waiting; 0: none
@@ -384,14 +422,22 @@ type fgResult struct {
 }
 
 // fgInst is one Sluice instance of a run: its queue, dispatch gate and
-// view of the replica, for the tenants that send to it. With two, they
-// share the replica's batch by the exchange's split (fleet.SeqShare).
+// view of each replica, for the tenants that send to it. With two, they
+// share each replica's batch by the exchange's split (fleet.SeqShare).
 type fgInst struct {
 	q     *queue.Queue[fgReq]
 	g     gate.Gate
-	rep   *fleet.Replica
+	v     []*fgView // by replica
 	ts    []*fgTenant
 	loads []gate.TenantLoad
+	pick  int // the replica the predicate's last Dispatch chose
+	// cursor is where the replica choice starts, turning at each pick.
+	cursor int
+}
+
+// fgView is one instance's view of one replica.
+type fgView struct {
+	rep *fleet.Replica
 	// sent and sentTokens are its requests given the replica's room and
 	// not completed (running or waiting inside), and their KV tokens.
 	sent, sentTokens int64
@@ -409,15 +455,25 @@ type fgInst struct {
 	peerWeight float64
 }
 
+// fgRep is one replica as the model runs it: the sequences it runs and
+// their KV tokens, what waits in its own FCFS queue, and its last scrape.
+type fgRep struct {
+	running, kvUsed int64
+	inside          []fgReq
+	scraped         fleet.Obs
+}
+
 // fgExchange is the share exchange's event (every fleet.ShareInterval,
 // with two instances).
 const fgExchange = desScrape + 1
 
-// report is in's demand on the replica as fleet.DemandReports and
-// gate.Pools.DemandOn make it: its requests in flight, queued and the room
-// its gate keeps for light tenants' peaks, in total and by tenant.
-func (in *fgInst) report(name string, nowN int64) peers.Entry {
-	e := peers.Entry{Instance: name, InFlight: in.sent}
+// report is in's demand on replica r as fleet.DemandReports and
+// gate.Pools.DemandOn make it: its requests in flight there, queued and
+// the room its gate keeps for light tenants' peaks, in total and by
+// tenant, the pool's spread evenly over its replicas.
+func (in *fgInst) report(name string, r int, nowN int64) peers.Entry {
+	e := peers.Entry{Instance: name, InFlight: in.v[r].sent}
+	n := float64(len(in.v))
 	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }
 	for _, tn := range in.ts {
 		st, _ := in.q.Stats(tn.name)
@@ -432,7 +488,7 @@ func (in *fgInst) report(name string, nowN int64) peers.Entry {
 		if !ok {
 			asked = float64(tn.held + queued)
 		}
-		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked), Claim: claim * 1000})
+		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n)})
 	}
 	return e
 }
@@ -461,6 +517,11 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		fmt.Printf("RUN %v direct %v\n", names, direct)
 	}
 	insts := make([]*fgInst, max(sc.instances, 1))
+	nReps := max(sc.replicas, 1)
+	// Each replica runs its part of the batch and of the KV cache: two
+	// replicas stand for the same capacity as one, so the tenants' rates
+	// drawn against it mean the same.
+	repBatch, repKV := sc.batch/int64(nReps), sc.kv/int64(nReps)
 	for i := range insts {
 		in := &fgInst{g: gate.Gate{Options: sc.gateOpts}, loads: make([]gate.TenantLoad, 0, len(ts))}
 		cfg := queue.Config{MaxWait: sc.maxWait}
@@ -480,11 +541,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}})
 		require.NoError(t, err)
 		in.q = q
-		// The replica as this instance sizes it: the ramp while its batch
+		// Each replica as this instance sizes it: the ramp while its batch
 		// is unlearned (upstream.learn_ramp), with the learning scrape only.
-		in.rep = &fleet.Replica{Name: "r", MaxSeqs: sc.configured}
-		if sc.learn > 0 && sc.learn < sc.scrape {
-			in.rep.Ramp = config.DefaultLearnRamp
+		for r := range nReps {
+			v := &fgView{rep: &fleet.Replica{Name: fmt.Sprintf("r%d", r), MaxSeqs: sc.repConfigured()}}
+			if sc.learn > 0 && sc.learn < sc.scrape {
+				v.rep.Ramp = config.DefaultLearnRamp
+			}
+			in.v = append(in.v, v)
 		}
 		insts[i] = in
 	}
@@ -504,8 +568,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	// batch unknown, more in flight than a scrape has shown it run), else
 	// the scrape interval. Without one it reads every scrape interval. It
 	// reads at once on start, which finds nothing in flight (lastScrape 0).
-	// Two instances read the replica at the same moments, each learning
-	// from what it shows.
+	// Two instances read the replicas at the same moments, each learning
+	// from what they show; every replica is read at once.
 	fast := sc.learn > 0 && sc.learn < sc.scrape
 	wake := sc.scrape
 	if fast {
@@ -516,19 +580,22 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	if len(insts) > 1 && !direct {
 		push(desEvent[*fgTenant]{at: fleet.ShareInterval, kind: fgExchange})
 	}
-	var scraped fleet.Obs // the last scrape
 	shareBatch := func(limit int64, o fleet.Obs) int64 {
 		r := fleet.Replica{MaxSeqs: limit}
 		r.Obs.Store(&o)
 		return r.ShareBatch()
 	}
-	var running int64  // running inside the replica
-	var kvUsed int64   // KV tokens of the running requests
-	var inside []fgReq // waiting inside the replica (its FCFS queue)
-	fits := func(r fgReq) bool { return running < sc.batch && (sc.kv == 0 || kvUsed+r.kvNeed() <= sc.kv) }
+	reps := make([]*fgRep, nReps)
+	for r := range reps {
+		reps[r] = &fgRep{}
+	}
+	fits := func(rp *fgRep, r fgReq) bool {
+		return rp.running < repBatch && (repKV == 0 || rp.kvUsed+r.kvNeed() <= repKV)
+	}
 	start := func(r fgReq) {
-		running++
-		kvUsed += r.kvNeed()
+		rp := reps[r.rep]
+		rp.running++
+		rp.kvUsed += r.kvNeed()
 		if fgTrace && r.t.light && !direct && len(ts) > 1 && now-r.arrival > 0 {
 			fmt.Printf("%8.3f START %s waited %v\n", now.Seconds(), r.t.name, now-r.arrival)
 		}
@@ -538,30 +605,49 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			r.t.first = append(r.t.first, r.first)
 		}
 		svc := time.Duration(r.out) * sc.step
-		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed()})
+		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed(), rep: r.rep})
 	}
 	predOf := func(in *fgInst) func(queue.Item[fgReq], queue.View[fgReq]) queue.Verdict {
-		g, rep := &in.g, in.rep
+		g := &in.g
+		limits := make([]int64, nReps)
 		return func(it queue.Item[fgReq], v queue.View[fgReq]) queue.Verdict {
 			tn := it.Payload.t
 			if tn.cap > 0 && tn.held+int64(v.Pending(tn.name)) >= tn.cap {
 				return queue.Park
 			}
-			limit := rep.BatchLimit()
-			if g.Alone(tn.name) {
-				limit = rep.BatchLimitAlone()
-			}
 			if direct {
+				// vLLM alone behind a least-requests balancer.
+				in.pick = 0
+				for r, rp := range reps {
+					if rp.running+int64(len(rp.inside)) < reps[in.pick].running+int64(len(reps[in.pick].inside)) {
+						in.pick = r
+					}
+				}
 				return queue.Dispatch
 			}
+			alone := g.Alone(tn.name)
 			// The batch estimate (fleet.Replica.Seqs); the gate reads the
-			// batch (fleet.Set.FleetOf), and this instance's cap on its own
-			// requests within it (its share, fleet.Replica.SeqLimit) bounds
-			// the room of a tenant the split does not hold light.
-			seqs := in.sent + in.foreign
-			room := limit
-			cand := -1
+			// pool's batch (fleet.Set.FleetOf), and this instance's cap on
+			// its own requests within a replica (its share,
+			// fleet.Replica.SeqLimit) bounds the room of a tenant the split
+			// does not hold light.
+			f := gate.FleetLoad{TokensCap: 1 << 40}
+			if repKV > 0 {
+				f.TokensCap = repKV * int64(nReps)
+			}
+			for r, vw := range in.v {
+				limits[r] = vw.rep.BatchLimit()
+				if alone {
+					limits[r] = vw.rep.BatchLimitAlone()
+				}
+				f.Seqs += vw.sent + vw.foreign
+				f.SeqsCap += limits[r]
+				f.Tokens += vw.sentTokens + vw.foreignTokens
+				f.Probe += vw.rep.ProbeExcess()
+				f.PeerWeight += vw.peerWeight / float64(nReps)
+			}
 			in.loads = in.loads[:0]
+			cand := -1
 			for _, o := range in.ts {
 				if o == tn {
 					cand = len(in.loads)
@@ -569,54 +655,73 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				in.loads = append(in.loads, gate.TenantLoad{Name: o.name, Weight: o.weight, Held: o.held + int64(v.Pending(o.name)), Queued: int64(v.Queued(o.name)), Tokens: o.heldTokens,
 					Arrived: o.arrived, Served: o.done, ServedSec: o.doneSec})
 			}
-			f := gate.FleetLoad{Seqs: seqs, SeqsCap: limit, Tokens: in.sentTokens + in.foreignTokens, TokensCap: 1 << 40, Probe: rep.ProbeExcess(), PeerWeight: in.peerWeight}
-
-			if sc.kv > 0 {
-				f.TokensCap = sc.kv
-			}
 			need := it.Payload.kvNeed()
-			fits := seqs < room && f.Tokens+need <= f.TokensCap
 			light, reserve := g.Assess(clk.Now().UnixNano(), in.loads, cand, f, 0.1)
-			shareBinds := false // the share, not the replica, leaves it no room
-			// The share binds a tenant the split holds heavy, or one it has
-			// not classified yet that the gate holds heavy (fleet.Replica.unshared).
-			unclassified := light && !slices.Contains(in.heavy, tn.name) && !sc.fleetOff.unreported && !sc.fleetOff.lightFree
-			if in.share > 0 && !slices.Contains(in.light, tn.name) && !unclassified {
-				room = min(limit, in.foreign+in.share)
-				// Parked only where another tenant queued here may use the
-				// room: one the split does not hold heavy (lifecycle's othersMayUse).
-				mayUse := slices.ContainsFunc(in.ts, func(o *fgTenant) bool {
-					return o != tn && v.Queued(o.name) > 0 && !slices.Contains(in.heavy, o.name)
-				})
-				if sc.fleetOff.parkQueued {
-					mayUse = len(in.light) > 0
+			// The replica choice (fleet.Set.Take): the least loaded replica
+			// with room for this tenant; room the share alone keeps from it
+			// is counted apart (the park probe, Route.NoShare).
+			fits, beyondShare := false, false
+			best, bestScore := -1, int64(0)
+			for i := range in.v {
+				r := (in.cursor + i) % nReps
+				vw := in.v[r]
+				seqs := vw.sent + vw.foreign
+				raw := seqs < limits[r] && (repKV == 0 || vw.sentTokens+vw.foreignTokens+need <= repKV)
+				ok := raw
+				// The share binds a tenant the split holds heavy, or one it has
+				// not classified yet that the gate holds heavy (fleet.Replica.unshared).
+				unclassified := light && !slices.Contains(vw.heavy, tn.name) && !sc.fleetOff.unreported && !sc.fleetOff.lightFree
+				if vw.share > 0 && !slices.Contains(vw.light, tn.name) && !unclassified {
+					ok = ok && seqs < min(limits[r], vw.foreign+vw.share)
 				}
-				shareBinds = fits && seqs >= room && mayUse
-				fits = seqs < room && fits
+				beyondShare = beyondShare || (raw && !ok)
+				if !ok {
+					continue
+				}
+				fits = true
+				// Least load in tokens over equal capacities, ties in turn.
+				if score := vw.sentTokens + vw.foreignTokens; best < 0 || score < bestScore {
+					best, bestScore = r, score
+				}
 			}
 			if fgTrace && tn.light && len(ts) > 1 && (!fits || (!light && !f.FitsBeyond(need, reserve))) {
-				fmt.Printf("%8.3f WAIT %s light %v reserve %.2f fits %v seqs %d room %d share %d\n", now.Seconds(), tn.name, light, reserve, fits, seqs, room, in.share)
+				fmt.Printf("%8.3f WAIT %s light %v reserve %.2f fits %v seqs %d cap %d\n", now.Seconds(), tn.name, light, reserve, fits, f.Seqs, f.SeqsCap)
 			}
 			if !light && !f.FitsBeyond(need, reserve) {
 				if fgTrace && fits && tn.light {
 					st, _ := g.State(tn.name)
-					fmt.Printf("%8.3f HOLD %s reserve %.2f load %.2f sent %d lim %d\n", now.Seconds(), tn.name, reserve, st.Load, seqs, limit)
+					fmt.Printf("%8.3f HOLD %s reserve %.2f load %.2f sent %d lim %d\n", now.Seconds(), tn.name, reserve, st.Load, f.Seqs, f.SeqsCap)
 				}
 				if fits {
 					return queue.Park
 				}
 				return queue.Block
 			}
-			if fgTrace && fits && !tn.light && len(ts) > 1 {
-				st, _ := g.State(tn.name)
-				fmt.Printf("%8.3f PRED %s light %v reserve %.3f seqs %d cap %d heavy %v sus %v\n", now.Seconds(), tn.name, light, reserve, seqs, limit, st.Heavy, st.Sustained)
-			}
-			if shareBinds && !sc.fleetOff.park {
-				return queue.Park // the tenants the split holds light may use the room
+			if !fits && beyondShare && !sc.fleetOff.park {
+				// Parked only where another tenant queued here may use the
+				// room: one the split does not hold heavy on every replica
+				// (lifecycle's othersMayUse).
+				mayUse := slices.ContainsFunc(in.ts, func(o *fgTenant) bool {
+					return o != tn && v.Queued(o.name) > 0 && slices.ContainsFunc(in.v, func(vw *fgView) bool {
+						return vw.share == 0 || !slices.Contains(vw.heavy, o.name)
+					})
+				})
+				if sc.fleetOff.parkQueued {
+					mayUse = slices.ContainsFunc(in.v, func(vw *fgView) bool { return len(vw.light) > 0 })
+				}
+				if mayUse {
+					return queue.Park // the tenants the share may not bind may use the room
+				}
 			}
 			if !fits {
 				return queue.Block
 			}
+			if fgTrace && !tn.light && len(ts) > 1 {
+				st, _ := g.State(tn.name)
+				fmt.Printf("%8.3f PRED %s light %v reserve %.3f seqs %d cap %d probe %d heavy %v sus %v to r%d\n", now.Seconds(), tn.name, light, reserve, f.Seqs, f.SeqsCap, f.Probe, st.Heavy, st.Sustained, best)
+			}
+			in.pick = best
+			in.cursor = (in.cursor + 1) % nReps
 			return queue.Dispatch
 		}
 	}
@@ -633,46 +738,49 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				}
 				in.q.Release(it.Handle)
 				it.Payload.place = it.Place
+				it.Payload.rep = in.pick
 				tn := it.Payload.t
+				vw, rp := in.v[in.pick], reps[in.pick]
 				if fgTrace && len(ts) > 1 && !direct {
-					fmt.Printf("%8.3f DISP %s at %d held %d sent %d foreign %d running %d share %d\n", now.Seconds(), tn.name, tn.inst, tn.held, in.sent, in.foreign, running, in.share)
+					fmt.Printf("%8.3f DISP %s at %d to r%d held %d sent %d foreign %d running %d share %d\n", now.Seconds(), tn.name, tn.inst, in.pick, tn.held, vw.sent, vw.foreign, rp.running, vw.share)
 				}
 				tn.held++
 				tn.heldTokens += it.Payload.kvNeed()
-				in.sent++
-				in.sentTokens += it.Payload.kvNeed()
-				in.rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
-				if len(inside) == 0 && fits(it.Payload) {
+				vw.sent++
+				vw.sentTokens += it.Payload.kvNeed()
+				vw.rep.Count.Add(1) // this instance's requests in flight there (LearningBatch)
+				if len(rp.inside) == 0 && fits(rp, it.Payload) {
 					start(it.Payload)
 				} else {
-					inside = append(inside, it.Payload)
-					res.maxInside = max(res.maxInside, len(inside))
+					rp.inside = append(rp.inside, it.Payload)
+					res.maxInside = max(res.maxInside, len(rp.inside))
 				}
 			}
 		}
 	}
 	// takeBack is upstream.take_back_waiting (lifecycle/takeback.go) at a
-	// scrape of the learned replica: the requests of in's tenants waiting
-	// inside it, of tenants above their fair share, go back to their place
-	// in its queue.
-	takeBack := func(in *fgInst) {
-		kept := inside[:0]
-		for _, r := range inside {
-			if r.t.inst != slices.Index(insts, in) || in.g.WithinShare(r.t.name, r.t.weight) {
-				kept = append(kept, r)
+	// scrape of the learned replica r: the requests of in's tenants
+	// waiting inside it, of tenants above their fair share, go back to
+	// their place in its queue.
+	takeBack := func(in *fgInst, r int) {
+		rp, vw := reps[r], in.v[r]
+		kept := rp.inside[:0]
+		for _, x := range rp.inside {
+			if x.t.inst != slices.Index(insts, in) || in.g.WithinShare(x.t.name, x.t.weight) {
+				kept = append(kept, x)
 				continue
 			}
-			tn := r.t
+			tn := x.t
 			tn.held--
-			tn.heldTokens -= r.kvNeed()
-			in.sent--
-			in.sentTokens -= r.kvNeed()
-			in.rep.Count.Add(-1)
-			_, err := in.q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*r.out), Arrival: t0.Add(r.arrival), Payload: r}, r.place)
+			tn.heldTokens -= x.kvNeed()
+			vw.sent--
+			vw.sentTokens -= x.kvNeed()
+			vw.rep.Count.Add(-1)
+			_, err := in.q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*x.out), Arrival: t0.Add(x.arrival), Payload: x}, x.place)
 			require.NoError(t, err)
 			res.takenBack++
 		}
-		inside = kept
+		rp.inside = kept
 	}
 	qd := func(tn *fgTenant) int {
 		st, _ := insts[tn.inst].q.Stats(tn.name)
@@ -708,7 +816,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 								}
 							}
 							in := insts[tn.inst]
-							fmt.Printf("%8.3f ARR %s at %d sent %d running %d inside %d lim %d learned %d share %d | %s\n", now.Seconds(), tn.name, tn.inst, in.sent+in.foreign, running, len(inside), in.rep.BatchLimit(), in.rep.Learned(), in.share, strings.Join(hs, "; "))
+							for r, vw := range in.v {
+								fmt.Printf("%8.3f ARR %s at %d r%d sent %d running %d inside %d lim %d learned %d share %d\n", now.Seconds(), tn.name, tn.inst, r, vw.sent+vw.foreign, reps[r].running, len(reps[r].inside), vw.rep.BatchLimit(), vw.rep.Learned(), vw.share)
+							}
+							fmt.Printf("%8.3f GATE %s\n", now.Seconds(), strings.Join(hs, "; "))
 						}
 					} else if now >= sc.warmup {
 						tn.full++
@@ -719,19 +830,20 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		case desCompletion:
 			tn := e.t
 			in := insts[tn.inst]
-			running--
-			kvUsed -= e.kv
-			in.sent--
-			in.sentTokens -= e.kv
-			in.rep.Count.Add(-1)
+			rp, vw := reps[e.rep], in.v[e.rep]
+			rp.running--
+			rp.kvUsed -= e.kv
+			vw.sent--
+			vw.sentTokens -= e.kv
+			vw.rep.Count.Add(-1)
 			tn.held--
 			tn.heldTokens -= e.kv
 			tn.done++
 			tn.doneSec += e.svc.Seconds()
 			tn.served++
-			for len(inside) > 0 && fits(inside[0]) { // FCFS, as vLLM's waiting queue
-				r := inside[0]
-				inside = inside[1:]
+			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) { // FCFS, as vLLM's waiting queue
+				r := rp.inside[0]
+				rp.inside = rp.inside[1:]
 				start(r)
 			}
 			for _, o := range ts {
@@ -739,40 +851,47 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			}
 		case desScrape:
 			iv := sc.scrape
-			if fast && slices.ContainsFunc(insts, func(in *fgInst) bool { return in.rep.LearningBatch() }) {
-				iv = sc.learn // one scrape schedule for both: the faster one's
+			if fast && slices.ContainsFunc(insts, func(in *fgInst) bool {
+				return slices.ContainsFunc(in.v, func(vw *fgView) bool { return vw.rep.LearningBatch() })
+			}) {
+				iv = sc.learn // one scrape schedule for all: the fastest one's
 			}
 			if !fast || now-lastScrape >= iv-sc.learn/2 {
 				lastScrape = now
-				var insideTokens int64
-				for _, r := range inside {
-					insideTokens += r.kvNeed()
-				}
-				// Every instance reads the same scrape: one instance taking
-				// back what waits inside does not change what the other read.
-				waiting := int64(len(inside))
-				confirmed := make([]bool, len(insts))
-				for i, in := range insts {
-					confirmed[i] = in.rep.LearnBatch(running, waiting, clk.Now())
-					if len(insts) > 1 {
-						in.foreign = max(running+waiting-in.sent, 0)
-						in.foreignTokens = max(kvUsed+insideTokens-in.sentTokens, 0)
+				for r, rp := range reps {
+					var insideTokens int64
+					for _, x := range rp.inside {
+						insideTokens += x.kvNeed()
 					}
-				}
-				for i, in := range insts {
-					if !direct && confirmed[i] {
-						takeBack(in)
+					// Every instance reads the same scrape: one instance taking
+					// back what waits inside does not change what the other read.
+					waiting := int64(len(rp.inside))
+					confirmed := make([]bool, len(insts))
+					for i, in := range insts {
+						vw := in.v[r]
+						confirmed[i] = vw.rep.LearnBatch(rp.running, waiting, clk.Now())
+						if len(insts) > 1 {
+							vw.foreign = max(rp.running+waiting-vw.sent, 0)
+							vw.foreignTokens = max(rp.kvUsed+insideTokens-vw.sentTokens, 0)
+						}
 					}
-				}
-				scraped = fleet.Obs{OK: true, Running: running, Waiting: int64(len(inside))}
-				if sc.kv > 0 {
-					scraped.KVUsage = float64(kvUsed) / float64(sc.kv)
+					for i, in := range insts {
+						if !direct && confirmed[i] {
+							takeBack(in, r)
+						}
+					}
+					rp.scraped = fleet.Obs{OK: true, Running: rp.running, Waiting: int64(len(rp.inside))}
+					if repKV > 0 {
+						rp.scraped.KVUsage = float64(rp.kvUsed) / float64(repKV)
+					}
+					if res.fullAt == 0 && len(rp.inside) > 0 {
+						res.fullAt = now
+					}
 				}
 				res.scrapes = append(res.scrapes, now)
-				if res.fullAt == 0 && len(inside) > 0 {
-					res.fullAt = now
-				}
-				if res.learnedAt == 0 && slices.ContainsFunc(insts, func(in *fgInst) bool { return in.rep.Learned() > 0 }) {
+				if res.learnedAt == 0 && slices.ContainsFunc(insts, func(in *fgInst) bool {
+					return slices.ContainsFunc(in.v, func(vw *fgView) bool { return vw.rep.Learned() > 0 })
+				}) {
 					res.learnedAt = now
 				}
 			}
@@ -780,37 +899,41 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				push(desEvent[*fgTenant]{at: now + wake, kind: desScrape})
 			}
 		case fgExchange:
-			// Each instance reports, and takes its share of the batch
-			// from the other's report where it has demand (fleet.ApplyShares).
+			// Each instance reports, and takes its share of each replica's
+			// batch from the other's report where it has demand
+			// (fleet.ApplyShares).
 			nowN := clk.Now().UnixNano()
-			entries := make([]peers.Entry, len(insts))
-			for i, in := range insts {
-				entries[i] = in.report(fmt.Sprint(i), nowN)
-			}
-			for i, in := range insts {
-				var others []peers.Entry
-				for j, o := range entries {
-					if j != i && (o.InFlight > 0 || o.Queued > 0 || len(o.Tenants) > 0) {
-						others = append(others, o)
-					}
+			for r, rp := range reps {
+				entries := make([]peers.Entry, len(insts))
+				for i, in := range insts {
+					entries[i] = in.report(fmt.Sprint(i), r, nowN)
 				}
-				in.share, in.light = 0, nil
-				in.peerWeight = 0
-				if !sc.fleetOff.peerWeight {
-					in.peerWeight = float64(fleet.PeerWeight(entries[i], others))
-				}
-				if len(others) > 0 {
-					batch := shareBatch(in.rep.BatchLimit(), scraped)
-					if sc.fleetOff.kvBatch {
-						batch = in.rep.BatchLimit()
+				for i, in := range insts {
+					vw := in.v[r]
+					var others []peers.Entry
+					for j, o := range entries {
+						if j != i && (o.InFlight > 0 || o.Queued > 0 || len(o.Tenants) > 0) {
+							others = append(others, o)
+						}
 					}
-					sh := fleet.Split(batch, entries[i], others)
-					in.share, in.light, in.heavy = sh.Cap, sh.Light, sh.Heavy
-					if fgTrace && len(ts) > 1 {
-						fmt.Printf("%8.3f SPLIT inst %d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
+					vw.share, vw.light, vw.heavy = 0, nil, nil
+					vw.peerWeight = 0
+					if !sc.fleetOff.peerWeight {
+						vw.peerWeight = float64(fleet.PeerWeight(entries[i], others))
 					}
-					if sc.fleetOff.lightFree {
-						in.light = nil
+					if len(others) > 0 {
+						batch := shareBatch(vw.rep.BatchLimit(), rp.scraped)
+						if sc.fleetOff.kvBatch {
+							batch = vw.rep.BatchLimit()
+						}
+						sh := fleet.Split(batch, entries[i], others)
+						vw.share, vw.light, vw.heavy = sh.Cap, sh.Light, sh.Heavy
+						if fgTrace && len(ts) > 1 {
+							fmt.Printf("%8.3f SPLIT inst %d r%d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, r, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
+						}
+						if sc.fleetOff.lightFree {
+							vw.light = nil
+						}
 					}
 				}
 			}
@@ -836,15 +959,17 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		res.served += len(tn.ttft)
 	}
 	for _, in := range insts {
-		res.learned = max(res.learned, in.rep.Learned())
+		for _, vw := range in.v {
+			res.learned = max(res.learned, vw.rep.Learned())
+		}
 	}
 	return res
 }
 
 // fgCheck runs one seed with instances "1", "2" or drawn ("") and returns
 // its violations.
-func fgCheck(t *testing.T, seed uint64, instances string) (summary string, violations []fgViolation) {
-	return fgCheckScenario(t, genScenarioAt(seed, instances))
+func fgCheck(t *testing.T, seed uint64, instances, replicas string) (summary string, violations []fgViolation) {
+	return fgCheckScenario(t, genScenarioAt(seed, instances, replicas))
 }
 
 // fgViolation is one broken invariant and its kind, so that a sweep can
@@ -1002,28 +1127,32 @@ func fgJoin(violations []fgViolation) string {
 func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLearn, "-fairgen.learn")
 	require.Contains(t, []string{"", "1", "2"}, *fairgenInstances, "-fairgen.instances")
+	require.Contains(t, []string{"", "1", "2"}, *fairgenReplicas, "-fairgen.replicas")
 	type run struct {
-		seed      uint64
-		instances string
+		seed                uint64
+		instances, replicas string
 	}
 	var seeds []run
 	if *fairgenN > 0 {
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, run{*fairgenBase + i, *fairgenInstances})
+			seeds = append(seeds, run{*fairgenBase + i, *fairgenInstances, *fairgenReplicas})
 		}
 	} else {
 		for _, seed := range fairgenSeeds {
-			seeds = append(seeds, run{seed, "1"})
+			seeds = append(seeds, run{seed, "1", "1"})
 		}
 		for _, seed := range fairgenTwoSeeds {
-			seeds = append(seeds, run{seed, "2"})
+			seeds = append(seeds, run{seed, "2", "1"})
+		}
+		for _, seed := range fairgenTwoReplicaSeeds {
+			seeds = append(seeds, run{seed, "1", "2"})
 		}
 	}
 	failed := 0
 	byKind := map[fgKind]int{}             // seeds with a violation of the kind
 	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
 	for _, r := range seeds {
-		sum, v := fgCheck(t, r.seed, r.instances)
+		sum, v := fgCheck(t, r.seed, r.instances, r.replicas)
 		if len(v) == 0 {
 			t.Logf("ok   %s", sum)
 			continue
@@ -1145,7 +1274,7 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 		return pct(ds, 0.99)
 	}
 	light := func(tn *fgTenant) bool { return tn.light }
-	sc := genScenarioAt(494, "1")
+	sc := genScenarioAt(494, "1", "1")
 	require.Equal(t, int64(3252), sc.kv, "the draw")
 	direct := pooled(sc.run(t, light, true))
 	sluice := pooled(sc.run(t, light, false))
@@ -1214,10 +1343,10 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{44, fgFleetOff{parkQueued: true}, fgFirst},
 		{283, fgFleetOff{parkQueued: true}, fgCompletion},
 	} {
-		sc := genScenarioAt(c.seed, "2")
+		sc := genScenarioAt(c.seed, "2", "1")
 		sum, v := fgCheckScenario(t, sc)
 		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))
-		sc = genScenarioAt(c.seed, "2")
+		sc = genScenarioAt(c.seed, "2", "1")
 		sc.fleetOff = c.off
 		sum, v = fgCheckScenario(t, sc)
 		kinds := make([]fgKind, len(v))
