@@ -249,8 +249,8 @@ func TestRampSparesATenantAlone(t *testing.T) {
 	assert.Equal(t, int64(64), r.Count.Load())
 	var key PoolKey
 	key.Set(r.Slot)
-	assert.Equal(t, int64(256), set.FleetOf(key, true).SeqsCap)
-	assert.Equal(t, int64(rampMin), set.FleetOf(key, false).SeqsCap)
+	assert.Equal(t, int64(256), set.FleetOf(key, true, 0).SeqsCap)
+	assert.Equal(t, int64(rampMin), set.FleetOf(key, false, 0).SeqsCap)
 
 	scrapeRW(r, 16, 48, now)
 	assert.False(t, set.Fits(Route{Alone: true}, 10), "a scrape with requests waiting stops it too")

@@ -157,7 +157,16 @@ func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 // peak reads the same whatever the shares were when it was seen; the
 // share binds a heavy tenant in Take. PeerWeight is the mean over the
 // pool's replicas of the weight only other instances report there.
-func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
+//
+// A request runs on one replica, so token room on a replica below one
+// request of size (the one the gate decides for) is no room for it:
+// those slivers count as load. Summed as room, two KV-limited replicas
+// each a little short of one more request read as a request's room to
+// spare, and the gate let a heavy request take the light tenants'
+// reserve that no replica could hold (fairgen, two replicas: a light
+// tenant waited for a completion on 11 more seeds of 500; on one replica
+// the same sliver cost 7).
+func (s *Set) FleetOf(key PoolKey, alone bool, size int64) gate.FleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f gate.FleetLoad
@@ -176,6 +185,9 @@ func (s *Set) FleetOf(key PoolKey, alone bool) gate.FleetLoad {
 		f.SeqsCap += r.seqLimit(seqs, alone, true) // the gate reads the batch; the share binds in Take
 		f.Probe += r.ProbeExcess()
 		f.Tokens += load
+		if free := k - load; free > 0 && size > 0 {
+			f.Tokens += free % size
+		}
 		f.TokensCap += k
 	}
 	if n > 0 {

@@ -79,8 +79,13 @@ func TestPoolKeys(t *testing.T) {
 	assert.Equal(t, PoolKey{}, set.PoolKeyOf("nope"))
 
 	require.NotNil(t, set.choose(Route{Model: "small"}, 100, nil))
-	assert.Equal(t, gate.FleetLoad{Seqs: 1, SeqsCap: 12, Tokens: 100, TokensCap: 1500}, set.FleetOf(cd, false))
-	assert.Equal(t, gate.FleetLoad{Seqs: 0, SeqsCap: 16, Tokens: 0, TokensCap: 2000}, set.FleetOf(ab, false))
+	assert.Equal(t, gate.FleetLoad{Seqs: 1, SeqsCap: 12, Tokens: 100, TokensCap: 1500}, set.FleetOf(cd, false, 0))
+	assert.Equal(t, gate.FleetLoad{Seqs: 0, SeqsCap: 16, Tokens: 0, TokensCap: 2000}, set.FleetOf(ab, false, 0))
+	f := set.FleetOf(cd, false, 300)
+	assert.Equal(t, int64(1500), f.TokensCap)
+	assert.Equal(t, int64(100+(900%300)+(500%300)), f.Tokens, "the slivers below a request of 300 on each replica are no room for it")
+	assert.True(t, f.FitsBeyond(300, 0.6), "after this one, three more of 300 fit (900 tokens kept)")
+	assert.False(t, f.FitsBeyond(300, 0.65), "975 tokens kept do not, though 1,400 are free: c's 900 and d's 500 hold three and one")
 	assert.True(t, set.RoomOutside(cd, 1), "a and b are idle")
 	for range 8 {
 		require.NotNil(t, set.choose(Route{Model: "big"}, 10, nil))

@@ -314,10 +314,10 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 
 	var key PoolKey
 	key.Set(r.Slot)
-	assert.InDelta(t, 3.0, set.FleetOf(key, false).PeerWeight, 1e-9, "the gate's view of the pool")
+	assert.InDelta(t, 3.0, set.FleetOf(key, false, 0).PeerWeight, 1e-9, "the gate's view of the pool")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
 	assert.Zero(t, r.PeerWeight.Load(), "no others: no weight beyond this instance's")
-	assert.Zero(t, set.FleetOf(key, false).PeerWeight)
+	assert.Zero(t, set.FleetOf(key, false, 0).PeerWeight)
 }
 
 // TestPeerWeight: the tenants only the others report, each once, an older

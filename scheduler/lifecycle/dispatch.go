@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
 )
 
@@ -73,11 +74,11 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	defer e.pools.Unlock()
 	rt := c.route
 	rt.Alone = e.pools.PoolLocked(c.place.Pool).Gate.Alone(t.Name)
-	f := e.reps.FleetOf(c.place.Pool, rt.Alone)
+	f := e.reps.FleetOf(c.place.Pool, rt.Alone, c.size)
 	light, reserve := e.belowFairShare(c, f)
 	rt.Light = light
 	if !light && !f.FitsBeyond(c.size, reserve) {
-		if e.reps.Fits(rt, c.size) {
+		if e.reps.Fits(rt, c.size) || e.roomBeyondShare(c, rt) {
 			// Room exists, but the light tenants need it: skip this
 			// tenant so that they can use it.
 			return queue.Park
@@ -86,22 +87,31 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 	}
 	rep, seq := e.reps.Take(rt, c.size, nil)
 	if rep == nil {
-		if e.othersMayUse(c) {
-			if beyond := rt; !beyond.NoShare {
-				beyond.NoShare = true
-				if e.reps.Fits(beyond, c.size) {
-					// This instance's share of a replica other instances use
-					// binds, not the replica: skip this tenant, so that one
-					// the share does not bind uses the room.
-					return queue.Park
-				}
-			}
+		if e.roomBeyondShare(c, rt) {
+			// This instance's share of a replica other instances use
+			// binds, not the replica: skip this tenant, so that one the
+			// share does not bind uses the room.
+			return queue.Park
 		}
 		return e.full(c, !e.pools.PoolLocked(c.place.Pool).Gate.WithinShare(t.Name, float64(t.Cfg.Weight)))
 	}
 	c.rep, c.seq = rep, seq
 	e.pools.MoveLocked(&c.place, c.t.Name, c.size, false, gate.SpotHeld)
 	return queue.Dispatch
+}
+
+// roomBeyondShare reports whether a replica of c's pool has room that
+// only this instance's share keeps from c, and another tenant queued here
+// may use it (othersMayUse). Both where the gate holds c and where the
+// share does: blocking the queue there left a light tenant behind a held
+// flood while the replica had room for it (fairgen, two instances: 24 of
+// 500 seeds on 501-1000). The pools' lock is held.
+func (e *Engine) roomBeyondShare(c *call, rt fleet.Route) bool {
+	if rt.NoShare || !e.othersMayUse(c) {
+		return false
+	}
+	rt.NoShare = true
+	return e.reps.Fits(rt, c.size)
 }
 
 // othersMayUse reports whether another tenant has requests queued on c's
