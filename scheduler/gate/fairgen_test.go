@@ -254,6 +254,12 @@ func (sc *fgScenario) repConfigured() int64 {
 	return sc.configured / int64(max(sc.replicas, 1))
 }
 
+// switches names each of o's mechanisms as -fairgen.fleetoff takes it.
+func (o *fgFleetOff) switches() map[string]*bool {
+	return map[string]*bool{"kv": &o.kvBatch, "light": &o.lightFree, "park": &o.park, "unreported": &o.unreported,
+		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark}
+}
+
 func (sc *fgScenario) meanSvc() time.Duration {
 	return time.Duration(float64(sc.outLo+sc.outHi) / 2 * float64(sc.step))
 }
@@ -365,23 +371,8 @@ func genScenarioAt(seed uint64, instances, replicas string) *fgScenario {
 		sc.learn = 0
 	}
 	for _, off := range strings.Split(*fairgenFleetOff, ",") {
-		switch off {
-		case "kv":
-			sc.fleetOff.kvBatch = true
-		case "light":
-			sc.fleetOff.lightFree = true
-		case "park":
-			sc.fleetOff.park = true
-		case "unreported":
-			sc.fleetOff.unreported = true
-		case "peerweight":
-			sc.fleetOff.peerWeight = true
-		case "parkqueued":
-			sc.fleetOff.parkQueued = true
-		case "slivers":
-			sc.fleetOff.slivers = true
-		case "heldpark":
-			sc.fleetOff.heldPark = true
+		if sw := sc.fleetOff.switches()[off]; sw != nil {
+			*sw = true
 		}
 	}
 	switch instances {
