@@ -79,6 +79,7 @@ var (
 	fairgenLearn = flag.String("fairgen.learn", "", "the learning scrape of every seed: on or off (empty: drawn per seed)")
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
+	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark (fgFleetOff)")
 )
@@ -138,6 +139,10 @@ var fairgenTwoSeeds = []uint64{9, 21, 35, 44, 69, 93, 97, 150, 151, 322, 330, 47
 // above.
 var fairgenTwoReplicaSeeds = []uint64{1, 4, 9, 10, 17, 98}
 
+// fairgenLoopSeeds run in make test with every heavy tenant a closed
+// loop: seeds whose invariants hold so, of the shapes above.
+var fairgenLoopSeeds = []uint64{1, 9, 10, 16, 19, 188}
+
 // fgIsolationRow is the shape of scripts/isolation-rows.sh (row b with
 // configured 32, row c with 256: max_num_seqs left out), its two replicas
 // of 16 as one of 32: three light tenants at 2.5 rps, a flood at 25 rps
@@ -180,6 +185,9 @@ func fgIsolationRowX(seed uint64, learn time.Duration) *fgScenario {
 type fgTenant struct {
 	name   string
 	weight float64
+	// loop is the clients of a closed loop, each sending its next request
+	// when its last ends; 0: Poisson arrivals at rate, in bursts.
+	loop int
 	rate   float64 // arrivals per second
 	burst  int     // requests per arrival event (1: Poisson)
 	cap    int64   // concurrency; 0: none
@@ -278,7 +286,11 @@ func (sc *fgScenario) String() string {
 		if t.light {
 			kind = "light"
 		}
-		fmt.Fprintf(&b, " %s(%s w%g %.2f/s burst %d cap %d", t.name, kind, t.weight, t.rate, t.burst, t.cap)
+		if t.loop > 0 {
+			fmt.Fprintf(&b, " %s(%s w%g loop %d cap %d", t.name, kind, t.weight, t.loop, t.cap)
+		} else {
+			fmt.Fprintf(&b, " %s(%s w%g %.2f/s burst %d cap %d", t.name, kind, t.weight, t.rate, t.burst, t.cap)
+		}
 		if sc.instances > 1 {
 			fmt.Fprintf(&b, " at %d", t.inst)
 		}
@@ -287,10 +299,18 @@ func (sc *fgScenario) String() string {
 	return b.String()
 }
 
-// genScenarioAt draws one scenario from seed with instances and replicas
-// "1" or "2" (empty: as -fairgen.instances and -fairgen.replicas say, else
-// drawn).
-func genScenarioAt(seed uint64, instances, replicas string) *fgScenario {
+// fgDraw sets dimensions a seed would otherwise draw: instances and
+// replicas "1" or "2", loops "on" or "off" (every heavy tenant a closed
+// loop, or none); empty: as the -fairgen flags say, else drawn.
+type fgDraw struct{ instances, replicas, loops string }
+
+// fgMakeTest is the draw of the make test seed lists' first shapes: one
+// instance, one replica, open-loop tenants.
+var fgMakeTest = fgDraw{"1", "1", "off"}
+
+// genScenarioAt draws one scenario from seed, with d's dimensions set.
+func genScenarioAt(seed uint64, d fgDraw) *fgScenario {
+	instances, replicas, loops := d.instances, d.replicas, d.loops
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	sc := &fgScenario{seed: seed, step: 20 * time.Millisecond, maxWait: 60 * time.Second,
 		duration: 70 * time.Second, warmup: 10 * time.Second}
@@ -354,6 +374,29 @@ func genScenarioAt(seed uint64, instances, replicas string) *fgScenario {
 	// Sluice chooses between as fleet.Set.Take does.
 	if rng.IntN(3) == 0 {
 		sc.replicas = 2
+	}
+	// Drawn after the replicas, for the same reason: a third of the
+	// heavy tenants are closed loops, each of its clients sending its next
+	// request when the last ends (its answer, its deadline, or one second
+	// after a refusal), enough of them to offer the rate drawn above.
+	svc = sc.meanSvc().Seconds()
+	for i := range sc.tenants {
+		if t := &sc.tenants[i]; !t.light && rng.IntN(3) == 0 {
+			t.loop = max(2, int(math.Round(t.rate*svc)))
+		}
+	}
+	if loops == "" {
+		loops = *fairgenLoops
+	}
+	for i := range sc.tenants {
+		if t := &sc.tenants[i]; !t.light {
+			switch loops {
+			case "on":
+				t.loop = max(2, int(math.Round(t.rate*svc)))
+			case "off":
+				t.loop = 0
+			}
+		}
 	}
 	if replicas == "" {
 		replicas = *fairgenReplicas
@@ -521,6 +564,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		}
 		fmt.Printf("RUN %v direct %v\n", names, direct)
 	}
+	var ev desEvents[*fgTenant]
+	push := ev.push
+	// again is a closed-loop client's next request, after its last ended.
+	again := func(tn *fgTenant, after time.Duration) {
+		if tn.loop > 0 && now+after < sc.duration {
+			push(desEvent[*fgTenant]{at: now + after, t: tn})
+		}
+	}
 	insts := make([]*fgInst, max(sc.instances, 1))
 	nReps := max(sc.replicas, 1)
 	// Each replica runs its part of the batch and of the KV cache: two
@@ -543,6 +594,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			if it.Payload.arrival >= sc.warmup && it.Payload.arrival < sc.duration {
 				it.Payload.t.expired++
 			}
+			again(it.Payload.t, 0)
 		}})
 		require.NoError(t, err)
 		in.q = q
@@ -558,12 +610,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		insts[i] = in
 	}
 	gateOf := func(tn *fgTenant) *gate.Gate { return &insts[tn.inst].g }
-	var ev desEvents[*fgTenant]
-	push := ev.push
 	gap := func(tn *fgTenant) time.Duration {
 		return time.Duration(tn.rng.ExpFloat64() / (tn.rate / float64(tn.burst)) * float64(time.Second))
 	}
 	for _, tn := range ts {
+		if tn.loop > 0 {
+			for c := range tn.loop { // its clients start 10 ms apart
+				push(desEvent[*fgTenant]{at: time.Duration(c) * 10 * time.Millisecond, t: tn})
+			}
+			continue
+		}
 		push(desEvent[*fgTenant]{at: gap(tn), t: tn})
 	}
 	// The scrapes, as vllm.Poller (Run, pollDue) schedules them: with a
@@ -805,7 +861,11 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn := e.t
 			if now < sc.duration {
 				first := tn.arrived == 0
-				for range tn.burst {
+				burst := tn.burst
+				if tn.loop > 0 {
+					burst = 1 // one client's request
+				}
+				for range burst {
 					out := sc.outLo + tn.rng.IntN(sc.outHi-sc.outLo+1)
 					lent := !slices.ContainsFunc(ts, func(o *fgTenant) bool {
 						st, ok := gateOf(o).State(o.name)
@@ -829,11 +889,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 							}
 							fmt.Printf("%8.3f GATE %s\n", now.Seconds(), strings.Join(hs, "; "))
 						}
-					} else if now >= sc.warmup {
-						tn.full++
+					} else {
+						if now >= sc.warmup {
+							tn.full++
+						}
+						again(tn, time.Second) // refused: it retries after Retry-After's floor
 					}
 				}
-				push(desEvent[*fgTenant]{at: now + gap(tn), t: tn})
+				if tn.loop == 0 {
+					push(desEvent[*fgTenant]{at: now + gap(tn), t: tn})
+				}
 			}
 		case desCompletion:
 			tn := e.t
@@ -849,6 +914,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn.done++
 			tn.doneSec += e.svc.Seconds()
 			tn.served++
+			again(tn, 0)
 			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) { // FCFS, as vLLM's waiting queue
 				r := rp.inside[0]
 				rp.inside = rp.inside[1:]
@@ -976,8 +1042,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 
 // fgCheck runs one seed with instances "1", "2" or drawn ("") and returns
 // its violations.
-func fgCheck(t *testing.T, seed uint64, instances, replicas string) (summary string, violations []fgViolation) {
-	return fgCheckScenario(t, genScenarioAt(seed, instances, replicas))
+func fgCheck(t *testing.T, seed uint64, d fgDraw) (summary string, violations []fgViolation) {
+	return fgCheckScenario(t, genScenarioAt(seed, d))
 }
 
 // fgViolation is one broken invariant and its kind, so that a sweep can
@@ -1136,31 +1202,35 @@ func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLearn, "-fairgen.learn")
 	require.Contains(t, []string{"", "1", "2"}, *fairgenInstances, "-fairgen.instances")
 	require.Contains(t, []string{"", "1", "2"}, *fairgenReplicas, "-fairgen.replicas")
+	require.Contains(t, []string{"", "on", "off"}, *fairgenLoops, "-fairgen.loops")
 	type run struct {
-		seed                uint64
-		instances, replicas string
+		seed uint64
+		d    fgDraw
 	}
 	var seeds []run
 	if *fairgenN > 0 {
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, run{*fairgenBase + i, *fairgenInstances, *fairgenReplicas})
+			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}})
 		}
 	} else {
 		for _, seed := range fairgenSeeds {
-			seeds = append(seeds, run{seed, "1", "1"})
+			seeds = append(seeds, run{seed, fgMakeTest})
 		}
 		for _, seed := range fairgenTwoSeeds {
-			seeds = append(seeds, run{seed, "2", "1"})
+			seeds = append(seeds, run{seed, fgDraw{"2", "1", "off"}})
 		}
 		for _, seed := range fairgenTwoReplicaSeeds {
-			seeds = append(seeds, run{seed, "1", "2"})
+			seeds = append(seeds, run{seed, fgDraw{"1", "2", "off"}})
+		}
+		for _, seed := range fairgenLoopSeeds {
+			seeds = append(seeds, run{seed, fgDraw{"1", "1", "on"}})
 		}
 	}
 	failed := 0
 	byKind := map[fgKind]int{}             // seeds with a violation of the kind
 	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
 	for _, r := range seeds {
-		sum, v := fgCheck(t, r.seed, r.instances, r.replicas)
+		sum, v := fgCheck(t, r.seed, r.d)
 		if len(v) == 0 {
 			t.Logf("ok   %s", sum)
 			continue
@@ -1282,7 +1352,7 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 		return pct(ds, 0.99)
 	}
 	light := func(tn *fgTenant) bool { return tn.light }
-	sc := genScenarioAt(494, "1", "1")
+	sc := genScenarioAt(494, fgMakeTest)
 	require.Equal(t, int64(3252), sc.kv, "the draw")
 	direct := pooled(sc.run(t, light, true))
 	sluice := pooled(sc.run(t, light, false))
@@ -1353,10 +1423,10 @@ func TestFairgenTwoInstances(t *testing.T) {
 		{322, fgFleetOff{heldPark: true}, fgCompletion},
 		{151, fgFleetOff{parkQueued: true}, fgCompletion},
 	} {
-		sc := genScenarioAt(c.seed, "2", "1")
+		sc := genScenarioAt(c.seed, fgDraw{"2", "1", "off"})
 		sum, v := fgCheckScenario(t, sc)
 		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))
-		sc = genScenarioAt(c.seed, "2", "1")
+		sc = genScenarioAt(c.seed, fgDraw{"2", "1", "off"})
 		sc.fleetOff = c.off
 		sum, v = fgCheckScenario(t, sc)
 		kinds := make([]fgKind, len(v))
@@ -1378,9 +1448,9 @@ func TestFairgenSlivers(t *testing.T) {
 		seed     uint64
 		replicas string
 	}{{372, "1"}, {43, "2"}, {226, "2"}} {
-		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, "1", c.replicas))
+		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, fgDraw{"1", c.replicas, "off"}))
 		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
-		sc := genScenarioAt(c.seed, "1", c.replicas)
+		sc := genScenarioAt(c.seed, fgDraw{"1", c.replicas, "off"})
 		sc.fleetOff.slivers = true
 		sum, v = fgCheckScenario(t, sc)
 		kinds := make([]fgKind, len(v))
@@ -1388,5 +1458,27 @@ func TestFairgenSlivers(t *testing.T) {
 			kinds[i] = x.kind
 		}
 		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", c.seed, sum, fgJoin(v))
+	}
+}
+
+// TestFairgenClosedLoopFlood: with every heavy tenant a closed loop (its
+// clients send their next request as their last ends), the flood's
+// arrivals are its completions, so held near its share it reads as no
+// flood. Let through past its share then (NoStanding), it took the light
+// tenants' reserve: seeds 9 and 10's light tenants waited 0.4–2.4 s
+// where alone they wait 20 ms.
+func TestFairgenClosedLoopFlood(t *testing.T) {
+	for _, seed := range []uint64{9, 10} {
+		d := fgDraw{"1", "1", "on"}
+		sum, v := fgCheckScenario(t, genScenarioAt(seed, d))
+		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
+		sc := genScenarioAt(seed, d)
+		sc.gateOpts.NoStanding = true
+		sum, v = fgCheckScenario(t, sc)
+		kinds := make([]fgKind, len(v))
+		for i, x := range v {
+			kinds[i] = x.kind
+		}
+		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", seed, sum, fgJoin(v))
 	}
 }

@@ -428,3 +428,43 @@ func TestAlone(t *testing.T) {
 	g.Assess(now, loads, 0, f, 0)
 	assert.True(t, g.Alone("flood"), "gone")
 }
+
+// TestClosedLoopHeldAtItsShare: a closed loop's arrivals are its
+// completions, so a closed-loop flood held near its share reads as no
+// flood (not sustained). While its queue has stood for standingQueue it
+// is let through beyond the reserve only up to its weighted share of the
+// tenants present; past that the reserve holds it as a flood. A queue
+// that has not stood that long (a burst draining) is let through.
+func TestClosedLoopHeldAtItsShare(t *testing.T) {
+	run := func(held int64) (bool, float64) {
+		var g Gate
+		loads := []TenantLoad{
+			{Name: "loop", Weight: 1, Held: held, Queued: 20},
+			{Name: "light", Weight: 1, Held: 1},
+		}
+		f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 300 { // 30 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i%5 == 0 { // 6 a second of 0.5 s requests: 3 of 8, below its half
+				loads[0].Arrived += 3
+				loads[0].Served += 3
+				loads[0].ServedSec += 1.5
+			}
+			if i == 200 {
+				loads[1].Held = 0 // the light tenant's peak of one is kept
+			}
+			g.Assess(now, loads, 1, f, 0)
+		}
+		light, reserve := g.Assess(now, loads, 0, f, 0)
+		st, _ := g.State("loop")
+		require.True(t, st.Heavy)
+		require.False(t, st.Sustained, "its arrivals offer 3 of 8, its share is 4")
+		return light, reserve
+	}
+	light, _ := run(3)
+	assert.True(t, light, "3 held, below its share of 4: let through")
+	light, reserve := run(4)
+	assert.False(t, light, "at its share with a standing queue: held as a flood")
+	assert.Positive(t, reserve)
+}
