@@ -187,12 +187,12 @@ type fgTenant struct {
 	weight float64
 	// loop is the clients of a closed loop, each sending its next request
 	// when its last ends; 0: Poisson arrivals at rate, in bursts.
-	loop int
-	rate   float64 // arrivals per second
-	burst  int     // requests per arrival event (1: Poisson)
-	cap    int64   // concurrency; 0: none
-	light  bool
-	inst   int // the instance it sends to (0 with one)
+	loop  int
+	rate  float64 // arrivals per second
+	burst int     // requests per arrival event (1: Poisson)
+	cap   int64   // concurrency; 0: none
+	light bool
+	inst  int // the instance it sends to (0 with one)
 
 	rng                   *rand.Rand
 	held                  int64 // dispatched by Sluice, not completed
