@@ -1046,6 +1046,15 @@ func fgCheck(t *testing.T, seed uint64, d fgDraw) (summary string, violations []
 	return fgCheckScenario(t, genScenarioAt(seed, d))
 }
 
+// fgKindsOf is the kind of each of v.
+func fgKindsOf(v []fgViolation) []fgKind {
+	kinds := make([]fgKind, len(v))
+	for i, x := range v {
+		kinds[i] = x.kind
+	}
+	return kinds
+}
+
 // fgViolation is one broken invariant and its kind, so that a sweep can
 // say which shapes still break it.
 type fgViolation struct {
@@ -1397,13 +1406,11 @@ func TestFairgenLearningScrape(t *testing.T) {
 }
 
 // TestFairgenTwoInstances: what each mechanism of the batch split across
-// instances is for, on the seeds of fairgenTwoSeeds. With it, the seed
-// holds every invariant; without it, a light tenant loses requests to its
-// max_wait (the split counted in sequences where the KV cache binds: the
-// flood's instance refills the cache's slots first) or waits for
-// completions (the share binding tenants the split holds light; a heavy
-// tenant the share binds blocking its instance's queue, light tenants
-// behind it).
+// instances is for, on the seeds of fairgenTwoSeeds (whose comment says
+// what each seed shows). With it, the seed holds every invariant; without
+// it, a light tenant loses requests to its max_wait (the split counted in
+// sequences where the KV cache binds: the flood's instance refills the
+// cache's slots first) or waits for completions.
 func TestFairgenTwoInstances(t *testing.T) {
 	for _, c := range []struct {
 		seed uint64
@@ -1429,10 +1436,7 @@ func TestFairgenTwoInstances(t *testing.T) {
 		sc = genScenarioAt(c.seed, fgDraw{"2", "1", "off"})
 		sc.fleetOff = c.off
 		sum, v = fgCheckScenario(t, sc)
-		kinds := make([]fgKind, len(v))
-		for i, x := range v {
-			kinds[i] = x.kind
-		}
+		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, c.kind, "seed %d without %+v: %s\n   violations: %s", c.seed, c.off, sum, fgJoin(v))
 	}
 }
@@ -1453,10 +1457,7 @@ func TestFairgenSlivers(t *testing.T) {
 		sc := genScenarioAt(c.seed, fgDraw{"1", c.replicas, "off"})
 		sc.fleetOff.slivers = true
 		sum, v = fgCheckScenario(t, sc)
-		kinds := make([]fgKind, len(v))
-		for i, x := range v {
-			kinds[i] = x.kind
-		}
+		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", c.seed, sum, fgJoin(v))
 	}
 }
@@ -1475,10 +1476,7 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 		sc := genScenarioAt(seed, d)
 		sc.gateOpts.NoStanding = true
 		sum, v = fgCheckScenario(t, sc)
-		kinds := make([]fgKind, len(v))
-		for i, x := range v {
-			kinds[i] = x.kind
-		}
+		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", seed, sum, fgJoin(v))
 	}
 }
