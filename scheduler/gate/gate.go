@@ -624,9 +624,13 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	if !m.heavy {
 		return true, 0
 	}
-	if !m.sustained && (g.NoStanding || held+m.size <= m.share+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(standingQueue)) {
+	if !m.sustained && (g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(standingQueue)) {
 		// No flood: it runs beyond the reserve, up to its weighted share
-		// once its queue has stood for standingQueue. A closed loop's
+		// (at least one request) once its queue has stood for
+		// standingQueue. Without the one request, a bursting light
+		// tenant whose share is below a request, its queue standing
+		// behind a closed loop the gate holds light, was held as a flood
+		// and lost requests to its max_wait (fairgen seed 478). A closed loop's
 		// arrivals are its completions, so a closed-loop flood held to
 		// its share reads as within it: let through whole, it took the
 		// light tenants' reserve too (fairgen with every heavy tenant a
