@@ -59,8 +59,9 @@ const sustainWindow = 20 * time.Second
 // its weighted share bounds it where its arrivals read as no flood
 // (decide): long against a burst's drain, short against a closed-loop
 // flood's hold on the reserve. In the fairness model (seeds 1–500, one
-// instance, open loops / every heavy tenant a closed loop): 2 s 448 /
-// 389, 5 s 451 / 392, 10 s 451 / 390, 20 s 452 / 374.
+// instance, open loops / every heavy tenant a closed loop, before the
+// one-request floor in decide): 2 s 448 / 389, 5 s 451 / 392, 10 s 451 /
+// 390, 20 s 452 / 374.
 const standingQueue = 5 * time.Second
 
 // forecastWindow is the time constant of the arrival rate behind the light
@@ -627,16 +628,16 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	if !m.sustained && (g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(standingQueue)) {
 		// No flood: it runs beyond the reserve, up to its weighted share
 		// (at least one request) once its queue has stood for
-		// standingQueue. Without the one request, a bursting light
+		// standingQueue. A closed loop's arrivals are its completions, so
+		// a closed-loop flood held to its share reads as within it: let
+		// through whole, it took the light tenants' reserve too (fairgen
+		// with every heavy tenant a closed loop: 452 → 331 of 500 seeds).
+		// Its queue never drains; a burst's does between bursts, and one
+		// capped at its share while it drains read 0.54 s against 0.41 s
+		// direct (seed 494). Without the one request, a bursting light
 		// tenant whose share is below a request, its queue standing
 		// behind a closed loop the gate holds light, was held as a flood
-		// and lost requests to its max_wait (fairgen seed 478). A closed loop's
-		// arrivals are its completions, so a closed-loop flood held to
-		// its share reads as within it: let through whole, it took the
-		// light tenants' reserve too (fairgen with every heavy tenant a
-		// closed loop: 452 → 331 of 500 seeds). Its queue never drains; a
-		// burst's does between bursts, and one capped at its share while
-		// it drains read 0.54 s against 0.41 s direct (seed 494).
+		// and lost requests to its max_wait (seed 478).
 		return true, 0
 	}
 	if !sn.lightWaiting && held == 0 && sn.heavyHeld == 0 && !g.NoFloor {
