@@ -120,8 +120,8 @@ func (e *Engine) roomBeyondShare(c *call, rt fleet.Route) bool {
 // keeps from c of use here. With none, parking c would only cost it its
 // place (a lift): TestFleetFairShareTwoInstances read 1.40 so; and
 // waiting for a light tenant to be reported there, a new tenant's first
-// burst queued behind a heavy tenant the share bound (fairgen seed 8 with
-// two instances). The pools' lock is held.
+// burst queued behind a heavy tenant the share bound (fairgen seeds 44 and
+// 151 with two instances). The pools' lock is held.
 func (e *Engine) othersMayUse(c *call) bool {
 	return e.pools.PoolLocked(c.place.Pool).QueuedBesides(c.t.Name, func(tenant string) bool {
 		return !e.reps.HeldHeavy(c.place.Pool, tenant)
