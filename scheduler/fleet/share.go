@@ -446,7 +446,7 @@ func (r *Replica) ShareBatch() int64 {
 // light. A tenant's first requests here come before its first report:
 // bound by a share split among the others, a light tenant's first burst
 // waited for the next exchange or a completion while the batch had room
-// (fairgen seed 8 with two instances); a flood the gate holds heavy stays
+// (fairgen seed 35 with two instances); a flood the gate holds heavy stays
 // bound. rt.NoShare asks it for every tenant (Route.NoShare).
 func (r *Replica) unshared(rt Route) bool {
 	if rt.NoShare {
