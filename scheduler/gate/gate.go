@@ -130,6 +130,14 @@ type Gate struct {
 // defaultReserveHold is server.reserve_hold's default.
 const defaultReserveHold = 2 * time.Minute
 
+// peakWindow is the span of the light tenants' demand peak (Options.PeakWindow).
+func (g *Gate) peakWindow() time.Duration {
+	if g.PeakWindow > 0 {
+		return g.PeakWindow
+	}
+	return peakWindow
+}
+
 // holdFor is the longest a quiet light tenant's peak stays reserved.
 func (g *Gate) holdFor() time.Duration {
 	if g.Hold > 0 {
@@ -380,10 +388,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	g.cls = cs
 	level := g.waterLevel(cs)
 	// Each tenant's demand peak over the last half to whole peak window.
-	pw := g.PeakWindow
-	if pw <= 0 {
-		pw = peakWindow
-	}
+	pw := g.peakWindow()
 	var lightPeak, lightForecast, lightHeld, backlogNeed, heavyHeld float64
 	// The variances of the light tenants' Poisson counts as fractions of
 	// the pool: a count of mean μ requests of size s each is a fraction
@@ -559,10 +564,7 @@ func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 	if m == nil || m.heavy || (m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter) {
 		return 0
 	}
-	pw := g.PeakWindow
-	if pw <= 0 {
-		pw = peakWindow
-	}
+	pw := g.peakWindow()
 	if half := max(int64(pw), m.goneAfter) / 2; nowN-m.peakStart >= 2*half {
 		return 0
 	}

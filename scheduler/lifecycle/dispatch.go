@@ -107,11 +107,14 @@ func (e *Engine) admissible(it queue.Item[*call], v queue.View[*call]) queue.Ver
 // flood while the replica had room for it (fairgen, two instances: 24 of
 // 500 seeds on 501-1000). The pools' lock is held.
 func (e *Engine) roomBeyondShare(c *call, rt fleet.Route) bool {
-	if rt.NoShare || !e.othersMayUse(c) {
+	if rt.NoShare {
 		return false
 	}
+	// The room first: one pass over the pool's replicas, where the scan of
+	// its queued tenants takes the replica set's lock per tenant, and a
+	// single instance (no share) never has such room.
 	rt.NoShare = true
-	return e.reps.Fits(rt, c.size)
+	return e.reps.Fits(rt, c.size) && e.othersMayUse(c)
 }
 
 // othersMayUse reports whether another tenant has requests queued on c's
