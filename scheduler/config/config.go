@@ -271,6 +271,12 @@ type Server struct {
 	// at most this long, so a tenant sending every few seconds finds room
 	// after an ordinary pause. Default 2m.
 	ReserveHold time.Duration `yaml:"reserve_hold"`
+	// StandingQueue is how long a heavy tenant's queue must have stood
+	// before its weighted share of the tenants present bounds it where
+	// its arrivals read as no flood (a closed loop's arrivals are its
+	// completions): until then it is let through beyond the light
+	// tenants' reserve, as a burst is. Default 5s.
+	StandingQueue time.Duration `yaml:"standing_queue"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
 	// or gpu_ms. Defaults tokens, 1, 2.
 	Cost Cost `yaml:"cost"`
@@ -611,6 +617,7 @@ func (f *File) applyDefaults() {
 	def(&f.Admin.KeysMaxStaleness, 30*time.Second)
 	def(&s.Headroom, 0.1)
 	def(&s.ReserveHold, 2*time.Minute)
+	def(&s.StandingQueue, 5*time.Second)
 	def(&s.Cost.Unit, "tokens")
 	def(&s.Cost.WIn, 1)
 	def(&s.Cost.WOut, 2)

@@ -55,14 +55,14 @@ const idleGaps = 10.0
 // sustainWindow × s / R (2.5 s for a quarter at twice the pool).
 const sustainWindow = 20 * time.Second
 
-// standingQueue is how long a heavy tenant's queue must have stood before
-// its weighted share bounds it where its arrivals read as no flood
-// (decide): long against a burst's drain, short against a closed-loop
-// flood's hold on the reserve. In the fairness model (seeds 1–500, one
-// instance, open loops / every heavy tenant a closed loop, before the
-// one-request floor in decide): 2 s 448 / 389, 5 s 451 / 392, 10 s 451 /
-// 390, 20 s 452 / 374.
-const standingQueue = 5 * time.Second
+// defaultStandingQueue is server.standing_queue's default: how long a
+// heavy tenant's queue must have stood before its weighted share bounds it
+// where its arrivals read as no flood (decide): long against a burst's
+// drain, short against a closed-loop flood's hold on the reserve. In the
+// fairness model (seeds 1–500, one instance, open loops / every heavy
+// tenant a closed loop, before the one-request floor in decide): 2 s
+// 448 / 389, 5 s 451 / 392, 10 s 451 / 390, 20 s 452 / 374.
+const defaultStandingQueue = 5 * time.Second
 
 // forecastWindow is the time constant of the arrival rate behind the light
 // tenants' forecast: a few seconds of arrivals, so that a tenant that
@@ -120,11 +120,14 @@ type Gate struct {
 	// Hold is server.reserve_hold, set by the caller before Assess; 0:
 	// defaultReserveHold.
 	Hold time.Duration
-	mem  map[string]*gateMem
-	cls  []gateCls // reused by Assess
-	idx  []int     // reused by waterLevel
-	snap gateSnap  // the last full assessment
-	svc  float64   // mean service time on the pool (s), 0 unknown
+	// Standing is server.standing_queue, set by the caller before
+	// Assess; 0: defaultStandingQueue.
+	Standing time.Duration
+	mem      map[string]*gateMem
+	cls      []gateCls // reused by Assess
+	idx      []int     // reused by waterLevel
+	snap     gateSnap  // the last full assessment
+	svc      float64   // mean service time on the pool (s), 0 unknown
 }
 
 // defaultReserveHold is server.reserve_hold's default.
@@ -136,6 +139,15 @@ func (g *Gate) peakWindow() time.Duration {
 		return g.PeakWindow
 	}
 	return peakWindow
+}
+
+// standingFor is how long a heavy tenant's queue stands before its share
+// bounds it (decide).
+func (g *Gate) standingFor() time.Duration {
+	if g.Standing > 0 {
+		return g.Standing
+	}
+	return defaultStandingQueue
 }
 
 // holdFor is the longest a quiet light tenant's peak stays reserved.
@@ -627,10 +639,10 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	if !m.heavy {
 		return true, 0
 	}
-	if !m.sustained && (g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(standingQueue)) {
+	if !m.sustained && (g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(g.standingFor())) {
 		// No flood: it runs beyond the reserve, up to its weighted share
 		// (at least one request) once its queue has stood for
-		// standingQueue. A closed loop's arrivals are its completions, so
+		// server.standing_queue. A closed loop's arrivals are its completions, so
 		// a closed-loop flood held to its share reads as within it: let
 		// through whole, it took the light tenants' reserve too (fairgen
 		// with every heavy tenant a closed loop: 452 → 331 of 500 seeds).

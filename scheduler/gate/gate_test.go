@@ -431,13 +431,16 @@ func TestAlone(t *testing.T) {
 
 // TestClosedLoopHeldAtItsShare: a closed loop's arrivals are its
 // completions, so a closed-loop flood held near its share reads as no
-// flood (not sustained). While its queue has stood for standingQueue it
+// flood (not sustained). While its queue has stood for server.standing_queue it
 // is let through beyond the reserve only up to its weighted share of the
 // tenants present; past that the reserve holds it as a flood. A queue
 // that has not stood that long (a burst draining) is let through.
 func TestClosedLoopHeldAtItsShare(t *testing.T) {
-	run := func(held int64) (bool, float64) {
+	run := func(held int64, standing ...time.Duration) (bool, float64) {
 		var g Gate
+		if len(standing) > 0 {
+			g.Standing = standing[0] // server.standing_queue
+		}
 		loads := []TenantLoad{
 			{Name: "loop", Weight: 1, Held: held, Queued: 20},
 			{Name: "light", Weight: 1, Held: 1},
@@ -467,4 +470,6 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 	light, reserve := run(4)
 	assert.False(t, light, "at its share with a standing queue: held as a flood")
 	assert.Positive(t, reserve)
+	light, _ = run(4, 40*time.Second)
+	assert.True(t, light, "its queue has stood 30 s, server.standing_queue is 40 s: let through")
 }

@@ -293,10 +293,11 @@ func (pl *Pool) Load(tenant string, weight float64) TenantLoad {
 
 // Assess is the pool's Gate.Assess of cand among n tenants, the i-th's
 // name and weight from tenant(i) (the policy's order), with Hold set to
-// hold: light, or heavy and the fraction of the pool it must leave free.
+// hold and Standing to standing: light, or heavy and the fraction of the
+// pool it must leave free.
 // A cand not among them (removed by a reload) is light with nothing
 // reserved: its queued work drains freely.
-func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (string, float64), f FleetLoad, hold time.Duration, minReserve float64) (light bool, reserve float64) {
+func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (string, float64), f FleetLoad, hold, standing time.Duration, minReserve float64) (light bool, reserve float64) {
 	loads := pl.loads[:0]
 	at := -1
 	for i := range n {
@@ -307,7 +308,7 @@ func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (strin
 		loads = append(loads, pl.Load(name, w))
 	}
 	pl.loads = loads
-	pl.Gate.Hold = hold
+	pl.Gate.Hold, pl.Gate.Standing = hold, standing
 	if at < 0 {
 		return true, 0
 	}
