@@ -642,10 +642,11 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	if !m.sustained && (g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || sn.at-m.queuedSince < int64(g.standingFor())) {
 		// No flood: it runs beyond the reserve, up to its weighted share
 		// (at least one request) once its queue has stood for
-		// server.standing_queue. A closed loop's arrivals are its completions, so
-		// a closed-loop flood held to its share reads as within it: let
-		// through whole, it took the light tenants' reserve too (fairgen
-		// with every heavy tenant a closed loop: 452 → 331 of 500 seeds).
+		// server.standing_queue. A closed loop's arrivals are its
+		// completions, so a closed-loop flood held to its share reads as
+		// within it: let through whole, it took the light tenants'
+		// reserve too (fairgen with every heavy tenant a closed loop:
+		// 452 → 331 of 500 seeds).
 		// Its queue never drains; a burst's does between bursts, and one
 		// capped at its share while it drains read 0.54 s against 0.41 s
 		// direct (seed 494). Without the one request, a bursting light

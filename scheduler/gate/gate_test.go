@@ -431,10 +431,11 @@ func TestAlone(t *testing.T) {
 
 // TestClosedLoopHeldAtItsShare: a closed loop's arrivals are its
 // completions, so a closed-loop flood held near its share reads as no
-// flood (not sustained). While its queue has stood for server.standing_queue it
-// is let through beyond the reserve only up to its weighted share of the
-// tenants present; past that the reserve holds it as a flood. A queue
-// that has not stood that long (a burst draining) is let through.
+// flood (not sustained). While its queue has stood for
+// server.standing_queue it is let through beyond the reserve only up to
+// its weighted share of the tenants present; past that the reserve holds
+// it as a flood. A queue that has not stood that long (a burst draining)
+// is let through.
 func TestClosedLoopHeldAtItsShare(t *testing.T) {
 	run := func(held int64, standing ...time.Duration) (bool, float64) {
 		var g Gate

@@ -88,15 +88,15 @@ func (r fairRun) goodput() float64 {
 // minServed is the fewest completions of any tenant a window counts.
 const minServed = 150
 
+// settle is how long runFairFleet's clients run before its window.
+const settle = 6 * time.Second
+
 // runFairFleet starts n instances on one Redis in front of one simulated
 // replica (8 sequences), keeps every tenant backlogged at each instance it
 // reaches (clients per instance each sending one request after another),
 // and counts the completions of each over window once every instance has
 // exchanged (fair_share: fleet) or has run a while (local). top is the
 // ledger's config (one Redis or a cluster).
-// settle is how long runFairFleet's clients run before its window.
-const settle = 6 * time.Second
-
 func runFairFleet(t *testing.T, n int, top, fairShare string, tenants []fairTenant, clients int, window time.Duration) fairRun {
 	t.Helper()
 	sc := sim.DefaultConfig()

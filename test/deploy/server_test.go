@@ -164,9 +164,12 @@ func TestMetricsMatchRunningServer(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 
 	serve := start(t, bin, "serve", "--config", cfgFile)
+	// Every answer runs to its max_tokens, so the disconnected stream is
+	// still running when its client leaves (a natural length of a few
+	// tokens ended it first, and no abort was counted).
 	sim := start(t, bin, "sim", "--listen", fmt.Sprintf("127.0.0.1:%d", simPort), "--model", simModel,
 		"--max-num-seqs", "8", "--max-model-len", "4096", "--kv-tokens", "65536", "--decode-step", "10ms", "--seed", "1",
-		"--output-len-min", "4096", "--output-len-max", "4096") // every answer runs to its max_tokens: the disconnected stream is still running when its client leaves
+		"--output-len-min", "4096", "--output-len-max", "4096")
 	for _, p := range []struct {
 		name string
 		p    *proc
