@@ -646,13 +646,13 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 		// completions, so a closed-loop flood held to its share reads as
 		// within it: let through whole, it took the light tenants'
 		// reserve too (fairgen with every heavy tenant a closed loop:
-		// 452 → 331 of 500 seeds).
-		// Its queue never drains; a burst's does between bursts, and one
-		// capped at its share while it drains read 0.54 s against 0.41 s
-		// direct (seed 494). Without the one request, a bursting light
-		// tenant whose share is below a request, its queue standing
-		// behind a closed loop the gate holds light, was held as a flood
-		// and lost requests to its max_wait (seed 478).
+		// 452 → 331 of 500 seeds). Its queue never drains; a burst's
+		// does between bursts, and one capped at its share while it
+		// drains read 0.54 s against 0.41 s direct (seed 494). Without
+		// the one request, a bursting light tenant whose share is below
+		// a request, its queue standing behind a closed loop the gate
+		// holds light, was held as a flood and lost requests to its
+		// max_wait (seed 478).
 		return true, 0
 	}
 	if !sn.lightWaiting && held == 0 && sn.heavyHeld == 0 && !g.NoFloor {
