@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/sluicehq/sluice/scheduler/fleet"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
 )
 
@@ -30,12 +31,12 @@ func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDemand {
 	pol := s.pol.Load()
 	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }
-	s.Pools().DemandOn(slot, func(tenant string, asked, asks float64) {
+	s.Pools().DemandOn(slot, func(tenant string, d gate.Demand) {
 		w := int64(1)
 		if t := pol.Tenants[tenant]; t != nil {
 			w = int64(max(t.Cfg.Weight, 1))
 		}
-		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(asked), Claim: milli(asks)})
+		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: milli(d.Asks), Queued: milli(d.Queued)})
 	})
 	return out
 }

@@ -86,7 +86,8 @@ func TestShareLoop(t *testing.T) {
 		ex.mu.Unlock()
 
 		// A tenant's demand is reported by tenant too, a pool's spread over
-		// its replicas: three queued on the pool of both is 1.5 on each.
+		// its replicas: three queued on the pool of both is 1.5 on each,
+		// all of it queued.
 		var both fleet.PoolKey
 		both.Set(r1.Slot)
 		both.Set(r2.Slot)
@@ -98,7 +99,7 @@ func TestShareLoop(t *testing.T) {
 		time.Sleep(shareInterval)
 		synctest.Wait()
 		ex.mu.Lock()
-		acme := []peers.TenantDemand{{Tenant: "acme", Weight: 1, Load: 1500, Claim: 1500}}
+		acme := []peers.TenantDemand{{Tenant: "acme", Weight: 1, Load: 1500, Claim: 1500, Queued: 1500}}
 		assert.Equal(t, []peers.Report{{Replica: r1.URL, InFlight: 4, Queued: 3, Tenants: acme}, {Replica: r2.URL, InFlight: 1, Queued: 3, Tenants: acme}},
 			ex.reports[len(ex.reports)-1])
 		ex.mu.Unlock()

@@ -41,8 +41,8 @@ type Replica struct {
 	Count       atomic.Int64 // in-flight requests
 	Finished    atomic.Int64 // requests that completed normally (usage final)
 	// Share is this instance's cap on its requests here while other
-	// instances use the replica too (share.go); 0: none. Peers is how many
-	// other instances reported demand here.
+	// instances use the replica too (share.go); 0: none, NoSeqs: a cap of
+	// none. Peers is how many other instances reported demand here.
 	Share, Peers atomic.Int64
 	// split is how the share split last classified this instance's
 	// tenants here (share.go): Share does not bind the light ones; nil

@@ -61,8 +61,9 @@ const ShareStale = 2 * time.Second
 //   - Light tenants are given what they claim now (held, queued and the
 //     room kept for their peaks) plus, where a heavy tenant competes, one
 //     Poisson standard deviation of their claims' sum; heavy tenants
-//     together keep at least one sequence of a batch of two or more. If
-//     the light claims do not fit, they are split max-min by weight.
+//     together keep at least one sequence of a batch of two or more,
+//     unless a light tenant has requests queued (Queued) there. If the
+//     light claims do not fit, they are split max-min by weight.
 //   - Heavy tenants split what is left, max-min by weight over their
 //     claims.
 //
@@ -79,7 +80,8 @@ const ShareStale = 2 * time.Second
 // from the same reports, summing to maxSeqs: each its part rounded down,
 // the remainder one each to the largest fractions, then by instance id. A
 // claim counts at most maxSeqs. At least 1, so no instance starves when
-// there are more instances than sequences.
+// there are more instances than sequences; but NoSeqs, none, where its
+// tenants are given nothing while a light tenant waits.
 func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	return Split(maxSeqs, mine, others).Cap
 }
@@ -89,7 +91,7 @@ type ShareOf struct {
 	// Cap is the most requests of its heavy tenants' and of tenants it
 	// did not report that the gate holds heavy (Replica.unshared) that it
 	// may have in flight there (SeqShare); 0: no tenant anywhere is heavy,
-	// so nothing is capped.
+	// so nothing is capped; NoSeqs: none.
 	Cap int64
 	// Light is its tenants that the split holds light fleet-wide: the cap
 	// does not bind them, as the gate's reserve does not bind a light
@@ -113,14 +115,14 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 			// load (a backlog past the batch is heavy).
 			load := min(e.InFlight, 1<<40) + min(e.Queued, 1<<40)
 			claim := min(load, maxSeqs)
-			sp.add(e.Instance, "\x00instance "+e.Instance, 1, load*1000, claim*1000)
+			sp.add(e.Instance, "\x00instance "+e.Instance, 1, load*1000, claim*1000, 0)
 			continue
 		}
 		for _, td := range e.Tenants {
-			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim)
+			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim, td.Queued)
 		}
 	}
-	parts, capped := sp.split(self)
+	parts, capped, waiting := sp.split(self)
 	var out ShareOf
 	for _, td := range mine.Tenants {
 		if c := sp.byName[td.Tenant]; c != nil && c.light {
@@ -150,9 +152,27 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 	if rank := int64(slices.Index(ids, self)); rank < maxSeqs-floor {
 		share++
 	}
-	out.Cap = max(share, 1)
+	switch {
+	case share > 0:
+		out.Cap = share
+	case waiting:
+		// The light tenants' claims take the batch and one of them has a
+		// request queued: as on one instance, where the heavy tenants'
+		// floor yields to a light request waiting (gate.Gate.decide),
+		// this instance may start none. A floor of one refills each slot
+		// it frees before the waiting instance's next exchange sees it: on
+		// replicas whose KV cache holds one request, a light tenant at the
+		// other instance lost every request to its max_wait (fairgen seed
+		// 444 with two instances).
+		out.Cap = NoSeqs
+	default:
+		out.Cap = 1 // no instance starves where there are more instances than sequences
+	}
 	return out
 }
+
+// NoSeqs is a cap of no requests (ShareOf.Cap, Replica.Share).
+const NoSeqs = -1
 
 // shareSplit is SeqShare's split, in thousandths of a request.
 type shareSplit struct {
@@ -171,6 +191,7 @@ type shareClaim struct {
 	parts  []sharePart
 	alloc  float64
 	light  bool
+	queued float64 // the part of claim queued, summed
 }
 
 type sharePart struct {
@@ -178,7 +199,7 @@ type sharePart struct {
 	claim    float64
 }
 
-func (sp *shareSplit) add(instance, tenant string, weight, load, claim int64) {
+func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued int64) {
 	d := min(float64(max(claim, 0)), sp.limit)
 	if d == 0 {
 		return
@@ -197,12 +218,14 @@ func (sp *shareSplit) add(instance, tenant string, weight, load, claim int64) {
 	c.weight = max(c.weight, float64(max(weight, 1)))
 	c.load += float64(max(load, 0))
 	c.claim = min(c.claim+d, sp.limit)
+	c.queued += float64(max(queued, 0))
 	c.parts = append(c.parts, sharePart{instance, d})
 }
 
 // split is each instance's part of the batch, in whole thousandths, with
-// what no tenant was given added to self's.
-func (sp *shareSplit) split(self string) (parts map[string]int64, capped bool) {
+// what no tenant was given added to self's; capped where a tenant is
+// heavy, and waiting where then a light tenant has requests queued.
+func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waiting bool) {
 	cs := sp.claims
 	// One order everywhere, so that every instance sums alike.
 	slices.SortFunc(cs, func(a, b *shareClaim) int { return cmp.Compare(a.name, b.name) })
@@ -218,6 +241,7 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped bool) {
 			c.light = true
 			light = append(light, c)
 			lightClaims += c.claim
+			waiting = waiting || c.queued > 0
 		} else {
 			heavy = append(heavy, c)
 			heavyClaims += c.claim
@@ -231,7 +255,7 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped bool) {
 		for _, c := range light {
 			c.want = c.claim * (1 + margin/lightClaims)
 		}
-		if sp.limit >= 2000 {
+		if sp.limit >= 2000 && !waiting {
 			budget -= min(1000, heavyClaims) // the heavy tenants' floor
 		}
 	}
@@ -260,7 +284,7 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped bool) {
 	for id, v := range f {
 		out[id] = int64(math.Round(v))
 	}
-	return out, len(heavy) > 0
+	return out, len(heavy) > 0, waiting && len(heavy) > 0
 }
 
 // maxMin is the weighted max-min fair split of budget among cs by what
@@ -420,7 +444,7 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 		}
 		prev := r.Share.Swap(share)
 		r.Peers.Store(int64(len(others)))
-		wake = wake || (prev > 0 && (share == 0 || share > prev))
+		wake = wake || (prev != 0 && (share == 0 || share > prev))
 	}
 	return wake
 }
@@ -475,10 +499,17 @@ func (r *Replica) SeqLimit(seqs int64) int64 { return r.seqLimit(seqs, false, fa
 // and without the share for the gate's view of the batch (FleetOf).
 func (r *Replica) seqLimit(seqs int64, alone, noShare bool) int64 {
 	lim := r.batchLimit(!alone)
-	if sh := r.Share.Load(); sh > 0 && !noShare {
+	if sh, ok := r.shareCap(); ok && !noShare {
 		return min(lim, seqs-r.Count.Load()+sh)
 	}
 	return lim
+}
+
+// shareCap is this instance's share of r as a count of requests, and
+// whether it has one (Share: 0 none, NoSeqs a cap of none).
+func (r *Replica) shareCap() (int64, bool) {
+	sh := r.Share.Load()
+	return max(sh, 0), sh != 0
 }
 
 // HeldHeavy reports whether the share split holds tenant heavy on every

@@ -29,6 +29,12 @@ func TestSeqShare(t *testing.T) {
 		return peers.TenantDemand{Tenant: name, Weight: w, Load: int64(2 * maxSeqs * 1000), Claim: int64(maxSeqs * 1000)}
 	}
 	te := func(id string, ts ...peers.TenantDemand) peers.Entry { return peers.Entry{Instance: id, Tenants: ts} }
+	// waiting is td with one request of it queued.
+	waiting := func(name string, w int64, demand float64) peers.TenantDemand {
+		d := td(name, w, demand)
+		d.Queued = 1000
+		return d
+	}
 	cases := []struct {
 		name   string
 		max    int64
@@ -57,6 +63,18 @@ func TestSeqShare(t *testing.T) {
 			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 3},
 		{"light claims that do not fit leave the heavy tenants one sequence", 8,
 			te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 7},
+		{"a light tenant waiting takes the heavy tenants' floor", 8,
+			te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 8},
+		{"and the flood's instance may start none", 8,
+			te("a", busy("flood", 1, 8)), []peers.Entry{te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5))}, NoSeqs},
+		{"a flood waiting is no light tenant waiting", 8,
+			te("a", waiting("flood", 1, 8)), []peers.Entry{te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5))}, 1},
+		{"a batch of one (a KV cache that holds one request), the light tenant idle: the flood's floor", 1,
+			te("a", busy("flood", 1, 1)), []peers.Entry{te("b", td("v", 3, 1))}, 1},
+		{"a batch of one, the light tenant waiting: none", 1,
+			te("a", busy("flood", 1, 1)), []peers.Entry{te("b", waiting("v", 3, 1))}, NoSeqs},
+		{"a light tenant waiting where the batch has room for the heavy tenants too: their part (16 − 2 − √2)", 16,
+			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", waiting("v", 1, 2))}, 13},
 		{"a light tenant above its share (6), within gate.LightMargin of it, is given its claim and a margin", 12,
 			te("b", td("v", 1, 8)), []peers.Entry{te("a", busy("flood", 1, 12))}, 11},
 		{"weights: 4 to 1", 10, te("a", busy("big", 4, 10)), []peers.Entry{te("b", busy("small", 1, 10))}, 8},
@@ -106,14 +124,18 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 					load = maxSeqs * 1000 * (1 + rng.Int64N(3)) // backlogged
 				}
 				claim := load + rng.Int64N(maxSeqs*500+1) // and a peak
+				var queued int64
+				if rng.IntN(4) == 0 {
+					queued = rng.Int64N(claim + 1)
+				}
 				entries[i].Tenants = append(entries[i].Tenants,
-					peers.TenantDemand{Tenant: fmt.Sprintf("t%d", j), Weight: weights[j], Load: load, Claim: claim})
+					peers.TenantDemand{Tenant: fmt.Sprintf("t%d", j), Weight: weights[j], Load: load, Claim: claim, Queued: queued})
 			}
 			if len(entries[i].Tenants) == 0 {
 				entries[i].Tenants = []peers.TenantDemand{{Tenant: "t0", Weight: weights[0], Load: 1, Claim: 1}}
 			}
 		}
-		part, given, heavy := splitByFilling(maxSeqs, entries)
+		part, given, heavy, waiting := splitByFilling(maxSeqs, entries)
 		var sum int64
 		floored := false
 		for i, mine := range entries {
@@ -124,7 +146,11 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 				continue
 			}
 			want := part[mine.Instance] + float64(maxSeqs) - given // ours: all not given
-			floored = floored || want < 1
+			if got == NoSeqs {
+				require.Truef(t, waiting, "seed %d instance %s: none only while a light tenant waits", seed, mine.Instance)
+				got = 0
+			}
+			floored = floored || (want < 1 && !waiting)
 			require.InDeltaf(t, want, float64(got), 1+1e-6, "seed %d instance %s: share %d, part %.3f (max %d)", seed, mine.Instance, got, want, maxSeqs)
 			sum += got
 		}
@@ -168,11 +194,12 @@ func fill(budget float64, names []string, ask, weight map[string]float64) (map[s
 }
 
 // splitByFilling is SeqShare's split as its doc states it, in requests:
-// each instance's part, how much of the batch was given, and whether any
-// tenant is heavy (else nothing is capped).
-func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64, bool) {
+// each instance's part, how much of the batch was given, whether any
+// tenant is heavy (else nothing is capped), and whether then a light one
+// has requests queued (no floor then).
+func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64, bool, bool) {
 	limit := float64(maxSeqs)
-	load, claim, weight := map[string]float64{}, map[string]float64{}, map[string]float64{}
+	load, claim, weight, queued := map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]float64{}
 	var names []string
 	for _, e := range entries {
 		for _, td := range e.Tenants {
@@ -182,6 +209,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 			load[td.Tenant] += float64(td.Load) / 1000
 			claim[td.Tenant] += min(float64(td.Claim)/1000, limit)
 			weight[td.Tenant] = max(weight[td.Tenant], float64(td.Weight))
+			queued[td.Tenant] += float64(td.Queued) / 1000
 		}
 	}
 	for _, n := range names {
@@ -191,9 +219,11 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 	_, level := fill(limit, names, load, weight)
 	var light, heavy []string
 	lightSum, heavySum := 0.0, 0.0
+	waiting := false
 	for _, n := range names {
 		if load[n] <= gate.LightMargin*weight[n]*level+1e-9 && load[n] <= limit {
 			light, lightSum = append(light, n), lightSum+claim[n]
+			waiting = waiting || queued[n] > 0
 		} else {
 			heavy, heavySum = append(heavy, n), heavySum+claim[n]
 		}
@@ -204,7 +234,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 		for _, n := range light {
 			want[n] = claim[n] * (1 + gate.BurstK*math.Sqrt(lightSum)/lightSum)
 		}
-		if limit >= 2 {
+		if limit >= 2 && !waiting {
 			budget -= min(1, heavySum)
 		}
 	}
@@ -226,7 +256,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 			}
 		}
 	}
-	return part, given, len(heavy) > 0
+	return part, given, len(heavy) > 0, waiting && len(heavy) > 0
 }
 
 // claim0 is tenant n's claims summed before the cap at the batch: its
@@ -287,6 +317,39 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.True(t, set.HeldHeavy(key, "light"), "asking five times the batch: held heavy")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
+}
+
+// TestShareOfNone: while a light tenant at another instance waits and the
+// light tenants' claims take the batch, this instance may start none of
+// its heavy tenants' requests there (NoSeqs), those in flight count as
+// past its share (Excess), and its light tenants still use any room; once
+// the light tenant stops waiting, the floor of one is back and the
+// dispatch loop is woken.
+func TestShareOfNone(t *testing.T) {
+	set, r := sizingSet(4)
+	now := time.Unix(1_800_000_000, 0)
+	mine := []peers.Report{{Replica: "r", InFlight: 1, Tenants: []peers.TenantDemand{
+		{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}, {Tenant: "mine", Weight: 1, Load: 100, Claim: 100}}}}
+	light := func(queued int64) map[string][]peers.Entry {
+		return map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 3, Queued: 1,
+			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}}}
+	}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000))
+	require.Equal(t, int64(NoSeqs), r.Share.Load())
+	r.Count.Store(1)
+	scrapeRW(r, 3, 0, now) // one slot free
+	rep, _ := set.Take(Route{Tenant: "flood"}, 1, nil)
+	assert.Nil(t, rep, "a cap of none")
+	assert.Equal(t, int64(1), r.Excess(), "its one request is past it")
+	rep, _ = set.Take(Route{Tenant: "mine"}, 1, nil)
+	assert.Same(t, r, rep, "held light by the split: any room")
+	r.Count.Store(1)
+
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(0)), "the share grew: wake")
+	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: the heavy tenants' floor")
+	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000)), "shrank: nothing to let through")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil), "gone: wake")
+	assert.Zero(t, r.Share.Load())
 }
 
 // TestUnreportedTenantsByTheGate: a tenant this instance has not reported

@@ -369,7 +369,7 @@ func (r *Replica) batchLimit(ramp bool) int64 {
 // a replica that another instance overfilled are that instance's to take
 // back, not this one's.
 func (r *Replica) Excess() int64 {
-	if sh := r.Share.Load(); sh > 0 {
+	if sh, ok := r.shareCap(); ok {
 		return max(r.Count.Load()-sh, 0)
 	}
 	return max(r.Seqs(true)-r.BatchLimit(), 0)

@@ -81,7 +81,7 @@ var (
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -251,6 +251,9 @@ type fgFleetOff struct {
 	// its share keeps from it is free, though another tenant queued there
 	// may use that room (lifecycle's admissible).
 	heldPark bool
+	// queued: the reports carry no tenant's queued part, so a light
+	// tenant waiting does not take the heavy tenants' floor (fleet.Split).
+	queued bool
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -265,7 +268,7 @@ func (sc *fgScenario) repConfigured() int64 {
 // switches names each of o's mechanisms as -fairgen.fleetoff takes it.
 func (o *fgFleetOff) switches() map[string]*bool {
 	return map[string]*bool{"kv": &o.kvBatch, "light": &o.lightFree, "park": &o.park, "unreported": &o.unreported,
-		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark}
+		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued}
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -493,8 +496,9 @@ type fgView struct {
 	// its own (fleet.Replica.Seqs): the other instance's requests.
 	foreign, foreignTokens int64
 	// share is its cap on its requests there while the other instance
-	// reports demand (fleet.Replica.Share); 0: none. It does not bind the
-	// tenants the split holds light (fleet.ShareOf.Light).
+	// reports demand (fleet.Replica.Share); 0: none, fleet.NoSeqs: a cap
+	// of none. It does not bind the tenants the split holds light
+	// (fleet.ShareOf.Light).
 	share int64
 	light []string
 	heavy []string // its tenants the split holds heavy (fleet.ShareOf.Heavy)
@@ -518,7 +522,8 @@ const fgExchange = desScrape + 1
 // report is in's demand on replica r as fleet.DemandReports and
 // gate.Pools.DemandOn make it: its requests in flight there, queued and
 // the room its gate keeps for light tenants' peaks, in total and by
-// tenant, the pool's spread evenly over its replicas.
+// tenant with each tenant's queued part, the pool's spread evenly over its
+// replicas.
 func (in *fgInst) report(name string, r int, nowN int64) peers.Entry {
 	e := peers.Entry{Instance: name, InFlight: in.v[r].sent}
 	n := float64(len(in.v))
@@ -536,7 +541,7 @@ func (in *fgInst) report(name string, r int, nowN int64) peers.Entry {
 		if !ok {
 			asked = float64(tn.held + queued)
 		}
-		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n)})
+		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n), Queued: milli(float64(queued) / n)})
 	}
 	return e
 }
@@ -737,8 +742,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				// The share binds a tenant the split holds heavy, or one it has
 				// not classified yet that the gate holds heavy (fleet.Replica.unshared).
 				unclassified := light && !slices.Contains(vw.heavy, tn.name) && !sc.fleetOff.unreported && !sc.fleetOff.lightFree
-				if vw.share > 0 && !slices.Contains(vw.light, tn.name) && !unclassified {
-					ok = ok && seqs < min(limits[r], vw.foreign+vw.share)
+				if vw.share != 0 && !slices.Contains(vw.light, tn.name) && !unclassified {
+					ok = ok && seqs < min(limits[r], vw.foreign+max(vw.share, 0))
 				}
 				beyondShare = beyondShare || (raw && !ok)
 				if !ok {
@@ -981,6 +986,11 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				entries := make([]peers.Entry, len(insts))
 				for i, in := range insts {
 					entries[i] = in.report(fmt.Sprint(i), r, nowN)
+					if sc.fleetOff.queued {
+						for j := range entries[i].Tenants {
+							entries[i].Tenants[j].Queued = 0
+						}
+					}
 				}
 				for i, in := range insts {
 					vw := in.v[r]
@@ -1439,6 +1449,25 @@ func TestFairgenTwoInstances(t *testing.T) {
 		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, c.kind, "seed %d without %+v: %s\n   violations: %s", c.seed, c.off, sum, fgJoin(v))
 	}
+}
+
+// TestFairgenLightWaitTakesTheFloor: seed 444 with two instances runs two
+// replicas whose KV cache holds one request each, a light tenant at one
+// instance and a flood at the other. With the heavy tenants' floor of one
+// sequence whatever the light tenant's queue (its queued part not
+// reported), the flood's instance refilled each slot it freed before the
+// light tenant's instance saw it free, and the light tenant lost its
+// requests to its max_wait; taking the floor while it waits, it loses
+// none and waits about one service time.
+func TestFairgenLightWaitTakesTheFloor(t *testing.T) {
+	d := fgDraw{"2", "", ""} // two replicas drawn, the flood an open loop
+	sc := genScenarioAt(444, d)
+	sum, v := fgCheckScenario(t, sc)
+	assert.NotContains(t, fgKindsOf(v), fgLost, "%s\n   violations: %s", sum, fgJoin(v))
+	sc = genScenarioAt(444, d)
+	sc.fleetOff.queued = true
+	sum, v = fgCheckScenario(t, sc)
+	assert.Contains(t, fgKindsOf(v), fgLost, "without: %s\n   violations: %s", sum, fgJoin(v))
 }
 
 // TestFairgenSlivers: token room below one request on a replica is no

@@ -177,16 +177,24 @@ func (p *Pools[K]) WaitingOn(i int) int64 {
 	return n
 }
 
+// Demand is one tenant's demand on a replica, in requests (DemandOn).
+type Demand struct {
+	// Asked is its averaged demand as its gate last assessed it
+	// (Gate.Asked; what it holds and queues where the gate has not).
+	Asked float64
+	// Asks is what it asks now: what it holds and queues, and the room
+	// kept for its peak.
+	Asks float64
+	// Queued is the part of Asks queued.
+	Queued float64
+}
+
 // DemandOn visits every tenant with demand on the replica in slot i, in
-// requests: its averaged demand as its gate last assessed it (Gate.Asked;
-// what it holds and queues where the gate has not), and what it asks now
-// (what it holds and queues, and the room kept for its peak), in the pools
-// the replica serves, each spread evenly over the pool's replicas
-// (Key.Replicas), since a pool's request may go to any of them. Tenants
-// come in name order, each once.
-func (p *Pools[K]) DemandOn(i int, visit func(tenant string, asked, asks float64)) {
-	type demand struct{ asked, asks float64 }
-	var by map[string]demand
+// the pools the replica serves, each pool's spread evenly over its
+// replicas (Key.Replicas), since a pool's request may go to any of them.
+// Tenants come in name order, each once.
+func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
+	var by map[string]Demand
 	p.demandOn(i, func(name string, replicas int, pt *poolTenant, g *Gate, kept int64) {
 		now := pt.held + pt.queued + kept
 		if now == 0 {
@@ -197,15 +205,16 @@ func (p *Pools[K]) DemandOn(i int, visit func(tenant string, asked, asks float64
 			asked = float64(pt.held + pt.queued)
 		}
 		if by == nil {
-			by = map[string]demand{}
+			by = map[string]Demand{}
 		}
 		d := by[name]
-		d.asked += asked / float64(replicas)
-		d.asks += float64(now) / float64(replicas)
+		d.Asked += asked / float64(replicas)
+		d.Asks += float64(now) / float64(replicas)
+		d.Queued += float64(pt.queued) / float64(replicas)
 		by[name] = d
 	})
 	for _, name := range slices.Sorted(maps.Keys(by)) {
-		visit(name, by[name].asked, by[name].asks)
+		visit(name, by[name])
 	}
 }
 

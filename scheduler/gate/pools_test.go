@@ -66,14 +66,15 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Equal(t, int64(1), p.WaitingOn(0))
 	assert.Equal(t, int64(0), p.WaitingOn(2))
 	type seen struct {
-		tenant      string
-		asked, asks float64
+		tenant string
+		d      Demand
 	}
 	var on0 []seen
-	p.DemandOn(0, func(tenant string, asked, asks float64) { on0 = append(on0, seen{tenant, asked, asks}) })
-	assert.Equal(t, []seen{{"x", 0.5, 0.5}, {"y", 1, 1}}, on0, "x queued on ab's two replicas, y held on a's one; no gate has assessed them")
+	p.DemandOn(0, func(tenant string, d Demand) { on0 = append(on0, seen{tenant, d}) })
+	assert.Equal(t, []seen{{"x", Demand{Asked: 0.5, Asks: 0.5, Queued: 0.5}}, {"y", Demand{Asked: 1, Asks: 1}}}, on0,
+		"x queued on ab's two replicas, y held on a's one; no gate has assessed them")
 	var on2 []seen
-	p.DemandOn(2, func(tenant string, asked, asks float64) { on2 = append(on2, seen{tenant, asked, asks}) })
+	p.DemandOn(2, func(tenant string, d Demand) { on2 = append(on2, seen{tenant, d}) })
 	assert.Empty(t, on2)
 
 	p.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	neturl "net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,9 @@ type TenantDemand struct {
 	// Claim is what it asks now: requests holding room there, queued
 	// that it could serve, and room kept for its peaks.
 	Claim int64
+	// Queued is the part of Claim queued now: a light tenant with
+	// requests waiting takes the heavy tenants' floor (fleet.Split).
+	Queued int64
 }
 
 // Entry is another instance's Report on a replica. Tenants is nil in a
@@ -117,7 +121,7 @@ return out
 func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]Entry, error) {
 	var b strings.Builder
 	for i, rp := range reports {
-		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" || rp.Replica[0] == '@' {
+		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" || rp.Replica[0] == '@' || rp.Replica[0] == '!' {
 			return nil, fmt.Errorf("peers: replica URL %q cannot be reported", rp.Replica)
 		}
 		if i > 0 {
@@ -128,7 +132,18 @@ func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]En
 			if td.Weight < 1 || td.Load < 0 || td.Claim < 0 {
 				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
 			}
+			if td.Queued < 0 || td.Queued > td.Claim {
+				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
+			}
 			fmt.Fprintf(&b, " @%d:%s %d %d", td.Weight, neturl.PathEscape(td.Tenant), td.Load, td.Claim)
+		}
+		// After every tenant item, so that a version that does not know
+		// them takes each for a replica it does not have, and the tenant
+		// items still follow their own replica's.
+		for _, td := range rp.Tenants {
+			if td.Queued > 0 {
+				fmt.Fprintf(&b, " !%s %d 0", neturl.PathEscape(td.Tenant), td.Queued)
+			}
 		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
@@ -151,12 +166,14 @@ var ErrMalformed = errors.New("malformed report")
 
 // parse adds instance id's report text to out, whole or not at all:
 //
-//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <load> <claim>)*)*
+//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <load> <claim>)* (!<tenant> <queued> 0)*)*
 //
-// Every item is three fields, the tenants' after their replica's, so that
-// a version that reads only replicas takes a tenant's item for a replica
-// it does not have and ignores it (a rolling upgrade, docs/upgrading.md).
-// Tenant names are escaped so that a report is space-separated.
+// Every item is three fields, the tenants' after their replica's and
+// their queued parts (only those above 0) after the tenants', so that a
+// version that reads only replicas, or replicas and tenants, takes an item
+// it does not know for a replica it does not have and ignores it (a
+// rolling upgrade, docs/upgrading.md). Tenant names are escaped so that a
+// report is space-separated.
 func parse(id, text string, out map[string][]Entry) error {
 	f := strings.Fields(text)
 	bad := fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
@@ -170,6 +187,19 @@ func parse(id, text string, out map[string][]Entry) error {
 		b, err2 := strconv.ParseInt(f[i+2], 10, 64)
 		if errors.Join(err1, err2) != nil || a < 0 || b < 0 {
 			return bad
+		}
+		if name, ok := strings.CutPrefix(f[i], "!"); ok {
+			tenant, err := neturl.PathUnescape(name)
+			if err != nil || len(es) == 0 {
+				return bad
+			}
+			ts := es[len(es)-1].Tenants
+			j := slices.IndexFunc(ts, func(td TenantDemand) bool { return td.Tenant == tenant })
+			if j < 0 || a > ts[j].Claim {
+				return bad
+			}
+			ts[j].Queued = a
+			continue
 		}
 		key, isTenant := strings.CutPrefix(f[i], "@")
 		if !isTenant {

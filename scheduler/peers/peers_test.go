@@ -100,8 +100,9 @@ func TestKey(t *testing.T) {
 }
 
 // TestTenantDemand: a report carries its tenants' demand after each
-// replica's, names escaped, and reads back as sent; a report of a version
-// without tenants reads with none.
+// replica's, their queued parts after the tenants', names escaped, and
+// reads back as sent; a report of a version without tenants reads with
+// none.
 func TestTenantDemand(t *testing.T) {
 	addr := redistest.Start(t)
 	ctx := t.Context()
@@ -110,7 +111,7 @@ func TestTenantDemand(t *testing.T) {
 	b := peers.NewRedis(c, "t", "b", "h1", time.Minute)
 	sent := []peers.Report{
 		{Replica: "http://r1:8000", InFlight: 3, Queued: 2, Tenants: []peers.TenantDemand{
-			{Tenant: "acme", Weight: 1, Load: 1500, Claim: 2000}, {Tenant: "big co/eu:1 @x", Weight: 4, Load: 7000, Claim: 1500}}},
+			{Tenant: "acme", Weight: 1, Load: 1500, Claim: 2000}, {Tenant: "big co/eu:1 @x", Weight: 4, Load: 7000, Claim: 1500, Queued: 500}}},
 		{Replica: "http://r2:8000", InFlight: 1},
 	}
 	_, err := a.Exchange(ctx, sent)
@@ -122,8 +123,10 @@ func TestTenantDemand(t *testing.T) {
 		"http://r2:8000": {{Instance: "a", InFlight: 1}},
 	}, got)
 
-	// What a version that reads only replicas finds: every item three
-	// fields with two counts, the tenants' under keys no replica has.
+	// What a version that reads only replicas, or replicas and tenants,
+	// finds: every item three fields with two counts, the tenants' and
+	// their queued parts under keys no replica has, the queued parts after
+	// every tenant of their replica.
 	raw, err := c.HGet(ctx, "t:{peers}", "a").Result()
 	require.NoError(t, err)
 	f := strings.Fields(raw)
@@ -137,7 +140,7 @@ func TestTenantDemand(t *testing.T) {
 		}
 		keys = append(keys, f[i])
 	}
-	assert.Equal(t, []string{"http://r1:8000", "@1:acme", "@4:big%20co%2Feu:1%20@x", "http://r2:8000"}, keys)
+	assert.Equal(t, []string{"http://r1:8000", "@1:acme", "@4:big%20co%2Feu:1%20@x", "!big%20co%2Feu:1%20@x", "http://r2:8000"}, keys)
 
 	tm, err := c.Time(ctx).Result()
 	require.NoError(t, err)
@@ -146,13 +149,18 @@ func TestTenantDemand(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, got["http://r1:8000"], peers.Entry{Instance: "old", InFlight: 2, Queued: 5}, "no tenants: Tenants nil")
 
-	for _, bad := range []string{"@1:acme 1 1 http://r1 1 1", "http://r1 1 1 @0:acme 1 1", "http://r1 1 1 @x:acme 1 1", "http://r1 1 1 @1acme 1 1", "http://r1 1 1 @1:a%zz 1 1"} {
+	for _, bad := range []string{"@1:acme 1 1 http://r1 1 1", "http://r1 1 1 @0:acme 1 1", "http://r1 1 1 @x:acme 1 1", "http://r1 1 1 @1acme 1 1", "http://r1 1 1 @1:a%zz 1 1",
+		"!acme 1 0 http://r1 1 1", "http://r1 1 1 !acme 1 0", "http://r1 1 1 @1:acme 1 1 !beta 1 0", "http://r1 1 1 @1:acme 1 1 !acme 2 0", "http://r1 1 1 @1:acme 1 1 !a%zz 1 0"} {
 		require.NoError(t, c.HSet(ctx, "t:{peers}", "bad", fmt.Sprintf("%d %s", tm.UnixMilli(), bad)).Err())
 		_, err = b.Exchange(ctx, nil)
 		require.ErrorIs(t, err, peers.ErrMalformed, bad)
 	}
 	_, err = a.Exchange(ctx, []peers.Report{{Replica: "@1:acme"}})
 	require.ErrorContains(t, err, "cannot be reported")
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "!acme"}})
+	require.ErrorContains(t, err, "cannot be reported")
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme", Weight: 1, Claim: 1, Queued: 2}}}})
+	require.ErrorContains(t, err, "cannot be reported", "more queued than claimed")
 	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme"}}}})
 	require.ErrorContains(t, err, "cannot be reported", "weight 0")
 }

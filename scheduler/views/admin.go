@@ -63,7 +63,8 @@ type ReplicaStatus struct {
 	AbortsHeld bool `json:"aborts_held"`
 	// Peers is how many other instances report demand on this replica (a
 	// Redis fleet); SeqShare is this instance's cap on its requests here
-	// while they do, its fair share of max_num_seqs (0: none; SCHEDULING §9).
+	// while they do, its fair share of max_num_seqs (0: none; -1: a cap of
+	// none, fleet.NoSeqs; SCHEDULING §9).
 	Peers    int64 `json:"peers"`
 	SeqShare int64 `json:"seq_share"`
 	// Sizing is where capacity_tokens comes from: "kv" (the replica's
