@@ -27,7 +27,10 @@ func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 // tenantsOn appends each tenant's demand on the replica in slot to out, in
 // thousandths of a request (rounded up, so that a little demand is not
 // reported as none), with its weight; a tenant removed by a reload while
-// its requests finish counts at weight 1.
+// its requests finish counts at weight 1. Its queued part counts only
+// what its concurrency lets start: the rest waits for its own requests,
+// not for room, and reported as waiting it would take the heavy tenants'
+// floor (fleet.Split) for room it cannot use.
 func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDemand {
 	pol := s.pol.Load()
 	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }
@@ -35,6 +38,9 @@ func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDem
 		w := int64(1)
 		if t := pol.Tenants[tenant]; t != nil {
 			w = int64(max(t.Cfg.Weight, 1))
+			if lim := int64(t.Cfg.Concurrency); lim > 0 {
+				d.Queued = min(d.Queued, float64(max(lim-t.RT.Inflight.Load(), 0)))
+			}
 		}
 		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: milli(d.Asks), Queued: milli(d.Queued)})
 	})

@@ -131,3 +131,27 @@ func TestShareLoop(t *testing.T) {
 		assert.True(t, ex.left)
 	})
 }
+
+// TestTenantsOnQueuedWithinConcurrency: a tenant's queued part counts
+// only what its concurrency lets start; the rest waits for its own
+// requests, not for the replica's room.
+func TestTenantsOnQueuedWithinConcurrency(t *testing.T) {
+	s := newTestServer(t, lifecycletest.Config(t, "", "    concurrency: 2\n"), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
+	r := s.reps.List()[0]
+	var key fleet.PoolKey
+	key.Set(r.Slot)
+	places := make([]gate.Place[fleet.PoolKey], 3)
+	for i := range places {
+		places[i].Pool = key
+		s.Pools().Move(&places[i], "acme", 10, false, gate.SpotQueued)
+	}
+	rt := s.pol.Load().Tenants["acme"].RT
+	for _, c := range []struct{ inflight, queued int64 }{{0, 2000}, {1, 1000}, {2, 0}, {3, 0}} {
+		rt.Inflight.Store(c.inflight)
+		got := s.tenantsOn(r.Slot, nil)
+		require.Len(t, got, 1)
+		assert.Equal(t, c.queued, got[0].Queued, "%d in flight of 2", c.inflight)
+		assert.Equal(t, int64(3000), got[0].Claim, "what it asks is unchanged")
+	}
+	rt.Inflight.Store(0)
+}

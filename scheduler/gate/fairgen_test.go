@@ -537,11 +537,16 @@ func (in *fgInst) report(name string, r int, nowN int64) peers.Entry {
 		if claim == 0 {
 			continue
 		}
+		// Waiting for room: what its cap lets start (the scheduler's tenantsOn).
+		waiting := float64(queued)
+		if tn.cap > 0 {
+			waiting = min(waiting, float64(max(tn.cap-tn.held, 0)))
+		}
 		asked, ok := in.g.Asked(tn.name)
 		if !ok {
 			asked = float64(tn.held + queued)
 		}
-		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n), Queued: milli(float64(queued) / n)})
+		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n), Queued: milli(min(waiting, float64(claim)) / n)})
 	}
 	return e
 }
