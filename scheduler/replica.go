@@ -29,8 +29,8 @@ func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 // reported as none), with its weight; a tenant removed by a reload while
 // its requests finish counts at weight 1. Its queued part counts only
 // what its concurrency lets start: the rest waits for its own requests,
-// not for room, and reported as waiting it would take the heavy tenants'
-// floor (fleet.Split) for room it cannot use.
+// not for room, and reported as waiting it would take a flood's
+// instance's floor (fleet.Split) for room it cannot use.
 func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDemand {
 	pol := s.pol.Load()
 	milli := func(v float64) int64 { return int64(math.Ceil(v*1000 - 1e-6)) }

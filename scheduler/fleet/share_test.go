@@ -63,10 +63,14 @@ func TestSeqShare(t *testing.T) {
 			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 3},
 		{"light claims that do not fit leave the heavy tenants one sequence", 8,
 			te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 7},
-		{"a light tenant waiting takes the heavy tenants' floor", 8,
-			te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 8},
-		{"and the flood's instance may start none", 8,
-			te("a", busy("flood", 1, 8)), []peers.Entry{te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5))}, NoSeqs},
+		{"a light tenant waiting on a batch of two or more: the heavy tenants keep their floor", 8,
+			te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 7},
+		{"and the flood's instance its one", 8,
+			te("a", busy("flood", 1, 8)), []peers.Entry{te("b", waiting("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5))}, 1},
+		{"floods at two instances share the floor of a batch of two; a light tenant waiting: the one rounded down starts none", 2,
+			te("z", busy("f2", 1, 2)), []peers.Entry{te("a", busy("f1", 1, 2)), te("b", waiting("v", 1, 2))}, NoSeqs},
+		{"and the other its one", 2,
+			te("a", busy("f1", 1, 2)), []peers.Entry{te("z", busy("f2", 1, 2)), te("b", waiting("v", 1, 2))}, 1},
 		{"a flood waiting is no light tenant waiting", 8,
 			te("a", waiting("flood", 1, 8)), []peers.Entry{te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5))}, 1},
 		{"a batch of one (a KV cache that holds one request), the light tenant idle: the flood's floor", 1,
@@ -234,7 +238,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 		for _, n := range light {
 			want[n] = claim[n] * (1 + gate.BurstK*math.Sqrt(lightSum)/lightSum)
 		}
-		if limit >= 2 && !waiting {
+		if limit >= 2 {
 			budget -= min(1, heavySum)
 		}
 	}
@@ -319,34 +323,35 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
-// TestShareOfNone: while a light tenant at another instance waits and the
-// light tenants' claims take the batch, this instance may start none of
-// its heavy tenants' requests there (NoSeqs), those in flight count as
-// past its share (Excess), and its light tenants still use any room; once
-// the light tenant stops waiting, the floor of one is back and the
-// dispatch loop is woken.
+// TestShareOfNone: on a batch of one (a KV cache that holds one request,
+// where the heavy tenants keep no sequence), while a light tenant at
+// another instance waits, this instance, whose tenants the split gives
+// nothing, may start none of its heavy tenants' requests there (NoSeqs),
+// though the replica has room; what it has in flight counts as past its
+// share (Excess), and its light tenants still use any room. Once the
+// light tenant stops waiting, the floor of one is back and the dispatch
+// loop is woken.
 func TestShareOfNone(t *testing.T) {
-	set, r := sizingSet(4)
+	set, r := sizingSet(1)
 	now := time.Unix(1_800_000_000, 0)
-	mine := []peers.Report{{Replica: "r", InFlight: 1, Tenants: []peers.TenantDemand{
-		{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}, {Tenant: "mine", Weight: 1, Load: 100, Claim: 100}}}}
+	mine := []peers.Report{{Replica: "r", Tenants: []peers.TenantDemand{
+		{Tenant: "flood", Weight: 1, Load: 5000, Claim: 1000}, {Tenant: "mine", Weight: 1, Load: 100, Claim: 100}}}}
 	light := func(queued int64) map[string][]peers.Entry {
-		return map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 3, Queued: 1,
-			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}}}
+		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: 1,
+			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 500, Claim: 1000, Queued: queued}}}}}
 	}
 	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000))
 	require.Equal(t, int64(NoSeqs), r.Share.Load())
-	r.Count.Store(1)
-	scrapeRW(r, 3, 0, now) // one slot free
+	scrapeRW(r, 0, 0, now) // the replica idle
 	rep, _ := set.Take(Route{Tenant: "flood"}, 1, nil)
-	assert.Nil(t, rep, "a cap of none")
-	assert.Equal(t, int64(1), r.Excess(), "its one request is past it")
+	assert.Nil(t, rep, "a cap of none, though the replica has room")
 	rep, _ = set.Take(Route{Tenant: "mine"}, 1, nil)
 	assert.Same(t, r, rep, "held light by the split: any room")
-	r.Count.Store(1)
+	assert.Equal(t, int64(1), r.Excess(), "its one request is past a share of none")
+	r.Count.Store(0)
 
 	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(0)), "the share grew: wake")
-	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: the heavy tenants' floor")
+	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: at least one")
 	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000)), "shrank: nothing to let through")
 	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil), "gone: wake")
 	assert.Zero(t, r.Share.Load())

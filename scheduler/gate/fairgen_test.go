@@ -252,7 +252,7 @@ type fgFleetOff struct {
 	// may use that room (lifecycle's admissible).
 	heldPark bool
 	// queued: the reports carry no tenant's queued part, so a light
-	// tenant waiting does not take the heavy tenants' floor (fleet.Split).
+	// tenant waiting does not take a flood's instance's floor (fleet.Split).
 	queued bool
 }
 
@@ -1458,8 +1458,8 @@ func TestFairgenTwoInstances(t *testing.T) {
 
 // TestFairgenLightWaitTakesTheFloor: seed 444 with two instances runs two
 // replicas whose KV cache holds one request each, a light tenant at one
-// instance and a flood at the other. With the heavy tenants' floor of one
-// sequence whatever the light tenant's queue (its queued part not
+// instance and a flood at the other. With the flood's instance's floor of
+// one sequence whatever the light tenant's queue (its queued part not
 // reported), the flood's instance refilled each slot it freed before the
 // light tenant's instance saw it free, and the light tenant lost its
 // requests to its max_wait; taking the floor while it waits, it loses

@@ -36,7 +36,7 @@ type TenantDemand struct {
 	// that it could serve, and room kept for its peaks.
 	Claim int64
 	// Queued is the part of Claim queued now: a light tenant with
-	// requests waiting takes the heavy tenants' floor (fleet.Split).
+	// requests waiting takes a flood's instance's floor (fleet.Split).
 	Queued int64
 }
 
