@@ -931,10 +931,12 @@ func executed(ex *execution) bool {
 // carries a new one), or answered its client 504 deadline_exceeded for a
 // deadline before dispatch: it waited in Sluice's queue again until its
 // deadline. Only a stream is ever taken back, and only before its first
-// event reaches Sluice: the first may be on the wire as Sluice aborts (the
-// race SCHEDULING §7 names), a second may not. A stream whose client left
-// after Sluice left it, before any event, may have been taken back (charged
-// nothing) or aborted for its client (charged): mayTakenBack.
+// event reaches Sluice: its first output (one write: the chat role chunk
+// and the first token's chunk) may be on the wire as Sluice aborts (the
+// race SCHEDULING §7 names), a later event may not. A stream whose client
+// left after Sluice left it, before any event past its first output, may
+// have been taken back (charged nothing) or aborted for its client
+// (charged): mayTakenBack.
 func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []string {
 	var v []string
 	byID := map[string][]*execution{}
@@ -963,12 +965,12 @@ func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []stri
 			}
 			queued, left := expired(ex)
 			if i == len(exs)-1 && !queued {
-				ex.mayTakenBack = left && ex.events == 0 && w.p.batch < 16
+				ex.mayTakenBack = left && ex.events == ex.firstOutput && w.p.batch < 16
 				continue
 			}
 			ex.takenBack = true
 			n++
-			if ex.events == 1 {
+			if ex.events > 0 {
 				raced++
 			}
 			if w.p.batch >= 16 {
@@ -977,12 +979,12 @@ func (w *world) markTakenBack(execs []*execution, byOp map[int][]*result) []stri
 			if o := w.p.ops[ex.op]; o != nil && !o.stream {
 				v = append(v, fmt.Sprintf("op %d: %s, not streamed, was taken back", ex.op, id))
 			}
-			if ex.events > 1 {
-				v = append(v, fmt.Sprintf("op %d: %s was taken back after its replica had sent %d events", ex.op, id, ex.events))
+			if ex.events > ex.firstOutput {
+				v = append(v, fmt.Sprintf("op %d: %s was taken back after its replica had sent %d events, %d of them past its first output", ex.op, id, ex.events, ex.events-ex.firstOutput))
 			}
 		}
 	}
-	w.t.Logf("attempts taken back from a replica's queue: %d, %d of them with their first event already sent (replicas' batch %d)", n, raced, w.p.batch)
+	w.t.Logf("attempts taken back from a replica's queue: %d, %d of them with their first output already sent (replicas' batch %d)", n, raced, w.p.batch)
 	return v
 }
 

@@ -39,10 +39,11 @@
 //   - at most one execution per Idempotency-Key;
 //   - an attempt Sluice left at a replica and then sent again under the
 //     same X-Request-Id, or answered 504 for a deadline before dispatch,
-//     was taken back: a stream, before its second event, only where the
-//     batch is below what Sluice may send; it is not an execution and is
-//     charged nothing (a stream whose client left after Sluice did may
-//     have been either);
+//     was taken back: a stream, before any event past its first output
+//     (the chat role chunk and the first token's chunk leave together),
+//     only where the batch is below what Sluice may send; it is not an
+//     execution and is charged nothing (a stream whose client left after
+//     Sluice did may have been either);
 //   - nothing reached a replica after its deadline;
 //   - a tenant's completed requests running at the replicas never exceed its
 //     concurrency cap (summed over instances that do not share a ledger);

@@ -326,11 +326,18 @@ type execution struct {
 	gone       bool // the client (Sluice) left before the end
 	errEvent   bool // the stream carried an error event
 	events     int  // SSE data events written, [DONE] aside
+	// firstOutput: the data events of the first write that carried any.
+	// vLLM's first output is one burst: the chat role chunk and the first
+	// token's chunk come out of one generator iteration
+	// (vllm/entrypoints/openai/chat_completion/serving.py), so a take-back
+	// racing it finds both on the wire at once.
+	firstOutput int
 	// takenBack: Sluice left it and sent the same request (its
 	// X-Request-Id) again later: what waited inside the replica was taken
 	// back into Sluice's queue (SCHEDULING §7). Set by the checker.
 	takenBack bool
-	// mayTakenBack: its client left after Sluice did, before any event;
+	// mayTakenBack: its client left after Sluice did, before any event
+	// past its first output;
 	// charged or not (markTakenBack).
 	mayTakenBack bool
 }
@@ -435,6 +442,11 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	if r.sse {
 		r.scan(p)
+		r.log.mu.Lock()
+		if r.ex.firstOutput == 0 {
+			r.ex.firstOutput = r.ex.events
+		}
+		r.log.mu.Unlock()
 	} else {
 		r.body.Write(p)
 		var u struct {
