@@ -84,7 +84,8 @@ func TestReplicaComesBackWhileLeaving(t *testing.T) {
 
 // TestShareLoopFollowsMembers: a replica that joins while the demand
 // exchange runs is reported and capped under its own key from the next
-// exchange on.
+// exchange on. It serves a model of its own, so it is a pool of one, where
+// the heavy tenants keep a sequence (fleet.SplitPool).
 func TestShareLoopFollowsMembers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
@@ -95,7 +96,7 @@ func TestShareLoopFollowsMembers(t *testing.T) {
 		time.Sleep(shareInterval)
 		synctest.Wait()
 
-		require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 4}))
+		require.NoError(t, s.AddReplica(config.Replica{Name: "r1", URL: "http://r1.invalid", MaxNumSeqs: 4, Models: []string{"joined"}}))
 		r1 := s.reps.Get("r1")
 		r1.Count.Store(4)
 		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4, Queued: 4}}}, nil)

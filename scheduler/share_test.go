@@ -62,7 +62,9 @@ func TestShareLoop(t *testing.T) {
 		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
 		r1 := s.reps.List()[0]
 		r1.MaxSeqs = 4
-		r2 := &fleet.Replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1}
+		// r2 serves another model: r1 is a pool of its own, where the
+		// heavy tenants keep a sequence (fleet.SplitPool).
+		r2 := &fleet.Replica{Name: "r1", URL: "http://r1.invalid", MaxSeqs: 4, Slot: 1, Pinned: []string{"other"}}
 		s.reps.SetMembers(append(slices.Clone(s.reps.List()), r2))
 		ex := &fakeExchange{}
 		ex.set(map[string][]peers.Entry{r1.URL: {{Instance: "other", InFlight: 4, Queued: 3}}}, nil)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/gate"
@@ -61,8 +62,9 @@ const ShareStale = 2 * time.Second
 //   - Light tenants are given what they claim now (held, queued and the
 //     room kept for their peaks) plus, where a heavy tenant competes, one
 //     Poisson standard deviation of their claims' sum; heavy tenants
-//     together keep at least one sequence of a batch of two or more. If
-//     the light claims do not fit, they are split max-min by weight.
+//     together keep one sequence of a batch of two or more (of a pool of
+//     one replica: SplitPool). If the light claims do not fit, they are
+//     split max-min by weight.
 //   - Heavy tenants split what is left, max-min by weight over their
 //     claims.
 //
@@ -79,9 +81,9 @@ const ShareStale = 2 * time.Second
 // from the same reports, summing to maxSeqs: each its part rounded down,
 // the remainder one each to the largest fractions, then by instance id. A
 // claim counts at most maxSeqs. At least 1, so no instance starves when
-// there are more instances than sequences; but NoSeqs, none, where its
-// tenants are given nothing while a light tenant has requests queued
-// (Queued) there.
+// there are more instances than sequences (once per pool: FloorOnce); but
+// NoSeqs, none, where its tenants are given nothing while a light tenant
+// has requests queued (Queued) there.
 func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 	return Split(maxSeqs, mine, others).Cap
 }
@@ -100,15 +102,33 @@ type ShareOf struct {
 	Light []string
 	// Heavy is its tenants that the split holds heavy: the cap binds them.
 	Heavy []string
+	// Floor: Cap is the floor of one request that keeps an instance given
+	// nothing from starving, not a part of the split (FloorOnce).
+	Floor bool
 }
 
 // Split is SeqShare with the tenants it holds light.
 func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
+	return SplitPool(maxSeqs, 1, mine, others)
+}
+
+// SplitPool is Split for a replica of a pool of replicas (those serving
+// the same models). The heavy tenants' floor of one sequence is the
+// pool's, as the dispatch gate on one instance lets heavy tenants keep one
+// request in flight per pool, not per replica: on a pool of several
+// replicas the split keeps none on each, and an instance its split gives
+// nothing keeps one request on one replica of the pool (FloorOnce), or
+// none while a light tenant waits (NoSeqs). Kept on every replica, the
+// floor gave a flood's instance a sequence of each while the light
+// tenants' instance waited for completions (on row x of the isolation
+// rows, two replicas of 16, that is two slots where one instance keeps
+// one; fairgen with two instances everywhere: 396 → 401 of 500).
+func SplitPool(maxSeqs int64, replicas int, mine peers.Entry, others []peers.Entry) ShareOf {
 	if maxSeqs <= 0 {
 		return ShareOf{Cap: 1}
 	}
 	self := mine.Instance
-	sp := shareSplit{limit: float64(maxSeqs) * 1000}
+	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1)}
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
 			// An instance as one claimant: what it asks, uncapped, is its
@@ -164,15 +184,41 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 		// replicas whose KV cache holds one request (a batch of one, where
 		// the heavy tenants keep no sequence), a light tenant at the other
 		// instance lost every request to its max_wait (fairgen seed 444
-		// with two instances). On larger batches the heavy tenants' floor
-		// stays while light tenants wait: taking it too cost nothing in
-		// the model, and row x of the isolation rows was not shown to be
-		// unharmed by it.
+		// with two instances). On a lone replica whose batch is two or
+		// more the heavy tenants' floor stays while light tenants wait: on
+		// one replica, taking it too cost nothing in the model. On a pool of
+		// several the split keeps no such floor (SplitPool).
 		out.Cap = NoSeqs
 	default:
-		out.Cap = 1 // no instance starves where there are more instances than sequences
+		// No instance starves where there are more instances than
+		// sequences; once per pool (FloorOnce).
+		out.Cap, out.Floor = 1, true
 	}
 	return out
+}
+
+// FloorOnce keeps the floor of one request (ShareOf.Floor) in one
+// instance's shares of a pool's replicas (nil where no other instance
+// reports demand) on one replica at most, and on none where another of
+// them gives it room (a part of the split, no cap, or no split): the
+// others' floors become NoSeqs. This is the pool's floor of one request
+// for heavy tenants (SplitPool), kept per instance: an instance whose
+// heavy tenants are given nothing on every replica of the pool while no
+// light tenant waits may start one.
+func FloorOnce(shares []*ShareOf) {
+	room := false
+	for _, sh := range shares {
+		room = room || sh == nil || !sh.Floor && sh.Cap >= 0
+	}
+	for _, sh := range shares {
+		if sh == nil || !sh.Floor {
+			continue
+		}
+		if room {
+			sh.Cap = NoSeqs
+		}
+		room = true
+	}
 }
 
 // NoSeqs is a cap of no requests (ShareOf.Cap, Replica.Share).
@@ -180,9 +226,10 @@ const NoSeqs = -1
 
 // shareSplit is SeqShare's split, in thousandths of a request.
 type shareSplit struct {
-	limit  float64 // maxSeqs, in thousandths
-	claims []*shareClaim
-	byName map[string]*shareClaim
+	limit    float64 // maxSeqs, in thousandths
+	replicas int     // in the replica's pool
+	claims   []*shareClaim
+	byName   map[string]*shareClaim
 }
 
 // shareClaim is one tenant's demand on the replica at every instance.
@@ -260,7 +307,9 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 			c.want = c.claim * (1 + margin/lightClaims)
 		}
 		if sp.limit >= 2000 {
-			budget -= min(1000, heavyClaims) // the heavy tenants' floor
+			if sp.replicas == 1 {
+				budget -= min(1000, heavyClaims) // the heavy tenants' floor: the pool's (SplitPool)
+			}
 		}
 	}
 	set := func(c *shareClaim, v float64) { c.alloc = v }
@@ -430,18 +479,42 @@ func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Repor
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
 	}
+	// The pools: replicas serving the same models, those that take new
+	// work. The heavy tenants' floor and an instance's are one request per
+	// pool, as the dispatch gate's on one instance.
+	pool := make([]string, len(reps))
+	size := map[string]int{}
 	for i, r := range reps {
-		others := got[keys[i]]
-		var share int64
-		if len(others) > 0 {
+		if !r.Gone.Load() {
+			pool[i] = strings.Join(slices.Sorted(slices.Values(r.Served())), "\x00")
+			size[pool[i]]++
+		}
+	}
+	splits := make([]*ShareOf, len(reps))
+	byPool := map[string][]*ShareOf{}
+	for i, r := range reps {
+		if others := got[keys[i]]; len(others) > 0 {
 			e, ok := own[keys[i]]
 			if !ok {
 				e.Instance = self
 			}
-			sh := Split(r.ShareBatch(), e, others)
+			sh := SplitPool(r.ShareBatch(), size[pool[i]], e, others)
+			splits[i] = &sh
+		}
+		if !r.Gone.Load() {
+			byPool[pool[i]] = append(byPool[pool[i]], splits[i])
+		}
+	}
+	for _, shares := range byPool {
+		FloorOnce(shares)
+	}
+	for i, r := range reps {
+		others := got[keys[i]]
+		var share int64
+		if sh := splits[i]; sh != nil {
 			share = sh.Cap
-			r.split.Store(&sh)
-			r.PeerWeight.Store(PeerWeight(e, others))
+			r.split.Store(sh)
+			r.PeerWeight.Store(PeerWeight(own[keys[i]], others))
 		} else {
 			r.split.Store(nil)
 			r.PeerWeight.Store(0)

@@ -400,3 +400,70 @@ func TestPeerWeight(t *testing.T) {
 	}
 	assert.Equal(t, int64(2+1+1), PeerWeight(mine, others))
 }
+
+// TestFloorOnce: an instance its split gives nothing keeps one request's
+// floor on one replica of a pool, and none where another replica of the
+// pool gives it room.
+func TestFloorOnce(t *testing.T) {
+	floor := func() *ShareOf { return &ShareOf{Cap: 1, Floor: true} }
+	caps := func(shares []*ShareOf) []int64 {
+		var out []int64
+		for _, sh := range shares {
+			if sh == nil {
+				out = append(out, 0)
+				continue
+			}
+			out = append(out, sh.Cap)
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		shares []*ShareOf
+		want   []int64
+	}{
+		{"one replica: its floor", []*ShareOf{floor()}, []int64{1}},
+		{"floors everywhere: one kept, on the first", []*ShareOf{floor(), floor(), floor()}, []int64{1, NoSeqs, NoSeqs}},
+		{"a part of the split elsewhere", []*ShareOf{floor(), {Cap: 3}}, []int64{NoSeqs, 3}},
+		{"no cap elsewhere", []*ShareOf{{Cap: 0}, floor()}, []int64{0, NoSeqs}},
+		{"no split elsewhere (nobody else there)", []*ShareOf{floor(), nil}, []int64{NoSeqs, 0}},
+		{"none elsewhere, a light tenant waiting there: the floor stays", []*ShareOf{{Cap: NoSeqs}, floor()}, []int64{NoSeqs, 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			FloorOnce(c.shares)
+			assert.Equal(t, c.want, caps(c.shares))
+		})
+	}
+}
+
+// TestHeavyFloorPerPool: on a pool of two replicas whose light claims at
+// the other instance fill both, the flood's instance may start one request
+// in the pool, not one on each, and none while a light tenant waits, as
+// the dispatch gate on one instance. A replica leaving the fleet is no part
+// of the pool. A lone replica keeps the heavy tenants' sequence.
+func TestHeavyFloorPerPool(t *testing.T) {
+	r0 := &Replica{Name: "r0", MaxSeqs: 4, Pinned: []string{"m"}}
+	r1 := &Replica{Name: "r1", MaxSeqs: 4, Pinned: []string{"m"}}
+	reps, keys := []*Replica{r0, r1}, []string{"r0", "r1"}
+	mine := []peers.Report{{Replica: "r0", InFlight: 1, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}}},
+		{Replica: "r1", InFlight: 1, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}}}}
+	light := func(queued int64) map[string][]peers.Entry {
+		e := peers.Entry{Instance: "b", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}
+		return map[string][]peers.Entry{"r0": {e}, "r1": {e}}
+	}
+	ApplyShares("a", reps, keys, mine, light(0))
+	assert.Equal(t, []int64{1, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "one request in the pool")
+	ApplyShares("a", reps, keys, mine, light(1000))
+	assert.Equal(t, []int64{NoSeqs, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "a light tenant waits: none")
+
+	r0.Gone.Store(true)
+	ApplyShares("a", reps, keys, mine, light(0))
+	assert.Equal(t, int64(1), r1.Share.Load(), "the replica that takes new work keeps the floor")
+	r0.Gone.Store(false)
+
+	r1.Pinned = []string{"other"}
+	ApplyShares("a", reps, keys, mine, light(1000))
+	assert.Equal(t, []int64{1, 1}, []int64{r0.Share.Load(), r1.Share.Load()},
+		"two pools of one replica: each keeps the heavy tenants' sequence of its batch")
+}

@@ -81,7 +81,7 @@ var (
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued (fgFleetOff)")
+	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -254,6 +254,10 @@ type fgFleetOff struct {
 	// queued: the reports carry no tenant's queued part, so a light
 	// tenant waiting does not take a flood's instance's floor (fleet.Split).
 	queued bool
+	// floorEach: the heavy tenants' floor and an instance's floor of one
+	// request on every replica of the pool, not once (fleet.SplitPool,
+	// fleet.FloorOnce).
+	floorEach bool
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -268,7 +272,7 @@ func (sc *fgScenario) repConfigured() int64 {
 // switches names each of o's mechanisms as -fairgen.fleetoff takes it.
 func (o *fgFleetOff) switches() map[string]*bool {
 	return map[string]*bool{"kv": &o.kvBatch, "light": &o.lightFree, "park": &o.park, "unreported": &o.unreported,
-		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued}
+		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued, "floor": &o.floorEach}
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -987,6 +991,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			// batch from the other's report where it has demand
 			// (fleet.ApplyShares).
 			nowN := clk.Now().UnixNano()
+			splits := make([][]*fleet.ShareOf, len(insts))
+			for i := range insts {
+				splits[i] = make([]*fleet.ShareOf, len(reps))
+			}
 			for r, rp := range reps {
 				entries := make([]peers.Entry, len(insts))
 				for i, in := range insts {
@@ -1015,14 +1023,31 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if sc.fleetOff.kvBatch {
 							batch = vw.rep.BatchLimit()
 						}
-						sh := fleet.Split(batch, entries[i], others)
-						vw.share, vw.light, vw.heavy = sh.Cap, sh.Light, sh.Heavy
+						pool := len(reps)
+						if sc.fleetOff.floorEach {
+							pool = 1
+						}
+						sh := fleet.SplitPool(batch, pool, entries[i], others)
+						splits[i][r] = &sh
 						if fgTrace && len(ts) > 1 {
 							fmt.Printf("%8.3f SPLIT inst %d r%d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, r, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
 						}
-						if sc.fleetOff.lightFree {
-							vw.light = nil
-						}
+					}
+				}
+			}
+			// Every replica serves the one model: one pool.
+			for i, in := range insts {
+				if !sc.fleetOff.floorEach {
+					fleet.FloorOnce(splits[i])
+				}
+				for r, sh := range splits[i] {
+					if sh == nil {
+						continue
+					}
+					vw := in.v[r]
+					vw.share, vw.light, vw.heavy = sh.Cap, sh.Light, sh.Heavy
+					if sc.fleetOff.lightFree {
+						vw.light = nil
 					}
 				}
 			}
@@ -1512,5 +1537,28 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 		sum, v = fgCheckScenario(t, sc)
 		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", seed, sum, fgJoin(v))
+	}
+}
+
+// TestFairgenHeavyFloorPerPool: with two instances and the batch split
+// over two replicas, a flood's instance the split gives nothing may start
+// one request in the pool while no light tenant waits, and none while one
+// does, as the gate on one instance lets heavy tenants keep one per pool
+// (fleet.SplitPool, fleet.FloorOnce). With a floor on each replica, the
+// light tenant at the other instance waited for the flood's completions:
+// a request it never waits for alone (seeds 151 and 217), or one of a
+// burst (498).
+func TestFairgenHeavyFloorPerPool(t *testing.T) {
+	for _, c := range []struct {
+		seed uint64
+		kind fgKind
+	}{{151, fgCompletion}, {217, fgCompletion}, {498, fgBurst}} {
+		d := fgDraw{"2", "2", ""}
+		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, d))
+		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))
+		sc := genScenarioAt(c.seed, d)
+		sc.fleetOff.floorEach = true
+		sum, v = fgCheckScenario(t, sc)
+		assert.Contains(t, fgKindsOf(v), c.kind, "seed %d with a floor on each replica: %s\n   violations: %s", c.seed, sum, fgJoin(v))
 	}
 }
