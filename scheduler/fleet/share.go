@@ -122,7 +122,8 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 // floor gave a flood's instance a sequence of each while the light
 // tenants' instance waited for completions (on row x of the isolation
 // rows, two replicas of 16, that is two slots where one instance keeps
-// one; fairgen with two instances everywhere: 396 → 401 of 500).
+// one; fairgen with two instances everywhere holds 5 more seeds of 500
+// with one per pool).
 func SplitPool(maxSeqs int64, replicas int, mine peers.Entry, others []peers.Entry) ShareOf {
 	if maxSeqs <= 0 {
 		return ShareOf{Cap: 1}
