@@ -1484,20 +1484,24 @@ func TestFairgenTwoInstances(t *testing.T) {
 // TestFairgenLightWaitTakesTheFloor: seed 444 with two instances runs two
 // replicas whose KV cache holds one request each, a light tenant at one
 // instance and a flood at the other. With the flood's instance's floor of
-// one sequence whatever the light tenant's queue (its queued part not
-// reported), the flood's instance refilled each slot it freed before the
-// light tenant's instance saw it free, and the light tenant lost its
-// requests to its max_wait; taking the floor while it waits, it loses
-// none and waits about one service time.
+// one sequence on each replica whatever the light tenant's queue (its
+// queued part not reported), the flood's instance refilled each slot it
+// freed before the light tenant's instance saw it free, and the light
+// tenant lost its requests to its max_wait. Taking the floor while it
+// waits, or keeping the floor to one replica of the pool
+// (fleet.FloorOnce), each alone, it loses none.
 func TestFairgenLightWaitTakesTheFloor(t *testing.T) {
 	d := fgDraw{"2", "", ""} // two replicas drawn, the flood an open loop
+	for _, off := range []fgFleetOff{{}, {queued: true}, {floorEach: true}} {
+		sc := genScenarioAt(444, d)
+		sc.fleetOff = off
+		sum, v := fgCheckScenario(t, sc)
+		assert.NotContains(t, fgKindsOf(v), fgLost, "without %+v: %s\n   violations: %s", off, sum, fgJoin(v))
+	}
 	sc := genScenarioAt(444, d)
+	sc.fleetOff.queued, sc.fleetOff.floorEach = true, true
 	sum, v := fgCheckScenario(t, sc)
-	assert.NotContains(t, fgKindsOf(v), fgLost, "%s\n   violations: %s", sum, fgJoin(v))
-	sc = genScenarioAt(444, d)
-	sc.fleetOff.queued = true
-	sum, v = fgCheckScenario(t, sc)
-	assert.Contains(t, fgKindsOf(v), fgLost, "without: %s\n   violations: %s", sum, fgJoin(v))
+	assert.Contains(t, fgKindsOf(v), fgLost, "without either: %s\n   violations: %s", sum, fgJoin(v))
 }
 
 // TestFairgenSlivers: token room below one request on a replica is no
