@@ -81,6 +81,22 @@ func (s *Set) PoolKeyOf(model string) PoolKey {
 	return k
 }
 
+// PoolOf is the pool r belongs to: PoolKeyOf its first served model (the
+// pools partition the replicas), or the whole fleet's while no replica's
+// models are known; a replica whose own models are not known yet where
+// others' are is a pool of its own.
+func (s *Set) PoolOf(r *Replica) PoolKey {
+	if ms := r.Served(); len(ms) > 0 {
+		return s.PoolKeyOf(ms[0])
+	}
+	if !s.anyKnown() {
+		return s.PoolKeyOf("")
+	}
+	var k PoolKey
+	k.Set(r.Slot)
+	return k
+}
+
 // maxCachedPools bounds the memoised models (only served ones reach it).
 const maxCachedPools = 1024
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/scheduler/gate"
@@ -112,10 +111,10 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 	return SplitPool(maxSeqs, 1, mine, others)
 }
 
-// SplitPool is Split for a replica of a pool of replicas (those serving
-// the same models). The heavy tenants' floor of one sequence is the
-// pool's, as the dispatch gate on one instance lets heavy tenants keep one
-// request in flight per pool, not per replica: on a pool of several
+// SplitPool is Split for a replica of a pool of replicas (Set.PoolOf).
+// The heavy tenants' floor of one sequence is the pool's, as the dispatch
+// gate on one instance lets heavy tenants keep one request in flight per
+// pool, not per replica: on a pool of several
 // replicas the split keeps none on each, and an instance its split gives
 // nothing keeps one request on one replica of the pool (FloorOnce), or
 // none while a light tenant waits (NoSeqs). Kept on every replica, the
@@ -417,7 +416,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, nil, nil) {
+			if ApplyShares(ex.ID(), reps, keys, set.PoolOf, nil, nil) {
 				d.Wake()
 			}
 			return nil
@@ -435,9 +434,9 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, mine, got)
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, mine, got)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, nil, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, nil, nil) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -472,27 +471,33 @@ func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int6
 }
 
 // ApplyShares sets each replica's share from this instance's reports
-// (mine, as sent) and the others' entries (nil: none anywhere). It reports
+// (mine, as sent) and the others' entries (nil: none anywhere), poolOf
+// naming each replica's pool (Set.PoolOf; nil: each its own). It reports
 // whether a share grew or went: that lets queued work through, so the
 // dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
+func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Replica) PoolKey, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
 	own := make(map[string]peers.Entry, len(mine))
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
 	}
-	// The pools: replicas serving the same models, those that take new
-	// work. The heavy tenants' floor and an instance's are one request per
-	// pool, as the dispatch gate's on one instance.
-	pool := make([]string, len(reps))
-	size := map[string]int{}
+	// The pools (poolOf; nil: each replica its own), of the replicas that
+	// take new work. The heavy tenants' floor and an instance's are one
+	// request per pool, as the dispatch gate's on one instance.
+	pool := make([]PoolKey, len(reps))
+	size := map[PoolKey]int{}
 	for i, r := range reps {
-		if !r.Gone.Load() {
-			pool[i] = strings.Join(slices.Sorted(slices.Values(r.Served())), "\x00")
-			size[pool[i]]++
+		if r.Gone.Load() {
+			continue
 		}
+		if poolOf != nil {
+			pool[i] = poolOf(r)
+		} else {
+			pool[i].Set(r.Slot)
+		}
+		size[pool[i]]++
 	}
 	splits := make([]*ShareOf, len(reps))
-	byPool := map[string][]*ShareOf{}
+	byPool := map[PoolKey][]*ShareOf{}
 	for i, r := range reps {
 		if others := got[keys[i]]; len(others) > 0 {
 			e, ok := own[keys[i]]

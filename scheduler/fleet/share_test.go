@@ -301,7 +301,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 2, Tenants: []peers.TenantDemand{{Tenant: "light", Weight: 1, Load: 1000, Claim: 2000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Equal(t, int64(3), r.Share.Load(), "2 + √2 = 3.4 of 8, the remainder to the larger fraction (the flood's)")
 	r.Count.Store(3)       // at its share
 	scrapeRW(r, 5, 0, now) // and two of the other's running
@@ -316,10 +316,10 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.False(t, set.HeldHeavy(key, "other"), "not classified: the gate decides")
 
 	mine[0].Tenants[0].Load = 40000
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.True(t, set.HeldHeavy(key, "light"), "asking five times the batch: held heavy")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil)
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
@@ -340,7 +340,7 @@ func TestShareOfNone(t *testing.T) {
 		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: 1,
 			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 500, Claim: 1000, Queued: queued}}}}}
 	}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(1000))
 	require.Equal(t, int64(NoSeqs), r.Share.Load())
 	scrapeRW(r, 0, 0, now) // the replica idle
 	rep, _ := set.Take(Route{Tenant: "flood"}, 1, nil)
@@ -350,10 +350,10 @@ func TestShareOfNone(t *testing.T) {
 	assert.Equal(t, int64(1), r.Excess(), "its one request is past a share of none")
 	r.Count.Store(0)
 
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(0)), "the share grew: wake")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(0)), "the share grew: wake")
 	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: at least one")
-	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, mine, light(1000)), "shrank: nothing to let through")
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil), "gone: wake")
+	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(1000)), "shrank: nothing to let through")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil), "gone: wake")
 	assert.Zero(t, r.Share.Load())
 }
 
@@ -368,7 +368,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "heavy", Weight: 2, Load: 30000, Claim: 8000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 5, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 3, Load: 46000, Claim: 8000}, {Tenant: "heavy", Weight: 2, Load: 1000, Claim: 1000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.Equal(t, int64(3), r.PeerWeight.Load(), "the flood's weight: the heavy tenant is reported here too")
 	r.Count.Store(r.Share.Load()) // at its share
@@ -383,7 +383,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	var key PoolKey
 	key.Set(r.Slot)
 	assert.InDelta(t, 3.0, set.FleetOf(key, false, 0).PeerWeight, 1e-9, "the gate's view of the pool")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil)
 	assert.Zero(t, r.PeerWeight.Load(), "no others: no weight beyond this instance's")
 	assert.Zero(t, set.FleetOf(key, false, 0).PeerWeight)
 }
@@ -441,29 +441,31 @@ func TestFloorOnce(t *testing.T) {
 // the other instance fill both, the flood's instance may start one request
 // in the pool, not one on each, and none while a light tenant waits, as
 // the dispatch gate on one instance. A replica leaving the fleet is no part
-// of the pool. A lone replica keeps the heavy tenants' sequence.
+// of the pool. A lone replica keeps the heavy tenants' sequence. The pools
+// are the dispatch gate's (Set.PoolOf).
 func TestHeavyFloorPerPool(t *testing.T) {
 	r0 := &Replica{Name: "r0", MaxSeqs: 4, Pinned: []string{"m"}}
-	r1 := &Replica{Name: "r1", MaxSeqs: 4, Pinned: []string{"m"}}
+	r1 := &Replica{Name: "r1", MaxSeqs: 4, Pinned: []string{"m", "adapter"}}
 	reps, keys := []*Replica{r0, r1}, []string{"r0", "r1"}
+	set := newSet(fixedCapacity(map[string]int64{"r0": 1 << 20, "r1": 1 << 20}), reps...)
 	mine := []peers.Report{{Replica: "r0", InFlight: 1, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}}},
 		{Replica: "r1", InFlight: 1, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 20000, Claim: 4000}}}}
 	light := func(queued int64) map[string][]peers.Entry {
 		e := peers.Entry{Instance: "b", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}
 		return map[string][]peers.Entry{"r0": {e}, "r1": {e}}
 	}
-	ApplyShares("a", reps, keys, mine, light(0))
-	assert.Equal(t, []int64{1, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "one request in the pool")
-	ApplyShares("a", reps, keys, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, mine, light(0))
+	assert.Equal(t, []int64{1, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "one request in the pool (an adapter on one replica is the same pool)")
+	ApplyShares("a", reps, keys, set.PoolOf, mine, light(1000))
 	assert.Equal(t, []int64{NoSeqs, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "a light tenant waits: none")
 
 	r0.Gone.Store(true)
-	ApplyShares("a", reps, keys, mine, light(0))
+	ApplyShares("a", reps, keys, set.PoolOf, mine, light(0))
 	assert.Equal(t, int64(1), r1.Share.Load(), "the replica that takes new work keeps the floor")
 	r0.Gone.Store(false)
 
 	r1.Pinned = []string{"other"}
-	ApplyShares("a", reps, keys, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, mine, light(1000))
 	assert.Equal(t, []int64{1, 1}, []int64{r0.Share.Load(), r1.Share.Load()},
 		"two pools of one replica: each keeps the heavy tenants' sequence of its batch")
 }

@@ -337,8 +337,7 @@ type execution struct {
 	// back into Sluice's queue (SCHEDULING §7). Set by the checker.
 	takenBack bool
 	// mayTakenBack: its client left after Sluice did, before any event
-	// past its first output;
-	// charged or not (markTakenBack).
+	// past its first output; charged or not (markTakenBack).
 	mayTakenBack bool
 }
 
