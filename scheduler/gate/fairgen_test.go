@@ -3,6 +3,7 @@ package gate_test
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -91,6 +92,10 @@ const fgLearn = config.DefaultLearnScrapeInterval
 // gate's view of every tenant, each light request that waited, and each
 // instance's split of the batch where there are two.
 var fgTrace = os.Getenv("FG_TRACE") != ""
+
+// fgRows (FG_ROWS=1) prints each isolation row draw that misses an
+// invariant, without fgTrace's trace.
+var fgRows = os.Getenv("FG_ROWS") != ""
 
 // fairgenSeeds run in make test: seeds whose invariants hold today; 1, 9
 // and 10 (max_num_seqs left out over a smaller batch) fail without
@@ -1080,12 +1085,6 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	return res
 }
 
-// fgCheck runs one seed with instances "1", "2" or drawn ("") and returns
-// its violations.
-func fgCheck(t *testing.T, seed uint64, d fgDraw) (summary string, violations []fgViolation) {
-	return fgCheckScenario(t, genScenarioAt(seed, d))
-}
-
 // fgKindsOf is the kind of each of v.
 func fgKindsOf(v []fgViolation) []fgKind {
 	kinds := make([]fgKind, len(v))
@@ -1278,8 +1277,16 @@ func TestFairnessScenarios(t *testing.T) {
 	failed := 0
 	byKind := map[fgKind]int{}             // seeds with a violation of the kind
 	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
+	byBatch := map[int64][2]int{}          // per batch: seeds, failing seeds
 	for _, r := range seeds {
-		sum, v := fgCheck(t, r.seed, r.d)
+		sc := genScenarioAt(r.seed, r.d)
+		sum, v := fgCheckScenario(t, sc)
+		nb := byBatch[sc.batch]
+		nb[0]++
+		if len(v) > 0 {
+			nb[1]++
+		}
+		byBatch[sc.batch] = nb
 		if len(v) == 0 {
 			t.Logf("ok   %s", sum)
 			continue
@@ -1297,10 +1304,16 @@ func TestFairnessScenarios(t *testing.T) {
 				overBy[k] = append(overBy[k], d)
 			}
 		}
+		var kinds []string
+		for _, k := range fgKinds {
+			if _, ok := most[k]; ok {
+				kinds = append(kinds, string(k))
+			}
+		}
 		if *fairgenWarn {
-			t.Logf("FAIL %s\n   violations: %s", sum, fgJoin(v))
+			t.Logf("FAIL %s\n   violations: %s\n   kinds: %s", sum, fgJoin(v), strings.Join(kinds, "; "))
 		} else {
-			t.Errorf("FAIL %s\n   violations: %s", sum, fgJoin(v))
+			t.Errorf("FAIL %s\n   violations: %s\n   kinds: %s", sum, fgJoin(v), strings.Join(kinds, "; "))
 		}
 	}
 	t.Logf("%d of %d seeds hold every invariant", len(seeds)-failed, len(seeds))
@@ -1319,6 +1332,11 @@ func TestFairnessScenarios(t *testing.T) {
 			}
 		}
 		t.Logf("p99 TTFT past its bound, per failing seed: %s", strings.Join(overs, "; "))
+		var batches []string
+		for _, b := range slices.Sorted(maps.Keys(byBatch)) {
+			batches = append(batches, fmt.Sprintf("%d: %d of %d", b, byBatch[b][1], byBatch[b][0]))
+		}
+		t.Logf("failing seeds by the pool's batch: %s", strings.Join(batches, ", "))
 	}
 	if *fairgenN > 0 {
 		for _, row := range []struct {
@@ -1340,7 +1358,7 @@ func TestFairnessScenarios(t *testing.T) {
 				sum, v := fgCheckScenario(t, sc)
 				if len(v) == 0 {
 					held++
-				} else if fgTrace {
+				} else if fgTrace || fgRows {
 					t.Logf("%s: %s\n   violations: %s", row.name, sum, fgJoin(v))
 				}
 			}
