@@ -59,8 +59,9 @@ const ShareStale = 2 * time.Second
 //     gate.LightMargin times its weighted max-min fair share of the batch,
 //     and no more than the whole batch; otherwise heavy.
 //   - Light tenants are given what they claim now (held, queued and the
-//     room kept for their peaks) plus, where a heavy tenant competes, one
-//     Poisson standard deviation of their claims' sum; heavy tenants
+//     room kept for their peaks) plus, where a heavy tenant competes,
+//     gate.BurstK Poisson standard deviations of their claims' sum (as
+//     the gate's reserve); heavy tenants
 //     together keep one sequence of a batch of two or more (of a pool of
 //     one replica: SplitPool). If the light claims do not fit, they are
 //     split max-min by weight.
@@ -301,7 +302,7 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 	budget := sp.limit
 	if len(heavy) > 0 && lightClaims > 0 {
 		// The gate's reserve: the light tenants' claims are counts of
-		// requests, so their sum's Poisson deviation in requests.
+		// requests, so their sum's Poisson deviations in requests.
 		margin := gate.BurstK * math.Sqrt(lightClaims/1000) * 1000
 		for _, c := range light {
 			c.want = c.claim * (1 + margin/lightClaims)

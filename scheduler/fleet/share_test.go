@@ -45,9 +45,9 @@ func TestSeqShare(t *testing.T) {
 		{"two backlogged split evenly", 4, e("a", 4, 9), []peers.Entry{e("b", 4, 9)}, 2},
 		{"odd: the remainder to the first id", 5, e("a", 5, 9), []peers.Entry{e("b", 5, 9)}, 3},
 		{"odd: the second id gets the floor", 5, e("b", 5, 9), []peers.Entry{e("a", 5, 9)}, 2},
-		{"an other needing less (light) keeps its claim and a margin (2 + √2), the rest is ours", 8, e("a", 8, 8), []peers.Entry{e("b", 1, 1)}, 5},
+		{"an other needing less (light) keeps its claim and a margin (2 + 2·√2), the rest is ours", 8, e("a", 8, 8), []peers.Entry{e("b", 1, 1)}, 3},
 		{"no instance heavy: no cap", 4, e("a", 2, 0), []peers.Entry{e("b", 0, 0)}, 0},
-		{"water-filling over three: a (light) keeps 1 + √1, b and c split 8", 10, e("c", 20, 0), []peers.Entry{e("a", 1, 0), e("b", 20, 0)}, 4},
+		{"water-filling over three: a (light) keeps 1 + 2·√1, b and c split 7, the remainder to the first id", 10, e("c", 20, 0), []peers.Entry{e("a", 1, 0), e("b", 20, 0)}, 3},
 		{"water-filling over three, seen by b", 10, e("b", 20, 0), []peers.Entry{e("a", 1, 0), e("c", 20, 0)}, 4},
 		{"more instances than sequences: at least one", 2, e("z", 9, 9), []peers.Entry{e("a", 9, 9), e("b", 9, 9), e("c", 9, 9)}, 1},
 		{"a report past any sum counts as max_num_seqs", 4, e("a", 1<<62, 1<<62), []peers.Entry{e("b", 1<<62, 1<<62)}, 2},
@@ -56,11 +56,12 @@ func TestSeqShare(t *testing.T) {
 		// The isolation row across instances: three light tenants asking
 		// 3.2 each of 16 at b, a flood at a. Split by instance each would
 		// get 8. Split as the gate splits a pool, the light tenants are
-		// given what they ask and a Poisson deviation of it (√9.6): 12.7.
+		// given what they ask and two Poisson deviations of it (2·√9.6):
+		// 15.8.
 		{"light tenants at one instance are given their claims and a margin", 16,
-			te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2)), []peers.Entry{te("a", busy("flood", 1, 16))}, 13},
+			te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2)), []peers.Entry{te("a", busy("flood", 1, 16))}, 15},
 		{"and the flood's instance the rest", 16,
-			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 3},
+			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", td("v1", 1, 3.2), td("v2", 1, 3.2), td("v3", 1, 3.2))}, 1},
 		{"light claims that do not fit leave the heavy tenants one sequence", 8,
 			te("b", td("v1", 1, 2.5), td("v2", 1, 2.5), td("v3", 1, 2.5)), []peers.Entry{te("a", busy("flood", 1, 8))}, 7},
 		{"a light tenant waiting on a batch of two or more: the heavy tenants keep their floor", 8,
@@ -77,8 +78,8 @@ func TestSeqShare(t *testing.T) {
 			te("a", busy("flood", 1, 1)), []peers.Entry{te("b", td("v", 3, 1))}, 1},
 		{"a batch of one, the light tenant waiting: none", 1,
 			te("a", busy("flood", 1, 1)), []peers.Entry{te("b", waiting("v", 3, 1))}, NoSeqs},
-		{"a light tenant waiting where the batch has room for the heavy tenants too: their part (16 − 2 − √2)", 16,
-			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", waiting("v", 1, 2))}, 13},
+		{"a light tenant waiting where the batch has room for the heavy tenants too: their part (16 − 2 − 2·√2)", 16,
+			te("a", busy("flood", 1, 16)), []peers.Entry{te("b", waiting("v", 1, 2))}, 11},
 		{"a light tenant above its share (6), within gate.LightMargin of it, is given its claim and a margin", 12,
 			te("b", td("v", 1, 8)), []peers.Entry{te("a", busy("flood", 1, 12))}, 11},
 		{"weights: 4 to 1", 10, te("a", busy("big", 4, 10)), []peers.Entry{te("b", busy("small", 1, 10))}, 8},
@@ -89,7 +90,7 @@ func TestSeqShare(t *testing.T) {
 			te("a", busy("big", 1, 10)), []peers.Entry{te("b", busy("big", 4, 10), busy("small", 1, 10))}, 4},
 		{"an older version's report is one claimant of weight 1", 8, te("a", busy("x", 3, 8)), []peers.Entry{e("b", 8, 0)}, 6},
 		{"light tenants only: no cap, as the gate holds no light tenant back", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", td("y", 1, 3))}, 0},
-		{"a light tenant beside a heavy one elsewhere: its claim and a margin (2 + √2)", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", busy("y", 1, 16))}, 3},
+		{"a light tenant beside a heavy one elsewhere: its claim and a margin (2 + 2·√2)", 16, te("a", td("x", 1, 2)), []peers.Entry{te("b", busy("y", 1, 16))}, 5},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -302,9 +303,9 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
-	require.Equal(t, int64(3), r.Share.Load(), "2 + √2 = 3.4 of 8, the remainder to the larger fraction (the flood's)")
-	r.Count.Store(3)       // at its share
-	scrapeRW(r, 5, 0, now) // and two of the other's running
+	require.Equal(t, int64(5), r.Share.Load(), "2 + 2·√2 = 4.8 of 8")
+	r.Count.Store(5)       // at its share
+	scrapeRW(r, 6, 0, now) // and one of the other's running
 	rep, _ := set.Take(Route{Tenant: "light"}, 1, nil)
 	assert.Same(t, r, rep, "light: any room")
 	assert.True(t, set.Fits(Route{Tenant: "other", NoShare: true}, 1), "the share binds, not the replica")

@@ -1525,21 +1525,21 @@ func TestFairgenLightWaitTakesTheFloor(t *testing.T) {
 // TestFairgenSlivers: token room below one request on a replica is no
 // room for it (fleet.Set.FleetOf). Counted as room, the gate let a flood
 // take the light tenant's reserve that no replica could hold, and the
-// light tenant waited for a completion: on one KV-limited replica (seed
-// 372) and, more often, on two whose slivers add up to a request (seeds
-// 43 and 226).
+// light tenant waited for a completion: on one KV-limited replica, its
+// first request (seeds 444 and 465, 3.2 s and 0.53 s against 20 ms
+// alone), and on two whose slivers add up to a request (seed 372).
 func TestFairgenSlivers(t *testing.T) {
 	for _, c := range []struct {
 		seed     uint64
 		replicas string
-	}{{372, "1"}, {43, "2"}, {226, "2"}} {
+	}{{444, "1"}, {465, "1"}, {372, "2"}} {
 		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, fgDraw{"1", c.replicas, "off"}))
 		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
 		sc := genScenarioAt(c.seed, fgDraw{"1", c.replicas, "off"})
 		sc.fleetOff.slivers = true
 		sum, v = fgCheckScenario(t, sc)
 		kinds := fgKindsOf(v)
-		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", c.seed, sum, fgJoin(v))
+		assert.True(t, slices.Contains(kinds, fgCompletion) || slices.Contains(kinds, fgFirst), "seed %d without: %s\n   violations: %s", c.seed, sum, fgJoin(v))
 	}
 }
 
@@ -1568,13 +1568,13 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 // does, as the gate on one instance lets heavy tenants keep one per pool
 // (fleet.SplitPool, fleet.FloorOnce). With a floor on each replica, the
 // light tenant at the other instance waited for the flood's completions:
-// a request it never waits for alone (seeds 151 and 217), or one of a
+// a request it never waits for alone (seeds 28 and 217), or one of a
 // burst (498).
 func TestFairgenHeavyFloorPerPool(t *testing.T) {
 	for _, c := range []struct {
 		seed uint64
 		kind fgKind
-	}{{151, fgCompletion}, {217, fgCompletion}, {498, fgBurst}} {
+	}{{28, fgCompletion}, {217, fgCompletion}, {498, fgBurst}} {
 		d := fgDraw{"2", "2", ""}
 		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, d))
 		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))

@@ -103,15 +103,15 @@ func floodBeside(g *Gate, floodHeld int64) (int64, []TenantLoad) {
 
 // TestAssessReservesTheLightPeakAndItsNoise: the flood (load 4, level
 // 0.875) is heavy and must leave the light tenant's peak (4 of 32) plus
-// one Poisson standard deviation (√4 = 2 sequences), less the 4 it holds:
-// 2/32 of the pool. The light tenant is never held back.
+// two Poisson standard deviations (2·√4 = 4 sequences), less the 4 it
+// holds: 4/32 of the pool. The light tenant is never held back.
 func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 	var g Gate
 	now, loads := floodBeside(&g, 28)
 	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
 	light, reserve := g.Assess(now, loads, 0, f, 0)
 	assert.False(t, light, "the flood")
-	assert.InDelta(t, 2.0/32, reserve, 1e-12, "peak 4/32 + √(4)/32 − held 4/32")
+	assert.InDelta(t, 4.0/32, reserve, 1e-12, "peak 4/32 + 2·√(4)/32 − held 4/32")
 	light, reserve = g.Assess(now, loads, 1, f, 0)
 	assert.True(t, light)
 	assert.Zero(t, reserve)
@@ -121,8 +121,8 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 
 	// server.headroom is the least reserve while the light tenant has
 	// demand; K < 0 drops the noise margin.
-	_, reserve = g.Assess(now, loads, 0, f, 0.1)
-	assert.InDelta(t, 0.1, reserve, 1e-12)
+	_, reserve = g.Assess(now, loads, 0, f, 0.2)
+	assert.InDelta(t, 0.2, reserve, 1e-12)
 	g2 := Gate{Options: Options{K: -1}}
 	now, loads = floodBeside(&g2, 28)
 	_, reserve = g2.Assess(now, loads, 0, f, 0)
@@ -132,10 +132,11 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 // TestAssessNoiseInTheRequestsThePoolHolds: on a pool whose KV cache
 // binds before its sequences (max_num_seqs left at 256, room for three
 // requests of 1,000 tokens), the light tenant's peak of one request is a
-// third of the pool, and its Poisson noise is one request too: the flood
-// must leave room for a second. Counted in the pool's 256 sequences, the
-// noise would be √(1/3 · 1/256) ≈ 0.04 of the pool, no room at all, and
-// the light tenant's second request would wait for a completion.
+// third of the pool, and its Poisson deviation is one request too: the
+// flood must leave room for two more. Counted in the pool's 256
+// sequences, the noise would be 2·√(1/3 · 1/256) ≈ 0.07 of the pool, no
+// room at all, and the light tenant's second request would wait for a
+// completion.
 func TestAssessNoiseInTheRequestsThePoolHolds(t *testing.T) {
 	var g Gate
 	loads := []TenantLoad{
@@ -150,7 +151,7 @@ func TestAssessNoiseInTheRequestsThePoolHolds(t *testing.T) {
 	}
 	light, reserve := g.Assess(now, loads, 0, f, 0)
 	assert.False(t, light, "the flood")
-	assert.InDelta(t, 1.0/3, reserve, 1e-9, "peak 1/3 + √(1/3 · 1/3) − held 1/3: one request")
+	assert.InDelta(t, 2.0/3, reserve, 1e-9, "peak 1/3 + 2·√(1/3 · 1/3) − held 1/3: two requests")
 	f.Tokens, f.Seqs = 2000, 2
 	assert.False(t, f.FitsBeyond(1000, reserve), "the flood may not take the light tenant's second request's room")
 }
@@ -234,7 +235,7 @@ func TestKeptAfterOneRequest(t *testing.T) {
 // held, 25 queued) while the only other tenant is pausing has a claim of
 // the whole pool, so it is within lightMargin of it; it is heavy all the
 // same, because it asks more than the whole pool, and leaves the pausing
-// tenant's kept peak (1 of 16, plus one Poisson deviation) free. Without
+// tenant's kept peak (1 of 16, plus two Poisson deviations) free. Without
 // the rule (NoPool) it is light and may take the last sequence.
 func TestHeavyAbovePool(t *testing.T) {
 	run := func(g *Gate) (bool, float64) {
@@ -257,7 +258,7 @@ func TestHeavyAbovePool(t *testing.T) {
 	var g Gate
 	light, reserve := run(&g)
 	assert.False(t, light, "asks 2.5 pools")
-	assert.InDelta(t, 2.0/16, reserve, 1e-12, "the kept peak 1/16 + √1/16")
+	assert.InDelta(t, 3.0/16, reserve, 1e-12, "the kept peak 1/16 + 2·√1/16")
 	assert.False(t, FleetLoad{Seqs: 15, SeqsCap: 16, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "the last sequence is the pausing tenant's")
 
 	g2 := Gate{Options: Options{NoPool: true}}
@@ -381,7 +382,7 @@ func TestAssessFloorLetsOneHeavyRequestRun(t *testing.T) {
 	g2 := Gate{Options: Options{NoFloor: true}}
 	now, loads = floodBeside(&g2, 0)
 	_, reserve = g2.Assess(now, loads, 0, f, 0)
-	assert.InDelta(t, 2.0/32, reserve, 1e-12)
+	assert.InDelta(t, 4.0/32, reserve, 1e-12, "peak 4/32 + 2·√(4)/32 − held 4/32")
 }
 
 // TestFreshReusesTheAssessmentForAMillisecond: within assessEvery of the
