@@ -61,10 +61,9 @@ const ShareStale = 2 * time.Second
 //   - Light tenants are given what they claim now (held, queued and the
 //     room kept for their peaks) plus, where a heavy tenant competes,
 //     gate.BurstK Poisson standard deviations of their claims' sum (as
-//     the gate's reserve); heavy tenants
-//     together keep one sequence of a batch of two or more (of a pool of
-//     one replica: SplitPool). If the light claims do not fit, they are
-//     split max-min by weight.
+//     the gate's reserve); heavy tenants together keep one sequence of a
+//     batch of two or more (of a pool of one replica: SplitPool). If the
+//     light claims do not fit, they are split max-min by weight.
 //   - Heavy tenants split what is left, max-min by weight over their
 //     claims.
 //
