@@ -114,8 +114,8 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 // SplitPool is Split for a replica of a pool of replicas (Set.PoolOf).
 // The heavy tenants' floor of one sequence is the pool's, as the dispatch
 // gate on one instance lets heavy tenants keep one request in flight per
-// pool, not per replica: on a pool of several
-// replicas the split keeps none on each, and an instance its split gives
+// pool, not per replica: on a pool of several replicas the split keeps
+// none on each, and an instance its split gives
 // nothing keeps one request on one replica of the pool (FloorOnce), or
 // none while a light tenant waits (NoSeqs). Kept on every replica, the
 // floor gave a flood's instance a sequence of each while the light
@@ -484,9 +484,10 @@ func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Repli
 	// take new work. The heavy tenants' floor and an instance's are one
 	// request per pool, as the dispatch gate's on one instance.
 	pool := make([]PoolKey, len(reps))
+	live := make([]bool, len(reps)) // Gone read once: a pool's size and its shares agree
 	size := map[PoolKey]int{}
 	for i, r := range reps {
-		if r.Gone.Load() {
+		if live[i] = !r.Gone.Load(); !live[i] {
 			continue
 		}
 		if poolOf != nil {
@@ -507,7 +508,7 @@ func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Repli
 			sh := SplitPool(r.ShareBatch(), size[pool[i]], e, others)
 			splits[i] = &sh
 		}
-		if !r.Gone.Load() {
+		if live[i] {
 			byPool[pool[i]] = append(byPool[pool[i]], splits[i])
 		}
 	}
