@@ -91,6 +91,14 @@ type Record struct {
 	UnknownCode  bool
 	DeadlineS    float64 // the X-Request-Timeout sent; 0 = none
 	Deadline     time.Duration
+	// Headers is when the response's headers arrived. With a Sluice
+	// target, ServerQueue and ServerUpstream are its Server-Timing
+	// (arrival to dispatch, dispatch to vLLM's first byte), so a slow
+	// TTFT splits into Sluice's queue, vLLM and the rest; -1 when the
+	// header did not carry them.
+	Headers        time.Duration
+	ServerQueue    time.Duration
+	ServerUpstream time.Duration
 }
 
 // TTFT returns First − Sent.
@@ -236,7 +244,7 @@ func (r *runner) newRecord(q *workload.Request, _ int) Record {
 	p := &r.sched.Tenants[q.Tenant]
 	return Record{ID: fmt.Sprintf("%s%s-%d-r%d", r.cfg.IDPrefix, p.Name, q.N, r.cfg.Run), Tenant: q.Tenant, N: q.N,
 		Intended: q.At, Sent: -1, First: -1, FirstContent: -1, Done: -1, InTokens: q.InputLen, InIntended: q.InputLen,
-		OutIntended: q.OutputLen, Deadline: p.Deadline}
+		OutIntended: q.OutputLen, Deadline: p.Deadline, Headers: -1, ServerQueue: -1, ServerUpstream: -1}
 }
 
 func (r *runner) preconnect(ctx context.Context) error {
@@ -411,7 +419,9 @@ func (r *runner) do(ctx context.Context, q *workload.Request, i int) (rec Record
 		return rec
 	}
 	defer resp.Body.Close()
+	rec.Headers = r.now()
 	rec.Status = resp.StatusCode
+	rec.ServerQueue, rec.ServerUpstream = ServerTiming(resp.Header.Get("Server-Timing"))
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		rec.Done = r.now()
@@ -425,6 +435,33 @@ func (r *runner) do(ctx context.Context, q *workload.Request, i int) (rec Record
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	}
 	return rec
+}
+
+// ServerTiming reads the queue and upstream durations of a Server-Timing
+// header ("queue;dur=12.5, upstream;dur=3.0", milliseconds); each is -1
+// when absent or malformed.
+func ServerTiming(h string) (queue, upstream time.Duration) {
+	queue, upstream = -1, -1
+	for m := range strings.SplitSeq(h, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(m), ";")
+		var dur time.Duration = -1
+		for p := range strings.SplitSeq(params, ";") {
+			k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+			if !ok || k != "dur" {
+				continue
+			}
+			if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
+				dur = time.Duration(f * 1e6)
+			}
+		}
+		switch name {
+		case "queue":
+			queue = dur
+		case "upstream":
+			upstream = dur
+		}
+	}
+	return queue, upstream
 }
 
 // failed classifies a transport or stream error, looking at the context

@@ -153,6 +153,7 @@ func TestWireContract(t *testing.T) {
 		got = append(got, r)
 		bodies = append(bodies, string(b))
 		mu.Unlock()
+		w.Header().Set("Server-Timing", "queue;dur=12.250, upstream;dur=3.001")
 		sse(w, c1, usage, "[DONE]")
 	}))
 	defer srv.Close()
@@ -175,6 +176,28 @@ func TestWireContract(t *testing.T) {
 	assert.Equal(t, Success, rec.Outcome)
 	assert.Equal(t, 4, rec.InTokens, "from usage")
 	assert.Equal(t, 3, rec.OutTokens)
+	assert.Equal(t, 12250*time.Microsecond, rec.ServerQueue, "Sluice's queue from Server-Timing")
+	assert.Equal(t, 3001*time.Microsecond, rec.ServerUpstream)
+	assert.True(t, rec.Sent <= rec.Headers && rec.Headers <= rec.First, "headers between send and first token: %v %v %v", rec.Sent, rec.Headers, rec.First)
+}
+
+func TestServerTiming(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		h           string
+		queue, upst time.Duration
+	}{
+		{"queue;dur=0.500", 500 * time.Microsecond, -1},
+		{"queue;dur=7.000, upstream;dur=41.250", 7 * time.Millisecond, 41250 * time.Microsecond},
+		{"upstream;desc=\"x\";dur=2, queue;dur=1", time.Millisecond, 2 * time.Millisecond},
+		{"", -1, -1},
+		{"queue;dur=abc, upstream", -1, -1},
+		{"queue;dur=-3", -1, -1},
+	} {
+		q, u := ServerTiming(tc.h)
+		assert.Equal(t, tc.queue, q, tc.h)
+		assert.Equal(t, tc.upst, u, tc.h)
+	}
 }
 
 func TestFormatTimeout(t *testing.T) {

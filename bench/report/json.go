@@ -282,25 +282,30 @@ func (d Doc) TenantNames() []string {
 
 // RecordLine is one line of --save-requests JSONL.
 type RecordLine struct {
-	ID        string    `json:"id"`
-	Tenant    string    `json:"tenant"`
-	N         int       `json:"n"`
-	TIntended float64   `json:"t_intended_ms"`
-	TSent     *float64  `json:"t_sent_ms"`
-	TFirst    *float64  `json:"t_first_ms"`
-	TDone     *float64  `json:"t_done_ms"`
-	TTFT      *float64  `json:"ttft_ms"`
-	E2EL      *float64  `json:"e2el_ms"`
-	TPOT      *float64  `json:"tpot_ms"`
-	InTokens  int       `json:"in_tokens"`
-	OutTokens int       `json:"out_tokens"`
-	Chunks    int       `json:"chunks"`
-	Status    int       `json:"status"`
-	Outcome   string    `json:"outcome"`
-	Reason    string    `json:"reason"`
-	DeadlineS float64   `json:"deadline_s"`
-	ClientQMs float64   `json:"client_queue_ms"`
-	ITLMs     []float64 `json:"itl_ms,omitempty"`
+	ID        string   `json:"id"`
+	Tenant    string   `json:"tenant"`
+	N         int      `json:"n"`
+	TIntended float64  `json:"t_intended_ms"`
+	TSent     *float64 `json:"t_sent_ms"`
+	TFirst    *float64 `json:"t_first_ms"`
+	TDone     *float64 `json:"t_done_ms"`
+	TTFT      *float64 `json:"ttft_ms"`
+	E2EL      *float64 `json:"e2el_ms"`
+	TPOT      *float64 `json:"tpot_ms"`
+	InTokens  int      `json:"in_tokens"`
+	OutTokens int      `json:"out_tokens"`
+	Chunks    int      `json:"chunks"`
+	Status    int      `json:"status"`
+	Outcome   string   `json:"outcome"`
+	Reason    string   `json:"reason"`
+	DeadlineS float64  `json:"deadline_s"`
+	ClientQMs float64  `json:"client_queue_ms"`
+	// THeaders is when the response's headers arrived; ServerQMs and
+	// ServerUpMs are a Sluice target's Server-Timing (absent otherwise).
+	THeaders   *float64  `json:"t_headers_ms"`
+	ServerQMs  *float64  `json:"server_queue_ms,omitempty"`
+	ServerUpMs *float64  `json:"server_upstream_ms,omitempty"`
+	ITLMs      []float64 `json:"itl_ms,omitempty"`
 }
 
 func msp(d time.Duration) *float64 {
@@ -320,7 +325,7 @@ func WriteJSONL(w interface{ Write([]byte) (int, error) }, sched *workload.Sched
 		l := RecordLine{ID: r.ID, Tenant: sched.Tenants[r.Tenant].Name, N: r.N, TIntended: float64(r.Intended) / 1e6,
 			TSent: msp(r.Sent), TFirst: msp(r.First), TDone: msp(r.Done), InTokens: r.InTokens, OutTokens: r.OutTokens,
 			Chunks: r.Chunks, Status: r.Status, Outcome: string(r.Outcome), Reason: r.Reason, DeadlineS: r.DeadlineS,
-			ClientQMs: float64(r.ClientQueue) / 1e6}
+			ClientQMs: float64(r.ClientQueue) / 1e6, THeaders: msp(r.Headers), ServerQMs: msp(r.ServerQueue), ServerUpMs: msp(r.ServerUpstream)}
 		if r.Sent >= 0 && r.First >= 0 {
 			l.TTFT = msp(r.TTFT())
 		}
