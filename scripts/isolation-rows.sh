@@ -23,8 +23,9 @@
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
 # rows to run, "direct haproxy a b c"), ISO_UPSTREAM (more `upstream:` keys
 # of Sluice's config, one "key: value" per line, e.g. "first_token_stop: 0"),
-# ISO_KEEP=1 keeps the work dir, ISO_TRACE=1
-# also records every request ($WORK/req-ROW.jsonl) and, every 100 ms plus
+# ISO_KEEP=1 keeps the work dir and records every request
+# ($WORK/req-ROW.jsonl, with Sluice's Server-Timing), ISO_TRACE=1 records
+# the requests too and, every 100 ms plus
 # the time of three scrapes (about once a second on a loaded machine),
 # each replica's running and waiting and Sluice's learned batch and
 # in-flight tokens ($WORK/trace-ROW.tsv). Prints a Markdown table and the
@@ -141,8 +142,10 @@ run() {
 	shift 2
 	[ "${WAIT_IDLE:-1}" = 1 ] && wait_idle
 	echo "isolation: $label" >&2
-	if [ "${ISO_TRACE:-0}" = 1 ]; then
+	if [ "${ISO_TRACE:-0}" = 1 ] || [ "${ISO_KEEP:-0}" = 1 ]; then
 		set -- "$@" --save-requests "$WORK/req-$label.jsonl"
+	fi
+	if [ "${ISO_TRACE:-0}" = 1 ]; then
 		trace >"$WORK/trace-$label.tsv" &
 		tp=$!
 	fi
