@@ -57,7 +57,7 @@ func (s *Server) Replicas() []views.ReplicaIn {
 		v, ok := snap.Replica(r.Name)
 		out = append(out, views.ReplicaIn{Name: r.Name, URL: r.URL, InflightTokens: r.Load.Load(), Inflight: r.Count.Load(),
 			AbortsHeld: r.Distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(), MaxNumSeqs: r.MaxSeqs,
-			LearnedBatch: r.Learned(), GPU: v, Known: ok, Obs: r.Obs.Load(), LastScrapeError: r.LastScrapeError(now)})
+			LearnedBatch: r.Learned(), BatchLimit: r.BatchLimit(), Seqs: r.Seqs(true), GPU: v, Known: ok, Obs: r.Obs.Load(), LastScrapeError: r.LastScrapeError(now)})
 	}
 	return out
 }

@@ -21,7 +21,8 @@ const ShareStale = fleet.ShareStale
 // ctx ends (fleet.ShareLoop).
 func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 	return fleet.ShareLoop(ctx, s.reps, ex, fleet.ShareDeps{
-		WaitingOn: s.Pools().WaitingOn, TenantsOn: s.tenantsOn, Wake: s.Wake, Now: s.now, Log: s.log})
+		WaitingOn: s.Pools().WaitingOn, TenantsOn: s.tenantsOn, Wake: s.Wake, Now: s.now, Log: s.log,
+		Margin: func() float64 { return s.pol.Load().Cfg.Server.Margin() }})
 }
 
 // tenantsOn appends each tenant's demand on the replica in slot to out, in

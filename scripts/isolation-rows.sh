@@ -27,8 +27,8 @@
 # ($WORK/req-ROW.jsonl, with Sluice's Server-Timing), ISO_TRACE=1 records
 # the requests too and, every 100 ms plus
 # the time of three scrapes (about once a second on a loaded machine),
-# each replica's running and waiting and Sluice's learned batch and
-# in-flight tokens ($WORK/trace-ROW.tsv). Prints a Markdown table and the
+# each replica's running and waiting and Sluice's learned batch, in-flight
+# tokens, batch limit and sequence count ($WORK/trace-ROW.tsv). Prints a Markdown table and the
 # exact commands.
 set -euo pipefail
 
@@ -54,6 +54,9 @@ for t in chat-a chat-b chat-c flood; do
 	v=KEY_$(echo "$t" | tr 'a-z-' 'A-Z_')
 	export "$v=sk-iso-$t-$RANDOM$RANDOM"
 done
+# The admin token of the Sluice instances the script starts (the trace
+# reads GET /admin/replicas).
+export SLUICE_ADMIN_TOKEN=adm-iso-$RANDOM$RANDOM$RANDOM
 
 cat >"$WORK/rows.yaml" <<'EOF'
 seed: 3
@@ -115,20 +118,24 @@ wait_idle() {
 	done
 }
 
-# trace: every 100 ms plus three scrapes, ms since start, then per replica its running,
-# waiting, Sluice's learned batch and in-flight tokens, until killed.
+# trace: every 100 ms plus three scrapes, ms since start, then per replica
+# its running and waiting (vLLM's), and Sluice's learned batch, in-flight
+# tokens, batch limit and sequence count (GET /admin/replicas: dispatch to
+# the replica waits while the count is at the limit), until killed.
 trace() {
-	local t0 p i m a
+	local t0 p i m a rows
 	t0=$(date +%s%3N)
 	while :; do
 		m=$(curl -fs -m 1 "http://127.0.0.1:$ADM_PORT/metrics" 2>/dev/null || true)
+		rows=$(curl -fs -m 1 -H "Authorization: Bearer $SLUICE_ADMIN_TOKEN" "http://127.0.0.1:$ADM_PORT/admin/replicas" 2>/dev/null || true)
 		printf '%s' "$(($(date +%s%3N) - t0))"
 		for i in 0 1; do
 			p=$((SIM_PORT + i))
 			a=$(curl -fs -m 1 "http://127.0.0.1:$p/metrics" | awk '/^vllm:num_requests_running[{ ]/ { r = $NF } /^vllm:num_requests_waiting[{ ]/ { w = $NF } END { printf "%d\t%d", r, w }')
-			printf '\t%s\t%s\t%s' "$a" \
+			printf '\t%s\t%s\t%s\t%s' "$a" \
 				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_learned_batch" && index($1, "\"" r "\"") { print $NF }')" \
-				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_inflight_tokens" && index($1, "\"" r "\"") { print $NF }')"
+				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_inflight_tokens" && index($1, "\"" r "\"") { print $NF }')" \
+				"$(printf '%s\n' "$rows" | jq -r --arg r "r$i" '(if type == "array" then . else .replicas end)[]? | select(.name == $r) | "\(.batch_limit)\t\(.seqs)"' 2>/dev/null)"
 		done
 		echo
 		sleep 0.1

@@ -104,6 +104,18 @@ type Redis struct {
 // DefaultLearnScrapeInterval is upstream.learn_scrape_interval's default.
 const DefaultLearnScrapeInterval = 200 * time.Millisecond
 
+// DefaultReserveMargin is server.reserve_margin's default (the gate's
+// burstK).
+const DefaultReserveMargin = 2.0
+
+// Margin is server.reserve_margin, its default where unset.
+func (s *Server) Margin() float64 {
+	if s.ReserveMargin == nil {
+		return DefaultReserveMargin
+	}
+	return *s.ReserveMargin
+}
+
 // DefaultLearnRamp is upstream.learn_ramp's default.
 const DefaultLearnRamp = 0.5
 
@@ -277,6 +289,13 @@ type Server struct {
 	// completions): until then it is let through beyond the light
 	// tenants' reserve, as a burst is. Default 5s.
 	StandingQueue time.Duration `yaml:"standing_queue"`
+	// ReserveMargin is the light tenants' reserve's margin over their
+	// recent demand peak, in standard deviations of a Poisson count of
+	// that size: more keeps light tenants' bursts off a full pool, at the
+	// cost of heavy tenants' throughput. It sizes the split of a replica
+	// shared by several instances too, so instances that share replicas
+	// set it alike. 0: the peak alone. Default 2.
+	ReserveMargin *float64 `yaml:"reserve_margin"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
 	// or gpu_ms. Defaults tokens, 1, 2.
 	Cost Cost `yaml:"cost"`
@@ -618,6 +637,10 @@ func (f *File) applyDefaults() {
 	def(&s.Headroom, 0.1)
 	def(&s.ReserveHold, 2*time.Minute)
 	def(&s.StandingQueue, 5*time.Second)
+	if s.ReserveMargin == nil {
+		v := DefaultReserveMargin
+		s.ReserveMargin = &v
+	}
 	def(&s.Cost.Unit, "tokens")
 	def(&s.Cost.WIn, 1)
 	def(&s.Cost.WOut, 2)

@@ -262,6 +262,26 @@ func TestLearnScrapeIntervalKey(t *testing.T) {
 	}
 }
 
+// server.reserve_margin: its default, an explicit 0 kept (the peak
+// alone), and a refusal naming the key.
+func TestReserveMarginKey(t *testing.T) {
+	t.Parallel()
+	f, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, DefaultReserveMargin, f.Server.Margin())
+	for v, want := range map[string]float64{"0": 0, "3.5": 3.5} {
+		f, err = Parse([]byte("server: {reserve_margin: " + v + "}\n" + minimal))
+		require.NoError(t, err, v)
+		assert.Equal(t, want, f.Server.Margin(), v)
+	}
+	for _, bad := range []string{"-1", "9"} {
+		_, err = Parse([]byte("server: {reserve_margin: " + bad + "}\n" + minimal))
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "server.reserve_margin", bad)
+	}
+	assert.Equal(t, DefaultReserveMargin, (&Server{}).Margin(), "unset, as before defaults")
+}
+
 // upstream.learn_ramp and upstream.take_back_waiting: their defaults, an
 // explicit 0 and false kept, and a refusal naming the ramp's key.
 func TestLearnRampAndTakeBackKeys(t *testing.T) {

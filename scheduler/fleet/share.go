@@ -60,8 +60,9 @@ const ShareStale = 2 * time.Second
 //     and no more than the whole batch; otherwise heavy.
 //   - Light tenants are given what they claim now (held, queued and the
 //     room kept for their peaks) plus, where a heavy tenant competes,
-//     gate.BurstK Poisson standard deviations of their claims' sum (as
-//     the gate's reserve); heavy tenants together keep one sequence of a
+//     server.reserve_margin (default gate.BurstK) Poisson standard
+//     deviations of their claims' sum (as the gate's reserve; SeqShare and
+//     Split take the default); heavy tenants together keep one sequence of a
 //     batch of two or more (of a pool of one replica: SplitPool). If the
 //     light claims do not fit, they are split max-min by weight.
 //   - Heavy tenants split what is left, max-min by weight over their
@@ -108,7 +109,7 @@ type ShareOf struct {
 
 // Split is SeqShare with the tenants it holds light.
 func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
-	return SplitPool(maxSeqs, 1, mine, others)
+	return SplitPool(maxSeqs, 1, gate.BurstK, mine, others)
 }
 
 // SplitPool is Split for a replica of a pool of replicas (Set.PoolOf).
@@ -123,12 +124,12 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 // rows, two replicas of 16, that is two slots where one instance keeps
 // one; fairgen with two instances everywhere holds 5 more seeds of 500
 // with one per pool).
-func SplitPool(maxSeqs int64, replicas int, mine peers.Entry, others []peers.Entry) ShareOf {
+func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, others []peers.Entry) ShareOf {
 	if maxSeqs <= 0 {
 		return ShareOf{Cap: 1}
 	}
 	self := mine.Instance
-	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1)}
+	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1), margin: max(margin, 0)}
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
 			// An instance as one claimant: what it asks, uncapped, is its
@@ -228,6 +229,7 @@ const NoSeqs = -1
 type shareSplit struct {
 	limit    float64 // maxSeqs, in thousandths
 	replicas int     // in the replica's pool
+	margin   float64 // server.reserve_margin
 	claims   []*shareClaim
 	byName   map[string]*shareClaim
 }
@@ -302,7 +304,7 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 	if len(heavy) > 0 && lightClaims > 0 {
 		// The gate's reserve: the light tenants' claims are counts of
 		// requests, so their sum's Poisson deviations in requests.
-		margin := gate.BurstK * math.Sqrt(lightClaims/1000) * 1000
+		margin := sp.margin * math.Sqrt(lightClaims/1000) * 1000
 		for _, c := range light {
 			c.want = c.claim * (1 + margin/lightClaims)
 		}
@@ -385,8 +387,10 @@ type ShareDeps struct {
 	TenantsOn func(slot int, out []peers.TenantDemand) []peers.TenantDemand
 	// Wake lets queued work through: a share grew or lapsed.
 	Wake func()
-	Now  func() time.Time
-	Log  *slog.Logger
+	// Margin is server.reserve_margin as of now (it reloads).
+	Margin func() float64
+	Now    func() time.Time
+	Log    *slog.Logger
 }
 
 // ShareLoop exchanges demand with the other instances every ShareInterval
@@ -416,7 +420,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, set.PoolOf, nil, nil) {
+			if ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), nil, nil) {
 				d.Wake()
 			}
 			return nil
@@ -434,9 +438,9 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, mine, got)
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), mine, got)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, nil, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), nil, nil) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -472,10 +476,11 @@ func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int6
 
 // ApplyShares sets each replica's share from this instance's reports
 // (mine, as sent) and the others' entries (nil: none anywhere), poolOf
-// naming each replica's pool (Set.PoolOf; nil: each its own). It reports
+// naming each replica's pool (Set.PoolOf; nil: each its own), margin the
+// light tenants' (server.reserve_margin, SplitPool). It reports
 // whether a share grew or went: that lets queued work through, so the
 // dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Replica) PoolKey, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
+func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Replica) PoolKey, margin float64, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
 	own := make(map[string]peers.Entry, len(mine))
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
@@ -505,7 +510,7 @@ func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Repli
 			if !ok {
 				e.Instance = self
 			}
-			sh := SplitPool(r.ShareBatch(), size[pool[i]], e, others)
+			sh := SplitPool(r.ShareBatch(), size[pool[i]], margin, e, others)
 			splits[i] = &sh
 		}
 		if live[i] {

@@ -302,7 +302,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 2, Tenants: []peers.TenantDemand{{Tenant: "light", Weight: 1, Load: 1000, Claim: 2000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Equal(t, int64(5), r.Share.Load(), "2 + 2·√2 = 4.8 of 8")
 	r.Count.Store(5)       // at its share
 	scrapeRW(r, 6, 0, now) // and one of the other's running
@@ -317,10 +317,10 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.False(t, set.HeldHeavy(key, "other"), "not classified: the gate decides")
 
 	mine[0].Tenants[0].Load = 40000
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.True(t, set.HeldHeavy(key, "light"), "asking five times the batch: held heavy")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
@@ -341,7 +341,7 @@ func TestShareOfNone(t *testing.T) {
 		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: 1,
 			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 500, Claim: 1000, Queued: queued}}}}}
 	}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(1000))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(1000))
 	require.Equal(t, int64(NoSeqs), r.Share.Load())
 	scrapeRW(r, 0, 0, now) // the replica idle
 	rep, _ := set.Take(Route{Tenant: "flood"}, 1, nil)
@@ -351,10 +351,10 @@ func TestShareOfNone(t *testing.T) {
 	assert.Equal(t, int64(1), r.Excess(), "its one request is past a share of none")
 	r.Count.Store(0)
 
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(0)), "the share grew: wake")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(0)), "the share grew: wake")
 	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: at least one")
-	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, light(1000)), "shrank: nothing to let through")
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil), "gone: wake")
+	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(1000)), "shrank: nothing to let through")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil), "gone: wake")
 	assert.Zero(t, r.Share.Load())
 }
 
@@ -369,7 +369,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "heavy", Weight: 2, Load: 30000, Claim: 8000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 5, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 3, Load: 46000, Claim: 8000}, {Tenant: "heavy", Weight: 2, Load: 1000, Claim: 1000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.Equal(t, int64(3), r.PeerWeight.Load(), "the flood's weight: the heavy tenant is reported here too")
 	r.Count.Store(r.Share.Load()) // at its share
@@ -384,7 +384,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	var key PoolKey
 	key.Set(r.Slot)
 	assert.InDelta(t, 3.0, set.FleetOf(key, false, 0).PeerWeight, 1e-9, "the gate's view of the pool")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
 	assert.Zero(t, r.PeerWeight.Load(), "no others: no weight beyond this instance's")
 	assert.Zero(t, set.FleetOf(key, false, 0).PeerWeight)
 }
@@ -455,18 +455,35 @@ func TestHeavyFloorPerPool(t *testing.T) {
 		e := peers.Entry{Instance: "b", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}
 		return map[string][]peers.Entry{"r0": {e}, "r1": {e}}
 	}
-	ApplyShares("a", reps, keys, set.PoolOf, mine, light(0))
+	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(0))
 	assert.Equal(t, []int64{1, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "one request in the pool (an adapter on one replica is the same pool)")
-	ApplyShares("a", reps, keys, set.PoolOf, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(1000))
 	assert.Equal(t, []int64{NoSeqs, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "a light tenant waits: none")
 
 	r0.Gone.Store(true)
-	ApplyShares("a", reps, keys, set.PoolOf, mine, light(0))
+	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(0))
 	assert.Equal(t, int64(1), r1.Share.Load(), "the replica that takes new work keeps the floor")
 	r0.Gone.Store(false)
 
 	r1.Pinned = []string{"other"}
-	ApplyShares("a", reps, keys, set.PoolOf, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(1000))
 	assert.Equal(t, []int64{1, 1}, []int64{r0.Share.Load(), r1.Share.Load()},
 		"two pools of one replica: each keeps the heavy tenants' sequence of its batch")
+}
+
+// TestSplitPoolMargin: server.reserve_margin sizes the light tenants'
+// part as it sizes the gate's reserve. b (light, in flight 1 and 1
+// queued: a claim of 2) is given its claim plus margin·√2; the heavy a
+// keeps what is left of 8 (at 1, 4.59: the remainder goes to the largest
+// fraction), at least the heavy tenants' floor of one.
+func TestSplitPoolMargin(t *testing.T) {
+	a := peers.Entry{Instance: "a", InFlight: 8, Queued: 8}
+	b := []peers.Entry{{Instance: "b", InFlight: 1, Queued: 1}}
+	for _, tc := range []struct {
+		margin float64
+		want   int64
+	}{{0, 6}, {1, 5}, {gate.BurstK, 3}, {4, 1}} {
+		assert.Equal(t, tc.want, SplitPool(8, 1, tc.margin, a, b).Cap, "margin %v", tc.margin)
+	}
+	assert.Equal(t, SeqShare(8, a, b), SplitPool(8, 1, gate.BurstK, a, b).Cap, "SeqShare takes the default")
 }

@@ -233,7 +233,7 @@ func (r *desRun) run(t *testing.T, tenants []*desTenant) {
 	np := len(r.pools)
 	gates := make([]gate.Gate, np)
 	for i := range gates {
-		gates[i] = gate.Gate{Options: gate.Options{Window: r.tau, PeakWindow: r.peakW, NoFloor: r.noFloor, NoBacklog: r.noBacklog, NoSticky: r.noSticky, NoForecast: r.noForecast, K: r.k}}
+		gates[i] = gate.Gate{Options: gate.Options{Window: r.tau, PeakWindow: r.peakW, NoFloor: r.noFloor, NoBacklog: r.noBacklog, NoSticky: r.noSticky, NoForecast: r.noForecast}, Margin: r.k}
 	}
 	r.poolBusy, r.poolPeak = make([]time.Duration, np), make([]int64, np)
 	pooled := make([]int64, np)

@@ -61,8 +61,8 @@
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the
-//     larger of their demand peaks over the last peakWindow (plus burstK
-//     Poisson standard deviations) and their summed offered load (plus
+//     larger of their demand peaks over the last peakWindow (plus
+//     server.reserve_margin, default burstK, Poisson standard deviations) and their summed offered load (plus
 //     forecastK). Offered loads and deviations count requests of each
 //     tenant's own size (a pool whose KV cache binds holds fewer than
 //     max_num_seqs), so a peak of one request has a deviation of one

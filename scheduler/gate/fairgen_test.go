@@ -1032,7 +1032,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if sc.fleetOff.floorEach {
 							pool = 1
 						}
-						sh := fleet.SplitPool(batch, pool, entries[i], others)
+						sh := fleet.SplitPool(batch, pool, gate.BurstK, entries[i], others)
 						splits[i][r] = &sh
 						if fgTrace && len(ts) > 1 {
 							fmt.Printf("%8.3f SPLIT inst %d r%d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, r, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)

@@ -80,25 +80,25 @@ const forecastK = 2.0
 // requests in a minute, below its floor's 10.
 const floorK = 3.0
 
-// burstK is the reserve's margin over the light tenants' recent peak, in
-// standard deviations of a Poisson count of that size. The reserve binds
-// only heavy tenants, whose throughput is all it costs; a light request
-// that finds it short waits for a completion, seconds on a small pool.
-// In the fairness model (seeds 1–500 / 501–1000 / 1001–1500 as drawn,
-// then two instances everywhere): 1 held 423 / 407 / 397 / 401; 1.5
-// 424 / 408 / 402 / 405; 2 427 / 411 / 402 / 409; 2.5 428 / 412 / 403 /
-// 407 and 3 426 / 412 / 403 / 407, with light requests lost on more
-// seeds.
+// burstK is server.reserve_margin's default: the reserve's margin over
+// the light tenants' recent peak, in standard deviations of a Poisson
+// count of that size. The reserve binds only heavy tenants, whose
+// throughput is all it costs; a light request that finds it short waits
+// for a completion, seconds on a small pool. In the fairness model (seeds
+// 1–500 / 501–1000 / 1001–1500 as drawn, then two instances everywhere):
+// 1 held 423 / 407 / 397 / 401; 1.5 424 / 408 / 402 / 405; 2 427 / 411 /
+// 402 / 409; 2.5 428 / 412 / 403 / 407 and 3 426 / 412 / 403 / 407, with
+// light requests lost on more seeds.
 const burstK = 2.0
 
-// BurstK is burstK, for the split of a shared replica's batch across
-// instances (fleet.SeqShare), which reserves for light tenants as the gate
-// does.
+// BurstK is server.reserve_margin's default, for the configuration and
+// for the split of a shared replica's batch across instances
+// (fleet.SeqShare), which reserves for light tenants as the gate does.
 const BurstK = burstK
 
 func (g *Gate) burstK() float64 {
-	if g.K != 0 {
-		return max(g.K, 0)
+	if g.Margin != 0 {
+		return max(g.Margin, 0)
 	}
 	return burstK
 }
@@ -116,7 +116,6 @@ type Options struct {
 	NoPool     bool          // heavy only above lightMargin × its claim, not above the pool
 	NoSustain  bool          // a heavy tenant held by the reserve whatever its arrival rate
 	NoStanding bool          // a heavy tenant not sustained let through past its share with a standing queue
-	K          float64       // 0: burstK; negative: none
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -133,11 +132,15 @@ type Gate struct {
 	// Standing is server.standing_queue, set by the caller before
 	// Assess; 0: defaultStandingQueue.
 	Standing time.Duration
-	mem      map[string]*gateMem
-	cls      []gateCls // reused by Assess
-	idx      []int     // reused by waterLevel
-	snap     gateSnap  // the last full assessment
-	svc      float64   // mean service time on the pool (s), 0 unknown
+	// Margin is server.reserve_margin, set by the caller before Assess:
+	// the reserve's margin over the light tenants' peak, in Poisson
+	// standard deviations. 0: burstK; negative: none.
+	Margin float64
+	mem    map[string]*gateMem
+	cls    []gateCls // reused by Assess
+	idx    []int     // reused by waterLevel
+	snap   gateSnap  // the last full assessment
+	svc    float64   // mean service time on the pool (s), 0 unknown
 }
 
 // defaultReserveHold is server.reserve_hold's default.

@@ -120,13 +120,18 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 	assert.True(t, g.WithinShare("unknown", 1), "a tenant the gate has not seen")
 
 	// server.headroom is the least reserve while the light tenant has
-	// demand; K < 0 drops the noise margin.
+	// demand; a negative Margin (server.reserve_margin: 0) drops the noise
+	// margin.
 	_, reserve = g.Assess(now, loads, 0, f, 0.2)
 	assert.InDelta(t, 0.2, reserve, 1e-12)
-	g2 := Gate{Options: Options{K: -1}}
+	g2 := Gate{Margin: -1}
 	now, loads = floodBeside(&g2, 28)
 	_, reserve = g2.Assess(now, loads, 0, f, 0)
 	assert.Zero(t, reserve, "the peak alone, all of it held")
+	g4 := Gate{Margin: 4}
+	now, loads = floodBeside(&g4, 28)
+	_, reserve = g4.Assess(now, loads, 0, f, 0)
+	assert.InDelta(t, 8.0/32, reserve, 1e-12, "peak 4/32 + 4·√(4)/32 − held 4/32")
 }
 
 // TestAssessNoiseInTheRequestsThePoolHolds: on a pool whose KV cache

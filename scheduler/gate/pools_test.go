@@ -120,3 +120,20 @@ func TestQueuedBesides(t *testing.T) {
 	assert.False(t, pl.QueuedBesides("flood", func(n string) bool { return n != "light" }), "not usable")
 	assert.True(t, pl.QueuedBesides("light", all), "the flood, for the light tenant")
 }
+
+// TestPoolAssessSetsTheMargin: Pool.Assess hands the gate
+// server.reserve_margin as it is now (a reload applies it), 0 meaning no
+// margin, not the gate's default.
+func TestPoolAssessSetsTheMargin(t *testing.T) {
+	t.Parallel()
+	var p Pools[slots]
+	k := slots(1)
+	p.Move(&Place[slots]{Pool: k}, "x", 10, false, SpotQueued)
+	pl := p.PoolLocked(k)
+	one := func(int) (string, float64) { return "x", 1 }
+	for _, tc := range []struct{ margin, want float64 }{{3, 3}, {0, -1}, {BurstK, BurstK}} {
+		pl.Assess(1, "x", 1, one, FleetLoad{SeqsCap: 4, TokensCap: 1 << 20}, 0, 0, 0, tc.margin)
+		assert.Equal(t, tc.want, pl.Gate.Margin, "margin %v", tc.margin)
+		assert.Equal(t, max(tc.margin, 0), pl.Gate.burstK())
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/ledger"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler/apierr"
+	"github.com/sluicehq/sluice/scheduler/config"
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
@@ -178,4 +179,30 @@ func TestQueuedCallFollowsItsPool(t *testing.T) {
 	assert.Equal(t, int64(0), s.pools.Load(old, "acme").Queued, "out of the pool it was admitted to")
 	assert.Equal(t, int64(1), s.pools.Load(c.place.Pool, "acme").Queued, "queued in its model's pool")
 	s.movePool(c, gate.SpotNone)
+}
+
+// server.reserve_margin reaches the pool's gate at each assessment, a
+// reload's value from the next dispatch, 0 as no margin (not the gate's
+// default), and its default is the gate's.
+func TestReserveMarginReachesTheGate(t *testing.T) {
+	assert.Equal(t, gate.BurstK, config.DefaultReserveMargin)
+	synctest.Test(t, func(t *testing.T) {
+		led := lifecycletest.NewLedger(t)
+		up := &lifecycletest.Upstream{Out: 2}
+		s := newTestEngine(t, lifecycletest.Config(t, "server: {reserve_margin: 0.5}\n", ""), led, up)
+		s.loopOnly = false
+		margin := func() float64 {
+			s.pools.Lock()
+			defer s.pools.Unlock()
+			return s.pools.PoolLocked(s.reps.PoolKeyOf("m")).Gate.Margin
+		}
+		_, err := serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
+		require.NoError(t, err)
+		assert.Equal(t, 0.5, margin())
+		reloadPolicy(t, s, lifecycletest.Config(t, "server: {reserve_margin: 0}\n", ""))
+		time.Sleep(time.Second) // past the gate's reuse of its last assessment (assessEvery)
+		_, err = serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
+		require.NoError(t, err)
+		assert.Equal(t, -1.0, margin(), "0: the peak alone")
+	})
 }

@@ -90,6 +90,8 @@ func TestLearnedBatchProtectsLightTenant(t *testing.T) {
 	row := n.replicaRows(t)["r0"]
 	assert.InDelta(t, 256.0, row["max_num_seqs"], 0)
 	assert.InDelta(t, 8.0, row["learned_batch"], 0)
+	assert.Positive(t, row["batch_limit"])
+	assert.LessOrEqual(t, row["batch_limit"], 8.0, "the learned batch, or the running count under a stop")
 	// What stood in vLLM's queue when the batch was learned drains first.
 	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
 

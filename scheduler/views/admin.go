@@ -39,6 +39,7 @@ type ReplicaIn struct {
 	AbortsHeld               bool
 	Peers, SeqShare          int64
 	MaxNumSeqs, LearnedBatch int64
+	BatchLimit, Seqs         int64
 	GPU                      gpu.ReplicaView // the monitor's view, when Known
 	Known                    bool
 	Obs                      *fleet.Obs // the last scrape; nil before the first
@@ -83,6 +84,16 @@ type ReplicaStatus struct {
 	// instead while it is set (0: none learned; SCHEDULING §7).
 	MaxNumSeqs   int64 `json:"max_num_seqs"`
 	LearnedBatch int64 `json:"learned_batch"`
+	// BatchLimit is the most sequences Sluice lets the replica run now:
+	// the learned batch (else max_num_seqs, within upstream.learn_ramp
+	// while none is learned), lowered to the running count until the
+	// next scrape after one showed requests waiting for room. Seqs is
+	// the sequences Sluice counts in the replica's batch against it:
+	// its own in flight, what the last scrape showed beyond them
+	// (another instance's, ignored aborts) and aborts held (SCHEDULING
+	// §7). Dispatch to the replica waits while Seqs is at BatchLimit.
+	BatchLimit int64 `json:"batch_limit"`
+	Seqs       int64 `json:"seqs"`
 }
 
 // replicaRow is one replica as GET /admin/replicas and the status page
@@ -90,7 +101,8 @@ type ReplicaStatus struct {
 // instance's account of its batch.
 func replicaRow(r ReplicaIn) ReplicaStatus {
 	st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.InflightTokens, Inflight: r.Inflight, State: "unknown",
-		AbortsHeld: r.AbortsHeld, Peers: r.Peers, SeqShare: r.SeqShare, MaxNumSeqs: r.MaxNumSeqs, LearnedBatch: r.LearnedBatch}
+		AbortsHeld: r.AbortsHeld, Peers: r.Peers, SeqShare: r.SeqShare, MaxNumSeqs: r.MaxNumSeqs, LearnedBatch: r.LearnedBatch,
+		BatchLimit: r.BatchLimit, Seqs: r.Seqs}
 	if v := r.GPU; r.Known {
 		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing
 	}
