@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Compaction. At every start, after replay and the restart transition, the
@@ -400,9 +402,23 @@ func (m *Memory) Compact(ctx context.Context) error {
 // wrapJournalFile applies MemoryConfig's test hook, if any.
 func (m *Memory) wrapJournalFile(f journalFile) journalFile {
 	if m.cfg.wrapFile != nil {
-		return m.cfg.wrapFile(f)
+		f = m.cfg.wrapFile(f)
 	}
-	return f
+	return timedFile{journalFile: f, fsync: m.met.fsync}
+}
+
+// timedFile observes each fsync's duration: a call that must be durable,
+// a dispatch among them, waits for one, so a slow disk shows there first.
+type timedFile struct {
+	journalFile
+	fsync prometheus.Observer
+}
+
+func (f timedFile) Sync() error {
+	t := time.Now()
+	err := f.journalFile.Sync()
+	f.fsync.Observe(time.Since(t).Seconds())
+	return err
 }
 
 func (j *journal) sizeNow() int64 {

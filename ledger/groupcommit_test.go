@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -576,4 +577,37 @@ func TestMarkDispatchedReplayWaitsForTheFirstsFsync(t *testing.T) {
 	ff.release <- struct{}{}
 	require.NoError(t, <-first)
 	require.NoError(t, <-second)
+}
+
+// Every fsync of the journal is observed in sluice_ledger_fsync_seconds,
+// including the one a MarkDispatched waits for: a slow disk shows there.
+func TestFsyncsAreObserved(t *testing.T) {
+	t.Parallel()
+	ff, tm := newFakeFile(), &manualTimer{}
+	reg := prometheus.NewRegistry()
+	m, err := NewMemory(MemoryConfig{Journal: filepath.Join(t.TempDir(), "ledger.journal"), Clock: func() time.Time { return gcT0 },
+		wrapFile: func(journalFile) journalFile { return ff }, afterFunc: tm.after, Logger: gcQuiet, Registerer: reg})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	t.Cleanup(func() { ff.setHold(false); close(ff.release) })
+	observed := func() uint64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "sluice_ledger_fsync_seconds" {
+				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		t.Fatal("sluice_ledger_fsync_seconds not registered")
+		return 0
+	}
+	ctx := t.Context()
+	_, _, before := ff.state()
+	q := gcReq(1)
+	_, err = m.Reserve(ctx, q)
+	require.NoError(t, err)
+	require.NoError(t, m.MarkDispatched(ctx, q.Ref, q.Owner))
+	_, _, after := ff.state()
+	require.Greater(t, after, before, "MarkDispatched waited for an fsync")
+	assert.Equal(t, uint64(after), observed(), "each fsync observed once")
 }
