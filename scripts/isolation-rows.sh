@@ -23,8 +23,9 @@
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
 # rows to run, "direct haproxy a b c"), ISO_UPSTREAM (more `upstream:` keys
 # of Sluice's config, one "key: value" per line, e.g. "first_token_stop: 0"),
-# ISO_KEEP=1 keeps the work dir and records every request
-# ($WORK/req-ROW.jsonl, with Sluice's Server-Timing), ISO_TRACE=1 records
+# ISO_KEEP=1 keeps the work dir, records every request
+# ($WORK/req-ROW.jsonl, with Sluice's Server-Timing) and Sluice's metrics
+# after each run ($WORK/metrics-ROW.txt), ISO_TRACE=1 records
 # the requests too and, every 100 ms plus
 # the time of three scrapes (about once a second on a loaded machine),
 # each replica's running and waiting and Sluice's learned batch, in-flight
@@ -159,6 +160,9 @@ run() {
 	local args=(--workload "$WORK/rows.yaml" --capacity "$CAP" --duration "${SECS}s" --warmup-duration 5s
 		--drain-timeout 65s --progress 0 --save-result --result-dir "$WORK/res" --result-filename "$label.json" "$@")
 	"$SLUICE" bench run --base-url "$url" "${args[@]}" >"$WORK/$label.txt" 2>&1 || echo "isolation: $label failed" >&2
+	if [ "${ISO_KEEP:-0}" = 1 ]; then
+		curl -fs -m 2 "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/metrics-$label.txt" 2>/dev/null || true
+	fi
 	[ -n "$tp" ] && kill "$tp" 2>/dev/null
 	CMDS+=("| $label | \`sluice bench run --base-url <$url> ${args[*]//$WORK/\$WORK}\` |")
 }
