@@ -23,6 +23,7 @@
 # seconds of arrivals (the first 5 s a warm-up), ISO_SEQS, ISO_ROWS (the
 # rows to run, "direct haproxy a b c"), ISO_UPSTREAM (more `upstream:` keys
 # of Sluice's config, one "key: value" per line, e.g. "first_token_stop: 0"),
+# ISO_SERVER (the same for `server:`, e.g. "reserve_margin: 0"),
 # ISO_KEEP=1 keeps the work dir, records every request
 # ($WORK/req-ROW.jsonl, with Sluice's Server-Timing) and Sluice's metrics
 # after each run ($WORK/metrics-ROW.txt), ISO_TRACE=1 records
@@ -80,7 +81,9 @@ config() {
 	echo "listen: 127.0.0.1:$API_PORT"
 	echo "admin_listen: 127.0.0.1:$ADM_PORT"
 	echo "gpu: {telemetry: off}"
-	echo "server: {drain_timeout: 2s}"
+	echo "server:"
+	echo "  drain_timeout: 2s"
+	[ -n "${ISO_SERVER:-}" ] && printf '%s\n' "$ISO_SERVER" | sed 's/^/  /'
 	echo "upstream:"
 	[ -n "${ISO_UPSTREAM:-}" ] && printf '%s\n' "$ISO_UPSTREAM" | sed 's/^/  /'
 	echo "  replicas:"
