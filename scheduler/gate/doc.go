@@ -62,8 +62,9 @@
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the
 //     larger of their demand peaks over the last peakWindow (plus
-//     server.reserve_margin, default burstK, Poisson standard deviations) and their summed offered load (plus
-//     forecastK). Offered loads and deviations count requests of each
+//     server.reserve_margin, default burstK, Poisson standard
+//     deviations) and their summed offered load (plus forecastK).
+//     Offered loads and deviations count requests of each
 //     tenant's own size (a pool whose KV cache binds holds fewer than
 //     max_num_seqs), so a peak of one request has a deviation of one
 //     request, whatever the pool's sequences. A light tenant idle right
