@@ -26,12 +26,11 @@
 # ISO_SERVER (the same for `server:`, e.g. "reserve_margin: 0"),
 # ISO_KEEP=1 keeps the work dir, records every request
 # ($WORK/req-ROW.jsonl, with Sluice's Server-Timing) and Sluice's metrics
-# after each run ($WORK/metrics-ROW.txt), ISO_TRACE=1 records
-# the requests too and, every 100 ms plus
-# the time of three scrapes (about once a second on a loaded machine),
-# each replica's running and waiting and Sluice's learned batch, in-flight
-# tokens, batch limit and sequence count ($WORK/trace-ROW.tsv). Prints a Markdown table and the
-# exact commands.
+# after each run ($WORK/metrics-ROW.txt), ISO_TRACE=1 records the requests
+# too and, every 100 ms plus the time of three scrapes (about once a second
+# on a loaded machine), each replica's running and waiting and Sluice's
+# learned batch, in-flight tokens, batch limit and sequence count
+# ($WORK/trace-ROW.tsv). Prints a Markdown table and the exact commands.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
