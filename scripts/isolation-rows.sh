@@ -163,7 +163,9 @@ run() {
 		--drain-timeout 65s --progress 0 --save-result --result-dir "$WORK/res" --result-filename "$label.json" "$@")
 	"$SLUICE" bench run --base-url "$url" "${args[@]}" >"$WORK/$label.txt" 2>&1 || echo "isolation: $label failed" >&2
 	if [ "${ISO_KEEP:-0}" = 1 ]; then
-		curl -fs -m 2 "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/metrics-$label.txt" 2>/dev/null || true
+		# Only Sluice's rows have metrics there (not direct or HAProxy).
+		curl -fs -m 2 "http://127.0.0.1:$ADM_PORT/metrics" >"$WORK/metrics-$label.txt" 2>/dev/null ||
+			rm -f "$WORK/metrics-$label.txt"
 	fi
 	[ -n "$tp" ] && kill "$tp" 2>/dev/null
 	CMDS+=("| $label | \`sluice bench run --base-url <$url> ${args[*]//$WORK/\$WORK}\` |")
