@@ -330,6 +330,72 @@ func TestBurstIsNotHeld(t *testing.T) {
 	assert.False(t, FleetLoad{Seqs: 3, SeqsCap: 8, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "held at 2 of its share of 5: the steady tenant's kept peak and noise keep the rest")
 }
 
+// TestBurstyTenantIsNoFlood: a tenant of weight 2 beside one of weight 3
+// (its share 0.4 of a four-sequence pool) sends eight 4 s requests at
+// once every minute and runs two at a time. 6.5 s into its third burst
+// its rate over sustainWindow offers more than its share and its queue
+// has stood past server.standing_queue, but over the reserve hold it
+// offers about 0.15 of the pool, below half its share, and its queue
+// drained between bursts: it is bursty, no flood, and the reserve kept
+// for the other tenant's peak does not hold it. Without the rule
+// (NoBursty) it is held at that reserve. A tenant with the same arrivals
+// whose queue never drained (a closed loop held at its floor offers no
+// more than the floor it is given) is held too.
+func TestBurstyTenantIsNoFlood(t *testing.T) {
+	run := func(g *Gate, drains bool) (bool, float64) {
+		loads := []TenantLoad{
+			{Name: "bursty", Weight: 2},
+			{Name: "steady", Weight: 3, Held: 3},
+		}
+		f := FleetLoad{SeqsCap: 4, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		var queued int64
+		for i := range 1265 { // 126.5 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i == 100 { // the steady tenant's peak of 3 is kept
+				loads[1].Held = 1
+			}
+			if i%600 == 0 { // a burst of eight every minute
+				loads[0].Arrived += 8
+				queued += 8
+			}
+			if i%40 == 39 { // every 4 s two complete and two start
+				if loads[0].Held > 0 {
+					loads[0].Served += loads[0].Held
+					loads[0].ServedSec += 4 * float64(loads[0].Held)
+				}
+				loads[0].Held = min(queued, 2)
+				queued -= loads[0].Held
+				loads[1].Arrived++
+				loads[1].Served++
+				loads[1].ServedSec += 4
+			}
+			loads[0].Queued = queued
+			if !drains {
+				loads[0].Queued = max(queued, 1)
+			}
+			f.Seqs = loads[0].Held + loads[1].Held
+			g.Assess(now, loads, 1, f, 0)
+		}
+		return g.Assess(now, loads, 0, f, 0)
+	}
+	var g Gate
+	light, reserve := run(&g, true)
+	st, _ := g.State("bursty")
+	assert.True(t, st.Heavy, "heavy by its backlog")
+	assert.True(t, light, "offers 0.15 of the pool over the hold, its share is 0.4")
+	assert.Zero(t, reserve)
+
+	held := Gate{Options: Options{NoBursty: true}}
+	light, reserve = run(&held, true)
+	assert.False(t, light, "its burst's rate is above its share and its queue has stood")
+	assert.False(t, FleetLoad{Seqs: 3, SeqsCap: 4, TokensCap: 1 << 20}.FitsBeyond(1, reserve), "held at the steady tenant's kept peak")
+
+	var loop Gate
+	light, _ = run(&loop, false)
+	assert.False(t, light, "a queue that never drained is no burst's")
+}
+
 // TestSustainCountsOtherInstancesTenants: the weighted share a tenant's
 // arrivals are held against is of every tenant on the pool, those only
 // other instances of the fleet serve too (FleetLoad.PeerWeight). Offering
