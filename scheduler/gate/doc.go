@@ -60,10 +60,12 @@
 //     held while it runs above its share.
 //   - A bursty tenant is let through as light whatever its recent rate or
 //     standing queue: its arrivals over server.reserve_hold offer at most
-//     burstyShare of its weighted share and its queue drained within that
-//     time (a closed loop held at its floor never drains). One burst
-//     lifts the rate over sustainWindow above the share for seconds and
-//     the queue stands while held, which read such a tenant as a flood.
+//     burstyShare of its weighted share, and it asks (holds and queues) no
+//     more than it did in a span of queueing that ended, its queue
+//     drained, within that time. A closed loop held at its floor never
+//     drains; a flood asks more than it ever did. One burst lifts the
+//     rate over sustainWindow above the share for seconds and the queue
+//     stands while held, which read such a tenant as a flood.
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the
