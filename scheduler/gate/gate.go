@@ -540,9 +540,10 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	// loop's arrivals are its completions, so either is held while it runs
 	// above its share. A bursty tenant is no flood either (burstyShare):
 	// its rate over the reserve hold, not one burst's, says what it
-	// offers, and a queue that drained within the hold says it is no
-	// closed loop (one held at its floor never drains, and its long-run
-	// rate reads no more than the floor it is given).
+	// offers; a queue that drained within the hold says it is no closed
+	// loop held at its floor (whose long-run rate reads no more than the
+	// floor it is given), and asking no more than it did then says it is
+	// no flood starting (whose long-run rate lags it by seconds).
 	// The share is of every tenant present on the pool, those only other
 	// instances serve too: counted among this instance's tenants alone, a
 	// flood beside one light tenant here reads as within half the pool
