@@ -339,6 +339,15 @@ func startBrowser(t *testing.T, bin string) *browser {
 // send makes one DevTools call and decodes its result into out.
 func (b *browser) send(t *testing.T, session, method string, params map[string]any, out any) {
 	t.Helper()
+	if msg := b.call(t, session, method, params, out); msg != "" {
+		t.Fatalf("%s: %s", method, msg)
+	}
+}
+
+// call is send that returns the protocol's error message instead of
+// failing the test ("" when the call succeeded).
+func (b *browser) call(t *testing.T, session, method string, params map[string]any, out any) string {
+	t.Helper()
 	b.mu.Lock()
 	b.nextID++
 	id := b.nextID
@@ -356,7 +365,7 @@ func (b *browser) send(t *testing.T, session, method string, params map[string]a
 	select {
 	case r := <-ch:
 		if r.Error != nil {
-			t.Fatalf("%s: %s", method, r.Error.Message)
+			return r.Error.Message
 		}
 		if out != nil {
 			require.NoError(t, json.Unmarshal(r.Result, out), "%s result", method)
@@ -364,6 +373,7 @@ func (b *browser) send(t *testing.T, session, method string, params map[string]a
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: no answer from chromium within 30s", method)
 	}
+	return ""
 }
 
 func (b *browser) navigate(t *testing.T, url string) {
@@ -371,14 +381,28 @@ func (b *browser) navigate(t *testing.T, url string) {
 	b.send(t, b.session, "Page.navigate", map[string]any{"url": url}, nil)
 }
 
-// eval evaluates a JavaScript expression in the page and returns its value.
+// eval evaluates a JavaScript expression in the page and returns its
+// value. An evaluation the page's navigation cut off (the login form's
+// submit loads the status page) is evaluated again in the new document,
+// for up to 10 s: the old document's answer no longer exists.
 func (b *browser) eval(t *testing.T, expr string) any {
 	t.Helper()
-	var r struct {
-		Result struct {
-			Value any `json:"value"`
-		} `json:"result"`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var r struct {
+			Result struct {
+				Value any `json:"value"`
+			} `json:"result"`
+		}
+		msg := b.call(t, b.session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &r)
+		if msg == "" {
+			return r.Result.Value
+		}
+		navigated := strings.Contains(msg, "navigated or closed") || strings.Contains(msg, "context was destroyed") ||
+			strings.Contains(msg, "Cannot find context")
+		if !navigated || time.Now().After(deadline) {
+			t.Fatalf("Runtime.evaluate: %s", msg)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	b.send(t, b.session, "Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &r)
-	return r.Result.Value
 }
