@@ -378,6 +378,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		}
 	}
 	seqsCap, tokensCap := float64(max(f.SeqsCap, 1)), float64(max(f.TokensCap, 1))
+	hold := g.holdFor()
 	cs := g.cls[:0]
 	for i, l := range loads {
 		held := max(float64(l.Held)/seqsCap, float64(l.Tokens)/tokensCap)
@@ -397,7 +398,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		if l.Queued == 0 && m.queuedSince != 0 {
 			// A span of queueing ends: the most it asked is what a burst
 			// of it asks, for the hold.
-			if m.burstMax >= m.prevMax || nowN-m.prevMaxN >= int64(g.holdFor()) {
+			if m.burstMax >= m.prevMax || nowN-m.prevMaxN >= int64(hold) {
 				m.prevMax, m.prevMaxN = m.burstMax, nowN
 			}
 			m.burstMax = 0
@@ -439,7 +440,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// sequences alone, a pool whose KV cache binds would read it at a
 		// fraction of what it asks for.
 		m := cs[i].m
-		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, g.holdFor())) * g.svcOf(m) * m.size
+		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, hold)) * g.svcOf(m) * m.size
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight
@@ -557,7 +558,6 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		if presentW > 0 {
 			m.share = x.weight / presentW
 		}
-		hold := g.holdFor()
 		m.bursty = !g.NoBursty && m.prevMaxN > 0 && nowN-m.prevMaxN < int64(hold) && m.burstMax <= m.prevMax &&
 			m.longRateNow(nowN, hold)*svc*m.size <= burstyShare*m.share
 		m.sustained = g.NoSustain || svc == 0 || presentW == 0 || (m.offered > m.share && !m.bursty)
