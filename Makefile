@@ -62,10 +62,11 @@ chaos: deps
 # The seeded fairness scenarios (scheduler/gate/fairgen_test.go) over more seeds
 # than make test runs: FAIR_SEEDS from FAIR_BASE, violations logged, with a
 # summary line; a discrete-event simulation, about a second per 100 seeds.
+# FAIR_ONSET=late starts every heavy tenant late (known to the gate, silent).
 FAIR_SEEDS ?= 500
 FAIR_BASE ?= 1
 fairness-sweep:
-	$(GO) test -count=1 -v ./scheduler/gate -run TestFairnessScenarios -fairgen.seeds=$(FAIR_SEEDS) -fairgen.base=$(FAIR_BASE) -fairgen.report
+	$(GO) test -count=1 -v ./scheduler/gate -run TestFairnessScenarios -fairgen.seeds=$(FAIR_SEEDS) -fairgen.base=$(FAIR_BASE) -fairgen.report $(if $(FAIR_ONSET),-fairgen.onset=$(FAIR_ONSET))
 
 # On a node with an NVIDIA driver: inventory, then 30 s of NVML telemetry
 # (GPU_CHECK_DURATION to change it); fails when NVML cannot be read.

@@ -69,7 +69,8 @@ import (
 // with one instance and fairgenTwoSeeds with two; `-fairgen.seeds=N
 // -fairgen.base=B` runs N from B (make fairness-sweep), `-fairgen.learn=on`
 // or `off` sets the learning scrape of every seed instead of drawing it,
-// `-fairgen.instances=1` or `2` the instances, and `-fairgen.fleetoff`
+// `-fairgen.instances=1` or `2` the instances, `-fairgen.onset=late`
+// starts every heavy tenant late (fgScenario.lateOnset), and `-fairgen.fleetoff`
 // turns off mechanisms of the split across instances (fgFleetOff). Each
 // line of the log is one seed.
 
@@ -82,7 +83,9 @@ var (
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
-	fairgenFleetOff  = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
+	// fairgenOnset starts every heavy tenant late (fgScenario.lateOnset).
+	fairgenOnset    = flag.String("fairgen.onset", "", "heavy tenants' start for every seed: late (known to the gate, idle, then flooding) or empty (from the start)")
+	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -200,7 +203,8 @@ type fgTenant struct {
 	burst int     // requests per arrival event (1: Poisson)
 	cap   int64   // concurrency; 0: none
 	light bool
-	inst  int // the instance it sends to (0 with one)
+	inst  int           // the instance it sends to (0 with one)
+	onset time.Duration // when its arrivals start (its clients, for a loop)
 
 	rng                   *rand.Rand
 	held                  int64 // dispatched by Sluice, not completed
@@ -305,6 +309,9 @@ func (sc *fgScenario) String() string {
 			fmt.Fprintf(&b, " %s(%s w%g loop %d cap %d", t.name, kind, t.weight, t.loop, t.cap)
 		} else {
 			fmt.Fprintf(&b, " %s(%s w%g %.2f/s burst %d cap %d", t.name, kind, t.weight, t.rate, t.burst, t.cap)
+		}
+		if t.onset > 0 {
+			fmt.Fprintf(&b, " from %v", t.onset.Round(time.Millisecond))
 		}
 		if sc.instances > 1 {
 			fmt.Fprintf(&b, " at %d", t.inst)
@@ -447,6 +454,22 @@ func genScenarioAt(seed uint64, d fgDraw) *fgScenario {
 		}
 	}
 	return sc
+}
+
+// lateOnset starts each heavy tenant at a time drawn from seed between
+// the warm-up and the middle of the measured run: known to the gate from
+// its first assessment (every configured tenant is, as Pool.Assess reads
+// the policy's tenants), idle, then flooding. A flood that starts with
+// the run meets the gate at once; one that starts after a minute idle
+// has a long-run rate diluted by that minute, which a rule reading it
+// may take for a light tenant's (TestFloodAfterIdleIsHeld).
+func (sc *fgScenario) lateOnset() {
+	rng := rand.New(rand.NewPCG(sc.seed, 0x0115e7))
+	for i := range sc.tenants {
+		if t := &sc.tenants[i]; !t.light {
+			t.onset = sc.warmup + time.Duration(rng.Float64()*float64(sc.duration-sc.warmup)/2)
+		}
+	}
 }
 
 // fgPrompt is every request's prompt in tokens.
@@ -638,11 +661,11 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	for _, tn := range ts {
 		if tn.loop > 0 {
 			for c := range tn.loop { // its clients start 10 ms apart
-				push(desEvent[*fgTenant]{at: time.Duration(c) * 10 * time.Millisecond, t: tn})
+				push(desEvent[*fgTenant]{at: tn.onset + time.Duration(c)*10*time.Millisecond, t: tn})
 			}
 			continue
 		}
-		push(desEvent[*fgTenant]{at: gap(tn), t: tn})
+		push(desEvent[*fgTenant]{at: tn.onset + gap(tn), t: tn})
 	}
 	// The scrapes, as vllm.Poller (Run, pollDue) schedules them: with a
 	// learning interval below the scrape interval it wakes every learning
@@ -1254,27 +1277,29 @@ func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "1", "2"}, *fairgenInstances, "-fairgen.instances")
 	require.Contains(t, []string{"", "1", "2"}, *fairgenReplicas, "-fairgen.replicas")
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLoops, "-fairgen.loops")
+	require.Contains(t, []string{"", "late"}, *fairgenOnset, "-fairgen.onset")
 	type run struct {
 		seed uint64
 		d    fgDraw
+		late bool // fgScenario.lateOnset
 	}
 	var seeds []run
 	if *fairgenN > 0 {
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}})
+			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}, *fairgenOnset == "late"})
 		}
 	} else {
 		for _, seed := range fairgenSeeds {
-			seeds = append(seeds, run{seed, fgMakeTest})
+			seeds = append(seeds, run{seed, fgMakeTest, false})
 		}
 		for _, seed := range fairgenTwoSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"2", "1", "off"}})
+			seeds = append(seeds, run{seed, fgDraw{"2", "1", "off"}, false})
 		}
 		for _, seed := range fairgenTwoReplicaSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"1", "2", "off"}})
+			seeds = append(seeds, run{seed, fgDraw{"1", "2", "off"}, false})
 		}
 		for _, seed := range fairgenLoopSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"1", "1", "on"}})
+			seeds = append(seeds, run{seed, fgDraw{"1", "1", "on"}, false})
 		}
 	}
 	failed := 0
@@ -1283,6 +1308,9 @@ func TestFairnessScenarios(t *testing.T) {
 	byBatch := map[int64][2]int{}          // per batch: seeds, failing seeds
 	for _, r := range seeds {
 		sc := genScenarioAt(r.seed, r.d)
+		if r.late {
+			sc.lateOnset()
+		}
 		sum, v := fgCheckScenario(t, sc)
 		nb := byBatch[sc.batch]
 		nb[0]++
@@ -1357,6 +1385,9 @@ func TestFairnessScenarios(t *testing.T) {
 				sc := fgIsolationRow(seed+1, row.configured, row.learn)
 				if row.two {
 					sc = fgIsolationRowX(seed+1, row.learn)
+				}
+				if *fairgenOnset == "late" {
+					sc.lateOnset()
 				}
 				sum, v := fgCheckScenario(t, sc)
 				if len(v) == 0 {
