@@ -66,6 +66,13 @@
 //     drains; a flood asks more than it ever did. One burst lifts the
 //     rate over sustainWindow above the share for seconds and the queue
 //     stands while held, which read such a tenant as a flood.
+//   - A tenant that becomes active is read at its arrivals after the
+//     first over the time since (youngRate), for its first
+//     forecastWindow, once it has arrived in youngEvents events spanning
+//     youngSpan: the averaged rates read a flood that starts at a
+//     fraction of its rate for its first second, and beside light
+//     tenants holding most of the pool it took what they had free. A
+//     burst is one event, or a few milliseconds of them.
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the

@@ -138,6 +138,7 @@ type Options struct {
 	NoSustain  bool          // a heavy tenant held by the reserve whatever its arrival rate
 	NoStanding bool          // a heavy tenant not sustained let through past its share with a standing queue
 	NoBursty   bool          // a tenant within burstyShare of its share over the hold held as any heavy one
+	NoYoung    bool          // a young tenant's rate read only from the averaged rates (youngRate)
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -232,6 +233,9 @@ type gateMem struct {
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
+	// youngEv counts its arrival events (samples with arrivals) and
+	// youngArr its arrivals since firstN.
+	youngEv, youngArr int64
 	// The demand's peak over the last half to whole peak window, in two
 	// half-window buckets.
 	peakCur, peakPrev float64
@@ -255,107 +259,6 @@ type gateCls struct {
 	forecast                  float64 // λ·W as a fraction of the pool, at its request size
 	load                      float64 // max(avg, forecast): what classifies it
 	m                         *gateMem
-}
-
-// rateNow is the arrival rate, divided by the part of the window the
-// tenant has been active for (at least the window, to bound the noise of
-// its first arrivals: one burst after a pause read as a flood with one
-// second).
-func (m *gateMem) rateNow(nowN int64) float64 {
-	return m.activeRate(m.rate, forecastWindow, nowN)
-}
-
-// sustRateNow is the arrival rate over sustainWindow, corrected the same
-// way (at least forecastWindow of activity too: a young closed-loop flood
-// read at a fraction of its rate would be served as light).
-func (m *gateMem) sustRateNow(nowN int64) float64 {
-	return m.activeRate(m.sustRate, sustainWindow, nowN)
-}
-
-// activeRate is rate, an arrival rate averaged with time constant tau,
-// divided by the part of tau the tenant has been active for (since firstN,
-// at least forecastWindow).
-func (m *gateMem) activeRate(rate float64, tau time.Duration, nowN int64) float64 {
-	age := max(float64(nowN-m.firstN)/float64(time.Second), forecastWindow.Seconds())
-	if age > 10*tau.Seconds() {
-		return rate // the correction is below 5e-5
-	}
-	return rate / (1 - math.Exp(-age/tau.Seconds()))
-}
-
-// longRateNow is the long-run arrival rate over hold, divided by the part
-// of it the tenant has been seen for (at least 10 s, to bound the noise of
-// its first arrivals).
-func (m *gateMem) longRateNow(nowN int64, hold time.Duration) float64 {
-	return m.longRate / m.longCorrection(nowN, hold)
-}
-
-// longCorrection is the part of hold the tenant has been seen for.
-func (m *gateMem) longCorrection(nowN int64, hold time.Duration) float64 {
-	age := max(float64(nowN-m.seenN)/float64(time.Second), 10)
-	return 1 - math.Exp(-age/hold.Seconds())
-}
-
-// longK bounds the forecast's rate by this multiple of the long-run rate:
-// a tenant that sends a few requests close together now and then is not
-// forecast to keep sending at that pace, while a flood that starts is
-// forecast at several times its share within a second or two.
-const longK = 4.0
-
-// svcOf is m's mean service time, or the pool's for a tenant that has
-// completed nothing here yet (0: none known).
-func (g *Gate) svcOf(m *gateMem) float64 {
-	if m.svc > 0 {
-		return m.svc
-	}
-	return g.svc
-}
-
-// observe folds l's arrivals and completions since m's last sample into
-// m's arrival rate and service time, and the pool's.
-func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
-	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
-	tau := forecastWindow.Seconds()
-	if da := l.Arrived - m.arrived; da > 0 && m.rate*tau < 0.01 && (m.lastArrN == 0 || nowN-m.lastArrN > int64(peakWindow)) {
-		m.firstN = nowN // back after idling longer than a peak window: a young estimate
-	}
-	// An exponentially weighted count of arrivals per second: each adds
-	// 1/τ and the sum decays with τ.
-	m.rate = m.rate*math.Exp(-dt/tau) + float64(max(l.Arrived-m.arrived, 0))/tau
-	st := sustainWindow.Seconds()
-	m.sustRate = m.sustRate*math.Exp(-dt/st) + float64(max(l.Arrived-m.arrived, 0))/st
-	// The long-run rate: over the hold, from when it was first seen (at
-	// least 10 s, to bound the noise of its first arrivals).
-	hold := g.holdFor().Seconds()
-	decay := math.Exp(-dt / hold)
-	m.longRate = m.longRate*decay + float64(max(l.Arrived-m.arrived, 0))/hold
-	m.longEvents *= decay
-	if l.Arrived > m.arrived {
-		m.longEvents += 1 / hold
-		// Its mean gap: the larger of the recent one and the long-run one.
-		// The recent rate alone says a tenant that sent a few requests
-		// close together and then paused as usual is gone.
-		m.lastArrN = nowN
-		mean := 1 / max(min(m.rateNow(nowN), m.longRateNow(nowN, g.holdFor())), 1e-9)
-		// A tenant that sends bursts pauses between bursts, not requests.
-		mean = max(mean, 1/max(m.longEvents/m.longCorrection(nowN, g.holdFor()), 1e-9))
-		m.goneAfter = int64(min(idleGaps*mean, g.holdFor().Seconds()) * float64(time.Second))
-	}
-	m.arrived = l.Arrived
-	if dn := l.Served - m.served; dn > 0 {
-		mean := (l.ServedSec - m.servedSec) / float64(dn)
-		a := 1 - math.Pow(0.9, float64(dn)) // about the last ten completions
-		m.svc += a * (mean - m.svc)
-		if m.svc == a*mean {
-			m.svc = mean // the first
-		}
-		if g.svc == 0 {
-			g.svc = mean
-		} else {
-			g.svc += a * (mean - g.svc)
-		}
-	}
-	m.served, m.servedSec = l.Served, l.ServedSec
 }
 
 // Assess updates the averages with loads (sampled at nowN), classifies
@@ -440,7 +343,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// sequences alone, a pool whose KV cache binds would read it at a
 		// fraction of what it asks for.
 		m := cs[i].m
-		cs[i].forecast = min(m.rateNow(nowN), longK*m.longRateNow(nowN, hold)) * g.svcOf(m) * m.size
+		cs[i].forecast = max(min(m.rateNow(nowN), longK*m.longRateNow(nowN, hold)), g.youngRate(m, nowN)) * g.svcOf(m) * m.size
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight
@@ -553,7 +456,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	for _, x := range cs {
 		m := x.m
 		svc := g.svcOf(m)
-		m.offered = m.sustRateNow(nowN) * svc * m.size
+		m.offered = max(m.sustRateNow(nowN), g.youngRate(m, nowN)) * svc * m.size
 		m.share = 1
 		if presentW > 0 {
 			m.share = x.weight / presentW

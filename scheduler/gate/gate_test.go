@@ -597,3 +597,76 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 	light, _ = run(4, 40*time.Second)
 	assert.True(t, light, "its queue has stood 30 s, server.standing_queue is 40 s: let through")
 }
+
+// TestFloodStartingIsHeldWithinItsFirstArrivals: a flood that starts
+// beside a light tenant holding most of the pool, its own tenant known to
+// the gate and silent for a minute, is held at the light tenant's reserve
+// from its fifth request, a fifth of a second in. Read from the averaged
+// rates alone (NoYoung), its first second reads as a fraction of its rate:
+// it is let through while it takes the room the light tenant's next peak
+// needs (fairgen -fairgen.onset=late, the isolation rows).
+func TestFloodStartingIsHeldWithinItsFirstArrivals(t *testing.T) {
+	run := func(opts Options) (light bool, reserve float64, st State) {
+		g := Gate{Options: opts}
+		loads := []TenantLoad{
+			{Name: "light", Weight: 3, Held: 28},
+			{Name: "flood", Weight: 1},
+		}
+		f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 600 { // 60 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i == 100 {
+				loads[0].Held = 20
+			}
+			if i%10 == 0 { // the light tenant: 8 a second, 2.56 s each
+				loads[0].Arrived += 8
+				loads[0].Served += 8
+				loads[0].ServedSec += 8 * 2.56
+			}
+			f.Seqs = loads[0].Held
+			g.Assess(now, loads, 0, f, 0)
+		}
+		for range 5 { // the flood: one request every 40 ms, each let through
+			now += int64(40 * time.Millisecond)
+			loads[1].Arrived++
+			f.Seqs = loads[0].Held + loads[1].Held
+			light, reserve = g.Assess(now, loads, 1, f, 0)
+			loads[1].Held++
+		}
+		st, _ = g.State("flood")
+		return light, reserve, st
+	}
+	light, reserve, st := run(Options{})
+	assert.False(t, light, "a flood five requests in: %+v", st)
+	assert.True(t, st.Heavy && st.Sustained, "heavy and sustained: %+v", st)
+	assert.GreaterOrEqual(t, reserve, 8.0/32, "held at the light tenant's reserve: its kept peak of 28 less the 20 it holds")
+	light, _, st = run(Options{NoYoung: true})
+	assert.True(t, light || !st.Sustained, "its averaged rates read it below its share: %+v", st)
+}
+
+// TestTightBurstIsNoYoungRate: a tenant back after a pause whose burst
+// of ten arrives request by request within a few milliseconds is not read
+// at that instant's rate; four events over youngSpan are.
+func TestTightBurstIsNoYoungRate(t *testing.T) {
+	var g Gate
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	loads := []TenantLoad{{Name: "burst", Weight: 1}}
+	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+	g.Assess(now, loads, 0, f, 0)
+	for range 10 {
+		now += int64(500 * time.Microsecond)
+		loads[0].Arrived++
+		g.Assess(now, loads, 0, f, 0)
+	}
+	m := g.mem["burst"]
+	assert.Zero(t, g.youngRate(m, now), "ten requests within 5 ms")
+	for range 3 {
+		now += int64(40 * time.Millisecond)
+		loads[0].Arrived++
+		g.Assess(now, loads, 0, f, 0)
+	}
+	assert.InDelta(t, 12/0.1245, g.youngRate(m, now), 1e-6, "then three more 40 ms apart: twelve after its first in 124.5 ms")
+	now += int64(forecastWindow)
+	assert.Zero(t, g.youngRate(m, now), "no longer young")
+}
