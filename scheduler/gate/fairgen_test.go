@@ -84,7 +84,7 @@ var (
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
 	// fairgenOnset starts every heavy tenant late (fgScenario.lateOnset).
-	fairgenOnset    = flag.String("fairgen.onset", "", "heavy tenants' start for every seed: late (known to the gate, idle, then flooding) or empty (from the start)")
+	fairgenOnset    = flag.String("fairgen.onset", "", "heavy tenants' start for every seed: late (known to the gate, silent, then flooding), trickle (sending a request every few seconds before) or empty (from the start)")
 	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
 )
 
@@ -211,6 +211,7 @@ type fgTenant struct {
 	light bool
 	inst  int           // the instance it sends to (0 with one)
 	onset time.Duration // when its arrivals start (its clients, for a loop)
+	pre   float64       // its Poisson arrivals per second before onset (open loops; 0: none)
 
 	rng                   *rand.Rand
 	held                  int64 // dispatched by Sluice, not completed
@@ -318,6 +319,9 @@ func (sc *fgScenario) String() string {
 		}
 		if t.onset > 0 {
 			fmt.Fprintf(&b, " from %v", t.onset.Round(time.Millisecond))
+		}
+		if t.pre > 0 {
+			fmt.Fprintf(&b, " after %g/s", t.pre)
 		}
 		if sc.instances > 1 {
 			fmt.Fprintf(&b, " at %d", t.inst)
@@ -469,14 +473,24 @@ func genScenarioAt(seed uint64, d fgDraw) *fgScenario {
 // the run meets the gate at once; one that starts after a minute idle
 // has a long-run rate diluted by that minute, which a rule reading it
 // may take for a light tenant's (TestFloodAfterIdleIsHeld).
-func (sc *fgScenario) lateOnset() {
+// With trickle, an open-loop heavy tenant sends fgTrickle requests a
+// second, one at a time, until its onset: a tenant the gate knows as an
+// occasional sender whose rate jumps (a batch job starting).
+func (sc *fgScenario) lateOnset(trickle bool) {
 	rng := rand.New(rand.NewPCG(sc.seed, 0x0115e7))
 	for i := range sc.tenants {
 		if t := &sc.tenants[i]; !t.light {
 			t.onset = sc.warmup + time.Duration(rng.Float64()*float64(sc.duration-sc.warmup)/2)
+			if trickle && t.loop == 0 {
+				t.pre = fgTrickle
+			}
 		}
 	}
 }
+
+// fgTrickle is a trickling heavy tenant's rate before its onset
+// (lateOnset): a request every few seconds.
+const fgTrickle = 0.3
 
 // fgPrompt is every request's prompt in tokens.
 const fgPrompt = 512
@@ -664,6 +678,16 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	gap := func(tn *fgTenant) time.Duration {
 		return time.Duration(tn.rng.ExpFloat64() / (tn.rate / float64(tn.burst)) * float64(time.Second))
 	}
+	// next is an open-loop tenant's next arrival event after at: at its
+	// trickle's rate before its onset, at its rate from then.
+	next := func(tn *fgTenant, at time.Duration) time.Duration {
+		if at < tn.onset && tn.pre > 0 {
+			if n := at + time.Duration(tn.rng.ExpFloat64()/tn.pre*float64(time.Second)); n < tn.onset {
+				return n
+			}
+		}
+		return max(at, tn.onset) + gap(tn)
+	}
 	for _, tn := range ts {
 		if tn.loop > 0 {
 			for c := range tn.loop { // its clients start 10 ms apart
@@ -671,7 +695,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			}
 			continue
 		}
-		push(desEvent[*fgTenant]{at: tn.onset + gap(tn), t: tn})
+		push(desEvent[*fgTenant]{at: next(tn, 0), t: tn})
 	}
 	// The scrapes, as vllm.Poller (Run, pollDue) schedules them: with a
 	// learning interval below the scrape interval it wakes every learning
@@ -913,8 +937,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			if now < sc.duration {
 				first := tn.arrived == 0
 				burst := tn.burst
-				if tn.loop > 0 {
-					burst = 1 // one client's request
+				if tn.loop > 0 || now < tn.onset {
+					burst = 1 // one client's request, or the trickle's
 				}
 				for range burst {
 					out := sc.outLo + tn.rng.IntN(sc.outHi-sc.outLo+1)
@@ -948,7 +972,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					}
 				}
 				if tn.loop == 0 {
-					push(desEvent[*fgTenant]{at: now + gap(tn), t: tn})
+					push(desEvent[*fgTenant]{at: next(tn, now), t: tn})
 				}
 			}
 		case desCompletion:
@@ -1283,16 +1307,16 @@ func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "1", "2"}, *fairgenInstances, "-fairgen.instances")
 	require.Contains(t, []string{"", "1", "2"}, *fairgenReplicas, "-fairgen.replicas")
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLoops, "-fairgen.loops")
-	require.Contains(t, []string{"", "late"}, *fairgenOnset, "-fairgen.onset")
+	require.Contains(t, []string{"", "late", "trickle"}, *fairgenOnset, "-fairgen.onset")
 	type run struct {
 		seed uint64
 		d    fgDraw
-		late bool // fgScenario.lateOnset
+		late bool // fgScenario.lateOnset, trickling as -fairgen.onset says
 	}
 	var seeds []run
 	if *fairgenN > 0 {
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}, *fairgenOnset == "late"})
+			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}, *fairgenOnset != ""})
 		}
 	} else {
 		for _, seed := range fairgenSeeds {
@@ -1318,7 +1342,7 @@ func TestFairnessScenarios(t *testing.T) {
 	for _, r := range seeds {
 		sc := genScenarioAt(r.seed, r.d)
 		if r.late {
-			sc.lateOnset()
+			sc.lateOnset(*fairgenOnset == "trickle")
 		}
 		sum, v := fgCheckScenario(t, sc)
 		nb := byBatch[sc.batch]
@@ -1395,8 +1419,8 @@ func TestFairnessScenarios(t *testing.T) {
 				if row.two {
 					sc = fgIsolationRowX(seed+1, row.learn)
 				}
-				if *fairgenOnset == "late" {
-					sc.lateOnset()
+				if *fairgenOnset != "" {
+					sc.lateOnset(*fairgenOnset == "trickle")
 				}
 				sum, v := fgCheckScenario(t, sc)
 				if len(v) == 0 {
@@ -1483,7 +1507,7 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 func TestFairgenLateOnset(t *testing.T) {
 	check := func(sc *fgScenario) {
 		t.Helper()
-		sc.lateOnset()
+		sc.lateOnset(false)
 		sum, v := fgCheckScenario(t, sc)
 		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
 		sc.gateOpts.NoYoung = true
