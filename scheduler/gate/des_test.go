@@ -448,15 +448,16 @@ func TestGateFloodGivesWay(t *testing.T) {
 // for 40 s starts flooding at 2× capacity beside the three light tenants.
 // Its first arrivals find it light (its load rises over about a second and
 // its forecast is bounded by its long-run rate, so that one burst of a
-// light tenant is not read as a flood), and it takes the free sequences
-// before it is heavy: victim requests arriving then wait for a completion.
-// Over the 20 s from the onset, on 20 seeds, no victim request is lost,
-// the median one does not wait and none waits longer than one request's
-// longest service time (3.2 s); from 5 s after the onset the p99 wait is
-// within 100 ms of the same arrivals' alone, as for a flood that was
-// there from the start (TestGateFloodGivesWay). The onset's p99 ratios
-// are logged: they are the cost of work conservation at a flood's start
-// (SCHEDULING §6).
+// light tenant is not read as a flood) until its last eight arrivals read
+// as a surge (gate.surgeRate), and it takes the free sequences before
+// then: victim requests arriving then wait for a completion. Over the 20 s
+// from the onset, on 20 seeds, no victim request is lost, the median one
+// does not wait and none waits longer than a second (up to 1.9 s before
+// the surge was read, one request's longest service time being 3.2 s);
+// from 5 s after the onset the p99 wait is within 100 ms of the same
+// arrivals' alone, as for a flood that was there from the start
+// (TestGateFloodGivesWay). The onset's p99 ratios are logged: they are
+// the cost of work conservation at a flood's start (SCHEDULING §6).
 func TestGateFloodOnset(t *testing.T) {
 	var worst []time.Duration
 	var ratios []float64 // the worst victim's p99 TTFT flooded ÷ alone, TTFT = wait + 46 ms
@@ -475,7 +476,7 @@ func TestGateFloodOnset(t *testing.T) {
 			for i := range vf {
 				assert.Zero(t, vf[i].expired+vf[i].full, "seed %d: %s lost requests", seed, vf[i].name)
 				assert.Zero(t, pct(vf[i].waits, 0.5), "seed %d: the median %s request waited", seed, vf[i].name)
-				assert.LessOrEqual(t, pct(vf[i].waits, 1), 3200*time.Millisecond, "seed %d: %s waited more than one service time", seed, vf[i].name)
+				assert.LessOrEqual(t, pct(vf[i].waits, 1), time.Second, "seed %d: %s waited more than a second", seed, vf[i].name)
 				if from > 40*time.Second {
 					assert.LessOrEqual(t, pct(vf[i].waits, 0.99), pct(va[i].waits, 0.99)+100*time.Millisecond, "seed %d: %s p99 wait 5 s after the onset", seed, vf[i].name)
 				}

@@ -73,6 +73,12 @@
 //     fraction of its rate for its first second, and beside light
 //     tenants holding most of the pool it took what they had free. A
 //     burst is one event, or a few milliseconds of them.
+//   - A tenant's last surgeEvents arrival events are read alone
+//     (surgeRate) when they offer more than surgeShare times its share:
+//     a tenant that trickles and then floods is never young. The reading
+//     counts in what it asks of the pool and makes it heavy only while it
+//     lasts: a light tenant's Poisson cluster reads so now and then, and
+//     with the hysteresis of a load above its claim it stayed heavy.
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the

@@ -156,6 +156,12 @@ var fairgenTwoReplicaSeeds = []uint64{1, 4, 9, 10, 17, 98}
 // (TestFairgenLateOnset).
 var fairgenLateSeeds = []uint64{1, 8, 9, 16, 19}
 
+// fairgenTrickleSeeds run in make test with every open-loop heavy tenant
+// trickling before it floods late (lateOnset with trickle), the other
+// dimensions drawn: seeds whose invariants hold so, each of which fails
+// without the surge (TestFairgenTrickleOnset).
+var fairgenTrickleSeeds = []uint64{9, 19}
+
 // fairgenLoopSeeds run in make test with every heavy tenant a closed
 // loop: seeds whose invariants hold so, of the shapes above.
 var fairgenLoopSeeds = []uint64{1, 9, 10, 16, 19, 188}
@@ -1309,30 +1315,34 @@ func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLoops, "-fairgen.loops")
 	require.Contains(t, []string{"", "late", "trickle"}, *fairgenOnset, "-fairgen.onset")
 	type run struct {
-		seed uint64
-		d    fgDraw
-		late bool // fgScenario.lateOnset, trickling as -fairgen.onset says
+		seed    uint64
+		d       fgDraw
+		late    bool // fgScenario.lateOnset
+		trickle bool // and trickling before it
 	}
 	var seeds []run
 	if *fairgenN > 0 {
 		for i := range uint64(*fairgenN) {
-			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}, *fairgenOnset != ""})
+			seeds = append(seeds, run{*fairgenBase + i, fgDraw{*fairgenInstances, *fairgenReplicas, *fairgenLoops}, *fairgenOnset != "", *fairgenOnset == "trickle"})
 		}
 	} else {
 		for _, seed := range fairgenSeeds {
-			seeds = append(seeds, run{seed, fgMakeTest, false})
+			seeds = append(seeds, run{seed, fgMakeTest, false, false})
 		}
 		for _, seed := range fairgenTwoSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"2", "1", "off"}, false})
+			seeds = append(seeds, run{seed, fgDraw{"2", "1", "off"}, false, false})
 		}
 		for _, seed := range fairgenTwoReplicaSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"1", "2", "off"}, false})
+			seeds = append(seeds, run{seed, fgDraw{"1", "2", "off"}, false, false})
 		}
 		for _, seed := range fairgenLoopSeeds {
-			seeds = append(seeds, run{seed, fgDraw{"1", "1", "on"}, false})
+			seeds = append(seeds, run{seed, fgDraw{"1", "1", "on"}, false, false})
 		}
 		for _, seed := range fairgenLateSeeds {
-			seeds = append(seeds, run{seed, fgDraw{}, true})
+			seeds = append(seeds, run{seed, fgDraw{}, true, false})
+		}
+		for _, seed := range fairgenTrickleSeeds {
+			seeds = append(seeds, run{seed, fgDraw{}, true, true})
 		}
 	}
 	failed := 0
@@ -1342,7 +1352,7 @@ func TestFairnessScenarios(t *testing.T) {
 	for _, r := range seeds {
 		sc := genScenarioAt(r.seed, r.d)
 		if r.late {
-			sc.lateOnset(*fairgenOnset == "trickle")
+			sc.lateOnset(r.trickle)
 		}
 		sum, v := fgCheckScenario(t, sc)
 		nb := byBatch[sc.batch]
@@ -1499,25 +1509,50 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 
 // TestFairgenLateOnset: a flood whose tenant the gate has known, silent,
 // since the run started, and which starts beside light tenants holding
-// most of the pool, is held from its first arrivals (gate.youngRate).
-// Read from the averaged rates alone (NoYoung) it took the room the light
-// tenants' next peaks needed before it read as heavy: each of
-// fairgenLateSeeds fails so, and so do the first isolation row b draws
-// (0 of 100 draws of the row held with its flood starting late, 82 now).
+// most of the pool, is held from its first arrivals (gate.youngRate, and
+// gate.surgeRate from its eighth). Read from the averaged rates alone
+// (NoYoung, NoSurge) it took the room the light tenants' next peaks
+// needed before it read as heavy: each of fairgenLateSeeds fails so, and
+// so do the first isolation row b draws (0 of 100 draws of the row held
+// with its flood starting late).
 func TestFairgenLateOnset(t *testing.T) {
 	check := func(sc *fgScenario) {
 		t.Helper()
 		sc.lateOnset(false)
 		sum, v := fgCheckScenario(t, sc)
 		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
-		sc.gateOpts.NoYoung = true
+		sc.gateOpts.NoYoung, sc.gateOpts.NoSurge = true, true
 		sum, v = fgCheckScenario(t, sc)
-		assert.NotEmpty(t, v, "without the young rate: %s", sum)
+		assert.NotEmpty(t, v, "from the averaged rates alone: %s", sum)
 	}
 	for _, seed := range fairgenLateSeeds {
 		check(genScenarioAt(seed, fgDraw{}))
 	}
 	for seed := uint64(1); seed <= 3; seed++ {
+		check(fgIsolationRow(seed, 32, fgLearn))
+	}
+}
+
+// TestFairgenTrickleOnset: a flood whose tenant sent a request every few
+// seconds before it (never young), starting beside light tenants holding
+// most of the pool, is held once its last eight arrivals read as a surge
+// (gate.surgeRate). Without it (NoSurge) each of fairgenTrickleSeeds
+// fails, and so do isolation row b's draws 1, 3 and 6 (8 of 100 draws of
+// the row held with its flood trickling first, 50 now).
+func TestFairgenTrickleOnset(t *testing.T) {
+	check := func(sc *fgScenario) {
+		t.Helper()
+		sc.lateOnset(true)
+		sum, v := fgCheckScenario(t, sc)
+		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
+		sc.gateOpts.NoSurge = true
+		sum, v = fgCheckScenario(t, sc)
+		assert.NotEmpty(t, v, "without the surge: %s", sum)
+	}
+	for _, seed := range fairgenTrickleSeeds {
+		check(genScenarioAt(seed, fgDraw{}))
+	}
+	for _, seed := range []uint64{1, 3, 6} {
 		check(fgIsolationRow(seed, 32, fgLearn))
 	}
 }

@@ -139,6 +139,7 @@ type Options struct {
 	NoStanding bool          // a heavy tenant not sustained let through past its share with a standing queue
 	NoBursty   bool          // a tenant within burstyShare of its share over the hold held as any heavy one
 	NoYoung    bool          // a young tenant's rate read only from the averaged rates (youngRate)
+	NoSurge    bool          // a tenant's last arrivals not read alone (surgeRate)
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -201,10 +202,11 @@ type gateMem struct {
 	heavy bool    // at the last assessment
 	load  float64 // gateCls.load at the last assessment
 	held  float64 // gateCls.held at the last assessment
-	// sustained: its arrivals over sustainWindow offer more than its
-	// weighted share (at the last assessment); a heavy tenant that is not
-	// sustained is not held by the reserve. offered is that load, as a
-	// fraction of the pool.
+	// sustained: its arrivals over sustainWindow (or its recent ones,
+	// read alone while it is young or surging: youngRate, surgeRate) offer
+	// more than its weighted share (at the last assessment); a heavy
+	// tenant that is not sustained is not held by the reserve. offered is
+	// that load, as a fraction of the pool.
 	sustained bool
 	offered   float64
 	// share is its weighted share of the pool among the tenants present
@@ -236,6 +238,13 @@ type gateMem struct {
 	// youngEv counts its arrival events (samples with arrivals) and
 	// youngArr its arrivals since firstN.
 	youngEv, youngArr int64
+	// evN and evArr are the times and arrivals of its last surgeEvents
+	// arrival events, a ring whose oldest is at evAt once evLen is full.
+	evN, evArr  [surgeEvents]int64
+	evAt, evLen int
+	// heavyLoad: heavy by its load, with the hysteresis (heavy is that,
+	// or its last arrivals read as a surge now).
+	heavyLoad bool
 	// The demand's peak over the last half to whole peak window, in two
 	// half-window buckets.
 	peakCur, peakPrev float64
@@ -258,6 +267,7 @@ type gateCls struct {
 	active                    bool
 	forecast                  float64 // λ·W as a fraction of the pool, at its request size
 	load                      float64 // max(avg, forecast): what classifies it
+	surge                     float64 // its surgeRate's offered load, as a fraction of the pool (0: none)
 	m                         *gateMem
 }
 
@@ -355,6 +365,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			cs[i].load = max(cs[i].avg, cs[i].forecast)
 		}
 		m.load, m.held = cs[i].load, cs[i].held
+		cs[i].surge = g.surgeRate(m, nowN) * g.svcOf(m) * m.size
 	}
 	g.cls = cs
 	level := g.waterLevel(cs)
@@ -393,8 +404,13 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// long requests forecasts more than the pool for a tenant asking
 		// a third of it, which as heavy would wait for a reserve kept for
 		// tenants with nothing to send.
+		// Its last arrivals read as a surge above that bound make it heavy
+		// for as long as they do, without the hysteresis: a light tenant's
+		// Poisson cluster that reads so now and then must not keep it
+		// heavy while its load stays near its claim.
 		over := x.load > lightMargin*x.weight*level || (x.avg > 1 && !g.NoPool)
-		m.heavy = over || (m.heavy && x.load > x.weight*level && !g.NoSticky)
+		m.heavyLoad = over || (m.heavyLoad && x.load > x.weight*level && !g.NoSticky)
+		m.heavy = m.heavyLoad || x.surge > lightMargin*x.weight*level
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
 		if x.active && !m.heavy && loads[i].Queued > 0 {
@@ -456,7 +472,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	for _, x := range cs {
 		m := x.m
 		svc := g.svcOf(m)
-		m.offered = max(m.sustRateNow(nowN), g.youngRate(m, nowN)) * svc * m.size
+		m.offered = max(max(m.sustRateNow(nowN), g.youngRate(m, nowN))*svc*m.size, x.surge)
 		m.share = 1
 		if presentW > 0 {
 			m.share = x.weight / presentW
@@ -668,7 +684,7 @@ func (g *Gate) waterLevel(cs []gateCls) float64 {
 	// claims its share before its average catches up, so a flood is not
 	// light for those seconds.
 	ask := func(x gateCls) float64 {
-		return max(x.load, x.demand)
+		return max(x.load, x.demand, x.surge)
 	}
 	idx := g.idx[:0]
 	var sum, weights float64

@@ -670,3 +670,102 @@ func TestTightBurstIsNoYoungRate(t *testing.T) {
 	now += int64(forecastWindow)
 	assert.Zero(t, g.youngRate(m, now), "no longer young")
 }
+
+// TestTrickleThenFloodIsHeldWithinItsFirstArrivals: a tenant that has
+// sent a request every few seconds for a minute (never young) floods at
+// twice the pool beside a light tenant holding 20 of 32 sequences. Its
+// last eight arrivals read as a surge, a third of a second in: it is
+// held at the light tenant's reserve. Read from the averaged rates alone
+// (NoSurge) it is let through, light by the water level or not sustained.
+func TestTrickleThenFloodIsHeldWithinItsFirstArrivals(t *testing.T) {
+	run := func(opts Options) (light bool, reserve float64, st State) {
+		g := Gate{Options: opts}
+		loads := []TenantLoad{
+			{Name: "light", Weight: 3, Held: 28},
+			{Name: "flood", Weight: 1},
+		}
+		f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 600 { // 60 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i == 100 {
+				loads[0].Held = 20
+			}
+			if i%10 == 0 { // the light tenant: 8 a second, 2.56 s each
+				loads[0].Arrived += 8
+				loads[0].Served += 8
+				loads[0].ServedSec += 8 * 2.56
+			}
+			if i%30 == 0 { // the trickle: one every 3 s
+				loads[1].Arrived++
+				loads[1].Served++
+				loads[1].ServedSec += 2.56
+			}
+			f.Seqs = loads[0].Held
+			g.Assess(now, loads, 0, f, 0)
+		}
+		for range 8 { // the flood: one request every 40 ms, each let through
+			now += int64(40 * time.Millisecond)
+			loads[1].Arrived++
+			f.Seqs = loads[0].Held + loads[1].Held
+			light, reserve = g.Assess(now, loads, 1, f, 0)
+			loads[1].Held++
+		}
+		st, _ = g.State("flood")
+		return light, reserve, st
+	}
+	light, reserve, st := run(Options{})
+	assert.False(t, light, "a flood eight requests in: %+v", st)
+	assert.True(t, st.Heavy && st.Sustained, "heavy and sustained: %+v", st)
+	assert.GreaterOrEqual(t, reserve, 8.0/32, "held at the light tenant's reserve: its kept peak of 28 less the 20 it holds")
+	light, _, st = run(Options{NoSurge: true})
+	assert.True(t, light || !st.Sustained, "its averaged rates read it below its share: %+v", st)
+}
+
+// TestSurgeHeavyOnlyWhileItReads: a light tenant's Poisson cluster,
+// eight requests within a fifth of a second, reads as a surge and makes
+// it heavy while it does; three seconds on, at its usual rate, it is
+// light again, though its load stays near its claim: the surge does not
+// take the hysteresis of a load above its claim.
+func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
+	run := func(opts Options) (during, after State) {
+		g := Gate{Options: opts}
+		loads := []TenantLoad{
+			{Name: "a", Weight: 1, Held: 6}, {Name: "b", Weight: 1, Held: 6}, {Name: "c", Weight: 1, Held: 6},
+			{Name: "flood", Weight: 1, Held: 14, Queued: 50},
+		}
+		f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		steady := func(samples int) {
+			for i := range samples { // 100 ms samples: 2.5 a second each light tenant, 20 the flood
+				now += int64(100 * time.Millisecond)
+				if i%4 == 0 {
+					for j := range 3 {
+						loads[j].Arrived++
+						loads[j].Served++
+						loads[j].ServedSec += 2.56
+					}
+				}
+				loads[3].Arrived += 2
+				loads[3].Served++
+				loads[3].ServedSec += 2.56
+				g.Assess(now, loads, 0, f, 0)
+			}
+		}
+		steady(600)
+		for range 8 { // a's cluster
+			now += int64(25 * time.Millisecond)
+			loads[0].Arrived++
+			g.Assess(now, loads, 0, f, 0)
+		}
+		during, _ = g.State("a")
+		steady(40)
+		after, _ = g.State("a")
+		return during, after
+	}
+	during, after := run(Options{})
+	assert.True(t, during.Heavy && during.Sustained, "read as a flood during its cluster: %+v", during)
+	assert.False(t, after.Heavy, "light again after it: %+v", after)
+	during, _ = run(Options{NoSurge: true})
+	assert.False(t, during.Heavy, "its averaged rates: %+v", during)
+}
