@@ -1516,21 +1516,26 @@ func TestFairgenBurstNotHeld(t *testing.T) {
 // so do the first isolation row b draws (0 of 100 draws of the row held
 // with its flood starting late).
 func TestFairgenLateOnset(t *testing.T) {
-	check := func(sc *fgScenario) {
-		t.Helper()
-		sc.lateOnset(false)
-		sum, v := fgCheckScenario(t, sc)
-		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
-		sc.gateOpts.NoYoung, sc.gateOpts.NoSurge = true, true
-		sum, v = fgCheckScenario(t, sc)
-		assert.NotEmpty(t, v, "from the averaged rates alone: %s", sum)
-	}
+	without := gate.Options{NoYoung: true, NoSurge: true}
 	for _, seed := range fairgenLateSeeds {
-		check(genScenarioAt(seed, fgDraw{}))
+		fgCheckOnset(t, genScenarioAt(seed, fgDraw{}), false, without)
 	}
 	for seed := uint64(1); seed <= 3; seed++ {
-		check(fgIsolationRow(seed, 32, fgLearn))
+		fgCheckOnset(t, fgIsolationRow(seed, 32, fgLearn), false, without)
 	}
+}
+
+// fgCheckOnset checks that sc, its heavy tenants starting late (and
+// trickling first, with trickle), holds every invariant, and misses one
+// with the gate's options set to without.
+func fgCheckOnset(t *testing.T, sc *fgScenario, trickle bool, without gate.Options) {
+	t.Helper()
+	sc.lateOnset(trickle)
+	sum, v := fgCheckScenario(t, sc)
+	assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
+	sc.gateOpts = without
+	sum, v = fgCheckScenario(t, sc)
+	assert.NotEmpty(t, v, "with %+v: %s", without, sum)
 }
 
 // TestFairgenTrickleOnset: a flood whose tenant sent a request every few
@@ -1540,20 +1545,12 @@ func TestFairgenLateOnset(t *testing.T) {
 // fails, and so do isolation row b's draws 1, 3 and 6 (8 of 100 draws of
 // the row held with its flood trickling first, 50 now).
 func TestFairgenTrickleOnset(t *testing.T) {
-	check := func(sc *fgScenario) {
-		t.Helper()
-		sc.lateOnset(true)
-		sum, v := fgCheckScenario(t, sc)
-		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
-		sc.gateOpts.NoSurge = true
-		sum, v = fgCheckScenario(t, sc)
-		assert.NotEmpty(t, v, "without the surge: %s", sum)
-	}
+	without := gate.Options{NoSurge: true}
 	for _, seed := range fairgenTrickleSeeds {
-		check(genScenarioAt(seed, fgDraw{}))
+		fgCheckOnset(t, genScenarioAt(seed, fgDraw{}), true, without)
 	}
 	for _, seed := range []uint64{1, 3, 6} {
-		check(fgIsolationRow(seed, 32, fgLearn))
+		fgCheckOnset(t, fgIsolationRow(seed, 32, fgLearn), true, without)
 	}
 }
 

@@ -598,51 +598,47 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 	assert.True(t, light, "its queue has stood 30 s, server.standing_queue is 40 s: let through")
 }
 
-// TestFloodStartingIsHeldWithinItsFirstArrivals: a flood that starts
-// beside a light tenant holding most of the pool, its own tenant known to
-// the gate and silent for a minute, is held at the light tenant's reserve
-// from its fifth request, a fifth of a second in. Read from the averaged
-// rates alone (NoYoung), its first second reads as a fraction of its rate:
-// it is let through while it takes the room the light tenant's next peak
-// needs (fairgen -fairgen.onset=late, the isolation rows).
-func TestFloodStartingIsHeldWithinItsFirstArrivals(t *testing.T) {
-	run := func(opts Options) (light bool, reserve float64, st State) {
-		g := Gate{Options: opts}
-		loads := []TenantLoad{
-			{Name: "light", Weight: 3, Held: 28},
-			{Name: "flood", Weight: 1},
-		}
-		f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-		for i := range 600 { // 60 s of 100 ms samples
-			now += int64(100 * time.Millisecond)
-			if i == 100 {
-				loads[0].Held = 20
-			}
-			if i%10 == 0 { // the light tenant: 8 a second, 2.56 s each
-				loads[0].Arrived += 8
-				loads[0].Served += 8
-				loads[0].ServedSec += 8 * 2.56
-			}
-			f.Seqs = loads[0].Held
-			g.Assess(now, loads, 0, f, 0)
-		}
-		for range 5 { // the flood: one request every 40 ms, each let through
-			now += int64(40 * time.Millisecond)
-			loads[1].Arrived++
-			f.Seqs = loads[0].Held + loads[1].Held
-			light, reserve = g.Assess(now, loads, 1, f, 0)
-			loads[1].Held++
-		}
-		st, _ = g.State("flood")
-		return light, reserve, st
+// floodAfterMinute runs a gate with opts for a minute of a light tenant of
+// weight 3 holding 20 of 32 sequences (28 at first, its kept peak), 8
+// requests a second of 2.56 s, beside a tenant of weight 1 that is silent
+// or, with trickle, sends one such request every 3 s; then that tenant
+// floods at one request every 40 ms, each let through. It returns the
+// gate's verdict on the flood's n-th request and the flood's state then.
+func floodAfterMinute(opts Options, trickle bool, n int) (light bool, reserve float64, st State) {
+	g := Gate{Options: opts}
+	loads := []TenantLoad{
+		{Name: "light", Weight: 3, Held: 28},
+		{Name: "flood", Weight: 1},
 	}
-	light, reserve, st := run(Options{})
-	assert.False(t, light, "a flood five requests in: %+v", st)
-	assert.True(t, st.Heavy && st.Sustained, "heavy and sustained: %+v", st)
-	assert.GreaterOrEqual(t, reserve, 8.0/32, "held at the light tenant's reserve: its kept peak of 28 less the 20 it holds")
-	light, _, st = run(Options{NoYoung: true})
-	assert.True(t, light || !st.Sustained, "its averaged rates read it below its share: %+v", st)
+	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for i := range 600 { // 60 s of 100 ms samples
+		now += int64(100 * time.Millisecond)
+		if i == 100 {
+			loads[0].Held = 20
+		}
+		if i%10 == 0 {
+			loads[0].Arrived += 8
+			loads[0].Served += 8
+			loads[0].ServedSec += 8 * 2.56
+		}
+		if trickle && i%30 == 0 {
+			loads[1].Arrived++
+			loads[1].Served++
+			loads[1].ServedSec += 2.56
+		}
+		f.Seqs = loads[0].Held
+		g.Assess(now, loads, 0, f, 0)
+	}
+	for range n {
+		now += int64(40 * time.Millisecond)
+		loads[1].Arrived++
+		f.Seqs = loads[0].Held + loads[1].Held
+		light, reserve = g.Assess(now, loads, 1, f, 0)
+		loads[1].Held++
+	}
+	st, _ = g.State("flood")
+	return light, reserve, st
 }
 
 // TestTightBurstIsNoYoungRate: a tenant back after a pause whose burst
@@ -671,55 +667,32 @@ func TestTightBurstIsNoYoungRate(t *testing.T) {
 	assert.Zero(t, g.youngRate(m, now), "no longer young")
 }
 
-// TestTrickleThenFloodIsHeldWithinItsFirstArrivals: a tenant that has
-// sent a request every few seconds for a minute (never young) floods at
-// twice the pool beside a light tenant holding 20 of 32 sequences. Its
-// last eight arrivals read as a surge, a third of a second in: it is
-// held at the light tenant's reserve. Read from the averaged rates alone
-// (NoSurge) it is let through, light by the water level or not sustained.
-func TestTrickleThenFloodIsHeldWithinItsFirstArrivals(t *testing.T) {
-	run := func(opts Options) (light bool, reserve float64, st State) {
-		g := Gate{Options: opts}
-		loads := []TenantLoad{
-			{Name: "light", Weight: 3, Held: 28},
-			{Name: "flood", Weight: 1},
-		}
-		f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-		for i := range 600 { // 60 s of 100 ms samples
-			now += int64(100 * time.Millisecond)
-			if i == 100 {
-				loads[0].Held = 20
-			}
-			if i%10 == 0 { // the light tenant: 8 a second, 2.56 s each
-				loads[0].Arrived += 8
-				loads[0].Served += 8
-				loads[0].ServedSec += 8 * 2.56
-			}
-			if i%30 == 0 { // the trickle: one every 3 s
-				loads[1].Arrived++
-				loads[1].Served++
-				loads[1].ServedSec += 2.56
-			}
-			f.Seqs = loads[0].Held
-			g.Assess(now, loads, 0, f, 0)
-		}
-		for range 8 { // the flood: one request every 40 ms, each let through
-			now += int64(40 * time.Millisecond)
-			loads[1].Arrived++
-			f.Seqs = loads[0].Held + loads[1].Held
-			light, reserve = g.Assess(now, loads, 1, f, 0)
-			loads[1].Held++
-		}
-		st, _ = g.State("flood")
-		return light, reserve, st
+// TestFloodIsHeldWithinItsFirstArrivals: a flood at twice the pool
+// beside a light tenant holding most of it is held at the light tenant's
+// reserve within its first arrivals, whether its tenant was silent for a
+// minute (young: its fifth request, a fifth of a second in) or sent a
+// request every few seconds (never young: its last eight arrivals read as
+// a surge, a third of a second in). Read from the averaged rates alone it
+// is let through, light by the water level or not sustained, while it
+// takes the room the light tenant's next peak needs (fairgen
+// -fairgen.onset=late and trickle, the isolation rows).
+func TestFloodIsHeldWithinItsFirstArrivals(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		trickle bool
+		n       int
+		without Options
+	}{
+		{"silent, then a flood", false, 5, Options{NoYoung: true}},
+		{"a trickle, then a flood", true, 8, Options{NoSurge: true}},
+	} {
+		light, reserve, st := floodAfterMinute(Options{}, c.trickle, c.n)
+		assert.False(t, light, "%s, %d requests in: %+v", c.name, c.n, st)
+		assert.True(t, st.Heavy && st.Sustained, "%s: heavy and sustained: %+v", c.name, st)
+		assert.GreaterOrEqual(t, reserve, 8.0/32, "%s: held at the light tenant's reserve, its kept peak of 28 less the 20 it holds", c.name)
+		light, _, st = floodAfterMinute(c.without, c.trickle, c.n)
+		assert.True(t, light || !st.Sustained, "%s, with %+v: its averaged rates read it below its share: %+v", c.name, c.without, st)
 	}
-	light, reserve, st := run(Options{})
-	assert.False(t, light, "a flood eight requests in: %+v", st)
-	assert.True(t, st.Heavy && st.Sustained, "heavy and sustained: %+v", st)
-	assert.GreaterOrEqual(t, reserve, 8.0/32, "held at the light tenant's reserve: its kept peak of 28 less the 20 it holds")
-	light, _, st = run(Options{NoSurge: true})
-	assert.True(t, light || !st.Sustained, "its averaged rates read it below its share: %+v", st)
 }
 
 // TestSurgeHeavyOnlyWhileItReads: a light tenant's Poisson cluster,
