@@ -62,7 +62,8 @@ chaos: deps
 # The seeded fairness scenarios (scheduler/gate/fairgen_test.go) over more seeds
 # than make test runs: FAIR_SEEDS from FAIR_BASE, violations logged, with a
 # summary line; a discrete-event simulation, about a second per 100 seeds.
-# FAIR_ONSET=late starts every heavy tenant late (known to the gate, silent).
+# FAIR_ONSET=late starts every heavy tenant late (known to the gate, silent);
+# trickle does so with each sending a request every few seconds before.
 FAIR_SEEDS ?= 500
 FAIR_BASE ?= 1
 fairness-sweep:

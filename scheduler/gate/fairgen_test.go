@@ -69,8 +69,9 @@ import (
 // with one instance and fairgenTwoSeeds with two; `-fairgen.seeds=N
 // -fairgen.base=B` runs N from B (make fairness-sweep), `-fairgen.learn=on`
 // or `off` sets the learning scrape of every seed instead of drawing it,
-// `-fairgen.instances=1` or `2` the instances, `-fairgen.onset=late`
-// starts every heavy tenant late (fgScenario.lateOnset), and `-fairgen.fleetoff`
+// `-fairgen.instances=1` or `2` the instances, `-fairgen.onset=late` (or
+// `trickle`) starts every heavy tenant late (fgScenario.lateOnset), and
+// `-fairgen.fleetoff`
 // turns off mechanisms of the split across instances (fgFleetOff). Each
 // line of the log is one seed.
 
@@ -83,7 +84,8 @@ var (
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
 	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
-	// fairgenOnset starts every heavy tenant late (fgScenario.lateOnset).
+	// fairgenOnset starts every heavy tenant late (fgScenario.lateOnset),
+	// trickling first with trickle.
 	fairgenOnset    = flag.String("fairgen.onset", "", "heavy tenants' start for every seed: late (known to the gate, silent, then flooding), trickle (sending a request every few seconds before) or empty (from the start)")
 	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
 )

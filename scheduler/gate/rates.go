@@ -7,7 +7,8 @@ import (
 
 // A tenant's arrival and service rates as the gate reads them: averaged
 // over seconds to minutes, corrected for how long the tenant has been
-// active, and read directly while it is young.
+// active, and read from its recent arrivals alone while it is young or
+// its last arrivals surge.
 
 // youngEvents and youngSpan bound when a young tenant's arrival rate is
 // read directly, as its arrivals since it became active over the time
