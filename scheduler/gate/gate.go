@@ -682,7 +682,9 @@ func (g *Gate) waterLevel(cs []gateCls) float64 {
 	// A tenant asks for its average or, while its demand is above it (still
 	// rising), its demand now: a light tenant whose requests are piling up
 	// claims its share before its average catches up, so a flood is not
-	// light for those seconds.
+	// light for those seconds. While its last arrivals read as a surge it
+	// asks what they offer: a flood's first arrivals beside tenants that
+	// ask less than the pool would otherwise find no level at all.
 	ask := func(x gateCls) float64 {
 		return max(x.load, x.demand, x.surge)
 	}
