@@ -66,8 +66,8 @@
 //     drains; a flood asks more than it ever did. One burst lifts the
 //     rate over sustainWindow above the share for seconds and the queue
 //     stands while held, which read such a tenant as a flood.
-//   - A tenant that becomes active is read at its arrivals after the
-//     first over the time since (youngRate), for its first
+//   - A tenant that becomes active is read at its arrivals after its
+//     first event over the time since (youngRate), for its first
 //     forecastWindow, once it has arrived in youngEvents events spanning
 //     youngSpan: the averaged rates read a flood that starts at a
 //     fraction of its rate for its first second, and beside light

@@ -235,8 +235,8 @@ type gateMem struct {
 	arrived, served int64
 	servedSec       float64
 	firstN          int64
-	// youngEv counts its arrival events (samples with arrivals) and
-	// youngArr its arrivals since firstN.
+	// youngEv counts its arrival events (samples with arrivals) since
+	// firstN, and youngArr its arrivals in those after the first.
 	youngEv, youngArr int64
 	// evN and evArr are the times and arrivals of its last surgeEvents
 	// arrival events, a ring whose oldest is at evAt once evLen is full.

@@ -36,7 +36,7 @@ func (m *gateMem) rateNow(nowN int64) float64 {
 }
 
 // youngRate is a young tenant's arrival rate read directly, its arrivals
-// after its first over the time since it became active, once it has
+// after its first event over the time since it became active, once it has
 // arrived in youngEvents events over youngSpan and for less than
 // forecastWindow; 0 otherwise.
 func (g *Gate) youngRate(m *gateMem, nowN int64) float64 {
@@ -44,7 +44,7 @@ func (g *Gate) youngRate(m *gateMem, nowN int64) float64 {
 	if g.NoYoung || m.youngEv < youngEvents || age >= forecastWindow || m.lastArrN-m.firstN < int64(youngSpan) {
 		return 0
 	}
-	return float64(m.youngArr-1) / age.Seconds()
+	return float64(m.youngArr) / age.Seconds()
 }
 
 // surgeEvents and surgeShare bound when a tenant's arrival rate is read
@@ -149,8 +149,10 @@ func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
 		m.youngEv, m.youngArr = 0, 0
 	}
 	if da := l.Arrived - m.arrived; da > 0 {
+		if m.youngEv > 0 {
+			m.youngArr += da // after its first event: a first burst is no rate
+		}
 		m.youngEv++
-		m.youngArr += da
 		m.evN[m.evAt], m.evArr[m.evAt] = nowN, da // the ring of its last events (surgeRate)
 		m.evAt = (m.evAt + 1) % surgeEvents
 		m.evLen = min(m.evLen+1, surgeEvents)
