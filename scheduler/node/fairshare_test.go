@@ -276,12 +276,20 @@ func startRedisCluster(t *testing.T, n int) []string {
 		t.Cleanup(func() { _ = clients[i].Close() })
 		require.NoError(t, clients[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", i*16384/n, (i+1)*16384/n-1).Err())
 	}
-	for i := 1; i < n; i++ {
-		host, port, _ := net.SplitHostPort(addrs[i])
-		require.NoError(t, clients[0].Do(ctx, "CLUSTER", "MEET", host, port, bus[i]).Err())
+	// Every node meets every other, so that none learns of a node only
+	// through gossip, and the cluster is given 30 s to agree: under make
+	// test's race-detector load a node once took more than 10 s to see
+	// the cluster ok when only the first node met the others.
+	for i := range n {
+		for j := range n {
+			if i != j {
+				host, port, _ := net.SplitHostPort(addrs[j])
+				require.NoError(t, clients[i].Do(ctx, "CLUSTER", "MEET", host, port, bus[j]).Err())
+			}
+		}
 	}
 	for i, c := range clients {
-		eventually(t, fmt.Sprintf("cluster node %d sees the cluster ok", i), func() bool {
+		eventuallyWithin(t, 30*time.Second, fmt.Sprintf("cluster node %d sees the cluster ok", i), func() bool {
 			info, err := c.ClusterInfo(ctx).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r")
 		})
