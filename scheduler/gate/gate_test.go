@@ -406,6 +406,21 @@ func TestBurstyTenantIsNoFlood(t *testing.T) {
 	assert.False(t, light, "asks more than any burst of it did")
 }
 
+// lightSample is the i-th 100 ms sample of the light tenants of
+// TestFloodAfterIdleIsHeld and floodAfterMinute: 28 sequences held for
+// their first 10 s (the peak kept for them), 20 from then, 8 requests a
+// second of 2.56 s each.
+func lightSample(l *TenantLoad, i int) {
+	if i == 100 {
+		l.Held = 20
+	}
+	if i%10 == 0 {
+		l.Arrived += 8
+		l.Served += 8
+		l.ServedSec += 8 * 2.56
+	}
+}
+
 // TestFloodAfterIdleIsHeld: the isolation rows' shape (a pool of 32, the
 // light tenants weighing three times the flood, holding 20 with a kept
 // peak of 28) with the flood's tenant known to the gate, idle, for 70 s
@@ -426,14 +441,7 @@ func TestFloodAfterIdleIsHeld(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 	for i := range 730 { // 73 s of 100 ms samples
 		now += int64(100 * time.Millisecond)
-		if i == 100 {
-			loads[0].Held = 20
-		}
-		if i%10 == 0 { // the light tenants: 8 a second, 2.56 s each
-			loads[0].Arrived += 8
-			loads[0].Served += 8
-			loads[0].ServedSec += 8 * 2.56
-		}
+		lightSample(&loads[0], i)
 		if i >= 700 { // the flood, from 70 s: 2.5 a sample
 			loads[1].Arrived += 2 + int64(i%2)
 			loads[1].Held = 1
@@ -614,14 +622,7 @@ func floodAfterMinute(opts Options, trickle bool, n int) (light bool, reserve fl
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 	for i := range 600 { // 60 s of 100 ms samples
 		now += int64(100 * time.Millisecond)
-		if i == 100 {
-			loads[0].Held = 20
-		}
-		if i%10 == 0 {
-			loads[0].Arrived += 8
-			loads[0].Served += 8
-			loads[0].ServedSec += 8 * 2.56
-		}
+		lightSample(&loads[0], i)
 		if trickle && i%30 == 0 {
 			loads[1].Arrived++
 			loads[1].Served++
