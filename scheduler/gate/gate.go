@@ -307,7 +307,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			m = &gateMem{lastN: nowN, firstN: nowN, seenN: nowN, arrived: l.Arrived, served: l.Served, servedSec: l.ServedSec}
 			g.mem[l.Name] = m
 		}
-		g.observe(m, l, nowN)
+		g.observe(m, l, nowN, hold)
 		if l.Queued == 0 && m.queuedSince != 0 {
 			// A span of queueing ends: the most it asked is what a burst
 			// of it asks, for the hold.

@@ -140,8 +140,9 @@ func (g *Gate) svcOf(m *gateMem) float64 {
 }
 
 // observe folds l's arrivals and completions since m's last sample into
-// m's arrival rate and service time, and the pool's.
-func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
+// m's arrival rate and service time, and the pool's; hold is
+// server.reserve_hold (holdFor).
+func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64, hold time.Duration) {
 	dt := max(float64(nowN-m.lastN)/float64(time.Second), 0)
 	tau := forecastWindow.Seconds()
 	if da := l.Arrived - m.arrived; da > 0 && m.rate*tau < 0.01 && (m.lastArrN == 0 || nowN-m.lastArrN > int64(peakWindow)) {
@@ -164,20 +165,20 @@ func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64) {
 	m.sustRate = m.sustRate*math.Exp(-dt/st) + float64(max(l.Arrived-m.arrived, 0))/st
 	// The long-run rate: over the hold, from when it was first seen (at
 	// least 10 s, to bound the noise of its first arrivals).
-	hold := g.holdFor().Seconds()
-	decay := math.Exp(-dt / hold)
-	m.longRate = m.longRate*decay + float64(max(l.Arrived-m.arrived, 0))/hold
+	hs := hold.Seconds()
+	decay := math.Exp(-dt / hs)
+	m.longRate = m.longRate*decay + float64(max(l.Arrived-m.arrived, 0))/hs
 	m.longEvents *= decay
 	if l.Arrived > m.arrived {
-		m.longEvents += 1 / hold
+		m.longEvents += 1 / hs
 		// Its mean gap: the larger of the recent one and the long-run one.
 		// The recent rate alone says a tenant that sent a few requests
 		// close together and then paused as usual is gone.
 		m.lastArrN = nowN
-		mean := 1 / max(min(m.rateNow(nowN), m.longRateNow(nowN, g.holdFor())), 1e-9)
+		mean := 1 / max(min(m.rateNow(nowN), m.longRateNow(nowN, hold)), 1e-9)
 		// A tenant that sends bursts pauses between bursts, not requests.
-		mean = max(mean, 1/max(m.longEvents/m.longCorrection(nowN, g.holdFor()), 1e-9))
-		m.goneAfter = int64(min(idleGaps*mean, g.holdFor().Seconds()) * float64(time.Second))
+		mean = max(mean, 1/max(m.longEvents/m.longCorrection(nowN, hold), 1e-9))
+		m.goneAfter = int64(min(idleGaps*mean, hs) * float64(time.Second))
 	}
 	m.arrived = l.Arrived
 	if dn := l.Served - m.served; dn > 0 {
