@@ -1,9 +1,11 @@
 package scheduler
 
 import (
+	"math"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -83,4 +85,32 @@ func TestBatchSizedReplica(t *testing.T) {
 	assert.Equal(t, int64(float64(1600)*s.gpu.Config().TargetOccupancy), v.BaseTokens)
 	_, load, _, _ = s.reps.RoomOf(r)
 	assert.Equal(t, int64(0.5*float64(v.BaseTokens)), load)
+}
+
+// TestObserveLearnsServiceTime: each poll's vllm:e2e_request_latency_seconds
+// reaches the replica's service time, which the gate reads before this
+// instance has completed anything on the pool (gate.FleetLoad.Svc).
+func TestObserveLearnsServiceTime(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
+	r := s.reps.List()[0]
+	src := &snapSource{}
+	at := time.Unix(1_800_000_000, 0)
+	ok := func(x float64) vllm.Value { return vllm.Value{V: x, OK: true} }
+	poll := func(sum, count float64) {
+		at = at.Add(time.Second)
+		src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
+			Metrics: vllm.Metrics{Running: ok(4), Waiting: ok(0), E2ESecondsTotal: ok(sum), E2ECount: ok(count)}}
+		s.Observe(t.Context(), src, nil)
+	}
+	poll(100, 40)
+	assert.InDelta(t, 2.5, r.ServiceTime(), 1e-9, "the replica's lifetime mean at the first scrape")
+	poll(100, 40)
+	poll(100, 40)
+	assert.InDelta(t, 2.5, r.ServiceTime(), 1e-9, "nothing completed since")
+	poll(130, 50)
+	assert.InDelta(t, 2.5+(1-math.Pow(0.9, 10))*(3.0-2.5), r.ServiceTime(), 1e-9, "30 s over 10 since")
+	var g dto.Metric
+	require.NoError(t, s.m.ReplicaService.WithLabelValues("r0").Write(&g))
+	assert.InDelta(t, r.ServiceTime(), g.GetGauge().GetValue(), 1e-9, "sluice_replica_service_seconds")
 }

@@ -38,6 +38,7 @@ func (s *Server) Observe(ctx context.Context, src ReplicaSource, models ModelLis
 		r.PolledAt = snap.CheckedAt
 		r.NotePoll(snap)
 		m := snap.Metrics
+		r.NoteLatency(m.E2ESecondsTotal, m.E2ECount, snap.Restarted)
 		obs := gpu.ReplicaMetrics{OK: snap.Up && snap.Healthy && m.Running.OK, Reason: snap.LastError}
 		if !snap.Up || !snap.Healthy {
 			if obs.Reason == "" {
@@ -182,6 +183,7 @@ func (s *Server) exportReplica(r *fleet.Replica) {
 	s.m.ReplicaAborts.WithLabelValues(r.Name).Set(held)
 	s.m.ReplicaShare.WithLabelValues(r.Name).Set(float64(r.Share.Load()))
 	s.m.ReplicaBatch.WithLabelValues(r.Name).Set(float64(r.Learned()))
+	s.m.ReplicaService.WithLabelValues(r.Name).Set(r.ServiceTime())
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

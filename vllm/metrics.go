@@ -74,12 +74,17 @@ type Metrics struct {
 	GPUEnergyJoulesTotal Value
 	// SimAbortedTotal is the simulator's sim_aborted_requests_total.
 	SimAbortedTotal Value
+	// E2ESecondsTotal and E2ECount are vllm:e2e_request_latency_seconds'
+	// _sum and _count: each finished request's time from its arrival at
+	// the frontend to its last token (vllm/v1/metrics/stats.py,
+	// IterationStats.update_from_finished_request), summed.
+	E2ESecondsTotal, E2ECount Value
 }
 
 // counters lists the monotonic readings, for restart detection.
-func (m *Metrics) counters() [8]Value {
-	return [8]Value{m.GPUEnergyJoulesTotal, m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
-		m.SuccessTotal, m.AbortsTotal, m.GPUBusySecondsTotal, m.SimAbortedTotal}
+func (m *Metrics) counters() [10]Value {
+	return [10]Value{m.GPUEnergyJoulesTotal, m.PreemptionsTotal, m.PromptTokensTotal, m.GenerationTokensTotal,
+		m.SuccessTotal, m.AbortsTotal, m.GPUBusySecondsTotal, m.SimAbortedTotal, m.E2ESecondsTotal, m.E2ECount}
 }
 
 // CounterDropped reports whether any counter known in both prev and m went
@@ -210,6 +215,10 @@ func ParseMetrics(text []byte, model string) Metrics {
 			m.GPUEnergyJoulesTotal.add(v)
 		case mSimAborted:
 			m.SimAbortedTotal.add(v)
+		case mE2ESum:
+			m.E2ESecondsTotal.add(v)
+		case mE2ECount:
+			m.E2ECount.add(v)
 		}
 	}
 	switch {
@@ -260,6 +269,8 @@ const (
 	mSimBusy
 	mSimEnergy
 	mSimAborted
+	mE2ESum
+	mE2ECount
 )
 
 func metricKind(name []byte) mKind {
@@ -294,6 +305,10 @@ func metricKind(name []byte) mKind {
 		return mSimEnergy
 	case "sim_aborted_requests_total":
 		return mSimAborted
+	case "vllm:e2e_request_latency_seconds_sum":
+		return mE2ESum
+	case "vllm:e2e_request_latency_seconds_count":
+		return mE2ECount
 	}
 	return mNone
 }

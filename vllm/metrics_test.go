@@ -34,6 +34,7 @@ func TestParseMetrics(t *testing.T) {
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
 				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
+				E2ESecondsTotal: v(31.5), E2ECount: v(14),
 			},
 		},
 		{
@@ -46,6 +47,7 @@ func TestParseMetrics(t *testing.T) {
 				SuccessTotal: v(16), AbortsTotal: v(2),
 				KVCapacityTokens: v(2048 * 16), NumGPUBlocks: v(2048), BlockSize: v(16),
 				GPUUtilization: v(0.5), GPUBusySecondsTotal: v(12.5), GPUEnergyJoulesTotal: v(9100.25), SimAbortedTotal: v(2),
+				E2ESecondsTotal: v(931.5), E2ECount: v(24),
 			},
 		},
 		{

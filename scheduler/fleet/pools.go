@@ -172,7 +172,8 @@ func (s *Set) computePoolKey(reps []*Replica, model string) PoolKey {
 // share of it: the gate's fractions are of the batch, so that a tenant's
 // peak reads the same whatever the shares were when it was seen; the
 // share binds a heavy tenant in Take. PeerWeight is the mean over the
-// pool's replicas of the weight only other instances report there.
+// pool's replicas of the weight only other instances report there, Svc
+// the mean of the service times they report (Replica.ServiceTime).
 //
 // A request runs on one replica, so token room on a replica below one
 // request of size (the one the gate decides for) is no room for it:
@@ -186,7 +187,7 @@ func (s *Set) FleetOf(key PoolKey, alone bool, size int64) gate.FleetLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f gate.FleetLoad
-	n := 0
+	n, timed := 0, 0
 	for _, r := range s.List() {
 		if !key.Has(r.Slot) {
 			continue
@@ -205,9 +206,16 @@ func (s *Set) FleetOf(key PoolKey, alone bool, size int64) gate.FleetLoad {
 			f.Tokens += free % size
 		}
 		f.TokensCap += k
+		if svc := r.ServiceTime(); svc > 0 {
+			f.Svc += svc
+			timed++
+		}
 	}
 	if n > 0 {
 		f.PeerWeight /= float64(n) // the pool's replicas' mean
+	}
+	if timed > 0 {
+		f.Svc /= float64(timed)
 	}
 	return f
 }

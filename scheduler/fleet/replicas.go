@@ -62,6 +62,9 @@ type Replica struct {
 	// batch is this instance's account of the replica's batch between
 	// scrapes (sizing.go).
 	batch batch
+	// latency is the replica's mean service time from its own latency
+	// histogram (latency.go).
+	latency latency
 
 	// PolledAt is the poll time of the last scrape the centre's Observe
 	// fed to the GPU monitor. Only Observe's goroutine touches it,

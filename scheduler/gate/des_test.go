@@ -51,6 +51,7 @@ type desEvent[T any] struct {
 	svc  time.Duration // of a completion
 	kv   int64         // a completion's KV tokens (fairgen)
 	rep  int           // a completion's replica (fairgen)
+	e2e  time.Duration // a completion's time from its dispatch to the replica (fairgen)
 }
 
 // desEvents is a run's event queue: earliest first, events of one instant

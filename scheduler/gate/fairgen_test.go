@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/scheduler/fleet"
 	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
+	"github.com/sluicehq/sluice/vllm"
 )
 
 // A seeded scenario generator for fairness, as test/chaos is for
@@ -513,6 +514,7 @@ type fgReq struct {
 	out     int
 	place   uint64 // its queue place (queue.Item.Place), for a take-back
 	rep     int    // the replica it was sent to
+	sentAt  time.Duration
 	// lent: when it arrived no tenant the gate held as heavy (heavy and
 	// sustained) held room, so whatever held the batch was let through as
 	// light.
@@ -576,6 +578,10 @@ type fgRep struct {
 	running, kvUsed int64
 	inside          []fgReq
 	scraped         fleet.Obs
+	// e2eSum and e2eN are vllm:e2e_request_latency_seconds' _sum and
+	// _count: its completions' times from their dispatch to it.
+	e2eSum float64
+	e2eN   int64
 }
 
 // fgExchange is the share exchange's event (every fleet.ShareInterval,
@@ -749,7 +755,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			r.t.first = append(r.t.first, r.first)
 		}
 		svc := time.Duration(r.out) * sc.step
-		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed(), rep: r.rep})
+		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed(), rep: r.rep, e2e: now + svc - r.sentAt})
 	}
 	predOf := func(in *fgInst) func(queue.Item[fgReq], queue.View[fgReq]) queue.Verdict {
 		g := &in.g
@@ -776,6 +782,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			// fleet.Replica.SeqLimit) bounds the room of a tenant the split
 			// does not hold light.
 			f := gate.FleetLoad{TokensCap: 1 << 40}
+			timed := 0
 			if repKV > 0 {
 				f.TokensCap = repKV * int64(nReps)
 			}
@@ -794,6 +801,13 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				}
 				f.Probe += vw.rep.ProbeExcess()
 				f.PeerWeight += vw.peerWeight / float64(nReps)
+				if svc := vw.rep.ServiceTime(); svc > 0 {
+					f.Svc += svc
+					timed++
+				}
+			}
+			if timed > 0 {
+				f.Svc /= float64(timed) // the replicas' mean where known (fleet.Set.FleetOf)
 			}
 			in.loads = in.loads[:0]
 			cand := -1
@@ -885,7 +899,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				}
 				in.q.Release(it.Handle)
 				it.Payload.place = it.Place
-				it.Payload.rep = in.pick
+				it.Payload.rep, it.Payload.sentAt = in.pick, now
 				tn := it.Payload.t
 				vw, rp := in.v[in.pick], reps[in.pick]
 				if fgTrace && len(ts) > 1 && !direct {
@@ -989,6 +1003,8 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			rp, vw := reps[e.rep], in.v[e.rep]
 			rp.running--
 			rp.kvUsed -= e.kv
+			rp.e2eSum += e.e2e.Seconds()
+			rp.e2eN++
 			vw.sent--
 			vw.sentTokens -= e.kv
 			vw.rep.Count.Add(-1)
@@ -1027,6 +1043,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					for i, in := range insts {
 						vw := in.v[r]
 						confirmed[i] = vw.rep.LearnBatch(rp.running, waiting, clk.Now())
+						vw.rep.NoteLatency(vllm.Value{V: rp.e2eSum, OK: true}, vllm.Value{V: float64(rp.e2eN), OK: true}, false)
 						if len(insts) > 1 {
 							vw.foreign = max(rp.running+waiting-vw.sent, 0)
 							vw.foreignTokens = max(rp.kvUsed+insideTokens-vw.sentTokens, 0)
@@ -1553,6 +1570,26 @@ func TestFairgenTrickleOnset(t *testing.T) {
 	}
 	for _, seed := range []uint64{1, 3, 6} {
 		fgCheckOnset(t, fgIsolationRow(seed, 32, fgLearn), true, without)
+	}
+}
+
+// TestFairgenFleetServiceTime: isolation row x's flood is the only tenant
+// of its instance, which has completed nothing when the flood starts
+// beside the other instance's light tenants; it reads the flood at the
+// replicas' own service time (gate.FleetLoad.Svc, from vLLM's latency
+// histogram). Without it (NoFleetSvc) its gate forecasts the flood at
+// nothing until the first completion there, a service time in which the
+// flood takes the room the light tenants' peaks need: 4 of 100 draws of
+// the row held with the flood starting late (43 now), 8 with it
+// trickling first (15 now). Draws 1, 4 and 8 late and 5 and 13
+// trickling fail so.
+func TestFairgenFleetServiceTime(t *testing.T) {
+	without := gate.Options{NoFleetSvc: true}
+	for _, seed := range []uint64{1, 4, 8} {
+		fgCheckOnset(t, fgIsolationRowX(seed, fgLearn), false, without)
+	}
+	for _, seed := range []uint64{5, 13} {
+		fgCheckOnset(t, fgIsolationRowX(seed, fgLearn), true, without)
 	}
 }
 

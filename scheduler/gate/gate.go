@@ -140,6 +140,7 @@ type Options struct {
 	NoBursty   bool          // a tenant within burstyShare of its share over the hold held as any heavy one
 	NoYoung    bool          // a young tenant's rate read only from the averaged rates (youngRate)
 	NoSurge    bool          // a tenant's last arrivals not read alone (surgeRate)
+	NoFleetSvc bool          // no service time from the replicas' reports (FleetLoad.Svc) before its own
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -165,6 +166,9 @@ type Gate struct {
 	idx    []int     // reused by waterLevel
 	snap   gateSnap  // the last full assessment
 	svc    float64   // mean service time on the pool (s), 0 unknown
+	// fleetSvc is FleetLoad.Svc at the last assessment: the replicas' own
+	// mean service time, whoever sent what they completed.
+	fleetSvc float64
 }
 
 // defaultReserveHold is server.reserve_hold's default.
@@ -292,6 +296,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	}
 	seqsCap, tokensCap := float64(max(f.SeqsCap, 1)), float64(max(f.TokensCap, 1))
 	hold := g.holdFor()
+	g.fleetSvc = f.Svc
 	cs := g.cls[:0]
 	for i, l := range loads {
 		held := max(float64(l.Held)/seqsCap, float64(l.Tokens)/tokensCap)
@@ -348,8 +353,9 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		cs = append(cs, gateCls{avg: m.avg, demand: demand, held: held, weight: max(l.Weight, 1e-9), active: active, m: m})
 	}
 	for i := range cs {
-		// λ·W requests of its size, with the pool's mean service time for
-		// a tenant that has completed nothing here yet. Counted in
+		// λ·W requests of its size, with the pool's (or the replicas')
+		// mean service time for a tenant that has completed nothing here
+		// yet (svcOf). Counted in
 		// sequences alone, a pool whose KV cache binds would read it at a
 		// fraction of what it asks for.
 		m := cs[i].m
@@ -357,9 +363,9 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// What it asks for: its averaged demand, or its offered load (λ·W)
 		// when that is more. The average of a tenant that has just started
 		// lags its offered load by a service time or more (its in-flight
-		// count takes that long to build up, and a flood's queue is shed at
-		// 2 s): without the forecast a flood would count as light for those
-		// seconds and the light tenants' share as smaller than it is.
+		// count takes that long to build up): without the forecast a flood
+		// would count as light for those seconds and the light tenants'
+		// share as smaller than it is.
 		cs[i].load = cs[i].avg
 		if !g.NoForecast {
 			cs[i].load = max(cs[i].avg, cs[i].forecast)

@@ -25,6 +25,11 @@ type FleetLoad struct {
 	// PeerWeight is the summed weight of the tenants with demand on the
 	// pool's replicas that only other instances report (fleet.Replica.PeerWeight).
 	PeerWeight float64
+	// Svc is the mean service time in seconds of the pool's replicas'
+	// completions as they report them (vLLM's e2e latency histogram,
+	// fleet.Replica.ServiceTime), whoever sent them; 0 unknown. The gate
+	// uses it until it has seen completions of its own on the pool.
+	Svc float64
 }
 
 // FitsBeyond reports whether one more request of size tokens fits the fleet

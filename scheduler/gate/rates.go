@@ -131,12 +131,19 @@ func (m *gateMem) longCorrection(nowN int64, hold time.Duration) float64 {
 const longK = 4.0
 
 // svcOf is m's mean service time, or the pool's for a tenant that has
-// completed nothing here yet (0: none known).
+// completed nothing here yet, or the replicas' own (FleetLoad.Svc) while
+// nothing has completed here (0: none known). Without the replicas' an
+// instance whose only tenant starts to flood beside other instances'
+// tenants forecasts it at nothing until its first completion, a service
+// time in which it takes the room their peaks need.
 func (g *Gate) svcOf(m *gateMem) float64 {
-	if m.svc > 0 {
+	switch {
+	case m.svc > 0:
 		return m.svc
+	case g.svc > 0 || g.NoFleetSvc:
+		return g.svc
 	}
-	return g.svc
+	return g.fleetSvc
 }
 
 // observe folds l's arrivals and completions since m's last sample into

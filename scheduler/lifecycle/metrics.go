@@ -29,6 +29,7 @@ type Metrics struct {
 	ReplicaAborts    *prometheus.GaugeVec     // replica: aborts held (fleet/sizing.go)
 	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (fleet/share.go)
 	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (fleet/sizing.go)
+	ReplicaService   *prometheus.GaugeVec     // replica: its mean request latency as it reports it (fleet/latency.go)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -80,6 +81,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "This instance's cap on its requests on a replica other instances also use (its fair share of max_num_seqs); 0: no cap."}, []string{"replica"}),
 		ReplicaBatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_learned_batch",
 			Help: "The sequences the replica really runs, learned from scrapes that show requests waiting inside vLLM while running stays flat; Sluice dispatches only into that room. 0: none learned (max_num_seqs applies)."}, []string{"replica"}),
+		ReplicaService: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_service_seconds",
+			Help: "The replica's mean request latency from its own vllm:e2e_request_latency_seconds, about the last ten completions whoever sent them: the service time the dispatch gate reads a tenant's rate against until anything has completed on the pool through this instance. 0: unknown."}, []string{"replica"}),
 		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
 			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
@@ -105,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
-		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.UpstreamLatency, m.TTFT,
+		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.ReplicaService, m.UpstreamLatency, m.TTFT,
 		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.IllegalMoves, m.Ready, m.Usage, m.Durable,
 		m.FairShareFleet} {
 		if err := reg.Register(c); err != nil {
