@@ -743,3 +743,44 @@ func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
 	during, _ = run(Options{NoSurge: true})
 	assert.False(t, during.Heavy, "its averaged rates: %+v", during)
 }
+
+// TestPeersAreOneTenantHere: an instance whose only tenant starts to
+// flood beside light tenants another instance serves (FleetLoad.PeerWeight,
+// holding 22–24 of 32 sequences) reads them as one tenant of their weight
+// holding what its own tenants do not: the flood is heavy against their
+// claim and held at their peak's reserve from its first arrivals. Counted
+// among its own tenants alone (NoPeers) the flood is the pool's only
+// tenant and light, and takes their room until the share exchange sees it.
+func TestPeersAreOneTenantHere(t *testing.T) {
+	run := func(o Options) (bool, float64, FleetLoad) {
+		g := Gate{Options: o}
+		loads := []TenantLoad{{Name: "flood", Weight: 1}}
+		f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20, PeerWeight: 3, Svc: 2.5}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 100 { // 10 s of the peers alone, peaking at 24
+			now += int64(100 * time.Millisecond)
+			f.Seqs = 22 + int64(i%10/8)*2
+			g.Assess(now, loads, 0, f, 0.1)
+		}
+		f.Seqs = 22
+		var light bool
+		var reserve float64
+		for range 5 { // 25 requests a second, each dispatched
+			now += int64(40 * time.Millisecond)
+			loads[0].Arrived++
+			light, reserve = g.Assess(now, loads, 0, f, 0.1)
+			if light || f.FitsBeyond(1, reserve) {
+				loads[0].Held++
+				f.Seqs++
+			}
+		}
+		return light, reserve, f
+	}
+	light, reserve, f := run(Options{})
+	assert.False(t, light, "heavy against the peers' claim")
+	assert.False(t, f.FitsBeyond(1, reserve), "held at their reserve: %d of 32 in flight, reserve %.3f", f.Seqs, reserve)
+	assert.Equal(t, int64(25), f.Seqs, "three let through before four arrivals read its rate (youngRate)")
+	light, _, f = run(Options{NoPeers: true})
+	assert.True(t, light, "the pool's only tenant here")
+	assert.Equal(t, int64(27), f.Seqs, "every request dispatched")
+}
