@@ -161,7 +161,7 @@ var fairgenTwoReplicaSeeds = []uint64{1, 4, 9, 10, 17, 98}
 // late (fgScenario.lateOnset), the other dimensions drawn: seeds whose
 // invariants hold so, each of which fails without the young rate
 // (TestFairgenLateOnset).
-var fairgenLateSeeds = []uint64{1, 8, 9, 16, 19}
+var fairgenLateSeeds = []uint64{1, 8, 9, 19, 35}
 
 // fairgenTrickleSeeds run in make test with every open-loop heavy tenant
 // trickling before it floods late (lateOnset with trickle), the other
@@ -309,6 +309,27 @@ func (o *fgFleetOff) switches() map[string]*bool {
 
 func (sc *fgScenario) meanSvc() time.Duration {
 	return time.Duration(float64(sc.outLo+sc.outHi) / 2 * float64(sc.step))
+}
+
+// aboveShare reports whether tn, drawn light, asks more of the batch on
+// average than its weighted share: its bursts' requests at its rate of
+// bursts, each for the mean service time. The draw keeps a light tenant's
+// rate of bursts within half its share, so one sending bursts of several
+// may ask up to 2.5 times its share in requests. The invariants are for a
+// tenant whose demand is below its weighted share: beside floods, a fair
+// dequeue serves such a tenant at about its share, less than it sends,
+// and its queue grows until its requests reach their max_wait, as they
+// would behind any weighted-fair scheduler. Its figures are printed, not
+// checked.
+func (sc *fgScenario) aboveShare(tn fgTenant) bool {
+	if !tn.light || tn.loop > 0 {
+		return false
+	}
+	var sumW float64
+	for _, o := range sc.tenants {
+		sumW += o.weight
+	}
+	return float64(tn.burst)*tn.rate*sc.meanSvc().Seconds() > float64(sc.batch)*tn.weight/sumW
 }
 
 func (sc *fgScenario) String() string {
@@ -1303,6 +1324,10 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 		}
 		a := byName[tn.name]
 		pa, pf := pct(a.ttft, 0.99), pct(tn.ttft, 0.99)
+		if sc.aboveShare(tn) {
+			fmt.Fprintf(&b, " %s above its share, not checked: p99 TTFT %v alone %v lost %d (alone %d);", tn.name, pf, pa, tn.expired+tn.full, a.expired+a.full)
+			continue
+		}
 		bound := max(time.Duration(1.5*float64(pa)), pa+sc.step)
 		fmt.Fprintf(&b, " %s p99 TTFT %v alone %v (bound %v) lost %d;", tn.name, pf, pa, bound, tn.expired+tn.full)
 		if pf > bound {
@@ -1368,7 +1393,7 @@ func TestFairnessScenarios(t *testing.T) {
 			seeds = append(seeds, run{seed, fgDraw{}, true, true})
 		}
 	}
-	failed := 0
+	failed, above := 0, 0
 	byKind := map[fgKind]int{}             // seeds with a violation of the kind
 	overBy := map[fgKind][]time.Duration{} // per such seed, its largest p99 TTFT overshoot
 	byBatch := map[int64][2]int{}          // per batch: seeds, failing seeds
@@ -1378,6 +1403,9 @@ func TestFairnessScenarios(t *testing.T) {
 			sc.lateOnset(r.trickle)
 		}
 		sum, v := fgCheckScenario(t, sc)
+		if slices.ContainsFunc(sc.tenants, sc.aboveShare) {
+			above++
+		}
 		nb := byBatch[sc.batch]
 		nb[0]++
 		if len(v) > 0 {
@@ -1414,6 +1442,7 @@ func TestFairnessScenarios(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d seeds hold every invariant", len(seeds)-failed, len(seeds))
+	t.Logf("%d of %d seeds draw a light tenant whose bursts ask more than its weighted share (fgScenario.aboveShare: printed, not checked)", above, len(seeds))
 	if failed > 0 {
 		var kinds []string
 		for _, k := range fgKinds {
@@ -1763,15 +1792,17 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 // does, as the gate on one instance lets heavy tenants keep one per pool
 // (fleet.SplitPool, fleet.FloorOnce). With a floor on each replica, the
 // light tenant at the other instance waited for the flood's completions:
-// a request it never waits for alone (seed 379), or one of a burst (102).
+// a request it never waits for alone (seed 379), or its first (489).
 // Seeds 28, 217 and 498 showed it before the gate read the other
 // instance's tenants as one (gate.withPeers), which holds 28 and 498
-// with a floor on each replica too.
+// with a floor on each replica too; 102's light tenant sending bursts of
+// five asks more than its share (fgScenario.aboveShare), so is not
+// checked.
 func TestFairgenHeavyFloorPerPool(t *testing.T) {
 	for _, c := range []struct {
 		seed uint64
 		kind fgKind
-	}{{379, fgCompletion}, {102, fgBurst}} {
+	}{{379, fgCompletion}, {489, fgFirst}} {
 		d := fgDraw{"2", "2", ""}
 		sum, v := fgCheckScenario(t, genScenarioAt(c.seed, d))
 		assert.Empty(t, v, "seed %d: %s\n   violations: %s", c.seed, sum, fgJoin(v))
