@@ -77,9 +77,12 @@
 //   - A tenant's last surgeEvents arrival events are read alone
 //     (surgeRate) when they offer more than surgeShare times its share:
 //     a tenant that trickles and then floods is never young. The reading
-//     counts in what it asks of the pool and makes it heavy only while it
-//     lasts: a light tenant's Poisson cluster reads so now and then, and
-//     with the hysteresis of a load above its claim it stayed heavy.
+//     counts in what it asks of the pool and makes it heavy while it
+//     lasts and for attackWindow after, while its load is above its claim:
+//     a light tenant's Poisson cluster reads so now and then, and with the
+//     open-ended hysteresis of a load above its claim it stayed heavy,
+//     while a flood's last arrivals read below the bound in a lull before
+//     its averaged load passes it.
 //   - A heavy tenant may start work only outside the reserve: what the
 //     light tenants will hold, less what they hold now, at least
 //     server.headroom while one is active. What they will hold is the

@@ -1654,6 +1654,24 @@ func TestFairgenPeersAsOneTenant(t *testing.T) {
 	}
 }
 
+// TestFairgenSurgeLatch: a flood that trickled first reads as a surge
+// from its eighth arrival, before its averaged load passes three times its
+// claim; its last eight arrivals then read below the surge's bound now and
+// then (a Poisson lull), and heavy only while they read so, it turned
+// light for those moments and sent its queue into the light tenants' room
+// at once (row b, trickling, draw 4: eleven requests in one instant, the
+// light tenants' p99 0.5–1.3 s against 20 ms alone). Kept heavy for
+// attackWindow after its last surge reading while its load is above its
+// claim, it holds; without (NoLatch) isolation row b's draws 4, 27 and 28
+// and seed 35 fail, trickling first.
+func TestFairgenSurgeLatch(t *testing.T) {
+	without := gate.Options{NoLatch: true}
+	for _, seed := range []uint64{4, 27, 28} {
+		fgCheckOnset(t, fgIsolationRow(seed, 32, fgLearn), true, without)
+	}
+	fgCheckOnset(t, genScenarioAt(35, fgDraw{}), true, without)
+}
+
 // TestFairgenLearningScrape pins the scenarios' scrape schedule to
 // vllm.Poller's: on row (c)'s shape (max_num_seqs left out, a flood from
 // the start), a replica learning its batch is read every learning

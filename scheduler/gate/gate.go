@@ -142,6 +142,7 @@ type Options struct {
 	NoSurge    bool          // a tenant's last arrivals not read alone (surgeRate)
 	NoFleetSvc bool          // no service time from the replicas' reports (FleetLoad.Svc) before its own
 	NoPeers    bool          // other instances' tenants not assessed as one tenant here (peersTenant)
+	NoLatch    bool          // a surge makes a tenant heavy only while it reads so, not for attackWindow after
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -251,6 +252,9 @@ type gateMem struct {
 	// heavyLoad: heavy by its load, with the hysteresis (heavy is that,
 	// or its last arrivals read as a surge now).
 	heavyLoad bool
+	// surgedN is when its last arrivals last read as a surge above its
+	// claim's bound (0: never).
+	surgedN int64
 	// The demand's peak over the last half to whole peak window, in two
 	// half-window buckets.
 	peakCur, peakPrev float64
@@ -424,7 +428,14 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// heavy while its load stays near its claim.
 		over := x.load > lightMargin*x.weight*level || (x.avg > 1 && !g.NoPool)
 		m.heavyLoad = over || (m.heavyLoad && x.load > x.weight*level && !g.NoSticky)
-		m.heavy = m.heavyLoad || x.surge > lightMargin*x.weight*level
+		if x.surge > lightMargin*x.weight*level {
+			m.surgedN = nowN
+		}
+		// A surge read within the last attackWindow keeps it heavy while
+		// its load is above its claim: a flood's last arrivals read below
+		// the surge's bound now and then (a Poisson lull), and its averaged
+		// load takes about that long to pass the bound on its own.
+		m.heavy = m.heavyLoad || m.surgedN == nowN || (m.surgedN > 0 && nowN-m.surgedN < int64(attackWindow) && x.load > x.weight*level && !g.NoLatch)
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
 		if x.active && !m.heavy && loads[i].Queued > 0 {

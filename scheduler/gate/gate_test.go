@@ -700,7 +700,7 @@ func TestFloodIsHeldWithinItsFirstArrivals(t *testing.T) {
 // eight requests within a fifth of a second, reads as a surge and makes
 // it heavy while it does; three seconds on, at its usual rate, it is
 // light again, though its load stays near its claim: the surge does not
-// take the hysteresis of a load above its claim.
+// take the hysteresis of a load above its claim, only attackWindow of it.
 func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
 	run := func(opts Options) (during, after State) {
 		g := Gate{Options: opts}

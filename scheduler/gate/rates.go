@@ -57,9 +57,10 @@ func (g *Gate) youngRate(m *gateMem, nowN int64) float64 {
 // draws; 50 with the surge). A light tenant's Poisson cluster reads so
 // too, now and then: 8 events over 3 times the share cost about one draw
 // in four of row b with its flood from the start; over 5 times, one in
-// 100. What the reading makes heavy stays heavy only while it reads so
-// (Assess): with the hysteresis of the averaged load, three tenants at
-// exactly their share, one read as a flood once, lost a quarter of their
+// 100. What the reading makes heavy stays heavy while it reads so and
+// for attackWindow after while its load is above its claim (Assess): with
+// the open-ended hysteresis of the averaged load, three tenants at exactly
+// their share, one read as a flood once, lost a quarter of their
 // throughput (TestGateOverloadStaysBusy, seed 3).
 const (
 	surgeEvents = 8
