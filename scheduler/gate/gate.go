@@ -141,7 +141,6 @@ type Options struct {
 	NoYoung    bool          // a young tenant's rate read only from the averaged rates (youngRate)
 	NoSurge    bool          // a tenant's last arrivals not read alone (surgeRate)
 	NoFleetSvc bool          // no service time from the replicas' reports (FleetLoad.Svc) before its own
-	NoPeers    bool          // other instances' tenants not assessed as one tenant here (peersTenant)
 	NoLatch    bool          // a surge makes a tenant heavy only while it reads so, not for attackWindow after
 }
 
@@ -164,11 +163,10 @@ type Gate struct {
 	// standard deviations. 0: burstK; negative: none.
 	Margin float64
 	mem    map[string]*gateMem
-	cls    []gateCls    // reused by Assess
-	idx    []int        // reused by waterLevel
-	loads  []TenantLoad // reused by Assess, with peersTenant
-	snap   gateSnap     // the last full assessment
-	svc    float64      // mean service time on the pool (s), 0 unknown
+	cls    []gateCls // reused by Assess
+	idx    []int     // reused by waterLevel
+	snap   gateSnap  // the last full assessment
+	svc    float64   // mean service time on the pool (s), 0 unknown
 	// fleetSvc is FleetLoad.Svc at the last assessment: the replicas' own
 	// mean service time, whoever sent what they completed.
 	fleetSvc float64
@@ -290,10 +288,6 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	if w <= 0 {
 		w = shareWindow
 	}
-	peers := f.PeerWeight > 0 && !g.NoPeers
-	if peers {
-		loads = g.withPeers(loads, f)
-	}
 	if g.mem == nil || len(g.mem) > 2*len(loads)+16 {
 		// Forget tenants removed by reloads.
 		old := g.mem
@@ -411,9 +405,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		m.peakCur = max(m.peakCur, x.demand)
 		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
 			present, sole = present+1, loads[i].Name
-			if loads[i].Name != peersTenant {
-				presentW += x.weight // the peers' below, with demand or not
-			}
+			presentW += x.weight
 		}
 		// Heavy above lightMargin × its claim, or with its averaged demand
 		// above the whole pool (a claim is at most the pool); once heavy,

@@ -204,26 +204,3 @@ func (g *Gate) observe(m *gateMem, l TenantLoad, nowN int64, hold time.Duration)
 	}
 	m.served, m.servedSec = l.Served, l.ServedSec
 }
-
-// peersTenant names, in the gate's memory, the tenants only other
-// instances serve on the pool (FleetLoad.PeerWeight): no tenant name can
-// hold a NUL.
-const peersTenant = "\x00peers"
-
-// withPeers is loads and, as one tenant of their summed weight, the
-// tenants only other instances serve on the pool, holding what this
-// instance's tenants do not of the pool's sequences in flight. Assessed
-// as a tenant, their demand peak is kept like any light tenant's: an
-// instance whose only tenant starts to flood beside another instance's
-// light tenants reads it against their claim and holds it at their
-// reserve from its first arrivals, not after the share exchange has
-// seen it (fleet.ShareInterval), by when the room their next peaks
-// needed was gone.
-func (g *Gate) withPeers(loads []TenantLoad, f FleetLoad) []TenantLoad {
-	var own int64
-	for _, l := range loads {
-		own += l.Held
-	}
-	g.loads = append(append(g.loads[:0], loads...), TenantLoad{Name: peersTenant, Weight: f.PeerWeight, Held: max(f.Seqs-own, 0)})
-	return g.loads
-}
