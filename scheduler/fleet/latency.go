@@ -46,6 +46,7 @@ func (r *Replica) NoteLatency(sum, count vllm.Value, restarted bool) {
 		// time from its first scrape.
 		l.mean.Store(math.Float64bits(sum.V / count.V))
 	case fresh || dn <= 0 || ds < 0:
+		// A baseline only, or nothing completed since.
 	default:
 		mean := ds / dn
 		if old > 0 {

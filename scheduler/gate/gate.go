@@ -248,7 +248,7 @@ type gateMem struct {
 	evN, evArr  [surgeEvents]int64
 	evAt, evLen int
 	// heavyLoad: heavy by its load, with the hysteresis (heavy is that,
-	// or its last arrivals read as a surge now).
+	// or its last arrivals read as a surge now or within attackWindow).
 	heavyLoad bool
 	// surgedN is when its last arrivals last read as a surge above its
 	// claim's bound (0: never).
@@ -359,9 +359,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	for i := range cs {
 		// λ·W requests of its size, with the pool's (or the replicas')
 		// mean service time for a tenant that has completed nothing here
-		// yet (svcOf). Counted in
-		// sequences alone, a pool whose KV cache binds would read it at a
-		// fraction of what it asks for.
+		// yet (svcOf). Counted in sequences alone, a pool whose KV cache
+		// binds would read it at a fraction of what it asks for.
 		m := cs[i].m
 		cs[i].forecast = max(min(m.rateNow(nowN), longK*m.longRateNow(nowN, hold)), g.youngRate(m, nowN)) * g.svcOf(m) * m.size
 		// What it asks for: its averaged demand, or its offered load (λ·W)
