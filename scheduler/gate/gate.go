@@ -419,14 +419,16 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// heavy while its load stays near its claim.
 		over := x.load > lightMargin*x.weight*level || (x.avg > 1 && !g.NoPool)
 		m.heavyLoad = over || (m.heavyLoad && x.load > x.weight*level && !g.NoSticky)
-		if x.surge > lightMargin*x.weight*level {
+		surging := x.surge > lightMargin*x.weight*level
+		if surging {
 			m.surgedN = nowN
 		}
 		// A surge read within the last attackWindow keeps it heavy while
 		// its load is above its claim: a flood's last arrivals read below
 		// the surge's bound now and then (a Poisson lull), and its averaged
 		// load takes about that long to pass the bound on its own.
-		m.heavy = m.heavyLoad || m.surgedN == nowN || (m.surgedN > 0 && nowN-m.surgedN < int64(attackWindow) && x.load > x.weight*level && !g.NoLatch)
+		latched := m.surgedN > 0 && nowN-m.surgedN < int64(attackWindow) && x.load > x.weight*level && !g.NoLatch
+		m.heavy = m.heavyLoad || surging || latched
 		// The sums cover every light tenant: they are used only for a heavy
 		// candidate, which is never among them.
 		if x.active && !m.heavy && loads[i].Queued > 0 {
