@@ -432,13 +432,7 @@ func lightSample(l *TenantLoad, i int) {
 // pool's free room at its onset and the rows' light tenants waited for
 // its completions (3.5× and 6.8× their p99 TTFT alone).
 func TestFloodAfterIdleIsHeld(t *testing.T) {
-	var g Gate
-	loads := []TenantLoad{
-		{Name: "light", Weight: 3, Held: 28},
-		{Name: "flood", Weight: 1},
-	}
-	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	g, loads, f, now := lightBesideFlood(Options{})
 	for i := range 730 { // 73 s of 100 ms samples
 		now += int64(100 * time.Millisecond)
 		lightSample(&loads[0], i)
@@ -606,6 +600,18 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 	assert.True(t, light, "its queue has stood 30 s, server.standing_queue is 40 s: let through")
 }
 
+// lightBesideFlood is a gate with opts on a pool of 32 sequences, a light
+// tenant of weight 3 holding 28 (lightSample moves it) and a silent
+// tenant of weight 1 that floods later, and the clock they start at.
+func lightBesideFlood(opts Options) (*Gate, []TenantLoad, FleetLoad, int64) {
+	loads := []TenantLoad{
+		{Name: "light", Weight: 3, Held: 28},
+		{Name: "flood", Weight: 1},
+	}
+	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
+	return &Gate{Options: opts}, loads, f, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+}
+
 // floodAfterMinute runs a gate with opts for a minute of a light tenant of
 // weight 3 holding 20 of 32 sequences (28 at first, its kept peak), 8
 // requests a second of 2.56 s, beside a tenant of weight 1 that is silent
@@ -613,13 +619,7 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 // floods at one request every 40 ms, each let through. It returns the
 // gate's verdict on the flood's n-th request and the flood's state then.
 func floodAfterMinute(opts Options, trickle bool, n int) (light bool, reserve float64, st State) {
-	g := Gate{Options: opts}
-	loads := []TenantLoad{
-		{Name: "light", Weight: 3, Held: 28},
-		{Name: "flood", Weight: 1},
-	}
-	f := FleetLoad{SeqsCap: 32, TokensCap: 1 << 20}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	g, loads, f, now := lightBesideFlood(opts)
 	for i := range 600 { // 60 s of 100 ms samples
 		now += int64(100 * time.Millisecond)
 		lightSample(&loads[0], i)
