@@ -1784,8 +1784,9 @@ func TestFairgenSlivers(t *testing.T) {
 // TestFairgenClosedLoopFlood: with every heavy tenant a closed loop (its
 // clients send their next request as their last ends), the flood's
 // arrivals are its completions, so held near its share it reads as no
-// flood. Let through past its share then (NoStanding), it took the light
-// tenants' reserve: seeds 9 and 10's light tenants waited 0.4–2.4 s
+// flood. Let through past its share then (NoStanding, and NoFlooding,
+// which since holds these floods whatever their share), it took the
+// light tenants' reserve: seeds 9 and 10's light tenants waited 0.4–2.4 s
 // where alone they wait 20 ms.
 func TestFairgenClosedLoopFlood(t *testing.T) {
 	for _, seed := range []uint64{9, 10} {
@@ -1793,10 +1794,29 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 		sum, v := fgCheckScenario(t, genScenarioAt(seed, d))
 		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
 		sc := genScenarioAt(seed, d)
-		sc.gateOpts.NoStanding = true
+		sc.gateOpts.NoStanding, sc.gateOpts.NoFlooding = true, true
 		sum, v = fgCheckScenario(t, sc)
 		kinds := fgKindsOf(v)
 		assert.Contains(t, kinds, fgCompletion, "seed %d without: %s\n   violations: %s", seed, sum, fgJoin(v))
+	}
+}
+
+// TestFairgenStandingFlood: a closed-loop flood near its share, its queue
+// standing, let through up to that share (NoFlooding), took the room the
+// light tenants' peaks needed, and they waited for completions (the
+// flood let through as no flood: fgLentShare): seeds 15, 57, 134 and 145
+// with every heavy tenant a closed loop. Held at the reserve as a standing flood
+// (gate.standingFlood), each holds every invariant.
+func TestFairgenStandingFlood(t *testing.T) {
+	for _, seed := range []uint64{15, 57, 134, 145} {
+		d := fgDraw{"1", "1", "on"}
+		sum, v := fgCheckScenario(t, genScenarioAt(seed, d))
+		assert.Empty(t, v, "%s\n   violations: %s", sum, fgJoin(v))
+		sc := genScenarioAt(seed, d)
+		sc.gateOpts.NoFlooding = true
+		sum, v = fgCheckScenario(t, sc)
+		kinds := fgKindsOf(v)
+		assert.Contains(t, kinds, fgLentShare, "seed %d without: %s\n   violations: %s", seed, sum, fgJoin(v))
 	}
 }
 
