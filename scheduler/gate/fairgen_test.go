@@ -1803,10 +1803,10 @@ func TestFairgenClosedLoopFlood(t *testing.T) {
 
 // TestFairgenStandingFlood: a closed-loop flood near its share, its queue
 // standing, let through up to that share (NoFlooding), took the room the
-// light tenants' peaks needed, and they waited for completions (the
-// flood let through as no flood: fgLentShare): seeds 15, 57, 134 and 145
-// with every heavy tenant a closed loop. Held at the reserve as a standing flood
-// (gate.standingFlood), each holds every invariant.
+// light tenants' peaks needed, and they waited for completions (the flood
+// let through as no flood: fgLentShare): seeds 15, 57, 134 and 145 with
+// every heavy tenant a closed loop. Held at the reserve as a standing
+// flood (gate.standingFlood), each holds every invariant.
 func TestFairgenStandingFlood(t *testing.T) {
 	for _, seed := range []uint64{15, 57, 134, 145} {
 		d := fgDraw{"1", "1", "on"}
