@@ -142,7 +142,6 @@ type Options struct {
 	NoSurge    bool          // a tenant's last arrivals not read alone (surgeRate)
 	NoFleetSvc bool          // no service time from the replicas' reports (FleetLoad.Svc) before its own
 	NoLatch    bool          // a surge makes a tenant heavy only while it reads so, not for attackWindow after
-	NoFlooding bool          // a standing queue far above its share does not make a tenant a flood (standingFlood)
 }
 
 // Gate is the dispatch gate's memory for one pool: each tenant's averaged
@@ -592,12 +591,11 @@ func (g *Gate) Kept(nowN int64, tenant string, held int64) int64 {
 // it as light or heavy), as a count of its requests; false when the gate has
 // not assessed it. The share split across instances classifies by it: light
 // within lightMargin of its max-min level. A tenant heavy by its demand that
-// the gate lets through as no flood (noFlood: its arrivals offer no more
-// than its weighted share, it is no standing flood, and it is bursty, holds
-// less than that share or its queue has not stood) asks lightMargin times
-// what its arrivals offer instead, so that the split holds it light by the
-// same test. One the gate holds asks its averaged demand (a standing flood
-// among them): a closed-loop flood capped at a request or
+// the gate lets through as no flood (noFlood: it is bursty, or its arrivals
+// offer no more than its weighted share and it holds less than that or its
+// queue has not stood) asks lightMargin times what its arrivals offer
+// instead, so that the split holds it light by the same test. One the gate
+// holds asks its averaged demand: a closed-loop flood capped at a request or
 // two arrives at its completions' pace, and asking three times that, the
 // split held it light, lifted its cap and let its whole queue start at once
 // (fairgen seed 81 with closed loops and two instances: a light tenant's p99
@@ -687,34 +685,11 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 
 // noFlood reports whether a heavy tenant, as m classifies it holding the
 // fraction held of the pool, is let through beyond the reserve (decide):
-// its arrivals offer no more than its weighted share, it is no standing
-// flood, and it is bursty, holds less than that share (at least one
-// request) or its queue has not stood for server.standing_queue.
+// it is bursty, or its arrivals offer no more than its weighted share and
+// it holds less than that share (at least one request) or its queue has
+// not stood for server.standing_queue.
 func (g *Gate) noFlood(m *gateMem, held float64) bool {
-	return !m.sustained && !g.standingFlood(m) &&
-		(m.bursty || g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || g.snap.at-m.queuedSince < int64(g.standingFor()))
-}
-
-// standingFlood reports whether m's queue has stood for
-// server.standing_queue, arrivals still coming after that, while it asks
-// (holds and queues) more than lightMargin times its weighted share of the
-// tenants present, and at least lightMargin requests: a flood, whatever
-// its rate reads. A closed loop's arrivals are its completions, so one
-// held at its share reads as within it; and one whose queue drained once
-// (as it started, on an idle pool) reads as bursty for the reserve hold.
-// Let through up to its share beside light tenants asking most of theirs,
-// it took the room their Poisson peaks needed, and they waited for
-// completions of a non-preemptive batch: 24 closed-loop clients on a batch
-// of 8, beside three light tenants asking 60 % of it, held 2 of the 8,
-// and the light tenants' p99 TTFT went from 50–116 ms alone to 150–245 ms
-// (fgLightAtAnotherInstance at one instance); held at the reserve, 82–170
-// ms. A burst's arrivals all come as its queue begins, so a burst
-// draining is none; a bursting tenant whose share is below a request is
-// one only past three of them.
-func (g *Gate) standingFlood(m *gateMem) bool {
-	stood := int64(g.standingFor())
-	return !g.NoFlooding && m.queuedSince != 0 && g.snap.at-m.queuedSince >= stood && m.lastArrN-m.queuedSince >= stood &&
-		m.last > lightMargin*max(m.share, m.size)
+	return !m.sustained && (m.bursty || g.NoStanding || held+m.size <= max(m.share, m.size)+1e-9 || m.queuedSince == 0 || g.snap.at-m.queuedSince < int64(g.standingFor()))
 }
 
 // waterLevel is the max-min fair level of the averaged demands: the λ with

@@ -560,36 +560,25 @@ func TestAlone(t *testing.T) {
 // server.standing_queue it is let through beyond the reserve only up to
 // its weighted share of the tenants present; past that the reserve holds
 // it as a flood. A queue that has not stood that long (a burst draining)
-// is let through. One that has stood while it asks more than three times
-// its share, arrivals still coming, is a flood below its share too
-// (standingFlood), unless its arrivals stopped as the queue began (a
-// burst) or the rule is off (NoFlooding).
+// is let through.
 func TestClosedLoopHeldAtItsShare(t *testing.T) {
-	type loop struct {
-		held, queued int64
-		standing     time.Duration // server.standing_queue; 0: the default
-		burst        bool          // every arrival at once as it starts, none since
-		opts         Options
-	}
-	run := func(c loop) (bool, float64) {
-		g := Gate{Options: c.opts, Standing: c.standing}
+	run := func(held int64, standing ...time.Duration) (bool, float64) {
+		var g Gate
+		if len(standing) > 0 {
+			g.Standing = standing[0] // server.standing_queue
+		}
 		loads := []TenantLoad{
-			{Name: "loop", Weight: 1, Held: c.held, Queued: c.queued},
+			{Name: "loop", Weight: 1, Held: held, Queued: 20},
 			{Name: "light", Weight: 1, Held: 1},
 		}
-		f := FleetLoad{Seqs: c.held + 1, SeqsCap: 8, TokensCap: 1 << 20}
+		f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 		for i := range 300 { // 30 s of 100 ms samples
 			now += int64(100 * time.Millisecond)
 			if i%5 == 0 { // 6 a second of 0.5 s requests: 3 of 8, below its half
-				if !c.burst {
-					loads[0].Arrived += 3
-				}
+				loads[0].Arrived += 3
 				loads[0].Served += 3
 				loads[0].ServedSec += 1.5
-			}
-			if i == 1 && c.burst {
-				loads[0].Arrived += c.held + c.queued
 			}
 			if i == 200 {
 				loads[1].Held = 0 // the light tenant's peak of one is kept
@@ -602,21 +591,13 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 		require.False(t, st.Sustained, "its arrivals offer 3 of 8, its share is 4")
 		return light, reserve
 	}
-	light, _ := run(loop{held: 3, queued: 8})
-	assert.True(t, light, "3 held, below its share of 4, asking 11 of 8: let through")
-	light, reserve := run(loop{held: 4, queued: 8})
+	light, _ := run(3)
+	assert.True(t, light, "3 held, below its share of 4: let through")
+	light, reserve := run(4)
 	assert.False(t, light, "at its share with a standing queue: held as a flood")
 	assert.Positive(t, reserve)
-	light, _ = run(loop{held: 4, queued: 8, standing: 40 * time.Second})
+	light, _ = run(4, 40*time.Second)
 	assert.True(t, light, "its queue has stood 30 s, server.standing_queue is 40 s: let through")
-
-	light, reserve = run(loop{held: 3, queued: 20})
-	assert.False(t, light, "asking 23 of 8, more than three times its share, its queue standing: a flood below its share")
-	assert.Positive(t, reserve)
-	light, _ = run(loop{held: 3, queued: 20, burst: true})
-	assert.True(t, light, "the same queue, but nothing has arrived since it began: a burst draining")
-	light, _ = run(loop{held: 3, queued: 20, opts: Options{NoFlooding: true}})
-	assert.True(t, light, "NoFlooding: bound by its share alone")
 }
 
 // lightBesideFlood is a gate with opts on a pool of 32 sequences, a light
