@@ -353,11 +353,11 @@ func (sc *fgScenario) aboveShare(tn fgTenant) bool {
 }
 
 // lengthen runs sc long enough that each Poisson light tenant expects n
-// measured requests (after the warm-up), at most an hour. A p99 of fewer
-// than 100 requests is the slowest one, and as drawn the light tenant that
-// misses its bound typically sends about a dozen. Longer runs find more
-// violations, not fewer: the gate's slower memories (the reserve hold, the
-// long-run rate) and a tenant's rarer peaks come into play.
+// measured requests (after the warm-up), at most an hour; the sweep's
+// seeds only, not its rows. A p99 of fewer than 100 requests is the
+// slowest one, and as drawn the light tenant that misses its bound
+// typically sends about a dozen. Longer runs find more violations, not
+// fewer (BENCHMARKS, the sweep row).
 func (sc *fgScenario) lengthen(n int) {
 	if n <= 0 {
 		return
