@@ -37,9 +37,10 @@
 //     tenants' share look smaller than it is. The service time is the
 //     tenant's own, the pool's, or while nothing has completed here the
 //     replicas' own latency (FleetLoad.Svc). The max-min fair level λ of
-//     the loads (Σ min(load_i, w_i·λ) = 1) says what each tenant may claim. While the loads fit the
-//     pool nobody is heavy and every request may use any room: a lone
-//     tenant, or tenants that together do not fill the pool, get all of it.
+//     the loads (Σ min(load_i, w_i·λ) = 1) says what each tenant may
+//     claim. While the loads fit the pool nobody is heavy and every
+//     request may use any room: a lone tenant, or tenants that together
+//     do not fill the pool, get all of it.
 //   - A tenant whose load is more than lightMargin × its claim, or whose
 //     averaged demand is more than the whole pool, is heavy (a tenant
 //     whose claim is nearly the pool because the others ask little is no

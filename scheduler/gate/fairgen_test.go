@@ -1505,29 +1505,21 @@ func TestFairnessScenarios(t *testing.T) {
 		t.Logf("failing seeds by the pool's batch: %s", strings.Join(batches, ", "))
 	}
 	if *fairgenN > 0 {
+		rowOf := func(configured int64, learn time.Duration) func(uint64) *fgScenario {
+			return func(seed uint64) *fgScenario { return fgIsolationRow(seed, configured, learn) }
+		}
 		for _, row := range []struct {
-			name       string
-			configured int64
-			learn      time.Duration
-			two        bool
-			mk         func(seed uint64) *fgScenario // the row's own shape (nil: the above)
+			name string
+			mk   func(seed uint64) *fgScenario
 		}{
-			{"isolation row b", 32, 0, false, nil}, {"isolation row c", 256, 0, false, nil},
-			{"isolation row b, learning scrape", 32, fgLearn, false, nil}, {"isolation row c, learning scrape", 256, fgLearn, false, nil},
-			{"isolation row x (b across two instances), learning scrape", 32, fgLearn, true, nil},
-			{"light tenants at another instance than a closed-loop flood", 0, 0, false, fgLightAtAnotherInstance},
+			{"isolation row b", rowOf(32, 0)}, {"isolation row c", rowOf(256, 0)},
+			{"isolation row b, learning scrape", rowOf(32, fgLearn)}, {"isolation row c, learning scrape", rowOf(256, fgLearn)},
+			{"isolation row x (b across two instances), learning scrape", func(seed uint64) *fgScenario { return fgIsolationRowX(seed, fgLearn) }},
+			{"light tenants at another instance than a closed-loop flood", fgLightAtAnotherInstance},
 		} {
 			held := 0
 			for seed := range uint64(fgIsolationDraws) {
-				var sc *fgScenario
-				switch {
-				case row.mk != nil:
-					sc = row.mk(seed + 1)
-				case row.two:
-					sc = fgIsolationRowX(seed+1, row.learn)
-				default:
-					sc = fgIsolationRow(seed+1, row.configured, row.learn)
-				}
+				sc := row.mk(seed + 1)
 				if *fairgenOnset != "" {
 					sc.lateOnset(*fairgenOnset == "trickle")
 				}
