@@ -1840,3 +1840,27 @@ func TestFairgenHeavyFloorPerPool(t *testing.T) {
 		assert.Contains(t, fgKindsOf(v), c.kind, "seed %d with a floor on each replica: %s\n   violations: %s", c.seed, sum, fgJoin(v))
 	}
 }
+
+// TestFairgenLengthen pins -fairgen.samples: the scenario runs until its
+// slowest light Poisson tenant expects n measured requests, heavy tenants
+// and closed loops aside, at most an hour.
+func TestFairgenLengthen(t *testing.T) {
+	mk := func() *fgScenario {
+		return &fgScenario{warmup: 5 * time.Second, duration: 70 * time.Second, tenants: []fgTenant{
+			{name: "slow", rate: 0.5, burst: 2, light: true}, // 1 request a second
+			{name: "fast", rate: 4, burst: 1, light: true},
+			{name: "flood", rate: 0.01, burst: 1},
+			{name: "loop", loop: 3, light: true},
+		}}
+	}
+	sc := mk()
+	sc.lengthen(0)
+	assert.Equal(t, 70*time.Second, sc.duration, "as drawn")
+	sc.lengthen(50)
+	assert.Equal(t, 70*time.Second, sc.duration, "65 s measured already expect 65 of the slowest's")
+	sc.lengthen(100)
+	assert.Equal(t, 105*time.Second, sc.duration, "the warm-up and 100 s of the slowest light tenant")
+	sc = mk()
+	sc.lengthen(10000)
+	assert.Equal(t, time.Hour, sc.duration)
+}
