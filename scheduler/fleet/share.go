@@ -64,7 +64,9 @@ const ShareStale = 2 * time.Second
 //     deviations of their claims' sum (as the gate's reserve; SeqShare and
 //     Split take the default); heavy tenants together keep one sequence of a
 //     batch of two or more (of a pool of one replica: SplitPool). If the
-//     light claims do not fit, they are split max-min by weight.
+//     light claims do not fit, they are split max-min by weight, and
+//     while a light tenant at another instance has requests queued the
+//     cap binds those given less than their claim (ShareOf.Heavy).
 //   - Heavy tenants split what is left, max-min by weight over their
 //     claims.
 //
@@ -79,8 +81,8 @@ const ShareStale = 2 * time.Second
 // the replica within it).
 // Where it is all given, every instance computes the same integer shares
 // from the same reports, summing to maxSeqs: each its part rounded down,
-// the remainder one each to the largest fractions, then by instance id. A
-// claim counts at most maxSeqs. At least 1, so no instance starves when
+// the remainder one each to the largest fractions, then to the fewest
+// requests in flight there, then by instance id. A claim counts at most maxSeqs. At least 1, so no instance starves when
 // there are more instances than sequences (once per pool: FloorOnce); but
 // NoSeqs, none, where its tenants are given nothing while a light tenant
 // has requests queued (Queued) there.
@@ -100,8 +102,22 @@ type ShareOf struct {
 	// tenant on one instance (they compete for any room, and the heavy
 	// tenants' caps leave their claims free).
 	Light []string
-	// Heavy is its tenants that the split holds heavy: the cap binds them.
+	// Heavy is its tenants the cap binds: those the split holds heavy,
+	// and those it holds light but gives less than their claim (the light
+	// claims do not fit) while a light tenant at another instance has
+	// requests queued there. On one instance the fair dequeue orders
+	// light tenants whose claims do not fit; across instances the room a
+	// completion frees goes to whichever instance sees it first, the one
+	// that ran the request, so without the cap a light tenant asking near
+	// the whole batch (a weight of 3 in 9 is light up to three times its
+	// share) refilled every slot while one at the other instance waited
+	// out its max_wait (fairgen seed 726 over 100 requests: 18 lost).
+	// Bound whenever cut, a light tenant's Poisson cluster waited for the
+	// split made before it came (15 more failing seeds of 500).
 	Heavy []string
+	// Cut is the part of Heavy the split holds light, cut (for traces and
+	// the model's ablation).
+	Cut []string
 	// Floor: Cap is the floor of one request that keeps an instance given
 	// nothing from starving, not a part of the split (FloorOnce).
 	Floor bool
@@ -145,10 +161,16 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	}
 	parts, capped, waiting := sp.split(self)
 	var out ShareOf
+	waitsElsewhere := sp.lightWaitsAt(func(id string) bool { return id != self })
 	for _, td := range mine.Tenants {
-		if c := sp.byName[td.Tenant]; c != nil && c.light {
+		switch c := sp.byName[td.Tenant]; {
+		case c == nil:
+		case c.light && c.cut && waitsElsewhere:
+			out.Heavy = append(out.Heavy, td.Tenant)
+			out.Cut = append(out.Cut, td.Tenant)
+		case c.light:
 			out.Light = append(out.Light, td.Tenant)
-		} else if c != nil {
+		default:
 			out.Heavy = append(out.Heavy, td.Tenant)
 		}
 	}
@@ -166,8 +188,17 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	if _, ok := parts[self]; !ok {
 		ids = append(ids, self)
 	}
+	// Equal fractions go first to the instance with fewer requests in
+	// flight there: by id alone, the same instance took every tie, and on
+	// a replica whose KV cache holds one request two light tenants cut to
+	// half a sequence each were a whole one and none, at every exchange
+	// (fairgen seed 486 with light tenants bound where cut).
+	inFlight := make(map[string]int64, len(others)+1)
+	for _, e := range append([]peers.Entry{mine}, others...) {
+		inFlight[e.Instance] += e.InFlight
+	}
 	slices.SortFunc(ids, func(a, b string) int {
-		return cmp.Or(cmp.Compare(parts[b]%1000, parts[a]%1000), cmp.Compare(a, b))
+		return cmp.Or(cmp.Compare(parts[b]%1000, parts[a]%1000), cmp.Compare(inFlight[a], inFlight[b]), cmp.Compare(a, b))
 	})
 	share := parts[self] / 1000
 	if rank := int64(slices.Index(ids, self)); rank < maxSeqs-floor {
@@ -244,12 +275,14 @@ type shareClaim struct {
 	parts  []sharePart
 	alloc  float64
 	light  bool
+	cut    bool    // light, given less than its claim: the light claims do not fit
 	queued float64 // the part of claim queued, summed
 }
 
 type sharePart struct {
 	instance string
 	claim    float64
+	queued   float64
 }
 
 func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued int64) {
@@ -272,7 +305,7 @@ func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued i
 	c.load += float64(max(load, 0))
 	c.claim = min(c.claim+d, sp.limit)
 	c.queued += float64(max(queued, 0))
-	c.parts = append(c.parts, sharePart{instance, d})
+	c.parts = append(c.parts, sharePart{instance, d, float64(max(queued, 0))})
 }
 
 // split is each instance's part of the batch, in whole thousandths, with
@@ -321,6 +354,9 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 		left -= c.alloc
 	}
 	maxMin(heavy, left, func(c *shareClaim) float64 { return c.want }, set)
+	for _, c := range light {
+		c.cut = c.alloc < c.claim-1e-6
+	}
 	f := map[string]float64{}
 	given := 0.0
 	for _, c := range cs {
@@ -340,6 +376,22 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 		out[id] = int64(math.Round(v))
 	}
 	return out, len(heavy) > 0, waiting && len(heavy) > 0
+}
+
+// lightWaitsAt reports whether a tenant the split holds light has
+// requests queued at an instance that at accepts.
+func (sp *shareSplit) lightWaitsAt(at func(instance string) bool) bool {
+	for _, c := range sp.claims {
+		if !c.light {
+			continue
+		}
+		for _, p := range c.parts {
+			if p.queued > 0 && at(p.instance) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // maxMin is the weighted max-min fair split of budget among cs by what

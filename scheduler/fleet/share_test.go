@@ -324,6 +324,71 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
+// TestCutLightTenantBound: where the light tenants' claims do not fit
+// the batch, the split gives them max-min parts by weight; a light tenant
+// given less than its claim is bound by this instance's share while a
+// light tenant at another instance has requests queued (ShareOf.Cut),
+// and free again once none waits there. On a batch of 6 with a flood (the
+// heavy tenants' one sequence), a light tenant of weight 3 claiming the
+// whole batch here and one of weight 2 claiming it at b split the other 5
+// 3 : 2: this instance's cap is the loop's 3 and the flood's 1.
+func TestCutLightTenantBound(t *testing.T) {
+	set, r := sizingSet(6)
+	now := time.Unix(1_800_000_000, 0)
+	mine := []peers.Report{{Replica: "r", InFlight: 4, Tenants: []peers.TenantDemand{
+		{Tenant: "loop", Weight: 3, Load: 5500, Claim: 6000, Queued: 2000},
+		{Tenant: "flood", Weight: 3, Load: 8800, Claim: 6000, Queued: 6000}}}}
+	at := func(queued int64) map[string][]peers.Entry {
+		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: queued / 1000,
+			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 2, Load: 1300, Claim: 6000, Queued: queued}}}}}
+	}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, at(6000))
+	require.Equal(t, int64(4), r.Share.Load())
+	sh := r.split.Load()
+	assert.Equal(t, []string{"loop"}, sh.Cut)
+	assert.ElementsMatch(t, []string{"loop", "flood"}, sh.Heavy)
+	assert.Empty(t, sh.Light)
+	r.Count.Store(4)       // at its share
+	scrapeRW(r, 4, 0, now) // the replica has room
+	rep, _ := set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
+	assert.Nil(t, rep, "cut while v waits: the share binds")
+	var key PoolKey
+	key.Set(r.Slot)
+	assert.True(t, set.HeldHeavy(key, "loop"))
+
+	// The other side of the same reports: v is cut too, and the loop has
+	// requests queued here.
+	other := SplitPool(6, 1, gate.BurstK, at(6000)["r"][0], []peers.Entry{{Instance: "a", InFlight: 4, Tenants: mine[0].Tenants}})
+	assert.Equal(t, ShareOf{Cap: 2, Heavy: []string{"v"}, Cut: []string{"v"}}, other)
+
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, at(0))
+	sh = r.split.Load()
+	assert.Equal(t, []string{"loop"}, sh.Light, "nobody waits at b: light, free")
+	assert.Empty(t, sh.Cut)
+	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
+	assert.Same(t, r, rep, "any room")
+}
+
+// TestShareTieByInFlight: equal fractions of a batch go first to the
+// instance with fewer requests in flight there, whatever the ids: two
+// tenants cut to half of a batch of one take the sequence in turn, not
+// the lower id every time.
+func TestShareTieByInFlight(t *testing.T) {
+	flood := peers.TenantDemand{Tenant: "flood", Weight: 1, Load: 9000, Claim: 1000}
+	entry := func(id string, inFlight int64, tenant string) peers.Entry {
+		return peers.Entry{Instance: id, InFlight: inFlight, Tenants: []peers.TenantDemand{
+			{Tenant: tenant, Weight: 1, Load: 300, Claim: 1000, Queued: 1000}, flood}}
+	}
+	for _, c := range []struct {
+		aIn, bIn int64
+		a, b     int64
+	}{{1, 0, NoSeqs, 1}, {0, 1, 1, NoSeqs}} {
+		a, b := entry("a", c.aIn, "x"), entry("b", c.bIn, "y")
+		assert.Equal(t, c.a, SplitPool(1, 1, gate.BurstK, a, []peers.Entry{b}).Cap, "a, in flight %d against %d", c.aIn, c.bIn)
+		assert.Equal(t, c.b, SplitPool(1, 1, gate.BurstK, b, []peers.Entry{a}).Cap, "b, in flight %d against %d", c.bIn, c.aIn)
+	}
+}
+
 // TestShareOfNone: on a batch of one (a KV cache that holds one request,
 // where the heavy tenants keep no sequence), while a light tenant at
 // another instance waits, this instance, whose tenants the split gives

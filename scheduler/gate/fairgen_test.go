@@ -91,7 +91,7 @@ var (
 	// fairgenSamples lengthens each scenario until every light tenant
 	// expects that many measured requests (fgScenario.lengthen).
 	fairgenSamples  = flag.Int("fairgen.samples", 0, "measured requests every light tenant should expect, lengthening the scenario to at most an hour (0: as drawn; a p99 of fewer than 100 is the slowest request)")
-	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor (fgFleetOff)")
+	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor, cut (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -310,6 +310,10 @@ type fgFleetOff struct {
 	// request on every replica of the pool, not once (fleet.SplitPool,
 	// fleet.FloorOnce).
 	floorEach bool
+	// cut: the share does not bind a tenant the split holds light and
+	// gives less than its claim while a light tenant at the other
+	// instance waits (fleet.ShareOf.Cut).
+	cut bool
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -324,7 +328,7 @@ func (sc *fgScenario) repConfigured() int64 {
 // switches names each of o's mechanisms as -fairgen.fleetoff takes it.
 func (o *fgFleetOff) switches() map[string]*bool {
 	return map[string]*bool{"kv": &o.kvBatch, "light": &o.lightFree, "park": &o.park, "unreported": &o.unreported,
-		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued, "floor": &o.floorEach}
+		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued, "floor": &o.floorEach, "cut": &o.cut}
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -1196,6 +1200,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 					}
 					vw := in.v[r]
 					vw.share, vw.light, vw.heavy = sh.Cap, sh.Light, sh.Heavy
+					if sc.fleetOff.cut {
+						vw.light = append(slices.Clone(vw.light), sh.Cut...)
+						vw.heavy = slices.DeleteFunc(slices.Clone(vw.heavy), func(n string) bool { return slices.Contains(sh.Cut, n) })
+					}
 					if sc.fleetOff.lightFree {
 						vw.light = nil
 					}
@@ -1863,4 +1871,28 @@ func TestFairgenLengthen(t *testing.T) {
 	sc = mk()
 	sc.lengthen(10000)
 	assert.Equal(t, time.Hour, sc.duration)
+}
+
+// TestFairgenCutLightBound: seed 726 (two instances, two KV-bound
+// replicas) over 100 requests of its light tenant. t0, alone at one
+// instance, queues behind closed loops at the other, and the loop of 11
+// of weight 3 is light to the split (three times its share is the whole
+// batch): uncapped, it refilled every slot its completions freed while t0
+// waited, and t0 lost requests to its max_wait. Bound where the split
+// cuts its claim while t0 waits (fleet.ShareOf.Cut), t0 loses none; it
+// still waits seconds where alone it waits 20 ms (the seed fails).
+func TestFairgenCutLightBound(t *testing.T) {
+	mk := func() *fgScenario {
+		sc := genScenarioAt(726, fgDraw{})
+		sc.lengthen(100)
+		return sc
+	}
+	sc := mk()
+	require.Equal(t, 2, sc.instances, "the draw")
+	sum, v := fgCheckScenario(t, sc)
+	assert.NotContains(t, fgKindsOf(v), fgLost, "%s\n   violations: %s", sum, fgJoin(v))
+	sc = mk()
+	sc.fleetOff.cut = true
+	sum, v = fgCheckScenario(t, sc)
+	assert.Contains(t, fgKindsOf(v), fgLost, "with cut light tenants unbound: %s\n   violations: %s", sum, fgJoin(v))
 }
