@@ -73,8 +73,9 @@ const ShareStale = 2 * time.Second
 // A tenant's part goes to its instances in proportion to their claims. An
 // entry without tenants (an older version's report) is one claimant of
 // weight 1, its load what it has in flight and queued. Where no tenant is
-// heavy the cap is 0, none: the gate holds no light tenant back for
-// another on one instance either. This instance's share is its tenants'
+// heavy the cap is 0, none, as the gate holds no light tenant back for
+// another on one instance either, unless a tenant here is bound as cut
+// (ShareOf.Heavy). This instance's share is its tenants'
 // parts plus all that no tenant was given (the cap is what it may take if
 // it wants more, so where the batch is not all claimed the caps may sum to
 // more than maxSeqs; the batch estimate, the centre's sizing, still keeps
@@ -94,8 +95,9 @@ func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
 type ShareOf struct {
 	// Cap is the most requests of its heavy tenants' and of tenants it
 	// did not report that the gate holds heavy (Replica.unshared) that it
-	// may have in flight there (SeqShare); 0: no tenant anywhere is heavy,
-	// so nothing is capped; NoSeqs: none.
+	// may have in flight there (SeqShare); 0: no tenant anywhere is heavy
+	// and none of its tenants is cut (Cut), so nothing is capped; NoSeqs:
+	// none.
 	Cap int64
 	// Light is its tenants that the split holds light fleet-wide: the cap
 	// does not bind them, as the gate's reserve does not bind a light
@@ -174,7 +176,14 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 			out.Heavy = append(out.Heavy, td.Tenant)
 		}
 	}
-	if !capped {
+	if !capped && len(out.Cut) == 0 {
+		// No tenant is heavy and none of this instance's is bound: no
+		// cap. A tenant bound where no tenant is heavy is bound by this
+		// instance's part all the same: reading the cap as none, a
+		// closed-loop flood that its gate lets through as no flood, light
+		// to the split, refilled every slot while light tenants at the
+		// other instance waited (the model's row of node's
+		// TestLightTenantsAtAnotherInstance, draw 1: p99 1.27 s → 0.34 s).
 		return out
 	}
 	// Integer shares: thousandths rounded so that a sum's order cannot

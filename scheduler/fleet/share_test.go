@@ -105,10 +105,13 @@ func TestSeqShare(t *testing.T) {
 // split as SeqShare's doc states it, with every max-min step computed
 // independently by progressive filling (every unsatisfied claimant raised
 // in small steps in proportion to its weight until the budget is spent),
-// within one for rounding; and where the batch is all given and no
-// instance is at the floor, the shares the instances compute from the
-// same reports sum to the batch.
+// within one for rounding (where no tenant is heavy, only at an instance
+// with a light tenant given less than its claim while a light tenant at
+// another instance has requests queued; elsewhere no cap); and where the
+// batch is all given and no instance is at the floor, the shares the
+// instances compute from the same reports sum to the batch.
 func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
+	boundOnly := 0 // instances capped only by a cut light tenant
 	for seed := range uint64(400) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		maxSeqs := 1 + rng.Int64N(64)
@@ -140,15 +143,18 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 				entries[i].Tenants = []peers.TenantDemand{{Tenant: "t0", Weight: weights[0], Load: 1, Claim: 1}}
 			}
 		}
-		part, given, heavy, waiting := splitByFilling(maxSeqs, entries)
+		part, given, heavy, waiting, bound := splitByFilling(maxSeqs, entries)
 		var sum int64
 		floored := false
 		for i, mine := range entries {
 			others := slices.Concat(entries[:i], entries[i+1:])
 			got := SeqShare(maxSeqs, mine, others)
-			if !heavy {
+			if !heavy && !bound[mine.Instance] {
 				require.Zerof(t, got, "seed %d: no tenant heavy, no cap", seed)
 				continue
+			}
+			if !heavy {
+				boundOnly++
 			}
 			want := part[mine.Instance] + float64(maxSeqs) - given // ours: all not given
 			if got == NoSeqs {
@@ -163,6 +169,8 @@ func TestSeqShareAgainstProgressiveFilling(t *testing.T) {
 			require.Equalf(t, maxSeqs, sum, "seed %d: the shares sum to the batch", seed)
 		}
 	}
+	assert.Positive(t, boundOnly, "the draws reach a cap without a heavy tenant")
+	t.Logf("%d instances capped without a heavy tenant", boundOnly)
 }
 
 // fill is progressive filling: each claimant with an ask above its
@@ -202,7 +210,7 @@ func fill(budget float64, names []string, ask, weight map[string]float64) (map[s
 // each instance's part, how much of the batch was given, whether any
 // tenant is heavy (else nothing is capped), and whether then a light one
 // has requests queued (no floor then).
-func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, float64, bool, bool) {
+func splitByFilling(maxSeqs int64, entries []peers.Entry) (part map[string]float64, given float64, heavy, waiting bool, bound map[string]bool) {
 	limit := float64(maxSeqs)
 	load, claim, weight, queued := map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]float64{}
 	var names []string
@@ -222,20 +230,20 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 		load[n] = min(load[n], 2*limit)
 	}
 	_, level := fill(limit, names, load, weight)
-	var light, heavy []string
+	var light, heavies []string
 	lightSum, heavySum := 0.0, 0.0
-	waiting := false
 	for _, n := range names {
 		if load[n] <= gate.LightMargin*weight[n]*level+1e-9 && load[n] <= limit {
 			light, lightSum = append(light, n), lightSum+claim[n]
 			waiting = waiting || queued[n] > 0
 		} else {
-			heavy, heavySum = append(heavy, n), heavySum+claim[n]
+			heavies, heavySum = append(heavies, n), heavySum+claim[n]
 		}
 	}
+	heavy = len(heavies) > 0
 	want := maps.Clone(claim)
 	budget := limit
-	if len(heavy) > 0 && lightSum > 0 {
+	if heavy && lightSum > 0 {
 		for _, n := range light {
 			want[n] = claim[n] * (1 + gate.BurstK*math.Sqrt(lightSum)/lightSum)
 		}
@@ -248,8 +256,25 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 	for _, n := range light {
 		left -= lightAlloc[n]
 	}
-	heavyAlloc, _ := fill(left, heavy, want, weight)
-	part, given := map[string]float64{}, 0.0
+	heavyAlloc, _ := fill(left, heavies, want, weight)
+	// An instance is bound where a light tenant of its is given less than
+	// its claim while a light tenant at another instance has requests
+	// queued (ShareOf.Cut).
+	bound = map[string]bool{}
+	for _, e := range entries {
+		for _, td := range e.Tenants {
+			n := td.Tenant
+			if !slices.Contains(light, n) || lightAlloc[n] >= claim[n]-1e-6 {
+				continue
+			}
+			for _, o := range entries {
+				bound[e.Instance] = bound[e.Instance] || o.Instance != e.Instance && slices.ContainsFunc(o.Tenants, func(x peers.TenantDemand) bool {
+					return x.Queued > 0 && slices.Contains(light, x.Tenant)
+				})
+			}
+		}
+	}
+	part = map[string]float64{}
 	for _, n := range names {
 		a := lightAlloc[n] + heavyAlloc[n]
 		given += a
@@ -261,7 +286,7 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (map[string]float64, f
 			}
 		}
 	}
-	return part, given, len(heavy) > 0, waiting && len(heavy) > 0
+	return part, given, heavy, waiting && heavy, bound
 }
 
 // claim0 is tenant n's claims summed before the cap at the batch: its
@@ -367,6 +392,19 @@ func TestCutLightTenantBound(t *testing.T) {
 	assert.Empty(t, sh.Cut)
 	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
 	assert.Same(t, r, rep, "any room")
+	r.Count.Store(4)
+
+	// No tenant heavy (the flood gone): the light claims alone split the
+	// batch 6 by weight, 3.6 : 2.4, and the cut loop is bound by a cap all
+	// the same, where no heavy tenant would leave it none.
+	loopOnly := []peers.Report{{Replica: "r", InFlight: 4, Tenants: mine[0].Tenants[:1]}}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(6000))
+	assert.Equal(t, int64(4), r.Share.Load(), "3.6 of 6, and the larger fraction")
+	assert.Equal(t, []string{"loop"}, r.split.Load().Cut)
+	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
+	assert.Nil(t, rep, "at its cap")
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(0))
+	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody waiting at b: no cap")
 }
 
 // TestShareTieByInFlight: equal fractions of a batch go first to the
