@@ -55,8 +55,9 @@ func (s *Server) Replicas() []views.ReplicaIn {
 	out := []views.ReplicaIn{}
 	for _, r := range s.reps.List() {
 		v, ok := snap.Replica(r.Name)
+		bound, cut := r.Bound()
 		out = append(out, views.ReplicaIn{Name: r.Name, URL: r.URL, InflightTokens: r.Load.Load(), Inflight: r.Count.Load(),
-			AbortsHeld: r.Distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(), MaxNumSeqs: r.MaxSeqs,
+			AbortsHeld: r.Distrusted(now), Peers: r.Peers.Load(), SeqShare: r.Share.Load(), SeqBound: bound, SeqCut: cut, MaxNumSeqs: r.MaxSeqs,
 			LearnedBatch: r.Learned(), BatchLimit: r.BatchLimit(), Seqs: r.Seqs(true), GPU: v, Known: ok, Obs: r.Obs.Load(), LastScrapeError: r.LastScrapeError(now)})
 	}
 	return out

@@ -639,6 +639,16 @@ func (r *Replica) unshared(rt Route) bool {
 	return rt.Light && !slices.Contains(sh.Heavy, rt.Tenant)
 }
 
+// Bound is this instance's tenants its share of r binds, from the last
+// split (nil without one): those the split holds heavy, and of them those
+// it holds light but cut (ShareOf.Heavy, ShareOf.Cut). Read-only.
+func (r *Replica) Bound() (heavy, cut []string) {
+	if sh := r.split.Load(); sh != nil {
+		return sh.Heavy, sh.Cut
+	}
+	return nil, nil
+}
+
 // SeqLimit is the sequence count at which r has no room for this
 // instance: its batch limit (sizing.go), or less where this instance's
 // share (a replica shared with other instances) binds. seqs is the batch

@@ -373,6 +373,9 @@ func TestCutLightTenantBound(t *testing.T) {
 	assert.Equal(t, []string{"loop"}, sh.Cut)
 	assert.ElementsMatch(t, []string{"loop", "flood"}, sh.Heavy)
 	assert.Empty(t, sh.Light)
+	bound, cut := r.Bound()
+	assert.ElementsMatch(t, []string{"loop", "flood"}, bound, "as the admin API shows them")
+	assert.Equal(t, []string{"loop"}, cut)
 	r.Count.Store(4)       // at its share
 	scrapeRW(r, 4, 0, now) // the replica has room
 	rep, _ := set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
@@ -405,6 +408,10 @@ func TestCutLightTenantBound(t *testing.T) {
 	assert.Nil(t, rep, "at its cap")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(0))
 	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody waiting at b: no cap")
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
+	bound, cut = r.Bound()
+	assert.Nil(t, bound, "no split")
+	assert.Nil(t, cut)
 }
 
 // TestShareTieByInFlight: equal fractions of a batch go first to the

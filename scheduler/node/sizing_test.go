@@ -19,10 +19,11 @@ import (
 
 // replicaRow is the one replica's row of the admin API.
 type replicaRow struct {
-	Running    int64 `json:"vllm_running"`
-	AbortsHeld bool  `json:"aborts_held"`
-	Peers      int64 `json:"peers"`
-	SeqShare   int64 `json:"seq_share"`
+	Running    int64    `json:"vllm_running"`
+	AbortsHeld bool     `json:"aborts_held"`
+	Peers      int64    `json:"peers"`
+	SeqShare   int64    `json:"seq_share"`
+	SeqBinds   []string `json:"seq_share_binds"`
 }
 
 func (n *node) replica(t *testing.T) replicaRow {

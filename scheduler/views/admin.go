@@ -38,6 +38,7 @@ type ReplicaIn struct {
 	InflightTokens, Inflight int64
 	AbortsHeld               bool
 	Peers, SeqShare          int64
+	SeqBound, SeqCut         []string // fleet.Replica.Bound
 	MaxNumSeqs, LearnedBatch int64
 	BatchLimit, Seqs         int64
 	GPU                      gpu.ReplicaView // the monitor's view, when Known
@@ -68,6 +69,13 @@ type ReplicaStatus struct {
 	// none, fleet.NoSeqs; SCHEDULING §9).
 	Peers    int64 `json:"peers"`
 	SeqShare int64 `json:"seq_share"`
+	// SeqShareBinds is this instance's tenants the cap binds, from the
+	// last split: those it holds heavy, and those of them in SeqShareCut,
+	// light tenants it gives less than their claim while a light tenant
+	// at another instance waits (SCHEDULING §9). Light tenants not
+	// listed compete for any room.
+	SeqShareBinds []string `json:"seq_share_binds,omitempty"`
+	SeqShareCut   []string `json:"seq_share_cut,omitempty"`
 	// Sizing is where capacity_tokens comes from: "kv" (the replica's
 	// vllm:cache_config_info), "batch" (its metrics lack that: it is sized
 	// on max_num_seqs and capacity_tokens is only a bound), "config"
@@ -101,7 +109,7 @@ type ReplicaStatus struct {
 // instance's account of its batch.
 func replicaRow(r ReplicaIn) ReplicaStatus {
 	st := ReplicaStatus{Name: r.Name, URL: vllm.RedactURL(r.URL), InflightTokens: r.InflightTokens, Inflight: r.Inflight, State: "unknown",
-		AbortsHeld: r.AbortsHeld, Peers: r.Peers, SeqShare: r.SeqShare, MaxNumSeqs: r.MaxNumSeqs, LearnedBatch: r.LearnedBatch,
+		AbortsHeld: r.AbortsHeld, Peers: r.Peers, SeqShare: r.SeqShare, SeqShareBinds: r.SeqBound, SeqShareCut: r.SeqCut, MaxNumSeqs: r.MaxNumSeqs, LearnedBatch: r.LearnedBatch,
 		BatchLimit: r.BatchLimit, Seqs: r.Seqs}
 	if v := r.GPU; r.Known {
 		st.State, st.Reason, st.CapacityTokens, st.Overcommit, st.Sizing = v.State.String(), v.Reason, v.CapacityTokens, v.Overcommit, v.Sizing

@@ -48,7 +48,7 @@ func TestBudgetRowsArePolicyLimits(t *testing.T) {
 // by name, with the state's age from the sampler.
 func TestReplicaRows(t *testing.T) {
 	in := []ReplicaIn{
-		{Name: "r2", URL: "http://user:secret@r2:8000", Inflight: 3, AbortsHeld: true, Peers: 2, SeqShare: 40, MaxNumSeqs: 256, LearnedBatch: 80, BatchLimit: 72, Seqs: 75,
+		{Name: "r2", URL: "http://user:secret@r2:8000", Inflight: 3, AbortsHeld: true, Peers: 2, SeqShare: 40, SeqBound: []string{"flood", "loop"}, SeqCut: []string{"loop"}, MaxNumSeqs: 256, LearnedBatch: 80, BatchLimit: 72, Seqs: 75,
 			GPU: gpu.ReplicaView{State: gpu.StateHealthy, CapacityTokens: 9000, Sizing: "kv", GPUCount: 2}, Known: true,
 			Obs: &fleet.Obs{Running: 5, Waiting: 7, Deferred: 1, LoRAs: []string{"l1"}}},
 		{Name: "r1", URL: "http://r1:8000"},
@@ -56,7 +56,7 @@ func TestReplicaRows(t *testing.T) {
 	got := ReplicaStatuses(in)
 	require.Len(t, got, 2)
 	assert.Equal(t, ReplicaStatus{Name: "r2", URL: "http://r2:8000", State: "healthy", CapacityTokens: 9000, Inflight: 3, Running: 5, Waiting: 7,
-		AbortsHeld: true, Peers: 2, SeqShare: 40, Sizing: "kv", WaitingDeferred: 1, LoRAResident: []string{"l1"}, MaxNumSeqs: 256, LearnedBatch: 80, BatchLimit: 72, Seqs: 75}, got[0])
+		AbortsHeld: true, Peers: 2, SeqShare: 40, SeqShareBinds: []string{"flood", "loop"}, SeqShareCut: []string{"loop"}, Sizing: "kv", WaitingDeferred: 1, LoRAResident: []string{"l1"}, MaxNumSeqs: 256, LearnedBatch: 80, BatchLimit: 72, Seqs: 75}, got[0])
 	assert.Equal(t, "unknown", got[1].State, "not yet seen by the monitor")
 	b, err := json.Marshal(ReplicaStatuses(nil))
 	require.NoError(t, err)
