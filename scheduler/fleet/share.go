@@ -83,8 +83,9 @@ const ShareStale = 2 * time.Second
 // Where it is all given, every instance computes the same integer shares
 // from the same reports, summing to maxSeqs: each its part rounded down,
 // the remainder one each to the largest fractions, then to the fewest
-// requests in flight there, then by instance id. A claim counts at most maxSeqs. At least 1, so no instance starves when
-// there are more instances than sequences (once per pool: FloorOnce); but
+// requests in flight there, then by instance id. A claim counts at most
+// maxSeqs. At least 1, so no instance starves when there are more
+// instances than sequences (once per pool: FloorOnce); but
 // NoSeqs, none, where its tenants are given nothing while a light tenant
 // has requests queued (Queued) there.
 func SeqShare(maxSeqs int64, mine peers.Entry, others []peers.Entry) int64 {
@@ -115,7 +116,7 @@ type ShareOf struct {
 	// share) refilled every slot while one at the other instance waited
 	// out its max_wait (fairgen seed 726 over 100 requests: 18 lost).
 	// Bound whenever cut, a light tenant's Poisson cluster waited for the
-	// split made before it came (15 more failing seeds of 500).
+	// split made before it came (9–24 more failing seeds of 500 a sweep).
 	Heavy []string
 	// Cut is the part of Heavy the split holds light, cut (for traces and
 	// the model's ablation).
@@ -201,7 +202,8 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	// flight there: by id alone, the same instance took every tie, and on
 	// a replica whose KV cache holds one request two light tenants cut to
 	// half a sequence each were a whole one and none, at every exchange
-	// (fairgen seed 486 with light tenants bound where cut).
+	// (fairgen seed 486, with light tenants bound whenever cut: a variant
+	// measured and not kept).
 	inFlight := make(map[string]int64, len(others)+1)
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		inFlight[e.Instance] += e.InFlight
