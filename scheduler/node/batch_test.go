@@ -240,8 +240,11 @@ func TestLightTenantAtAnotherInstance(t *testing.T) {
 // p90 TTFT 5.3 s over 8 s. Split as the gate splits a pool on one
 // instance (fleet.SeqShare: light tenants given their claims and a
 // Poisson margin, the flood the rest; shares 1 and 7): p50 7–8 ms, p90
-// about 50 ms and p99 about 290 ms, where the same load at the flood's
-// own instance reads 8 ms, 31 ms and 268 ms (a wait for a completion).
+// about 50 ms and p99 about 290 ms when that was measured, where the same
+// load at the flood's own instance read 8 ms, 31 ms and 268 ms (a wait
+// for a completion). Under -race on 2026-12-07, six runs on two builds:
+// p50 11–12 ms, p90 281–518 ms, p99 578–695 ms (the benchmark log); the
+// bounds below hold p50 and p90 only.
 func TestLightTenantsAtAnotherInstance(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
