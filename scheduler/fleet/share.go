@@ -118,8 +118,8 @@ type ShareOf struct {
 	// Bound whenever cut, a light tenant's Poisson cluster waited for the
 	// split made before it came (9–24 more failing seeds of 500 a sweep).
 	Heavy []string
-	// Cut is the part of Heavy the split holds light, cut (for traces and
-	// the model's ablation).
+	// Cut is the part of Heavy the split holds light, cut (the admin
+	// API's seq_share_cut, traces, the model's ablation).
 	Cut []string
 	// Floor: Cap is the floor of one request that keeps an instance given
 	// nothing from starving, not a part of the split (FloorOnce).
