@@ -164,7 +164,7 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	}
 	parts, capped, waiting := sp.split(self)
 	var out ShareOf
-	waitsElsewhere := sp.lightWaitsAt(func(id string) bool { return id != self })
+	waitsElsewhere := sp.lightWaitsBeside(self)
 	for _, td := range mine.Tenants {
 		switch c := sp.byName[td.Tenant]; {
 		case c == nil:
@@ -389,15 +389,15 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 	return out, len(heavy) > 0, waiting && len(heavy) > 0
 }
 
-// lightWaitsAt reports whether a tenant the split holds light has
-// requests queued at an instance that at accepts.
-func (sp *shareSplit) lightWaitsAt(at func(instance string) bool) bool {
+// lightWaitsBeside reports whether a tenant the split holds light has
+// requests queued at an instance other than self.
+func (sp *shareSplit) lightWaitsBeside(self string) bool {
 	for _, c := range sp.claims {
 		if !c.light {
 			continue
 		}
 		for _, p := range c.parts {
-			if p.queued > 0 && at(p.instance) {
+			if p.queued > 0 && p.instance != self {
 				return true
 			}
 		}
