@@ -284,7 +284,11 @@ func TestLightTenantsAtAnotherInstance(t *testing.T) {
 	}
 	tick.Stop()
 	sent.Wait()
-	assert.Contains(t, floodAt.replica(t).SeqBinds, "flood", "the split holds the flood heavy: its instance's share binds it")
+	// Read at an exchange, not once: the flood's report can read light at
+	// one exchange (held at its cap, its gate sees it below its share).
+	eventually(t, "the flood's instance's share binds the flood", func() bool {
+		return slices.Contains(floodAt.replica(t).SeqBinds, "flood")
+	})
 	slices.Sort(ttfts)
 	q := func(p float64) time.Duration { return ttfts[int(p*float64(len(ttfts)-1))] }
 	t.Logf("light TTFT at the other instance over %d requests: p50 %v p90 %v p99 %v max %v; shares: flood's instance %v, light tenants' %v",
