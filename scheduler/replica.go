@@ -43,7 +43,7 @@ func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDem
 				d.Queued = min(d.Queued, float64(max(lim-t.RT.Inflight.Load(), 0)))
 			}
 		}
-		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: milli(d.Asks), Queued: milli(d.Queued)})
+		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: milli(d.Asks), Queued: milli(d.Queued), Stands: d.Stands})
 	})
 	return out
 }

@@ -353,10 +353,12 @@ func TestLightTenantsNotCapped(t *testing.T) {
 // the batch, the split gives them max-min parts by weight; a light tenant
 // given less than its claim is bound by this instance's share while a
 // light tenant at another instance has requests queued (ShareOf.Cut),
-// and free again once none waits there. On a batch of 6 with a flood (the
-// heavy tenants' one sequence), a light tenant of weight 3 claiming the
-// whole batch here and one of weight 2 claiming it at b split the other 5
-// 3 : 2: this instance's cap is the loop's 3 and the flood's 1.
+// and free again once none waits there, unless its gate here lets it
+// through as no flood with a standing queue (Stands). On a batch of 6
+// with a flood (the heavy tenants' one sequence), a light tenant of
+// weight 3 claiming the whole batch here and one of weight 2 claiming it
+// at b split the other 5 3 : 2: this instance's cap is the loop's 3 and
+// the flood's 1.
 func TestCutLightTenantBound(t *testing.T) {
 	set, r := sizingSet(6)
 	now := time.Unix(1_800_000_000, 0)
@@ -408,6 +410,17 @@ func TestCutLightTenantBound(t *testing.T) {
 	assert.Nil(t, rep, "at its cap")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(0))
 	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody waiting at b: no cap")
+
+	// Its gate here lets the loop through as no flood with a standing
+	// queue: bound at its part though nobody waits at b, as on one
+	// instance its weighted share bounds it.
+	standing := slices.Clone(loopOnly[0].Tenants)
+	standing[0].Stands = true
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, at(0))
+	assert.Equal(t, int64(4), r.Share.Load(), "3.6 of 6, and the larger fraction")
+	assert.Equal(t, []string{"loop"}, r.split.Load().Cut)
+	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
+	assert.Nil(t, rep, "at its cap")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
 	bound, cut = r.Bound()
 	assert.Nil(t, bound, "no split")

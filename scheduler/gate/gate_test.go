@@ -743,3 +743,44 @@ func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
 	during, _ = run(Options{NoSurge: true})
 	assert.False(t, during.Heavy, "its averaged rates: %+v", during)
 }
+
+// TestStands: a closed loop let through below its weighted share while
+// its queue has stood stands (the share split across instances binds it
+// at its part, fleet.SplitPool); one whose queue has not stood for
+// server.standing_queue, one holding nothing (its queue stands because
+// others hold the room), and one held at its share by the reserve as a
+// flood do not.
+func TestStands(t *testing.T) {
+	run := func(held int64, opts Options, standing ...time.Duration) bool {
+		g := Gate{Options: opts}
+		if len(standing) > 0 {
+			g.Standing = standing[0] // server.standing_queue
+		}
+		loads := []TenantLoad{
+			{Name: "loop", Weight: 1, Held: held, Queued: 20},
+			{Name: "light", Weight: 1, Held: 1},
+		}
+		f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 300 { // 30 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i%5 == 0 { // 6 a second of 0.5 s requests: 3 of 8, below its half
+				loads[0].Arrived += 3
+				loads[0].Served += 3
+				loads[0].ServedSec += 1.5
+			}
+			g.Assess(now, loads, 1, f, 0)
+		}
+		st, _ := g.State("loop")
+		require.True(t, st.Heavy)
+		require.False(t, st.Sustained)
+		return g.Stands("loop")
+	}
+	assert.True(t, run(3, Options{}), "3 held, below its share of 4, its queue standing 30 s")
+	assert.False(t, run(3, Options{}, 40*time.Second), "its queue has stood 30 s of server.standing_queue's 40")
+	assert.False(t, run(0, Options{}), "holding nothing: starved, not let through")
+	assert.False(t, run(4, Options{}), "at its share: the reserve holds it as a flood")
+	assert.False(t, run(3, Options{NoStanding: true}), "no standing rule")
+	var g Gate
+	assert.False(t, g.Stands("unknown"))
+}

@@ -187,6 +187,9 @@ type Demand struct {
 	Asks float64
 	// Queued is the part of Asks queued.
 	Queued float64
+	// Stands: its gate lets it through as no flood while its queue has
+	// stood, in a pool the replica serves (Gate.Stands).
+	Stands bool
 }
 
 // DemandOn visits every tenant with demand on the replica in slot i, in
@@ -211,6 +214,7 @@ func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
 		d.Asked += asked / float64(replicas)
 		d.Asks += float64(now) / float64(replicas)
 		d.Queued += float64(pt.queued) / float64(replicas)
+		d.Stands = d.Stands || g.Stands(name)
 		by[name] = d
 	})
 	for _, name := range slices.Sorted(maps.Keys(by)) {

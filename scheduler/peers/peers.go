@@ -38,6 +38,11 @@ type TenantDemand struct {
 	// Queued is the part of Claim queued now: a light tenant with
 	// requests waiting takes a flood's instance's floor (fleet.Split).
 	Queued int64
+	// Stands: this instance's gate lets the tenant through as no flood
+	// while its queue has stood (gate.Gate.Stands). Only this instance's
+	// own split reads it (fleet.SplitPool binds such a tenant here), so
+	// it is not exchanged.
+	Stands bool
 }
 
 // Entry is another instance's Report on a replica. Tenants is nil in a
