@@ -126,8 +126,8 @@ type ShareOf struct {
 	// it there keeps room only for this instance's light tenants. Bound
 	// only while others queued, a closed-loop flood refilled every slot
 	// between the light tenants' queues at the other instance (the
-	// model's row of node's TestLightTenantsAtAnotherInstance, median of
-	// 20 draws' slowest light p99: 0.63 s → 0.27 s).
+	// model's row of node's TestLightTenantsAtAnotherInstance: their
+	// pooled p99 TTFT on the median of 20 draws, 0.53 s → 0.23 s).
 	Heavy []string
 	// Cut is the part of Heavy the split holds light, cut (the admin
 	// API's seq_share_cut, traces, the model's ablation).

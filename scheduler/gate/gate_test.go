@@ -752,28 +752,11 @@ func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
 // flood do not.
 func TestStands(t *testing.T) {
 	run := func(held int64, opts Options, standing ...time.Duration) bool {
-		g := Gate{Options: opts}
+		g := &Gate{Options: opts}
 		if len(standing) > 0 {
 			g.Standing = standing[0] // server.standing_queue
 		}
-		loads := []TenantLoad{
-			{Name: "loop", Weight: 1, Held: held, Queued: 20},
-			{Name: "light", Weight: 1, Held: 1},
-		}
-		f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-		for i := range 300 { // 30 s of 100 ms samples
-			now += int64(100 * time.Millisecond)
-			if i%5 == 0 { // 6 a second of 0.5 s requests: 3 of 8, below its half
-				loads[0].Arrived += 3
-				loads[0].Served += 3
-				loads[0].ServedSec += 1.5
-			}
-			g.Assess(now, loads, 1, f, 0)
-		}
-		st, _ := g.State("loop")
-		require.True(t, st.Heavy)
-		require.False(t, st.Sustained)
+		standingLoop(t, g, held)
 		return g.Stands("loop")
 	}
 	assert.True(t, run(3, Options{}), "3 held, below its share of 4, its queue standing 30 s")
@@ -783,4 +766,29 @@ func TestStands(t *testing.T) {
 	assert.False(t, run(3, Options{NoStanding: true}), "no standing rule")
 	var g Gate
 	assert.False(t, g.Stands("unknown"))
+}
+
+// standingLoop runs g for 30 s of a closed loop of weight 1 holding held
+// of 8 sequences with 20 queued, its arrivals its completions (3 of 8,
+// below its half), beside a light tenant of weight 1 holding one.
+func standingLoop(t *testing.T, g *Gate, held int64) {
+	t.Helper()
+	loads := []TenantLoad{
+		{Name: "loop", Weight: 1, Held: held, Queued: 20},
+		{Name: "light", Weight: 1, Held: 1},
+	}
+	f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for i := range 300 { // 30 s of 100 ms samples
+		now += int64(100 * time.Millisecond)
+		if i%5 == 0 { // 6 a second of 0.5 s requests
+			loads[0].Arrived += 3
+			loads[0].Served += 3
+			loads[0].ServedSec += 1.5
+		}
+		g.Assess(now, loads, 1, f, 0)
+	}
+	st, _ := g.State("loop")
+	require.True(t, st.Heavy)
+	require.False(t, st.Sustained)
 }

@@ -88,6 +88,25 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	assert.Empty(t, p.UnparkAll())
 }
 
+// TestDemandOnStands: DemandOn says which tenants the pool's gate lets
+// through with a standing queue (Gate.Stands), for the share split.
+func TestDemandOnStands(t *testing.T) {
+	t.Parallel()
+	var p Pools[slots]
+	k := slots(1)
+	for range 3 {
+		p.Move(&Place[slots]{Pool: k}, "loop", 10, false, SpotHeld)
+	}
+	p.Move(&Place[slots]{Pool: k}, "loop", 10, false, SpotQueued)
+	p.Move(&Place[slots]{Pool: k}, "light", 10, false, SpotHeld)
+	p.Lock()
+	standingLoop(t, &p.PoolLocked(k).Gate, 3)
+	p.Unlock()
+	stands := map[string]bool{}
+	p.DemandOn(0, func(tenant string, d Demand) { stands[tenant] = d.Stands })
+	assert.Equal(t, map[string]bool{"loop": true, "light": false}, stands)
+}
+
 // TestPoolCountsARefusedArrival: the engine counts a request queued in its
 // pool before Enqueue and moves it out when the queue refuses it
 // (queue_full); it stays an arrival, so a flood whose queue is full reads
