@@ -243,8 +243,13 @@ func TestLightTenantAtAnotherInstance(t *testing.T) {
 // about 50 ms and p99 about 290 ms when that was measured, where the same
 // load at the flood's own instance read 8 ms, 31 ms and 268 ms (a wait
 // for a completion). Under -race on 2026-12-07, six runs on two builds:
-// p50 11–12 ms, p90 281–518 ms, p99 578–695 ms (the benchmark log); the
-// bounds below hold p50 and p90 only.
+// p50 11–12 ms, p90 281–518 ms, p99 578–695 ms (the benchmark log). Those
+// tails are the onset: the flood, alone until then, holds the whole
+// batch, and its requests refilled before its instance's cap came (two
+// exchanges after the light tenants' first) end together about 0.8 s in;
+// the light tenants' queue drains by about 1.7 s. Sent after the first
+// 2 s: p50 7–9 ms, p90 8–10 ms, p99 11–113 ms (three runs). The bounds
+// below hold the whole run's p50 and p90, and the p90 after the onset.
 func TestLightTenantsAtAnotherInstance(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
@@ -268,16 +273,19 @@ func TestLightTenantsAtAnotherInstance(t *testing.T) {
 	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
 
 	var mu sync.Mutex
-	var ttfts []time.Duration
+	var ttfts, steady []time.Duration
 	var sent sync.WaitGroup
 	tick := time.NewTicker(100 * time.Millisecond)
-	for range 80 { // 8 s
+	for i := range 80 { // 8 s
 		<-tick.C
 		for _, v := range tenants[1:] {
 			sent.Go(func() {
 				d := lightAt.ttftOf(t, v.key(), light)
 				mu.Lock()
 				ttfts = append(ttfts, d)
+				if i >= 20 { // sent after the onset's 2 s
+					steady = append(steady, d)
+				}
 				mu.Unlock()
 			})
 		}
@@ -290,16 +298,22 @@ func TestLightTenantsAtAnotherInstance(t *testing.T) {
 		return slices.Contains(floodAt.replica(t).SeqBinds, "flood")
 	})
 	slices.Sort(ttfts)
-	q := func(p float64) time.Duration { return ttfts[int(p*float64(len(ttfts)-1))] }
-	t.Logf("light TTFT at the other instance over %d requests: p50 %v p90 %v p99 %v max %v; shares: flood's instance %v, light tenants' %v",
-		len(ttfts), q(0.5), q(0.9), q(0.99), ttfts[len(ttfts)-1],
+	slices.Sort(steady)
+	q := func(ds []time.Duration, p float64) time.Duration { return ds[int(p*float64(len(ds)-1))] }
+	t.Logf("light TTFT at the other instance over %d requests: p50 %v p90 %v p99 %v max %v; sent after the first 2 s (%d): p50 %v p90 %v p99 %v; shares: flood's instance %v, light tenants' %v",
+		len(ttfts), q(ttfts, 0.5), q(ttfts, 0.9), q(ttfts, 0.99), ttfts[len(ttfts)-1],
+		len(steady), q(steady, 0.5), q(steady, 0.9), q(steady, 0.99),
 		floodAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}),
 		lightAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}))
 	// Split by instance the queue grows for the whole run (p50 410 ms,
 	// p90 5.3 s); the bounds leave room for a loaded machine under -race,
-	// where a request waits for a completion more often.
-	assert.Less(t, q(0.5), 150*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
-	assert.Less(t, q(0.9), time.Second, "the light tenants' instance is shared what its tenants ask, not half the batch")
+	// where a request waits for a completion more often. After the onset
+	// the light tenants' p90 is about 15 ms under -race: a bound there
+	// catches a flood that takes their room between their queues, which
+	// the onset's backlog hides from the whole run's p90.
+	assert.Less(t, q(ttfts, 0.5), 150*time.Millisecond, "the light tenants' instance is shared what its tenants ask, not half the batch")
+	assert.Less(t, q(ttfts, 0.9), time.Second, "the light tenants' instance is shared what its tenants ask, not half the batch")
+	assert.Less(t, q(steady, 0.9), 250*time.Millisecond, "after the onset, the flood's instance keeps to its share")
 }
 
 // TestLearnedBatchShortRequests: requests of about 200 ms, a flood at
