@@ -567,29 +567,8 @@ func TestClosedLoopHeldAtItsShare(t *testing.T) {
 		if len(standing) > 0 {
 			g.Standing = standing[0] // server.standing_queue
 		}
-		loads := []TenantLoad{
-			{Name: "loop", Weight: 1, Held: held, Queued: 20},
-			{Name: "light", Weight: 1, Held: 1},
-		}
-		f := FleetLoad{Seqs: held + 1, SeqsCap: 8, TokensCap: 1 << 20}
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-		for i := range 300 { // 30 s of 100 ms samples
-			now += int64(100 * time.Millisecond)
-			if i%5 == 0 { // 6 a second of 0.5 s requests: 3 of 8, below its half
-				loads[0].Arrived += 3
-				loads[0].Served += 3
-				loads[0].ServedSec += 1.5
-			}
-			if i == 200 {
-				loads[1].Held = 0 // the light tenant's peak of one is kept
-			}
-			g.Assess(now, loads, 1, f, 0)
-		}
-		light, reserve := g.Assess(now, loads, 0, f, 0)
-		st, _ := g.State("loop")
-		require.True(t, st.Heavy)
-		require.False(t, st.Sustained, "its arrivals offer 3 of 8, its share is 4")
-		return light, reserve
+		now, loads, f := standingLoop(t, &g, held)
+		return g.Assess(now, loads, 0, f, 0)
 	}
 	light, _ := run(3)
 	assert.True(t, light, "3 held, below its share of 4: let through")
@@ -769,9 +748,11 @@ func TestStands(t *testing.T) {
 }
 
 // standingLoop runs g for 30 s of a closed loop of weight 1 holding held
-// of 8 sequences with 20 queued, its arrivals its completions (3 of 8,
-// below its half), beside a light tenant of weight 1 holding one.
-func standingLoop(t *testing.T, g *Gate, held int64) {
+// of 8 sequences with 20 queued, its arrivals its completions (6 a second
+// of 0.5 s requests: 3 of 8, below its half), beside a light tenant of
+// weight 1 that holds one for 20 s and then pauses (its peak of one is
+// kept). It returns the clock, the loads and the fleet as they end.
+func standingLoop(t *testing.T, g *Gate, held int64) (int64, []TenantLoad, FleetLoad) {
 	t.Helper()
 	loads := []TenantLoad{
 		{Name: "loop", Weight: 1, Held: held, Queued: 20},
@@ -781,14 +762,18 @@ func standingLoop(t *testing.T, g *Gate, held int64) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 	for i := range 300 { // 30 s of 100 ms samples
 		now += int64(100 * time.Millisecond)
-		if i%5 == 0 { // 6 a second of 0.5 s requests
+		if i%5 == 0 {
 			loads[0].Arrived += 3
 			loads[0].Served += 3
 			loads[0].ServedSec += 1.5
+		}
+		if i == 200 {
+			loads[1].Held = 0
 		}
 		g.Assess(now, loads, 1, f, 0)
 	}
 	st, _ := g.State("loop")
 	require.True(t, st.Heavy)
-	require.False(t, st.Sustained)
+	require.False(t, st.Sustained, "its arrivals offer 3 of 8, its share is 4")
+	return now, loads, f
 }
