@@ -68,7 +68,8 @@ const ShareStale = 2 * time.Second
 //     while a light tenant at another instance has requests queued the
 //     cap binds those given less than their claim (ShareOf.Heavy), as it
 //     does one of them that this instance's gate lets through as no flood
-//     with a standing queue (peers.TenantDemand.Stands).
+//     with a standing queue (peers.TenantDemand.Stands) where its part
+//     here is a request or more.
 //   - Heavy tenants split what is left, max-min by weight over their
 //     claims.
 //
@@ -121,13 +122,18 @@ type ShareOf struct {
 	// split made before it came (9–24 more failing seeds of 500 a sweep).
 	// A cut tenant its gate here lets through as no flood with a standing
 	// queue (peers.TenantDemand.Stands) is bound whether or not one
-	// waits elsewhere: on one instance its weighted share bounds it once
-	// its queue has stood (gate.Gate.Stands), but the reserve that holds
-	// it there keeps room only for this instance's light tenants. Bound
-	// only while others queued, a closed-loop flood refilled every slot
-	// between the light tenants' queues at the other instance (the
-	// model's row of node's TestLightTenantsAtAnotherInstance: their
-	// pooled p99 TTFT on the median of 20 draws, 0.53 s → 0.23 s).
+	// waits elsewhere, where its part here is a request or more: on one
+	// instance its weighted share bounds it once its queue has stood
+	// (gate.Gate.Stands), but the reserve that holds it there keeps room
+	// only for this instance's light tenants. Bound only while others
+	// queued, a closed-loop flood refilled every slot between the light
+	// tenants' queues at the other instance (the model's row of node's
+	// TestLightTenantsAtAnotherInstance: their pooled p99 TTFT on the
+	// median of 20 draws, 0.53 s → 0.23 s; in real processes, sent 20 s
+	// or more into the run, p99 about 200 ms → 13 ms). A tenant starved
+	// behind another reads as standing too; bound at a part below one
+	// request, it started nothing (fairgen seeds 114, 1086, 1469 and 317
+	// lost light requests).
 	Heavy []string
 	// Cut is the part of Heavy the split holds light, cut (the admin
 	// API's seq_share_cut, traces, the model's ablation).
@@ -179,7 +185,7 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	for _, td := range mine.Tenants {
 		switch c := sp.byName[td.Tenant]; {
 		case c == nil:
-		case c.light && c.cut && (waitsElsewhere || td.Stands):
+		case c.light && c.cut && (waitsElsewhere || (td.Stands && c.partAt(self) >= 1000)):
 			out.Heavy = append(out.Heavy, td.Tenant)
 			out.Cut = append(out.Cut, td.Tenant)
 		case c.light:
@@ -398,6 +404,22 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 		out[id] = int64(math.Round(v))
 	}
 	return out, len(heavy) > 0, waiting && len(heavy) > 0
+}
+
+// partAt is c's part of the batch at instance self, in thousandths: its
+// part split by its claims there (as split does).
+func (c *shareClaim) partAt(self string) float64 {
+	total, here := 0.0, 0.0
+	for _, p := range c.parts {
+		total += p.claim
+		if p.instance == self {
+			here += p.claim
+		}
+	}
+	if total <= 0 {
+		return 0
+	}
+	return c.alloc * here / total
 }
 
 // lightWaitsBeside reports whether a tenant the split holds light has

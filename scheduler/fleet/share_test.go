@@ -421,6 +421,13 @@ func TestCutLightTenantBound(t *testing.T) {
 	assert.Equal(t, []string{"loop"}, r.split.Load().Cut)
 	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
 	assert.Nil(t, rep, "at its cap")
+	// Standing, but its part here below one request (weight 1 to v's 20:
+	// 6/21 of a request): bound, it would start nothing.
+	standing[0].Weight = 1
+	other20 := map[string][]peers.Entry{"r": {{Instance: "b", Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 20, Load: 1300, Claim: 6000}}}}}
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, other20)
+	assert.Empty(t, r.split.Load().Cut, "a part below one request")
+	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody bound: no cap")
 	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
 	bound, cut = r.Bound()
 	assert.Nil(t, bound, "no split")

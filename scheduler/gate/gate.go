@@ -618,19 +618,19 @@ func (g *Gate) Asked(tenant string) (float64, bool) {
 }
 
 // Stands reports whether the gate lets tenant through as no flood while
-// it holds requests and its queue has stood for server.standing_queue, at
-// the last assessment: heavy by its demand, within its weighted share by
-// its arrivals (noFlood), the state in which decide bounds it at that
-// share, holding it by the reserve past it. The reserve keeps room only
-// for this instance's light tenants, so where they are at another
-// instance of a fleet the share split binds such a tenant instead
-// (fleet.SplitPool). A closed-loop flood reads so: its arrivals are its
-// completions, within any share it is given. One holding nothing does
-// not: its queue stands because others hold the room, as a light
-// tenant's starved behind a flood does.
+// its queue has stood for server.standing_queue, at the last assessment:
+// heavy by its demand, within its weighted share by its arrivals
+// (noFlood), the state in which decide bounds it at that share, holding
+// it by the reserve past it. The reserve keeps room only for this
+// instance's light tenants, so where they are at another instance of a
+// fleet the share split binds such a tenant instead (fleet.SplitPool). A
+// closed-loop flood reads so: its arrivals are its completions, within
+// any share it is given. So does a light tenant starved behind one, its
+// queue standing because others hold the room: the split binds only
+// where its part is a request or more, which binding cannot starve.
 func (g *Gate) Stands(tenant string) bool {
 	m := g.mem[tenant]
-	if m == nil || !m.heavy || m.held <= 0 || m.queuedSince == 0 || g.NoStanding {
+	if m == nil || !m.heavy || m.queuedSince == 0 || g.NoStanding {
 		return false
 	}
 	return g.snap.at-m.queuedSince >= int64(g.standingFor()) && g.noFlood(m, m.held)

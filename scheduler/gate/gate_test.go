@@ -725,10 +725,10 @@ func TestSurgeHeavyOnlyWhileItReads(t *testing.T) {
 
 // TestStands: a closed loop let through below its weighted share while
 // its queue has stood stands (the share split across instances binds it
-// at its part, fleet.SplitPool); one whose queue has not stood for
-// server.standing_queue, one holding nothing (its queue stands because
-// others hold the room), and one held at its share by the reserve as a
-// flood do not.
+// at its part, fleet.SplitPool), holding requests or none (held at none
+// by its instance's cap, or starved: the split tells them apart by its
+// part); one whose queue has not stood for server.standing_queue and one
+// held at its share by the reserve as a flood do not.
 func TestStands(t *testing.T) {
 	run := func(held int64, opts Options, standing ...time.Duration) bool {
 		g := &Gate{Options: opts}
@@ -740,7 +740,7 @@ func TestStands(t *testing.T) {
 	}
 	assert.True(t, run(3, Options{}), "3 held, below its share of 4, its queue standing 30 s")
 	assert.False(t, run(3, Options{}, 40*time.Second), "its queue has stood 30 s of server.standing_queue's 40")
-	assert.False(t, run(0, Options{}), "holding nothing: starved, not let through")
+	assert.True(t, run(0, Options{}), "holding nothing, its queue standing")
 	assert.False(t, run(4, Options{}), "at its share: the reserve holds it as a flood")
 	assert.False(t, run(3, Options{NoStanding: true}), "no standing rule")
 	var g Gate
