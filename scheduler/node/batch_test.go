@@ -254,7 +254,7 @@ func TestLightTenantAtAnotherInstance(t *testing.T) {
 // gate reads it as no flood and its report reads light to the split;
 // unless its standing queue binds it (gate.Gate.Stands), it takes the
 // light tenants' room between their queues (sent 20–50 s in, 50 s runs:
-// p99 191–203 ms unbound, 11–14 ms bound). The bounds below hold the
+// p99 185–213 ms unbound, 11–14 ms bound). The bounds below hold the
 // whole run's p50 and p90, the p90 after the onset and the p99 after
 // 20 s.
 func TestLightTenantsAtAnotherInstance(t *testing.T) {
