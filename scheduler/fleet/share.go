@@ -185,7 +185,7 @@ func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, ot
 	for _, td := range mine.Tenants {
 		switch c := sp.byName[td.Tenant]; {
 		case c == nil:
-		case c.light && c.cut && (waitsElsewhere || (td.Stands && c.partAt(self) >= 1000)):
+		case c.light && c.cut && (waitsElsewhere || (td.Stands && c.here >= 1000)):
 			out.Heavy = append(out.Heavy, td.Tenant)
 			out.Cut = append(out.Cut, td.Tenant)
 		case c.light:
@@ -305,6 +305,7 @@ type shareClaim struct {
 	light  bool
 	cut    bool    // light, given less than its claim: the light claims do not fit
 	queued float64 // the part of claim queued, summed
+	here   float64 // its part at the splitting instance (split's self)
 }
 
 type sharePart struct {
@@ -394,7 +395,11 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 			total += p.claim
 		}
 		for _, p := range c.parts {
-			f[p.instance] += c.alloc * p.claim / total
+			part := c.alloc * p.claim / total
+			f[p.instance] += part
+			if p.instance == self {
+				c.here += part
+			}
 		}
 		given += c.alloc
 	}
@@ -404,22 +409,6 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 		out[id] = int64(math.Round(v))
 	}
 	return out, len(heavy) > 0, waiting && len(heavy) > 0
-}
-
-// partAt is c's part of the batch at instance self, in thousandths: its
-// part split by its claims there (as split does).
-func (c *shareClaim) partAt(self string) float64 {
-	total, here := 0.0, 0.0
-	for _, p := range c.parts {
-		total += p.claim
-		if p.instance == self {
-			here += p.claim
-		}
-	}
-	if total <= 0 {
-		return 0
-	}
-	return c.alloc * here / total
 }
 
 // lightWaitsBeside reports whether a tenant the split holds light has

@@ -72,8 +72,9 @@ type ReplicaStatus struct {
 	// SeqShareBinds is this instance's tenants the cap binds, from the
 	// last split: those it holds heavy, and those of them in SeqShareCut,
 	// light tenants it gives less than their claim while a light tenant
-	// at another instance waits (SCHEDULING §9). Light tenants not
-	// listed compete for any room.
+	// at another instance waits, or whose own gate lets them through as
+	// no flood with a standing queue where their part is a request or
+	// more (SCHEDULING §9). Light tenants not listed compete for any room.
 	SeqShareBinds []string `json:"seq_share_binds,omitempty"`
 	SeqShareCut   []string `json:"seq_share_cut,omitempty"`
 	// Sizing is where capacity_tokens comes from: "kv" (the replica's
