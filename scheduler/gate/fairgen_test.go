@@ -2018,6 +2018,12 @@ func TestFairgenStandsBound(t *testing.T) {
 //   - Two floods on a batch of eight and nothing light: nothing is
 //     reserved, and the replica is as busy as vLLM alone keeps it, on one
 //     instance and on two.
+//   - A closed loop of three clients on that batch (under its share, so
+//     light) beside a flood: a steady tenant has no Poisson noise to
+//     reserve (steadyVar); reserved as a Poisson count's, it kept the flood
+//     from even its floor request and the replica decoded 0.48 of vLLM
+//     alone's. Across two instances the split still reserves its claim's
+//     Poisson margin (0.63).
 //   - Isolation row b: three Poisson tenants asking 0.6 of a batch of 32
 //     between them, each under its share, beside a flood. Their reserve
 //     (their pooled forecast and peaks, two deviations over) covers about
@@ -2031,14 +2037,24 @@ func TestFairgenBusy(t *testing.T) {
 		require.True(t, ok)
 		return r, h
 	}
+	mk := func(instances int, opts gate.Options, second fgTenant) *fgScenario {
+		second.inst = instances - 1
+		return &fgScenario{seed: 1, batch: 8, configured: 8, step: 20 * time.Millisecond, outLo: 50, outHi: 150,
+			scrape: time.Second, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second,
+			instances: instances, gateOpts: opts, tenants: []fgTenant{{name: "flood", weight: 1, rate: 20, burst: 1}, second}}
+	}
 	for _, n := range []int{1, 2} {
-		sc := &fgScenario{seed: 1, batch: 8, configured: 8, step: 20 * time.Millisecond, outLo: 50, outHi: 150,
-			scrape: time.Second, maxWait: 60 * time.Second, duration: 40 * time.Second, warmup: 5 * time.Second, instances: n,
-			tenants: []fgTenant{{name: "flood", weight: 1, rate: 20, burst: 1}, {name: "flood2", weight: 2, rate: 10, burst: 1, inst: n - 1}}}
-		r, _ := busy(sc)
+		r, _ := busy(mk(n, gate.Options{}, fgTenant{name: "flood2", weight: 2, rate: 10, burst: 1}))
 		t.Logf("two floods, %d instance(s): busy %.3f of vLLM alone's", n, r)
 		assert.GreaterOrEqual(t, r, 0.99)
 	}
+	loop := fgTenant{name: "loop", weight: 1, loop: 3}
+	with, _ := busy(mk(1, gate.Options{}, loop))
+	without, _ := busy(mk(1, gate.Options{NoSteady: true}, loop))
+	two, _ := busy(mk(2, gate.Options{}, loop))
+	t.Logf("a closed loop of three beside a flood: busy %.3f of vLLM alone's, %.3f reserving its Poisson noise; %.3f across two instances", with, without, two)
+	assert.GreaterOrEqual(t, with, 0.8)
+	assert.Less(t, without, 0.6)
 	for seed := range uint64(5) {
 		r, h := busy(fgIsolationRow(seed+1, 32, fgLearn))
 		t.Logf("isolation row b, draw %d: busy %.3f of vLLM alone's, the flood %.3f of the room left", seed+1, r, h)

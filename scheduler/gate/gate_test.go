@@ -408,11 +408,13 @@ func TestBurstyTenantIsNoFlood(t *testing.T) {
 
 // lightSample is the i-th 100 ms sample of the light tenants of
 // TestFloodAfterIdleIsHeld and floodAfterMinute: 28 sequences held for
-// their first 10 s (the peak kept for them), 20 from then, 8 requests a
-// second of 2.56 s each.
+// their first 10 s (the peak kept for them), from then 20 on average,
+// moving between 18 and 22 as Poisson tenants' counts do (held at exactly
+// their arrivals' load they would be a steady tenant, steadyVar), 8
+// requests a second of 2.56 s each.
 func lightSample(l *TenantLoad, i int) {
-	if i == 100 {
-		l.Held = 20
+	if i >= 100 {
+		l.Held = 18 + int64(i%5)
 	}
 	if i%10 == 0 {
 		l.Arrived += 8
@@ -776,4 +778,45 @@ func standingLoop(t *testing.T, g *Gate, held int64) (int64, []TenantLoad, Fleet
 	require.True(t, st.Heavy)
 	require.False(t, st.Sustained, "its arrivals offer 3 of 8, its share is 4")
 	return now, loads, f
+}
+
+// TestSteadyTenantReservesNoNoise: a light tenant holding three of eight
+// sequences whose arrivals over the hold offer exactly that (a closed
+// loop of three, 2 a second of 1.5 s) is steady: the flood beside it must
+// leave no room beyond what it holds, so it gets its floor request and,
+// holding that, the rest. Reserved as a Poisson count's, the noise of the
+// three (3·√(3/8 · 1/8) ≈ 0.65 of the pool for the floor, 2·√… ≈ 0.43
+// beyond the peak) kept the flood out of the two free sequences. A tenant
+// holding three that arrives at half that pace (its load 1.5, its peak 3)
+// is no steady tenant and keeps its margin.
+func TestSteadyTenantReservesNoNoise(t *testing.T) {
+	run := func(opts Options, perSecond int64, floodHeld int64) float64 {
+		g := Gate{Options: opts}
+		loads := []TenantLoad{
+			{Name: "flood", Weight: 1, Held: floodHeld, Queued: 100},
+			{Name: "loop", Weight: 1, Held: 3},
+		}
+		f := FleetLoad{Seqs: 3 + floodHeld, SeqsCap: 8, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 600 { // 60 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			if i%10 == 0 {
+				loads[1].Arrived += perSecond
+				loads[1].Served += perSecond
+				loads[1].ServedSec += 1.5 * float64(perSecond)
+				loads[0].Arrived += 10 // the flood: 10 a second
+			}
+			g.Assess(now, loads, 1, f, 0)
+		}
+		light, reserve := g.Assess(now, loads, 0, f, 0)
+		require.False(t, light, "the flood")
+		return reserve
+	}
+	// Its long-run rate reads a little below its pace (the hold's
+	// correction for a tenant seen a minute): a few hundredths of a request.
+	assert.Less(t, run(Options{}, 2, 0), 0.2/8, "the floor request: no noise kept")
+	assert.Less(t, run(Options{}, 2, 1), 0.2/8, "beyond the floor: its peak, all of it held")
+	assert.InDelta(t, 3*math.Sqrt(3.0/8/8), run(Options{NoSteady: true}, 2, 0), 1e-9, "as a Poisson count: the floor waits")
+	assert.InDelta(t, 2*math.Sqrt(3.0/8/8), run(Options{NoSteady: true}, 2, 1), 1e-9)
+	assert.InDelta(t, 2*math.Sqrt(3.0/8/8), run(Options{}, 1, 1), 1e-9, "half the pace: its load is below its peak")
 }
