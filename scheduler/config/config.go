@@ -116,6 +116,18 @@ func (s *Server) Margin() float64 {
 	return *s.ReserveMargin
 }
 
+// DefaultReserveCap is server.reserve_cap's default: the whole pool may be
+// kept free for the light tenants.
+const DefaultReserveCap = 1.0
+
+// Cap is server.reserve_cap, its default where unset.
+func (s *Server) Cap() float64 {
+	if s.ReserveCap == nil {
+		return DefaultReserveCap
+	}
+	return *s.ReserveCap
+}
+
 // DefaultLearnRamp is upstream.learn_ramp's default.
 const DefaultLearnRamp = 0.5
 
@@ -296,6 +308,12 @@ type Server struct {
 	// shared by several instances too, so instances that share replicas
 	// set it alike. 0: the peak alone. Default 2.
 	ReserveMargin *float64 `yaml:"reserve_margin"`
+	// ReserveCap is the most of a pool heavy tenants leave free for the
+	// light tenants (their reserve: peaks, margin, headroom, beyond what
+	// they hold), as a fraction of the pool: what the light tenants'
+	// isolation may cost the heavy tenants in idle sequences. 1: no cap;
+	// 0: none kept. Default 1.
+	ReserveCap *float64 `yaml:"reserve_cap"`
 	// Cost of a request for fair share: unit tokens (w_in·in + w_out·out)
 	// or gpu_ms. Defaults tokens, 1, 2.
 	Cost Cost `yaml:"cost"`
@@ -640,6 +658,10 @@ func (f *File) applyDefaults() {
 	if s.ReserveMargin == nil {
 		v := DefaultReserveMargin
 		s.ReserveMargin = &v
+	}
+	if s.ReserveCap == nil {
+		v := DefaultReserveCap
+		s.ReserveCap = &v
 	}
 	def(&s.Cost.Unit, "tokens")
 	def(&s.Cost.WIn, 1)

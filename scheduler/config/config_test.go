@@ -282,6 +282,26 @@ func TestReserveMarginKey(t *testing.T) {
 	assert.Equal(t, DefaultReserveMargin, (&Server{}).Margin(), "unset, as before defaults")
 }
 
+// server.reserve_cap: its default (no cap), an explicit 0 kept (nothing
+// kept free), and a refusal naming the key.
+func TestReserveCapKey(t *testing.T) {
+	t.Parallel()
+	f, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, f.Server.Cap())
+	for v, want := range map[string]float64{"0": 0, "0.1": 0.1, "1": 1} {
+		f, err = Parse([]byte("server: {reserve_cap: " + v + "}\n" + minimal))
+		require.NoError(t, err, v)
+		assert.Equal(t, want, f.Server.Cap(), v)
+	}
+	for _, bad := range []string{"-0.1", "1.5"} {
+		_, err = Parse([]byte("server: {reserve_cap: " + bad + "}\n" + minimal))
+		require.Error(t, err, bad)
+		assert.Contains(t, err.Error(), "server.reserve_cap", bad)
+	}
+	assert.Equal(t, DefaultReserveCap, (&Server{}).Cap(), "unset, as before defaults")
+}
+
 // upstream.learn_ramp and upstream.take_back_waiting: their defaults, an
 // explicit 0 and false kept, and a refusal naming the ramp's key.
 func TestLearnRampAndTakeBackKeys(t *testing.T) {

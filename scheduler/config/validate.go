@@ -160,6 +160,7 @@ func (f *File) Validate() error {
 	v.positiveDur("server.reserve_hold", s.ReserveHold)
 	v.positiveDur("server.standing_queue", s.StandingQueue)
 	v.rangeF("server.reserve_margin", s.Margin(), 0, 8)
+	v.rangeF("server.reserve_cap", s.Cap(), 0, 1)
 	v.oneOf("server.cost.unit", s.Cost.Unit, "tokens", "gpu_ms")
 	v.nonNeg("server.cost.w_in", s.Cost.WIn)
 	v.positive("server.cost.w_out", s.Cost.WOut)

@@ -273,6 +273,7 @@ type fgScenario struct {
 	warmup     time.Duration
 	tenants    []fgTenant
 	gateOpts   gate.Options // the gate's switches (zero: the gate Sluice runs)
+	reserveCap float64      // the gate's Cap (server.reserve_cap; 0: its default)
 	// instances is how many Sluice instances of a Redis fleet share the
 	// replica (0 or 1: one), each tenant sending to its fgTenant.inst.
 	instances int
@@ -736,7 +737,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 	// drawn against it mean the same.
 	repBatch, repKV := sc.batch/int64(nReps), sc.kv/int64(nReps)
 	for i := range insts {
-		in := &fgInst{g: gate.Gate{Options: sc.gateOpts}, loads: make([]gate.TenantLoad, 0, len(ts))}
+		in := &fgInst{g: gate.Gate{Options: sc.gateOpts, Cap: sc.reserveCap}, loads: make([]gate.TenantLoad, 0, len(ts))}
 		cfg := queue.Config{MaxWait: sc.maxWait}
 		for _, tn := range ts {
 			if tn.inst == i {
@@ -2060,5 +2061,48 @@ func TestFairgenBusy(t *testing.T) {
 		t.Logf("isolation row b, draw %d: busy %.3f of vLLM alone's, the flood %.3f of the room left", seed+1, r, h)
 		assert.InDelta(t, 0.62, r, 0.07)
 		assert.Greater(t, h, 0.03)
+	}
+}
+
+// TestFairgenReserveCap: server.reserve_cap trades the light tenants'
+// tails for the heavy tenants' throughput, on isolation row b's shape
+// (draws 1–5), where the victims' reserve covers the pool and the flood
+// runs at its floor. Capped at 0.05 of the pool the flood takes nine
+// tenths of the room the victims leave (the isolation goal's second
+// half), the replica is nearly as busy as vLLM alone keeps it, and the
+// victims' median TTFT is unchanged while their p99 grows to a wait for
+// a completion or two.
+func TestFairgenReserveCap(t *testing.T) {
+	victims := func(r fgResult) (p50, p99 time.Duration) {
+		var all []time.Duration
+		for _, tn := range r.tenants {
+			if tn.light {
+				all = append(all, tn.ttft...)
+			}
+		}
+		return pct(all, 0.5), pct(all, 0.99)
+	}
+	everyone := func(*fgTenant) bool { return true }
+	for seed := range uint64(5) {
+		for _, c := range []struct {
+			cap                 float64
+			busy, heavy         float64 // at least
+			heavyBelow, p99Over float64 // at most, and p99 at least (s)
+		}{
+			{cap: 0, busy: 0.55, heavy: 0.03, heavyBelow: 0.15},
+			{cap: 0.05, busy: 0.95, heavy: 0.85, heavyBelow: 1, p99Over: 0.1},
+		} {
+			sc := fgIsolationRow(seed+1, 32, fgLearn)
+			sc.reserveCap = c.cap
+			busy, heavy, ok := fgBusy(t, sc)
+			require.True(t, ok)
+			p50, p99 := victims(sc.run(t, everyone, false))
+			t.Logf("draw %d, cap %v: busy %.3f of vLLM alone's, the flood %.3f of the room left; victims p50 %v p99 %v", seed+1, c.cap, busy, heavy, p50, p99)
+			assert.GreaterOrEqual(t, busy, c.busy)
+			assert.GreaterOrEqual(t, heavy, c.heavy)
+			assert.LessOrEqual(t, heavy, c.heavyBelow)
+			assert.Equal(t, sc.step, p50, "a victim's median request never waits")
+			assert.GreaterOrEqual(t, p99.Seconds(), c.p99Over)
+		}
 	}
 }

@@ -85,13 +85,6 @@ const defaultStandingQueue = 5 * time.Second
 // long-run rate alone, 427 / 415 / 410 / 375 / 409).
 const burstyShare = 0.5
 
-// steadyFrac bounds a steady light tenant (steadyVar): its demand peak is
-// above its long-run load by less than this part of a Poisson deviation
-// of the peak. A Poisson tenant's peak over the peak window is two or
-// three deviations above its mean, and one sending a request now and then
-// peaks a whole request above it.
-const steadyFrac = 0.25
-
 // forecastWindow is the time constant of the arrival rate behind the light
 // tenants' forecast: a few seconds of arrivals, so that a tenant that
 // starts is forecast within about one service time.
@@ -170,11 +163,15 @@ type Gate struct {
 	// the reserve's margin over the light tenants' peak, in Poisson
 	// standard deviations. 0: burstK; negative: none.
 	Margin float64
-	mem    map[string]*gateMem
-	cls    []gateCls // reused by Assess
-	idx    []int     // reused by waterLevel
-	snap   gateSnap  // the last full assessment
-	svc    float64   // mean service time on the pool (s), 0 unknown
+	// Cap is server.reserve_cap, set by the caller before Assess: the most
+	// of the pool the reserve keeps free. 0: the whole pool; negative:
+	// none.
+	Cap  float64
+	mem  map[string]*gateMem
+	cls  []gateCls // reused by Assess
+	idx  []int     // reused by waterLevel
+	snap gateSnap  // the last full assessment
+	svc  float64   // mean service time on the pool (s), 0 unknown
 	// fleetSvc is FleetLoad.Svc at the last assessment: the replicas' own
 	// mean service time, whoever sent what they completed.
 	fleetSvc float64
@@ -700,7 +697,7 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 		// time. One per pool, not per heavy tenant: two floods each keeping
 		// one in flight took half of a four-sequence batch from light
 		// tenants whose peaks were reserved.
-		return false, min(floorK*math.Sqrt(sn.heldVar), 1)
+		return false, min(floorK*math.Sqrt(sn.heldVar), g.reserveCap())
 	}
 	// The peak plus its Poisson noise (k·√(peak/s) requests of size s) covers a
 	// burst a little above the recent ones.
@@ -712,30 +709,16 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 	if sn.others {
 		reserve = max(reserve, sn.minReserve)
 	}
-	return false, min(max(reserve, 0), 1)
+	return false, min(max(reserve, 0), g.reserveCap())
 }
 
-// steadyVar is the variance of a steady light tenant's demand, as a
-// fraction of the pool, in place of a Poisson count's (size·peak): a
-// closed loop's fixed clients or a batch job's workers ask what they hold
-// and never more, so their peak over the peak window is their long-run
-// load (arrivals over server.reserve_hold times the service time), and
-// the margin a Poisson tenant needs over its peak would be room they
-// cannot use. Beside a flood on a batch of eight a loop of three that
-// reads light was kept 1.7 sequences of noise for its floor request
-// alone, and the flood ran nothing while the replica decoded 0.48 of
-// what vLLM alone did (TestFairgenBusy). ok is false for any other
-// tenant: its peak is above its load by steadyFrac of a deviation or
-// more.
-func (g *Gate) steadyVar(m *gateMem, peak float64, nowN int64, hold time.Duration) (v float64, ok bool) {
-	if g.NoSteady || peak <= 0 {
-		return 0, false
+// reserveCap is the most of the pool a heavy tenant must leave free
+// (Cap): what the light tenants' isolation may cost it.
+func (g *Gate) reserveCap() float64 {
+	if g.Cap != 0 {
+		return max(g.Cap, 0)
 	}
-	d := max(peak-m.longRateNow(nowN, hold)*g.svcOf(m)*m.size, 0)
-	if d*d >= steadyFrac*steadyFrac*m.size*peak {
-		return 0, false
-	}
-	return d * d, true
+	return 1
 }
 
 // noFlood reports whether a heavy tenant, as m classifies it holding the

@@ -132,6 +132,17 @@ func TestAssessReservesTheLightPeakAndItsNoise(t *testing.T) {
 	now, loads = floodBeside(&g4, 28)
 	_, reserve = g4.Assess(now, loads, 0, f, 0)
 	assert.InDelta(t, 8.0/32, reserve, 1e-12, "peak 4/32 + 4·√(4)/32 − held 4/32")
+
+	// server.reserve_cap bounds it, headroom included; negative (0 in
+	// the configuration) keeps nothing free.
+	gc := Gate{Cap: 0.1}
+	now, loads = floodBeside(&gc, 28)
+	_, reserve = gc.Assess(now, loads, 0, f, 0.2)
+	assert.InDelta(t, 0.1, reserve, 1e-12)
+	g0 := Gate{Cap: -1}
+	now, loads = floodBeside(&g0, 28)
+	_, reserve = g0.Assess(now, loads, 0, f, 0.2)
+	assert.Zero(t, reserve)
 }
 
 // TestAssessNoiseInTheRequestsThePoolHolds: on a pool whose KV cache
@@ -509,6 +520,11 @@ func TestAssessFloorLetsOneHeavyRequestRun(t *testing.T) {
 	now, loads = floodBeside(&g2, 0)
 	_, reserve = g2.Assess(now, loads, 0, f, 0)
 	assert.InDelta(t, 4.0/32, reserve, 1e-12, "peak 4/32 + 2·√(4)/32 − held 4/32")
+
+	gc := Gate{Cap: 0.05} // server.reserve_cap
+	now, loads = floodBeside(&gc, 0)
+	_, reserve = gc.Assess(now, loads, 0, f, 0)
+	assert.InDelta(t, 0.05, reserve, 1e-12, "the floor's room for noise, capped")
 }
 
 // TestFreshReusesTheAssessmentForAMillisecond: within assessEvery of the

@@ -306,12 +306,12 @@ func (pl *Pool) Load(tenant string, weight float64) TenantLoad {
 
 // Assess is the pool's Gate.Assess of cand among n tenants, the i-th's
 // name and weight from tenant(i) (the policy's order), with Hold set to
-// hold, Standing to standing and Margin to margin (server.reserve_margin,
-// 0 none): light, or heavy and the fraction of the pool it must leave
-// free.
+// hold, Standing to standing, Margin to margin (server.reserve_margin,
+// 0 none) and Cap to maxReserve (server.reserve_cap, 0 none kept free):
+// light, or heavy and the fraction of the pool it must leave free.
 // A cand not among them (removed by a reload) is light with nothing
 // reserved: its queued work drains freely.
-func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (string, float64), f FleetLoad, hold, standing time.Duration, minReserve, margin float64) (light bool, reserve float64) {
+func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (string, float64), f FleetLoad, hold, standing time.Duration, minReserve, margin, maxReserve float64) (light bool, reserve float64) {
 	loads := pl.loads[:0]
 	at := -1
 	for i := range n {
@@ -325,6 +325,10 @@ func (pl *Pool) Assess(nowN int64, cand string, n int, tenant func(i int) (strin
 	pl.Gate.Hold, pl.Gate.Standing, pl.Gate.Margin = hold, standing, margin
 	if margin <= 0 {
 		pl.Gate.Margin = -1 // Gate's zero is the default
+	}
+	pl.Gate.Cap = maxReserve
+	if maxReserve <= 0 {
+		pl.Gate.Cap = -1
 	}
 	if at < 0 {
 		return true, 0

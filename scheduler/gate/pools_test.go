@@ -151,7 +151,7 @@ func TestPoolAssessSetsTheMargin(t *testing.T) {
 	pl := p.PoolLocked(k)
 	one := func(int) (string, float64) { return "x", 1 }
 	for _, tc := range []struct{ margin, want float64 }{{3, 3}, {0, -1}, {BurstK, BurstK}} {
-		pl.Assess(1, "x", 1, one, FleetLoad{SeqsCap: 4, TokensCap: 1 << 20}, 0, 0, 0, tc.margin)
+		pl.Assess(1, "x", 1, one, FleetLoad{SeqsCap: 4, TokensCap: 1 << 20}, 0, 0, 0, tc.margin, 1)
 		assert.Equal(t, tc.want, pl.Gate.Margin, "margin %v", tc.margin)
 		assert.Equal(t, max(tc.margin, 0), pl.Gate.burstK())
 	}

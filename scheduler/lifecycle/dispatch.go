@@ -160,7 +160,7 @@ func (e *Engine) belowFairShare(c *call, f gate.FleetLoad) (light bool, reserve 
 	}
 	return pl.Assess(nowN, c.t.Name, len(pol.Order), func(i int) (string, float64) {
 		return pol.Order[i].Name, float64(pol.Order[i].Cfg.Weight)
-	}, f, pol.Cfg.Server.ReserveHold, pol.Cfg.Server.StandingQueue, pol.Cfg.Server.Headroom, pol.Cfg.Server.Margin())
+	}, f, pol.Cfg.Server.ReserveHold, pol.Cfg.Server.StandingQueue, pol.Cfg.Server.Headroom, pol.Cfg.Server.Margin(), pol.Cfg.Server.Cap())
 }
 
 // movePool counts c at to in its pool's load. The request goroutine's own:

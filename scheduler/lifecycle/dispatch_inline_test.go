@@ -181,28 +181,33 @@ func TestQueuedCallFollowsItsPool(t *testing.T) {
 	s.movePool(c, gate.SpotNone)
 }
 
-// server.reserve_margin reaches the pool's gate at each assessment, a
-// reload's value from the next dispatch, 0 as no margin (not the gate's
-// default), and its default is the gate's.
+// server.reserve_margin and server.reserve_cap reach the pool's gate at
+// each assessment, a reload's values from the next dispatch, 0 as none
+// (not the gate's default), and the margin's default is the gate's.
 func TestReserveMarginReachesTheGate(t *testing.T) {
 	assert.Equal(t, gate.BurstK, config.DefaultReserveMargin)
 	synctest.Test(t, func(t *testing.T) {
 		led := lifecycletest.NewLedger(t)
 		up := &lifecycletest.Upstream{Out: 2}
-		s := newTestEngine(t, lifecycletest.Config(t, "server: {reserve_margin: 0.5}\n", ""), led, up)
+		s := newTestEngine(t, lifecycletest.Config(t, "server: {reserve_margin: 0.5, reserve_cap: 0.3}\n", ""), led, up)
 		s.loopOnly = false
-		margin := func() float64 {
+		gateOf := func() (margin, maxReserve float64) {
 			s.pools.Lock()
 			defer s.pools.Unlock()
-			return s.pools.PoolLocked(s.reps.PoolKeyOf("m")).Gate.Margin
+			g := &s.pools.PoolLocked(s.reps.PoolKeyOf("m")).Gate
+			return g.Margin, g.Cap
 		}
 		_, err := serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
 		require.NoError(t, err)
-		assert.Equal(t, 0.5, margin())
-		reloadPolicy(t, s, lifecycletest.Config(t, "server: {reserve_margin: 0}\n", ""))
+		margin, maxReserve := gateOf()
+		assert.Equal(t, 0.5, margin)
+		assert.Equal(t, 0.3, maxReserve)
+		reloadPolicy(t, s, lifecycletest.Config(t, "server: {reserve_margin: 0, reserve_cap: 0}\n", ""))
 		time.Sleep(time.Second) // past the gate's reuse of its last assessment (assessEvery)
 		_, err = serve(context.Background(), s, admission{body: lifecycletest.ChatBody("")})
 		require.NoError(t, err)
-		assert.Equal(t, -1.0, margin(), "0: the peak alone")
+		margin, maxReserve = gateOf()
+		assert.Equal(t, -1.0, margin, "0: the peak alone")
+		assert.Equal(t, -1.0, maxReserve, "0: nothing kept free")
 	})
 }

@@ -71,7 +71,7 @@ func makeHeavy(t *testing.T, e *Engine) {
 	pl := e.pools.PoolLocked(key)
 	now := e.now().UnixNano()
 	for _, dt := range []time.Duration{0, 10 * time.Second} {
-		pl.Assess(now+int64(dt), "acme", len(pol.Order), names, gate.FleetLoad{Seqs: 3, SeqsCap: 1, TokensCap: 1 << 40}, 0, 0, 0, gate.BurstK)
+		pl.Assess(now+int64(dt), "acme", len(pol.Order), names, gate.FleetLoad{Seqs: 3, SeqsCap: 1, TokensCap: 1 << 40}, 0, 0, 0, gate.BurstK, 1)
 	}
 	require.False(t, pl.Gate.WithinShare("acme", 1), "acme is above its share")
 }
