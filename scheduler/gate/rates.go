@@ -218,10 +218,11 @@ const steadyFrac = 0.25
 // and never more, so their peak over the peak window is their long-run
 // load (arrivals over server.reserve_hold times the service time), and
 // the margin a Poisson tenant needs over its peak would be room they
-// cannot use. Beside a flood on a batch of eight a loop of three that
-// reads light was kept 1.7 sequences of noise for its floor request
-// alone, and the flood ran nothing while the replica decoded 0.48 of
-// what vLLM alone did (TestFairgenBusy). ok is false for any other
+// cannot use. Beside a flood on a batch of eight, a loop of three that
+// reads light held the flood's floor request off for three deviations of
+// what it held (five sequences, with two free), and the flood ran nothing
+// while the replica decoded 0.48 of what vLLM alone did
+// (TestFairgenBusy). ok is false for any other
 // tenant: its peak is above its load by steadyFrac of a deviation or
 // more.
 func (g *Gate) steadyVar(m *gateMem, peak float64, nowN int64, hold time.Duration) (v float64, ok bool) {
