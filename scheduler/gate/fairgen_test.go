@@ -84,7 +84,12 @@ var (
 	// fairgenInstances sets every seed's instance count instead of drawing it.
 	fairgenInstances = flag.String("fairgen.instances", "", "instances in front of the replica for every seed: 1 or 2 (empty: drawn per seed)")
 	fairgenLoops     = flag.String("fairgen.loops", "", "heavy tenants as closed loops for every seed: on or off (empty: drawn per tenant)")
-	fairgenReplicas  = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
+	// fairgenLightLoops makes every light tenant a closed loop of the
+	// clients that offer its drawn rate (at least one): steady tenants,
+	// whose demand is their clients (gate's steadyVar). Off by default, so
+	// that a seed draws what it always has.
+	fairgenLightLoops = flag.Bool("fairgen.lightloops", false, "every light tenant a closed loop offering its drawn rate")
+	fairgenReplicas   = flag.String("fairgen.replicas", "", "replicas the batch is split over for every seed: 1 or 2 (empty: drawn per seed)")
 	// fairgenOnset starts every heavy tenant late (fgScenario.lateOnset),
 	// trickling first with trickle.
 	fairgenOnset = flag.String("fairgen.onset", "", "heavy tenants' start for every seed: late (known to the gate, silent, then flooding), trickle (sending a request every few seconds before) or empty (from the start)")
@@ -512,6 +517,11 @@ func genScenarioAt(seed uint64, d fgDraw) *fgScenario {
 			case "off":
 				t.loop = 0
 			}
+		}
+	}
+	for i := range sc.tenants {
+		if t := &sc.tenants[i]; t.light && *fairgenLightLoops {
+			t.loop = max(1, int(math.Round(t.rate*svc)))
 		}
 	}
 	if replicas == "" {

@@ -390,6 +390,10 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 	// the pool: a count of mean μ requests of size s each is a fraction
 	// of mean s·μ and variance s·(s·μ).
 	var peakVar, forecastVar, heldVar float64
+	// What steady light tenants' clients will ask back of what they do
+	// not hold now (their peak less their held): their requests'
+	// successors, not noise.
+	var steadyGap float64
 	others, lightWaiting := false, false
 	present, sole := 0, ""
 	var presentW float64
@@ -469,6 +473,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		vp, vf, vh := m.size*peak, m.size*f, m.size*x.held
 		if v, ok := g.steadyVar(m, peak, nowN, hold); ok {
 			vp, vf, vh = v, v, v
+			steadyGap += max(peak-x.held, 0)
 		}
 		peakVar += vp
 		if !g.NoForecast {
@@ -510,7 +515,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		m.sustained = g.NoSustain || svc == 0 || presentW == 0 || (m.offered > m.share && !m.bursty)
 	}
 	g.snap = gateSnap{at: nowN, level: level, lightPeak: lightPeak, lightForecast: lightForecast, lightHeld: lightHeld, backlogNeed: backlogNeed,
-		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar,
+		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar, steadyGap: steadyGap,
 		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, minReserve: minReserve,
 		present: present, sole: sole, ok: true}
 	return g.decide(g.mem[loads[cand].Name], cs[cand].held)
@@ -527,6 +532,7 @@ type gateSnap struct {
 	// The variances of the light tenants' peak, forecast and held counts,
 	// as fractions of the pool.
 	peakVar, forecastVar, heldVar float64
+	steadyGap                     float64 // Assess's: kept for a steady tenant's next request
 	others, lightWaiting          bool
 	minReserve                    float64
 	// present counts the tenants with demand or a demand peak kept (they
@@ -697,7 +703,7 @@ func (g *Gate) decide(m *gateMem, held float64) (light bool, reserve float64) {
 		// time. One per pool, not per heavy tenant: two floods each keeping
 		// one in flight took half of a four-sequence batch from light
 		// tenants whose peaks were reserved.
-		return false, min(floorK*math.Sqrt(sn.heldVar), g.reserveCap())
+		return false, min(floorK*math.Sqrt(sn.heldVar)+sn.steadyGap, g.reserveCap())
 	}
 	// The peak plus its Poisson noise (k·√(peak/s) requests of size s) covers a
 	// burst a little above the recent ones.

@@ -804,9 +804,10 @@ func standingLoop(t *testing.T, g *Gate, held int64) (int64, []TenantLoad, Fleet
 // three (3·√(3/8 · 1/8) ≈ 0.65 of the pool for the floor, 2·√… ≈ 0.43
 // beyond the peak) kept the flood out of the two free sequences. A tenant
 // holding three that arrives at half that pace (its load 1.5, its peak 3)
-// is no steady tenant and keeps its margin.
+// is no steady tenant and keeps its margin. One of the loop's requests
+// just ended, the floor leaves its sequence for the next.
 func TestSteadyTenantReservesNoNoise(t *testing.T) {
-	run := func(opts Options, perSecond int64, floodHeld int64) float64 {
+	run := func(opts Options, perSecond int64, floodHeld int64, loopHeld ...int64) float64 {
 		g := Gate{Options: opts}
 		loads := []TenantLoad{
 			{Name: "flood", Weight: 1, Held: floodHeld, Queued: 100},
@@ -824,6 +825,9 @@ func TestSteadyTenantReservesNoNoise(t *testing.T) {
 			}
 			g.Assess(now, loads, 1, f, 0)
 		}
+		if len(loopHeld) > 0 {
+			loads[1].Held = loopHeld[0] // a request of it just ended
+		}
 		light, reserve := g.Assess(now, loads, 0, f, 0)
 		require.False(t, light, "the flood")
 		return reserve
@@ -835,4 +839,7 @@ func TestSteadyTenantReservesNoNoise(t *testing.T) {
 	assert.InDelta(t, 3*math.Sqrt(3.0/8/8), run(Options{NoSteady: true}, 2, 0), 1e-9, "as a Poisson count: the floor waits")
 	assert.InDelta(t, 2*math.Sqrt(3.0/8/8), run(Options{NoSteady: true}, 2, 1), 1e-9)
 	assert.InDelta(t, 2*math.Sqrt(3.0/8/8), run(Options{}, 1, 1), 1e-9, "half the pace: its load is below its peak")
+	// Its next request is its ended one's successor: the floor request may
+	// not take that sequence.
+	assert.GreaterOrEqual(t, run(Options{}, 2, 0, 2), 1.0/8, "the floor leaves the loop's third sequence")
 }
