@@ -456,3 +456,56 @@ func TestHeavyAboveThePool(t *testing.T) {
 	assert.Less(t, ttft, 300*time.Millisecond, "the pausing tenant's request starts at once, not after a completion (0.8 s)")
 	t.Logf("acme's most running %d (mean %.2f); beta's TTFT %v", q.mostRunning, q.meanRunning, ttft)
 }
+
+// TestSteadyLoopBesideFlood: a closed loop of three clients (beta, under
+// its share of a batch of eight, so light) beside an open-loop flood
+// (acme) that the gate holds at the light tenants' reserve. A loop asks
+// what it holds and never more, so the gate reserves it no Poisson noise
+// (scheduler/gate steadyVar): the flood runs in the sequences the loop
+// leaves, less server.headroom: the replica ran 6.9 of 8 on average.
+// Reserved as a Poisson count's, three requests' noise kept the flood at
+// about its floor request while four sequences stood idle: 3.4 of 8
+// (measured with the rule turned off), the loop's own throughput the
+// same. The gate reads a tenant's long-run rate over at least 10 s, so the
+// loop reads steady only once it has run that long.
+func TestSteadyLoopBesideFlood(t *testing.T) {
+	sc := sim.DefaultConfig()
+	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
+	rep := startSim(t, sc)
+	n := startNode(t, nodeConfig(t, []*simReplica{rep}, "", ""))
+	body := `{"model":"sim-model","prompt":"p","max_tokens":50,"ignore_eos":true}`
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var loopDone, floodDone atomic.Int64
+	for range 3 {
+		closedLoop(ctx, &wg, n.api, keyBeta, body, &loopDone)
+	}
+	// The flood: 40 requests a second of 200 ms, five batches' worth,
+	// each sent on its tick whatever became of the last (an open loop).
+	wg.Go(func() {
+		tick := time.NewTicker(25 * time.Millisecond) // the load's pace, not synchronisation
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				wg.Go(func() { n.complete(ctx, keyAcme, body); floodDone.Add(1) })
+			}
+		}
+	})
+	eventually(t, "batch learned", func() bool {
+		return n.metric(t, "sluice_replica_learned_batch", map[string]string{"replica": "r0"}) == 8
+	})
+	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
+	time.Sleep(15 * time.Second) // the loop's long-run rate settles (gate's longCorrection: 10 s at least)
+	l0, s := loopDone.Load(), sampleQueue(rep)
+	time.Sleep(5 * time.Second) // the measured window
+	q, loops := s(), loopDone.Load()-l0
+	t.Logf("running mean %.2f most %d, waiting mean %.3f; the loop completed %d in 5 s", q.meanRunning, q.mostRunning, q.meanWaiting, loops)
+	assert.Greater(t, q.meanRunning, 6.0, "the loop's three and the flood in most of the rest")
+	assert.Less(t, q.meanWaiting, 0.05, "nothing stands in vLLM's queue")
+	assert.Greater(t, loops, int64(45), "the loop keeps its three going: about 75 of 200 ms in 5 s")
+}
