@@ -54,6 +54,24 @@ func (n *node) complete(ctx context.Context, key, body string) {
 	}
 }
 
+// openLoop calls send every interval until ctx ends, each in its own
+// goroutine on wg, whatever became of the last: an open loop's arrivals.
+// The ticker is the load's pace, not synchronisation.
+func openLoop(ctx context.Context, wg *sync.WaitGroup, every time.Duration, send func()) {
+	wg.Go(func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				wg.Go(send)
+			}
+		}
+	})
+}
+
 // TestLearnedBatchProtectsLightTenant: max_num_seqs left out (the default
 // 256) over a replica whose real batch is 8. A flooding tenant keeps 24
 // requests open. Without the learned batch Sluice sends all 24, 16 wait in
@@ -348,19 +366,8 @@ func TestLearnedBatchShortRequests(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		// 80 requests a second, open loop: twice the 8 / 200 ms it serves.
-		tick := time.NewTicker(12500 * time.Microsecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			wg.Go(func() { n.complete(ctx, keyAcme, flood) })
-		}
-	})
+	// 80 requests a second, open loop: twice the 8 / 200 ms it serves.
+	openLoop(ctx, &wg, 12500*time.Microsecond, func() { n.complete(ctx, keyAcme, flood) })
 	defer func() { cancel(); wg.Wait() }()
 
 	eventually(t, "batch learned", func() bool {
@@ -478,24 +485,12 @@ func TestSteadyLoopBesideFlood(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	var loopDone, floodDone atomic.Int64
+	var loopDone atomic.Int64
 	for range 3 {
 		closedLoop(ctx, &wg, n.api, keyBeta, body, &loopDone)
 	}
-	// The flood: 40 requests a second of 200 ms, five batches' worth,
-	// each sent on its tick whatever became of the last (an open loop).
-	wg.Go(func() {
-		tick := time.NewTicker(25 * time.Millisecond) // the load's pace, not synchronisation
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				wg.Go(func() { n.complete(ctx, keyAcme, body); floodDone.Add(1) })
-			}
-		}
-	})
+	// The flood: 40 requests a second of 200 ms, five batches' worth.
+	openLoop(ctx, &wg, 25*time.Millisecond, func() { n.complete(ctx, keyAcme, body) })
 	eventually(t, "batch learned", func() bool {
 		return n.metric(t, "sluice_replica_learned_batch", map[string]string{"replica": "r0"}) == 8
 	})
