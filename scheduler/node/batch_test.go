@@ -495,7 +495,15 @@ func TestSteadyLoopBesideFlood(t *testing.T) {
 		return n.metric(t, "sluice_replica_learned_batch", map[string]string{"replica": "r0"}) == 8
 	})
 	eventually(t, "vLLM's queue drained", func() bool { return rep.Stats().Waiting == 0 })
-	time.Sleep(15 * time.Second) // the loop's long-run rate settles (gate's longCorrection: 10 s at least)
+	// The loop reads steady once its long-run rate has settled (gate's
+	// longCorrection counts 10 s at least): wait for a 2 s window in which
+	// the replica ran 6 or more on average (with the loop's noise reserved
+	// it runs about 3.4 of 8 after the onset, and this times out).
+	eventuallyWithin(t, 40*time.Second, "the flood running beside the loop", func() bool {
+		s := sampleQueue(rep)
+		time.Sleep(2 * time.Second) // a sampling window, not synchronisation
+		return s().meanRunning >= 6
+	})
 	l0, s := loopDone.Load(), sampleQueue(rep)
 	time.Sleep(5 * time.Second) // the measured window
 	q, loops := s(), loopDone.Load()-l0
