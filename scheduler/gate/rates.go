@@ -222,9 +222,8 @@ const steadyFrac = 0.25
 // reads light held the flood's floor request off for three deviations of
 // what it held (five sequences, with two free), and the flood ran nothing
 // while the replica decoded 0.48 of what vLLM alone did
-// (TestFairgenBusy). ok is false for any other
-// tenant: its peak is above its load by steadyFrac of a deviation or
-// more.
+// (TestFairgenBusy). ok is false for any other tenant: its peak is above
+// its load by steadyFrac of a deviation or more.
 func (g *Gate) steadyVar(m *gateMem, peak float64, nowN int64, hold time.Duration) (v float64, ok bool) {
 	if g.NoSteady || peak <= 0 {
 		return 0, false
