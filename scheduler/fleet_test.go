@@ -3,6 +3,7 @@ package scheduler
 import (
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/gpu"
+	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/lifecycle/lifecycletest"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -113,4 +115,46 @@ func TestObserveLearnsServiceTime(t *testing.T) {
 	var g dto.Metric
 	require.NoError(t, s.m.ReplicaService.WithLabelValues("r0").Write(&g))
 	assert.InDelta(t, r.ServiceTime(), g.GetGauge().GetValue(), 1e-9, "sluice_replica_service_seconds")
+}
+
+// TestObserveExportsTheReserve: sluice_replica_reserve_ratio shows what
+// the gate of the replica's pool last kept free for light tenants beside a
+// heavy one (gate.Gate.Reserved), read at each poll, and 0 once no heavy
+// tenant has been assessed for a while.
+func TestObserveExportsTheReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestServer(t, lifecycletest.Config(t, "", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
+		src := &snapSource{}
+		poll := func() float64 {
+			at := time.Now()
+			src.snap = &vllm.Replica{Name: "r0", Up: true, Healthy: true, CheckedAt: at, ScrapedAt: at,
+				Metrics: vllm.Metrics{Running: vllm.Value{V: 32, OK: true}, Waiting: vllm.Value{OK: true}}}
+			s.Observe(t.Context(), src, nil)
+			var g dto.Metric
+			require.NoError(t, s.m.ReplicaReserve.WithLabelValues("r0").Write(&g))
+			return g.GetGauge().GetValue()
+		}
+		assert.Zero(t, poll(), "no heavy tenant")
+
+		// A flood holding 28 of 32 sequences with 100 queued beside a light
+		// tenant holding 4, sampled for 5 s: the flood keeps its peak and
+		// two Poisson deviations free (TestAssessReservesTheLightPeakAndItsNoise).
+		pools := s.Pools()
+		loads := []gate.TenantLoad{{Name: "flood", Weight: 1, Held: 28, Queued: 100}, {Name: "light", Weight: 1, Held: 4}}
+		f := gate.FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+		var light bool
+		var reserve float64
+		for range 50 {
+			time.Sleep(100 * time.Millisecond)
+			pools.Lock()
+			light, reserve = pools.PoolLocked(s.reps.PoolKeyOf("m")).Gate.Assess(time.Now().UnixNano(), loads, 0, f, 0)
+			pools.Unlock()
+		}
+		require.False(t, light)
+		require.InDelta(t, 4.0/32, reserve, 1e-12)
+		time.Sleep(time.Second)
+		assert.InDelta(t, reserve, poll(), 1e-12)
+		time.Sleep(10 * time.Second)
+		assert.Zero(t, poll(), "no heavy tenant assessed since")
+	})
 }

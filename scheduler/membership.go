@@ -85,7 +85,7 @@ func (s *Server) ReapReplicas() []string {
 	var errs []error
 	for _, name := range gone {
 		errs = append(errs, s.gpu.RemoveReplica(name))
-		for _, v := range []interface{ DeleteLabelValues(...string) bool }{s.m.ReplicaInflight, s.m.ReplicaAborts, s.m.ReplicaShare, s.m.ReplicaBatch, s.m.ReplicaService} {
+		for _, v := range []interface{ DeleteLabelValues(...string) bool }{s.m.ReplicaInflight, s.m.ReplicaAborts, s.m.ReplicaShare, s.m.ReplicaBatch, s.m.ReplicaService, s.m.ReplicaReserve} {
 			v.DeleteLabelValues(name)
 		}
 		s.log.Info("replica removed: its requests have finished", "replica", name)

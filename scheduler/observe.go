@@ -184,6 +184,7 @@ func (s *Server) exportReplica(r *fleet.Replica) {
 	s.m.ReplicaShare.WithLabelValues(r.Name).Set(float64(r.Share.Load()))
 	s.m.ReplicaBatch.WithLabelValues(r.Name).Set(float64(r.Learned()))
 	s.m.ReplicaService.WithLabelValues(r.Name).Set(r.ServiceTime())
+	s.m.ReplicaReserve.WithLabelValues(r.Name).Set(s.Pools().ReservedOn(r.Slot, s.now().UnixNano()))
 }
 
 // ObserveLoop calls Observe as each round of polls lands (polled, the

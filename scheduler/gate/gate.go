@@ -175,6 +175,10 @@ type Gate struct {
 	// fleetSvc is FleetLoad.Svc at the last assessment: the replicas' own
 	// mean service time, whoever sent what they completed.
 	fleetSvc float64
+	// kept is what heavy verdicts reserved over the current and the
+	// previous span (Reserved); keptN is the last one's time.
+	kept  [2]keptSpan
+	keptN int64
 }
 
 // defaultReserveHold is server.reserve_hold's default.
@@ -518,7 +522,7 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		peakVar: peakVar, forecastVar: forecastVar, heldVar: heldVar, steadyGap: steadyGap,
 		heavyHeld: heavyHeld, others: others, lightWaiting: lightWaiting, minReserve: minReserve,
 		present: present, sole: sole, ok: true}
-	return g.decide(g.mem[loads[cand].Name], cs[cand].held)
+	return g.verdict(g.mem[loads[cand].Name], cs[cand].held)
 }
 
 // gateSnap is the last full assessment, reused for assessEvery.
@@ -557,7 +561,7 @@ func (g *Gate) Fresh(nowN int64, tenant string) bool {
 // current load.
 func (g *Gate) DecideFresh(l TenantLoad, f FleetLoad) (light bool, reserve float64) {
 	held := max(float64(l.Held)/float64(max(f.SeqsCap, 1)), float64(l.Tokens)/float64(max(f.TokensCap, 1)))
-	return g.decide(g.mem[l.Name], held)
+	return g.verdict(g.mem[l.Name], held)
 }
 
 // Alone reports whether tenant is the only one the pool has seen lately

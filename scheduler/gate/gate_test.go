@@ -843,3 +843,42 @@ func TestSteadyTenantReservesNoNoise(t *testing.T) {
 	// not take that sequence.
 	assert.GreaterOrEqual(t, run(Options{}, 2, 0, 2), 1.0/8, "the floor leaves the loop's third sequence")
 }
+
+// TestReserved: what heavy verdicts kept free is shown for
+// sluice_replica_reserve_ratio: the most over the current span and the
+// last, nothing once no heavy tenant has been assessed for reservedFor,
+// and never a light verdict's 0 or more than server.reserve_cap.
+func TestReserved(t *testing.T) {
+	var g Gate
+	now, loads := floodBeside(&g, 28)
+	f := FleetLoad{Seqs: 32, SeqsCap: 32, TokensCap: 1 << 20}
+	assess := func(cand int, headroom float64) float64 {
+		_, reserve := g.Assess(now, loads, cand, f, headroom)
+		return reserve
+	}
+	assert.InDelta(t, 4.0/32, g.Reserved(now), 1e-12, "the flood's verdicts while sampled")
+	now += 2*int64(reservedFor) + 1
+	assert.Zero(t, g.Reserved(now), "no heavy tenant assessed for a span")
+	require.Zero(t, assess(1, 0), "the light tenant")
+	assert.Zero(t, g.Reserved(now), "a light verdict shows nothing")
+
+	require.InDelta(t, 4.0/32, assess(0, 0), 1e-12)
+	assert.InDelta(t, 4.0/32, g.Reserved(now), 1e-12)
+	now += int64(time.Second)
+	require.InDelta(t, 0.2, assess(0, 0.2), 1e-12, "server.headroom")
+	require.Zero(t, assess(1, 0))
+	assert.InDelta(t, 0.2, g.Reserved(now), 1e-12, "the most over the span")
+	now += int64(reservedFor)
+	require.InDelta(t, 4.0/32, assess(0, 0), 1e-12, "a new span")
+	assert.InDelta(t, 0.2, g.Reserved(now), 1e-12, "the last span's most still shows")
+	now += int64(reservedFor) - int64(time.Second) - 1
+	assert.InDelta(t, 0.2, g.Reserved(now), 1e-12)
+	now += 2
+	assert.InDelta(t, 4.0/32, g.Reserved(now), 1e-12, "the last span is over two spans old")
+
+	gc := Gate{Cap: 0.1}
+	now, loads = floodBeside(&gc, 28)
+	_, reserve := gc.Assess(now, loads, 0, f, 0.2)
+	require.InDelta(t, 0.1, reserve, 1e-12)
+	assert.InDelta(t, 0.1, gc.Reserved(now), 1e-12, "server.reserve_cap bounds it")
+}

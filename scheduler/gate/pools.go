@@ -247,6 +247,21 @@ func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTen
 	}
 }
 
+// ReservedOn is the most any pool the replica in slot i serves keeps free
+// for its light tenants beside a heavy tenant at nowN (Gate.Reserved), as
+// a fraction of that pool.
+func (p *Pools[K]) ReservedOn(i int, nowN int64) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var r float64
+	for k, pl := range p.pools {
+		if k.Has(i) {
+			r = max(r, pl.Gate.Reserved(nowN))
+		}
+	}
+	return r
+}
+
 // Load is tenant's load on k's pool (weight left 0); nothing when k has
 // no pool yet.
 func (p *Pools[K]) Load(k K, tenant string) TenantLoad {

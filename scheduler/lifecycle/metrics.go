@@ -30,6 +30,7 @@ type Metrics struct {
 	ReplicaShare     *prometheus.GaugeVec     // replica: this instance's sequence share (fleet/share.go)
 	ReplicaBatch     *prometheus.GaugeVec     // replica: the batch learned from its scrapes (fleet/sizing.go)
 	ReplicaService   *prometheus.GaugeVec     // replica: its mean request latency as it reports it (fleet/latency.go)
+	ReplicaReserve   *prometheus.GaugeVec     // replica: what its pool's gate keeps free for light tenants (gate.Gate.Reserved)
 	UpstreamLatency  *prometheus.HistogramVec // replica
 	TTFT             *prometheus.HistogramVec // tenant
 	BudgetUsed       *prometheus.GaugeVec     // tenant, dimension, window
@@ -83,6 +84,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "The sequences the replica really runs, learned from scrapes that show requests waiting inside vLLM while running stays flat; Sluice dispatches only into that room. 0: none learned (max_num_seqs applies)."}, []string{"replica"}),
 		ReplicaService: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_service_seconds",
 			Help: "The replica's mean request latency from its own vllm:e2e_request_latency_seconds, about the last ten completions whoever sent them: the service time the dispatch gate reads a tenant's rate against until anything has completed on the pool through this instance. 0: unknown."}, []string{"replica"}),
+		ReplicaReserve: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_replica_reserve_ratio",
+			Help: "The most of the replica's pool (the replicas serving its models) the dispatch gate kept free for light tenants' demand peaks beside a heavy tenant over the last 5-10 s: their peaks and forecast with server.reserve_margin's Poisson deviations, at least server.headroom, at most server.reserve_cap. Room a heavy tenant may not use while it is free. 0: no heavy tenant assessed in the last 5 s."}, []string{"replica"}),
 		UpstreamLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_upstream_latency_seconds",
 			Help: "Time from dispatch to the replica's first byte.", Buckets: latencyBuckets}, []string{"replica"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_ttft_seconds",
@@ -108,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Requests, m.Rejections, m.QueueDepth, m.QueueWait, m.Inflight,
 		m.LedgerReserved, m.LedgerCommitted, m.LedgerUnresolved, m.LedgerErrors, m.UpstreamAborts,
-		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.ReplicaService, m.UpstreamLatency, m.TTFT,
+		m.ReplicaInflight, m.ReplicaAborts, m.ReplicaShare, m.ReplicaBatch, m.ReplicaService, m.ReplicaReserve, m.UpstreamLatency, m.TTFT,
 		m.BudgetUsed, m.AbuseClamps, m.OutageAdmissions, m.APIKeyAdmissions, m.ExpiredDispatch, m.IllegalMoves, m.Ready, m.Usage, m.Durable,
 		m.FairShareFleet} {
 		if err := reg.Register(c); err != nil {

@@ -474,7 +474,9 @@ func TestHeavyAboveThePool(t *testing.T) {
 // about its floor request while four sequences stood idle: 3.4 of 8
 // (measured with the rule turned off), the loop's own throughput the
 // same. The gate reads a tenant's long-run rate over at least 10 s, so the
-// loop reads steady only once it has run that long.
+// loop reads steady only once it has run that long. What the gate keeps
+// free for it reaches sluice_replica_reserve_ratio: 0.14 of the pool once
+// steady, 0.65 with its noise.
 func TestSteadyLoopBesideFlood(t *testing.T) {
 	sc := sim.DefaultConfig()
 	sc.MaxNumSeqs, sc.DecodeStep = 8, 4*time.Millisecond
@@ -511,4 +513,11 @@ func TestSteadyLoopBesideFlood(t *testing.T) {
 	assert.Greater(t, q.meanRunning, 6.0, "the loop's three and the flood in most of the rest")
 	assert.Less(t, q.meanWaiting, 0.05, "nothing stands in vLLM's queue")
 	assert.Greater(t, loops, int64(45), "the loop keeps its three going: about 75 of 200 ms in 5 s")
+	// What the gate keeps free for the loop reaches the operator: about
+	// one sequence (0.14 of 8) once the loop reads steady; its Poisson
+	// noise read 0.65 before, and the gauge shows a span's most for 5-10 s.
+	eventuallyWithin(t, 15*time.Second, "the reserve shown as it is", func() bool {
+		r := n.metric(t, "sluice_replica_reserve_ratio", map[string]string{"replica": "r0"})
+		return r > 0 && r < 0.25
+	})
 }

@@ -1,0 +1,50 @@
+package gate
+
+import "time"
+
+// verdict is decide, noting a heavy verdict's reserve for Reserved.
+func (g *Gate) verdict(m *gateMem, held float64) (light bool, reserve float64) {
+	light, reserve = g.decide(m, held)
+	if !light {
+		g.noteKept(reserve, g.snap.at)
+	}
+	return light, reserve
+}
+
+// reservedFor is the span Reserved reads: a held flood is assessed at
+// each completion and wake, far more often, and its verdicts alternate
+// between its one-request floor's small reserve and the full one.
+const reservedFor = 5 * time.Second
+
+// keptSpan is the most a heavy verdict reserved within one reservedFor.
+type keptSpan struct {
+	most   float64
+	startN int64
+}
+
+// noteKept counts a heavy verdict's reserve at nowN in the current span,
+// starting a new one (the current becoming the previous) after
+// reservedFor.
+func (g *Gate) noteKept(reserve float64, nowN int64) {
+	if g.kept[0].startN == 0 || nowN-g.kept[0].startN >= int64(reservedFor) {
+		g.kept[1], g.kept[0] = g.kept[0], keptSpan{startN: nowN}
+	}
+	g.kept[0].most = max(g.kept[0].most, reserve)
+	g.keptN = nowN
+}
+
+// Reserved is the most of the pool a heavy verdict kept free for the
+// light tenants (its reserve) over the last reservedFor or two, or 0 when
+// no heavy tenant was assessed in the reservedFor before nowN: what
+// isolation costs the heavy tenants at most, for the operator to weigh
+// against server.reserve_cap (sluice_replica_reserve_ratio).
+func (g *Gate) Reserved(nowN int64) float64 {
+	if g.keptN == 0 || nowN-g.keptN > int64(reservedFor) {
+		return 0
+	}
+	r := g.kept[0].most
+	if nowN-g.kept[1].startN < 2*int64(reservedFor) {
+		r = max(r, g.kept[1].most)
+	}
+	return r
+}
