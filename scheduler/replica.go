@@ -21,8 +21,15 @@ const ShareStale = fleet.ShareStale
 // ctx ends (fleet.ShareLoop).
 func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 	return fleet.ShareLoop(ctx, s.reps, ex, fleet.ShareDeps{
-		WaitingOn: s.Pools().WaitingOn, TenantsOn: s.tenantsOn, Wake: s.Wake, Now: s.now, Log: s.log,
-		Margin: func() float64 { return s.pol.Load().Cfg.Server.Margin() }})
+		WaitingOn: s.Pools().WaitingOn, TenantsOn: s.tenantsOn, Wake: s.Wake, Now: s.now, Log: s.log, Reserve: s.shareReserve})
+}
+
+// shareReserve is what the split keeps light tenants, from the settings
+// as they are now (they reload): server.reserve_margin and reserve_cap
+// bind it as they bind the dispatch gate.
+func (s *Server) shareReserve() fleet.Reserve {
+	srv := &s.pol.Load().Cfg.Server
+	return fleet.Reserve{Margin: srv.Margin(), Cap: srv.Cap()}
 }
 
 // tenantsOn appends each tenant's demand on the replica in slot to out, in
@@ -43,7 +50,9 @@ func (s *Server) tenantsOn(slot int, out []peers.TenantDemand) []peers.TenantDem
 				d.Queued = min(d.Queued, float64(max(lim-t.RT.Inflight.Load(), 0)))
 			}
 		}
-		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: milli(d.Asks), Queued: milli(d.Queued), Stands: d.Stands})
+		claim := milli(d.Asks)
+		out = append(out, peers.TenantDemand{Tenant: tenant, Weight: w, Load: milli(d.Asked), Claim: claim, Queued: milli(d.Queued),
+			Held: min(milli(d.Held), claim), Steady: d.Steady, Stands: d.Stands})
 	})
 	return out
 }

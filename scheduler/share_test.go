@@ -157,3 +157,31 @@ func TestTenantsOnQueuedWithinConcurrency(t *testing.T) {
 	}
 	rt.Inflight.Store(0)
 }
+
+// TestTenantsOnHeldAndReserve: each tenant's report says what it holds of
+// its claim (server.reserve_cap bounds the rest in the split), and the
+// split takes server.reserve_margin and reserve_cap as they are, reloads
+// included.
+func TestTenantsOnHeldAndReserve(t *testing.T) {
+	s := newTestServer(t, lifecycletest.Config(t, "server: {reserve_margin: 1, reserve_cap: 0.3}\n", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
+	r := s.reps.List()[0]
+	var key fleet.PoolKey
+	key.Set(r.Slot)
+	places := make([]gate.Place[fleet.PoolKey], 3)
+	for i := range places {
+		places[i].Pool = key
+		spot := gate.SpotHeld
+		if i == 2 {
+			spot = gate.SpotQueued
+		}
+		s.Pools().Move(&places[i], "acme", 10, false, spot)
+	}
+	got := s.tenantsOn(r.Slot, nil)
+	require.Len(t, got, 1)
+	assert.Equal(t, int64(2000), got[0].Held)
+	assert.Equal(t, int64(3000), got[0].Claim)
+	assert.False(t, got[0].Steady, "never assessed")
+	assert.Equal(t, fleet.Reserve{Margin: 1, Cap: 0.3}, s.shareReserve())
+	require.NoError(t, s.Reload(lifecycletest.Config(t, "", "")))
+	assert.Equal(t, fleet.DefaultReserve, s.shareReserve(), "the defaults")
+}

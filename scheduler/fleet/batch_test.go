@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/sluicehq/sluice/scheduler/gate"
 	"github.com/sluicehq/sluice/scheduler/peers"
 	"github.com/sluicehq/sluice/vllm"
 )
@@ -194,7 +193,7 @@ func TestLearnedBatchBoundsShare(t *testing.T) {
 	scrapeRW(r, 8, 6, now.Add(time.Second))
 	assert.Equal(t, int64(8), r.SeqLimit(0))
 	mine := []peers.Report{{Replica: "r", InFlight: 8, Queued: 8}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, map[string][]peers.Entry{"r": {{Instance: "b", InFlight: 8, Queued: 8}}})
 	assert.Equal(t, int64(4), r.Share.Load(), "half of the learned 8, not of 256")
 }
 

@@ -145,8 +145,22 @@ type ShareOf struct {
 
 // Split is SeqShare with the tenants it holds light.
 func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
-	return SplitPool(maxSeqs, 1, gate.BurstK, mine, others)
+	return SplitPool(maxSeqs, 1, DefaultReserve, mine, others)
 }
+
+// Reserve is what the split keeps for light tenants beside heavy ones, as
+// the dispatch gate's reserve on one instance (SCHEDULING §6).
+type Reserve struct {
+	// Margin is server.reserve_margin: Poisson standard deviations of the
+	// light tenants' claims (those their gates do not read steady).
+	Margin float64
+	// Cap is server.reserve_cap: the most of the batch the light tenants
+	// are given beyond what they hold, margin included (0–1).
+	Cap float64
+}
+
+// DefaultReserve is Reserve at the settings' defaults.
+var DefaultReserve = Reserve{Margin: gate.BurstK, Cap: 1}
 
 // SplitPool is Split for a replica of a pool of replicas (Set.PoolOf).
 // The heavy tenants' floor of one sequence is the pool's, as the dispatch
@@ -160,23 +174,23 @@ func Split(maxSeqs int64, mine peers.Entry, others []peers.Entry) ShareOf {
 // rows, two replicas of 16, that is two slots where one instance keeps
 // one; fairgen with two instances everywhere holds 5 more seeds of 500
 // with one per pool).
-func SplitPool(maxSeqs int64, replicas int, margin float64, mine peers.Entry, others []peers.Entry) ShareOf {
+func SplitPool(maxSeqs int64, replicas int, rs Reserve, mine peers.Entry, others []peers.Entry) ShareOf {
 	if maxSeqs <= 0 {
 		return ShareOf{Cap: 1}
 	}
 	self := mine.Instance
-	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1), margin: max(margin, 0)}
+	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1), margin: max(rs.Margin, 0), cap: min(max(rs.Cap, 0), 1)}
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
 			// An instance as one claimant: what it asks, uncapped, is its
 			// load (a backlog past the batch is heavy).
 			load := min(e.InFlight, 1<<40) + min(e.Queued, 1<<40)
 			claim := min(load, maxSeqs)
-			sp.add(e.Instance, "\x00instance "+e.Instance, 1, load*1000, claim*1000, 0)
+			sp.add(e.Instance, "\x00instance "+e.Instance, 1, load*1000, claim*1000, 0, min(e.InFlight, maxSeqs)*1000, false)
 			continue
 		}
 		for _, td := range e.Tenants {
-			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim, td.Queued)
+			sp.add(e.Instance, td.Tenant, td.Weight, td.Load, td.Claim, td.Queued, td.Held, td.Steady)
 		}
 	}
 	parts, capped, waiting := sp.split(self)
@@ -289,6 +303,7 @@ type shareSplit struct {
 	limit    float64 // maxSeqs, in thousandths
 	replicas int     // in the replica's pool
 	margin   float64 // server.reserve_margin
+	cap      float64 // server.reserve_cap
 	claims   []*shareClaim
 	byName   map[string]*shareClaim
 }
@@ -305,6 +320,8 @@ type shareClaim struct {
 	light  bool
 	cut    bool    // light, given less than its claim: the light claims do not fit
 	queued float64 // the part of claim queued, summed
+	held   float64 // the part of claim holding room, summed
+	noisy  float64 // the part of claim at instances whose gates do not read it steady
 	here   float64 // its part at the splitting instance (split's self)
 }
 
@@ -314,7 +331,7 @@ type sharePart struct {
 	queued   float64
 }
 
-func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued int64) {
+func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued, held int64, steady bool) {
 	d := min(float64(max(claim, 0)), sp.limit)
 	if d == 0 {
 		return
@@ -334,6 +351,10 @@ func (sp *shareSplit) add(instance, tenant string, weight, load, claim, queued i
 	c.load += float64(max(load, 0))
 	c.claim = min(c.claim+d, sp.limit)
 	c.queued += float64(max(queued, 0))
+	c.held += min(float64(max(held, 0)), d)
+	if !steady {
+		c.noisy += d
+	}
 	c.parts = append(c.parts, sharePart{instance, d, float64(max(queued, 0))})
 }
 
@@ -365,10 +386,36 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 	budget := sp.limit
 	if len(heavy) > 0 && lightClaims > 0 {
 		// The gate's reserve: the light tenants' claims are counts of
-		// requests, so their sum's Poisson deviations in requests.
-		margin := sp.margin * math.Sqrt(lightClaims/1000) * 1000
+		// requests, so their sum's Poisson deviations in requests, but
+		// for a steady tenant's, which asks what it holds and never more
+		// (gate.Gate.Steady): a loop of three beside a flood at another
+		// instance kept the replica 0.63 busy.
+		noisy := 0.0
 		for _, c := range light {
-			c.want = c.claim * (1 + margin/lightClaims)
+			noisy += c.noisy
+		}
+		margin := sp.margin * math.Sqrt(noisy/1000) * 1000
+		extra := 0.0
+		for _, c := range light {
+			if noisy > 0 {
+				c.want = c.claim + margin*c.noisy/noisy
+			}
+			if c.noisy < c.claim {
+				// A steady claim is its requests, whole: a pool's is spread
+				// over its replicas (a loop of three is 1.5 on each of two),
+				// and rounded down on one, the loop's third request waited
+				// for its own completion.
+				c.want = max(c.want, math.Ceil(c.claim/1000-1e-9)*1000)
+			}
+			extra += max(c.want-c.held, 0)
+		}
+		// server.reserve_cap bounds what they are given beyond what they
+		// hold (queued, kept for peaks, margin), as it bounds the gate's
+		// reserve; 1, its default, bounds nothing.
+		if room := sp.cap * sp.limit; sp.cap < 1 && extra > room {
+			for _, c := range light {
+				c.want = min(c.want, c.held+max(c.want-c.held, 0)*room/extra)
+			}
 		}
 		if sp.limit >= 2000 {
 			if sp.replicas == 1 {
@@ -384,7 +431,9 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 	}
 	maxMin(heavy, left, func(c *shareClaim) float64 { return c.want }, set)
 	for _, c := range light {
-		c.cut = c.alloc < c.claim-1e-6
+		// Cut where the light claims do not fit, not where the operator's
+		// cap on the reserve gives it less than it asks.
+		c.cut = c.alloc < min(c.claim, c.want)-1e-6
 	}
 	f := map[string]float64{}
 	given := 0.0
@@ -472,10 +521,11 @@ type ShareDeps struct {
 	TenantsOn func(slot int, out []peers.TenantDemand) []peers.TenantDemand
 	// Wake lets queued work through: a share grew or lapsed.
 	Wake func()
-	// Margin is server.reserve_margin as of now (it reloads).
-	Margin func() float64
-	Now    func() time.Time
-	Log    *slog.Logger
+	// Reserve is server.reserve_margin and server.reserve_cap as of now
+	// (they reload).
+	Reserve func() Reserve
+	Now     func() time.Time
+	Log     *slog.Logger
 }
 
 // ShareLoop exchanges demand with the other instances every ShareInterval
@@ -505,7 +555,7 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 			if err := ex.Leave(lctx); err != nil {
 				d.Log.Warn("withdrawing this instance's replica demand", "err", err)
 			}
-			if ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), nil, nil) {
+			if ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Reserve(), nil, nil) {
 				d.Wake()
 			}
 			return nil
@@ -523,9 +573,9 @@ func ShareLoop(ctx context.Context, set *Set, ex PeerExchange, d ShareDeps) erro
 		switch {
 		case got != nil:
 			lastOK = now
-			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), mine, got)
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Reserve(), mine, got)
 		case now.Sub(lastOK) >= ShareStale:
-			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Margin(), nil, nil) // no news: no caps, as without a fleet
+			wake = ApplyShares(ex.ID(), reps, keys, set.PoolOf, d.Reserve(), nil, nil) // no news: no caps, as without a fleet
 		}
 		if wake {
 			d.Wake()
@@ -561,11 +611,11 @@ func DemandReports(reps []*Replica, keys []string, waitingOn func(slot int) int6
 
 // ApplyShares sets each replica's share from this instance's reports
 // (mine, as sent) and the others' entries (nil: none anywhere), poolOf
-// naming each replica's pool (Set.PoolOf; nil: each its own), margin the
-// light tenants' (server.reserve_margin, SplitPool). It reports
+// naming each replica's pool (Set.PoolOf; nil: each its own), rs what the
+// light tenants are kept (server.reserve_margin and reserve_cap, SplitPool). It reports
 // whether a share grew or went: that lets queued work through, so the
 // dispatch loop is to be woken.
-func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Replica) PoolKey, margin float64, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
+func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Replica) PoolKey, rs Reserve, mine []peers.Report, got map[string][]peers.Entry) (wake bool) {
 	own := make(map[string]peers.Entry, len(mine))
 	for _, rp := range mine {
 		own[rp.Replica] = peers.Entry{Instance: self, InFlight: rp.InFlight, Queued: rp.Queued, Tenants: rp.Tenants}
@@ -595,7 +645,7 @@ func ApplyShares(self string, reps []*Replica, keys []string, poolOf func(*Repli
 			if !ok {
 				e.Instance = self
 			}
-			sh := SplitPool(r.ShareBatch(), size[pool[i]], margin, e, others)
+			sh := SplitPool(r.ShareBatch(), size[pool[i]], rs, e, others)
 			splits[i] = &sh
 		}
 		if live[i] {

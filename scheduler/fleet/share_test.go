@@ -327,7 +327,7 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 2, Tenants: []peers.TenantDemand{{Tenant: "light", Weight: 1, Load: 1000, Claim: 2000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 6, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 46000, Claim: 8000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Equal(t, int64(5), r.Share.Load(), "2 + 2·√2 = 4.8 of 8")
 	r.Count.Store(5)       // at its share
 	scrapeRW(r, 6, 0, now) // and one of the other's running
@@ -342,10 +342,10 @@ func TestLightTenantsNotCapped(t *testing.T) {
 	assert.False(t, set.HeldHeavy(key, "other"), "not classified: the gate decides")
 
 	mine[0].Tenants[0].Load = 40000
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.True(t, set.HeldHeavy(key, "light"), "asking five times the batch: held heavy")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, nil, nil)
 	assert.False(t, set.HeldHeavy(key, "light"), "no share: nothing binds it")
 }
 
@@ -369,7 +369,7 @@ func TestCutLightTenantBound(t *testing.T) {
 		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: queued / 1000,
 			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 2, Load: 1300, Claim: 6000, Queued: queued}}}}}
 	}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, at(6000))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, at(6000))
 	require.Equal(t, int64(4), r.Share.Load())
 	sh := r.split.Load()
 	assert.Equal(t, []string{"loop"}, sh.Cut)
@@ -388,10 +388,10 @@ func TestCutLightTenantBound(t *testing.T) {
 
 	// The other side of the same reports: v is cut too, and the loop has
 	// requests queued here.
-	other := SplitPool(6, 1, gate.BurstK, at(6000)["r"][0], []peers.Entry{{Instance: "a", InFlight: 4, Tenants: mine[0].Tenants}})
+	other := SplitPool(6, 1, DefaultReserve, at(6000)["r"][0], []peers.Entry{{Instance: "a", InFlight: 4, Tenants: mine[0].Tenants}})
 	assert.Equal(t, ShareOf{Cap: 2, Heavy: []string{"v"}, Cut: []string{"v"}}, other)
 
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, at(0))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, at(0))
 	sh = r.split.Load()
 	assert.Equal(t, []string{"loop"}, sh.Light, "nobody waits at b: light, free")
 	assert.Empty(t, sh.Cut)
@@ -403,12 +403,12 @@ func TestCutLightTenantBound(t *testing.T) {
 	// batch 6 by weight, 3.6 : 2.4, and the cut loop is bound by a cap all
 	// the same, where no heavy tenant would leave it none.
 	loopOnly := []peers.Report{{Replica: "r", InFlight: 4, Tenants: mine[0].Tenants[:1]}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(6000))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, loopOnly, at(6000))
 	assert.Equal(t, int64(4), r.Share.Load(), "3.6 of 6, and the larger fraction")
 	assert.Equal(t, []string{"loop"}, r.split.Load().Cut)
 	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
 	assert.Nil(t, rep, "at its cap")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, loopOnly, at(0))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, loopOnly, at(0))
 	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody waiting at b: no cap")
 
 	// Its gate here lets the loop through as no flood with a standing
@@ -416,7 +416,7 @@ func TestCutLightTenantBound(t *testing.T) {
 	// instance its weighted share bounds it.
 	standing := slices.Clone(loopOnly[0].Tenants)
 	standing[0].Stands = true
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, at(0))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, at(0))
 	assert.Equal(t, int64(4), r.Share.Load(), "3.6 of 6, and the larger fraction")
 	assert.Equal(t, []string{"loop"}, r.split.Load().Cut)
 	rep, _ = set.Take(Route{Tenant: "loop", Light: true}, 1, nil)
@@ -425,10 +425,10 @@ func TestCutLightTenantBound(t *testing.T) {
 	// 6/21 of a request): bound, it would start nothing.
 	standing[0].Weight = 1
 	other20 := map[string][]peers.Entry{"r": {{Instance: "b", Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 20, Load: 1300, Claim: 6000}}}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, other20)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, []peers.Report{{Replica: "r", InFlight: 4, Tenants: standing}}, other20)
 	assert.Empty(t, r.split.Load().Cut, "a part below one request")
 	assert.Zero(t, r.Share.Load(), "nobody heavy, nobody bound: no cap")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, nil, nil)
 	bound, cut = r.Bound()
 	assert.Nil(t, bound, "no split")
 	assert.Nil(t, cut)
@@ -449,8 +449,8 @@ func TestShareTieByInFlight(t *testing.T) {
 		a, b     int64
 	}{{1, 0, NoSeqs, 1}, {0, 1, 1, NoSeqs}} {
 		a, b := entry("a", c.aIn, "x"), entry("b", c.bIn, "y")
-		assert.Equal(t, c.a, SplitPool(1, 1, gate.BurstK, a, []peers.Entry{b}).Cap, "a, in flight %d against %d", c.aIn, c.bIn)
-		assert.Equal(t, c.b, SplitPool(1, 1, gate.BurstK, b, []peers.Entry{a}).Cap, "b, in flight %d against %d", c.bIn, c.aIn)
+		assert.Equal(t, c.a, SplitPool(1, 1, DefaultReserve, a, []peers.Entry{b}).Cap, "a, in flight %d against %d", c.aIn, c.bIn)
+		assert.Equal(t, c.b, SplitPool(1, 1, DefaultReserve, b, []peers.Entry{a}).Cap, "b, in flight %d against %d", c.bIn, c.aIn)
 	}
 }
 
@@ -471,7 +471,7 @@ func TestShareOfNone(t *testing.T) {
 		return map[string][]peers.Entry{"r": {{Instance: "b", Queued: 1,
 			Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 500, Claim: 1000, Queued: queued}}}}}
 	}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(1000))
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, light(1000))
 	require.Equal(t, int64(NoSeqs), r.Share.Load())
 	scrapeRW(r, 0, 0, now) // the replica idle
 	rep, _ := set.Take(Route{Tenant: "flood"}, 1, nil)
@@ -481,10 +481,10 @@ func TestShareOfNone(t *testing.T) {
 	assert.Equal(t, int64(1), r.Excess(), "its one request is past a share of none")
 	r.Count.Store(0)
 
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(0)), "the share grew: wake")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, light(0)), "the share grew: wake")
 	assert.Equal(t, int64(1), r.Share.Load(), "nobody waits: at least one")
-	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, light(1000)), "shrank: nothing to let through")
-	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil), "gone: wake")
+	assert.False(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, light(1000)), "shrank: nothing to let through")
+	assert.True(t, ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, nil, nil), "gone: wake")
 	assert.Zero(t, r.Share.Load())
 }
 
@@ -499,7 +499,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	mine := []peers.Report{{Replica: "r", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "heavy", Weight: 2, Load: 30000, Claim: 8000}}}}
 	flood := peers.Entry{Instance: "b", InFlight: 5, Queued: 40,
 		Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 3, Load: 46000, Claim: 8000}, {Tenant: "heavy", Weight: 2, Load: 1000, Claim: 1000}}}
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, mine, map[string][]peers.Entry{"r": {flood}})
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, mine, map[string][]peers.Entry{"r": {flood}})
 	require.Positive(t, r.Share.Load())
 	assert.Equal(t, int64(3), r.PeerWeight.Load(), "the flood's weight: the heavy tenant is reported here too")
 	r.Count.Store(r.Share.Load()) // at its share
@@ -514,7 +514,7 @@ func TestUnreportedTenantsByTheGate(t *testing.T) {
 	var key PoolKey
 	key.Set(r.Slot)
 	assert.InDelta(t, 3.0, set.FleetOf(key, false, 0).PeerWeight, 1e-9, "the gate's view of the pool")
-	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, gate.BurstK, nil, nil)
+	ApplyShares("a", []*Replica{r}, []string{"r"}, nil, DefaultReserve, nil, nil)
 	assert.Zero(t, r.PeerWeight.Load(), "no others: no weight beyond this instance's")
 	assert.Zero(t, set.FleetOf(key, false, 0).PeerWeight)
 }
@@ -585,18 +585,18 @@ func TestHeavyFloorPerPool(t *testing.T) {
 		e := peers.Entry{Instance: "b", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 3, Load: 3000, Claim: 4000, Queued: queued}}}
 		return map[string][]peers.Entry{"r0": {e}, "r1": {e}}
 	}
-	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(0))
+	ApplyShares("a", reps, keys, set.PoolOf, DefaultReserve, mine, light(0))
 	assert.Equal(t, []int64{1, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "one request in the pool (an adapter on one replica is the same pool)")
-	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, DefaultReserve, mine, light(1000))
 	assert.Equal(t, []int64{NoSeqs, NoSeqs}, []int64{r0.Share.Load(), r1.Share.Load()}, "a light tenant waits: none")
 
 	r0.Gone.Store(true)
-	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(0))
+	ApplyShares("a", reps, keys, set.PoolOf, DefaultReserve, mine, light(0))
 	assert.Equal(t, int64(1), r1.Share.Load(), "the replica that takes new work keeps the floor")
 	r0.Gone.Store(false)
 
 	r1.Pinned = []string{"other"}
-	ApplyShares("a", reps, keys, set.PoolOf, gate.BurstK, mine, light(1000))
+	ApplyShares("a", reps, keys, set.PoolOf, DefaultReserve, mine, light(1000))
 	assert.Equal(t, []int64{1, 1}, []int64{r0.Share.Load(), r1.Share.Load()},
 		"two pools of one replica: each keeps the heavy tenants' sequence of its batch")
 }
@@ -613,7 +613,45 @@ func TestSplitPoolMargin(t *testing.T) {
 		margin float64
 		want   int64
 	}{{0, 6}, {1, 5}, {gate.BurstK, 3}, {4, 1}} {
-		assert.Equal(t, tc.want, SplitPool(8, 1, tc.margin, a, b).Cap, "margin %v", tc.margin)
+		assert.Equal(t, tc.want, SplitPool(8, 1, Reserve{Margin: tc.margin, Cap: 1}, a, b).Cap, "margin %v", tc.margin)
 	}
-	assert.Equal(t, SeqShare(8, a, b), SplitPool(8, 1, gate.BurstK, a, b).Cap, "SeqShare takes the default")
+	assert.Equal(t, SeqShare(8, a, b), SplitPool(8, 1, DefaultReserve, a, b).Cap, "SeqShare takes the default")
+}
+
+// TestSplitPoolSteadyAndCap: the split keeps the light tenants what the
+// gate's reserve keeps them on one instance. A flood at instance a beside
+// a light tenant at b holding 3 of 16 with 1 queued, its claim 6 (3 kept
+// for its peak): as a Poisson count it is given 6 + 2·√6 = 10.9, the
+// flood 5; read steady by its gate (a closed loop) no margin, the flood
+// 10. server.reserve_cap bounds what it is given beyond what it holds
+// (queued, kept and margin alike): at 0.25 of 16, 3 + 4, the flood 9;
+// at 0, what it holds (the flood's instance keeps 13). Where its part
+// is below its claim only by the cap, it is not cut. A version that
+// sends no held part is read as holding its claim but its queued part
+// (peers), which no cap binds below.
+func TestSplitPoolSteadyAndCap(t *testing.T) {
+	flood := peers.Entry{Instance: "a", InFlight: 4, Queued: 60, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 64000, Claim: 16000, Queued: 12000, Held: 4000}}}
+	light := func(steady bool, held int64) []peers.Entry {
+		return []peers.Entry{{Instance: "b", InFlight: 3, Queued: 4, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 1, Load: 3000, Claim: 6000, Queued: 1000, Held: held, Steady: steady}}}}
+	}
+	split := func(rs Reserve, steady bool, held int64) ShareOf {
+		return SplitPool(16, 1, rs, flood, light(steady, held))
+	}
+	assert.Equal(t, int64(5), split(DefaultReserve, false, 3000).Cap, "16 − 6 − 2·√6, rounded")
+	assert.Equal(t, int64(10), split(DefaultReserve, true, 3000).Cap, "steady: its claim alone")
+	assert.Equal(t, int64(9), split(Reserve{Margin: gate.BurstK, Cap: 0.25}, false, 3000).Cap, "3 held + 4 of 16")
+	assert.Equal(t, int64(13), split(Reserve{Margin: gate.BurstK, Cap: 0}, false, 3000).Cap, "what it holds")
+	assert.Equal(t, int64(11), split(Reserve{Margin: gate.BurstK, Cap: 0}, false, 5000).Cap, "held as an older version reads it: claim less queued")
+
+	// At the light tenant's instance: capped, it is not cut, so not bound
+	// where it stands.
+	mine := light(false, 3000)[0]
+	mine.Tenants[0].Stands = true
+	sh := SplitPool(16, 1, Reserve{Margin: gate.BurstK, Cap: 0.25}, mine, []peers.Entry{flood})
+	assert.Equal(t, []string{"v"}, sh.Light)
+	assert.Equal(t, int64(7), sh.Cap)
+	sh = SplitPool(16, 1, Reserve{Margin: gate.BurstK, Cap: 0}, mine, []peers.Entry{flood})
+	assert.Equal(t, []string{"v"}, sh.Light, "given what it holds, below its claim: not cut")
+	assert.Empty(t, sh.Cut)
+	assert.Equal(t, int64(3), sh.Cap)
 }

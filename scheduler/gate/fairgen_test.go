@@ -96,7 +96,7 @@ var (
 	// fairgenSamples lengthens each scenario until every light tenant
 	// expects that many measured requests (fgScenario.lengthen).
 	fairgenSamples  = flag.Int("fairgen.samples", 0, "measured requests every light tenant should expect, lengthening the scenario to at most an hour (0: as drawn; a p99 of fewer than 100 is the slowest request)")
-	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor, cut, stands (fgFleetOff)")
+	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor, cut, stands, steady (fgFleetOff)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -326,6 +326,9 @@ type fgFleetOff struct {
 	// tenant only while a light tenant at the other instance waits
 	// (peers.TenantDemand.Stands).
 	stands bool
+	// steady: the reports say no tenant is steady, so the split keeps a
+	// closed loop's claim a Poisson margin (peers.TenantDemand.Steady).
+	steady bool
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -340,7 +343,7 @@ func (sc *fgScenario) repConfigured() int64 {
 // switches names each of o's mechanisms as -fairgen.fleetoff takes it.
 func (o *fgFleetOff) switches() map[string]*bool {
 	return map[string]*bool{"kv": &o.kvBatch, "light": &o.lightFree, "park": &o.park, "unreported": &o.unreported,
-		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued, "floor": &o.floorEach, "cut": &o.cut, "stands": &o.stands}
+		"peerweight": &o.peerWeight, "parkqueued": &o.parkQueued, "slivers": &o.slivers, "heldpark": &o.heldPark, "queued": &o.queued, "floor": &o.floorEach, "cut": &o.cut, "stands": &o.stands, "steady": &o.steady}
 }
 
 func (sc *fgScenario) meanSvc() time.Duration {
@@ -673,6 +676,20 @@ type fgRep struct {
 	e2eN   int64
 }
 
+// shareReserve is what the split keeps light tenants (fleet.Reserve): the
+// gate's margin, and its Cap as server.reserve_cap reaches the split (0:
+// the default, negative: none kept).
+func (sc *fgScenario) shareReserve() fleet.Reserve {
+	rs := fleet.DefaultReserve
+	switch {
+	case sc.reserveCap < 0:
+		rs.Cap = 0
+	case sc.reserveCap > 0:
+		rs.Cap = sc.reserveCap
+	}
+	return rs
+}
+
 // fgExchange is the share exchange's event (every fleet.ShareInterval,
 // with two instances).
 const fgExchange = desScrape + 1
@@ -704,7 +721,9 @@ func (in *fgInst) report(name string, r int, nowN int64) peers.Entry {
 		if !ok {
 			asked = float64(tn.held + queued)
 		}
-		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: milli(float64(claim) / n), Queued: milli(min(waiting, float64(claim)) / n), Stands: in.g.Stands(tn.name)})
+		c := milli(float64(claim) / n)
+		e.Tenants = append(e.Tenants, peers.TenantDemand{Tenant: tn.name, Weight: int64(max(tn.weight, 1)), Load: milli(asked / n), Claim: c, Queued: milli(min(waiting, float64(claim)) / n),
+			Held: min(milli(float64(tn.held)/n), c), Steady: in.g.Steady(tn.name), Stands: in.g.Stands(tn.name)})
 	}
 	return e
 }
@@ -1185,6 +1204,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if sc.fleetOff.stands {
 							entries[i].Tenants[j].Stands = false
 						}
+						if sc.fleetOff.steady {
+							entries[i].Tenants[j].Steady = false
+						}
 					}
 				}
 				for i, in := range insts {
@@ -1209,7 +1231,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 						if sc.fleetOff.floorEach {
 							pool = 1
 						}
-						sh := fleet.SplitPool(batch, pool, gate.BurstK, entries[i], others)
+						sh := fleet.SplitPool(batch, pool, sc.shareReserve(), entries[i], others)
 						splits[i][r] = &sh
 						if fgTrace && len(ts) > 1 {
 							fmt.Printf("%8.3f SPLIT inst %d r%d batch %d cap %d light %v mine %+v others %+v\n", now.Seconds(), i, r, batch, sh.Cap, sh.Light, entries[i].Tenants, others[0].Tenants)
@@ -2063,9 +2085,17 @@ func TestFairgenBusy(t *testing.T) {
 	with, _ := busy(mk(1, gate.Options{}, loop))
 	without, _ := busy(mk(1, gate.Options{NoSteady: true}, loop))
 	two, _ := busy(mk(2, gate.Options{}, loop))
-	t.Logf("a closed loop of three beside a flood: busy %.3f of vLLM alone's, %.3f reserving its Poisson noise; %.3f across two instances", with, without, two)
+	sc := mk(2, gate.Options{}, loop)
+	sc.fleetOff.steady = true
+	twoWithout, _ := busy(sc)
+	t.Logf("a closed loop of three beside a flood: busy %.3f of vLLM alone's, %.3f reserving its Poisson noise; across two instances %.3f, %.3f with the split keeping its noise", with, without, two, twoWithout)
 	assert.GreaterOrEqual(t, with, 0.8)
 	assert.Less(t, without, 0.6)
+	// Across instances the split reads the loop steady once its demand
+	// has stood within a request for a peak window (gate.Gate.Steady):
+	// about 30 s of the 40.
+	assert.GreaterOrEqual(t, two, 0.7)
+	assert.Less(t, twoWithout, 0.65)
 	for seed := range uint64(5) {
 		r, h := busy(fgIsolationRow(seed+1, 32, fgLearn))
 		t.Logf("isolation row b, draw %d: busy %.3f of vLLM alone's, the flood %.3f of the room left", seed+1, r, h)
@@ -2081,7 +2111,10 @@ func TestFairgenBusy(t *testing.T) {
 // tenths of the room the victims leave (the isolation goal's second
 // half), the replica is nearly as busy as vLLM alone keeps it, and the
 // victims' median TTFT is unchanged while their p99 grows to a wait for
-// a completion or two.
+// a completion or two. Across two instances (row x: the victims at one,
+// the flood at the other) the cap binds the share split as it binds the
+// gate (fleet.Reserve): at 0.1 the flood takes about eight tenths of the
+// room left, where the split's own margin left it 0.09.
 func TestFairgenReserveCap(t *testing.T) {
 	victims := func(r fgResult) (p50, p99 time.Duration) {
 		var all []time.Duration
@@ -2113,6 +2146,15 @@ func TestFairgenReserveCap(t *testing.T) {
 			assert.LessOrEqual(t, heavy, c.heavyBelow)
 			assert.Equal(t, sc.step, p50, "a victim's median request never waits")
 			assert.GreaterOrEqual(t, p99.Seconds(), c.p99Over)
+		}
+		for _, c := range []struct{ cap, heavy, heavyBelow float64 }{{0, 0.05, 0.15}, {0.1, 0.75, 1}} {
+			sc := fgIsolationRowX(seed+1, fgLearn)
+			sc.reserveCap = c.cap
+			busy, heavy, ok := fgBusy(t, sc)
+			require.True(t, ok)
+			t.Logf("row x, draw %d, cap %v: busy %.3f of vLLM alone's, the flood %.3f of the room left", seed+1, c.cap, busy, heavy)
+			assert.GreaterOrEqual(t, heavy, c.heavy)
+			assert.LessOrEqual(t, heavy, c.heavyBelow)
 		}
 	}
 }

@@ -213,9 +213,12 @@ type gateMem struct {
 	avg   float64 // demand fraction averaged with time constant window
 	last  float64 // demand fraction at the previous sample
 	lastN int64
-	heavy bool    // at the last assessment
-	load  float64 // gateCls.load at the last assessment
-	held  float64 // gateCls.held at the last assessment
+	heavy bool // at the last assessment
+	// steady: light, its demand peak its long-run load, so reserved no
+	// Poisson noise (steadyVar), at the last assessment.
+	steady bool
+	load   float64 // gateCls.load at the last assessment
+	held   float64 // gateCls.held at the last assessment
 	// sustained: its arrivals over sustainWindow (or its recent ones,
 	// read alone while it is young or surging: youngRate, surgeRate) offer
 	// more than its weighted share (at the last assessment); a heavy
@@ -263,8 +266,9 @@ type gateMem struct {
 	// claim's bound (0: never).
 	surgedN int64
 	// The demand's peak over the last half to whole peak window, in two
-	// half-window buckets.
+	// half-window buckets, and its least in the same (-1: none sampled).
 	peakCur, peakPrev float64
+	lowCur, lowPrev   float64
 	peakStart         int64
 	// lastArrN is its last arrival; goneAfter how long after it, idle, the
 	// tenant counts as gone (idleGaps of its mean gaps then).
@@ -408,13 +412,16 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		half := max(int64(pw), m.goneAfter) / 2
 		if nowN-m.peakStart >= half {
 			if nowN-m.peakStart >= 2*half {
-				m.peakPrev = 0
+				m.peakPrev, m.lowPrev = 0, -1
 			} else {
-				m.peakPrev = m.peakCur
+				m.peakPrev, m.lowPrev = m.peakCur, m.lowCur
 			}
-			m.peakCur, m.peakStart = 0, nowN
+			m.peakCur, m.lowCur, m.peakStart = 0, -1, nowN
 		}
 		m.peakCur = max(m.peakCur, x.demand)
+		if m.lowCur < 0 || x.demand < m.lowCur {
+			m.lowCur = x.demand
+		}
 		if x.demand > 0 || m.peakCur > 0 || m.peakPrev > 0 {
 			present, sole = present+1, loads[i].Name
 			presentW += x.weight
@@ -452,11 +459,21 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		}
 		if m.heavy {
 			heavyHeld += x.held
+			m.steady = false
 			continue
 		}
 		if !x.active && (g.NoSticky || max(m.peakCur, m.peakPrev) == 0) {
+			m.steady = false
 			continue
 		}
+		// A light tenant's claim is capped at its margin over its max-min
+		// share, so no single tenant can reserve the fleet.
+		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		// Read with a backlog too: alone at an instance of a fleet it is
+		// assessed only with its next request queued, and the split reads
+		// it there (Steady).
+		sv, steady := g.steadyVar(m, peak, nowN, hold)
+		m.steady = steady
 		if loads[i].Queued > 0 {
 			// A light tenant with a backlog is reserved what it lacks of
 			// its max-min share, no noise on top: its queue says the room
@@ -468,15 +485,12 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 			}
 			continue
 		}
-		// A light tenant's claim is capped at its margin over its max-min
-		// share, so no single tenant can reserve the fleet.
-		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
 		lightPeak += peak
 		// Its noise as a Poisson count's, or as a steady tenant's.
 		f := min(x.forecast, lightMargin*x.weight*level)
 		vp, vf, vh := m.size*peak, m.size*f, m.size*x.held
-		if v, ok := g.steadyVar(m, peak, nowN, hold); ok {
-			vp, vf, vh = v, v, v
+		if steady {
+			vp, vf, vh = sv, sv, sv
 			steadyGap += max(peak-x.held, 0)
 		}
 		peakVar += vp

@@ -882,3 +882,57 @@ func TestReserved(t *testing.T) {
 	require.InDelta(t, 0.1, reserve, 1e-12)
 	assert.InDelta(t, 0.1, gc.Reserved(now), 1e-12, "server.reserve_cap bounds it")
 }
+
+// TestSteadyForTheSplit: Steady, which the share split reads, says a
+// closed loop holding three of eight beside a flood is steady, one of its
+// clients now and then between requests or not, but not a
+// tenant whose demand moved by more than a request over the peak window
+// though its last assessment read its peak at its long-run load (a
+// Poisson tenant sampled at its own arrivals alone at an instance), nor
+// a heavy tenant, nor one the gate has not seen.
+func TestSteadyForTheSplit(t *testing.T) {
+	run := func(held func(i int) int64) *Gate {
+		g := &Gate{}
+		loads := []TenantLoad{
+			{Name: "flood", Weight: 1, Held: 2, Queued: 100},
+			{Name: "loop", Weight: 1},
+		}
+		f := FleetLoad{SeqsCap: 8, TokensCap: 1 << 20}
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		for i := range 600 { // 60 s of 100 ms samples
+			now += int64(100 * time.Millisecond)
+			loads[1].Held = held(i)
+			f.Seqs = 2 + loads[1].Held
+			if i%10 == 0 {
+				loads[1].Arrived += 2
+				loads[1].Served += 2
+				loads[1].ServedSec += 1.5 * 2
+				loads[0].Arrived += 10
+			}
+			g.Assess(now, loads, 0, f, 0)
+		}
+		return g
+	}
+	g := run(func(int) int64 { return 3 })
+	assert.True(t, g.Steady("loop"))
+	assert.False(t, g.Steady("flood"), "heavy")
+	assert.False(t, g.Steady("nobody"))
+	g = run(func(i int) int64 {
+		if i%7 == 0 {
+			return 2 // a client between its requests
+		}
+		return 3
+	})
+	assert.True(t, g.Steady("loop"), "its demand moved by one request")
+	g = run(func(i int) int64 {
+		if i == 450 {
+			return 1 // a dip of two requests within the peak window
+		}
+		return 3
+	})
+	assert.False(t, g.Steady("loop"), "its demand moved by two requests")
+	assert.True(t, func() bool {
+		m := g.mem["loop"]
+		return m != nil && m.steady
+	}(), "the reserve still reads its peak steady")
+}

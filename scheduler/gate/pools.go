@@ -187,6 +187,11 @@ type Demand struct {
 	Asks float64
 	// Queued is the part of Asks queued.
 	Queued float64
+	// Held is the part of Asks holding replica room (in flight).
+	Held float64
+	// Steady: its gate reads it light and steady (Gate.Steady), in every
+	// pool the replica serves where it has demand.
+	Steady bool
 	// Stands: its gate lets it through as no flood while its queue has
 	// stood, in a pool the replica serves (Gate.Stands).
 	Stands bool
@@ -210,7 +215,9 @@ func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
 		if by == nil {
 			by = map[string]Demand{}
 		}
-		d := by[name]
+		d, seen := by[name]
+		d.Steady = g.Steady(name) && (d.Steady || !seen)
+		d.Held += float64(pt.held) / float64(replicas)
 		d.Asked += asked / float64(replicas)
 		d.Asks += float64(now) / float64(replicas)
 		d.Queued += float64(pt.queued) / float64(replicas)

@@ -71,7 +71,7 @@ func TestPoolRepoolAndPark(t *testing.T) {
 	}
 	var on0 []seen
 	p.DemandOn(0, func(tenant string, d Demand) { on0 = append(on0, seen{tenant, d}) })
-	assert.Equal(t, []seen{{"x", Demand{Asked: 0.5, Asks: 0.5, Queued: 0.5}}, {"y", Demand{Asked: 1, Asks: 1}}}, on0,
+	assert.Equal(t, []seen{{"x", Demand{Asked: 0.5, Asks: 0.5, Queued: 0.5}}, {"y", Demand{Asked: 1, Asks: 1, Held: 1}}}, on0,
 		"x queued on ab's two replicas, y held on a's one; no gate has assessed them")
 	var on2 []seen
 	p.DemandOn(2, func(tenant string, d Demand) { on2 = append(on2, seen{tenant, d}) })
@@ -89,7 +89,8 @@ func TestPoolRepoolAndPark(t *testing.T) {
 }
 
 // TestDemandOnStands: DemandOn says which tenants the pool's gate lets
-// through with a standing queue (Gate.Stands), for the share split.
+// through with a standing queue (Gate.Stands), and what each holds, for
+// the share split.
 func TestDemandOnStands(t *testing.T) {
 	t.Parallel()
 	var p Pools[slots]
@@ -102,9 +103,10 @@ func TestDemandOnStands(t *testing.T) {
 	p.Lock()
 	standingLoop(t, &p.PoolLocked(k).Gate, 3)
 	p.Unlock()
-	stands := map[string]bool{}
-	p.DemandOn(0, func(tenant string, d Demand) { stands[tenant] = d.Stands })
+	stands, held := map[string]bool{}, map[string]float64{}
+	p.DemandOn(0, func(tenant string, d Demand) { stands[tenant], held[tenant] = d.Stands, d.Held })
 	assert.Equal(t, map[string]bool{"loop": true, "light": false}, stands)
+	assert.Equal(t, map[string]float64{"loop": 3, "light": 1}, held, "the part of its claim in flight")
 }
 
 // TestPoolCountsARefusedArrival: the engine counts a request queued in its

@@ -38,6 +38,16 @@ type TenantDemand struct {
 	// Queued is the part of Claim queued now: a light tenant with
 	// requests waiting takes a flood's instance's floor (fleet.Split).
 	Queued int64
+	// Held is the part of Claim holding room there now (in flight): the
+	// rest is what it queues and the room kept for its peaks, which
+	// server.reserve_cap bounds (fleet.SplitPool). A version that does
+	// not send it is read as holding all of Claim but its queued part,
+	// so that the cap binds none of its claim, as before.
+	Held int64
+	// Steady: its instance's gate reads it light and steady (a closed
+	// loop's fixed clients: its peak is its long-run load), so the split
+	// keeps no Poisson margin for its claim (gate.Gate.Steady).
+	Steady bool
 	// Stands: this instance's gate lets the tenant through as no flood
 	// while its queue has stood (gate.Gate.Stands). Only this instance's
 	// own split reads it (fleet.SplitPool binds such a tenant here), so
@@ -126,7 +136,7 @@ return out
 func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]Entry, error) {
 	var b strings.Builder
 	for i, rp := range reports {
-		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" || rp.Replica[0] == '@' || rp.Replica[0] == '!' {
+		if strings.ContainsAny(rp.Replica, " \t\r\n") || rp.Replica == "" || strings.ContainsRune("@!^", rune(rp.Replica[0])) {
 			return nil, fmt.Errorf("peers: replica URL %q cannot be reported", rp.Replica)
 		}
 		if i > 0 {
@@ -137,7 +147,7 @@ func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]En
 			if td.Weight < 1 || td.Load < 0 || td.Claim < 0 {
 				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
 			}
-			if td.Queued < 0 || td.Queued > td.Claim {
+			if td.Queued < 0 || td.Queued > td.Claim || td.Held < 0 || td.Held > td.Claim {
 				return nil, fmt.Errorf("peers: tenant %q: demand %+v cannot be reported", td.Tenant, td)
 			}
 			fmt.Fprintf(&b, " @%d:%s %d %d", td.Weight, neturl.PathEscape(td.Tenant), td.Load, td.Claim)
@@ -149,6 +159,15 @@ func (r *Redis) Exchange(ctx context.Context, reports []Report) (map[string][]En
 			if td.Queued > 0 {
 				fmt.Fprintf(&b, " !%s %d 0", neturl.PathEscape(td.Tenant), td.Queued)
 			}
+		}
+		// After those, for the same reason: a version that reads queued
+		// parts but not these takes them for replicas too.
+		for _, td := range rp.Tenants {
+			steady := 0
+			if td.Steady {
+				steady = 1
+			}
+			fmt.Fprintf(&b, " ^%s %d %d", neturl.PathEscape(td.Tenant), td.Held, steady)
 		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.c, []string{r.key}, r.id, b.String(), r.stale.Milliseconds()).StringSlice()
@@ -171,14 +190,16 @@ var ErrMalformed = errors.New("malformed report")
 
 // parse adds instance id's report text to out, whole or not at all:
 //
-//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <load> <claim>)* (!<tenant> <queued> 0)*)*
+//	<ms> (<url> <in flight> <queued> (@<weight>:<tenant> <load> <claim>)* (!<tenant> <queued> 0)* (^<tenant> <held> <steady>)*)*
 //
-// Every item is three fields, the tenants' after their replica's and
-// their queued parts (only those above 0) after the tenants', so that a
-// version that reads only replicas, or replicas and tenants, takes an item
-// it does not know for a replica it does not have and ignores it (a
-// rolling upgrade, docs/upgrading.md). Tenant names are escaped so that a
-// report is space-separated.
+// Every item is three fields, the tenants' after their replica's, their
+// queued parts (only those above 0) after the tenants', and their held
+// parts and steadiness (0 or 1) after those, so that a version that reads
+// only replicas, or replicas and tenants, or those and queued parts, takes
+// an item it does not know for a replica it does not have and ignores it
+// (a rolling upgrade, docs/upgrading.md). A tenant with no held item (an
+// older version's) is read as holding its claim but its queued part.
+// Tenant names are escaped so that a report is space-separated.
 func parse(id, text string, out map[string][]Entry) error {
 	f := strings.Fields(text)
 	bad := fmt.Errorf("peers: instance %q: %w %q", id, ErrMalformed, text)
@@ -187,11 +208,27 @@ func parse(id, text string, out map[string][]Entry) error {
 	}
 	var es []Entry
 	var urls []string
+	held := map[heldKey]bool{}
 	for i := 1; i < len(f); i += 3 {
 		a, err1 := strconv.ParseInt(f[i+1], 10, 64)
 		b, err2 := strconv.ParseInt(f[i+2], 10, 64)
 		if errors.Join(err1, err2) != nil || a < 0 || b < 0 {
 			return bad
+		}
+		if name, ok := strings.CutPrefix(f[i], "^"); ok {
+			tenant, err := neturl.PathUnescape(name)
+			if err != nil || len(es) == 0 || b > 1 {
+				return bad
+			}
+			ts := es[len(es)-1].Tenants
+			j := slices.IndexFunc(ts, func(td TenantDemand) bool { return td.Tenant == tenant })
+			k := heldKey{len(es) - 1, tenant}
+			if j < 0 || a > ts[j].Claim || held[k] {
+				return bad
+			}
+			ts[j].Held, ts[j].Steady = a, b == 1
+			held[k] = true
+			continue
 		}
 		if name, ok := strings.CutPrefix(f[i], "!"); ok {
 			tenant, err := neturl.PathUnescape(name)
@@ -222,9 +259,21 @@ func parse(id, text string, out map[string][]Entry) error {
 		e.Tenants = append(e.Tenants, TenantDemand{Tenant: tenant, Weight: w, Load: a, Claim: b})
 	}
 	for i, e := range es {
+		for j, td := range e.Tenants {
+			if !held[heldKey{i, td.Tenant}] {
+				e.Tenants[j].Held = td.Claim - td.Queued
+			}
+		}
 		out[urls[i]] = append(out[urls[i]], e)
 	}
 	return nil
+}
+
+// heldKey is a tenant of the i-th entry of a report, whose held item parse
+// has read.
+type heldKey struct {
+	entry  int
+	tenant string
 }
 
 // Leave removes this instance's reports, so that the others stop sharing

@@ -111,7 +111,7 @@ func TestTenantDemand(t *testing.T) {
 	b := peers.NewRedis(c, "t", "b", "h1", time.Minute)
 	sent := []peers.Report{
 		{Replica: "http://r1:8000", InFlight: 3, Queued: 2, Tenants: []peers.TenantDemand{
-			{Tenant: "acme", Weight: 1, Load: 1500, Claim: 2000}, {Tenant: "big co/eu:1 @x", Weight: 4, Load: 7000, Claim: 1500, Queued: 500}}},
+			{Tenant: "acme", Weight: 1, Load: 1500, Claim: 2000, Held: 1000, Steady: true}, {Tenant: "big co/eu:1 @x", Weight: 4, Load: 7000, Claim: 1500, Queued: 500}}},
 		{Replica: "http://r2:8000", InFlight: 1},
 	}
 	_, err := a.Exchange(ctx, sent)
@@ -124,9 +124,10 @@ func TestTenantDemand(t *testing.T) {
 	}, got)
 
 	// What a version that reads only replicas, or replicas and tenants,
-	// finds: every item three fields with two counts, the tenants' and
-	// their queued parts under keys no replica has, the queued parts after
-	// every tenant of their replica.
+	// or those and queued parts, finds: every item three fields with two
+	// counts, the tenants', their queued parts and their held parts under
+	// keys no replica has, the queued parts after every tenant of their
+	// replica and the held parts after those.
 	raw, err := c.HGet(ctx, "t:{peers}", "a").Result()
 	require.NoError(t, err)
 	f := strings.Fields(raw)
@@ -140,7 +141,7 @@ func TestTenantDemand(t *testing.T) {
 		}
 		keys = append(keys, f[i])
 	}
-	assert.Equal(t, []string{"http://r1:8000", "@1:acme", "@4:big%20co%2Feu:1%20@x", "!big%20co%2Feu:1%20@x", "http://r2:8000"}, keys)
+	assert.Equal(t, []string{"http://r1:8000", "@1:acme", "@4:big%20co%2Feu:1%20@x", "!big%20co%2Feu:1%20@x", "^acme", "^big%20co%2Feu:1%20@x", "http://r2:8000"}, keys)
 
 	tm, err := c.Time(ctx).Result()
 	require.NoError(t, err)
@@ -148,9 +149,19 @@ func TestTenantDemand(t *testing.T) {
 	got, err = b.Exchange(ctx, nil)
 	require.NoError(t, err)
 	assert.Contains(t, got["http://r1:8000"], peers.Entry{Instance: "old", InFlight: 2, Queued: 5}, "no tenants: Tenants nil")
+	// A version that sends tenants and queued parts but no held parts:
+	// each holds its claim but its queued part, so server.reserve_cap
+	// binds none of it, and none is steady.
+	require.NoError(t, c.HSet(ctx, "t:{peers}", "old", fmt.Sprintf("%d http://r1:8000 2 5 @1:acme 1500 3000 !acme 1000 0", tm.UnixMilli())).Err())
+	got, err = b.Exchange(ctx, nil)
+	require.NoError(t, err)
+	assert.Contains(t, got["http://r1:8000"], peers.Entry{Instance: "old", InFlight: 2, Queued: 5,
+		Tenants: []peers.TenantDemand{{Tenant: "acme", Weight: 1, Load: 1500, Claim: 3000, Queued: 1000, Held: 2000}}})
+	require.NoError(t, c.HDel(ctx, "t:{peers}", "old").Err())
 
 	for _, bad := range []string{"@1:acme 1 1 http://r1 1 1", "http://r1 1 1 @0:acme 1 1", "http://r1 1 1 @x:acme 1 1", "http://r1 1 1 @1acme 1 1", "http://r1 1 1 @1:a%zz 1 1",
-		"!acme 1 0 http://r1 1 1", "http://r1 1 1 !acme 1 0", "http://r1 1 1 @1:acme 1 1 !beta 1 0", "http://r1 1 1 @1:acme 1 1 !acme 2 0", "http://r1 1 1 @1:acme 1 1 !a%zz 1 0"} {
+		"!acme 1 0 http://r1 1 1", "http://r1 1 1 !acme 1 0", "http://r1 1 1 @1:acme 1 1 !beta 1 0", "http://r1 1 1 @1:acme 1 1 !acme 2 0", "http://r1 1 1 @1:acme 1 1 !a%zz 1 0",
+		"http://r1 1 1 @1:acme 1 1 ^beta 1 0", "http://r1 1 1 @1:acme 1 1 ^acme 2 0", "http://r1 1 1 @1:acme 1 1 ^acme 1 2", "http://r1 1 1 @1:acme 1 1 ^acme 1 0 ^acme 1 0", "^acme 1 0 http://r1 1 1"} {
 		require.NoError(t, c.HSet(ctx, "t:{peers}", "bad", fmt.Sprintf("%d %s", tm.UnixMilli(), bad)).Err())
 		_, err = b.Exchange(ctx, nil)
 		require.ErrorIs(t, err, peers.ErrMalformed, bad)
@@ -159,6 +170,10 @@ func TestTenantDemand(t *testing.T) {
 	require.ErrorContains(t, err, "cannot be reported")
 	_, err = a.Exchange(ctx, []peers.Report{{Replica: "!acme"}})
 	require.ErrorContains(t, err, "cannot be reported")
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "^acme"}})
+	require.ErrorContains(t, err, "cannot be reported")
+	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme", Weight: 1, Claim: 1, Held: 2}}}})
+	require.ErrorContains(t, err, "cannot be reported", "more held than claimed")
 	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme", Weight: 1, Claim: 1, Queued: 2}}}})
 	require.ErrorContains(t, err, "cannot be reported", "more queued than claimed")
 	_, err = a.Exchange(ctx, []peers.Report{{Replica: "http://r1", Tenants: []peers.TenantDemand{{Tenant: "acme"}}}})
