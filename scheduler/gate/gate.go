@@ -213,12 +213,13 @@ type gateMem struct {
 	avg   float64 // demand fraction averaged with time constant window
 	last  float64 // demand fraction at the previous sample
 	lastN int64
-	heavy bool // at the last assessment
-	// steady: light, its demand peak its long-run load, so reserved no
-	// Poisson noise (steadyVar), at the last assessment.
-	steady bool
-	load   float64 // gateCls.load at the last assessment
-	held   float64 // gateCls.held at the last assessment
+	heavy bool    // at the last assessment
+	load  float64 // gateCls.load at the last assessment
+	held  float64 // gateCls.held at the last assessment
+	// lightPeak is its peak as the reserve counts it, at the last
+	// assessment that read it light and present (0: none): what Steady
+	// reads it steady by.
+	lightPeak float64
 	// sustained: its arrivals over sustainWindow (or its recent ones,
 	// read alone while it is young or surging: youngRate, surgeRate) offer
 	// more than its weighted share (at the last assessment); a heavy
@@ -457,23 +458,21 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		if !x.active && m.lastArrN > 0 && nowN-m.lastArrN > m.goneAfter {
 			m.peakCur, m.peakPrev = 0, 0 // gone: its share is lent
 		}
+		m.lightPeak = 0
 		if m.heavy {
 			heavyHeld += x.held
-			m.steady = false
 			continue
 		}
 		if !x.active && (g.NoSticky || max(m.peakCur, m.peakPrev) == 0) {
-			m.steady = false
 			continue
 		}
 		// A light tenant's claim is capped at its margin over its max-min
-		// share, so no single tenant can reserve the fleet.
-		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
-		// Read with a backlog too: alone at an instance of a fleet it is
+		// share, so no single tenant can reserve the fleet. Kept with a
+		// backlog too: alone at an instance of a fleet a tenant is
 		// assessed only with its next request queued, and the split reads
 		// it there (Steady).
-		sv, steady := g.steadyVar(m, peak, nowN, hold)
-		m.steady = steady
+		peak := min(max(m.peakCur, m.peakPrev), lightMargin*x.weight*level)
+		m.lightPeak = peak
 		if loads[i].Queued > 0 {
 			// A light tenant with a backlog is reserved what it lacks of
 			// its max-min share, no noise on top: its queue says the room
@@ -489,8 +488,8 @@ func (g *Gate) Assess(nowN int64, loads []TenantLoad, cand int, f FleetLoad, min
 		// Its noise as a Poisson count's, or as a steady tenant's.
 		f := min(x.forecast, lightMargin*x.weight*level)
 		vp, vf, vh := m.size*peak, m.size*f, m.size*x.held
-		if steady {
-			vp, vf, vh = sv, sv, sv
+		if v, ok := g.steadyVar(m, peak, nowN, hold); ok {
+			vp, vf, vh = v, v, v
 			steadyGap += max(peak-x.held, 0)
 		}
 		peakVar += vp

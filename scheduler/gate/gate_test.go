@@ -884,13 +884,14 @@ func TestReserved(t *testing.T) {
 }
 
 // TestSteadyForTheSplit: Steady, which the share split reads, says a
-// closed loop holding three of eight beside a flood is steady, one of its
-// clients now and then between requests or not, but not a
+// closed loop holding three of eight beside a flood is steady, one or two
+// of its clients now and then between requests or not, but not a
 // tenant whose demand moved by more than a request over the peak window
 // though its last assessment read its peak at its long-run load (a
 // Poisson tenant sampled at its own arrivals alone at an instance), nor
 // a heavy tenant, nor one the gate has not seen.
 func TestSteadyForTheSplit(t *testing.T) {
+	var now int64
 	run := func(held func(i int) int64) *Gate {
 		g := &Gate{}
 		loads := []TenantLoad{
@@ -898,7 +899,7 @@ func TestSteadyForTheSplit(t *testing.T) {
 			{Name: "loop", Weight: 1},
 		}
 		f := FleetLoad{SeqsCap: 8, TokensCap: 1 << 20}
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		now = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 		for i := range 600 { // 60 s of 100 ms samples
 			now += int64(100 * time.Millisecond)
 			loads[1].Held = held(i)
@@ -914,25 +915,26 @@ func TestSteadyForTheSplit(t *testing.T) {
 		return g
 	}
 	g := run(func(int) int64 { return 3 })
-	assert.True(t, g.Steady("loop"))
-	assert.False(t, g.Steady("flood"), "heavy")
-	assert.False(t, g.Steady("nobody"))
+	assert.True(t, g.Steady("loop", now))
+	assert.False(t, g.Steady("flood", now), "heavy")
+	assert.False(t, g.Steady("nobody", now))
 	g = run(func(i int) int64 {
-		if i%7 == 0 {
+		switch {
+		case i%7 == 0:
 			return 2 // a client between its requests
+		case i == 450:
+			return 1 // two at once
 		}
 		return 3
 	})
-	assert.True(t, g.Steady("loop"), "its demand moved by one request")
+	assert.True(t, g.Steady("loop", now), "its demand moved by two requests")
 	g = run(func(i int) int64 {
 		if i == 450 {
-			return 1 // a dip of two requests within the peak window
+			return 0 // a dip of three requests within the peak window
 		}
 		return 3
 	})
-	assert.False(t, g.Steady("loop"), "its demand moved by two requests")
-	assert.True(t, func() bool {
-		m := g.mem["loop"]
-		return m != nil && m.steady
-	}(), "the reserve still reads its peak steady")
+	assert.False(t, g.Steady("loop", now), "its demand moved by three requests")
+	_, ok := g.steadyVar(g.mem["loop"], g.mem["loop"].lightPeak, now, g.holdFor())
+	assert.True(t, ok, "the reserve still reads its peak steady")
 }

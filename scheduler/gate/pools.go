@@ -171,7 +171,7 @@ func (p *Pools[K]) Repool(at *Place[K], k K, tenant string, size int64) {
 // (Gate.Kept; with Now set).
 func (p *Pools[K]) WaitingOn(i int) int64 {
 	var n int64
-	p.demandOn(i, func(_ string, _ int, pt *poolTenant, g *Gate, kept int64) {
+	p.demandOn(i, func(_ int64, _ string, _ int, pt *poolTenant, g *Gate, kept int64) {
 		n += pt.queued + kept
 	})
 	return n
@@ -203,7 +203,7 @@ type Demand struct {
 // Tenants come in name order, each once.
 func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
 	var by map[string]Demand
-	p.demandOn(i, func(name string, replicas int, pt *poolTenant, g *Gate, kept int64) {
+	p.demandOn(i, func(nowN int64, name string, replicas int, pt *poolTenant, g *Gate, kept int64) {
 		now := pt.held + pt.queued + kept
 		if now == 0 {
 			return
@@ -216,7 +216,7 @@ func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
 			by = map[string]Demand{}
 		}
 		d, seen := by[name]
-		d.Steady = g.Steady(name) && (d.Steady || !seen)
+		d.Steady = nowN != 0 && g.Steady(name, nowN) && (d.Steady || !seen)
 		d.Held += float64(pt.held) / float64(replicas)
 		d.Asked += asked / float64(replicas)
 		d.Asks += float64(now) / float64(replicas)
@@ -232,7 +232,7 @@ func (p *Pools[K]) DemandOn(i int, visit func(tenant string, d Demand)) {
 // demandOn calls f for every tenant of every pool the replica in slot i
 // serves, with the pool's replica count, its gate and the room the gate
 // keeps for the tenant.
-func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTenant, g *Gate, kept int64)) {
+func (p *Pools[K]) demandOn(i int, f func(nowN int64, name string, replicas int, pt *poolTenant, g *Gate, kept int64)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var nowN int64
@@ -249,7 +249,7 @@ func (p *Pools[K]) demandOn(i int, f func(name string, replicas int, pt *poolTen
 			if p.Now != nil {
 				kept = pl.Gate.Kept(nowN, name, pt.held)
 			}
-			f(name, n, pt, &pl.Gate, kept)
+			f(nowN, name, n, pt, &pl.Gate, kept)
 		}
 	}
 }

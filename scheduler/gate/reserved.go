@@ -49,24 +49,34 @@ func (g *Gate) Reserved(nowN int64) float64 {
 	return r
 }
 
-// Steady reports whether tenant read light and steady at the last
-// assessment (its demand peak is its long-run load, so its reserve keeps
-// no Poisson noise for it: steadyVar) and its demand over the peak window
-// has moved by a request at most: a closed loop's fixed clients. The share
-// split across instances keeps its claim no margin either
-// (fleet.SplitPool). The second test, where the reserve reads the first
-// alone: alone at an instance of a fleet a tenant is assessed only at its
-// own arrivals, and a Poisson tenant's few samples there read steady now
-// and then (fairgen seed 246 with two instances: its p99 TTFT 0.88 s
-// against 20 ms, its claim reported steady for seconds).
-func (g *Gate) Steady(tenant string) bool {
+// steadyRange is how many requests a steady tenant's demand may move by
+// over the peak window (Steady): a closed loop's clients between their
+// requests, two at once now and then on a loaded host.
+const steadyRange = 2
+
+// Steady reports whether tenant, light at the last assessment, is
+// steady at nowN: its demand peak is its long-run load (a closed loop's
+// fixed clients: steadyVar, by which its reserve keeps no Poisson noise
+// for it), and its demand over the peak window has moved by steadyRange
+// requests at most. The share split across instances keeps such a claim no margin
+// either (fleet.SplitPool). The second test, where the reserve reads the
+// first alone: alone at an instance of a fleet a tenant is assessed only
+// at its own arrivals, and a Poisson tenant's few samples there read
+// steady now and then (fairgen seed 246 with two instances: its p99 TTFT
+// 0.88 s against 20 ms, its claim reported steady for seconds). Read
+// here, at the exchange, not at each assessment, which it would slow by
+// a fifth (BenchmarkGateAssess, 12 tenants).
+func (g *Gate) Steady(tenant string, nowN int64) bool {
 	m := g.mem[tenant]
-	if m == nil || !m.steady {
+	if m == nil || m.lightPeak <= 0 {
+		return false
+	}
+	if _, ok := g.steadyVar(m, m.lightPeak, nowN, g.holdFor()); !ok {
 		return false
 	}
 	low := m.lowCur
 	if m.lowPrev >= 0 && (low < 0 || m.lowPrev < low) {
 		low = m.lowPrev
 	}
-	return low >= 0 && max(m.peakCur, m.peakPrev)-low <= m.size*(1+1e-9)
+	return low >= 0 && max(m.peakCur, m.peakPrev)-low <= steadyRange*m.size*(1+1e-9)
 }

@@ -525,12 +525,10 @@ func TestSteadyLoopBesideFlood(t *testing.T) {
 // TestSteadyLoopAtAnotherInstance: TestSteadyLoopBesideFlood's shape in
 // front of two instances of a Redis fleet, the loop at one, the flood at
 // the other. The share split keeps the loop's claim no Poisson margin
-// once its gate reads it steady (its demand within a request over the
+// once its gate reads it steady (its demand within two requests over the
 // peak window: fleet.SplitPool, gate.Gate.Steady), so the flood's
 // instance is given the sequences the loop leaves: the replica ran 6.9
-// of 8, about 7 s in; 7.8, about 35 s in, under -race, where the loop's
-// ramp through one and two requests is seen and stays in its demand's
-// range for a peak window. Kept a margin of two deviations (f88eb36), the
+// of 8, about 7 s in; 7.8, about 35 s in, under -race. Kept a margin of two deviations (f88eb36), the
 // flood's instance was capped at one or two of the five and the replica
 // never ran 6.5 over 2 s in 75 s.
 func TestSteadyLoopAtAnotherInstance(t *testing.T) {
@@ -556,7 +554,7 @@ func TestSteadyLoopAtAnotherInstance(t *testing.T) {
 	})
 	// Wait for a 2 s window in which the replica ran 6.5 or more: with
 	// the loop's noise kept it never does, and this times out.
-	eventuallyWithin(t, 75*time.Second, "the flood running beside the loop at the other instance", func() bool {
+	eventuallyWithin(t, 120*time.Second, "the flood running beside the loop at the other instance", func() bool {
 		s := sampleQueue(rep)
 		time.Sleep(2 * time.Second) // a sampling window, not synchronisation
 		return s().meanRunning >= 6.5
