@@ -25,11 +25,11 @@ func (s *Server) ShareLoop(ctx context.Context, ex fleet.PeerExchange) error {
 }
 
 // shareReserve is what the split keeps light tenants, from the settings
-// as they are now (they reload): server.reserve_margin and reserve_cap
-// bind it as they bind the dispatch gate.
+// as they are now (they reload): server.reserve_margin, headroom and
+// reserve_cap bind it as they bind the dispatch gate.
 func (s *Server) shareReserve() fleet.Reserve {
 	srv := &s.pol.Load().Cfg.Server
-	return fleet.Reserve{Margin: srv.Margin(), Cap: srv.Cap()}
+	return fleet.Reserve{Margin: srv.Margin(), Headroom: srv.Headroom, Cap: srv.Cap()}
 }
 
 // tenantsOn appends each tenant's demand on the replica in slot to out, in

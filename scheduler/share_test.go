@@ -139,14 +139,7 @@ func TestShareLoop(t *testing.T) {
 // requests, not for the replica's room.
 func TestTenantsOnQueuedWithinConcurrency(t *testing.T) {
 	s := newTestServer(t, lifecycletest.Config(t, "", "    concurrency: 2\n"), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
-	r := s.reps.List()[0]
-	var key fleet.PoolKey
-	key.Set(r.Slot)
-	places := make([]gate.Place[fleet.PoolKey], 3)
-	for i := range places {
-		places[i].Pool = key
-		s.Pools().Move(&places[i], "acme", 10, false, gate.SpotQueued)
-	}
+	r := acmeOnReplica(s, gate.SpotQueued, gate.SpotQueued, gate.SpotQueued)
 	rt := s.pol.Load().Tenants["acme"].RT
 	for _, c := range []struct{ inflight, queued int64 }{{0, 2000}, {1, 1000}, {2, 0}, {3, 0}} {
 		rt.Inflight.Store(c.inflight)
@@ -160,28 +153,29 @@ func TestTenantsOnQueuedWithinConcurrency(t *testing.T) {
 
 // TestTenantsOnHeldAndReserve: each tenant's report says what it holds of
 // its claim (server.reserve_cap bounds the rest in the split), and the
-// split takes server.reserve_margin and reserve_cap as they are, reloads
-// included.
+// split takes server.reserve_margin, headroom and reserve_cap as they
+// are, reloads included.
 func TestTenantsOnHeldAndReserve(t *testing.T) {
 	s := newTestServer(t, lifecycletest.Config(t, "server: {reserve_margin: 1, reserve_cap: 0.3}\n", ""), lifecycletest.NewLedger(t), &lifecycletest.Upstream{})
-	r := s.reps.List()[0]
-	var key fleet.PoolKey
-	key.Set(r.Slot)
-	places := make([]gate.Place[fleet.PoolKey], 3)
-	for i := range places {
-		places[i].Pool = key
-		spot := gate.SpotHeld
-		if i == 2 {
-			spot = gate.SpotQueued
-		}
-		s.Pools().Move(&places[i], "acme", 10, false, spot)
-	}
+	r := acmeOnReplica(s, gate.SpotHeld, gate.SpotHeld, gate.SpotQueued)
 	got := s.tenantsOn(r.Slot, nil)
 	require.Len(t, got, 1)
 	assert.Equal(t, int64(2000), got[0].Held)
 	assert.Equal(t, int64(3000), got[0].Claim)
 	assert.False(t, got[0].Steady, "never assessed")
-	assert.Equal(t, fleet.Reserve{Margin: 1, Cap: 0.3}, s.shareReserve())
+	assert.Equal(t, fleet.Reserve{Margin: 1, Headroom: 0.1, Cap: 0.3}, s.shareReserve())
 	require.NoError(t, s.Reload(lifecycletest.Config(t, "", "")))
 	assert.Equal(t, fleet.DefaultReserve, s.shareReserve(), "the defaults")
+}
+
+// acmeOnReplica counts a request of tenant acme at each of spots in the
+// pool of the server's first replica alone, and returns that replica.
+func acmeOnReplica(s *Server, spots ...gate.Spot) *fleet.Replica {
+	r := s.reps.List()[0]
+	var key fleet.PoolKey
+	key.Set(r.Slot)
+	for _, spot := range spots {
+		s.Pools().Move(&gate.Place[fleet.PoolKey]{Pool: key}, "acme", 10, false, spot)
+	}
+	return r
 }

@@ -154,13 +154,16 @@ type Reserve struct {
 	// Margin is server.reserve_margin: Poisson standard deviations of the
 	// light tenants' claims (those their gates do not read steady).
 	Margin float64
+	// Headroom is server.headroom: the least of the batch the light
+	// tenants are given beyond what they hold (0–1).
+	Headroom float64
 	// Cap is server.reserve_cap: the most of the batch the light tenants
-	// are given beyond what they hold, margin included (0–1).
+	// are given beyond what they hold, margin and headroom included (0–1).
 	Cap float64
 }
 
 // DefaultReserve is Reserve at the settings' defaults.
-var DefaultReserve = Reserve{Margin: gate.BurstK, Cap: 1}
+var DefaultReserve = Reserve{Margin: gate.BurstK, Headroom: 0.1, Cap: 1}
 
 // SplitPool is Split for a replica of a pool of replicas (Set.PoolOf).
 // The heavy tenants' floor of one sequence is the pool's, as the dispatch
@@ -179,7 +182,8 @@ func SplitPool(maxSeqs int64, replicas int, rs Reserve, mine peers.Entry, others
 		return ShareOf{Cap: 1}
 	}
 	self := mine.Instance
-	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1), margin: max(rs.Margin, 0), cap: min(max(rs.Cap, 0), 1)}
+	sp := shareSplit{limit: float64(maxSeqs) * 1000, replicas: max(replicas, 1), margin: max(rs.Margin, 0),
+		headroom: min(max(rs.Headroom, 0), 1), cap: min(max(rs.Cap, 0), 1)}
 	for _, e := range append([]peers.Entry{mine}, others...) {
 		if len(e.Tenants) == 0 {
 			// An instance as one claimant: what it asks, uncapped, is its
@@ -303,6 +307,7 @@ type shareSplit struct {
 	limit    float64 // maxSeqs, in thousandths
 	replicas int     // in the replica's pool
 	margin   float64 // server.reserve_margin
+	headroom float64 // server.headroom
 	cap      float64 // server.reserve_cap
 	claims   []*shareClaim
 	byName   map[string]*shareClaim
@@ -408,6 +413,14 @@ func (sp *shareSplit) split(self string) (parts map[string]int64, capped, waitin
 				c.want = max(c.want, math.Ceil(c.claim/1000-1e-9)*1000)
 			}
 			extra += max(c.want-c.held, 0)
+		}
+		// server.headroom is the least they are given beyond what they
+		// hold, as it is the gate's least reserve, spread by their claims.
+		if least := sp.headroom * sp.limit; extra < least {
+			for _, c := range light {
+				c.want += (least - extra) * c.claim / lightClaims
+			}
+			extra = least
 		}
 		// server.reserve_cap bounds what they are given beyond what they
 		// hold (queued, kept for peaks, margin), as it bounds the gate's

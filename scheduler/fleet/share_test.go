@@ -244,8 +244,15 @@ func splitByFilling(maxSeqs int64, entries []peers.Entry) (part map[string]float
 	want := maps.Clone(claim)
 	budget := limit
 	if heavy && lightSum > 0 {
+		extra := 0.0
 		for _, n := range light {
 			want[n] = claim[n] * (1 + gate.BurstK*math.Sqrt(lightSum)/lightSum)
+			extra += want[n] // nothing reported held
+		}
+		if least := DefaultReserve.Headroom * limit; extra < least {
+			for _, n := range light {
+				want[n] += (least - extra) * claim[n] / lightSum
+			}
 		}
 		if limit >= 2 {
 			budget -= min(1, heavySum)
@@ -628,7 +635,8 @@ func TestSplitPoolMargin(t *testing.T) {
 // at 0, what it holds (the flood's instance keeps 13). Where its part
 // is below its claim only by the cap, it is not cut. A version that
 // sends no held part is read as holding its claim but its queued part
-// (peers), which no cap binds below.
+// (peers), which no cap binds below. server.headroom is the least it is
+// given beyond what it holds, as the gate's least reserve.
 func TestSplitPoolSteadyAndCap(t *testing.T) {
 	flood := peers.Entry{Instance: "a", InFlight: 4, Queued: 60, Tenants: []peers.TenantDemand{{Tenant: "flood", Weight: 1, Load: 64000, Claim: 16000, Queued: 12000, Held: 4000}}}
 	light := func(steady bool, held int64) []peers.Entry {
@@ -642,6 +650,14 @@ func TestSplitPoolSteadyAndCap(t *testing.T) {
 	assert.Equal(t, int64(9), split(Reserve{Margin: gate.BurstK, Cap: 0.25}, false, 3000).Cap, "3 held + 4 of 16")
 	assert.Equal(t, int64(13), split(Reserve{Margin: gate.BurstK, Cap: 0}, false, 3000).Cap, "what it holds")
 	assert.Equal(t, int64(11), split(Reserve{Margin: gate.BurstK, Cap: 0}, false, 5000).Cap, "held as an older version reads it: claim less queued")
+
+	// server.headroom is the least it is given beyond what it holds: a
+	// steady loop holding its claim of 3 is given 3 + 1.6, the flood 11;
+	// without headroom, 13. The cap bounds it too.
+	steadyLoop := []peers.Entry{{Instance: "b", InFlight: 3, Tenants: []peers.TenantDemand{{Tenant: "v", Weight: 1, Load: 3000, Claim: 3000, Held: 3000, Steady: true}}}}
+	assert.Equal(t, int64(11), SplitPool(16, 1, DefaultReserve, flood, steadyLoop).Cap)
+	assert.Equal(t, int64(13), SplitPool(16, 1, Reserve{Margin: gate.BurstK, Cap: 1}, flood, steadyLoop).Cap)
+	assert.Equal(t, int64(12), SplitPool(16, 1, Reserve{Margin: gate.BurstK, Headroom: 0.1, Cap: 0.05}, flood, steadyLoop).Cap, "3 + 0.8")
 
 	// At the light tenant's instance: capped, it is not cut, so not bound
 	// where it stands.

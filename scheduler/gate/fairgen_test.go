@@ -2133,8 +2133,9 @@ func TestFairgenBusy(t *testing.T) {
 	assert.Less(t, without, 0.6)
 	// Across instances the split reads the loop steady once its gate
 	// does and its demand has stood within two requests over the peak
-	// window (gate.Gate.Steady).
-	assert.GreaterOrEqual(t, two, 0.85)
+	// window (gate.Gate.Steady), and keeps it server.headroom as the gate
+	// does: about the same as on one instance.
+	assert.GreaterOrEqual(t, two, 0.8)
 	assert.Less(t, twoWithout, 0.65)
 	for seed := range uint64(5) {
 		r, h := busy(fgIsolationRow(seed+1, 32, fgLearn))

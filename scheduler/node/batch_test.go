@@ -501,14 +501,7 @@ func TestSteadyLoopBesideFlood(t *testing.T) {
 	// longCorrection counts 10 s at least): wait for a 2 s window in which
 	// the replica ran 6 or more on average (with the loop's noise reserved
 	// it runs about 3.4 of 8 after the onset, and this times out).
-	eventuallyWithin(t, 40*time.Second, "the flood running beside the loop", func() bool {
-		s := sampleQueue(rep)
-		time.Sleep(2 * time.Second) // a sampling window, not synchronisation
-		return s().meanRunning >= 6
-	})
-	l0, s := loopDone.Load(), sampleQueue(rep)
-	time.Sleep(5 * time.Second) // the measured window
-	q, loops := s(), loopDone.Load()-l0
+	q, loops := besideLoop(t, rep, &loopDone, 40*time.Second, 6)
 	t.Logf("running mean %.2f most %d, waiting mean %.3f; the loop completed %d in 5 s", q.meanRunning, q.mostRunning, q.meanWaiting, loops)
 	assert.Greater(t, q.meanRunning, 6.0, "the loop's three and the flood in most of the rest")
 	assert.Less(t, q.meanWaiting, 0.05, "nothing stands in vLLM's queue")
@@ -554,17 +547,25 @@ func TestSteadyLoopAtAnotherInstance(t *testing.T) {
 	})
 	// Wait for a 2 s window in which the replica ran 6.5 or more: with
 	// the loop's noise kept it never does, and this times out.
-	eventuallyWithin(t, 120*time.Second, "the flood running beside the loop at the other instance", func() bool {
-		s := sampleQueue(rep)
-		time.Sleep(2 * time.Second) // a sampling window, not synchronisation
-		return s().meanRunning >= 6.5
-	})
-	l0, s := loopDone.Load(), sampleQueue(rep)
-	time.Sleep(5 * time.Second) // the measured window
-	q, loops := s(), loopDone.Load()-l0
+	q, loops := besideLoop(t, rep, &loopDone, 120*time.Second, 6.5)
 	t.Logf("running mean %.2f most %d, waiting mean %.3f; the loop completed %d in 5 s; shares: flood's instance %v, loop's %v", q.meanRunning, q.mostRunning, q.meanWaiting, loops,
 		floodAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}), loopAt.metric(t, "sluice_replica_seq_share", map[string]string{"replica": "r0"}))
 	assert.Greater(t, q.meanRunning, 6.0, "the loop's three and the flood in most of the rest")
 	assert.Less(t, q.meanWaiting, 0.1, "nothing stands in vLLM's queue")
 	assert.Greater(t, loops, int64(45), "the loop keeps its three going")
+}
+
+// besideLoop waits, up to within, for a 2 s window in which the replica
+// ran at least running sequences on average, then samples it for a
+// measured 5 s and returns that and the loop's completions in it.
+func besideLoop(t *testing.T, rep *simReplica, loopDone *atomic.Int64, within time.Duration, running float64) (queueSample, int64) {
+	t.Helper()
+	eventuallyWithin(t, within, fmt.Sprintf("a 2 s window running %.1f on average", running), func() bool {
+		s := sampleQueue(rep)
+		time.Sleep(2 * time.Second) // a sampling window, not synchronisation
+		return s().meanRunning >= running
+	})
+	l0, s := loopDone.Load(), sampleQueue(rep)
+	time.Sleep(5 * time.Second) // the measured window
+	return s(), loopDone.Load() - l0
 }
