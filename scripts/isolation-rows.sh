@@ -29,8 +29,8 @@
 # after each run ($WORK/metrics-ROW.txt), ISO_TRACE=1 records the requests
 # too and, every 100 ms plus the time of three scrapes (about once a second
 # on a loaded machine), each replica's running and waiting and Sluice's
-# learned batch, in-flight tokens, batch limit and sequence count
-# ($WORK/trace-ROW.tsv). Prints a Markdown table and the exact commands.
+# learned batch, in-flight tokens, reserve ratio, batch limit and sequence
+# count ($WORK/trace-ROW.tsv). Prints a Markdown table and the exact commands.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -123,8 +123,10 @@ wait_idle() {
 
 # trace: every 100 ms plus three scrapes, ms since start, then per replica
 # its running and waiting (vLLM's), and Sluice's learned batch, in-flight
-# tokens, batch limit and sequence count (GET /admin/replicas: dispatch to
-# the replica waits while the count is at the limit), until killed.
+# tokens, the part of its pool kept free for light tenants
+# (sluice_replica_reserve_ratio), batch limit and sequence count (GET
+# /admin/replicas: dispatch to the replica waits while the count is at the
+# limit), until killed.
 trace() {
 	local t0 p i m a rows
 	t0=$(date +%s%3N)
@@ -135,9 +137,10 @@ trace() {
 		for i in 0 1; do
 			p=$((SIM_PORT + i))
 			a=$(curl -fs -m 1 "http://127.0.0.1:$p/metrics" | awk '/^vllm:num_requests_running[{ ]/ { r = $NF } /^vllm:num_requests_waiting[{ ]/ { w = $NF } END { printf "%d\t%d", r, w }')
-			printf '\t%s\t%s\t%s\t%s' "$a" \
+			printf '\t%s\t%s\t%s\t%s\t%s' "$a" \
 				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_learned_batch" && index($1, "\"" r "\"") { print $NF }')" \
 				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_inflight_tokens" && index($1, "\"" r "\"") { print $NF }')" \
+				"$(printf '%s\n' "$m" | awk -v r="r$i" '$1 ~ "^sluice_replica_reserve_ratio" && index($1, "\"" r "\"") { print $NF }')" \
 				"$(printf '%s\n' "$rows" | jq -r --arg r "r$i" '(if type == "array" then . else .replicas end)[]? | select(.name == $r) | "\(.batch_limit)\t\(.seqs)"' 2>/dev/null)"
 		done
 		echo

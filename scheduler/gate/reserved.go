@@ -58,14 +58,14 @@ const steadyRange = 2
 // steady at nowN: its demand peak is its long-run load (a closed loop's
 // fixed clients: steadyVar, by which its reserve keeps no Poisson noise
 // for it), and its demand over the peak window has moved by steadyRange
-// requests at most. The share split across instances keeps such a claim no margin
-// either (fleet.SplitPool). The second test, where the reserve reads the
-// first alone: alone at an instance of a fleet a tenant is assessed only
-// at its own arrivals, and a Poisson tenant's few samples there read
-// steady now and then (fairgen seed 246 with two instances: its p99 TTFT
-// 0.88 s against 20 ms, its claim reported steady for seconds). Read
-// here, at the exchange, not at each assessment, which it would slow by
-// a fifth (BenchmarkGateAssess, 12 tenants).
+// requests at most. The share split across instances keeps such a claim
+// no margin either (fleet.SplitPool). The second test, where the reserve
+// reads the first alone: alone at an instance of a fleet a tenant is
+// assessed only at its own arrivals, and a Poisson tenant's few samples
+// there read steady now and then (fairgen seed 246 with two instances:
+// its p99 TTFT 0.88 s against 20 ms, its claim reported steady for
+// seconds). Read here, at the exchange, not at each assessment, which it
+// would slow by a fifth (BenchmarkGateAssess, 12 tenants).
 func (g *Gate) Steady(tenant string, nowN int64) bool {
 	m := g.mem[tenant]
 	if m == nil || m.lightPeak <= 0 {
