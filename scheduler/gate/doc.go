@@ -5,7 +5,10 @@
 // it is heavy, the fraction of the pool it must leave free, which
 // FleetLoad.FitsBeyond checks a request against. WithinShare says whether
 // a tenant asks for no more than its max-min share, for the caller's
-// choice between parking and blocking when the pool is full.
+// choice between parking and blocking when the pool is full. Reserved is
+// what heavy verdicts kept free lately, for the operator
+// (sluice_replica_reserve_ratio); Stands and Steady are what the share
+// split across instances reads of a tenant (Pools.DemandOn).
 //
 // What it owns: the gate's memory of each tenant on the pool (averaged
 // demand, demand peaks, arrival rates, service times), the rules below,
