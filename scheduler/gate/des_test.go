@@ -52,6 +52,7 @@ type desEvent[T any] struct {
 	kv   int64         // a completion's KV tokens (fairgen)
 	rep  int           // a completion's replica (fairgen)
 	e2e  time.Duration // a completion's time from its dispatch to the replica (fairgen)
+	slot int           // the slot a preemption freed (fairgen's fgFree)
 }
 
 // desEvents is a run's event queue: earliest first, events of one instant

@@ -97,6 +97,12 @@ var (
 	// expects that many measured requests (fgScenario.lengthen).
 	fairgenSamples  = flag.Int("fairgen.samples", 0, "measured requests every light tenant should expect, lengthening the scenario to at most an hour (0: as drawn; a p99 of fewer than 100 is the slowest request)")
 	fairgenFleetOff = flag.String("fairgen.fleetoff", "", "the split's mechanisms to turn off, comma-separated: kv, light, park, unreported, peerweight, parkqueued, slivers, heldpark, queued, floor, cut, stands, steady (fgFleetOff)")
+	// fairgenPreempt and fairgenCap measure what Sluice does not do: take
+	// a running sequence back for a light tenant (fgScenario.preempt,
+	// SCHEDULING §11), with the reserve capped so that heavy tenants fill
+	// the room it would otherwise keep idle.
+	fairgenPreempt = flag.String("fairgen.preempt", "", "what-if, not built: a tenant its gate holds light that finds no room takes a running sequence of a heavy tenant back, which resumes from its output so far (resume) or starts again (restart) (fgScenario.preempt); empty: none, as Sluice does")
+	fairgenCap     = flag.Float64("fairgen.cap", 0, "server.reserve_cap of every seed and row (0: the default; negative: none kept)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -286,6 +292,18 @@ type fgScenario struct {
 	// (0 or 1: one), Sluice choosing among them as fleet.Set.Take does.
 	replicas int
 	fleetOff fgFleetOff // the split's mechanisms turned off, to show what each is for
+	// preempt is a what-if Sluice does not do (SCHEDULING §11): where a
+	// tenant its gate holds light has a request queued and no replica has
+	// room for it, the instance aborts the newest running sequence of a
+	// tenant its gate holds heavy, holds the slot and its KV tokens for the
+	// light tenants (vLLM frees them at its next step, a step later here),
+	// and queues the aborted request again at its place: to resume from
+	// what it generated (its prompt and output so far prefilled again,
+	// which the model, having no prefill time, does not charge), or with
+	// restart to start again, the tokens it generated lost. Only an
+	// instance's own requests: with two, a light tenant cannot take back
+	// the other instance's.
+	preempt, restart bool
 }
 
 // fgFleetOff turns off one mechanism of the split across instances.
@@ -329,6 +347,16 @@ type fgFleetOff struct {
 	// steady: the reports say no tenant is steady, so the split keeps a
 	// closed loop's claim a Poisson margin (peers.TenantDemand.Steady).
 	steady bool
+}
+
+// whatIf sets what -fairgen.preempt and -fairgen.cap ask of every seed
+// and row.
+func (sc *fgScenario) whatIf() {
+	sc.preempt = *fairgenPreempt != ""
+	sc.restart = *fairgenPreempt == "restart"
+	if *fairgenCap != 0 {
+		sc.reserveCap = *fairgenCap
+	}
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -594,7 +622,7 @@ const fgPrompt = 512
 
 // kvNeed is a request's KV cache use in tokens (all of its output, as
 // vLLM's blocks hold by its end).
-func (r fgReq) kvNeed() int64 { return int64(fgPrompt + r.out) }
+func (r fgReq) kvNeed() int64 { return int64(fgPrompt + r.prior + r.out) }
 
 type fgReq struct {
 	t       *fgTenant
@@ -610,6 +638,11 @@ type fgReq struct {
 	// first: one of the tenant's first arrival (a burst is one), before
 	// the gate has seen it ask for anything: no reserve can be its.
 	first bool
+	// prior is the output it generated before it was taken back to resume
+	// (fgScenario.preempt), and resumed that it was: its first token was
+	// measured at its first start.
+	prior   int
+	resumed bool
 }
 
 // fgResult is one run's outcome.
@@ -620,6 +653,10 @@ type fgResult struct {
 	learned   int64 // the learned batch at the end (0: none)
 	maxInside int   // most requests waiting inside a replica
 	takenBack int   // requests taken back from inside the replica
+	preempted int   // running sequences taken back for a light tenant (fgScenario.preempt)
+	// preemptedOut is the output those had generated (lost with
+	// fgScenario.restart, and not counted in busy then).
+	preemptedOut int
 	// busy is the replicas' sequence time within the measured window
 	// (warm-up to duration): each running sequence decodes a token a step,
 	// so it is what they generated, whoever it was for.
@@ -638,7 +675,8 @@ type fgInst struct {
 	v     []*fgView // by replica
 	ts    []*fgTenant
 	loads []gate.TenantLoad
-	pick  int // the replica the predicate's last Dispatch chose
+	pick  int  // the replica the predicate's last Dispatch chose
+	claim bool // and whether that tenant may take a slot freed for it (fgScenario.preempt)
 	// cursor is where the replica choice starts, turning at each pick.
 	cursor int
 }
@@ -662,6 +700,10 @@ type fgView struct {
 	// peerWeight is the weight of the tenants only the other instance
 	// reports (fleet.Replica.PeerWeight).
 	peerWeight float64
+	// freed are the slots preemption freed on the replica for a light
+	// tenant (fgScenario.preempt), until one of its requests is sent there
+	// or the slot frees: room, and KV tokens, no other tenant may take.
+	freed []fgSlot
 }
 
 // fgRep is one replica as the model runs it: the sequences it runs and
@@ -669,12 +711,38 @@ type fgView struct {
 type fgRep struct {
 	running, kvUsed int64
 	inside          []fgReq
+	run             []fgRun // its running sequences (fgScenario.preempt)
 	scraped         fleet.Obs
 	// e2eSum and e2eN are vllm:e2e_request_latency_seconds' _sum and
 	// _count: its completions' times from their dispatch to it.
 	e2eSum float64
 	e2eN   int64
 }
+
+// fgRun is a running sequence: its request, its start and its completion
+// event's seq (cancelled where it is taken back).
+type fgRun struct {
+	r   fgReq
+	at  time.Duration
+	seq int
+}
+
+// fgSlot is a slot preemption freed for a light tenant, and its KV tokens.
+type fgSlot struct {
+	id int
+	kv int64
+}
+
+// freedKV is the KV tokens of the slots freed for light tenants.
+func (v *fgView) freedKV() (n int64) {
+	for _, s := range v.freed {
+		n += s.kv
+	}
+	return n
+}
+
+// fgFree is the event at which vLLM frees a sequence preemption aborted.
+const fgFree = desScrape + 2
 
 // shareReserve is what the split keeps light tenants (fleet.Reserve): the
 // gate's margin, and its Cap as server.reserve_cap reaches the split (0:
@@ -857,13 +925,25 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		if fgTrace && r.t.light && !direct && len(ts) > 1 && now-r.arrival > 0 {
 			fmt.Printf("%8.3f START %s waited %v\n", now.Seconds(), r.t.name, now-r.arrival)
 		}
-		if r.arrival >= sc.warmup && r.arrival < sc.duration {
+		if r.arrival >= sc.warmup && r.arrival < sc.duration && !r.resumed {
 			r.t.ttft = append(r.t.ttft, now-r.arrival+sc.step) // first token after one step
 			r.t.lent = append(r.t.lent, r.lent)
 			r.t.first = append(r.t.first, r.first)
 		}
 		svc := time.Duration(r.out) * sc.step
 		push(desEvent[*fgTenant]{at: now + svc, kind: desCompletion, t: r.t, svc: svc, kv: r.kvNeed(), rep: r.rep, e2e: now + svc - r.sentAt})
+		if sc.preempt {
+			rp.run = append(rp.run, fgRun{r: r, at: now, seq: ev.seq})
+		}
+	}
+	// gone are the completions of sequences taken back (fgScenario.preempt).
+	gone := map[int]bool{}
+	slots := 0
+	// lightNow is whether in's gate holds tn light: preemption serves it,
+	// and a slot freed for it no other tenant may take.
+	lightNow := func(in *fgInst, tn *fgTenant) bool {
+		st, ok := in.g.State(tn.name)
+		return sc.preempt && !(ok && st.Heavy)
 	}
 	predOf := func(in *fgInst) func(queue.Item[fgReq], queue.View[fgReq]) queue.Verdict {
 		g := &in.g
@@ -931,13 +1011,18 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			// The replica choice (fleet.Set.Take): the least loaded replica
 			// with room for this tenant; room the share alone keeps from it
 			// is counted apart (the park probe, Route.NoShare).
-			fits, beyondShare := false, false
+			fits, beyondShare, freedOnly := false, false, false
 			best, bestScore := -1, int64(0)
+			forLight := lightNow(in, tn)
 			for i := range in.v {
 				r := (in.cursor + i) % nReps
 				vw := in.v[r]
 				seqs := vw.sent + vw.foreign
 				raw := seqs < limits[r] && (repKV == 0 || vw.sentTokens+vw.foreignTokens+need <= repKV)
+				if !forLight && raw && (seqs+int64(len(vw.freed)) >= limits[r] || (repKV > 0 && vw.sentTokens+vw.foreignTokens+vw.freedKV()+need > repKV)) {
+					freedOnly = true // the room is a light tenant's
+					continue
+				}
 				ok := raw
 				// The share binds a tenant the split holds heavy, or one it has
 				// not classified yet that the gate holds heavy (fleet.Replica.unshared).
@@ -982,6 +1067,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			if !fits && mayUse {
 				return queue.Park // the tenants the share may not bind may use the room
 			}
+			if !fits && freedOnly {
+				return queue.Park // the freed room is the light tenant's it was freed for
+			}
 			if !fits {
 				return queue.Block
 			}
@@ -989,7 +1077,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				st, _ := g.State(tn.name)
 				fmt.Printf("%8.3f PRED %s light %v reserve %.3f seqs %d cap %d probe %d heavy %v sus %v to r%d\n", now.Seconds(), tn.name, light, reserve, f.Seqs, f.SeqsCap, f.Probe, st.Heavy, st.Sustained, best)
 			}
-			in.pick = best
+			in.pick, in.claim = best, forLight
 			in.cursor = (in.cursor + 1) % nReps
 			return queue.Dispatch
 		}
@@ -1012,6 +1100,9 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				vw, rp := in.v[in.pick], reps[in.pick]
 				if fgTrace && len(ts) > 1 && !direct {
 					fmt.Printf("%8.3f DISP %s at %d to r%d held %d sent %d foreign %d running %d share %d\n", now.Seconds(), tn.name, tn.inst, in.pick, tn.held, vw.sent, vw.foreign, rp.running, vw.share)
+				}
+				if len(vw.freed) > 0 && in.claim {
+					vw.freed = vw.freed[1:]
 				}
 				tn.held++
 				tn.heldTokens += it.Payload.kvNeed()
@@ -1050,6 +1141,80 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			res.takenBack++
 		}
 		rp.inside = kept
+	}
+	// preemptOne is fgScenario.preempt at instance ii: true where it took
+	// a sequence back for a light tenant's queued request.
+	preemptOne := func(ii int) bool {
+		in := insts[ii]
+		waiting := false
+		for _, tn := range in.ts {
+			if !lightNow(in, tn) || (tn.cap > 0 && tn.held >= tn.cap) {
+				continue
+			}
+			st, _ := in.q.Stats(tn.name)
+			waiting = waiting || st.Depth > 0
+		}
+		if !waiting {
+			return false
+		}
+		// Room for a light request of the longest output, slots freed for
+		// light tenants included: it waits for something else.
+		need := int64(fgPrompt + sc.outHi)
+		for _, vw := range in.v {
+			if vw.sent+vw.foreign < vw.rep.BatchLimit() && (repKV == 0 || vw.sentTokens+vw.foreignTokens+need <= repKV) {
+				return false
+			}
+		}
+		// The newest running sequence of a tenant the gate holds heavy: the
+		// least work to prefill again.
+		vr, vk := -1, -1
+		for r, rp := range reps {
+			for k, x := range rp.run {
+				o := x.r.t
+				if st, ok := in.g.State(o.name); o.inst != ii || !ok || !st.Heavy {
+					continue
+				}
+				if vr < 0 || x.at > reps[vr].run[vk].at {
+					vr, vk = r, k
+				}
+			}
+		}
+		if vr < 0 {
+			return false
+		}
+		rp, vw := reps[vr], in.v[vr]
+		x := rp.run[vk]
+		rp.run = slices.Delete(rp.run, vk, vk+1)
+		gone[x.seq] = true
+		tn := x.r.t
+		if lo, hi := max(x.at, sc.warmup), min(now, sc.duration); hi > lo && !sc.restart {
+			res.busy += hi - lo
+			tn.busy += hi - lo
+		}
+		kv := x.r.kvNeed()
+		tn.held--
+		tn.heldTokens -= kv
+		vw.sent--
+		vw.sentTokens -= kv
+		vw.rep.Count.Add(-1)
+		slots++
+		vw.freed = append(vw.freed, fgSlot{slots, kv})
+		push(desEvent[*fgTenant]{at: now + sc.step, kind: fgFree, t: tn, rep: vr, kv: kv, slot: slots})
+		rest := x.r
+		done := min(int((now-x.at)/sc.step), rest.out-1)
+		res.preemptedOut += done
+		if !sc.restart {
+			rest.out -= done
+			rest.prior += done
+		}
+		rest.resumed = true
+		_, err := in.q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*rest.out), Arrival: t0.Add(rest.arrival), Payload: rest}, rest.place)
+		require.NoError(t, err)
+		res.preempted++
+		if fgTrace {
+			fmt.Printf("%8.3f PREEMPT %s on r%d after %d tokens\n", now.Seconds(), tn.name, vr, done)
+		}
+		return true
 	}
 	qd := func(tn *fgTenant) int {
 		st, _ := insts[tn.inst].q.Stats(tn.name)
@@ -1106,7 +1271,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				}
 			}
 		case desCompletion:
+			if gone[e.seq] {
+				delete(gone, e.seq)
+				break
+			}
 			tn := e.t
+			if rp := reps[e.rep]; sc.preempt {
+				rp.run = slices.DeleteFunc(rp.run, func(x fgRun) bool { return x.seq == e.seq })
+			}
 			if lo, hi := max(e.at-e.svc, sc.warmup), min(e.at, sc.duration); hi > lo {
 				res.busy += hi - lo
 				tn.busy += hi - lo
@@ -1127,6 +1299,19 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn.served++
 			again(tn, 0)
 			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) { // FCFS, as vLLM's waiting queue
+				r := rp.inside[0]
+				rp.inside = rp.inside[1:]
+				start(r)
+			}
+			for _, o := range ts {
+				insts[o.inst].q.Unpark(o.name)
+			}
+		case fgFree:
+			rp, vw := reps[e.rep], insts[e.t.inst].v[e.rep]
+			rp.running--
+			rp.kvUsed -= e.kv
+			vw.freed = slices.DeleteFunc(vw.freed, func(s fgSlot) bool { return s.id == e.slot })
+			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) {
 				r := rp.inside[0]
 				rp.inside = rp.inside[1:]
 				start(r)
@@ -1269,6 +1454,11 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			in.q.Tick()
 		}
 		dispatch()
+		for ii := range insts {
+			for sc.preempt && !direct && preemptOne(ii) {
+				dispatch()
+			}
+		}
 		for _, in := range insts {
 			if d, ok := in.q.Tick(); ok && (!dueOK || d.Before(due)) {
 				due, dueOK = d, true
@@ -1384,6 +1574,9 @@ func fgCheckScenario(t *testing.T, sc *fgScenario) (summary string, violations [
 	flooded := sc.run(t, all, false)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v\n   learned %d, most inside the replica %d;", sc, flooded.learned, flooded.maxInside)
+	if sc.preempt {
+		fmt.Fprintf(&b, " taken back running %d after %d tokens;", flooded.preempted, flooded.preemptedOut)
+	}
 	if flooded.earlyShed > 0 {
 		violations = append(violations, fgViolation{kind: fgShed, text: fmt.Sprintf("%d shed before their deadline", flooded.earlyShed)})
 	}
@@ -1583,6 +1776,7 @@ func TestFairnessScenarios(t *testing.T) {
 	byBatchBusy := map[int64][]float64{}
 	for _, r := range seeds {
 		sc := genScenarioAt(r.seed, r.d)
+		sc.whatIf()
 		sc.lengthen(*fairgenSamples)
 		if r.late {
 			sc.lateOnset(r.trickle)
@@ -1680,6 +1874,7 @@ func TestFairnessScenarios(t *testing.T) {
 			var busy, heavy []float64
 			for seed := range uint64(fgIsolationDraws) {
 				sc := row.mk(seed + 1)
+				sc.whatIf()
 				if *fairgenOnset != "" {
 					sc.lateOnset(*fairgenOnset == "trickle")
 				}
@@ -2198,4 +2393,47 @@ func TestFairgenReserveCap(t *testing.T) {
 			assert.LessOrEqual(t, heavy, c.heavyBelow)
 		}
 	}
+}
+
+// TestFairgenPreemptWhatIf pins what taking a running sequence back would
+// give on the isolation rows' shape (fgScenario.preempt, a what-if Sluice
+// does not do; SCHEDULING §11): with nothing kept free for the victims
+// (reserve_cap none) the flood takes nearly all the room they leave, and
+// each victim request that finds the batch full waits one step for the
+// slot it freed, within the bound; without preemption, the same cap leaves
+// them waiting for completions. Resuming keeps what the taken-back
+// sequence generated; starting it again loses it, which the busy time
+// shows.
+func TestFairgenPreemptWhatIf(t *testing.T) {
+	held := map[string]int{}
+	for seed := range uint64(5) {
+		var resumed float64
+		for _, c := range []struct {
+			name             string
+			preempt, restart bool
+		}{{"none", false, false}, {"resume", true, false}, {"restart", true, true}} {
+			sc := fgIsolationRow(seed+1, 32, 0)
+			sc.reserveCap = -1
+			sc.preempt, sc.restart = c.preempt, c.restart
+			_, v := fgCheckScenario(t, sc)
+			busy, heavy, ok := fgBusy(t, sc)
+			require.True(t, ok)
+			t.Logf("draw %d, %s: busy %.3f of vLLM alone's, the flood %.3f of the room left, %d violations", seed+1, c.name, busy, heavy, len(v))
+			if len(v) == 0 {
+				held[c.name]++
+			}
+			switch c.name {
+			case "none":
+				assert.GreaterOrEqual(t, heavy, 0.95, "nothing kept free: the flood fills the room")
+			case "resume":
+				assert.GreaterOrEqual(t, heavy, 0.95, "what it takes back it resumes")
+				resumed = busy
+			case "restart":
+				assert.Less(t, busy, resumed, "a sequence started again loses what it generated")
+			}
+		}
+	}
+	t.Logf("draws holding every invariant: %v", held)
+	assert.Zero(t, held["none"], "without preemption or a reserve the victims wait for completions")
+	assert.GreaterOrEqual(t, held["resume"], 4)
 }
