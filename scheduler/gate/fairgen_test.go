@@ -73,8 +73,11 @@ import (
 // `-fairgen.instances=1` or `2` the instances, `-fairgen.onset=late` (or
 // `trickle`) starts every heavy tenant late (fgScenario.lateOnset), and
 // `-fairgen.fleetoff`
-// turns off mechanisms of the split across instances (fgFleetOff). Each
-// line of the log is one seed.
+// turns off mechanisms of the split across instances (fgFleetOff),
+// `-fairgen.cap` sets server.reserve_cap, and `-fairgen.preempt=resume` (or
+// `restart`) adds what Sluice does not do: taking a running sequence back
+// for a light tenant (fgScenario.preempt). Each line of the log is one
+// seed.
 
 var (
 	fairgenN     = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
