@@ -104,7 +104,7 @@ var (
 	// a running sequence back for a light tenant (fgScenario.preempt,
 	// SCHEDULING §11), with the reserve capped so that heavy tenants fill
 	// the room it would otherwise keep idle.
-	fairgenPreempt = flag.String("fairgen.preempt", "", "what-if, not built: a tenant its gate holds light that finds no room takes a running sequence of a heavy tenant back, which resumes from its output so far (resume) or starts again (restart) (fgScenario.preempt); empty: none, as Sluice does")
+	fairgenPreempt = flag.String("fairgen.preempt", "", "what-if, not built: a tenant its gate holds light that finds no room takes a running sequence of a heavy tenant back, which resumes from its output so far (resume) or starts again (restart), at its own instance, or resumes and at either instance (fleet) (fgScenario.preempt); empty: none, as Sluice does")
 	fairgenCap     = flag.Float64("fairgen.cap", 0, "server.reserve_cap of every seed and row (0: the default; negative: none kept)")
 )
 
@@ -304,9 +304,10 @@ type fgScenario struct {
 	// what it generated (its prompt and output so far prefilled again,
 	// which the model, having no prefill time, does not charge), or with
 	// restart to start again, the tokens it generated lost. Only an
-	// instance's own requests: with two, a light tenant cannot take back
-	// the other instance's.
-	preempt, restart bool
+	// instance's own requests, unless fleet: then the other instance's
+	// too, as if told at once that a light tenant waits, its view of the
+	// replica counting the slot as freed for light tenants as well.
+	preempt, restart, fleet bool
 }
 
 // fgFleetOff turns off one mechanism of the split across instances.
@@ -357,6 +358,7 @@ type fgFleetOff struct {
 func (sc *fgScenario) whatIf() {
 	sc.preempt = *fairgenPreempt != ""
 	sc.restart = *fairgenPreempt == "restart"
+	sc.fleet = *fairgenPreempt == "fleet"
 	if *fairgenCap != 0 {
 		sc.reserveCap = *fairgenCap
 	}
@@ -1174,7 +1176,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		for r, rp := range reps {
 			for k, x := range rp.run {
 				o := x.r.t
-				if st, ok := in.g.State(o.name); o.inst != ii || !ok || !st.Heavy {
+				if st, ok := insts[o.inst].g.State(o.name); (o.inst != ii && !sc.fleet) || !ok || !st.Heavy {
 					continue
 				}
 				if vr < 0 || x.at > reps[vr].run[vk].at {
@@ -1185,8 +1187,10 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		if vr < 0 {
 			return false
 		}
-		rp, vw := reps[vr], in.v[vr]
+		rp := reps[vr]
 		x := rp.run[vk]
+		vi := x.r.t.inst
+		vw := insts[vi].v[vr]
 		rp.run = slices.Delete(rp.run, vk, vk+1)
 		gone[x.seq] = true
 		tn := x.r.t
@@ -1202,6 +1206,14 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		vw.rep.Count.Add(-1)
 		slots++
 		vw.freed = append(vw.freed, fgSlot{slots, kv})
+		if vi != ii {
+			// Told at once: the light tenant's instance counts the slot as
+			// no longer the other's, and as freed for light tenants.
+			lv := in.v[vr]
+			lv.foreign = max(lv.foreign-1, 0)
+			lv.foreignTokens = max(lv.foreignTokens-kv, 0)
+			lv.freed = append(lv.freed, fgSlot{slots, kv})
+		}
 		push(desEvent[*fgTenant]{at: now + sc.step, kind: fgFree, t: tn, rep: vr, kv: kv, slot: slots})
 		rest := x.r
 		done := min(int((now-x.at)/sc.step), rest.out-1)
@@ -1211,7 +1223,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			rest.prior += done
 		}
 		rest.resumed = true
-		_, err := in.q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*rest.out), Arrival: t0.Add(rest.arrival), Payload: rest}, rest.place)
+		_, err := insts[vi].q.TakeBack(queue.Request[fgReq]{Tenant: tn.name, Cost: int64(512 + 2*rest.out), Arrival: t0.Add(rest.arrival), Payload: rest}, rest.place)
 		require.NoError(t, err)
 		res.preempted++
 		if fgTrace {
@@ -1310,10 +1322,12 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 				insts[o.inst].q.Unpark(o.name)
 			}
 		case fgFree:
-			rp, vw := reps[e.rep], insts[e.t.inst].v[e.rep]
+			rp := reps[e.rep]
 			rp.running--
 			rp.kvUsed -= e.kv
-			vw.freed = slices.DeleteFunc(vw.freed, func(s fgSlot) bool { return s.id == e.slot })
+			for _, in := range insts {
+				in.v[e.rep].freed = slices.DeleteFunc(in.v[e.rep].freed, func(s fgSlot) bool { return s.id == e.slot })
+			}
 			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) {
 				r := rp.inside[0]
 				rp.inside = rp.inside[1:]
@@ -2406,7 +2420,8 @@ func TestFairgenReserveCap(t *testing.T) {
 // slot it freed, within the bound; without preemption, the same cap leaves
 // them waiting for completions. Resuming keeps what the taken-back
 // sequence generated; starting it again loses it, which the busy time
-// shows.
+// shows. On row x, with the reserve as it is, only taking back at the
+// flood's instance (fleet) reaches the flood.
 func TestFairgenPreemptWhatIf(t *testing.T) {
 	held := map[string]int{}
 	for seed := range uint64(5) {
@@ -2439,4 +2454,19 @@ func TestFairgenPreemptWhatIf(t *testing.T) {
 	t.Logf("draws holding every invariant: %v", held)
 	assert.Zero(t, held["none"], "without preemption or a reserve the victims wait for completions")
 	assert.GreaterOrEqual(t, held["resume"], 4)
+	// Row x, the reserve as it is: the flood is at the other instance,
+	// which only the fleet variant reaches.
+	heldX := map[bool]int{}
+	for seed := range uint64(10) {
+		for _, fleet := range []bool{false, true} {
+			sc := fgIsolationRowX(seed+1, fgLearn)
+			sc.preempt, sc.fleet = true, fleet
+			if _, v := fgCheckScenario(t, sc); len(v) == 0 {
+				heldX[fleet]++
+			}
+		}
+	}
+	t.Logf("row x, draws 1-10 holding every invariant, own instance / either: %d / %d", heldX[false], heldX[true])
+	assert.Greater(t, heldX[true], heldX[false], "taking back at the flood's instance keeps row x's victims")
+	assert.GreaterOrEqual(t, heldX[true], 7)
 }
