@@ -75,9 +75,9 @@ import (
 // `-fairgen.fleetoff`
 // turns off mechanisms of the split across instances (fgFleetOff),
 // `-fairgen.cap` sets server.reserve_cap, and `-fairgen.preempt=resume` (or
-// `restart`) adds what Sluice does not do: taking a running sequence back
-// for a light tenant (fgScenario.preempt). Each line of the log is one
-// seed.
+// `restart`, or `fleet`) adds what Sluice does not do: taking a running
+// sequence back for a light tenant (fgScenario.preempt). Each line of the
+// log is one seed.
 
 var (
 	fairgenN     = flag.Int("fairgen.seeds", 0, "fairness scenarios to run (0: the make test set)")
