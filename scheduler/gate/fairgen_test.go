@@ -3,6 +3,7 @@ package gate_test
 import (
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -106,6 +107,10 @@ var (
 	// the room it would otherwise keep idle.
 	fairgenPreempt = flag.String("fairgen.preempt", "", "what-if, not built: a tenant its gate holds light that finds no room takes a running sequence of a heavy tenant back, which resumes from its output so far (resume) or starts again (restart), at its own instance, or resumes and at either instance (fleet) (fgScenario.preempt); empty: none, as Sluice does")
 	fairgenCap     = flag.Float64("fairgen.cap", 0, "server.reserve_cap of every seed and row (0: the default; negative: none kept)")
+	// fairgenTakeable is the part of heavy requests -fairgen.preempt may
+	// take: a restart is for a request whose client has seen nothing (a
+	// non-streamed one), so where half stream, half may be taken.
+	fairgenTakeable = flag.Float64("fairgen.takeable", 1, "the part of requests -fairgen.preempt may take back (by a hash of each request's arrival; 1: all)")
 )
 
 // fgLearn is upstream.learn_scrape_interval as the scenarios draw it on.
@@ -308,6 +313,8 @@ type fgScenario struct {
 	// too, as if told at once that a light tenant waits, its view of the
 	// replica counting the slot as freed for light tenants as well.
 	preempt, restart, fleet bool
+	// takeable is the part of requests preempt may take (0 or 1: all).
+	takeable float64
 }
 
 // fgFleetOff turns off one mechanism of the split across instances.
@@ -359,9 +366,22 @@ func (sc *fgScenario) whatIf() {
 	sc.preempt = *fairgenPreempt != ""
 	sc.restart = *fairgenPreempt == "restart"
 	sc.fleet = *fairgenPreempt == "fleet"
+	sc.takeable = *fairgenTakeable
 	if *fairgenCap != 0 {
 		sc.reserveCap = *fairgenCap
 	}
+}
+
+// mayTake reports whether preempt may take r back: all requests, or the
+// part sc.takeable by a hash of r's tenant and arrival (a stand-in for
+// which of them are sent non-streamed).
+func (sc *fgScenario) mayTake(r fgReq) bool {
+	if sc.takeable <= 0 || sc.takeable >= 1 {
+		return true
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", r.t.name, r.arrival)
+	return float64(h.Sum64()%1000) < sc.takeable*1000
 }
 
 // repConfigured is each replica's max_num_seqs as configured: its part
@@ -1176,7 +1196,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 		for r, rp := range reps {
 			for k, x := range rp.run {
 				o := x.r.t
-				if st, ok := insts[o.inst].g.State(o.name); (o.inst != ii && !sc.fleet) || !ok || !st.Heavy {
+				if st, ok := insts[o.inst].g.State(o.name); (o.inst != ii && !sc.fleet) || !ok || !st.Heavy || !sc.mayTake(x.r) {
 					continue
 				}
 				if vr < 0 || x.at > reps[vr].run[vk].at {
@@ -1754,6 +1774,8 @@ func TestFairnessScenarios(t *testing.T) {
 	require.Contains(t, []string{"", "1", "2"}, *fairgenReplicas, "-fairgen.replicas")
 	require.Contains(t, []string{"", "on", "off"}, *fairgenLoops, "-fairgen.loops")
 	require.Contains(t, []string{"", "late", "trickle"}, *fairgenOnset, "-fairgen.onset")
+	require.Contains(t, []string{"", "resume", "restart", "fleet"}, *fairgenPreempt, "-fairgen.preempt")
+	require.True(t, *fairgenTakeable > 0 && *fairgenTakeable <= 1, "-fairgen.takeable is a part of the requests: (0, 1]")
 	type run struct {
 		seed    uint64
 		d       fgDraw
