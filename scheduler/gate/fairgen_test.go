@@ -961,6 +961,19 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			rp.run = append(rp.run, fgRun{r: r, at: now, seq: ev.seq})
 		}
 	}
+	// freed is a sequence of rp ending: what waits inside starts in FCFS
+	// order, as vLLM's waiting queue, and every parked tenant may try
+	// again.
+	freed := func(rp *fgRep) {
+		for len(rp.inside) > 0 && fits(rp, rp.inside[0]) {
+			r := rp.inside[0]
+			rp.inside = rp.inside[1:]
+			start(r)
+		}
+		for _, o := range ts {
+			insts[o.inst].q.Unpark(o.name)
+		}
+	}
 	// gone are the completions of sequences taken back (fgScenario.preempt).
 	gone := map[int]bool{}
 	slots := 0
@@ -1333,14 +1346,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			tn.doneSec += e.svc.Seconds()
 			tn.served++
 			again(tn, 0)
-			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) { // FCFS, as vLLM's waiting queue
-				r := rp.inside[0]
-				rp.inside = rp.inside[1:]
-				start(r)
-			}
-			for _, o := range ts {
-				insts[o.inst].q.Unpark(o.name)
-			}
+			freed(rp)
 		case fgFree:
 			rp := reps[e.rep]
 			rp.running--
@@ -1348,14 +1354,7 @@ func (sc *fgScenario) run(t *testing.T, keep func(*fgTenant) bool, direct bool) 
 			for _, in := range insts {
 				in.v[e.rep].freed = slices.DeleteFunc(in.v[e.rep].freed, func(s fgSlot) bool { return s.id == e.slot })
 			}
-			for len(rp.inside) > 0 && fits(rp, rp.inside[0]) {
-				r := rp.inside[0]
-				rp.inside = rp.inside[1:]
-				start(r)
-			}
-			for _, o := range ts {
-				insts[o.inst].q.Unpark(o.name)
-			}
+			freed(rp)
 		case desScrape:
 			iv := sc.scrape
 			if fast && slices.ContainsFunc(insts, func(in *fgInst) bool {
